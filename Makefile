@@ -1,0 +1,46 @@
+# The two commands of the README: `make serve` and `make test`. Both set up what a fresh
+# machine lacks first (scripts/setup.sh), and are quick when nothing is missing.
+
+PY := .venv/bin/python
+CSRC := $(shell find csrc -name '*.c' -o -name '*.h')
+EXT := python/openinfer/_core$(shell python3 -c "import sysconfig;print(sysconfig.get_config_var('EXT_SUFFIX'))")
+ASAN_DIR := build-asan
+PYTEST_ARGS ?=
+
+.PHONY: setup build serve test test-plain test-asan bench clean
+
+setup:
+	@scripts/setup.sh
+
+# The extension, in place, with warnings as errors; rebuilt when a C source changes.
+$(EXT): $(CSRC) setup.py
+	OI_WERROR=1 $(PY) setup.py -q build_ext --inplace --force
+
+build: setup $(EXT)
+
+serve: build
+	$(PY) -m openinfer serve $(REPO)
+
+test: build test-plain test-asan
+
+test-plain:
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The same suite against an AddressSanitizer + UndefinedBehaviorSanitizer build of the
+# extension, loaded from a copy of the package in $(ASAN_DIR).
+test-asan: setup
+	OI_WERROR=1 OI_SANITIZE=1 $(PY) setup.py -q build_ext --build-lib $(ASAN_DIR)/lib --build-temp $(ASAN_DIR)/tmp
+	rm -rf $(ASAN_DIR)/pkg && mkdir -p $(ASAN_DIR)/pkg/openinfer
+	cp python/openinfer/*.py python/openinfer/py.typed $(ASAN_DIR)/pkg/openinfer/
+	cp $(ASAN_DIR)/lib/openinfer/_core*.so $(ASAN_DIR)/pkg/openinfer/
+	OI_PACKAGE_DIR=$(ASAN_DIR)/pkg PYTHONPATH=$(ASAN_DIR)/pkg \
+	LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
+	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:allocator_may_return_null=1 \
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+bench: build
+	$(PY) benchmarks/run.py $(BENCH_ARGS)
+
+clean:
+	rm -rf build $(ASAN_DIR) python/openinfer/_core*.so

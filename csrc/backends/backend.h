@@ -1,0 +1,19 @@
+/* The one interface every model runtime implements. Nothing outside a backend knows which
+ * runtime serves a model. */
+#ifndef OI_BACKENDS_BACKEND_H
+#define OI_BACKENDS_BACKEND_H
+
+#include "core/tensor.h"
+
+typedef struct oi_backend_s {
+    const char *name;
+    /* Runs one request on an executor thread (never a loop thread). Fills resp->outputs with
+     * exactly the named outputs, in that order. `state` is the model's, made by the backend's
+     * own loader. Returns NULL or a status (400 for the caller's mistakes, 500 otherwise). */
+    oi_status_t *(*execute)(void *state, const oi_request_t *req, const char *const *output_names,
+                            uint32_t n_outputs, oi_response_t *resp);
+    /* Frees the model's state; called once, after the last execute returned. */
+    void (*release)(void *state);
+} oi_backend_t;
+
+#endif

@@ -1,0 +1,179 @@
+#include "backends/python_backend.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "python/bridge.h"
+
+typedef struct py_state_s {
+    PyObject *handler;
+    char *model_name;
+    uint32_t n_outputs;
+    struct {
+        char *name;
+        oi_dtype_t dtype;
+    } outputs[]; /* declared datatypes: what the model's results are converted to */
+} py_state_t;
+
+static oi_dtype_t declared_dtype(const py_state_t *s, const char *name)
+{
+    for (uint32_t i = 0; i < s->n_outputs; i++)
+        if (strcmp(s->outputs[i].name, name) == 0)
+            return s->outputs[i].dtype;
+    return OI_TYPE_INVALID;
+}
+
+/* The model's exception as a status: its message, with the HTTP status of an exception
+ * that carries one (openinfer.InferenceServerError), else 500. */
+static oi_status_t *model_error(const py_state_t *s)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    int code = OI_INTERNAL;
+    PyObject *status = value ? PyObject_GetAttrString(value, "status") : NULL;
+    if (status != NULL && PyLong_Check(status)) {
+        long v = PyLong_AsLong(status);
+        if (v >= 400 && v <= 599)
+            code = (int)v;
+    }
+    PyErr_Clear();
+    Py_XDECREF(status);
+    PyObject *msg = value ? PyObject_GetAttrString(value, "message") : NULL;
+    if (msg == NULL || !PyUnicode_Check(msg)) {
+        PyErr_Clear();
+        Py_XDECREF(msg);
+        msg = value ? PyObject_Str(value) : NULL;
+    }
+    const char *text = msg ? PyUnicode_AsUTF8(msg) : NULL;
+    const char *tname = type ? ((PyTypeObject *)type)->tp_name : "error";
+    oi_status_t *st = code == OI_INTERNAL
+                          ? oi_status_new(code, "model '%s' raised %s: %s", s->model_name, tname, text ? text : "")
+                          : oi_status_new(code, "%s", text ? text : tname);
+    PyErr_Clear();
+    Py_XDECREF(msg);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    return st;
+}
+
+static PyObject *make_inputs(const oi_request_t *req)
+{
+    PyObject *d = PyDict_New();
+    for (uint32_t i = 0; d != NULL && i < req->n_inputs; i++) {
+        PyObject *arr = oi_py_array_view(&req->inputs[i]);
+        if (arr == NULL || PyDict_SetItemString(d, req->inputs[i].name, arr) != 0)
+            Py_CLEAR(d);
+        Py_XDECREF(arr);
+    }
+    return d;
+}
+
+static oi_status_t *collect_outputs(const py_state_t *s, PyObject *result, const char *const *names, uint32_t n,
+                                    oi_response_t *resp)
+{
+    if (!PyMapping_Check(result))
+        return oi_status_new(OI_INTERNAL, "model '%s' returned %s; expected a mapping of output names to arrays",
+                             s->model_name, Py_TYPE(result)->tp_name);
+    resp->outputs = calloc(n ? n : 1, sizeof(oi_tensor_t));
+    if (resp->outputs == NULL)
+        return oi_status_new(OI_INTERNAL, "out of memory");
+    for (uint32_t i = 0; i < n; i++) {
+        PyObject *v = PyMapping_GetItemString(result, names[i]);
+        if (v == NULL) {
+            PyErr_Clear();
+            return oi_status_new(OI_INTERNAL, "model '%s' did not return output '%s'", s->model_name, names[i]);
+        }
+        char what[300];
+        snprintf(what, sizeof(what), "model '%s' output '%s'", s->model_name, names[i]);
+        oi_tensor_t *t = &resp->outputs[i];
+        oi_status_t *st = oi_py_to_tensor(v, declared_dtype(s, names[i]), what, t);
+        Py_DECREF(v);
+        if (st != NULL)
+            return st;
+        t->name = names[i];
+        resp->n_outputs = i + 1;
+    }
+    return NULL;
+}
+
+static oi_status_t *py_execute(void *state, const oi_request_t *req, const char *const *names, uint32_t n,
+                               oi_response_t *resp)
+{
+    py_state_t *s = state;
+    PyGILState_STATE g = PyGILState_Ensure();
+    oi_status_t *st = NULL;
+    PyObject *inputs = make_inputs(req);
+    PyObject *params = req->parameters.ptr ? PyBytes_FromStringAndSize(req->parameters.ptr, (Py_ssize_t)req->parameters.len)
+                                           : Py_NewRef(Py_None);
+    PyObject *out_names = PyTuple_New(n);
+    for (uint32_t i = 0; out_names != NULL && i < n; i++) {
+        PyObject *u = PyUnicode_FromString(names[i]);
+        if (u == NULL)
+            Py_CLEAR(out_names);
+        else
+            PyTuple_SET_ITEM(out_names, i, u);
+    }
+    if (inputs == NULL || params == NULL || out_names == NULL) {
+        st = model_error(s);
+    } else {
+        PyObject *result = PyObject_CallFunctionObjArgs(s->handler, inputs, params, out_names, NULL);
+        if (result == NULL)
+            st = model_error(s);
+        else {
+            st = collect_outputs(s, result, names, n, resp);
+            Py_DECREF(result);
+        }
+    }
+    Py_XDECREF(inputs);
+    Py_XDECREF(params);
+    Py_XDECREF(out_names);
+    PyGILState_Release(g);
+    return st;
+}
+
+static void py_release_memory(py_state_t *s)
+{
+    free(s->model_name);
+    for (uint32_t i = 0; i < s->n_outputs; i++)
+        free(s->outputs[i].name);
+    free(s);
+}
+
+void *oi_python_backend_state(PyObject *handler, const char *model_name, const oi_io_spec_t *outputs,
+                              uint32_t n_outputs)
+{
+    py_state_t *s = calloc(1, sizeof(*s) + n_outputs * sizeof(s->outputs[0]));
+    if (s == NULL || (s->model_name = strdup(model_name)) == NULL) {
+        free(s);
+        return NULL;
+    }
+    for (uint32_t i = 0; i < n_outputs; i++) {
+        s->outputs[i].dtype = outputs[i].dtype;
+        if ((s->outputs[i].name = strdup(outputs[i].name)) == NULL) {
+            s->n_outputs = i;
+            s->handler = NULL;
+            py_release_memory(s);
+            return NULL;
+        }
+    }
+    s->n_outputs = n_outputs;
+    s->handler = Py_NewRef(handler);
+    return s;
+}
+
+static void py_release(void *state)
+{
+    py_state_t *s = state;
+    PyGILState_STATE g = PyGILState_Ensure();
+    Py_DECREF(s->handler);
+    PyGILState_Release(g);
+    py_release_memory(s);
+}
+
+const oi_backend_t oi_python_backend = {
+    .name = "python",
+    .execute = py_execute,
+    .release = py_release,
+};

@@ -1,0 +1,17 @@
+/* Models that are Python callables. The executor takes the GIL only around the call. */
+#ifndef OI_BACKENDS_PYTHON_BACKEND_H
+#define OI_BACKENDS_PYTHON_BACKEND_H
+
+#include "python/numpy_api.h"
+
+#include "backends/backend.h"
+
+extern const oi_backend_t oi_python_backend;
+
+/* Returns the state for one model version around `handler` (a new reference is taken) whose
+ * results are converted to the declared output datatypes, or NULL when out of memory. `handler(inputs, parameters, output_names)` follows the contract
+ * in python/openinfer/_core.pyi. */
+void *oi_python_backend_state(PyObject *handler, const char *model_name, const oi_io_spec_t *outputs,
+                              uint32_t n_outputs);
+
+#endif

@@ -1,0 +1,70 @@
+/* The V2 (Open Inference Protocol) JSON codec: inference requests in, inference responses and
+ * errors out. Pure functions over caller-owned buffers: no I/O, no threads, no global state
+ * beyond a "C" locale object created once on first use. */
+#ifndef OI_CODEC_JSON_H
+#define OI_CODEC_JSON_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/buf.h"
+#include "core/status.h"
+#include "core/tensor.h"
+
+/* The default nesting limit, and the most any caller may ask for: skipped values are walked
+ * recursively, so the cap bounds the stack a hostile body can make the decoder use. */
+#define OI_JSON_DEFAULT_DEPTH 64
+#define OI_JSON_MAX_DEPTH 1024
+
+/* Limits a request body must respect. */
+typedef struct oi_json_limits_s {
+    uint32_t max_depth; /* nesting depth of any JSON value (the top object is 1); 0 means 64,
+                           values above OI_JSON_MAX_DEPTH are treated as OI_JSON_MAX_DEPTH */
+} oi_json_limits_t;
+
+/* Decodes a V2 inference request. body->data[0 .. json_len) holds the JSON and is mutable:
+ * names and the id are unescaped and NUL-terminated in place, so they point into the body
+ * (a number's following byte is also overwritten for a moment while it is converted).
+ * `req` must be zeroed with binary_data_output = -1 beforehand; `limits` may be NULL.
+ *
+ * On success req->body holds a new reference to `body`. Inputs with a JSON "data" value get a
+ * new buffer holding the elements packed little-endian in their datatype (BYTES: a 4-byte
+ * little-endian length, then the bytes, per element). Bytes body->data[json_len .. body->len)
+ * are the binary tensor extension's data: inputs whose parameters carry "binary_data_size": N
+ * take the next N bytes in JSON order, pointing into the body (owner: a new reference to
+ * `body`); the sizes must add up to exactly body->len - json_len.
+ *
+ * Returns NULL, or a status (400 for a bad request, naming the field, what was expected and
+ * what came; 500 when out of memory) that the caller frees; `req` is then left cleared. */
+oi_status_t *oi_json_decode_infer_request(oi_buf_t *body, size_t json_len, oi_request_t *req,
+                                          const oi_json_limits_t *limits);
+
+/* Appends a V2 inference response to `out`:
+ * {"model_name":..,"model_version":..,"id":..,"outputs":[{"name":..,"datatype":..,"shape":[..],
+ * "data":[..]},..]}. "model_version" is left out when model_version is NULL and "id" when
+ * req is NULL or has no id. Output i goes binary (no "data", but
+ * "parameters":{"binary_data_size":N}) when binary != NULL && binary[i]; the transport then
+ * sends its bytes after the JSON. Floats are written as the shortest decimal that reads back
+ * to the same value of their own type, formatted like Python's repr(float) ("0.1", "1.0",
+ * "1e+20"), NaN and infinities as NaN, Infinity and -Infinity; BOOL as true/false; BYTES
+ * elements as JSON strings. Returns NULL, or a status (400 when a BYTES element is not valid
+ * UTF-8, 500 when an output's size does not fit its shape or memory runs out); `out` is then
+ * back at its length on entry. */
+oi_status_t *oi_json_encode_infer_response(oi_sbuf_t *out, const char *model_name,
+                                           const char *model_version, const oi_request_t *req,
+                                           const oi_response_t *resp, const uint8_t *binary);
+
+/* Tells whether the response output `output_name` goes binary: the "binary_data" parameter of
+ * the request's output of that name wins, else the request's "binary_data_output", else no.
+ * Returns 1 or 0. */
+int oi_json_output_is_binary(const oi_request_t *req, const char *output_name);
+
+/* Appends {"error":"<message, escaped>"}; returns 0 or -1 (out of memory). */
+int oi_json_encode_error(oi_sbuf_t *out, const char *message);
+
+/* Appends the n bytes at `s` as a JSON string literal, quotes included, escaped per RFC 8259.
+ * Bytes that are not valid UTF-8 become U+FFFD so that the output is always valid JSON.
+ * Returns 0 or -1 (out of memory). */
+int oi_json_write_string(oi_sbuf_t *out, const char *s, size_t n);
+
+#endif

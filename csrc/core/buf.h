@@ -1,0 +1,71 @@
+/* Reference-counted byte owners (request bodies, tensor storage, model outputs) and a
+ * growable output buffer for encoders. */
+#ifndef OI_CORE_BUF_H
+#define OI_CORE_BUF_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+
+typedef struct oi_buf_s oi_buf_t;
+
+/* Called once when the last reference goes; must free `b` itself (or hand it on). */
+typedef void (*oi_buf_release_cb)(oi_buf_t *b);
+
+/* An owner of `len` bytes at `data`. Shared across threads: every holder keeps one
+ * reference and drops it with oi_buf_unref. */
+struct oi_buf_s {
+    atomic_int refs;
+    char *data;
+    size_t len;
+    size_t cap;
+    oi_buf_release_cb release;
+    void *ctx; /* release callback's own pointer, e.g. a PyObject */
+};
+
+/* Returns a new heap buffer of capacity `cap` (len 0, one reference), or NULL. The bytes
+ * follow the header in one allocation. */
+oi_buf_t *oi_buf_new(size_t cap);
+
+/* Returns a new owner of foreign memory (one reference) whose release callback frees it,
+ * or NULL. */
+oi_buf_t *oi_buf_wrap(void *data, size_t len, oi_buf_release_cb release, void *ctx);
+
+/* Grows an exclusively held buffer made by oi_buf_new (one reference, never shared yet) to
+ * at least `cap` bytes, keeping its contents; returns the (possibly moved) buffer, or NULL
+ * with `b` untouched. */
+oi_buf_t *oi_buf_grow(oi_buf_t *b, size_t cap);
+
+/* Adds a reference and returns `b`. */
+static inline oi_buf_t *oi_buf_ref(oi_buf_t *b)
+{
+    atomic_fetch_add_explicit(&b->refs, 1, memory_order_relaxed);
+    return b;
+}
+
+/* Drops a reference; the last one releases. NULL is ignored. */
+void oi_buf_unref(oi_buf_t *b);
+
+/* A growable byte string for encoders: single owner, not thread-safe. */
+typedef struct oi_sbuf_s {
+    char *data;
+    size_t len;
+    size_t cap;
+} oi_sbuf_t;
+
+/* Makes room for `extra` more bytes; returns 0 or -1 (out of memory). */
+int oi_sbuf_reserve(oi_sbuf_t *s, size_t extra);
+
+/* Appends bytes; returns 0 or -1. */
+int oi_sbuf_append(oi_sbuf_t *s, const void *p, size_t n);
+
+/* Appends a printf-formatted string; returns 0 or -1. */
+int oi_sbuf_printf(oi_sbuf_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Frees the storage and resets to empty. */
+void oi_sbuf_free(oi_sbuf_t *s);
+
+/* Hands the storage to a new oi_buf_t (one reference) and resets `s`; NULL if out of
+ * memory, in which case `s` is unchanged. */
+oi_buf_t *oi_sbuf_detach(oi_sbuf_t *s);
+
+#endif

@@ -1,0 +1,36 @@
+/* Error values that travel from codecs, the scheduler and backends to a transport. */
+#ifndef OI_CORE_STATUS_H
+#define OI_CORE_STATUS_H
+
+#include <stddef.h>
+
+/* Codes are HTTP status numbers; the gRPC layer maps them to same-named gRPC codes. */
+enum {
+    OI_OK = 0,
+    OI_BAD_REQUEST = 400,
+    OI_NOT_FOUND = 404,
+    OI_METHOD_NOT_ALLOWED = 405,
+    OI_TIMEOUT = 408,
+    OI_TOO_LARGE = 413,
+    OI_UNSUPPORTED_MEDIA = 415,
+    OI_HEADERS_TOO_LARGE = 431,
+    OI_INTERNAL = 500,
+    OI_UNIMPLEMENTED = 501,
+    OI_UNAVAILABLE = 503,
+};
+
+/* A failure with a human-readable message. Functions return NULL for success or a new
+ * status that the caller owns and frees with oi_status_free. */
+typedef struct oi_status_s {
+    int code;
+    char *message; /* NUL-terminated, owned */
+} oi_status_t;
+
+/* Returns a new status with a printf-formatted message; never NULL (falls back to a static
+ * out-of-memory status that oi_status_free ignores). */
+oi_status_t *oi_status_new(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Frees a status returned by oi_status_new; NULL is ignored. */
+void oi_status_free(oi_status_t *st);
+
+#endif

@@ -1,0 +1,92 @@
+/* Tensors and the inference request/response they travel in. Pure data: no I/O, no
+ * threads; one owner at a time (the transport, then the scheduler, then the transport). */
+#ifndef OI_CORE_TENSOR_H
+#define OI_CORE_TENSOR_H
+
+#include <stdint.h>
+
+#include "buf.h"
+#include "dtype.h"
+#include "status.h"
+
+#define OI_MAX_DIMS 16
+
+/* A borrowed span of text, e.g. the raw JSON of a `parameters` object. */
+typedef struct oi_slice_s {
+    const char *ptr; /* NULL when absent */
+    size_t len;
+} oi_slice_t;
+
+/* A named tensor. `data` points into `owner`, of which the tensor holds one reference
+ * (owner may be NULL only when byte_size is 0). */
+typedef struct oi_tensor_s {
+    const char *name; /* NUL-terminated; borrowed from the request body or the model spec */
+    oi_dtype_t dtype;
+    int ndim;
+    int64_t shape[OI_MAX_DIMS];
+    char *data;
+    size_t byte_size;
+    oi_buf_t *owner;
+    oi_slice_t parameters; /* raw JSON object text; borrowed from the request body */
+} oi_tensor_t;
+
+/* An output the client asked for, by name. */
+typedef struct oi_output_request_s {
+    const char *name;  /* NUL-terminated; borrowed from the request body */
+    int binary_data;   /* -1 unset, 0 or 1 (binary tensor extension) */
+    oi_slice_t parameters;
+} oi_output_request_t;
+
+/* A declared input or output: dims of -1 match any size. */
+typedef struct oi_io_spec_s {
+    char *name;
+    oi_dtype_t dtype;
+    int ndim;
+    int64_t dims[OI_MAX_DIMS];
+} oi_io_spec_t;
+
+/* A decoded inference request. Owns `body` (one reference), the arrays and each input's
+ * owner reference. */
+typedef struct oi_request_s {
+    oi_buf_t *body;
+    const char *id; /* NUL-terminated, borrowed from body; NULL when absent */
+    size_t id_len;
+    oi_slice_t parameters;
+    oi_tensor_t *inputs;
+    uint32_t n_inputs;
+    oi_output_request_t *outputs; /* none: every output of the model */
+    uint32_t n_outputs;
+    int binary_data_output; /* -1 unset, 0 or 1 */
+} oi_request_t;
+
+/* What a backend produced. Owns each output's owner reference. */
+typedef struct oi_response_s {
+    oi_tensor_t *outputs;
+    uint32_t n_outputs;
+} oi_response_t;
+
+/* Element count of a shape with overflow and sign checks: 0 and *count set, or -1 when a
+ * dimension is negative or the product overflows int64. */
+int oi_shape_elements(const int64_t *shape, int ndim, int64_t *count);
+
+/* Writes "[2,16]" into `out` (at least 24*OI_MAX_DIMS bytes for any shape); returns out. */
+char *oi_shape_format(const int64_t *shape, int ndim, char *out, size_t cap);
+
+/* Appends a zeroed tensor to a growable array; returns it or NULL (out of memory). */
+oi_tensor_t *oi_tensor_push(oi_tensor_t **arr, uint32_t *n);
+
+/* Drops a tensor's owner reference. */
+void oi_tensor_clear(oi_tensor_t *t);
+
+/* Releases everything a request owns and zeroes it (the struct itself is the caller's). */
+void oi_request_clear(oi_request_t *r);
+
+/* Releases everything a response owns and zeroes it. */
+void oi_response_clear(oi_response_t *r);
+
+/* Checks that byte_size fits shape x dtype (for BYTES: that the elements are well-formed
+ * length-prefixed strings and their count matches). `what` names the tensor in the message
+ * ("input 'X'"). Returns NULL or a 400 status. */
+oi_status_t *oi_tensor_check_size(const oi_tensor_t *t, const char *what);
+
+#endif

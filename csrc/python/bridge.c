@@ -1,0 +1,335 @@
+#include "python/bridge.h"
+
+#include <pthread.h>
+#include <string.h>
+
+int oi_py_typenum(oi_dtype_t t)
+{
+    switch (t) {
+    case OI_TYPE_BOOL: return NPY_BOOL;
+    case OI_TYPE_UINT8: return NPY_UINT8;
+    case OI_TYPE_UINT16: return NPY_UINT16;
+    case OI_TYPE_UINT32: return NPY_UINT32;
+    case OI_TYPE_UINT64: return NPY_UINT64;
+    case OI_TYPE_INT8: return NPY_INT8;
+    case OI_TYPE_INT16: return NPY_INT16;
+    case OI_TYPE_INT32: return NPY_INT32;
+    case OI_TYPE_INT64: return NPY_INT64;
+    case OI_TYPE_FP16: return NPY_HALF;
+    case OI_TYPE_FP32: return NPY_FLOAT32;
+    case OI_TYPE_FP64: return NPY_FLOAT64;
+    case OI_TYPE_BF16: return NPY_UINT16;
+    case OI_TYPE_BYTES: return NPY_OBJECT;
+    default: return -1;
+    }
+}
+
+/* ---- owners released without taking the GIL on the releasing thread --------------------- */
+
+/* Loop threads must never wait for the GIL (a Python model may hold it for a long time), so
+ * objects they release go to a reaper thread that drops them in batches. */
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    PyObject **items;
+    size_t n;
+    size_t cap;
+    int started;
+} reaper = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, 0, 0, 0};
+
+static void drop_batch(PyObject **items, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        Py_DECREF(items[i]);
+}
+
+static PyObject **take_batch(size_t *n)
+{
+    PyObject **items = reaper.items;
+    *n = reaper.n;
+    reaper.items = NULL;
+    reaper.n = reaper.cap = 0;
+    return items;
+}
+
+static void *reaper_main(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        pthread_mutex_lock(&reaper.mu);
+        while (reaper.n == 0)
+            pthread_cond_wait(&reaper.cv, &reaper.mu);
+        size_t n;
+        PyObject **items = take_batch(&n);
+        pthread_mutex_unlock(&reaper.mu);
+        PyGILState_STATE g = PyGILState_Ensure();
+        drop_batch(items, n);
+        PyGILState_Release(g);
+        free(items);
+    }
+    return NULL;
+}
+
+void oi_py_owner_flush(void)
+{
+    pthread_mutex_lock(&reaper.mu);
+    size_t n;
+    PyObject **items = take_batch(&n);
+    pthread_mutex_unlock(&reaper.mu);
+    drop_batch(items, n);
+    free(items);
+}
+
+static void release_py(oi_buf_t *b)
+{
+    PyObject *obj = b->ctx;
+    free(b);
+    if (PyGILState_Check()) {
+        Py_DECREF(obj);
+        return;
+    }
+    pthread_mutex_lock(&reaper.mu);
+    if (reaper.n == reaper.cap) {
+        size_t cap = reaper.cap ? reaper.cap * 2 : 64;
+        PyObject **p = realloc(reaper.items, cap * sizeof(*p));
+        if (p == NULL) { /* cannot queue: leak one object rather than block a loop thread */
+            pthread_mutex_unlock(&reaper.mu);
+            return;
+        }
+        reaper.items = p;
+        reaper.cap = cap;
+    }
+    reaper.items[reaper.n++] = obj;
+    if (!reaper.started) {
+        pthread_t th;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        reaper.started = pthread_create(&th, &attr, reaper_main, NULL) == 0;
+        pthread_attr_destroy(&attr);
+    }
+    pthread_cond_signal(&reaper.cv);
+    pthread_mutex_unlock(&reaper.mu);
+}
+
+oi_buf_t *oi_py_owner(PyObject *obj, void *data, size_t len)
+{
+    oi_buf_t *b = oi_buf_wrap(data, len, release_py, obj);
+    if (b == NULL)
+        Py_DECREF(obj);
+    return b;
+}
+
+/* ---- tensors as arrays ------------------------------------------------------------------- */
+
+static void capsule_release(PyObject *cap) { oi_buf_unref(PyCapsule_GetPointer(cap, "openinfer.buf")); }
+
+static PyObject *bytes_array(const oi_tensor_t *t, npy_intp *dims)
+{
+    PyArrayObject *arr = (PyArrayObject *)PyArray_SimpleNew(t->ndim, dims, NPY_OBJECT);
+    if (arr == NULL)
+        return NULL;
+    PyObject **items = PyArray_DATA(arr);
+    npy_intp n = PyArray_SIZE(arr);
+    size_t off = 0;
+    for (npy_intp i = 0; i < n; i++) { /* sizes were checked by oi_tensor_check_size */
+        uint32_t len;
+        memcpy(&len, t->data + off, 4);
+        PyObject *b = PyBytes_FromStringAndSize(t->data + off + 4, len);
+        if (b == NULL) {
+            Py_DECREF(arr);
+            return NULL;
+        }
+        Py_SETREF(items[i], b);
+        off += 4 + (size_t)len;
+    }
+    PyArray_CLEARFLAGS(arr, NPY_ARRAY_WRITEABLE);
+    return (PyObject *)arr;
+}
+
+PyObject *oi_py_array_view(const oi_tensor_t *t)
+{
+    npy_intp dims[OI_MAX_DIMS];
+    for (int i = 0; i < t->ndim; i++)
+        dims[i] = (npy_intp)t->shape[i];
+    if (t->dtype == OI_TYPE_BYTES)
+        return bytes_array(t, dims);
+    int typenum = oi_py_typenum(t->dtype);
+    if (t->byte_size == 0 || t->owner == NULL) /* numpy allocates for empty arrays */
+        return PyArray_SimpleNew(t->ndim, dims, typenum);
+    PyObject *arr = PyArray_New(&PyArray_Type, t->ndim, dims, typenum, NULL, t->data, 0, NPY_ARRAY_C_CONTIGUOUS, NULL);
+    if (arr == NULL)
+        return NULL;
+    PyObject *cap = PyCapsule_New(oi_buf_ref(t->owner), "openinfer.buf", capsule_release);
+    if (cap == NULL) {
+        oi_buf_unref(t->owner);
+        Py_DECREF(arr);
+        return NULL;
+    }
+    if (PyArray_SetBaseObject((PyArrayObject *)arr, cap) != 0) { /* steals cap */
+        Py_DECREF(arr);
+        return NULL;
+    }
+    PyArray_UpdateFlags((PyArrayObject *)arr, NPY_ARRAY_ALIGNED);
+    return arr;
+}
+
+/* ---- objects as tensors ------------------------------------------------------------------ */
+
+static oi_status_t *py_error_status(const char *what, const char *doing)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *s = value ? PyObject_Str(value) : NULL;
+    const char *msg = s ? PyUnicode_AsUTF8(s) : NULL;
+    oi_status_t *st = oi_status_new(OI_INTERNAL, "%s: %s: %s", what, doing, msg ? msg : "unknown error");
+    PyErr_Clear();
+    Py_XDECREF(s);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    return st;
+}
+
+static oi_status_t *bytes_to_tensor(PyObject *obj, const char *what, oi_tensor_t *out)
+{
+    PyArrayObject *arr = (PyArrayObject *)PyArray_FROMANY(obj, NPY_OBJECT, 0, OI_MAX_DIMS, NPY_ARRAY_C_CONTIGUOUS);
+    if (arr == NULL)
+        return py_error_status(what, "cannot make an array of bytes");
+    npy_intp n = PyArray_SIZE(arr);
+    PyObject **items = PyArray_DATA(arr);
+    size_t total = 0;
+    for (npy_intp i = 0; i < n; i++) {
+        Py_ssize_t len;
+        if (PyBytes_Check(items[i]))
+            len = PyBytes_GET_SIZE(items[i]);
+        else if (PyUnicode_Check(items[i])) {
+            if (PyUnicode_AsUTF8AndSize(items[i], &len) == NULL) {
+                Py_DECREF(arr);
+                return py_error_status(what, "cannot encode a str element as UTF-8");
+            }
+        } else {
+            oi_status_t *st = oi_status_new(OI_INTERNAL, "%s: BYTES element %zd is %s; expected bytes or str", what,
+                                            (Py_ssize_t)i, Py_TYPE(items[i])->tp_name);
+            Py_DECREF(arr);
+            return st;
+        }
+        if ((size_t)len > UINT32_MAX) {
+            Py_DECREF(arr);
+            return oi_status_new(OI_INTERNAL, "%s: BYTES element %zd exceeds 4 GiB", what, (Py_ssize_t)i);
+        }
+        total += 4 + (size_t)len;
+    }
+    oi_buf_t *b = oi_buf_new(total);
+    if (b == NULL) {
+        Py_DECREF(arr);
+        return oi_status_new(OI_INTERNAL, "%s: out of memory", what);
+    }
+    for (npy_intp i = 0; i < n; i++) {
+        Py_ssize_t len;
+        const char *p = PyBytes_Check(items[i]) ? PyBytes_AS_STRING(items[i]) : PyUnicode_AsUTF8AndSize(items[i], &len);
+        if (PyBytes_Check(items[i]))
+            len = PyBytes_GET_SIZE(items[i]);
+        uint32_t l32 = (uint32_t)len;
+        memcpy(b->data + b->len, &l32, 4);
+        memcpy(b->data + b->len + 4, p, (size_t)len);
+        b->len += 4 + (size_t)len;
+    }
+    out->ndim = PyArray_NDIM(arr);
+    for (int i = 0; i < out->ndim; i++)
+        out->shape[i] = PyArray_DIM(arr, i);
+    Py_DECREF(arr);
+    out->dtype = OI_TYPE_BYTES;
+    out->owner = b;
+    out->data = b->data;
+    out->byte_size = b->len;
+    return NULL;
+}
+
+/* BF16 travels as uint16 bit patterns: floats are rounded to bfloat16, 2-byte types (uint16,
+ * ml_dtypes.bfloat16) are taken as the bits. */
+static PyArrayObject *bf16_bits(PyArrayObject *arr, const char *what, oi_status_t **st)
+{
+    PyArray_Descr *d = PyArray_DESCR(arr);
+    if (d->kind == 'f' && PyDataType_ELSIZE(d) != 2) {
+        PyArrayObject *f = (PyArrayObject *)PyArray_FROMANY((PyObject *)arr, NPY_FLOAT32, 0, 0, NPY_ARRAY_CARRAY_RO);
+        if (f == NULL) {
+            *st = py_error_status(what, "cannot convert to float32 for BF16");
+            return NULL;
+        }
+        PyArrayObject *bits = (PyArrayObject *)PyArray_SimpleNew(PyArray_NDIM(f), PyArray_DIMS(f), NPY_UINT16);
+        if (bits != NULL) {
+            const float *src = PyArray_DATA(f);
+            uint16_t *dst = PyArray_DATA(bits);
+            for (npy_intp i = 0, n = PyArray_SIZE(f); i < n; i++)
+                dst[i] = oi_float_to_bf16(src[i]);
+        }
+        Py_DECREF(f);
+        if (bits == NULL)
+            *st = py_error_status(what, "out of memory");
+        return bits;
+    }
+    if (PyDataType_ELSIZE(d) == 2 && d->kind != 'f' && d->kind != 'i') {
+        PyArray_Descr *u16 = PyArray_DescrFromType(NPY_UINT16);
+        PyArrayObject *v = (PyArrayObject *)PyArray_View(arr, u16, NULL); /* steals u16 */
+        if (v == NULL)
+            *st = py_error_status(what, "cannot view as BF16 bits");
+        return v;
+    }
+    *st = oi_status_new(OI_INTERNAL, "%s: cannot produce BF16 from numpy dtype %c%d", what, d->kind, (int)PyDataType_ELSIZE(d));
+    return NULL;
+}
+
+oi_status_t *oi_py_to_tensor(PyObject *obj, oi_dtype_t t, const char *what, oi_tensor_t *out)
+{
+    if (t == OI_TYPE_BYTES)
+        return bytes_to_tensor(obj, what, out);
+    int typenum = oi_py_typenum(t);
+    PyArrayObject *arr = (PyArrayObject *)PyArray_FROMANY(obj, NPY_NOTYPE, 0, 0, 0);
+    if (arr == NULL)
+        return py_error_status(what, "cannot convert to an array");
+    oi_status_t *st = NULL;
+    if (PyArray_NDIM(arr) > OI_MAX_DIMS) {
+        st = oi_status_new(OI_INTERNAL, "%s: %d dimensions, at most %d are supported", what, PyArray_NDIM(arr), OI_MAX_DIMS);
+        Py_DECREF(arr);
+        return st;
+    }
+    if (t == OI_TYPE_BF16 && PyArray_TYPE(arr) != NPY_UINT16) {
+        PyArrayObject *bits = bf16_bits(arr, what, &st);
+        Py_DECREF(arr);
+        if (bits == NULL)
+            return st;
+        arr = bits;
+    } else if (PyArray_TYPE(arr) != typenum) {
+        PyArray_Descr *want = PyArray_DescrFromType(typenum);
+        if (!PyArray_CanCastArrayTo(arr, want, NPY_SAME_KIND_CASTING)) {
+            st = oi_status_new(OI_INTERNAL, "%s: numpy dtype %s cannot be cast to %s under the same_kind rule", what,
+                               PyArray_DESCR(arr)->typeobj->tp_name, oi_dtype_name(t));
+            Py_DECREF(want);
+            Py_DECREF(arr);
+            return st;
+        }
+        PyArrayObject *cast = (PyArrayObject *)PyArray_CastToType(arr, want, 0); /* steals want */
+        Py_DECREF(arr);
+        if (cast == NULL)
+            return py_error_status(what, "cast failed");
+        arr = cast;
+    }
+    PyArrayObject *c = (PyArrayObject *)PyArray_GETCONTIGUOUS(arr);
+    Py_DECREF(arr);
+    if (c == NULL)
+        return py_error_status(what, "cannot make the array contiguous");
+    out->dtype = t;
+    out->ndim = PyArray_NDIM(c);
+    for (int i = 0; i < out->ndim; i++)
+        out->shape[i] = PyArray_DIM(c, i);
+    out->data = PyArray_DATA(c);
+    out->byte_size = (size_t)PyArray_NBYTES(c);
+    out->owner = oi_py_owner((PyObject *)c, out->data, out->byte_size);
+    if (out->owner == NULL) {
+        out->data = NULL;
+        out->byte_size = 0;
+        return oi_status_new(OI_INTERNAL, "%s: out of memory", what);
+    }
+    return NULL;
+}

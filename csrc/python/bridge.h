@@ -1,0 +1,33 @@
+/* numpy <-> tensor bridging shared by the Python backend and the module: datatype mapping,
+ * read-only array views of tensor memory, and tensor owners that keep an array alive. */
+#ifndef OI_PYTHON_BRIDGE_H
+#define OI_PYTHON_BRIDGE_H
+
+#include "python/numpy_api.h"
+
+#include "core/tensor.h"
+
+/* The numpy type number that carries a datatype (BF16: NPY_UINT16 bit patterns, BYTES:
+ * NPY_OBJECT), or -1. */
+int oi_py_typenum(oi_dtype_t t);
+
+/* Returns a new read-only ndarray viewing the tensor's memory, whose base keeps a reference
+ * to the tensor's owner (BYTES: a new object array of bytes). NULL with a Python error set.
+ * Needs the GIL. */
+PyObject *oi_py_array_view(const oi_tensor_t *t);
+
+/* Returns a new owner (one reference) that keeps `obj` alive and releases it, GIL or no
+ * GIL on the releasing thread, without ever blocking that thread on the GIL. Takes the
+ * caller's reference to obj. NULL when out of memory (the reference is then dropped). */
+oi_buf_t *oi_py_owner(PyObject *obj, void *data, size_t len);
+
+/* Converts `obj` into a tensor of datatype `t` owned by a new owner: numpy arrays keep their
+ * memory when already C-contiguous and of that type; other numeric types are cast where
+ * numpy's same_kind rule allows; BYTES takes bytes or str elements. `what` names the tensor
+ * in error messages. Needs the GIL. Returns NULL or a status. */
+oi_status_t *oi_py_to_tensor(PyObject *obj, oi_dtype_t t, const char *what, oi_tensor_t *out);
+
+/* Releases, with the GIL held, the objects whose release was deferred; call before shutdown. */
+void oi_py_owner_flush(void);
+
+#endif

@@ -1,0 +1,332 @@
+/* The CPython module openinfer._core: the Server type over the C server. The contract is
+ * python/openinfer/_core.pyi. */
+#define OI_NUMPY_IMPORT
+#include "python/numpy_api.h"
+
+#include <structmember.h>
+
+#include "backends/python_backend.h"
+#include "python/bridge.h"
+#include "server/server.h"
+
+typedef struct {
+    PyObject_HEAD
+    oi_server_config_t cfg;
+    char host[256];
+    oi_server_t *server; /* NULL once stopped */
+    int started;
+} ServerObject;
+
+static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"host", "http_port", "threads", "max_body_bytes", "max_header_bytes", "max_connections",
+                             "header_timeout_ms", "idle_timeout_ms", "max_json_depth", NULL};
+    const char *host = "127.0.0.1";
+    int port = 8000, threads = 0, max_conn = 4096;
+    unsigned long long max_body = 1ull << 30, max_header = 64 << 10, header_to = 30000, idle_to = 300000;
+    unsigned int depth = 64;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|si$iKKiKKI", kwlist, &host, &port, &threads, &max_body, &max_header,
+                                     &max_conn, &header_to, &idle_to, &depth))
+        return -1;
+    if (port < 0 || port > 65535) {
+        PyErr_Format(PyExc_ValueError, "http_port must be 0 to 65535, got %d", port);
+        return -1;
+    }
+    if (self->server != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Server is already initialized");
+        return -1;
+    }
+    snprintf(self->host, sizeof(self->host), "%s", host);
+    self->cfg = (oi_server_config_t){
+        .http = {.host = self->host, .port = port, .threads = threads, .max_body_bytes = (size_t)max_body,
+                 .max_header_bytes = (size_t)max_header, .max_connections = max_conn,
+                 .header_timeout_ms = header_to, .idle_timeout_ms = idle_to},
+        .max_json_depth = depth,
+    };
+    self->server = oi_server_new(&self->cfg);
+    if (self->server == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+static oi_server_t *live_server(ServerObject *self)
+{
+    if (self->server == NULL)
+        PyErr_SetString(PyExc_RuntimeError, "the server is stopped");
+    return self->server;
+}
+
+static void stop_server(ServerObject *self, double timeout)
+{
+    oi_server_t *s = self->server;
+    self->server = NULL;
+    if (s == NULL)
+        return;
+    uint64_t ms = timeout > 0 ? (uint64_t)(timeout * 1000.0) : 0;
+    Py_BEGIN_ALLOW_THREADS
+    oi_server_stop(s, ms);
+    Py_END_ALLOW_THREADS
+    oi_py_owner_flush();
+}
+
+static void Server_dealloc(ServerObject *self)
+{
+    stop_server(self, 0);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Server_set_metadata(ServerObject *self, PyObject *arg)
+{
+    oi_server_t *s = live_server(self);
+    Py_buffer view;
+    if (s == NULL || PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) != 0)
+        return NULL;
+    int rc = oi_server_set_metadata(s, view.buf, (size_t)view.len);
+    PyBuffer_Release(&view);
+    if (rc != 0)
+        return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+/* Parses a sequence of (name, datatype, shape) into specs; names point into the tuples'
+ * strings, valid while `seq` lives. */
+static int parse_specs(PyObject *seq, const char *what, oi_io_spec_t **out, uint32_t *n)
+{
+    PyObject *fast = PySequence_Fast(seq, "inputs/outputs must be a sequence of (name, datatype, shape)");
+    if (fast == NULL)
+        return -1;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(fast);
+    *out = calloc(count ? (size_t)count : 1, sizeof(oi_io_spec_t));
+    *n = 0;
+    if (*out == NULL) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(fast, i), *shape;
+        const char *name, *dtype;
+        oi_io_spec_t *s = &(*out)[i];
+        if (!PyArg_ParseTuple(item, "ssO;each declaration is (name, datatype, shape)", &name, &dtype, &shape))
+            goto fail;
+        for (Py_ssize_t j = 0; j < i; j++)
+            if (strcmp((*out)[j].name, name) == 0) {
+                PyErr_Format(PyExc_ValueError, "%s '%s' is declared twice", what, name);
+                goto fail;
+            }
+        s->name = (char *)name;
+        s->dtype = oi_dtype_from_name(dtype, strlen(dtype));
+        if (s->dtype == OI_TYPE_INVALID) {
+            PyErr_Format(PyExc_ValueError, "%s '%s': unknown datatype '%s'", what, name, dtype);
+            goto fail;
+        }
+        PyObject *dims = PySequence_Fast(shape, "shape must be a sequence of ints");
+        if (dims == NULL)
+            goto fail;
+        Py_ssize_t nd = PySequence_Fast_GET_SIZE(dims);
+        if (nd > OI_MAX_DIMS) {
+            PyErr_Format(PyExc_ValueError, "%s '%s': %zd dimensions, at most %d", what, name, nd, OI_MAX_DIMS);
+            Py_DECREF(dims);
+            goto fail;
+        }
+        s->ndim = (int)nd;
+        for (Py_ssize_t j = 0; j < nd; j++) {
+            long long d = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(dims, j));
+            if (d < -1 || (d == -1 && PyErr_Occurred())) {
+                if (!PyErr_Occurred())
+                    PyErr_Format(PyExc_ValueError, "%s '%s': dimension %zd is %lld; expected -1 or more", what, name,
+                                 j, d);
+                Py_DECREF(dims);
+                goto fail;
+            }
+            s->dims[j] = d;
+        }
+        Py_DECREF(dims);
+        (*n)++;
+    }
+    Py_DECREF(fast); /* the names stay valid: the caller's sequence holds the tuples */
+    return 0;
+fail:
+    Py_DECREF(fast);
+    free(*out);
+    *out = NULL;
+    return -1;
+}
+
+static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"name", "version", "inputs", "outputs", "max_batch_size", "metadata_json", "handler",
+                             "instances", "error", NULL};
+    const char *name, *error = NULL;
+    long long version;
+    PyObject *inputs, *outputs, *handler;
+    int max_batch = 0, instances = 1;
+    Py_buffer meta;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL$OOiy*O|iz", kwlist, &name, &version, &inputs, &outputs,
+                                     &max_batch, &meta, &handler, &instances, &error))
+        return NULL;
+    oi_io_spec_t *in = NULL, *out = NULL;
+    uint32_t n_in = 0, n_out = 0;
+    oi_model_t *m = NULL;
+    PyObject *ret = NULL;
+    oi_server_t *s = live_server(self);
+    if (s == NULL)
+        goto done;
+    if (version < 0) {
+        PyErr_Format(PyExc_ValueError, "model '%s': version must be >= 0, got %lld", name, version);
+        goto done;
+    }
+    if (handler != Py_None && !PyCallable_Check(handler)) {
+        PyErr_Format(PyExc_TypeError, "model '%s': handler must be callable or None", name);
+        goto done;
+    }
+    if (handler == Py_None && error == NULL) {
+        PyErr_Format(PyExc_ValueError, "model '%s': a model without a handler needs an error reason", name);
+        goto done;
+    }
+    if (parse_specs(inputs, "input", &in, &n_in) != 0 || parse_specs(outputs, "output", &out, &n_out) != 0)
+        goto done;
+    if (max_batch > 0)
+        for (uint32_t i = 0; i < n_in; i++)
+            if (in[i].ndim == 0 || in[i].dims[0] != -1) {
+                PyErr_Format(PyExc_ValueError, "model '%s' input '%s': with max_batch_size > 0 the first dimension "
+                                               "must be -1 (the batch)", name, in[i].name);
+                goto done;
+            }
+    m = oi_model_new(name, version, max_batch, in, n_in, out, n_out);
+    if (m == NULL || (m->metadata = oi_buf_new((size_t)meta.len)) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    memcpy(m->metadata->data, meta.buf, (size_t)meta.len);
+    m->metadata->len = (size_t)meta.len;
+    if (handler == Py_None) {
+        m->error = strdup(error);
+    } else {
+        char err[256];
+        m->state = oi_python_backend_state(handler, name, m->outputs, m->n_outputs);
+        if (m->state == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        m->backend = &oi_python_backend;
+        m->sched = oi_scheduler_new(&oi_python_backend, m->state, instances, err, sizeof(err));
+        if (m->sched == NULL) {
+            PyErr_Format(PyExc_RuntimeError, "model '%s': %s", name, err);
+            goto done;
+        }
+    }
+    if (oi_server_add_model(s, m) != 0) {
+        PyErr_Format(PyExc_RuntimeError, "model '%s' version %lld is already registered", name, version);
+        goto done;
+    }
+    m = NULL; /* the registry's now */
+    ret = Py_NewRef(Py_None);
+done:
+    if (m != NULL) {
+        oi_scheduler_free(m->sched);
+        if (m->backend)
+            m->backend->release(m->state);
+        oi_model_unref(m);
+    }
+    free(in);
+    free(out);
+    PyBuffer_Release(&meta);
+    return ret;
+}
+
+static PyObject *Server_start(ServerObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    oi_server_t *s = live_server(self);
+    if (s == NULL)
+        return NULL;
+    if (self->started) {
+        PyErr_SetString(PyExc_RuntimeError, "the server is already started");
+        return NULL;
+    }
+    char err[512] = "";
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = oi_server_start(s, err, sizeof(err));
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
+        stop_server(self, 0);
+        PyErr_SetString(PyExc_OSError, err[0] ? err : uv_strerror(rc));
+        return NULL;
+    }
+    self->started = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Server_stop(ServerObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"timeout", NULL};
+    double timeout = 30.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|d", kwlist, &timeout))
+        return NULL;
+    stop_server(self, timeout);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Server_get_port(ServerObject *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromLong(self->server && self->started ? oi_server_port(self->server) : 0);
+}
+
+static PyObject *Server_get_running(ServerObject *self, void *closure)
+{
+    (void)closure;
+    return PyBool_FromLong(self->server != NULL && self->started);
+}
+
+static PyMethodDef Server_methods[] = {
+    {"set_metadata", (PyCFunction)Server_set_metadata, METH_O, "Sets the body of GET /v2."},
+    {"add_model", (PyCFunction)(void (*)(void))Server_add_model, METH_VARARGS | METH_KEYWORDS,
+     "Registers one model version."},
+    {"start", (PyCFunction)Server_start, METH_NOARGS, "Binds and starts the loop threads."},
+    {"stop", (PyCFunction)(void (*)(void))Server_stop, METH_VARARGS | METH_KEYWORDS,
+     "Drains in-flight requests and stops."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Server_getset[] = {
+    {"port", (getter)Server_get_port, NULL, "The bound HTTP port.", NULL},
+    {"running", (getter)Server_get_running, NULL, "Whether the server serves.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject ServerType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "openinfer._core.Server",
+    .tp_basicsize = sizeof(ServerObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "An HTTP/1.1 V2 inference server on native event-loop threads.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Server_init,
+    .tp_dealloc = (destructor)Server_dealloc,
+    .tp_methods = Server_methods,
+    .tp_getset = Server_getset,
+};
+
+static struct PyModuleDef core_module = {
+    PyModuleDef_HEAD_INIT, "openinfer._core", "The C core of openinfer.", -1, NULL, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__core(void)
+{
+    import_array();
+    if (PyType_Ready(&ServerType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&core_module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "Server", (PyObject *)&ServerType) < 0 ||
+        PyModule_AddStringConstant(m, "__version__", "0.1.0") < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

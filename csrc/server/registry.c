@@ -1,0 +1,184 @@
+#include "server/registry.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int copy_specs(oi_io_spec_t **dst, const oi_io_spec_t *src, uint32_t n)
+{
+    *dst = calloc(n ? n : 1, sizeof(**dst));
+    if (*dst == NULL)
+        return -1;
+    for (uint32_t i = 0; i < n; i++) {
+        (*dst)[i] = src[i];
+        (*dst)[i].name = strdup(src[i].name);
+        if ((*dst)[i].name == NULL)
+            return -1;
+    }
+    return 0;
+}
+
+static void free_specs(oi_io_spec_t *s, uint32_t n)
+{
+    if (s == NULL)
+        return;
+    for (uint32_t i = 0; i < n; i++)
+        free(s[i].name);
+    free(s);
+}
+
+oi_model_t *oi_model_new(const char *name, int64_t version, int max_batch_size, const oi_io_spec_t *inputs,
+                         uint32_t n_inputs, const oi_io_spec_t *outputs, uint32_t n_outputs)
+{
+    oi_model_t *m = calloc(1, sizeof(*m));
+    if (m == NULL)
+        return NULL;
+    atomic_init(&m->refs, 1);
+    m->version = version;
+    snprintf(m->version_str, sizeof(m->version_str), "%" PRId64, version);
+    m->max_batch_size = max_batch_size;
+    m->n_inputs = n_inputs;
+    m->n_outputs = n_outputs;
+    m->name = strdup(name);
+    if (m->name == NULL || copy_specs(&m->inputs, inputs, n_inputs) != 0 ||
+        copy_specs(&m->outputs, outputs, n_outputs) != 0 ||
+        (m->output_names = calloc(n_outputs ? n_outputs : 1, sizeof(char *))) == NULL) {
+        oi_model_unref(m);
+        return NULL;
+    }
+    for (uint32_t i = 0; i < n_outputs; i++)
+        m->output_names[i] = m->outputs[i].name;
+    return m;
+}
+
+void oi_model_ref(oi_model_t *m) { atomic_fetch_add(&m->refs, 1); }
+
+void oi_model_unref(oi_model_t *m)
+{
+    if (m == NULL || atomic_fetch_sub(&m->refs, 1) != 1)
+        return;
+    free(m->name);
+    free_specs(m->inputs, m->n_inputs);
+    free_specs(m->outputs, m->n_outputs);
+    free(m->output_names);
+    oi_buf_unref(m->metadata);
+    free(m->error);
+    free(m);
+}
+
+void oi_registry_init(oi_registry_t *r)
+{
+    pthread_rwlock_init(&r->lock, NULL);
+    r->models = NULL;
+}
+
+int oi_registry_add(oi_registry_t *r, oi_model_t *m)
+{
+    pthread_rwlock_wrlock(&r->lock);
+    for (oi_model_t *x = r->models; x; x = x->next)
+        if (x->version == m->version && strcmp(x->name, m->name) == 0) {
+            pthread_rwlock_unlock(&r->lock);
+            return -1;
+        }
+    m->next = r->models;
+    r->models = m;
+    pthread_rwlock_unlock(&r->lock);
+    return 0;
+}
+
+/* Parses a URL version: decimal digits only. */
+static int parse_version(const char *s, int64_t *out)
+{
+    if (*s == '\0' || strlen(s) > 18)
+        return -1;
+    int64_t v = 0;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9')
+            return -1;
+        v = v * 10 + (*s - '0');
+    }
+    *out = v;
+    return 0;
+}
+
+/* The default version: the highest ready one, else the highest. Caller holds the lock. */
+static oi_model_t *default_version(oi_registry_t *r, const char *name)
+{
+    oi_model_t *best = NULL;
+    for (oi_model_t *x = r->models; x; x = x->next) {
+        if (strcmp(x->name, name) != 0)
+            continue;
+        int x_ready = x->error == NULL, b_ready = best && best->error == NULL;
+        if (best == NULL || x_ready > b_ready || (x_ready == b_ready && x->version > best->version))
+            best = x;
+    }
+    return best;
+}
+
+oi_model_t *oi_registry_find(oi_registry_t *r, const char *name, const char *version, oi_status_t **err)
+{
+    pthread_rwlock_rdlock(&r->lock);
+    oi_model_t *found = NULL;
+    if (version == NULL || *version == '\0') {
+        found = default_version(r, name);
+        if (found == NULL)
+            *err = oi_status_new(OI_NOT_FOUND, "unknown model '%s'", name);
+    } else {
+        int64_t v;
+        int known = 0;
+        char versions[256] = "";
+        size_t k = 0;
+        int numeric = parse_version(version, &v) == 0;
+        for (oi_model_t *x = r->models; x; x = x->next) {
+            if (strcmp(x->name, name) != 0)
+                continue;
+            known = 1;
+            if (numeric && x->version == v) {
+                found = x;
+                break;
+            }
+            if (k < sizeof(versions) - 24)
+                k += (size_t)snprintf(versions + k, sizeof(versions) - k, "%s%s", k ? ", " : "", x->version_str);
+        }
+        if (found == NULL && !known)
+            *err = oi_status_new(OI_NOT_FOUND, "unknown model '%s'", name);
+        else if (found == NULL)
+            *err = oi_status_new(OI_NOT_FOUND, "model '%s' has no version '%s' (served versions: %s)", name,
+                                 version, versions);
+    }
+    if (found)
+        oi_model_ref(found);
+    pthread_rwlock_unlock(&r->lock);
+    return found;
+}
+
+int oi_registry_all_ready(oi_registry_t *r)
+{
+    int ready = 1;
+    pthread_rwlock_rdlock(&r->lock);
+    for (oi_model_t *x = r->models; x && ready; x = x->next)
+        if (default_version(r, x->name)->error != NULL)
+            ready = 0;
+    pthread_rwlock_unlock(&r->lock);
+    return ready;
+}
+
+void oi_registry_destroy(oi_registry_t *r)
+{
+    pthread_rwlock_wrlock(&r->lock);
+    oi_model_t *m = r->models;
+    r->models = NULL;
+    pthread_rwlock_unlock(&r->lock);
+    while (m) {
+        oi_model_t *next = m->next;
+        oi_scheduler_free(m->sched);
+        m->sched = NULL;
+        if (m->backend && m->backend->release)
+            m->backend->release(m->state);
+        m->backend = NULL;
+        oi_model_unref(m);
+        m = next;
+    }
+    pthread_rwlock_destroy(&r->lock);
+}

@@ -1,0 +1,68 @@
+/* Served models by name and numeric version, each with its I/O declaration, metadata and
+ * scheduler. Read by every loop thread; written at start-up (a read-write lock keeps later
+ * loading safe). */
+#ifndef OI_SERVER_REGISTRY_H
+#define OI_SERVER_REGISTRY_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "core/tensor.h"
+#include "server/scheduler.h"
+
+/* One version of one model. Refcounted: the registry holds one reference and each request
+ * in flight another. */
+typedef struct oi_model_s {
+    atomic_int refs;
+    char *name;
+    int64_t version;
+    char version_str[24];
+    int max_batch_size;
+    oi_io_spec_t *inputs;
+    uint32_t n_inputs;
+    oi_io_spec_t *outputs;
+    uint32_t n_outputs;
+    const char **output_names; /* outputs[i].name, for requests that name none */
+    oi_buf_t *metadata;        /* the model metadata JSON body */
+    char *error;               /* why the version is not ready; NULL when ready */
+    const oi_backend_t *backend;
+    void *state;
+    oi_scheduler_t *sched; /* NULL when not ready */
+    struct oi_model_s *next;
+} oi_model_t;
+
+typedef struct oi_registry_s {
+    pthread_rwlock_t lock;
+    oi_model_t *models;
+} oi_registry_t;
+
+/* Returns a new model with one reference and copies of name and specs, or NULL. The backend
+ * and scheduler are attached by the caller. */
+oi_model_t *oi_model_new(const char *name, int64_t version, int max_batch_size, const oi_io_spec_t *inputs,
+                         uint32_t n_inputs, const oi_io_spec_t *outputs, uint32_t n_outputs);
+
+void oi_model_ref(oi_model_t *m);
+
+/* Drops a reference; the last frees the model's memory (its scheduler must be gone). */
+void oi_model_unref(oi_model_t *m);
+
+void oi_registry_init(oi_registry_t *r);
+
+/* Adds a model, taking the caller's reference. Returns 0, or -1 when that name and version
+ * are already registered (the reference is then still the caller's). */
+int oi_registry_add(oi_registry_t *r, oi_model_t *m);
+
+/* Finds a model version: `version` NULL or "" picks the highest ready version (else the
+ * highest). Returns a new reference, or NULL with a 404 status in *err naming what is
+ * missing and what exists. */
+oi_model_t *oi_registry_find(oi_registry_t *r, const char *name, const char *version, oi_status_t **err);
+
+/* 1 when every model's default version is ready (and there is at least one model or none
+ * failed), else 0. */
+int oi_registry_all_ready(oi_registry_t *r);
+
+/* Stops every scheduler (queued jobs fail with 503), releases backends and drops the
+ * registry's references. The caller must not hold the GIL: executors may need it. */
+void oi_registry_destroy(oi_registry_t *r);
+
+#endif

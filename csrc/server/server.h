@@ -1,0 +1,36 @@
+/* The V2 server: routes HTTP requests to health, metadata and inference, runs inference
+ * through the registry's schedulers and answers on the connection's loop thread. */
+#ifndef OI_SERVER_SERVER_H
+#define OI_SERVER_SERVER_H
+
+#include "server/registry.h"
+#include "transport/http1.h"
+
+typedef struct oi_server_config_s {
+    oi_http_config_t http;
+    uint32_t max_json_depth;
+} oi_server_config_t;
+
+typedef struct oi_server_s oi_server_t;
+
+/* Returns a new, stopped server, or NULL when out of memory. */
+oi_server_t *oi_server_new(const oi_server_config_t *cfg);
+
+/* Sets the body of GET /v2 (copied). 0 or -1 (out of memory). */
+int oi_server_set_metadata(oi_server_t *s, const char *json, size_t len);
+
+/* Gives the server the caller's reference to `m`: 0, or -1 when that name and version are
+ * already registered (the reference then stays the caller's). */
+int oi_server_add_model(oi_server_t *s, oi_model_t *m);
+
+/* Listens and starts the loops. 0, or an error with a message in `err`. */
+int oi_server_start(oi_server_t *s, char *err, size_t errlen);
+
+/* The bound HTTP port, 0 before start. */
+int oi_server_port(const oi_server_t *s);
+
+/* Stops accepting, waits up to `timeout_ms` for requests in flight, then stops every
+ * executor, closes every connection and frees the server. Must be called without the GIL. */
+void oi_server_stop(oi_server_t *s, uint64_t timeout_ms);
+
+#endif

@@ -1,0 +1,120 @@
+#include "server/validate.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const oi_io_spec_t *find_spec(const oi_io_spec_t *specs, uint32_t n, const char *name)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (strcmp(specs[i].name, name) == 0)
+            return &specs[i];
+    return NULL;
+}
+
+/* "INPUT0, INPUT1" into buf. */
+static const char *list_names(const oi_io_spec_t *specs, uint32_t n, char *buf, size_t cap)
+{
+    size_t k = 0;
+    buf[0] = '\0';
+    for (uint32_t i = 0; i < n && k < cap; i++)
+        k += (size_t)snprintf(buf + k, cap - k, "%s%s", i ? ", " : "", specs[i].name);
+    return buf;
+}
+
+static int shape_matches(const oi_io_spec_t *spec, const int64_t *shape, int ndim)
+{
+    if (ndim != spec->ndim)
+        return 0;
+    for (int i = 0; i < ndim; i++)
+        if (spec->dims[i] != -1 && spec->dims[i] != shape[i])
+            return 0;
+    return 1;
+}
+
+oi_status_t *oi_validate_request(const oi_model_t *m, const oi_request_t *req, const char ***names, uint32_t *n)
+{
+    char list[512], got[24 * OI_MAX_DIMS], want[24 * OI_MAX_DIMS];
+    for (uint32_t i = 0; i < req->n_inputs; i++) {
+        const oi_tensor_t *t = &req->inputs[i];
+        const oi_io_spec_t *s = find_spec(m->inputs, m->n_inputs, t->name);
+        if (s == NULL)
+            return oi_status_new(OI_BAD_REQUEST, "unexpected input '%s' for model '%s'; its inputs are: %s",
+                                 t->name, m->name, list_names(m->inputs, m->n_inputs, list, sizeof(list)));
+        if (t->dtype != s->dtype)
+            return oi_status_new(OI_BAD_REQUEST, "input '%s': expected datatype %s, got %s", t->name,
+                                 oi_dtype_name(s->dtype), oi_dtype_name(t->dtype));
+        if (!shape_matches(s, t->shape, t->ndim))
+            return oi_status_new(OI_BAD_REQUEST, "input '%s': expected shape %s, got %s", t->name,
+                                 oi_shape_format(s->dims, s->ndim, want, sizeof(want)),
+                                 oi_shape_format(t->shape, t->ndim, got, sizeof(got)));
+        if (m->max_batch_size > 0 && (t->shape[0] < 1 || t->shape[0] > m->max_batch_size))
+            return oi_status_new(OI_BAD_REQUEST, "input '%s': batch size (first dimension) must be 1 to %d, got %lld",
+                                 t->name, m->max_batch_size, (long long)t->shape[0]);
+    }
+    for (uint32_t i = 0; i < m->n_inputs; i++) {
+        int present = 0;
+        for (uint32_t j = 0; j < req->n_inputs && !present; j++)
+            present = strcmp(req->inputs[j].name, m->inputs[i].name) == 0;
+        if (!present)
+            return oi_status_new(OI_BAD_REQUEST, "missing input '%s' for model '%s'; its inputs are: %s",
+                                 m->inputs[i].name, m->name, list_names(m->inputs, m->n_inputs, list, sizeof(list)));
+    }
+    if (m->max_batch_size > 0) {
+        for (uint32_t i = 1; i < req->n_inputs; i++)
+            if (req->inputs[i].shape[0] != req->inputs[0].shape[0])
+                return oi_status_new(OI_BAD_REQUEST,
+                                     "input '%s': batch size %lld differs from input '%s' batch size %lld",
+                                     req->inputs[i].name, (long long)req->inputs[i].shape[0], req->inputs[0].name,
+                                     (long long)req->inputs[0].shape[0]);
+    }
+    uint32_t count = req->n_outputs ? req->n_outputs : m->n_outputs;
+    const char **out = malloc((count ? count : 1) * sizeof(*out));
+    if (out == NULL)
+        return oi_status_new(OI_INTERNAL, "out of memory");
+    for (uint32_t i = 0; i < count; i++) {
+        if (req->n_outputs == 0) {
+            out[i] = m->output_names[i];
+            continue;
+        }
+        const char *name = req->outputs[i].name;
+        if (find_spec(m->outputs, m->n_outputs, name) == NULL) {
+            free(out);
+            return oi_status_new(OI_BAD_REQUEST, "unknown output '%s' for model '%s'; its outputs are: %s", name,
+                                 m->name, list_names(m->outputs, m->n_outputs, list, sizeof(list)));
+        }
+        out[i] = name;
+    }
+    *names = out;
+    *n = count;
+    return NULL;
+}
+
+oi_status_t *oi_validate_response(const oi_model_t *m, const char *const *names, uint32_t n,
+                                  const oi_response_t *resp)
+{
+    char got[24 * OI_MAX_DIMS], want[24 * OI_MAX_DIMS], what[160];
+    if (resp->n_outputs != n)
+        return oi_status_new(OI_INTERNAL, "model '%s' produced %u outputs, expected %u", m->name, resp->n_outputs, n);
+    for (uint32_t i = 0; i < n; i++) {
+        const oi_tensor_t *t = &resp->outputs[i];
+        const oi_io_spec_t *s = find_spec(m->outputs, m->n_outputs, names[i]);
+        if (s == NULL || t->name == NULL || strcmp(t->name, names[i]) != 0)
+            return oi_status_new(OI_INTERNAL, "model '%s' produced output %u as '%s', expected '%s'", m->name, i,
+                                 t->name ? t->name : "(null)", names[i]);
+        if (t->dtype != s->dtype)
+            return oi_status_new(OI_INTERNAL, "model '%s' output '%s': declared %s, produced %s", m->name, s->name,
+                                 oi_dtype_name(s->dtype), oi_dtype_name(t->dtype));
+        if (!shape_matches(s, t->shape, t->ndim))
+            return oi_status_new(OI_INTERNAL, "model '%s' output '%s': declared shape %s, produced %s", m->name,
+                                 s->name, oi_shape_format(s->dims, s->ndim, want, sizeof(want)),
+                                 oi_shape_format(t->shape, t->ndim, got, sizeof(got)));
+        snprintf(what, sizeof(what), "model '%s' output '%s'", m->name, s->name);
+        oi_status_t *st = oi_tensor_check_size(t, what);
+        if (st != NULL) {
+            st->code = OI_INTERNAL;
+            return st;
+        }
+    }
+    return NULL;
+}

@@ -1,0 +1,807 @@
+#include "transport/http1.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <llhttp.h>
+
+#define READ_BUF_SIZE 16384
+#define CHUNKED_INITIAL 65536
+/* Stop parsing pipelined requests while this much response data waits for the socket. */
+#define MAX_QUEUED_WRITE (8u << 20)
+
+typedef struct listener_s {
+    uv_tcp_t tcp;
+    oi_loop_t loop;
+    oi_http_server_t *server;
+    int listening;
+    struct oi_http_conn_s *conns; /* every open connection of this loop, for shutdown */
+} listener_t;
+
+struct oi_http_server_s {
+    oi_http_config_t cfg;
+    char host[256];
+    oi_http_handler_cb handler;
+    void *ctx;
+    int nloops;
+    listener_t *loops;
+    int port;
+    atomic_int inflight;
+    atomic_int connections;
+    oi_task_t *stop_tasks; /* one per loop */
+};
+
+struct oi_http_conn_s {
+    uv_tcp_t tcp;
+    uv_timer_t timer;
+    llhttp_t parser;
+    listener_t *lis;
+    oi_http_conn_t *prev, *next; /* listener's list */
+    oi_http_request_t req;
+
+    /* The request being read. */
+    oi_sbuf_t url;
+    oi_sbuf_t hfield;
+    oi_sbuf_t hvalue;
+    size_t header_bytes;
+    int in_message;
+    int expect_continue;
+    int body_direct; /* Content-Length known: socket reads land in the body buffer */
+    oi_buf_t *body;
+    int error_status; /* set by a callback that rejects the request */
+    const char *error_message;
+
+    /* Unparsed bytes that arrived behind a request still being answered. */
+    oi_sbuf_t pending;
+    char rbuf[READ_BUF_SIZE];
+
+    int busy;      /* a request is with the handler */
+    int in_feed;   /* llhttp_execute is on the stack */
+    int keep_alive;
+    int http10;
+    int closing;
+    int close_after_write;
+    int handles; /* open libuv handles (tcp, timer) */
+    size_t writes;
+};
+
+typedef struct write_req_s {
+    uv_write_t w;
+    oi_http_conn_t *conn;
+    size_t nparts;
+    oi_iov_t *parts;
+    char head[];
+} write_req_t;
+
+static const llhttp_settings_t parser_settings;
+static void pump(oi_http_conn_t *c);
+
+/* ---- connection lifetime ---------------------------------------------------------------- */
+
+static void conn_maybe_free(oi_http_conn_t *c)
+{
+    if (c->handles > 0 || c->busy || c->writes > 0)
+        return;
+    oi_buf_unref(c->body);
+    oi_buf_unref(c->req.body);
+    oi_sbuf_free(&c->url);
+    oi_sbuf_free(&c->hfield);
+    oi_sbuf_free(&c->hvalue);
+    oi_sbuf_free(&c->pending);
+    atomic_fetch_sub(&c->lis->server->connections, 1);
+    free(c);
+}
+
+static void on_handle_closed(uv_handle_t *h)
+{
+    oi_http_conn_t *c = h->data;
+    c->handles--;
+    conn_maybe_free(c);
+}
+
+static void conn_close(oi_http_conn_t *c)
+{
+    if (c->closing)
+        return;
+    c->closing = 1;
+    listener_t *lis = c->lis;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        lis->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    uv_close((uv_handle_t *)&c->timer, on_handle_closed);
+    uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
+}
+
+/* ---- writing ------------------------------------------------------------------------------ */
+
+static void after_write(uv_write_t *w, int status)
+{
+    write_req_t *wr = (write_req_t *)w;
+    oi_http_conn_t *c = wr->conn;
+    for (size_t i = 0; i < wr->nparts; i++)
+        oi_buf_unref(wr->parts[i].owner);
+    free(wr);
+    c->writes--;
+    if (status < 0 || (c->close_after_write && c->writes == 0))
+        conn_close(c);
+    else if (c->pending.len > 0 && c->writes == 0)
+        pump(c);
+    conn_maybe_free(c);
+}
+
+static const char *reason_phrase(int status)
+{
+    switch (status) {
+    case 100: return "Continue";
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 413: return "Payload Too Large";
+    case 415: return "Unsupported Media Type";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 503: return "Service Unavailable";
+    default: return status < 500 ? "Bad Request" : "Internal Server Error";
+    }
+}
+
+/* Queues a complete response. Takes the parts' owner references. */
+static void conn_write(oi_http_conn_t *c, int status, const char *headers, const oi_iov_t *parts,
+                       size_t nparts)
+{
+    if (c->closing) {
+        for (size_t i = 0; i < nparts; i++)
+            oi_buf_unref(parts[i].owner);
+        return;
+    }
+    size_t body_len = 0;
+    for (size_t i = 0; i < nparts; i++)
+        body_len += parts[i].len;
+    size_t hlen = strlen(headers);
+    size_t head_cap = hlen + 160;
+    write_req_t *wr = malloc(sizeof(*wr) + head_cap + nparts * sizeof(oi_iov_t));
+    if (wr == NULL) {
+        for (size_t i = 0; i < nparts; i++)
+            oi_buf_unref(parts[i].owner);
+        conn_close(c);
+        return;
+    }
+    const char *conn_hdr = "";
+    if (c->close_after_write)
+        conn_hdr = "Connection: close\r\n";
+    else if (c->http10)
+        conn_hdr = "Connection: keep-alive\r\n";
+    int n = snprintf(wr->head, head_cap, "HTTP/1.1 %d %s\r\nContent-Length: %zu\r\n%s%s\r\n", status,
+                     reason_phrase(status), body_len, conn_hdr, headers);
+    wr->conn = c;
+    wr->nparts = nparts;
+    wr->parts = (oi_iov_t *)(wr->head + head_cap);
+    memcpy(wr->parts, parts, nparts * sizeof(oi_iov_t));
+
+    uv_buf_t stackbufs[8];
+    uv_buf_t *bufs = nparts + 1 <= 8 ? stackbufs : malloc((nparts + 1) * sizeof(uv_buf_t));
+    if (bufs == NULL) {
+        wr->nparts = nparts;
+        c->writes++;
+        after_write(&wr->w, UV_ENOMEM);
+        return;
+    }
+    bufs[0] = uv_buf_init(wr->head, (unsigned)n);
+    unsigned nb = 1;
+    for (size_t i = 0; i < nparts; i++)
+        if (parts[i].len > 0)
+            bufs[nb++] = uv_buf_init((char *)parts[i].base, (unsigned)parts[i].len);
+    c->writes++;
+    int rc = uv_write(&wr->w, (uv_stream_t *)&c->tcp, bufs, nb, after_write);
+    if (bufs != stackbufs)
+        free(bufs);
+    if (rc != 0)
+        after_write(&wr->w, rc);
+}
+
+/* Answers a request the transport itself rejects (bad framing, limits), then closes. */
+static void conn_reject(oi_http_conn_t *c, int status, const char *message)
+{
+    oi_sbuf_t body = {0};
+    /* The message is ours (no quotes or backslashes need escaping beyond this). */
+    if (oi_sbuf_printf(&body, "{\"error\":\"%s\"}", message) != 0) {
+        conn_close(c);
+        return;
+    }
+    oi_buf_t *b = oi_sbuf_detach(&body);
+    c->close_after_write = 1;
+    oi_iov_t part = {b ? b->data : "", b ? b->len : 0, b};
+    conn_write(c, status, "Content-Type: application/json\r\n", &part, 1);
+}
+
+/* ---- reading ------------------------------------------------------------------------------ */
+
+static void feed(oi_http_conn_t *c, const char *data, size_t len);
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+
+static void arm_timer(oi_http_conn_t *c, uint64_t ms);
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    (void)suggested;
+    oi_http_conn_t *c = h->data;
+    if (c->body_direct && c->body != NULL && c->body->len < c->body->cap) {
+        size_t room = c->body->cap - c->body->len;
+        if (room > (1u << 30))
+            room = 1u << 30;
+        *buf = uv_buf_init(c->body->data + c->body->len, (unsigned)room);
+    } else {
+        *buf = uv_buf_init(c->rbuf, sizeof(c->rbuf));
+    }
+}
+
+static void start_reading(oi_http_conn_t *c)
+{
+    if (!c->closing && uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) != 0)
+        conn_close(c);
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    oi_http_conn_t *c = s->data;
+    if (nread < 0) {
+        /* EOF or reset: a request in flight is answered into the void and then freed. */
+        conn_close(c);
+        return;
+    }
+    if (nread > 0)
+        feed(c, buf->base, (size_t)nread);
+}
+
+/* Arms the idle timeout between requests (a request's own deadline starts with its first
+ * byte, in on_message_begin, and is not pushed back by later bytes). */
+static void finish_or_idle(oi_http_conn_t *c)
+{
+    if (!c->closing && !c->busy && !c->in_message)
+        arm_timer(c, c->lis->server->cfg.idle_timeout_ms);
+}
+
+static void feed(oi_http_conn_t *c, const char *data, size_t len)
+{
+    c->in_feed = 1;
+    while (!c->closing) {
+        llhttp_errno_t err = llhttp_execute(&c->parser, data, len);
+        if (err == HPE_OK)
+            break;
+        if (err == HPE_PAUSED) {
+            size_t used = (size_t)(llhttp_get_error_pos(&c->parser) - data);
+            data += used;
+            len -= used;
+            if (!c->busy) { /* answered synchronously: go on with the next request */
+                llhttp_resume(&c->parser);
+                if (len == 0)
+                    break;
+                continue;
+            }
+            if (len > 0 && oi_sbuf_append(&c->pending, data, len) != 0) {
+                conn_close(c);
+                break;
+            }
+            uv_read_stop((uv_stream_t *)&c->tcp);
+            break;
+        }
+        if (c->error_status)
+            conn_reject(c, c->error_status, c->error_message);
+        else {
+            char msg[160];
+            snprintf(msg, sizeof(msg), "malformed HTTP request: %s", llhttp_get_error_reason(&c->parser));
+            for (char *p = msg; *p; p++)
+                if (*p == '"' || *p == '\\')
+                    *p = '\'';
+            conn_reject(c, 400, msg);
+        }
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        break;
+    }
+    c->in_feed = 0;
+    finish_or_idle(c);
+}
+
+/* Goes on with the connection once no request is with the handler: parses pipelined bytes
+ * that waited, then reads again. Holds back while the client leaves too many responses
+ * unread; after_write calls it again as they drain. */
+static void pump(oi_http_conn_t *c)
+{
+    if (c->closing || c->busy || c->in_feed)
+        return;
+    if (c->pending.len > 0) {
+        if (uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) > MAX_QUEUED_WRITE) {
+            uv_read_stop((uv_stream_t *)&c->tcp);
+            return;
+        }
+        oi_sbuf_t p = c->pending;
+        memset(&c->pending, 0, sizeof(c->pending));
+        feed(c, p.data, p.len);
+        oi_sbuf_free(&p);
+        if (c->busy || c->closing)
+            return;
+    }
+    start_reading(c);
+}
+
+/* Continues with pipelined bytes once the previous request is answered. */
+static void resume_after_response(oi_http_conn_t *c)
+{
+    if (c->closing)
+        return;
+    if (!c->keep_alive) {
+        c->close_after_write = 1;
+        if (c->writes == 0)
+            conn_close(c);
+        return;
+    }
+    if (c->in_feed)
+        return; /* feed() goes on by itself */
+    llhttp_resume(&c->parser);
+    pump(c);
+    finish_or_idle(c);
+}
+
+/* ---- timers ------------------------------------------------------------------------------- */
+
+static void on_timer(uv_timer_t *t)
+{
+    oi_http_conn_t *c = t->data;
+    if (c->busy || c->closing)
+        return;
+    if (c->in_message && c->header_bytes + (c->body ? c->body->len : 0) > 0)
+        conn_reject(c, 408, "timed out reading the request");
+    else
+        conn_close(c);
+}
+
+static void arm_timer(oi_http_conn_t *c, uint64_t ms)
+{
+    if (ms > 0)
+        uv_timer_start(&c->timer, on_timer, ms, 0);
+}
+
+/* ---- llhttp callbacks --------------------------------------------------------------------- */
+
+static oi_http_conn_t *conn_of(llhttp_t *p) { return p->data; }
+
+static int reject_in_parser(oi_http_conn_t *c, int status, const char *message)
+{
+    c->error_status = status;
+    c->error_message = message;
+    return -1;
+}
+
+static int count_header_bytes(oi_http_conn_t *c, size_t n)
+{
+    c->header_bytes += n;
+    if (c->header_bytes > c->lis->server->cfg.max_header_bytes)
+        return reject_in_parser(c, 431, "request line and headers exceed the server's max_header_bytes");
+    return 0;
+}
+
+static int on_message_begin(llhttp_t *p)
+{
+    oi_http_conn_t *c = conn_of(p);
+    c->in_message = 1;
+    c->url.len = 0;
+    c->hfield.len = 0;
+    c->hvalue.len = 0;
+    c->header_bytes = 0;
+    c->expect_continue = 0;
+    c->body_direct = 0;
+    c->req.inference_header_length = -1;
+    c->req.content_encoding[0] = '\0';
+    c->req.accept_encoding[0] = '\0';
+    arm_timer(c, c->lis->server->cfg.header_timeout_ms);
+    return 0;
+}
+
+static int append_counted(oi_http_conn_t *c, oi_sbuf_t *s, const char *at, size_t n)
+{
+    if (count_header_bytes(c, n) != 0)
+        return -1;
+    return oi_sbuf_append(s, at, n) == 0 ? 0 : reject_in_parser(c, 500, "out of memory");
+}
+
+static int on_url(llhttp_t *p, const char *at, size_t n) { return append_counted(conn_of(p), &conn_of(p)->url, at, n); }
+
+static int on_header_field(llhttp_t *p, const char *at, size_t n)
+{
+    return append_counted(conn_of(p), &conn_of(p)->hfield, at, n);
+}
+
+static int on_header_value(llhttp_t *p, const char *at, size_t n)
+{
+    return append_counted(conn_of(p), &conn_of(p)->hvalue, at, n);
+}
+
+static int header_is(const oi_sbuf_t *f, const char *name)
+{
+    size_t n = strlen(name);
+    return f->len == n && strncasecmp(f->data, name, n) == 0;
+}
+
+static void copy_lower(char *dst, size_t cap, const oi_sbuf_t *v)
+{
+    size_t n = v->len < cap - 1 ? v->len : cap - 1;
+    for (size_t i = 0; i < n; i++)
+        dst[i] = (char)tolower((unsigned char)v->data[i]);
+    dst[n] = '\0';
+}
+
+static int on_header_value_complete(llhttp_t *p)
+{
+    oi_http_conn_t *c = conn_of(p);
+    oi_sbuf_t *f = &c->hfield, *v = &c->hvalue;
+    if (header_is(f, "expect")) {
+        if (v->len == 12 && strncasecmp(v->data, "100-continue", 12) == 0)
+            c->expect_continue = 1;
+        else
+            return reject_in_parser(c, 417, "unsupported Expect header; only 100-continue is known");
+    } else if (header_is(f, "inference-header-content-length")) {
+        char tmp[24];
+        copy_lower(tmp, sizeof(tmp), v);
+        char *end;
+        errno = 0;
+        long long n = strtoll(tmp, &end, 10);
+        if (v->len == 0 || v->len >= sizeof(tmp) || *end != '\0' || n < 0 || errno != 0)
+            return reject_in_parser(c, 400, "Inference-Header-Content-Length must be a non-negative integer");
+        c->req.inference_header_length = n;
+    } else if (header_is(f, "content-encoding")) {
+        copy_lower(c->req.content_encoding, sizeof(c->req.content_encoding), v);
+    } else if (header_is(f, "accept-encoding")) {
+        copy_lower(c->req.accept_encoding, sizeof(c->req.accept_encoding), v);
+    }
+    f->len = 0;
+    v->len = 0;
+    return 0;
+}
+
+static int on_headers_complete(llhttp_t *p)
+{
+    oi_http_conn_t *c = conn_of(p);
+    const oi_http_config_t *cfg = &c->lis->server->cfg;
+    if (p->flags & F_CHUNKED) {
+        c->body = oi_buf_new(CHUNKED_INITIAL);
+        if (c->body == NULL)
+            return reject_in_parser(c, 500, "out of memory");
+    } else if (p->flags & F_CONTENT_LENGTH) {
+        if (p->content_length > cfg->max_body_bytes)
+            return reject_in_parser(c, 413, "request body exceeds the server's max_body_bytes");
+        if (p->content_length > 0) {
+            c->body = oi_buf_new((size_t)p->content_length);
+            if (c->body == NULL)
+                return reject_in_parser(c, 500, "out of memory for the request body");
+            c->body_direct = 1;
+        }
+    }
+    if (c->expect_continue && c->body != NULL) {
+        /* A bare interim response: written straight, ahead of the final one. */
+        static char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+        write_req_t *wr = malloc(sizeof(*wr));
+        if (wr == NULL)
+            return reject_in_parser(c, 500, "out of memory");
+        wr->conn = c;
+        wr->nparts = 0;
+        wr->parts = NULL;
+        uv_buf_t b = uv_buf_init(cont, sizeof(cont) - 1);
+        c->writes++;
+        int rc = uv_write(&wr->w, (uv_stream_t *)&c->tcp, &b, 1, after_write);
+        if (rc != 0)
+            after_write(&wr->w, rc);
+    }
+    return 0;
+}
+
+static int on_body(llhttp_t *p, const char *at, size_t n)
+{
+    oi_http_conn_t *c = conn_of(p);
+    oi_buf_t *b = c->body;
+    if (b == NULL)
+        return reject_in_parser(c, 400, "unexpected body");
+    if (at == b->data + b->len) { /* read straight into the body: nothing to copy */
+        b->len += n;
+        return 0;
+    }
+    if (b->cap - b->len < n) {
+        size_t want = b->len + n;
+        if (want > c->lis->server->cfg.max_body_bytes)
+            return reject_in_parser(c, 413, "request body exceeds the server's max_body_bytes");
+        size_t cap = b->cap * 2 > want ? b->cap * 2 : want;
+        if (cap > c->lis->server->cfg.max_body_bytes)
+            cap = c->lis->server->cfg.max_body_bytes;
+        oi_buf_t *nb = oi_buf_grow(b, cap);
+        if (nb == NULL)
+            return reject_in_parser(c, 500, "out of memory for the request body");
+        c->body = b = nb;
+    }
+    memcpy(b->data + b->len, at, n);
+    b->len += n;
+    return 0;
+}
+
+static int on_message_complete(llhttp_t *p)
+{
+    oi_http_conn_t *c = conn_of(p);
+    oi_http_server_t *s = c->lis->server;
+    uv_timer_stop(&c->timer);
+    c->in_message = 0;
+    c->keep_alive = llhttp_should_keep_alive(p);
+    c->http10 = p->http_major == 1 && p->http_minor == 0;
+
+    if (oi_sbuf_append(&c->url, "", 1) != 0) /* NUL-terminate */
+        return reject_in_parser(c, 500, "out of memory");
+    c->url.len--;
+    char *q = memchr(c->url.data, '?', c->url.len);
+    size_t path_len = q ? (size_t)(q - c->url.data) : c->url.len;
+    c->url.data[path_len] = '\0';
+
+    oi_http_request_t *r = &c->req;
+    r->method = p->method;
+    r->path = c->url.data;
+    r->path_len = path_len;
+    oi_buf_unref(r->body);
+    r->body = c->body;
+    c->body = NULL;
+    c->body_direct = 0;
+    r->loop = &c->lis->loop;
+    r->conn = c;
+
+    c->busy = 1;
+    atomic_fetch_add(&s->inflight, 1);
+    s->handler(s->ctx, r);
+    return HPE_PAUSED; /* one request at a time; feed() or the response goes on */
+}
+
+static const llhttp_settings_t parser_settings = {
+    .on_message_begin = on_message_begin,
+    .on_url = on_url,
+    .on_header_field = on_header_field,
+    .on_header_value = on_header_value,
+    .on_header_value_complete = on_header_value_complete,
+    .on_headers_complete = on_headers_complete,
+    .on_body = on_body,
+    .on_message_complete = on_message_complete,
+};
+
+/* ---- responding --------------------------------------------------------------------------- */
+
+void oi_http_respond(oi_http_request_t *req, int status, const char *headers, const oi_iov_t *parts,
+                     size_t nparts)
+{
+    oi_http_conn_t *c = req->conn;
+    oi_http_server_t *s = c->lis->server;
+    oi_buf_unref(req->body);
+    req->body = NULL;
+    if (!c->keep_alive)
+        c->close_after_write = 1;
+    conn_write(c, status, headers, parts, nparts);
+    c->busy = 0;
+    atomic_fetch_sub(&s->inflight, 1);
+    if (c->closing)
+        conn_maybe_free(c);
+    else
+        resume_after_response(c);
+}
+
+/* ---- accepting ---------------------------------------------------------------------------- */
+
+static void on_connection(uv_stream_t *server, int status)
+{
+    listener_t *lis = server->data;
+    oi_http_server_t *s = lis->server;
+    if (status < 0)
+        return;
+    oi_http_conn_t *c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return;
+    c->lis = lis;
+    uv_tcp_init(&lis->loop.uv, &c->tcp);
+    uv_timer_init(&lis->loop.uv, &c->timer);
+    c->tcp.data = c->timer.data = c;
+    c->handles = 2;
+    c->keep_alive = 1;
+    atomic_fetch_add(&s->connections, 1);
+    c->next = lis->conns;
+    if (lis->conns)
+        lis->conns->prev = c;
+    lis->conns = c;
+    if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0 ||
+        atomic_load(&s->connections) > s->cfg.max_connections) {
+        conn_close(c);
+        return;
+    }
+    uv_tcp_nodelay(&c->tcp, 1);
+    llhttp_init(&c->parser, HTTP_REQUEST, &parser_settings);
+    c->parser.data = c;
+    c->req.inference_header_length = -1;
+    start_reading(c);
+    arm_timer(c, s->cfg.idle_timeout_ms);
+}
+
+static int resolve(const char *host, int port, struct sockaddr_storage *out, char *err, size_t errlen)
+{
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    char portstr[16];
+    snprintf(portstr, sizeof(portstr), "%d", port);
+    int rc = getaddrinfo(host, portstr, &hints, &res);
+    if (rc != 0) {
+        snprintf(err, errlen, "cannot resolve host '%s': %s", host, gai_strerror(rc));
+        return UV_EINVAL;
+    }
+    memcpy(out, res->ai_addr, res->ai_addrlen);
+    freeaddrinfo(res);
+    return 0;
+}
+
+static int bind_listener(listener_t *lis, const struct sockaddr_storage *addr, char *err, size_t errlen)
+{
+    int rc = uv_tcp_init_ex(&lis->loop.uv, &lis->tcp, addr->ss_family);
+    if (rc != 0)
+        goto fail;
+    lis->tcp.data = lis;
+    lis->listening = 1;
+    uv_os_fd_t fd;
+    uv_fileno((uv_handle_t *)&lis->tcp, &fd);
+    int one = 1;
+    /* Every loop listens on the same port; the kernel spreads connections over them. */
+    setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
+    rc = uv_tcp_bind(&lis->tcp, (const struct sockaddr *)addr, 0);
+    if (rc == 0)
+        rc = uv_listen((uv_stream_t *)&lis->tcp, 1024, on_connection);
+    if (rc == 0)
+        return 0;
+fail:
+    snprintf(err, errlen, "cannot listen on %s:%d: %s", lis->server->host, lis->server->cfg.port,
+             uv_strerror(rc));
+    return rc;
+}
+
+oi_http_server_t *oi_http_server_new(const oi_http_config_t *cfg, oi_http_handler_cb handler, void *ctx)
+{
+    oi_http_server_t *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return NULL;
+    s->cfg = *cfg;
+    snprintf(s->host, sizeof(s->host), "%s", cfg->host ? cfg->host : "127.0.0.1");
+    s->cfg.host = s->host;
+    if (s->cfg.threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        s->cfg.threads = n > 0 ? (int)n : 1;
+    }
+    s->handler = handler;
+    s->ctx = ctx;
+    return s;
+}
+
+int oi_http_server_start(oi_http_server_t *s, char *err, size_t errlen)
+{
+    struct sockaddr_storage addr;
+    int rc = resolve(s->host, s->cfg.port, &addr, err, errlen);
+    if (rc != 0)
+        return rc;
+    s->loops = calloc((size_t)s->cfg.threads, sizeof(*s->loops));
+    if (s->loops == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return UV_ENOMEM;
+    }
+    for (int i = 0; i < s->cfg.threads; i++) {
+        listener_t *lis = &s->loops[i];
+        lis->server = s;
+        if ((rc = oi_loop_init(&lis->loop)) != 0) {
+            snprintf(err, errlen, "cannot create an event loop: %s", uv_strerror(rc));
+            return rc;
+        }
+        s->nloops++;
+        if ((rc = bind_listener(lis, &addr, err, errlen)) != 0)
+            return rc;
+        if (i == 0) { /* port 0: the others bind the port the first one got */
+            struct sockaddr_storage bound;
+            int len = sizeof(bound);
+            uv_tcp_getsockname(&lis->tcp, (struct sockaddr *)&bound, &len);
+            s->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                                         : ((struct sockaddr_in *)&bound)->sin_port);
+            if (addr.ss_family == AF_INET6)
+                ((struct sockaddr_in6 *)&addr)->sin6_port = htons((uint16_t)s->port);
+            else
+                ((struct sockaddr_in *)&addr)->sin_port = htons((uint16_t)s->port);
+        }
+    }
+    for (int i = 0; i < s->nloops; i++)
+        if ((rc = oi_loop_start(&s->loops[i].loop)) != 0) {
+            snprintf(err, errlen, "cannot start a loop thread: %s", uv_strerror(rc));
+            return rc;
+        }
+    return 0;
+}
+
+int oi_http_server_port(const oi_http_server_t *s) { return s->port; }
+
+int oi_http_server_inflight(const oi_http_server_t *s) { return atomic_load(&((oi_http_server_t *)s)->inflight); }
+
+typedef struct loop_task_s {
+    oi_task_t task;
+    listener_t *lis;
+    int final;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done;
+} loop_task_t;
+
+static void close_listener(listener_t *lis)
+{
+    if (lis->listening) {
+        lis->listening = 0;
+        uv_close((uv_handle_t *)&lis->tcp, NULL);
+    }
+}
+
+static void run_loop_task(oi_task_t *t)
+{
+    loop_task_t *lt = (loop_task_t *)t;
+    listener_t *lis = lt->lis;
+    close_listener(lis);
+    if (lt->final) {
+        while (lis->conns)
+            conn_close(lis->conns);
+        oi__loop_close_wake(&lis->loop);
+    }
+    pthread_mutex_lock(&lt->mu);
+    lt->done = 1;
+    pthread_cond_signal(&lt->cv);
+    pthread_mutex_unlock(&lt->mu);
+}
+
+/* Runs close_listener (and for `final`, the closing of everything) on each loop's thread
+ * and waits for it: the loops' handles may only be touched there. */
+static void on_each_loop(oi_http_server_t *s, int final)
+{
+    for (int i = 0; i < s->nloops; i++) {
+        listener_t *lis = &s->loops[i];
+        loop_task_t lt = {.lis = lis, .final = final};
+        lt.task.run = run_loop_task;
+        if (!lis->loop.started) { /* start failed half-way: nothing else runs this loop */
+            run_loop_task(&lt.task);
+            continue;
+        }
+        pthread_mutex_init(&lt.mu, NULL);
+        pthread_cond_init(&lt.cv, NULL);
+        oi_loop_post(&lis->loop, &lt.task);
+        pthread_mutex_lock(&lt.mu);
+        while (!lt.done)
+            pthread_cond_wait(&lt.cv, &lt.mu);
+        pthread_mutex_unlock(&lt.mu);
+        pthread_cond_destroy(&lt.cv);
+        pthread_mutex_destroy(&lt.mu);
+    }
+}
+
+void oi_http_server_stop_accepting(oi_http_server_t *s) { on_each_loop(s, 0); }
+
+void oi_http_server_free(oi_http_server_t *s)
+{
+    if (s == NULL)
+        return;
+    on_each_loop(s, 1);
+    for (int i = 0; i < s->nloops; i++)
+        oi_loop_join(&s->loops[i].loop);
+    free(s->loops);
+    free(s);
+}

@@ -1,0 +1,80 @@
+/* HTTP/1.1 server transport on libuv and llhttp: sockets, framing, keep-alive, pipelining,
+ * chunked bodies, Expect: 100-continue, limits and timeouts. It knows nothing of V2: each
+ * complete request goes to one handler callback, which answers with oi_http_respond. */
+#ifndef OI_TRANSPORT_HTTP1_H
+#define OI_TRANSPORT_HTTP1_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/buf.h"
+#include "transport/loop.h"
+
+typedef struct oi_http_server_s oi_http_server_t;
+typedef struct oi_http_conn_s oi_http_conn_t;
+
+typedef struct oi_http_config_s {
+    const char *host; /* numeric IPv4/IPv6 address or a name; "127.0.0.1" by default */
+    int port;         /* 0 picks a free port */
+    int threads;      /* event-loop threads; <= 0: one per core */
+    size_t max_body_bytes;
+    size_t max_header_bytes; /* request line and headers together */
+    int max_connections;
+    uint64_t header_timeout_ms; /* from a request's first byte to its last */
+    uint64_t idle_timeout_ms;   /* a keep-alive connection with no request */
+} oi_http_config_t;
+
+/* One request, valid from the handler call until oi_http_respond. Lives inside its
+ * connection, which serves one request at a time (pipelined requests wait, in order). */
+typedef struct oi_http_request_s {
+    int method;       /* llhttp_method_t: HTTP_GET, HTTP_POST, ... */
+    const char *path; /* NUL-terminated URL path, query stripped, not percent-decoded */
+    size_t path_len;
+    oi_buf_t *body;   /* the whole body in one buffer (len bytes) or NULL; the request owns one
+                       * reference: take your own with oi_buf_ref to keep it */
+    int64_t inference_header_length; /* Inference-Header-Content-Length, -1 when absent */
+    char content_encoding[32];       /* lower-cased, "" when absent */
+    char accept_encoding[128];       /* lower-cased, "" when absent */
+    oi_loop_t *loop;                 /* post completions here: oi_http_respond runs on it */
+    oi_http_conn_t *conn;            /* private to the transport */
+} oi_http_request_t;
+
+/* Called on a loop thread for each complete request; must lead to exactly one
+ * oi_http_respond on the same loop thread, now or later. */
+typedef void (*oi_http_handler_cb)(void *ctx, oi_http_request_t *req);
+
+/* A slice of response body whose owner reference the transport takes and drops once the
+ * bytes are written (owner may be NULL for static data). */
+typedef struct oi_iov_s {
+    const char *base;
+    size_t len;
+    oi_buf_t *owner;
+} oi_iov_t;
+
+/* Answers `req` (on its loop thread). `headers` holds extra header lines, each ending in
+ * "\r\n" (Content-Type, ...); Content-Length and Connection are added here. Takes every
+ * part's owner reference, also when the connection is already gone. */
+void oi_http_respond(oi_http_request_t *req, int status, const char *headers, const oi_iov_t *parts,
+                     size_t nparts);
+
+/* Returns a new server (not yet listening), or NULL when out of memory. */
+oi_http_server_t *oi_http_server_new(const oi_http_config_t *cfg, oi_http_handler_cb handler, void *ctx);
+
+/* Binds every loop's listener and starts the loop threads. Returns 0, or a libuv error code
+ * with a message in `err`. */
+int oi_http_server_start(oi_http_server_t *s, char *err, size_t errlen);
+
+/* The bound port, 0 before start. */
+int oi_http_server_port(const oi_http_server_t *s);
+
+/* Requests handed to the handler and not yet answered. */
+int oi_http_server_inflight(const oi_http_server_t *s);
+
+/* Closes the listeners (no new connections); existing connections go on. */
+void oi_http_server_stop_accepting(oi_http_server_t *s);
+
+/* Closes every connection, ends the loop threads and frees the server. Requests still in
+ * flight must have been answered (their completions could not run any more). */
+void oi_http_server_free(oi_http_server_t *s);
+
+#endif

@@ -1,0 +1,77 @@
+#include "loop.h"
+
+static void drain(uv_async_t *h)
+{
+    oi_loop_t *l = h->data;
+    pthread_mutex_lock(&l->mu);
+    oi_task_t *t = l->head;
+    l->head = l->tail = NULL;
+    pthread_mutex_unlock(&l->mu);
+    while (t != NULL) {
+        oi_task_t *next = t->next; /* `run` may free the task */
+        t->run(t);
+        t = next;
+    }
+}
+
+int oi_loop_init(oi_loop_t *l)
+{
+    int rc = uv_loop_init(&l->uv);
+    if (rc != 0)
+        return rc;
+    rc = uv_async_init(&l->uv, &l->wake, drain);
+    if (rc != 0) {
+        uv_loop_close(&l->uv);
+        return rc;
+    }
+    l->wake.data = l;
+    l->uv.data = l;
+    pthread_mutex_init(&l->mu, NULL);
+    l->head = l->tail = NULL;
+    l->started = 0;
+    return 0;
+}
+
+static void run_loop(void *arg)
+{
+    oi_loop_t *l = arg;
+    uv_run(&l->uv, UV_RUN_DEFAULT);
+}
+
+int oi_loop_start(oi_loop_t *l)
+{
+    int rc = uv_thread_create(&l->thread, run_loop, l);
+    if (rc == 0)
+        l->started = 1;
+    return rc;
+}
+
+void oi_loop_post(oi_loop_t *l, oi_task_t *t)
+{
+    t->next = NULL;
+    pthread_mutex_lock(&l->mu);
+    if (l->tail != NULL)
+        l->tail->next = t;
+    else
+        l->head = t;
+    l->tail = t;
+    pthread_mutex_unlock(&l->mu);
+    uv_async_send(&l->wake);
+}
+
+void oi__loop_close_wake(oi_loop_t *l)
+{
+    drain(&l->wake); /* run what is queued: completions release their resources */
+    uv_close((uv_handle_t *)&l->wake, NULL);
+}
+
+void oi_loop_join(oi_loop_t *l)
+{
+    if (l->started)
+        uv_thread_join(&l->thread);
+    else
+        uv_run(&l->uv, UV_RUN_DEFAULT); /* let closed handles finish */
+    uv_loop_close(&l->uv);
+    pthread_mutex_destroy(&l->mu);
+    l->started = 0;
+}

@@ -1,0 +1,43 @@
+/* Event-loop threads: each runs one libuv loop, and any thread can post a task to it. */
+#ifndef OI_TRANSPORT_LOOP_H
+#define OI_TRANSPORT_LOOP_H
+
+#include <pthread.h>
+#include <uv.h>
+
+typedef struct oi_task_s oi_task_t;
+
+/* A unit of work run on a loop thread. Embedded in the poster's own struct (no allocation);
+ * the poster keeps it alive until `run` is called. */
+struct oi_task_s {
+    oi_task_t *next;
+    void (*run)(oi_task_t *task);
+};
+
+typedef struct oi_loop_s {
+    uv_loop_t uv;
+    uv_async_t wake;
+    pthread_mutex_t mu; /* guards the task list */
+    oi_task_t *head;
+    oi_task_t *tail;
+    uv_thread_t thread;
+    int started;
+} oi_loop_t;
+
+/* Initializes the loop on the calling thread; 0 or a libuv error code. */
+int oi_loop_init(oi_loop_t *l);
+
+/* Starts the loop's thread, which runs until every handle is closed. 0 or a libuv error. */
+int oi_loop_start(oi_loop_t *l);
+
+/* Queues `t` to run on the loop's thread. Safe from any thread, the loop's own included. */
+void oi_loop_post(oi_loop_t *l, oi_task_t *t);
+
+/* Closes the wake-up handle so that the loop can end once the owner of every other handle
+ * has closed it; call on the loop's thread. Tasks posted afterwards never run. */
+void oi__loop_close_wake(oi_loop_t *l);
+
+/* Waits for the loop's thread to end and frees the loop's resources (not `l` itself). */
+void oi_loop_join(oi_loop_t *l);
+
+#endif

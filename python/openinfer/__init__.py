@@ -1,0 +1,42 @@
+"""openinfer: a KServe V2 / Open Inference Protocol server with a C core, for Python models
+and TorchScript.
+
+    import openinfer
+    server = openinfer.serve("models/")   # returns at once; the server runs on native threads
+    print(server.url)
+
+This module is the whole public API. `serve` and `Server` load the C extension on first use,
+so ``import openinfer`` (and the pytest plugin) stay cheap and work where it is not built.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .errors import InferenceServerError
+from .model import Model, Tensor, model
+from .repository import examples_path
+
+if TYPE_CHECKING:
+    from .server import Server, serve
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "InferenceServerError",
+    "Model",
+    "Server",
+    "Tensor",
+    "__version__",
+    "examples_path",
+    "model",
+    "serve",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("serve", "Server"):
+        from . import server
+
+        return getattr(server, name)
+    raise AttributeError(f"module 'openinfer' has no attribute {name!r}")

@@ -1,0 +1,99 @@
+"""The ``openinfer`` command (also ``python -m openinfer``):
+
+    openinfer serve [REPO] [--host H] [--http-port P] [--threads N] [--max-body-bytes N] ...
+
+It logs where it listens and which models are ready or failed (and why), then blocks until
+SIGINT or SIGTERM, which drain in-flight requests through `Server.stop` and exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from types import FrameType
+
+from . import __version__
+
+logger = logging.getLogger("openinfer")
+
+# The core's limits, exposed as --max-body-bytes and so on; unset ones keep the core default.
+_LIMITS: dict[str, str] = {
+    "max_body_bytes": "largest request body (default 1 GiB)",
+    "max_header_bytes": "largest request header block (default 64 KiB)",
+    "max_connections": "concurrent connections (default 4096)",
+    "header_timeout_ms": "time allowed to send the headers (default 30000)",
+    "idle_timeout_ms": "idle keep-alive connection timeout (default 300000)",
+    "max_json_depth": "deepest JSON nesting accepted (default 64)",
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script; returns the exit status."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command != "serve":
+        parser.print_help(sys.stderr)
+        return 2
+    return _serve(args)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="openinfer", description="KServe V2 / Open Inference Protocol server"
+    )
+    parser.add_argument("--version", action="version", version=f"openinfer {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    serve = commands.add_parser(
+        "serve", help="serve a model repository", description="Serve a model repository."
+    )
+    serve.add_argument(
+        "repo", nargs="?", help="Triton-layout model repository (default: the bundled examples)"
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument(
+        "--http-port", type=int, default=8000, help="HTTP port; 0 picks a free one (default 8000)"
+    )
+    serve.add_argument(
+        "--threads", type=int, default=0, help="event-loop threads (default 0: one per core)"
+    )
+    for limit, text in _LIMITS.items():
+        serve.add_argument("--" + limit.replace("_", "-"), type=int, metavar="N", help=text)
+    serve.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    from .server import serve  # the extension loads here, not for --help or --version
+
+    limits = {k: getattr(args, k) for k in _LIMITS if getattr(args, k) is not None}
+    try:
+        server = serve(
+            args.repo, host=args.host, http_port=args.http_port, threads=args.threads, **limits
+        )
+    except (OSError, ValueError) as e:
+        print(f"openinfer: error: {e}", file=sys.stderr)
+        return 1
+
+    stopping = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        # Draining can take a while and needs no main thread, so it runs on its own thread
+        # and the handler returns at once; the main thread wakes from wait() when it is done.
+        if not stopping.is_set():
+            stopping.set()
+            logger.info("%s: stopping after in-flight requests", signal.Signals(signum).name)
+            threading.Thread(target=server.stop, name="openinfer-stop").start()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    server.wait()
+    return 0

@@ -1,0 +1,270 @@
+"""Python models: tensor declarations, the V2 datatype <-> numpy mapping, and the handler that
+the C core calls on an executor thread (with the GIL held) for every request or batch.
+
+BF16: numpy has no bfloat16 type, so BF16 tensors reach a model as ``uint16`` arrays holding
+the raw bfloat16 bit patterns (``x.view(ml_dtypes.bfloat16)`` gives the values when ml_dtypes
+is installed). A BF16 output may be returned as such a ``uint16`` bit-pattern array, as an
+``ml_dtypes.bfloat16`` array, or as any real-valued array, which is rounded to bfloat16
+(round-to-nearest-even, NaN kept). Inputs are uint16 whether or not ml_dtypes is installed,
+so a model behaves the same everywhere.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, field
+from numbers import Integral
+from typing import Any, Union
+
+import numpy as np
+
+try:
+    from ml_dtypes import bfloat16 as _bfloat16  # type: ignore[import-not-found, unused-ignore]
+except ImportError:
+    _bfloat16 = None
+
+DATATYPES: tuple[str, ...] = (
+    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+    "FP16", "FP32", "FP64", "BF16", "BYTES",
+)  # fmt: skip
+
+_NUMPY_DTYPES: dict[str, np.dtype[Any]] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+    "BF16": np.dtype(np.uint16),  # bit patterns; see the module docstring
+    "BYTES": np.dtype(object),  # elements are bytes
+}
+
+# The inverse map, minus BF16: a plain uint16 array means UINT16, never BF16.
+_DATATYPES_BY_DTYPE: dict[np.dtype[Any], str] = {
+    dt: name for name, dt in _NUMPY_DTYPES.items() if name != "BF16"
+}
+
+
+def numpy_dtype(datatype: str) -> np.dtype[Any]:
+    """The numpy dtype in which a tensor of V2 `datatype` reaches a model (BF16: uint16)."""
+    try:
+        return _NUMPY_DTYPES[datatype]
+    except KeyError:
+        raise ValueError(_bad_datatype(datatype)) from None
+
+
+def datatype_of(dtype: np.dtype[Any] | type) -> str:
+    """The V2 datatype that carries arrays of numpy `dtype`: the inverse of `numpy_dtype`, plus
+    ``ml_dtypes.bfloat16`` -> BF16 and bytes/str arrays -> BYTES."""
+    dt = np.dtype(dtype)
+    if _bfloat16 is not None and dt == np.dtype(_bfloat16):
+        return "BF16"
+    if dt.kind in "SUO":
+        return "BYTES"
+    try:
+        return _DATATYPES_BY_DTYPE[dt.newbyteorder("=")]
+    except KeyError:
+        raise ValueError(f"numpy dtype {dt} has no V2 datatype") from None
+
+
+def _bad_datatype(datatype: object) -> str:
+    return f"datatype {datatype!r} is not a V2 datatype (expected one of {', '.join(DATATYPES)})"
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """The declaration of one model input or output.
+
+    `shape` is the full shape; -1 marks a variable dimension (for a batching model, the first
+    one). Any sequence of ints is accepted and stored as a tuple.
+    """
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"tensor name must be a non-empty string, got {self.name!r}")
+        if self.datatype not in _NUMPY_DTYPES:
+            raise ValueError(f"tensor {self.name!r}: {_bad_datatype(self.datatype)}")
+        if isinstance(self.shape, (str, bytes)) or not isinstance(self.shape, Iterable):
+            raise ValueError(
+                f"tensor {self.name!r}: shape must be a sequence of ints, got {self.shape!r}"
+            )
+        shape = tuple(self.shape)
+        for dim in shape:
+            if isinstance(dim, bool) or not isinstance(dim, Integral) or dim < -1:
+                raise ValueError(
+                    f"tensor {self.name!r}: shape {list(shape)} must hold ints >= -1 "
+                    f"(-1 for a variable dimension), got {dim!r}"
+                )
+        object.__setattr__(self, "shape", tuple(int(dim) for dim in shape))
+
+
+TensorLike = Union[Tensor, tuple[str, str, Sequence[int]]]
+ModelFn = Callable[..., Mapping[str, Any]]
+
+
+@dataclass(frozen=True, eq=False)
+class Model:
+    """A Python callable served as a V2 model.
+
+    ``fn(inputs)`` receives a dict of input name -> read-only numpy array (BYTES: object array
+    of bytes) and returns a dict of output name -> array-like, converted by the server to the
+    declared datatype. If `fn` has a parameter named ``parameters`` it is called as
+    ``fn(inputs, parameters=...)`` with the request's parameters as a dict ({} when none), so
+    models that ignore parameters pay no JSON decoding.
+
+    Shapes are full shapes. With ``max_batch_size > 0`` the server batches requests along the
+    first dimension, which must therefore be declared -1.
+    """
+
+    name: str
+    fn: ModelFn
+    _: KW_ONLY
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[Tensor, ...]
+    max_batch_size: int = 0
+    version: int = 1
+    instances: int = 1
+    platform: str = "python"
+    _wants_parameters: bool = field(init=False, repr=False)
+    _bf16_outputs: frozenset[str] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name or "/" in self.name:
+            raise ValueError(f"model name must be a non-empty string without '/', got {self.name!r}")
+        if not callable(self.fn):
+            raise TypeError(f"model {self.name!r}: fn must be callable, got {self.fn!r}")
+        _require_int(self.name, "max_batch_size", self.max_batch_size, 0)
+        _require_int(self.name, "version", self.version, 0)
+        _require_int(self.name, "instances", self.instances, 1)
+        if not isinstance(self.platform, str):
+            raise TypeError(f"model {self.name!r}: platform must be a string")
+        inputs = self._tensors("input", self.inputs)
+        outputs = self._tensors("output", self.outputs)
+        if not outputs:
+            raise ValueError(f"model {self.name!r}: declare at least one output")
+        object.__setattr__(self, "inputs", inputs)
+        object.__setattr__(self, "outputs", outputs)
+        object.__setattr__(self, "_wants_parameters", _accepts_parameters(self.fn))
+        object.__setattr__(
+            self, "_bf16_outputs", frozenset(t.name for t in outputs if t.datatype == "BF16")
+        )
+
+    def _tensors(self, kind: str, declared: Iterable[TensorLike]) -> tuple[Tensor, ...]:
+        if isinstance(declared, (str, bytes, Tensor)) or not isinstance(declared, Iterable):
+            raise TypeError(f"model {self.name!r}: {kind}s must be a list of openinfer.Tensor")
+        tensors = tuple(t if isinstance(t, Tensor) else Tensor(*t) for t in declared)
+        seen: set[str] = set()
+        for tensor in tensors:
+            if tensor.name in seen:
+                raise ValueError(f"model {self.name!r}: {kind} {tensor.name!r} is declared twice")
+            seen.add(tensor.name)
+            if self.max_batch_size > 0 and (not tensor.shape or tensor.shape[0] != -1):
+                raise ValueError(
+                    f"model {self.name!r}: {kind} {tensor.name!r} has shape {list(tensor.shape)}, "
+                    f"but with max_batch_size={self.max_batch_size} the first dimension is the "
+                    f"batch and must be -1, e.g. {[-1, *tensor.shape]}"
+                )
+        return tensors
+
+    def handler(
+        self, inputs: dict[str, np.ndarray], parameters: bytes | None, outputs: tuple[str, ...]
+    ) -> dict[str, object]:
+        """The `_core.Handler` for this model: runs `fn` and returns the requested outputs, in
+        the requested order. Raised errors name the model, since the server sends them to the
+        client as the 500 message."""
+        if self._wants_parameters:
+            result = self.fn(inputs, parameters=json.loads(parameters) if parameters else {})
+        else:
+            result = self.fn(inputs)
+        if not isinstance(result, Mapping):
+            raise TypeError(
+                f"model {self.name!r} returned {type(result).__name__}; "
+                "expected a dict of output name -> array"
+            )
+        produced: dict[str, object] = {}
+        for name in outputs:
+            try:
+                value = result[name]
+            except KeyError:
+                returned = ", ".join(map(repr, result)) or "nothing"
+                raise ValueError(
+                    f"model {self.name!r} did not return output {name!r} (returned {returned})"
+                ) from None
+            produced[name] = _bf16_bits(self.name, name, value) if name in self._bf16_outputs else value
+        return produced
+
+
+def model(
+    *,
+    name: str | None = None,
+    inputs: Iterable[TensorLike],
+    outputs: Iterable[TensorLike],
+    max_batch_size: int = 0,
+    version: int = 1,
+    instances: int = 1,
+    platform: str = "python",
+) -> Callable[[ModelFn], Model]:
+    """Decorator form of `Model`: ``@openinfer.model(inputs=[...], outputs=[...])`` turns a
+    function into a Model named `name`, or after the function when no name is given."""
+
+    def wrap(fn: ModelFn) -> Model:
+        return Model(
+            name if name is not None else fn.__name__,
+            fn,
+            inputs=tuple(inputs),
+            outputs=tuple(outputs),
+            max_batch_size=max_batch_size,
+            version=version,
+            instances=instances,
+            platform=platform,
+        )
+
+    return wrap
+
+
+def _require_int(model_name: str, what: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"model {model_name!r}: {what} must be an int >= {minimum}, got {value!r}")
+
+
+def _accepts_parameters(fn: ModelFn) -> bool:
+    """Whether `fn` can be called with ``parameters=``; decided once, not per request."""
+    try:
+        parameter = inspect.signature(fn).parameters.get("parameters")
+    except (TypeError, ValueError):  # builtins and C callables without a signature
+        return False
+    return parameter is not None and parameter.kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    )
+
+
+def _bf16_bits(model_name: str, output: str, value: object) -> np.ndarray:
+    """Converts a BF16 output to the uint16 bit patterns the server sends: the server's own
+    numpy conversion would turn 1.5 into the integer 1, not into bfloat16 bits."""
+    array = np.asarray(value)
+    if array.dtype == np.uint16:
+        return array
+    if _bfloat16 is not None and array.dtype == np.dtype(_bfloat16):
+        return array.view(np.uint16)
+    if array.dtype.kind not in "biuf":
+        raise TypeError(
+            f"model {model_name!r}: output {output!r} is BF16 but the model returned {array.dtype} values"
+        )
+    single = np.asarray(array, dtype=np.float32)
+    bits = single.view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16
+    quiet_nan = (bits >> 16) | np.uint32(0x0040)
+    return np.where(np.isnan(single), quiet_nan, rounded).astype(np.uint16)

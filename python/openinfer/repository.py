@@ -1,0 +1,189 @@
+"""Scanning a Triton-layout model repository: ``<repo>/<model>/config.pbtxt`` and numeric
+version directories ``<repo>/<model>/<N>/`` holding the model file.
+
+A scan never raises for a broken model: every model or version that cannot load becomes a
+failed `LoadedModel` with its reason, so one bad model.py does not take the others down, and
+the server can answer "not ready" with that reason.
+
+Python models: ``<N>/model.py`` defines ``infer(inputs)`` or ``infer(inputs, parameters)``.
+Their inputs and outputs come from config.pbtxt (whose dims exclude the batch dimension when
+max_batch_size > 0, as in Triton) or, when config.pbtxt declares none, from model.py's
+module-level ``INPUTS`` and ``OUTPUTS`` lists of `openinfer.Tensor` (full shapes) and optional
+``MAX_BATCH_SIZE``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import os
+import re
+import sys
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from .config import ConfigError, ModelConfig, VersionPolicy, load_config
+from .model import Model, Tensor
+
+_VERSION_DIR = re.compile(r"[0-9]+")
+_PYTHON_BACKENDS = {"python"}
+_TORCH_BACKENDS = {"pytorch", "pytorch_libtorch"}
+_module_ids = itertools.count()
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """One model version found in a repository: `model` when it loaded, else `error`.
+
+    `version` is None when the model failed before any version could be chosen (a bad
+    config.pbtxt, no version directory). `config` is the parsed config.pbtxt ({} without one).
+    """
+
+    name: str
+    version: int | None
+    model: Model | None
+    error: str | None
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+class _LoadError(Exception):
+    """A reason why one model version cannot be served; becomes `LoadedModel.error`."""
+
+
+def examples_path() -> Path:
+    """The embedded example repository: package data ``openinfer/examples/models`` in an
+    installed wheel, or ``examples/models`` at the root of a source checkout."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "examples" / "models", here.parents[1] / "examples" / "models"):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(f"the example model repository is missing from this installation ({here})")
+
+
+def scan(repo: str | os.PathLike[str]) -> list[LoadedModel]:
+    """Loads every model of the repository at `repo`, in name then version order. Raises only
+    when `repo` itself is not a directory."""
+    root = Path(repo)
+    if not root.is_dir():
+        raise NotADirectoryError(f"model repository {os.fspath(repo)!r} is not a directory")
+    loaded: list[LoadedModel] = []
+    for model_dir in sorted(root.iterdir()):
+        if model_dir.is_dir() and not model_dir.name.startswith(".") and model_dir.name != "__pycache__":
+            loaded.extend(_scan_model(model_dir))
+    return loaded
+
+
+def _scan_model(model_dir: Path) -> list[LoadedModel]:
+    name = model_dir.name
+    config: ModelConfig | None = None
+    config_path = model_dir / "config.pbtxt"
+    try:
+        if config_path.is_file():
+            config = load_config(config_path)
+            if config.name not in (None, name):
+                raise ConfigError(f"{config_path}: name {config.name!r} differs from the directory name {name!r}")
+    except ConfigError as e:
+        return [LoadedModel(name, None, None, str(e))]
+    raw = config.raw if config else {}
+
+    versions = {int(p.name): p for p in model_dir.iterdir() if p.is_dir() and _VERSION_DIR.fullmatch(p.name)}
+    if not versions:
+        return [LoadedModel(name, None, None, f"{model_dir} has no numeric version directory (e.g. {name}/1/)", raw)]
+    policy = config.version_policy if config else VersionPolicy()
+    loaded = [
+        LoadedModel(name, v, None, f"version {v} is listed in version_policy but {model_dir / str(v)} does not exist", raw)
+        for v in policy.versions
+        if policy.kind == "specific" and v not in versions
+    ]
+    for version in policy.select(list(versions)):
+        try:
+            loaded.append(LoadedModel(name, version, _load_version(name, version, versions[version], config), None, raw))
+        except _LoadError as e:
+            loaded.append(LoadedModel(name, version, None, str(e), raw))
+    return sorted(loaded, key=lambda m: m.version or 0)
+
+
+def _load_version(name: str, version: int, version_dir: Path, config: ModelConfig | None) -> Model:
+    """Dispatches on the backend the config names, else on the model file present."""
+    backend = (config.backend or config.platform) if config else None
+    if backend and backend not in _PYTHON_BACKENDS | _TORCH_BACKENDS:
+        raise _LoadError(
+            f"backend {backend!r} is not supported (openinfer serves python and pytorch models)"
+        )
+    if config and config.default_model_filename:
+        path = version_dir / config.default_model_filename
+        if not path.is_file():
+            raise _LoadError(f"{path} (default_model_filename) does not exist")
+    else:
+        names = ["model.pt", "model.py"] if backend in _TORCH_BACKENDS else ["model.py", "model.pt"]
+        found = [version_dir / n for n in names if (version_dir / n).is_file()]
+        if not found:
+            raise _LoadError(f"{version_dir} holds no model.py or model.pt")
+        path = found[0]
+    if path.suffix == ".py":
+        return _load_python(name, version, path, config)
+    if path.suffix in (".pt", ".pth"):
+        return _load_torchscript(name, version, path, config)
+    raise _LoadError(f"{path.name}: unsupported model file (expected model.py or model.pt)")
+
+
+def _load_torchscript(name: str, version: int, path: Path, config: ModelConfig | None) -> Model:
+    """The hook for the torch backend: it will return a Model whose handler runs the
+    TorchScript module (the signature gives the I/O where there is no config)."""
+    raise _LoadError("TorchScript models need the torch backend (not available in this build)")
+
+
+def _load_python(name: str, version: int, path: Path, config: ModelConfig | None) -> Model:
+    module = _import_file(name, version, path)
+    infer = getattr(module, "infer", None)
+    if not callable(infer):
+        raise _LoadError(f"{path} defines no infer(inputs) function")
+    try:
+        if config and (config.inputs or config.outputs):
+            batch = [-1] if config.max_batch_size > 0 else []
+            inputs = [Tensor(t.name, t.datatype, [*batch, *t.dims]) for t in config.inputs]
+            outputs = [Tensor(t.name, t.datatype, [*batch, *t.dims]) for t in config.outputs]
+            max_batch_size = config.max_batch_size
+        elif hasattr(module, "INPUTS") or hasattr(module, "OUTPUTS"):
+            inputs, outputs = getattr(module, "INPUTS", []), getattr(module, "OUTPUTS", [])
+            max_batch_size = getattr(module, "MAX_BATCH_SIZE", 0)
+        else:
+            raise _LoadError(
+                f"{name}: no inputs or outputs declared: add input/output to config.pbtxt "
+                f"or INPUTS/OUTPUTS lists of openinfer.Tensor to {path}"
+            )
+        return Model(
+            name,
+            infer,
+            inputs=inputs,
+            outputs=outputs,
+            max_batch_size=max_batch_size,
+            version=version,
+            instances=config.instances if config else 1,
+            platform=(config.platform or config.backend or "python") if config else "python",
+        )
+    except (TypeError, ValueError) as e:
+        raise _LoadError(f"{path}: {e}") from None
+
+
+def _import_file(name: str, version: int, path: Path) -> ModuleType:
+    """Executes model.py as a module of its own, under a name unique to this load, so that
+    every model's model.py coexists in sys.modules (registered there for pickle and
+    dataclasses)."""
+    identifier = re.sub(r"\W", "_", name)
+    module_name = f"_openinfer_model_{identifier}_v{version}_{next(_module_ids)}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise _LoadError(f"{path}: cannot be imported")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except (Exception, SystemExit) as e:
+        del sys.modules[module_name]
+        reason = "".join(traceback.format_exception_only(type(e), e)).strip()
+        raise _LoadError(f"{path}: {reason}") from None
+    return module

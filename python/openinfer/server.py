@@ -1,0 +1,260 @@
+"""Serving: registers models with the C core (`openinfer._core`) and wraps its server.
+
+This is the only module that imports the extension, so scanning, config parsing and models
+stay usable (and testable) without it. The core's event loops run on native threads, which is
+why `serve()` returns a running server at once, also in a notebook cell.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Iterable, Sequence
+from types import TracebackType
+
+from . import __version__, _core
+from .model import Model, Tensor
+from .repository import LoadedModel, examples_path, scan
+
+logger = logging.getLogger("openinfer")
+
+# The version a model is registered under when it failed before any version directory could
+# be chosen: the core needs one to answer "not ready" with the reason.
+_FAILED_MODEL_VERSION = 1
+
+
+def serve(
+    repo: str | os.PathLike[str] | None = None,
+    *,
+    models: Model | Iterable[Model] | None = None,
+    host: str = "127.0.0.1",
+    http_port: int = 8000,
+    threads: int = 0,
+    log: bool = True,
+    **limits: int,
+) -> Server:
+    """Serves the models of repository `repo` and the given `models`, and returns the running
+    server at once. With neither, serves the example repository. ``http_port=0`` picks a free
+    port (see `Server.http_port`). `limits` go to the core: max_body_bytes, max_header_bytes,
+    max_connections, header_timeout_ms, idle_timeout_ms, max_json_depth."""
+    server = Server(
+        repo, models=models, host=host, http_port=http_port, threads=threads, log=log, **limits
+    )
+    server.start()
+    return server
+
+
+class Server:
+    """A V2 inference server; `serve()` builds and starts one. Stops on leaving a ``with``
+    block, so tests and notebooks never leak a listening port."""
+
+    def __init__(
+        self,
+        repo: str | os.PathLike[str] | None = None,
+        *,
+        models: Model | Iterable[Model] | None = None,
+        host: str = "127.0.0.1",
+        http_port: int = 8000,
+        threads: int = 0,
+        log: bool = True,
+        **limits: int,
+    ) -> None:
+        self._host = host
+        self._port = http_port
+        self._log = log
+        self._started = False
+        self._stopped = threading.Event()
+        self._entries = _collect(repo, models)
+        self._core = _core.Server(host, http_port, threads=threads, **limits)
+        self._core.set_metadata(
+            _json({"name": "openinfer", "version": __version__, "extensions": []})
+        )
+        self._register()
+
+    def _register(self) -> None:
+        numbers: dict[str, list[int]] = {}
+        for entry in self._entries:
+            numbers.setdefault(entry.name, []).append(_version(entry))
+        versions = {name: [str(v) for v in sorted(vs)] for name, vs in numbers.items()}
+        for entry in self._entries:
+            model = entry.model
+            if model is not None:
+                self._core.add_model(
+                    entry.name,
+                    model.version,
+                    inputs=_specs(model.inputs),
+                    outputs=_specs(model.outputs),
+                    max_batch_size=model.max_batch_size,
+                    metadata_json=_model_metadata(
+                        entry.name, versions[entry.name], model.platform, model.inputs, model.outputs
+                    ),
+                    handler=model.handler,
+                    instances=model.instances,
+                )
+            else:
+                platform = entry.config.get("platform") or entry.config.get("backend")
+                self._core.add_model(
+                    entry.name,
+                    _version(entry),
+                    inputs=(),
+                    outputs=(),
+                    max_batch_size=0,
+                    metadata_json=_model_metadata(
+                        entry.name,
+                        versions[entry.name],
+                        platform if isinstance(platform, str) else "",
+                        (),
+                        (),
+                    ),
+                    handler=None,
+                    error=entry.error,
+                )
+
+    def start(self) -> Server:
+        """Binds and starts the event loops; returns at once. Raises OSError when the port
+        cannot be bound."""
+        self._core.start()
+        self._started = True
+        self._port = self._core.port
+        if self._log:
+            logger.info("openinfer %s listening on %s", __version__, self.url)
+            for entry in self._entries:
+                if entry.model is not None:
+                    logger.info("model %s version %d ready", entry.name, entry.version)
+                elif entry.version is None:
+                    logger.warning("model %s failed to load: %s", entry.name, entry.error)
+                else:
+                    logger.warning(
+                        "model %s version %d failed to load: %s", entry.name, entry.version, entry.error
+                    )
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stops accepting connections, lets in-flight requests finish for up to `timeout`
+        seconds, then closes everything. Idempotent."""
+        try:
+            self._core.stop(timeout)
+        finally:  # wait() must return even if stopping failed
+            if self._started and not self._stopped.is_set() and self._log:
+                logger.info("openinfer on %s stopped", self.url)
+            self._stopped.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Blocks until the server is stopped (from another thread or a signal handler), or
+        `timeout` seconds pass; returns whether it stopped."""
+        return self._stopped.wait(timeout)
+
+    @property
+    def host(self) -> str:
+        return self._host
+
+    @property
+    def http_port(self) -> int:
+        """The bound port once started (the one picked for ``http_port=0``), else the one
+        asked for."""
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """A URL that reaches the server from this machine, also when bound to a wildcard."""
+        host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(self._host, self._host)
+        return f"http://[{host}]:{self._port}" if ":" in host else f"http://{host}:{self._port}"
+
+    @property
+    def running(self) -> bool:
+        return self._core.running
+
+    @property
+    def models(self) -> dict[str, tuple[int, ...]]:
+        """Model name -> ready versions (ascending), for every model with one ready."""
+        ready: dict[str, list[int]] = {}
+        for entry in self._entries:
+            if entry.model is not None:
+                ready.setdefault(entry.name, []).append(entry.model.version)
+        return {name: tuple(sorted(v)) for name, v in sorted(ready.items())}
+
+    @property
+    def failed(self) -> dict[str, dict[int, str]]:
+        """Model name -> {version: reason} for every version that failed to load."""
+        failed: dict[str, dict[int, str]] = {}
+        for entry in self._entries:
+            if entry.model is None:
+                failed.setdefault(entry.name, {})[_version(entry)] = entry.error or ""
+        return failed
+
+    def __enter__(self) -> Server:
+        if not self._started:
+            self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "" if self._started and not self._stopped.is_set() else " (not running)"
+        return f"<openinfer.Server {self.url}{state} models=[{', '.join(self.models)}]>"
+
+
+def _collect(
+    repo: str | os.PathLike[str] | None, models: Model | Iterable[Model] | None
+) -> list[LoadedModel]:
+    """The model versions to serve: the repository's (the examples when neither argument is
+    given), then `models`. Two definitions of one name and version are a ValueError, caught
+    here rather than as the core's RuntimeError so the message says which."""
+    if repo is None and models is None:
+        repo = examples_path()
+    entries = scan(repo) if repo is not None else []
+    given = [models] if isinstance(models, Model) else list(models or ())
+    for model in given:
+        if not isinstance(model, Model):
+            raise TypeError(f"models must hold openinfer.Model instances, got {model!r}")
+        entries.append(LoadedModel(model.name, model.version, model, None))
+    seen: set[tuple[str, int]] = set()
+    for entry in entries:
+        key = (entry.name, _version(entry))
+        if key in seen:
+            raise ValueError(f"model {entry.name!r} version {key[1]} is defined twice")
+        seen.add(key)
+    return entries
+
+
+def _version(entry: LoadedModel) -> int:
+    return _FAILED_MODEL_VERSION if entry.version is None else entry.version
+
+
+def _specs(tensors: Sequence[Tensor]) -> list[tuple[str, str, tuple[int, ...]]]:
+    return [(t.name, t.datatype, t.shape) for t in tensors]
+
+
+def _model_metadata(
+    name: str,
+    versions: list[str],
+    platform: str,
+    inputs: Sequence[Tensor],
+    outputs: Sequence[Tensor],
+) -> bytes:
+    """The body of GET /v2/models/{name}[/versions/{v}], as the V2 protocol defines it."""
+
+    def tensors(ts: Sequence[Tensor]) -> list[dict[str, object]]:
+        return [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in ts]
+
+    return _json(
+        {
+            "name": name,
+            "versions": versions,
+            "platform": platform,
+            "inputs": tensors(inputs),
+            "outputs": tensors(outputs),
+        }
+    )
+
+
+def _json(value: object) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs what a fresh machine lacks to build and test openinfer, and is quick when nothing
+# is missing: Debian packages (libuv, llhttp's C sources), a virtual environment in .venv with
+# the test requirements, and openinfer itself (editable, so the extension builds in place).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(libuv1-dev node-llhttp pkg-config)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.requirements-test.sha
+want=$(sha256sum requirements-test.txt | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "setup: installing Python packages into .venv"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -r requirements-test.txt
+  echo "$want" > "$stamp"
+fi
+if ! .venv/bin/python -c "import openinfer" 2>/dev/null || [ ! -f .venv/.openinfer-editable ]; then
+  echo "setup: installing openinfer (editable)"
+  OI_WERROR=1 .venv/bin/python -m pip install -q --no-build-isolation --no-deps -e .
+  touch .venv/.openinfer-editable
+fi

@@ -1,0 +1,94 @@
+"""Builds openinfer._core from csrc/ with libuv, llhttp (compiled from Debian's node-llhttp
+sources) and the numpy C API.
+
+Environment:
+  OI_WERROR=1    compile our sources with -Werror (CI and `make test` do).
+  OI_SANITIZE=1  build with AddressSanitizer and UndefinedBehaviorSanitizer.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from glob import glob
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+LLHTTP_SRC = Path(os.environ.get("OI_LLHTTP_SRC", "/usr/share/llhttp"))
+LLHTTP_INC = Path(os.environ.get("OI_LLHTTP_INCLUDE", "/usr/share/include/llhttp"))
+LLHTTP_FILES = ("api.c", "http.c", "llhttp.c")
+
+
+def fail(message: str) -> None:
+    sys.exit(f"openinfer build: {message}")
+
+
+def check_dependencies() -> None:
+    if not all((LLHTTP_SRC / f).is_file() for f in LLHTTP_FILES) or not (LLHTTP_INC / "llhttp.h").is_file():
+        fail(
+            f"llhttp C sources not found in {LLHTTP_SRC} and {LLHTTP_INC}; "
+            "install Debian's package `node-llhttp` (apt-get install node-llhttp) "
+            "or set OI_LLHTTP_SRC / OI_LLHTTP_INCLUDE"
+        )
+    if not any(Path(d, "uv.h").is_file() for d in ("/usr/include", "/usr/local/include")):
+        fail("libuv headers (uv.h) not found; install Debian's package `libuv1-dev`")
+
+
+def sanitize_flags() -> list[str]:
+    if os.environ.get("OI_SANITIZE") == "1":
+        return ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
+    return []
+
+
+class BuildExt(build_ext):
+    """Compiles llhttp's generated sources with their own relaxed warnings (its callbacks have
+    unused parameters) and links them into the extension."""
+
+    def build_extension(self, ext: Extension) -> None:
+        check_dependencies()
+        import numpy
+
+        ext.include_dirs.append(numpy.get_include())
+        san = sanitize_flags()
+        objects = self.compiler.compile(
+            [str(LLHTTP_SRC / f) for f in LLHTTP_FILES],
+            output_dir=self.build_temp,
+            include_dirs=[str(LLHTTP_INC)],
+            extra_postargs=["-O2", "-fPIC", "-fvisibility=hidden", *san],
+        )
+        ext.extra_objects = list(objects)
+        if os.environ.get("OI_WERROR") == "1":
+            ext.extra_compile_args.append("-Werror")
+        ext.extra_compile_args += san
+        ext.extra_link_args += san
+        super().build_extension(ext)
+
+
+sources = sorted(
+    p
+    for p in glob("csrc/**/*.c", recursive=True)
+    if "/torch_shim/" not in p
+)
+
+core = Extension(
+    "openinfer._core",
+    sources=sources,
+    include_dirs=["csrc", str(LLHTTP_INC)],
+    libraries=["uv"],
+    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION"), ("_GNU_SOURCE", None)],
+    extra_compile_args=[
+        "-std=c11",
+        "-O2",
+        "-g",
+        "-Wall",
+        "-Wextra",
+        "-Wshadow",
+        "-Wno-missing-field-initializers",
+        "-fvisibility=hidden",
+    ],
+)
+
+setup(ext_modules=[core], cmdclass={"build_ext": BuildExt})

@@ -1,0 +1,256 @@
+"""Tensor and Model validation, the datatype mapping and Model.handler, called directly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import openinfer
+from openinfer import InferenceServerError, Model, Tensor
+from openinfer.model import DATATYPES, datatype_of, numpy_dtype
+
+
+def add(inputs: dict[str, np.ndarray]) -> dict[str, Any]:
+    return {"SUM": inputs["A"] + inputs["B"], "DIFF": inputs["A"] - inputs["B"]}
+
+
+def adder(fn: Any = add, **kw: Any) -> Model:
+    spec: dict[str, Any] = dict(
+        inputs=[Tensor("A", "INT32", [-1, 4]), Tensor("B", "INT32", [-1, 4])],
+        outputs=[Tensor("SUM", "INT32", [-1, 4]), Tensor("DIFF", "INT32", [-1, 4])],
+        max_batch_size=8,
+    )
+    spec.update(kw)
+    return Model("adder", fn, **spec)
+
+
+# Tensor
+
+
+def test_tensor_normalises_shape() -> None:
+    tensor = Tensor("x", "FP32", [np.int64(-1), 3])
+    assert tensor.shape == (-1, 3) and type(tensor.shape[0]) is int
+    assert Tensor("x", "BYTES", ()).shape == ()
+    assert tensor == Tensor("x", "FP32", (-1, 3))
+    with pytest.raises(AttributeError):
+        tensor.name = "y"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("datatype", DATATYPES)
+def test_tensor_accepts_every_v2_datatype(datatype: str) -> None:
+    assert Tensor("x", datatype, [1]).datatype == datatype
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("x", "FLOAT32", [1]), "tensor 'x': datatype 'FLOAT32' is not a V2 datatype (expected one of BOOL,"),
+        (("x", "fp32", [1]), "datatype 'fp32' is not a V2 datatype"),
+        (("x", "FP32", [-2]), "tensor 'x': shape [-2] must hold ints >= -1"),
+        (("x", "FP32", [1.0]), "must hold ints >= -1 (-1 for a variable dimension), got 1.0"),
+        (("x", "FP32", [True]), "got True"),
+        (("x", "FP32", "16"), "shape must be a sequence of ints"),
+        (("x", "FP32", 16), "shape must be a sequence of ints"),
+        (("", "FP32", [1]), "tensor name must be a non-empty string"),
+    ],
+)
+def test_tensor_rejects(args: tuple[Any, ...], message: str) -> None:
+    with pytest.raises(ValueError) as error:
+        Tensor(*args)
+    assert message in str(error.value)
+
+
+# Datatype mapping
+
+
+def test_numpy_dtype_mapping_round_trips() -> None:
+    for datatype in DATATYPES:
+        if datatype != "BF16":
+            assert datatype_of(numpy_dtype(datatype)) == datatype
+    assert numpy_dtype("BF16") == np.uint16  # bit patterns: numpy has no bfloat16
+    assert datatype_of(np.uint16) == "UINT16"
+    assert datatype_of(np.dtype(">i4")) == "INT32"
+    assert datatype_of(np.dtype("S5")) == "BYTES" and datatype_of(np.dtype("U3")) == "BYTES"
+    with pytest.raises(ValueError, match="not a V2 datatype"):
+        numpy_dtype("FLOAT")
+    with pytest.raises(ValueError, match="complex128 has no V2 datatype"):
+        datatype_of(np.complex128)
+
+
+def test_bfloat16_from_ml_dtypes() -> None:
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    assert datatype_of(ml_dtypes.bfloat16) == "BF16"
+
+
+# Model validation
+
+
+def test_model_fields() -> None:
+    model = adder(version=3, instances=2)
+    assert model.name == "adder" and model.fn is add
+    assert model.inputs == (Tensor("A", "INT32", (-1, 4)), Tensor("B", "INT32", (-1, 4)))
+    assert (model.max_batch_size, model.version, model.instances, model.platform) == (8, 3, 2, "python")
+
+
+def test_model_accepts_tuples_as_tensors() -> None:
+    model = Model("m", add, inputs=[("A", "FP32", [2])], outputs=(("SUM", "FP32", [2]),))
+    assert model.inputs == (Tensor("A", "FP32", (2,)),)
+    assert model.outputs == (Tensor("SUM", "FP32", (2,)),)
+
+
+def test_batching_model_needs_a_leading_batch_dimension() -> None:
+    with pytest.raises(ValueError) as error:
+        adder(inputs=[Tensor("A", "INT32", [4])])
+    assert str(error.value) == (
+        "model 'adder': input 'A' has shape [4], but with max_batch_size=8 the first dimension "
+        "is the batch and must be -1, e.g. [-1, 4]"
+    )
+    with pytest.raises(ValueError, match="output 'SUM' has shape \\[\\]"):
+        adder(outputs=[Tensor("SUM", "INT32", [])])
+    # Without batching any shape goes, -1 included.
+    assert adder(max_batch_size=0, inputs=[Tensor("A", "INT32", [4, -1])]).max_batch_size == 0
+
+
+@pytest.mark.parametrize(
+    ("kw", "error", "message"),
+    [
+        ({"name": "a/b"}, ValueError, "model name must be a non-empty string without '/'"),
+        ({"name": ""}, ValueError, "model name must be a non-empty string"),
+        ({"fn": 3}, TypeError, "model 'adder': fn must be callable"),
+        ({"outputs": []}, ValueError, "model 'adder': declare at least one output"),
+        (
+            {"inputs": [Tensor("A", "INT32", [-1]), Tensor("A", "FP32", [-1])]},
+            ValueError,
+            "model 'adder': input 'A' is declared twice",
+        ),
+        ({"inputs": Tensor("A", "INT32", [-1])}, TypeError, "inputs must be a list of openinfer.Tensor"),
+        ({"max_batch_size": -1}, ValueError, "max_batch_size must be an int >= 0, got -1"),
+        ({"max_batch_size": 1.5}, ValueError, "max_batch_size must be an int >= 0"),
+        ({"version": -1}, ValueError, "version must be an int >= 0"),
+        ({"instances": 0}, ValueError, "instances must be an int >= 1"),
+        ({"instances": True}, ValueError, "instances must be an int >= 1"),
+    ],
+)
+def test_model_rejects(kw: dict[str, Any], error: type[Exception], message: str) -> None:
+    name = kw.pop("name", "adder")
+    fn = kw.pop("fn", add)
+    spec: dict[str, Any] = dict(
+        inputs=[Tensor("A", "INT32", [-1, 4])], outputs=[Tensor("SUM", "INT32", [-1, 4])], max_batch_size=8
+    )
+    spec.update(kw)
+    with pytest.raises(error) as raised:
+        Model(name, fn, **spec)
+    assert message in str(raised.value)
+
+
+def test_decorator() -> None:
+    @openinfer.model(inputs=[Tensor("A", "FP32", [-1])], outputs=[Tensor("B", "FP32", [-1])])
+    def double(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {"B": inputs["A"] * 2}
+
+    assert isinstance(double, Model) and double.name == "double"
+    named = openinfer.model(name="twice", inputs=[], outputs=[("B", "FP32", [1])], version=2)(double.fn)
+    assert (named.name, named.version, named.inputs) == ("twice", 2, ())
+
+
+# Model.handler
+
+
+def test_handler_returns_the_requested_outputs_in_order() -> None:
+    a = np.arange(8, dtype=np.int32).reshape(2, 4)
+    b = np.ones((2, 4), dtype=np.int32)
+    a.flags.writeable = b.flags.writeable = False  # what the core hands over
+    model = adder()
+    result = model.handler({"A": a, "B": b}, None, ("DIFF", "SUM"))
+    assert list(result) == ["DIFF", "SUM"]
+    np.testing.assert_array_equal(result["SUM"], a + 1)
+    np.testing.assert_array_equal(result["DIFF"], a - 1)
+    assert list(model.handler({"A": a, "B": b}, None, ("SUM",))) == ["SUM"]
+
+
+def test_handler_passes_parameters_to_models_that_take_them() -> None:
+    seen: list[Any] = []
+
+    def keyword(inputs: dict[str, np.ndarray], *, parameters: dict[str, Any]) -> dict[str, Any]:
+        seen.append(parameters)
+        return {"Y": inputs["X"]}
+
+    def positional(inputs: dict[str, np.ndarray], parameters: dict[str, Any]) -> dict[str, Any]:
+        seen.append(parameters)
+        return {"Y": inputs["X"]}
+
+    io = dict(inputs=[Tensor("X", "FP32", [1])], outputs=[Tensor("Y", "FP32", [1])])
+    x = np.zeros(1, dtype=np.float32)
+    Model("k", keyword, **io).handler({"X": x}, b'{"scale": 2, "tag": "a"}', ("Y",))
+    Model("p", positional, **io).handler({"X": x}, None, ("Y",))
+    assert seen == [{"scale": 2, "tag": "a"}, {}]
+
+
+def test_handler_does_not_pass_parameters_to_models_without_them() -> None:
+    def kwargs_only(inputs: dict[str, np.ndarray], **kw: Any) -> dict[str, Any]:
+        assert kw == {}
+        return {"Y": inputs["X"]}
+
+    model = Model("m", kwargs_only, inputs=[Tensor("X", "FP32", [1])], outputs=[Tensor("Y", "FP32", [1])])
+    assert "Y" in model.handler({"X": np.zeros(1, np.float32)}, b'{"a": 1}', ("Y",))
+    builtin = Model("b", dict, inputs=[], outputs=[Tensor("Y", "FP32", [1])])
+    assert builtin.handler({"Y": 1.0}, b"{}", ("Y",)) == {"Y": 1.0}  # type: ignore[dict-item]
+
+
+def test_handler_reports_a_non_mapping_result() -> None:
+    model = Model("bad", lambda inputs: [1, 2], inputs=[], outputs=[Tensor("Y", "FP32", [2])])
+    with pytest.raises(TypeError) as error:
+        model.handler({}, None, ("Y",))
+    assert str(error.value) == "model 'bad' returned list; expected a dict of output name -> array"
+
+
+def test_handler_reports_a_missing_output() -> None:
+    model = adder(fn=lambda inputs: {"SUM": 1})
+    with pytest.raises(ValueError) as error:
+        model.handler({}, None, ("SUM", "DIFF"))
+    assert str(error.value) == "model 'adder' did not return output 'DIFF' (returned 'SUM')"
+    with pytest.raises(ValueError, match=r"\(returned nothing\)"):
+        adder(fn=lambda inputs: {}).handler({}, None, ("SUM",))
+
+
+def test_handler_converts_bf16_outputs_to_bit_patterns() -> None:
+    values = np.array([1.0, -2.5, 3.140625, np.inf, 1.00390625, 1.01171875], dtype=np.float32)
+    outputs: dict[str, Any] = {}
+    model = Model("bf", lambda inputs: outputs, inputs=[], outputs=[Tensor("Y", "BF16", [-1])])
+
+    outputs["Y"] = values
+    bits = model.handler({}, None, ("Y",))["Y"]
+    assert isinstance(bits, np.ndarray) and bits.dtype == np.uint16
+    # 1.00390625 is halfway between two bfloat16 values and rounds to even (1.0); 1.01171875
+    # is halfway too and rounds up to the even 1.015625.
+    assert bits.tolist() == [0x3F80, 0xC020, 0x4049, 0x7F80, 0x3F80, 0x3F82]
+
+    outputs["Y"] = [float("nan"), -0.0, 2]  # lists and ints convert numerically
+    nan, negative_zero, two = model.handler({}, None, ("Y",))["Y"].tolist()  # type: ignore[attr-defined]
+    assert nan & 0x7F80 == 0x7F80 and nan & 0x007F and (negative_zero, two) == (0x8000, 0x4000)
+
+    outputs["Y"] = np.array([0x3F80], dtype=np.uint16)  # bit patterns pass through
+    assert model.handler({}, None, ("Y",))["Y"] is outputs["Y"]
+
+    outputs["Y"] = np.array([b"x"], dtype=object)
+    with pytest.raises(TypeError, match="model 'bf': output 'Y' is BF16 but the model returned object"):
+        model.handler({}, None, ("Y",))
+
+
+def test_handler_accepts_ml_dtypes_bfloat16() -> None:
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    values = np.array([1.0, -2.5], dtype=ml_dtypes.bfloat16)
+    model = Model("bf", lambda inputs: {"Y": values}, inputs=[], outputs=[Tensor("Y", "BF16", [-1])])
+    assert model.handler({}, None, ("Y",))["Y"].tolist() == [0x3F80, 0xC020]  # type: ignore[attr-defined]
+
+
+# Errors
+
+
+def test_inference_server_error() -> None:
+    error = InferenceServerError(404, "unknown model 'x'")
+    assert (error.status, error.message) == (404, "unknown model 'x'")
+    assert str(error) == "[404] unknown model 'x'"
+    assert isinstance(error, Exception)
