@@ -113,7 +113,8 @@ optimization { execution_accelerators {
     name : "tensorrt"
     parameters { key: "precision_mode" value: "FP16" }}]
 }}
-model_warmup [{ name: "w" batch_size: 1 inputs { key: "x" value: { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } }]
+model_warmup [{ name: "w" batch_size: 1
+  inputs { key: "x" value: { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } }]
 input { name: "x" data_type: TYPE_FP32 dims: 4 }
 output < name: 'y' data_type: TYPE_FP32 dims: [ 4 ] >
 """
@@ -144,9 +145,7 @@ def test_triton_full_example() -> None:
 
 
 def test_defaults_of_a_minimal_config() -> None:
-    config = ModelConfig.from_dict(
-        parse('output { name: "y" data_type: TYPE_BOOL dims: [ -1 ] }')
-    )
+    config = ModelConfig.from_dict(parse('output { name: "y" data_type: TYPE_BOOL dims: [ -1 ] }'))
     assert config.name is None and config.max_batch_size == 0
     assert config.inputs == () and config.outputs == (TensorConfig("y", "BOOL", (-1,)),)
     assert config.instance_groups == () and config.instances == 1
@@ -255,10 +254,19 @@ def test_comments_everywhere() -> None:
     [
         ('name: "simple', "config.pbtxt:1:7: unterminated string"),
         ('name: "a\nb"', "config.pbtxt:1:7: unterminated string"),
-        ("input [\n  {\n    name: 'x'\n", "config.pbtxt:4:1: expected a field name or '}', got end of file"),
+        (
+            "input [\n  {\n    name: 'x'\n",
+            "config.pbtxt:4:1: expected a field name or '}', got end of file",
+        ),
         ("a { b: 1 >", "config.pbtxt:1:10: expected a field name or '}', got '>'"),
-        ("max_batch_size 8", "config.pbtxt:1:16: expected ':' or '{' after field name 'max_batch_size'"),
-        ("dims: [ 1 2 ]", "config.pbtxt:1:11: expected ',' or ']' in the list of 'dims', got number 2"),
+        (
+            "max_batch_size 8",
+            "config.pbtxt:1:16: expected ':' or '{' after field name 'max_batch_size'",
+        ),
+        (
+            "dims: [ 1 2 ]",
+            "config.pbtxt:1:11: expected ',' or ']' in the list of 'dims', got number 2",
+        ),
         ("dims: [ 1, ]", "config.pbtxt:1:12: expected a value for 'dims', got ']'"),
         ("\n\n  count: 16abc", "config.pbtxt:3:10: malformed number '16abc'"),
         ("kind: -KIND_GPU", "config.pbtxt:1:8: expected a number after '-' for 'kind'"),
@@ -280,11 +288,20 @@ def test_syntax_errors_say_where_and_what(text: str, message: str) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('input { name: "x" data_type: TYPE_FLOAT dims: [1] }', "input 'x': data_type must be one of TYPE_BOOL"),
+        (
+            'input { name: "x" data_type: TYPE_FLOAT dims: [1] }',
+            "input 'x': data_type must be one of TYPE_BOOL",
+        ),
         ('input { name: "x" dims: [1] }', "input 'x': data_type must be one of"),
         ('output { name: "y" data_type: TYPE_FP32 }', "output 'y': dims missing"),
-        ('output { name: "y" data_type: TYPE_FP32 dims: [ -2 ] }', "output 'y': dims must be >= -1"),
-        ('output { name: "y" data_type: TYPE_FP32 dims: [ "a" ] }', "output 'y': dims must hold integers"),
+        (
+            'output { name: "y" data_type: TYPE_FP32 dims: [ -2 ] }',
+            "output 'y': dims must be >= -1",
+        ),
+        (
+            'output { name: "y" data_type: TYPE_FP32 dims: [ "a" ] }',
+            "output 'y': dims must hold integers",
+        ),
         ("input { data_type: TYPE_FP32 dims: [1] }", "every input needs a name"),
         ("max_batch_size: -1", "max_batch_size must be >= 0"),
         ('max_batch_size: "8"', "max_batch_size must be a single integer"),
@@ -302,7 +319,7 @@ def test_syntax_errors_say_where_and_what(text: str, message: str) -> None:
     ],
 )
 def test_config_errors_name_the_field(text: str, message: str) -> None:
-    with pytest.raises(ConfigError, match="^m/config.pbtxt: ") as error:
+    with pytest.raises(ConfigError, match=r"^m/config\.pbtxt: ") as error:
         ModelConfig.from_dict(parse(text), "m/config.pbtxt")
     assert message in str(error.value)
 

@@ -46,7 +46,10 @@ def test_tensor_accepts_every_v2_datatype(datatype: str) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("x", "FLOAT32", [1]), "tensor 'x': datatype 'FLOAT32' is not a V2 datatype (expected one of BOOL,"),
+        (
+            ("x", "FLOAT32", [1]),
+            "tensor 'x': datatype 'FLOAT32' is not a V2 datatype (expected one of BOOL,",
+        ),
         (("x", "fp32", [1]), "datatype 'fp32' is not a V2 datatype"),
         (("x", "FP32", [-2]), "tensor 'x': shape [-2] must hold ints >= -1"),
         (("x", "FP32", [1.0]), "must hold ints >= -1 (-1 for a variable dimension), got 1.0"),
@@ -91,7 +94,12 @@ def test_model_fields() -> None:
     model = adder(version=3, instances=2)
     assert model.name == "adder" and model.fn is add
     assert model.inputs == (Tensor("A", "INT32", (-1, 4)), Tensor("B", "INT32", (-1, 4)))
-    assert (model.max_batch_size, model.version, model.instances, model.platform) == (8, 3, 2, "python")
+    assert (model.max_batch_size, model.version, model.instances, model.platform) == (
+        8,
+        3,
+        2,
+        "python",
+    )
 
 
 def test_model_accepts_tuples_as_tensors() -> None:
@@ -125,7 +133,11 @@ def test_batching_model_needs_a_leading_batch_dimension() -> None:
             ValueError,
             "model 'adder': input 'A' is declared twice",
         ),
-        ({"inputs": Tensor("A", "INT32", [-1])}, TypeError, "inputs must be a list of openinfer.Tensor"),
+        (
+            {"inputs": Tensor("A", "INT32", [-1])},
+            TypeError,
+            "inputs must be a list of openinfer.Tensor",
+        ),
         ({"max_batch_size": -1}, ValueError, "max_batch_size must be an int >= 0, got -1"),
         ({"max_batch_size": 1.5}, ValueError, "max_batch_size must be an int >= 0"),
         ({"version": -1}, ValueError, "version must be an int >= 0"),
@@ -137,7 +149,9 @@ def test_model_rejects(kw: dict[str, Any], error: type[Exception], message: str)
     name = kw.pop("name", "adder")
     fn = kw.pop("fn", add)
     spec: dict[str, Any] = dict(
-        inputs=[Tensor("A", "INT32", [-1, 4])], outputs=[Tensor("SUM", "INT32", [-1, 4])], max_batch_size=8
+        inputs=[Tensor("A", "INT32", [-1, 4])],
+        outputs=[Tensor("SUM", "INT32", [-1, 4])],
+        max_batch_size=8,
     )
     spec.update(kw)
     with pytest.raises(error) as raised:
@@ -151,7 +165,9 @@ def test_decorator() -> None:
         return {"B": inputs["A"] * 2}
 
     assert isinstance(double, Model) and double.name == "double"
-    named = openinfer.model(name="twice", inputs=[], outputs=[("B", "FP32", [1])], version=2)(double.fn)
+    named = openinfer.model(name="twice", inputs=[], outputs=[("B", "FP32", [1])], version=2)(
+        double.fn
+    )
     assert (named.name, named.version, named.inputs) == ("twice", 2, ())
 
 
@@ -193,7 +209,9 @@ def test_handler_does_not_pass_parameters_to_models_without_them() -> None:
         assert kw == {}
         return {"Y": inputs["X"]}
 
-    model = Model("m", kwargs_only, inputs=[Tensor("X", "FP32", [1])], outputs=[Tensor("Y", "FP32", [1])])
+    model = Model(
+        "m", kwargs_only, inputs=[Tensor("X", "FP32", [1])], outputs=[Tensor("Y", "FP32", [1])]
+    )
     assert "Y" in model.handler({"X": np.zeros(1, np.float32)}, b'{"a": 1}', ("Y",))
     builtin = Model("b", dict, inputs=[], outputs=[Tensor("Y", "FP32", [1])])
     assert builtin.handler({"Y": 1.0}, b"{}", ("Y",)) == {"Y": 1.0}  # type: ignore[dict-item]
@@ -235,14 +253,18 @@ def test_handler_converts_bf16_outputs_to_bit_patterns() -> None:
     assert model.handler({}, None, ("Y",))["Y"] is outputs["Y"]
 
     outputs["Y"] = np.array([b"x"], dtype=object)
-    with pytest.raises(TypeError, match="model 'bf': output 'Y' is BF16 but the model returned object"):
+    with pytest.raises(
+        TypeError, match="model 'bf': output 'Y' is BF16 but the model returned object"
+    ):
         model.handler({}, None, ("Y",))
 
 
 def test_handler_accepts_ml_dtypes_bfloat16() -> None:
     ml_dtypes = pytest.importorskip("ml_dtypes")
     values = np.array([1.0, -2.5], dtype=ml_dtypes.bfloat16)
-    model = Model("bf", lambda inputs: {"Y": values}, inputs=[], outputs=[Tensor("Y", "BF16", [-1])])
+    model = Model(
+        "bf", lambda inputs: {"Y": values}, inputs=[], outputs=[Tensor("Y", "BF16", [-1])]
+    )
     assert model.handler({}, None, ("Y",))["Y"].tolist() == [0x3F80, 0xC020]  # type: ignore[attr-defined]
 
 

@@ -161,12 +161,17 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
                              "instances", "error", NULL};
     const char *name, *error = NULL;
     long long version;
-    PyObject *inputs, *outputs, *handler;
+    PyObject *inputs = NULL, *outputs = NULL, *handler = NULL;
     int max_batch = 0, instances = 1;
-    Py_buffer meta;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL$OOiy*O|iz", kwlist, &name, &version, &inputs, &outputs,
+    Py_buffer meta = {0};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*Oiz", kwlist, &name, &version, &inputs, &outputs,
                                      &max_batch, &meta, &handler, &instances, &error))
         return NULL;
+    if (inputs == NULL || outputs == NULL || handler == NULL || meta.buf == NULL) {
+        PyErr_SetString(PyExc_TypeError, "add_model() needs inputs, outputs, metadata_json and handler");
+        PyBuffer_Release(&meta);
+        return NULL;
+    }
     oi_io_spec_t *in = NULL, *out = NULL;
     uint32_t n_in = 0, n_out = 0;
     oi_model_t *m = NULL;

@@ -55,16 +55,22 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument(
-        "--http-port", type=int, default=8000, help="HTTP port; 0 picks a free one (default 8000)"
+        "--http-port",
+        type=int,
+        default=8000,
+        metavar="PORT",
+        help="HTTP port; 0 picks a free one (default 8000)",
     )
     serve.add_argument(
-        "--threads", type=int, default=0, help="event-loop threads (default 0: one per core)"
+        "--threads",
+        type=int,
+        default=0,
+        metavar="N",
+        help="event-loop threads (default 0: one per core)",
     )
     for limit, text in _LIMITS.items():
         serve.add_argument("--" + limit.replace("_", "-"), type=int, metavar="N", help=text)
-    serve.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
-    )
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return parser
 
 

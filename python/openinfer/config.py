@@ -61,7 +61,9 @@ _SIMPLE_ESCAPES = {
 }  # fmt: skip
 _WORD_CHAR = re.compile(r"[A-Za-z0-9_]")
 _WORD = re.compile(r"[A-Za-z0-9_.+-]+")
-_ESCAPE = re.compile(r"\\(?:([0-7]{1,3})|x([0-9a-fA-F]{1,2})|u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8})|(.))")
+_ESCAPE = re.compile(
+    r"\\(?:([0-7]{1,3})|x([0-9a-fA-F]{1,2})|u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8})|(.))"
+)
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,9 @@ class _Parser:
             if close is not None and self.accept(close):
                 break
             if token.kind != "ident":
-                raise self.expected("a field name" if close is None else f"a field name or {close!r}")
+                raise self.expected(
+                    "a field name" if close is None else f"a field name or {close!r}"
+                )
             name = self.take().text
             colon = self.accept(":")
             nxt = self.peek()
@@ -207,7 +211,9 @@ class _Parser:
                 if word in ("false", "False"):
                     return False
                 return word  # an enum value such as KIND_GPU or TYPE_FP32
-        raise self.expected(f"a number after '-' for {name!r}" if negative else f"a value for {name!r}")
+        raise self.expected(
+            f"a number after '-' for {name!r}" if negative else f"a value for {name!r}"
+        )
 
     def number(self, token: _Token) -> int | float:
         text = token.text
@@ -236,12 +242,16 @@ class _Parser:
             elif u4 is not None or u8 is not None:
                 code = int(u4 or u8, 16)
                 if code > 0x10FFFF:
-                    raise self.error(token.offset + 1 + match.start(), f"invalid escape {match.group()!r}")
+                    raise self.error(
+                        token.offset + 1 + match.start(), f"invalid escape {match.group()!r}"
+                    )
                 out += chr(code).encode("utf-8", "surrogatepass")
             elif other in _SIMPLE_ESCAPES:
                 out += _SIMPLE_ESCAPES[other]
             else:
-                raise self.error(token.offset + 1 + match.start(), f"unknown escape {match.group()!r}")
+                raise self.error(
+                    token.offset + 1 + match.start(), f"unknown escape {match.group()!r}"
+                )
             last = match.end()
         out += body[last:].encode()
         try:
@@ -385,7 +395,7 @@ class _Fields:
 
     def integer(self, key: str, default: int) -> int:
         value = self._single(key, (int,), "a single integer")
-        return default if value is None else value  # type: ignore[no-any-return]
+        return default if value is None else value
 
     def integers(self, key: str) -> tuple[int, ...]:
         values = self.raw.get(key, [])
@@ -398,7 +408,9 @@ class _Fields:
     def message(self, key: str) -> dict[str, Value] | None:
         value = self.raw.get(key)
         if value is not None and not isinstance(value, dict):
-            raise ConfigError(f"{self.where}: {key} must be a single message {{...}}, got {value!r}")
+            raise ConfigError(
+                f"{self.where}: {key} must be a single message {{...}}, got {value!r}"
+            )
         return value
 
     def messages(self, key: str) -> list[dict[str, Value]]:
@@ -425,13 +437,17 @@ def _tensor(raw: dict[str, Value], source: str, kind: str) -> TensorConfig:
         raise ConfigError(f"{f.where}: dims missing (Triton requires them, e.g. dims: [ 16 ])")
     dims = f.integers("dims")
     if any(d < -1 for d in dims):
-        raise ConfigError(f"{f.where}: dims must be >= -1 (-1 for a variable dimension), got {list(dims)}")
+        raise ConfigError(
+            f"{f.where}: dims must be >= -1 (-1 for a variable dimension), got {list(dims)}"
+        )
     reshape = f.message("reshape")
     return TensorConfig(
         name=name,
         datatype=TRITON_DATATYPES[data_type],
         dims=dims,
-        reshape=None if reshape is None else _Fields(reshape, f"{f.where}: reshape").integers("shape"),
+        reshape=None
+        if reshape is None
+        else _Fields(reshape, f"{f.where}: reshape").integers("shape"),
     )
 
 
@@ -442,7 +458,9 @@ def _instance_group(raw: dict[str, Value], source: str) -> InstanceGroup:
         raise ConfigError(f"{f.where}: count must be >= 1, got {count}")
     kind = f.raw.get("kind", "KIND_AUTO")
     if kind not in ("KIND_AUTO", "KIND_CPU", "KIND_GPU", "KIND_MODEL"):
-        raise ConfigError(f"{f.where}: kind must be KIND_AUTO, KIND_CPU, KIND_GPU or KIND_MODEL, got {kind!r}")
+        raise ConfigError(
+            f"{f.where}: kind must be KIND_AUTO, KIND_CPU, KIND_GPU or KIND_MODEL, got {kind!r}"
+        )
     return InstanceGroup(count=count, kind=kind, gpus=f.integers("gpus"))
 
 
@@ -463,7 +481,9 @@ def _version_policy(raw: dict[str, Value] | None, source: str) -> VersionPolicy:
     f = _Fields(raw, where)
     chosen = [k for k in ("latest", "all", "specific") if k in raw]
     if len(chosen) != 1:
-        raise ConfigError(f"{where}: expected exactly one of latest {{...}}, all {{}} or specific {{...}}")
+        raise ConfigError(
+            f"{where}: expected exactly one of latest {{...}}, all {{}} or specific {{...}}"
+        )
     body = _Fields(f.message(chosen[0]) or {}, f"{where}: {chosen[0]}")
     if chosen[0] == "latest":
         num_versions = body.integer("num_versions", 1)

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import KW_ONLY, dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from numbers import Integral
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
@@ -79,42 +79,42 @@ def _bad_datatype(datatype: object) -> str:
     return f"datatype {datatype!r} is not a V2 datatype (expected one of {', '.join(DATATYPES)})"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Tensor:
     """The declaration of one model input or output.
 
     `shape` is the full shape; -1 marks a variable dimension (for a batching model, the first
-    one). Any sequence of ints is accepted and stored as a tuple.
+    one). Any iterable of ints is accepted and stored as a tuple.
     """
 
     name: str
     datatype: str
     shape: tuple[int, ...]
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"tensor name must be a non-empty string, got {self.name!r}")
-        if self.datatype not in _NUMPY_DTYPES:
-            raise ValueError(f"tensor {self.name!r}: {_bad_datatype(self.datatype)}")
-        if isinstance(self.shape, (str, bytes)) or not isinstance(self.shape, Iterable):
-            raise ValueError(
-                f"tensor {self.name!r}: shape must be a sequence of ints, got {self.shape!r}"
-            )
-        shape = tuple(self.shape)
-        for dim in shape:
+    def __init__(self, name: str, datatype: str, shape: Iterable[int]) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"tensor name must be a non-empty string, got {name!r}")
+        if datatype not in _NUMPY_DTYPES:
+            raise ValueError(f"tensor {name!r}: {_bad_datatype(datatype)}")
+        if isinstance(shape, (str, bytes)) or not isinstance(shape, Iterable):
+            raise ValueError(f"tensor {name!r}: shape must be a sequence of ints, got {shape!r}")
+        dims = tuple(shape)
+        for dim in dims:
             if isinstance(dim, bool) or not isinstance(dim, Integral) or dim < -1:
                 raise ValueError(
-                    f"tensor {self.name!r}: shape {list(shape)} must hold ints >= -1 "
+                    f"tensor {name!r}: shape {list(dims)} must hold ints >= -1 "
                     f"(-1 for a variable dimension), got {dim!r}"
                 )
-        object.__setattr__(self, "shape", tuple(int(dim) for dim in shape))
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "datatype", datatype)
+        object.__setattr__(self, "shape", tuple(int(dim) for dim in dims))
 
 
-TensorLike = Union[Tensor, tuple[str, str, Sequence[int]]]
+TensorLike = Tensor | tuple[str, str, Iterable[int]]
 ModelFn = Callable[..., Mapping[str, Any]]
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, init=False)
 class Model:
     """A Python callable served as a V2 model.
 
@@ -125,58 +125,59 @@ class Model:
     models that ignore parameters pay no JSON decoding.
 
     Shapes are full shapes. With ``max_batch_size > 0`` the server batches requests along the
-    first dimension, which must therefore be declared -1.
+    first dimension, which must therefore be declared -1. `inputs` and `outputs` take
+    `Tensor`s or ``(name, datatype, shape)`` tuples.
     """
 
     name: str
     fn: ModelFn
-    _: KW_ONLY
     inputs: tuple[Tensor, ...]
     outputs: tuple[Tensor, ...]
-    max_batch_size: int = 0
-    version: int = 1
-    instances: int = 1
-    platform: str = "python"
-    _wants_parameters: bool = field(init=False, repr=False)
-    _bf16_outputs: frozenset[str] = field(init=False, repr=False)
+    max_batch_size: int
+    version: int
+    instances: int
+    platform: str
+    _wants_parameters: bool = field(repr=False)
+    _bf16_outputs: frozenset[str] = field(repr=False)
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name or "/" in self.name:
-            raise ValueError(f"model name must be a non-empty string without '/', got {self.name!r}")
-        if not callable(self.fn):
-            raise TypeError(f"model {self.name!r}: fn must be callable, got {self.fn!r}")
-        _require_int(self.name, "max_batch_size", self.max_batch_size, 0)
-        _require_int(self.name, "version", self.version, 0)
-        _require_int(self.name, "instances", self.instances, 1)
-        if not isinstance(self.platform, str):
-            raise TypeError(f"model {self.name!r}: platform must be a string")
-        inputs = self._tensors("input", self.inputs)
-        outputs = self._tensors("output", self.outputs)
-        if not outputs:
-            raise ValueError(f"model {self.name!r}: declare at least one output")
-        object.__setattr__(self, "inputs", inputs)
-        object.__setattr__(self, "outputs", outputs)
-        object.__setattr__(self, "_wants_parameters", _accepts_parameters(self.fn))
-        object.__setattr__(
-            self, "_bf16_outputs", frozenset(t.name for t in outputs if t.datatype == "BF16")
-        )
-
-    def _tensors(self, kind: str, declared: Iterable[TensorLike]) -> tuple[Tensor, ...]:
-        if isinstance(declared, (str, bytes, Tensor)) or not isinstance(declared, Iterable):
-            raise TypeError(f"model {self.name!r}: {kind}s must be a list of openinfer.Tensor")
-        tensors = tuple(t if isinstance(t, Tensor) else Tensor(*t) for t in declared)
-        seen: set[str] = set()
-        for tensor in tensors:
-            if tensor.name in seen:
-                raise ValueError(f"model {self.name!r}: {kind} {tensor.name!r} is declared twice")
-            seen.add(tensor.name)
-            if self.max_batch_size > 0 and (not tensor.shape or tensor.shape[0] != -1):
-                raise ValueError(
-                    f"model {self.name!r}: {kind} {tensor.name!r} has shape {list(tensor.shape)}, "
-                    f"but with max_batch_size={self.max_batch_size} the first dimension is the "
-                    f"batch and must be -1, e.g. {[-1, *tensor.shape]}"
-                )
-        return tensors
+    def __init__(
+        self,
+        name: str,
+        fn: ModelFn,
+        *,
+        inputs: Iterable[TensorLike],
+        outputs: Iterable[TensorLike],
+        max_batch_size: int = 0,
+        version: int = 1,
+        instances: int = 1,
+        platform: str = "python",
+    ) -> None:
+        if not isinstance(name, str) or not name or "/" in name:
+            raise ValueError(f"model name must be a non-empty string without '/', got {name!r}")
+        if not callable(fn):
+            raise TypeError(f"model {name!r}: fn must be callable, got {fn!r}")
+        _require_int(name, "max_batch_size", max_batch_size, 0)
+        _require_int(name, "version", version, 0)
+        _require_int(name, "instances", instances, 1)
+        if not isinstance(platform, str):
+            raise TypeError(f"model {name!r}: platform must be a string, got {platform!r}")
+        declared_outputs = _tensors(name, "output", outputs, max_batch_size)
+        if not declared_outputs:
+            raise ValueError(f"model {name!r}: declare at least one output")
+        fields = {
+            "name": name,
+            "fn": fn,
+            "inputs": _tensors(name, "input", inputs, max_batch_size),
+            "outputs": declared_outputs,
+            "max_batch_size": max_batch_size,
+            "version": version,
+            "instances": instances,
+            "platform": platform,
+            "_wants_parameters": _accepts_parameters(fn),
+            "_bf16_outputs": frozenset(t.name for t in declared_outputs if t.datatype == "BF16"),
+        }
+        for key, value in fields.items():
+            object.__setattr__(self, key, value)
 
     def handler(
         self, inputs: dict[str, np.ndarray], parameters: bytes | None, outputs: tuple[str, ...]
@@ -202,7 +203,9 @@ class Model:
                 raise ValueError(
                     f"model {self.name!r} did not return output {name!r} (returned {returned})"
                 ) from None
-            produced[name] = _bf16_bits(self.name, name, value) if name in self._bf16_outputs else value
+            produced[name] = (
+                _bf16_bits(self.name, name, value) if name in self._bf16_outputs else value
+            )
         return produced
 
 
@@ -223,8 +226,8 @@ def model(
         return Model(
             name if name is not None else fn.__name__,
             fn,
-            inputs=tuple(inputs),
-            outputs=tuple(outputs),
+            inputs=inputs,
+            outputs=outputs,
             max_batch_size=max_batch_size,
             version=version,
             instances=instances,
@@ -232,6 +235,26 @@ def model(
         )
 
     return wrap
+
+
+def _tensors(
+    model_name: str, kind: str, declared: Iterable[TensorLike], max_batch_size: int
+) -> tuple[Tensor, ...]:
+    if isinstance(declared, (str, bytes, Tensor)) or not isinstance(declared, Iterable):
+        raise TypeError(f"model {model_name!r}: {kind}s must be a list of openinfer.Tensor")
+    tensors = tuple(t if isinstance(t, Tensor) else Tensor(*t) for t in declared)
+    seen: set[str] = set()
+    for tensor in tensors:
+        if tensor.name in seen:
+            raise ValueError(f"model {model_name!r}: {kind} {tensor.name!r} is declared twice")
+        seen.add(tensor.name)
+        if max_batch_size > 0 and (not tensor.shape or tensor.shape[0] != -1):
+            raise ValueError(
+                f"model {model_name!r}: {kind} {tensor.name!r} has shape {list(tensor.shape)}, "
+                f"but with max_batch_size={max_batch_size} the first dimension is the "
+                f"batch and must be -1, e.g. {[-1, *tensor.shape]}"
+            )
+    return tensors
 
 
 def _require_int(model_name: str, what: str, value: object, minimum: int) -> None:
@@ -261,7 +284,8 @@ def _bf16_bits(model_name: str, output: str, value: object) -> np.ndarray:
         return array.view(np.uint16)
     if array.dtype.kind not in "biuf":
         raise TypeError(
-            f"model {model_name!r}: output {output!r} is BF16 but the model returned {array.dtype} values"
+            f"model {model_name!r}: output {output!r} is BF16 "
+            f"but the model returned {array.dtype} values"
         )
     single = np.asarray(array, dtype=np.float32)
     bits = single.view(np.uint32)

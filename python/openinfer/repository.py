@@ -60,7 +60,9 @@ def examples_path() -> Path:
     for candidate in (here / "examples" / "models", here.parents[1] / "examples" / "models"):
         if candidate.is_dir():
             return candidate
-    raise FileNotFoundError(f"the example model repository is missing from this installation ({here})")
+    raise FileNotFoundError(
+        f"the example model repository is missing from this installation ({here})"
+    )
 
 
 def scan(repo: str | os.PathLike[str]) -> list[LoadedModel]:
@@ -71,7 +73,11 @@ def scan(repo: str | os.PathLike[str]) -> list[LoadedModel]:
         raise NotADirectoryError(f"model repository {os.fspath(repo)!r} is not a directory")
     loaded: list[LoadedModel] = []
     for model_dir in sorted(root.iterdir()):
-        if model_dir.is_dir() and not model_dir.name.startswith(".") and model_dir.name != "__pycache__":
+        if (
+            model_dir.is_dir()
+            and not model_dir.name.startswith(".")
+            and model_dir.name != "__pycache__"
+        ):
             loaded.extend(_scan_model(model_dir))
     return loaded
 
@@ -84,23 +90,49 @@ def _scan_model(model_dir: Path) -> list[LoadedModel]:
         if config_path.is_file():
             config = load_config(config_path)
             if config.name not in (None, name):
-                raise ConfigError(f"{config_path}: name {config.name!r} differs from the directory name {name!r}")
+                raise ConfigError(
+                    f"{config_path}: name {config.name!r} differs from the directory name {name!r}"
+                )
     except ConfigError as e:
         return [LoadedModel(name, None, None, str(e))]
     raw = config.raw if config else {}
 
-    versions = {int(p.name): p for p in model_dir.iterdir() if p.is_dir() and _VERSION_DIR.fullmatch(p.name)}
+    versions = {
+        int(p.name): p for p in model_dir.iterdir() if p.is_dir() and _VERSION_DIR.fullmatch(p.name)
+    }
     if not versions:
-        return [LoadedModel(name, None, None, f"{model_dir} has no numeric version directory (e.g. {name}/1/)", raw)]
+        return [
+            LoadedModel(
+                name,
+                None,
+                None,
+                f"{model_dir} has no numeric version directory (e.g. {name}/1/)",
+                raw,
+            )
+        ]
     policy = config.version_policy if config else VersionPolicy()
     loaded = [
-        LoadedModel(name, v, None, f"version {v} is listed in version_policy but {model_dir / str(v)} does not exist", raw)
+        LoadedModel(
+            name,
+            v,
+            None,
+            f"version {v} is listed in version_policy but {model_dir / str(v)} does not exist",
+            raw,
+        )
         for v in policy.versions
         if policy.kind == "specific" and v not in versions
     ]
     for version in policy.select(list(versions)):
         try:
-            loaded.append(LoadedModel(name, version, _load_version(name, version, versions[version], config), None, raw))
+            loaded.append(
+                LoadedModel(
+                    name,
+                    version,
+                    _load_version(name, version, versions[version], config),
+                    None,
+                    raw,
+                )
+            )
         except _LoadError as e:
             loaded.append(LoadedModel(name, version, None, str(e), raw))
     return sorted(loaded, key=lambda m: m.version or 0)
@@ -184,6 +216,18 @@ def _import_file(name: str, version: int, path: Path) -> ModuleType:
         spec.loader.exec_module(module)
     except (Exception, SystemExit) as e:
         del sys.modules[module_name]
-        reason = "".join(traceback.format_exception_only(type(e), e)).strip()
-        raise _LoadError(f"{path}: {reason}") from None
+        raise _LoadError(_describe(path, e)) from None
     return module
+
+
+def _describe(path: Path, error: BaseException) -> str:
+    """One line that says where in model.py loading failed and why."""
+    if isinstance(error, SyntaxError) and error.filename == str(path):
+        return f"{path}:{error.lineno}: SyntaxError: {error.msg}"
+    lines = [f.lineno for f in traceback.extract_tb(error.__traceback__) if f.filename == str(path)]
+    where = f"{path}:{lines[-1]}" if lines else str(path)
+    return (
+        f"{where}: {type(error).__name__}: {error}"
+        if str(error)
+        else f"{where}: {type(error).__name__}"
+    )

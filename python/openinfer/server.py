@@ -88,7 +88,11 @@ class Server:
                     outputs=_specs(model.outputs),
                     max_batch_size=model.max_batch_size,
                     metadata_json=_model_metadata(
-                        entry.name, versions[entry.name], model.platform, model.inputs, model.outputs
+                        entry.name,
+                        versions[entry.name],
+                        model.platform,
+                        model.inputs,
+                        model.outputs,
                     ),
                     handler=model.handler,
                     instances=model.instances,
@@ -127,7 +131,10 @@ class Server:
                     logger.warning("model %s failed to load: %s", entry.name, entry.error)
                 else:
                     logger.warning(
-                        "model %s version %d failed to load: %s", entry.name, entry.version, entry.error
+                        "model %s version %d failed to load: %s",
+                        entry.name,
+                        entry.version,
+                        entry.error,
                     )
         return self
 

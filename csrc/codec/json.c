@@ -1,0 +1,1863 @@
+/* The V2 JSON codec.
+ *
+ * Decoding is one pass of recursive descent over the body with a cursor; nothing is built
+ * but the request itself. The schema directs it: tensor elements are converted straight into
+ * the typed buffer as they are met, keys are matched without copying, names are unescaped in
+ * place. Only an input whose "data" comes before its "shape" or "datatype" is walked twice:
+ * once to skip it, once, when the input object has closed, to convert it.
+ *
+ * Decimal text means the "C" locale whatever the process set, so strtod, strtof and snprintf
+ * run under a "C" locale installed on the calling thread for the length of each call. */
+#define _POSIX_C_SOURCE 200809L
+
+#include "json.h"
+
+#include <float.h>
+#include <inttypes.h>
+#include <locale.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef __APPLE__
+#include <xlocale.h>
+#endif
+
+/* ---- "C" locale ------------------------------------------------------------------------ */
+
+static locale_t c_locale;
+static pthread_once_t c_locale_once = PTHREAD_ONCE_INIT;
+
+static void c_locale_init(void) { c_locale = newlocale(LC_ALL_MASK, "C", (locale_t)0); }
+
+/* Installs the "C" locale on this thread; returns what to restore, or 0 when it could not be
+ * made (then the process locale is used, which is "C" unless the program changed it). */
+static locale_t enter_c_locale(void)
+{
+    pthread_once(&c_locale_once, c_locale_init);
+    return c_locale ? uselocale(c_locale) : (locale_t)0;
+}
+
+static void leave_c_locale(locale_t old)
+{
+    if (old)
+        uselocale(old);
+}
+
+/* ---- Small shared helpers ---------------------------------------------------------------- */
+
+static int is_digit(int ch) { return ch >= '0' && ch <= '9'; }
+
+static int is_signed_int(oi_dtype_t t) { return t >= OI_TYPE_INT8 && t <= OI_TYPE_INT64; }
+
+static int is_integer(oi_dtype_t t)
+{
+    return (t >= OI_TYPE_UINT8 && t <= OI_TYPE_UINT64) || is_signed_int(t);
+}
+
+/* Stores the low `size` bytes of v little-endian (the wire order of every tensor). */
+static void put_le(char *dst, uint64_t v, size_t size)
+{
+    for (size_t i = 0; i < size; i++)
+        dst[i] = (char)(v >> (8 * i));
+}
+
+static uint64_t get_le(const char *src, size_t size)
+{
+    uint64_t v = 0;
+    for (size_t i = 0; i < size; i++)
+        v |= (uint64_t)(unsigned char)src[i] << (8 * i);
+    return v;
+}
+
+static uint32_t float_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof(u));
+    return u;
+}
+
+static float bits_float(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+/* Narrows a double to float rounding to odd: truncate, then set the last bit if anything was
+ * lost. Rounding that float to nearest at 11 or 8 significant bits (FP16, BF16) then gives
+ * exactly what one correct rounding of the double would: the sticky bit keeps a value just
+ * off a halfway point from looking like a tie. */
+static float float_round_odd(double d)
+{
+    float f = (float)d;
+    if ((double)f == d || d != d)
+        return f;
+    uint32_t u = float_bits(f);
+    double af = f < 0 ? -(double)f : (double)f, ad = d < 0 ? -d : d;
+    if (af > ad)
+        u -= 1; /* one step toward zero; turns infinity into the largest float */
+    return bits_float(u | 1);
+}
+
+/* Length of the valid UTF-8 sequence (RFC 3629: shortest form, no surrogates, at most
+ * U+10FFFF) at p, which has n > 0 bytes; 0 when there is none. */
+static size_t utf8_len(const unsigned char *p, size_t n)
+{
+    unsigned char b = p[0], lo = 0x80, hi = 0xbf;
+    size_t len;
+    if (b < 0x80)
+        return 1;
+    if (b >= 0xc2 && b <= 0xdf) {
+        len = 2;
+    } else if (b >= 0xe0 && b <= 0xef) {
+        len = 3;
+        lo = b == 0xe0 ? 0xa0 : 0x80;
+        hi = b == 0xed ? 0x9f : 0xbf;
+    } else if (b >= 0xf0 && b <= 0xf4) {
+        len = 4;
+        lo = b == 0xf0 ? 0x90 : 0x80;
+        hi = b == 0xf4 ? 0x8f : 0xbf;
+    } else {
+        return 0;
+    }
+    if (n < len || p[1] < lo || p[1] > hi)
+        return 0;
+    for (size_t i = 2; i < len; i++)
+        if ((p[i] & 0xc0) != 0x80)
+            return 0;
+    return len;
+}
+
+static int utf8_valid(const char *s, size_t n)
+{
+    const unsigned char *p = (const unsigned char *)s, *end = p + n;
+    while (p < end) {
+        if (*p < 0x80) {
+            p++;
+            continue;
+        }
+        size_t k = utf8_len(p, (size_t)(end - p));
+        if (k == 0)
+            return 0;
+        p += k;
+    }
+    return 1;
+}
+
+/* A byte that stands for itself inside a JSON string: printable ASCII but '"' and '\'. */
+static int is_plain(unsigned char b) { return b >= 0x20 && b < 0x80 && b != '"' && b != '\\'; }
+
+/* ---- Cursor and errors -------------------------------------------------------------------- */
+
+typedef struct cursor_s {
+    char *base;  /* first byte of the JSON; message offsets count from here */
+    char *p;     /* next byte to read */
+    char *end;   /* one past the last JSON byte */
+    uint32_t depth;
+    uint32_t max_depth;
+    oi_status_t *err; /* the first failure; every caller stops there */
+} cursor_t;
+
+static size_t offset(const cursor_t *c) { return (size_t)(c->p - c->base); }
+
+static int bad(cursor_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Records a 400 error (the first one wins) and returns -1 for the caller to pass up. */
+static int bad(cursor_t *c, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    if (c->err == NULL)
+        c->err = oi_status_new(OI_BAD_REQUEST, "%s", msg);
+    return -1;
+}
+
+static int out_of_memory(cursor_t *c)
+{
+    if (c->err == NULL)
+        c->err = oi_status_new(OI_INTERNAL, "out of memory while decoding the request");
+    return -1;
+}
+
+/* Reports malformed JSON at p. */
+static int bad_at(cursor_t *c, char *p, const char *what)
+{
+    c->p = p;
+    return bad(c, "malformed JSON at byte %zu: %s", offset(c), what);
+}
+
+/* Reports malformed JSON at the cursor: what the grammar wanted and the byte found. */
+static int syntax(cursor_t *c, const char *expected)
+{
+    char got[16];
+    if (c->p >= c->end)
+        snprintf(got, sizeof(got), "end of input");
+    else if (*c->p >= 0x20 && *c->p < 0x7f)
+        snprintf(got, sizeof(got), "'%c'", *c->p);
+    else
+        snprintf(got, sizeof(got), "byte 0x%02x", (unsigned char)*c->p);
+    return bad(c, "malformed JSON at byte %zu: expected %s, got %s", offset(c), expected, got);
+}
+
+/* Skips whitespace and returns the next byte, or -1 at the end of the JSON. */
+static int peek(cursor_t *c)
+{
+    char *p = c->p;
+    while (p < c->end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
+        p++;
+    c->p = p;
+    return p < c->end ? (unsigned char)*p : -1;
+}
+
+static int is_number_start(int ch) { return is_digit(ch) || ch == '-' || ch == 'N' || ch == 'I'; }
+
+/* Names the kind of value at the cursor (after peek) for "expected X, got Y" messages. */
+static const char *value_kind(const cursor_t *c)
+{
+    int ch = c->p < c->end ? (unsigned char)*c->p : -1;
+    switch (ch) {
+    case -1:
+        return "end of input";
+    case '"':
+        return "string";
+    case '{':
+        return "object";
+    case '[':
+        return "array";
+    case 't':
+    case 'f':
+        return "boolean";
+    case 'n':
+        return "null";
+    default:
+        return is_number_start(ch) ? "number" : "invalid JSON";
+    }
+}
+
+/* Names a field for messages: "inputs[2].shape", "inputs[2]", or "shape" at the top level. */
+static const char *where(char buf[64], const char *group, uint32_t index, const char *field)
+{
+    if (group == NULL)
+        snprintf(buf, 64, "%s", field);
+    else
+        snprintf(buf, 64, "%s[%" PRIu32 "]%s%s", group, index, *field ? "." : "", field);
+    return buf;
+}
+
+/* ---- Strings -------------------------------------------------------------------------------- */
+
+/* Value of four hex digits, or -1. */
+static long hex4(const char *p)
+{
+    long v = 0;
+    for (int i = 0; i < 4; i++) {
+        int ch = (unsigned char)p[i], d;
+        if (is_digit(ch))
+            d = ch - '0';
+        else if (ch >= 'a' && ch <= 'f')
+            d = ch - 'a' + 10;
+        else if (ch >= 'A' && ch <= 'F')
+            d = ch - 'A' + 10;
+        else
+            return -1;
+        v = v * 16 + d;
+    }
+    return v;
+}
+
+/* Checks the escape at p (on its backslash); returns its length (2, 6, or 12 for a surrogate
+ * pair) or 0 after reporting why it is invalid. */
+static size_t check_escape(cursor_t *c, char *p)
+{
+    const char *why;
+    if (c->end - p < 2) {
+        why = "unterminated string";
+    } else if (strchr("\"\\/bfnrt", p[1]) != NULL && p[1] != '\0') {
+        return 2;
+    } else if (p[1] != 'u') {
+        why = "invalid escape in string";
+    } else {
+        long u = c->end - p >= 6 ? hex4(p + 2) : -1, lo = -1;
+        if (u < 0) {
+            why = "expected 4 hex digits after \\u";
+        } else if (u < 0xd800 || u > 0xdfff) {
+            return 6;
+        } else {
+            if (u <= 0xdbff && c->end - p >= 12 && p[6] == '\\' && p[7] == 'u')
+                lo = hex4(p + 8);
+            if (lo >= 0xdc00 && lo <= 0xdfff)
+                return 12;
+            why = "lone UTF-16 surrogate escape in string";
+        }
+    }
+    bad_at(c, p, why);
+    return 0;
+}
+
+/* Validates the string literal at the cursor (on its opening quote) without changing it:
+ * escapes, surrogate pairs, UTF-8, no raw control characters. Leaves the cursor past the
+ * closing quote with *raw at the first byte inside the quotes, *len the escaped length and
+ * *escaped telling whether a backslash occurred. */
+static int scan_string(cursor_t *c, char **raw, size_t *len, int *escaped)
+{
+    char *start = c->p + 1, *p = start, *end = c->end;
+    int esc = 0;
+    for (;;) {
+        while (p < end && is_plain((unsigned char)*p))
+            p++;
+        if (p >= end)
+            return bad_at(c, p, "unterminated string");
+        unsigned char b = (unsigned char)*p;
+        size_t k;
+        if (b == '"')
+            break;
+        if (b == '\\') {
+            esc = 1;
+            k = check_escape(c, p);
+        } else if (b < 0x20) {
+            char what[64];
+            snprintf(what, sizeof(what), "unescaped control character 0x%02x in string", b);
+            return bad_at(c, p, what);
+        } else {
+            k = utf8_len((const unsigned char *)p, (size_t)(end - p));
+            if (k == 0)
+                return bad_at(c, p, "invalid UTF-8 in string");
+        }
+        if (k == 0)
+            return -1;
+        p += k;
+    }
+    *raw = start;
+    *len = (size_t)(p - start);
+    *escaped = esc;
+    c->p = p + 1;
+    return 0;
+}
+
+static char *put_utf8(char *w, uint32_t cp)
+{
+    if (cp < 0x80) {
+        *w++ = (char)cp;
+    } else if (cp < 0x800) {
+        *w++ = (char)(0xc0 | (cp >> 6));
+        *w++ = (char)(0x80 | (cp & 0x3f));
+    } else if (cp < 0x10000) {
+        *w++ = (char)(0xe0 | (cp >> 12));
+        *w++ = (char)(0x80 | ((cp >> 6) & 0x3f));
+        *w++ = (char)(0x80 | (cp & 0x3f));
+    } else {
+        *w++ = (char)(0xf0 | (cp >> 18));
+        *w++ = (char)(0x80 | ((cp >> 12) & 0x3f));
+        *w++ = (char)(0x80 | ((cp >> 6) & 0x3f));
+        *w++ = (char)(0x80 | (cp & 0x3f));
+    }
+    return w;
+}
+
+/* Decodes the n bytes of a string that scan_string accepted into dst, which may be src: the
+ * decoded text is never longer. Returns the decoded length. */
+static size_t unescape(char *dst, const char *src, size_t n)
+{
+    const char *end = src + n;
+    char *w = dst;
+    while (src < end) {
+        const char *bs = memchr(src, '\\', (size_t)(end - src));
+        size_t run = (size_t)((bs ? bs : end) - src);
+        memmove(w, src, run);
+        w += run;
+        if (bs == NULL)
+            break;
+        char e = bs[1];
+        src = bs + 2;
+        switch (e) {
+        case 'b': *w++ = '\b'; break;
+        case 'f': *w++ = '\f'; break;
+        case 'n': *w++ = '\n'; break;
+        case 'r': *w++ = '\r'; break;
+        case 't': *w++ = '\t'; break;
+        case 'u': {
+            uint32_t cp = (uint32_t)hex4(src);
+            src += 4;
+            if (cp >= 0xd800 && cp <= 0xdbff) {
+                cp = 0x10000 + ((cp - 0xd800) << 10) + ((uint32_t)hex4(src + 2) - 0xdc00);
+                src += 6;
+            }
+            w = put_utf8(w, cp);
+            break;
+        }
+        default: *w++ = e; /* '"', '\\' or '/' */
+        }
+    }
+    return (size_t)(w - dst);
+}
+
+/* Reads a string value, unescaping it in place and NUL-terminating it where its closing
+ * quote was, so that it can be used where it lies. */
+static int read_string_in_place(cursor_t *c, char **s, size_t *n)
+{
+    char *raw;
+    size_t len;
+    int escaped;
+    if (scan_string(c, &raw, &len, &escaped) != 0)
+        return -1;
+    if (escaped)
+        len = unescape(raw, raw, len);
+    raw[len] = '\0';
+    *s = raw;
+    *n = len;
+    return 0;
+}
+
+/* A short string read without changing the body: object keys and datatype names, which may
+ * lie inside a "parameters" object whose raw text must stay intact. */
+typedef struct short_str_s {
+    const char *s;
+    size_t n;
+    char buf[128]; /* the decoded text of an escaped string */
+} short_str_t;
+
+static int read_short(cursor_t *c, short_str_t *k)
+{
+    char *raw;
+    size_t len;
+    int escaped;
+    if (scan_string(c, &raw, &len, &escaped) != 0)
+        return -1;
+    k->s = raw;
+    k->n = len;
+    /* An escaped string too long for buf stays raw: every name we look for is short ASCII,
+     * at most 6 escaped bytes a character, so such a string can match none of them. */
+    if (escaped && len <= sizeof(k->buf)) {
+        k->n = unescape(k->buf, raw, len);
+        k->s = k->buf;
+    }
+    return 0;
+}
+
+static int str_is(const short_str_t *k, const char *lit)
+{
+    size_t n = strlen(lit);
+    return k->n == n && memcmp(k->s, lit, n) == 0;
+}
+
+/* ---- Numbers ---------------------------------------------------------------------------- */
+
+enum { NUM_FINITE, NUM_NAN, NUM_INF };
+
+/* A number token as scanned: its text, and the exact decimal value while it fits. */
+typedef struct num_s {
+    char *text;
+    size_t len;
+    uint64_t mant; /* every digit, as an integer, unless `overflow` */
+    int32_t exp10; /* value = mant * 10^exp10 */
+    uint8_t neg;
+    uint8_t is_int;   /* no fraction and no exponent */
+    uint8_t overflow; /* the digits did not fit mant */
+    uint8_t special;  /* NUM_NAN or NUM_INF */
+} num_t;
+
+static void add_digit(num_t *n, int d)
+{
+    if (n->mant > (UINT64_MAX - (uint64_t)d) / 10)
+        n->overflow = 1;
+    else
+        n->mant = n->mant * 10 + (uint64_t)d;
+}
+
+/* Ends a number token at p. A number always has a byte after it in a well-formed request
+ * (a ',' or a closing bracket), and the conversions below borrow that byte for a NUL. */
+static int end_number(cursor_t *c, num_t *n, char *p)
+{
+    if (p >= c->end)
+        return bad_at(c, p, "unexpected end of input");
+    n->len = (size_t)(p - n->text);
+    c->p = p;
+    return 0;
+}
+
+/* Scans a JSON number at the cursor, or one of the tokens NaN, Infinity and -Infinity that
+ * Python's json module writes for non-finite floats. */
+static int scan_number(cursor_t *c, num_t *n)
+{
+    char *p = c->p, *end = c->end;
+    memset(n, 0, sizeof(*n));
+    n->text = p;
+    if (p < end && *p == '-') {
+        n->neg = 1;
+        p++;
+    }
+    if (p < end && (*p == 'N' || *p == 'I')) {
+        const char *word = *p == 'N' ? "NaN" : "Infinity";
+        size_t k = strlen(word);
+        if ((*p == 'N' && n->neg) || (size_t)(end - p) < k || memcmp(p, word, k) != 0) {
+            c->p = n->text;
+            return syntax(c, "a value");
+        }
+        n->special = *p == 'N' ? NUM_NAN : NUM_INF;
+        return end_number(c, n, p + k);
+    }
+    if (p >= end || !is_digit(*p)) {
+        c->p = p;
+        return syntax(c, n->neg ? "a digit" : "a value");
+    }
+    if (*p == '0') {
+        if (++p < end && is_digit(*p))
+            return bad_at(c, p, "leading zeros are not allowed in numbers");
+    } else {
+        for (; p < end && is_digit(*p); p++)
+            add_digit(n, *p - '0');
+    }
+    int64_t exp10 = 0;
+    n->is_int = 1;
+    if (p < end && *p == '.') {
+        n->is_int = 0;
+        if (++p >= end || !is_digit(*p))
+            return bad_at(c, p, "expected a digit after '.'");
+        for (; p < end && is_digit(*p); p++) {
+            add_digit(n, *p - '0');
+            if (!n->overflow) /* past an overflow only the slow path reads the text */
+                exp10--;
+        }
+    }
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        n->is_int = 0;
+        int eneg = 0;
+        if (++p < end && (*p == '-' || *p == '+'))
+            eneg = *p++ == '-';
+        if (p >= end || !is_digit(*p))
+            return bad_at(c, p, "expected a digit in the exponent");
+        int64_t e = 0;
+        for (; p < end && is_digit(*p); p++)
+            if (e < 100000000) /* far past any float's range; keeps the sum in range */
+                e = e * 10 + (*p - '0');
+        exp10 += eneg ? -e : e;
+    }
+    n->exp10 = (int32_t)(exp10 < -1000000000 ? -1000000000 : exp10);
+    return end_number(c, n, p);
+}
+
+#if FLT_EVAL_METHOD == 0
+/* Powers of ten that doubles and floats hold exactly. */
+static const double pow10_d[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
+                                 1e8,  1e9,  1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+                                 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+static const float pow10_f[] = {1e0f, 1e1f, 1e2f, 1e3f, 1e4f, 1e5f,
+                                1e6f, 1e7f, 1e8f, 1e9f, 1e10f};
+#endif
+
+/* Converts a token that the fast paths cannot take. strtod and strtof need a terminated
+ * string: the byte after the token is lent for the NUL. */
+static double strto_token(num_t *n, int single)
+{
+    char saved = n->text[n->len];
+    n->text[n->len] = '\0';
+    double v = single ? (double)strtof(n->text, NULL) : strtod(n->text, NULL);
+    n->text[n->len] = saved;
+    return v;
+}
+
+static double special_value(const num_t *n)
+{
+    return n->special == NUM_NAN ? (double)NAN : n->neg ? -(double)INFINITY : (double)INFINITY;
+}
+
+/* Correctly rounded double of a number token. Clinger's fast path: when the decimal
+ * significand and the power of ten are both exact doubles, one IEEE multiply or divide
+ * rounds once, correctly; anything else goes to strtod. */
+static double num_to_double(num_t *n)
+{
+    double v;
+    if (n->special)
+        return special_value(n);
+#if FLT_EVAL_METHOD == 0
+    if (!n->overflow && n->mant <= (UINT64_C(1) << 53) && n->exp10 >= -22 && n->exp10 <= 22) {
+        v = (double)n->mant;
+        v = n->exp10 < 0 ? v / pow10_d[-n->exp10] : v * pow10_d[n->exp10];
+        return n->neg ? -v : v;
+    }
+#endif
+    return strto_token(n, 0);
+}
+
+/* Correctly rounded float of a number token; the same fast path in float arithmetic, since
+ * rounding to double first and then to float could round twice. */
+static float num_to_float(num_t *n)
+{
+    float v;
+    if (n->special)
+        return (float)special_value(n);
+#if FLT_EVAL_METHOD == 0
+    if (!n->overflow && n->mant <= (UINT64_C(1) << 24) && n->exp10 >= -10 && n->exp10 <= 10) {
+        v = (float)n->mant;
+        v = n->exp10 < 0 ? v / pow10_f[-n->exp10] : v * pow10_f[n->exp10];
+        return n->neg ? -v : v;
+    }
+#endif
+    return (float)strto_token(n, 1);
+}
+
+/* Reads a non-negative integer that fits int64 (a dimension or a byte count). Returns 0; 1
+ * when the value is something else, described in `got`; -1 on malformed JSON. */
+static int read_count(cursor_t *c, int64_t *out, char got[48])
+{
+    if (!is_number_start(peek(c))) {
+        snprintf(got, 48, "%s", value_kind(c));
+        return 1;
+    }
+    num_t num;
+    if (scan_number(c, &num) != 0)
+        return -1;
+    if (!num.is_int || num.overflow || (num.neg && num.mant) || num.mant > INT64_MAX) {
+        snprintf(got, 48, "%.*s", (int)(num.len < 40 ? num.len : 40), num.text);
+        return 1;
+    }
+    *out = (int64_t)num.mant;
+    return 0;
+}
+
+/* ---- Structure -------------------------------------------------------------------------- */
+
+static int literal(cursor_t *c, const char *word)
+{
+    size_t k = strlen(word);
+    if ((size_t)(c->end - c->p) < k || memcmp(c->p, word, k) != 0)
+        return bad(c, "malformed JSON at byte %zu: expected '%s'", offset(c), word);
+    c->p += k;
+    return 0;
+}
+
+/* Enters the object or array opened at the cursor, within the nesting limit. */
+static int enter(cursor_t *c, char open)
+{
+    if (peek(c) != open)
+        return syntax(c, open == '{' ? "'{'" : "'['");
+    if (c->depth >= c->max_depth)
+        return bad(c, "JSON at byte %zu nests deeper than the limit of %" PRIu32 " levels",
+                   offset(c), c->max_depth);
+    c->depth++;
+    c->p++;
+    return 0;
+}
+
+/* Steps through an object after enter(): returns 1 with the cursor on the next member's
+ * value (its key in *key unless key is NULL), 0 after the closing '}', or -1. *n counts the
+ * members seen. */
+static int next_member(cursor_t *c, uint32_t *n, short_str_t *key)
+{
+    int ch = peek(c);
+    if (ch == '}') {
+        c->p++;
+        c->depth--;
+        return 0;
+    }
+    if (*n > 0) {
+        if (ch != ',')
+            return syntax(c, "',' or '}'");
+        c->p++;
+        ch = peek(c);
+    }
+    if (ch != '"')
+        return syntax(c, *n > 0 ? "a string key" : "a string key or '}'");
+    if (key != NULL) {
+        if (read_short(c, key) != 0)
+            return -1;
+    } else {
+        char *raw;
+        size_t len;
+        int escaped;
+        if (scan_string(c, &raw, &len, &escaped) != 0)
+            return -1;
+    }
+    if (peek(c) != ':')
+        return syntax(c, "':'");
+    c->p++;
+    peek(c);
+    (*n)++;
+    return 1;
+}
+
+/* Steps through an array after enter(): returns 1 with the cursor on the next element, 0
+ * after the closing ']', or -1. */
+static int next_element(cursor_t *c, uint32_t *n)
+{
+    int ch = peek(c);
+    if (ch == ']') {
+        c->p++;
+        c->depth--;
+        return 0;
+    }
+    if (*n > 0) {
+        if (ch != ',')
+            return syntax(c, "',' or ']'");
+        c->p++;
+        peek(c);
+    }
+    (*n)++;
+    return 1;
+}
+
+/* Validates and passes over any value: unknown keys, deferred tensor data, parameters. The
+ * recursion is bounded by max_depth, itself capped at OI_JSON_MAX_DEPTH. */
+static int skip_value(cursor_t *c)
+{
+    uint32_t n = 0;
+    int r;
+    switch (peek(c)) {
+    case '"': {
+        char *raw;
+        size_t len;
+        int escaped;
+        return scan_string(c, &raw, &len, &escaped);
+    }
+    case '{':
+        if (enter(c, '{') != 0)
+            return -1;
+        while ((r = next_member(c, &n, NULL)) == 1)
+            if (skip_value(c) != 0)
+                return -1;
+        return r;
+    case '[':
+        if (enter(c, '[') != 0)
+            return -1;
+        while ((r = next_element(c, &n)) == 1)
+            if (skip_value(c) != 0)
+                return -1;
+        return r;
+    case 't':
+        return literal(c, "true");
+    case 'f':
+        return literal(c, "false");
+    case 'n':
+        return literal(c, "null");
+    default: {
+        num_t num;
+        return scan_number(c, &num);
+    }
+    }
+}
+
+/* Looks a key up in a NULL-terminated list of names; -1 when it is none of them. */
+static int key_index(const short_str_t *k, const char *const *names)
+{
+    for (int i = 0; names[i] != NULL; i++)
+        if (str_is(k, names[i]))
+            return i;
+    return -1;
+}
+
+/* Marks a known key as seen. A repeated key is an error rather than "the last one wins", so
+ * that no tensor is ever decoded twice. */
+static int claim_key(cursor_t *c, uint32_t *seen, int key, const char *const *names,
+                     const char *group, uint32_t index)
+{
+    char path[64];
+    if (key < 0)
+        return 0;
+    if (*seen & (1u << key)) {
+        if (group == NULL)
+            return bad(c, "duplicate key '%s'", names[key]);
+        return bad(c, "%s: duplicate key '%s'", where(path, group, index, ""), names[key]);
+    }
+    *seen |= 1u << key;
+    return 0;
+}
+
+/* ---- Request ----------------------------------------------------------------------------- */
+
+typedef struct decoder_s {
+    cursor_t c;
+    oi_buf_t *body;
+    oi_request_t *req;
+    size_t bin_used; /* bytes after the JSON taken by binary inputs so far */
+} decoder_t;
+
+/* A "parameters" object: its raw text is kept, and the one parameter the codec acts on is
+ * read from it. */
+typedef struct param_s {
+    const char *key;
+    int is_bool;   /* a boolean, else a non-negative integer */
+    int64_t value; /* -1 while absent */
+} param_t;
+
+static int read_param(cursor_t *c, const char *group, uint32_t index, param_t *want)
+{
+    char path[64], full[96], got[48];
+    snprintf(full, sizeof(full), "%s.%s", where(path, group, index, "parameters"), want->key);
+    if (!want->is_bool) {
+        int r = read_count(c, &want->value, got);
+        return r == 1 ? bad(c, "%s: expected a non-negative integer, got %s", full, got) : r;
+    }
+    int ch = peek(c);
+    if (ch != 't' && ch != 'f')
+        return bad(c, "%s: expected a boolean, got %s", full, value_kind(c));
+    want->value = ch == 't';
+    return literal(c, ch == 't' ? "true" : "false");
+}
+
+static int parse_params(cursor_t *c, const char *group, uint32_t index, oi_slice_t *span,
+                        param_t *want)
+{
+    char path[64];
+    short_str_t key;
+    uint32_t n = 0;
+    int r;
+    if (peek(c) != '{')
+        return bad(c, "%s: expected an object, got %s", where(path, group, index, "parameters"),
+                   value_kind(c));
+    char *start = c->p;
+    if (enter(c, '{') != 0)
+        return -1;
+    while ((r = next_member(c, &n, &key)) == 1) {
+        r = str_is(&key, want->key) ? read_param(c, group, index, want) : skip_value(c);
+        if (r != 0)
+            return -1;
+    }
+    if (r != 0)
+        return -1;
+    span->ptr = start;
+    span->len = (size_t)(c->p - start);
+    return 0;
+}
+
+/* Reads a tensor name in place; a name is a C string, so it may not hold U+0000. */
+static int parse_name(cursor_t *c, const char **out, const char *group, uint32_t index)
+{
+    char path[64];
+    char *s;
+    size_t n;
+    if (peek(c) != '"')
+        return bad(c, "%s: expected a string, got %s", where(path, group, index, "name"),
+                   value_kind(c));
+    if (read_string_in_place(c, &s, &n) != 0)
+        return -1;
+    if (memchr(s, '\0', n) != NULL)
+        return bad(c, "%s: expected a name without \\u0000", where(path, group, index, "name"));
+    *out = s;
+    return 0;
+}
+
+/* One input object being decoded. */
+typedef struct input_s {
+    oi_tensor_t *t;
+    uint32_t index;      /* position in "inputs", for messages */
+    int has_shape;
+    int has_data;
+    char *deferred;      /* "data" that came before "shape" or "datatype" */
+    uint32_t deferred_depth;
+    int64_t binary_size; /* parameters.binary_data_size, or -1 */
+} input_t;
+
+/* Names an input in messages: by name once known, else by position. */
+static const char *input_label(const input_t *in, char buf[160])
+{
+    if (in->t->name != NULL)
+        snprintf(buf, 160, "input '%.128s'", in->t->name);
+    else
+        snprintf(buf, 160, "inputs[%" PRIu32 "]", in->index);
+    return buf;
+}
+
+static int parse_shape(cursor_t *c, input_t *in)
+{
+    oi_tensor_t *t = in->t;
+    char got[48];
+    uint32_t n = 0;
+    int r;
+    if (peek(c) != '[') {
+        snprintf(got, sizeof(got), "%s", value_kind(c));
+        goto wrong;
+    }
+    if (enter(c, '[') != 0)
+        return -1;
+    while ((r = next_element(c, &n)) == 1) {
+        if (n > OI_MAX_DIMS)
+            return bad(c, "inputs[%" PRIu32 "].shape: expected at most %d dimensions, got more",
+                       in->index, OI_MAX_DIMS);
+        r = read_count(c, &t->shape[n - 1], got);
+        if (r == 1)
+            goto wrong;
+        if (r != 0)
+            return -1;
+    }
+    if (r != 0)
+        return -1;
+    t->ndim = (int)n;
+    in->has_shape = 1;
+    return 0;
+wrong:
+    return bad(c, "inputs[%" PRIu32 "].shape: expected an array of non-negative integers, got %s",
+               in->index, got);
+}
+
+static int parse_datatype(cursor_t *c, input_t *in)
+{
+    short_str_t k;
+    if (peek(c) != '"')
+        return bad(c, "inputs[%" PRIu32 "].datatype: expected a string, got %s", in->index,
+                   value_kind(c));
+    if (read_short(c, &k) != 0)
+        return -1;
+    in->t->dtype = oi_dtype_from_name(k.s, k.n);
+    if (in->t->dtype != OI_TYPE_INVALID)
+        return 0;
+    char names[160] = "";
+    for (int t = 1; t < OI_TYPE_COUNT; t++) {
+        size_t len = strlen(names);
+        snprintf(names + len, sizeof(names) - len, "%s%s", t > 1 ? ", " : "",
+                 oi_dtype_name((oi_dtype_t)t));
+    }
+    return bad(c, "inputs[%" PRIu32 "].datatype: expected one of %s, got \"%.*s\"", in->index,
+               names, (int)(k.n < 64 ? k.n : 64), k.s);
+}
+
+/* Where the elements of "data" go as they are converted. */
+typedef struct sink_s {
+    oi_dtype_t dtype;
+    size_t esize;
+    int64_t want;    /* elements the shape holds */
+    int64_t got;     /* elements read so far; those past `want` are checked but not kept */
+    char *fixed;     /* fixed-size types: want * esize bytes */
+    oi_sbuf_t bytes; /* BYTES: length-prefixed elements */
+} sink_t;
+
+static int element_error(cursor_t *c, const input_t *in, int64_t i, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Reports a bad element as "input 'X': element 3: <what>". */
+static int element_error(cursor_t *c, const input_t *in, int64_t i, const char *fmt, ...)
+{
+    char label[160], what[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof(what), fmt, ap);
+    va_end(ap);
+    return bad(c, "%s: element %" PRId64 ": %s", input_label(in, label), i, what);
+}
+
+static int wrong_kind(cursor_t *c, const input_t *in, int64_t i, const char *expected)
+{
+    return element_error(c, in, i, "expected %s for %s, got %s", expected,
+                         oi_dtype_name(in->t->dtype), value_kind(c));
+}
+
+static int store_integer(cursor_t *c, const input_t *in, int64_t i, const num_t *num, char *dst)
+{
+    oi_dtype_t t = in->t->dtype;
+    int shown = (int)(num->len < 40 ? num->len : 40);
+    if (!num->is_int || num->special)
+        return element_error(c, in, i, "expected an integer for %s, got %.*s", oi_dtype_name(t),
+                             shown, num->text);
+    unsigned bits = (unsigned)oi_dtype_size(t) * 8;
+    uint64_t all = bits == 64 ? UINT64_MAX : (UINT64_C(1) << bits) - 1;
+    uint64_t pos_max = is_signed_int(t) ? all >> 1 : all;
+    uint64_t neg_max = is_signed_int(t) ? (all >> 1) + 1 : 0;
+    if (num->overflow || num->mant > (num->neg ? neg_max : pos_max))
+        return element_error(c, in, i, "%.*s is out of range for %s", shown, num->text,
+                             oi_dtype_name(t));
+    put_le(dst, num->neg ? 0 - num->mant : num->mant, bits / 8);
+    return 0;
+}
+
+static int store_float(cursor_t *c, const input_t *in, int64_t i, num_t *num, char *dst)
+{
+    oi_dtype_t t = in->t->dtype;
+    double v;
+    switch (t) {
+    case OI_TYPE_FP64: {
+        uint64_t u;
+        v = num_to_double(num);
+        memcpy(&u, &v, sizeof(u));
+        put_le(dst, u, 8);
+        break;
+    }
+    case OI_TYPE_FP32: {
+        float f = num_to_float(num);
+        v = f;
+        put_le(dst, float_bits(f), 4);
+        break;
+    }
+    case OI_TYPE_FP16: {
+        uint16_t h = oi_float_to_half(float_round_odd(num_to_double(num)));
+        v = oi_half_to_float(h);
+        put_le(dst, h, 2);
+        break;
+    }
+    default: { /* BF16 */
+        uint16_t h = oi_float_to_bf16(float_round_odd(num_to_double(num)));
+        v = oi_bf16_to_float(h);
+        put_le(dst, h, 2);
+        break;
+    }
+    }
+    if (isinf(v) && !num->special)
+        return element_error(c, in, i, "%.*s is out of range for %s",
+                             (int)(num->len < 40 ? num->len : 40), num->text, oi_dtype_name(t));
+    return 0;
+}
+
+static int read_number_element(cursor_t *c, const input_t *in, sink_t *s, int64_t i)
+{
+    num_t num;
+    if (!is_number_start(peek(c)))
+        return wrong_kind(c, in, i, "a number");
+    if (scan_number(c, &num) != 0)
+        return -1;
+    if (i >= s->want)
+        return 0;
+    char *dst = s->fixed + (size_t)i * s->esize;
+    if (is_integer(s->dtype))
+        return store_integer(c, in, i, &num, dst);
+    return store_float(c, in, i, &num, dst);
+}
+
+static int read_bool_element(cursor_t *c, const input_t *in, sink_t *s, int64_t i)
+{
+    int ch = peek(c);
+    if (ch != 't' && ch != 'f')
+        return wrong_kind(c, in, i, "true or false");
+    if (literal(c, ch == 't' ? "true" : "false") != 0)
+        return -1;
+    if (i < s->want)
+        s->fixed[i] = ch == 't';
+    return 0;
+}
+
+/* A BYTES element is unescaped straight into the tensor buffer behind its length. */
+static int read_bytes_element(cursor_t *c, const input_t *in, sink_t *s, int64_t i)
+{
+    char *raw;
+    size_t len;
+    int escaped;
+    if (peek(c) != '"')
+        return wrong_kind(c, in, i, "a string");
+    if (scan_string(c, &raw, &len, &escaped) != 0)
+        return -1;
+    if (i >= s->want)
+        return 0;
+    if (len > UINT32_MAX)
+        return element_error(c, in, i, "a BYTES element may hold at most 4 GiB");
+    if (oi_sbuf_reserve(&s->bytes, 4 + len) != 0)
+        return out_of_memory(c);
+    char *w = s->bytes.data + s->bytes.len;
+    size_t n = len;
+    if (escaped)
+        n = unescape(w + 4, raw, len);
+    else
+        memcpy(w + 4, raw, len);
+    put_le(w, n, 4);
+    s->bytes.len += 4 + n;
+    return 0;
+}
+
+static int read_element(cursor_t *c, const input_t *in, sink_t *s)
+{
+    int ch = peek(c);
+    int64_t i = s->got++;
+    if (ch != '"' && ch != '{' && ch != 't' && ch != 'f' && ch != 'n' && !is_number_start(ch))
+        return syntax(c, "a value");
+    switch (s->dtype) {
+    case OI_TYPE_BOOL:
+        return read_bool_element(c, in, s, i);
+    case OI_TYPE_BYTES:
+        return read_bytes_element(c, in, s, i);
+    default:
+        return read_number_element(c, in, s, i);
+    }
+}
+
+/* Reads the elements of "data" in row-major order: a bare scalar, or arrays nested in any
+ * way, flattened. Arrays carry no meaning here beyond grouping, so a counter of open ones
+ * replaces recursion. */
+static int read_elements(cursor_t *c, const input_t *in, sink_t *s)
+{
+    uint32_t open = 0;
+    for (;;) {
+        if (peek(c) == '[') {
+            if (enter(c, '[') != 0)
+                return -1;
+            open++;
+            if (peek(c) != ']')
+                continue; /* an element, or a nested array, follows */
+        } else if (read_element(c, in, s) != 0) {
+            return -1;
+        }
+        /* After an element or an empty array: close arrays up to the next ','. */
+        for (;;) {
+            if (open == 0)
+                return 0;
+            int ch = peek(c);
+            if (ch == ',') {
+                c->p++;
+                break;
+            }
+            if (ch != ']')
+                return syntax(c, "',' or ']'");
+            c->p++;
+            c->depth--;
+            open--;
+        }
+    }
+}
+
+static int parse_data(decoder_t *d, input_t *in)
+{
+    cursor_t *c = &d->c;
+    oi_tensor_t *t = in->t;
+    char label[160], shape[24 * OI_MAX_DIMS];
+    int64_t count;
+    size_t json_len = (size_t)(c->end - c->base);
+    if (oi_shape_elements(t->shape, t->ndim, &count) != 0)
+        return bad(c, "%s: shape %s has too many elements", input_label(in, label),
+                   oi_shape_format(t->shape, t->ndim, shape, sizeof(shape)));
+    /* Every element takes at least one byte of JSON, so a larger count cannot match: reject
+     * it before allocating anything for it. */
+    if ((uint64_t)count > json_len)
+        return bad(c, "%s: shape %s has %" PRId64 " elements but the request body has only %zu bytes",
+                   input_label(in, label), oi_shape_format(t->shape, t->ndim, shape, sizeof(shape)),
+                   count, json_len);
+    sink_t s = {.dtype = t->dtype, .esize = oi_dtype_size(t->dtype), .want = count};
+    if (t->dtype != OI_TYPE_BYTES) {
+        oi_buf_t *b = oi_buf_new((size_t)count * s.esize);
+        if (b == NULL)
+            return out_of_memory(c);
+        b->len = b->cap;
+        t->owner = b;
+        t->data = s.fixed = b->data;
+        t->byte_size = b->len;
+    } else if (oi_sbuf_reserve(&s.bytes, 4 * (size_t)(count < 256 ? count : 256) + 1) != 0) {
+        /* BYTES grow as they come (element sizes are unknown); reserving at least one byte
+         * gives even an empty tensor a buffer. */
+        return out_of_memory(c);
+    }
+    int r = read_elements(c, in, &s);
+    if (r == 0 && s.got != count)
+        r = bad(c, "%s: expected %" PRId64 " elements for shape %s, got %" PRId64,
+                input_label(in, label), count,
+                oi_shape_format(t->shape, t->ndim, shape, sizeof(shape)), s.got);
+    if (r == 0 && t->dtype == OI_TYPE_BYTES) {
+        oi_buf_t *b = oi_sbuf_detach(&s.bytes);
+        if (b == NULL)
+            r = out_of_memory(c);
+        else {
+            t->owner = b;
+            t->data = b->data;
+            t->byte_size = b->len;
+        }
+    }
+    oi_sbuf_free(&s.bytes);
+    return r;
+}
+
+/* Points a binary input at the next binary_data_size bytes after the JSON. */
+static int take_binary(decoder_t *d, input_t *in)
+{
+    cursor_t *c = &d->c;
+    oi_tensor_t *t = in->t;
+    char label[160];
+    size_t json_len = (size_t)(c->end - c->base);
+    size_t left = d->body->len - json_len - d->bin_used;
+    if ((uint64_t)in->binary_size > left)
+        return bad(c, "%s: binary_data_size is %" PRId64 " but only %zu bytes of binary data remain after the JSON",
+                   input_label(in, label), in->binary_size, left);
+    t->data = d->body->data + json_len + d->bin_used;
+    t->byte_size = (size_t)in->binary_size;
+    t->owner = oi_buf_ref(d->body);
+    d->bin_used += t->byte_size;
+    oi_status_t *st = oi_tensor_check_size(t, input_label(in, label));
+    if (st != NULL && c->err == NULL)
+        c->err = st;
+    else
+        oi_status_free(st);
+    return st != NULL ? -1 : 0;
+}
+
+static int finish_input(decoder_t *d, input_t *in)
+{
+    cursor_t *c = &d->c;
+    char label[160];
+    if (in->t->name == NULL)
+        return bad(c, "inputs[%" PRIu32 "]: field 'name' is required", in->index);
+    if (!in->has_shape)
+        return bad(c, "%s: field 'shape' is required", input_label(in, label));
+    if (in->t->dtype == OI_TYPE_INVALID)
+        return bad(c, "%s: field 'datatype' is required", input_label(in, label));
+    if (in->has_data && in->binary_size >= 0)
+        return bad(c, "%s: expected either \"data\" or parameters.binary_data_size, got both",
+                   input_label(in, label));
+    if (in->binary_size >= 0)
+        return take_binary(d, in);
+    if (!in->has_data)
+        return bad(c, "%s: field 'data' is required (or parameters.binary_data_size)",
+                   input_label(in, label));
+    if (in->deferred == NULL)
+        return 0;
+    char *resume = c->p;
+    uint32_t depth = c->depth;
+    c->p = in->deferred;
+    c->depth = in->deferred_depth;
+    int r = parse_data(d, in);
+    c->p = resume;
+    c->depth = depth;
+    return r;
+}
+
+enum { IN_NAME, IN_SHAPE, IN_DATATYPE, IN_PARAMETERS, IN_DATA };
+static const char *const input_keys[] = {"name", "shape", "datatype", "parameters", "data", NULL};
+
+static int parse_input(decoder_t *d, input_t *in)
+{
+    cursor_t *c = &d->c;
+    short_str_t key;
+    uint32_t n = 0, seen = 0;
+    int r;
+    if (peek(c) != '{')
+        return bad(c, "inputs[%" PRIu32 "]: expected an object, got %s", in->index, value_kind(c));
+    if (enter(c, '{') != 0)
+        return -1;
+    while ((r = next_member(c, &n, &key)) == 1) {
+        int k = key_index(&key, input_keys);
+        if (claim_key(c, &seen, k, input_keys, "inputs", in->index) != 0)
+            return -1;
+        switch (k) {
+        case IN_NAME:
+            r = parse_name(c, &in->t->name, "inputs", in->index);
+            break;
+        case IN_SHAPE:
+            r = parse_shape(c, in);
+            break;
+        case IN_DATATYPE:
+            r = parse_datatype(c, in);
+            break;
+        case IN_PARAMETERS: {
+            param_t want = {"binary_data_size", 0, -1};
+            r = parse_params(c, "inputs", in->index, &in->t->parameters, &want);
+            in->binary_size = want.value;
+            break;
+        }
+        case IN_DATA:
+            in->has_data = 1;
+            if (in->has_shape && in->t->dtype != OI_TYPE_INVALID && in->binary_size < 0) {
+                r = parse_data(d, in);
+            } else {
+                in->deferred = c->p;
+                in->deferred_depth = c->depth;
+                r = skip_value(c);
+            }
+            break;
+        default:
+            r = skip_value(c);
+        }
+        if (r != 0)
+            return -1;
+    }
+    return r != 0 ? -1 : finish_input(d, in);
+}
+
+static int parse_inputs(decoder_t *d)
+{
+    cursor_t *c = &d->c;
+    oi_request_t *req = d->req;
+    uint32_t n = 0;
+    int r;
+    if (peek(c) != '[')
+        return bad(c, "inputs: expected an array of input objects, got %s", value_kind(c));
+    if (enter(c, '[') != 0)
+        return -1;
+    while ((r = next_element(c, &n)) == 1) {
+        oi_tensor_t *t = oi_tensor_push(&req->inputs, &req->n_inputs);
+        if (t == NULL)
+            return out_of_memory(c);
+        input_t in = {.t = t, .index = n - 1, .binary_size = -1};
+        if (parse_input(d, &in) != 0)
+            return -1;
+    }
+    if (r != 0)
+        return -1;
+    if (n == 0)
+        return bad(c, "inputs: expected at least one input, got an empty array");
+    return 0;
+}
+
+/* Appends a zeroed requested output; the capacity follows the count as in oi_tensor_push. */
+static oi_output_request_t *push_output(oi_request_t *req)
+{
+    uint32_t n = req->n_outputs;
+    if (n == 0 || (n >= 4 && (n & (n - 1)) == 0)) {
+        oi_output_request_t *p = realloc(req->outputs, (n ? (size_t)n * 2 : 4) * sizeof(*p));
+        if (p == NULL)
+            return NULL;
+        req->outputs = p;
+    }
+    oi_output_request_t *o = &req->outputs[n];
+    memset(o, 0, sizeof(*o));
+    o->binary_data = -1;
+    req->n_outputs = n + 1;
+    return o;
+}
+
+enum { OUT_NAME, OUT_PARAMETERS };
+static const char *const output_keys[] = {"name", "parameters", NULL};
+
+static int parse_output(decoder_t *d, uint32_t index)
+{
+    cursor_t *c = &d->c;
+    short_str_t key;
+    uint32_t n = 0, seen = 0;
+    int r;
+    oi_output_request_t *o = push_output(d->req);
+    if (o == NULL)
+        return out_of_memory(c);
+    if (peek(c) != '{')
+        return bad(c, "outputs[%" PRIu32 "]: expected an object, got %s", index, value_kind(c));
+    if (enter(c, '{') != 0)
+        return -1;
+    while ((r = next_member(c, &n, &key)) == 1) {
+        int k = key_index(&key, output_keys);
+        if (claim_key(c, &seen, k, output_keys, "outputs", index) != 0)
+            return -1;
+        if (k == OUT_NAME) {
+            r = parse_name(c, &o->name, "outputs", index);
+        } else if (k == OUT_PARAMETERS) {
+            param_t want = {"binary_data", 1, -1};
+            r = parse_params(c, "outputs", index, &o->parameters, &want);
+            o->binary_data = (int)want.value;
+        } else {
+            r = skip_value(c);
+        }
+        if (r != 0)
+            return -1;
+    }
+    if (r != 0)
+        return -1;
+    if (o->name == NULL)
+        return bad(c, "outputs[%" PRIu32 "]: field 'name' is required", index);
+    return 0;
+}
+
+static int parse_outputs(decoder_t *d)
+{
+    cursor_t *c = &d->c;
+    uint32_t n = 0;
+    int r;
+    if (peek(c) != '[')
+        return bad(c, "outputs: expected an array of output objects, got %s", value_kind(c));
+    if (enter(c, '[') != 0)
+        return -1;
+    while ((r = next_element(c, &n)) == 1)
+        if (parse_output(d, n - 1) != 0)
+            return -1;
+    return r;
+}
+
+enum { REQ_ID, REQ_PARAMETERS, REQ_INPUTS, REQ_OUTPUTS };
+static const char *const request_keys[] = {"id", "parameters", "inputs", "outputs", NULL};
+
+static int parse_request(decoder_t *d)
+{
+    cursor_t *c = &d->c;
+    oi_request_t *req = d->req;
+    short_str_t key;
+    uint32_t n = 0, seen = 0;
+    int r;
+    if (peek(c) != '{')
+        return bad(c, "request body: expected a JSON object, got %s", value_kind(c));
+    if (enter(c, '{') != 0)
+        return -1;
+    while ((r = next_member(c, &n, &key)) == 1) {
+        int k = key_index(&key, request_keys);
+        if (claim_key(c, &seen, k, request_keys, NULL, 0) != 0)
+            return -1;
+        switch (k) {
+        case REQ_ID: {
+            char *s;
+            if (peek(c) != '"')
+                return bad(c, "id: expected a string, got %s", value_kind(c));
+            r = read_string_in_place(c, &s, &req->id_len);
+            req->id = s;
+            break;
+        }
+        case REQ_PARAMETERS: {
+            param_t want = {"binary_data_output", 1, -1};
+            r = parse_params(c, NULL, 0, &req->parameters, &want);
+            req->binary_data_output = (int)want.value;
+            break;
+        }
+        case REQ_INPUTS:
+            r = parse_inputs(d);
+            break;
+        case REQ_OUTPUTS:
+            r = parse_outputs(d);
+            break;
+        default:
+            r = skip_value(c);
+        }
+        if (r != 0)
+            return -1;
+    }
+    if (r != 0)
+        return -1;
+    if (peek(c) != -1)
+        return bad(c, "malformed JSON at byte %zu: unexpected data after the top-level object",
+                   offset(c));
+    if (!(seen & (1u << REQ_INPUTS)))
+        return bad(c, "field 'inputs' is required");
+    return 0;
+}
+
+static int compare_names(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Rejects a name used twice among n records of `stride` bytes that start with a name.
+ * Sorting keeps this O(n log n) for requests with many tensors. */
+static int check_unique(cursor_t *c, const char *what, const void *records, uint32_t n,
+                        size_t stride)
+{
+    if (n < 2)
+        return 0;
+    const char **names = malloc(n * sizeof(*names));
+    if (names == NULL)
+        return out_of_memory(c);
+    for (uint32_t i = 0; i < n; i++)
+        memcpy(&names[i], (const char *)records + i * stride, sizeof(*names));
+    qsort(names, n, sizeof(*names), compare_names);
+    int r = 0;
+    for (uint32_t i = 1; i < n && r == 0; i++)
+        if (strcmp(names[i - 1], names[i]) == 0)
+            r = bad(c, "duplicate %s '%.128s'", what, names[i]);
+    free(names);
+    return r;
+}
+
+static int finish_request(decoder_t *d)
+{
+    cursor_t *c = &d->c;
+    oi_request_t *req = d->req;
+    size_t bin_len = d->body->len - (size_t)(c->end - c->base);
+    if (d->bin_used != bin_len)
+        return bad(c, "binary data: %zu bytes follow the JSON but the inputs' binary_data_size add up to %zu",
+                   bin_len, d->bin_used);
+    _Static_assert(offsetof(oi_tensor_t, name) == 0 && offsetof(oi_output_request_t, name) == 0,
+                   "check_unique reads each record's name at its start");
+    if (check_unique(c, "input", req->inputs, req->n_inputs, sizeof(oi_tensor_t)) != 0)
+        return -1;
+    return check_unique(c, "output", req->outputs, req->n_outputs, sizeof(oi_output_request_t));
+}
+
+oi_status_t *oi_json_decode_infer_request(oi_buf_t *body, size_t json_len, oi_request_t *req,
+                                          const oi_json_limits_t *limits)
+{
+    if (json_len > body->len)
+        return oi_status_new(OI_BAD_REQUEST,
+                             "the JSON header length %zu exceeds the request body (%zu bytes)",
+                             json_len, body->len);
+    if (json_len == 0)
+        return oi_status_new(OI_BAD_REQUEST, "request body: expected a JSON object, got nothing");
+    uint32_t max_depth = limits != NULL && limits->max_depth ? limits->max_depth : OI_JSON_DEFAULT_DEPTH;
+    decoder_t d = {
+        .c = {body->data, body->data, body->data + json_len, 0,
+              max_depth < OI_JSON_MAX_DEPTH ? max_depth : OI_JSON_MAX_DEPTH, NULL},
+        .body = body,
+        .req = req,
+    };
+    locale_t old = enter_c_locale();
+    int r = parse_request(&d);
+    if (r == 0)
+        r = finish_request(&d);
+    leave_c_locale(old);
+    if (r != 0) {
+        oi_request_clear(req);
+        return d.c.err != NULL ? d.c.err : oi_status_new(OI_INTERNAL, "request decoding failed");
+    }
+    req->body = oi_buf_ref(body);
+    return NULL;
+}
+
+/* ---- Encoding ------------------------------------------------------------------------------ */
+
+static char *put_lit(char *w, const char *s)
+{
+    size_t n = strlen(s);
+    memcpy(w, s, n);
+    return w + n;
+}
+
+static int append_lit(oi_sbuf_t *out, const char *s) { return oi_sbuf_append(out, s, strlen(s)); }
+
+static const char digit_pairs[201] = "00010203040506070809"
+                                     "10111213141516171819"
+                                     "20212223242526272829"
+                                     "30313233343536373839"
+                                     "40414243444546474849"
+                                     "50515253545556575859"
+                                     "60616263646566676869"
+                                     "70717273747576777879"
+                                     "80818283848586878889"
+                                     "90919293949596979899";
+
+/* Writes v in decimal, two digits a step, from the right. */
+static char *put_u64(char *w, uint64_t v)
+{
+    char tmp[20], *q = tmp + sizeof(tmp);
+    while (v >= 100) {
+        q -= 2;
+        memcpy(q, digit_pairs + 2 * (v % 100), 2);
+        v /= 100;
+    }
+    if (v >= 10) {
+        q -= 2;
+        memcpy(q, digit_pairs + 2 * v, 2);
+    } else {
+        *--q = (char)('0' + v);
+    }
+    size_t n = (size_t)(tmp + sizeof(tmp) - q);
+    memcpy(w, q, n);
+    return w + n;
+}
+
+static char *put_i64(char *w, int64_t v)
+{
+    if (v < 0) {
+        *w++ = '-';
+        return put_u64(w, 0 - (uint64_t)v);
+    }
+    return put_u64(w, (uint64_t)v);
+}
+
+/* Per float type: significant digits that always read back (digits10, so trying fewer can
+ * only help for subnormals), digits that always suffice (max_digits10), below which
+ * magnitude values are subnormal, and below which every integer is exact. */
+typedef struct float_format_s {
+    int min_digits;
+    int max_digits;
+    double min_normal;
+    double exact_ints;
+} float_format_t;
+
+static const float_format_t *float_format(oi_dtype_t t)
+{
+    static const float_format_t fp16 = {3, 5, 0x1p-14, 0x1p11};
+    static const float_format_t bf16 = {2, 4, 0x1p-126, 0x1p8};
+    static const float_format_t fp32 = {6, 9, 0x1p-126, 0x1p24};
+    static const float_format_t fp64 = {15, 17, 0x1p-1022, 0x1p53};
+    switch (t) {
+    case OI_TYPE_FP16: return &fp16;
+    case OI_TYPE_BF16: return &bf16;
+    case OI_TYPE_FP32: return &fp32;
+    default: return &fp64;
+    }
+}
+
+/* Reads decimal text back into type t the way the decoder does. */
+static double reread(const char *s, oi_dtype_t t)
+{
+    switch (t) {
+    case OI_TYPE_FP16:
+        return oi_half_to_float(oi_float_to_half(float_round_odd(strtod(s, NULL))));
+    case OI_TYPE_BF16:
+        return oi_bf16_to_float(oi_float_to_bf16(float_round_odd(strtod(s, NULL))));
+    case OI_TYPE_FP32:
+        return strtof(s, NULL);
+    default:
+        return strtod(s, NULL);
+    }
+}
+
+/* Rewrites printf's "%.Ne" text (sign, digits around a '.', exponent) the way Python's repr
+ * writes a float: positional for decimal exponents -4..15 ("0.0001", "123.5", "1.0"), else
+ * "1.5e-05" / "1e+16"; trailing zeros dropped. */
+static char *put_repr(char *w, const char *s)
+{
+    char digits[24];
+    int nd = 0;
+    if (*s == '-')
+        *w++ = *s++;
+    for (; *s != 'e'; s++)
+        if (*s != '.')
+            digits[nd++] = *s;
+    int exp = atoi(s + 1);
+    while (nd > 1 && digits[nd - 1] == '0')
+        nd--;
+    if (exp < -4 || exp >= 16) {
+        *w++ = digits[0];
+        if (nd > 1) {
+            *w++ = '.';
+            memcpy(w, digits + 1, (size_t)nd - 1);
+            w += nd - 1;
+        }
+        *w++ = 'e';
+        *w++ = exp < 0 ? '-' : '+';
+        if (exp > -10 && exp < 10)
+            *w++ = '0';
+        return put_u64(w, (uint64_t)(exp < 0 ? -exp : exp));
+    }
+    if (exp < 0) {
+        w = put_lit(w, "0.");
+        for (int i = -1; i > exp; i--)
+            *w++ = '0';
+        memcpy(w, digits, (size_t)nd);
+        return w + nd;
+    }
+    for (int i = 0; i <= exp; i++)
+        *w++ = i < nd ? digits[i] : '0';
+    *w++ = '.';
+    if (nd <= exp + 1)
+        return put_lit(w, "0");
+    memcpy(w, digits + exp + 1, (size_t)(nd - exp - 1));
+    return w + (nd - exp - 1);
+}
+
+/* Writes v, a value of float type t, as the shortest decimal that reads back to it. Values
+ * that are small integers take a fast path; the rest try increasing precision. */
+static char *put_float(char *w, double v, oi_dtype_t t)
+{
+    if (v != v)
+        return put_lit(w, "NaN");
+    if (isinf(v))
+        return put_lit(w, v < 0 ? "-Infinity" : "Infinity");
+    const float_format_t *f = float_format(t);
+    double a = v < 0 ? -v : v;
+    if (a < f->exact_ints && a == (double)(int64_t)a) {
+        if (signbit(v))
+            *w++ = '-';
+        w = put_u64(w, (uint64_t)a);
+        return put_lit(w, ".0");
+    }
+    char buf[40];
+    int digits = a < f->min_normal ? 1 : f->min_digits;
+    for (;; digits++) {
+        snprintf(buf, sizeof(buf), "%.*e", digits - 1, v);
+        if (digits >= f->max_digits || reread(buf, t) == v)
+            break;
+    }
+    return put_repr(w, buf);
+}
+
+/* Writes one fixed-size element read from p. */
+static char *put_element(char *w, const char *p, oi_dtype_t t)
+{
+    switch (t) {
+    case OI_TYPE_BOOL:
+        return put_lit(w, *p ? "true" : "false");
+    case OI_TYPE_FP16:
+        return put_float(w, oi_half_to_float((uint16_t)get_le(p, 2)), t);
+    case OI_TYPE_BF16:
+        return put_float(w, oi_bf16_to_float((uint16_t)get_le(p, 2)), t);
+    case OI_TYPE_FP32:
+        return put_float(w, bits_float((uint32_t)get_le(p, 4)), t);
+    case OI_TYPE_FP64: {
+        uint64_t u = get_le(p, 8);
+        double d;
+        memcpy(&d, &u, sizeof(d));
+        return put_float(w, d, t);
+    }
+    default: {
+        size_t size = oi_dtype_size(t);
+        uint64_t v = get_le(p, size);
+        uint64_t sign = UINT64_C(1) << (8 * size - 1);
+        if (!is_signed_int(t) || !(v & sign))
+            return put_u64(w, v);
+        v |= ~(sign | (sign - 1)); /* sign-extend, then write the magnitude */
+        *w++ = '-';
+        return put_u64(w, 0 - v);
+    }
+    }
+}
+
+/* Characters one element may take, its ',' included: the longest are doubles such as
+ * -2.2250738585072014e-308 and 20-digit integers with a sign. */
+#define ELEMENT_MAX 32
+#define ELEMENT_BATCH 256
+
+static oi_status_t *out_of_memory_status(void)
+{
+    return oi_status_new(OI_INTERNAL, "out of memory while encoding the response");
+}
+
+static oi_status_t *write_fixed_data(oi_sbuf_t *out, const oi_tensor_t *t, int64_t count)
+{
+    size_t esize = oi_dtype_size(t->dtype);
+    for (int64_t i = 0; i < count; i++) {
+        /* One reservation per batch keeps the per-element work to formatting. */
+        if (i % ELEMENT_BATCH == 0) {
+            int64_t batch = count - i < ELEMENT_BATCH ? count - i : ELEMENT_BATCH;
+            if (oi_sbuf_reserve(out, (size_t)batch * ELEMENT_MAX) != 0)
+                return out_of_memory_status();
+        }
+        char *w = out->data + out->len;
+        if (i > 0)
+            *w++ = ',';
+        w = put_element(w, t->data + (size_t)i * esize, t->dtype);
+        out->len = (size_t)(w - out->data);
+    }
+    return NULL;
+}
+
+static oi_status_t *write_bytes_data(oi_sbuf_t *out, const oi_tensor_t *t)
+{
+    size_t off = 0;
+    for (int64_t i = 0; off < t->byte_size; i++) {
+        size_t n = (size_t)get_le(t->data + off, 4);
+        const char *s = t->data + off + 4;
+        off += 4 + n;
+        if (!utf8_valid(s, n))
+            return oi_status_new(OI_BAD_REQUEST,
+                                 "output '%.128s': BYTES element %" PRId64
+                                 " is not valid UTF-8 and cannot be sent as JSON; request the output with \"binary_data\": true",
+                                 t->name, i);
+        if ((i > 0 && append_lit(out, ",") != 0) || oi_json_write_string(out, s, n) != 0)
+            return out_of_memory_status();
+    }
+    return NULL;
+}
+
+static oi_status_t *write_output(oi_sbuf_t *out, const oi_tensor_t *t, int binary)
+{
+    char label[160];
+    const char *name = t->name != NULL ? t->name : "";
+    snprintf(label, sizeof(label), "output '%.128s'", name);
+    /* A size that does not fit the shape is the model's fault, not the client's. */
+    oi_status_t *st = oi_tensor_check_size(t, label);
+    if (st != NULL) {
+        if (st->code == OI_BAD_REQUEST)
+            st->code = OI_INTERNAL;
+        return st;
+    }
+    int64_t count;
+    oi_shape_elements(t->shape, t->ndim, &count);
+    if (append_lit(out, "{\"name\":") != 0 || oi_json_write_string(out, name, strlen(name)) != 0 ||
+        append_lit(out, ",\"datatype\":\"") != 0 || append_lit(out, oi_dtype_name(t->dtype)) != 0 ||
+        append_lit(out, "\",\"shape\":[") != 0 ||
+        oi_sbuf_reserve(out, (size_t)t->ndim * 21 + 64) != 0)
+        return out_of_memory_status();
+    char *w = out->data + out->len;
+    for (int i = 0; i < t->ndim; i++) {
+        if (i > 0)
+            *w++ = ',';
+        w = put_i64(w, t->shape[i]);
+    }
+    *w++ = ']';
+    if (binary) {
+        w = put_lit(w, ",\"parameters\":{\"binary_data_size\":");
+        w = put_u64(w, t->byte_size);
+        w = put_lit(w, "}}");
+        out->len = (size_t)(w - out->data);
+        return NULL;
+    }
+    w = put_lit(w, ",\"data\":[");
+    out->len = (size_t)(w - out->data);
+    st = t->dtype == OI_TYPE_BYTES ? write_bytes_data(out, t) : write_fixed_data(out, t, count);
+    if (st == NULL && append_lit(out, "]}") != 0)
+        st = out_of_memory_status();
+    return st;
+}
+
+static oi_status_t *write_response(oi_sbuf_t *out, const char *model_name,
+                                   const char *model_version, const oi_request_t *req,
+                                   const oi_response_t *resp, const uint8_t *binary)
+{
+    const char *name = model_name != NULL ? model_name : "";
+    if (append_lit(out, "{\"model_name\":") != 0 || oi_json_write_string(out, name, strlen(name)) != 0)
+        return out_of_memory_status();
+    if (model_version != NULL &&
+        (append_lit(out, ",\"model_version\":") != 0 ||
+         oi_json_write_string(out, model_version, strlen(model_version)) != 0))
+        return out_of_memory_status();
+    if (req != NULL && req->id != NULL &&
+        (append_lit(out, ",\"id\":") != 0 || oi_json_write_string(out, req->id, req->id_len) != 0))
+        return out_of_memory_status();
+    if (append_lit(out, ",\"outputs\":[") != 0)
+        return out_of_memory_status();
+    for (uint32_t i = 0; i < resp->n_outputs; i++) {
+        if (i > 0 && append_lit(out, ",") != 0)
+            return out_of_memory_status();
+        oi_status_t *st = write_output(out, &resp->outputs[i], binary != NULL && binary[i]);
+        if (st != NULL)
+            return st;
+    }
+    return append_lit(out, "]}") != 0 ? out_of_memory_status() : NULL;
+}
+
+oi_status_t *oi_json_encode_infer_response(oi_sbuf_t *out, const char *model_name,
+                                           const char *model_version, const oi_request_t *req,
+                                           const oi_response_t *resp, const uint8_t *binary)
+{
+    size_t mark = out->len;
+    locale_t old = enter_c_locale();
+    oi_status_t *st = write_response(out, model_name, model_version, req, resp, binary);
+    leave_c_locale(old);
+    if (st != NULL)
+        out->len = mark;
+    return st;
+}
+
+int oi_json_output_is_binary(const oi_request_t *req, const char *output_name)
+{
+    for (uint32_t i = 0; i < req->n_outputs; i++)
+        if (req->outputs[i].binary_data >= 0 && strcmp(req->outputs[i].name, output_name) == 0)
+            return req->outputs[i].binary_data;
+    return req->binary_data_output > 0;
+}
+
+int oi_json_encode_error(oi_sbuf_t *out, const char *message)
+{
+    size_t mark = out->len;
+    if (append_lit(out, "{\"error\":") != 0 || oi_json_write_string(out, message, strlen(message)) != 0 ||
+        append_lit(out, "}") != 0) {
+        out->len = mark;
+        return -1;
+    }
+    return 0;
+}
+
+int oi_json_write_string(oi_sbuf_t *out, const char *s, size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    const unsigned char *p = (const unsigned char *)s, *end = p + n;
+    if (oi_sbuf_reserve(out, n + 2) != 0)
+        return -1;
+    out->data[out->len++] = '"';
+    while (p < end) {
+        const unsigned char *run = p;
+        while (p < end && is_plain(*p))
+            p++;
+        if (p > run && oi_sbuf_append(out, run, (size_t)(p - run)) != 0)
+            return -1;
+        if (p == end)
+            break;
+        char esc[6] = {'\\', 0};
+        size_t k = 2;
+        if (*p >= 0x80) {
+            size_t len = utf8_len(p, (size_t)(end - p));
+            if (len == 0 ? oi_sbuf_append(out, "\xef\xbf\xbd", 3) : oi_sbuf_append(out, p, len))
+                return -1;
+            p += len ? len : 1;
+            continue;
+        }
+        switch (*p) {
+        case '"': esc[1] = '"'; break;
+        case '\\': esc[1] = '\\'; break;
+        case '\b': esc[1] = 'b'; break;
+        case '\f': esc[1] = 'f'; break;
+        case '\n': esc[1] = 'n'; break;
+        case '\r': esc[1] = 'r'; break;
+        case '\t': esc[1] = 't'; break;
+        default:
+            memcpy(esc + 1, "u00", 3);
+            esc[4] = hex[*p >> 4];
+            esc[5] = hex[*p & 15];
+            k = 6;
+        }
+        if (oi_sbuf_append(out, esc, k) != 0)
+            return -1;
+        p++;
+    }
+    return oi_sbuf_append(out, "\"", 1);
+}

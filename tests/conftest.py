@@ -1,0 +1,196 @@
+"""Shared fixtures: one server per session with the example repository and test models, and
+small HTTP helpers that go through real sockets."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import openinfer
+from openinfer import Model, Tensor
+
+V2_TYPES = [
+    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+    "FP16", "FP32", "FP64", "BF16", "BYTES",
+]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The sanitizer run (make test-asan) must test the sanitized extension, not another one.
+    pkg = os.environ.get("OI_PACKAGE_DIR")
+    if pkg:
+        here = os.path.realpath(os.path.dirname(openinfer.__file__))
+        assert here.startswith(os.path.realpath(pkg)), f"openinfer imported from {here}, expected {pkg}"
+
+
+def _echo(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"OUTPUT0": inputs["INPUT0"]}
+
+
+def _versioned(version: int) -> Model:
+    def fn(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {"OUTPUT0": np.full(inputs["INPUT0"].shape, version, dtype=np.int32)}
+
+    return Model(
+        "versioned", fn, version=version,
+        inputs=[Tensor("INPUT0", "INT32", [-1])], outputs=[Tensor("OUTPUT0", "INT32", [-1])],
+    )
+
+
+def _raises(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    raise ValueError("the model refuses negative numbers")
+
+
+def _client_error(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    raise openinfer.InferenceServerError(422, "INPUT0 must be sorted")
+
+
+def _params(inputs: dict[str, np.ndarray], parameters: dict[str, Any]) -> dict[str, np.ndarray]:
+    return {"OUTPUT0": np.array([json.dumps(parameters, sort_keys=True).encode()], dtype=object)}
+
+
+def _slow(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    time.sleep(float(inputs["INPUT0"][0]) / 1000.0)
+    return {"OUTPUT0": inputs["INPUT0"]}
+
+
+def _wrong_dtype(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"OUTPUT0": np.zeros(3, dtype=np.float64)}
+
+
+def _missing_output(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {}
+
+
+def test_models() -> list[Model]:
+    models = [
+        Model(f"echo_{t.lower()}", _echo, inputs=[Tensor("INPUT0", t, [-1])], outputs=[Tensor("OUTPUT0", t, [-1])])
+        for t in V2_TYPES
+    ]
+    models += [_versioned(v) for v in (1, 2, 3)]
+    one_int = dict(inputs=[Tensor("INPUT0", "INT32", [-1])], outputs=[Tensor("OUTPUT0", "INT32", [-1])])
+    models += [
+        Model("raises", _raises, **one_int),
+        Model("client_error", _client_error, **one_int),
+        Model("slow", _slow, instances=4, **one_int),
+        Model("wrong_dtype", _wrong_dtype, **one_int),
+        Model("missing_output", _missing_output, **one_int),
+        Model("params", _params, inputs=[Tensor("INPUT0", "INT32", [-1])], outputs=[Tensor("OUTPUT0", "BYTES", [1])]),
+        Model(
+            "matrix", _echo,
+            inputs=[Tensor("INPUT0", "FP32", [-1, 2, 3])], outputs=[Tensor("OUTPUT0", "FP32", [-1, 2, 3])],
+            max_batch_size=4,
+        ),
+    ]
+    return models
+
+
+test_models.__test__ = False  # type: ignore[attr-defined]  # a factory, not a test
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[openinfer.Server]:
+    srv = openinfer.serve(
+        openinfer.examples_path(), models=test_models(), http_port=0, threads=2, log=False,
+        max_body_bytes=64 << 20, header_timeout_ms=1500, idle_timeout_ms=60_000,
+    )
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="session")
+def url(server: openinfer.Server) -> str:
+    return server.url
+
+
+class Http:
+    """A keep-alive HTTP/1.1 connection on a raw socket, for the tests that need control over
+    the bytes (pipelining, partial writes, bad framing)."""
+
+    def __init__(self, port: int, timeout: float = 10.0) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.buf = b""
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def _fill(self) -> bool:
+        chunk = self.sock.recv(1 << 20)
+        self.buf += chunk
+        return bool(chunk)
+
+    def read_response(self) -> tuple[int, dict[str, str], bytes]:
+        while b"\r\n\r\n" not in self.buf:
+            if not self._fill():
+                raise ConnectionError(f"connection closed before a response; got {self.buf!r}")
+        head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        headers = {k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:])}
+        n = int(headers.get("content-length", "0"))
+        while len(self.buf) < n:
+            if not self._fill():
+                raise ConnectionError("connection closed inside a response body")
+        body, self.buf = self.buf[:n], self.buf[n:]
+        return status, headers, body
+
+    def request(self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+        self.send(encode_request(method, path, body, headers))
+        return self.read_response()
+
+    def closed_by_peer(self, timeout: float = 5.0) -> bool:
+        self.sock.settimeout(timeout)
+        try:
+            while True:
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    return True
+                self.buf += chunk
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+        except socket.timeout:
+            return False
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def encode_request(method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> bytes:
+    hdrs = {"Host": "127.0.0.1"}
+    if body or method == "POST":
+        hdrs["Content-Length"] = str(len(body))
+    hdrs.update(headers or {})
+    head = f"{method} {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in hdrs.items()) + "\r\n"
+    return head.encode("latin-1") + body
+
+
+@pytest.fixture
+def http(server: openinfer.Server) -> Iterator[Http]:
+    conn = Http(server.http_port)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def infer_body(inputs: list[dict[str, Any]], **extra: Any) -> bytes:
+    return json.dumps({"inputs": inputs, **extra}).encode()
+
+
+def assert_alive(port: int) -> None:
+    """The server still answers on a new connection."""
+    conn = Http(port)
+    try:
+        status, _, body = conn.request("GET", "/v2/health/live")
+        assert (status, json.loads(body)) == (200, {"live": True})
+    finally:
+        conn.close()
