@@ -197,7 +197,7 @@ def test_handler_passes_parameters_to_models_that_take_them() -> None:
         seen.append(parameters)
         return {"Y": inputs["X"]}
 
-    io = dict(inputs=[Tensor("X", "FP32", [1])], outputs=[Tensor("Y", "FP32", [1])])
+    io: dict[str, Any] = dict(inputs=[Tensor("X", "FP32", [1])], outputs=[Tensor("Y", "FP32", [1])])
     x = np.zeros(1, dtype=np.float32)
     Model("k", keyword, **io).handler({"X": x}, b'{"scale": 2, "tag": "a"}', ("Y",))
     Model("p", positional, **io).handler({"X": x}, None, ("Y",))
@@ -218,7 +218,10 @@ def test_handler_does_not_pass_parameters_to_models_without_them() -> None:
 
 
 def test_handler_reports_a_non_mapping_result() -> None:
-    model = Model("bad", lambda inputs: [1, 2], inputs=[], outputs=[Tensor("Y", "FP32", [2])])
+    def returns_a_list(inputs: dict[str, np.ndarray]) -> Any:
+        return [1, 2]
+
+    model = Model("bad", returns_a_list, inputs=[], outputs=[Tensor("Y", "FP32", [2])])
     with pytest.raises(TypeError) as error:
         model.handler({}, None, ("Y",))
     assert str(error.value) == "model 'bad' returned list; expected a dict of output name -> array"

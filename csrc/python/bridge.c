@@ -140,7 +140,7 @@ static PyObject *bytes_array(const oi_tensor_t *t, npy_intp *dims)
             Py_DECREF(arr);
             return NULL;
         }
-        Py_SETREF(items[i], b);
+        Py_XSETREF(items[i], b); /* new object arrays may hold NULLs */
         off += 4 + (size_t)len;
     }
     PyArray_CLEARFLAGS(arr, NPY_ARRAY_WRITEABLE);

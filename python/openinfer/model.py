@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import inspect
 import json
+import operator
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from numbers import Integral
-from typing import Any
+from typing import Any, SupportsIndex
 
 import numpy as np
 
@@ -91,26 +91,34 @@ class Tensor:
     datatype: str
     shape: tuple[int, ...]
 
-    def __init__(self, name: str, datatype: str, shape: Iterable[int]) -> None:
+    def __init__(self, name: str, datatype: str, shape: Iterable[SupportsIndex]) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"tensor name must be a non-empty string, got {name!r}")
         if datatype not in _NUMPY_DTYPES:
             raise ValueError(f"tensor {name!r}: {_bad_datatype(datatype)}")
         if isinstance(shape, (str, bytes)) or not isinstance(shape, Iterable):
             raise ValueError(f"tensor {name!r}: shape must be a sequence of ints, got {shape!r}")
-        dims = tuple(shape)
-        for dim in dims:
-            if isinstance(dim, bool) or not isinstance(dim, Integral) or dim < -1:
-                raise ValueError(
-                    f"tensor {name!r}: shape {list(dims)} must hold ints >= -1 "
-                    f"(-1 for a variable dimension), got {dim!r}"
-                )
+        given = tuple(shape)
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "datatype", datatype)
-        object.__setattr__(self, "shape", tuple(int(dim) for dim in dims))
+        object.__setattr__(self, "shape", tuple(_dimension(name, given, d) for d in given))
 
 
-TensorLike = Tensor | tuple[str, str, Iterable[int]]
+def _dimension(tensor: str, shape: tuple[SupportsIndex, ...], dim: SupportsIndex) -> int:
+    """One dimension: an int or numpy integer >= -1. Bools and floats are mistakes."""
+    try:
+        value = None if isinstance(dim, bool) else operator.index(dim)
+    except TypeError:
+        value = None
+    if value is None or value < -1:
+        raise ValueError(
+            f"tensor {tensor!r}: shape {list(shape)} must hold ints >= -1 "
+            f"(-1 for a variable dimension), got {dim!r}"
+        )
+    return value
+
+
+TensorLike = Tensor | tuple[str, str, Iterable[SupportsIndex]]
 ModelFn = Callable[..., Mapping[str, Any]]
 
 

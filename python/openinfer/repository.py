@@ -73,12 +73,13 @@ def scan(repo: str | os.PathLike[str]) -> list[LoadedModel]:
         raise NotADirectoryError(f"model repository {os.fspath(repo)!r} is not a directory")
     loaded: list[LoadedModel] = []
     for model_dir in sorted(root.iterdir()):
-        if (
-            model_dir.is_dir()
-            and not model_dir.name.startswith(".")
-            and model_dir.name != "__pycache__"
-        ):
-            loaded.extend(_scan_model(model_dir))
+        if model_dir.name.startswith(".") or model_dir.name == "__pycache__":
+            continue
+        if model_dir.is_dir():
+            try:
+                loaded.extend(_scan_model(model_dir))
+            except OSError as e:  # an unreadable directory fails its model only
+                loaded.append(LoadedModel(model_dir.name, None, None, f"{model_dir}: {e}"))
     return loaded
 
 
@@ -97,44 +98,29 @@ def _scan_model(model_dir: Path) -> list[LoadedModel]:
         return [LoadedModel(name, None, None, str(e))]
     raw = config.raw if config else {}
 
+    def failed(version: int | None, reason: str) -> LoadedModel:
+        return LoadedModel(name, version, None, reason, raw)
+
     versions = {
         int(p.name): p for p in model_dir.iterdir() if p.is_dir() and _VERSION_DIR.fullmatch(p.name)
     }
     if not versions:
-        return [
-            LoadedModel(
-                name,
-                None,
-                None,
-                f"{model_dir} has no numeric version directory (e.g. {name}/1/)",
-                raw,
-            )
-        ]
+        return [failed(None, f"{model_dir} has no numeric version directory (e.g. {name}/1/)")]
     policy = config.version_policy if config else VersionPolicy()
     loaded = [
-        LoadedModel(
-            name,
-            v,
-            None,
-            f"version {v} is listed in version_policy but {model_dir / str(v)} does not exist",
-            raw,
+        failed(
+            v, f"version {v} is listed in version_policy but {model_dir / str(v)} does not exist"
         )
         for v in policy.versions
         if policy.kind == "specific" and v not in versions
     ]
     for version in policy.select(list(versions)):
         try:
-            loaded.append(
-                LoadedModel(
-                    name,
-                    version,
-                    _load_version(name, version, versions[version], config),
-                    None,
-                    raw,
-                )
-            )
+            model = _load_version(name, version, versions[version], config)
         except _LoadError as e:
-            loaded.append(LoadedModel(name, version, None, str(e), raw))
+            loaded.append(failed(version, str(e)))
+        else:
+            loaded.append(LoadedModel(name, version, model, None, raw))
     return sorted(loaded, key=lambda m: m.version or 0)
 
 
