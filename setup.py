@@ -15,6 +15,7 @@ from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 LLHTTP_SRC = Path(os.environ.get("OI_LLHTTP_SRC", "/usr/share/llhttp"))
@@ -67,6 +68,17 @@ class BuildExt(build_ext):
         super().build_extension(ext)
 
 
+class BuildPy(build_py):
+    """Ships the example model repository inside the package (openinfer/examples/models), so
+    that `openinfer serve` with no repository works from an installed wheel."""
+
+    def run(self) -> None:
+        super().run()
+        if not self.editable_mode:
+            dest = Path(self.build_lib, "openinfer", "examples", "models")
+            self.copy_tree(str(ROOT / "examples" / "models"), str(dest))
+
+
 sources = sorted(
     p
     for p in glob("csrc/**/*.c", recursive=True)
@@ -91,4 +103,4 @@ core = Extension(
     ],
 )
 
-setup(ext_modules=[core], cmdclass={"build_ext": BuildExt})
+setup(ext_modules=[core], cmdclass={"build_ext": BuildExt, "build_py": BuildPy})

@@ -77,6 +77,8 @@ int oi_sbuf_reserve(oi_sbuf_t *s, size_t extra)
 
 int oi_sbuf_append(oi_sbuf_t *s, const void *p, size_t n)
 {
+    if (n == 0) /* p may be NULL then, which memcpy does not allow */
+        return 0;
     if (oi_sbuf_reserve(s, n) != 0)
         return -1;
     memcpy(s->data + s->len, p, n);

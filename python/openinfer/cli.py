@@ -78,7 +78,11 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    from .server import serve  # the extension loads here, not for --help or --version
+    try:
+        from .server import serve  # the extension loads here, not for --help or --version
+    except ImportError as e:
+        print(f"openinfer: error: the C extension is not available: {e}", file=sys.stderr)
+        return 1
 
     limits = {k: getattr(args, k) for k in _LIMITS if getattr(args, k) is not None}
     try:
