@@ -1570,15 +1570,13 @@ static double reread(const char *s, oi_dtype_t t)
     }
 }
 
-/* Rewrites printf's "%.Ne" text (sign, digits around a '.', exponent) the way Python's repr
- * writes a float: positional for decimal exponents -4..15 ("0.0001", "123.5", "1.0"), else
+/* Rewrites printf's "%.Ne" text of a positive number (digits around a '.', exponent) the way
+ * Python's repr writes a float: positional for decimal exponents -4..15 ("0.0001", "123.5", "1.0"), else
  * "1.5e-05" / "1e+16"; trailing zeros dropped. */
 static char *put_repr(char *w, const char *s)
 {
     char digits[24];
     int nd = 0;
-    if (*s == '-')
-        *w++ = *s++;
     for (; *s != 'e'; s++)
         if (*s != '.')
             digits[nd++] = *s;
@@ -1614,6 +1612,24 @@ static char *put_repr(char *w, const char *s)
     return w + (nd - exp - 1);
 }
 
+/* Turns printf's "%.Ne" text of a positive number into the next decimal with as many
+ * digits: "1.562e-02" -> "1.563e-02", "9.99e+00" -> "1.00e+01". */
+static void decimal_up(char *s)
+{
+    char *e = strchr(s, 'e');
+    for (char *p = e - 1; p >= s; p--) {
+        if (*p == '.')
+            continue;
+        if (*p != '9') {
+            (*p)++;
+            return;
+        }
+        *p = '0';
+    }
+    *s = '1'; /* all nines rolled over */
+    snprintf(e + 1, 6, "%+03d", atoi(e + 1) + 1);
+}
+
 /* Writes v, a value of float type t, as the shortest decimal that reads back to it. Values
  * that are small integers take a fast path; the rest try increasing precision. */
 static char *put_float(char *w, double v, oi_dtype_t t)
@@ -1624,19 +1640,32 @@ static char *put_float(char *w, double v, oi_dtype_t t)
         return put_lit(w, v < 0 ? "-Infinity" : "Infinity");
     const float_format_t *f = float_format(t);
     double a = v < 0 ? -v : v;
+    if (signbit(v))
+        *w++ = '-';
     if (a < f->exact_ints && a == (double)(int64_t)a) {
-        if (signbit(v))
-            *w++ = '-';
         w = put_u64(w, (uint64_t)a);
         return put_lit(w, ".0");
     }
-    char buf[40];
-    int digits = a < f->min_normal ? 1 : f->min_digits;
-    for (;; digits++) {
-        snprintf(buf, sizeof(buf), "%.*e", digits - 1, v);
-        if (digits >= f->max_digits || reread(buf, t) == v)
-            break;
+    /* Past a power of two the gap below is half the gap above, so the nearest decimal of a
+     * precision can fall just below the values that read back while the next one up does
+     * not; only there the next one up is worth a try. */
+    uint64_t bits;
+    memcpy(&bits, &a, sizeof(bits));
+    int power_of_two = (bits & ((UINT64_C(1) << 52) - 1)) == 0 && a > f->min_normal;
+    char buf[40], up[40];
+    for (int digits = a < f->min_normal ? 1 : f->min_digits; digits < f->max_digits; digits++) {
+        snprintf(buf, sizeof(buf), "%.*e", digits - 1, a);
+        double back = reread(buf, t);
+        if (back == a)
+            return put_repr(w, buf);
+        if (power_of_two && back < a) {
+            memcpy(up, buf, sizeof(up));
+            decimal_up(up);
+            if (reread(up, t) == a)
+                return put_repr(w, up);
+        }
     }
+    snprintf(buf, sizeof(buf), "%.*e", f->max_digits - 1, a);
     return put_repr(w, buf);
 }
 

@@ -3,6 +3,8 @@
 #include <pthread.h>
 #include <string.h>
 
+#include "core/thread.h"
+
 int oi_py_typenum(oi_dtype_t t)
 {
     switch (t) {
@@ -102,11 +104,7 @@ static void release_py(oi_buf_t *b)
     reaper.items[reaper.n++] = obj;
     if (!reaper.started) {
         pthread_t th;
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        reaper.started = pthread_create(&th, &attr, reaper_main, NULL) == 0;
-        pthread_attr_destroy(&attr);
+        reaper.started = oi_thread_create(&th, reaper_main, NULL, 1) == 0;
     }
     pthread_cond_signal(&reaper.cv);
     pthread_mutex_unlock(&reaper.mu);

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/thread.h"
+
 struct oi_scheduler_s {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -59,7 +61,7 @@ oi_scheduler_t *oi_scheduler_new(const oi_backend_t *backend, void *state, int i
     s->backend = backend;
     s->state = state;
     for (int i = 0; i < instances; i++) {
-        int rc = pthread_create(&s->threads[i], NULL, executor, s);
+        int rc = oi_thread_create(&s->threads[i], executor, s, 0);
         if (rc != 0) {
             snprintf(err, errlen, "cannot start an executor thread: %s", strerror(rc));
             oi_scheduler_free(s);

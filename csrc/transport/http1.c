@@ -651,27 +651,42 @@ static int resolve(const char *host, int port, struct sockaddr_storage *out, cha
     return 0;
 }
 
-static int bind_listener(listener_t *lis, const struct sockaddr_storage *addr, char *err, size_t errlen)
+static int listen_error(listener_t *lis, int rc, char *err, size_t errlen)
 {
-    int rc = uv_tcp_init_ex(&lis->loop.uv, &lis->tcp, addr->ss_family);
-    if (rc != 0)
-        goto fail;
-    lis->tcp.data = lis;
-    lis->listening = 1;
-    uv_os_fd_t fd;
-    uv_fileno((uv_handle_t *)&lis->tcp, &fd);
-    int one = 1;
-    /* Every loop listens on the same port; the kernel spreads connections over them. */
-    setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
-    rc = uv_tcp_bind(&lis->tcp, (const struct sockaddr *)addr, 0);
-    if (rc == 0)
-        rc = uv_listen((uv_stream_t *)&lis->tcp, 1024, on_connection);
-    if (rc == 0)
-        return 0;
-fail:
     snprintf(err, errlen, "cannot listen on %s:%d: %s", lis->server->host, lis->server->cfg.port,
              uv_strerror(rc));
     return rc;
+}
+
+/* The first loop binds and listens; the others listen on duplicates of its socket, so the
+ * loops share one accept queue (a busy loop simply accepts less) and the port stays
+ * exclusive to this server, unlike SO_REUSEPORT, which would let a second server share it. */
+static int open_listener(listener_t *lis, const struct sockaddr_storage *addr, const listener_t *first,
+                         char *err, size_t errlen)
+{
+    int rc;
+    if (first == NULL) {
+        rc = uv_tcp_init_ex(&lis->loop.uv, &lis->tcp, addr->ss_family);
+        if (rc != 0)
+            return listen_error(lis, rc, err, errlen);
+        lis->listening = 1;
+        rc = uv_tcp_bind(&lis->tcp, (const struct sockaddr *)addr, 0);
+    } else {
+        uv_os_fd_t fd;
+        uv_fileno((const uv_handle_t *)&first->tcp, &fd);
+        int dup_fd = dup(fd);
+        if (dup_fd < 0)
+            return listen_error(lis, uv_translate_sys_error(errno), err, errlen);
+        uv_tcp_init(&lis->loop.uv, &lis->tcp);
+        lis->listening = 1;
+        rc = uv_tcp_open(&lis->tcp, dup_fd);
+        if (rc != 0)
+            close(dup_fd);
+    }
+    lis->tcp.data = lis;
+    if (rc == 0)
+        rc = uv_listen((uv_stream_t *)&lis->tcp, 1024, on_connection);
+    return rc == 0 ? 0 : listen_error(lis, rc, err, errlen);
 }
 
 oi_http_server_t *oi_http_server_new(const oi_http_config_t *cfg, oi_http_handler_cb handler, void *ctx)
@@ -710,20 +725,14 @@ int oi_http_server_start(oi_http_server_t *s, char *err, size_t errlen)
             return rc;
         }
         s->nloops++;
-        if ((rc = bind_listener(lis, &addr, err, errlen)) != 0)
+        if ((rc = open_listener(lis, &addr, i ? &s->loops[0] : NULL, err, errlen)) != 0)
             return rc;
-        if (i == 0) { /* port 0: the others bind the port the first one got */
-            struct sockaddr_storage bound;
-            int len = sizeof(bound);
-            uv_tcp_getsockname(&lis->tcp, (struct sockaddr *)&bound, &len);
-            s->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
-                                                         : ((struct sockaddr_in *)&bound)->sin_port);
-            if (addr.ss_family == AF_INET6)
-                ((struct sockaddr_in6 *)&addr)->sin6_port = htons((uint16_t)s->port);
-            else
-                ((struct sockaddr_in *)&addr)->sin_port = htons((uint16_t)s->port);
-        }
     }
+    struct sockaddr_storage bound;
+    int len = sizeof(bound);
+    uv_tcp_getsockname(&s->loops[0].tcp, (struct sockaddr *)&bound, &len);
+    s->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                                 : ((struct sockaddr_in *)&bound)->sin_port);
     for (int i = 0; i < s->nloops; i++)
         if ((rc = oi_loop_start(&s->loops[i].loop)) != 0) {
             snprintf(err, errlen, "cannot start a loop thread: %s", uv_strerror(rc));

@@ -1,4 +1,6 @@
-#include "loop.h"
+#include "transport/loop.h"
+
+#include "core/thread.h"
 
 static void drain(uv_async_t *h)
 {
@@ -32,18 +34,20 @@ int oi_loop_init(oi_loop_t *l)
     return 0;
 }
 
-static void run_loop(void *arg)
+static void *run_loop(void *arg)
 {
     oi_loop_t *l = arg;
     uv_run(&l->uv, UV_RUN_DEFAULT);
+    return NULL;
 }
 
 int oi_loop_start(oi_loop_t *l)
 {
-    int rc = uv_thread_create(&l->thread, run_loop, l);
-    if (rc == 0)
-        l->started = 1;
-    return rc;
+    int rc = oi_thread_create(&l->thread, run_loop, l, 0);
+    if (rc != 0)
+        return uv_translate_sys_error(rc);
+    l->started = 1;
+    return 0;
 }
 
 void oi_loop_post(oi_loop_t *l, oi_task_t *t)
@@ -68,7 +72,7 @@ void oi__loop_close_wake(oi_loop_t *l)
 void oi_loop_join(oi_loop_t *l)
 {
     if (l->started)
-        uv_thread_join(&l->thread);
+        pthread_join(l->thread, NULL);
     else
         uv_run(&l->uv, UV_RUN_DEFAULT); /* let closed handles finish */
     uv_loop_close(&l->uv);

@@ -20,7 +20,7 @@ typedef struct oi_loop_s {
     pthread_mutex_t mu; /* guards the task list */
     oi_task_t *head;
     oi_task_t *tail;
-    uv_thread_t thread;
+    pthread_t thread;
     int started;
 } oi_loop_t;
 

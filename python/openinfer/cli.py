@@ -105,5 +105,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    server.wait()
+    # Wake up now and then: Python runs signal handlers between bytecodes of the main thread.
+    while not server.wait(0.5):
+        pass
     return 0

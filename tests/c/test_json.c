@@ -248,7 +248,7 @@ static void test_all_types(void)
     static const uint16_t bf[] = {0x3f80, 0x3dcd, 0xc049};
     EXPECT_BYTES("BF16", "[3]", "[1,0.1,-3.140625]", bf, 6);
     EXPECT_BYTES("BYTES", "[3]", "[\"abc\",\"\",\"a\\u0000b\"]",
-                 "\3\0\0\0abc\0\0\0\0\3\0\0\0a\0b", 22);
+                 "\3\0\0\0abc\0\0\0\0\3\0\0\0a\0b", 18);
     EXPECT_BYTES("BYTES", "[2]", "[\"\\u00e9\\ud83d\\ude00\",\"q\\\"\\\\\\/\\b\\f\\n\\r\\t\"]",
                  "\6\0\0\0\xc3\xa9\xf0\x9f\x98\x80\x09\0\0\0q\"\\/\b\f\n\r\t", 23);
 
@@ -331,7 +331,10 @@ static void test_float_rounding(void)
     CHECK(fp16_of("1e-7") == 0x0002);               /* subnormal */
     CHECK(fp16_of("5.960464477539063e-8") == 0x0001);
     CHECK(fp16_of("2.98023223876953125e-8") == 0x0000); /* half the smallest subnormal: tie to 0 */
-    CHECK(fp16_of("2.9802322387695313e-8") == 0x0001);
+    CHECK(fp16_of("2.9802323e-8") == 0x0001);
+    /* Elements are read as the nearest double first, as numpy's float16(float(text)) does:
+     * a 17-digit text whose double is the tie itself rounds as the tie. */
+    CHECK(fp16_of("2.9802322387695313e-8") == 0x0000);
     CHECK(fp16_of("1e-8") == 0x0000);
     CHECK(fp16_of("6.103515625e-05") == 0x0400);
     CHECK((fp16_of("NaN") & 0x7fff) > 0x7c00);
@@ -469,6 +472,8 @@ static void test_shapes_and_nesting(void)
     EXPECT_ERROR(json, "nests deeper");
     /* Far deeper than any limit: still a clean error (the skipper recurses at most the cap). */
     char *deep = malloc(200020);
+    if (deep == NULL)
+        return;
     memcpy(deep, "{\"a\":", 5);
     memset(deep + 5, '[', 200000);
     memcpy(deep + 200005, "}", 2);
@@ -542,7 +547,8 @@ static void test_request_fields(void)
     decode(&d, "{\"inputs\":[{\"name\":\"x\",\"shape\":[1],\"datatype\":\"INT8\",\"data\":[1]}],\"outputs\":[]}");
     CHECK(d.st == NULL && d.req.n_outputs == 0 && d.req.id == NULL && d.req.binary_data_output == -1);
     out = d.st == NULL ? echo(&d.req, NULL, "1", &st) : NULL;
-    CHECKF(out && strncmp(out, "{\"model_name\":\"m\",\"model_version\":\"1\",\"outputs\":[", 50) == 0, "%s", out);
+    const char *head = "{\"model_name\":\"m\",\"model_version\":\"1\",\"outputs\":[{";
+    CHECKF(out && strncmp(out, head, strlen(head)) == 0, "%s", out);
     free(out);
     release(&d);
 }

@@ -1,0 +1,18 @@
+#include "core/thread.h"
+
+#include <signal.h>
+
+int oi_thread_create(pthread_t *t, void *(*fn)(void *), void *arg, int detached)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old); /* the new thread inherits the mask */
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    if (detached)
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int rc = pthread_create(t, &attr, fn, arg);
+    pthread_attr_destroy(&attr);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return rc;
+}

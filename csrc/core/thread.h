@@ -1,0 +1,12 @@
+/* Threads for the core's own work (loops, executors), which must never receive process
+ * signals: those belong to the application's main thread (Python runs its handlers there,
+ * and a signal landing on a native thread would leave a waiting main thread asleep). */
+#ifndef OI_CORE_THREAD_H
+#define OI_CORE_THREAD_H
+
+#include <pthread.h>
+
+/* pthread_create with every signal blocked in the new thread. Returns 0 or an errno. */
+int oi_thread_create(pthread_t *t, void *(*fn)(void *), void *arg, int detached);
+
+#endif

@@ -1,0 +1,166 @@
+"""Builds the V2 JSON codec's C unit test and fuzz target under AddressSanitizer and
+UndefinedBehaviorSanitizer (LeakSanitizer included) and runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CC = shutil.which("cc")
+CFLAGS = [
+    "-std=c11", "-O1", "-g", "-Wall", "-Wextra", "-Werror",
+    "-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-Icsrc",
+]
+SANITIZER_ENV = {
+    "ASAN_OPTIONS": "detect_leaks=1:halt_on_error=1",
+    "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
+}
+
+pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler (cc) on PATH")
+
+
+def _build(out: Path, main_source: str, *defines: str) -> Path:
+    sources = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc" / "core").glob("*.c"))
+    cmd = [CC, *CFLAGS, *defines, main_source, *sources, "csrc/codec/json.c", "-o", str(out)]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr}"
+    return out
+
+
+def _run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
+    env = {**os.environ, **SANITIZER_ENV}
+    return subprocess.run(cmd, env=env, capture_output=True, timeout=600, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def test_json_bin(tmp_path_factory) -> Path:
+    return _build(tmp_path_factory.mktemp("json") / "test_json", "tests/c/test_json.c")
+
+
+@pytest.fixture(scope="module")
+def fuzz_json_bin(tmp_path_factory) -> Path:
+    return _build(tmp_path_factory.mktemp("fuzz") / "fuzz_json", "tests/fuzz/fuzz_json.c",
+                  "-DOI_FUZZ_MAIN")
+
+
+def test_c_unit_tests(test_json_bin: Path) -> None:
+    r = _run([str(test_json_bin)], text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"^\d+ passed, 0 failed$", r.stdout, re.M), r.stdout
+
+
+def _valid_bodies() -> list[bytes]:
+    def body(inputs, **top):
+        return json.dumps({**top, "inputs": inputs}).encode()
+
+    bodies = [
+        body([{"name": "INPUT0", "shape": [2, 2], "datatype": "FP32",
+               "data": [[1.5, -2e-3], [float("nan"), float("-inf")]]}],
+             id="req-\u00e9", parameters={"binary_data_output": False}),
+        body([{"name": "a", "shape": [3], "datatype": "INT64",
+               "data": [-9223372036854775808, 0, 9223372036854775807]},
+              {"name": "b", "shape": [2], "datatype": "BYTES", "data": ["x\ny", "\u2603\U0001F600"]},
+              {"name": "c", "shape": [1, 2], "datatype": "BOOL", "data": [[True, False]]}],
+             outputs=[{"name": "a", "parameters": {"binary_data": True}}, {"name": "b"}]),
+        body([{"data": [1, 2, 3, 4], "datatype": "UINT8", "shape": [4], "name": "late"},
+              {"name": "h", "shape": [3], "datatype": "FP16", "data": [65504, 1e-7, -0.0]},
+              {"name": "g", "shape": [2], "datatype": "BF16", "data": [0.1, 3.140625]},
+              {"name": "d", "shape": [], "datatype": "FP64", "data": 0.1}]),
+        # Binary tensor data after the JSON.
+        body([{"name": "bin", "shape": [2], "datatype": "INT32",
+               "parameters": {"binary_data_size": 8}},
+              {"name": "s", "shape": [1], "datatype": "BYTES",
+               "parameters": {"binary_data_size": 6}}]) + b"\x01\x00\x00\x00\x02\x00\x00\x00"
+        + b"\x02\x00\x00\x00\xff\xfe",
+    ]
+    return bodies
+
+
+def _mutations(body: bytes, rng: random.Random) -> list[bytes]:
+    out = [body]
+    out += [body[:k] for k in sorted(rng.sample(range(len(body)), 8))]
+    for _ in range(12):
+        b = bytearray(body)
+        for _ in range(rng.randint(1, 3)):
+            b[rng.randrange(len(b))] = rng.choice(b'{}[]",:\\0123456789-eE.tfnu \x00\x7f\xff\xc3')
+        out.append(bytes(b))
+    for _ in range(4):
+        k = rng.randrange(len(body))
+        out.append(body[:k] + body[k + rng.randint(1, 8):])  # a deleted run
+        out.append(body[:k] + body[k:k + 6] + body[k:])      # a repeated run
+    return out
+
+
+def test_fuzz_target_survives_malformed_bodies(fuzz_json_bin: Path, tmp_path: Path) -> None:
+    rng = random.Random(20240611)
+    cases = [m for b in _valid_bodies() for m in _mutations(b, rng)]
+    cases += [
+        b"", b"{", b"}", b"[]", b"null", b'{"inputs":[]}', b'{"inputs":[{}]}',
+        b'{"inputs":[{"name":"x","shape":[1],"datatype":"INT8","data":[1]}]}trailing',
+        b'{"inputs":[{"name":"x","shape":[4611686018427387904],"datatype":"FP64","data":[1]}]}',
+        b'{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":' + b"[" * 5000 + b"1"
+        + b"]" * 5000 + b"}]}",
+        b'{"a":' + b'{"a":' * 3000 + b"1" + b"}" * 3000 + b"}",
+        b'{"inputs":[{"name":"\\ud800","shape":[1]}]}',
+    ]
+    files = []
+    for i, case in enumerate(cases):
+        path = tmp_path / f"case{i:03d}.json"
+        path.write_bytes(case)
+        files.append(str(path))
+    assert len(files) >= 36
+    r = _run([str(fuzz_json_bin), *files], text=True)
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+
+
+def _echo(binary: Path, datatype: str, values: list) -> tuple[str, list]:
+    """Sends values through the codec (decode, then encode) and returns the element texts."""
+    text = ",".join(values)
+    request = ('{"inputs":[{"name":"x","datatype":"%s","shape":[%d],"data":[%s]}]}'
+               % (datatype, len(values), text))
+    r = _run([str(binary), "--echo"], input=request.encode())
+    assert r.returncode == 0, r.stdout.decode(errors="replace") + r.stderr.decode(errors="replace")
+    out = r.stdout.decode()
+    data = re.search(r'"data":\[(.*)\]\}\]\}$', out).group(1)
+    return data.split(","), json.loads(out)["outputs"][0]["data"]
+
+
+def test_fp64_text_is_python_repr(test_json_bin: Path) -> None:
+    rng = random.Random(7)
+    values = [0.1, 1 / 3, 1e16, 1e15, 123456.789, 1e-5, 1e-4, 5e-324, 1.7976931348623157e308,
+              2.0**53, -0.0, 100.0, 0.30000000000000004]
+    values += [rng.uniform(-1, 1) * 10.0 ** rng.randint(-30, 30) for _ in range(2000)]
+    values += [float.fromhex("0x1.%013xp%d" % (rng.getrandbits(52), rng.randint(-1074, 1023)))
+               for _ in range(2000)]
+    texts, parsed = _echo(test_json_bin, "FP64", [repr(v) for v in values])
+    assert texts == [repr(v) for v in values]
+    assert parsed == values
+
+
+def test_fp32_and_fp16_text_is_shortest(test_json_bin: Path) -> None:
+    np = pytest.importorskip("numpy")
+
+    def digits(text: str) -> int:
+        mantissa = text.lstrip("-").split("e")[0].replace(".", "").lstrip("0").rstrip("0")
+        return max(len(mantissa), 1)
+
+    rng = np.random.default_rng(11)
+    f32 = rng.integers(0, 2**32, 3000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    f16 = np.arange(2**16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    for dtype, values in (("FP32", f32), ("FP16", f16)):
+        values = values[np.isfinite(values)]
+        texts, parsed = _echo(test_json_bin, dtype, [repr(float(v)) for v in values])
+        back = np.array(parsed, dtype=values.dtype)
+        assert np.array_equal(back.view(np.uint16 if dtype == "FP16" else np.uint32),
+                              values.view(np.uint16 if dtype == "FP16" else np.uint32))
+        longer = [(t, np.format_float_scientific(v, unique=True)) for t, v in zip(texts, values)
+                  if digits(t) > digits(np.format_float_scientific(v, unique=True))]
+        assert not longer, longer[:10]

@@ -1,0 +1,220 @@
+"""serve() from Python, the pytest plugin's fixtures, and the `openinfer serve` command with
+its signal handling, through real sockets."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import requests
+
+import openinfer
+from openinfer import Model, Tensor
+
+
+def double(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"Y": inputs["X"] * 2}
+
+
+DOUBLE = Model("double", double, inputs=[Tensor("X", "FP64", [-1])], outputs=[Tensor("Y", "FP64", [-1])])
+
+
+def port_is_closed(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return False
+    except OSError:
+        return True
+
+
+def test_serve_returns_running_server_at_once() -> None:
+    t0 = time.monotonic()
+    server = openinfer.serve(models=[DOUBLE], http_port=0, log=False)
+    try:
+        assert time.monotonic() - t0 < 5
+        assert server.running and server.http_port > 0
+        assert server.url == f"http://127.0.0.1:{server.http_port}"
+        assert repr(server) == f"<openinfer.Server {server.url} models=[double]>"
+        r = requests.post(server.url + "/v2/models/double/infer", timeout=10, json={
+            "inputs": [{"name": "X", "shape": [3], "datatype": "FP64", "data": [1, 2.5, -3]}]})
+        assert r.json()["outputs"][0]["data"] == [2.0, 5.0, -6.0]
+    finally:
+        server.stop()
+    assert not server.running
+    assert port_is_closed(server.http_port)
+    server.stop()  # idempotent
+
+
+def test_context_manager_and_two_servers() -> None:
+    with openinfer.serve(models=[DOUBLE], http_port=0, log=False) as a, \
+            openinfer.serve(http_port=0, log=False) as b:
+        assert a.http_port != b.http_port
+        assert requests.get(a.url + "/v2/models/double/ready", timeout=10).status_code == 200
+        assert requests.get(b.url + "/v2/models/simple/ready", timeout=10).status_code == 200
+        assert requests.get(b.url + "/v2/models/double/ready", timeout=10).status_code == 404
+    assert port_is_closed(a.http_port) and port_is_closed(b.http_port)
+
+
+def test_port_in_use_is_a_clear_error() -> None:
+    with openinfer.serve(models=[DOUBLE], http_port=0, log=False) as a:
+        with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{a.http_port}"):
+            openinfer.serve(models=[DOUBLE], http_port=a.http_port, log=False)
+
+
+def test_ipv6_loopback() -> None:
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6")
+    try:
+        server = openinfer.serve(models=[DOUBLE], host="::1", http_port=0, log=False)
+    except OSError as e:
+        pytest.skip(f"no IPv6 loopback here: {e}")
+    with server:
+        assert server.url.startswith("http://[::1]:")
+        assert requests.get(server.url + "/v2/health/live", timeout=10).json() == {"live": True}
+
+
+def test_stop_drains_in_flight_requests() -> None:
+    def slow(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        time.sleep(0.5)
+        return {"Y": inputs["X"]}
+
+    model = Model("slow", slow, inputs=[Tensor("X", "INT32", [1])], outputs=[Tensor("Y", "INT32", [1])])
+    server = openinfer.serve(models=[model], http_port=0, log=False)
+    results: list[int] = []
+
+    def call() -> None:
+        r = requests.post(server.url + "/v2/models/slow/infer", timeout=10, json={
+            "inputs": [{"name": "X", "shape": [1], "datatype": "INT32", "data": [7]}]})
+        results.append(r.status_code)
+
+    t = threading.Thread(target=call)
+    t.start()
+    time.sleep(0.2)  # the request is with the model now
+    server.stop(timeout=5)
+    t.join()
+    assert results == [200]
+
+
+def test_plugin_fixture(openinfer_server) -> None:
+    server = openinfer_server(models=[DOUBLE], log=False)
+    assert requests.get(server.url + "/v2/models/double/ready", timeout=10).status_code == 200
+
+
+def test_plugin_example_fixture(openinfer_example_server) -> None:
+    names = requests.get(openinfer_example_server.url + "/v2/models/simple", timeout=10).json()["name"]
+    assert names == "simple"
+
+
+class Cli:
+    """`openinfer serve` in a subprocess, its output collected by a thread (reading the pipe
+    from two places would lose lines)."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "openinfer", "serve", "--http-port", "0", "--threads", "1", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        self.lines: list[str] = []
+        self.port_found = threading.Event()
+        self.port = 0
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        if not self.port_found.wait(30):
+            self.proc.kill()
+            raise AssertionError("no 'listening on' line: " + self.output())
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+            if m:
+                self.port = int(m.group(1))
+                self.port_found.set()
+
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait(self) -> tuple[int, str]:
+        rc = self.proc.wait(timeout=20)
+        self.reader.join(10)
+        return rc, self.output()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def test_cli_serves_examples_and_sigterm_drains(tmp_path) -> None:
+    repo = tmp_path / "repo"
+    (repo / "sleepy" / "1").mkdir(parents=True)
+    (repo / "sleepy" / "config.pbtxt").write_text(
+        'name: "sleepy"\nbackend: "python"\n'
+        'input [{name: "X" data_type: TYPE_INT32 dims: [1]}]\noutput [{name: "Y" data_type: TYPE_INT32 dims: [1]}]\n'
+    )
+    (repo / "sleepy" / "1" / "model.py").write_text(
+        "import time\n\ndef infer(inputs):\n    time.sleep(0.8)\n    return {'Y': inputs['X'] + 1}\n"
+    )
+    cli = Cli(str(repo))
+    proc, port = cli.proc, cli.port
+    try:
+        url = f"http://127.0.0.1:{port}"
+        result: dict[str, object] = {}
+
+        def call() -> None:
+            r = requests.post(url + "/v2/models/sleepy/infer", timeout=20, json={
+                "inputs": [{"name": "X", "shape": [1], "datatype": "INT32", "data": [41]}]})
+            result["status"], result["body"] = r.status_code, r.json()
+
+        t = threading.Thread(target=call)
+        t.start()
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        t.join(20)
+        assert result["status"] == 200 and result["body"]["outputs"][0]["data"] == [42]
+        rc, out = cli.wait()
+        assert rc == 0, out
+        assert "sleepy" in out
+        assert port_is_closed(port)
+    finally:
+        cli.kill()
+
+
+def test_cli_default_repository_and_ctrl_c() -> None:
+    cli = Cli()
+    proc, port = cli.proc, cli.port
+    try:
+        url = f"http://127.0.0.1:{port}"
+        body = {"inputs": [
+            {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": list(range(16))},
+            {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16}]}
+        r = requests.post(url + "/v2/models/simple/infer", json=body, timeout=10)
+        assert r.json()["outputs"][0]["data"] == list(range(1, 17))
+        proc.send_signal(signal.SIGINT)
+        rc, out = cli.wait()
+        assert rc == 0, out
+        for model in ("simple", "simple_string", "identity_fp32"):
+            assert model in out
+    finally:
+        cli.kill()
+
+
+def test_cli_bad_repository_is_a_clear_error(tmp_path) -> None:
+    r = subprocess.run([sys.executable, "-m", "openinfer", "serve", str(tmp_path / "missing"), "--http-port", "0"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0
+    assert "missing" in r.stderr + r.stdout
+
+
+def test_cli_version() -> None:
+    r = subprocess.run([sys.executable, "-m", "openinfer", "--version"], capture_output=True, text=True, timeout=30)
+    assert r.stdout.strip() == f"openinfer {openinfer.__version__}"
