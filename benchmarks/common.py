@@ -74,6 +74,17 @@ def tool_version(cmd: Sequence[str]) -> str:
     return text.strip().splitlines()[0] if text.strip() else "unknown"
 
 
+def loadavg() -> str:
+    """1-minute load average and running/total tasks (other work on a shared
+    machine shows up here)."""
+    try:
+        with open("/proc/loadavg", encoding="utf-8") as f:
+            parts = f.read().split()
+        return f"{parts[0]} (1 min), tasks {parts[3]}"
+    except (OSError, IndexError):
+        return "unknown"
+
+
 def machine_facts() -> dict[str, str]:
     return {
         "nproc": str(nproc()),

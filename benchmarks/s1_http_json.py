@@ -118,6 +118,7 @@ def main() -> int:
     tmp = C.make_tmpdir("openinfer-s1-nginx-")
     oi_port, ng_port = C.free_port(), C.free_port()
     started = time.monotonic()
+    load_before = C.loadavg()
     results: dict[tuple[int, str], list[C.WrkResult]] = {}
     warm_errors: list[str] = []
     notes: list[str] = []
@@ -190,6 +191,7 @@ def main() -> int:
         notes.append("openinfer log (level warning) was not empty:\n\n```\n"
                      + oi_log + "\n```")
     elapsed = time.monotonic() - started
+    args.load = (load_before, C.loadavg())
     failed = report(args, results, warm_errors + fatal, notes, raw_dir, elapsed)
     print(f"[s1] done in {elapsed:.0f}s; raw wrk output in "
           f"{raw_dir.relative_to(C.REPO_ROOT)}", flush=True)
@@ -296,7 +298,9 @@ def report(args, results, warm_errors, notes, raw_dir: Path, elapsed: float) -> 
         "server exit marks the run FAILED instead of giving a number.",
         f"- Machine: nproc {facts['nproc']}, CPU {facts['cpu']}, kernel "
         f"{facts['kernel']}, Python {facts['python']}; "
-        f"{C.tool_version(['wrk', '-v'])}; {C.tool_version([C.find_nginx(), '-v'])}.",
+        f"{C.tool_version(['wrk', '-v'])}; {C.tool_version([C.find_nginx(), '-v'])}; "
+        f"load average before {args.load[0]}, after {args.load[1]} (the machine is "
+        "shared: other work on it shows up as noise).",
         f"- Per-run numbers: `{csv_path.name}`; raw wrk output: "
         f"`{raw_dir.relative_to(C.REPO_ROOT)}/` (not committed).",
         "",

@@ -167,7 +167,7 @@ def test_multidim_shape_checked(url: str) -> None:
 BAD_REQUESTS = [
     # (body, fragment of the error message)
     (b'{"inputs": [', "end of input"),
-    (b"not json", "JSON"),
+    (b"not json", "expected a JSON object, got malformed JSON"),
     (b'{"inputs":[{"name":"INPUT0","shape":[1],"datatype":"INT32","data":[1]}]} trailing', "JSON"),
     (b'{"inputs": []}', "expected at least one input"),
     (b"{}", "'inputs' is required"),

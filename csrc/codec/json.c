@@ -217,10 +217,20 @@ static int peek(cursor_t *c)
 
 static int is_number_start(int ch) { return is_digit(ch) || ch == '-' || ch == 'N' || ch == 'I'; }
 
+/* 1 when the text at the cursor starts with the literal `word`. */
+static int at_literal(const cursor_t *c, const char *word)
+{
+    size_t n = strlen(word);
+    return (size_t)(c->end - c->p) >= n && memcmp(c->p, word, n) == 0;
+}
+
 /* Names the kind of value at the cursor (after peek) for "expected X, got Y" messages. */
 static const char *value_kind(const cursor_t *c)
 {
     int ch = c->p < c->end ? (unsigned char)*c->p : -1;
+    if ((ch == 't' && !at_literal(c, "true")) || (ch == 'f' && !at_literal(c, "false")) ||
+        (ch == 'n' && !at_literal(c, "null")))
+        return "malformed JSON";
     switch (ch) {
     case -1:
         return "end of input";
@@ -236,7 +246,7 @@ static const char *value_kind(const cursor_t *c)
     case 'n':
         return "null";
     default:
-        return is_number_start(ch) ? "number" : "invalid JSON";
+        return is_number_start(ch) ? "number" : "malformed JSON";
     }
 }
 
@@ -1375,7 +1385,7 @@ static int parse_request(decoder_t *d)
             return -1;
         switch (k) {
         case REQ_ID: {
-            char *s;
+            char *s = NULL;
             if (peek(c) != '"')
                 return bad(c, "id: expected a string, got %s", value_kind(c));
             r = read_string_in_place(c, &s, &req->id_len);
@@ -1626,8 +1636,13 @@ static void decimal_up(char *s)
         }
         *p = '0';
     }
-    *s = '1'; /* all nines rolled over */
-    snprintf(e + 1, 6, "%+03d", atoi(e + 1) + 1);
+    *s = '1'; /* all nines rolled over: one more in the exponent, printed as printf does */
+    int exp = atoi(e + 1) + 1;
+    char *w = e + 1;
+    *w++ = exp < 0 ? '-' : '+';
+    if (exp > -10 && exp < 10)
+        *w++ = '0';
+    *put_u64(w, (uint64_t)(exp < 0 ? -exp : exp)) = '\0';
 }
 
 /* Writes v, a value of float type t, as the shortest decimal that reads back to it. Values

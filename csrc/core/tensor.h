@@ -37,7 +37,7 @@ typedef struct oi_output_request_s {
     oi_slice_t parameters;
 } oi_output_request_t;
 
-/* A declared input or output: dims of -1 match any size. */
+/* A declared input or output: dims of -1 match any size, and ndim -1 any shape. */
 typedef struct oi_io_spec_s {
     char *name;
     oi_dtype_t dtype;

@@ -1,3 +1,5 @@
+#define _POSIX_C_SOURCE 200809L /* pthread_sigmask under plain -std=c11 */
+
 #include "core/thread.h"
 
 #include <signal.h>

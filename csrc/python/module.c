@@ -122,7 +122,12 @@ static int parse_specs(PyObject *seq, const char *what, oi_io_spec_t **out, uint
             PyErr_Format(PyExc_ValueError, "%s '%s': unknown datatype '%s'", what, name, dtype);
             goto fail;
         }
-        PyObject *dims = PySequence_Fast(shape, "shape must be a sequence of ints");
+        if (shape == Py_None) { /* any shape */
+            s->ndim = -1;
+            (*n)++;
+            continue;
+        }
+        PyObject *dims = PySequence_Fast(shape, "shape must be a sequence of ints or None");
         if (dims == NULL)
             goto fail;
         Py_ssize_t nd = PySequence_Fast_GET_SIZE(dims);
@@ -195,7 +200,7 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         goto done;
     if (max_batch > 0)
         for (uint32_t i = 0; i < n_in; i++)
-            if (in[i].ndim == 0 || in[i].dims[0] != -1) {
+            if (in[i].ndim <= 0 || in[i].dims[0] != -1) {
                 PyErr_Format(PyExc_ValueError, "model '%s' input '%s': with max_batch_size > 0 the first dimension "
                                                "must be -1 (the batch)", name, in[i].name);
                 goto done;

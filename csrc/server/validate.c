@@ -24,6 +24,8 @@ static const char *list_names(const oi_io_spec_t *specs, uint32_t n, char *buf, 
 
 static int shape_matches(const oi_io_spec_t *spec, const int64_t *shape, int ndim)
 {
+    if (spec->ndim < 0) /* declared as any shape */
+        return 1;
     if (ndim != spec->ndim)
         return 0;
     for (int i = 0; i < ndim; i++)

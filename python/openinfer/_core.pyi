@@ -8,8 +8,9 @@ import numpy as np
 __version__: str
 
 # One input or output declaration: (name, V2 datatype such as "INT32", full shape with -1
-# for a variable dimension; when max_batch_size > 0 the first dimension is the batch, -1).
-IOSpec = tuple[str, str, Sequence[int]]
+# for a variable dimension, or None for any shape; when max_batch_size > 0 the first
+# dimension is the batch, -1).
+IOSpec = tuple[str, str, Sequence[int] | None]
 
 # Called on an executor thread with the GIL held:
 #   handler(inputs, parameters, outputs) -> {name: array-like}

@@ -697,7 +697,7 @@ static void test_errors(void)
     EXPECT_ERROR(IN("\"shape\":[1],\"datatype\":\"INT32\",\"data\":[NaN]"), "expected an integer for INT32, got NaN");
     EXPECT_ERROR(IN("\"shape\":[1],\"datatype\":\"INT32\",\"data\":[\"1\"]"),
                  "input 'INPUT0': element 0: expected a number for INT32, got string");
-    EXPECT_ERROR(IN("\"shape\":[2],\"datatype\":\"FP32\",\"data\":[1,null]"), "element 1: expected a number for FP32, got null");
+    EXPECT_ERROR(IN("\"shape\":[2],\"datatype\":\"FP32\",\"data\":[1,null]"), "element 1: expected a number for FP32, got malformed JSON");
     EXPECT_ERROR(IN("\"shape\":[1],\"datatype\":\"FP32\",\"data\":[{}]"), "expected a number for FP32, got object");
     EXPECT_ERROR(IN("\"shape\":[1],\"datatype\":\"FP32\",\"data\":[true]"), "expected a number for FP32, got boolean");
     EXPECT_ERROR(IN("\"shape\":[1],\"datatype\":\"BOOL\",\"data\":[1]"), "expected true or false for BOOL, got number");
@@ -707,7 +707,7 @@ static void test_errors(void)
     EXPECT_ERROR(IN("\"shape\":[1],\"datatype\":\"FP16\",\"data\":[65520]"), "65520 is out of range for FP16");
     EXPECT_ERROR(IN("\"shape\":[1],\"datatype\":\"BF16\",\"data\":[3.4e38]"), "out of range for BF16");
     EXPECT_ERROR(IN("\"shape\":[1],\"datatype\":\"FP32\",\"data\":[-NaN]"), "expected a value");
-    EXPECT_ERROR(IN("\"shape\":[1],\"datatype\":\"FP32\",\"data\":[nan]"), "expected a number for FP32, got null");
+    EXPECT_ERROR(IN("\"shape\":[1],\"datatype\":\"FP32\",\"data\":[nan]"), "expected a number for FP32, got malformed JSON");
     EXPECT_ERROR(IN("\"shape\":[1],\"datatype\":\"FP32\",\"data\":[inf]"), "expected a value, got 'i'");
     EXPECT_ERROR(IN("\"shape\":[2],\"datatype\":\"FP32\",\"data\":[1,]"), "expected a value, got ']'");
     EXPECT_ERROR(IN("\"shape\":[2],\"datatype\":\"FP32\",\"data\":[1 2]"), "expected ',' or ']', got '2'");
@@ -748,6 +748,18 @@ static void test_errors(void)
     EXPECT_ERROR("{\"inputs\":[{\"name\":\"a\",\"shape\":[1],\"datatype\":\"INT8\",\"data\":[1]}],\"x\":tru}", "expected 'true'");
     char nul[] = "{\"inputs\":[{\"name\":\"a\0\"}]}";
     expect_error(__LINE__, nul, sizeof(nul) - 1, NULL, 0, 0, "unescaped control character 0x00");
+
+    /* A JSON length (from Inference-Header-Content-Length) past the end of the body. */
+    oi_buf_t *body = oi_buf_new(4);
+    memcpy(body->data, "{}{}", 4);
+    body->len = 4;
+    oi_request_t req = {.binary_data_output = -1};
+    oi_status_t *st = oi_json_decode_infer_request(body, 5, &req, NULL);
+    CHECKF(st && st->code == OI_BAD_REQUEST && strstr(st->message, "JSON header length 5 exceeds the request body (4 bytes)"),
+           "%s", st ? st->message : "accepted");
+    CHECK(request_is_clear(&req));
+    oi_status_free(st);
+    oi_buf_unref(body);
 }
 
 /* Every prefix of a valid body is an error, never a crash or a leak. */
