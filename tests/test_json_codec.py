@@ -32,15 +32,22 @@ SANITIZER_ENV = {
 pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler (cc) on PATH")
 
 
+def _clean_env() -> dict[str, str]:
+    """This process's environment without the sanitizer run's LD_PRELOAD and options (the
+    compiler must not run under LeakSanitizer; the test binaries link their own runtime)."""
+    drop = {"LD_PRELOAD", "ASAN_OPTIONS", "LSAN_OPTIONS", "UBSAN_OPTIONS", "PYTHONMALLOC"}
+    return {k: v for k, v in os.environ.items() if k not in drop}
+
+
 def _build(out: Path, main_source: str, *defines: str) -> Path:
     cmd = [CC, *CFLAGS, *defines, main_source, *CODEC_SOURCES, "-o", str(out)]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    r = subprocess.run(cmd, cwd=ROOT, env=_clean_env(), capture_output=True, text=True)
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr}"
     return out
 
 
 def _run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
-    env = {**os.environ, **SANITIZER_ENV}
+    env = {**_clean_env(), **SANITIZER_ENV}
     return subprocess.run(cmd, env=env, capture_output=True, timeout=600, **kwargs)
 
 
