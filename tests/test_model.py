@@ -38,6 +38,24 @@ def test_tensor_normalises_shape() -> None:
         tensor.name = "y"  # type: ignore[misc]
 
 
+def test_tensor_of_any_shape() -> None:
+    assert Tensor("x", "FP32", None).shape is None
+    with pytest.raises(ValueError, match="input 'x' has any shape, but with max_batch_size=4"):
+        Model(
+            "m",
+            add,
+            inputs=[Tensor("x", "FP32", None)],
+            outputs=[("y", "FP32", [-1])],
+            max_batch_size=4,
+        )
+    assert (
+        Model("m", add, inputs=[("x", "FP32", None)], outputs=[("y", "FP32", None)])
+        .outputs[0]
+        .shape
+        is None
+    )
+
+
 @pytest.mark.parametrize("datatype", DATATYPES)
 def test_tensor_accepts_every_v2_datatype(datatype: str) -> None:
     assert Tensor("x", datatype, [1]).datatype == datatype
@@ -54,7 +72,7 @@ def test_tensor_accepts_every_v2_datatype(datatype: str) -> None:
         (("x", "FP32", [-2]), "tensor 'x': shape [-2] must hold ints >= -1"),
         (("x", "FP32", [1.0]), "must hold ints >= -1 (-1 for a variable dimension), got 1.0"),
         (("x", "FP32", [True]), "got True"),
-        (("x", "FP32", "16"), "shape must be a sequence of ints"),
+        (("x", "FP32", "16"), "shape must be a sequence of ints or None"),
         (("x", "FP32", 16), "shape must be a sequence of ints"),
         (("", "FP32", [1]), "tensor name must be a non-empty string"),
     ],

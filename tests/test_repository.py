@@ -259,6 +259,8 @@ def test_example_repository() -> None:
         ("simple_string", 1, None),
     ]
     models = {m.name: m.model for m in loaded if m.model}
+    assert models["identity_fp32"].inputs == (Tensor("INPUT0", "FP32", None),)  # any shape
+    assert models["simple"].inputs[0] == Tensor("INPUT0", "INT32", (-1, 16))
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
     b = np.ones((1, 16), dtype=np.int32)
     out = models["simple"].handler({"INPUT0": a, "INPUT1": b}, None, ("OUTPUT0", "OUTPUT1"))
@@ -271,7 +273,7 @@ def test_example_repository() -> None:
     )
     assert out["OUTPUT0"].tolist() == [[str(i + 1).encode() for i in range(16)]]  # type: ignore[attr-defined]
     assert out["OUTPUT1"].tolist() == [[str(i - 1).encode() for i in range(16)]]  # type: ignore[attr-defined]
-    x = np.linspace(0, 1, 5, dtype=np.float32)
+    x = np.linspace(0, 1, 6, dtype=np.float32).reshape(1, 2, 3)
     assert models["identity_fp32"].handler({"INPUT0": x}, None, ("OUTPUT0",))["OUTPUT0"] is x
 
 

@@ -103,6 +103,7 @@ static oi_status_t *py_execute(void *state, const oi_request_t *req, const char 
 {
     py_state_t *s = state;
     PyGILState_STATE g = PyGILState_Ensure();
+    oi_py_owner_flush(); /* earlier responses' arrays, released by loop threads */
     oi_status_t *st = NULL;
     PyObject *inputs = make_inputs(req);
     PyObject *params = req->parameters.ptr ? PyBytes_FromStringAndSize(req->parameters.ptr, (Py_ssize_t)req->parameters.len)

@@ -1,6 +1,7 @@
 #include "python/bridge.h"
 
 #include <pthread.h>
+#include <time.h>
 #include <string.h>
 
 #include "core/thread.h"
@@ -29,57 +30,58 @@ int oi_py_typenum(oi_dtype_t t)
 /* ---- owners released without taking the GIL on the releasing thread --------------------- */
 
 /* Loop threads must never wait for the GIL (a Python model may hold it for a long time), so
- * objects they release go to a reaper thread that drops them in batches. */
+ * objects they release wait in a list. Executors empty it whenever they hold the GIL anyway
+ * (oi_py_owner_flush at the start of each call); a reaper thread empties it only when it has
+ * sat for a while, so that an idle server frees memory without the reaper fighting busy
+ * executors for the GIL. */
+#define REAPER_PERIOD_NS (100 * 1000 * 1000)
+
 static struct {
     pthread_mutex_t mu;
-    pthread_cond_t cv;
     PyObject **items;
     size_t n;
     size_t cap;
     int started;
-} reaper = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, 0, 0, 0};
-
-static void drop_batch(PyObject **items, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        Py_DECREF(items[i]);
-}
+} reaper = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, 0};
 
 static PyObject **take_batch(size_t *n)
 {
+    pthread_mutex_lock(&reaper.mu);
     PyObject **items = reaper.items;
     *n = reaper.n;
     reaper.items = NULL;
     reaper.n = reaper.cap = 0;
+    pthread_mutex_unlock(&reaper.mu);
     return items;
+}
+
+void oi_py_owner_flush(void)
+{
+    if (reaper.n == 0) /* racy peek: a miss is caught by the next flush or the reaper */
+        return;
+    size_t n;
+    PyObject **items = take_batch(&n);
+    for (size_t i = 0; i < n; i++)
+        Py_DECREF(items[i]);
+    free(items);
 }
 
 static void *reaper_main(void *arg)
 {
     (void)arg;
     for (;;) {
+        struct timespec ts = {0, REAPER_PERIOD_NS};
+        nanosleep(&ts, NULL);
         pthread_mutex_lock(&reaper.mu);
-        while (reaper.n == 0)
-            pthread_cond_wait(&reaper.cv, &reaper.mu);
-        size_t n;
-        PyObject **items = take_batch(&n);
+        size_t pending = reaper.n;
         pthread_mutex_unlock(&reaper.mu);
+        if (pending == 0 || !Py_IsInitialized())
+            continue;
         PyGILState_STATE g = PyGILState_Ensure();
-        drop_batch(items, n);
+        oi_py_owner_flush();
         PyGILState_Release(g);
-        free(items);
     }
     return NULL;
-}
-
-void oi_py_owner_flush(void)
-{
-    pthread_mutex_lock(&reaper.mu);
-    size_t n;
-    PyObject **items = take_batch(&n);
-    pthread_mutex_unlock(&reaper.mu);
-    drop_batch(items, n);
-    free(items);
 }
 
 static void release_py(oi_buf_t *b)
@@ -106,7 +108,6 @@ static void release_py(oi_buf_t *b)
         pthread_t th;
         reaper.started = oi_thread_create(&th, reaper_main, NULL, 1) == 0;
     }
-    pthread_cond_signal(&reaper.cv);
     pthread_mutex_unlock(&reaper.mu);
 }
 

@@ -27,7 +27,8 @@ oi_buf_t *oi_py_owner(PyObject *obj, void *data, size_t len);
  * in error messages. Needs the GIL. Returns NULL or a status. */
 oi_status_t *oi_py_to_tensor(PyObject *obj, oi_dtype_t t, const char *what, oi_tensor_t *out);
 
-/* Releases, with the GIL held, the objects whose release was deferred; call before shutdown. */
+/* Releases the objects whose release was deferred. Call with the GIL held: executors do at
+ * each call, the module at shutdown. */
 void oi_py_owner_flush(void);
 
 #endif

@@ -84,23 +84,30 @@ class Tensor:
     """The declaration of one model input or output.
 
     `shape` is the full shape; -1 marks a variable dimension (for a batching model, the first
-    one). Any iterable of ints is accepted and stored as a tuple.
+    one). Any iterable of ints is accepted and stored as a tuple. ``shape=None`` accepts any
+    shape, any rank included, which a Triton config cannot express; model metadata shows it
+    as ``[-1]``, the nearest V2 equivalent.
     """
 
     name: str
     datatype: str
-    shape: tuple[int, ...]
+    shape: tuple[int, ...] | None
 
-    def __init__(self, name: str, datatype: str, shape: Iterable[SupportsIndex]) -> None:
+    def __init__(self, name: str, datatype: str, shape: Iterable[SupportsIndex] | None) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"tensor name must be a non-empty string, got {name!r}")
         if datatype not in _NUMPY_DTYPES:
             raise ValueError(f"tensor {name!r}: {_bad_datatype(datatype)}")
-        if isinstance(shape, (str, bytes)) or not isinstance(shape, Iterable):
-            raise ValueError(f"tensor {name!r}: shape must be a sequence of ints, got {shape!r}")
-        given = tuple(shape)
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "datatype", datatype)
+        if shape is None:
+            object.__setattr__(self, "shape", None)
+            return
+        if isinstance(shape, (str, bytes)) or not isinstance(shape, Iterable):
+            raise ValueError(
+                f"tensor {name!r}: shape must be a sequence of ints or None, got {shape!r}"
+            )
+        given = tuple(shape)
         object.__setattr__(self, "shape", tuple(_dimension(name, given, d) for d in given))
 
 
@@ -118,7 +125,7 @@ def _dimension(tensor: str, shape: tuple[SupportsIndex, ...], dim: SupportsIndex
     return value
 
 
-TensorLike = Tensor | tuple[str, str, Iterable[SupportsIndex]]
+TensorLike = Tensor | tuple[str, str, Iterable[SupportsIndex] | None]
 ModelFn = Callable[..., Mapping[str, Any]]
 
 
@@ -257,10 +264,12 @@ def _tensors(
             raise ValueError(f"model {model_name!r}: {kind} {tensor.name!r} is declared twice")
         seen.add(tensor.name)
         if max_batch_size > 0 and (not tensor.shape or tensor.shape[0] != -1):
+            shape = "any shape" if tensor.shape is None else f"shape {list(tensor.shape)}"
+            example = [-1, *(tensor.shape or [])]
             raise ValueError(
-                f"model {model_name!r}: {kind} {tensor.name!r} has shape {list(tensor.shape)}, "
+                f"model {model_name!r}: {kind} {tensor.name!r} has {shape}, "
                 f"but with max_batch_size={max_batch_size} the first dimension is the "
-                f"batch and must be -1, e.g. {[-1, *tensor.shape]}"
+                f"batch and must be -1, e.g. {example}"
             )
     return tensors
 

@@ -236,7 +236,7 @@ def _version(entry: LoadedModel) -> int:
     return _FAILED_MODEL_VERSION if entry.version is None else entry.version
 
 
-def _specs(tensors: Sequence[Tensor]) -> list[tuple[str, str, tuple[int, ...]]]:
+def _specs(tensors: Sequence[Tensor]) -> list[tuple[str, str, tuple[int, ...] | None]]:
     return [(t.name, t.datatype, t.shape) for t in tensors]
 
 
@@ -250,7 +250,15 @@ def _model_metadata(
     """The body of GET /v2/models/{name}[/versions/{v}], as the V2 protocol defines it."""
 
     def tensors(ts: Sequence[Tensor]) -> list[dict[str, object]]:
-        return [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in ts]
+        # V2 metadata cannot say "any rank"; [-1] is the nearest shape it can.
+        return [
+            {
+                "name": t.name,
+                "datatype": t.datatype,
+                "shape": [-1] if t.shape is None else list(t.shape),
+            }
+            for t in ts
+        ]
 
     return _json(
         {
