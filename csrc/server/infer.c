@@ -1,0 +1,69 @@
+#include "server/infer.h"
+
+#include <stdlib.h>
+
+#include "server/validate.h"
+
+oi_infer_t *oi_infer_new(void)
+{
+    oi_infer_t *inf = calloc(1, sizeof(*inf));
+    if (inf != NULL)
+        inf->req.binary_data_output = -1;
+    return inf;
+}
+
+void oi_infer_free(oi_infer_t *inf)
+{
+    if (inf == NULL)
+        return;
+    oi_response_clear(&inf->job.resp);
+    oi_status_free(inf->job.status);
+    oi_request_clear(&inf->req);
+    free(inf->output_names);
+    oi_model_unref(inf->model);
+    free(inf);
+}
+
+/* On the loop thread again. */
+static void run_done(oi_task_t *t)
+{
+    oi_infer_t *inf = (oi_infer_t *)((char *)t - offsetof(oi_infer_t, task));
+    inf->done(inf);
+}
+
+/* On the executor thread, right after the backend ran. */
+static void job_done(oi_job_t *j)
+{
+    oi_infer_t *inf = (oi_infer_t *)j;
+    if (j->status == NULL)
+        j->status = oi_validate_response(inf->model, j->output_names, j->n_outputs, &j->resp);
+    inf->task.run = run_done;
+    oi_loop_post(inf->loop, &inf->task);
+}
+
+oi_status_t *oi_model_check_ready(const oi_model_t *m)
+{
+    if (m->error == NULL && m->sched != NULL)
+        return NULL;
+    return oi_status_new(OI_UNAVAILABLE, "model '%s' version %s is not ready: %s", m->name, m->version_str,
+                         m->error ? m->error : "no executor");
+}
+
+oi_status_t *oi_infer_submit(oi_infer_t *inf, oi_model_t *m, oi_loop_t *loop, oi_infer_done_cb done, void *ctx)
+{
+    inf->model = m;
+    oi_status_t *st = oi_model_check_ready(m);
+    if (st == NULL)
+        st = oi_validate_request(m, &inf->req, &inf->output_names, &inf->job.n_outputs);
+    if (st != NULL)
+        return st;
+    inf->loop = loop;
+    inf->done = done;
+    inf->ctx = ctx;
+    inf->job.req = &inf->req;
+    inf->job.output_names = inf->output_names;
+    inf->job.done = job_done;
+    if (oi_scheduler_submit(m->sched, &inf->job) != 0)
+        return oi_status_new(OI_UNAVAILABLE, "the server is shutting down");
+    return NULL;
+}

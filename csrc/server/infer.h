@@ -1,0 +1,40 @@
+/* One inference on its way through the server, whatever the transport: the transport
+ * decodes into `req`, submits, and gets `done` back on its loop thread to encode the
+ * response. */
+#ifndef OI_SERVER_INFER_H
+#define OI_SERVER_INFER_H
+
+#include "server/registry.h"
+#include "transport/loop.h"
+
+typedef struct oi_infer_s oi_infer_t;
+
+/* Called on the submitting loop's thread when the backend has run (or failed). */
+typedef void (*oi_infer_done_cb)(oi_infer_t *inf);
+
+struct oi_infer_s {
+    oi_job_t job;              /* job.status and job.resp hold the outcome */
+    oi_task_t task;
+    oi_loop_t *loop;
+    oi_model_t *model;         /* one reference, from submit on */
+    oi_request_t req;          /* the transport's decoded request */
+    const char **output_names; /* what to produce, in response order */
+    oi_infer_done_cb done;
+    void *ctx;                 /* the transport's */
+};
+
+/* Returns a zeroed inference ready for decoding into `req`, or NULL (out of memory). */
+oi_infer_t *oi_infer_new(void);
+
+/* NULL when the model version can serve, else a 503 status with the reason. */
+oi_status_t *oi_model_check_ready(const oi_model_t *m);
+
+/* Checks readiness and the request against the model's declaration, then queues it. Takes
+ * the reference to `m` in every case. Returns NULL when queued (`done` runs later on `loop`)
+ * or a status when nothing was queued. */
+oi_status_t *oi_infer_submit(oi_infer_t *inf, oi_model_t *m, oi_loop_t *loop, oi_infer_done_cb done, void *ctx);
+
+/* Frees the inference, its request, response, status and model reference. */
+void oi_infer_free(oi_infer_t *inf);
+
+#endif

@@ -1,0 +1,21 @@
+/* The server's state, shared by its own files (server.c and one file per protocol); nothing
+ * outside csrc/server includes this. */
+#ifndef OI_SERVER_SERVER_IMPL_H
+#define OI_SERVER_SERVER_IMPL_H
+
+#include <stdatomic.h>
+
+#include "server/server.h"
+
+struct oi_server_s {
+    oi_server_config_t cfg;
+    atomic_int stopping; /* set before the loops' barrier in oi_server_stop */
+    oi_registry_t registry;
+    oi_http_server_t *http;
+    oi_buf_t *metadata;
+};
+
+/* The HTTP/1.1 handler: routes the V2 REST API (http_api.c). */
+void oi__http_api_handle(void *server, oi_http_request_t *req);
+
+#endif
