@@ -62,7 +62,7 @@ static PyObject *make_inputs(const oi_request_t *req)
 {
     PyObject *d = PyDict_New();
     for (uint32_t i = 0; d != NULL && i < req->n_inputs; i++) {
-        PyObject *arr = oi_py_array_view(&req->inputs[i]);
+        PyObject *arr = oi_py_array_view(&req->inputs[i], 0);
         if (arr == NULL || PyDict_SetItemString(d, req->inputs[i].name, arr) != 0)
             Py_CLEAR(d);
         Py_XDECREF(arr);

@@ -784,6 +784,9 @@ typedef struct decoder_s {
     cursor_t c;
     oi_buf_t *body;
     oi_request_t *req;
+    oi_json_response_t *resp; /* decoding a response: its tensors go to req->inputs */
+    const char *group;        /* "inputs", or "outputs" in a response */
+    const char *kind;         /* "input" or "output", for messages */
     size_t bin_used; /* bytes after the JSON taken by binary inputs so far */
 } decoder_t;
 
@@ -855,7 +858,9 @@ static int parse_name(cursor_t *c, const char **out, const char *group, uint32_t
 /* One input object being decoded. */
 typedef struct input_s {
     oi_tensor_t *t;
-    uint32_t index;      /* position in "inputs", for messages */
+    const char *group;   /* "inputs" (or "outputs" in a response), for messages */
+    const char *kind;    /* "input" or "output" */
+    uint32_t index;      /* position in the group, for messages */
     int has_shape;
     int has_data;
     char *deferred;      /* "data" that came before "shape" or "datatype" */
@@ -867,9 +872,9 @@ typedef struct input_s {
 static const char *input_label(const input_t *in, char buf[160])
 {
     if (in->t->name != NULL)
-        snprintf(buf, 160, "input '%.128s'", in->t->name);
+        snprintf(buf, 160, "%s '%.128s'", in->kind, in->t->name);
     else
-        snprintf(buf, 160, "inputs[%" PRIu32 "]", in->index);
+        snprintf(buf, 160, "%s[%" PRIu32 "]", in->group, in->index);
     return buf;
 }
 
@@ -887,7 +892,7 @@ static int parse_shape(cursor_t *c, input_t *in)
         return -1;
     while ((r = next_element(c, &n)) == 1) {
         if (n > OI_MAX_DIMS)
-            return bad(c, "inputs[%" PRIu32 "].shape: expected at most %d dimensions, got more",
+            return bad(c, "%s[%" PRIu32 "].shape: expected at most %d dimensions, got more", in->group,
                        in->index, OI_MAX_DIMS);
         r = read_count(c, &t->shape[n - 1], got);
         if (r == 1)
@@ -901,7 +906,7 @@ static int parse_shape(cursor_t *c, input_t *in)
     in->has_shape = 1;
     return 0;
 wrong:
-    return bad(c, "inputs[%" PRIu32 "].shape: expected an array of non-negative integers, got %s",
+    return bad(c, "%s[%" PRIu32 "].shape: expected an array of non-negative integers, got %s", in->group,
                in->index, got);
 }
 
@@ -909,7 +914,7 @@ static int parse_datatype(cursor_t *c, input_t *in)
 {
     short_str_t k;
     if (peek(c) != '"')
-        return bad(c, "inputs[%" PRIu32 "].datatype: expected a string, got %s", in->index,
+        return bad(c, "%s[%" PRIu32 "].datatype: expected a string, got %s", in->group, in->index,
                    value_kind(c));
     if (read_short(c, &k) != 0)
         return -1;
@@ -922,7 +927,7 @@ static int parse_datatype(cursor_t *c, input_t *in)
         snprintf(names + len, sizeof(names) - len, "%s%s", t > 1 ? ", " : "",
                  oi_dtype_name((oi_dtype_t)t));
     }
-    return bad(c, "inputs[%" PRIu32 "].datatype: expected one of %s, got \"%.*s\"", in->index,
+    return bad(c, "%s[%" PRIu32 "].datatype: expected one of %s, got \"%.*s\"", in->group, in->index,
                names, (int)(k.n < 64 ? k.n : 64), k.s);
 }
 
@@ -1192,7 +1197,7 @@ static int finish_input(decoder_t *d, input_t *in)
     cursor_t *c = &d->c;
     char label[160];
     if (in->t->name == NULL)
-        return bad(c, "inputs[%" PRIu32 "]: field 'name' is required", in->index);
+        return bad(c, "%s[%" PRIu32 "]: field 'name' is required", in->group, in->index);
     if (!in->has_shape)
         return bad(c, "%s: field 'shape' is required", input_label(in, label));
     if (in->t->dtype == OI_TYPE_INVALID)
@@ -1227,16 +1232,16 @@ static int parse_input(decoder_t *d, input_t *in)
     uint32_t n = 0, seen = 0;
     int r;
     if (peek(c) != '{')
-        return bad(c, "inputs[%" PRIu32 "]: expected an object, got %s", in->index, value_kind(c));
+        return bad(c, "%s[%" PRIu32 "]: expected an object, got %s", in->group, in->index, value_kind(c));
     if (enter(c, '{') != 0)
         return -1;
     while ((r = next_member(c, &n, &key)) == 1) {
         int k = key_index(&key, input_keys);
-        if (claim_key(c, &seen, k, input_keys, "inputs", in->index) != 0)
+        if (claim_key(c, &seen, k, input_keys, in->group, in->index) != 0)
             return -1;
         switch (k) {
         case IN_NAME:
-            r = parse_name(c, &in->t->name, "inputs", in->index);
+            r = parse_name(c, &in->t->name, in->group, in->index);
             break;
         case IN_SHAPE:
             r = parse_shape(c, in);
@@ -1246,7 +1251,7 @@ static int parse_input(decoder_t *d, input_t *in)
             break;
         case IN_PARAMETERS: {
             param_t want = {"binary_data_size", 0, -1};
-            r = parse_params(c, "inputs", in->index, &in->t->parameters, &want);
+            r = parse_params(c, in->group, in->index, &in->t->parameters, &want);
             in->binary_size = want.value;
             break;
         }
@@ -1276,20 +1281,20 @@ static int parse_inputs(decoder_t *d)
     uint32_t n = 0;
     int r;
     if (peek(c) != '[')
-        return bad(c, "inputs: expected an array of input objects, got %s", value_kind(c));
+        return bad(c, "%s: expected an array of %s objects, got %s", d->group, d->kind, value_kind(c));
     if (enter(c, '[') != 0)
         return -1;
     while ((r = next_element(c, &n)) == 1) {
         oi_tensor_t *t = oi_tensor_push(&req->inputs, &req->n_inputs);
         if (t == NULL)
             return out_of_memory(c);
-        input_t in = {.t = t, .index = n - 1, .binary_size = -1};
+        input_t in = {.t = t, .group = d->group, .kind = d->kind, .index = n - 1, .binary_size = -1};
         if (parse_input(d, &in) != 0)
             return -1;
     }
     if (r != 0)
         return -1;
-    if (n == 0)
+    if (n == 0 && d->resp == NULL)
         return bad(c, "inputs: expected at least one input, got an empty array");
     return 0;
 }
@@ -1365,8 +1370,24 @@ static int parse_outputs(decoder_t *d)
     return r;
 }
 
-enum { REQ_ID, REQ_PARAMETERS, REQ_INPUTS, REQ_OUTPUTS };
+enum { REQ_ID, REQ_PARAMETERS, REQ_INPUTS, REQ_OUTPUTS, REQ_MODEL_NAME, REQ_MODEL_VERSION };
 static const char *const request_keys[] = {"id", "parameters", "inputs", "outputs", NULL};
+/* A response: its "outputs" are tensors like a request's inputs. */
+static const char *const response_keys[] = {"id", "parameters", "\x01", "outputs", "model_name", "model_version",
+                                            NULL}; /* "\x01" holds REQ_INPUTS' place: no JSON key */
+
+static int parse_top_string(cursor_t *c, const char *field, const char **out, size_t *len)
+{
+    char *s = NULL;
+    size_t n;
+    if (peek(c) != '"')
+        return bad(c, "%s: expected a string, got %s", field, value_kind(c));
+    int r = read_string_in_place(c, &s, &n);
+    *out = s;
+    if (len != NULL)
+        *len = n;
+    return r;
+}
 
 static int parse_request(decoder_t *d)
 {
@@ -1375,23 +1396,28 @@ static int parse_request(decoder_t *d)
     short_str_t key;
     uint32_t n = 0, seen = 0;
     int r;
+    const char *const *keys = d->resp ? response_keys : request_keys;
     if (peek(c) != '{')
-        return bad(c, "request body: expected a JSON object, got %s", value_kind(c));
+        return bad(c, "%s body: expected a JSON object, got %s", d->resp ? "response" : "request",
+                   value_kind(c));
     if (enter(c, '{') != 0)
         return -1;
     while ((r = next_member(c, &n, &key)) == 1) {
-        int k = key_index(&key, request_keys);
-        if (claim_key(c, &seen, k, request_keys, NULL, 0) != 0)
+        int k = key_index(&key, keys);
+        if (claim_key(c, &seen, k, keys, NULL, 0) != 0)
             return -1;
+        if (d->resp && k == REQ_OUTPUTS)
+            k = REQ_INPUTS; /* a response's outputs are decoded as tensors */
         switch (k) {
-        case REQ_ID: {
-            char *s = NULL;
-            if (peek(c) != '"')
-                return bad(c, "id: expected a string, got %s", value_kind(c));
-            r = read_string_in_place(c, &s, &req->id_len);
-            req->id = s;
+        case REQ_ID:
+            r = parse_top_string(c, "id", &req->id, &req->id_len);
             break;
-        }
+        case REQ_MODEL_NAME:
+            r = parse_top_string(c, "model_name", &d->resp->model_name, NULL);
+            break;
+        case REQ_MODEL_VERSION:
+            r = parse_top_string(c, "model_version", &d->resp->model_version, NULL);
+            break;
         case REQ_PARAMETERS: {
             param_t want = {"binary_data_output", 1, -1};
             r = parse_params(c, NULL, 0, &req->parameters, &want);
@@ -1415,7 +1441,7 @@ static int parse_request(decoder_t *d)
     if (peek(c) != -1)
         return bad(c, "malformed JSON at byte %zu: unexpected data after the top-level object",
                    offset(c));
-    if (!(seen & (1u << REQ_INPUTS)))
+    if (!d->resp && !(seen & (1u << REQ_INPUTS)))
         return bad(c, "field 'inputs' is required");
     return 0;
 }
@@ -1452,30 +1478,33 @@ static int finish_request(decoder_t *d)
     oi_request_t *req = d->req;
     size_t bin_len = d->body->len - (size_t)(c->end - c->base);
     if (d->bin_used != bin_len)
-        return bad(c, "binary data: %zu bytes follow the JSON but the inputs' binary_data_size add up to %zu",
-                   bin_len, d->bin_used);
+        return bad(c, "binary data: %zu bytes follow the JSON but the %s' binary_data_size add up to %zu",
+                   bin_len, d->group, d->bin_used);
     _Static_assert(offsetof(oi_tensor_t, name) == 0 && offsetof(oi_output_request_t, name) == 0,
                    "check_unique reads each record's name at its start");
-    if (check_unique(c, "input", req->inputs, req->n_inputs, sizeof(oi_tensor_t)) != 0)
+    if (check_unique(c, d->kind, req->inputs, req->n_inputs, sizeof(oi_tensor_t)) != 0)
         return -1;
     return check_unique(c, "output", req->outputs, req->n_outputs, sizeof(oi_output_request_t));
 }
 
-oi_status_t *oi_json_decode_infer_request(oi_buf_t *body, size_t json_len, oi_request_t *req,
-                                          const oi_json_limits_t *limits)
+static oi_status_t *decode(oi_buf_t *body, size_t json_len, oi_request_t *req, oi_json_response_t *resp,
+                           const oi_json_limits_t *limits)
 {
+    const char *what = resp ? "response" : "request";
     if (json_len > body->len)
-        return oi_status_new(OI_BAD_REQUEST,
-                             "the JSON header length %zu exceeds the request body (%zu bytes)",
-                             json_len, body->len);
+        return oi_status_new(OI_BAD_REQUEST, "the JSON header length %zu exceeds the %s body (%zu bytes)",
+                             json_len, what, body->len);
     if (json_len == 0)
-        return oi_status_new(OI_BAD_REQUEST, "request body: expected a JSON object, got nothing");
+        return oi_status_new(OI_BAD_REQUEST, "%s body: expected a JSON object, got nothing", what);
     uint32_t max_depth = limits != NULL && limits->max_depth ? limits->max_depth : OI_JSON_DEFAULT_DEPTH;
     decoder_t d = {
         .c = {body->data, body->data, body->data + json_len, 0,
               max_depth < OI_JSON_MAX_DEPTH ? max_depth : OI_JSON_MAX_DEPTH, NULL},
         .body = body,
         .req = req,
+        .resp = resp,
+        .group = resp ? "outputs" : "inputs",
+        .kind = resp ? "output" : "input",
     };
     locale_t old = enter_c_locale();
     int r = parse_request(&d);
@@ -1484,10 +1513,27 @@ oi_status_t *oi_json_decode_infer_request(oi_buf_t *body, size_t json_len, oi_re
     leave_c_locale(old);
     if (r != 0) {
         oi_request_clear(req);
-        return d.c.err != NULL ? d.c.err : oi_status_new(OI_INTERNAL, "request decoding failed");
+        return d.c.err != NULL ? d.c.err : oi_status_new(OI_INTERNAL, "%s decoding failed", what);
     }
     req->body = oi_buf_ref(body);
     return NULL;
+}
+
+oi_status_t *oi_json_decode_infer_request(oi_buf_t *body, size_t json_len, oi_request_t *req,
+                                          const oi_json_limits_t *limits)
+{
+    return decode(body, json_len, req, NULL, limits);
+}
+
+oi_status_t *oi_json_decode_infer_response(oi_buf_t *body, size_t json_len, oi_json_response_t *resp,
+                                           const oi_json_limits_t *limits)
+{
+    memset(resp, 0, sizeof(*resp));
+    resp->result.binary_data_output = -1;
+    oi_status_t *st = decode(body, json_len, &resp->result, resp, limits);
+    if (st != NULL)
+        memset(resp, 0, sizeof(*resp));
+    return st;
 }
 
 /* ---- Encoding ------------------------------------------------------------------------------ */
@@ -1840,6 +1886,57 @@ oi_status_t *oi_json_encode_infer_response(oi_sbuf_t *out, const char *model_nam
     if (st != NULL)
         out->len = mark;
     return st;
+}
+
+/* Appends `"name":"..."` style fields of one tensor's header: name, datatype, shape. */
+static int write_tensor_head(oi_sbuf_t *out, const oi_tensor_t *t)
+{
+    char num[24];
+    if (append_lit(out, "{\"name\":") != 0 || oi_json_write_string(out, t->name, strlen(t->name)) != 0 ||
+        append_lit(out, ",\"datatype\":\"") != 0 || append_lit(out, oi_dtype_name(t->dtype)) != 0 ||
+        append_lit(out, "\",\"shape\":[") != 0)
+        return -1;
+    for (int i = 0; i < t->ndim; i++)
+        if ((i && append_lit(out, ",") != 0) ||
+            oi_sbuf_append(out, num, (size_t)(put_u64(num, (uint64_t)t->shape[i]) - num)) != 0)
+            return -1;
+    return append_lit(out, "]");
+}
+
+int oi_json_encode_infer_request(oi_sbuf_t *out, const oi_tensor_t *inputs, uint32_t n_inputs,
+                                 const char *const *outputs, uint32_t n_outputs, const char *id,
+                                 oi_slice_t parameters)
+{
+    size_t mark = out->len;
+    char num[24];
+    int r = append_lit(out, "{");
+    if (r == 0 && id != NULL)
+        r = append_lit(out, "\"id\":") || oi_json_write_string(out, id, strlen(id)) || append_lit(out, ",");
+    if (r == 0 && parameters.ptr != NULL)
+        r = append_lit(out, "\"parameters\":") || oi_sbuf_append(out, parameters.ptr, parameters.len) ||
+            append_lit(out, ",");
+    if (r == 0)
+        r = append_lit(out, "\"inputs\":[");
+    for (uint32_t i = 0; r == 0 && i < n_inputs; i++)
+        r = (i && append_lit(out, ",")) || write_tensor_head(out, &inputs[i]) ||
+            append_lit(out, ",\"parameters\":{\"binary_data_size\":") ||
+            oi_sbuf_append(out, num, (size_t)(put_u64(num, inputs[i].byte_size) - num)) || append_lit(out, "}}");
+    if (r == 0)
+        r = append_lit(out, "]");
+    if (r == 0 && n_outputs > 0) {
+        r = append_lit(out, ",\"outputs\":[");
+        for (uint32_t i = 0; r == 0 && i < n_outputs; i++)
+            r = (i && append_lit(out, ",")) || append_lit(out, "{\"name\":") ||
+                oi_json_write_string(out, outputs[i], strlen(outputs[i])) ||
+                append_lit(out, ",\"parameters\":{\"binary_data\":true}}");
+        if (r == 0)
+            r = append_lit(out, "]");
+    }
+    if (r == 0)
+        r = append_lit(out, "}");
+    if (r != 0)
+        out->len = mark;
+    return r ? -1 : 0;
 }
 
 int oi_json_output_is_binary(const oi_request_t *req, const char *output_name)

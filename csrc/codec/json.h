@@ -39,6 +39,22 @@ typedef struct oi_json_limits_s {
 oi_status_t *oi_json_decode_infer_request(oi_buf_t *body, size_t json_len, oi_request_t *req,
                                           const oi_json_limits_t *limits);
 
+/* A decoded V2 inference response, for clients. */
+typedef struct oi_json_response_s {
+    /* The response's outputs are in result.inputs/result.n_inputs (a tensor list shaped like
+     * a request's), with result.id and result.parameters; result owns the body reference. */
+    oi_request_t result;
+    const char *model_name;    /* NUL-terminated, in the body; NULL when absent */
+    const char *model_version; /* likewise */
+} oi_json_response_t;
+
+/* Decodes a V2 inference response like oi_json_decode_infer_request decodes a request
+ * (in place; binary outputs are slices of the body after the JSON, zero-copy). `resp` is
+ * overwritten. Returns NULL, or a status whose message names the field; free with
+ * oi_request_clear(&resp->result). */
+oi_status_t *oi_json_decode_infer_response(oi_buf_t *body, size_t json_len, oi_json_response_t *resp,
+                                           const oi_json_limits_t *limits);
+
 /* Appends a V2 inference response to `out`:
  * {"model_name":..,"model_version":..,"id":..,"outputs":[{"name":..,"datatype":..,"shape":[..],
  * "data":[..]},..]}. "model_version" is left out when model_version is NULL and "id" when
@@ -53,6 +69,15 @@ oi_status_t *oi_json_decode_infer_request(oi_buf_t *body, size_t json_len, oi_re
 oi_status_t *oi_json_encode_infer_response(oi_sbuf_t *out, const char *model_name,
                                            const char *model_version, const oi_request_t *req,
                                            const oi_response_t *resp, const uint8_t *binary);
+
+/* Appends a V2 inference request for clients: every input as binary tensor data
+ * ("binary_data_size": byte_size; the caller sends the bytes after the JSON, in order), every
+ * named output with "binary_data": true (none named: all outputs, which the caller asks for
+ * in binary with "binary_data_output" in `parameters`), `id` when not NULL and `parameters`
+ * (raw JSON object text) when present. Returns 0 or -1 (out of memory; `out` unchanged). */
+int oi_json_encode_infer_request(oi_sbuf_t *out, const oi_tensor_t *inputs, uint32_t n_inputs,
+                                 const char *const *outputs, uint32_t n_outputs, const char *id,
+                                 oi_slice_t parameters);
 
 /* Tells whether the response output `output_name` goes binary: the "binary_data" parameter of
  * the request's output of that name wins, else the request's "binary_data_output", else no.

@@ -123,7 +123,7 @@ oi_buf_t *oi_py_owner(PyObject *obj, void *data, size_t len)
 
 static void capsule_release(PyObject *cap) { oi_buf_unref(PyCapsule_GetPointer(cap, "openinfer.buf")); }
 
-static PyObject *bytes_array(const oi_tensor_t *t, npy_intp *dims)
+static PyObject *bytes_array(const oi_tensor_t *t, npy_intp *dims, int writable)
 {
     PyArrayObject *arr = (PyArrayObject *)PyArray_SimpleNew(t->ndim, dims, NPY_OBJECT);
     if (arr == NULL)
@@ -142,21 +142,23 @@ static PyObject *bytes_array(const oi_tensor_t *t, npy_intp *dims)
         Py_XSETREF(items[i], b); /* new object arrays may hold NULLs */
         off += 4 + (size_t)len;
     }
-    PyArray_CLEARFLAGS(arr, NPY_ARRAY_WRITEABLE);
+    if (!writable)
+        PyArray_CLEARFLAGS(arr, NPY_ARRAY_WRITEABLE);
     return (PyObject *)arr;
 }
 
-PyObject *oi_py_array_view(const oi_tensor_t *t)
+PyObject *oi_py_array_view(const oi_tensor_t *t, int writable)
 {
     npy_intp dims[OI_MAX_DIMS];
     for (int i = 0; i < t->ndim; i++)
         dims[i] = (npy_intp)t->shape[i];
     if (t->dtype == OI_TYPE_BYTES)
-        return bytes_array(t, dims);
+        return bytes_array(t, dims, writable);
     int typenum = oi_py_typenum(t->dtype);
     if (t->byte_size == 0 || t->owner == NULL) /* numpy allocates for empty arrays */
         return PyArray_SimpleNew(t->ndim, dims, typenum);
-    PyObject *arr = PyArray_New(&PyArray_Type, t->ndim, dims, typenum, NULL, t->data, 0, NPY_ARRAY_C_CONTIGUOUS, NULL);
+    int flags = NPY_ARRAY_C_CONTIGUOUS | (writable ? NPY_ARRAY_WRITEABLE : 0);
+    PyObject *arr = PyArray_New(&PyArray_Type, t->ndim, dims, typenum, NULL, t->data, 0, flags, NULL);
     if (arr == NULL)
         return NULL;
     PyObject *cap = PyCapsule_New(oi_buf_ref(t->owner), "openinfer.buf", capsule_release);

@@ -11,10 +11,10 @@
  * NPY_OBJECT), or -1. */
 int oi_py_typenum(oi_dtype_t t);
 
-/* Returns a new read-only ndarray viewing the tensor's memory, whose base keeps a reference
- * to the tensor's owner (BYTES: a new object array of bytes). NULL with a Python error set.
- * Needs the GIL. */
-PyObject *oi_py_array_view(const oi_tensor_t *t);
+/* Returns a new ndarray viewing the tensor's memory, read-only unless `writable`, whose base
+ * keeps a reference to the tensor's owner (BYTES: a new object array of bytes). NULL with a
+ * Python error set. Needs the GIL. */
+PyObject *oi_py_array_view(const oi_tensor_t *t, int writable);
 
 /* Returns a new owner (one reference) that keeps `obj` alive and releases it, GIL or no
  * GIL on the releasing thread, without ever blocking that thread on the GIL. Takes the

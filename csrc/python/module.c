@@ -7,6 +7,7 @@
 
 #include "backends/python_backend.h"
 #include "python/bridge.h"
+#include "python/client.h"
 #include "server/server.h"
 
 typedef struct {
@@ -328,12 +329,13 @@ static struct PyModuleDef core_module = {
 PyMODINIT_FUNC PyInit__core(void)
 {
     import_array();
-    if (PyType_Ready(&ServerType) < 0)
+    if (PyType_Ready(&ServerType) < 0 || PyType_Ready(&oi_py_conn_type) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&core_module);
     if (m == NULL)
         return NULL;
     if (PyModule_AddObjectRef(m, "Server", (PyObject *)&ServerType) < 0 ||
+        PyModule_AddObjectRef(m, "HttpConnection", (PyObject *)&oi_py_conn_type) < 0 ||
         PyModule_AddStringConstant(m, "__version__", "0.1.0") < 0) {
         Py_DECREF(m);
         return NULL;

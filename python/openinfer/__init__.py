@@ -18,11 +18,14 @@ from .model import Model, Tensor, model
 from .repository import examples_path
 
 if TYPE_CHECKING:
+    from .client import AsyncClient, Client
     from .server import Server, serve
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncClient",
+    "Client",
     "InferenceServerError",
     "Model",
     "Server",
@@ -39,4 +42,8 @@ def __getattr__(name: str) -> Any:
         from . import server
 
         return getattr(server, name)
+    if name in ("Client", "AsyncClient"):
+        from . import client
+
+        return getattr(client, name)
     raise AttributeError(f"module 'openinfer' has no attribute {name!r}")
