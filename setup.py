@@ -89,7 +89,7 @@ core = Extension(
     "openinfer._core",
     sources=sources,
     include_dirs=["csrc", str(LLHTTP_INC)],
-    libraries=["uv"],
+    libraries=["uv", "z"],
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION"), ("_GNU_SOURCE", None)],
     extra_compile_args=[
         "-std=c11",

@@ -5,6 +5,7 @@
 
 #include <llhttp.h>
 
+#include "codec/compress.h"
 #include "codec/json.h"
 #include "server/infer.h"
 #include "server/server_impl.h"
@@ -56,102 +57,201 @@ static void respond_buf(oi_http_request_t *r, oi_buf_t *b)
 
 /* ---- inference ---------------------------------------------------------------------------- */
 
-/* On the loop thread: encode and write. */
+/* Which outputs go binary: per output "binary_data", else the request's "binary_data_output".
+ * Fills `binary` (one flag per output); returns whether any is set. */
+static int pick_binary(const oi_request_t *req, const oi_response_t *resp, uint8_t *binary)
+{
+    int any = 0;
+    for (uint32_t i = 0; i < resp->n_outputs; i++) {
+        binary[i] = (uint8_t)(oi_json_output_is_binary(req, resp->outputs[i].name) != 0);
+        any |= binary[i];
+    }
+    return any;
+}
+
+/* Answers with the parts, compressed into one buffer when the client accepts gzip or
+ * deflate (the copy compression forces), else written as they are. Takes the parts' owners. */
+static void respond_parts(oi_http_request_t *r, const char *headers, oi_iov_t *parts, size_t n)
+{
+    oi_encoding_t enc = oi_accept_encoding(r->accept_encoding);
+    if (enc == OI_ENCODING_IDENTITY) {
+        oi_http_respond(r, 200, headers, parts, n);
+        return;
+    }
+    const char *bases[n ? n : 1];
+    size_t lens[n ? n : 1];
+    for (size_t i = 0; i < n; i++) {
+        bases[i] = parts[i].base;
+        lens[i] = parts[i].len;
+    }
+    oi_buf_t *z = NULL;
+    int rc = oi_deflate(bases, lens, n, enc, &z);
+    for (size_t i = 0; i < n; i++)
+        oi_buf_unref(parts[i].owner);
+    if (rc != 0) {
+        respond_error(r, OI_INTERNAL, "out of memory compressing the response");
+        return;
+    }
+    char all[512];
+    snprintf(all, sizeof(all), "%sContent-Encoding: %s\r\nVary: Accept-Encoding\r\n", headers,
+             enc == OI_ENCODING_GZIP ? "gzip" : "deflate");
+    oi_iov_t part = {z->data, z->len, z};
+    oi_http_respond(r, 200, all, &part, 1);
+}
+
+/* On the loop thread: encode and write. The JSON goes first, then each binary output
+ * straight from the backend's memory. */
 static void finish_infer(oi_infer_t *c)
 {
     oi_http_request_t *r = c->ctx;
-    if (c->job.status != NULL) {
-        oi_status_t *st = c->job.status;
-        c->job.status = NULL;
-        respond_status(r, st);
-        oi_infer_free(c);
-        return;
-    }
     const oi_response_t *resp = &c->job.resp;
-    uint8_t binary_small[16];
-    uint8_t *binary = resp->n_outputs <= 16 ? binary_small : malloc(resp->n_outputs);
-    int any_binary = 0;
-    for (uint32_t i = 0; binary != NULL && i < resp->n_outputs; i++) {
-        binary[i] = (uint8_t)(oi_json_output_is_binary(&c->req, resp->outputs[i].name) != 0);
-        any_binary |= binary[i];
-    }
+    oi_status_t *st = c->job.status;
+    c->job.status = NULL;
+    uint8_t *binary = NULL;
+    oi_iov_t *parts = NULL;
     oi_sbuf_t json = {0};
-    oi_status_t *st = binary == NULL ? oi_status_new(OI_INTERNAL, "out of memory")
-                                     : oi_json_encode_infer_response(&json, c->model->name, c->model->version_str,
-                                                                     &c->req, resp, binary);
+    if (st == NULL) {
+        binary = malloc(resp->n_outputs + 1);
+        parts = malloc((resp->n_outputs + 1) * sizeof(oi_iov_t));
+        if (binary == NULL || parts == NULL)
+            st = oi_status_new(OI_INTERNAL, "out of memory");
+    }
+    int any_binary = st == NULL && pick_binary(&c->req, resp, binary);
+    if (st == NULL)
+        st = oi_json_encode_infer_response(&json, c->model->name, c->model->version_str, &c->req, resp, binary);
+    oi_buf_t *head = st == NULL ? oi_sbuf_detach(&json) : NULL;
+    if (st == NULL && head == NULL)
+        st = oi_status_new(OI_INTERNAL, "out of memory");
     if (st != NULL) {
         oi_sbuf_free(&json);
         respond_status(r, st);
-    } else if (!any_binary) {
-        respond_sbuf(r, 200, JSON_HEADERS, &json);
     } else {
-        /* JSON header, then each binary output straight from the backend's memory. */
-        oi_iov_t parts_small[17];
-        oi_iov_t *parts = resp->n_outputs < 17 ? parts_small : malloc((resp->n_outputs + 1) * sizeof(oi_iov_t));
-        oi_buf_t *head = oi_sbuf_detach(&json);
-        if (parts == NULL || head == NULL) {
-            oi_buf_unref(head);
-            oi_sbuf_free(&json);
-            if (parts != parts_small)
-                free(parts);
-            respond_error(r, 500, "out of memory");
-        } else {
-            size_t n = 0;
-            parts[n++] = (oi_iov_t){head->data, head->len, head};
-            for (uint32_t i = 0; i < resp->n_outputs; i++) {
-                const oi_tensor_t *o = &resp->outputs[i];
-                if (binary[i])
-                    parts[n++] = (oi_iov_t){o->data, o->byte_size, o->owner ? oi_buf_ref(o->owner) : NULL};
-            }
-            char headers[160];
-            snprintf(headers, sizeof(headers),
-                     "Content-Type: application/octet-stream\r\nInference-Header-Content-Length: %zu\r\n",
-                     head->len);
-            oi_http_respond(r, 200, headers, parts, n);
-            if (parts != parts_small)
-                free(parts);
+        size_t n = 0;
+        parts[n++] = (oi_iov_t){head->data, head->len, head};
+        for (uint32_t i = 0; any_binary && i < resp->n_outputs; i++) {
+            const oi_tensor_t *o = &resp->outputs[i];
+            if (binary[i])
+                parts[n++] = (oi_iov_t){o->data, o->byte_size, o->owner ? oi_buf_ref(o->owner) : NULL};
         }
+        char headers[160];
+        if (any_binary)
+            snprintf(headers, sizeof(headers),
+                     "Content-Type: application/octet-stream\r\nInference-Header-Content-Length: %zu\r\n", head->len);
+        else
+            snprintf(headers, sizeof(headers), "%s", JSON_HEADERS);
+        respond_parts(r, headers, parts, n);
     }
-    if (binary != binary_small)
-        free(binary);
+    free(binary);
+    free(parts);
     oi_infer_free(c);
 }
 
+/* The raw binary form (Inference-Header-Content-Length: 0): the whole body is the data of the
+ * model's only input, whose shape is deduced from the byte size where the declaration leaves
+ * one dimension open (a batch dimension counts as 1). */
+static oi_status_t *decode_raw(const oi_model_t *m, oi_buf_t *body, oi_request_t *req)
+{
+    if (m->n_inputs != 1)
+        return oi_status_new(OI_BAD_REQUEST,
+                             "a raw binary request (Inference-Header-Content-Length: 0) needs a model with one input; "
+                             "model '%s' has %u", m->name, m->n_inputs);
+    const oi_io_spec_t *spec = &m->inputs[0];
+    oi_tensor_t *t = oi_tensor_push(&req->inputs, &req->n_inputs);
+    if (t == NULL)
+        return oi_status_new(OI_INTERNAL, "out of memory");
+    t->name = spec->name;
+    t->dtype = spec->dtype;
+    t->data = body->data;
+    t->byte_size = body->len;
+    t->owner = oi_buf_ref(body);
+    req->body = oi_buf_ref(body);
+    int open_dim = -1;
+    int64_t known = 1;
+    t->ndim = spec->ndim < 0 ? 1 : spec->ndim;
+    for (int i = 0; i < t->ndim; i++) {
+        int64_t d = spec->ndim < 0 ? -1 : spec->dims[i];
+        if (d == -1 && i == 0 && m->max_batch_size > 0 && t->ndim > 1)
+            d = 1;
+        if (d == -1 && open_dim >= 0)
+            return oi_status_new(OI_BAD_REQUEST, "a raw binary request cannot deduce the shape of input '%s': "
+                                 "more than one of its dimensions is variable", spec->name);
+        if (d == -1)
+            open_dim = i;
+        else if (__builtin_mul_overflow(known, d, &known))
+            return oi_status_new(OI_BAD_REQUEST, "input '%s': declared shape overflows", spec->name);
+        t->shape[i] = d;
+    }
+    if (open_dim >= 0) {
+        int64_t count = 0;
+        if (spec->dtype == OI_TYPE_BYTES) { /* count the length-prefixed elements */
+            for (size_t off = 0; off + 4 <= body->len; count++) {
+                uint32_t n;
+                memcpy(&n, body->data + off, 4);
+                off += 4 + (size_t)n;
+            }
+        } else {
+            size_t unit = (size_t)known * oi_dtype_size(spec->dtype);
+            count = unit ? (int64_t)(body->len / unit) : 0;
+        }
+        t->shape[open_dim] = known ? count / known : 0;
+    }
+    char what[300];
+    snprintf(what, sizeof(what), "input '%s' (raw binary body)", spec->name);
+    return oi_tensor_check_size(t, what);
+}
+
 /* What makes an HTTP inference request unservable before its body is even decoded. */
-static oi_status_t *check_infer(const oi_http_request_t *r, const oi_model_t *m)
+static oi_status_t *check_infer(const oi_http_request_t *r, const oi_model_t *m, oi_encoding_t enc)
 {
     oi_status_t *st = oi_model_check_ready(m);
     if (st != NULL)
         return st;
-    if (r->content_encoding[0] != '\0' && strcmp(r->content_encoding, "identity") != 0)
-        return oi_status_new(OI_UNSUPPORTED_MEDIA, "unsupported Content-Encoding; this server accepts identity");
+    if (enc == OI_ENCODING_UNKNOWN)
+        return oi_status_new(OI_UNSUPPORTED_MEDIA, "unsupported Content-Encoding '%s'; expected gzip, deflate or identity",
+                             r->content_encoding);
     if (r->body == NULL)
         return oi_status_new(OI_BAD_REQUEST, "inference request has no body; expected a JSON inference request");
-    if (r->inference_header_length >= 0 && (uint64_t)r->inference_header_length > r->body->len)
-        return oi_status_new(OI_BAD_REQUEST, "Inference-Header-Content-Length %lld exceeds the body length %zu",
-                             (long long)r->inference_header_length, r->body->len);
     return NULL;
+}
+
+/* The body to decode: the request's own, or its decompression (a new buffer). Returns NULL
+ * or a status; *body gets one reference either way on success. */
+static oi_status_t *request_body(oi_server_t *s, oi_http_request_t *r, oi_encoding_t enc, oi_buf_t **body)
+{
+    if (enc == OI_ENCODING_IDENTITY) {
+        *body = oi_buf_ref(r->body);
+        return NULL;
+    }
+    return oi_inflate(r->body->data, r->body->len, enc, s->cfg.http.max_body_bytes, body);
 }
 
 static void handle_infer(oi_server_t *s, oi_http_request_t *r, oi_model_t *m)
 {
-    oi_status_t *st = check_infer(r, m);
-    oi_infer_t *c = st == NULL ? oi_infer_new() : NULL;
-    if (st == NULL && c == NULL)
-        st = oi_status_new(OI_INTERNAL, "out of memory");
-    if (st != NULL) {
-        oi_model_unref(m);
-        respond_status(r, st);
-        return;
-    }
-    size_t json_len = r->inference_header_length >= 0 ? (size_t)r->inference_header_length : r->body->len;
-    oi_json_limits_t limits = {s->cfg.max_json_depth};
-    st = oi_json_decode_infer_request(r->body, json_len, &c->req, &limits);
+    oi_encoding_t enc = oi_content_encoding(r->content_encoding);
+    oi_buf_t *body = NULL;
+    oi_infer_t *c = NULL;
+    oi_status_t *st = check_infer(r, m, enc);
     if (st == NULL)
-        st = oi_infer_submit(c, m, r->loop, finish_infer, r);
-    else
-        oi_model_unref(m);
+        st = request_body(s, r, enc, &body);
+    if (st == NULL && r->inference_header_length >= 0 && (uint64_t)r->inference_header_length > body->len)
+        st = oi_status_new(OI_BAD_REQUEST, "Inference-Header-Content-Length %lld exceeds the body length %zu",
+                           (long long)r->inference_header_length, body->len);
+    if (st == NULL && (c = oi_infer_new()) == NULL)
+        st = oi_status_new(OI_INTERNAL, "out of memory");
+    if (st == NULL && r->inference_header_length == 0) {
+        st = decode_raw(m, body, &c->req);
+    } else if (st == NULL) {
+        size_t json_len = r->inference_header_length >= 0 ? (size_t)r->inference_header_length : body->len;
+        oi_json_limits_t limits = {s->cfg.max_json_depth};
+        st = oi_json_decode_infer_request(body, json_len, &c->req, &limits);
+    }
+    oi_buf_unref(body); /* the request holds its own references */
+    if (st == NULL) {
+        st = oi_infer_submit(c, m, r->loop, finish_infer, r); /* takes m */
+        m = NULL;
+    }
     if (st != NULL) {
+        oi_model_unref(m);
         oi_infer_free(c);
         respond_status(r, st);
     }

@@ -20,6 +20,9 @@ from .repository import LoadedModel, examples_path, scan
 
 logger = logging.getLogger("openinfer")
 
+# What GET /v2 lists: exactly the protocol extensions this server implements.
+EXTENSIONS = ("binary_tensor_data",)
+
 # The version a model is registered under when it failed before any version directory could
 # be chosen: the core needs one to answer "not ready" with the reason.
 _FAILED_MODEL_VERSION = 1
@@ -69,7 +72,7 @@ class Server:
         self._entries = _collect(repo, models)
         self._core = _core.Server(host, http_port, threads=threads, **limits)
         self._core.set_metadata(
-            _json({"name": "openinfer", "version": __version__, "extensions": []})
+            _json({"name": "openinfer", "version": __version__, "extensions": list(EXTENSIONS)})
         )
         self._register()
 

@@ -1,0 +1,182 @@
+#include "codec/compress.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+
+/* zlib's windowBits: 15 for the zlib format, +16 for gzip, +32 to detect either; -15 raw. */
+#define ZLIB_WINDOW 15
+
+oi_encoding_t oi_content_encoding(const char *v)
+{
+    if (*v == '\0' || strcmp(v, "identity") == 0)
+        return OI_ENCODING_IDENTITY;
+    if (strcmp(v, "gzip") == 0 || strcmp(v, "x-gzip") == 0)
+        return OI_ENCODING_GZIP;
+    if (strcmp(v, "deflate") == 0)
+        return OI_ENCODING_DEFLATE;
+    return OI_ENCODING_UNKNOWN;
+}
+
+/* The q value of one Accept-Encoding entry ("gzip;q=0.5" -> 0.5); 1 when absent. */
+static double entry_q(const char *params, const char *end)
+{
+    const char *q = params;
+    while (q < end && (q = memchr(q, 'q', (size_t)(end - q))) != NULL) {
+        const char *p = q + 1;
+        while (p < end && *p == ' ')
+            p++;
+        if (p < end && *p == '=')
+            return strtod(p + 1, NULL);
+        q++;
+    }
+    return 1.0;
+}
+
+oi_encoding_t oi_accept_encoding(const char *v)
+{
+    double gzip = 0, deflate = 0;
+    while (*v) {
+        while (*v == ' ' || *v == ',')
+            v++;
+        const char *end = strchr(v, ',');
+        if (end == NULL)
+            end = v + strlen(v);
+        const char *semi = memchr(v, ';', (size_t)(end - v));
+        const char *name_end = semi ? semi : end;
+        while (name_end > v && name_end[-1] == ' ')
+            name_end--;
+        size_t n = (size_t)(name_end - v);
+        double q = semi ? entry_q(semi, end) : 1.0;
+        if ((n == 4 && memcmp(v, "gzip", 4) == 0) || (n == 6 && memcmp(v, "x-gzip", 6) == 0))
+            gzip = q;
+        else if (n == 7 && memcmp(v, "deflate", 7) == 0)
+            deflate = q;
+        v = end;
+    }
+    if (gzip > 0 && gzip >= deflate)
+        return OI_ENCODING_GZIP;
+    return deflate > 0 ? OI_ENCODING_DEFLATE : OI_ENCODING_IDENTITY;
+}
+
+static oi_status_t *inflate_with(const char *data, size_t len, int window, size_t max_out, oi_buf_t **out)
+{
+    z_stream z;
+    memset(&z, 0, sizeof(z));
+    if (inflateInit2(&z, window) != Z_OK)
+        return oi_status_new(OI_INTERNAL, "cannot start decompression");
+    size_t cap = len * 4 < 65536 ? 65536 : len * 4;
+    if (cap > max_out && max_out > 0)
+        cap = max_out;
+    oi_buf_t *b = oi_buf_new(cap);
+    oi_status_t *st = NULL;
+    if (b == NULL)
+        st = oi_status_new(OI_INTERNAL, "out of memory for the decompressed body");
+    z.next_in = (Bytef *)data;
+    int rc = Z_OK;
+    while (st == NULL && rc != Z_STREAM_END) {
+        if (b->len == b->cap) {
+            if (b->cap >= max_out) {
+                st = oi_status_new(OI_TOO_LARGE, "the decompressed request body exceeds the server's max_body_bytes (%zu)",
+                                   max_out);
+                break;
+            }
+            size_t ncap = b->cap * 2 < max_out ? b->cap * 2 : max_out;
+            oi_buf_t *nb = oi_buf_grow(b, ncap);
+            if (nb == NULL) {
+                st = oi_status_new(OI_INTERNAL, "out of memory for the decompressed body");
+                break;
+            }
+            b = nb;
+        }
+        /* zlib counts in uInt; feed and drain at most 1 GiB a step. */
+        size_t in_left = len - (size_t)((const char *)z.next_in - data);
+        z.avail_in = (uInt)(in_left > (1u << 30) ? (1u << 30) : in_left);
+        size_t room = b->cap - b->len;
+        z.next_out = (Bytef *)b->data + b->len;
+        z.avail_out = (uInt)(room > (1u << 30) ? (1u << 30) : room);
+        uInt before = z.avail_out;
+        rc = inflate(&z, Z_NO_FLUSH);
+        b->len += before - z.avail_out;
+        if (rc == Z_BUF_ERROR && z.avail_in == 0 && in_left == 0)
+            st = oi_status_new(OI_BAD_REQUEST, "the compressed request body is truncated");
+        else if (rc != Z_OK && rc != Z_STREAM_END && rc != Z_BUF_ERROR)
+            st = oi_status_new(OI_BAD_REQUEST, "the compressed request body is corrupt: %s", z.msg ? z.msg : "bad data");
+    }
+    inflateEnd(&z);
+    if (st != NULL) {
+        oi_buf_unref(b);
+        return st;
+    }
+    *out = b;
+    return NULL;
+}
+
+oi_status_t *oi_inflate(const char *data, size_t len, oi_encoding_t enc, size_t max_out, oi_buf_t **out)
+{
+    if (enc == OI_ENCODING_GZIP)
+        return inflate_with(data, len, ZLIB_WINDOW + 16, max_out, out);
+    /* "deflate" means the zlib format (RFC 9110), but some clients send raw deflate. */
+    int zlib_header = len >= 2 && (((unsigned char)data[0] << 8) | (unsigned char)data[1]) % 31 == 0 &&
+                      (data[0] & 0x0f) == 8;
+    return inflate_with(data, len, zlib_header ? ZLIB_WINDOW : -ZLIB_WINDOW, max_out, out);
+}
+
+/* Runs deflate over `len` bytes with `flush`, growing *b as needed: until the input is taken
+ * (Z_NO_FLUSH) or the stream is finished (Z_FINISH). Returns 0 or -1. */
+static int deflate_step(z_stream *z, oi_buf_t **b, const char *p, size_t len, int flush)
+{
+    for (;;) {
+        size_t chunk = len > (1u << 30) ? (1u << 30) : len; /* zlib counts in uInt */
+        z->next_in = (Bytef *)p;
+        z->avail_in = (uInt)chunk;
+        int last = chunk == len;
+        int mode = last ? flush : Z_NO_FLUSH;
+        int zr;
+        do {
+            if ((*b)->cap - (*b)->len < 4096) {
+                oi_buf_t *nb = oi_buf_grow(*b, (*b)->cap * 2 + 65536);
+                if (nb == NULL)
+                    return -1;
+                *b = nb;
+            }
+            size_t room = (*b)->cap - (*b)->len;
+            z->next_out = (Bytef *)(*b)->data + (*b)->len;
+            z->avail_out = (uInt)(room > (1u << 30) ? (1u << 30) : room);
+            uInt before = z->avail_out;
+            zr = deflate(z, mode);
+            (*b)->len += before - z->avail_out;
+            if (zr == Z_STREAM_ERROR)
+                return -1;
+        } while (mode == Z_FINISH ? zr != Z_STREAM_END : (z->avail_in > 0 || z->avail_out == 0));
+        if (last)
+            return 0;
+        p += chunk;
+        len -= chunk;
+    }
+}
+
+int oi_deflate(const char *const *parts, const size_t *lens, size_t n, oi_encoding_t enc, oi_buf_t **out)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++)
+        total += lens[i];
+    z_stream z;
+    memset(&z, 0, sizeof(z));
+    if (deflateInit2(&z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, enc == OI_ENCODING_GZIP ? ZLIB_WINDOW + 16 : ZLIB_WINDOW,
+                     8, Z_DEFAULT_STRATEGY) != Z_OK)
+        return -1;
+    oi_buf_t *b = oi_buf_new(total / 4 + 4096);
+    int rc = b ? 0 : -1;
+    for (size_t i = 0; i < n && rc == 0; i++)
+        rc = deflate_step(&z, &b, parts[i], lens[i], Z_NO_FLUSH);
+    if (rc == 0)
+        rc = deflate_step(&z, &b, "", 0, Z_FINISH);
+    deflateEnd(&z);
+    if (rc != 0) {
+        oi_buf_unref(b);
+        return -1;
+    }
+    *out = b;
+    return 0;
+}
