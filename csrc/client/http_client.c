@@ -386,7 +386,12 @@ int oi_http_client_request(oi_http_client_t *c, const char *method, const char *
             break;
         }
         if (rc != 0) {
-            snprintf(err, errlen, "sending to %s:%d: %s", c->host, c->port, strerror(errno));
+            /* The server may have answered before reading everything (413, say) and closed:
+             * its answer, when it arrived, says more than the broken pipe. */
+            int send_errno = errno;
+            rc = read_response(c, deadline, err, errlen) == 0 ? 0 : -1;
+            if (rc != 0)
+                snprintf(err, errlen, "sending to %s:%d: %s", c->host, c->port, strerror(send_errno));
             break;
         }
         rc = read_response(c, deadline, err, errlen);

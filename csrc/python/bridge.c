@@ -147,7 +147,15 @@ static PyObject *bytes_array(const oi_tensor_t *t, npy_intp *dims, int writable)
     return (PyObject *)arr;
 }
 
-PyObject *oi_py_array_view(const oi_tensor_t *t, int writable)
+PyObject *oi_py_owner_capsule(oi_buf_t *owner)
+{
+    PyObject *cap = PyCapsule_New(oi_buf_ref(owner), "openinfer.buf", capsule_release);
+    if (cap == NULL)
+        oi_buf_unref(owner);
+    return cap;
+}
+
+PyObject *oi_py_array_view_base(const oi_tensor_t *t, int writable, PyObject *base)
 {
     npy_intp dims[OI_MAX_DIMS];
     for (int i = 0; i < t->ndim; i++)
@@ -161,19 +169,16 @@ PyObject *oi_py_array_view(const oi_tensor_t *t, int writable)
     PyObject *arr = PyArray_New(&PyArray_Type, t->ndim, dims, typenum, NULL, t->data, 0, flags, NULL);
     if (arr == NULL)
         return NULL;
-    PyObject *cap = PyCapsule_New(oi_buf_ref(t->owner), "openinfer.buf", capsule_release);
-    if (cap == NULL) {
-        oi_buf_unref(t->owner);
-        Py_DECREF(arr);
-        return NULL;
-    }
-    if (PyArray_SetBaseObject((PyArrayObject *)arr, cap) != 0) { /* steals cap */
+    PyObject *own = base != NULL ? Py_NewRef(base) : oi_py_owner_capsule(t->owner);
+    if (own == NULL || PyArray_SetBaseObject((PyArrayObject *)arr, own) != 0) { /* steals own */
         Py_DECREF(arr);
         return NULL;
     }
     PyArray_UpdateFlags((PyArrayObject *)arr, NPY_ARRAY_ALIGNED);
     return arr;
 }
+
+PyObject *oi_py_array_view(const oi_tensor_t *t, int writable) { return oi_py_array_view_base(t, writable, NULL); }
 
 /* ---- objects as tensors ------------------------------------------------------------------ */
 

@@ -16,6 +16,13 @@ int oi_py_typenum(oi_dtype_t t);
  * Python error set. Needs the GIL. */
 PyObject *oi_py_array_view(const oi_tensor_t *t, int writable);
 
+/* Like oi_py_array_view, but with `base` (not NULL) as the array's base when it already owns a
+ * reference to the tensor's owner: arrays of one response then share one base object. */
+PyObject *oi_py_array_view_base(const oi_tensor_t *t, int writable, PyObject *base);
+
+/* Returns a new Python object that holds one reference to `owner` (a capsule), or NULL. */
+PyObject *oi_py_owner_capsule(oi_buf_t *owner);
+
 /* Returns a new owner (one reference) that keeps `obj` alive and releases it, GIL or no
  * GIL on the releasing thread, without ever blocking that thread on the GIL. Takes the
  * caller's reference to obj. NULL when out of memory (the reference is then dropped). */

@@ -164,9 +164,11 @@ fail:
 static PyObject *decoded_result(oi_json_response_t *r)
 {
     PyObject *outputs = PyDict_New(), *types = PyDict_New();
+    /* Binary outputs all view the one body: one base object for all of them. */
+    PyObject *body = r->result.body ? oi_py_owner_capsule(r->result.body) : NULL;
     for (uint32_t i = 0; outputs != NULL && types != NULL && i < r->result.n_inputs; i++) {
         const oi_tensor_t *t = &r->result.inputs[i];
-        PyObject *arr = oi_py_array_view(t, 1);
+        PyObject *arr = oi_py_array_view_base(t, 1, body && t->owner == r->result.body ? body : NULL);
         PyObject *dt = PyUnicode_FromString(oi_dtype_name(t->dtype));
         if (arr == NULL || dt == NULL || PyDict_SetItemString(outputs, t->name, arr) != 0 ||
             PyDict_SetItemString(types, t->name, dt) != 0)
@@ -174,6 +176,7 @@ static PyObject *decoded_result(oi_json_response_t *r)
         Py_XDECREF(arr);
         Py_XDECREF(dt);
     }
+    Py_XDECREF(body);
     if (outputs == NULL || types == NULL) {
         Py_XDECREF(outputs);
         Py_XDECREF(types);

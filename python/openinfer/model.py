@@ -25,6 +25,9 @@ try:
 except ImportError:
     _bfloat16 = None
 
+# Request parameters that steer the protocol (binary tensor data extension), not the model.
+_PROTOCOL_PARAMETERS = ("binary_data_output",)
+
 DATATYPES: tuple[str, ...] = (
     "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
     "FP16", "FP32", "FP64", "BF16", "BYTES",
@@ -201,7 +204,10 @@ class Model:
         the requested order. Raised errors name the model, since the server sends them to the
         client as the 500 message."""
         if self._wants_parameters:
-            result = self.fn(inputs, parameters=json.loads(parameters) if parameters else {})
+            params = json.loads(parameters) if parameters else {}
+            for key in _PROTOCOL_PARAMETERS:  # the transport's business, not the model's
+                params.pop(key, None)
+            result = self.fn(inputs, parameters=params)
         else:
             result = self.fn(inputs)
         if not isinstance(result, Mapping):
