@@ -1,5 +1,6 @@
 #include "backends/python_backend.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -98,11 +99,40 @@ static oi_status_t *collect_outputs(const py_state_t *s, PyObject *result, const
     return NULL;
 }
 
+/* Each executor thread keeps one Python thread state for its whole life: PyGILState_Ensure /
+ * Release around every call would create and destroy one (and its frame stack) per request. */
+static pthread_key_t tstate_key;
+static pthread_once_t tstate_once = PTHREAD_ONCE_INIT;
+
+static void drop_tstate(void *p)
+{
+    if (!Py_IsInitialized())
+        return;
+    PyEval_RestoreThread(p);
+    PyThreadState_Clear(p);
+    PyThreadState_DeleteCurrent(); /* also releases the GIL */
+}
+
+static void make_tstate_key(void) { pthread_key_create(&tstate_key, drop_tstate); }
+
+/* Takes the GIL with this thread's own state, made on first use. */
+static void enter_python(void)
+{
+    pthread_once(&tstate_once, make_tstate_key);
+    PyThreadState *ts = pthread_getspecific(tstate_key);
+    if (ts != NULL) {
+        PyEval_RestoreThread(ts);
+        return;
+    }
+    PyGILState_Ensure(); /* never released: the state lives until the thread ends */
+    pthread_setspecific(tstate_key, PyThreadState_Get());
+}
+
 static oi_status_t *py_execute(void *state, const oi_request_t *req, const char *const *names, uint32_t n,
                                oi_response_t *resp)
 {
     py_state_t *s = state;
-    PyGILState_STATE g = PyGILState_Ensure();
+    enter_python();
     oi_py_owner_flush(); /* earlier responses' arrays, released by loop threads */
     oi_status_t *st = NULL;
     PyObject *inputs = make_inputs(req);
@@ -130,7 +160,7 @@ static oi_status_t *py_execute(void *state, const oi_request_t *req, const char 
     Py_XDECREF(inputs);
     Py_XDECREF(params);
     Py_XDECREF(out_names);
-    PyGILState_Release(g);
+    PyEval_SaveThread();
     return st;
 }
 

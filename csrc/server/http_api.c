@@ -137,9 +137,7 @@ static void finish_infer(oi_infer_t *c)
         if (any_binary)
             snprintf(headers, sizeof(headers),
                      "Content-Type: application/octet-stream\r\nInference-Header-Content-Length: %zu\r\n", head->len);
-        else
-            snprintf(headers, sizeof(headers), "%s", JSON_HEADERS);
-        respond_parts(r, headers, parts, n);
+        respond_parts(r, any_binary ? headers : JSON_HEADERS, parts, n);
     }
     free(binary);
     free(parts);

@@ -158,6 +158,41 @@ static const char *reason_phrase(int status)
     }
 }
 
+static char *put_str(char *w, const char *s, size_t n)
+{
+    memcpy(w, s, n);
+    return w + n;
+}
+
+static char *put_decimal(char *w, size_t v)
+{
+    char tmp[24], *p = tmp + sizeof(tmp);
+    do
+        *--p = (char)('0' + v % 10);
+    while ((v /= 10) != 0);
+    return put_str(w, p, (size_t)(tmp + sizeof(tmp) - p));
+}
+
+/* Writes the status line and headers into `w` (room for hlen + 160 bytes); returns the length.
+ * By hand rather than snprintf: this runs for every response. */
+static size_t format_head(char *w, int status, size_t body_len, const char *conn_hdr, const char *headers,
+                          size_t hlen)
+{
+    char *start = w;
+    const char *reason = reason_phrase(status);
+    w = put_str(w, "HTTP/1.1 ", 9);
+    w = put_decimal(w, (size_t)status);
+    *w++ = ' ';
+    w = put_str(w, reason, strlen(reason));
+    w = put_str(w, "\r\nContent-Length: ", 18);
+    w = put_decimal(w, body_len);
+    w = put_str(w, "\r\n", 2);
+    w = put_str(w, conn_hdr, strlen(conn_hdr));
+    w = put_str(w, headers, hlen);
+    w = put_str(w, "\r\n", 2);
+    return (size_t)(w - start);
+}
+
 /* Queues a complete response. Takes the parts' owner references. */
 static void conn_write(oi_http_conn_t *c, int status, const char *headers, const oi_iov_t *parts,
                        size_t nparts)
@@ -184,8 +219,7 @@ static void conn_write(oi_http_conn_t *c, int status, const char *headers, const
         conn_hdr = "Connection: close\r\n";
     else if (c->http10)
         conn_hdr = "Connection: keep-alive\r\n";
-    int n = snprintf(wr->head, head_cap, "HTTP/1.1 %d %s\r\nContent-Length: %zu\r\n%s%s\r\n", status,
-                     reason_phrase(status), body_len, conn_hdr, headers);
+    size_t n = format_head(wr->head, status, body_len, conn_hdr, headers, hlen);
     wr->conn = c;
     wr->nparts = nparts;
     wr->parts = (oi_iov_t *)(wr->head + head_cap);
