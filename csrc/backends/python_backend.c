@@ -86,13 +86,14 @@ static oi_status_t *collect_outputs(const py_state_t *s, PyObject *result, const
             PyErr_Clear();
             return oi_status_new(OI_INTERNAL, "model '%s' did not return output '%s'", s->model_name, names[i]);
         }
-        char what[300];
-        snprintf(what, sizeof(what), "model '%s' output '%s'", s->model_name, names[i]);
         oi_tensor_t *t = &resp->outputs[i];
-        oi_status_t *st = oi_py_to_tensor(v, declared_dtype(s, names[i]), what, t);
+        oi_status_t *st = oi_py_to_tensor(v, declared_dtype(s, names[i]), "output", names[i], t);
         Py_DECREF(v);
-        if (st != NULL)
-            return st;
+        if (st != NULL) {
+            oi_status_t *wrapped = oi_status_new(st->code, "model '%s' %s", s->model_name, st->message);
+            oi_status_free(st);
+            return wrapped;
+        }
         t->name = names[i];
         resp->n_outputs = i + 1;
     }

@@ -1184,7 +1184,7 @@ static int take_binary(decoder_t *d, input_t *in)
     t->byte_size = (size_t)in->binary_size;
     t->owner = oi_buf_ref(d->body);
     d->bin_used += t->byte_size;
-    oi_status_t *st = oi_tensor_check_size(t, input_label(in, label));
+    oi_status_t *st = oi_tensor_check_size(t, in->kind, in->t->name);
     if (st != NULL && c->err == NULL)
         c->err = st;
     else
@@ -1810,11 +1810,9 @@ static oi_status_t *write_bytes_data(oi_sbuf_t *out, const oi_tensor_t *t)
 
 static oi_status_t *write_output(oi_sbuf_t *out, const oi_tensor_t *t, int binary)
 {
-    char label[160];
     const char *name = t->name != NULL ? t->name : "";
-    snprintf(label, sizeof(label), "output '%.128s'", name);
     /* A size that does not fit the shape is the model's fault, not the client's. */
-    oi_status_t *st = oi_tensor_check_size(t, label);
+    oi_status_t *st = oi_tensor_check_size(t, "output", name);
     if (st != NULL) {
         if (st->code == OI_BAD_REQUEST)
             st->code = OI_INTERNAL;

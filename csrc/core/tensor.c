@@ -77,19 +77,19 @@ void oi_response_clear(oi_response_t *r)
     memset(r, 0, sizeof(*r));
 }
 
-oi_status_t *oi_tensor_check_size(const oi_tensor_t *t, const char *what)
+oi_status_t *oi_tensor_check_size(const oi_tensor_t *t, const char *kind, const char *name)
 {
     char shp[24 * OI_MAX_DIMS];
     int64_t count;
     if (oi_shape_elements(t->shape, t->ndim, &count) != 0)
-        return oi_status_new(OI_BAD_REQUEST, "%s: shape %s has a negative dimension or too many elements",
-                             what, oi_shape_format(t->shape, t->ndim, shp, sizeof(shp)));
+        return oi_status_new(OI_BAD_REQUEST, "%s '%s': shape %s has a negative dimension or too many elements",
+                             kind, name, oi_shape_format(t->shape, t->ndim, shp, sizeof(shp)));
     size_t esize = oi_dtype_size(t->dtype);
     if (t->dtype != OI_TYPE_BYTES) {
         uint64_t want;
         if (__builtin_mul_overflow((uint64_t)count, (uint64_t)esize, &want) || want != t->byte_size)
             return oi_status_new(OI_BAD_REQUEST,
-                                 "%s: shape %s of %s needs %" PRId64 " x %zu bytes, got %zu bytes", what,
+                                 "%s '%s': shape %s of %s needs %" PRId64 " x %zu bytes, got %zu bytes", kind, name,
                                  oi_shape_format(t->shape, t->ndim, shp, sizeof(shp)),
                                  oi_dtype_name(t->dtype), count, esize, t->byte_size);
         return NULL;
@@ -99,20 +99,20 @@ oi_status_t *oi_tensor_check_size(const oi_tensor_t *t, const char *what)
     int64_t seen = 0;
     while (off < t->byte_size) {
         if (t->byte_size - off < 4)
-            return oi_status_new(OI_BAD_REQUEST, "%s: BYTES element %" PRId64 " has a truncated 4-byte length",
-                                 what, seen);
+            return oi_status_new(OI_BAD_REQUEST, "%s '%s': BYTES element %" PRId64 " has a truncated 4-byte length",
+                                 kind, name, seen);
         uint32_t n;
         memcpy(&n, t->data + off, 4); /* little-endian hosts only (x86-64, arm64) */
         off += 4;
         if (n > t->byte_size - off)
             return oi_status_new(OI_BAD_REQUEST,
-                                 "%s: BYTES element %" PRId64 " declares %u bytes but only %zu remain",
-                                 what, seen, n, t->byte_size - off);
+                                 "%s '%s': BYTES element %" PRId64 " declares %u bytes but only %zu remain",
+                                 kind, name, seen, n, t->byte_size - off);
         off += n;
         seen++;
     }
     if (seen != count)
-        return oi_status_new(OI_BAD_REQUEST, "%s: shape %s needs %" PRId64 " BYTES elements, got %" PRId64,
-                             what, oi_shape_format(t->shape, t->ndim, shp, sizeof(shp)), count, seen);
+        return oi_status_new(OI_BAD_REQUEST, "%s '%s': shape %s needs %" PRId64 " BYTES elements, got %" PRId64,
+                             kind, name, oi_shape_format(t->shape, t->ndim, shp, sizeof(shp)), count, seen);
     return NULL;
 }

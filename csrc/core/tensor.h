@@ -85,8 +85,8 @@ void oi_request_clear(oi_request_t *r);
 void oi_response_clear(oi_response_t *r);
 
 /* Checks that byte_size fits shape x dtype (for BYTES: that the elements are well-formed
- * length-prefixed strings and their count matches). `what` names the tensor in the message
- * ("input 'X'"). Returns NULL or a 400 status. */
-oi_status_t *oi_tensor_check_size(const oi_tensor_t *t, const char *what);
+ * length-prefixed strings and their count matches). The message names the tensor as
+ * "<kind> '<name>'" ("input 'X'"). Returns NULL or a 400 status. */
+oi_status_t *oi_tensor_check_size(const oi_tensor_t *t, const char *kind, const char *name);
 
 #endif

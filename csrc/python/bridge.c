@@ -182,13 +182,19 @@ PyObject *oi_py_array_view(const oi_tensor_t *t, int writable) { return oi_py_ar
 
 /* ---- objects as tensors ------------------------------------------------------------------ */
 
-static oi_status_t *py_error_status(const char *what, const char *doing)
+/* Names a tensor in messages, formatted only when there is an error to report. */
+typedef struct oi_label_s {
+    const char *kind; /* "input", "output" */
+    const char *name;
+} oi_label_t;
+
+static oi_status_t *py_error_status(oi_label_t what, const char *doing)
 {
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     PyObject *s = value ? PyObject_Str(value) : NULL;
     const char *msg = s ? PyUnicode_AsUTF8(s) : NULL;
-    oi_status_t *st = oi_status_new(OI_INTERNAL, "%s: %s: %s", what, doing, msg ? msg : "unknown error");
+    oi_status_t *st = oi_status_new(OI_INTERNAL, "%s '%s': %s: %s", what.kind, what.name, doing, msg ? msg : "unknown error");
     PyErr_Clear();
     Py_XDECREF(s);
     Py_XDECREF(type);
@@ -197,7 +203,7 @@ static oi_status_t *py_error_status(const char *what, const char *doing)
     return st;
 }
 
-static oi_status_t *bytes_to_tensor(PyObject *obj, const char *what, oi_tensor_t *out)
+static oi_status_t *bytes_to_tensor(PyObject *obj, oi_label_t what, oi_tensor_t *out)
 {
     PyArrayObject *arr = (PyArrayObject *)PyArray_FROMANY(obj, NPY_OBJECT, 0, OI_MAX_DIMS, NPY_ARRAY_C_CONTIGUOUS);
     if (arr == NULL)
@@ -215,21 +221,21 @@ static oi_status_t *bytes_to_tensor(PyObject *obj, const char *what, oi_tensor_t
                 return py_error_status(what, "cannot encode a str element as UTF-8");
             }
         } else {
-            oi_status_t *st = oi_status_new(OI_INTERNAL, "%s: BYTES element %zd is %s; expected bytes or str", what,
+            oi_status_t *st = oi_status_new(OI_INTERNAL, "%s '%s': BYTES element %zd is %s; expected bytes or str", what.kind, what.name,
                                             (Py_ssize_t)i, Py_TYPE(items[i])->tp_name);
             Py_DECREF(arr);
             return st;
         }
         if ((size_t)len > UINT32_MAX) {
             Py_DECREF(arr);
-            return oi_status_new(OI_INTERNAL, "%s: BYTES element %zd exceeds 4 GiB", what, (Py_ssize_t)i);
+            return oi_status_new(OI_INTERNAL, "%s '%s': BYTES element %zd exceeds 4 GiB", what.kind, what.name, (Py_ssize_t)i);
         }
         total += 4 + (size_t)len;
     }
     oi_buf_t *b = oi_buf_new(total);
     if (b == NULL) {
         Py_DECREF(arr);
-        return oi_status_new(OI_INTERNAL, "%s: out of memory", what);
+        return oi_status_new(OI_INTERNAL, "%s '%s': out of memory", what.kind, what.name);
     }
     for (npy_intp i = 0; i < n; i++) {
         Py_ssize_t len;
@@ -254,7 +260,7 @@ static oi_status_t *bytes_to_tensor(PyObject *obj, const char *what, oi_tensor_t
 
 /* BF16 travels as uint16 bit patterns: floats are rounded to bfloat16, 2-byte types (uint16,
  * ml_dtypes.bfloat16) are taken as the bits. */
-static PyArrayObject *bf16_bits(PyArrayObject *arr, const char *what, oi_status_t **st)
+static PyArrayObject *bf16_bits(PyArrayObject *arr, oi_label_t what, oi_status_t **st)
 {
     PyArray_Descr *d = PyArray_DESCR(arr);
     if (d->kind == 'f' && PyDataType_ELSIZE(d) != 2) {
@@ -282,12 +288,13 @@ static PyArrayObject *bf16_bits(PyArrayObject *arr, const char *what, oi_status_
             *st = py_error_status(what, "cannot view as BF16 bits");
         return v;
     }
-    *st = oi_status_new(OI_INTERNAL, "%s: cannot produce BF16 from numpy dtype %c%d", what, d->kind, (int)PyDataType_ELSIZE(d));
+    *st = oi_status_new(OI_INTERNAL, "%s '%s': cannot produce BF16 from numpy dtype %c%d", what.kind, what.name, d->kind, (int)PyDataType_ELSIZE(d));
     return NULL;
 }
 
-oi_status_t *oi_py_to_tensor(PyObject *obj, oi_dtype_t t, const char *what, oi_tensor_t *out)
+oi_status_t *oi_py_to_tensor(PyObject *obj, oi_dtype_t t, const char *kind, const char *name, oi_tensor_t *out)
 {
+    const oi_label_t what = {kind, name};
     if (t == OI_TYPE_BYTES)
         return bytes_to_tensor(obj, what, out);
     int typenum = oi_py_typenum(t);
@@ -296,7 +303,7 @@ oi_status_t *oi_py_to_tensor(PyObject *obj, oi_dtype_t t, const char *what, oi_t
         return py_error_status(what, "cannot convert to an array");
     oi_status_t *st = NULL;
     if (PyArray_NDIM(arr) > OI_MAX_DIMS) {
-        st = oi_status_new(OI_INTERNAL, "%s: %d dimensions, at most %d are supported", what, PyArray_NDIM(arr), OI_MAX_DIMS);
+        st = oi_status_new(OI_INTERNAL, "%s '%s': %d dimensions, at most %d are supported", what.kind, what.name, PyArray_NDIM(arr), OI_MAX_DIMS);
         Py_DECREF(arr);
         return st;
     }
@@ -309,7 +316,7 @@ oi_status_t *oi_py_to_tensor(PyObject *obj, oi_dtype_t t, const char *what, oi_t
     } else if (PyArray_TYPE(arr) != typenum) {
         PyArray_Descr *want = PyArray_DescrFromType(typenum);
         if (!PyArray_CanCastArrayTo(arr, want, NPY_SAME_KIND_CASTING)) {
-            st = oi_status_new(OI_INTERNAL, "%s: numpy dtype %s cannot be cast to %s under the same_kind rule", what,
+            st = oi_status_new(OI_INTERNAL, "%s '%s': numpy dtype %s cannot be cast to %s under the same_kind rule", what.kind, what.name,
                                PyArray_DESCR(arr)->typeobj->tp_name, oi_dtype_name(t));
             Py_DECREF(want);
             Py_DECREF(arr);
@@ -335,7 +342,7 @@ oi_status_t *oi_py_to_tensor(PyObject *obj, oi_dtype_t t, const char *what, oi_t
     if (out->owner == NULL) {
         out->data = NULL;
         out->byte_size = 0;
-        return oi_status_new(OI_INTERNAL, "%s: out of memory", what);
+        return oi_status_new(OI_INTERNAL, "%s '%s': out of memory", what.kind, what.name);
     }
     return NULL;
 }

@@ -30,9 +30,9 @@ oi_buf_t *oi_py_owner(PyObject *obj, void *data, size_t len);
 
 /* Converts `obj` into a tensor of datatype `t` owned by a new owner: numpy arrays keep their
  * memory when already C-contiguous and of that type; other numeric types are cast where
- * numpy's same_kind rule allows; BYTES takes bytes or str elements. `what` names the tensor
- * in error messages. Needs the GIL. Returns NULL or a status. */
-oi_status_t *oi_py_to_tensor(PyObject *obj, oi_dtype_t t, const char *what, oi_tensor_t *out);
+ * numpy's same_kind rule allows; BYTES takes bytes or str elements. Error messages name the
+ * tensor as "<kind> '<name>'". Needs the GIL. Returns NULL or a status. */
+oi_status_t *oi_py_to_tensor(PyObject *obj, oi_dtype_t t, const char *kind, const char *name, oi_tensor_t *out);
 
 /* Releases the objects whose release was deferred. Call with the GIL held: executors do at
  * each call, the module at shutdown. */

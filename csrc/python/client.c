@@ -142,9 +142,7 @@ static int collect_inputs(PyObject *seq, oi_tensor_t **out, uint32_t *n)
             PyErr_Format(PyExc_ValueError, "input '%s': unknown datatype '%s'", name, dtype);
             goto fail;
         }
-        char what[300];
-        snprintf(what, sizeof(what), "input '%s'", name);
-        oi_status_t *st = oi_py_to_tensor(value, t, what, &(*out)[i]);
+        oi_status_t *st = oi_py_to_tensor(value, t, "input", name, &(*out)[i]);
         if (st != NULL) {
             PyErr_SetString(PyExc_ValueError, st->message);
             oi_status_free(st);

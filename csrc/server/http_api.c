@@ -193,9 +193,7 @@ static oi_status_t *decode_raw(const oi_model_t *m, oi_buf_t *body, oi_request_t
         }
         t->shape[open_dim] = known ? count / known : 0;
     }
-    char what[300];
-    snprintf(what, sizeof(what), "input '%s' (raw binary body)", spec->name);
-    return oi_tensor_check_size(t, what);
+    return oi_tensor_check_size(t, "raw binary body of input", spec->name);
 }
 
 /* What makes an HTTP inference request unservable before its body is even decoded. */

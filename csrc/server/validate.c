@@ -95,7 +95,7 @@ oi_status_t *oi_validate_request(const oi_model_t *m, const oi_request_t *req, c
 oi_status_t *oi_validate_response(const oi_model_t *m, const char *const *names, uint32_t n,
                                   const oi_response_t *resp)
 {
-    char got[24 * OI_MAX_DIMS], want[24 * OI_MAX_DIMS], what[160];
+    char got[24 * OI_MAX_DIMS], want[24 * OI_MAX_DIMS];
     if (resp->n_outputs != n)
         return oi_status_new(OI_INTERNAL, "model '%s' produced %u outputs, expected %u", m->name, resp->n_outputs, n);
     for (uint32_t i = 0; i < n; i++) {
@@ -111,11 +111,11 @@ oi_status_t *oi_validate_response(const oi_model_t *m, const char *const *names,
             return oi_status_new(OI_INTERNAL, "model '%s' output '%s': declared shape %s, produced %s", m->name,
                                  s->name, oi_shape_format(s->dims, s->ndim, want, sizeof(want)),
                                  oi_shape_format(t->shape, t->ndim, got, sizeof(got)));
-        snprintf(what, sizeof(what), "model '%s' output '%s'", m->name, s->name);
-        oi_status_t *st = oi_tensor_check_size(t, what);
+        oi_status_t *st = oi_tensor_check_size(t, "output", s->name);
         if (st != NULL) {
-            st->code = OI_INTERNAL;
-            return st;
+            oi_status_t *wrapped = oi_status_new(OI_INTERNAL, "model '%s' %s", m->name, st->message);
+            oi_status_free(st);
+            return wrapped;
         }
     }
     return NULL;
