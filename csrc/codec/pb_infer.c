@@ -747,6 +747,19 @@ oi_status_t *oi_pb_decode_infer_request(oi_buf_t *msg, oi_request_t *req, oi_sli
     return st;
 }
 
+int oi_pb_peek_request_id(const char *data, size_t len, oi_slice_t *id)
+{
+    rd_t r = {(const uint8_t *)data, (const uint8_t *)data + len};
+    field_t f;
+    int found = -1;
+    while (r.p < r.end && rd_field(&r, &f) == RD_OK)
+        if (f.num == 3 && f.wt == WT_LEN) {
+            *id = f.s;
+            found = 0;
+        }
+    return found;
+}
+
 /* ---- writing ------------------------------------------------------------------------------- */
 
 static size_t varint_size(uint64_t v)

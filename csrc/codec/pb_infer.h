@@ -41,6 +41,11 @@ typedef struct oi_pb_iov_s {
 oi_status_t *oi_pb_decode_infer_request(oi_buf_t *msg, oi_request_t *req, oi_slice_t *model_name,
                                         oi_slice_t *model_version);
 
+/* Finds the id (field 3) of a ModelInferRequest that may be malformed elsewhere, so that an
+ * error answer can still name the request; *id points into `data`. 0, or -1 when there is
+ * none or the message breaks before it. */
+int oi_pb_peek_request_id(const char *data, size_t len, oi_slice_t *id);
+
 /* The most slices oi_pb_encode_infer_response writes for `n_outputs` outputs. */
 #define OI_PB_RESPONSE_PARTS(n_outputs) (2 * (size_t)(n_outputs) + 1)
 

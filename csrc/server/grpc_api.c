@@ -387,8 +387,21 @@ static void handle_infer(oi_server_t *s, oi_grpc_call_t *call, oi_buf_t *msg)
     }
     oi_slice_t name, version;
     oi_status_t *st = oi_pb_decode_infer_request(msg, &inf->req, &name, &version);
+    if (st != NULL) {
+        /* The request is cleared; a stream's answer still names it by its id. */
+        oi_request_t id_only = {0};
+        oi_slice_t id;
+        if (oi_pb_peek_request_id(msg->data, msg->len, &id) == 0) {
+            id_only.id = id.ptr;
+            id_only.id_len = id.len;
+        }
+        infer_failed(call, st, NULL, &id_only);
+        oi_buf_unref(msg);
+        oi_infer_free(inf);
+        return;
+    }
     oi_buf_unref(msg); /* the request holds its own reference */
-    oi_model_t *m = st == NULL ? oi_registry_find(&s->registry, name.ptr, version.ptr, &st) : NULL;
+    oi_model_t *m = oi_registry_find(&s->registry, name.ptr, version.ptr, &st);
     if (st != NULL) {
         infer_failed(call, st, NULL, &inf->req);
         oi_infer_free(inf);
