@@ -206,15 +206,18 @@ def grpc_stubs(tmp_path_factory: pytest.TempPathFactory) -> Any:
     the same proto that tritonclient registers. Returns a namespace with `pb` (messages) and
     `rpc` (the GRPCInferenceServiceStub module)."""
     import importlib.util
+    import subprocess
+    import sys
     import types
-
-    from grpc_tools import protoc
 
     out = tmp_path_factory.mktemp("grpc_stubs")
     proto_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "proto")
-    rc = protoc.main(["protoc", f"-I{proto_dir}", f"--python_out={out}", f"--grpc_python_out={out}",
-                      os.path.join(proto_dir, "grpc_service.proto")])
-    assert rc == 0, "grpc_tools.protoc failed on proto/grpc_service.proto"
+    # In a child process without the sanitizer run's preload: protoc is not ours to check.
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "PYTHONMALLOC")}
+    r = subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{proto_dir}", f"--python_out={out}",
+                        f"--grpc_python_out={out}", os.path.join(proto_dir, "grpc_service.proto")],
+                       env=env, capture_output=True, text=True)
+    assert r.returncode == 0, f"grpc_tools.protoc failed on proto/grpc_service.proto: {r.stderr}"
     pb_path = out / "grpc_service_pb2.py"
     pb_path.write_text(pb_path.read_text().replace("_descriptor_pool.Default()", "_descriptor_pool.DescriptorPool()"))
     rpc_path = out / "grpc_service_pb2_grpc.py"
@@ -223,8 +226,6 @@ def grpc_stubs(tmp_path_factory: pytest.TempPathFactory) -> Any:
     def load(name: str, path: Any) -> Any:
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
-        import sys
-
         sys.modules[name] = module
         spec.loader.exec_module(module)
         return module

@@ -42,7 +42,7 @@ def sample(dtype: str, n: int = 5) -> list[Any]:
         return [0x3F80, 0xC000, 0x0000, 0x7F80, 0x3E4D][:n]
     if info is not None:
         return [int(info.min), int(info.max), 0, 1, int(info.max) // 3][:n]
-    return [0.5, -1.25, 3.0e8, float("inf"), -0.0][:n]
+    return [0.5, -1.25, 3.0e4, float("inf"), -0.0][:n]
 
 
 def raw_bytes(dtype: str, values: list[Any]) -> bytes:

@@ -65,9 +65,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--grpc-port",
         type=int,
-        default=8001,
         metavar="PORT",
-        help="gRPC port; 0 picks a free one, -1 serves no gRPC (default 8001)",
+        help="gRPC port; 0 picks a free one, -1 serves no gRPC "
+        "(default 8001, or a free one with --http-port 0)",
     )
     serve.add_argument(
         "--threads",
@@ -93,13 +93,16 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
 
     limits = {k: getattr(args, k) for k in _LIMITS if getattr(args, k) is not None}
+    grpc: dict[str, int | None] = {}
+    if args.grpc_port is not None:
+        grpc["grpc_port"] = None if args.grpc_port < 0 else args.grpc_port
     try:
         server = serve(
             args.repo,
             host=args.host,
             http_port=args.http_port,
-            grpc_port=None if args.grpc_port < 0 else args.grpc_port,
             threads=args.threads,
+            **grpc,
             **limits,
         )
     except (OSError, ValueError) as e:

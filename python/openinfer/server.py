@@ -153,9 +153,8 @@ class Server:
         if self._grpc_port is not None:
             self._grpc_port = self._core.grpc_port
         if self._log:
-            logger.info("openinfer %s listening on %s", __version__, self.url)
-            if self._grpc_port is not None:
-                logger.info("gRPC on %s", self.grpc_url)
+            grpc = f" and {self.grpc_url}" if self._grpc_port is not None else ""
+            logger.info("openinfer %s listening on %s%s", __version__, self.url, grpc)
             for entry in self._entries:
                 if entry.model is not None:
                     logger.info("model %s version %d ready", entry.name, entry.version)
