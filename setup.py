@@ -1,5 +1,6 @@
 """Builds openinfer._core from csrc/ with libuv, llhttp (compiled from Debian's node-llhttp
-sources) and the numpy C API.
+sources), nghttp2, protobuf-c (C code generated from proto/ with protoc-c at build time) and
+the numpy C API.
 
 Environment:
   OI_WERROR=1    compile our sources with -Werror (CI and `make test` do).
@@ -9,6 +10,8 @@ Environment:
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 from glob import glob
 from pathlib import Path
@@ -21,6 +24,7 @@ ROOT = Path(__file__).resolve().parent
 LLHTTP_SRC = Path(os.environ.get("OI_LLHTTP_SRC", "/usr/share/llhttp"))
 LLHTTP_INC = Path(os.environ.get("OI_LLHTTP_INCLUDE", "/usr/share/include/llhttp"))
 LLHTTP_FILES = ("api.c", "http.c", "llhttp.c")
+PROTOS = ("grpc_service.proto",)
 
 
 def fail(message: str) -> None:
@@ -36,6 +40,33 @@ def check_dependencies() -> None:
         )
     if not any(Path(d, "uv.h").is_file() for d in ("/usr/include", "/usr/local/include")):
         fail("libuv headers (uv.h) not found; install Debian's package `libuv1-dev`")
+    if not _header("nghttp2/nghttp2.h"):
+        fail("nghttp2 headers (nghttp2/nghttp2.h) not found; install Debian's package `libnghttp2-dev`")
+    if not _header("protobuf-c/protobuf-c.h"):
+        fail("protobuf-c headers not found; install Debian's package `libprotobuf-c-dev`")
+    if shutil.which("protoc-c") is None:
+        fail("protoc-c (the protobuf-c code generator) not found; install Debian's package `protobuf-c-compiler`")
+
+
+def _header(name: str) -> bool:
+    return any(Path(d, name).is_file() for d in ("/usr/include", "/usr/local/include"))
+
+
+def generate_protobuf_c(out_dir: Path) -> list[str]:
+    """Runs protoc-c on proto/ into out_dir (a build directory, never the source tree) when a
+    .proto is newer than its output; returns the generated C sources."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sources = []
+    for proto in PROTOS:
+        src = ROOT / "proto" / proto
+        c_file = out_dir / proto.replace(".proto", ".pb-c.c")
+        if not c_file.is_file() or c_file.stat().st_mtime < src.stat().st_mtime:
+            cmd = ["protoc-c", f"--c_out={out_dir}", f"-I{ROOT / 'proto'}", str(src)]
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                fail(f"protoc-c failed on proto/{proto}:\n{r.stderr}")
+        sources.append(str(c_file))
+    return sources
 
 
 def sanitize_flags() -> list[str]:
@@ -60,6 +91,14 @@ class BuildExt(build_ext):
             include_dirs=[str(LLHTTP_INC)],
             extra_postargs=["-O2", "-fPIC", "-fvisibility=hidden", *san],
         )
+        # The protobuf-c code generated from proto/, compiled like llhttp with its own flags.
+        gen_dir = Path(self.build_temp).resolve() / "proto"
+        objects += self.compiler.compile(
+            generate_protobuf_c(gen_dir),
+            output_dir=self.build_temp,
+            extra_postargs=["-O2", "-fPIC", "-fvisibility=hidden", *san],
+        )
+        ext.include_dirs.append(str(gen_dir))
         ext.extra_objects = list(objects)
         if os.environ.get("OI_WERROR") == "1":
             ext.extra_compile_args.append("-Werror")
@@ -89,7 +128,7 @@ core = Extension(
     "openinfer._core",
     sources=sources,
     include_dirs=["csrc", str(LLHTTP_INC)],
-    libraries=["uv", "z"],
+    libraries=["uv", "z", "nghttp2", "protobuf-c"],
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION"), ("_GNU_SOURCE", None)],
     extra_compile_args=[
         "-std=c11",

@@ -175,6 +175,23 @@ def http_request(url: str, body: bytes | None = None, method: str | None = None,
         return e.code, e.read()
 
 
+def http_request_full(url: str, body: bytes | None = None, method: str = "GET",
+                      headers: dict[str, str] | None = None,
+                      timeout: float = 5.0) -> tuple[int, dict[str, str], bytes]:
+    """Like http_request, with the response headers (names lower-cased)."""
+    import http.client
+    from urllib.parse import urlsplit
+    u = urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=timeout)
+    try:
+        conn.request(method, u.path + (f"?{u.query}" if u.query else ""),
+                     body=body, headers=headers or {})
+        r = conn.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        conn.close()
+
+
 def wait_http_ready(url: str, timeout: float = 30.0,
                     proc: "ServerProcess | None" = None) -> None:
     """Poll url until it answers 200, or raise."""
@@ -690,8 +707,7 @@ def write_report(name: str, out: Path, lines: Sequence[str], tag: str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     md = out / f"{name}.md"
     md.write_text("\n".join(lines))
-    print(f"[{tag}] wrote {md.relative_to(REPO_ROOT) if md.is_relative_to(REPO_ROOT) else md}",
-          flush=True)
+    print(f"[{tag}] wrote {rel(md)}", flush=True)
     return md
 
 
@@ -960,9 +976,9 @@ def _wrk_report(sc: WrkScenario, args, results, warm_errors, notes, raw_dir: Pat
             lines += ["- Some measured runs failed (see table and CSV)."]
         lines += [""]
     md_path.write_text("\n".join(lines))
-    print(f"[{sc.tag}] wrote {md_path.relative_to(REPO_ROOT)}, "
-          f"{csv_path.relative_to(REPO_ROOT)}"
-          + ("" if plot_note else f", {png_path.relative_to(REPO_ROOT)}"),
+    print(f"[{sc.tag}] wrote {rel(md_path)}, "
+          f"{rel(csv_path)}"
+          + ("" if plot_note else f", {rel(png_path)}"),
           flush=True)
     print("\n" + markdown_table(
         ["c", "openinfer req/s", "nginx req/s", "ratio", "oi p50", "oi p99",
@@ -1061,6 +1077,7 @@ class LoopResult:
     p90_us: float = float("nan")
     p99_us: float = float("nan")
     max_us: float = float("nan")
+    server_cpu: float = float("nan")  # server process CPU seconds over the call
     error: str | None = None
 
     @classmethod
@@ -1085,13 +1102,29 @@ class LoopResult:
     def cpu_us_per_req(self) -> float:
         return self.cpu / self.n * 1e6 if self.ok and self.n else float("nan")
 
+    @property
+    def server_cpu_pct(self) -> float:
+        """Server CPU use over the loop, % of one core (includes the worker's
+        own set-up and check around the measured loop, so a slight over-estimate)."""
+        return (100 * self.server_cpu / self.elapsed if self.ok and self.elapsed
+                else float("nan"))
 
-def worker_loop(w: Worker, label: str, op: str, **kw) -> LoopResult:
-    """One measured loop on a worker; a failure becomes a FAILED result."""
+
+def worker_loop(w: Worker, label: str, op: str, server: ServerProcess | None = None,
+                **kw) -> LoopResult:
+    """One measured loop on a worker; a failure (or the server dying) becomes a
+    FAILED result. With `server`, its CPU seconds over the call are recorded."""
+    cpu0 = proc_cpu_seconds(server.pid) if server else float("nan")
     try:
-        return LoopResult.from_answer(label, w.call(op, **kw))
+        r = LoopResult.from_answer(label, w.call(op, **kw))
     except WorkerError as e:
-        return LoopResult(label=label, error=str(e))
+        r = LoopResult(label=label, error=str(e))
+    if server is not None:
+        r.server_cpu = proc_cpu_seconds(server.pid) - cpu0
+        if not server.alive():
+            r.error = ((r.error + "; ") if r.error else "") + \
+                f"{server.name} died (rc={server.returncode()})"
+    return r
 
 
 def cell_of(runs: Sequence[LoopResult], attr: str, spec: str = ",.0f") -> str:
@@ -1114,3 +1147,57 @@ def rel(p: Path) -> str:
         return str(p.resolve().relative_to(REPO_ROOT))
     except ValueError:
         return str(p)
+
+
+def proc_cpu_seconds(pid: int | None) -> float:
+    """user+system CPU seconds of a process (all its threads) from /proc."""
+    if pid is None:
+        return float("nan")
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+def parse_size_list(s: str) -> list[int]:
+    """'4K,1M,16M,64M' -> bytes (binary units; plain numbers are bytes)."""
+    mult = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    out = []
+    for tok in s.split(","):
+        tok = tok.strip().upper().removesuffix("IB").removesuffix("B")
+        if not tok:
+            continue
+        unit = tok[-1] if tok[-1] in mult else ""
+        try:
+            out.append(int(float(tok[:len(tok) - len(unit)]) * mult[unit]))
+        except ValueError:
+            raise SystemExit(f"error: bad size {tok!r} in {s!r}")
+    if not out or any(v < 4 for v in out):
+        raise SystemExit(f"error: expected sizes of at least 4 bytes, got {s!r}")
+    return out
+
+
+def alternate(tag: str, point: str,
+              contenders: Sequence[tuple[str, Callable[[float], LoopResult]]],
+              rounds: int, seconds: float, warmup: float,
+              show: Callable[[LoopResult], str] | None = None
+              ) -> dict[str, list[LoopResult]]:
+    """Warm up each contender (discarded), then `rounds` rounds running them
+    in turn (A B A B ...), `seconds` each. Returns name -> results per round."""
+    show = show or (lambda r: f"{r.rps:>10,.0f} req/s  p50 {r.p50_us:>8.0f} us  "
+                              f"p99 {r.p99_us:>8.0f} us")
+    out: dict[str, list[LoopResult]] = {name: [] for name, _ in contenders}
+    if warmup > 0:
+        for name, fn in contenders:
+            r = fn(warmup)
+            if not r.ok:
+                print(f"[{tag}] {point} {name} warm-up FAILED: {r.error}", flush=True)
+    for rnd in range(1, rounds + 1):
+        for name, fn in contenders:
+            r = fn(seconds)
+            out[name].append(r)
+            print(f"[{tag}] {point:<24} round {rnd}/{rounds} {name:<13} "
+                  + (show(r) if r.ok else f"FAILED: {r.error}"), flush=True)
+    return out

@@ -39,6 +39,14 @@ SIMPLE_A = np.arange(16, dtype=np.int32).reshape(1, 16)
 SIMPLE_B = np.ones((1, 16), dtype=np.int32)
 
 
+def dist_version(name: str) -> str:
+    try:
+        from importlib.metadata import version
+        return version(name)
+    except Exception:  # noqa: BLE001
+        return "?"
+
+
 def cpu_seconds() -> float:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
@@ -117,7 +125,7 @@ class OpenInfer:
     def __init__(self, url: str):
         import openinfer
         self.client = openinfer.Client(url)
-        self.version = getattr(openinfer, "__version__", "?")
+        self.version = getattr(openinfer, "__version__", None) or dist_version("openinfer")
 
     def _simple(self):
         out = self.client.infer("simple", {"INPUT0": SIMPLE_A, "INPUT1": SIMPLE_B})
@@ -205,11 +213,10 @@ class OpenInfer:
 
 class Triton:
     def __init__(self, url: str):
-        import tritonclient
         import tritonclient.http as http
         self.http = http
         self.url = url.split("://", 1)[-1]
-        self.version = getattr(tritonclient, "__version__", "?")
+        self.version = dist_version("tritonclient")
         self.clients: dict[int, object] = {}
         self.simple_outputs = [http.InferRequestedOutput("OUTPUT0", binary_data=True),
                                http.InferRequestedOutput("OUTPUT1", binary_data=True)]

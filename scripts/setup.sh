@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs what a fresh machine lacks to build and test openinfer, and is quick when nothing
-# is missing: Debian packages (libuv, llhttp's C sources), a virtual environment in .venv with
-# the test requirements, and openinfer itself (editable, so the extension builds in place).
+# is missing: Debian packages (libuv, llhttp's C sources, nghttp2, protobuf-c and protoc-c), a
+# virtual environment in .venv with the test requirements, and openinfer itself (editable, so
+# the extension builds in place).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(libuv1-dev node-llhttp zlib1g-dev)
+APT_PACKAGES=(libuv1-dev node-llhttp zlib1g-dev libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

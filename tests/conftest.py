@@ -194,3 +194,70 @@ def assert_alive(port: int) -> None:
         assert (status, json.loads(body)) == (200, {"live": True})
     finally:
         conn.close()
+
+
+# ---- gRPC ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def grpc_stubs(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Python stubs generated from proto/grpc_service.proto with grpcio-tools for this test
+    session. Their messages live in a private descriptor pool, so they coexist with the copy of
+    the same proto that tritonclient registers. Returns a namespace with `pb` (messages) and
+    `rpc` (the GRPCInferenceServiceStub module)."""
+    import importlib.util
+    import subprocess
+    import sys
+    import types
+
+    out = tmp_path_factory.mktemp("grpc_stubs")
+    proto_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "proto")
+    # In a child process without the sanitizer run's preload: protoc is not ours to check.
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "PYTHONMALLOC")}
+    r = subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{proto_dir}", f"--python_out={out}",
+                        f"--grpc_python_out={out}", os.path.join(proto_dir, "grpc_service.proto")],
+                       env=env, capture_output=True, text=True)
+    assert r.returncode == 0, f"grpc_tools.protoc failed on proto/grpc_service.proto: {r.stderr}"
+    pb_path = out / "grpc_service_pb2.py"
+    pb_path.write_text(pb_path.read_text().replace("_descriptor_pool.Default()", "_descriptor_pool.DescriptorPool()"))
+    rpc_path = out / "grpc_service_pb2_grpc.py"
+    rpc_path.write_text(rpc_path.read_text().replace("import grpc_service_pb2 as", "import oi_test_grpc_service_pb2 as"))
+
+    def load(name: str, path: Any) -> Any:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+
+    pb = load("oi_test_grpc_service_pb2", pb_path)
+    rpc = load("oi_test_grpc_service_pb2_grpc", rpc_path)
+    return types.SimpleNamespace(pb=pb, rpc=rpc)
+
+
+GRPC_BIG_MESSAGES = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+
+
+@pytest.fixture(scope="session")
+def grpc_channel(server: openinfer.Server) -> Iterator[Any]:
+    import grpc
+
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}", options=GRPC_BIG_MESSAGES)
+    try:
+        yield channel
+    finally:
+        channel.close()
+
+
+@pytest.fixture(scope="session")
+def stub(grpc_stubs: Any, grpc_channel: Any) -> Any:
+    return grpc_stubs.rpc.GRPCInferenceServiceStub(grpc_channel)
+
+
+def assert_grpc_alive(port: int) -> None:
+    """The gRPC side still answers on a new connection."""
+    import grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        live = channel.unary_unary("/inference.GRPCInferenceService/ServerLive")(b"", timeout=10)
+    assert live == b"\x08\x01"

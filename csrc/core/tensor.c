@@ -65,6 +65,7 @@ void oi_request_clear(oi_request_t *r)
     free(r->inputs);
     free(r->outputs);
     oi_buf_unref(r->body);
+    oi_buf_unref(r->aux);
     memset(r, 0, sizeof(*r));
     r->binary_data_output = -1;
 }

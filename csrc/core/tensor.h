@@ -45,10 +45,12 @@ typedef struct oi_io_spec_s {
     int64_t dims[OI_MAX_DIMS];
 } oi_io_spec_t;
 
-/* A decoded inference request. Owns `body` (one reference), the arrays and each input's
- * owner reference. */
+/* A decoded inference request. Owns `body` and `aux` (one reference each), the arrays and each
+ * input's owner reference. */
 typedef struct oi_request_s {
     oi_buf_t *body;
+    oi_buf_t *aux; /* text a codec derived from the body (NUL-terminated names, parameters
+                    * rendered as JSON); the pointers above and below may point into it */
     const char *id; /* NUL-terminated, borrowed from body; NULL when absent */
     size_t id_len;
     oi_slice_t parameters;

@@ -21,16 +21,26 @@ typedef struct {
 static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"host", "http_port", "threads", "max_body_bytes", "max_header_bytes", "max_connections",
-                             "header_timeout_ms", "idle_timeout_ms", "max_json_depth", NULL};
+                             "header_timeout_ms", "idle_timeout_ms", "max_json_depth", "grpc_port",
+                             "grpc_max_message_bytes", NULL};
     const char *host = "127.0.0.1";
-    int port = 8000, threads = 0, max_conn = 4096;
+    int port = 8000, threads = 0, max_conn = 4096, grpc_port = 8001;
     unsigned long long max_body = 1ull << 30, max_header = 64 << 10, header_to = 30000, idle_to = 300000;
+    unsigned long long grpc_max = 2ull << 30;
     unsigned int depth = 64;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|si$iKKiKKI", kwlist, &host, &port, &threads, &max_body, &max_header,
-                                     &max_conn, &header_to, &idle_to, &depth))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|si$iKKiKKIiK", kwlist, &host, &port, &threads, &max_body, &max_header,
+                                     &max_conn, &header_to, &idle_to, &depth, &grpc_port, &grpc_max))
         return -1;
     if (port < 0 || port > 65535) {
         PyErr_Format(PyExc_ValueError, "http_port must be 0 to 65535, got %d", port);
+        return -1;
+    }
+    if (grpc_port < -1 || grpc_port > 65535) {
+        PyErr_Format(PyExc_ValueError, "grpc_port must be 0 to 65535, or -1 for no gRPC, got %d", grpc_port);
+        return -1;
+    }
+    if (grpc_max == 0 || grpc_max > 0xffffffffull) {
+        PyErr_Format(PyExc_ValueError, "grpc_max_message_bytes must be 1 to 4294967295, got %llu", grpc_max);
         return -1;
     }
     if (self->server != NULL) {
@@ -43,6 +53,8 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                  .max_header_bytes = (size_t)max_header, .max_connections = max_conn,
                  .header_timeout_ms = header_to, .idle_timeout_ms = idle_to},
         .max_json_depth = depth,
+        .grpc_port = grpc_port,
+        .grpc_max_message_bytes = (size_t)grpc_max,
     };
     self->server = oi_server_new(&self->cfg);
     if (self->server == NULL) {
@@ -288,6 +300,12 @@ static PyObject *Server_get_port(ServerObject *self, void *closure)
     return PyLong_FromLong(self->server && self->started ? oi_server_port(self->server) : 0);
 }
 
+static PyObject *Server_get_grpc_port(ServerObject *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromLong(self->server && self->started ? oi_server_grpc_port(self->server) : 0);
+}
+
 static PyObject *Server_get_running(ServerObject *self, void *closure)
 {
     (void)closure;
@@ -306,6 +324,7 @@ static PyMethodDef Server_methods[] = {
 
 static PyGetSetDef Server_getset[] = {
     {"port", (getter)Server_get_port, NULL, "The bound HTTP port.", NULL},
+    {"grpc_port", (getter)Server_get_grpc_port, NULL, "The bound gRPC port; 0 without gRPC.", NULL},
     {"running", (getter)Server_get_running, NULL, "Whether the server serves.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
@@ -314,7 +333,7 @@ static PyTypeObject ServerType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "openinfer._core.Server",
     .tp_basicsize = sizeof(ServerObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "An HTTP/1.1 V2 inference server on native event-loop threads.",
+    .tp_doc = "A V2 inference server (HTTP/1.1 and gRPC) on native event-loop threads.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Server_init,
     .tp_dealloc = (destructor)Server_dealloc,

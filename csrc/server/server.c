@@ -1,5 +1,6 @@
 #include "server/server_impl.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -14,7 +15,18 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
     s->cfg = *cfg;
     oi_registry_init(&s->registry);
     s->http = oi_http_server_new(&s->cfg.http, oi__http_api_handle, s);
-    if (s->http == NULL) {
+    if (s->cfg.grpc_port >= 0) {
+        oi_h2_config_t h2 = {
+            .host = s->cfg.http.host,
+            .port = s->cfg.grpc_port,
+            .max_message_bytes = s->cfg.grpc_max_message_bytes ? s->cfg.grpc_max_message_bytes : (size_t)2 << 30,
+            .max_connections = s->cfg.http.max_connections,
+        };
+        s->grpc = oi_h2_server_new(&h2, &oi__grpc_api_handler, s);
+    }
+    if (s->http == NULL || (s->cfg.grpc_port >= 0 && s->grpc == NULL)) {
+        oi_http_server_free(s->http);
+        oi_h2_server_free(s->grpc);
         oi_registry_destroy(&s->registry);
         free(s);
         return NULL;
@@ -36,9 +48,28 @@ int oi_server_set_metadata(oi_server_t *s, const char *json, size_t len)
 
 int oi_server_add_model(oi_server_t *s, oi_model_t *m) { return oi_registry_add(&s->registry, m); }
 
-int oi_server_start(oi_server_t *s, char *err, size_t errlen) { return oi_http_server_start(s->http, err, errlen); }
+int oi_server_start(oi_server_t *s, char *err, size_t errlen)
+{
+    int rc = oi_http_server_start(s->http, err, errlen);
+    if (rc != 0 || s->grpc == NULL)
+        return rc;
+    /* gRPC connections live on the HTTP server's loops: one set of threads for both. */
+    int n = oi_http_server_nloops(s->http);
+    oi_loop_t **loops = calloc((size_t)n, sizeof(*loops));
+    if (loops == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return UV_ENOMEM;
+    }
+    for (int i = 0; i < n; i++)
+        loops[i] = oi_http_server_loop(s->http, i);
+    rc = oi_h2_server_start(s->grpc, loops, n, err, errlen);
+    free(loops);
+    return rc;
+}
 
 int oi_server_port(const oi_server_t *s) { return oi_http_server_port(s->http); }
+
+int oi_server_grpc_port(const oi_server_t *s) { return s->grpc ? oi_h2_server_port(s->grpc) : 0; }
 
 static uint64_t now_ms(void)
 {
@@ -49,7 +80,7 @@ static uint64_t now_ms(void)
 
 static void wait_inflight(oi_server_t *s, uint64_t deadline)
 {
-    while (oi_http_server_inflight(s->http) > 0 && now_ms() < deadline) {
+    while ((oi_http_server_inflight(s->http) > 0 || atomic_load(&s->grpc_inflight) > 0) && now_ms() < deadline) {
         struct timespec ts = {0, 2 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
@@ -63,11 +94,18 @@ void oi_server_stop(oi_server_t *s, uint64_t timeout_ms)
      * stop_accepting; later ones see it and touch neither registry nor schedulers. */
     atomic_store(&s->stopping, 1);
     oi_http_server_stop_accepting(s->http);
+    if (s->grpc)
+        oi_h2_server_stop_accepting(s->grpc); /* GOAWAY: calls under way go on */
     wait_inflight(s, now_ms() + timeout_ms);
     /* Executors finish their current job; queued ones are failed with 503 and answered. */
     oi_registry_destroy(&s->registry);
     wait_inflight(s, now_ms() + 5000);
+    /* gRPC connections close while the loops still run; the loops end with the HTTP server,
+     * and only then may the gRPC server's memory go. */
+    if (s->grpc)
+        oi_h2_server_close(s->grpc);
     oi_http_server_free(s->http);
+    oi_h2_server_free(s->grpc);
     oi_buf_unref(s->metadata);
     free(s);
 }

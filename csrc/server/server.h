@@ -5,10 +5,13 @@
 
 #include "server/registry.h"
 #include "transport/http1.h"
+#include "transport/http2.h"
 
 typedef struct oi_server_config_s {
     oi_http_config_t http;
     uint32_t max_json_depth;
+    int grpc_port;              /* gRPC on its own port, on the HTTP loops; -1: no gRPC */
+    size_t grpc_max_message_bytes; /* largest gRPC request message; 0: 2 GiB */
 } oi_server_config_t;
 
 typedef struct oi_server_s oi_server_t;
@@ -28,6 +31,9 @@ int oi_server_start(oi_server_t *s, char *err, size_t errlen);
 
 /* The bound HTTP port, 0 before start. */
 int oi_server_port(const oi_server_t *s);
+
+/* The bound gRPC port; 0 before start or without gRPC. */
+int oi_server_grpc_port(const oi_server_t *s);
 
 /* Stops accepting, waits up to `timeout_ms` for requests in flight, then stops every
  * executor, closes every connection and frees the server. Must be called without the GIL. */

@@ -12,10 +12,15 @@ struct oi_server_s {
     atomic_int stopping; /* set before the loops' barrier in oi_server_stop */
     oi_registry_t registry;
     oi_http_server_t *http;
+    oi_h2_server_t *grpc;     /* NULL without gRPC */
+    atomic_int grpc_inflight; /* gRPC inferences submitted and not yet answered */
     oi_buf_t *metadata;
 };
 
 /* The HTTP/1.1 handler: routes the V2 REST API (http_api.c). */
 void oi__http_api_handle(void *server, oi_http_request_t *req);
+
+/* The gRPC service handler (grpc_api.c); its context is the server. */
+extern const oi_grpc_handler_t oi__grpc_api_handler;
 
 #endif

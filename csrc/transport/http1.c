@@ -777,6 +777,10 @@ int oi_http_server_start(oi_http_server_t *s, char *err, size_t errlen)
 
 int oi_http_server_port(const oi_http_server_t *s) { return s->port; }
 
+int oi_http_server_nloops(const oi_http_server_t *s) { return s->nloops; }
+
+oi_loop_t *oi_http_server_loop(oi_http_server_t *s, int i) { return &s->loops[i].loop; }
+
 int oi_http_server_inflight(const oi_http_server_t *s) { return atomic_load(&((oi_http_server_t *)s)->inflight); }
 
 typedef struct loop_task_s {

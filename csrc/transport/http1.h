@@ -67,6 +67,11 @@ int oi_http_server_start(oi_http_server_t *s, char *err, size_t errlen);
 /* The bound port, 0 before start. */
 int oi_http_server_port(const oi_http_server_t *s);
 
+/* The event loops the started server runs (0 before start), which other transports share:
+ * loop i lives until oi_http_server_free. */
+int oi_http_server_nloops(const oi_http_server_t *s);
+oi_loop_t *oi_http_server_loop(oi_http_server_t *s, int i);
+
 /* Requests handed to the handler and not yet answered. */
 int oi_http_server_inflight(const oi_http_server_t *s);
 

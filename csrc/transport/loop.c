@@ -63,6 +63,44 @@ void oi_loop_post(oi_loop_t *l, oi_task_t *t)
     uv_async_send(&l->wake);
 }
 
+typedef struct call_task_s {
+    oi_task_t task;
+    void (*fn)(void *);
+    void *arg;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done;
+} call_task_t;
+
+static void run_call(oi_task_t *t)
+{
+    call_task_t *ct = (call_task_t *)t;
+    ct->fn(ct->arg);
+    pthread_mutex_lock(&ct->mu);
+    ct->done = 1;
+    pthread_cond_signal(&ct->cv);
+    pthread_mutex_unlock(&ct->mu);
+}
+
+void oi_loop_call(oi_loop_t *l, void (*fn)(void *arg), void *arg)
+{
+    if (!l->started) {
+        fn(arg);
+        return;
+    }
+    call_task_t ct = {.fn = fn, .arg = arg};
+    ct.task.run = run_call;
+    pthread_mutex_init(&ct.mu, NULL);
+    pthread_cond_init(&ct.cv, NULL);
+    oi_loop_post(l, &ct.task);
+    pthread_mutex_lock(&ct.mu);
+    while (!ct.done)
+        pthread_cond_wait(&ct.cv, &ct.mu);
+    pthread_mutex_unlock(&ct.mu);
+    pthread_cond_destroy(&ct.cv);
+    pthread_mutex_destroy(&ct.mu);
+}
+
 void oi__loop_close_wake(oi_loop_t *l)
 {
     drain(&l->wake); /* run what is queued: completions release their resources */

@@ -33,6 +33,11 @@ int oi_loop_start(oi_loop_t *l);
 /* Queues `t` to run on the loop's thread. Safe from any thread, the loop's own included. */
 void oi_loop_post(oi_loop_t *l, oi_task_t *t);
 
+/* Runs fn(arg) on the loop's thread and waits for it to return; runs it on the calling thread
+ * when the loop's thread is not started. For set-up and shutdown steps that must touch the
+ * loop's handles. Never call it from the loop's own thread. */
+void oi_loop_call(oi_loop_t *l, void (*fn)(void *arg), void *arg);
+
 /* Closes the wake-up handle so that the loop can end once the owner of every other handle
  * has closed it; call on the loop's thread. Tasks posted afterwards never run. */
 void oi__loop_close_wake(oi_loop_t *l);

@@ -22,7 +22,7 @@ IOSpec = tuple[str, str, Sequence[int] | None]
 Handler = Callable[[dict[str, np.ndarray], bytes | None, tuple[str, ...]], Mapping[str, object]]
 
 class Server:
-    """An HTTP/1.1 V2 server on native event-loop threads."""
+    """A V2 server, HTTP/1.1 and gRPC (h2c on its own port), on native event-loop threads."""
 
     def __init__(
         self,
@@ -36,6 +36,8 @@ class Server:
         header_timeout_ms: int = 30_000,
         idle_timeout_ms: int = 300_000,
         max_json_depth: int = 64,
+        grpc_port: int = 8001,  # -1: no gRPC; 0 picks a free port
+        grpc_max_message_bytes: int = 2 << 30,  # largest gRPC request message
     ) -> None: ...
     def set_metadata(self, metadata_json: bytes) -> None:
         """Sets the body of GET /v2 (server metadata)."""
@@ -61,6 +63,9 @@ class Server:
     @property
     def port(self) -> int:
         """The bound HTTP port (useful with http_port=0); 0 before start()."""
+    @property
+    def grpc_port(self) -> int:
+        """The bound gRPC port (useful with grpc_port=0); 0 before start() or without gRPC."""
     @property
     def running(self) -> bool: ...
     def stop(self, timeout: float = 30.0) -> None:

@@ -1,6 +1,6 @@
 """The ``openinfer`` command (also ``python -m openinfer``):
 
-    openinfer serve [REPO] [--host H] [--http-port P] [--threads N] [--max-body-bytes N] ...
+    openinfer serve [REPO] [--host H] [--http-port P] [--grpc-port P] [--threads N] [--max-body-bytes N] ...
 
 It logs where it listens and which models are ready or failed (and why), then blocks until
 SIGINT or SIGTERM, which drain in-flight requests through `Server.stop` and exit 0.
@@ -28,6 +28,7 @@ _LIMITS: dict[str, str] = {
     "header_timeout_ms": "time allowed to send the headers (default 30000)",
     "idle_timeout_ms": "idle keep-alive connection timeout (default 300000)",
     "max_json_depth": "deepest JSON nesting accepted (default 64)",
+    "grpc_max_message_bytes": "largest gRPC request message (default 2 GiB)",
 }
 
 
@@ -62,6 +63,13 @@ def _parser() -> argparse.ArgumentParser:
         help="HTTP port; 0 picks a free one (default 8000)",
     )
     serve.add_argument(
+        "--grpc-port",
+        type=int,
+        metavar="PORT",
+        help="gRPC port; 0 picks a free one, -1 serves no gRPC "
+        "(default 8001, or a free one with --http-port 0)",
+    )
+    serve.add_argument(
         "--threads",
         type=int,
         default=0,
@@ -85,9 +93,17 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
 
     limits = {k: getattr(args, k) for k in _LIMITS if getattr(args, k) is not None}
+    grpc: dict[str, int | None] = {}
+    if args.grpc_port is not None:
+        grpc["grpc_port"] = None if args.grpc_port < 0 else args.grpc_port
     try:
         server = serve(
-            args.repo, host=args.host, http_port=args.http_port, threads=args.threads, **limits
+            args.repo,
+            host=args.host,
+            http_port=args.http_port,
+            threads=args.threads,
+            **grpc,
+            **limits,
         )
     except (OSError, ValueError) as e:
         print(f"openinfer: error: {e}", file=sys.stderr)

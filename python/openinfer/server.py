@@ -23,6 +23,18 @@ logger = logging.getLogger("openinfer")
 # What GET /v2 lists: exactly the protocol extensions this server implements.
 EXTENSIONS = ("binary_tensor_data",)
 
+class _Default:
+    """The type of `_DEFAULT`: "grpc_port not given"."""
+
+    def __repr__(self) -> str:
+        return "default"
+
+
+# grpc_port when not given: 8001, or a free port when http_port=0 (so that servers started on
+# free ports for tests and notebooks never collide on 8001).
+_DEFAULT = _Default()
+_GRPC_PORT = 8001
+
 # The version a model is registered under when it failed before any version directory could
 # be chosen: the core needs one to answer "not ready" with the reason.
 _FAILED_MODEL_VERSION = 1
@@ -34,16 +46,26 @@ def serve(
     models: Model | Iterable[Model] | None = None,
     host: str = "127.0.0.1",
     http_port: int = 8000,
+    grpc_port: int | None | _Default = _DEFAULT,
     threads: int = 0,
     log: bool = True,
     **limits: int,
 ) -> Server:
     """Serves the models of repository `repo` and the given `models`, and returns the running
     server at once. With neither, serves the example repository. ``http_port=0`` picks a free
-    port (see `Server.http_port`). `limits` go to the core: max_body_bytes, max_header_bytes,
-    max_connections, header_timeout_ms, idle_timeout_ms, max_json_depth."""
+    port (see `Server.http_port`). gRPC is served on `grpc_port` (default 8001; 0 picks a free
+    port, also the default when ``http_port=0``; None serves no gRPC). `limits` go to the core:
+    max_body_bytes, max_header_bytes, max_connections, header_timeout_ms, idle_timeout_ms,
+    max_json_depth, grpc_max_message_bytes."""
     server = Server(
-        repo, models=models, host=host, http_port=http_port, threads=threads, log=log, **limits
+        repo,
+        models=models,
+        host=host,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        threads=threads,
+        log=log,
+        **limits,
     )
     server.start()
     return server
@@ -60,17 +82,23 @@ class Server:
         models: Model | Iterable[Model] | None = None,
         host: str = "127.0.0.1",
         http_port: int = 8000,
+        grpc_port: int | None | _Default = _DEFAULT,
         threads: int = 0,
         log: bool = True,
         **limits: int,
     ) -> None:
+        if isinstance(grpc_port, _Default):
+            grpc_port = 0 if http_port == 0 else _GRPC_PORT
         self._host = host
         self._port = http_port
+        self._grpc_port = grpc_port
         self._log = log
         self._started = False
         self._stopped = threading.Event()
         self._entries = _collect(repo, models)
-        self._core = _core.Server(host, http_port, threads=threads, **limits)
+        self._core = _core.Server(
+            host, http_port, threads=threads, grpc_port=-1 if grpc_port is None else grpc_port, **limits
+        )
         self._core.set_metadata(
             _json({"name": "openinfer", "version": __version__, "extensions": list(EXTENSIONS)})
         )
@@ -125,8 +153,11 @@ class Server:
         self._core.start()
         self._started = True
         self._port = self._core.port
+        if self._grpc_port is not None:
+            self._grpc_port = self._core.grpc_port
         if self._log:
-            logger.info("openinfer %s listening on %s", __version__, self.url)
+            grpc = f" and {self.grpc_url}" if self._grpc_port is not None else ""
+            logger.info("openinfer %s listening on %s%s", __version__, self.url, grpc)
             for entry in self._entries:
                 if entry.model is not None:
                     logger.info("model %s version %d ready", entry.name, entry.version)
@@ -165,6 +196,24 @@ class Server:
         """The bound port once started (the one picked for ``http_port=0``), else the one
         asked for."""
         return self._port
+
+    @property
+    def grpc_port(self) -> int | None:
+        """The bound gRPC port once started (the one picked for 0), else the one asked for;
+        None when the server serves no gRPC."""
+        return self._grpc_port
+
+    @property
+    def grpc_url(self) -> str | None:
+        """``grpc://host:port`` reaching the gRPC service from this machine (tritonclient.grpc
+        takes the part after ``grpc://``); None without gRPC."""
+        if self._grpc_port is None:
+            return None
+        host = self._reach_host()
+        return f"grpc://[{host}]:{self._grpc_port}" if ":" in host else f"grpc://{host}:{self._grpc_port}"
+
+    def _reach_host(self) -> str:
+        return {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(self._host, self._host)
 
     @property
     def url(self) -> str:

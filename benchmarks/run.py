@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Run openinfer benchmark scenarios, one after another (never two at once:
+they pin to the same cores).
+
+    .venv/bin/python benchmarks/run.py [--quick] [--out DIR] [s1 s2 s4 s7 ...]
+
+With no scenario named, runs all of them. Each scenario is its own script
+(benchmarks/<id>_*.py) started in a child process with this Python; --quick
+and --out are passed on. Exit status: 0 when every scenario succeeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_ROOT = BENCH_DIR.parent
+
+SCENARIOS = {
+    "s1": ("s1_http_json.py", "simple over HTTP JSON vs nginx limit (wrk)"),
+    "s2": ("s2_http_binary.py", "simple over HTTP binary tensors vs nginx limit (wrk)"),
+    "s4": ("s4_http_tensors.py", "identity_fp32 4 KiB..64 MiB over HTTP vs TCP echo / memcpy"),
+    "s7": ("s7_client.py", "openinfer.Client vs tritonclient.http, same server"),
+}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="scenarios: " + "; ".join(f"{k}: {v[1]}" for k, v in SCENARIOS.items()))
+    ap.add_argument("--quick", action="store_true", help="each scenario's check mode (< 1 min each)")
+    ap.add_argument("--out", help="results directory passed to every scenario")
+    ap.add_argument("scenarios", nargs="*", metavar="ID", help="scenario ids (default: all)")
+    args = ap.parse_args()
+    ids = [s.lower() for s in args.scenarios] or list(SCENARIOS)
+    unknown = [s for s in ids if s not in SCENARIOS]
+    if unknown:
+        ap.error(f"unknown scenario(s) {unknown}; known: {', '.join(SCENARIOS)}")
+
+    child: list[subprocess.Popen] = []
+
+    def on_term(signum, frame):  # pass SIGTERM/SIGHUP on, so servers get stopped
+        for p in child:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGHUP, on_term)
+
+    summary = []
+    try:
+        for sid in ids:
+            script = BENCH_DIR / SCENARIOS[sid][0]
+            argv = [sys.executable, str(script)]
+            if args.quick:
+                argv.append("--quick")
+            if args.out:
+                argv += ["--out", args.out]
+            print(f"==> {sid}: {' '.join(argv)}", flush=True)
+            t0 = time.monotonic()
+            p = subprocess.Popen(argv, cwd=REPO_ROOT)
+            child[:] = [p]
+            rc = p.wait()
+            summary.append((sid, rc, time.monotonic() - t0))
+            print(f"<== {sid}: rc={rc} in {summary[-1][2]:.0f}s\n", flush=True)
+    except KeyboardInterrupt:
+        for p in child:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    print("summary: " + ", ".join(f"{s} {'ok' if rc == 0 else f'FAILED (rc={rc})'} "
+                                  f"({t:.0f}s)" for s, rc, t in summary))
+    return 0 if all(rc == 0 for _, rc, _ in summary) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+/* The two hot messages of the gRPC service, ModelInferRequest and ModelInferResponse, read and
+ * written on the protobuf wire directly (protobuf-c serves every other message). The reason
+ * is DESIGN §1: protobuf-c copies `bytes` fields on unpack, while here raw tensor contents are
+ * used in place in the received message and outputs leave from the backend's memory. Pure
+ * functions over caller-owned buffers: no I/O, no threads, no global state. */
+#ifndef OI_CODEC_PB_INFER_H
+#define OI_CODEC_PB_INFER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/buf.h"
+#include "core/status.h"
+#include "core/tensor.h"
+
+/* A slice of an encoded message and the owner of its bytes, of which the slice holds one
+ * reference (NULL for none). The same layout as the transports' oi_iov_t. */
+typedef struct oi_pb_iov_s {
+    const char *base;
+    size_t len;
+    oi_buf_t *owner;
+} oi_pb_iov_t;
+
+/* Decodes a ModelInferRequest held in msg->data[0 .. msg->len); `msg` is not modified.
+ * `req` must be zeroed with binary_data_output = -1 beforehand.
+ *
+ * On success req->body holds a new reference to `msg`, and req->aux a new buffer with every
+ * name, the id and the model name and version NUL-terminated, and each `parameters` map
+ * rendered as the JSON object text the HTTP side would have received ({"key": true | 12 |
+ * 1.5 | "text" | null, ...}), so that parameters mean the same whatever the transport.
+ * Inputs given in raw_input_contents point into `msg` (owner: a new reference to it); inputs
+ * given as typed `contents` get a new buffer with the elements packed little-endian in their
+ * datatype (BYTES: a 4-byte little-endian length before each element). *model_name and
+ * *model_version point into req->aux (the version is "" when absent).
+ *
+ * Returns NULL, or a status that the caller frees: 400 for a malformed or inconsistent
+ * message, naming the field, what was expected and what came (malformed varint, truncated
+ * field, wrong wire type, unknown datatype, sizes that do not match shape x datatype, raw and
+ * typed contents both given, a count of raw contents other than the count of inputs), 500
+ * when out of memory. `req` is then left cleared. */
+oi_status_t *oi_pb_decode_infer_request(oi_buf_t *msg, oi_request_t *req, oi_slice_t *model_name,
+                                        oi_slice_t *model_version);
+
+/* Finds the id (field 3) of a ModelInferRequest that may be malformed elsewhere, so that an
+ * error answer can still name the request; *id points into `data`. 0, or -1 when there is
+ * none or the message breaks before it. */
+int oi_pb_peek_request_id(const char *data, size_t len, oi_slice_t *id);
+
+/* The most slices oi_pb_encode_infer_response writes for `n_outputs` outputs. */
+#define OI_PB_RESPONSE_PARTS(n_outputs) (2 * (size_t)(n_outputs) + 1)
+
+/* Encodes a ModelInferResponse with model name, version (left out when NULL), the request's
+ * id (when req is not NULL and has one), one InferOutputTensor per output and each output's
+ * bytes as raw_output_contents in the same order (the order tritonclient reads them by).
+ * With `stream` set, the message is wrapped as the infer_response of a
+ * ModelStreamInferResponse. The field headers and lengths go into one new small buffer and
+ * each output's bytes are referenced where the backend left them, so the message is the
+ * concatenation of parts[0 .. *nparts): `parts` must have room for
+ * OI_PB_RESPONSE_PARTS(resp->n_outputs) entries, and each written part holds a new reference
+ * to its owner (drop them with oi_buf_unref). *total is the message length. Returns NULL, or
+ * a 500 status (out of memory, or a message over 4 GiB, which gRPC cannot frame); nothing is
+ * written then. */
+oi_status_t *oi_pb_encode_infer_response(const char *model_name, const char *model_version,
+                                         const oi_request_t *req, const oi_response_t *resp, int stream,
+                                         oi_pb_iov_t *parts, size_t *nparts, size_t *total);
+
+/* Appends a ModelStreamInferResponse carrying `error_message` and an infer_response with the
+ * model name, version and request id of the failed request (each left out when NULL or
+ * empty). Returns 0 or -1 (out of memory; `out` is then back at its length on entry). */
+int oi_pb_encode_stream_error(oi_sbuf_t *out, const char *error_message, const char *model_name,
+                              const char *model_version, const char *id, size_t id_len);
+
+#endif

@@ -1,0 +1,983 @@
+#include "transport/http2.h"
+
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <nghttp2/nghttp2.h>
+
+#include "transport/grpc.h"
+
+#define READ_BUF_SIZE (256u << 10)
+/* Flow-control windows we open: big enough that a 16 MiB tensor needs no WINDOW_UPDATE round
+ * trip, and a connection can carry several of them at once. */
+#define STREAM_WINDOW (64u << 20)
+#define CONN_WINDOW (1u << 30)
+#define MAX_PATH_LEN 1024
+
+typedef struct h2_loop_s {
+    oi_loop_t *loop;
+    uv_tcp_t tcp;
+    int listening;
+    oi_h2_server_t *server;
+    struct oi_h2_conn_s *conns; /* every open connection of this loop */
+    char *rbuf;                 /* shared by the loop's connections: reads are consumed at once */
+} h2_loop_t;
+
+struct oi_h2_server_s {
+    oi_h2_config_t cfg;
+    char host[256];
+    oi_grpc_handler_t handler;
+    void *ctx;
+    h2_loop_t *loops;
+    int nloops;
+    int port;
+    atomic_int connections;
+    int draining;
+};
+
+/* One slice of bytes queued for the socket: inline bytes live in the connection's `wbuf`
+ * (offset in `off`), others are referenced where they are (one owner reference each). */
+typedef struct seg_s {
+    const char *ptr;
+    size_t off;
+    size_t len;
+    oi_buf_t *owner;
+    int inline_;
+} seg_t;
+
+typedef struct oi_h2_conn_s {
+    uv_tcp_t tcp;
+    nghttp2_session *session;
+    h2_loop_t *lp;
+    struct oi_h2_conn_s *prev, *next;
+    oi_grpc_call_t *calls; /* calls whose stream is open */
+    int closing;
+    int in_recv;    /* nghttp2_session_mem_recv is on the stack: no send from callbacks */
+    int goaway;
+    int close_after_write;
+    size_t writes;  /* uv_write requests in flight */
+    oi_sbuf_t wbuf; /* frame headers and small frames of the batch being built */
+    seg_t *segs;
+    size_t nsegs, capsegs;
+} h2_conn_t;
+
+typedef struct write_req_s {
+    uv_write_t w;
+    h2_conn_t *conn;
+    oi_buf_t *small;
+    size_t nowners;
+    oi_buf_t *owners[];
+} write_req_t;
+
+/* A response message waiting in a call's queue: parts[0] is its 5-byte prefix. */
+typedef struct out_msg_s {
+    struct out_msg_s *next;
+    size_t nparts;
+    size_t idx; /* next part to send */
+    size_t off; /* bytes of parts[idx] already sent */
+    uint8_t prefix[5];
+    oi_iov_t parts[];
+} out_msg_t;
+
+static void conn_flush(h2_conn_t *c);
+static void conn_close(h2_conn_t *c);
+
+/* ---- calls ------------------------------------------------------------------------------ */
+
+static void out_msg_free(out_msg_t *m)
+{
+    for (size_t i = m->idx; i < m->nparts; i++)
+        oi_buf_unref(m->parts[i].owner);
+    free(m);
+}
+
+void oi_grpc_call_ref(oi_grpc_call_t *call) { call->refs++; }
+
+void oi_grpc_call_unref(oi_grpc_call_t *call)
+{
+    if (--call->refs > 0)
+        return;
+    while (call->out_head) {
+        out_msg_t *m = call->out_head;
+        call->out_head = m->next;
+        out_msg_free(m);
+    }
+    oi_buf_unref(call->msg);
+    free(call->path);
+    free(call->status_message);
+    free(call);
+}
+
+int oi_grpc_call_open(const oi_grpc_call_t *call) { return call->conn != NULL && !call->finished; }
+
+static void on_timer_closed(uv_handle_t *h)
+{
+    oi_grpc_call_t *call = h->data;
+    free(h);
+    oi_grpc_call_unref(call);
+}
+
+static void stop_timer(oi_grpc_call_t *call)
+{
+    if (call->timer != NULL) {
+        uv_close((uv_handle_t *)call->timer, on_timer_closed); /* holds a call reference */
+        call->timer = NULL;
+    }
+}
+
+/* The stream is gone (closed, reset, or its connection died): no more I/O for this call. */
+static void call_detach(oi_grpc_call_t *call)
+{
+    h2_conn_t *c = call->conn;
+    if (c == NULL)
+        return;
+    if (call->prev)
+        call->prev->next = call->next;
+    else
+        c->calls = call->next;
+    if (call->next)
+        call->next->prev = call->prev;
+    call->conn = NULL;
+    stop_timer(call);
+    if (c->session)
+        nghttp2_session_set_stream_user_data(c->session, call->stream_id, NULL);
+    oi_grpc_call_unref(call); /* the stream's reference */
+}
+
+static oi_grpc_call_t *call_of(nghttp2_session *session, int32_t stream_id)
+{
+    return nghttp2_session_get_stream_user_data(session, stream_id);
+}
+
+/* Sends what the call or the transport queued, unless nghttp2 is reading (then the caller of
+ * mem_recv sends when it returns). */
+static void call_kick(oi_grpc_call_t *call)
+{
+    h2_conn_t *c = call->conn;
+    if (c != NULL && !c->in_recv)
+        conn_flush(c);
+}
+
+/* ---- the response side ------------------------------------------------------------------ */
+
+static ssize_t read_data(nghttp2_session *session, int32_t stream_id, uint8_t *buf, size_t length,
+                         uint32_t *data_flags, nghttp2_data_source *source, void *user_data);
+
+static void submit_trailers(oi_grpc_call_t *call)
+{
+    char code[12];
+    snprintf(code, sizeof(code), "%d", call->status);
+    oi_sbuf_t enc = {0};
+    nghttp2_nv nv[2] = {
+        {(uint8_t *)"grpc-status", (uint8_t *)code, 11, strlen(code), NGHTTP2_NV_FLAG_NONE},
+    };
+    size_t n = 1;
+    if (call->status_message && call->status_message[0] && oi_grpc_percent_encode(&enc, call->status_message) == 0) {
+        nv[1] = (nghttp2_nv){(uint8_t *)"grpc-message", (uint8_t *)enc.data, 12, enc.len, NGHTTP2_NV_FLAG_NONE};
+        n = 2;
+    }
+    nghttp2_submit_trailer(call->conn->session, call->stream_id, nv, n); /* copies nv */
+    oi_sbuf_free(&enc);
+}
+
+static ssize_t read_data(nghttp2_session *session, int32_t stream_id, uint8_t *buf, size_t length,
+                         uint32_t *data_flags, nghttp2_data_source *source, void *user_data)
+{
+    (void)session, (void)stream_id, (void)buf, (void)user_data;
+    oi_grpc_call_t *call = source->ptr;
+    if (call == NULL || call->conn == NULL)
+        return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+    if (call->out_bytes == 0 && !call->finished)
+        return NGHTTP2_ERR_DEFERRED;
+    size_t n = call->out_bytes < length ? (size_t)call->out_bytes : length;
+    if (n > 0)
+        *data_flags |= NGHTTP2_DATA_FLAG_NO_COPY;
+    if (n == call->out_bytes && call->finished) {
+        /* The last bytes: trailers follow, and they carry END_STREAM. */
+        *data_flags |= NGHTTP2_DATA_FLAG_EOF | NGHTTP2_DATA_FLAG_NO_END_STREAM;
+        submit_trailers(call);
+    }
+    return (ssize_t)n;
+}
+
+static int push_seg(h2_conn_t *c, seg_t s)
+{
+    if (s.inline_ && c->nsegs > 0 && c->segs[c->nsegs - 1].inline_ &&
+        c->segs[c->nsegs - 1].off + c->segs[c->nsegs - 1].len == s.off) {
+        c->segs[c->nsegs - 1].len += s.len; /* contiguous in wbuf: one iovec */
+        return 0;
+    }
+    if (c->nsegs == c->capsegs) {
+        size_t cap = c->capsegs ? c->capsegs * 2 : 64;
+        seg_t *p = realloc(c->segs, cap * sizeof(*p));
+        if (p == NULL)
+            return -1;
+        c->segs = p;
+        c->capsegs = cap;
+    }
+    c->segs[c->nsegs++] = s;
+    return 0;
+}
+
+static int push_inline(h2_conn_t *c, const void *p, size_t n)
+{
+    size_t off = c->wbuf.len;
+    if (oi_sbuf_append(&c->wbuf, p, n) != 0)
+        return -1;
+    return push_seg(c, (seg_t){NULL, off, n, NULL, 1});
+}
+
+/* Non-DATA frames (HEADERS, SETTINGS, WINDOW_UPDATE, ...): small, copied into the batch. */
+static ssize_t on_send(nghttp2_session *session, const uint8_t *data, size_t length, int flags, void *user_data)
+{
+    (void)session, (void)flags;
+    h2_conn_t *c = user_data;
+    return push_inline(c, data, length) == 0 ? (ssize_t)length : NGHTTP2_ERR_CALLBACK_FAILURE;
+}
+
+/* A DATA frame: its 9-byte header copied, its payload referenced from the queued parts. */
+static int on_send_data(nghttp2_session *session, nghttp2_frame *frame, const uint8_t *framehd, size_t length,
+                        nghttp2_data_source *source, void *user_data)
+{
+    (void)session;
+    h2_conn_t *c = user_data;
+    oi_grpc_call_t *call = source->ptr;
+    if (push_inline(c, framehd, 9) != 0)
+        return NGHTTP2_ERR_CALLBACK_FAILURE;
+    (void)frame; /* no padding: we install no select_padding callback */
+    while (length > 0) {
+        out_msg_t *m = call->out_head;
+        oi_iov_t *p = &m->parts[m->idx];
+        size_t take = p->len - m->off < length ? p->len - m->off : length;
+        if (take > 0 && take <= 64) {
+            /* Small pieces (the message prefix, which lives in `m`, and short headers) are
+             * copied into the batch: cheaper than an iovec, and `m` may be freed below. */
+            if (push_inline(c, p->base + m->off, take) != 0)
+                return NGHTTP2_ERR_CALLBACK_FAILURE;
+        } else if (take > 0) {
+            oi_buf_t *owner = p->owner ? oi_buf_ref(p->owner) : NULL;
+            if (push_seg(c, (seg_t){p->base + m->off, 0, take, owner, 0}) != 0) {
+                oi_buf_unref(owner);
+                return NGHTTP2_ERR_CALLBACK_FAILURE;
+            }
+        }
+        m->off += take;
+        length -= take;
+        call->out_bytes -= take;
+        if (m->off == p->len) { /* part done: the queue's reference goes */
+            oi_buf_unref(p->owner);
+            p->owner = NULL;
+            m->idx++;
+            m->off = 0;
+            if (m->idx == m->nparts) {
+                call->out_head = m->next;
+                if (call->out_head == NULL)
+                    call->out_tail = NULL;
+                free(m);
+            }
+        }
+    }
+    return 0;
+}
+
+void oi_grpc_send(oi_grpc_call_t *call, const oi_iov_t *parts, size_t nparts, size_t total)
+{
+    out_msg_t *m = NULL;
+    if (oi_grpc_call_open(call) && total <= UINT32_MAX)
+        m = malloc(sizeof(*m) + (nparts + 1) * sizeof(oi_iov_t));
+    if (m == NULL) {
+        for (size_t i = 0; i < nparts; i++)
+            oi_buf_unref(parts[i].owner);
+        if (oi_grpc_call_open(call))
+            oi_grpc_finish(call, OI_GRPC_INTERNAL, "out of memory queueing a response");
+        return;
+    }
+    m->next = NULL;
+    m->idx = 0;
+    m->off = 0;
+    oi_grpc_put_prefix(m->prefix, (uint32_t)total);
+    m->parts[0] = (oi_iov_t){(const char *)m->prefix, 5, NULL};
+    size_t n = 1;
+    for (size_t i = 0; i < nparts; i++) {
+        if (parts[i].len > 0)
+            m->parts[n++] = parts[i];
+        else
+            oi_buf_unref(parts[i].owner);
+    }
+    m->nparts = n;
+    if (call->out_tail)
+        call->out_tail->next = m;
+    else
+        call->out_head = m;
+    call->out_tail = m;
+    call->out_bytes += 5 + total;
+
+    h2_conn_t *c = call->conn;
+    if (!call->headers_sent) {
+        call->headers_sent = 1;
+        nghttp2_nv nv[] = {
+            {(uint8_t *)":status", (uint8_t *)"200", 7, 3, NGHTTP2_NV_FLAG_NONE},
+            {(uint8_t *)"content-type", (uint8_t *)"application/grpc", 12, 16, NGHTTP2_NV_FLAG_NONE},
+        };
+        nghttp2_data_provider prd = {.source.ptr = call, .read_callback = read_data};
+        nghttp2_submit_response(c->session, call->stream_id, nv, 2, &prd);
+    } else {
+        nghttp2_session_resume_data(c->session, call->stream_id);
+    }
+    call_kick(call);
+}
+
+/* A response with headers only and END_STREAM: Trailers-Only, or a plain HTTP error. */
+static void submit_headers_only(oi_grpc_call_t *call, const char *http_status, int grpc_status, const char *message)
+{
+    char code[12];
+    snprintf(code, sizeof(code), "%d", grpc_status);
+    oi_sbuf_t enc = {0};
+    int grpc = strcmp(http_status, "200") == 0;
+    nghttp2_nv nv[4] = {
+        {(uint8_t *)":status", (uint8_t *)http_status, 7, strlen(http_status), NGHTTP2_NV_FLAG_NONE},
+        {(uint8_t *)"content-type", (uint8_t *)(grpc ? "application/grpc" : "text/plain"), 12, grpc ? 16 : 10,
+         NGHTTP2_NV_FLAG_NONE},
+        {(uint8_t *)"grpc-status", (uint8_t *)code, 11, strlen(code), NGHTTP2_NV_FLAG_NONE},
+    };
+    size_t n = 3;
+    if (message && message[0] && oi_grpc_percent_encode(&enc, message) == 0)
+        nv[n++] = (nghttp2_nv){(uint8_t *)"grpc-message", (uint8_t *)enc.data, 12, enc.len, NGHTTP2_NV_FLAG_NONE};
+    nghttp2_submit_response(call->conn->session, call->stream_id, nv, n, NULL);
+    oi_sbuf_free(&enc);
+}
+
+void oi_grpc_finish(oi_grpc_call_t *call, int grpc_status, const char *message)
+{
+    if (!oi_grpc_call_open(call))
+        return;
+    call->finished = 1;
+    stop_timer(call);
+    /* A message still arriving is of no use now. */
+    oi_buf_unref(call->msg);
+    call->msg = NULL;
+    if (!call->headers_sent) {
+        call->headers_sent = 1;
+        submit_headers_only(call, "200", grpc_status, message);
+    } else {
+        call->status = grpc_status;
+        call->status_message = message && message[0] ? strdup(message) : NULL;
+        nghttp2_session_resume_data(call->conn->session, call->stream_id);
+    }
+    call_kick(call);
+}
+
+/* ---- the request side ------------------------------------------------------------------- */
+
+static void on_deadline(uv_timer_t *t)
+{
+    oi_grpc_call_t *call = t->data;
+    char msg[96];
+    snprintf(msg, sizeof(msg), "deadline exceeded: the call's grpc-timeout of %llu ms passed",
+             (unsigned long long)call->timeout_ms);
+    oi_grpc_finish(call, OI_GRPC_DEADLINE_EXCEEDED, msg);
+}
+
+static int on_begin_headers(nghttp2_session *session, const nghttp2_frame *frame, void *user_data)
+{
+    h2_conn_t *c = user_data;
+    if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST)
+        return 0;
+    oi_grpc_call_t *call = calloc(1, sizeof(*call));
+    if (call == NULL)
+        return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE; /* nghttp2 resets the stream */
+    call->refs = 1; /* the stream's */
+    call->conn = c;
+    call->loop = c->lp->loop;
+    call->stream_id = frame->hd.stream_id;
+    call->method = "";
+    call->next = c->calls;
+    if (c->calls)
+        c->calls->prev = call;
+    c->calls = call;
+    nghttp2_session_set_stream_user_data(session, frame->hd.stream_id, call);
+    return 0;
+}
+
+static int header_is(const uint8_t *name, size_t n, const char *want)
+{
+    return n == strlen(want) && memcmp(name, want, n) == 0;
+}
+
+static int on_header(nghttp2_session *session, const nghttp2_frame *frame, const uint8_t *name, size_t namelen,
+                     const uint8_t *value, size_t valuelen, uint8_t flags, void *user_data)
+{
+    (void)flags, (void)user_data;
+    if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST)
+        return 0; /* the client's trailers, if any, say nothing we need */
+    oi_grpc_call_t *call = call_of(session, frame->hd.stream_id);
+    if (call == NULL)
+        return 0;
+    if (header_is(name, namelen, ":path")) {
+        if (valuelen > MAX_PATH_LEN || call->path != NULL)
+            return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+        call->path = strndup((const char *)value, valuelen);
+        if (call->path == NULL)
+            return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+        call->method = call->path;
+    } else if (header_is(name, namelen, ":method")) {
+        call->bad_method = !(valuelen == 4 && memcmp(value, "POST", 4) == 0);
+    } else if (header_is(name, namelen, "content-type")) {
+        /* application/grpc, optionally +proto or ;params */
+        call->content_type_ok = valuelen >= 16 && strncasecmp((const char *)value, "application/grpc", 16) == 0 &&
+                                (valuelen == 16 || value[16] == '+' || value[16] == ';');
+    } else if (header_is(name, namelen, "grpc-timeout")) {
+        uint64_t ms;
+        if (oi_grpc_parse_timeout((const char *)value, valuelen, &ms) == 0)
+            call->timeout_ms = ms > 0 ? ms : 1;
+    } else if (header_is(name, namelen, "grpc-encoding")) {
+        call->bad_encoding = !(valuelen == 8 && memcmp(value, "identity", 8) == 0);
+    }
+    return 0;
+}
+
+/* The request headers are complete: check them, arm the deadline, tell the handler. */
+static void start_call(h2_conn_t *c, oi_grpc_call_t *call)
+{
+    oi_h2_server_t *s = c->lp->server;
+    if (call->bad_method) {
+        call->finished = 1;
+        call->headers_sent = 1;
+        submit_headers_only(call, "405", OI_GRPC_UNIMPLEMENTED, "gRPC calls are POST requests");
+        return;
+    }
+    if (!call->content_type_ok) {
+        call->finished = 1;
+        call->headers_sent = 1;
+        submit_headers_only(call, "415", OI_GRPC_INVALID_ARGUMENT,
+                            "unsupported content-type; this gRPC endpoint expects application/grpc");
+        return;
+    }
+    if (call->path == NULL) {
+        oi_grpc_finish(call, OI_GRPC_UNIMPLEMENTED, "the request has no :path naming a method");
+        return;
+    }
+    if (call->bad_encoding) {
+        oi_grpc_finish(call, OI_GRPC_UNIMPLEMENTED,
+                       "unsupported grpc-encoding; this server accepts uncompressed (identity) messages only");
+        return;
+    }
+    if (call->timeout_ms > 0) {
+        uv_timer_t *t = malloc(sizeof(*t));
+        if (t != NULL) {
+            uv_timer_init(&c->lp->loop->uv, t);
+            t->data = call;
+            call->timer = t;
+            oi_grpc_call_ref(call); /* the timer's, until closed */
+            uv_timer_start(t, on_deadline, call->timeout_ms, 0);
+        }
+    }
+    s->handler.on_call(s->ctx, call);
+}
+
+/* Feeds DATA bytes to the message reassembly: each complete message goes to the handler. */
+static void call_feed(h2_conn_t *c, oi_grpc_call_t *call, const uint8_t *data, size_t len)
+{
+    oi_h2_server_t *s = c->lp->server;
+    while (oi_grpc_call_open(call)) {
+        if (call->msg == NULL) {
+            if (len == 0)
+                return;
+            size_t take = 5 - call->prefix_have < len ? 5 - call->prefix_have : len;
+            memcpy(call->prefix + call->prefix_have, data, take);
+            call->prefix_have += take;
+            data += take;
+            len -= take;
+            if (call->prefix_have < 5)
+                return;
+            uint32_t n = (uint32_t)call->prefix[1] << 24 | (uint32_t)call->prefix[2] << 16 |
+                         (uint32_t)call->prefix[3] << 8 | call->prefix[4];
+            if (call->prefix[0] != 0) {
+                oi_grpc_finish(call, call->prefix[0] == 1 ? OI_GRPC_UNIMPLEMENTED : OI_GRPC_INTERNAL,
+                               call->prefix[0] == 1 ? "compressed messages are not supported; send identity"
+                                                    : "malformed gRPC message prefix: flag byte is not 0 or 1");
+                return;
+            }
+            if (n > s->cfg.max_message_bytes) {
+                char msg[160];
+                snprintf(msg, sizeof(msg), "request message of %u bytes is over the server's limit of %zu bytes", n,
+                         s->cfg.max_message_bytes);
+                oi_grpc_finish(call, OI_GRPC_RESOURCE_EXHAUSTED, msg);
+                return;
+            }
+            call->msg = oi_buf_new(n);
+            if (call->msg == NULL) {
+                oi_grpc_finish(call, OI_GRPC_RESOURCE_EXHAUSTED, "out of memory for the request message");
+                return;
+            }
+            call->msg_need = n;
+        }
+        if (call->msg_need > 0 && len == 0)
+            return;
+        size_t take = call->msg_need < len ? call->msg_need : len;
+        memcpy(call->msg->data + call->msg->len, data, take);
+        call->msg->len += take;
+        call->msg_need -= take;
+        data += take;
+        len -= take;
+        if (call->msg_need == 0) {
+            oi_buf_t *m = call->msg;
+            call->msg = NULL;
+            call->prefix_have = 0;
+            call->received++;
+            s->handler.on_message(s->ctx, call, m);
+        }
+    }
+}
+
+static int on_data_chunk(nghttp2_session *session, uint8_t flags, int32_t stream_id, const uint8_t *data, size_t len,
+                         void *user_data)
+{
+    (void)flags;
+    oi_grpc_call_t *call = call_of(session, stream_id);
+    if (call != NULL) {
+        oi_grpc_call_ref(call); /* the handler may finish and the stream close under us */
+        call_feed(user_data, call, data, len);
+        oi_grpc_call_unref(call);
+    }
+    return 0;
+}
+
+static int on_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, void *user_data)
+{
+    h2_conn_t *c = user_data;
+    if (frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA)
+        return 0;
+    oi_grpc_call_t *call = call_of(session, frame->hd.stream_id);
+    if (call == NULL)
+        return 0;
+    oi_grpc_call_ref(call);
+    if (frame->hd.type == NGHTTP2_HEADERS && frame->headers.cat == NGHTTP2_HCAT_REQUEST)
+        start_call(c, call);
+    if ((frame->hd.flags & NGHTTP2_FLAG_END_STREAM) && !call->half_closed) {
+        call->half_closed = 1;
+        if (oi_grpc_call_open(call)) {
+            if (call->msg != NULL || call->prefix_have > 0)
+                oi_grpc_finish(call, OI_GRPC_INTERNAL,
+                               "the request ended inside a message (truncated gRPC message)");
+            else
+                c->lp->server->handler.on_half_close(c->lp->server->ctx, call);
+        }
+    }
+    oi_grpc_call_unref(call);
+    return 0;
+}
+
+static int on_frame_send(nghttp2_session *session, const nghttp2_frame *frame, void *user_data)
+{
+    (void)user_data;
+    /* Our side ended before the client's: tell it to stop sending (gRPC's RST_STREAM
+     * NO_ERROR), so that a rejected large message is not read to its end. */
+    if ((frame->hd.type == NGHTTP2_HEADERS || frame->hd.type == NGHTTP2_DATA) &&
+        (frame->hd.flags & NGHTTP2_FLAG_END_STREAM)) {
+        oi_grpc_call_t *call = call_of(session, frame->hd.stream_id);
+        if (call != NULL && !call->half_closed)
+            nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, frame->hd.stream_id, NGHTTP2_NO_ERROR);
+    }
+    return 0;
+}
+
+static int on_stream_close(nghttp2_session *session, int32_t stream_id, uint32_t error_code, void *user_data)
+{
+    (void)error_code, (void)user_data;
+    oi_grpc_call_t *call = call_of(session, stream_id);
+    if (call != NULL)
+        call_detach(call);
+    return 0;
+}
+
+/* ---- connections ------------------------------------------------------------------------ */
+
+static void conn_maybe_free(h2_conn_t *c)
+{
+    if (!c->closing || c->writes > 0 || c->tcp.data != NULL)
+        return;
+    for (size_t i = 0; i < c->nsegs; i++)
+        oi_buf_unref(c->segs[i].owner);
+    free(c->segs);
+    oi_sbuf_free(&c->wbuf);
+    atomic_fetch_sub(&c->lp->server->connections, 1);
+    free(c);
+}
+
+static void on_tcp_closed(uv_handle_t *h)
+{
+    h2_conn_t *c = h->data;
+    c->tcp.data = NULL;
+    conn_maybe_free(c);
+}
+
+static void conn_close(h2_conn_t *c)
+{
+    if (c->closing)
+        return;
+    c->closing = 1;
+    h2_loop_t *lp = c->lp;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        lp->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    while (c->calls)
+        call_detach(c->calls);
+    nghttp2_session_del(c->session);
+    c->session = NULL;
+    uv_close((uv_handle_t *)&c->tcp, on_tcp_closed);
+}
+
+static void after_write(uv_write_t *w, int status)
+{
+    write_req_t *wr = (write_req_t *)w;
+    h2_conn_t *c = wr->conn;
+    for (size_t i = 0; i < wr->nowners; i++)
+        oi_buf_unref(wr->owners[i]);
+    oi_buf_unref(wr->small);
+    free(wr);
+    c->writes--;
+    if (status < 0 || (c->close_after_write && c->writes == 0))
+        conn_close(c);
+    else if (!c->closing && c->writes == 0 && !nghttp2_session_want_read(c->session) &&
+             !nghttp2_session_want_write(c->session))
+        conn_close(c); /* GOAWAY exchanged and every stream done */
+    conn_maybe_free(c);
+}
+
+/* Turns the batch of segments into one uv_write. */
+static void conn_write_batch(h2_conn_t *c)
+{
+    if (c->nsegs == 0)
+        return;
+    size_t nowners = 0;
+    for (size_t i = 0; i < c->nsegs; i++)
+        nowners += c->segs[i].owner != NULL;
+    write_req_t *wr = malloc(sizeof(*wr) + nowners * sizeof(oi_buf_t *));
+    uv_buf_t stackbufs[16];
+    uv_buf_t *bufs = c->nsegs <= 16 ? stackbufs : malloc(c->nsegs * sizeof(uv_buf_t));
+    oi_buf_t *small = c->wbuf.len > 0 ? oi_sbuf_detach(&c->wbuf) : NULL;
+    if (wr == NULL || bufs == NULL || (c->wbuf.len > 0 && small == NULL)) {
+        free(wr);
+        if (bufs != stackbufs)
+            free(bufs);
+        oi_buf_unref(small);
+        for (size_t i = 0; i < c->nsegs; i++)
+            oi_buf_unref(c->segs[i].owner);
+        c->nsegs = 0;
+        conn_close(c);
+        return;
+    }
+    wr->conn = c;
+    wr->small = small;
+    wr->nowners = 0;
+    for (size_t i = 0; i < c->nsegs; i++) {
+        seg_t *sg = &c->segs[i];
+        const char *p = sg->inline_ ? small->data + sg->off : sg->ptr;
+        bufs[i] = uv_buf_init((char *)p, (unsigned)sg->len);
+        if (sg->owner)
+            wr->owners[wr->nowners++] = sg->owner;
+    }
+    size_t n = c->nsegs;
+    c->nsegs = 0;
+    c->writes++;
+    int rc = uv_write(&wr->w, (uv_stream_t *)&c->tcp, bufs, (unsigned)n, after_write);
+    if (bufs != stackbufs)
+        free(bufs);
+    if (rc != 0)
+        after_write(&wr->w, rc);
+}
+
+static void conn_flush(h2_conn_t *c)
+{
+    if (c->closing)
+        return;
+    int rc = nghttp2_session_send(c->session);
+    conn_write_batch(c);
+    if (c->closing)
+        return;
+    if (rc != 0)
+        conn_close(c);
+    else if (c->writes == 0 && !nghttp2_session_want_read(c->session) && !nghttp2_session_want_write(c->session))
+        conn_close(c);
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    (void)suggested;
+    h2_conn_t *c = h->data;
+    *buf = uv_buf_init(c->lp->rbuf, READ_BUF_SIZE);
+}
+
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
+{
+    h2_conn_t *c = st->data;
+    if (nread < 0) {
+        conn_close(c); /* EOF or reset: calls in flight are cut, their answers dropped */
+        return;
+    }
+    if (nread == 0 || c->closing)
+        return;
+    c->in_recv = 1;
+    ssize_t rc = nghttp2_session_mem_recv(c->session, (const uint8_t *)buf->base, (size_t)nread);
+    c->in_recv = 0;
+    if (rc < 0) {
+        /* A protocol error: nghttp2 queued a GOAWAY where it could; send it, then close. */
+        if (rc != NGHTTP2_ERR_BAD_CLIENT_MAGIC)
+            nghttp2_session_send(c->session);
+        conn_write_batch(c);
+        uv_read_stop(st);
+        c->close_after_write = 1;
+        if (c->writes == 0)
+            conn_close(c);
+        return;
+    }
+    conn_flush(c);
+}
+
+/* DATA frames as large as the client allows: fewer frame headers and iovecs per tensor. */
+static ssize_t data_length(nghttp2_session *session, uint8_t frame_type, int32_t stream_id,
+                           int32_t session_remote_window_size, int32_t stream_remote_window_size,
+                           uint32_t remote_max_frame_size, void *user_data)
+{
+    (void)session, (void)frame_type, (void)stream_id, (void)user_data;
+    int32_t w = session_remote_window_size < stream_remote_window_size ? session_remote_window_size
+                                                                         : stream_remote_window_size;
+    if (w <= 0)
+        return 1; /* nghttp2 defers the stream until a WINDOW_UPDATE */
+    return (ssize_t)((uint32_t)w < remote_max_frame_size ? (uint32_t)w : remote_max_frame_size);
+}
+
+static int conn_init_session(h2_conn_t *c)
+{
+    oi_h2_server_t *s = c->lp->server;
+    nghttp2_session_callbacks *cb;
+    if (nghttp2_session_callbacks_new(&cb) != 0)
+        return -1;
+    nghttp2_session_callbacks_set_send_callback(cb, on_send);
+    nghttp2_session_callbacks_set_send_data_callback(cb, on_send_data);
+    nghttp2_session_callbacks_set_on_begin_headers_callback(cb, on_begin_headers);
+    nghttp2_session_callbacks_set_on_header_callback(cb, on_header);
+    nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, on_data_chunk);
+    nghttp2_session_callbacks_set_on_frame_recv_callback(cb, on_frame_recv);
+    nghttp2_session_callbacks_set_on_frame_send_callback(cb, on_frame_send);
+    nghttp2_session_callbacks_set_on_stream_close_callback(cb, on_stream_close);
+    nghttp2_session_callbacks_set_data_source_read_length_callback(cb, data_length);
+    int rc = nghttp2_session_server_new(&c->session, cb, c);
+    nghttp2_session_callbacks_del(cb);
+    if (rc != 0)
+        return -1;
+    nghttp2_settings_entry iv[] = {
+        {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, s->cfg.max_concurrent_streams},
+        {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, STREAM_WINDOW},
+        {NGHTTP2_SETTINGS_MAX_FRAME_SIZE, (1u << 24) - 1},
+        {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, 64u << 10},
+    };
+    if (nghttp2_submit_settings(c->session, NGHTTP2_FLAG_NONE, iv, sizeof(iv) / sizeof(iv[0])) != 0 ||
+        nghttp2_session_set_local_window_size(c->session, NGHTTP2_FLAG_NONE, 0, CONN_WINDOW) != 0)
+        return -1;
+    return 0;
+}
+
+static void on_connection(uv_stream_t *server, int status)
+{
+    h2_loop_t *lp = server->data;
+    oi_h2_server_t *s = lp->server;
+    if (status < 0)
+        return;
+    h2_conn_t *c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return;
+    c->lp = lp;
+    uv_tcp_init(&lp->loop->uv, &c->tcp);
+    c->tcp.data = c;
+    atomic_fetch_add(&s->connections, 1);
+    c->next = lp->conns;
+    if (lp->conns)
+        lp->conns->prev = c;
+    lp->conns = c;
+    if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0 || atomic_load(&s->connections) > s->cfg.max_connections ||
+        conn_init_session(c) != 0) {
+        conn_close(c);
+        return;
+    }
+    uv_tcp_nodelay(&c->tcp, 1);
+    if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) != 0) {
+        conn_close(c);
+        return;
+    }
+    conn_flush(c); /* our SETTINGS and connection WINDOW_UPDATE go first */
+}
+
+/* ---- server ------------------------------------------------------------------------------- */
+
+oi_h2_server_t *oi_h2_server_new(const oi_h2_config_t *cfg, const oi_grpc_handler_t *handler, void *ctx)
+{
+    oi_h2_server_t *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return NULL;
+    s->cfg = *cfg;
+    snprintf(s->host, sizeof(s->host), "%s", cfg->host ? cfg->host : "127.0.0.1");
+    s->cfg.host = s->host;
+    if (s->cfg.max_message_bytes == 0 || s->cfg.max_message_bytes > UINT32_MAX)
+        s->cfg.max_message_bytes = UINT32_MAX;
+    if (s->cfg.max_concurrent_streams == 0)
+        s->cfg.max_concurrent_streams = 1024;
+    if (s->cfg.max_connections <= 0)
+        s->cfg.max_connections = 4096;
+    s->handler = *handler;
+    s->ctx = ctx;
+    return s;
+}
+
+typedef struct listen_arg_s {
+    h2_loop_t *lp;
+    const struct sockaddr_storage *addr;
+    h2_loop_t *first;
+    int rc;
+} listen_arg_t;
+
+/* On the loop's thread: the first loop binds, the others listen on duplicates of its socket
+ * (the pattern of http1.c: one accept queue, the port exclusive to this server). */
+static void open_listener(void *arg)
+{
+    listen_arg_t *a = arg;
+    h2_loop_t *lp = a->lp;
+    int rc;
+    if (a->first == NULL) {
+        rc = uv_tcp_init_ex(&lp->loop->uv, &lp->tcp, a->addr->ss_family);
+        if (rc != 0) {
+            a->rc = rc;
+            return;
+        }
+        lp->listening = 1;
+        rc = uv_tcp_bind(&lp->tcp, (const struct sockaddr *)a->addr, 0);
+    } else {
+        uv_os_fd_t fd;
+        uv_fileno((const uv_handle_t *)&a->first->tcp, &fd);
+        int dup_fd = dup(fd);
+        if (dup_fd < 0) {
+            a->rc = uv_translate_sys_error(errno);
+            return;
+        }
+        uv_tcp_init(&lp->loop->uv, &lp->tcp);
+        lp->listening = 1;
+        rc = uv_tcp_open(&lp->tcp, dup_fd);
+        if (rc != 0)
+            close(dup_fd);
+    }
+    lp->tcp.data = lp;
+    if (rc == 0)
+        rc = uv_listen((uv_stream_t *)&lp->tcp, 1024, on_connection);
+    a->rc = rc;
+}
+
+int oi_h2_server_start(oi_h2_server_t *s, oi_loop_t **loops, int nloops, char *err, size_t errlen)
+{
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    char portstr[16];
+    snprintf(portstr, sizeof(portstr), "%d", s->cfg.port);
+    int rc = getaddrinfo(s->host, portstr, &hints, &res);
+    if (rc != 0) {
+        snprintf(err, errlen, "cannot resolve host '%s': %s", s->host, gai_strerror(rc));
+        return UV_EINVAL;
+    }
+    struct sockaddr_storage addr;
+    memcpy(&addr, res->ai_addr, res->ai_addrlen);
+    freeaddrinfo(res);
+    s->loops = calloc((size_t)nloops, sizeof(*s->loops));
+    if (s->loops == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return UV_ENOMEM;
+    }
+    for (int i = 0; i < nloops; i++) {
+        h2_loop_t *lp = &s->loops[i];
+        lp->loop = loops[i];
+        lp->server = s;
+        lp->rbuf = malloc(READ_BUF_SIZE);
+        s->nloops++;
+        if (lp->rbuf == NULL) {
+            snprintf(err, errlen, "out of memory");
+            return UV_ENOMEM;
+        }
+        listen_arg_t a = {lp, &addr, i ? &s->loops[0] : NULL, 0};
+        oi_loop_call(lp->loop, open_listener, &a);
+        if (a.rc != 0) {
+            snprintf(err, errlen, "cannot listen for gRPC on %s:%d: %s", s->host, s->cfg.port, uv_strerror(a.rc));
+            return a.rc;
+        }
+    }
+    struct sockaddr_storage bound;
+    int len = sizeof(bound);
+    uv_tcp_getsockname(&s->loops[0].tcp, (struct sockaddr *)&bound, &len);
+    s->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                                 : ((struct sockaddr_in *)&bound)->sin_port);
+    return 0;
+}
+
+int oi_h2_server_port(const oi_h2_server_t *s) { return s->port; }
+
+static void close_listener(h2_loop_t *lp)
+{
+    if (lp->listening) {
+        lp->listening = 0;
+        uv_close((uv_handle_t *)&lp->tcp, NULL);
+    }
+}
+
+static void stop_loop(void *arg)
+{
+    h2_loop_t *lp = arg;
+    close_listener(lp);
+    for (h2_conn_t *c = lp->conns, *next; c != NULL; c = next) {
+        next = c->next; /* conn_flush may close c */
+        if (!c->goaway) {
+            c->goaway = 1;
+            nghttp2_submit_goaway(c->session, NGHTTP2_FLAG_NONE, nghttp2_session_get_last_proc_stream_id(c->session),
+                                  NGHTTP2_NO_ERROR, NULL, 0);
+            conn_flush(c);
+        }
+    }
+}
+
+static void close_loop(void *arg)
+{
+    h2_loop_t *lp = arg;
+    close_listener(lp);
+    while (lp->conns)
+        conn_close(lp->conns);
+}
+
+void oi_h2_server_stop_accepting(oi_h2_server_t *s)
+{
+    for (int i = 0; i < s->nloops; i++)
+        oi_loop_call(s->loops[i].loop, stop_loop, &s->loops[i]);
+}
+
+void oi_h2_server_close(oi_h2_server_t *s)
+{
+    for (int i = 0; i < s->nloops; i++)
+        oi_loop_call(s->loops[i].loop, close_loop, &s->loops[i]);
+}
+
+void oi_h2_server_free(oi_h2_server_t *s)
+{
+    if (s == NULL)
+        return;
+    for (int i = 0; i < s->nloops; i++)
+        free(s->loops[i].rbuf);
+    free(s->loops);
+    free(s);
+}

@@ -1,0 +1,116 @@
+/* gRPC server transport: HTTP/2 over cleartext TCP with prior knowledge (h2c), on nghttp2,
+ * running on event loops that another transport started (the HTTP/1.1 server's). It owns
+ * sockets, HTTP/2 framing, flow control and gRPC message framing; it knows nothing of V2:
+ * each call (one HTTP/2 stream) hands its request messages to a handler, which answers with
+ * oi_grpc_send and oi_grpc_finish on the call's loop thread.
+ *
+ * Wire behaviour: `content-type: application/grpc...` is required (else HTTP 415), requests
+ * are POST, messages carry the 5-byte prefix and are reassembled into one buffer sized from
+ * it (no copies beyond that reassembly), `grpc-timeout` is honoured with DEADLINE_EXCEEDED,
+ * responses are HEADERS, DATA written straight from the parts' memory (iovecs), then
+ * trailers with grpc-status and a percent-encoded grpc-message, or Trailers-Only when the call
+ * fails before any response message. Shutdown sends GOAWAY and lets open calls finish. */
+#ifndef OI_TRANSPORT_HTTP2_H
+#define OI_TRANSPORT_HTTP2_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/buf.h"
+#include "transport/http1.h" /* oi_iov_t */
+#include "transport/loop.h"
+
+typedef struct oi_h2_server_s oi_h2_server_t;
+typedef struct oi_grpc_call_s oi_grpc_call_t;
+
+typedef struct oi_h2_config_s {
+    const char *host; /* numeric address or a name; "127.0.0.1" by default */
+    int port;         /* 0 picks a free port */
+    size_t max_message_bytes;        /* largest request message (at most 4 GiB - 1) */
+    int max_connections;
+    uint32_t max_concurrent_streams; /* per connection */
+} oi_h2_config_t;
+
+/* Called on the call's loop thread. A handler may answer from inside any of them. */
+typedef struct oi_grpc_handler_s {
+    /* The request headers are in and valid: call->method names the RPC. */
+    void (*on_call)(void *ctx, oi_grpc_call_t *call);
+    /* One complete request message; takes the reference to `msg`. */
+    void (*on_message)(void *ctx, oi_grpc_call_t *call, oi_buf_t *msg);
+    /* The client has sent its last message (END_STREAM). */
+    void (*on_half_close)(void *ctx, oi_grpc_call_t *call);
+} oi_grpc_handler_t;
+
+/* One RPC. Refcounted on its loop thread only: the transport holds one reference while the
+ * stream lives, and a handler takes its own (oi_grpc_call_ref) across asynchronous work. */
+struct oi_grpc_call_s {
+    /* Read-only for the handler. */
+    const char *method;  /* the :path, e.g. "/inference.GRPCInferenceService/ModelInfer" */
+    oi_loop_t *loop;     /* the call's loop thread */
+    uint32_t received;   /* request messages so far */
+    int half_closed;     /* the client sent END_STREAM */
+    /* The handler's own. */
+    void *data;
+    int kind;
+    uint32_t pending;
+    /* Private to the transport. */
+    int refs;
+    int finished;        /* our side is done: trailers submitted */
+    int headers_sent;
+    struct oi_h2_conn_s *conn; /* NULL once the stream is gone */
+    struct oi_grpc_call_s *prev, *next;
+    int32_t stream_id;
+    char *path;
+    int content_type_ok, bad_method, bad_encoding;
+    uint64_t timeout_ms; /* 0: none */
+    void *timer;         /* uv_timer_t *, when a deadline is set */
+    /* Reassembly of the request message being received. */
+    uint8_t prefix[5];
+    size_t prefix_have;
+    oi_buf_t *msg;
+    size_t msg_need;
+    /* Response messages waiting for the socket, and the trailers to send after them. */
+    struct out_msg_s *out_head, *out_tail;
+    uint64_t out_bytes;
+    int status;
+    char *status_message;
+};
+
+/* Takes and drops a reference (loop thread only). The last drop frees the call. */
+void oi_grpc_call_ref(oi_grpc_call_t *call);
+void oi_grpc_call_unref(oi_grpc_call_t *call);
+
+/* 1 while the call can still answer: its stream is open and oi_grpc_finish was not called. */
+int oi_grpc_call_open(const oi_grpc_call_t *call);
+
+/* Queues one response message of `total` bytes, the concatenation of parts[0 .. nparts),
+ * sent from the parts' memory. Takes every part's owner reference, also when the call can no
+ * longer answer (the parts are then dropped). */
+void oi_grpc_send(oi_grpc_call_t *call, const oi_iov_t *parts, size_t nparts, size_t total);
+
+/* Ends the call with a gRPC status and message (NULL or "" for none): trailers after the
+ * queued messages, or Trailers-Only when none was sent. Later sends are dropped. */
+void oi_grpc_finish(oi_grpc_call_t *call, int grpc_status, const char *message);
+
+/* Returns a new server (not yet listening), or NULL when out of memory. */
+oi_h2_server_t *oi_h2_server_new(const oi_h2_config_t *cfg, const oi_grpc_handler_t *handler, void *ctx);
+
+/* Binds and listens on each of the `nloops` running loops (which must outlive the server's
+ * connections: see oi_h2_server_close). 0, or a libuv error with a message in `err`. */
+int oi_h2_server_start(oi_h2_server_t *s, oi_loop_t **loops, int nloops, char *err, size_t errlen);
+
+/* The bound port, 0 before start. */
+int oi_h2_server_port(const oi_h2_server_t *s);
+
+/* Closes the listeners and sends GOAWAY on every connection: calls in progress go on, new
+ * ones are refused. Call from outside the loops. */
+void oi_h2_server_stop_accepting(oi_h2_server_t *s);
+
+/* Closes every connection (calls still waiting for an answer are cut). Call from outside
+ * the loops, while they still run. */
+void oi_h2_server_close(oi_h2_server_t *s);
+
+/* Frees the server once its loops have ended (every handle closed). */
+void oi_h2_server_free(oi_h2_server_t *s);
+
+#endif
