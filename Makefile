@@ -46,4 +46,4 @@ bench: build
 	$(PY) benchmarks/run.py $(BENCH_ARGS)
 
 clean:
-	rm -rf build $(ASAN_DIR) python/openinfer/_core*.so
+	rm -rf build $(ASAN_DIR) python/openinfer/_core*.so python/openinfer/libopeninfer_torch-*.so
