@@ -291,3 +291,23 @@ def test_import_does_not_load_the_extension(tmp_path: Path) -> None:
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+def test_torchscript_without_torch(tmp_path: Path) -> None:
+    """Where torch cannot be imported, a TorchScript model fails with that reason, and the
+    bundled examples serve their Python models only (and are ready)."""
+    (tmp_path / "net" / "1").mkdir(parents=True)
+    (tmp_path / "net" / "1" / "model.pt").write_bytes(b"PK\x03\x04")
+    code = f"""
+import sys
+sys.modules["torch"] = None  # import torch raises ImportError
+import openinfer
+from openinfer.repository import scan
+(entry,) = scan({str(tmp_path)!r})
+assert entry.model is None and entry.error.startswith("torch unavailable: serving TorchScript models needs torch"), entry
+with openinfer.serve(http_port=0, log=False) as server:
+    assert set(server.models) == {{"identity_fp32", "simple", "simple_string"}}, server.models
+    assert server.failed == {{}}, server.failed
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)

@@ -6,7 +6,6 @@ dynamic batching under many concurrent clients (torch and Python models), and CU
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import textwrap
 import threading
@@ -22,12 +21,6 @@ import openinfer
 from openinfer import Model, Tensor
 from openinfer.config import DynamicBatching
 
-if "libasan" in os.environ.get("LD_PRELOAD", "") and os.environ.get("OI_TORCH_UNDER_ASAN") != "1":
-    pytest.skip(
-        "sanitizer run: libtorch is not built with ASan and is skipped under the preload "
-        "(set OI_TORCH_UNDER_ASAN=1 to try); the plain run covers the torch backend",
-        allow_module_level=True,
-    )
 torch = pytest.importorskip("torch", reason="torch is not installed (make test installs it)")
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.*` is deprecated:DeprecationWarning")
 

@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from types import TracebackType
 
 from . import __version__, _core
@@ -236,9 +237,10 @@ def _collect(
     """The model versions to serve: the repository's (the examples when neither argument is
     given), then `models`. Two definitions of one name and version are a ValueError, caught
     here rather than as the core's RuntimeError so the message says which."""
-    bundled = repo is None and models is None
-    if bundled:
+    if repo is None and models is None:
         repo = examples_path()
+    # The bundled examples serve everywhere: their TorchScript models only where torch is.
+    bundled = repo is not None and Path(repo).resolve() == examples_path().resolve()
     entries = scan(repo, optional_torch=bundled) if repo is not None else []
     given = [models] if isinstance(models, Model) else list(models or ())
     for model in given:
