@@ -240,6 +240,7 @@ def model(
     version: int = 1,
     instances: int = 1,
     platform: str = "python",
+    dynamic_batching: DynamicBatching | bool | None = None,
 ) -> Callable[[ModelFn], Model]:
     """Decorator form of `Model`: ``@openinfer.model(inputs=[...], outputs=[...])`` turns a
     function into a Model named `name`, or after the function when no name is given."""
@@ -254,6 +255,7 @@ def model(
             version=version,
             instances=instances,
             platform=platform,
+            dynamic_batching=dynamic_batching,
         )
 
     return wrap
