@@ -5,6 +5,8 @@ PY := .venv/bin/python
 CSRC := $(shell find csrc -name '*.c' -o -name '*.h')
 EXT := python/openinfer/_core$(shell python3 -c "import sysconfig;print(sysconfig.get_config_var('EXT_SUFFIX'))")
 ASAN_DIR := build-asan
+# What the libtorch shim is compiled from on first use (shipped in the package as _csrc/).
+TORCH_SHIM_SRC := backends/torch_shim/torch_shim.cpp backends/torch_shim/torch_shim.h core/dtype.c core/dtype.h
 PYTEST_ARGS ?=
 
 .PHONY: setup build serve test test-plain test-asan bench clean
@@ -35,6 +37,7 @@ test-asan: setup
 	cp python/openinfer/*.py python/openinfer/py.typed $(ASAN_DIR)/pkg/openinfer/
 	cp $(ASAN_DIR)/lib/openinfer/_core*.so $(ASAN_DIR)/pkg/openinfer/
 	mkdir -p $(ASAN_DIR)/pkg/openinfer/examples && cp -r examples/models $(ASAN_DIR)/pkg/openinfer/examples/
+	mkdir -p $(ASAN_DIR)/pkg/openinfer/_csrc && cd csrc && cp --parents $(TORCH_SHIM_SRC) $(CURDIR)/$(ASAN_DIR)/pkg/openinfer/_csrc/
 	OI_PACKAGE_DIR=$(ASAN_DIR)/pkg PYTHONPATH=$(ASAN_DIR)/pkg \
 	LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
 	PYTHONMALLOC=malloc LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitizers/lsan.supp:print_suppressions=0 \
@@ -46,4 +49,4 @@ bench: build
 	$(PY) benchmarks/run.py $(BENCH_ARGS)
 
 clean:
-	rm -rf build $(ASAN_DIR) python/openinfer/_core*.so
+	rm -rf build $(ASAN_DIR) python/openinfer/_core*.so python/openinfer/libopeninfer_torch-*.so

@@ -5,6 +5,9 @@ the numpy C API.
 Environment:
   OI_WERROR=1    compile our sources with -Werror (CI and `make test` do).
   OI_SANITIZE=1  build with AddressSanitizer and UndefinedBehaviorSanitizer.
+
+When torch is importable in the build, the libtorch shim (csrc/backends/torch_shim/) is built
+too, into the package; otherwise openinfer builds it on first use (python/openinfer/_torch_build.py).
 """
 
 from __future__ import annotations
@@ -106,6 +109,33 @@ class BuildExt(build_ext):
         ext.extra_link_args += san
         super().build_extension(ext)
 
+    def run(self) -> None:
+        super().run()
+        if not sanitize_flags():  # the sanitizer run loads the shim from the cache
+            inplace = self.inplace or getattr(self, "editable_mode", False)
+            self.build_torch_shim(ROOT / "python" / "openinfer" if inplace else Path(self.build_lib, "openinfer"))
+
+    def build_torch_shim(self, package_dir: Path) -> None:
+        """The shim against the torch of this environment, if there is one; a failure only
+        means it is built on first use instead."""
+        import importlib.util
+
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            return
+        spec = importlib.util.spec_from_file_location("_oi_torch_build", ROOT / "python/openinfer/_torch_build.py")
+        assert spec is not None and spec.loader is not None
+        builder = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(builder)
+        try:
+            path = builder.build(package_dir, werror=os.environ.get("OI_WERROR") == "1")
+            print(f"openinfer build: torch shim {path}")
+        except builder.ShimBuildError as e:
+            if os.environ.get("OI_WERROR") == "1":
+                raise
+            print(f"openinfer build: torch shim not built now (it will be on first use): {e}", file=sys.stderr)
+
 
 class BuildPy(build_py):
     """Ships the example model repository inside the package (openinfer/examples/models), so
@@ -116,6 +146,11 @@ class BuildPy(build_py):
         if not self.editable_mode:
             dest = Path(self.build_lib, "openinfer", "examples", "models")
             self.copy_tree(str(ROOT / "examples" / "models"), str(dest))
+            # The torch shim's sources, for building it on first use against the torch found then.
+            for rel in ("backends/torch_shim/torch_shim.cpp", "backends/torch_shim/torch_shim.h", "core/dtype.c", "core/dtype.h"):
+                target = Path(self.build_lib, "openinfer", "_csrc", rel)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                self.copy_file(str(ROOT / "csrc" / rel), str(target))
 
 
 sources = sorted(

@@ -24,6 +24,7 @@ REPO_ROOT = BENCH_DIR.parent
 SCENARIOS = {
     "s1": ("s1_http_json.py", "simple over HTTP JSON vs nginx limit (wrk)"),
     "s2": ("s2_http_binary.py", "simple over HTTP binary tensors vs nginx limit (wrk)"),
+    "s3": ("s3_grpc.py", "simple over gRPC unary/streaming (h2load); 16 MiB identity vs TCP"),
     "s4": ("s4_http_tensors.py", "identity_fp32 4 KiB..64 MiB over HTTP vs TCP echo / memcpy"),
     "s7": ("s7_client.py", "openinfer.Client vs tritonclient.http, same server"),
 }

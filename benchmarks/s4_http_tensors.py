@@ -147,10 +147,11 @@ def main(argv=None) -> int:
                 problems.append(f"openinfer died at {C.fmt_size(size)}; later sizes skipped")
                 break
         if ip is not None:
-            for rnd in range(1, args.rounds + 1):
+            ip_rounds = 1 if args.quick else args.rounds
+            for rnd in range(1, ip_rounds + 1):
                 g, err = iperf3_run(ip_port, args.seconds, args.client_cpu)
                 iperf.append(g)
-                print(f"[{T}] iperf3 round {rnd}/{args.rounds}: {g:.3f} GB/s {err}", flush=True)
+                print(f"[{T}] iperf3 round {rnd}/{ip_rounds}: {g:.3f} GB/s {err}", flush=True)
                 if err:
                     problems.append(f"iperf3: {err}")
                     break

@@ -169,17 +169,19 @@ def test_broken_models_fail_alone(tmp_path: Path) -> None:
     assert "_openinfer_model_raises_v1_" not in " ".join(sys.modules)  # failed imports are dropped
 
 
-def test_torchscript_is_a_reported_hook(tmp_path: Path) -> None:
+def test_broken_torchscript_is_reported(tmp_path: Path) -> None:
     (tmp_path / "resnet" / "1").mkdir(parents=True)
     (tmp_path / "resnet" / "1" / "model.pt").write_bytes(b"PK\x03\x04")
     write(tmp_path / "traced" / "config.pbtxt", 'platform: "pytorch_libtorch"')
     (tmp_path / "traced" / "1").mkdir()
     (tmp_path / "traced" / "1" / "model.pt").write_bytes(b"PK\x03\x04")
-    reason = "TorchScript models need the torch backend (not available in this build)"
-    assert [(m.name, m.version, m.error) for m in scan(tmp_path)] == [
-        ("resnet", 1, reason),
-        ("traced", 1, reason),
-    ]
+    loaded = scan(tmp_path)
+    assert [(m.name, m.version, m.model) for m in loaded] == [("resnet", 1, None), ("traced", 1, None)]
+    for m in loaded:
+        assert m.error is not None
+        assert m.error.startswith("torch unavailable: ") or (
+            m.error.startswith(f"cannot load TorchScript module {tmp_path / m.name / '1' / 'model.pt'}: ")
+        ), m.error
 
 
 def test_default_model_filename(tmp_path: Path) -> None:
@@ -252,7 +254,7 @@ def test_scan_rejects_a_missing_repository(tmp_path: Path) -> None:
 
 
 def test_example_repository() -> None:
-    loaded = scan(examples_path())
+    loaded = [m for m in scan(examples_path(), optional_torch=True) if m.name not in ("cnn", "mlp")]
     assert [(m.name, m.version, m.error) for m in loaded] == [
         ("identity_fp32", 1, None),
         ("simple", 1, None),
@@ -277,11 +279,35 @@ def test_example_repository() -> None:
     assert models["identity_fp32"].handler({"INPUT0": x}, None, ("OUTPUT0",))["OUTPUT0"] is x
 
 
-def test_import_does_not_load_the_extension() -> None:
+def test_import_does_not_load_the_extension(tmp_path: Path) -> None:
+    # Python models only: describing a TorchScript model does need the extension.
+    for name in ("simple", "identity_fp32"):
+        (tmp_path / name).symlink_to(examples_path() / name)
     code = (
         "import sys, openinfer, openinfer.repository, openinfer.cli, openinfer.testing;"
-        "openinfer.repository.scan(openinfer.examples_path());"
-        "assert 'openinfer._core' not in sys.modules, 'the extension was imported'"
+        f"openinfer.repository.scan({str(tmp_path)!r});"
+        "assert 'openinfer._core' not in sys.modules, 'the extension was imported';"
+        "assert 'torch' not in sys.modules, 'torch was imported'"
     )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+def test_torchscript_without_torch(tmp_path: Path) -> None:
+    """Where torch cannot be imported, a TorchScript model fails with that reason, and the
+    bundled examples serve their Python models only (and are ready)."""
+    (tmp_path / "net" / "1").mkdir(parents=True)
+    (tmp_path / "net" / "1" / "model.pt").write_bytes(b"PK\x03\x04")
+    code = f"""
+import sys
+sys.modules["torch"] = None  # import torch raises ImportError
+import openinfer
+from openinfer.repository import scan
+(entry,) = scan({str(tmp_path)!r})
+assert entry.model is None and entry.error.startswith("torch unavailable: serving TorchScript models needs torch"), entry
+with openinfer.serve(http_port=0, log=False) as server:
+    assert set(server.models) == {{"identity_fp32", "simple", "simple_string"}}, server.models
+    assert server.failed == {{}}, server.failed
+"""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     subprocess.run([sys.executable, "-c", code], check=True, env=env)

@@ -6,8 +6,10 @@
 #include <structmember.h>
 
 #include "backends/python_backend.h"
+#include "backends/torch_backend.h"
 #include "python/bridge.h"
 #include "python/client.h"
+#include "python/torch_module.h"
 #include "server/server.h"
 
 typedef struct {
@@ -176,15 +178,17 @@ fail:
 static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"name", "version", "inputs", "outputs", "max_batch_size", "metadata_json", "handler",
-                             "instances", "error", NULL};
+                             "instances", "error", "torch", "dynamic_batching", NULL};
     const char *name, *error = NULL;
     long long version;
-    PyObject *inputs = NULL, *outputs = NULL, *handler = NULL;
+    PyObject *inputs = NULL, *outputs = NULL, *handler = NULL, *torch = Py_None, *batching = Py_None;
     int max_batch = 0, instances = 1;
     Py_buffer meta = {0};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*Oiz", kwlist, &name, &version, &inputs, &outputs,
-                                     &max_batch, &meta, &handler, &instances, &error))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOO", kwlist, &name, &version, &inputs, &outputs,
+                                     &max_batch, &meta, &handler, &instances, &error, &torch, &batching))
         return NULL;
+    if (handler == NULL && torch != Py_None)
+        handler = Py_None;
     if (inputs == NULL || outputs == NULL || handler == NULL || meta.buf == NULL) {
         PyErr_SetString(PyExc_TypeError, "add_model() needs inputs, outputs, metadata_json and handler");
         PyBuffer_Release(&meta);
@@ -193,7 +197,8 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
     oi_io_spec_t *in = NULL, *out = NULL;
     uint32_t n_in = 0, n_out = 0;
     oi_model_t *m = NULL;
-    PyObject *ret = NULL;
+    PyObject *ret = NULL, *load_error = Py_None;
+    oi_batching_t batch = {0};
     oi_server_t *s = live_server(self);
     if (s == NULL)
         goto done;
@@ -205,7 +210,25 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         PyErr_Format(PyExc_TypeError, "model '%s': handler must be callable or None", name);
         goto done;
     }
-    if (handler == Py_None && error == NULL) {
+    if (batching != Py_None) {
+        PyObject *pref = NULL;
+        unsigned long long delay = 0;
+        if (!PyArg_ParseTuple(batching, "OK;dynamic_batching is (preferred_batch_sizes, max_queue_delay_us)", &pref,
+                              &delay))
+            goto done;
+        PyObject *fast = PySequence_Fast(pref, "preferred_batch_sizes must be a sequence of ints");
+        if (fast == NULL)
+            goto done;
+        Py_ssize_t np = PySequence_Fast_GET_SIZE(fast);
+        for (Py_ssize_t i = 0; i < np && i < 16; i++)
+            batch.preferred[batch.n_preferred++] = (int)PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
+        Py_DECREF(fast);
+        if (PyErr_Occurred())
+            goto done;
+        batch.max_batch_size = max_batch;
+        batch.max_queue_delay_us = delay;
+    }
+    if (handler == Py_None && error == NULL && torch == Py_None) {
         PyErr_Format(PyExc_ValueError, "model '%s': a model without a handler needs an error reason", name);
         goto done;
     }
@@ -225,7 +248,25 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
     }
     memcpy(m->metadata->data, meta.buf, (size_t)meta.len);
     m->metadata->len = (size_t)meta.len;
-    if (handler == Py_None) {
+    if (torch != Py_None && error == NULL) {
+        char *terr = NULL, err[256];
+        m->state = oi_py_torch_state(m, torch, &terr);
+        if (m->state == NULL && terr == NULL)
+            goto done; /* a malformed spec: the exception is set */
+        if (m->state == NULL) {
+            load_error = PyUnicode_FromString(terr);
+            m->error = terr;
+            if (load_error == NULL)
+                goto done;
+        } else {
+            m->backend = &oi_torch_backend;
+            m->sched = oi_scheduler_new_batching(&oi_torch_backend, m->state, instances, &batch, err, sizeof(err));
+            if (m->sched == NULL) {
+                PyErr_Format(PyExc_RuntimeError, "model '%s': %s", name, err);
+                goto done;
+            }
+        }
+    } else if (handler == Py_None) {
         m->error = strdup(error);
     } else {
         char err[256];
@@ -235,7 +276,7 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
             goto done;
         }
         m->backend = &oi_python_backend;
-        m->sched = oi_scheduler_new(&oi_python_backend, m->state, instances, err, sizeof(err));
+        m->sched = oi_scheduler_new_batching(&oi_python_backend, m->state, instances, &batch, err, sizeof(err));
         if (m->sched == NULL) {
             PyErr_Format(PyExc_RuntimeError, "model '%s': %s", name, err);
             goto done;
@@ -246,8 +287,10 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         goto done;
     }
     m = NULL; /* the registry's now */
-    ret = Py_NewRef(Py_None);
+    ret = Py_NewRef(load_error);
 done:
+    if (load_error != Py_None)
+        Py_XDECREF(load_error); /* ret holds its own reference */
     if (m != NULL) {
         oi_scheduler_free(m->sched);
         if (m->backend)
@@ -342,7 +385,8 @@ static PyTypeObject ServerType = {
 };
 
 static struct PyModuleDef core_module = {
-    PyModuleDef_HEAD_INIT, "openinfer._core", "The C core of openinfer.", -1, NULL, NULL, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT, "openinfer._core", "The C core of openinfer.", -1, oi_py_torch_functions, NULL, NULL, NULL,
+    NULL,
 };
 
 PyMODINIT_FUNC PyInit__core(void)

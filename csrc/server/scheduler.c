@@ -3,20 +3,33 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/thread.h"
 
 struct oi_scheduler_s {
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    pthread_cond_t cv;        /* idle executors wait here for a job */
+    pthread_cond_t gather_cv; /* the gathering executor waits here for more jobs (monotonic) */
     oi_job_t *head;
     oi_job_t *tail;
     int stopping;
+    /* At most one executor gathers a batch at a time, so concurrent instances do not split
+     * the queue into small batches; the others run the batches already formed. */
+    int gathering;
+    oi_batching_t batching;
     const oi_backend_t *backend;
     void *state;
     int nthreads;
     pthread_t threads[];
 };
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 static oi_job_t *pop_locked(oi_scheduler_t *s)
 {
@@ -30,24 +43,280 @@ static oi_job_t *pop_locked(oi_scheduler_t *s)
     return j;
 }
 
-static void *executor(void *arg)
+static void run_one(oi_scheduler_t *s, oi_job_t *j)
 {
-    oi_scheduler_t *s = arg;
-    for (;;) {
-        pthread_mutex_lock(&s->mu);
-        while (s->head == NULL && !s->stopping)
-            pthread_cond_wait(&s->cv, &s->mu);
-        oi_job_t *j = s->stopping ? NULL : pop_locked(s);
-        pthread_mutex_unlock(&s->mu);
-        if (j == NULL)
-            return NULL;
-        j->status = s->backend->execute(s->state, j->req, j->output_names, j->n_outputs, &j->resp);
+    j->status = s->backend->execute(s->state, j->req, j->output_names, j->n_outputs, &j->resp);
+    j->done(j);
+}
+
+/* ---- dynamic batching ------------------------------------------------------------------- */
+
+typedef struct batch_s {
+    oi_job_t *first;
+    oi_job_t *last;
+    int n_jobs;
+    int64_t rows;
+} batch_t;
+
+/* Rows (dimension 0) of a request, or -1 when it cannot join a batch. Validation has
+ * checked that every input has the same dimension 0 within max_batch_size. */
+static int64_t job_rows(const oi_job_t *j)
+{
+    const oi_request_t *r = j->req;
+    if (r->n_inputs == 0 || r->inputs[0].ndim < 1)
+        return -1;
+    return r->inputs[0].shape[0];
+}
+
+static int compatible(const oi_job_t *a, const oi_job_t *b)
+{
+    const oi_request_t *x = a->req, *y = b->req;
+    if (x->n_inputs != y->n_inputs || a->n_outputs != b->n_outputs)
+        return 0;
+    for (uint32_t i = 0; i < x->n_inputs; i++) {
+        const oi_tensor_t *s = &x->inputs[i], *t = &y->inputs[i];
+        if (s->dtype != t->dtype || s->ndim != t->ndim || s->ndim < 1 || strcmp(s->name, t->name) != 0)
+            return 0;
+        for (int d = 1; d < s->ndim; d++)
+            if (s->shape[d] != t->shape[d])
+                return 0;
+    }
+    for (uint32_t i = 0; i < a->n_outputs; i++)
+        if (strcmp(a->output_names[i], b->output_names[i]) != 0)
+            return 0;
+    if ((x->parameters.ptr == NULL) != (y->parameters.ptr == NULL))
+        return 0;
+    return x->parameters.ptr == NULL ||
+           (x->parameters.len == y->parameters.len && memcmp(x->parameters.ptr, y->parameters.ptr, x->parameters.len) == 0);
+}
+
+/* Moves queued jobs that fit into the batch, oldest first. A compatible job that does not
+ * fit ends the scan, so a large request is never overtaken by later small ones forever;
+ * incompatible jobs are passed over and stay queued in order. Caller holds the lock. */
+static void gather_locked(oi_scheduler_t *s, batch_t *b)
+{
+    oi_job_t *prev = NULL, *j = s->head;
+    while (j != NULL && b->rows < s->batching.max_batch_size) {
+        oi_job_t *next = j->next;
+        int64_t rows = job_rows(j);
+        if (rows < 0 || !compatible(b->first, j)) {
+            prev = j;
+            j = next;
+            continue;
+        }
+        if (b->rows + rows > s->batching.max_batch_size)
+            break;
+        if (prev)
+            prev->next = next;
+        else
+            s->head = next;
+        if (s->tail == j)
+            s->tail = prev;
+        j->next = NULL;
+        b->last->next = j;
+        b->last = j;
+        b->n_jobs++;
+        b->rows += rows;
+        j = next;
+    }
+}
+
+static int batch_ready(const oi_scheduler_t *s, const batch_t *b)
+{
+    if (b->rows >= s->batching.max_batch_size)
+        return 1;
+    for (int i = 0; i < s->batching.n_preferred; i++)
+        if (b->rows == s->batching.preferred[i])
+            return 1;
+    return 0;
+}
+
+static void fail_batch(batch_t *b, const oi_status_t *st)
+{
+    for (oi_job_t *j = b->first; j; j = j->next)
+        j->status = oi_status_new(st->code, "%s", st->message);
+}
+
+/* Splits one batched output along dimension 0 into each job's response: views of the same
+ * memory, each holding a reference to its owner. */
+static oi_status_t *split_output(batch_t *b, const oi_tensor_t *t, uint32_t i)
+{
+    if (t->ndim < 1 || t->shape[0] != b->rows)
+        return oi_status_new(OI_INTERNAL, "output '%s' of a batch of %lld rows has %s%lld rows; a batching model "
+                             "must keep dimension 0", t->name, (long long)b->rows, t->ndim < 1 ? "no dimension 0, not " : "",
+                             t->ndim < 1 ? 0LL : (long long)t->shape[0]);
+    int64_t per_row = 1;
+    for (int d = 1; d < t->ndim; d++)
+        per_row *= t->shape[d];
+    size_t esize = oi_dtype_size(t->dtype);
+    if (esize != 0 && (uint64_t)b->rows * (uint64_t)per_row * esize != t->byte_size)
+        return oi_status_new(OI_INTERNAL, "output '%s': %zu bytes do not fit its shape", t->name, t->byte_size);
+    size_t off = 0;
+    for (oi_job_t *j = b->first; j; j = j->next) {
+        int64_t rows = job_rows(j);
+        size_t len;
+        if (esize != 0) {
+            len = (size_t)rows * (size_t)per_row * esize;
+        } else { /* BYTES: walk the elements of these rows */
+            size_t end = off;
+            for (int64_t e = 0; e < rows * per_row; e++) {
+                uint32_t n;
+                if (t->byte_size - end < 4)
+                    return oi_status_new(OI_INTERNAL, "output '%s': truncated BYTES element", t->name);
+                memcpy(&n, t->data + end, 4);
+                if (n > t->byte_size - end - 4)
+                    return oi_status_new(OI_INTERNAL, "output '%s': truncated BYTES element", t->name);
+                end += 4 + n;
+            }
+            len = end - off;
+        }
+        oi_tensor_t *o = &j->resp.outputs[i];
+        o->name = j->output_names[i];
+        o->dtype = t->dtype;
+        o->ndim = t->ndim;
+        memcpy(o->shape, t->shape, (size_t)t->ndim * sizeof(int64_t));
+        o->shape[0] = rows;
+        o->byte_size = len;
+        o->data = len ? t->data + off : NULL;
+        o->owner = len ? oi_buf_ref(t->owner) : NULL;
+        j->resp.n_outputs = i + 1;
+        off += len;
+    }
+    return NULL;
+}
+
+/* Concatenates the jobs' inputs along dimension 0 (the one copy batching costs), runs the
+ * batch once and splits the outputs back. Sets every job's status; does not call done. */
+static void run_batched(oi_scheduler_t *s, batch_t *b)
+{
+    const oi_request_t *r0 = b->first->req;
+    oi_request_t breq = {0};
+    oi_response_t bresp = {0};
+    oi_status_t *st = NULL;
+    breq.binary_data_output = -1;
+    breq.parameters = r0->parameters;
+    breq.inputs = calloc(r0->n_inputs, sizeof(oi_tensor_t));
+    if (breq.inputs == NULL) {
+        st = oi_status_new(OI_INTERNAL, "out of memory");
+        goto done;
+    }
+    for (uint32_t i = 0; i < r0->n_inputs; i++) {
+        size_t total = 0;
+        for (oi_job_t *j = b->first; j; j = j->next)
+            total += j->req->inputs[i].byte_size;
+        oi_tensor_t *t = &breq.inputs[i];
+        *t = r0->inputs[i];
+        t->shape[0] = b->rows;
+        t->owner = oi_buf_new(total);
+        breq.n_inputs = i + 1;
+        if (t->owner == NULL) {
+            t->data = NULL;
+            st = oi_status_new(OI_INTERNAL, "out of memory");
+            goto done;
+        }
+        t->data = t->owner->data;
+        t->byte_size = t->owner->len = total;
+        size_t off = 0;
+        for (oi_job_t *j = b->first; j; j = j->next) {
+            const oi_tensor_t *src = &j->req->inputs[i];
+            if (src->byte_size)
+                memcpy(t->data + off, src->data, src->byte_size);
+            off += src->byte_size;
+        }
+    }
+    st = s->backend->execute(s->state, &breq, b->first->output_names, b->first->n_outputs, &bresp);
+    if (st != NULL)
+        goto done;
+    if (bresp.n_outputs != b->first->n_outputs) {
+        st = oi_status_new(OI_INTERNAL, "the model produced %u outputs, expected %u", bresp.n_outputs,
+                           b->first->n_outputs);
+        goto done;
+    }
+    for (oi_job_t *j = b->first; j; j = j->next)
+        if ((j->resp.outputs = calloc(bresp.n_outputs ? bresp.n_outputs : 1, sizeof(oi_tensor_t))) == NULL) {
+            st = oi_status_new(OI_INTERNAL, "out of memory");
+            goto done;
+        }
+    for (uint32_t i = 0; i < bresp.n_outputs && st == NULL; i++)
+        st = split_output(b, &bresp.outputs[i], i);
+done:
+    if (st != NULL) {
+        for (oi_job_t *j = b->first; j; j = j->next)
+            oi_response_clear(&j->resp);
+        fail_batch(b, st);
+        oi_status_free(st);
+    }
+    oi_response_clear(&bresp);
+    oi_request_clear(&breq); /* its names are the first job's: clear before any done */
+}
+
+static void run_batch(oi_scheduler_t *s, batch_t *b)
+{
+    if (b->n_jobs == 1) {
+        run_one(s, b->first);
+        return;
+    }
+    run_batched(s, b);
+    for (oi_job_t *j = b->first, *next; j; j = next) {
+        next = j->next;
+        j->next = NULL;
         j->done(j);
     }
 }
 
-oi_scheduler_t *oi_scheduler_new(const oi_backend_t *backend, void *state, int instances, char *err,
-                                 size_t errlen)
+/* Forms the next batch from the queue head: takes what fits now, then waits for more until
+ * the batch is full or of a preferred size, or the oldest job's delay is spent. Called with
+ * the lock held and the queue non-empty; returns with the lock held. */
+static void gather_batch(oi_scheduler_t *s, batch_t *b)
+{
+    oi_job_t *first = pop_locked(s);
+    *b = (batch_t){first, first, 1, job_rows(first)};
+    if (b->rows < 0) /* cannot batch: runs alone */
+        return;
+    s->gathering = 1;
+    uint64_t deadline = first->enqueued_ns + s->batching.max_queue_delay_us * 1000u;
+    for (;;) {
+        gather_locked(s, b);
+        if (batch_ready(s, b) || s->stopping)
+            break;
+        uint64_t now = now_ns();
+        if (now >= deadline)
+            break;
+        struct timespec ts = {(time_t)(deadline / 1000000000u), (long)(deadline % 1000000000u)};
+        pthread_cond_timedwait(&s->gather_cv, &s->mu, &ts);
+    }
+    s->gathering = 0;
+    if (s->head != NULL) /* the next batch can start forming on another executor */
+        pthread_cond_signal(&s->cv);
+}
+
+static void *executor(void *arg)
+{
+    oi_scheduler_t *s = arg;
+    int batching = s->batching.max_batch_size > 0;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        while ((s->head == NULL || s->gathering) && !s->stopping)
+            pthread_cond_wait(&s->cv, &s->mu);
+        if (s->stopping) {
+            pthread_mutex_unlock(&s->mu);
+            return NULL;
+        }
+        if (!batching) {
+            oi_job_t *j = pop_locked(s);
+            pthread_mutex_unlock(&s->mu);
+            run_one(s, j);
+            continue;
+        }
+        batch_t b;
+        gather_batch(s, &b);
+        pthread_mutex_unlock(&s->mu);
+        run_batch(s, &b);
+    }
+}
+
+oi_scheduler_t *oi_scheduler_new_batching(const oi_backend_t *backend, void *state, int instances,
+                                          const oi_batching_t *batching, char *err, size_t errlen)
 {
     if (instances < 1)
         instances = 1;
@@ -58,6 +327,16 @@ oi_scheduler_t *oi_scheduler_new(const oi_backend_t *backend, void *state, int i
     }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->gather_cv, &attr);
+    pthread_condattr_destroy(&attr);
+    if (batching != NULL) {
+        s->batching = *batching;
+        if (s->batching.n_preferred < 0 || s->batching.n_preferred > 16)
+            s->batching.n_preferred = 0;
+    }
     s->backend = backend;
     s->state = state;
     for (int i = 0; i < instances; i++) {
@@ -72,10 +351,17 @@ oi_scheduler_t *oi_scheduler_new(const oi_backend_t *backend, void *state, int i
     return s;
 }
 
+oi_scheduler_t *oi_scheduler_new(const oi_backend_t *backend, void *state, int instances, char *err,
+                                 size_t errlen)
+{
+    return oi_scheduler_new_batching(backend, state, instances, NULL, err, errlen);
+}
+
 int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job)
 {
     job->next = NULL;
     job->status = NULL;
+    job->enqueued_ns = s->batching.max_batch_size > 0 ? now_ns() : 0;
     pthread_mutex_lock(&s->mu);
     if (s->stopping) {
         pthread_mutex_unlock(&s->mu);
@@ -86,7 +372,7 @@ int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job)
     else
         s->head = job;
     s->tail = job;
-    pthread_cond_signal(&s->cv);
+    pthread_cond_signal(s->gathering ? &s->gather_cv : &s->cv);
     pthread_mutex_unlock(&s->mu);
     return 0;
 }
@@ -98,6 +384,7 @@ void oi_scheduler_free(oi_scheduler_t *s)
     pthread_mutex_lock(&s->mu);
     s->stopping = 1;
     pthread_cond_broadcast(&s->cv);
+    pthread_cond_broadcast(&s->gather_cv);
     pthread_mutex_unlock(&s->mu);
     for (int i = 0; i < s->nthreads; i++)
         pthread_join(s->threads[i], NULL);
@@ -106,6 +393,7 @@ void oi_scheduler_free(oi_scheduler_t *s)
         j->status = oi_status_new(OI_UNAVAILABLE, "the server is shutting down");
         j->done(j);
     }
+    pthread_cond_destroy(&s->gather_cv);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
     free(s);

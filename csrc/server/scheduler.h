@@ -1,10 +1,12 @@
-/* Per-model-version executor threads fed by one FIFO queue. Transports submit jobs and get
- * them back through the job's `done` callback, on the executor thread. */
+/* Per-model-version executor threads fed by one FIFO queue, with an optional dynamic batcher
+ * that runs compatible queued requests as one batch. Transports submit jobs and get them back
+ * through the job's `done` callback, on the executor thread. */
 #ifndef OI_SERVER_SCHEDULER_H
 #define OI_SERVER_SCHEDULER_H
 
 #include <pthread.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "backends/backend.h"
 
@@ -20,7 +22,21 @@ struct oi_job_s {
     oi_response_t resp;  /* filled by the backend */
     oi_status_t *status; /* NULL on success; the job's owner frees it */
     void (*done)(oi_job_t *job);
+    uint64_t enqueued_ns; /* set by submit when batching: when the queue delay starts */
 };
+
+/* Dynamic batching (Triton's dynamic_batching): requests queued for the model are gathered
+ * into one call of up to max_batch_size rows (dimension 0), preferring the sizes listed,
+ * waiting at most max_queue_delay_us after the oldest one arrived. Only requests with the
+ * same inputs (names, datatypes, shapes past dimension 0), the same requested outputs and the
+ * same parameters go together; outputs are split back along dimension 0 as views of the
+ * batch's output (no copy). */
+typedef struct oi_batching_s {
+    int max_batch_size;         /* <= 0: no batching, every job runs alone at once */
+    uint64_t max_queue_delay_us;
+    int preferred[16];          /* preferred batch sizes, ascending or not; the first n count */
+    int n_preferred;
+} oi_batching_t;
 
 typedef struct oi_scheduler_s oi_scheduler_t;
 
@@ -28,6 +44,10 @@ typedef struct oi_scheduler_s oi_scheduler_t;
  * not own. Returns NULL with a message in `err` on failure. */
 oi_scheduler_t *oi_scheduler_new(const oi_backend_t *backend, void *state, int instances, char *err,
                                  size_t errlen);
+
+/* oi_scheduler_new with dynamic batching as `batching` says (copied; NULL: none). */
+oi_scheduler_t *oi_scheduler_new_batching(const oi_backend_t *backend, void *state, int instances,
+                                          const oi_batching_t *batching, char *err, size_t errlen);
 
 /* Queues a job; its `done` runs later on an executor thread. Returns 0, or -1 when the
  * scheduler is stopping (then `done` is never called). */

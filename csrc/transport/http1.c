@@ -206,7 +206,8 @@ static void conn_write(oi_http_conn_t *c, int status, const char *headers, const
     for (size_t i = 0; i < nparts; i++)
         body_len += parts[i].len;
     size_t hlen = strlen(headers);
-    size_t head_cap = (hlen + 160 + 15) & ~(size_t)15; /* keeps the parts after it aligned */
+    /* Rounded up so that the parts array after the head is aligned for oi_iov_t. */
+    size_t head_cap = (hlen + 160 + _Alignof(oi_iov_t) - 1) & ~(_Alignof(oi_iov_t) - 1);
     write_req_t *wr = malloc(sizeof(*wr) + head_cap + nparts * sizeof(oi_iov_t));
     if (wr == NULL) {
         for (size_t i = 0; i < nparts; i++)

@@ -21,6 +21,28 @@ IOSpec = tuple[str, str, Sequence[int] | None]
 # with numpy to the declared datatype (C-contiguous); BYTES accept bytes or str elements.
 Handler = Callable[[dict[str, np.ndarray], bytes | None, tuple[str, ...]], Mapping[str, object]]
 
+# add_model(torch=...): how a TorchScript module serves the declared inputs and outputs
+# (python/openinfer/torch_model.py builds it).
+#   path: the TorchScript file; devices: one per instance, "cpu" or "cuda:N"
+#   arg_inputs: forward() argument k takes declared input arg_inputs[k]
+#   output_index / output_key: declared output i is result element output_index[i], or the
+#     dict entry output_key[i] (not None) when forward() returns a dict
+#   input_reshape / output_reshape: per declared tensor, the shape forward() sees or returns
+#     past the batch dimension (Triton's reshape), or None
+#   inference_mode, disable_optimized_execution (0/1), intra_op_threads,
+#     inter_op_threads (0: torch's default)
+TorchSpec = dict[str, object]
+
+def torch_open_shim(path: str) -> None:
+    """Loads the libtorch shim (dlopen RTLD_NOW | RTLD_LOCAL) once per process; torch must be
+    imported first. Raises OSError (also for a shim of another ABI version)."""
+
+def torch_describe(path: str) -> str:
+    """JSON describing a TorchScript file's forward(): {"arguments": [{"name", "type",
+    "has_default"}], "returns": annotation, "example_inputs": [{"dtype", "shape"}] | null,
+    "example_outputs": [{"name", "dtype", "shape"}] | null} (outputs from one forward() on
+    the module's example_inputs attribute). Raises RuntimeError when it cannot load."""
+
 class Server:
     """A V2 server, HTTP/1.1 and gRPC (h2c on its own port), on native event-loop threads."""
 
@@ -53,11 +75,20 @@ class Server:
         handler: Handler | None,
         instances: int = 1,
         error: str | None = None,
-    ) -> None:
+        torch: TorchSpec | None = None,
+        dynamic_batching: tuple[Sequence[int], int] | None = None,
+    ) -> str | None:
         """Registers one model version. handler=None with error=reason registers a version that
         failed to load: it answers not ready, and infer answers 503 with the reason. The
         request without a version goes to the highest ready version. Raises ValueError on a
-        bad spec and RuntimeError when the version is already registered."""
+        bad spec and RuntimeError when the version is already registered.
+
+        torch=spec (no handler) serves a TorchScript module through the libtorch shim (load
+        it first with torch_open_shim), one module per instance on spec["devices"]; when
+        the module cannot load, the version is registered as failed and the reason is
+        returned (otherwise None). dynamic_batching=(preferred_batch_sizes,
+        max_queue_delay_us) with max_batch_size > 0 gathers concurrent requests into one
+        call (Python handlers then see the concatenated batch)."""
     def start(self) -> None:
         """Binds and starts the loop threads; returns at once. Raises OSError when binding fails."""
     @property

@@ -15,8 +15,12 @@ import sys
 import threading
 from collections.abc import Sequence
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from . import __version__
+
+if TYPE_CHECKING:
+    from .server import Server
 
 logger = logging.getLogger("openinfer")
 
@@ -96,6 +100,22 @@ def _serve(args: argparse.Namespace) -> int:
     grpc: dict[str, int | None] = {}
     if args.grpc_port is not None:
         grpc["grpc_port"] = None if args.grpc_port < 0 else args.grpc_port
+    stopping = threading.Event()
+    started: list[Server] = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        # Draining can take a while and needs no main thread, so it runs on its own thread
+        # and the handler returns at once; the main thread wakes from wait() when it is done.
+        # Installed before serve() returns: a signal that arrives while models load or just
+        # after the port opens still stops the server cleanly.
+        if not stopping.is_set():
+            stopping.set()
+            logger.info("%s: stopping after in-flight requests", signal.Signals(signum).name)
+            for srv in started:
+                threading.Thread(target=srv.stop, name="openinfer-stop").start()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
     try:
         server = serve(
             args.repo,
@@ -108,19 +128,9 @@ def _serve(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         print(f"openinfer: error: {e}", file=sys.stderr)
         return 1
-
-    stopping = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        # Draining can take a while and needs no main thread, so it runs on its own thread
-        # and the handler returns at once; the main thread wakes from wait() when it is done.
-        if not stopping.is_set():
-            stopping.set()
-            logger.info("%s: stopping after in-flight requests", signal.Signals(signum).name)
-            threading.Thread(target=server.stop, name="openinfer-stop").start()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    started.append(server)
+    if stopping.is_set():
+        server.stop()
     # Wake up now and then: Python runs signal handlers between bytecodes of the main thread.
     while not server.wait(0.5):
         pass

@@ -20,6 +20,8 @@ from typing import Any, SupportsIndex
 
 import numpy as np
 
+from .config import DynamicBatching
+
 try:
     from ml_dtypes import bfloat16 as _bfloat16  # type: ignore[import-not-found, unused-ignore]
 except ImportError:
@@ -142,9 +144,11 @@ class Model:
     ``fn(inputs, parameters=...)`` with the request's parameters as a dict ({} when none), so
     models that ignore parameters pay no JSON decoding.
 
-    Shapes are full shapes. With ``max_batch_size > 0`` the server batches requests along the
-    first dimension, which must therefore be declared -1. `inputs` and `outputs` take
-    `Tensor`s or ``(name, datatype, shape)`` tuples.
+    Shapes are full shapes. With ``max_batch_size > 0`` the first dimension is the batch,
+    which must therefore be declared -1; with `dynamic_batching` as well, the server gathers
+    concurrent requests into one call of up to max_batch_size rows (``True`` for no delay, or
+    a `config.DynamicBatching` with preferred sizes and a queue delay) and splits the outputs
+    back. `inputs` and `outputs` take `Tensor`s or ``(name, datatype, shape)`` tuples.
     """
 
     name: str
@@ -155,6 +159,7 @@ class Model:
     version: int
     instances: int
     platform: str
+    dynamic_batching: DynamicBatching | None
     _wants_parameters: bool = field(repr=False)
     _bf16_outputs: frozenset[str] = field(repr=False)
 
@@ -169,6 +174,7 @@ class Model:
         version: int = 1,
         instances: int = 1,
         platform: str = "python",
+        dynamic_batching: DynamicBatching | bool | None = None,
     ) -> None:
         if not isinstance(name, str) or not name or "/" in name:
             raise ValueError(f"model name must be a non-empty string without '/', got {name!r}")
@@ -191,6 +197,7 @@ class Model:
             "version": version,
             "instances": instances,
             "platform": platform,
+            "dynamic_batching": DynamicBatching() if dynamic_batching is True else dynamic_batching or None,
             "_wants_parameters": _accepts_parameters(fn),
             "_bf16_outputs": frozenset(t.name for t in declared_outputs if t.datatype == "BF16"),
         }
@@ -239,6 +246,7 @@ def model(
     version: int = 1,
     instances: int = 1,
     platform: str = "python",
+    dynamic_batching: DynamicBatching | bool | None = None,
 ) -> Callable[[ModelFn], Model]:
     """Decorator form of `Model`: ``@openinfer.model(inputs=[...], outputs=[...])`` turns a
     function into a Model named `name`, or after the function when no name is given."""
@@ -253,6 +261,7 @@ def model(
             version=version,
             instances=instances,
             platform=platform,
+            dynamic_batching=dynamic_batching,
         )
 
     return wrap

@@ -27,11 +27,13 @@ from typing import Any
 
 from .config import ConfigError, ModelConfig, VersionPolicy, load_config
 from .model import Model, Tensor
+from .torch_model import TorchLoadError, TorchModel, TorchUnavailable, load_torchscript
 
 _VERSION_DIR = re.compile(r"[0-9]+")
 _PYTHON_BACKENDS = {"python"}
 _TORCH_BACKENDS = {"pytorch", "pytorch_libtorch"}
 _module_ids = itertools.count()
+_NO_TORCH = "torch unavailable: "
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class LoadedModel:
 
     name: str
     version: int | None
-    model: Model | None
+    model: Model | TorchModel | None
     error: str | None
     config: dict[str, Any] = field(default_factory=dict)
 
@@ -65,9 +67,11 @@ def examples_path() -> Path:
     )
 
 
-def scan(repo: str | os.PathLike[str]) -> list[LoadedModel]:
+def scan(repo: str | os.PathLike[str], *, optional_torch: bool = False) -> list[LoadedModel]:
     """Loads every model of the repository at `repo`, in name then version order. Raises only
-    when `repo` itself is not a directory."""
+    when `repo` itself is not a directory. With `optional_torch`, TorchScript models are left
+    out (rather than failed) where torch is not installed: the bundled examples serve
+    everywhere."""
     root = Path(repo)
     if not root.is_dir():
         raise NotADirectoryError(f"model repository {os.fspath(repo)!r} is not a directory")
@@ -77,7 +81,10 @@ def scan(repo: str | os.PathLike[str]) -> list[LoadedModel]:
             continue
         if model_dir.is_dir():
             try:
-                loaded.extend(_scan_model(model_dir))
+                found = _scan_model(model_dir)
+                if optional_torch:
+                    found = [m for m in found if m.error is None or not m.error.startswith(_NO_TORCH)]
+                loaded.extend(found)
             except OSError as e:  # an unreadable directory fails its model only
                 loaded.append(LoadedModel(model_dir.name, None, None, f"{model_dir}: {e}"))
     return loaded
@@ -124,7 +131,9 @@ def _scan_model(model_dir: Path) -> list[LoadedModel]:
     return sorted(loaded, key=lambda m: m.version or 0)
 
 
-def _load_version(name: str, version: int, version_dir: Path, config: ModelConfig | None) -> Model:
+def _load_version(
+    name: str, version: int, version_dir: Path, config: ModelConfig | None
+) -> Model | TorchModel:
     """Dispatches on the backend the config names, else on the model file present."""
     backend = (config.backend or config.platform) if config else None
     if backend and backend not in _PYTHON_BACKENDS | _TORCH_BACKENDS:
@@ -148,10 +157,17 @@ def _load_version(name: str, version: int, version_dir: Path, config: ModelConfi
     raise _LoadError(f"{path.name}: unsupported model file (expected model.py or model.pt)")
 
 
-def _load_torchscript(name: str, version: int, path: Path, config: ModelConfig | None) -> Model:
-    """The hook for the torch backend: it will return a Model whose handler runs the
-    TorchScript module (the signature gives the I/O where there is no config)."""
-    raise _LoadError("TorchScript models need the torch backend (not available in this build)")
+def _load_torchscript(
+    name: str, version: int, path: Path, config: ModelConfig | None
+) -> TorchModel:
+    try:
+        return load_torchscript(name, version, path, config)
+    except TorchUnavailable as e:
+        raise _LoadError(f"{_NO_TORCH}{e}") from None
+    except TorchLoadError as e:
+        raise _LoadError(f"{path}: {e}" if str(path) not in str(e) else str(e)) from None
+    except (TypeError, ValueError) as e:
+        raise _LoadError(f"{path}: {e}") from None
 
 
 def _load_python(name: str, version: int, path: Path, config: ModelConfig | None) -> Model:
@@ -182,6 +198,7 @@ def _load_python(name: str, version: int, path: Path, config: ModelConfig | None
             version=version,
             instances=config.instances if config else 1,
             platform=(config.platform or config.backend or "python") if config else "python",
+            dynamic_batching=config.dynamic_batching if config else None,
         )
     except (TypeError, ValueError) as e:
         raise _LoadError(f"{path}: {e}") from None

@@ -12,11 +12,14 @@ import logging
 import os
 import threading
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from types import TracebackType
 
 from . import __version__, _core
+from .config import DynamicBatching
 from .model import Model, Tensor
 from .repository import LoadedModel, examples_path, scan
+from .torch_model import TorchModel
 
 logger = logging.getLogger("openinfer")
 
@@ -109,9 +112,27 @@ class Server:
         for entry in self._entries:
             numbers.setdefault(entry.name, []).append(_version(entry))
         versions = {name: [str(v) for v in sorted(vs)] for name, vs in numbers.items()}
-        for entry in self._entries:
+        for index, entry in enumerate(self._entries):
             model = entry.model
-            if model is not None:
+            if isinstance(model, TorchModel):
+                error = self._core.add_model(
+                    entry.name,
+                    model.version,
+                    inputs=_specs(model.inputs),
+                    outputs=_specs(model.outputs),
+                    max_batch_size=model.max_batch_size,
+                    metadata_json=_model_metadata(
+                        entry.name, versions[entry.name], model.platform, model.inputs, model.outputs
+                    ),
+                    instances=model.instances,
+                    torch=model.spec,
+                    dynamic_batching=_batching(model.max_batch_size, model.dynamic_batching),
+                )
+                if error is not None:  # the module failed to load: unavailable, with the reason
+                    self._entries[index] = LoadedModel(
+                        entry.name, entry.version, None, error, entry.config
+                    )
+            elif model is not None:
                 self._core.add_model(
                     entry.name,
                     model.version,
@@ -127,6 +148,7 @@ class Server:
                     ),
                     handler=model.handler,
                     instances=model.instances,
+                    dynamic_batching=_batching(model.max_batch_size, model.dynamic_batching),
                 )
             else:
                 platform = entry.config.get("platform") or entry.config.get("backend")
@@ -269,7 +291,9 @@ def _collect(
     here rather than as the core's RuntimeError so the message says which."""
     if repo is None and models is None:
         repo = examples_path()
-    entries = scan(repo) if repo is not None else []
+    # The bundled examples serve everywhere: their TorchScript models only where torch is.
+    bundled = repo is not None and Path(repo).resolve() == examples_path().resolve()
+    entries = scan(repo, optional_torch=bundled) if repo is not None else []
     given = [models] if isinstance(models, Model) else list(models or ())
     for model in given:
         if not isinstance(model, Model):
@@ -286,6 +310,15 @@ def _collect(
 
 def _version(entry: LoadedModel) -> int:
     return _FAILED_MODEL_VERSION if entry.version is None else entry.version
+
+
+def _batching(
+    max_batch_size: int, batching: DynamicBatching | None
+) -> tuple[tuple[int, ...], int] | None:
+    """add_model's dynamic_batching: (preferred sizes, max queue delay in µs), or None."""
+    if max_batch_size <= 0 or batching is None:
+        return None
+    return (batching.preferred_batch_size, batching.max_queue_delay_microseconds)
 
 
 def _specs(tensors: Sequence[Tensor]) -> list[tuple[str, str, tuple[int, ...] | None]]:

@@ -1,0 +1,189 @@
+#include "python/torch_module.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/torch_backend.h"
+
+static PyObject *torch_open_shim(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    const char *path = PyUnicode_AsUTF8(arg);
+    if (path == NULL)
+        return NULL;
+    char err[1024];
+    if (oi_torch_shim_open(path, err, sizeof(err)) != 0) {
+        PyErr_SetString(PyExc_OSError, err);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *torch_describe(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    const char *path = PyUnicode_AsUTF8(arg);
+    if (path == NULL)
+        return NULL;
+    char *err = NULL, *json;
+    Py_BEGIN_ALLOW_THREADS
+    json = oi_torch_describe(path, &err);
+    Py_END_ALLOW_THREADS
+    if (json == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, err ? err : "out of memory");
+        free(err);
+        return NULL;
+    }
+    PyObject *r = PyUnicode_FromString(json);
+    free(json);
+    return r;
+}
+
+PyMethodDef oi_py_torch_functions[] = {
+    {"torch_open_shim", torch_open_shim, METH_O, "Loads the libtorch shim (once; torch must be imported)."},
+    {"torch_describe", torch_describe, METH_O, "JSON describing a TorchScript file's forward()."},
+    {NULL, NULL, 0, NULL},
+};
+
+/* ---- add_model(torch=...) --------------------------------------------------------------- */
+
+/* A list from `spec[key]` as a new fast sequence of exactly `n` items, or NULL with an error. */
+static PyObject *seq_item(PyObject *spec, const char *key, Py_ssize_t n)
+{
+    PyObject *v = PyDict_GetItemString(spec, key); /* borrowed */
+    if (v == NULL) {
+        PyErr_Format(PyExc_KeyError, "torch spec: missing '%s'", key);
+        return NULL;
+    }
+    PyObject *fast = PySequence_Fast(v, "torch spec: expected a sequence");
+    if (fast != NULL && n >= 0 && PySequence_Fast_GET_SIZE(fast) != n) {
+        PyErr_Format(PyExc_ValueError, "torch spec: '%s' must have %zd items", key, n);
+        Py_CLEAR(fast);
+    }
+    return fast;
+}
+
+static int int_item(PyObject *spec, const char *key, int dflt)
+{
+    PyObject *v = PyDict_GetItemString(spec, key);
+    return v == NULL || v == Py_None ? dflt : (int)PyLong_AsLong(v);
+}
+
+/* None -> ndim -1; a sequence of ints -> that shape. */
+static int parse_shape(PyObject *v, oi_io_spec_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->ndim = -1;
+    if (v == Py_None)
+        return 0;
+    PyObject *fast = PySequence_Fast(v, "torch spec: a reshape is a sequence of ints or None");
+    if (fast == NULL)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (n > OI_MAX_DIMS) {
+        Py_DECREF(fast);
+        PyErr_SetString(PyExc_ValueError, "torch spec: too many dimensions in a reshape");
+        return -1;
+    }
+    out->ndim = (int)n;
+    for (Py_ssize_t i = 0; i < n; i++)
+        out->dims[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
+    Py_DECREF(fast);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+void *oi_py_torch_state(oi_model_t *m, PyObject *spec, char **load_error)
+{
+    *load_error = NULL;
+    if (!PyDict_Check(spec)) {
+        PyErr_SetString(PyExc_TypeError, "torch spec must be a dict");
+        return NULL;
+    }
+    void *state = NULL;
+    PyObject *path_o = PyDict_GetItemString(spec, "path");
+    const char *path = path_o ? PyUnicode_AsUTF8(path_o) : NULL;
+    if (path == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_KeyError, "torch spec: missing 'path'");
+        return NULL;
+    }
+    PyObject *devs = seq_item(spec, "devices", -1), *args = seq_item(spec, "arg_inputs", -1);
+    PyObject *oidx = seq_item(spec, "output_index", m->n_outputs), *okey = seq_item(spec, "output_key", m->n_outputs);
+    PyObject *ires = seq_item(spec, "input_reshape", m->n_inputs), *ores = seq_item(spec, "output_reshape", m->n_outputs);
+    Py_ssize_t n_dev = devs ? PySequence_Fast_GET_SIZE(devs) : 0, n_args = args ? PySequence_Fast_GET_SIZE(args) : 0;
+    const char **devices = calloc((size_t)n_dev + 1, sizeof(char *));
+    uint32_t *arg_inputs = calloc((size_t)n_args + 1, sizeof(uint32_t));
+    int *output_index = calloc(m->n_outputs + 1, sizeof(int));
+    const char **output_key = calloc(m->n_outputs + 1, sizeof(char *));
+    oi_io_spec_t *input_reshape = calloc(m->n_inputs + 1, sizeof(oi_io_spec_t));
+    oi_io_spec_t *output_reshape = calloc(m->n_outputs + 1, sizeof(oi_io_spec_t));
+    if (devs == NULL || args == NULL || oidx == NULL || okey == NULL || ires == NULL || ores == NULL)
+        goto done;
+    if (!devices || !arg_inputs || !output_index || !output_key || !input_reshape || !output_reshape) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (n_dev < 1) {
+        PyErr_SetString(PyExc_ValueError, "torch spec: at least one device");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n_dev; i++)
+        if ((devices[i] = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(devs, i))) == NULL)
+            goto done;
+    for (Py_ssize_t i = 0; i < n_args; i++) {
+        long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(args, i));
+        if (v < 0 || (uint32_t)v >= m->n_inputs) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_ValueError, "torch spec: argument %zd maps to input %ld of %u", i, v, m->n_inputs);
+            goto done;
+        }
+        arg_inputs[i] = (uint32_t)v;
+    }
+    for (uint32_t i = 0; i < m->n_outputs; i++) {
+        output_index[i] = (int)PyLong_AsLong(PySequence_Fast_GET_ITEM(oidx, i));
+        PyObject *k = PySequence_Fast_GET_ITEM(okey, i);
+        if (PyErr_Occurred() || (k != Py_None && (output_key[i] = PyUnicode_AsUTF8(k)) == NULL) ||
+            parse_shape(PySequence_Fast_GET_ITEM(ores, i), &output_reshape[i]) != 0)
+            goto done;
+    }
+    for (uint32_t i = 0; i < m->n_inputs; i++)
+        if (parse_shape(PySequence_Fast_GET_ITEM(ires, i), &input_reshape[i]) != 0)
+            goto done;
+    oi_torch_spec_t ts = {
+        .path = path,
+        .devices = devices,
+        .instances = (int)n_dev,
+        .options = {.inference_mode = int_item(spec, "inference_mode", 1),
+                    .disable_optimized = int_item(spec, "disable_optimized_execution", 0),
+                    .intra_op_threads = int_item(spec, "intra_op_threads", 0),
+                    .inter_op_threads = int_item(spec, "inter_op_threads", 0)},
+        .arg_inputs = arg_inputs,
+        .n_args = (uint32_t)n_args,
+        .output_index = output_index,
+        .output_key = output_key,
+        .input_reshape = input_reshape,
+        .output_reshape = output_reshape,
+    };
+    if (PyErr_Occurred())
+        goto done;
+    Py_BEGIN_ALLOW_THREADS
+    state = oi_torch_backend_state(m->name, &ts, m->max_batch_size, m->inputs, m->n_inputs, m->outputs, m->n_outputs,
+                                   load_error);
+    Py_END_ALLOW_THREADS
+    if (state == NULL && *load_error == NULL)
+        PyErr_NoMemory();
+done:
+    free(devices);
+    free(arg_inputs);
+    free(output_index);
+    free(output_key);
+    free(input_reshape);
+    free(output_reshape);
+    Py_XDECREF(devs);
+    Py_XDECREF(args);
+    Py_XDECREF(oidx);
+    Py_XDECREF(okey);
+    Py_XDECREF(ires);
+    Py_XDECREF(ores);
+    return state;
+}

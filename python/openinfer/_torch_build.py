@@ -1,0 +1,175 @@
+"""Builds the libtorch shim (csrc/backends/torch_shim/) against the installed torch.
+
+The shim is C++ that links libtorch, so it must match the torch in the environment: its
+version, its C++ ABI flag (``torch._C._GLIBCXX_USE_CXX11_ABI``) and whether it has CUDA. It
+is built at ``pip install`` when torch is importable there (setup.py calls `build` into the
+package directory), and otherwise on first use into a cache directory keyed by all of that
+(`ensure_shim`). This module imports torch only inside its functions, and setup.py loads it
+by path, so it needs nothing but the standard library to import.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+SHIM_SOURCES = ("backends/torch_shim/torch_shim.cpp", "backends/torch_shim/torch_shim.h")
+C_SOURCES = ("core/dtype.c", "core/dtype.h")
+_LIBRARY = "libopeninfer_torch"
+
+
+class ShimBuildError(RuntimeError):
+    """The shim could not be built (no compiler, or the compiler failed); the message says
+    what to install or what went wrong."""
+
+
+def source_dir() -> Path:
+    """The C sources the shim needs: the package's copy in an installed wheel
+    (``openinfer/_csrc``), else ``csrc`` of a source checkout."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "_csrc", here.parents[1] / "csrc"):
+        if (candidate / SHIM_SOURCES[0]).is_file():
+            return candidate
+    raise ShimBuildError(f"the torch shim's C++ sources are missing from this installation ({here})")
+
+
+def build_key(src: Path | None = None) -> str:
+    """torch version, C++ ABI, CUDA or not, and a digest of the shim's sources: a shim built
+    for any other combination is never loaded."""
+    import torch
+
+    src = src or source_dir()
+    digest = hashlib.sha256()
+    for rel in (*SHIM_SOURCES, *C_SOURCES):
+        digest.update((src / rel).read_bytes())
+    cuda = f"cu{torch.version.cuda}" if torch.version.cuda else "cpu"
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    version = torch.__version__.split("+")[0]
+    return f"torch{version}-{cuda}-cxxabi{abi}-{digest.hexdigest()[:12]}"
+
+
+def library_name(key: str) -> str:
+    return f"{_LIBRARY}-{key}.so"
+
+
+def cache_dir() -> Path:
+    """$OPENINFER_CACHE_DIR, else $XDG_CACHE_HOME/openinfer, else ~/.cache/openinfer."""
+    explicit = os.environ.get("OPENINFER_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "openinfer"
+
+
+def _compiler(kind: str) -> str:
+    env = os.environ.get("CXX" if kind == "c++" else "CC")
+    names = [env] if env else (["g++", "c++", "clang++"] if kind == "c++" else ["gcc", "cc", "clang"])
+    for name in names:
+        path = shutil.which(name)
+        if path:
+            return path
+    raise ShimBuildError(
+        f"no {kind} compiler found (tried {', '.join(names)}): serving TorchScript models "
+        "compiles a small C++ shim against the installed torch on first use; install one "
+        "(Debian/Ubuntu: apt-get install g++) or set "
+        + ("CXX" if kind == "c++" else "CC")
+    )
+
+
+def _run(cmd: list[str]) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ShimBuildError(
+            "compiling the torch shim failed:\n  "
+            + " ".join(cmd)
+            + "\n"
+            + (proc.stderr or proc.stdout)[-4000:]
+        )
+
+
+def build(dest_dir: str | os.PathLike[str], *, werror: bool = False) -> Path:
+    """Compiles the shim into `dest_dir` under its keyed name and returns its path; an
+    existing build with that name is kept. Raises ShimBuildError."""
+    import torch
+    import torch.utils.cpp_extension as cpp
+
+    src = source_dir()
+    dest = Path(dest_dir)
+    target = dest / library_name(build_key(src))
+    if target.is_file():
+        return target
+    dest.mkdir(parents=True, exist_ok=True)
+    cxx, cc = _compiler("c++"), _compiler("c")
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    lib_dirs = cpp.library_paths()
+    libs = ["c10", "torch_cpu", "torch"]
+    defines = [
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        f'-DOITS_TORCH_VERSION="{torch.__version__}"',
+    ]
+    if torch.version.cuda:
+        libs += ["c10_cuda", "torch_cuda"]
+        defines.append("-DOITS_WITH_CUDA")
+    warn = ["-Wall", "-Wextra", *(["-Werror"] if werror else [])]
+    with tempfile.TemporaryDirectory(prefix="oi-shim-", dir=dest) as tmp:
+        obj_c = os.path.join(tmp, "dtype.o")
+        obj_cpp = os.path.join(tmp, "torch_shim.o")
+        out = os.path.join(tmp, target.name)
+        _run([cc, "-std=c11", "-O2", "-fPIC", *warn, f"-I{src}", "-c", str(src / C_SOURCES[0]), "-o", obj_c])
+        _run(
+            [
+                cxx, "-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", *warn, *defines,
+                f"-I{src}", *(f"-isystem{p}" for p in cpp.include_paths()),
+                "-c", str(src / SHIM_SOURCES[0]), "-o", obj_cpp,
+            ]
+        )  # fmt: skip
+        # --no-as-needed: the CUDA libraries register their kernels when loaded, and nothing
+        # in the shim references them by symbol, so the linker would otherwise drop them.
+        _run(
+            [
+                cxx, "-shared", "-o", out, obj_cpp, obj_c,
+                *(f"-L{d}" for d in lib_dirs), *(f"-Wl,-rpath,{d}" for d in lib_dirs),
+                "-Wl,--no-as-needed", *(f"-l{lib}" for lib in libs), "-Wl,--as-needed",
+            ]
+        )  # fmt: skip
+        os.replace(out, target)  # atomic: a concurrent loader sees all of it or nothing
+    return target
+
+
+def ensure_shim(package_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The shim for the installed torch: the one built at install time in the package
+    directory, else the cached one, else a new build into the cache (announced on stderr,
+    since it takes a minute). Imports torch first. Raises ShimBuildError."""
+    import torch  # noqa: F401  (the shim links the libraries this loads)
+
+    src = source_dir()
+    name = library_name(build_key(src))
+    here = Path(package_dir) if package_dir else Path(__file__).resolve().parent
+    if (here / name).is_file():
+        return here / name
+    cache = cache_dir() / "torch_shim"
+    if (cache / name).is_file():
+        return cache / name
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".lock", "w") as lock:  # one compiler at a time per cache
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (cache / name).is_file():
+            print(
+                f"openinfer: compiling the libtorch shim for torch {torch.__version__} into "
+                f"{cache} (once per torch version; about a minute)...",
+                file=sys.stderr,
+                flush=True,
+            )
+            build(cache)
+            print("openinfer: libtorch shim ready", file=sys.stderr, flush=True)
+    return cache / name
+
+
+if __name__ == "__main__":  # python -m openinfer._torch_build: build into the cache now
+    print(ensure_shim())
