@@ -75,24 +75,25 @@ static oi_status_t *inflate_with(const char *data, size_t len, int window, size_
     z.next_in = (Bytef *)data;
     int rc = Z_OK;
     while (st == NULL && rc != Z_STREAM_END) {
-        if (b->len == b->cap) {
-            if (b->cap >= max_out) {
+        size_t limit = max_out > 0 && max_out < b->cap ? max_out : b->cap;
+        if (b->len == limit) {
+            if (limit == max_out) {
                 st = oi_status_new(OI_TOO_LARGE, "the decompressed request body exceeds the server's max_body_bytes (%zu)",
                                    max_out);
                 break;
             }
-            size_t ncap = b->cap * 2 < max_out ? b->cap * 2 : max_out;
-            oi_buf_t *nb = oi_buf_grow(b, ncap);
+            oi_buf_t *nb = oi_buf_grow(b, b->cap * 2);
             if (nb == NULL) {
                 st = oi_status_new(OI_INTERNAL, "out of memory for the decompressed body");
                 break;
             }
             b = nb;
+            continue;
         }
         /* zlib counts in uInt; feed and drain at most 1 GiB a step. */
         size_t in_left = len - (size_t)((const char *)z.next_in - data);
         z.avail_in = (uInt)(in_left > (1u << 30) ? (1u << 30) : in_left);
-        size_t room = b->cap - b->len;
+        size_t room = limit - b->len;
         z.next_out = (Bytef *)b->data + b->len;
         z.avail_out = (uInt)(room > (1u << 30) ? (1u << 30) : room);
         uInt before = z.avail_out;

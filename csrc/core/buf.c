@@ -1,25 +1,81 @@
 #include "buf.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* Large buffers (request and response bodies of big tensors) come from a small cache of
+ * power-of-two blocks: glibc maps every block above its mmap threshold afresh and unmaps it
+ * on free, so each 64 MiB body would otherwise cost 16k page faults to fill. A few freed
+ * blocks are kept, already faulted in, for the next body of that size class. */
+#define LARGE_MIN_SHIFT 20 /* 1 MiB */
+#define LARGE_MAX_SHIFT 40
+#define CACHED_PER_CLASS 2
+#define CACHE_BYTES_MAX ((size_t)512 << 20)
+
+static struct {
+    pthread_mutex_t mu;
+    void *blocks[LARGE_MAX_SHIFT + 1][CACHED_PER_CLASS];
+    int count[LARGE_MAX_SHIFT + 1];
+    size_t bytes;
+} cache = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* The size class (log2 of the block size) for `total` bytes, or 0 when too small to cache. */
+static unsigned size_class(size_t total)
+{
+    if (total < ((size_t)1 << LARGE_MIN_SHIFT))
+        return 0;
+    unsigned shift = LARGE_MIN_SHIFT;
+    while (shift < LARGE_MAX_SHIFT && ((size_t)1 << shift) < total)
+        shift++;
+    return ((size_t)1 << shift) >= total ? shift : 0;
+}
+
+static void *block_get(unsigned cls)
+{
+    void *p = NULL;
+    pthread_mutex_lock(&cache.mu);
+    if (cache.count[cls] > 0) {
+        p = cache.blocks[cls][--cache.count[cls]];
+        cache.bytes -= (size_t)1 << cls;
+    }
+    pthread_mutex_unlock(&cache.mu);
+    return p ? p : malloc((size_t)1 << cls);
+}
+
+static void block_put(void *p, unsigned cls)
+{
+    pthread_mutex_lock(&cache.mu);
+    if (cache.count[cls] < CACHED_PER_CLASS && cache.bytes + ((size_t)1 << cls) <= CACHE_BYTES_MAX) {
+        cache.blocks[cls][cache.count[cls]++] = p;
+        cache.bytes += (size_t)1 << cls;
+        p = NULL;
+    }
+    pthread_mutex_unlock(&cache.mu);
+    free(p);
+}
+
 static void free_inline(oi_buf_t *b) { free(b); }
+
+static void free_large(oi_buf_t *b) { block_put(b, size_class(sizeof(*b) + b->cap)); }
 
 oi_buf_t *oi_buf_new(size_t cap)
 {
     if (cap > SIZE_MAX - sizeof(oi_buf_t))
         return NULL;
-    oi_buf_t *b = malloc(sizeof(*b) + cap);
+    unsigned cls = size_class(sizeof(oi_buf_t) + cap);
+    oi_buf_t *b = cls ? block_get(cls) : malloc(sizeof(*b) + cap);
     if (b == NULL)
         return NULL;
     atomic_init(&b->refs, 1);
     b->data = (char *)(b + 1);
     b->len = 0;
-    b->cap = cap;
-    b->release = free_inline;
+    /* A cached block's whole class is usable: later growth within it needs no copy. */
+    b->cap = cls ? ((size_t)1 << cls) - sizeof(*b) : cap;
+    b->release = cls ? free_large : free_inline;
     b->ctx = NULL;
     return b;
 }
@@ -30,11 +86,20 @@ oi_buf_t *oi_buf_grow(oi_buf_t *b, size_t cap)
         return b;
     if (cap > SIZE_MAX - sizeof(oi_buf_t))
         return NULL;
-    oi_buf_t *nb = realloc(b, sizeof(*nb) + cap);
+    if (b->release == free_inline && size_class(sizeof(*b) + cap) == 0) {
+        oi_buf_t *nb = realloc(b, sizeof(*nb) + cap);
+        if (nb == NULL)
+            return NULL;
+        nb->data = (char *)(nb + 1);
+        nb->cap = cap;
+        return nb;
+    }
+    oi_buf_t *nb = oi_buf_new(cap);
     if (nb == NULL)
         return NULL;
-    nb->data = (char *)(nb + 1);
-    nb->cap = cap;
+    memcpy(nb->data, b->data, b->len);
+    nb->len = b->len;
+    b->release(b);
     return nb;
 }
 

@@ -16,6 +16,8 @@
 #define CHUNKED_INITIAL 65536
 /* Stop parsing pipelined requests while this much response data waits for the socket. */
 #define MAX_QUEUED_WRITE (8u << 20)
+/* Stop reading a connection while this much pipelined input waits behind a busy request. */
+#define MAX_PENDING (1u << 20)
 
 typedef struct listener_s {
     uv_tcp_t tcp;
@@ -63,6 +65,7 @@ struct oi_http_conn_s {
     char rbuf[READ_BUF_SIZE];
 
     int busy;      /* a request is with the handler */
+    int reading;   /* uv_read_start is in effect */
     int in_feed;   /* llhttp_execute is on the stack */
     int keep_alive;
     int http10;
@@ -285,8 +288,30 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 
 static void start_reading(oi_http_conn_t *c)
 {
-    if (!c->closing && uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) != 0)
+    if (c->closing || c->reading)
+        return;
+    if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) != 0)
         conn_close(c);
+    else
+        c->reading = 1;
+}
+
+static void stop_reading(oi_http_conn_t *c)
+{
+    if (c->reading)
+        uv_read_stop((uv_stream_t *)&c->tcp);
+    c->reading = 0;
+}
+
+/* Keeps bytes that arrive while a request is with the handler. Reading goes on (sparing two
+ * epoll_ctl calls per request) until MAX_PENDING bytes wait. Returns 0 or -1. */
+static int hold_pending(oi_http_conn_t *c, const char *data, size_t len)
+{
+    if (len > 0 && oi_sbuf_append(&c->pending, data, len) != 0)
+        return -1;
+    if (c->pending.len > MAX_PENDING)
+        stop_reading(c);
+    return 0;
 }
 
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
@@ -297,8 +322,12 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         conn_close(c);
         return;
     }
-    if (nread > 0)
+    if (nread > 0 && c->busy) { /* pipelined: parsed once the request in flight is answered */
+        if (hold_pending(c, buf->base, (size_t)nread) != 0)
+            conn_close(c);
+    } else if (nread > 0) {
         feed(c, buf->base, (size_t)nread);
+    }
 }
 
 /* Arms the idle timeout between requests (a request's own deadline starts with its first
@@ -326,11 +355,8 @@ static void feed(oi_http_conn_t *c, const char *data, size_t len)
                     break;
                 continue;
             }
-            if (len > 0 && oi_sbuf_append(&c->pending, data, len) != 0) {
+            if (hold_pending(c, data, len) != 0)
                 conn_close(c);
-                break;
-            }
-            uv_read_stop((uv_stream_t *)&c->tcp);
             break;
         }
         if (c->error_status)
@@ -343,7 +369,7 @@ static void feed(oi_http_conn_t *c, const char *data, size_t len)
                     *p = '\'';
             conn_reject(c, 400, msg);
         }
-        uv_read_stop((uv_stream_t *)&c->tcp);
+        stop_reading(c);
         break;
     }
     c->in_feed = 0;
@@ -359,7 +385,7 @@ static void pump(oi_http_conn_t *c)
         return;
     if (c->pending.len > 0) {
         if (uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) > MAX_QUEUED_WRITE) {
-            uv_read_stop((uv_stream_t *)&c->tcp);
+            stop_reading(c);
             return;
         }
         oi_sbuf_t p = c->pending;
@@ -552,10 +578,10 @@ static int on_body(llhttp_t *p, const char *at, size_t n)
         b->len += n;
         return 0;
     }
+    size_t want = b->len + n; /* chunked bodies grow; Content-Length ones were checked up front */
+    if (want > c->lis->server->cfg.max_body_bytes)
+        return reject_in_parser(c, 413, "request body exceeds the server's max_body_bytes");
     if (b->cap - b->len < n) {
-        size_t want = b->len + n;
-        if (want > c->lis->server->cfg.max_body_bytes)
-            return reject_in_parser(c, 413, "request body exceeds the server's max_body_bytes");
         size_t cap = b->cap * 2 > want ? b->cap * 2 : want;
         if (cap > c->lis->server->cfg.max_body_bytes)
             cap = c->lis->server->cfg.max_body_bytes;
