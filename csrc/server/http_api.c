@@ -454,13 +454,13 @@ static oi_status_t *shm_register(oi_server_t *s, oi_http_request_t *r, oi_shm_ki
     if (st != NULL)
         return st;
     if (kind == OI_SHM_SYSTEM) {
-        char key[OI_SHM_MAX_NAME + 2];
+        char key[2 * OI_SHM_MAX_NAME]; /* room to say why a long key is wrong */
         if ((st = body_count(body, "offset", 0, &offset)) != NULL)
             return st;
         oi_json_param(body, "key", &v, key, sizeof(key));
         if (v.kind != OI_JSON_PARAM_STRING || v.too_long || strlen(key) != v.len)
-            return oi_status_new(OI_BAD_REQUEST, "register request: 'key' must be a shared-memory name string of at "
-                                 "most %d bytes", OI_SHM_MAX_NAME + 1);
+            return oi_status_new(OI_BAD_REQUEST, "register request: 'key' must be a string, a shared-memory name "
+                                 "(\"/name\") of at most %d bytes", OI_SHM_MAX_NAME + 1);
         return oi_shm_register_system(&s->shm, name, key, offset, byte_size);
     }
     uint64_t device_id;
