@@ -37,7 +37,6 @@ struct oi_http_server_s {
     int port;
     atomic_int inflight;
     atomic_int connections;
-    oi_task_t *stop_tasks; /* one per loop */
 };
 
 struct oi_http_conn_s {
@@ -835,7 +834,7 @@ static void run_loop_task(oi_task_t *t)
     if (lt->final) {
         while (lis->conns)
             conn_close(lis->conns);
-        oi__loop_close_wake(&lis->loop);
+        oi_loop_close_wake(&lis->loop);
     }
     pthread_mutex_lock(&lt->mu);
     lt->done = 1;

@@ -101,7 +101,7 @@ void oi_loop_call(oi_loop_t *l, void (*fn)(void *arg), void *arg)
     pthread_mutex_destroy(&ct.mu);
 }
 
-void oi__loop_close_wake(oi_loop_t *l)
+void oi_loop_close_wake(oi_loop_t *l)
 {
     drain(&l->wake); /* run what is queued: completions release their resources */
     uv_close((uv_handle_t *)&l->wake, NULL);

@@ -40,7 +40,7 @@ void oi_loop_call(oi_loop_t *l, void (*fn)(void *arg), void *arg);
 
 /* Closes the wake-up handle so that the loop can end once the owner of every other handle
  * has closed it; call on the loop's thread. Tasks posted afterwards never run. */
-void oi__loop_close_wake(oi_loop_t *l);
+void oi_loop_close_wake(oi_loop_t *l);
 
 /* Waits for the loop's thread to end and frees the loop's resources (not `l` itself). */
 void oi_loop_join(oi_loop_t *l);
