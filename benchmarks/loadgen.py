@@ -24,6 +24,7 @@ bytes counted per request (request + response), latency percentiles.
 
 from __future__ import annotations
 
+import inspect
 import json
 import resource
 import socket
@@ -124,7 +125,10 @@ def timed_threads(fn, seconds: float, concurrency: int) -> dict:
 class OpenInfer:
     def __init__(self, url: str):
         import openinfer
-        self.client = openinfer.Client(url)
+        # The socket path these scenarios measure (S4 with shared memory is s4_shm.py).
+        self.client = (openinfer.Client(url, shared_memory=False)
+                       if "shared_memory" in inspect.signature(openinfer.Client).parameters
+                       else openinfer.Client(url))
         self.version = getattr(openinfer, "__version__", None) or dist_version("openinfer")
 
     def _simple(self):

@@ -21,7 +21,9 @@ SIMPLE_B = np.ones((1, 16), dtype=np.int32)
 
 @pytest.fixture(scope="module")
 def client(url: str):
-    with Client(url, timeout=30) as c:
+    # The socket path (the server is local: shared memory would be used otherwise; it has
+    # tests/test_client_shm.py). The module's other clients take the default, shared memory.
+    with Client(url, timeout=30, shared_memory=False) as c:
         yield c
 
 

@@ -40,9 +40,8 @@ static void job_done(oi_job_t *j)
         j->status = oi_validate_response(inf->model, j->output_names, j->n_outputs, &j->resp);
     /* Outputs asked in shared memory are copied there here, off the loop thread. Requested
      * outputs and response outputs are in the same order (see oi_validate_request). */
-    for (uint32_t i = 0; j->status == NULL && inf->shm_out != NULL && i < j->resp.n_outputs; i++)
-        if (inf->shm_out[i].region != NULL)
-            j->status = oi_shm_place_output(&j->resp.outputs[i], &inf->shm_out[i]);
+    if (j->status == NULL && inf->shm_out != NULL)
+        j->status = oi_shm_place_outputs(&j->resp, inf->shm_out);
     inf->task.run = run_done;
     oi_loop_post(inf->loop, &inf->task);
 }

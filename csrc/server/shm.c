@@ -573,6 +573,55 @@ oi_status_t *oi_shm_place_output(oi_tensor_t *t, const oi_shm_target_t *target)
     return NULL;
 }
 
+/* Whether [a, a + an) and [b, b + bn) share a byte. */
+static int overlaps(const char *a, size_t an, const char *b, size_t bn)
+{
+    return an > 0 && bn > 0 && a < b + bn && b < a + an;
+}
+
+/* Gives an output its own copy of its bytes, so that writing into a region cannot change it. */
+static oi_status_t *make_private(oi_tensor_t *t)
+{
+    oi_buf_t *b = oi_buf_new(t->byte_size);
+    if (b == NULL)
+        return oi_status_new(OI_INTERNAL, "out of memory");
+    memcpy(b->data, t->data, t->byte_size);
+    b->len = t->byte_size;
+    oi_buf_unref(t->owner);
+    t->owner = b;
+    t->data = b->data;
+    return NULL;
+}
+
+oi_status_t *oi_shm_place_outputs(oi_response_t *resp, const oi_shm_target_t *targets)
+{
+    for (uint32_t i = 0; i < resp->n_outputs; i++) {
+        const oi_shm_target_t *tg = &targets[i];
+        oi_tensor_t *t = &resp->outputs[i];
+        if (tg->region == NULL)
+            continue;
+        if (tg->region->kind == OI_SHM_SYSTEM) {
+            /* Another output that still reads from this window (a view of an input there,
+             * say) is copied aside first: outputs may be written over inputs' windows, which
+             * is what lets an output that is its input stay where it is. */
+            const char *dst = tg->region->buf.data + tg->offset;
+            size_t n = t->byte_size < tg->byte_size ? t->byte_size : (size_t)tg->byte_size;
+            for (uint32_t j = 0; j < resp->n_outputs; j++) {
+                oi_tensor_t *o = &resp->outputs[j];
+                if (j == i || o->shm || !overlaps(dst, n, o->data, o->byte_size))
+                    continue;
+                oi_status_t *st = make_private(o);
+                if (st != NULL)
+                    return st;
+            }
+        }
+        oi_status_t *st = oi_shm_place_output(t, tg);
+        if (st != NULL)
+            return st;
+    }
+    return NULL;
+}
+
 void oi_shm_targets_free(oi_shm_target_t *targets, uint32_t n)
 {
     if (targets == NULL)

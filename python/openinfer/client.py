@@ -9,13 +9,22 @@ contiguous) and outputs are numpy arrays viewing the received body; the C core d
 encoding, the socket I/O and the decoding without the GIL. Connections are pooled and kept
 alive, so one Client is safe and fast to share between threads; `infer_async` and
 `AsyncClient` keep many requests in flight.
+
+On the same host (a loopback URL, and a server that lists the system_shared_memory extension)
+tensors skip the socket: inputs are staged in shared-memory regions the client registers once,
+and outputs come back as arrays viewing those regions. Arrays that already live in a
+registered `SharedMemoryRegion` are read where they are, and `out=` names arrays there that
+outputs are written into. Anything else (a remote server, a refusal) takes the socket path.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import ipaddress
 import json
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
@@ -25,8 +34,10 @@ from urllib.parse import quote, urlsplit
 import numpy as np
 
 from . import _core
+from . import shm as _shm
 from .errors import InferenceServerError
-from .model import datatype_of
+from .model import datatype_of, numpy_dtype
+from .shm import SharedMemoryRegion
 
 try:
     from ml_dtypes import bfloat16 as _bfloat16  # type: ignore[import-not-found, unused-ignore]
@@ -39,10 +50,12 @@ ArrayLike = Any
 class Client:
     """A V2 HTTP client. `url` is ``http://host:port`` (port 8000 when absent). `timeout`
     (seconds) applies to each call unless the call gives its own; `max_connections` bounds
-    the pool and the threads of `infer_async`."""
+    the pool and the threads of `infer_async`. `shared_memory`: None (the default) uses system
+    shared memory when the URL's host is a loopback address and the server offers it; True
+    tries it whatever the host; False never does."""
 
     def __init__(self, url: str = "http://127.0.0.1:8000", *, timeout: float | None = None,
-                 max_connections: int = 32) -> None:
+                 max_connections: int = 32, shared_memory: bool | None = None) -> None:
         parts = urlsplit(url if "://" in url else "http://" + url)
         if parts.scheme != "http":
             raise ValueError(f"unsupported URL scheme {parts.scheme!r} in {url!r}; expected http://")
@@ -61,6 +74,13 @@ class Client:
         self._slots = threading.BoundedSemaphore(max_connections)
         self._executor: ThreadPoolExecutor | None = None
         self._closed = False
+        self._shm_mode = shared_memory
+        self._shm_pool: _shm.Pool | bool | None = None  # None: not decided yet; False: not used
+        self._regions: dict[str, SharedMemoryRegion] = {}  # registered explicitly, by name
+        self._owned: list[SharedMemoryRegion] = []  # made by shared_memory(), closed with us
+        self._io: dict[tuple[str, str], dict[str, Any]] = {}  # model metadata, for outputs
+        self._out_bytes: dict[tuple[str, str, str], int] = {}  # largest output seen
+        _clients.add(self)
 
     # ---- connections ----------------------------------------------------------------------
 
@@ -127,13 +147,21 @@ class Client:
     def infer(self, model: str, inputs: Mapping[str, ArrayLike], outputs: Sequence[str] | None = None, *,
               version: str | int | None = None, request_id: str | None = None,
               parameters: Mapping[str, Any] | None = None, datatypes: Mapping[str, str] | None = None,
-              timeout: float | None = None) -> dict[str, np.ndarray]:
+              timeout: float | None = None, out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Runs `model` on `inputs` (name -> array) and returns its outputs (name -> array),
         all of them or the `outputs` named. Datatypes follow the arrays' dtypes (object, bytes
         and str arrays are BYTES; ``ml_dtypes.bfloat16`` is BF16); `datatypes` overrides them
-        by name (e.g. ``{"X": "BF16"}`` for a uint16 array of bfloat16 bits). Raises
-        InferenceServerError with the server's status and message."""
-        specs = [(name, *_tensor(name, value, datatypes)) for name, value in inputs.items()]
+        by name (e.g. ``{"X": "BF16"}`` for a uint16 array of bfloat16 bits). `out` names
+        arrays in registered shared-memory regions that outputs are written into (the result
+        then views those regions). Raises InferenceServerError with the server's status and
+        message."""
+        shm = self._use_shm()
+        if out or self._regions or shm:
+            result = self._infer_shm(model, inputs, outputs, version, request_id, parameters, datatypes,
+                                     timeout, out or {})
+            if result is not None:
+                return result
+        specs = [(name, *_tensor(name, _host_value(value), datatypes)) for name, value in inputs.items()]
         params = dict(parameters or {})
         if outputs is None:
             params["binary_data_output"] = True
@@ -145,7 +173,10 @@ class Client:
         if status != 200:
             raise InferenceServerError(status, _error_message(result))
         types = result[4]
-        return {name: _bf16_view(arr) if types[name] == "BF16" else arr for name, arr in result[3].items()}
+        arrays = {name: _bf16_view(arr) if types[name] == "BF16" else arr for name, arr in result[3].items()}
+        if shm or out:
+            self._learn(model, version, arrays, out or {})
+        return arrays
 
     def infer_async(self, model: str, inputs: Mapping[str, ArrayLike], outputs: Sequence[str] | None = None,
                     **kwargs: Any) -> Future[dict[str, np.ndarray]]:
@@ -157,13 +188,304 @@ class Client:
                     self._executor = ThreadPoolExecutor(self._max, thread_name_prefix="openinfer-client")
         return self._executor.submit(self.infer, model, inputs, outputs, **kwargs)
 
+    # ---- shared memory --------------------------------------------------------------------
+
+    def register(self, region: SharedMemoryRegion) -> SharedMemoryRegion:
+        """Registers `region` with the server under region.name; arrays viewing it are then
+        passed in place. Raises InferenceServerError when the server refuses."""
+        self._shm_call("/register", region.name, {"key": region.key, "offset": 0, "byte_size": region.byte_size})
+        with self._lock:
+            self._regions[region.name] = region
+        return region
+
+    def unregister(self, region: SharedMemoryRegion | str) -> None:
+        """Unregisters a region (by object or name) from the server."""
+        name = region if isinstance(region, str) else region.name
+        with self._lock:
+            self._regions.pop(name, None)
+        self._shm_call("/unregister", name, None)
+
+    def shared_memory(self, byte_size: int, *, name: str | None = None) -> SharedMemoryRegion:
+        """A new `SharedMemoryRegion` of `byte_size` bytes, registered with the server; closed
+        (and unregistered) with the client."""
+        region = SharedMemoryRegion(byte_size, name=name)
+        try:
+            self.register(region)
+        except BaseException:
+            region.close()
+            raise
+        with self._lock:
+            self._owned.append(region)
+        return region
+
+    def shared_memory_status(self, *, timeout: float | None = None) -> list[dict[str, Any]]:
+        """The server's system shared-memory regions (every client's)."""
+        status, body = self._get("/v2/systemsharedmemory/status", timeout)
+        if status != 200:
+            raise InferenceServerError(status, _error_message(body))
+        result: list[dict[str, Any]] = json.loads(body)
+        return result
+
+    def _shm_call(self, action: str, name: str, body: dict[str, Any] | None) -> None:
+        path = f"{self._prefix}/v2/systemsharedmemory/region/{quote(name, safe='')}{action}"
+        data = json.dumps(body).encode() if body is not None else b""
+        headers = "Content-Type: application/json\r\n"
+        if self._closed:  # a pooled region released after close(): a connection of its own
+            conn = _core.HttpConnection(self._host, self._port)
+            try:
+                status, reply = conn.request("POST", path, data, headers, timeout=self._timeout)
+            finally:
+                conn.close()
+        else:
+            status, reply = self._call("request", "POST", path, data, headers, timeout=self._timeout)
+        if status != 200:
+            raise InferenceServerError(status, _error_message(reply))
+
+    def _use_shm(self) -> bool:
+        """Decides once whether the pool is used: a loopback host (or shared_memory=True), this
+        Python able to make shm, and a server that lists the extension."""
+        if self._shm_pool is None:
+            decided = self._decide_shm()  # calls the server: not under the lock
+            with self._lock:
+                if self._shm_pool is None:
+                    self._shm_pool, decided = decided, None
+            if isinstance(decided, _shm.Pool):  # another thread decided first
+                decided.close()
+        return self._shm_pool is not False
+
+    def _decide_shm(self) -> _shm.Pool | bool:
+        if self._shm_mode is False or not _shm.available():
+            return False
+        if self._shm_mode is None and not _is_loopback(self._host):
+            return False
+        try:
+            extensions = self.server_metadata().get("extensions", [])
+        except (InferenceServerError, OSError, ValueError):
+            return False
+        if "system_shared_memory" not in extensions:
+            return False
+        return _shm.Pool(lambda n, k, size: self._shm_call("/register", n, {"key": k, "offset": 0, "byte_size": size}),
+                         lambda n: self._shm_call("/unregister", n, None), self._max + 8)
+
+    def _disable_shm(self) -> None:
+        """The server refused the pool's regions (or lost them): socket path from now on."""
+        with self._lock:
+            pool, self._shm_pool = self._shm_pool, False
+        if isinstance(pool, _shm.Pool):
+            pool.close()
+
+    def _model_io(self, model: str, version: str | int | None, timeout: float | None) -> dict[str, Any]:
+        key = (model, str(version or ""))
+        meta = self._io.get(key)
+        if meta is None:
+            meta = self.model_metadata(model, version, timeout=timeout)
+            self._io[key] = meta
+        return meta
+
+    def _region_of(self, arr: np.ndarray) -> tuple[SharedMemoryRegion, int] | None:
+        for region in list(self._regions.values()):
+            off = region.offset_of(arr)
+            if off is not None:
+                return region, off
+        return None
+
+    def _infer_shm(self, model: str, inputs: Mapping[str, ArrayLike], outputs: Sequence[str] | None,
+                   version: str | int | None, request_id: str | None, parameters: Mapping[str, Any] | None,
+                   datatypes: Mapping[str, str] | None, timeout: float | None,
+                   out: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+        """infer through shared memory; None when this call must take the socket path."""
+        pool = self._shm_pool if isinstance(self._shm_pool, _shm.Pool) else None
+        tensors: list[dict[str, Any]] = []
+        staged: list[tuple[dict[str, Any], Any, int]] = []  # (tensor, data, nbytes)
+        for name, value in inputs.items():
+            datatype, arr = _tensor(name, _host_value(value), datatypes)
+            arr = arr if isinstance(arr, np.ndarray) else np.asarray(arr)
+            t: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(arr.shape)}
+            tensors.append(t)
+            where = self._region_of(arr) if datatype != "BYTES" else None
+            if where is not None:
+                t["parameters"] = _shm_params(where[0].name, arr.nbytes, where[1])
+            elif pool is None:
+                return None
+            elif datatype == "BYTES":
+                data = _shm.serialize_bytes(arr)
+                staged.append((t, data, len(data)))
+            else:
+                data = np.ascontiguousarray(arr)
+                staged.append((t, data, data.nbytes))
+        meta = self._model_io(model, version, timeout)
+        names = list(outputs) if outputs is not None else [o["name"] for o in meta.get("outputs", [])]
+        types = {o["name"]: o.get("datatype") for o in meta.get("outputs", [])}
+        requested: list[dict[str, Any]] = []
+        placed: dict[str, int] = {}  # outputs in the pool slot: name -> offset
+        want: list[tuple[dict[str, Any], str, int]] = []
+        total_in = sum(n for _, _, n in staged)
+        for name in names:
+            o: dict[str, Any] = {"name": name}
+            requested.append(o)
+            if name in out:
+                target = out[name]
+                where = self._region_of(target) if isinstance(target, np.ndarray) else None
+                if where is None:
+                    raise ValueError(f"out[{name!r}] must be an array in a registered SharedMemoryRegion")
+                o["parameters"] = _shm_params(where[0].name, target.nbytes, where[1])
+            elif pool is None:
+                return None
+            else:
+                want.append((o, name, self._estimate(model, version, name, meta, inputs, total_in)))
+        # Outputs reuse the inputs' space (inputs are dead once the model has run, and the
+        # server copies aside whatever still reads from a window before writing it); an output
+        # that is its input, at the same offset, is then not copied at all.
+        need = max(sum(_align(n) for _, _, n in staged), sum(_align(n) for _, _, n in want))
+        slot = None
+        if staged or want:
+            assert pool is not None
+            try:
+                slot = pool.acquire(need)
+            except InferenceServerError:
+                self._disable_shm()  # the server refuses registrations: never mind
+                return None
+            if slot is None:
+                return None
+        try:
+            off = 0
+            for t, data, n in staged:
+                assert slot is not None
+                dst = slot.region.array((n,), np.uint8, off)
+                if isinstance(data, np.ndarray):
+                    np.copyto(dst, data.reshape(-1).view(np.uint8))
+                else:
+                    dst[:] = np.frombuffer(data, dtype=np.uint8)
+                t["parameters"] = _shm_params(slot.region.name, n, off)
+                off += _align(n)
+            off = 0
+            for o, name, n in want:
+                assert slot is not None
+                o["parameters"] = _shm_params(slot.region.name, n, off)
+                placed[name] = off
+                off += _align(n)
+            body: dict[str, Any] = {"inputs": tensors, "outputs": requested}
+            if request_id is not None:
+                body["id"] = request_id
+            if parameters:
+                body["parameters"] = dict(parameters)
+            try:
+                status, reply = self._call("request", "POST", self._prefix + _model_path(model, version) + "/infer",
+                                           json.dumps(body).encode(), "Content-Type: application/json\r\n",
+                                           timeout=self._timeout_for(timeout))
+            except BaseException:
+                # No answer (a timeout, a lost connection): the server may still write this
+                # call's outputs into the slot later, so it never serves another call.
+                if slot is not None and pool is not None:
+                    pool.discard(slot)
+                    slot = None
+                raise
+            if status != 200:
+                message = _error_message(reply)
+                if status == 400 and "do not fit shared_memory_byte_size" in message:
+                    return None  # an output outgrew its guess: this call goes by socket, and teaches us
+                if status == 400 and slot is not None and f"'{slot.region.name}' is not registered" in message:
+                    self._disable_shm()  # the server lost our regions (restarted?)
+                    return None
+                raise InferenceServerError(status, message)
+            return self._shm_outputs(json.loads(reply), model, version, pool, slot, placed, out, types)
+        finally:
+            if slot is not None and pool is not None:
+                pool.release(slot)
+
+    def _shm_outputs(self, reply: dict[str, Any], model: str, version: str | int | None, pool: _shm.Pool | None,
+                     slot: _shm.Slot | None, placed: dict[str, int], out: Mapping[str, np.ndarray],
+                     types: dict[str, Any]) -> dict[str, np.ndarray]:
+        result: dict[str, np.ndarray] = {}
+        for o in reply.get("outputs", []):
+            name, datatype, shape = o["name"], o["datatype"], tuple(o["shape"])
+            params = o.get("parameters") or {}
+            nbytes = int(params.get("shared_memory_byte_size", 0))
+            key = (model, str(version or ""), name)
+            self._out_bytes[key] = max(self._out_bytes.get(key, 0), nbytes)
+            count = int(np.prod(shape, dtype=np.int64))
+            if "shared_memory_region" not in params:  # not asked in shm: data came in the JSON
+                result[name] = np.array(o.get("data", []), dtype=numpy_dtype(datatype)).reshape(shape)
+                continue
+            if name in out:
+                region, off = self._region_of(out[name])  # type: ignore[misc]
+                src_region, src_off, src_pool = region, off, None
+            else:
+                assert slot is not None and pool is not None
+                src_region, src_off, src_pool = slot.region, placed[name], pool
+            if datatype == "BYTES":
+                view = src_region.array((nbytes,), np.uint8, src_off)
+                result[name] = _shm.deserialize_bytes(view, count).reshape(shape)
+                continue
+            dtype = numpy_dtype(datatype)
+            if src_pool is not None and slot is not None:
+                arr = src_pool.view(slot, src_off, dtype, shape)
+            else:
+                arr = src_region.array(shape, dtype, src_off)
+            result[name] = _bf16_view(arr) if datatype == "BF16" else arr
+        return result
+
+    def _estimate(self, model: str, version: str | int | None, name: str, meta: dict[str, Any],
+                  inputs: Mapping[str, ArrayLike], total_in: int) -> int:
+        """Bytes to set aside for an output: the most of what its declared shape holds (a
+        variable first dimension taken as the inputs' batch; when it cannot tell, what the
+        inputs take) and the largest seen so far. A call that outgrows it goes by socket once,
+        and teaches."""
+        seen = self._out_bytes.get((model, str(version or ""), name), 0)
+        spec = next((o for o in meta.get("outputs", []) if o.get("name") == name), None)
+        if spec is not None and spec.get("datatype") not in (None, "BYTES"):
+            dims = list(spec.get("shape") or [])
+            first = next(iter(inputs.values()), None)
+            batch = np.shape(first)[0] if first is not None and np.ndim(first) > 0 else None
+            if dims and dims[0] == -1 and batch is not None:
+                dims[0] = batch
+            if dims and all(d >= 0 for d in dims):
+                return max(seen, int(np.prod(dims, dtype=np.int64)) * numpy_dtype(spec["datatype"]).itemsize)
+        return max(seen, total_in, 64 << 10)
+
+    def _learn(self, model: str, version: str | int | None, arrays: dict[str, np.ndarray],
+               out: Mapping[str, np.ndarray]) -> None:
+        """After a call that went by socket: output sizes for the next guesses, and the outputs
+        asked into `out` copied there."""
+        for name, arr in arrays.items():
+            n = len(_shm.serialize_bytes(arr)) if arr.dtype == object else arr.nbytes
+            key = (model, str(version or ""), name)
+            self._out_bytes[key] = max(self._out_bytes.get(key, 0), n)
+            target = out.get(name)
+            if target is not None and arr.dtype != object and target.nbytes >= arr.nbytes:
+                where = self._region_of(target)
+                if where is not None:
+                    view = where[0].array(arr.shape, arr.dtype, where[1])
+                    np.copyto(view, arr)
+                    arrays[name] = view
+
+    def _close_shm(self, at_exit: bool = False) -> None:
+        with self._lock:
+            pool, self._shm_pool = self._shm_pool, False
+        if isinstance(pool, _shm.Pool):
+            pool.close(busy_too=at_exit)
+        with self._lock:
+            regions, self._regions = self._regions, {}
+            owned, self._owned = self._owned, []
+        for name in regions:
+            try:
+                self._shm_call("/unregister", name, None)
+            except Exception:  # noqa: BLE001 - closing: the server may be gone already
+                pass
+        for region in owned:
+            region.close()
+
     # ---- life cycle -----------------------------------------------------------------------
 
     def close(self) -> None:
-        """Closes every pooled connection; calls in flight finish first."""
-        self._closed = True
+        """Closes every pooled connection and unregisters this client's shared-memory
+        regions; calls in flight finish first. Arrays returned from shared memory stay valid."""
         if self._executor is not None:
             self._executor.shutdown(wait=True)
+        if not self._closed:
+            self._close_shm()
+        self._closed = True
+        _clients.discard(self)
         with self._lock:
             idle, self._idle = self._idle, []
         for conn in idle:
@@ -226,6 +548,46 @@ class AsyncClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+# Clients whose shared-memory regions are unregistered at exit if they were not closed.
+_clients: weakref.WeakSet[Client] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_clients() -> None:
+    for client in list(_clients):
+        try:
+            client._close_shm(at_exit=True)
+        except Exception:  # noqa: BLE001 - at exit, best effort
+            pass
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _align(n: int) -> int:
+    return -(-n // _shm.ALIGN) * _shm.ALIGN
+
+
+def _shm_params(region: str, byte_size: int, offset: int) -> dict[str, Any]:
+    p: dict[str, Any] = {"shared_memory_region": region, "shared_memory_byte_size": byte_size}
+    if offset:
+        p["shared_memory_offset"] = offset
+    return p
+
+
+def _host_value(value: ArrayLike) -> ArrayLike:
+    """A torch tensor on a GPU comes to the host for the socket and system shared memory."""
+    if type(value).__module__.startswith("torch") and getattr(value, "is_cuda", False):
+        return value.detach().cpu().numpy()
+    return value
 
 
 def _model_path(model: str, version: str | int | None) -> str:
