@@ -623,3 +623,43 @@ def test_cuda_round_trip_tritonclient(server: openinfer.Server) -> None:
         cshm.destroy_shared_memory_region(h_in)
         cshm.destroy_shared_memory_region(h_out)
         client.close()
+
+
+def test_output_windows_over_inputs_stay_intact(regions: Any) -> None:
+    """Outputs may be asked over the inputs' windows (inputs are dead once the model ran): an
+    output that still views that memory (here B, and A for the other) is copied aside before
+    anything is written there, whatever goes where."""
+    views = openinfer.Model(
+        "two_views", lambda d: {"A": d["X"], "B": d["X"][2:]},
+        inputs=[openinfer.Tensor("X", "INT32", [-1])],
+        outputs=[openinfer.Tensor("A", "INT32", [-1]), openinfer.Tensor("B", "INT32", [-1])],
+    )
+    x = np.arange(100, dtype=np.int32)
+    r = regions(1024)
+    with openinfer.serve(models=[views], http_port=0, grpc_port=None, log=False) as srv:
+        def post(path: str, body: Any) -> requests.Response:
+            return requests.post(f"{srv.url}/v2/{path}", json=body, timeout=30)
+
+        assert post("systemsharedmemory/region/r/register", {"key": r.key, "byte_size": 1024}).status_code == 200
+        x_in = {"name": "X", "datatype": "INT32", "shape": [100], "parameters": shm_params("r", 400)}
+        cases = [
+            # A shifted by 8 bytes over X, B over the socket: B must not see A's write.
+            [{"name": "A", "parameters": shm_params("r", 400, 8)}, {"name": "B"}],
+            # A exactly where X is (no copy at all), B right after it.
+            [{"name": "A", "parameters": shm_params("r", 400)}, {"name": "B", "parameters": shm_params("r", 392, 400)}],
+            # B first over the start of X, then A over all of X.
+            [{"name": "B", "parameters": shm_params("r", 392, 0)}, {"name": "A", "parameters": shm_params("r", 400, 512)}],
+        ]
+        for outputs in cases:
+            r.write(x.tobytes())
+            resp = post("models/two_views/infer", {"inputs": [x_in], "outputs": outputs})
+            assert resp.status_code == 200, resp.text
+            got = {}
+            for o in resp.json()["outputs"]:
+                p = o.get("parameters", {})
+                if "shared_memory_region" in p:
+                    got[o["name"]] = np.frombuffer(r.read(p["shared_memory_byte_size"], p.get("shared_memory_offset", 0)),
+                                                   np.int32).tolist()
+                else:
+                    got[o["name"]] = o["data"]
+            assert got == {"A": x.tolist(), "B": x[2:].tolist()}, outputs
