@@ -4,7 +4,8 @@
 Started by common.Worker, pinned with taskset; reads one JSON command per line
 on stdin and answers one JSON line on stdout (stderr is the log). Kinds:
 
-    loadgen.py openinfer URL      openinfer.Client
+    loadgen.py openinfer URL      openinfer.Client (socket path: shared_memory=False)
+    loadgen.py openinfer-shm URL  openinfer.Client as it is against a local server (shared memory)
     loadgen.py tritonclient URL   tritonclient.http.InferenceServerClient
     loadgen.py raw                TCP echo client and numpy memcpy (limits)
     loadgen.py echo-server PORT   TCP echo server on 127.0.0.1 (not a JSON worker)
@@ -13,6 +14,8 @@ Ops (keyword arguments in the command):
     verify                                  one checked request of each kind
     simple   seconds, mode, concurrency     model `simple`, INT32 [1,16]
     tensor   seconds, nbytes, min_iters     identity_fp32, FP32 of nbytes, sequential
+    tensor_inplace  seconds, nbytes, min_iters  the same on an array in a registered region,
+                                            output into the same place (openinfer-shm)
     echo     seconds, nbytes, min_iters, port   raw: send nbytes, receive nbytes back
     memcpy   seconds, nbytes, min_iters     raw: numpy copy of nbytes
 
@@ -123,12 +126,15 @@ def timed_threads(fn, seconds: float, concurrency: int) -> dict:
 
 
 class OpenInfer:
-    def __init__(self, url: str):
+    def __init__(self, url: str, shm: bool = False):
         import openinfer
-        # The socket path these scenarios measure (S4 with shared memory is s4_shm.py).
-        self.client = (openinfer.Client(url, shared_memory=False)
-                       if "shared_memory" in inspect.signature(openinfer.Client).parameters
-                       else openinfer.Client(url))
+        # The socket path, unless `shm` (kind openinfer-shm, s4_shm.py): the client then
+        # uses system shared memory on its own, as it does against a local server.
+        if "shared_memory" in inspect.signature(openinfer.Client).parameters:
+            self.client = openinfer.Client(url, shared_memory=None if shm else False)
+        else:
+            self.client = openinfer.Client(url)
+        self.shm = shm
         self.version = getattr(openinfer, "__version__", None) or dist_version("openinfer")
 
     def _simple(self):
@@ -205,9 +211,32 @@ class OpenInfer:
             raise RuntimeError(f"identity_fp32 of {nbytes} bytes came back different")
         del y
 
+        if self.shm and not self.client._shm_pool:
+            raise RuntimeError("the client did not take shared memory")
+
         def one():
             return self.client.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"]
         return timed_seq(one, seconds, min_iters, 2 * x.nbytes)
+
+    def op_tensor_inplace(self, seconds: float, nbytes: int, min_iters: int = 3) -> dict:
+        """identity_fp32 on an array that already lives in a registered region, its output
+        asked back into the same place (client.shared_memory(), out=)."""
+        region = self.client.shared_memory(nbytes)
+        try:
+            x = region.array((nbytes // 4,), np.float32)
+            x[:] = np.random.default_rng(2).random(nbytes // 4, dtype=np.float32)
+            want = x.copy()
+            y = self.client.infer("identity_fp32", {"INPUT0": x}, out={"OUTPUT0": x})["OUTPUT0"]
+            if not np.array_equal(want, y):
+                raise RuntimeError(f"identity_fp32 of {nbytes} bytes in place came back different")
+            del y
+
+            def one():
+                return self.client.infer("identity_fp32", {"INPUT0": x}, out={"OUTPUT0": x})["OUTPUT0"]
+            return timed_seq(one, seconds, min_iters, 2 * x.nbytes)
+        finally:
+            self.client.unregister(region)
+            region.close()
 
 
 # --------------------------------------------------------------------------
@@ -398,6 +427,7 @@ def main(argv: list[str]) -> int:
         return 0
     try:
         impl = {"openinfer": lambda: OpenInfer(argv[1]),
+                "openinfer-shm": lambda: OpenInfer(argv[1], shm=True),
                 "tritonclient": lambda: Triton(argv[1]),
                 "raw": Raw}[kind]()
     except KeyError:
