@@ -6,6 +6,7 @@ and clean-up on close."""
 from __future__ import annotations
 
 import glob
+import json
 import os
 import threading
 import time
@@ -252,3 +253,28 @@ def test_close_cleans_up(url: str) -> None:
     assert not set(names) & set(server_regions(observer))  # ...until its array goes
     assert set(glob.glob(f"/dev/shm/oi_{pid}_*")) == before
     observer.close()
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # noqa: BLE001 - no torch, or a broken one: no GPU for us
+        return False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _has_gpu(), reason="needs a CUDA GPU")
+def test_torch_cuda_tensors_through_cuda_ipc(client: Client) -> None:
+    import torch
+
+    x = torch.arange(1 << 16, dtype=torch.float32, device="cuda") * 0.5
+    y = client.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"]
+    assert np.array_equal(y, x.cpu().numpy())
+    names = set(client._cuda_regions.values())
+    status, body = client._get("/v2/cudasharedmemory/status", None)
+    assert status == 200 and names and names <= {r["name"] for r in json.loads(body)}
+    view = x[100:200]  # inside the same allocation: the same region, another offset
+    assert np.array_equal(client.infer("identity_fp32", {"INPUT0": view})["OUTPUT0"], view.cpu().numpy())
+    assert set(client._cuda_regions.values()) == names

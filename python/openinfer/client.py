@@ -23,7 +23,9 @@ import asyncio
 import atexit
 import ipaddress
 import json
+import os
 import threading
+import uuid
 import weakref
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -80,6 +82,8 @@ class Client:
         self._owned: list[SharedMemoryRegion] = []  # made by shared_memory(), closed with us
         self._io: dict[tuple[str, str], dict[str, Any]] = {}  # model metadata, for outputs
         self._out_bytes: dict[tuple[str, str, str], int] = {}  # largest output seen
+        self._cuda: bool | None = None  # None: not decided yet
+        self._cuda_regions: dict[bytes, str] = {}  # CUDA IPC handle -> registered region name
         _clients.add(self)
 
     # ---- connections ----------------------------------------------------------------------
@@ -156,7 +160,7 @@ class Client:
         then views those regions). Raises InferenceServerError with the server's status and
         message."""
         shm = self._use_shm()
-        if out or self._regions or shm:
+        if out or self._regions or shm or any(_is_cuda_tensor(v) for v in inputs.values()):
             result = self._infer_shm(model, inputs, outputs, version, request_id, parameters, datatypes,
                                      timeout, out or {})
             if result is not None:
@@ -298,6 +302,12 @@ class Client:
         tensors: list[dict[str, Any]] = []
         staged: list[tuple[dict[str, Any], Any, int]] = []  # (tensor, data, nbytes)
         for name, value in inputs.items():
+            if _is_cuda_tensor(value):
+                params = self._cuda_params(value)
+                if params is not None:  # read by the server from the GPU, through CUDA IPC
+                    tensors.append({"name": name, "datatype": (datatypes or {}).get(name) or _torch_datatype(value),
+                                    "shape": list(value.shape), "parameters": params})
+                    continue
             datatype, arr = _tensor(name, _host_value(value), datatypes)
             arr = arr if isinstance(arr, np.ndarray) else np.asarray(arr)
             t: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(arr.shape)}
@@ -459,7 +469,71 @@ class Client:
                     np.copyto(view, arr)
                     arrays[name] = view
 
+    def _cuda_params(self, tensor: Any) -> dict[str, Any] | None:
+        """Shared-memory parameters for a contiguous torch tensor on a GPU, its allocation
+        registered with the server as a CUDA region (once per allocation); None when CUDA
+        shared memory cannot be used (then the tensor comes to the host)."""
+        if self._cuda is None:
+            self._cuda = self._decide_cuda()
+        if not self._cuda or not tensor.is_contiguous():
+            return None
+        try:
+            base, size, handle = _cuda_ipc().export(tensor.data_ptr())
+        except OSError:
+            return None
+        name = self._cuda_regions.get(handle)
+        if name is None:
+            name = f"oi_cuda_{os.getpid()}_{uuid.uuid4().hex[:12]}"
+            import base64
+
+            path = f"{self._prefix}/v2/cudasharedmemory/region/{quote(name, safe='')}/register"
+            body = {"raw_handle": {"b64": base64.b64encode(handle).decode()},
+                    "device_id": tensor.device.index or 0, "byte_size": size}
+            status, reply = self._call("request", "POST", path, json.dumps(body).encode(),
+                                       "Content-Type: application/json\r\n", timeout=self._timeout)
+            if status != 200:
+                self._cuda = False  # refused (no GPU there, say): host copies from now on
+                return None
+            with self._lock:
+                self._cuda_regions[handle] = name
+            if len(self._cuda_regions) > _CUDA_REGIONS_MAX:  # allocations come and go: forget the oldest
+                old = next(iter(self._cuda_regions))
+                self._cuda_unregister(self._cuda_regions.pop(old))
+        import torch
+
+        torch.cuda.current_stream(tensor.device).synchronize()  # the server reads what is there now
+        return _shm_params(name, tensor.numel() * tensor.element_size(), tensor.data_ptr() - base)
+
+    def _decide_cuda(self) -> bool:
+        if self._shm_mode is False or (self._shm_mode is None and not _is_loopback(self._host)):
+            return False
+        try:
+            if "cuda_shared_memory" not in self.server_metadata().get("extensions", []):
+                return False
+            _cuda_ipc()
+            return True
+        except (InferenceServerError, OSError, ValueError):
+            return False
+
+    def _cuda_unregister(self, name: str) -> None:
+        path = f"{self._prefix}/v2/cudasharedmemory/region/{quote(name, safe='')}/unregister"
+        try:
+            if self._closed:
+                conn = _core.HttpConnection(self._host, self._port)
+                try:
+                    conn.request("POST", path, b"", None, timeout=self._timeout)
+                finally:
+                    conn.close()
+            else:
+                self._call("request", "POST", path, b"", None, timeout=self._timeout)
+        except Exception:  # noqa: BLE001 - best effort: the server may be gone
+            pass
+
     def _close_shm(self, at_exit: bool = False) -> None:
+        with self._lock:
+            cuda, self._cuda_regions = self._cuda_regions, {}
+        for name in cuda.values():
+            self._cuda_unregister(name)
         with self._lock:
             pool, self._shm_pool = self._shm_pool, False
         if isinstance(pool, _shm.Pool):
@@ -583,11 +657,72 @@ def _shm_params(region: str, byte_size: int, offset: int) -> dict[str, Any]:
     return p
 
 
+def _is_cuda_tensor(value: Any) -> bool:
+    return type(value).__module__.startswith("torch") and bool(getattr(value, "is_cuda", False))
+
+
 def _host_value(value: ArrayLike) -> ArrayLike:
     """A torch tensor on a GPU comes to the host for the socket and system shared memory."""
-    if type(value).__module__.startswith("torch") and getattr(value, "is_cuda", False):
+    if _is_cuda_tensor(value):
         return value.detach().cpu().numpy()
     return value
+
+
+def _torch_datatype(tensor: Any) -> str:
+    name = str(tensor.dtype).removeprefix("torch.")
+    table = {"bool": "BOOL", "uint8": "UINT8", "int8": "INT8", "int16": "INT16", "int32": "INT32",
+             "int64": "INT64", "float16": "FP16", "bfloat16": "BF16", "float32": "FP32", "float64": "FP64",
+             "uint16": "UINT16", "uint32": "UINT32", "uint64": "UINT64"}
+    if name not in table:
+        raise ValueError(f"torch dtype {tensor.dtype} has no V2 datatype")
+    return table[name]
+
+
+# How many CUDA allocations stay registered per client (the caching allocator reuses few).
+_CUDA_REGIONS_MAX = 64
+
+
+class _CudaIpc:
+    """cudaIpcGetMemHandle and cuMemGetAddressRange through ctypes: the IPC handle of the
+    allocation that holds a device pointer, and where the allocation starts. (torch's own
+    sharing, storage._share_cuda_(), keeps a reference count for a torch consumer that a
+    server does not run.)"""
+
+    def __init__(self) -> None:
+        import ctypes
+
+        def load(names: tuple[str, ...]) -> Any:
+            for n in names:
+                try:
+                    return ctypes.CDLL(n)
+                except OSError:
+                    continue
+            raise OSError(f"none of {', '.join(names)} could be loaded")
+
+        self._ct = ctypes
+        self._rt = load(("libcudart.so", "libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"))
+        self._drv = load(("libcuda.so.1", "libcuda.so"))
+
+    def export(self, ptr: int) -> tuple[int, int, bytes]:
+        """(allocation base, allocation size, 64-byte IPC handle) for device pointer `ptr`."""
+        ct = self._ct
+        base, size = ct.c_uint64(), ct.c_size_t()
+        if self._drv.cuMemGetAddressRange_v2(ct.byref(base), ct.byref(size), ct.c_uint64(ptr)) != 0:
+            raise OSError("cuMemGetAddressRange failed")
+        handle = ct.create_string_buffer(64)
+        if self._rt.cudaIpcGetMemHandle(handle, ct.c_void_p(base.value)) != 0:
+            raise OSError("cudaIpcGetMemHandle failed (memory not from cudaMalloc?)")
+        return base.value, size.value, handle.raw
+
+
+_cuda_ipc_lib: _CudaIpc | None = None
+
+
+def _cuda_ipc() -> _CudaIpc:
+    global _cuda_ipc_lib
+    if _cuda_ipc_lib is None:
+        _cuda_ipc_lib = _CudaIpc()
+    return _cuda_ipc_lib
 
 
 def _model_path(model: str, version: str | int | None) -> str:
