@@ -6,6 +6,7 @@ concurrency, the loopback-only default, and CUDA regions (answered clearly witho
 from __future__ import annotations
 
 import json
+import os
 import threading
 import uuid
 from collections.abc import Iterator
@@ -663,3 +664,18 @@ def test_output_windows_over_inputs_stay_intact(regions: Any) -> None:
                 else:
                     got[o["name"]] = o["data"]
             assert got == {"A": x.tolist(), "B": x[2:].tolist()}, outputs
+
+
+def test_object_truncated_after_registration(api: Any, regions: Any, server: openinfer.Server) -> None:
+    """A shm object that shrank under its mapping is refused (touching it would raise SIGBUS)."""
+    r = regions(1 << 16)
+    assert api.register("shrinks", r.key, 1 << 16).status_code == 200
+    fd = os.open("/dev/shm" + r.key, os.O_RDWR)
+    try:
+        os.ftruncate(fd, 100)
+    finally:
+        os.close(fd)
+    body = {"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [16], "parameters": shm_params("shrinks", 64)}]}
+    resp = api.infer("echo_int32", body)
+    assert resp.status_code == 400 and "shrank to 100 bytes" in resp.json()["error"]
+    assert_alive(server.http_port)

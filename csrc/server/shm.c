@@ -84,6 +84,8 @@ static void region_release(oi_buf_t *b)
     oi_shm_region_t *r = region_of(b);
     if (r->map != NULL)
         munmap(r->map, r->map_len);
+    if (r->fd >= 0)
+        close(r->fd);
     if (r->dev_ptr != NULL && cuda.ok) {
         cuda.set_device((int)r->device_id);
         cuda.ipc_close(r->dev_ptr);
@@ -100,6 +102,7 @@ static oi_shm_region_t *region_new(oi_shm_kind_t kind, const char *name)
         return NULL;
     atomic_init(&r->buf.refs, 1);
     r->buf.release = region_release;
+    r->fd = -1;
     r->kind = kind;
     if ((r->name = strdup(name)) == NULL) {
         free(r);
@@ -255,17 +258,20 @@ oi_status_t *oi_shm_register_system(oi_shm_t *s, const char *name, const char *k
     size_t map_len = (size_t)(end - map_off);
     void *map = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)map_off);
     int err = errno;
-    close(fd); /* the mapping keeps the object */
-    if (map == MAP_FAILED)
+    if (map == MAP_FAILED) {
+        close(fd);
         return oi_status_new(OI_BAD_REQUEST, "shared-memory region '%s': cannot map key '%s': %s", name, key,
                              strerror(err));
+    }
     oi_shm_region_t *r = region_new(OI_SHM_SYSTEM, name);
     if (r == NULL || (r->key = strdup(key)) == NULL) {
         munmap(map, map_len);
+        close(fd);
         if (r != NULL)
             region_unref(r);
         return oi_status_new(OI_INTERNAL, "out of memory");
     }
+    r->fd = fd; /* kept to notice an object that shrank under the mapping (see lookup) */
     r->map = map;
     r->map_len = map_len;
     r->offset = offset;
@@ -448,6 +454,19 @@ static oi_status_t *lookup(oi_shm_t *s, const shm_params_t *p, const char *label
                                         "%s: shared_memory_offset %" PRIu64 " + shared_memory_byte_size %" PRIu64
                                         " exceeds the %" PRIu64 " bytes of shared-memory region '%s'",
                                         label, p->offset, p->byte_size, r->byte_size, p->region);
+        region_unref(r);
+        return st;
+    }
+    /* Touching pages past the end of a shm object raises SIGBUS, which would take the server
+     * down: an object truncated after registration (by accident, usually) is refused instead.
+     * A client that truncates it during a request can still do that harm, as it could kill a
+     * server of its own user in other ways. */
+    struct stat sb = {0};
+    if (r->fd >= 0 && (fstat(r->fd, &sb) != 0 || (uint64_t)sb.st_size < r->offset + r->byte_size)) {
+        oi_status_t *st = oi_status_new(OI_BAD_REQUEST,
+                                        "%s: the shared-memory object '%s' behind region '%s' shrank to %lld bytes "
+                                        "after registration; register it again",
+                                        label, r->key, p->region, (long long)sb.st_size);
         region_unref(r);
         return st;
     }

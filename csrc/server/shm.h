@@ -38,6 +38,7 @@ struct oi_shm_region_s {
     int64_t device_id;  /* CUDA */
     void *map;          /* system: the mapping, from offset rounded down to a page */
     size_t map_len;
+    int fd;             /* system: the object, open for fstat; -1 for none */
     void *dev_ptr;      /* CUDA: the device pointer cudaIpcOpenMemHandle gave */
 };
 

@@ -231,6 +231,8 @@ class Client:
         return result
 
     def _shm_call(self, action: str, name: str, body: dict[str, Any] | None) -> None:
+        if getattr(self, "_grpc", False):
+            raise NotImplementedError("shared-memory regions are registered over HTTP; use an http:// client")
         path = f"{self._prefix}/v2/systemsharedmemory/region/{quote(name, safe='')}{action}"
         data = json.dumps(body).encode() if body is not None else b""
         headers = "Content-Type: application/json\r\n"
@@ -258,7 +260,9 @@ class Client:
         return self._shm_pool is not False
 
     def _decide_shm(self) -> _shm.Pool | bool:
-        if self._shm_mode is False or not _shm.available():
+        # Over gRPC (once the client speaks it) the pool needs the gRPC shared-memory calls;
+        # until then such a client keeps to its socket.
+        if self._shm_mode is False or not _shm.available() or getattr(self, "_grpc", False):
             return False
         if self._shm_mode is None and not _is_loopback(self._host):
             return False
@@ -506,6 +510,8 @@ class Client:
 
     def _decide_cuda(self) -> bool:
         if self._shm_mode is False or (self._shm_mode is None and not _is_loopback(self._host)):
+            return False
+        if getattr(self, "_grpc", False):
             return False
         try:
             if "cuda_shared_memory" not in self.server_metadata().get("extensions", []):
