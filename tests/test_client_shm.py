@@ -278,3 +278,35 @@ def test_torch_cuda_tensors_through_cuda_ipc(client: Client) -> None:
     view = x[100:200]  # inside the same allocation: the same region, another offset
     assert np.array_equal(client.infer("identity_fp32", {"INPUT0": view})["OUTPUT0"], view.cpu().numpy())
     assert set(client._cuda_regions.values()) == names
+
+
+def test_grpc_wire_messages(server: openinfer.Server) -> None:
+    """The few gRPC messages the client writes and reads itself for shared-memory calls, checked
+    against the server through grpcio (bytes in, bytes out)."""
+    import grpc
+
+    from openinfer import shm
+
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as ch, SharedMemoryRegion(1 << 16) as r:
+        def call(method: str, body: bytes) -> bytes:
+            return ch.unary_unary(shm.GRPC_SERVICE + method)(body, timeout=10)
+
+        assert call("SystemSharedMemoryRegister", shm.encode_register("wire", r.key, 0, 1 << 16)) == b""
+        r.array((16,), np.int32)[:] = np.arange(16)
+        p = {"shared_memory_region": "wire", "shared_memory_byte_size": 64}
+        body = {
+            "id": "w1", "parameters": {"i": -3, "f": 1.5, "b": True, "s": "é"},
+            "inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "parameters": p},
+                       {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "parameters": p}],
+            "outputs": [{"name": "OUTPUT0", "parameters": {**p, "shared_memory_offset": 1024}}, {"name": "OUTPUT1"}],
+        }
+        reply = shm.decode_infer_response(call("ModelInfer", shm.encode_infer_request(body, "simple", "1")))
+        o0, o1 = reply["outputs"]
+        assert (o0["name"], o0["datatype"], o0["shape"]) == ("OUTPUT0", "INT32", [1, 16])
+        assert o0["parameters"] == {**p, "shared_memory_offset": 1024} and "raw" not in o0
+        assert np.array_equal(r.array((16,), np.int32, 1024), 2 * np.arange(16))
+        assert o1["parameters"] == {} and np.frombuffer(o1["raw"], np.int32).tolist() == [0] * 16
+        assert call("SystemSharedMemoryUnregister", shm.encode_name("wire")) == b""
+        with pytest.raises(grpc.RpcError) as e:
+            call("SystemSharedMemoryStatus", shm.encode_name("wire"))
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND

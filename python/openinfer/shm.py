@@ -286,3 +286,166 @@ class Pool:
                 self._busy.discard(slot)
         for slot in free + busy:
             self._drop(slot)
+
+
+# ---- the gRPC messages of shared-memory calls ---------------------------------------------------
+#
+# Over gRPC the pool registers regions and sends inference requests whose tensors carry no bytes,
+# so these few small messages are written and read here on the protobuf wire (field numbers as
+# in proto/grpc_service.proto, which are Triton's).
+
+GRPC_SERVICE = "/inference.GRPCInferenceService/"
+
+
+def _varint(v: int) -> bytes:
+    out = bytearray()
+    v &= (1 << 64) - 1  # negative int64 values go as ten-byte two's complement, as protobuf has it
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+def _field_bytes(num: int, data: bytes) -> bytes:
+    return _varint(num << 3 | 2) + _varint(len(data)) + data
+
+
+def _field_varint(num: int, v: int) -> bytes:
+    return _varint(num << 3) + _varint(v)
+
+
+def _param(value: Any) -> bytes:
+    """An InferParameter: bool 1, int64 2, string 3, double 4."""
+    if isinstance(value, bool):
+        return _field_varint(1, int(value))
+    if isinstance(value, int):
+        return _field_varint(2, value)
+    if isinstance(value, float):
+        return _varint(4 << 3 | 1) + struct.pack("<d", value)
+    return _field_bytes(3, str(value).encode())
+
+
+def _params(num: int, params: dict[str, Any]) -> bytes:
+    return b"".join(_field_bytes(num, _field_bytes(1, k.encode()) + _field_bytes(2, _param(v)))
+                    for k, v in params.items())
+
+
+def encode_register(name: str, key: str, offset: int, byte_size: int) -> bytes:
+    """SystemSharedMemoryRegisterRequest."""
+    return (_field_bytes(1, name.encode()) + _field_bytes(2, key.encode()) + _field_varint(3, offset)
+            + _field_varint(4, byte_size))
+
+
+def encode_name(name: str) -> bytes:
+    """SystemSharedMemoryUnregisterRequest (and the status requests): name = 1."""
+    return _field_bytes(1, name.encode()) if name else b""
+
+
+def encode_infer_request(body: dict[str, Any], model: str, version: str) -> bytes:
+    """ModelInferRequest from the JSON-shaped request the HTTP path sends (tensors carry their
+    data in shared memory only)."""
+    out = [_field_bytes(1, model.encode())]
+    if version:
+        out.append(_field_bytes(2, version.encode()))
+    if body.get("id") is not None:
+        out.append(_field_bytes(3, str(body["id"]).encode()))
+    if body.get("parameters"):
+        out.append(_params(4, body["parameters"]))
+    for t in body.get("inputs", []):
+        shape = b"".join(_varint(d) for d in t["shape"])
+        msg = (_field_bytes(1, t["name"].encode()) + _field_bytes(2, t["datatype"].encode())
+               + _field_bytes(3, shape) + _params(4, t.get("parameters") or {}))
+        out.append(_field_bytes(5, msg))
+    for o in body.get("outputs", []):
+        out.append(_field_bytes(6, _field_bytes(1, o["name"].encode()) + _params(2, o.get("parameters") or {})))
+    return b"".join(out)
+
+
+def _fields(data: bytes) -> Any:
+    """(number, wire type, value) of each field: ints for varints and fixed64, bytes else."""
+    i, n = 0, len(data)
+
+    def varint() -> int:
+        nonlocal i
+        v = shift = 0
+        while True:
+            if i >= n:
+                raise ValueError("truncated varint")
+            b = data[i]
+            i += 1
+            v |= (b & 0x7F) << shift
+            shift += 7
+            if b < 0x80:
+                return v
+
+    while i < n:
+        key = varint()
+        num, wt = key >> 3, key & 7
+        if wt == 0:
+            yield num, wt, varint()
+        elif wt == 1:
+            yield num, wt, struct.unpack_from("<q", data, i)[0]
+            i += 8
+        elif wt == 2:
+            ln = varint()
+            yield num, wt, data[i : i + ln]
+            i += ln
+        elif wt == 5:
+            i += 4
+        else:
+            raise ValueError(f"unsupported wire type {wt}")
+
+
+def _decode_param(data: bytes) -> Any:
+    value: Any = None
+    for num, wt, v in _fields(data):
+        if num == 1:
+            value = bool(v)
+        elif num == 2:
+            value = v - (1 << 64) if v >= 1 << 63 else v
+        elif num == 3:
+            value = v.decode()
+        elif num == 4:
+            value = struct.unpack("<d", struct.pack("<q", v))[0]
+        elif num == 5:
+            value = v
+    return value
+
+
+def decode_infer_response(data: bytes) -> dict[str, Any]:
+    """A ModelInferResponse as the JSON-shaped reply of the HTTP path; an output that came in
+    raw_output_contents carries its bytes under "raw"."""
+    outputs: list[dict[str, Any]] = []
+    raw: list[bytes] = []
+    for num, _, v in _fields(data):
+        if num == 5:
+            o: dict[str, Any] = {"name": "", "datatype": "", "shape": [], "parameters": {}}
+            for f, wt, x in _fields(v):
+                if f == 1:
+                    o["name"] = x.decode()
+                elif f == 2:
+                    o["datatype"] = x.decode()
+                elif f == 3:
+                    o["shape"] += _packed_varints(x) if wt == 2 else [x]
+                elif f == 4:
+                    entry = {k: val for k, _, val in _fields(x)}
+                    o["parameters"][entry.get(1, b"").decode()] = _decode_param(entry.get(2, b""))
+            outputs.append(o)
+        elif num == 6:
+            raw.append(v)
+    for o, r in zip(outputs, raw):
+        if r and "shared_memory_region" not in o["parameters"]:
+            o["raw"] = r
+    return {"outputs": outputs}
+
+
+def _packed_varints(packed: bytes) -> list[int]:
+    out, v, shift = [], 0, 0
+    for b in packed:
+        v |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+            out.append(v)
+            v, shift = 0, 0
+    return out
