@@ -53,6 +53,12 @@ def inside_pool(client: Client, arr: np.ndarray) -> bool:
     return any(r.offset_of(arr) is not None for r in pool_regions(client) if not r.closed)
 
 
+@pytest.fixture(autouse=True)
+def every_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small tensors take the socket by default (faster there); these tests want the pool."""
+    monkeypatch.setattr(openinfer.client, "SHM_MIN_BYTES", 0)
+
+
 @pytest.fixture
 def client(url: str) -> Any:
     with Client(url, timeout=30) as c:
@@ -310,3 +316,19 @@ def test_grpc_wire_messages(server: openinfer.Server) -> None:
         with pytest.raises(grpc.RpcError) as e:
             call("SystemSharedMemoryStatus", shm.encode_name("wire"))
         assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_small_tensors_take_the_socket(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(openinfer.client, "SHM_MIN_BYTES", 256 << 10)
+    with Client(url) as c:
+        small = c.infer("identity_fp32", {"INPUT0": np.ones(16, np.float32)})["OUTPUT0"]
+        assert isinstance(c._shm_pool, openinfer.shm.Pool) and not inside_pool(c, small)
+        big = c.infer("identity_fp32", {"INPUT0": np.ones(1 << 16, np.float32)})["OUTPUT0"]
+        assert inside_pool(c, big)
+        # A model known for large outputs takes the pool even for small inputs.
+        grow = openinfer.Model("grow", lambda d: {"Y": np.zeros(int(d["N"][0]), np.float32)},
+                               inputs=[openinfer.Tensor("N", "INT64", [1])], outputs=[openinfer.Tensor("Y", "FP32", [-1])])
+    with openinfer.serve(models=[grow], http_port=0, grpc_port=None, log=False) as srv, Client(srv.url) as c:
+        first = c.infer("grow", {"N": np.array([1 << 17])})["Y"]
+        again = c.infer("grow", {"N": np.array([1 << 17])})["Y"]
+        assert first.shape == again.shape == (1 << 17,) and not inside_pool(c, first) and inside_pool(c, again)

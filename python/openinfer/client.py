@@ -23,6 +23,7 @@ import asyncio
 import atexit
 import ipaddress
 import json
+import math
 import os
 import threading
 import uuid
@@ -160,7 +161,8 @@ class Client:
         then views those regions). Raises InferenceServerError with the server's status and
         message."""
         shm = self._use_shm()
-        if out or self._regions or shm or any(_is_cuda_tensor(v) for v in inputs.values()):
+        if (out or self._regions or any(_is_cuda_tensor(v) for v in inputs.values())
+                or (shm and self._worth_shm(model, version, inputs))):
             result = self._infer_shm(model, inputs, outputs, version, request_id, parameters, datatypes,
                                      timeout, out or {})
             if result is not None:
@@ -258,6 +260,15 @@ class Client:
             if isinstance(decided, _shm.Pool):  # another thread decided first
                 decided.close()
         return self._shm_pool is not False
+
+    def _worth_shm(self, model: str, version: str | int | None, inputs: Mapping[str, ArrayLike]) -> bool:
+        """Whether the pool pays off for this call: small tensors cost less through the socket
+        (the C path) than through the pool's bookkeeping in Python."""
+        total = sum(v.nbytes for v in inputs.values() if isinstance(v, np.ndarray))
+        if total >= SHM_MIN_BYTES:
+            return True
+        key = (model, str(version or ""))
+        return any(n >= SHM_MIN_BYTES for k, n in self._out_bytes.items() if k[:2] == key)
 
     def _decide_shm(self) -> _shm.Pool | bool:
         # Over gRPC (once the client speaks it) the pool needs the gRPC shared-memory calls;
@@ -417,7 +428,7 @@ class Client:
             nbytes = int(params.get("shared_memory_byte_size", 0))
             key = (model, str(version or ""), name)
             self._out_bytes[key] = max(self._out_bytes.get(key, 0), nbytes)
-            count = int(np.prod(shape, dtype=np.int64))
+            count = math.prod(shape)
             if "shared_memory_region" not in params:  # not asked in shm: data came in the JSON
                 result[name] = np.array(o.get("data", []), dtype=numpy_dtype(datatype)).reshape(shape)
                 continue
@@ -454,7 +465,7 @@ class Client:
             if dims and dims[0] == -1 and batch is not None:
                 dims[0] = batch
             if dims and all(d >= 0 for d in dims):
-                return max(seen, int(np.prod(dims, dtype=np.int64)) * numpy_dtype(spec["datatype"]).itemsize)
+                return max(seen, math.prod(dims) * numpy_dtype(spec["datatype"]).itemsize)
         return max(seen, total_in, 64 << 10)
 
     def _learn(self, model: str, version: str | int | None, arrays: dict[str, np.ndarray],
@@ -629,6 +640,10 @@ class AsyncClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+
+# Below this many tensor bytes (inputs, or the largest output a model gave) a call takes the
+# socket even where shared memory is available: it is faster there (see S4 with shared memory).
+SHM_MIN_BYTES = 256 << 10
 
 # Clients whose shared-memory regions are unregistered at exit if they were not closed.
 _clients: weakref.WeakSet[Client] = weakref.WeakSet()

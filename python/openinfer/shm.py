@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import math
 import mmap
 import os
 import struct
@@ -78,7 +79,7 @@ class SharedMemoryRegion:
             raise ValueError("the region is closed")
         dt = np.dtype(dtype)
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        n = math.prod(shape) * dt.itemsize
         if offset < 0 or offset + n > self.byte_size:
             raise ValueError(f"{n} bytes at offset {offset} do not fit the region's {self.byte_size} bytes")
         if offset % dt.alignment:
@@ -237,7 +238,7 @@ class Pool:
         slot busy while it or any array derived from it lives. (numpy collapses a view's base
         to the first object that is not an array, so the lease is that object: a ctypes array
         over the mapping, which takes a weak reference where a memoryview cannot.)"""
-        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        n = math.prod(shape) * dtype.itemsize
         if n == 0:
             return np.empty(shape, dtype=dtype)
         holder = (ctypes.c_char * n).from_buffer(slot.region._map, offset)
