@@ -131,6 +131,7 @@ void oi_shm_init(oi_shm_t *s, int allowed)
 {
     pthread_mutex_init(&s->mu, NULL);
     s->head = NULL;
+    s->count = 0;
     s->allowed = allowed;
 }
 
@@ -139,6 +140,7 @@ void oi_shm_destroy(oi_shm_t *s)
     pthread_mutex_lock(&s->mu);
     oi_shm_region_t *r = s->head;
     s->head = NULL;
+    s->count = 0;
     pthread_mutex_unlock(&s->mu);
     while (r != NULL) {
         oi_shm_region_t *next = r->next;
@@ -172,17 +174,26 @@ static oi_status_t *check_name(const char *name)
     return NULL;
 }
 
-/* Adds a new region (taking its reference) unless the name is taken. */
+/* Adds a new region (taking its reference) unless the name is taken or the registry is full. */
 static oi_status_t *add(oi_shm_t *s, oi_shm_region_t *r)
 {
     pthread_mutex_lock(&s->mu);
     oi_shm_region_t *old = find_locked(s, r->name);
-    if (old == NULL) {
+    int full = old == NULL && s->count >= OI_SHM_MAX_REGIONS;
+    if (old == NULL && !full) {
         r->next = s->head;
         s->head = r;
+        s->count++;
     }
     oi_shm_kind_t old_kind = old ? old->kind : OI_SHM_SYSTEM;
     pthread_mutex_unlock(&s->mu);
+    if (full) {
+        oi_status_t *st = oi_status_new(429, "shared-memory region '%s' cannot be registered: %d regions are "
+                                             "registered already, the most this server keeps; unregister some",
+                                        r->name, OI_SHM_MAX_REGIONS);
+        region_unref(r);
+        return st;
+    }
     if (old == NULL)
         return NULL;
     oi_status_t *st = oi_status_new(409, "shared-memory region '%s' is already registered (as %s shared memory); "
@@ -335,6 +346,7 @@ oi_status_t *oi_shm_unregister(oi_shm_t *s, oi_shm_kind_t kind, const char *name
             *pp = r->next;
             r->next = gone;
             gone = r;
+            s->count--;
         } else {
             pp = &r->next;
         }

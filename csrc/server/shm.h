@@ -42,9 +42,13 @@ struct oi_shm_region_s {
     void *dev_ptr;      /* CUDA: the device pointer cudaIpcOpenMemHandle gave */
 };
 
+/* The most regions registered at once: each holds a mapping and a descriptor. */
+#define OI_SHM_MAX_REGIONS 4096
+
 typedef struct oi_shm_s {
     pthread_mutex_t mu;
     oi_shm_region_t *head;
+    int count;
     int allowed; /* registration is open; otherwise every register call is refused */
 } oi_shm_t;
 
@@ -59,7 +63,8 @@ void oi_shm_destroy(oi_shm_t *s);
  * no "..", at most OI_SHM_MAX_NAME bytes), and offset + byte_size must lie within the
  * object's size. Returns NULL, or a status: 400 for a bad name, key, size or offset, or a key
  * that cannot be opened or mapped (with the system's reason), 409 when `name` is taken (by a
- * system or a CUDA region: they share one namespace), 403 when registration is not allowed. */
+ * system or a CUDA region: they share one namespace), 403 when registration is not allowed,
+ * 429 when OI_SHM_MAX_REGIONS are registered. */
 oi_status_t *oi_shm_register_system(oi_shm_t *s, const char *name, const char *key, uint64_t offset,
                                     uint64_t byte_size);
 
