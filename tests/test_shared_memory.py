@@ -18,7 +18,7 @@ import pytest
 import requests
 
 import openinfer
-from conftest import V2_TYPES, assert_alive, assert_grpc_alive
+from conftest import V2_TYPES, Http, assert_alive, assert_grpc_alive
 
 httpclient = pytest.importorskip("tritonclient.http")
 grpcclient = pytest.importorskip("tritonclient.grpc")
@@ -679,3 +679,25 @@ def test_object_truncated_after_registration(api: Any, regions: Any, server: ope
     resp = api.infer("echo_int32", body)
     assert resp.status_code == 400 and "shrank to 100 bytes" in resp.json()["error"]
     assert_alive(server.http_port)
+
+
+def test_region_count_is_bounded(regions: Any) -> None:
+    r = regions(4096)
+    body = json.dumps({"key": r.key, "byte_size": 4096}).encode()
+    with openinfer.serve(models=[], http_port=0, grpc_port=None, log=False) as srv:
+        conn = Http(srv.http_port)
+        try:
+            def post(path: str, data: bytes = b"") -> tuple[int, Any]:
+                status, _, reply = conn.request("POST", f"/v2/systemsharedmemory/{path}", data)
+                return status, json.loads(reply)
+
+            for i in range(4096):
+                assert post(f"region/r{i}/register", body)[0] == 200
+            status, reply = post("region/one_more/register", body)
+            assert status == 429 and "4096 regions" in reply["error"]
+            assert post("region/r7/unregister")[0] == 200
+            assert post("region/one_more/register", body)[0] == 200
+            assert post("unregister")[0] == 200
+            assert conn.request("GET", "/v2/systemsharedmemory/status")[2] == b"[]"
+        finally:
+            conn.close()
