@@ -291,6 +291,41 @@ static PyObject *Conn_model_metadata(ConnObject *self, PyObject *args, PyObject 
     return d ? Py_BuildValue("(iN)", 0, d) : NULL;
 }
 
+/* Any unary RPC with a request message given as bytes: for the RPCs without a method here (and
+ * for tests). */
+static PyObject *Conn_unary(ConnObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"method", "body", "timeout", NULL};
+    const char *method;
+    Py_buffer body = {0};
+    PyObject *timeout = NULL, *ret = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|y*O", kwlist, &method, &body, &timeout))
+        return NULL;
+    int64_t tmo = oi__py_timeout_ms(timeout);
+    if (tmo >= 0 && conn_acquire(self) == 0) {
+        struct iovec part = {body.buf, body.buf ? (size_t)body.len : 0};
+        oi_buf_t *resp = NULL;
+        int status = 0, rc;
+        char *message = NULL, err[512];
+        Py_BEGIN_ALLOW_THREADS
+        rc = oi_grpc_client_unary(self->conn, method, &part, 1, tmo, &resp, &status, &message, err, sizeof(err));
+        Py_END_ALLOW_THREADS
+        PyThread_release_lock(self->lock);
+        if (rc != 0) {
+            conn_error(rc, err);
+        } else if (status != OI_GRPC_OK) {
+            ret = failed(status, message);
+        } else {
+            free(message);
+            PyObject *b = PyBytes_FromStringAndSize(resp->data, (Py_ssize_t)resp->len);
+            oi_buf_unref(resp);
+            ret = b ? Py_BuildValue("(iN)", 0, b) : NULL;
+        }
+    }
+    PyBuffer_Release(&body);
+    return ret;
+}
+
 /* ---- inference ------------------------------------------------------------------------------ */
 
 /* The parts of a ModelInferRequest that Python objects give; every pointer borrows from them
@@ -783,6 +818,8 @@ static PyMethodDef Conn_methods[] = {
      "server_metadata(timeout=None) -> (status, dict or message)"},
     {"model_metadata", (PyCFunction)(void (*)(void))Conn_model_metadata, METH_VARARGS | METH_KEYWORDS,
      "model_metadata(name, version=None, timeout=None) -> (status, dict or message)"},
+    {"unary", (PyCFunction)(void (*)(void))Conn_unary, METH_VARARGS | METH_KEYWORDS,
+     "unary(method, body=b'', timeout=None) -> (status, response bytes or message)"},
     {"infer", (PyCFunction)(void (*)(void))Conn_infer, METH_VARARGS | METH_KEYWORDS,
      "infer(model, inputs, outputs=None, version=None, request_id=None, parameters=None, timeout=None) -> "
      "(status, (model_name, model_version, id, outputs, datatypes) or message)"},
