@@ -1,6 +1,7 @@
 #include "client/grpc_client.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -27,6 +28,8 @@
  * iovec of their own (the message prefix, short protobuf headers). */
 #define INLINE_MAX 64
 #define READS_PER_WAKEUP 16
+/* A connection idle this long is checked for a GOAWAY or a close before a new call. */
+#define IDLE_CHECK_MS 1000
 
 /* One slice of bytes queued for the socket: inline bytes live in the connection's `wbuf` (at
  * offset `off`), others are borrowed from the message being sent. */
@@ -104,6 +107,7 @@ struct oi_grpc_client_s {
     uint8_t f_type, f_flags;
     int32_t f_stream;
     char error[256]; /* why the connection last failed */
+    int64_t last_io; /* when the connection last read (CLOCK_MONOTONIC ms) */
     char *rbuf;
 };
 
@@ -340,7 +344,7 @@ static int batch_write(oi_grpc_client_t *c)
             iov[n] = (struct iovec){(char *)p + skip, s->len - skip};
         }
         struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
-        ssize_t w = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
+        ssize_t w = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w < 0) {
             if (errno == EINTR)
                 continue;
@@ -595,15 +599,18 @@ static char *recv_target(oi_grpc_client_t *c, size_t *room)
     return c->rbuf;
 }
 
-/* Reads what the socket holds and feeds it to nghttp2. Returns the bytes read (0: none yet),
- * or -1 with the reason in c->error (the connection must be failed). */
-static ssize_t conn_read(oi_grpc_client_t *c)
+/* Reads what the socket holds and feeds it to nghttp2; with `block`, the first read waits for
+ * bytes (the socket is blocking: every other read and write passes MSG_DONTWAIT). Returns the
+ * bytes read (0: none yet), or -1 with the reason in c->error (the connection must be
+ * failed). */
+static ssize_t conn_read(oi_grpc_client_t *c, int block)
 {
     ssize_t total = 0;
+    c->last_io = now_ms();
     for (int k = 0; k < READS_PER_WAKEUP && c->session != NULL; k++) {
         size_t room;
         char *dst = recv_target(c, &room);
-        ssize_t n = recv(c->fd, dst, room, 0);
+        ssize_t n = recv(c->fd, dst, room, k == 0 && block ? 0 : MSG_DONTWAIT);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -676,6 +683,14 @@ static int connect_to(oi_grpc_client_t *c, int64_t deadline, char *err, size_t e
         }
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        /* Blocking from now on, so that a wait without a deadline is one recv (no poll); the
+         * reads and writes that must not wait say MSG_DONTWAIT. */
+        int fl = fcntl(fd, F_GETFL);
+        if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+            last_errno = errno;
+            close(fd);
+            continue;
+        }
         c->fd = fd;
     }
     freeaddrinfo(res);
@@ -723,9 +738,10 @@ static int session_open(oi_grpc_client_t *c)
 /* Makes sure the connection is open and can take a new stream. */
 static int conn_ready(oi_grpc_client_t *c, int64_t deadline, char *err, size_t errlen)
 {
-    if (c->session != NULL) {
-        /* Notice a GOAWAY or a close that arrived while the connection sat idle. */
-        if (conn_read(c) < 0)
+    if (c->session != NULL && now_ms() - c->last_io > IDLE_CHECK_MS) {
+        /* Notice a GOAWAY or a close that arrived while the connection sat idle. (A busy
+         * connection skips the syscall: a stream the server refused is retried anyway.) */
+        if (conn_read(c, 0) < 0)
             conn_fail(c, "%s", c->error);
         else if (!nghttp2_session_check_request_allowed(c->session) ||
                  nghttp2_session_get_next_stream_id(c->session) > (1u << 31) - 16) {
@@ -748,6 +764,7 @@ static int conn_ready(oi_grpc_client_t *c, int64_t deadline, char *err, size_t e
         set_err(err, errlen, "out of memory");
         return OI_GRPC_CLIENT_ERROR;
     }
+    c->last_io = now_ms();
     return 0;
 }
 
@@ -781,6 +798,12 @@ static int pump(oi_grpc_client_t *c, int64_t deadline, int nowait, int (*done)(v
             conn_fail(c, "%s:%d closed the connection (GOAWAY)", c->host, c->port);
             continue;
         }
+        if (!nowait && deadline <= 0 && !batch_pending(c)) {
+            /* Nothing to write and no deadline: wait in recv itself. */
+            if (conn_read(c, 1) < 0)
+                conn_fail(c, "%s", c->error);
+            continue;
+        }
         short events = POLLIN | (batch_pending(c) ? POLLOUT : 0);
         int ms = -1;
         if (nowait) {
@@ -800,7 +823,7 @@ static int pump(oi_grpc_client_t *c, int64_t deadline, int nowait, int (*done)(v
             conn_fail(c, "waiting on %s:%d: %s", c->host, c->port, strerror(errno));
             continue;
         }
-        if (n > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR)) && conn_read(c) < 0)
+        if (n > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR)) && conn_read(c, 0) < 0)
             conn_fail(c, "%s", c->error);
     }
 }

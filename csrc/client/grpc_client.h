@@ -1,6 +1,8 @@
 /* A blocking gRPC client connection for the Python client and the benchmarks: HTTP/2 over
- * cleartext TCP with prior knowledge (h2c) on nghttp2, the socket non-blocking and every wait a
- * poll() bounded by the call's deadline, as in http_client.c.
+ * cleartext TCP with prior knowledge (h2c) on nghttp2 (which frames; the socket I/O is ours).
+ * A wait with a deadline is a poll() bounded by it; without one it is the recv itself (the
+ * socket blocks; every read or write that must not wait passes MSG_DONTWAIT), so a call costs
+ * one sendmsg and one recv.
  *
  * A call is one HTTP/2 stream. Request messages leave from the caller's memory (DATA frames
  * written with sendmsg straight from the iovecs given, no copy); each response message is
