@@ -466,13 +466,20 @@ static oi_status_t *decode_contents(oi_tensor_t *t, oi_slice_t contents, const c
 
 /* ---- messages ------------------------------------------------------------------------------ */
 
+/* "ModelInferRequest.inputs[2]": the path of tensor `i` in error messages, written into `buf`. */
+static const char *tensor_path(const dec_t *d, uint32_t i, char *buf, size_t n)
+{
+    snprintf(buf, n, "%s.%s[%u]", d->msg_name, d->tensors_name, i);
+    return buf;
+}
+
 /* InferInputTensor (or a response's InferOutputTensor, the same fields) `i` into req->inputs[i]
  * (data left for later). */
 static oi_status_t *decode_input(dec_t *d, uint32_t i, oi_slice_t *contents)
 {
     oi_tensor_t *t = &d->req->inputs[i];
-    char what[80];
-    snprintf(what, sizeof(what), "%s.%s[%u]", d->msg_name, d->tensors_name, i);
+    char what[80]; /* formatted only for an error message: WHAT */
+#define WHAT tensor_path(d, i, what, sizeof(what))
     rd_t r = {(const uint8_t *)d->inputs.v[i].ptr, (const uint8_t *)d->inputs.v[i].ptr + d->inputs.v[i].len};
     oi_slice_t name = {NULL, 0}, dtype = {"", 0};
     slices_t params = {0};
@@ -483,7 +490,7 @@ static oi_status_t *decode_input(dec_t *d, uint32_t i, oi_slice_t *contents)
     contents->len = 0;
     while (st == NULL && r.p < r.end) {
         if ((rc = rd_field(&r, &f)) != RD_OK) {
-            st = bad("%s: %s", what, rd_reason(rc));
+            st = bad("%s: %s", WHAT, rd_reason(rc));
             break;
         }
         switch (f.num) {
@@ -494,7 +501,7 @@ static oi_status_t *decode_input(dec_t *d, uint32_t i, oi_slice_t *contents)
             if (f.wt != WT_LEN) {
                 char path[100];
                 static const char *const names[] = {"", "name", "datatype", "", "parameters", "contents"};
-                snprintf(path, sizeof(path), "%s.%s", what, names[f.num]);
+                snprintf(path, sizeof(path), "%s.%s", WHAT, names[f.num]);
                 st = bad_wire(path, &f, WT_LEN);
             } else if (f.num == 1)
                 name = f.s;
@@ -509,7 +516,7 @@ static oi_status_t *decode_input(dec_t *d, uint32_t i, oi_slice_t *contents)
         case 3: /* shape: packed, or one varint per dimension */
             if (f.wt == WT_VARINT) {
                 if (t->ndim >= OI_MAX_DIMS)
-                    st = bad("%s.shape: more than %d dimensions", what, OI_MAX_DIMS);
+                    st = bad("%s.shape: more than %d dimensions", WHAT, OI_MAX_DIMS);
                 else
                     t->shape[t->ndim++] = (int64_t)f.v;
             } else if (f.wt == WT_LEN) {
@@ -517,15 +524,15 @@ static oi_status_t *decode_input(dec_t *d, uint32_t i, oi_slice_t *contents)
                 while (st == NULL && pr.p < pr.end) {
                     uint64_t v;
                     if (rd_varint(&pr, &v) != RD_OK)
-                        st = bad("%s.shape: malformed varint", what);
+                        st = bad("%s.shape: malformed varint", WHAT);
                     else if (t->ndim >= OI_MAX_DIMS)
-                        st = bad("%s.shape: more than %d dimensions", what, OI_MAX_DIMS);
+                        st = bad("%s.shape: more than %d dimensions", WHAT, OI_MAX_DIMS);
                     else
                         t->shape[t->ndim++] = (int64_t)v;
                 }
             } else {
                 char path[100];
-                snprintf(path, sizeof(path), "%s.shape", what);
+                snprintf(path, sizeof(path), "%s.shape", WHAT);
                 st = bad_wire(path, &f, WT_LEN);
             }
             break;
@@ -534,31 +541,32 @@ static oi_status_t *decode_input(dec_t *d, uint32_t i, oi_slice_t *contents)
         }
     }
     if (st == NULL && name.ptr == NULL)
-        st = bad("%s.name is missing", what);
+        st = bad("%s.name is missing", WHAT);
     if (st == NULL && (d->in_name_off[i] = aux_str(d, name)) == (size_t)-1)
         st = oom();
     if (st == NULL) {
         t->dtype = oi_dtype_from_name(dtype.ptr, dtype.len);
         if (t->dtype == OI_TYPE_INVALID)
-            st = bad("%s ('%.*s').datatype: unknown datatype '%.*s'", what,
+            st = bad("%s ('%.*s').datatype: unknown datatype '%.*s'", WHAT,
                      (int)(name.len > 64 ? 64 : name.len), name.ptr, (int)(dtype.len > 32 ? 32 : dtype.len),
                      dtype.ptr);
     }
     if (st == NULL && params.n > 0) {
         char path[100];
-        snprintf(path, sizeof(path), "%s.parameters", what);
+        snprintf(path, sizeof(path), "%s.parameters", WHAT);
         st = render_params(d, params.v, params.n, path, &d->in_params_off[i], &d->in_params_len[i]);
     }
     free(params.v);
     return st;
+#undef WHAT
 }
 
 /* ModelInferRequest.InferRequestedOutputTensor `i` into req->outputs[i]. */
 static oi_status_t *decode_output(dec_t *d, uint32_t i)
 {
     oi_output_request_t *o = &d->req->outputs[i];
-    char what[64];
-    snprintf(what, sizeof(what), "ModelInferRequest.outputs[%u]", i);
+    char what[64]; /* formatted only for an error message: WHAT */
+#define WHAT (snprintf(what, sizeof(what), "ModelInferRequest.outputs[%u]", i), what)
     rd_t r = {(const uint8_t *)d->outputs.v[i].ptr, (const uint8_t *)d->outputs.v[i].ptr + d->outputs.v[i].len};
     oi_slice_t name = {NULL, 0};
     slices_t params = {0};
@@ -568,25 +576,26 @@ static oi_status_t *decode_output(dec_t *d, uint32_t i)
     o->binary_data = -1;
     while (st == NULL && r.p < r.end) {
         if ((rc = rd_field(&r, &f)) != RD_OK)
-            st = bad("%s: %s", what, rd_reason(rc));
+            st = bad("%s: %s", WHAT, rd_reason(rc));
         else if ((f.num == 1 || f.num == 2) && f.wt != WT_LEN)
-            st = bad_wire(what, &f, WT_LEN);
+            st = bad_wire(WHAT, &f, WT_LEN);
         else if (f.num == 1)
             name = f.s;
         else if (f.num == 2 && slices_push(&params, f.s) != 0)
             st = oom();
     }
     if (st == NULL && name.ptr == NULL)
-        st = bad("%s.name is missing", what);
+        st = bad("%s.name is missing", WHAT);
     if (st == NULL && (d->out_name_off[i] = aux_str(d, name)) == (size_t)-1)
         st = oom();
     if (st == NULL && params.n > 0) {
         char path[100];
-        snprintf(path, sizeof(path), "%s.parameters", what);
+        snprintf(path, sizeof(path), "%s.parameters", WHAT);
         st = render_params(d, params.v, params.n, path, &d->out_params_off[i], &d->out_params_len[i]);
     }
     free(params.v);
     return st;
+#undef WHAT
 }
 
 /* The top-level fields, recorded as slices for the passes that follow. A request's fields 1-7
@@ -639,25 +648,26 @@ static oi_status_t *attach_data(dec_t *d, const oi_slice_t *contents)
                    req->n_inputs, d->tensors_name, d->kind);
     for (uint32_t i = 0; i < req->n_inputs; i++) {
         oi_tensor_t *t = &req->inputs[i];
-        char label[300];
-        snprintf(label, sizeof(label), "%s '%.200s'", d->kind, t->name);
+        char label[300]; /* formatted where an error message or typed contents need it */
+#define LABEL (snprintf(label, sizeof(label), "%s '%.200s'", d->kind, t->name), label)
         oi_status_t *st;
         if (d->raw.n > 0) {
             if (contents[i].len > 0)
-                return bad("%s has both contents and %s; give one", label, d->raw_name);
+                return bad("%s has both contents and %s; give one", LABEL, d->raw_name);
             t->data = (char *)d->raw.v[i].ptr;
             t->byte_size = d->raw.v[i].len;
             t->owner = oi_buf_ref(d->msg);
             if ((st = oi_tensor_check_size(t, d->kind, t->name)) != NULL)
                 return st;
         } else if (contents[i].len > 0) {
-            if ((st = decode_contents(t, contents[i], label)) != NULL)
+            if ((st = decode_contents(t, contents[i], LABEL)) != NULL)
                 return st;
         } else {
             int64_t n;
             if (oi_shape_elements(t->shape, t->ndim, &n) != 0 || n != 0)
-                return bad("%s has no data; expected contents or %s", label, d->raw_name);
+                return bad("%s has no data; expected contents or %s", LABEL, d->raw_name);
         }
+#undef LABEL
     }
     return NULL;
 }
@@ -675,11 +685,12 @@ static oi_status_t *decode(dec_t *d, oi_slice_t *model_name, oi_slice_t *model_v
         (d->have_id && (d->id_off = aux_str(d, d->id)) == (size_t)-1) ||
         (d->have_error && (d->error_off = aux_str(d, d->error_message)) == (size_t)-1))
         return oom();
-    char params_path[64];
-    snprintf(params_path, sizeof(params_path), "%s.parameters", d->msg_name);
-    if (d->params.n > 0 &&
-        (st = render_params(d, d->params.v, d->params.n, params_path, &d->params_off, &d->params_len)) != NULL)
-        return st;
+    if (d->params.n > 0) {
+        char params_path[64];
+        snprintf(params_path, sizeof(params_path), "%s.parameters", d->msg_name);
+        if ((st = render_params(d, d->params.v, d->params.n, params_path, &d->params_off, &d->params_len)) != NULL)
+            return st;
+    }
 
     uint32_t ni = d->inputs.n, no = d->outputs.n;
     size_t nslots = (size_t)ni * 3 + (size_t)no * 3 + 1;
