@@ -141,12 +141,10 @@ def main(argv=None) -> int:
     port = C.free_port()
     url = f"http://127.0.0.1:{port}"
     max_body = max(2 * max(args.sizes) + (1 << 20), 1 << 30)
-    extra = ["--max-body-bytes", str(max_body)]
-    client_url = url
-    if args.transport == "grpc":
-        gport = C.free_port()
-        extra += ["--grpc-port", str(gport)]
-        client_url = f"grpc://127.0.0.1:{gport}"
+    # A free gRPC port in both modes: the default 8001 may be taken on a shared machine.
+    gport = C.free_port()
+    extra = ["--max-body-bytes", str(max_body), "--grpc-port", str(gport)]
+    client_url = url if args.transport == "http" else f"grpc://127.0.0.1:{gport}"
     oi = C.openinfer_server(port, args.server_cpu, raw_dir / "openinfer.log",
                             threads=args.threads, extra=extra)
     kinds = {"openinfer": "openinfer", "tritonclient": PEER[args.transport][0]}

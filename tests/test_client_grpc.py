@@ -337,6 +337,20 @@ def test_several_calls_at_once_on_one_connection(server: openinfer.Server) -> No
     conn.close()
 
 
+def test_many_streams_open_at_once_on_one_connection(server: openinfer.Server) -> None:
+    conn = _core.GrpcConnection("127.0.0.1", server.grpc_port)
+    streams = [conn.stream("simple") for _ in range(60)]
+    for i, s in enumerate(streams):  # every stream has a request in flight before any answer is read
+        assert s.send([("INPUT0", "INT32", SIMPLE_A + i), ("INPUT1", "INT32", SIMPLE_B)], str(i))
+    for i, s in reversed(list(enumerate(streams))):
+        error, result = s.recv()
+        assert error is None and result[2] == str(i) and result[3]["OUTPUT0"][0, 0] == i + 1
+        s.close_send()
+        assert s.recv() is None and s.status() == (0, "")
+        s.close()
+    conn.close()
+
+
 # ---- streaming -------------------------------------------------------------------------------------
 
 
