@@ -270,7 +270,7 @@ def report(args, pts, results, problems, notes, versions, raw_dir, elapsed, load
                             args.quick, elapsed) + [
         "**Claim: openinfer/tritonclient** = median of per-round ratios (req/s or GB/s; "
         "min–max), both clients against the same openinfer server. Other cells are "
-        f"median (min–max) over rounds. Target (the issue): openinfer ≥ {TARGET:g}× "
+        f"median (min–max) over rounds. Target ({'the issue' if args.transport == 'http' else 'issue 3, set for HTTP; shown for reference'}): openinfer ≥ {TARGET:g}× "
         "tritonclient's request rate on `simple`, sequential and at concurrency "
         f"{args.concurrency}" + (f" — {'; '.join(verdicts)}." if verdicts else "."),
         "",

@@ -273,6 +273,124 @@ def test_a_server_that_misbehaves_gives_connection_error(behaviour: str) -> None
         t.join()
 
 
+class FakeGrpcServer:
+    """An HTTP/2 server (the h2 library) that answers each call with a scripted behaviour, one
+    script per accepted connection: for what a correct server never sends."""
+
+    def __init__(self, *scripts: Any) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(4)
+        self.port = self.sock.getsockname()[1]
+        self.scripts = list(scripts)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        import h2.config
+        import h2.connection
+        import h2.events
+
+        for script in self.scripts:
+            s, _ = self.sock.accept()
+            with s:
+                conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+                conn.initiate_connection()
+                s.sendall(conn.data_to_send())
+                live = True
+                while live:
+                    data = s.recv(65536)
+                    if not data:
+                        break
+                    for ev in conn.receive_data(data):
+                        if isinstance(ev, h2.events.DataReceived):
+                            conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+                        if isinstance(ev, h2.events.StreamEnded):
+                            live = script(conn, ev.stream_id)
+                    s.sendall(conn.data_to_send())
+                time.sleep(0.2)
+
+    def close(self) -> None:
+        self.thread.join(timeout=10)
+        self.sock.close()
+
+
+OK_HEADERS = [(":status", "200"), ("content-type", "application/grpc")]
+
+
+def _trailers_only(conn: Any, sid: int) -> bool:
+    conn.send_headers(sid, OK_HEADERS + [("grpc-status", "5"), ("grpc-message", "gone%20away%21 %E2%9C%93")],
+                      end_stream=True)
+    return False
+
+
+def _http_503(conn: Any, sid: int) -> bool:
+    conn.send_headers(sid, [(":status", "503")], end_stream=True)
+    return False
+
+
+def _compressed(conn: Any, sid: int) -> bool:
+    conn.send_headers(sid, OK_HEADERS)
+    conn.send_data(sid, b"\x01\x00\x00\x00\x02\x08\x01")
+    conn.send_headers(sid, [("grpc-status", "0")], end_stream=True)
+    return False
+
+
+def _truncated(conn: Any, sid: int) -> bool:
+    conn.send_headers(sid, OK_HEADERS)
+    conn.send_data(sid, b"\x00\x00\x00\x00\x64" + b"x" * 10)
+    conn.send_headers(sid, [("grpc-status", "0")], end_stream=True)
+    return False
+
+
+def _two_messages(conn: Any, sid: int) -> bool:
+    conn.send_headers(sid, OK_HEADERS)
+    conn.send_data(sid, b"\x00\x00\x00\x00\x02\x08\x01" * 2)
+    conn.send_headers(sid, [("grpc-status", "0")], end_stream=True)
+    return False
+
+
+def _reset(conn: Any, sid: int) -> bool:
+    conn.reset_stream(sid, 2)  # INTERNAL_ERROR
+    return False
+
+
+def _refuse(conn: Any, sid: int) -> bool:
+    conn.reset_stream(sid, 7)  # REFUSED_STREAM: not processed, safe to retry
+    return False
+
+
+def _live(conn: Any, sid: int) -> bool:
+    conn.send_headers(sid, OK_HEADERS)
+    conn.send_data(sid, b"\x00\x00\x00\x00\x02\x08\x01")
+    conn.send_headers(sid, [("grpc-status", "0")], end_stream=True)
+    return True
+
+
+@pytest.mark.parametrize("script,status,text", [
+    (_trailers_only, 5, "gone away! \u2713"),
+    (_http_503, 14, "HTTP 503"),
+    (_compressed, 13, "compressed"),
+    (_truncated, 13, "truncated"),
+    (_two_messages, 13, "more than one message"),
+    (_reset, 13, "INTERNAL_ERROR"),
+])
+def test_statuses_from_what_the_server_sent(script: Any, status: int, text: str) -> None:
+    srv = FakeGrpcServer(script)
+    conn = _core.GrpcConnection("127.0.0.1", srv.port)
+    got = conn.unary(SERVICE + "ServerLive", b"", timeout=10)
+    assert got[0] == status and text in got[1], got
+    conn.close()
+    srv.close()
+
+
+def test_a_refused_call_is_made_again_on_a_new_connection() -> None:
+    srv = FakeGrpcServer(_refuse, _live)
+    with Client(f"grpc://127.0.0.1:{srv.port}", timeout=10) as c:
+        assert c.is_server_live()
+    srv.close()
+
+
 def test_server_goes_away_and_comes_back() -> None:
     model = Model("id", lambda x: {"Y": x["X"]}, inputs=[Tensor("X", "INT64", [-1])],
                   outputs=[Tensor("Y", "INT64", [-1])])

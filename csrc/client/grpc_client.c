@@ -1119,15 +1119,14 @@ int oi_grpc_client_unary(oi_grpc_client_t *c, const char *method, const struct i
             return rc;
         rc = oi_grpc_client_call_send(call, parts, nparts, 1, err, errlen);
         oi_buf_t *msg = NULL;
+        int extra_msg = 0;
         if (rc == 0 || rc == OI_GRPC_CLIENT_ENDED) {
             rc = oi_grpc_client_call_recv(call, 0, &msg, err, errlen);
             if (rc == 0) { /* then the trailers */
                 oi_buf_t *extra = NULL;
-                rc = oi_grpc_client_call_recv(call, 0, &extra, err, errlen);
-                if (rc == 0) {
+                while ((rc = oi_grpc_client_call_recv(call, 0, &extra, err, errlen)) == 0) {
                     oi_buf_unref(extra);
-                    call_end(call, OI_GRPC_INTERNAL, "the server sent more than one message for a unary call");
-                    rc = OI_GRPC_CLIENT_ENDED;
+                    extra_msg = 1;
                 }
             }
         }
@@ -1138,9 +1137,10 @@ int oi_grpc_client_unary(oi_grpc_client_t *c, const char *method, const struct i
         if (rc == OI_GRPC_CLIENT_ENDED) {
             const char *m;
             *grpc_status = oi_grpc_client_call_status(call, &m);
-            if (*grpc_status == OI_GRPC_OK && msg == NULL) {
+            if (*grpc_status == OI_GRPC_OK && (msg == NULL || extra_msg)) {
                 *grpc_status = OI_GRPC_INTERNAL;
-                m = "the server ended a unary call without a response message";
+                m = msg == NULL ? "the server ended a unary call without a response message"
+                                : "the server sent more than one message for a unary call";
             }
             if (m[0] && (*message = strdup(m)) == NULL) {
                 rc = OI_GRPC_CLIENT_ERROR;
