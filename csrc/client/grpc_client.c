@@ -265,7 +265,10 @@ static void call_abort(oi_grpc_client_call_t *call, int status, const char *mess
 
 /* ---- the connection ----------------------------------------------------------------------- */
 
-static int batch_pending(const oi_grpc_client_t *c) { return c->seg_idx < c->nsegs; }
+static int batch_pending(const oi_grpc_client_t *c)
+{
+    return c->seg_idx < c->nsegs;
+}
 
 static void batch_reset(oi_grpc_client_t *c)
 {
@@ -379,8 +382,8 @@ static ssize_t on_send(nghttp2_session *session, const uint8_t *data, size_t len
     return (ssize_t)length;
 }
 
-static ssize_t read_data(nghttp2_session *session, int32_t stream_id, uint8_t *buf, size_t length,
-                         uint32_t *data_flags, nghttp2_data_source *source, void *user_data)
+static ssize_t read_data(nghttp2_session *session, int32_t stream_id, uint8_t *buf, size_t length, uint32_t *data_flags,
+                         nghttp2_data_source *source, void *user_data)
 {
     (void)session, (void)stream_id, (void)buf, (void)user_data;
     oi_grpc_client_call_t *call = source->ptr;
@@ -489,8 +492,9 @@ static int on_data_chunk(nghttp2_session *session, uint8_t flags, int32_t stream
                 return 0;
             if (call->prefix[0] != 0) {
                 call_abort(call, OI_GRPC_INTERNAL,
-                           call->prefix[0] == 1 ? "the server sent a compressed message, which this client never asks for"
-                                                : "malformed gRPC message prefix: flag byte is not 0 or 1");
+                           call->prefix[0] == 1
+                               ? "the server sent a compressed message, which this client never asks for"
+                               : "malformed gRPC message prefix: flag byte is not 0 or 1");
                 return 0;
             }
             size_t n = (size_t)call->prefix[1] << 24 | (size_t)call->prefix[2] << 16 | (size_t)call->prefix[3] << 8 |
@@ -568,8 +572,9 @@ static void track_frames(oi_grpc_client_t *c, const uint8_t *p, size_t n)
                 c->f_left = (uint32_t)c->fh[0] << 16 | (uint32_t)c->fh[1] << 8 | c->fh[2];
                 c->f_type = c->fh[3];
                 c->f_flags = c->fh[4];
-                c->f_stream = (int32_t)(((uint32_t)c->fh[5] << 24 | (uint32_t)c->fh[6] << 16 |
-                                         (uint32_t)c->fh[7] << 8 | c->fh[8]) & 0x7fffffffu);
+                c->f_stream = (int32_t)(((uint32_t)c->fh[5] << 24 | (uint32_t)c->fh[6] << 16 | (uint32_t)c->fh[7] << 8 |
+                                         c->fh[8]) &
+                                        0x7fffffffu);
                 if (c->f_left == 0)
                     c->fh_have = 0;
             }
@@ -625,9 +630,9 @@ static ssize_t conn_read(oi_grpc_client_t *c, int block)
         }
         ssize_t rc = nghttp2_session_mem_recv(c->session, (const uint8_t *)dst, (size_t)n);
         if (rc < 0) {
-            set_err(c->error, sizeof(c->error), c->cb_failed ? "out of memory receiving from %s:%d: %s"
-                                                              : "HTTP/2 error from %s:%d: %s",
-                     c->host, c->port, nghttp2_strerror((int)rc));
+            set_err(c->error, sizeof(c->error),
+                    c->cb_failed ? "out of memory receiving from %s:%d: %s" : "HTTP/2 error from %s:%d: %s", c->host,
+                    c->port, nghttp2_strerror((int)rc));
             return -1;
         }
         track_frames(c, (const uint8_t *)dst, (size_t)n);
@@ -784,8 +789,8 @@ static int pump(oi_grpc_client_t *c, int64_t deadline, int nowait, int (*done)(v
         }
         int rc = nghttp2_session_want_write(c->session) ? nghttp2_session_send(c->session) : 0;
         if (rc != 0) {
-            conn_fail(c, c->cb_failed ? "out of memory sending to %s:%d" : "HTTP/2 error sending to %s:%d: %s",
-                      c->host, c->port, nghttp2_strerror(rc));
+            conn_fail(c, c->cb_failed ? "out of memory sending to %s:%d" : "HTTP/2 error sending to %s:%d: %s", c->host,
+                      c->port, nghttp2_strerror(rc));
             continue;
         }
         if (batch_pending(c) && batch_write(c) != 0) {
@@ -861,8 +866,8 @@ void oi_grpc_client_free(oi_grpc_client_t *c)
     free(c);
 }
 
-oi_grpc_client_call_t *oi_grpc_client_call_start(oi_grpc_client_t *c, const char *method, int64_t timeout_ms,
-                                                 int *rc, char *err, size_t errlen)
+oi_grpc_client_call_t *oi_grpc_client_call_start(oi_grpc_client_t *c, const char *method, int64_t timeout_ms, int *rc,
+                                                 char *err, size_t errlen)
 {
     int64_t deadline = timeout_ms > 0 ? now_ms() + timeout_ms : 0;
     oi_grpc_client_call_t *call = calloc(1, sizeof(*call));
@@ -909,8 +914,9 @@ static int call_submit(oi_grpc_client_call_t *call, char *err, size_t errlen)
             return OI_GRPC_CLIENT_TIMEOUT;
         }
         /* grpc-timeout takes at most 8 digits: seconds beyond that. */
-        int k = left <= 99999999 ? snprintf(tmo, sizeof(tmo), "%lldm", (long long)left)
-                                 : snprintf(tmo, sizeof(tmo), "%lldS", (long long)(left / 1000 > 99999999 ? 99999999 : left / 1000));
+        int k = left <= 99999999
+                    ? snprintf(tmo, sizeof(tmo), "%lldm", (long long)left)
+                    : snprintf(tmo, sizeof(tmo), "%lldS", (long long)(left / 1000 > 99999999 ? 99999999 : left / 1000));
         NV("grpc-timeout", tmo, (size_t)k);
     }
 #undef NV
@@ -975,7 +981,8 @@ static int call_send(oi_grpc_client_call_t *call, const struct iovec *parts, int
         for (int i = 0; i < nparts; i++)
             total += parts[i].iov_len;
         if (total > UINT32_MAX) {
-            set_err(err, errlen, "a request message of %llu bytes is over gRPC's 4 GiB limit", (unsigned long long)total);
+            set_err(err, errlen, "a request message of %llu bytes is over gRPC's 4 GiB limit",
+                    (unsigned long long)total);
             return OI_GRPC_CLIENT_ERROR;
         }
         out_msg_t *m = malloc(sizeof(*m) + (size_t)(nparts + 1) * sizeof(struct iovec));
@@ -1132,8 +1139,8 @@ int oi_grpc_client_unary(oi_grpc_client_t *c, const char *method, const struct i
         }
         /* Refused before any answer by a connection that was going away: once more. */
         int refused = !call->got_headers &&
-                      ((rc == OI_GRPC_CLIENT_ERROR && reused) || (rc == OI_GRPC_CLIENT_ENDED && call->reset &&
-                                                                  call->rst_code == NGHTTP2_REFUSED_STREAM));
+                      ((rc == OI_GRPC_CLIENT_ERROR && reused) ||
+                       (rc == OI_GRPC_CLIENT_ENDED && call->reset && call->rst_code == NGHTTP2_REFUSED_STREAM));
         if (rc == OI_GRPC_CLIENT_ENDED) {
             const char *m;
             *grpc_status = oi_grpc_client_call_status(call, &m);

@@ -50,8 +50,8 @@ void oi_grpc_client_free(oi_grpc_client_t *c);
  * timeout_ms > 0 gives the call a deadline, sent as grpc-timeout, at which every wait on the
  * call ends. Returns a new call (free it with oi_grpc_client_call_free), or NULL with *rc set to
  * OI_GRPC_CLIENT_ERROR or OI_GRPC_CLIENT_TIMEOUT and a message in `err`. */
-oi_grpc_client_call_t *oi_grpc_client_call_start(oi_grpc_client_t *c, const char *method, int64_t timeout_ms,
-                                                 int *rc, char *err, size_t errlen);
+oi_grpc_client_call_t *oi_grpc_client_call_start(oi_grpc_client_t *c, const char *method, int64_t timeout_ms, int *rc,
+                                                 char *err, size_t errlen);
 
 /* Sends one request message, the concatenation of parts[0 .. nparts), with the client's last
  * message when `last` is set (END_STREAM). Borrows the parts: returns only once every byte has

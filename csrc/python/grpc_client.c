@@ -94,8 +94,8 @@ static void Conn_dealloc(ConnObject *self)
 
 /* One unary call of `method` with a protobuf-c request, without the GIL. Returns 0 with
  * *status, *resp (OK only) and *message (a new string or NULL), or -1 with a Python error. */
-static int unary(ConnObject *self, const char *method, const ProtobufCMessage *req, PyObject *timeout,
-                 oi_buf_t **resp, int *status, char **message)
+static int unary(ConnObject *self, const char *method, const ProtobufCMessage *req, PyObject *timeout, oi_buf_t **resp,
+                 int *status, char **message)
 {
     int64_t tmo = oi__py_timeout_ms(timeout);
     if (tmo < 0)
@@ -510,8 +510,8 @@ static PyObject *Conn_infer(ConnObject *self, PyObject *args, PyObject *kw)
     Py_BEGIN_ALLOW_THREADS
     st = encode(&h, tensors, n_in, &e);
     if (st == NULL) {
-        rc = oi_grpc_client_unary(self->conn, SERVICE "ModelInfer", e.iov, (int)e.n, tmo, &resp, &status, &message,
-                                  err, sizeof(err));
+        rc = oi_grpc_client_unary(self->conn, SERVICE "ModelInfer", e.iov, (int)e.n, tmo, &resp, &status, &message, err,
+                                  sizeof(err));
         encoded_clear(&e);
         if (rc == 0 && status == OI_GRPC_OK) {
             dst = oi_pb_decode_infer_response(resp, 0, &decoded);
@@ -729,8 +729,8 @@ static PyObject *Stream_recv(StreamObject *s, PyObject *args, PyObject *kw)
     if (rc != 0)
         return conn_error(rc, err);
     if (st != NULL) {
-        PyErr_Format(st->code == OI_BAD_REQUEST ? PyExc_ValueError : PyExc_MemoryError,
-                     "malformed stream response: %s", st->message);
+        PyErr_Format(st->code == OI_BAD_REQUEST ? PyExc_ValueError : PyExc_MemoryError, "malformed stream response: %s",
+                     st->message);
         oi_status_free(st);
         return NULL;
     }

@@ -144,13 +144,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         if (verbose) {
             printf("%s OK model=%s version=%s id=%s params=%.*s outputs=%u error=%s\n", stream ? "stream" : "unary",
-                   r.model_name.ptr, r.model_version.ptr, r.result.id ? r.result.id : "-",
-                   (int)r.result.parameters.len, r.result.parameters.ptr ? r.result.parameters.ptr : "",
-                   r.result.n_inputs, r.error_message.ptr ? r.error_message.ptr : "-");
+                   r.model_name.ptr, r.model_version.ptr, r.result.id ? r.result.id : "-", (int)r.result.parameters.len,
+                   r.result.parameters.ptr ? r.result.parameters.ptr : "", r.result.n_inputs,
+                   r.error_message.ptr ? r.error_message.ptr : "-");
             for (uint32_t i = 0; i < r.result.n_inputs; i++) {
                 const oi_tensor_t *t = &r.result.inputs[i];
-                printf("  output %s %s ndim=%d bytes=%zu inplace=%d data=", t->name, oi_dtype_name(t->dtype),
-                       t->ndim, t->byte_size, t->owner == msg);
+                printf("  output %s %s ndim=%d bytes=%zu inplace=%d data=", t->name, oi_dtype_name(t->dtype), t->ndim,
+                       t->byte_size, t->owner == msg);
                 for (size_t k = 0; k < t->byte_size; k++)
                     printf("%02x", (unsigned char)t->data[k]);
                 printf("\n");
