@@ -283,6 +283,7 @@ class FakeGrpcServer:
         self.sock.listen(4)
         self.port = self.sock.getsockname()[1]
         self.scripts = list(scripts)
+        self.headers: list[dict[str, str]] = []  # each call's request headers
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -303,6 +304,8 @@ class FakeGrpcServer:
                     if not data:
                         break
                     for ev in conn.receive_data(data):
+                        if isinstance(ev, h2.events.RequestReceived):
+                            self.headers.append({k.decode(): v.decode() for k, v in ev.headers})
                         if isinstance(ev, h2.events.DataReceived):
                             conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
                         if isinstance(ev, h2.events.StreamEnded):
@@ -382,6 +385,21 @@ def test_statuses_from_what_the_server_sent(script: Any, status: int, text: str)
     assert got[0] == status and text in got[1], got
     conn.close()
     srv.close()
+
+
+def test_request_headers_and_grpc_timeout() -> None:
+    srv = FakeGrpcServer(_live)
+    conn = _core.GrpcConnection("127.0.0.1", srv.port)
+    assert conn.server_live(timeout=2.5) == (0, True)
+    assert conn.server_live() == (0, True)
+    conn.close()
+    srv.close()
+    first, second = srv.headers
+    assert first[":method"] == "POST" and first[":scheme"] == "http" and first["te"] == "trailers"
+    assert first[":path"] == SERVICE + "ServerLive" and first[":authority"] == f"127.0.0.1:{srv.port}"
+    assert first["content-type"] == "application/grpc"
+    assert first["grpc-timeout"].endswith("m") and 2000 < int(first["grpc-timeout"][:-1]) <= 2500
+    assert "grpc-timeout" not in second
 
 
 def test_a_refused_call_is_made_again_on_a_new_connection() -> None:
