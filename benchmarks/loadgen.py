@@ -4,15 +4,18 @@
 Started by common.Worker, pinned with taskset; reads one JSON command per line
 on stdin and answers one JSON line on stdout (stderr is the log). Kinds:
 
-    loadgen.py openinfer URL      openinfer.Client (socket path: shared_memory=False)
+    loadgen.py openinfer URL      openinfer.Client (http:// or grpc:// URL; socket path:
+                                  shared_memory=False)
     loadgen.py openinfer-shm URL  openinfer.Client as it is against a local server (shared memory)
     loadgen.py tritonclient URL   tritonclient.http.InferenceServerClient
+    loadgen.py tritonclient-grpc URL   tritonclient.grpc.InferenceServerClient
     loadgen.py raw                TCP echo client and numpy memcpy (limits)
     loadgen.py echo-server PORT   TCP echo server on 127.0.0.1 (not a JSON worker)
 
 Ops (keyword arguments in the command):
     verify                                  one checked request of each kind
-    simple   seconds, mode, concurrency     model `simple`, INT32 [1,16]
+    simple   seconds, mode, concurrency     model `simple`, INT32 [1,16]; mode seq, async,
+                                            threads, greenlets (tritonclient.http), stream (gRPC)
     tensor   seconds, nbytes, min_iters     identity_fp32, FP32 of nbytes, sequential
     tensor_inplace  seconds, nbytes, min_iters  the same on an array in a registered region,
                                             output into the same place (openinfer-shm)
@@ -158,7 +161,31 @@ class OpenInfer:
             return timed_threads(self._simple, seconds, concurrency)
         if mode == "async":  # infer_async, a window of N requests in flight
             return self._async_window(seconds, concurrency)
+        if mode == "stream":  # stream_infer (gRPC), N requests in flight on one stream
+            return self._stream_window(seconds, concurrency)
         raise ValueError(f"unknown mode {mode!r}")
+
+    def _stream_window(self, seconds: float, concurrency: int) -> dict:
+        # Latency: from the request leaving the generator (stream_infer sends it) to its
+        # result coming out of the iterator; results come in request order.
+        now = time.perf_counter_ns
+        inputs = {"INPUT0": SIMPLE_A, "INPUT1": SIMPLE_B}
+        sent: deque = deque()
+        lat: list[int] = []
+        deadline = [0]
+
+        def requests():
+            while now() < deadline[0]:
+                sent.append(now())
+                yield inputs
+
+        c0, t0 = cpu_seconds(), now()
+        deadline[0] = t0 + int(seconds * 1e9)
+        for out in self.client.stream_infer("simple", requests(), max_in_flight=concurrency):
+            out["OUTPUT0"], out["OUTPUT1"]
+            lat.append(now() - sent.popleft())
+        t1, c1 = now(), cpu_seconds()
+        return summary(lat, (t1 - t0) / 1e9, c1 - c0)
 
     def _async_window(self, seconds: float, concurrency: int) -> dict:
         client = self.client
@@ -352,6 +379,121 @@ class Triton:
 
 
 # --------------------------------------------------------------------------
+# tritonclient.grpc
+# --------------------------------------------------------------------------
+
+
+class TritonGrpc:
+    def __init__(self, url: str):
+        import tritonclient.grpc as grpc
+        self.grpc = grpc
+        self.url = url.split("://", 1)[-1]
+        self.version = dist_version("tritonclient")
+        # gRPC's 4 MiB default message limit lifted, as for any large-tensor user.
+        self.client = grpc.InferenceServerClient(
+            self.url, channel_args=[("grpc.max_send_message_length", -1),
+                                    ("grpc.max_receive_message_length", -1)])
+        self.simple_outputs = [grpc.InferRequestedOutput("OUTPUT0"),
+                               grpc.InferRequestedOutput("OUTPUT1")]
+        self.tensor_outputs = [grpc.InferRequestedOutput("OUTPUT0")]
+
+    def _simple_inputs(self):
+        i0 = self.grpc.InferInput("INPUT0", [1, 16], "INT32")
+        i0.set_data_from_numpy(SIMPLE_A)
+        i1 = self.grpc.InferInput("INPUT1", [1, 16], "INT32")
+        i1.set_data_from_numpy(SIMPLE_B)
+        return [i0, i1]
+
+    def _simple(self):
+        r = self.client.infer("simple", self._simple_inputs(), outputs=self.simple_outputs)
+        return r.as_numpy("OUTPUT0"), r.as_numpy("OUTPUT1")
+
+    def op_verify(self) -> dict:
+        o0, o1 = self._simple()
+        if not (np.array_equal(o0, SIMPLE_A + SIMPLE_B) and np.array_equal(o1, SIMPLE_A - SIMPLE_B)):
+            raise RuntimeError(f"wrong simple answer: {o0!r} {o1!r}")
+        return {"ok": True}
+
+    def op_simple(self, seconds: float, mode: str = "seq", concurrency: int = 1) -> dict:
+        if mode == "seq":
+            return timed_seq(self._simple, seconds)
+        if mode == "threads":  # N threads sharing one client (gRPC channels are thread-safe)
+            return timed_threads(self._simple, seconds, concurrency)
+        if mode == "async":  # async_infer with a callback, a window of N in flight
+            return self._window(seconds, concurrency, stream=False)
+        if mode == "stream":  # start_stream + async_stream_infer, a window of N in flight
+            return self._window(seconds, concurrency, stream=True)
+        raise ValueError(f"unknown mode {mode!r}")
+
+    def _window(self, seconds: float, concurrency: int, stream: bool) -> dict:
+        now = time.perf_counter_ns
+        lat: list[int] = []
+        errors: list[BaseException] = []
+        lock = threading.Lock()
+        inflight = [concurrency]
+        done = threading.Event()
+        deadline = [0]
+        sent: deque = deque()  # stream: send times, answered in order on one stream
+
+        def submit():
+            if stream:
+                sent.append(now())
+                self.client.async_stream_infer("simple", self._simple_inputs(),
+                                               outputs=self.simple_outputs)
+            else:
+                t = now()
+                self.client.async_infer("simple", self._simple_inputs(),
+                                        lambda result, error, t=t: on_done(t, result, error),
+                                        outputs=self.simple_outputs)
+
+        def on_done(t, result, error):
+            b = now()
+            if stream:
+                t = sent.popleft()
+            if error is None:
+                result.as_numpy("OUTPUT0"), result.as_numpy("OUTPUT1")
+                lat.append(b - t)
+                if b < deadline[0]:
+                    submit()
+                    return
+            else:
+                errors.append(RuntimeError(str(error)))
+            with lock:
+                inflight[0] -= 1
+                if inflight[0] == 0:
+                    done.set()
+
+        if stream:
+            self.client.start_stream(lambda result, error: on_done(0, result, error))
+        c0, t0 = cpu_seconds(), now()
+        deadline[0] = t0 + int(seconds * 1e9)
+        try:
+            for _ in range(concurrency):
+                submit()
+            if not done.wait(seconds + 60):
+                raise RuntimeError("tritonclient.grpc window did not drain in 60 s")
+            t1, c1 = now(), cpu_seconds()
+        finally:
+            if stream:
+                self.client.stop_stream()
+        if errors:
+            raise errors[0]
+        return summary(lat, (t1 - t0) / 1e9, c1 - c0)
+
+    def op_tensor(self, seconds: float, nbytes: int, min_iters: int = 3) -> dict:
+        x = np.random.default_rng(2).random(nbytes // 4, dtype=np.float32)
+
+        def one():
+            i = self.grpc.InferInput("INPUT0", list(x.shape), "FP32")
+            i.set_data_from_numpy(x)
+            r = self.client.infer("identity_fp32", [i], outputs=self.tensor_outputs)
+            return r.as_numpy("OUTPUT0")
+        if not np.array_equal(one(), x):
+            raise RuntimeError(f"identity_fp32 of {nbytes} bytes came back different")
+        return timed_seq(one, seconds, min_iters, 2 * x.nbytes)
+
+
+# --------------------------------------------------------------------------
 # Physical limits: TCP loopback echo, memcpy
 # --------------------------------------------------------------------------
 
@@ -429,6 +571,7 @@ def main(argv: list[str]) -> int:
         impl = {"openinfer": lambda: OpenInfer(argv[1]),
                 "openinfer-shm": lambda: OpenInfer(argv[1], shm=True),
                 "tritonclient": lambda: Triton(argv[1]),
+                "tritonclient-grpc": lambda: TritonGrpc(argv[1]),
                 "raw": Raw}[kind]()
     except KeyError:
         print(f"unknown kind {kind!r}", file=sys.stderr)

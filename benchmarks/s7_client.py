@@ -6,6 +6,12 @@ identity_fp32 with the S4 large sizes.
 
     .venv/bin/python benchmarks/s7_client.py [--quick] [--seconds S] [--rounds N]
                                               [--concurrency 16] [--sizes 16M,64M]
+                                              [--transport http|grpc]
+
+With --transport grpc the same comparison runs over gRPC: openinfer.Client
+("grpc://...") against tritonclient.grpc, plus a streaming point
+(ModelStreamInfer: `Client.stream_infer` vs `start_stream`/`async_stream_infer`);
+results go to s7_client_grpc.{md,csv,png}.
 
 Each client runs in its own long-lived worker process (benchmarks/loadgen.py)
 pinned to the client core, the server to the other; per point both workers
@@ -14,7 +20,7 @@ rounds. Client CPU is getrusage(RUSAGE_SELF) of the worker process (all its
 threads) over the measured loop. The claim is the median of per-round ratios
 openinfer/tritonclient (min–max).
 
-Results: benchmarks/results/s7_client.{md,csv,png}; --quick runs go to
+Results: benchmarks/results/s7_client[_grpc].{md,csv,png}; --quick runs go to
 benchmarks/results/raw/.
 """
 
@@ -32,6 +38,8 @@ NAME = "s7_client"
 T = "s7"
 TARGET = 3.0  # the issue: openinfer.Client >= 3x tritonclient's request rate on simple
 CLIENTS = ("openinfer", "tritonclient")
+# Per transport: the peer's worker kind and its name in the report.
+PEER = {"http": ("tritonclient", "tritonclient.http"), "grpc": ("tritonclient-grpc", "tritonclient.grpc")}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -50,6 +58,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=1, help="openinfer event-loop threads (1)")
     ap.add_argument("--server-cpu", default="0", help="taskset CPU list for the server (0)")
     ap.add_argument("--client-cpu", default="1", help="taskset CPU list for the clients (1)")
+    ap.add_argument("--transport", choices=("http", "grpc"), default="http",
+                    help="HTTP (vs tritonclient.http) or gRPC (vs tritonclient.grpc)")
     ap.add_argument("--out", type=Path, help="results directory (default "
                     "benchmarks/results; quick: benchmarks/results/raw)")
     a = ap.parse_args(argv)
@@ -60,12 +70,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     if a.seconds <= 0 or a.rounds < 1 or a.warmup < 0 or a.concurrency < 1:
         ap.error("--seconds, --rounds, --concurrency must be positive, --warmup >= 0")
     a.out = a.out or (C.RAW_DIR if a.quick else C.RESULTS_DIR)
+    a.name = NAME if a.transport == "http" else NAME + "_grpc"
+    a.peer = PEER[a.transport][1]
     return a
 
 
 def points(args):
     """(key, title, kind, openinfer how, tritonclient how, op, kwargs per client)."""
     c = args.concurrency
+    if args.transport == "grpc":
+        return grpc_points(args)
     pts = [
         ("seq", "simple, sequential (1 thread)", "rate",
          "`Client.infer` in a loop", "`InferenceServerClient.infer` in a loop",
@@ -90,20 +104,51 @@ def points(args):
     return pts
 
 
+def grpc_points(args):
+    c = args.concurrency
+    pts = [
+        ("seq", "simple, sequential (1 thread)", "rate",
+         "`Client.infer` in a loop", "`InferenceServerClient.infer` in a loop",
+         "simple", {"mode": "seq"}, {"mode": "seq"}),
+        ("async", f"simple, concurrency {c}, async APIs", "rate",
+         f"`Client.infer_async`, a window of {c} futures (done-callback submits the next)",
+         f"`async_infer`, a window of {c} (its callback submits the next)",
+         "simple", {"mode": "async", "concurrency": c}, {"mode": "async", "concurrency": c}),
+        ("threads", f"simple, concurrency {c}, threads", "rate",
+         f"{c} threads sharing one `Client`, each calling `infer` in a loop",
+         f"{c} threads sharing one `InferenceServerClient`, each calling `infer` in a loop",
+         "simple", {"mode": "threads", "concurrency": c}, {"mode": "threads", "concurrency": c}),
+        ("stream", f"simple, ModelStreamInfer, {c} in flight", "rate",
+         f"`Client.stream_infer` over a generator, `max_in_flight={c}`",
+         f"`start_stream` + `async_stream_infer`, a window of {c} (its callback sends the next)",
+         "simple", {"mode": "stream", "concurrency": c}, {"mode": "stream", "concurrency": c}),
+    ]
+    for size in args.sizes:
+        pts.append((f"t{size}", f"identity_fp32 {C.fmt_size(size)}", "bytes",
+                    "`Client.infer` (raw_input_contents from the array, outputs viewing the message)",
+                    "`InferInput.set_data_from_numpy`, `infer`, `as_numpy` (messages up to any size)",
+                    "tensor", {"nbytes": size}, {"nbytes": size}))
+    return pts
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     C.check_cpus(args.server_cpu, args.client_cpu)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    raw_dir = C.RAW_DIR / NAME / stamp
+    raw_dir = C.RAW_DIR / args.name / stamp
     raw_dir.mkdir(parents=True, exist_ok=True)
     started, load_before = time.monotonic(), C.loadavg()
     port = C.free_port()
     url = f"http://127.0.0.1:{port}"
     max_body = max(2 * max(args.sizes) + (1 << 20), 1 << 30)
+    # A free gRPC port in both modes: the default 8001 may be taken on a shared machine.
+    gport = C.free_port()
+    extra = ["--max-body-bytes", str(max_body), "--grpc-port", str(gport)]
+    client_url = url if args.transport == "http" else f"grpc://127.0.0.1:{gport}"
     oi = C.openinfer_server(port, args.server_cpu, raw_dir / "openinfer.log",
-                            threads=args.threads,
-                            extra=["--max-body-bytes", str(max_body)])
-    workers = {k: C.Worker(f"{k} client", k, [url], args.client_cpu,
+                            threads=args.threads, extra=extra)
+    kinds = {"openinfer": "openinfer", "tritonclient": PEER[args.transport][0]}
+    workers = {k: C.Worker(f"{k} client", kinds[k], [client_url], args.client_cpu,
                            raw_dir / f"worker-{k}.log") for k in CLIENTS}
     results: dict[tuple[str, str], list[C.LoopResult]] = {}
     problems: list[str] = []
@@ -116,7 +161,7 @@ def main(argv=None) -> int:
             w.start()
             versions[k] = w.info.get("version", "?")
             w.call("verify")
-        print(f"[{T}] openinfer server pid {oi.pid} on :{port}, CPU {args.server_cpu}; "
+        print(f"[{T}] openinfer server pid {oi.pid} on {client_url}, CPU {args.server_cpu}; "
               f"client workers on CPU {args.client_cpu}; answers verified; "
               f"{args.rounds} rounds x {args.seconds:g}s, warm-up {args.warmup:g}s",
               flush=True)
@@ -164,7 +209,7 @@ def main(argv=None) -> int:
 def report(args, pts, results, problems, notes, versions, raw_dir, elapsed, load,
            max_body) -> bool:
     out: Path = args.out
-    csv_path, png_path = out / f"{NAME}.csv", out / f"{NAME}.png"
+    csv_path, png_path = out / f"{args.name}.csv", out / f"{args.name}.png"
     rows = []
     for (key, k), runs in results.items():
         for i, r in enumerate(runs, 1):
@@ -214,18 +259,18 @@ def report(args, pts, results, problems, notes, versions, raw_dir, elapsed, load
         png_path, "S7: client throughput relative to tritonclient (median, min–max)",
         "point (1 = sequential, 2 = async c16, 3 = threads/greenlets c16, 4+ = tensors)",
         "× tritonclient", {"openinfer.Client": bars["openinfer"],
-                           "tritonclient.http": bars["tritonclient"]},
+                           args.peer: bars["tritonclient"]},
         logx=False) if rate_rows or byte_rows else "no data"
 
     lat_h = ["openinfer p50 µs", "openinfer p99 µs", "tritonclient p50 µs",
              "tritonclient p99 µs"]
     cpu_h = ["openinfer CPU µs/req", "tritonclient CPU µs/req", "CPU tritonclient/openinfer"]
     srv_h = ["server CPU % (openinfer)", "server CPU % (tritonclient)"]
-    lines = C.report_header("S7 — client side: openinfer.Client vs tritonclient.http",
+    lines = C.report_header(f"S7 — client side: openinfer.Client vs {args.peer}",
                             args.quick, elapsed) + [
         "**Claim: openinfer/tritonclient** = median of per-round ratios (req/s or GB/s; "
         "min–max), both clients against the same openinfer server. Other cells are "
-        f"median (min–max) over rounds. Target (the issue): openinfer ≥ {TARGET:g}× "
+        f"median (min–max) over rounds. Target ({'the issue' if args.transport == 'http' else 'issue 3, set for HTTP; shown for reference'}): openinfer ≥ {TARGET:g}× "
         "tritonclient's request rate on `simple`, sequential and at concurrency "
         f"{args.concurrency}" + (f" — {'; '.join(verdicts)}." if verdicts else "."),
         "",
@@ -240,22 +285,11 @@ def report(args, pts, results, problems, notes, versions, raw_dir, elapsed, load
                           "openinfer/tritonclient", *lat_h, *cpu_h, *srv_h], byte_rows),
         "### How each client is driven (each one's idiomatic way)",
         "",
-        C.markdown_table(["point", "openinfer.Client", "tritonclient.http"], how_rows,
+        C.markdown_table(["point", "openinfer.Client", args.peer], how_rows,
                          align=["l", "l", "l"]),
         "## Method",
         "",
-        f"- Clients: openinfer {versions.get('openinfer', '?')} (`openinfer.Client`, "
-        f"default pool of 32 connections), tritonclient "
-        f"{versions.get('tritonclient', '?')} (`tritonclient.http`, geventhttpclient). "
-        "Every request carries binary inputs and asks for binary outputs; each "
-        "tritonclient request builds its `InferInput`s and reads outputs with "
-        "`as_numpy` (what a caller does per request; the `InferRequestedOutput`s are "
-        "built once); each openinfer request passes the numpy arrays and reads the "
-        "output arrays. Answers are verified before the load and again after it.",
-        "- Note on `async_infer`: tritonclient.http's `async_infer` calls "
-        "`gevent.sleep(0.01)` after scheduling each request, so a caller that submits "
-        "from one loop gets at most ~100 submissions/s whatever the server; the "
-        "greenlets row shows tritonclient.http without that sleep.",
+        *(http_method(versions) if args.transport == "http" else grpc_method(versions)),
         "- Latency: per request, submit to completion as each client's loop sees it "
         "(for the `async_infer` window, up to the oldest-first `get_result()`).",
         "- Client CPU µs/req = worker process CPU (user+system, getrusage, all threads) "
@@ -280,7 +314,7 @@ def report(args, pts, results, problems, notes, versions, raw_dir, elapsed, load
     if failed and not problems:
         problems = ["Some measured runs failed (see tables and CSV)."]
     lines += C.problems_section(problems + notes)
-    C.write_report(NAME, out, lines, T)
+    C.write_report(args.name, out, lines, T)
     print("\n" + C.markdown_table(["point", "oi req/s", "tc req/s", "oi/tc", "target",
                                    "oi p50", "oi p99", "tc p50", "tc p99", "oi cpu µs",
                                    "tc cpu µs", "cpu tc/oi", "srv% oi", "srv% tc"],
@@ -289,6 +323,38 @@ def report(args, pts, results, problems, notes, versions, raw_dir, elapsed, load
                             "tc p50", "tc p99", "oi cpu µs", "tc cpu µs", "cpu tc/oi",
                             "srv% oi", "srv% tc"], byte_rows), flush=True)
     return failed
+
+
+def http_method(versions) -> list[str]:
+    return [
+        f"- Clients: openinfer {versions.get('openinfer', '?')} (`openinfer.Client`, "
+        f"default pool of 32 connections), tritonclient "
+        f"{versions.get('tritonclient', '?')} (`tritonclient.http`, geventhttpclient). "
+        "Every request carries binary inputs and asks for binary outputs; each "
+        "tritonclient request builds its `InferInput`s and reads outputs with "
+        "`as_numpy` (what a caller does per request; the `InferRequestedOutput`s are "
+        "built once); each openinfer request passes the numpy arrays and reads the "
+        "output arrays. Answers are verified before the load and again after it.",
+        "- Note on `async_infer`: tritonclient.http's `async_infer` calls "
+        "`gevent.sleep(0.01)` after scheduling each request, so a caller that submits "
+        "from one loop gets at most ~100 submissions/s whatever the server; the "
+        "greenlets row shows tritonclient.http without that sleep.",
+    ]
+
+
+def grpc_method(versions) -> list[str]:
+    return [
+        f"- Clients: openinfer {versions.get('openinfer', '?')} (`openinfer.Client(\"grpc://...\")`, "
+        "the C core's h2c connection on nghttp2, default pool of 32 connections), tritonclient "
+        f"{versions.get('tritonclient', '?')} (`tritonclient.grpc` on grpcio, one channel, "
+        "message limits lifted). Both send `raw_input_contents` and read "
+        "`raw_output_contents`; each tritonclient request builds its `InferInput`s and reads "
+        "outputs with `as_numpy` (the `InferRequestedOutput`s are built once); each openinfer "
+        "request passes the numpy arrays and reads the output arrays. Answers are verified "
+        "before the load and again after it.",
+        "- Streaming: one ModelStreamInfer call per measured loop with the window kept full; "
+        "latency from a request being sent to its answer (answers in request order).",
+    ]
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""openinfer.Client and AsyncClient against a real server: every call, every datatype,
-zero-copy in both directions, concurrency, timeouts and errors."""
+"""openinfer.Client and AsyncClient against a real server, over HTTP and over gRPC (every test
+runs on both transports): every call, every datatype, zero-copy in both directions,
+concurrency, timeouts and errors. gRPC-only features are in test_client_grpc.py."""
 
 from __future__ import annotations
 
@@ -19,11 +20,17 @@ SIMPLE_A = np.arange(16, dtype=np.int32).reshape(1, 16)
 SIMPLE_B = np.ones((1, 16), dtype=np.int32)
 
 
+@pytest.fixture(scope="module", params=["http", "grpc"])
+def client_url(request: pytest.FixtureRequest, server: openinfer.Server) -> str:
+    """The session server's URL for each transport: the same tests run on both."""
+    return server.url if request.param == "http" else server.grpc_url
+
+
 @pytest.fixture(scope="module")
-def client(url: str):
+def client(client_url: str):
     # The socket path (the server is local: shared memory would be used otherwise; it has
     # tests/test_client_shm.py). The module's other clients take the default, shared memory.
-    with Client(url, timeout=30, shared_memory=False) as c:
+    with Client(client_url, timeout=30, shared_memory=False) as c:
         yield c
 
 
@@ -140,30 +147,33 @@ def test_errors(client: Client) -> None:
     assert client.infer("simple", {"INPUT0": SIMPLE_A, "INPUT1": SIMPLE_B})["OUTPUT0"][0, 0] == 1
 
 
-def test_timeout_and_connection_errors(url: str) -> None:
-    with Client(url) as c:
+def test_timeout_and_connection_errors(client_url: str) -> None:
+    scheme = client_url.split("://")[0]
+    with Client(client_url) as c:
         with pytest.raises(TimeoutError, match="timed out"):
             c.infer("slow", {"INPUT0": np.array([1000], np.int32)}, timeout=0.2)
         # The pool dropped the timed-out connection; the next call works.
         assert c.infer("slow", {"INPUT0": np.array([1], np.int32)})["OUTPUT0"].tolist() == [1]
     with pytest.raises(ConnectionError, match="cannot connect"):
-        Client("http://127.0.0.1:1").is_server_live()
+        Client(f"{scheme}://127.0.0.1:1").is_server_live()
     with pytest.raises(ValueError, match="scheme"):
         Client("ftp://x")
 
 
-def test_reconnects_after_server_closed_idle_connection() -> None:
+@pytest.mark.parametrize("scheme", ["http", "grpc"])
+def test_reconnects_after_server_closed_idle_connection(scheme: str) -> None:
     model = openinfer.Model("id", lambda x: {"Y": x["X"]}, inputs=[openinfer.Tensor("X", "INT64", [-1])],
                             outputs=[openinfer.Tensor("Y", "INT64", [-1])])
-    with openinfer.serve(models=[model], http_port=0, log=False, idle_timeout_ms=100) as srv, Client(srv.url) as c:
+    with openinfer.serve(models=[model], http_port=0, log=False, idle_timeout_ms=100) as srv, \
+            Client(srv.url if scheme == "http" else srv.grpc_url) as c:
         assert c.infer("id", {"X": np.arange(3)})["Y"].tolist() == [0, 1, 2]
         time.sleep(0.4)  # the server closes the idle keep-alive connection
         assert c.infer("id", {"X": np.arange(4)})["Y"].tolist() == [0, 1, 2, 3]
 
 
-def test_many_threads_share_one_client(url: str) -> None:
+def test_many_threads_share_one_client(client_url: str) -> None:
     errors: list[BaseException] = []
-    with Client(url, max_connections=8) as c:
+    with Client(client_url, max_connections=8) as c:
         def worker(k: int) -> None:
             try:
                 for i in range(30):
@@ -189,9 +199,9 @@ def test_infer_async_futures(client: Client) -> None:
     assert time.monotonic() - t0 < 0.8 * 8 * 0.1 + 0.5  # they overlapped (4 instances)
 
 
-def test_async_client(url: str) -> None:
+def test_async_client(client_url: str) -> None:
     async def main() -> list[int]:
-        async with openinfer.AsyncClient(url) as c:
+        async with openinfer.AsyncClient(client_url) as c:
             assert await c.is_server_live()
             assert (await c.model_metadata("simple"))["name"] == "simple"
             outs = await asyncio.gather(*[

@@ -139,14 +139,18 @@ static int slices_push(slices_t *a, oi_slice_t s)
 
 typedef struct dec_s {
     oi_buf_t *msg;
+    oi_slice_t region; /* the message's bytes within msg (a stream response wraps it) */
+    int response;      /* decoding a ModelInferResponse: tensors are outputs (field 5), raw
+                        * contents field 6, and no requested outputs */
+    const char *msg_name, *tensors_name, *raw_name, *kind; /* for error messages */
     oi_request_t *req;
     oi_sbuf_t aux; /* NUL-terminated strings and parameter JSON; offsets until rebased */
     oi_status_t *err;
     slices_t params, inputs, outputs, raw;
-    oi_slice_t model_name, model_version, id;
-    int have_id;
+    oi_slice_t model_name, model_version, id, error_message;
+    int have_id, have_error;
     /* Offsets into aux, kept until aux is final. */
-    size_t name_off, version_off, id_off, params_off, params_len;
+    size_t name_off, version_off, id_off, params_off, params_len, error_off;
     size_t *in_name_off, *in_params_off, *in_params_len, *out_name_off, *out_params_off, *out_params_len;
 } dec_t;
 
@@ -465,12 +469,20 @@ static oi_status_t *decode_contents(oi_tensor_t *t, oi_slice_t contents, const c
 
 /* ---- messages ------------------------------------------------------------------------------ */
 
-/* ModelInferRequest.InferInputTensor `i` into req->inputs[i] (data left for later). */
+/* "ModelInferRequest.inputs[2]": the path of tensor `i` in error messages, written into `buf`. */
+static const char *tensor_path(const dec_t *d, uint32_t i, char *buf, size_t n)
+{
+    snprintf(buf, n, "%s.%s[%u]", d->msg_name, d->tensors_name, i);
+    return buf;
+}
+
+/* InferInputTensor (or a response's InferOutputTensor, the same fields) `i` into req->inputs[i]
+ * (data left for later). */
 static oi_status_t *decode_input(dec_t *d, uint32_t i, oi_slice_t *contents)
 {
     oi_tensor_t *t = &d->req->inputs[i];
-    char what[64];
-    snprintf(what, sizeof(what), "inputs[%u]", i);
+    char what[80]; /* formatted only for an error message: WHAT */
+#define WHAT tensor_path(d, i, what, sizeof(what))
     rd_t r = {(const uint8_t *)d->inputs.v[i].ptr, (const uint8_t *)d->inputs.v[i].ptr + d->inputs.v[i].len};
     oi_slice_t name = {NULL, 0}, dtype = {"", 0};
     slices_t params = {0};
@@ -481,7 +493,7 @@ static oi_status_t *decode_input(dec_t *d, uint32_t i, oi_slice_t *contents)
     contents->len = 0;
     while (st == NULL && r.p < r.end) {
         if ((rc = rd_field(&r, &f)) != RD_OK) {
-            st = bad("ModelInferRequest.%s: %s", what, rd_reason(rc));
+            st = bad("%s: %s", WHAT, rd_reason(rc));
             break;
         }
         switch (f.num) {
@@ -492,7 +504,7 @@ static oi_status_t *decode_input(dec_t *d, uint32_t i, oi_slice_t *contents)
             if (f.wt != WT_LEN) {
                 char path[100];
                 static const char *const names[] = {"", "name", "datatype", "", "parameters", "contents"};
-                snprintf(path, sizeof(path), "ModelInferRequest.%s.%s", what, names[f.num]);
+                snprintf(path, sizeof(path), "%s.%s", WHAT, names[f.num]);
                 st = bad_wire(path, &f, WT_LEN);
             } else if (f.num == 1)
                 name = f.s;
@@ -507,7 +519,7 @@ static oi_status_t *decode_input(dec_t *d, uint32_t i, oi_slice_t *contents)
         case 3: /* shape: packed, or one varint per dimension */
             if (f.wt == WT_VARINT) {
                 if (t->ndim >= OI_MAX_DIMS)
-                    st = bad("ModelInferRequest.%s.shape: more than %d dimensions", what, OI_MAX_DIMS);
+                    st = bad("%s.shape: more than %d dimensions", WHAT, OI_MAX_DIMS);
                 else
                     t->shape[t->ndim++] = (int64_t)f.v;
             } else if (f.wt == WT_LEN) {
@@ -515,15 +527,15 @@ static oi_status_t *decode_input(dec_t *d, uint32_t i, oi_slice_t *contents)
                 while (st == NULL && pr.p < pr.end) {
                     uint64_t v;
                     if (rd_varint(&pr, &v) != RD_OK)
-                        st = bad("ModelInferRequest.%s.shape: malformed varint", what);
+                        st = bad("%s.shape: malformed varint", WHAT);
                     else if (t->ndim >= OI_MAX_DIMS)
-                        st = bad("ModelInferRequest.%s.shape: more than %d dimensions", what, OI_MAX_DIMS);
+                        st = bad("%s.shape: more than %d dimensions", WHAT, OI_MAX_DIMS);
                     else
                         t->shape[t->ndim++] = (int64_t)v;
                 }
             } else {
                 char path[100];
-                snprintf(path, sizeof(path), "ModelInferRequest.%s.shape", what);
+                snprintf(path, sizeof(path), "%s.shape", WHAT);
                 st = bad_wire(path, &f, WT_LEN);
             }
             break;
@@ -532,31 +544,32 @@ static oi_status_t *decode_input(dec_t *d, uint32_t i, oi_slice_t *contents)
         }
     }
     if (st == NULL && name.ptr == NULL)
-        st = bad("ModelInferRequest.%s.name is missing", what);
+        st = bad("%s.name is missing", WHAT);
     if (st == NULL && (d->in_name_off[i] = aux_str(d, name)) == (size_t)-1)
         st = oom();
     if (st == NULL) {
         t->dtype = oi_dtype_from_name(dtype.ptr, dtype.len);
         if (t->dtype == OI_TYPE_INVALID)
-            st = bad("ModelInferRequest.%s ('%.*s').datatype: unknown datatype '%.*s'", what,
+            st = bad("%s ('%.*s').datatype: unknown datatype '%.*s'", WHAT,
                      (int)(name.len > 64 ? 64 : name.len), name.ptr, (int)(dtype.len > 32 ? 32 : dtype.len),
                      dtype.ptr);
     }
     if (st == NULL && params.n > 0) {
         char path[100];
-        snprintf(path, sizeof(path), "ModelInferRequest.%s.parameters", what);
+        snprintf(path, sizeof(path), "%s.parameters", WHAT);
         st = render_params(d, params.v, params.n, path, &d->in_params_off[i], &d->in_params_len[i], &t->shm);
     }
     free(params.v);
     return st;
+#undef WHAT
 }
 
 /* ModelInferRequest.InferRequestedOutputTensor `i` into req->outputs[i]. */
 static oi_status_t *decode_output(dec_t *d, uint32_t i)
 {
     oi_output_request_t *o = &d->req->outputs[i];
-    char what[64];
-    snprintf(what, sizeof(what), "ModelInferRequest.outputs[%u]", i);
+    char what[64]; /* formatted only for an error message: WHAT */
+#define WHAT (snprintf(what, sizeof(what), "ModelInferRequest.outputs[%u]", i), what)
     rd_t r = {(const uint8_t *)d->outputs.v[i].ptr, (const uint8_t *)d->outputs.v[i].ptr + d->outputs.v[i].len};
     oi_slice_t name = {NULL, 0};
     slices_t params = {0};
@@ -566,43 +579,51 @@ static oi_status_t *decode_output(dec_t *d, uint32_t i)
     o->binary_data = -1;
     while (st == NULL && r.p < r.end) {
         if ((rc = rd_field(&r, &f)) != RD_OK)
-            st = bad("%s: %s", what, rd_reason(rc));
+            st = bad("%s: %s", WHAT, rd_reason(rc));
         else if ((f.num == 1 || f.num == 2) && f.wt != WT_LEN)
-            st = bad_wire(what, &f, WT_LEN);
+            st = bad_wire(WHAT, &f, WT_LEN);
         else if (f.num == 1)
             name = f.s;
         else if (f.num == 2 && slices_push(&params, f.s) != 0)
             st = oom();
     }
     if (st == NULL && name.ptr == NULL)
-        st = bad("%s.name is missing", what);
+        st = bad("%s.name is missing", WHAT);
     if (st == NULL && (d->out_name_off[i] = aux_str(d, name)) == (size_t)-1)
         st = oom();
     if (st == NULL && params.n > 0) {
         char path[100];
-        snprintf(path, sizeof(path), "%s.parameters", what);
+        snprintf(path, sizeof(path), "%s.parameters", WHAT);
         st = render_params(d, params.v, params.n, path, &d->out_params_off[i], &d->out_params_len[i], NULL);
     }
     free(params.v);
     return st;
+#undef WHAT
 }
 
-/* The top-level fields, recorded as slices for the passes that follow. */
+/* The top-level fields, recorded as slices for the passes that follow. A request's fields 1-7
+ * are model_name, model_version, id, parameters, inputs, outputs and raw_input_contents; a
+ * response has the same first four, then outputs (tensors with the fields of an input) and
+ * raw_output_contents. */
 static oi_status_t *scan_top(dec_t *d)
 {
-    rd_t r = {(const uint8_t *)d->msg->data, (const uint8_t *)d->msg->data + d->msg->len};
-    static const char *const names[] = {"", "model_name", "model_version", "id", "parameters",
-                                        "inputs", "outputs", "raw_input_contents"};
+    rd_t r = {(const uint8_t *)d->region.ptr, (const uint8_t *)d->region.ptr + d->region.len};
+    static const char *const names[2][8] = {
+        {"", "model_name", "model_version", "id", "parameters", "inputs", "outputs", "raw_input_contents"},
+        {"", "model_name", "model_version", "id", "parameters", "outputs", "raw_output_contents", ""},
+    };
+    int last = d->response ? 6 : 7;
     field_t f;
     int rc;
     while (r.p < r.end) {
         if ((rc = rd_field(&r, &f)) != RD_OK)
-            return bad("ModelInferRequest: %s at byte %zu", rd_reason(rc), (size_t)(r.p - (const uint8_t *)d->msg->data));
-        if (f.num < 1 || f.num > 7)
+            return bad("%s: %s at byte %zu", d->msg_name, rd_reason(rc),
+                       (size_t)(r.p - (const uint8_t *)d->region.ptr));
+        if (f.num < 1 || (int)f.num > last)
             continue;
         if (f.wt != WT_LEN) {
             char path[64];
-            snprintf(path, sizeof(path), "ModelInferRequest.%s", names[f.num]);
+            snprintf(path, sizeof(path), "%s.%s", d->msg_name, names[d->response][f.num]);
             return bad_wire(path, &f, WT_LEN);
         }
         int rc2 = 0;
@@ -612,7 +633,7 @@ static oi_status_t *scan_top(dec_t *d)
         case 3: d->id = f.s; d->have_id = 1; break;
         case 4: rc2 = slices_push(&d->params, f.s); break;
         case 5: rc2 = slices_push(&d->inputs, f.s); break;
-        case 6: rc2 = slices_push(&d->outputs, f.s); break;
+        case 6: rc2 = slices_push(d->response ? &d->raw : &d->outputs, f.s); break;
         case 7: rc2 = slices_push(&d->raw, f.s); break;
         }
         if (rc2 != 0)
@@ -621,48 +642,52 @@ static oi_status_t *scan_top(dec_t *d)
     return NULL;
 }
 
-/* Gives every input its data: raw contents in place, or typed contents packed. Inputs in
- * shared memory have none here, and raw_input_contents lists only the others, in order (as
- * tritonclient sends them and Triton reads them). */
+/* Gives every tensor its data: raw contents in place, or typed contents packed. Request
+ * inputs in shared memory have none here, and raw_input_contents lists only the others, in
+ * order (as tritonclient sends them and Triton reads them); a response keeps one raw entry,
+ * empty, for each output in shared memory (as Triton sends it). */
 static oi_status_t *attach_data(dec_t *d, const oi_slice_t *contents)
 {
     oi_request_t *req = d->req;
-    uint32_t n_shm = 0, k = 0;
-    for (uint32_t i = 0; i < req->n_inputs; i++)
-        n_shm += req->inputs[i].shm;
-    if (d->raw.n > 0 && d->raw.n != req->n_inputs - n_shm) {
-        if (n_shm == 0)
-            return bad("ModelInferRequest.raw_input_contents has %u entries for %u inputs; expected one per input",
-                       d->raw.n, req->n_inputs);
-        return bad("ModelInferRequest.raw_input_contents has %u entries for %u inputs, %u of them in shared "
-                   "memory; expected one per input not in shared memory",
-                   d->raw.n, req->n_inputs, n_shm);
+    uint32_t skipped = 0, k = 0;
+    for (uint32_t i = 0; i < req->n_inputs && !d->response; i++)
+        skipped += req->inputs[i].shm;
+    if (d->raw.n > 0 && d->raw.n != req->n_inputs - skipped) {
+        if (skipped == 0)
+            return bad("%s.%s has %u entries for %u %s; expected one per %s", d->msg_name, d->raw_name, d->raw.n,
+                       req->n_inputs, d->tensors_name, d->kind);
+        return bad("%s.%s has %u entries for %u %s, %u of them in shared memory; expected one per %s not in "
+                   "shared memory",
+                   d->msg_name, d->raw_name, d->raw.n, req->n_inputs, d->tensors_name, skipped, d->kind);
     }
     for (uint32_t i = 0; i < req->n_inputs; i++) {
         oi_tensor_t *t = &req->inputs[i];
-        char label[300];
-        snprintf(label, sizeof(label), "input '%.200s'", t->name);
+        char label[300]; /* formatted where an error message or typed contents need it */
+#define LABEL (snprintf(label, sizeof(label), "%s '%.200s'", d->kind, t->name), label)
         oi_status_t *st;
         if (t->shm) {
             if (contents[i].len > 0)
-                return bad("%s has both contents and parameters.shared_memory_region; give one", label);
+                return bad("%s has both contents and parameters.shared_memory_region; give one", LABEL);
+            if (d->response && d->raw.n > 0)
+                k++; /* its entry is there, empty */
         } else if (d->raw.n > 0) {
             if (contents[i].len > 0)
-                return bad("%s has both contents and raw_input_contents; give one", label);
+                return bad("%s has both contents and %s; give one", LABEL, d->raw_name);
             t->data = (char *)d->raw.v[k].ptr;
             t->byte_size = d->raw.v[k].len;
             k++;
             t->owner = oi_buf_ref(d->msg);
-            if ((st = oi_tensor_check_size(t, "input", t->name)) != NULL)
+            if ((st = oi_tensor_check_size(t, d->kind, t->name)) != NULL)
                 return st;
         } else if (contents[i].len > 0) {
-            if ((st = decode_contents(t, contents[i], label)) != NULL)
+            if ((st = decode_contents(t, contents[i], LABEL)) != NULL)
                 return st;
         } else {
             int64_t n;
             if (oi_shape_elements(t->shape, t->ndim, &n) != 0 || n != 0)
-                return bad("%s has no data; expected contents or raw_input_contents", label);
+                return bad("%s has no data; expected contents or %s", LABEL, d->raw_name);
         }
+#undef LABEL
     }
     return NULL;
 }
@@ -673,16 +698,19 @@ static oi_status_t *decode(dec_t *d, oi_slice_t *model_name, oi_slice_t *model_v
     oi_status_t *st = scan_top(d);
     if (st != NULL)
         return st;
-    if (d->model_name.len == 0)
+    if (d->model_name.len == 0 && !d->response)
         return bad("ModelInferRequest.model_name is empty; expected the name of a model");
     if ((d->name_off = aux_str(d, d->model_name)) == (size_t)-1 ||
         (d->version_off = aux_str(d, d->model_version)) == (size_t)-1 ||
-        (d->have_id && (d->id_off = aux_str(d, d->id)) == (size_t)-1))
+        (d->have_id && (d->id_off = aux_str(d, d->id)) == (size_t)-1) ||
+        (d->have_error && (d->error_off = aux_str(d, d->error_message)) == (size_t)-1))
         return oom();
-    if (d->params.n > 0 &&
-        (st = render_params(d, d->params.v, d->params.n, "ModelInferRequest.parameters", &d->params_off,
-                            &d->params_len, NULL)) != NULL)
-        return st;
+    if (d->params.n > 0) {
+        char params_path[64];
+        snprintf(params_path, sizeof(params_path), "%s.parameters", d->msg_name);
+        if ((st = render_params(d, d->params.v, d->params.n, params_path, &d->params_off, &d->params_len, NULL)) != NULL)
+            return st;
+    }
 
     uint32_t ni = d->inputs.n, no = d->outputs.n;
     size_t nslots = (size_t)ni * 3 + (size_t)no * 3 + 1;
@@ -727,6 +755,8 @@ static oi_status_t *decode(dec_t *d, oi_slice_t *model_name, oi_slice_t *model_v
         }
         if (d->params.n > 0)
             req->parameters = (oi_slice_t){base + d->params_off, d->params_len};
+        if (d->have_error)
+            d->error_message = (oi_slice_t){base + d->error_off, d->error_message.len};
         for (uint32_t i = 0; i < ni; i++) {
             req->inputs[i].name = base + d->in_name_off[i];
             if (d->in_params_len[i] > 0)
@@ -744,24 +774,72 @@ static oi_status_t *decode(dec_t *d, oi_slice_t *model_name, oi_slice_t *model_v
     return st;
 }
 
+/* Frees what decoding borrowed and, on failure, clears the half-decoded request. */
+static oi_status_t *decode_done(dec_t *d, oi_status_t *st)
+{
+    oi_sbuf_free(&d->aux);
+    free(d->params.v);
+    free(d->inputs.v);
+    free(d->outputs.v);
+    free(d->raw.v);
+    if (st != NULL)
+        oi_request_clear(d->req); /* tensors were zeroed by calloc: clearing is safe */
+    return st;
+}
+
 oi_status_t *oi_pb_decode_infer_request(oi_buf_t *msg, oi_request_t *req, oi_slice_t *model_name,
                                         oi_slice_t *model_version)
 {
-    dec_t d = {.msg = msg, .req = req};
+    dec_t d = {.msg = msg, .req = req, .region = {msg->data, msg->len}, .msg_name = "ModelInferRequest",
+               .tensors_name = "inputs", .raw_name = "raw_input_contents", .kind = "input"};
     req->body = oi_buf_ref(msg);
-    oi_status_t *st = decode(&d, model_name, model_version);
-    oi_sbuf_free(&d.aux);
-    free(d.params.v);
-    free(d.inputs.v);
-    free(d.outputs.v);
-    free(d.raw.v);
+    oi_status_t *st = decode_done(&d, decode(&d, model_name, model_version));
     if (st != NULL) {
-        /* Tensors were zeroed by calloc: clearing a half-decoded request is safe. */
-        oi_request_clear(req);
         *model_name = (oi_slice_t){NULL, 0};
         *model_version = (oi_slice_t){NULL, 0};
     }
     return st;
+}
+
+oi_status_t *oi_pb_decode_infer_response(oi_buf_t *msg, int stream, oi_pb_response_t *resp)
+{
+    memset(resp, 0, sizeof(*resp));
+    resp->result.binary_data_output = -1;
+    dec_t d = {.msg = msg, .req = &resp->result, .region = {msg->data, msg->len}, .response = 1,
+               .msg_name = "ModelInferResponse", .tensors_name = "outputs", .raw_name = "raw_output_contents",
+               .kind = "output"};
+    resp->result.body = oi_buf_ref(msg);
+    if (stream) {
+        /* ModelStreamInferResponse: error_message = 1, infer_response = 2 (the last of each
+         * wins, as protobuf has it). Without an infer_response the region stays empty. */
+        rd_t r = {(const uint8_t *)msg->data, (const uint8_t *)msg->data + msg->len};
+        field_t f;
+        int rc;
+        d.region = (oi_slice_t){msg->data, 0};
+        while (r.p < r.end) {
+            if ((rc = rd_field(&r, &f)) != RD_OK)
+                return decode_done(&d, bad("ModelStreamInferResponse: %s at byte %zu", rd_reason(rc),
+                                           (size_t)(r.p - (const uint8_t *)msg->data)));
+            if ((f.num == 1 || f.num == 2) && f.wt != WT_LEN)
+                return decode_done(&d, bad_wire(f.num == 1 ? "ModelStreamInferResponse.error_message"
+                                                           : "ModelStreamInferResponse.infer_response",
+                                                &f, WT_LEN));
+            if (f.num == 1) {
+                d.error_message = f.s;
+                d.have_error = f.s.len > 0;
+            } else if (f.num == 2) {
+                d.region = f.s;
+            }
+        }
+    }
+    oi_status_t *st = decode_done(&d, decode(&d, &resp->model_name, &resp->model_version));
+    if (st != NULL) {
+        memset(resp, 0, sizeof(*resp));
+        return st;
+    }
+    if (d.have_error)
+        resp->error_message = d.error_message;
+    return NULL;
 }
 
 int oi_pb_peek_request_id(const char *data, size_t len, oi_slice_t *id)
@@ -996,4 +1074,150 @@ int oi_pb_encode_stream_error(oi_sbuf_t *out, const char *error_message, const c
             w_bytes_field(out, 3, id, id_len);
     }
     return 0;
+}
+
+/* ---- the client's side: requests out ------------------------------------------------------ */
+
+/* Bytes of an InferParameter message holding `p`'s value. */
+static size_t param_value_size(const oi_pb_param_t *p)
+{
+    switch (p->type) {
+    case OI_PB_PARAM_BOOL: return 2;
+    case OI_PB_PARAM_INT64: return 1 + varint_size((uint64_t)p->i);
+    case OI_PB_PARAM_UINT64: return 1 + varint_size(p->u);
+    case OI_PB_PARAM_DOUBLE: return 9;
+    default: return ld_size(p->s_len);
+    }
+}
+
+/* Bytes of a map entry {1: key, 2: InferParameter}. */
+static size_t param_entry_size(const oi_pb_param_t *p)
+{
+    return ld_size(strlen(p->key)) + ld_size(param_value_size(p));
+}
+
+static void w_param_entry(oi_sbuf_t *o, uint32_t num, const oi_pb_param_t *p)
+{
+    w_varint(o, (uint64_t)num << 3 | WT_LEN);
+    w_varint(o, param_entry_size(p));
+    w_bytes_field(o, 1, p->key, strlen(p->key));
+    w_varint(o, 2 << 3 | WT_LEN);
+    w_varint(o, param_value_size(p));
+    switch (p->type) {
+    case OI_PB_PARAM_BOOL:
+        w_varint(o, 1 << 3 | WT_VARINT);
+        w_varint(o, p->b != 0);
+        break;
+    case OI_PB_PARAM_INT64:
+        w_varint(o, 2 << 3 | WT_VARINT);
+        w_varint(o, (uint64_t)p->i); /* int64: two's complement, ten bytes when negative */
+        break;
+    case OI_PB_PARAM_UINT64:
+        w_varint(o, 5 << 3 | WT_VARINT);
+        w_varint(o, p->u);
+        break;
+    case OI_PB_PARAM_DOUBLE:
+        w_varint(o, 4 << 3 | WT_I64);
+        memcpy(o->data + o->len, &p->d, 8);
+        o->len += 8;
+        break;
+    default:
+        w_bytes_field(o, 3, p->s, p->s_len);
+        break;
+    }
+}
+
+/* Bytes of an InferInputTensor {name, datatype, shape} (no parameters, no typed contents). */
+static size_t input_tensor_size(const oi_tensor_t *t) { return output_tensor_size(t); }
+
+oi_status_t *oi_pb_encode_infer_request(const oi_pb_request_head_t *head, const oi_tensor_t *inputs,
+                                        uint32_t n_inputs, oi_pb_iov_t *parts, size_t *nparts, size_t *total)
+{
+    size_t name_len = strlen(head->model_name);
+    size_t ver_len = head->model_version ? strlen(head->model_version) : 0;
+    size_t id_len = head->id ? strlen(head->id) : 0;
+    /* Sizes first, so that the 5-byte prefix can be written before any byte goes out. */
+    size_t hsize = ld_size(name_len) + (ver_len ? ld_size(ver_len) : 0) + (id_len ? ld_size(id_len) : 0);
+    uint64_t body = 0;
+    for (size_t i = 0; i < head->n_params; i++)
+        hsize += ld_size(param_entry_size(&head->params[i]));
+    for (uint32_t i = 0; i < n_inputs; i++) {
+        hsize += ld_size(input_tensor_size(&inputs[i]));
+        hsize += 1 + varint_size(inputs[i].byte_size);
+        body += inputs[i].byte_size;
+    }
+    for (uint32_t i = 0; i < head->n_outputs; i++)
+        hsize += ld_size(ld_size(strlen(head->outputs[i])));
+    uint64_t len = hsize + body;
+    if (len > UINT32_MAX)
+        return oi_status_new(OI_BAD_REQUEST, "request of %" PRIu64 " bytes is over gRPC's 4 GiB message limit", len);
+
+    oi_sbuf_t o = {0};
+    if (oi_sbuf_reserve(&o, hsize) != 0)
+        return oi_status_new(OI_INTERNAL, "out of memory");
+    w_bytes_field(&o, 1, head->model_name, name_len);
+    if (ver_len)
+        w_bytes_field(&o, 2, head->model_version, ver_len);
+    if (id_len)
+        w_bytes_field(&o, 3, head->id, id_len);
+    for (size_t i = 0; i < head->n_params; i++)
+        w_param_entry(&o, 4, &head->params[i]);
+    for (uint32_t i = 0; i < n_inputs; i++) {
+        const oi_tensor_t *t = &inputs[i];
+        const char *dt = oi_dtype_name(t->dtype);
+        w_varint(&o, 5 << 3 | WT_LEN);
+        w_varint(&o, input_tensor_size(t));
+        w_bytes_field(&o, 1, t->name, strlen(t->name));
+        w_bytes_field(&o, 2, dt, strlen(dt));
+        if (t->ndim > 0) {
+            w_varint(&o, 3 << 3 | WT_LEN);
+            w_varint(&o, shape_size(t));
+            for (int k = 0; k < t->ndim; k++)
+                w_varint(&o, (uint64_t)t->shape[k]);
+        }
+    }
+    for (uint32_t i = 0; i < head->n_outputs; i++) {
+        size_t n = strlen(head->outputs[i]);
+        w_varint(&o, 6 << 3 | WT_LEN);
+        w_varint(&o, ld_size(n));
+        w_bytes_field(&o, 1, head->outputs[i], n);
+    }
+    /* raw_input_contents, one per input (also empty ones: the server counts them), each a key
+     * and length in the header buffer followed by the input's own memory. */
+    size_t key_small[64];
+    size_t *key_off = n_inputs <= 64 ? key_small : malloc(n_inputs * sizeof(size_t));
+    if (key_off == NULL) {
+        oi_sbuf_free(&o);
+        return oi_status_new(OI_INTERNAL, "out of memory");
+    }
+    for (uint32_t i = 0; i < n_inputs; i++) {
+        key_off[i] = o.len;
+        w_varint(&o, 7 << 3 | WT_LEN);
+        w_varint(&o, inputs[i].byte_size);
+    }
+    oi_buf_t *hb = oi_sbuf_detach(&o);
+    if (hb == NULL) {
+        oi_sbuf_free(&o);
+        if (key_off != key_small)
+            free(key_off);
+        return oi_status_new(OI_INTERNAL, "out of memory");
+    }
+    size_t n = 0, run_start = 0;
+    for (uint32_t i = 0; i < n_inputs; i++) {
+        const oi_tensor_t *t = &inputs[i];
+        if (t->byte_size == 0)
+            continue;
+        size_t run_end = i + 1 < n_inputs ? key_off[i + 1] : hb->len;
+        parts[n++] = (oi_pb_iov_t){hb->data + run_start, run_end - run_start, oi_buf_ref(hb)};
+        parts[n++] = (oi_pb_iov_t){t->data, t->byte_size, t->owner ? oi_buf_ref(t->owner) : NULL};
+        run_start = run_end;
+    }
+    if (run_start < hb->len)
+        parts[n++] = (oi_pb_iov_t){hb->data + run_start, hb->len - run_start, oi_buf_ref(hb)};
+    oi_buf_unref(hb);
+    if (key_off != key_small)
+        free(key_off);
+    *nparts = n;
+    *total = (size_t)len;
+    return NULL;
 }

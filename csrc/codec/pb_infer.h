@@ -76,4 +76,67 @@ oi_status_t *oi_pb_encode_infer_response(const char *model_name, const char *mod
 int oi_pb_encode_stream_error(oi_sbuf_t *out, const char *error_message, const char *model_name,
                               const char *model_version, const char *id, size_t id_len);
 
+/* ---- the client's side ------------------------------------------------------------------- */
+
+/* One request parameter (an InferParameter map entry); strings are borrowed. */
+enum { OI_PB_PARAM_BOOL, OI_PB_PARAM_INT64, OI_PB_PARAM_UINT64, OI_PB_PARAM_DOUBLE, OI_PB_PARAM_STRING };
+typedef struct oi_pb_param_s {
+    const char *key; /* NUL-terminated */
+    int type;        /* OI_PB_PARAM_* */
+    int b;
+    int64_t i;
+    uint64_t u;
+    double d;
+    const char *s; /* OI_PB_PARAM_STRING: s_len bytes */
+    size_t s_len;
+} oi_pb_param_t;
+
+/* Everything of a ModelInferRequest but the inputs; every pointer is borrowed. */
+typedef struct oi_pb_request_head_s {
+    const char *model_name;    /* NUL-terminated */
+    const char *model_version; /* NULL or "" for the server's choice */
+    const char *id;            /* NULL or "" for none */
+    const oi_pb_param_t *params;
+    size_t n_params;
+    const char *const *outputs; /* names of the outputs wanted; none: every output */
+    uint32_t n_outputs;
+} oi_pb_request_head_t;
+
+/* The most slices oi_pb_encode_infer_request writes for `n_inputs` inputs. */
+#define OI_PB_REQUEST_PARTS(n_inputs) (2 * (size_t)(n_inputs) + 1)
+
+/* Encodes a ModelInferRequest, the mirror of oi_pb_encode_infer_response: the fields of `head`,
+ * one InferInputTensor per input (name, datatype, shape) and each input's bytes as
+ * raw_input_contents in the same order, referenced where they are (an array's own memory:
+ * nothing is copied). All field headers and lengths are computed up front and go into one new
+ * small buffer, so the message is the concatenation of parts[0 .. *nparts), whose length *total
+ * is known before anything is sent. `parts` must have room for OI_PB_REQUEST_PARTS(n_inputs)
+ * entries; each written part holds a new reference to its owner (NULL for an input without
+ * one). Returns NULL, or a status (400 for a message over 4 GiB, 500 when out of memory);
+ * nothing is written then. */
+oi_status_t *oi_pb_encode_infer_request(const oi_pb_request_head_t *head, const oi_tensor_t *inputs,
+                                        uint32_t n_inputs, oi_pb_iov_t *parts, size_t *nparts, size_t *total);
+
+/* A decoded ModelInferResponse (or ModelStreamInferResponse), for clients. */
+typedef struct oi_pb_response_s {
+    /* The outputs are in result.inputs[0 .. result.n_inputs) (a tensor list shaped like a
+     * request's, as oi_json_decode_infer_response has it), with result.id and result.parameters
+     * (JSON text); result owns the message reference, aux, and each output's owner reference. */
+    oi_request_t result;
+    oi_slice_t model_name;    /* NUL-terminated in result.aux; "" when absent */
+    oi_slice_t model_version; /* likewise */
+    oi_slice_t error_message; /* a stream response's error_message, NUL-terminated in result.aux;
+                               * {NULL, 0} when empty */
+} oi_pb_response_t;
+
+/* Decodes a ModelInferResponse held in msg->data[0 .. msg->len), or with `stream` set a
+ * ModelStreamInferResponse (error_message and the wrapped infer_response, which may be
+ * absent). The reverse of the server's reader: raw_output_contents are used in place (each
+ * output's owner is a new reference to `msg`), typed `contents` are packed into a new buffer
+ * per output, names and ids are NUL-terminated in result.aux. `resp` is overwritten. Returns
+ * NULL, or a status that the caller frees (400 naming the field for a malformed or
+ * inconsistent message, 500 when out of memory), `resp` then zeroed. Free a decoded response
+ * with oi_request_clear(&resp->result). */
+oi_status_t *oi_pb_decode_infer_response(oi_buf_t *msg, int stream, oi_pb_response_t *resp);
+
 #endif

@@ -45,7 +45,7 @@ static void Conn_dealloc(ConnObject *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static int64_t timeout_ms(PyObject *timeout)
+int64_t oi__py_timeout_ms(PyObject *timeout)
 {
     if (timeout == NULL || timeout == Py_None)
         return 0;
@@ -102,7 +102,7 @@ static PyObject *Conn_request(ConnObject *self, PyObject *args, PyObject *kw)
     PyObject *timeout = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "ss|z*zO", kwlist, &method, &path, &body, &headers, &timeout))
         return NULL;
-    int64_t tmo = timeout_ms(timeout);
+    int64_t tmo = oi__py_timeout_ms(timeout);
     PyObject *ret = NULL;
     if (tmo >= 0 && acquire(self) == 0) {
         struct iovec part = {body.buf, body.buf ? (size_t)body.len : 0};
@@ -118,8 +118,7 @@ static PyObject *Conn_request(ConnObject *self, PyObject *args, PyObject *kw)
     return ret;
 }
 
-/* Turns the (name, datatype, array-like) triples into tensors owning their memory. */
-static int collect_inputs(PyObject *seq, oi_tensor_t **out, uint32_t *n)
+int oi__py_collect_inputs(PyObject *seq, oi_tensor_t **out, uint32_t *n)
 {
     PyObject *fast = PySequence_Fast(seq, "inputs must be a sequence of (name, datatype, array)");
     if (fast == NULL)
@@ -158,15 +157,14 @@ fail:
     return -1;
 }
 
-/* (model_name, model_version, id, {name: array}, {name: datatype}) */
-static PyObject *decoded_result(oi_json_response_t *r)
+PyObject *oi__py_infer_result(const oi_request_t *result, const char *model_name, const char *model_version)
 {
     PyObject *outputs = PyDict_New(), *types = PyDict_New();
     /* Binary outputs all view the one body: one base object for all of them. */
-    PyObject *body = r->result.body ? oi_py_owner_capsule(r->result.body) : NULL;
-    for (uint32_t i = 0; outputs != NULL && types != NULL && i < r->result.n_inputs; i++) {
-        const oi_tensor_t *t = &r->result.inputs[i];
-        PyObject *arr = oi_py_array_view_base(t, 1, body && t->owner == r->result.body ? body : NULL);
+    PyObject *body = result->body ? oi_py_owner_capsule(result->body) : NULL;
+    for (uint32_t i = 0; outputs != NULL && types != NULL && i < result->n_inputs; i++) {
+        const oi_tensor_t *t = &result->inputs[i];
+        PyObject *arr = oi_py_array_view_base(t, 1, body && t->owner == result->body ? body : NULL);
         PyObject *dt = PyUnicode_FromString(oi_dtype_name(t->dtype));
         if (arr == NULL || dt == NULL || PyDict_SetItemString(outputs, t->name, arr) != 0 ||
             PyDict_SetItemString(types, t->name, dt) != 0)
@@ -180,7 +178,7 @@ static PyObject *decoded_result(oi_json_response_t *r)
         Py_XDECREF(types);
         return NULL;
     }
-    return Py_BuildValue("(zzzNN)", r->model_name, r->model_version, r->result.id, outputs, types);
+    return Py_BuildValue("(zzzNN)", model_name, model_version, result->id, outputs, types);
 }
 
 static PyObject *Conn_infer(ConnObject *self, PyObject *args, PyObject *kw)
@@ -198,8 +196,8 @@ static PyObject *Conn_infer(ConnObject *self, PyObject *args, PyObject *kw)
     PyObject *out_fast = NULL, *ret = NULL;
     struct iovec *iov = NULL;
     oi_sbuf_t json = {0};
-    int64_t tmo = timeout_ms(timeout);
-    if (tmo < 0 || collect_inputs(inputs, &tensors, &n_in) != 0)
+    int64_t tmo = oi__py_timeout_ms(timeout);
+    if (tmo < 0 || oi__py_collect_inputs(inputs, &tensors, &n_in) != 0)
         goto done;
     if (outputs != Py_None) {
         out_fast = PySequence_Fast(outputs, "outputs must be a sequence of names");
@@ -251,7 +249,7 @@ static PyObject *Conn_infer(ConnObject *self, PyObject *args, PyObject *kw)
         oi_status_free(st);
         goto done;
     }
-    PyObject *result = decoded_result(&decoded);
+    PyObject *result = oi__py_infer_result(&decoded.result, decoded.model_name, decoded.model_version);
     oi_request_clear(&decoded.result);
     ret = result ? Py_BuildValue("(iN)", 200, result) : NULL;
 done:

@@ -4,7 +4,30 @@
 
 #include "python/numpy_api.h"
 
+#include "core/tensor.h"
+
 /* _core.HttpConnection. */
 extern PyTypeObject oi_py_conn_type;
+
+/* _core.GrpcConnection and the _core.GrpcStream objects it opens (python/grpc_client.c). */
+extern PyTypeObject oi_py_grpc_conn_type;
+extern PyTypeObject oi_py_grpc_stream_type;
+
+/* Helpers the two connection types share (python/client.c). */
+
+/* A call's `timeout` argument (seconds, None) as milliseconds: 0 for none, at least 1
+ * otherwise; -1 with a Python error set when it is not a positive number. */
+int64_t oi__py_timeout_ms(PyObject *timeout);
+
+/* Turns a sequence of (name, datatype, array-like) triples into tensors owning their memory
+ * (zero-copy for C-contiguous arrays of the datatype): *out is a new array of *n tensors, each
+ * with its owner reference and its name borrowed from the caller's tuple. 0, or -1 with a
+ * Python error set (*out then holds the tensors made so far: clear them and free it). */
+int oi__py_collect_inputs(PyObject *seq, oi_tensor_t **out, uint32_t *n);
+
+/* (model_name, model_version, id, {name: ndarray}, {name: datatype}) for a decoded response
+ * whose outputs are result->inputs: outputs that live in result->body view it, all through
+ * one shared base object. A new reference, or NULL with a Python error set. Needs the GIL. */
+PyObject *oi__py_infer_result(const oi_request_t *result, const char *model_name, const char *model_version);
 
 #endif

@@ -406,13 +406,16 @@ static struct PyModuleDef core_module = {
 PyMODINIT_FUNC PyInit__core(void)
 {
     import_array();
-    if (PyType_Ready(&ServerType) < 0 || PyType_Ready(&oi_py_conn_type) < 0)
+    if (PyType_Ready(&ServerType) < 0 || PyType_Ready(&oi_py_conn_type) < 0 || PyType_Ready(&oi_py_grpc_conn_type) < 0 ||
+        PyType_Ready(&oi_py_grpc_stream_type) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&core_module);
     if (m == NULL)
         return NULL;
     if (PyModule_AddObjectRef(m, "Server", (PyObject *)&ServerType) < 0 ||
         PyModule_AddObjectRef(m, "HttpConnection", (PyObject *)&oi_py_conn_type) < 0 ||
+        PyModule_AddObjectRef(m, "GrpcConnection", (PyObject *)&oi_py_grpc_conn_type) < 0 ||
+        PyModule_AddObjectRef(m, "GrpcStream", (PyObject *)&oi_py_grpc_stream_type) < 0 ||
         PyModule_AddStringConstant(m, "__version__", "0.1.0") < 0) {
         Py_DECREF(m);
         return NULL;

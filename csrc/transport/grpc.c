@@ -69,6 +69,33 @@ int oi_grpc_percent_encode(oi_sbuf_t *out, const char *msg)
     return 0;
 }
 
+static int hex_value(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+size_t oi_grpc_percent_decode(const char *in, size_t n, char *out)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        int hi, lo;
+        if (in[i] == '%' && i + 2 < n && (hi = hex_value(in[i + 1])) >= 0 && (lo = hex_value(in[i + 2])) >= 0) {
+            out[o++] = (char)(hi << 4 | lo);
+            i += 2;
+        } else {
+            out[o++] = in[i];
+        }
+    }
+    out[o] = '\0';
+    return o;
+}
+
 void oi_grpc_put_prefix(uint8_t out[5], uint32_t len)
 {
     out[0] = 0;

@@ -39,6 +39,11 @@ int oi_grpc_parse_timeout(const char *v, size_t n, uint64_t *ms);
  * '%' become %XX. Returns 0 or -1 (out of memory). */
 int oi_grpc_percent_encode(oi_sbuf_t *out, const char *msg);
 
+/* Decodes a percent-encoded grpc-message of `n` bytes into `out` (room for n + 1 bytes),
+ * NUL-terminated: %XX becomes its byte, a '%' not followed by two hex digits stays as it is
+ * (gRPC asks receivers to be lenient). Returns the decoded length. */
+size_t oi_grpc_percent_decode(const char *in, size_t n, char *out);
+
 /* Writes the 5-byte message prefix: compressed flag 0, big-endian length. */
 void oi_grpc_put_prefix(uint8_t out[5], uint32_t len);
 

@@ -106,3 +106,57 @@ class Server:
     def stop(self, timeout: float = 30.0) -> None:
         """Stops accepting, waits up to `timeout` seconds for in-flight requests, then closes
         every connection and joins the threads. Idempotent."""
+
+# ---- gRPC client (csrc/python/grpc_client.c) ------------------------------------------------
+# Each call returns (grpc_status, value): the value when the status is 0 (OK), else the
+# grpc-message. Connection failures raise ConnectionError, deadlines TimeoutError. `timeout` is
+# in seconds (None: no deadline). Inputs are (name, V2 datatype, array-like) triples; an
+# inference result is (model_name, model_version, id, {name: ndarray}, {name: datatype}) with
+# the arrays viewing the received message through one shared base.
+
+InputSpec = tuple[str, str, object]
+InferResult = tuple[str | None, str | None, str | None, dict[str, np.ndarray], dict[str, str]]
+
+class GrpcConnection:
+    """One gRPC (h2c) connection, opened on first use and reopened after a failure. One thread
+    at a time (another gets RuntimeError); several calls and streams may be open on it."""
+
+    def __init__(self, host: str, port: int) -> None: ...
+    def server_live(self, timeout: float | None = None) -> tuple[int, bool | str]: ...
+    def server_ready(self, timeout: float | None = None) -> tuple[int, bool | str]: ...
+    def model_ready(self, name: str, version: str | None = None,
+                    timeout: float | None = None) -> tuple[int, bool | str]: ...
+    def server_metadata(self, timeout: float | None = None) -> tuple[int, dict[str, object] | str]:
+        """The dict has the keys of GET /v2: name, version, extensions."""
+    def model_metadata(self, name: str, version: str | None = None,
+                       timeout: float | None = None) -> tuple[int, dict[str, object] | str]:
+        """The dict has the keys of GET /v2/models/<name>: name, versions, platform, inputs,
+        outputs (each {name, datatype, shape})."""
+    def unary(self, method: str, body: bytes = b"", timeout: float | None = None) -> tuple[int, bytes | str]:
+        """Any unary RPC: `method` is its path, `body` the serialized request message."""
+    def infer(self, model: str, inputs: Sequence[InputSpec], outputs: Sequence[str] | None = None,
+              version: str | None = None, request_id: str | None = None,
+              parameters: Mapping[str, bool | int | float | str | bytes] | None = None,
+              timeout: float | None = None) -> tuple[int, InferResult | str]: ...
+    def stream(self, model: str, version: str | None = None, outputs: Sequence[str] | None = None,
+               parameters: Mapping[str, bool | int | float | str | bytes] | None = None,
+               timeout: float | None = None) -> GrpcStream:
+        """Opens a ModelStreamInfer call whose requests share these fields; `timeout` bounds the
+        whole stream."""
+    def close(self) -> None: ...
+
+class GrpcStream:
+    """One ModelStreamInfer call on a GrpcConnection."""
+
+    def send(self, inputs: Sequence[InputSpec], request_id: str | None = None) -> bool:
+        """Sends one request (written to the socket on return); False when the stream has
+        already ended."""
+    def close_send(self) -> None:
+        """Ends the client's side of the stream."""
+    def recv(self, nowait: bool = False) -> tuple[str | None, InferResult] | None | bool:
+        """The next answer as (error_message or None, result); None once the stream has ended
+        (see status()); False with nowait when nothing has arrived yet."""
+    def status(self) -> tuple[int, str] | None:
+        """(grpc_status, message) once the stream has ended, else None."""
+    def close(self) -> None:
+        """Cancels the stream if it is still open and frees it."""
