@@ -59,9 +59,10 @@ def every_size(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(openinfer.client, "SHM_MIN_BYTES", 0)
 
 
-@pytest.fixture
-def client(url: str) -> Any:
-    with Client(url, timeout=30) as c:
+@pytest.fixture(params=["http", "grpc"])
+def client(request: pytest.FixtureRequest, server: openinfer.Server) -> Any:
+    """A client of the session server over each transport: shared memory works on both."""
+    with Client(server.url if request.param == "http" else server.grpc_url, timeout=30) as c:
         yield c
 
 
@@ -184,7 +185,7 @@ def test_falls_back_when_refused() -> None:
     with openinfer.serve(openinfer.examples_path(), http_port=0, grpc_port=None, log=False) as srv:
         with Client(srv.url, shared_memory=False) as c:
             c.infer("identity_fp32", {"INPUT0": np.ones(4, np.float32)})
-            assert c._shm_pool is False and c.shared_memory_status() == []
+            assert not c._shm_pool and c.shared_memory_status() == []
 
 
 def test_falls_back_when_the_server_lost_its_regions(url: str) -> None:
@@ -322,7 +323,8 @@ def test_small_tensors_take_the_socket(url: str, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(openinfer.client, "SHM_MIN_BYTES", 256 << 10)
     with Client(url) as c:
         small = c.infer("identity_fp32", {"INPUT0": np.ones(16, np.float32)})["OUTPUT0"]
-        assert isinstance(c._shm_pool, openinfer.shm.Pool) and not inside_pool(c, small)
+        assert c._shm_pool is None  # not even asked yet: small calls never pay for the question
+        assert small.tolist() == [1.0] * 16
         big = c.infer("identity_fp32", {"INPUT0": np.ones(1 << 16, np.float32)})["OUTPUT0"]
         assert inside_pool(c, big)
         # A model known for large outputs takes the pool even for small inputs.

@@ -213,9 +213,11 @@ class Client:
         arrays in registered shared-memory regions that outputs are written into (the result
         then views those regions). Raises InferenceServerError with the server's status and
         message."""
-        shm = self._use_shm()
+        # Whether shared memory may serve this client is asked of the server on the first call
+        # large enough to gain from it (small calls never pay for the question).
+        shm = self._shm_pool is not False and self._shm_mode is not False
         if (out or self._regions or any(_is_cuda_tensor(v) for v in inputs.values())
-                or (shm and self._worth_shm(model, version, inputs))):
+                or (shm and self._worth_shm(model, version, inputs) and self._use_shm())):
             result = self._infer_shm(model, inputs, outputs, version, request_id, parameters, datatypes,
                                      timeout, out or {})
             if result is not None:
@@ -313,16 +315,39 @@ class Client:
         return region
 
     def shared_memory_status(self, *, timeout: float | None = None) -> list[dict[str, Any]]:
-        """The server's system shared-memory regions (every client's)."""
+        """The server's system shared-memory regions (every client's): name, key, offset and
+        byte_size of each."""
+        if self._grpc:
+            value = _grpc_value(*self._rpc("unary", _shm.GRPC_SERVICE + "SystemSharedMemoryStatus", b"",
+                                           timeout=timeout))
+            return _shm.decode_status(value)
         status, body = self._get("/v2/systemsharedmemory/status", timeout)
         if status != 200:
             raise InferenceServerError(status, _error_message(body))
         result: list[dict[str, Any]] = json.loads(body)
         return result
 
+    def _grpc_unary(self, method: str, payload: bytes, timeout: float | None) -> tuple[int, Any]:
+        """A unary call by name with a message given as bytes: (grpc status, reply or message).
+        After close() (a pooled region released late) on a connection of its own."""
+        if not self._closed:
+            return self._call("unary", _shm.GRPC_SERVICE + method, payload, timeout=timeout)
+        conn = _core.GrpcConnection(self._host, self._port)
+        try:
+            return conn.unary(_shm.GRPC_SERVICE + method, payload, timeout=timeout)
+        finally:
+            conn.close()
+
     def _shm_call(self, action: str, name: str, body: dict[str, Any] | None) -> None:
-        if getattr(self, "_grpc", False):
-            raise NotImplementedError("shared-memory regions are registered over HTTP; use an http:// client")
+        if self._grpc:
+            if action == "/register":
+                assert body is not None
+                payload = _shm.encode_register(name, body["key"], body["offset"], body["byte_size"])
+                method = "SystemSharedMemoryRegister"
+            else:
+                payload, method = _shm.encode_name(name), "SystemSharedMemoryUnregister"
+            _grpc_value(*self._grpc_unary(method, payload, self._timeout))
+            return
         path = f"{self._prefix}/v2/systemsharedmemory/region/{quote(name, safe='')}{action}"
         data = json.dumps(body).encode() if body is not None else b""
         headers = "Content-Type: application/json\r\n"
@@ -359,9 +384,7 @@ class Client:
         return any(n >= SHM_MIN_BYTES for k, n in self._out_bytes.items() if k[:2] == key)
 
     def _decide_shm(self) -> _shm.Pool | bool:
-        # Over gRPC (once the client speaks it) the pool needs the gRPC shared-memory calls;
-        # until then such a client keeps to its socket.
-        if self._shm_mode is False or not _shm.available() or getattr(self, "_grpc", False):
+        if self._shm_mode is False or not _shm.available():
             return False
         if self._shm_mode is None and not _is_loopback(self._host):
             return False
@@ -483,9 +506,21 @@ class Client:
             if parameters:
                 body["parameters"] = dict(parameters)
             try:
-                status, reply = self._call("request", "POST", self._prefix + _model_path(model, version) + "/infer",
-                                           json.dumps(body).encode(), "Content-Type: application/json\r\n",
-                                           timeout=self._timeout_for(timeout))
+                if self._grpc:
+                    status, reply = self._grpc_unary(
+                        "ModelInfer", _shm.encode_infer_request(body, model, str(version or "")),
+                        self._timeout_for(timeout))
+                    if status != 0:  # as over HTTP below; a deadline raises here
+                        error = _grpc_error(status, reply)
+                        if isinstance(error, TimeoutError):
+                            raise error
+                        status, reply = error.status, json.dumps({"error": error.message}).encode()  # type: ignore[attr-defined]
+                    else:
+                        status, reply = 200, _shm.decode_infer_response(reply)
+                else:
+                    status, reply = self._call("request", "POST", self._prefix + _model_path(model, version) + "/infer",
+                                               json.dumps(body).encode(), "Content-Type: application/json\r\n",
+                                               timeout=self._timeout_for(timeout))
             except BaseException:
                 # No answer (a timeout, a lost connection): the server may still write this
                 # call's outputs into the slot later, so it never serves another call.
@@ -501,7 +536,8 @@ class Client:
                     self._disable_shm()  # the server lost our regions (restarted?)
                     return None
                 raise InferenceServerError(status, message)
-            return self._shm_outputs(json.loads(reply), model, version, pool, slot, placed, out, types)
+            return self._shm_outputs(reply if isinstance(reply, dict) else json.loads(reply), model, version, pool,
+                                     slot, placed, out, types)
         finally:
             if slot is not None and pool is not None:
                 pool.release(slot)
@@ -517,8 +553,17 @@ class Client:
             key = (model, str(version or ""), name)
             self._out_bytes[key] = max(self._out_bytes.get(key, 0), nbytes)
             count = math.prod(shape)
-            if "shared_memory_region" not in params:  # not asked in shm: data came in the JSON
-                result[name] = np.array(o.get("data", []), dtype=numpy_dtype(datatype)).reshape(shape)
+            if "shared_memory_region" not in params:  # not asked in shm: the data came in the reply
+                if datatype == "BYTES":
+                    arr = (_shm.deserialize_bytes(o["raw"], count) if "raw" in o
+                           else np.array([x.encode() if isinstance(x, str) else x for x in o.get("data", [])],
+                                         dtype=object))
+                elif "raw" in o:
+                    arr = np.frombuffer(o["raw"], dtype=numpy_dtype(datatype))
+                else:
+                    arr = np.array(o.get("data", []), dtype=numpy_dtype(datatype))
+                arr = arr.reshape(shape)
+                result[name] = _bf16_view(arr) if datatype == "BF16" else arr
                 continue
             if name in out:
                 region, off = self._region_of(out[name])  # type: ignore[misc]
@@ -589,10 +634,16 @@ class Client:
             name = f"oi_cuda_{os.getpid()}_{uuid.uuid4().hex[:12]}"
             import base64
 
-            path = f"{self._prefix}/v2/cudasharedmemory/region/{quote(name, safe='')}/register"
-            body = {"raw_handle": {"b64": base64.b64encode(handle).decode()},
-                    "device_id": tensor.device.index or 0, "byte_size": size}
-            status, reply = self._call("request", "POST", path, json.dumps(body).encode(),
+            device = tensor.device.index or 0
+            if self._grpc:
+                status, _ = self._grpc_unary("CudaSharedMemoryRegister",
+                                             _shm.encode_cuda_register(name, handle, device, size), self._timeout)
+                status = 200 if status == 0 else status
+            else:
+                path = f"{self._prefix}/v2/cudasharedmemory/region/{quote(name, safe='')}/register"
+                body = {"raw_handle": {"b64": base64.b64encode(handle).decode()}, "device_id": device,
+                        "byte_size": size}
+                status, _ = self._call("request", "POST", path, json.dumps(body).encode(),
                                        "Content-Type: application/json\r\n", timeout=self._timeout)
             if status != 200:
                 self._cuda = False  # refused (no GPU there, say): host copies from now on
@@ -610,8 +661,6 @@ class Client:
     def _decide_cuda(self) -> bool:
         if self._shm_mode is False or (self._shm_mode is None and not _is_loopback(self._host)):
             return False
-        if getattr(self, "_grpc", False):
-            return False
         try:
             if "cuda_shared_memory" not in self.server_metadata().get("extensions", []):
                 return False
@@ -623,7 +672,9 @@ class Client:
     def _cuda_unregister(self, name: str) -> None:
         path = f"{self._prefix}/v2/cudasharedmemory/region/{quote(name, safe='')}/unregister"
         try:
-            if self._closed:
+            if self._grpc:
+                self._grpc_unary("CudaSharedMemoryUnregister", _shm.encode_name(name), self._timeout)
+            elif self._closed:
                 conn = _core.HttpConnection(self._host, self._port)
                 try:
                     conn.request("POST", path, b"", None, timeout=self._timeout)

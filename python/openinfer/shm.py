@@ -338,6 +338,30 @@ def encode_register(name: str, key: str, offset: int, byte_size: int) -> bytes:
             + _field_varint(4, byte_size))
 
 
+def encode_cuda_register(name: str, handle: bytes, device_id: int, byte_size: int) -> bytes:
+    """CudaSharedMemoryRegisterRequest."""
+    return (_field_bytes(1, name.encode()) + _field_bytes(2, handle) + _field_varint(3, device_id)
+            + _field_varint(4, byte_size))
+
+
+def decode_status(data: bytes) -> list[dict[str, Any]]:
+    """SystemSharedMemoryStatusResponse as the HTTP status body: name, key, offset, byte_size."""
+    out = []
+    for num, _, entry in _fields(data):
+        if num != 1:
+            continue
+        for f, _, value in _fields(entry):
+            if f == 2:
+                r: dict[str, Any] = {"name": "", "key": "", "offset": 0, "byte_size": 0}
+                for k, _, v in _fields(value):
+                    if k in (1, 2):
+                        r["name" if k == 1 else "key"] = v.decode()
+                    elif k in (3, 4):
+                        r["offset" if k == 3 else "byte_size"] = v
+                out.append(r)
+    return out
+
+
 def encode_name(name: str) -> bytes:
     """SystemSharedMemoryUnregisterRequest (and the status requests): name = 1."""
     return _field_bytes(1, name.encode()) if name else b""
