@@ -4,7 +4,7 @@ shared memory against the socket path, with the same client API
 (`openinfer.Client.infer`), and against memcpy bandwidth measured in the same
 run with the same pinning (server on CPU 0, client on CPU 1).
 
-    .venv/bin/python benchmarks/s4_shm.py [--quick] [--sizes 1M,16M,64M]
+    .venv/bin/python benchmarks/s4_shm.py [--quick] [--grpc] [--sizes 1M,16M,64M]
                                           [--seconds S] [--rounds N]
 
 Contenders, per size, in turn for N rounds (A B C D A B C D ...):
@@ -21,7 +21,8 @@ GB/s counts request + response payload (2 × tensor bytes per request) for the
 three client paths, and bytes copied for memcpy. The claim is the median of
 per-round ratios shm/socket at 64 MiB (target ≥ 5), with shm/memcpy beside it.
 
-Results: benchmarks/results/s4_shm.{md,csv,png}; --quick runs go to
+With --grpc the client speaks gRPC (the server is the same). Results:
+benchmarks/results/s4_shm.{md,csv,png} (s4_shm_grpc.* with --grpc); --quick runs go to
 benchmarks/results/raw/.
 """
 
@@ -51,6 +52,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, help="rounds per size (default 5; quick 2)")
     ap.add_argument("--warmup", type=float, help="seconds of discarded warm-up per contender and size "
                     "(default 1; quick 0.3)")
+    ap.add_argument("--grpc", action="store_true", help="the client over gRPC (grpc://) instead of HTTP; "
+                    "results go to s4_shm_grpc.*")
     ap.add_argument("--threads", type=int, default=1, help="openinfer event-loop threads (1)")
     ap.add_argument("--server-cpu", default="0", help="taskset CPU list for the server (0)")
     ap.add_argument("--client-cpu", default="1", help="taskset CPU list for the clients (1)")
@@ -75,10 +78,11 @@ def main(argv=None) -> int:
     raw_dir.mkdir(parents=True, exist_ok=True)
     started, load_before = time.monotonic(), C.loadavg()
     max_body = max(2 * max(args.sizes) + (1 << 20), 1 << 30)
-    port = C.free_port()
+    port, grpc_port = C.free_port(), C.free_port()
     oi = C.openinfer_server(port, args.server_cpu, raw_dir / "openinfer.log", threads=args.threads,
-                            extra=["--max-body-bytes", str(max_body)])
-    url = f"http://127.0.0.1:{port}"
+                            extra=["--max-body-bytes", str(max_body), "--grpc-port", str(grpc_port)])
+    http_url = f"http://127.0.0.1:{port}"
+    url = f"grpc://127.0.0.1:{grpc_port}" if args.grpc else http_url
     w_shm = C.Worker("shm client", "openinfer-shm", [url], args.client_cpu, raw_dir / "worker-shm.log")
     w_sock = C.Worker("socket client", "openinfer", [url], args.client_cpu, raw_dir / "worker-socket.log")
     w_raw = C.Worker("raw client", "raw", [], args.client_cpu, raw_dir / "worker-raw.log")
@@ -87,7 +91,7 @@ def main(argv=None) -> int:
     problems: list[str] = []
     try:
         oi.start()
-        C.wait_http_ready(url + "/v2/health/ready", proc=oi)
+        C.wait_http_ready(http_url + "/v2/health/ready", proc=oi)
         for w in workers:
             w.start()
         w_shm.call("verify")
@@ -143,7 +147,8 @@ def main(argv=None) -> int:
 
 def report(args, results, problems, notes, raw_dir, elapsed, load, max_body) -> bool:
     out: Path = args.out
-    csv_path, png_path = out / f"{NAME}.csv", out / f"{NAME}.png"
+    report_name = NAME + ("_grpc" if args.grpc else "")
+    csv_path, png_path = out / f"{report_name}.csv", out / f"{report_name}.png"
     rows = []
     for (size, name), runs in results.items():
         for i, r in enumerate(runs, 1):
@@ -178,7 +183,9 @@ def report(args, results, problems, notes, raw_dir, elapsed, load, max_body) -> 
         png_path, "S4 with shared memory: identity_fp32 (median, min–max)", "tensor bytes", "GB/s",
         {"shm (req+resp payload)": plot["shm"], "shm, in place": plot["shm, in place"],
          "socket (HTTP binary)": plot["socket"], "memcpy": plot["memcpy"]}) if table else "no data"
-    lines = C.report_header("S4 — identity_fp32 through system shared memory", args.quick, elapsed) + [
+    transport = "gRPC" if args.grpc else "HTTP"
+    lines = C.report_header(f"S4 — identity_fp32 through system shared memory ({transport} client)", args.quick,
+                            elapsed) + [
         "**Claim: shm/socket** = median of per-round ratios of GB/s, `openinfer.Client.infer` "
         "through shared memory (as it goes on its own against a local server) against the same "
         f"call over the socket (min–max); other cells are median (min–max) over rounds. Target "
@@ -199,7 +206,8 @@ def report(args, results, problems, notes, raw_dir, elapsed, load, max_body) -> 
         "input is then not copied by the server), and returns an array viewing the region. shm, "
         "in place: the input array lives in a region from `client.shared_memory()` and "
         "`out={'OUTPUT0': x}` asks the output back into it: no tensor byte is copied. socket: "
-        "`Client(url, shared_memory=False)`, the binary tensor data extension over HTTP/1.1.",
+        "`Client(url, shared_memory=False)`: over HTTP/1.1 the binary tensor data extension, over gRPC "
+        "raw_input_contents / raw_output_contents. This run: the client over " + transport + ".",
         "- GB/s = requests × 2 × tensor bytes / wall time (request + response payload, as in S4 "
         "over HTTP). memcpy: `numpy.copyto` of the same size, bytes copied / time (at most 0.5 s "
         "per round). shm moves its payload with one memcpy of the tensor, so its ceiling in these "
@@ -220,7 +228,7 @@ def report(args, results, problems, notes, raw_dir, elapsed, load, max_body) -> 
     if failed and not problems:
         problems = ["Some measured runs failed (see table and CSV)."]
     lines += C.problems_section(problems + notes)
-    C.write_report(NAME, out, lines, T)
+    C.write_report(report_name, out, lines, T)
     print("\n" + C.markdown_table(
         ["tensor", "shm", "in place", "socket", "memcpy", "shm/sock", "target", "inpl/sock", "shm/memcpy",
          "shm p50", "sock p50", "srv% shm", "srv% sock"], table), flush=True)

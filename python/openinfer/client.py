@@ -967,6 +967,7 @@ _clients: weakref.WeakSet[Client] = weakref.WeakSet()
 def _close_clients() -> None:
     for client in list(_clients):
         try:
+            client._timeout = min(client._timeout or 2.0, 2.0)  # a hung server must not hang the exit
             client._close_shm(at_exit=True)
         except Exception:  # noqa: BLE001 - at exit, best effort
             pass
