@@ -334,3 +334,25 @@ def test_small_tensors_take_the_socket(url: str, monkeypatch: pytest.MonkeyPatch
         first = c.infer("grow", {"N": np.array([1 << 17])})["Y"]
         again = c.infer("grow", {"N": np.array([1 << 17])})["Y"]
         assert first.shape == again.shape == (1 << 17,) and not inside_pool(c, first) and inside_pool(c, again)
+
+
+def test_exit_without_close_unregisters(url: str) -> None:
+    """A process that exits with results still held and its client never closed leaves neither
+    registrations on the server nor objects in /dev/shm."""
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np, openinfer, os\n"
+        f"c = openinfer.Client({url!r})\n"
+        "held = c.infer('identity_fp32', {'INPUT0': np.ones(1 << 18, np.float32)})['OUTPUT0']\n"
+        "assert c.shared_memory_status()\n"
+        "region = c.shared_memory(4096)\n"
+        "print(os.getpid(), flush=True)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    pid = r.stdout.strip()
+    with Client(url, shared_memory=False) as observer:
+        assert not [n for n in server_regions(observer) if n.startswith(f"oi_{pid}_")]
+    assert not glob.glob(f"/dev/shm/oi_{pid}_*")
