@@ -4,7 +4,9 @@
 Started by common.Worker, pinned with taskset; reads one JSON command per line
 on stdin and answers one JSON line on stdout (stderr is the log). Kinds:
 
-    loadgen.py openinfer URL      openinfer.Client (http:// or grpc:// URL)
+    loadgen.py openinfer URL      openinfer.Client (http:// or grpc:// URL; socket path:
+                                  shared_memory=False)
+    loadgen.py openinfer-shm URL  openinfer.Client as it is against a local server (shared memory)
     loadgen.py tritonclient URL   tritonclient.http.InferenceServerClient
     loadgen.py tritonclient-grpc URL   tritonclient.grpc.InferenceServerClient
     loadgen.py raw                TCP echo client and numpy memcpy (limits)
@@ -15,6 +17,8 @@ Ops (keyword arguments in the command):
     simple   seconds, mode, concurrency     model `simple`, INT32 [1,16]; mode seq, async,
                                             threads, greenlets (tritonclient.http), stream (gRPC)
     tensor   seconds, nbytes, min_iters     identity_fp32, FP32 of nbytes, sequential
+    tensor_inplace  seconds, nbytes, min_iters  the same on an array in a registered region,
+                                            output into the same place (openinfer-shm)
     echo     seconds, nbytes, min_iters, port   raw: send nbytes, receive nbytes back
     memcpy   seconds, nbytes, min_iters     raw: numpy copy of nbytes
 
@@ -26,6 +30,7 @@ bytes counted per request (request + response), latency percentiles.
 
 from __future__ import annotations
 
+import inspect
 import json
 import resource
 import socket
@@ -124,9 +129,15 @@ def timed_threads(fn, seconds: float, concurrency: int) -> dict:
 
 
 class OpenInfer:
-    def __init__(self, url: str):
+    def __init__(self, url: str, shm: bool = False):
         import openinfer
-        self.client = openinfer.Client(url)
+        # The socket path, unless `shm` (kind openinfer-shm, s4_shm.py): the client then
+        # uses system shared memory on its own, as it does against a local server.
+        if "shared_memory" in inspect.signature(openinfer.Client).parameters:
+            self.client = openinfer.Client(url, shared_memory=None if shm else False)
+        else:
+            self.client = openinfer.Client(url)
+        self.shm = shm
         self.version = getattr(openinfer, "__version__", None) or dist_version("openinfer")
 
     def _simple(self):
@@ -227,9 +238,32 @@ class OpenInfer:
             raise RuntimeError(f"identity_fp32 of {nbytes} bytes came back different")
         del y
 
+        if self.shm and not self.client._shm_pool:
+            raise RuntimeError("the client did not take shared memory")
+
         def one():
             return self.client.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"]
         return timed_seq(one, seconds, min_iters, 2 * x.nbytes)
+
+    def op_tensor_inplace(self, seconds: float, nbytes: int, min_iters: int = 3) -> dict:
+        """identity_fp32 on an array that already lives in a registered region, its output
+        asked back into the same place (client.shared_memory(), out=)."""
+        region = self.client.shared_memory(nbytes)
+        try:
+            x = region.array((nbytes // 4,), np.float32)
+            x[:] = np.random.default_rng(2).random(nbytes // 4, dtype=np.float32)
+            want = x.copy()
+            y = self.client.infer("identity_fp32", {"INPUT0": x}, out={"OUTPUT0": x})["OUTPUT0"]
+            if not np.array_equal(want, y):
+                raise RuntimeError(f"identity_fp32 of {nbytes} bytes in place came back different")
+            del y
+
+            def one():
+                return self.client.infer("identity_fp32", {"INPUT0": x}, out={"OUTPUT0": x})["OUTPUT0"]
+            return timed_seq(one, seconds, min_iters, 2 * x.nbytes)
+        finally:
+            self.client.unregister(region)
+            region.close()
 
 
 # --------------------------------------------------------------------------
@@ -535,6 +569,7 @@ def main(argv: list[str]) -> int:
         return 0
     try:
         impl = {"openinfer": lambda: OpenInfer(argv[1]),
+                "openinfer-shm": lambda: OpenInfer(argv[1], shm=True),
                 "tritonclient": lambda: Triton(argv[1]),
                 "tritonclient-grpc": lambda: TritonGrpc(argv[1]),
                 "raw": Raw}[kind]()

@@ -28,7 +28,9 @@ def client_url(request: pytest.FixtureRequest, server: openinfer.Server) -> str:
 
 @pytest.fixture(scope="module")
 def client(client_url: str):
-    with Client(client_url, timeout=30) as c:
+    # The socket path (the server is local: shared memory would be used otherwise; it has
+    # tests/test_client_shm.py). The module's other clients take the default, shared memory.
+    with Client(client_url, timeout=30, shared_memory=False) as c:
         yield c
 
 

@@ -813,8 +813,10 @@ static int read_param(cursor_t *c, const char *group, uint32_t index, param_t *w
     return literal(c, ch == 't' ? "true" : "false");
 }
 
+/* Reads a "parameters" object into *span and `want`; *shm (when not NULL) is set when the
+ * object names a "shared_memory_region", whose value the server checks later. */
 static int parse_params(cursor_t *c, const char *group, uint32_t index, oi_slice_t *span,
-                        param_t *want)
+                        param_t *want, uint8_t *shm)
 {
     char path[64];
     short_str_t key;
@@ -827,6 +829,8 @@ static int parse_params(cursor_t *c, const char *group, uint32_t index, oi_slice
     if (enter(c, '{') != 0)
         return -1;
     while ((r = next_member(c, &n, &key)) == 1) {
+        if (shm != NULL && str_is(&key, "shared_memory_region"))
+            *shm = 1;
         r = str_is(&key, want->key) ? read_param(c, group, index, want) : skip_value(c);
         if (r != 0)
             return -1;
@@ -1205,10 +1209,17 @@ static int finish_input(decoder_t *d, input_t *in)
     if (in->has_data && in->binary_size >= 0)
         return bad(c, "%s: expected either \"data\" or parameters.binary_data_size, got both",
                    input_label(in, label));
+    if (in->t->shm && (in->has_data || in->binary_size >= 0))
+        return bad(c, "%s: expected one of \"data\", parameters.binary_data_size or "
+                      "parameters.shared_memory_region, got %s and shared_memory_region",
+                   input_label(in, label), in->has_data ? "\"data\"" : "binary_data_size");
+    if (in->t->shm)
+        return 0; /* the server points it into the region */
     if (in->binary_size >= 0)
         return take_binary(d, in);
     if (!in->has_data)
-        return bad(c, "%s: field 'data' is required (or parameters.binary_data_size)",
+        return bad(c, "%s: field 'data' is required (or parameters.binary_data_size or "
+                      "parameters.shared_memory_region)",
                    input_label(in, label));
     if (in->deferred == NULL)
         return 0;
@@ -1251,7 +1262,7 @@ static int parse_input(decoder_t *d, input_t *in)
             break;
         case IN_PARAMETERS: {
             param_t want = {"binary_data_size", 0, -1};
-            r = parse_params(c, in->group, in->index, &in->t->parameters, &want);
+            r = parse_params(c, in->group, in->index, &in->t->parameters, &want, &in->t->shm);
             in->binary_size = want.value;
             break;
         }
@@ -1340,7 +1351,7 @@ static int parse_output(decoder_t *d, uint32_t index)
             r = parse_name(c, &o->name, "outputs", index);
         } else if (k == OUT_PARAMETERS) {
             param_t want = {"binary_data", 1, -1};
-            r = parse_params(c, "outputs", index, &o->parameters, &want);
+            r = parse_params(c, "outputs", index, &o->parameters, &want, NULL);
             o->binary_data = (int)want.value;
         } else {
             r = skip_value(c);
@@ -1420,7 +1431,7 @@ static int parse_request(decoder_t *d)
             break;
         case REQ_PARAMETERS: {
             param_t want = {"binary_data_output", 1, -1};
-            r = parse_params(c, NULL, 0, &req->parameters, &want);
+            r = parse_params(c, NULL, 0, &req->parameters, &want, NULL);
             req->binary_data_output = (int)want.value;
             break;
         }
@@ -1808,9 +1819,33 @@ static oi_status_t *write_bytes_data(oi_sbuf_t *out, const oi_tensor_t *t)
     return NULL;
 }
 
+/* An output written into a shared-memory region: its metadata and where its bytes went. */
+static oi_status_t *write_shm_output(oi_sbuf_t *out, const oi_tensor_t *t, const char *name)
+{
+    char num[24];
+    const char *region = t->shm_region != NULL ? t->shm_region : "";
+    int r = append_lit(out, "{\"name\":") || oi_json_write_string(out, name, strlen(name)) ||
+            append_lit(out, ",\"datatype\":\"") || append_lit(out, oi_dtype_name(t->dtype)) ||
+            append_lit(out, "\",\"shape\":[");
+    for (int i = 0; r == 0 && i < t->ndim; i++)
+        r = (i && append_lit(out, ",")) ||
+            oi_sbuf_append(out, num, (size_t)(put_i64(num, t->shape[i]) - num));
+    r = r || append_lit(out, "],\"parameters\":{\"shared_memory_region\":") ||
+        oi_json_write_string(out, region, strlen(region)) ||
+        append_lit(out, ",\"shared_memory_byte_size\":") ||
+        oi_sbuf_append(out, num, (size_t)(put_u64(num, t->byte_size) - num));
+    if (r == 0 && t->shm_offset != 0)
+        r = append_lit(out, ",\"shared_memory_offset\":") ||
+            oi_sbuf_append(out, num, (size_t)(put_u64(num, t->shm_offset) - num));
+    r = r || append_lit(out, "}}");
+    return r ? out_of_memory_status() : NULL;
+}
+
 static oi_status_t *write_output(oi_sbuf_t *out, const oi_tensor_t *t, int binary)
 {
     const char *name = t->name != NULL ? t->name : "";
+    if (t->shm) /* checked before it was placed; its bytes may not even be on the host */
+        return write_shm_output(out, t, name);
     /* A size that does not fit the shape is the model's fault, not the client's. */
     oi_status_t *st = oi_tensor_check_size(t, "output", name);
     if (st != NULL) {
@@ -1999,4 +2034,70 @@ int oi_json_write_string(oi_sbuf_t *out, const char *s, size_t n)
         p++;
     }
     return oi_sbuf_append(out, "\"", 1);
+}
+
+/* ---- Parameters ------------------------------------------------------------------------- */
+
+int oi_json_param(oi_slice_t params, const char *key, oi_json_param_t *out, char *buf, size_t cap)
+{
+    memset(out, 0, sizeof(*out));
+    if (params.ptr == NULL)
+        return 0;
+    /* The cursor's functions take mutable text but only read_string_in_place and the float
+     * conversions write, and neither is used here. */
+    cursor_t c = {.base = (char *)params.ptr, .p = (char *)params.ptr, .end = (char *)params.ptr + params.len,
+                  .max_depth = OI_JSON_MAX_DEPTH};
+    short_str_t k;
+    uint32_t n = 0;
+    int r, found = 0;
+    if (enter(&c, '{') != 0)
+        goto fail;
+    /* Every member is walked, so that a malformed object is refused wherever it breaks; the
+     * first occurrence of a repeated key counts. */
+    while ((r = next_member(&c, &n, &k)) == 1) {
+        if (found || !str_is(&k, key)) {
+            if (skip_value(&c) != 0)
+                goto fail;
+            continue;
+        }
+        found = 1;
+        int ch = peek(&c);
+        char *value = c.p;
+        if (ch == '"') {
+            char *raw;
+            size_t len;
+            int escaped;
+            if (scan_string(&c, &raw, &len, &escaped) != 0)
+                goto fail;
+            out->kind = OI_JSON_PARAM_STRING;
+            if (len >= cap) { /* decoding never lengthens text, but may not shorten it enough */
+                out->len = len;
+                out->too_long = 1;
+            } else {
+                out->len = escaped ? unescape(buf, raw, len) : len;
+                if (!escaped)
+                    memcpy(buf, raw, len);
+                buf[out->len] = '\0';
+            }
+        } else if (is_number_start(ch)) {
+            char got[48];
+            int64_t v;
+            int rc = read_count(&c, &v, got);
+            if (rc < 0)
+                goto fail;
+            out->kind = rc == 0 ? OI_JSON_PARAM_COUNT : OI_JSON_PARAM_OTHER;
+            out->count = rc == 0 ? v : 0;
+        } else {
+            if (skip_value(&c) != 0)
+                goto fail;
+            out->kind = OI_JSON_PARAM_OTHER;
+        }
+        out->raw = (oi_slice_t){value, (size_t)(c.p - value)};
+    }
+    if (r == 0 && c.err == NULL && peek(&c) == -1)
+        return 0;
+fail:
+    oi_status_free(c.err);
+    memset(out, 0, sizeof(*out));
+    return -1;
 }

@@ -29,7 +29,10 @@ typedef struct oi_json_limits_s {
  *
  * On success req->body holds a new reference to `body`. Inputs with a JSON "data" value get a
  * new buffer holding the elements packed little-endian in their datatype (BYTES: a 4-byte
- * little-endian length, then the bytes, per element). Bytes body->data[json_len .. body->len)
+ * little-endian length, then the bytes, per element). An input whose parameters name a
+ * "shared_memory_region" carries no data (neither "data" nor binary_data_size may be given):
+ * it gets `shm` set and data NULL, for the server to resolve; a response's output likewise.
+ * Bytes body->data[json_len .. body->len)
  * are the binary tensor extension's data: inputs whose parameters carry "binary_data_size": N
  * take the next N bytes in JSON order, pointing into the body (owner: a new reference to
  * `body`); the sizes must add up to exactly body->len - json_len.
@@ -60,7 +63,9 @@ oi_status_t *oi_json_decode_infer_response(oi_buf_t *body, size_t json_len, oi_j
  * "data":[..]},..]}. "model_version" is left out when model_version is NULL and "id" when
  * req is NULL or has no id. Output i goes binary (no "data", but
  * "parameters":{"binary_data_size":N}) when binary != NULL && binary[i]; the transport then
- * sends its bytes after the JSON. Floats are written as the shortest decimal that reads back
+ * sends its bytes after the JSON. An output with `shm` set (written into a shared-memory
+ * region) has neither: its parameters are "shared_memory_region", "shared_memory_byte_size"
+ * and, when not 0, "shared_memory_offset", and `binary` is ignored for it. Floats are written as the shortest decimal that reads back
  * to the same value of their own type, formatted like Python's repr(float) ("0.1", "1.0",
  * "1e+20"), NaN and infinities as NaN, Infinity and -Infinity; BOOL as true/false; BYTES
  * elements as JSON strings. Returns NULL, or a status (400 when a BYTES element is not valid
@@ -83,6 +88,29 @@ int oi_json_encode_infer_request(oi_sbuf_t *out, const oi_tensor_t *inputs, uint
  * the request's output of that name wins, else the request's "binary_data_output", else no.
  * Returns 1 or 0. */
 int oi_json_output_is_binary(const oi_request_t *req, const char *output_name);
+
+/* One member of a "parameters" object, as oi_json_param found it. */
+typedef enum {
+    OI_JSON_PARAM_ABSENT = 0,
+    OI_JSON_PARAM_STRING, /* decoded into the caller's buffer, NUL-terminated */
+    OI_JSON_PARAM_COUNT,  /* a non-negative integer that fits int64 */
+    OI_JSON_PARAM_OTHER,  /* any other value: a negative or fractional number, a boolean, ... */
+} oi_json_param_kind_t;
+
+typedef struct oi_json_param_s {
+    oi_json_param_kind_t kind;
+    int64_t count;  /* OI_JSON_PARAM_COUNT */
+    size_t len;     /* OI_JSON_PARAM_STRING: the decoded length (the raw length when too_long) */
+    int too_long;   /* OI_JSON_PARAM_STRING: did not fit the buffer, which is left untouched */
+    oi_slice_t raw; /* the value's JSON text, whatever its kind (an object: look into it) */
+} oi_json_param_t;
+
+/* Looks up member `key` of a "parameters" object's text (what the decoders keep in
+ * oi_tensor_t.parameters and friends), or of any JSON object (a small request body); the text
+ * is read, never modified. A string value is
+ * decoded into buf (cap bytes with the NUL). Returns 0 with out->kind ABSENT when the key is
+ * not there or params.ptr is NULL, or -1 when the text is not a well-formed JSON object. */
+int oi_json_param(oi_slice_t params, const char *key, oi_json_param_t *out, char *buf, size_t cap);
 
 /* Appends {"error":"<message, escaped>"}; returns 0 or -1 (out of memory). */
 int oi_json_encode_error(oi_sbuf_t *out, const char *message);

@@ -236,9 +236,10 @@ static oi_status_t *render_param_value(dec_t *d, oi_slice_t value, const char *w
 }
 
 /* Renders map entries (each a message {1: key, 2: InferParameter}) as one JSON object in aux,
- * NUL-terminated; sets *off and *len (len excludes the NUL). */
+ * NUL-terminated; sets *off and *len (len excludes the NUL), and *shm (when not NULL) when a
+ * key is "shared_memory_region". */
 static oi_status_t *render_params(dec_t *d, const oi_slice_t *entries, uint32_t n, const char *what, size_t *off,
-                                  size_t *len)
+                                  size_t *len, uint8_t *shm)
 {
     char path[300];
     *off = d->aux.len;
@@ -262,6 +263,8 @@ static oi_status_t *render_params(dec_t *d, const oi_slice_t *entries, uint32_t 
                     value = f.s;
             }
         }
+        if (shm != NULL && key.len == 20 && memcmp(key.ptr, "shared_memory_region", 20) == 0)
+            *shm = 1;
         if ((i > 0 && oi_sbuf_append(&d->aux, ",", 1) != 0) || oi_json_write_string(&d->aux, key.ptr, key.len) != 0 ||
             oi_sbuf_append(&d->aux, ":", 1) != 0)
             return oom();
@@ -554,7 +557,7 @@ static oi_status_t *decode_input(dec_t *d, uint32_t i, oi_slice_t *contents)
     if (st == NULL && params.n > 0) {
         char path[100];
         snprintf(path, sizeof(path), "%s.parameters", WHAT);
-        st = render_params(d, params.v, params.n, path, &d->in_params_off[i], &d->in_params_len[i]);
+        st = render_params(d, params.v, params.n, path, &d->in_params_off[i], &d->in_params_len[i], &t->shm);
     }
     free(params.v);
     return st;
@@ -591,7 +594,7 @@ static oi_status_t *decode_output(dec_t *d, uint32_t i)
     if (st == NULL && params.n > 0) {
         char path[100];
         snprintf(path, sizeof(path), "%s.parameters", WHAT);
-        st = render_params(d, params.v, params.n, path, &d->out_params_off[i], &d->out_params_len[i]);
+        st = render_params(d, params.v, params.n, path, &d->out_params_off[i], &d->out_params_len[i], NULL);
     }
     free(params.v);
     return st;
@@ -639,23 +642,40 @@ static oi_status_t *scan_top(dec_t *d)
     return NULL;
 }
 
-/* Gives every tensor its data: raw contents in place, or typed contents packed. */
+/* Gives every tensor its data: raw contents in place, or typed contents packed. Request
+ * inputs in shared memory have none here, and raw_input_contents lists only the others, in
+ * order (as tritonclient sends them and Triton reads them); a response keeps one raw entry,
+ * empty, for each output in shared memory (as Triton sends it). */
 static oi_status_t *attach_data(dec_t *d, const oi_slice_t *contents)
 {
     oi_request_t *req = d->req;
-    if (d->raw.n > 0 && d->raw.n != req->n_inputs)
-        return bad("%s.%s has %u entries for %u %s; expected one per %s", d->msg_name, d->raw_name, d->raw.n,
-                   req->n_inputs, d->tensors_name, d->kind);
+    uint32_t skipped = 0, k = 0;
+    for (uint32_t i = 0; i < req->n_inputs && !d->response; i++)
+        skipped += req->inputs[i].shm;
+    if (d->raw.n > 0 && d->raw.n != req->n_inputs - skipped) {
+        if (skipped == 0)
+            return bad("%s.%s has %u entries for %u %s; expected one per %s", d->msg_name, d->raw_name, d->raw.n,
+                       req->n_inputs, d->tensors_name, d->kind);
+        return bad("%s.%s has %u entries for %u %s, %u of them in shared memory; expected one per %s not in "
+                   "shared memory",
+                   d->msg_name, d->raw_name, d->raw.n, req->n_inputs, d->tensors_name, skipped, d->kind);
+    }
     for (uint32_t i = 0; i < req->n_inputs; i++) {
         oi_tensor_t *t = &req->inputs[i];
         char label[300]; /* formatted where an error message or typed contents need it */
 #define LABEL (snprintf(label, sizeof(label), "%s '%.200s'", d->kind, t->name), label)
         oi_status_t *st;
-        if (d->raw.n > 0) {
+        if (t->shm) {
+            if (contents[i].len > 0)
+                return bad("%s has both contents and parameters.shared_memory_region; give one", LABEL);
+            if (d->response && d->raw.n > 0)
+                k++; /* its entry is there, empty */
+        } else if (d->raw.n > 0) {
             if (contents[i].len > 0)
                 return bad("%s has both contents and %s; give one", LABEL, d->raw_name);
-            t->data = (char *)d->raw.v[i].ptr;
-            t->byte_size = d->raw.v[i].len;
+            t->data = (char *)d->raw.v[k].ptr;
+            t->byte_size = d->raw.v[k].len;
+            k++;
             t->owner = oi_buf_ref(d->msg);
             if ((st = oi_tensor_check_size(t, d->kind, t->name)) != NULL)
                 return st;
@@ -688,7 +708,7 @@ static oi_status_t *decode(dec_t *d, oi_slice_t *model_name, oi_slice_t *model_v
     if (d->params.n > 0) {
         char params_path[64];
         snprintf(params_path, sizeof(params_path), "%s.parameters", d->msg_name);
-        if ((st = render_params(d, d->params.v, d->params.n, params_path, &d->params_off, &d->params_len)) != NULL)
+        if ((st = render_params(d, d->params.v, d->params.n, params_path, &d->params_off, &d->params_len, NULL)) != NULL)
             return st;
     }
 
@@ -880,12 +900,60 @@ static size_t shape_size(const oi_tensor_t *t)
     return n;
 }
 
+/* The bytes of an output that travel in raw_output_contents: none for one written into shared
+ * memory, whose entry stays (empty) so that entries keep matching outputs by position. */
+static size_t raw_size(const oi_tensor_t *t) { return t->shm ? 0 : t->byte_size; }
+
+#define KEY_REGION "shared_memory_region"
+
+static const char *region_of(const oi_tensor_t *t) { return t->shm_region ? t->shm_region : ""; }
+#define KEY_SIZE "shared_memory_byte_size"
+#define KEY_OFFSET "shared_memory_offset"
+
+/* A `parameters` map entry {1: key, 2: InferParameter{3: string}} and {.., 2: {2: int64}}. */
+static size_t str_entry_size(size_t klen, size_t vlen) { return ld_size(klen) + ld_size(ld_size(vlen)); }
+static size_t int_entry_size(size_t klen, uint64_t v) { return ld_size(klen) + ld_size(1 + varint_size(v)); }
+
+static size_t shm_params_size(const oi_tensor_t *t)
+{
+    if (!t->shm)
+        return 0;
+    size_t s = ld_size(str_entry_size(strlen(KEY_REGION), strlen(region_of(t))));
+    s += ld_size(int_entry_size(strlen(KEY_SIZE), t->byte_size));
+    if (t->shm_offset != 0)
+        s += ld_size(int_entry_size(strlen(KEY_OFFSET), t->shm_offset));
+    return s;
+}
+
+static void w_str_param(oi_sbuf_t *o, const char *key, const char *v)
+{
+    size_t klen = strlen(key), vlen = strlen(v);
+    w_varint(o, 4 << 3 | WT_LEN);
+    w_varint(o, str_entry_size(klen, vlen));
+    w_bytes_field(o, 1, key, klen);
+    w_varint(o, 2 << 3 | WT_LEN);
+    w_varint(o, ld_size(vlen));
+    w_bytes_field(o, 3, v, vlen);
+}
+
+static void w_int_param(oi_sbuf_t *o, const char *key, uint64_t v)
+{
+    size_t klen = strlen(key);
+    w_varint(o, 4 << 3 | WT_LEN);
+    w_varint(o, int_entry_size(klen, v));
+    w_bytes_field(o, 1, key, klen);
+    w_varint(o, 2 << 3 | WT_LEN);
+    w_varint(o, 1 + varint_size(v));
+    w_varint(o, 2 << 3 | WT_VARINT);
+    w_varint(o, v);
+}
+
 static size_t output_tensor_size(const oi_tensor_t *t)
 {
     size_t s = ld_size(strlen(t->name)) + ld_size(strlen(oi_dtype_name(t->dtype)));
     if (t->ndim > 0)
         s += ld_size(shape_size(t));
-    return s;
+    return s + shm_params_size(t);
 }
 
 oi_status_t *oi_pb_encode_infer_response(const char *model_name, const char *model_version,
@@ -900,8 +968,8 @@ oi_status_t *oi_pb_encode_infer_response(const char *model_name, const char *mod
     for (uint32_t i = 0; i < resp->n_outputs; i++) {
         const oi_tensor_t *t = &resp->outputs[i];
         head += ld_size(output_tensor_size(t));
-        head += 1 + varint_size(t->byte_size);
-        body += t->byte_size;
+        head += 1 + varint_size(raw_size(t));
+        body += raw_size(t);
     }
     uint64_t inner = head + body;
     uint64_t len = stream ? 1 + varint_size(inner) + inner : inner;
@@ -933,6 +1001,12 @@ oi_status_t *oi_pb_encode_infer_response(const char *model_name, const char *mod
             for (int k = 0; k < t->ndim; k++)
                 w_varint(&o, (uint64_t)t->shape[k]);
         }
+        if (t->shm) {
+            w_str_param(&o, KEY_REGION, region_of(t));
+            w_int_param(&o, KEY_SIZE, t->byte_size);
+            if (t->shm_offset != 0)
+                w_int_param(&o, KEY_OFFSET, t->shm_offset);
+        }
     }
     /* The raw_output_contents keys and lengths follow in the same buffer; the parts
      * interleave them with the outputs' own memory. */
@@ -945,7 +1019,7 @@ oi_status_t *oi_pb_encode_infer_response(const char *model_name, const char *mod
     for (uint32_t i = 0; i < resp->n_outputs; i++) {
         key_off[i] = o.len;
         w_varint(&o, 6 << 3 | WT_LEN);
-        w_varint(&o, resp->outputs[i].byte_size);
+        w_varint(&o, raw_size(&resp->outputs[i]));
     }
     oi_buf_t *hb = oi_sbuf_detach(&o);
     if (hb == NULL) {
@@ -958,7 +1032,7 @@ oi_status_t *oi_pb_encode_infer_response(const char *model_name, const char *mod
     size_t n = 0, run_start = 0;
     for (uint32_t i = 0; i < resp->n_outputs; i++) {
         const oi_tensor_t *t = &resp->outputs[i];
-        if (t->byte_size == 0)
+        if (raw_size(t) == 0)
             continue;
         size_t run_end = i + 1 < resp->n_outputs ? key_off[i + 1] : hb->len;
         parts[n++] = (oi_pb_iov_t){hb->data + run_start, run_end - run_start, oi_buf_ref(hb)};

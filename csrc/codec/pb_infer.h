@@ -30,13 +30,16 @@ typedef struct oi_pb_iov_s {
  * 1.5 | "text" | null, ...}), so that parameters mean the same whatever the transport.
  * Inputs given in raw_input_contents point into `msg` (owner: a new reference to it); inputs
  * given as typed `contents` get a new buffer with the elements packed little-endian in their
- * datatype (BYTES: a 4-byte little-endian length before each element). *model_name and
+ * datatype (BYTES: a 4-byte little-endian length before each element). Inputs whose
+ * parameters hold a "shared_memory_region" get `shm` set and no data (the server resolves
+ * them); raw_input_contents then lists the other inputs only, in order. *model_name and
  * *model_version point into req->aux (the version is "" when absent).
  *
  * Returns NULL, or a status that the caller frees: 400 for a malformed or inconsistent
  * message, naming the field, what was expected and what came (malformed varint, truncated
  * field, wrong wire type, unknown datatype, sizes that do not match shape x datatype, raw and
- * typed contents both given, a count of raw contents other than the count of inputs), 500
+ * typed contents both given, a count of raw contents other than the count of inputs not in
+ * shared memory), 500
  * when out of memory. `req` is then left cleared. */
 oi_status_t *oi_pb_decode_infer_request(oi_buf_t *msg, oi_request_t *req, oi_slice_t *model_name,
                                         oi_slice_t *model_version);
@@ -52,6 +55,9 @@ int oi_pb_peek_request_id(const char *data, size_t len, oi_slice_t *id);
 /* Encodes a ModelInferResponse with model name, version (left out when NULL), the request's
  * id (when req is not NULL and has one), one InferOutputTensor per output and each output's
  * bytes as raw_output_contents in the same order (the order tritonclient reads them by).
+ * An output with `shm` set (written into shared memory) gets the parameters
+ * shared_memory_region, shared_memory_byte_size and (when not 0) shared_memory_offset, and an
+ * empty raw_output_contents entry, as Triton sends it.
  * With `stream` set, the message is wrapped as the infer_response of a
  * ModelStreamInferResponse. The field headers and lengths go into one new small buffer and
  * each output's bytes are referenced where the backend left them, so the message is the

@@ -28,6 +28,14 @@ typedef struct oi_tensor_s {
     size_t byte_size;
     oi_buf_t *owner;
     oi_slice_t parameters; /* raw JSON object text; borrowed from the request body */
+    /* The shared-memory extension. A request input whose parameters name a
+     * "shared_memory_region" has `shm` set by the codecs and no data until the server points
+     * it into the region. A response output with `shm` set was written into the region named
+     * `shm_region` (borrowed from `owner`, the region) at `shm_offset`: encoders send its
+     * metadata and those parameters, and none of its bytes. */
+    uint8_t shm;
+    const char *shm_region;
+    uint64_t shm_offset;
 } oi_tensor_t;
 
 /* An output the client asked for, by name. */

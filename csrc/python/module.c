@@ -24,14 +24,19 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"host", "http_port", "threads", "max_body_bytes", "max_header_bytes", "max_connections",
                              "header_timeout_ms", "idle_timeout_ms", "max_json_depth", "grpc_port",
-                             "grpc_max_message_bytes", NULL};
+                             "grpc_max_message_bytes", "allow_shared_memory", NULL};
     const char *host = "127.0.0.1";
     int port = 8000, threads = 0, max_conn = 4096, grpc_port = 8001;
     unsigned long long max_body = 1ull << 30, max_header = 64 << 10, header_to = 30000, idle_to = 300000;
     unsigned long long grpc_max = 2ull << 30;
     unsigned int depth = 64;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|si$iKKiKKIiK", kwlist, &host, &port, &threads, &max_body, &max_header,
-                                     &max_conn, &header_to, &idle_to, &depth, &grpc_port, &grpc_max))
+    PyObject *allow_shm = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|si$iKKiKKIiKO", kwlist, &host, &port, &threads, &max_body,
+                                     &max_header, &max_conn, &header_to, &idle_to, &depth, &grpc_port, &grpc_max,
+                                     &allow_shm))
+        return -1;
+    int allow = allow_shm == Py_None ? -1 : PyObject_IsTrue(allow_shm);
+    if (allow == -1 && allow_shm != Py_None)
         return -1;
     if (port < 0 || port > 65535) {
         PyErr_Format(PyExc_ValueError, "http_port must be 0 to 65535, got %d", port);
@@ -57,6 +62,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
         .max_json_depth = depth,
         .grpc_port = grpc_port,
         .grpc_max_message_bytes = (size_t)grpc_max,
+        .allow_shared_memory = allow,
     };
     self->server = oi_server_new(&self->cfg);
     if (self->server == NULL) {
@@ -349,6 +355,12 @@ static PyObject *Server_get_grpc_port(ServerObject *self, void *closure)
     return PyLong_FromLong(self->server && self->started ? oi_server_grpc_port(self->server) : 0);
 }
 
+static PyObject *Server_get_shared_memory(ServerObject *self, void *closure)
+{
+    (void)closure;
+    return PyBool_FromLong(self->server != NULL && oi_server_shm_allowed(self->server));
+}
+
 static PyObject *Server_get_running(ServerObject *self, void *closure)
 {
     (void)closure;
@@ -369,6 +381,8 @@ static PyGetSetDef Server_getset[] = {
     {"port", (getter)Server_get_port, NULL, "The bound HTTP port.", NULL},
     {"grpc_port", (getter)Server_get_grpc_port, NULL, "The bound gRPC port; 0 without gRPC.", NULL},
     {"running", (getter)Server_get_running, NULL, "Whether the server serves.", NULL},
+    {"shared_memory", (getter)Server_get_shared_memory, NULL,
+     "Whether clients may register shared-memory regions.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -24,6 +24,12 @@ enum {
     RPC_MODEL_METADATA,
     RPC_MODEL_INFER,
     RPC_MODEL_STREAM_INFER,
+    RPC_SYS_SHM_STATUS,
+    RPC_SYS_SHM_REGISTER,
+    RPC_SYS_SHM_UNREGISTER,
+    RPC_CUDA_SHM_STATUS,
+    RPC_CUDA_SHM_REGISTER,
+    RPC_CUDA_SHM_UNREGISTER,
 };
 
 static const struct {
@@ -37,6 +43,12 @@ static const struct {
     {"ModelMetadata", RPC_MODEL_METADATA},
     {"ModelInfer", RPC_MODEL_INFER},
     {"ModelStreamInfer", RPC_MODEL_STREAM_INFER},
+    {"SystemSharedMemoryStatus", RPC_SYS_SHM_STATUS},
+    {"SystemSharedMemoryRegister", RPC_SYS_SHM_REGISTER},
+    {"SystemSharedMemoryUnregister", RPC_SYS_SHM_UNREGISTER},
+    {"CudaSharedMemoryStatus", RPC_CUDA_SHM_STATUS},
+    {"CudaSharedMemoryRegister", RPC_CUDA_SHM_REGISTER},
+    {"CudaSharedMemoryUnregister", RPC_CUDA_SHM_UNREGISTER},
 };
 
 /* ---- answering ---------------------------------------------------------------------------- */
@@ -290,6 +302,135 @@ static void model_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg)
     inference__model_ready_request__free_unpacked(req, NULL);
 }
 
+/* ---- shared memory ------------------------------------------------------------------------ */
+
+static void shm_status(oi_server_t *s, oi_grpc_call_t *call, oi_shm_kind_t kind, const char *name)
+{
+    oi_shm_region_t **regions;
+    size_t n;
+    oi_status_t *st = oi_shm_list(&s->shm, kind, name, &regions, &n);
+    if (st != NULL) {
+        finish_status(call, st);
+        return;
+    }
+    size_t one = kind == OI_SHM_SYSTEM ? sizeof(Inference__SystemSharedMemoryStatusResponse__RegionsEntry) +
+                                             sizeof(Inference__SystemSharedMemoryStatusResponse__RegionStatus)
+                                       : sizeof(Inference__CudaSharedMemoryStatusResponse__RegionsEntry) +
+                                             sizeof(Inference__CudaSharedMemoryStatusResponse__RegionStatus);
+    void **ptrs = calloc(n ? n : 1, sizeof(void *));
+    char *mem = calloc(n ? n : 1, one);
+    if (ptrs == NULL || mem == NULL) {
+        oi_grpc_finish(call, OI_GRPC_INTERNAL, "out of memory");
+    } else if (kind == OI_SHM_SYSTEM) {
+        Inference__SystemSharedMemoryStatusResponse r = INFERENCE__SYSTEM_SHARED_MEMORY_STATUS_RESPONSE__INIT;
+        for (size_t i = 0; i < n; i++) {
+            Inference__SystemSharedMemoryStatusResponse__RegionsEntry *e = (void *)(mem + i * one);
+            Inference__SystemSharedMemoryStatusResponse__RegionStatus *v = (void *)(e + 1);
+            inference__system_shared_memory_status_response__regions_entry__init(e);
+            inference__system_shared_memory_status_response__region_status__init(v);
+            v->name = e->key = regions[i]->name;
+            v->key = regions[i]->key;
+            v->offset = regions[i]->offset;
+            v->byte_size = regions[i]->byte_size;
+            e->value = v;
+            ptrs[i] = e;
+        }
+        r.n_regions = n;
+        r.regions = (Inference__SystemSharedMemoryStatusResponse__RegionsEntry **)ptrs;
+        reply(call, &r.base);
+    } else {
+        Inference__CudaSharedMemoryStatusResponse r = INFERENCE__CUDA_SHARED_MEMORY_STATUS_RESPONSE__INIT;
+        for (size_t i = 0; i < n; i++) {
+            Inference__CudaSharedMemoryStatusResponse__RegionsEntry *e = (void *)(mem + i * one);
+            Inference__CudaSharedMemoryStatusResponse__RegionStatus *v = (void *)(e + 1);
+            inference__cuda_shared_memory_status_response__regions_entry__init(e);
+            inference__cuda_shared_memory_status_response__region_status__init(v);
+            v->name = e->key = regions[i]->name;
+            v->device_id = (uint64_t)regions[i]->device_id;
+            v->byte_size = regions[i]->byte_size;
+            e->value = v;
+            ptrs[i] = e;
+        }
+        r.n_regions = n;
+        r.regions = (Inference__CudaSharedMemoryStatusResponse__RegionsEntry **)ptrs;
+        reply(call, &r.base);
+    }
+    free(ptrs);
+    free(mem);
+    oi_shm_release_all(regions, n);
+}
+
+/* Answers a register or unregister call: its empty response, or the status. */
+static void shm_done(oi_grpc_call_t *call, oi_status_t *st, const ProtobufCMessage *empty)
+{
+    if (st != NULL)
+        finish_status(call, st);
+    else
+        reply(call, empty);
+}
+
+/* The six shared-memory RPCs. Their requests are small: protobuf-c unpacks them. */
+static void shm_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg)
+{
+    const uint8_t *data = (const uint8_t *)msg->data;
+    switch (call->kind) {
+    case RPC_SYS_SHM_STATUS:
+    case RPC_CUDA_SHM_STATUS:
+    case RPC_SYS_SHM_UNREGISTER:
+    case RPC_CUDA_SHM_UNREGISTER: {
+        /* The four requests are the same message: name = 1. */
+        Inference__SystemSharedMemoryStatusRequest *q =
+            inference__system_shared_memory_status_request__unpack(NULL, msg->len, data);
+        if (q == NULL) {
+            oi_grpc_finish(call, OI_GRPC_INVALID_ARGUMENT, "malformed shared-memory request message");
+            return;
+        }
+        oi_shm_kind_t kind = call->kind == RPC_SYS_SHM_STATUS || call->kind == RPC_SYS_SHM_UNREGISTER ? OI_SHM_SYSTEM
+                                                                                                      : OI_SHM_CUDA;
+        if (call->kind == RPC_SYS_SHM_STATUS || call->kind == RPC_CUDA_SHM_STATUS) {
+            shm_status(s, call, kind, q->name);
+        } else if (kind == OI_SHM_SYSTEM) {
+            Inference__SystemSharedMemoryUnregisterResponse r = INFERENCE__SYSTEM_SHARED_MEMORY_UNREGISTER_RESPONSE__INIT;
+            shm_done(call, oi_shm_unregister(&s->shm, kind, q->name), &r.base);
+        } else {
+            Inference__CudaSharedMemoryUnregisterResponse r = INFERENCE__CUDA_SHARED_MEMORY_UNREGISTER_RESPONSE__INIT;
+            shm_done(call, oi_shm_unregister(&s->shm, kind, q->name), &r.base);
+        }
+        inference__system_shared_memory_status_request__free_unpacked(q, NULL);
+        return;
+    }
+    case RPC_SYS_SHM_REGISTER: {
+        Inference__SystemSharedMemoryRegisterRequest *q =
+            inference__system_shared_memory_register_request__unpack(NULL, msg->len, data);
+        if (q == NULL) {
+            oi_grpc_finish(call, OI_GRPC_INVALID_ARGUMENT, "malformed SystemSharedMemoryRegisterRequest");
+            return;
+        }
+        Inference__SystemSharedMemoryRegisterResponse r = INFERENCE__SYSTEM_SHARED_MEMORY_REGISTER_RESPONSE__INIT;
+        shm_done(call, oi_shm_register_system(&s->shm, q->name, q->key, q->offset, q->byte_size), &r.base);
+        inference__system_shared_memory_register_request__free_unpacked(q, NULL);
+        return;
+    }
+    case RPC_CUDA_SHM_REGISTER: {
+        Inference__CudaSharedMemoryRegisterRequest *q =
+            inference__cuda_shared_memory_register_request__unpack(NULL, msg->len, data);
+        if (q == NULL) {
+            oi_grpc_finish(call, OI_GRPC_INVALID_ARGUMENT, "malformed CudaSharedMemoryRegisterRequest");
+            return;
+        }
+        Inference__CudaSharedMemoryRegisterResponse r = INFERENCE__CUDA_SHARED_MEMORY_REGISTER_RESPONSE__INIT;
+        shm_done(call,
+                 oi_shm_register_cuda(&s->shm, q->name, q->raw_handle.data, q->raw_handle.len, q->device_id,
+                                      q->byte_size),
+                 &r.base);
+        inference__cuda_shared_memory_register_request__free_unpacked(q, NULL);
+        return;
+    }
+    default:
+        return;
+    }
+}
+
 /* ---- inference ---------------------------------------------------------------------------- */
 
 /* A streamed request failed: one ModelStreamInferResponse with error_message, and the
@@ -410,6 +551,7 @@ static void handle_infer(oi_server_t *s, oi_grpc_call_t *call, oi_buf_t *msg)
     oi_grpc_call_ref(call);
     call->pending++;
     atomic_fetch_add(&s->grpc_inflight, 1);
+    inf->shm = &s->shm;
     st = oi_infer_submit(inf, m, call->loop, finish_infer, call); /* takes the model reference */
     if (st != NULL) {
         call->pending--;
@@ -483,6 +625,14 @@ static void on_message(void *ctx, oi_grpc_call_t *call, oi_buf_t *msg)
     case RPC_MODEL_STREAM_INFER:
         handle_infer(s, call, msg); /* takes msg */
         return;
+    case RPC_SYS_SHM_STATUS:
+    case RPC_SYS_SHM_REGISTER:
+    case RPC_SYS_SHM_UNREGISTER:
+    case RPC_CUDA_SHM_STATUS:
+    case RPC_CUDA_SHM_REGISTER:
+    case RPC_CUDA_SHM_UNREGISTER:
+        shm_rpc(s, call, msg);
+        break;
     default:
         break;
     }

@@ -63,7 +63,7 @@ static int pick_binary(const oi_request_t *req, const oi_response_t *resp, uint8
 {
     int any = 0;
     for (uint32_t i = 0; i < resp->n_outputs; i++) {
-        binary[i] = (uint8_t)(oi_json_output_is_binary(req, resp->outputs[i].name) != 0);
+        binary[i] = (uint8_t)(!resp->outputs[i].shm && oi_json_output_is_binary(req, resp->outputs[i].name) != 0);
         any |= binary[i];
     }
     return any;
@@ -243,6 +243,7 @@ static void handle_infer(oi_server_t *s, oi_http_request_t *r, oi_model_t *m)
     }
     oi_buf_unref(body); /* the request holds its own references */
     if (st == NULL) {
+        c->shm = &s->shm;
         st = oi_infer_submit(c, m, r->loop, finish_infer, r); /* takes m */
         m = NULL;
     }
@@ -385,6 +386,179 @@ static void route_model(oi_server_t *s, oi_http_request_t *r, const char *p)
     }
 }
 
+/* ---- shared memory ------------------------------------------------------------------------ */
+
+/* Decodes standard base64 (padding optional) into out (cap bytes); returns the length or -1. */
+static long b64_decode(const char *s, size_t n, unsigned char *out, size_t cap)
+{
+    uint32_t acc = 0;
+    int bits = 0;
+    size_t k = 0;
+    while (n > 0 && s[n - 1] == '=')
+        n--;
+    for (size_t i = 0; i < n; i++) {
+        char ch = s[i];
+        int v = ch >= 'A' && ch <= 'Z'   ? ch - 'A'
+                : ch >= 'a' && ch <= 'z' ? ch - 'a' + 26
+                : ch >= '0' && ch <= '9' ? ch - '0' + 52
+                : ch == '+'              ? 62
+                : ch == '/'              ? 63
+                                         : -1;
+        if (v < 0)
+            return -1;
+        acc = acc << 6 | (uint32_t)v;
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            if (k >= cap)
+                return -1;
+            out[k++] = (unsigned char)(acc >> bits);
+        }
+    }
+    return (long)k;
+}
+
+/* A request body as a JSON object slice; NULL when there is none. */
+static oi_slice_t body_slice(const oi_http_request_t *r)
+{
+    return r->body ? (oi_slice_t){r->body->data, r->body->len} : (oi_slice_t){NULL, 0};
+}
+
+/* Reads a required non-negative integer member of a register body. */
+static oi_status_t *body_count(oi_slice_t body, const char *key, int required, uint64_t *out)
+{
+    oi_json_param_t v;
+    char none[1];
+    oi_json_param(body, key, &v, none, sizeof(none));
+    if (v.kind == OI_JSON_PARAM_ABSENT && !required) {
+        *out = 0;
+        return NULL;
+    }
+    if (v.kind != OI_JSON_PARAM_COUNT)
+        return oi_status_new(OI_BAD_REQUEST, "register request: '%s' must be a non-negative integer%s", key,
+                             v.kind == OI_JSON_PARAM_ABSENT ? " and is missing" : "");
+    *out = (uint64_t)v.count;
+    return NULL;
+}
+
+static oi_status_t *shm_register(oi_server_t *s, oi_http_request_t *r, oi_shm_kind_t kind, const char *name)
+{
+    oi_slice_t body = body_slice(r);
+    oi_json_param_t v;
+    char probe[1];
+    if (body.ptr == NULL || oi_json_param(body, "", &v, probe, sizeof(probe)) != 0)
+        return oi_status_new(OI_BAD_REQUEST, "register request: expected a JSON object body, got %s",
+                             body.ptr == NULL ? "no body" : "malformed JSON");
+    uint64_t byte_size, offset;
+    oi_status_t *st = body_count(body, "byte_size", 1, &byte_size);
+    if (st != NULL)
+        return st;
+    if (kind == OI_SHM_SYSTEM) {
+        char key[2 * OI_SHM_MAX_NAME]; /* room to say why a long key is wrong */
+        if ((st = body_count(body, "offset", 0, &offset)) != NULL)
+            return st;
+        oi_json_param(body, "key", &v, key, sizeof(key));
+        if (v.kind != OI_JSON_PARAM_STRING || v.too_long || strlen(key) != v.len)
+            return oi_status_new(OI_BAD_REQUEST, "register request: 'key' must be a string, a shared-memory name "
+                                 "(\"/name\") of at most %d bytes", OI_SHM_MAX_NAME + 1);
+        return oi_shm_register_system(&s->shm, name, key, offset, byte_size);
+    }
+    uint64_t device_id;
+    if ((st = body_count(body, "device_id", 1, &device_id)) != NULL)
+        return st;
+    oi_json_param(body, "raw_handle", &v, probe, sizeof(probe));
+    char b64[128];
+    oi_json_param_t h = {0};
+    if (v.kind == OI_JSON_PARAM_OTHER)
+        oi_json_param(v.raw, "b64", &h, b64, sizeof(b64));
+    unsigned char handle[OI_CUDA_IPC_HANDLE_BYTES + 3];
+    long n = h.kind == OI_JSON_PARAM_STRING && !h.too_long ? b64_decode(b64, h.len, handle, sizeof(handle)) : -1;
+    if (n < 0)
+        return oi_status_new(OI_BAD_REQUEST, "register request: 'raw_handle' must be {\"b64\": <base64 of a %d-byte "
+                             "cudaIpcMemHandle_t>}", OI_CUDA_IPC_HANDLE_BYTES);
+    return oi_shm_register_cuda(&s->shm, name, handle, (size_t)n, (int64_t)device_id, byte_size);
+}
+
+static void shm_status(oi_server_t *s, oi_http_request_t *r, oi_shm_kind_t kind, const char *name)
+{
+    oi_shm_region_t **regions;
+    size_t n;
+    oi_status_t *st = oi_shm_list(&s->shm, kind, name, &regions, &n);
+    if (st != NULL) {
+        respond_status(r, st);
+        return;
+    }
+    oi_sbuf_t body = {0};
+    oi_sbuf_append(&body, "[", 1);
+    for (size_t i = 0; i < n; i++) {
+        const oi_shm_region_t *g = regions[i];
+        oi_sbuf_append(&body, i ? ",{\"name\":" : "{\"name\":", i ? 9 : 8);
+        oi_json_write_string(&body, g->name, strlen(g->name));
+        if (kind == OI_SHM_SYSTEM) {
+            oi_sbuf_append(&body, ",\"key\":", 7);
+            oi_json_write_string(&body, g->key, strlen(g->key));
+            oi_sbuf_printf(&body, ",\"offset\":%llu", (unsigned long long)g->offset);
+        } else {
+            oi_sbuf_printf(&body, ",\"device_id\":%lld", (long long)g->device_id);
+        }
+        oi_sbuf_printf(&body, ",\"byte_size\":%llu}", (unsigned long long)g->byte_size);
+    }
+    oi_shm_release_all(regions, n);
+    if (oi_sbuf_append(&body, "]", 1) != 0) {
+        oi_sbuf_free(&body);
+        respond_error(r, OI_INTERNAL, "out of memory");
+        return;
+    }
+    respond_sbuf(r, 200, JSON_HEADERS, &body);
+}
+
+/* /v2/{system,cuda}sharedmemory[/region/{name}]/{status,register,unregister} */
+static void route_shm(oi_server_t *s, oi_http_request_t *r, oi_shm_kind_t kind, const char *p)
+{
+    char name[MAX_NAME] = "";
+    const char *e = segment_end(p);
+    if (seg_is(p, e, "region") && *e == '/') {
+        p = e + 1;
+        e = segment_end(p);
+        if (decode_segment(p, e, name, sizeof(name)) != 0) {
+            respond_error(r, OI_BAD_REQUEST, "region name in the URL is empty, too long or badly percent-encoded");
+            return;
+        }
+        p = *e ? e + 1 : e;
+        e = segment_end(p);
+    }
+    enum { STATUS, REGISTER, UNREGISTER } what;
+    if (seg_is(p, e, "status") && *e == '\0')
+        what = STATUS;
+    else if (seg_is(p, e, "register") && *e == '\0' && name[0] != '\0')
+        what = REGISTER;
+    else if (seg_is(p, e, "unregister") && *e == '\0')
+        what = UNREGISTER;
+    else {
+        char msg[MAX_NAME * 2];
+        snprintf(msg, sizeof(msg), "no endpoint at %.300s", r->path);
+        respond_error(r, OI_NOT_FOUND, msg);
+        return;
+    }
+    if (what == STATUS && r->method != HTTP_GET) {
+        method_not_allowed(r, "GET");
+        return;
+    }
+    if (what != STATUS && r->method != HTTP_POST) {
+        method_not_allowed(r, "POST");
+        return;
+    }
+    if (what == STATUS) {
+        shm_status(s, r, kind, name);
+        return;
+    }
+    oi_status_t *st = what == REGISTER ? shm_register(s, r, kind, name) : oi_shm_unregister(&s->shm, kind, name);
+    if (st != NULL)
+        respond_status(r, st);
+    else
+        respond_static(r, 200, "{}");
+}
+
 void oi__http_api_handle(void *ctx, oi_http_request_t *r)
 {
     oi_server_t *s = ctx;
@@ -424,6 +598,14 @@ void oi__http_api_handle(void *ctx, oi_http_request_t *r)
     }
     if (strncmp(p, "models/", 7) == 0) {
         route_model(s, r, p + 7);
+        return;
+    }
+    if (strncmp(p, "systemsharedmemory/", 19) == 0) {
+        route_shm(s, r, OI_SHM_SYSTEM, p + 19);
+        return;
+    }
+    if (strncmp(p, "cudasharedmemory/", 17) == 0) {
+        route_shm(s, r, OI_SHM_CUDA, p + 17);
         return;
     }
     char msg[MAX_NAME * 2];

@@ -18,6 +18,7 @@ void oi_infer_free(oi_infer_t *inf)
         return;
     oi_response_clear(&inf->job.resp);
     oi_status_free(inf->job.status);
+    oi_shm_targets_free(inf->shm_out, inf->req.n_outputs);
     oi_request_clear(&inf->req);
     free(inf->output_names);
     oi_model_unref(inf->model);
@@ -37,6 +38,10 @@ static void job_done(oi_job_t *j)
     oi_infer_t *inf = (oi_infer_t *)j;
     if (j->status == NULL)
         j->status = oi_validate_response(inf->model, j->output_names, j->n_outputs, &j->resp);
+    /* Outputs asked in shared memory are copied there here, off the loop thread. Requested
+     * outputs and response outputs are in the same order (see oi_validate_request). */
+    if (j->status == NULL && inf->shm_out != NULL)
+        j->status = oi_shm_place_outputs(&j->resp, inf->shm_out);
     inf->task.run = run_done;
     oi_loop_post(inf->loop, &inf->task);
 }
@@ -49,10 +54,22 @@ oi_status_t *oi_model_check_ready(const oi_model_t *m)
                          m->error ? m->error : "no executor");
 }
 
+static oi_status_t *resolve_shm(oi_infer_t *inf)
+{
+    if (inf->shm != NULL)
+        return oi_shm_resolve(inf->shm, &inf->req, &inf->shm_out);
+    for (uint32_t i = 0; i < inf->req.n_inputs; i++)
+        if (inf->req.inputs[i].shm)
+            return oi_status_new(OI_BAD_REQUEST, "input '%s': shared memory is not available here", inf->req.inputs[i].name);
+    return NULL;
+}
+
 oi_status_t *oi_infer_submit(oi_infer_t *inf, oi_model_t *m, oi_loop_t *loop, oi_infer_done_cb done, void *ctx)
 {
     inf->model = m;
     oi_status_t *st = oi_model_check_ready(m);
+    if (st == NULL)
+        st = resolve_shm(inf);
     if (st == NULL)
         st = oi_validate_request(m, &inf->req, &inf->output_names, &inf->job.n_outputs);
     if (st != NULL)

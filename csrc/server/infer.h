@@ -5,6 +5,7 @@
 #define OI_SERVER_INFER_H
 
 #include "server/registry.h"
+#include "server/shm.h"
 #include "transport/loop.h"
 
 typedef struct oi_infer_s oi_infer_t;
@@ -21,6 +22,9 @@ struct oi_infer_s {
     const char **output_names; /* what to produce, in response order */
     oi_infer_done_cb done;
     void *ctx;                 /* the transport's */
+    oi_shm_t *shm;             /* borrowed: the server's regions; set by the transport before
+                                * submit (NULL: shared-memory tensors are refused) */
+    oi_shm_target_t *shm_out;  /* where requested outputs go (NULL: none in shared memory) */
 };
 
 /* Returns a zeroed inference ready for decoding into `req`, or NULL (out of memory). */
@@ -29,7 +33,9 @@ oi_infer_t *oi_infer_new(void);
 /* NULL when the model version can serve, else a 503 status with the reason. */
 oi_status_t *oi_model_check_ready(const oi_model_t *m);
 
-/* Checks readiness and the request against the model's declaration, then queues it. Takes
+/* Checks readiness, resolves shared-memory inputs and outputs (inf->shm), checks the request
+ * against the model's declaration, then queues it. Outputs requested in shared memory are
+ * written there on the executor thread before `done`. Takes
  * the reference to `m` in every case. Returns NULL when queued (`done` runs later on `loop`)
  * or a status when nothing was queued. */
 oi_status_t *oi_infer_submit(oi_infer_t *inf, oi_model_t *m, oi_loop_t *loop, oi_infer_done_cb done, void *ctx);

@@ -5,7 +5,24 @@
 #include <string.h>
 #include <time.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 /* ---- life cycle --------------------------------------------------------------------------- */
+
+/* Whether `host` names only this machine: 127.0.0.0/8, ::1, or localhost. */
+static int is_loopback(const char *host)
+{
+    if (host == NULL) /* the transport's default, 127.0.0.1 */
+        return 1;
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (inet_pton(AF_INET, host, &a4) == 1)
+        return (ntohl(a4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, host, &a6) == 1)
+        return IN6_IS_ADDR_LOOPBACK(&a6) || (IN6_IS_ADDR_V4MAPPED(&a6) && a6.s6_addr[12] == 127);
+    return strcmp(host, "localhost") == 0;
+}
 
 oi_server_t *oi_server_new(const oi_server_config_t *cfg)
 {
@@ -14,6 +31,7 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
         return NULL;
     s->cfg = *cfg;
     oi_registry_init(&s->registry);
+    oi_shm_init(&s->shm, cfg->allow_shared_memory < 0 ? is_loopback(cfg->http.host) : cfg->allow_shared_memory != 0);
     s->http = oi_http_server_new(&s->cfg.http, oi__http_api_handle, s);
     if (s->cfg.grpc_port >= 0) {
         oi_h2_config_t h2 = {
@@ -28,6 +46,7 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
         oi_http_server_free(s->http);
         oi_h2_server_free(s->grpc);
         oi_registry_destroy(&s->registry);
+        oi_shm_destroy(&s->shm);
         free(s);
         return NULL;
     }
@@ -66,6 +85,8 @@ int oi_server_start(oi_server_t *s, char *err, size_t errlen)
     free(loops);
     return rc;
 }
+
+int oi_server_shm_allowed(const oi_server_t *s) { return s->shm.allowed; }
 
 int oi_server_port(const oi_server_t *s) { return oi_http_server_port(s->http); }
 
@@ -107,5 +128,7 @@ void oi_server_stop(oi_server_t *s, uint64_t timeout_ms)
     oi_http_server_free(s->http);
     oi_h2_server_free(s->grpc);
     oi_buf_unref(s->metadata);
+    /* After the loops: no request holds a region now, so each is unmapped here. */
+    oi_shm_destroy(&s->shm);
     free(s);
 }

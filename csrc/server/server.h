@@ -12,6 +12,10 @@ typedef struct oi_server_config_s {
     uint32_t max_json_depth;
     int grpc_port;              /* gRPC on its own port, on the HTTP loops; -1: no gRPC */
     size_t grpc_max_message_bytes; /* largest gRPC request message; 0: 2 GiB */
+    /* Whether clients may register shared-memory regions: 1 yes, 0 no, -1 (the default a
+     * zeroed config does not give: set it) only when http.host is a loopback address, since a
+     * region is memory of the server's own host. */
+    int allow_shared_memory;
 } oi_server_config_t;
 
 typedef struct oi_server_s oi_server_t;
@@ -28,6 +32,9 @@ int oi_server_add_model(oi_server_t *s, oi_model_t *m);
 
 /* Listens and starts the loops. 0, or an error with a message in `err`. */
 int oi_server_start(oi_server_t *s, char *err, size_t errlen);
+
+/* Whether this server accepts shared-memory registrations (the config, resolved). */
+int oi_server_shm_allowed(const oi_server_t *s);
 
 /* The bound HTTP port, 0 before start. */
 int oi_server_port(const oi_server_t *s);

@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 
 #include "server/server.h"
+#include "server/shm.h"
 
 struct oi_server_s {
     oi_server_config_t cfg;
@@ -15,6 +16,7 @@ struct oi_server_s {
     oi_h2_server_t *grpc;     /* NULL without gRPC */
     atomic_int grpc_inflight; /* gRPC inferences submitted and not yet answered */
     oi_buf_t *metadata;
+    oi_shm_t shm; /* registered shared-memory regions */
 };
 
 /* The HTTP/1.1 handler: routes the V2 REST API (http_api.c). */

@@ -20,6 +20,7 @@ from .repository import examples_path
 if TYPE_CHECKING:
     from .client import AsyncClient, Client
     from .server import Server, serve
+    from .shm import SharedMemoryRegion
 
 __version__ = "0.1.0"
 
@@ -29,6 +30,7 @@ __all__ = [
     "InferenceServerError",
     "Model",
     "Server",
+    "SharedMemoryRegion",
     "Tensor",
     "__version__",
     "examples_path",
@@ -46,4 +48,8 @@ def __getattr__(name: str) -> Any:
         from . import client
 
         return getattr(client, name)
+    if name == "SharedMemoryRegion":
+        from . import shm
+
+        return shm.SharedMemoryRegion
     raise AttributeError(f"module 'openinfer' has no attribute {name!r}")

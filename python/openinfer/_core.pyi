@@ -60,6 +60,7 @@ class Server:
         max_json_depth: int = 64,
         grpc_port: int = 8001,  # -1: no gRPC; 0 picks a free port
         grpc_max_message_bytes: int = 2 << 30,  # largest gRPC request message
+        allow_shared_memory: bool | None = None,  # None: only when host is a loopback address
     ) -> None: ...
     def set_metadata(self, metadata_json: bytes) -> None:
         """Sets the body of GET /v2 (server metadata)."""
@@ -99,6 +100,9 @@ class Server:
         """The bound gRPC port (useful with grpc_port=0); 0 before start() or without gRPC."""
     @property
     def running(self) -> bool: ...
+    @property
+    def shared_memory(self) -> bool:
+        """Whether clients may register shared-memory regions (system and CUDA)."""
     def stop(self, timeout: float = 30.0) -> None:
         """Stops accepting, waits up to `timeout` seconds for in-flight requests, then closes
         every connection and joins the threads. Idempotent."""

@@ -80,6 +80,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="event-loop threads (default 0: one per core)",
     )
+    serve.add_argument(
+        "--allow-shared-memory",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="let clients register shared-memory regions (default: only when --host is a "
+        "loopback address)",
+    )
     for limit, text in _LIMITS.items():
         serve.add_argument("--" + limit.replace("_", "-"), type=int, metavar="N", help=text)
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -122,6 +129,7 @@ def _serve(args: argparse.Namespace) -> int:
             host=args.host,
             http_port=args.http_port,
             threads=args.threads,
+            allow_shared_memory=args.allow_shared_memory,
             **grpc,
             **limits,
         )

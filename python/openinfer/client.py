@@ -10,14 +10,26 @@ the C core does the encoding, the socket I/O and the decoding without the GIL. C
 pooled and kept alive, so one Client is safe and fast to share between threads; `infer_async`
 and `AsyncClient` keep many requests in flight, and over gRPC `stream_infer` pipelines a
 sequence of requests on one ModelStreamInfer stream.
+
+On the same host (a loopback URL, and a server that lists the system_shared_memory extension)
+large tensors skip the socket: inputs are staged in shared-memory regions the client registers
+once, and outputs come back as arrays viewing those regions. Arrays that already live in a
+registered `SharedMemoryRegion` are read where they are, and `out=` names arrays there that
+outputs are written into. Anything else (a remote server, a refusal) takes the socket path.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import functools
+import ipaddress
 import json
+import math
+import os
 import threading
+import uuid
+import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
@@ -27,8 +39,10 @@ from urllib.parse import quote, urlsplit
 import numpy as np
 
 from . import _core
+from . import shm as _shm
 from .errors import InferenceServerError
-from .model import datatype_of
+from .model import datatype_of, numpy_dtype
+from .shm import SharedMemoryRegion
 
 try:
     from ml_dtypes import bfloat16 as _bfloat16  # type: ignore[import-not-found, unused-ignore]
@@ -70,10 +84,12 @@ class Client:
     unless the call gives its own; `max_connections` bounds the pool and the threads of
     `infer_async`. Every call works the same over both transports; gRPC statuses become the
     HTTP statuses of InferenceServerError (NOT_FOUND 404, INVALID_ARGUMENT 400, UNAVAILABLE 503,
-    INTERNAL 500, UNIMPLEMENTED 501) and DEADLINE_EXCEEDED a TimeoutError."""
+    INTERNAL 500, UNIMPLEMENTED 501) and DEADLINE_EXCEEDED a TimeoutError. `shared_memory`: None
+    (the default) uses system shared memory when the URL's host is a loopback address and the
+    server offers it; True tries it whatever the host; False never does."""
 
     def __init__(self, url: str = "http://127.0.0.1:8000", *, timeout: float | None = None,
-                 max_connections: int = 32) -> None:
+                 max_connections: int = 32, shared_memory: bool | None = None) -> None:
         parts = urlsplit(url if "://" in url else "http://" + url)
         if parts.scheme not in ("http", "grpc"):
             raise ValueError(f"unsupported URL scheme {parts.scheme!r} in {url!r}; expected http:// or grpc://")
@@ -100,6 +116,15 @@ class Client:
         self._waiting = 0
         self._executor: ThreadPoolExecutor | None = None
         self._closed = False
+        self._shm_mode = shared_memory
+        self._shm_pool: _shm.Pool | bool | None = None  # None: not decided yet; False: not used
+        self._regions: dict[str, SharedMemoryRegion] = {}  # registered explicitly, by name
+        self._owned: list[SharedMemoryRegion] = []  # made by shared_memory(), closed with us
+        self._io: dict[tuple[str, str], dict[str, Any]] = {}  # model metadata, for outputs
+        self._out_bytes: dict[tuple[str, str, str], int] = {}  # largest output seen
+        self._cuda: bool | None = None  # None: not decided yet
+        self._cuda_regions: dict[bytes, str] = {}  # CUDA IPC handle -> registered region name
+        _clients.add(self)
 
     # ---- connections ----------------------------------------------------------------------
 
@@ -200,19 +225,33 @@ class Client:
     def infer(self, model: str, inputs: Mapping[str, ArrayLike], outputs: Sequence[str] | None = None, *,
               version: str | int | None = None, request_id: str | None = None,
               parameters: Mapping[str, Any] | None = None, datatypes: Mapping[str, str] | None = None,
-              timeout: float | None = None) -> dict[str, np.ndarray]:
+              timeout: float | None = None, out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Runs `model` on `inputs` (name -> array) and returns its outputs (name -> array),
         all of them or the `outputs` named. Datatypes follow the arrays' dtypes (object, bytes
         and str arrays are BYTES; ``ml_dtypes.bfloat16`` is BF16); `datatypes` overrides them
-        by name (e.g. ``{"X": "BF16"}`` for a uint16 array of bfloat16 bits). Raises
-        InferenceServerError with the server's status and message."""
-        specs = [(name, *_tensor(name, value, datatypes)) for name, value in inputs.items()]
+        by name (e.g. ``{"X": "BF16"}`` for a uint16 array of bfloat16 bits). `out` names
+        arrays in registered shared-memory regions that outputs are written into (the result
+        then views those regions). Raises InferenceServerError with the server's status and
+        message."""
+        # Whether shared memory may serve this client is asked of the server on the first call
+        # large enough to gain from it (small calls never pay for the question).
+        shm = self._shm_pool is not False and self._shm_mode is not False
+        if (out or self._regions or any(_is_cuda_tensor(v) for v in inputs.values())
+                or (shm and self._worth_shm(model, version, inputs) and self._use_shm())):
+            result = self._infer_shm(model, inputs, outputs, version, request_id, parameters, datatypes,
+                                     timeout, out or {})
+            if result is not None:
+                return result
+        specs = [(name, *_tensor(name, _host_value(value), datatypes)) for name, value in inputs.items()]
         if self._grpc:
             result = _grpc_value(*self._rpc(
                 "infer", model, specs, list(outputs) if outputs is not None else None, _version(version),
                 request_id, dict(parameters) if parameters else None, timeout=timeout,
             ))
-            return _outputs(result)
+            arrays = _outputs(result)
+            if shm or out:
+                self._learn(model, version, arrays, out or {})
+            return arrays
         if parameters:
             params = dict(parameters)
             if outputs is None:
@@ -226,7 +265,10 @@ class Client:
         )
         if status != 200:
             raise InferenceServerError(status, _error_message(result))
-        return _outputs(result)
+        arrays = _outputs(result)
+        if shm or out:
+            self._learn(model, version, arrays, out or {})
+        return arrays
 
     def infer_async(self, model: str, inputs: Mapping[str, ArrayLike], outputs: Sequence[str] | None = None,
                     **kwargs: Any) -> Future[dict[str, np.ndarray]]:
@@ -265,13 +307,438 @@ class Client:
             raise
         return StreamResults(self, conn, stream, iter(requests), datatypes, max_in_flight)
 
+    # ---- shared memory --------------------------------------------------------------------
+
+    def register(self, region: SharedMemoryRegion) -> SharedMemoryRegion:
+        """Registers `region` with the server under region.name; arrays viewing it are then
+        passed in place. Raises InferenceServerError when the server refuses."""
+        self._shm_call("/register", region.name, {"key": region.key, "offset": 0, "byte_size": region.byte_size})
+        with self._lock:
+            self._regions[region.name] = region
+        return region
+
+    def unregister(self, region: SharedMemoryRegion | str) -> None:
+        """Unregisters a region (by object or name) from the server."""
+        name = region if isinstance(region, str) else region.name
+        with self._lock:
+            self._regions.pop(name, None)
+        self._shm_call("/unregister", name, None)
+
+    def shared_memory(self, byte_size: int, *, name: str | None = None) -> SharedMemoryRegion:
+        """A new `SharedMemoryRegion` of `byte_size` bytes, registered with the server; closed
+        (and unregistered) with the client."""
+        region = SharedMemoryRegion(byte_size, name=name)
+        try:
+            self.register(region)
+        except BaseException:
+            region.close()
+            raise
+        with self._lock:
+            self._owned.append(region)
+        return region
+
+    def shared_memory_status(self, *, timeout: float | None = None) -> list[dict[str, Any]]:
+        """The server's system shared-memory regions (every client's): name, key, offset and
+        byte_size of each."""
+        if self._grpc:
+            value = _grpc_value(*self._rpc("unary", _shm.GRPC_SERVICE + "SystemSharedMemoryStatus", b"",
+                                           timeout=timeout))
+            return _shm.decode_status(value)
+        status, body = self._get("/v2/systemsharedmemory/status", timeout)
+        if status != 200:
+            raise InferenceServerError(status, _error_message(body))
+        result: list[dict[str, Any]] = json.loads(body)
+        return result
+
+    def _grpc_unary(self, method: str, payload: bytes, timeout: float | None) -> tuple[int, Any]:
+        """A unary call by name with a message given as bytes: (grpc status, reply or message).
+        After close() (a pooled region released late) on a connection of its own."""
+        if not self._closed:
+            return self._call("unary", _shm.GRPC_SERVICE + method, payload, timeout=timeout)
+        conn = _core.GrpcConnection(self._host, self._port)
+        try:
+            return conn.unary(_shm.GRPC_SERVICE + method, payload, timeout=timeout)
+        finally:
+            conn.close()
+
+    def _shm_call(self, action: str, name: str, body: dict[str, Any] | None) -> None:
+        if self._grpc:
+            if action == "/register":
+                assert body is not None
+                payload = _shm.encode_register(name, body["key"], body["offset"], body["byte_size"])
+                method = "SystemSharedMemoryRegister"
+            else:
+                payload, method = _shm.encode_name(name), "SystemSharedMemoryUnregister"
+            _grpc_value(*self._grpc_unary(method, payload, self._timeout))
+            return
+        path = f"{self._prefix}/v2/systemsharedmemory/region/{quote(name, safe='')}{action}"
+        data = json.dumps(body).encode() if body is not None else b""
+        headers = "Content-Type: application/json\r\n"
+        if self._closed:  # a pooled region released after close(): a connection of its own
+            conn = _core.HttpConnection(self._host, self._port)
+            try:
+                status, reply = conn.request("POST", path, data, headers, timeout=self._timeout)
+            finally:
+                conn.close()
+        else:
+            status, reply = self._call("request", "POST", path, data, headers, timeout=self._timeout)
+        if status != 200:
+            raise InferenceServerError(status, _error_message(reply))
+
+    def _use_shm(self) -> bool:
+        """Decides once whether the pool is used: a loopback host (or shared_memory=True), this
+        Python able to make shm, and a server that lists the extension."""
+        if self._shm_pool is None:
+            decided = self._decide_shm()  # calls the server: not under the lock
+            with self._lock:
+                if self._shm_pool is None:
+                    self._shm_pool, decided = decided, None
+            if isinstance(decided, _shm.Pool):  # another thread decided first
+                decided.close()
+        return self._shm_pool is not False
+
+    def _worth_shm(self, model: str, version: str | int | None, inputs: Mapping[str, ArrayLike]) -> bool:
+        """Whether the pool pays off for this call: small tensors cost less through the socket
+        (the C path) than through the pool's bookkeeping in Python."""
+        total = sum(v.nbytes for v in inputs.values() if isinstance(v, np.ndarray))
+        if total >= SHM_MIN_BYTES:
+            return True
+        key = (model, str(version or ""))
+        return any(n >= SHM_MIN_BYTES for k, n in self._out_bytes.items() if k[:2] == key)
+
+    def _decide_shm(self) -> _shm.Pool | bool:
+        if self._shm_mode is False or not _shm.available():
+            return False
+        if self._shm_mode is None and not _is_loopback(self._host):
+            return False
+        try:
+            extensions = self.server_metadata().get("extensions", [])
+        except (InferenceServerError, OSError, ValueError):
+            return False
+        if "system_shared_memory" not in extensions:
+            return False
+        return _shm.Pool(lambda n, k, size: self._shm_call("/register", n, {"key": k, "offset": 0, "byte_size": size}),
+                         lambda n: self._shm_call("/unregister", n, None), self._max + 8)
+
+    def _disable_shm(self) -> None:
+        """The server refused the pool's regions (or lost them): socket path from now on."""
+        with self._lock:
+            pool, self._shm_pool = self._shm_pool, False
+        if isinstance(pool, _shm.Pool):
+            pool.close()
+
+    def _model_io(self, model: str, version: str | int | None, timeout: float | None) -> dict[str, Any]:
+        key = (model, str(version or ""))
+        meta = self._io.get(key)
+        if meta is None:
+            meta = self.model_metadata(model, version, timeout=timeout)
+            self._io[key] = meta
+        return meta
+
+    def _region_of(self, arr: np.ndarray) -> tuple[SharedMemoryRegion, int] | None:
+        for region in list(self._regions.values()):
+            off = region.offset_of(arr)
+            if off is not None:
+                return region, off
+        return None
+
+    def _infer_shm(self, model: str, inputs: Mapping[str, ArrayLike], outputs: Sequence[str] | None,
+                   version: str | int | None, request_id: str | None, parameters: Mapping[str, Any] | None,
+                   datatypes: Mapping[str, str] | None, timeout: float | None,
+                   out: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+        """infer through shared memory; None when this call must take the socket path."""
+        pool = self._shm_pool if isinstance(self._shm_pool, _shm.Pool) else None
+        tensors: list[dict[str, Any]] = []
+        staged: list[tuple[dict[str, Any], Any, int]] = []  # (tensor, data, nbytes)
+        for name, value in inputs.items():
+            if _is_cuda_tensor(value):
+                params = self._cuda_params(value)
+                if params is not None:  # read by the server from the GPU, through CUDA IPC
+                    tensors.append({"name": name, "datatype": (datatypes or {}).get(name) or _torch_datatype(value),
+                                    "shape": list(value.shape), "parameters": params})
+                    continue
+            datatype, arr = _tensor(name, _host_value(value), datatypes)
+            arr = arr if isinstance(arr, np.ndarray) else np.asarray(arr)
+            t: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(arr.shape)}
+            tensors.append(t)
+            where = self._region_of(arr) if datatype != "BYTES" else None
+            if where is not None:
+                t["parameters"] = _shm_params(where[0].name, arr.nbytes, where[1])
+            elif pool is None:
+                return None
+            elif datatype == "BYTES":
+                data = _shm.serialize_bytes(arr)
+                staged.append((t, data, len(data)))
+            else:
+                data = np.ascontiguousarray(arr)
+                staged.append((t, data, data.nbytes))
+        meta = self._model_io(model, version, timeout)
+        names = list(outputs) if outputs is not None else [o["name"] for o in meta.get("outputs", [])]
+        types = {o["name"]: o.get("datatype") for o in meta.get("outputs", [])}
+        requested: list[dict[str, Any]] = []
+        placed: dict[str, int] = {}  # outputs in the pool slot: name -> offset
+        want: list[tuple[dict[str, Any], str, int]] = []
+        total_in = sum(n for _, _, n in staged)
+        for name in names:
+            o: dict[str, Any] = {"name": name}
+            requested.append(o)
+            if name in out:
+                target = out[name]
+                where = self._region_of(target) if isinstance(target, np.ndarray) else None
+                if where is None:
+                    raise ValueError(f"out[{name!r}] must be an array in a registered SharedMemoryRegion")
+                o["parameters"] = _shm_params(where[0].name, target.nbytes, where[1])
+            elif pool is None:
+                return None
+            else:
+                want.append((o, name, self._estimate(model, version, name, meta, inputs, total_in)))
+        # Outputs reuse the inputs' space (inputs are dead once the model has run, and the
+        # server copies aside whatever still reads from a window before writing it); an output
+        # that is its input, at the same offset, is then not copied at all.
+        need = max(sum(_align(n) for _, _, n in staged), sum(_align(n) for _, _, n in want))
+        slot = None
+        if staged or want:
+            assert pool is not None
+            try:
+                slot = pool.acquire(need)
+            except InferenceServerError:
+                self._disable_shm()  # the server refuses registrations: never mind
+                return None
+            if slot is None:
+                return None
+        try:
+            off = 0
+            for t, data, n in staged:
+                assert slot is not None
+                dst = slot.region.array((n,), np.uint8, off)
+                if isinstance(data, np.ndarray):
+                    np.copyto(dst, data.reshape(-1).view(np.uint8))
+                else:
+                    dst[:] = np.frombuffer(data, dtype=np.uint8)
+                t["parameters"] = _shm_params(slot.region.name, n, off)
+                off += _align(n)
+            off = 0
+            for o, name, n in want:
+                assert slot is not None
+                o["parameters"] = _shm_params(slot.region.name, n, off)
+                placed[name] = off
+                off += _align(n)
+            body: dict[str, Any] = {"inputs": tensors, "outputs": requested}
+            if request_id is not None:
+                body["id"] = request_id
+            if parameters:
+                body["parameters"] = dict(parameters)
+            try:
+                if self._grpc:
+                    status, reply = self._grpc_unary(
+                        "ModelInfer", _shm.encode_infer_request(body, model, str(version or "")),
+                        self._timeout_for(timeout))
+                    if status != 0:  # as over HTTP below; a deadline raises here
+                        error = _grpc_error(status, reply)
+                        if isinstance(error, TimeoutError):
+                            raise error
+                        status, reply = error.status, json.dumps({"error": error.message}).encode()  # type: ignore[attr-defined]
+                    else:
+                        status, reply = 200, _shm.decode_infer_response(reply)
+                else:
+                    status, reply = self._call("request", "POST", self._prefix + _model_path(model, version) + "/infer",
+                                               json.dumps(body).encode(), "Content-Type: application/json\r\n",
+                                               timeout=self._timeout_for(timeout))
+            except BaseException:
+                # No answer (a timeout, a lost connection): the server may still write this
+                # call's outputs into the slot later, so it never serves another call.
+                if slot is not None and pool is not None:
+                    pool.discard(slot)
+                    slot = None
+                raise
+            if status != 200:
+                message = _error_message(reply)
+                if status == 400 and "do not fit shared_memory_byte_size" in message:
+                    return None  # an output outgrew its guess: this call goes by socket, and teaches us
+                if status == 400 and slot is not None and f"'{slot.region.name}' is not registered" in message:
+                    self._disable_shm()  # the server lost our regions (restarted?)
+                    return None
+                raise InferenceServerError(status, message)
+            return self._shm_outputs(reply if isinstance(reply, dict) else json.loads(reply), model, version, pool,
+                                     slot, placed, out, types)
+        finally:
+            if slot is not None and pool is not None:
+                pool.release(slot)
+
+    def _shm_outputs(self, reply: dict[str, Any], model: str, version: str | int | None, pool: _shm.Pool | None,
+                     slot: _shm.Slot | None, placed: dict[str, int], out: Mapping[str, np.ndarray],
+                     types: dict[str, Any]) -> dict[str, np.ndarray]:
+        result: dict[str, np.ndarray] = {}
+        for o in reply.get("outputs", []):
+            name, datatype, shape = o["name"], o["datatype"], tuple(o["shape"])
+            params = o.get("parameters") or {}
+            nbytes = int(params.get("shared_memory_byte_size", 0))
+            key = (model, str(version or ""), name)
+            self._out_bytes[key] = max(self._out_bytes.get(key, 0), nbytes)
+            count = math.prod(shape)
+            if "shared_memory_region" not in params:  # not asked in shm: the data came in the reply
+                if datatype == "BYTES":
+                    arr = (_shm.deserialize_bytes(o["raw"], count) if "raw" in o
+                           else np.array([x.encode() if isinstance(x, str) else x for x in o.get("data", [])],
+                                         dtype=object))
+                elif "raw" in o:
+                    arr = np.frombuffer(o["raw"], dtype=numpy_dtype(datatype))
+                else:
+                    arr = np.array(o.get("data", []), dtype=numpy_dtype(datatype))
+                arr = arr.reshape(shape)
+                result[name] = _bf16_view(arr) if datatype == "BF16" else arr
+                continue
+            if name in out:
+                region, off = self._region_of(out[name])  # type: ignore[misc]
+                src_region, src_off, src_pool = region, off, None
+            else:
+                assert slot is not None and pool is not None
+                src_region, src_off, src_pool = slot.region, placed[name], pool
+            if datatype == "BYTES":
+                view = src_region.array((nbytes,), np.uint8, src_off)
+                result[name] = _shm.deserialize_bytes(view, count).reshape(shape)
+                continue
+            dtype = numpy_dtype(datatype)
+            if src_pool is not None and slot is not None:
+                arr = src_pool.view(slot, src_off, dtype, shape)
+            else:
+                arr = src_region.array(shape, dtype, src_off)
+            result[name] = _bf16_view(arr) if datatype == "BF16" else arr
+        return result
+
+    def _estimate(self, model: str, version: str | int | None, name: str, meta: dict[str, Any],
+                  inputs: Mapping[str, ArrayLike], total_in: int) -> int:
+        """Bytes to set aside for an output: the most of what its declared shape holds (a
+        variable first dimension taken as the inputs' batch; when it cannot tell, what the
+        inputs take) and the largest seen so far. A call that outgrows it goes by socket once,
+        and teaches."""
+        seen = self._out_bytes.get((model, str(version or ""), name), 0)
+        spec = next((o for o in meta.get("outputs", []) if o.get("name") == name), None)
+        if spec is not None and spec.get("datatype") not in (None, "BYTES"):
+            dims = list(spec.get("shape") or [])
+            first = next(iter(inputs.values()), None)
+            batch = np.shape(first)[0] if first is not None and np.ndim(first) > 0 else None
+            if dims and dims[0] == -1 and batch is not None:
+                dims[0] = batch
+            if dims and all(d >= 0 for d in dims):
+                return max(seen, math.prod(dims) * numpy_dtype(spec["datatype"]).itemsize)
+        return max(seen, total_in, 64 << 10)
+
+    def _learn(self, model: str, version: str | int | None, arrays: dict[str, np.ndarray],
+               out: Mapping[str, np.ndarray]) -> None:
+        """After a call that went by socket: output sizes for the next guesses, and the outputs
+        asked into `out` copied there."""
+        for name, arr in arrays.items():
+            n = len(_shm.serialize_bytes(arr)) if arr.dtype == object else arr.nbytes
+            key = (model, str(version or ""), name)
+            self._out_bytes[key] = max(self._out_bytes.get(key, 0), n)
+            target = out.get(name)
+            if target is not None and arr.dtype != object and target.nbytes >= arr.nbytes:
+                where = self._region_of(target)
+                if where is not None:
+                    view = where[0].array(arr.shape, arr.dtype, where[1])
+                    np.copyto(view, arr)
+                    arrays[name] = view
+
+    def _cuda_params(self, tensor: Any) -> dict[str, Any] | None:
+        """Shared-memory parameters for a contiguous torch tensor on a GPU, its allocation
+        registered with the server as a CUDA region (once per allocation); None when CUDA
+        shared memory cannot be used (then the tensor comes to the host)."""
+        if self._cuda is None:
+            self._cuda = self._decide_cuda()
+        if not self._cuda or not tensor.is_contiguous():
+            return None
+        try:
+            base, size, handle = _cuda_ipc().export(tensor.data_ptr())
+        except OSError:
+            return None
+        name = self._cuda_regions.get(handle)
+        if name is None:
+            name = f"oi_cuda_{os.getpid()}_{uuid.uuid4().hex[:12]}"
+            import base64
+
+            device = tensor.device.index or 0
+            if self._grpc:
+                status, _ = self._grpc_unary("CudaSharedMemoryRegister",
+                                             _shm.encode_cuda_register(name, handle, device, size), self._timeout)
+                status = 200 if status == 0 else status
+            else:
+                path = f"{self._prefix}/v2/cudasharedmemory/region/{quote(name, safe='')}/register"
+                body = {"raw_handle": {"b64": base64.b64encode(handle).decode()}, "device_id": device,
+                        "byte_size": size}
+                status, _ = self._call("request", "POST", path, json.dumps(body).encode(),
+                                       "Content-Type: application/json\r\n", timeout=self._timeout)
+            if status != 200:
+                self._cuda = False  # refused (no GPU there, say): host copies from now on
+                return None
+            with self._lock:
+                self._cuda_regions[handle] = name
+            if len(self._cuda_regions) > _CUDA_REGIONS_MAX:  # allocations come and go: forget the oldest
+                old = next(iter(self._cuda_regions))
+                self._cuda_unregister(self._cuda_regions.pop(old))
+        import torch
+
+        torch.cuda.current_stream(tensor.device).synchronize()  # the server reads what is there now
+        return _shm_params(name, tensor.numel() * tensor.element_size(), tensor.data_ptr() - base)
+
+    def _decide_cuda(self) -> bool:
+        if self._shm_mode is False or (self._shm_mode is None and not _is_loopback(self._host)):
+            return False
+        try:
+            if "cuda_shared_memory" not in self.server_metadata().get("extensions", []):
+                return False
+            _cuda_ipc()
+            return True
+        except (InferenceServerError, OSError, ValueError):
+            return False
+
+    def _cuda_unregister(self, name: str) -> None:
+        path = f"{self._prefix}/v2/cudasharedmemory/region/{quote(name, safe='')}/unregister"
+        try:
+            if self._grpc:
+                self._grpc_unary("CudaSharedMemoryUnregister", _shm.encode_name(name), self._timeout)
+            elif self._closed:
+                conn = _core.HttpConnection(self._host, self._port)
+                try:
+                    conn.request("POST", path, b"", None, timeout=self._timeout)
+                finally:
+                    conn.close()
+            else:
+                self._call("request", "POST", path, b"", None, timeout=self._timeout)
+        except Exception:  # noqa: BLE001 - best effort: the server may be gone
+            pass
+
+    def _close_shm(self, at_exit: bool = False) -> None:
+        with self._lock:
+            cuda, self._cuda_regions = self._cuda_regions, {}
+        for name in cuda.values():
+            self._cuda_unregister(name)
+        with self._lock:
+            pool, self._shm_pool = self._shm_pool, False
+        if isinstance(pool, _shm.Pool):
+            pool.close(busy_too=at_exit)
+        with self._lock:
+            regions, self._regions = self._regions, {}
+            owned, self._owned = self._owned, []
+        for name in regions:
+            try:
+                self._shm_call("/unregister", name, None)
+            except Exception:  # noqa: BLE001 - closing: the server may be gone already
+                pass
+        for region in owned:
+            region.close()
+
     # ---- life cycle -----------------------------------------------------------------------
 
     def close(self) -> None:
-        """Closes every pooled connection; calls in flight finish first."""
-        self._closed = True
+        """Closes every pooled connection and unregisters this client's shared-memory
+        regions; calls in flight finish first. Arrays returned from shared memory stay valid."""
         if self._executor is not None:
             self._executor.shutdown(wait=True)
+        if not self._closed:
+            self._close_shm()
+        self._closed = True
+        _clients.discard(self)
         with self._lock:
             idle, self._idle = self._idle, []
         for conn in idle:
@@ -508,6 +975,113 @@ def _grpc_value(status: int, value: Any) -> Any:
     if status != 0:
         _raise_grpc(status, value)
     return value
+
+
+
+# Below this many tensor bytes (inputs, or the largest output a model gave) a call takes the
+# socket even where shared memory is available: it is faster there (see S4 with shared memory).
+SHM_MIN_BYTES = 256 << 10
+
+# Clients whose shared-memory regions are unregistered at exit if they were not closed.
+_clients: weakref.WeakSet[Client] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_clients() -> None:
+    for client in list(_clients):
+        try:
+            client._close_shm(at_exit=True)
+        except Exception:  # noqa: BLE001 - at exit, best effort
+            pass
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _align(n: int) -> int:
+    return -(-n // _shm.ALIGN) * _shm.ALIGN
+
+
+def _shm_params(region: str, byte_size: int, offset: int) -> dict[str, Any]:
+    p: dict[str, Any] = {"shared_memory_region": region, "shared_memory_byte_size": byte_size}
+    if offset:
+        p["shared_memory_offset"] = offset
+    return p
+
+
+def _is_cuda_tensor(value: Any) -> bool:
+    return type(value).__module__.startswith("torch") and bool(getattr(value, "is_cuda", False))
+
+
+def _host_value(value: ArrayLike) -> ArrayLike:
+    """A torch tensor on a GPU comes to the host for the socket and system shared memory."""
+    if _is_cuda_tensor(value):
+        return value.detach().cpu().numpy()
+    return value
+
+
+def _torch_datatype(tensor: Any) -> str:
+    name = str(tensor.dtype).removeprefix("torch.")
+    table = {"bool": "BOOL", "uint8": "UINT8", "int8": "INT8", "int16": "INT16", "int32": "INT32",
+             "int64": "INT64", "float16": "FP16", "bfloat16": "BF16", "float32": "FP32", "float64": "FP64",
+             "uint16": "UINT16", "uint32": "UINT32", "uint64": "UINT64"}
+    if name not in table:
+        raise ValueError(f"torch dtype {tensor.dtype} has no V2 datatype")
+    return table[name]
+
+
+# How many CUDA allocations stay registered per client (the caching allocator reuses few).
+_CUDA_REGIONS_MAX = 64
+
+
+class _CudaIpc:
+    """cudaIpcGetMemHandle and cuMemGetAddressRange through ctypes: the IPC handle of the
+    allocation that holds a device pointer, and where the allocation starts. (torch's own
+    sharing, storage._share_cuda_(), keeps a reference count for a torch consumer that a
+    server does not run.)"""
+
+    def __init__(self) -> None:
+        import ctypes
+
+        def load(names: tuple[str, ...]) -> Any:
+            for n in names:
+                try:
+                    return ctypes.CDLL(n)
+                except OSError:
+                    continue
+            raise OSError(f"none of {', '.join(names)} could be loaded")
+
+        self._ct = ctypes
+        self._rt = load(("libcudart.so", "libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"))
+        self._drv = load(("libcuda.so.1", "libcuda.so"))
+
+    def export(self, ptr: int) -> tuple[int, int, bytes]:
+        """(allocation base, allocation size, 64-byte IPC handle) for device pointer `ptr`."""
+        ct = self._ct
+        base, size = ct.c_uint64(), ct.c_size_t()
+        if self._drv.cuMemGetAddressRange_v2(ct.byref(base), ct.byref(size), ct.c_uint64(ptr)) != 0:
+            raise OSError("cuMemGetAddressRange failed")
+        handle = ct.create_string_buffer(64)
+        if self._rt.cudaIpcGetMemHandle(handle, ct.c_void_p(base.value)) != 0:
+            raise OSError("cudaIpcGetMemHandle failed (memory not from cudaMalloc?)")
+        return base.value, size.value, handle.raw
+
+
+_cuda_ipc_lib: _CudaIpc | None = None
+
+
+def _cuda_ipc() -> _CudaIpc:
+    global _cuda_ipc_lib
+    if _cuda_ipc_lib is None:
+        _cuda_ipc_lib = _CudaIpc()
+    return _cuda_ipc_lib
+
 
 
 @functools.lru_cache(maxsize=1024)  # quoting per call shows in the sequential request rate

@@ -23,8 +23,10 @@ from .torch_model import TorchModel
 
 logger = logging.getLogger("openinfer")
 
-# What GET /v2 lists: exactly the protocol extensions this server implements.
+# What GET /v2 lists: exactly the protocol extensions this server implements. The
+# shared-memory ones are listed only where clients may register regions (see serve()).
 EXTENSIONS = ("binary_tensor_data",)
+SHM_EXTENSIONS = ("system_shared_memory", "cuda_shared_memory")
 
 class _Default:
     """The type of `_DEFAULT`: "grpc_port not given"."""
@@ -52,12 +54,15 @@ def serve(
     grpc_port: int | None | _Default = _DEFAULT,
     threads: int = 0,
     log: bool = True,
+    allow_shared_memory: bool | None = None,
     **limits: int,
 ) -> Server:
     """Serves the models of repository `repo` and the given `models`, and returns the running
     server at once. With neither, serves the example repository. ``http_port=0`` picks a free
     port (see `Server.http_port`). gRPC is served on `grpc_port` (default 8001; 0 picks a free
-    port, also the default when ``http_port=0``; None serves no gRPC). `limits` go to the core:
+    port, also the default when ``http_port=0``; None serves no gRPC). Clients on this host may
+    register shared-memory regions (system and CUDA) when `allow_shared_memory` is True; None
+    (the default) allows it only when `host` is a loopback address. `limits` go to the core:
     max_body_bytes, max_header_bytes, max_connections, header_timeout_ms, idle_timeout_ms,
     max_json_depth, grpc_max_message_bytes."""
     server = Server(
@@ -68,6 +73,7 @@ def serve(
         grpc_port=grpc_port,
         threads=threads,
         log=log,
+        allow_shared_memory=allow_shared_memory,
         **limits,
     )
     server.start()
@@ -88,6 +94,7 @@ class Server:
         grpc_port: int | None | _Default = _DEFAULT,
         threads: int = 0,
         log: bool = True,
+        allow_shared_memory: bool | None = None,
         **limits: int,
     ) -> None:
         if isinstance(grpc_port, _Default):
@@ -100,10 +107,16 @@ class Server:
         self._stopped = threading.Event()
         self._entries = _collect(repo, models)
         self._core = _core.Server(
-            host, http_port, threads=threads, grpc_port=-1 if grpc_port is None else grpc_port, **limits
+            host,
+            http_port,
+            threads=threads,
+            grpc_port=-1 if grpc_port is None else grpc_port,
+            allow_shared_memory=allow_shared_memory,
+            **limits,
         )
+        extensions = EXTENSIONS + (SHM_EXTENSIONS if self._core.shared_memory else ())
         self._core.set_metadata(
-            _json({"name": "openinfer", "version": __version__, "extensions": list(EXTENSIONS)})
+            _json({"name": "openinfer", "version": __version__, "extensions": list(extensions)})
         )
         self._register()
 

@@ -862,6 +862,68 @@ static void test_locale(void)
     }
 }
 
+/* The shared-memory extension: inputs that name a region carry no data; outputs written into
+ * a region are encoded as metadata and parameters; oi_json_param reads parameters. */
+static void test_shared_memory(void)
+{
+    decoded_t d;
+    decode(&d, "{\"inputs\":[{\"name\":\"a\",\"datatype\":\"FP32\",\"shape\":[4],\"parameters\":"
+               "{\"shared_memory_region\":\"r\\u00e9\",\"shared_memory_byte_size\":16,\"shared_memory_offset\":8}},"
+               "{\"name\":\"b\",\"datatype\":\"INT8\",\"shape\":[1],\"data\":[1]}]}");
+    CHECKF(d.st == NULL, "%s", d.st ? d.st->message : "");
+    if (d.st == NULL) {
+        const oi_tensor_t *a = &d.req.inputs[0];
+        CHECK(a->shm == 1 && a->data == NULL && a->owner == NULL && a->byte_size == 0);
+        CHECK(d.req.inputs[1].shm == 0 && d.req.inputs[1].byte_size == 1);
+        char buf[16];
+        oi_json_param_t v;
+        CHECK(oi_json_param(a->parameters, "shared_memory_region", &v, buf, sizeof(buf)) == 0);
+        CHECK(v.kind == OI_JSON_PARAM_STRING && v.len == 3 && strcmp(buf, "r\xc3\xa9") == 0 && !v.too_long);
+        CHECK(oi_json_param(a->parameters, "shared_memory_byte_size", &v, buf, sizeof(buf)) == 0);
+        CHECK(v.kind == OI_JSON_PARAM_COUNT && v.count == 16);
+        CHECK(oi_json_param(a->parameters, "shared_memory_region", &v, buf, 2) == 0 && v.too_long);
+        CHECK(oi_json_param(a->parameters, "nope", &v, buf, sizeof(buf)) == 0 && v.kind == OI_JSON_PARAM_ABSENT);
+    }
+    release(&d);
+    EXPECT_ERROR("{\"inputs\":[{\"name\":\"a\",\"datatype\":\"FP32\",\"shape\":[1],\"data\":[1],"
+                 "\"parameters\":{\"shared_memory_region\":\"r\"}}]}",
+                 "got \"data\" and shared_memory_region");
+    EXPECT_ERROR("{\"inputs\":[{\"name\":\"a\",\"datatype\":\"FP32\",\"shape\":[1],"
+                 "\"parameters\":{\"binary_data_size\":4,\"shared_memory_region\":\"r\"}}]}",
+                 "got binary_data_size and shared_memory_region");
+
+    char buf[8];
+    oi_json_param_t v;
+    static const char *const bad[] = {"", "{", "{\"a\":}", "{\"a\":1,}", "[1]", "{\"a\":1} x", "{\"a\":\"\\q\"}"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        oi_slice_t sl = {bad[i], strlen(bad[i])};
+        CHECKF(oi_json_param(sl, "a", &v, buf, sizeof(buf)) == -1, "accepted %s", bad[i]);
+    }
+    oi_slice_t other = {"{\"x\":[1,{\"a\":2}],\"a\":-3,\"a\":4}", 30};
+    CHECK(oi_json_param(other, "a", &v, buf, sizeof(buf)) == 0 && v.kind == OI_JSON_PARAM_OTHER &&
+          v.raw.len == 2 && memcmp(v.raw.ptr, "-3", 2) == 0);
+    oi_slice_t none = {NULL, 0};
+    CHECK(oi_json_param(none, "a", &v, buf, sizeof(buf)) == 0 && v.kind == OI_JSON_PARAM_ABSENT);
+
+    /* An output placed in shared memory: metadata and where it went, no data, whatever `binary`. */
+    oi_buf_t *b = oi_buf_new(8);
+    b->len = 8;
+    oi_tensor_t t = {.name = "o", .dtype = OI_TYPE_INT32, .ndim = 2, .shape = {1, 2}, .data = b->data,
+                     .byte_size = 8, .shm = 1, .shm_region = "reg\"x", .shm_offset = 64};
+    oi_response_t resp = {.outputs = &t, .n_outputs = 1};
+    oi_sbuf_t out = {0};
+    uint8_t bin[] = {1};
+    oi_status_t *st = oi_json_encode_infer_response(&out, "m", NULL, NULL, &resp, bin);
+    oi_sbuf_append(&out, "", 1);
+    CHECKF(st == NULL && strcmp(out.data, "{\"model_name\":\"m\",\"outputs\":[{\"name\":\"o\",\"datatype\":\"INT32\","
+                                          "\"shape\":[1,2],\"parameters\":{\"shared_memory_region\":\"reg\\\"x\","
+                                          "\"shared_memory_byte_size\":8,\"shared_memory_offset\":64}}]}") == 0,
+           "%s", out.data);
+    oi_status_free(st);
+    oi_sbuf_free(&out);
+    oi_buf_unref(b);
+}
+
 static int echo_stdin(void)
 {
     oi_sbuf_t in = {0};
@@ -911,6 +973,7 @@ int main(int argc, char **argv)
     test_truncations();
     test_encode();
     test_locale();
+    test_shared_memory();
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
 }
