@@ -153,7 +153,7 @@ def perf_analyzer_status() -> tuple[str | None, str]:
                 rr = subprocess.run([str(exe), "--help"], capture_output=True, text=True)
                 msg = (rr.stderr or rr.stdout).strip().splitlines()
                 note += (f" The real wheel, {wheels[0].name}, needs a newer C library than "
-                         f"this Debian's (glibc {os.confstr('CS_GNU_LIBC_VERSION')}); its "
+                         f"this Debian's ({os.confstr('CS_GNU_LIBC_VERSION')}); its "
                          f"binary, run here, says: `{' / '.join(m.split(': ', 1)[-1] for m in msg[:3])}`"
                          if rr.returncode != 0 else "")
                 if rr.returncode == 0:
@@ -240,7 +240,11 @@ def peer_argv(name: str, http_port: int, grpc_port: int, workdir: Path,
     if name == "kserve":
         py = ensure_venv("kserve", REQUIREMENTS["kserve"])
         return ([str(py), str(PEER_DIR / "kserve_serve.py"), "--http-port", str(http_port),
-                 "--grpc-port", str(grpc_port)], env, C.REPO_ROOT, py)
+                 "--grpc-port", str(grpc_port),
+                 # KServe's own flags (read from sys.argv when kserve is imported): its
+                 # default 8 MiB gRPC message limit refuses S4's 16 MiB tensors.
+                 "--grpc_max_send_message_length", str(1 << 30),
+                 "--grpc_max_receive_message_length", str(1 << 30)], env, C.REPO_ROOT, py)
     raise ValueError(f"unknown peer {name!r}")
 
 
@@ -269,8 +273,8 @@ def start_peer(name: str, cpus: str | None, log_dir: Path, timeout: float = 240,
     dist = {"triton": "nvidia-pytriton", "mlserver": "mlserver", "kserve": "kserve"}[name]
     peer = Peer(name, LABELS[name], proc, http_port, grpc_port, url,
                 version=f"{dist} {_pkg_version(py, dist)}", started_s=time.monotonic() - t0)
-    peer.command = " ".join(C.rel(Path(a)) if a.startswith(str(C.REPO_ROOT)) else a
-                            for a in argv)
+    peer.command = " ".join(os.path.relpath(a, C.REPO_ROOT) if a.startswith(str(C.REPO_ROOT))
+                            else a for a in argv)
     return peer
 
 
