@@ -314,8 +314,11 @@ def openinfer_server(port: int, cpus: str | None, log_path: Path,
                      python: str | None = None) -> ServerProcess:
     """`python -m openinfer serve` on 127.0.0.1:port (bundled example repo)."""
     py = python or sys.executable
+    # A free gRPC port unless the caller names one: the default (8001) may be taken by
+    # something else on a shared machine, and then serve refuses to start.
+    grpc = [] if "--grpc-port" in extra else ["--grpc-port", str(free_port())]
     argv = [py, "-m", "openinfer", "serve", "--host", "127.0.0.1",
-            "--http-port", str(port), "--threads", str(threads),
+            "--http-port", str(port), *grpc, "--threads", str(threads),
             "--log-level", "warning", *extra]
     return ServerProcess("openinfer", argv, cpus, log_path, cwd=REPO_ROOT)
 
