@@ -151,7 +151,7 @@ def perf_analyzer_status() -> tuple[str | None, str]:
             if exe is not None:
                 exe.chmod(0o755)
                 rr = subprocess.run([str(exe), "--help"], capture_output=True, text=True)
-                msg = (rr.stderr or rr.stdout).strip().splitlines()
+                msg = (rr.stderr or rr.stdout).replace(str(exe), "perf_analyzer").strip().splitlines()
                 note += (f" The real wheel, {wheels[0].name}, needs a newer C library than "
                          f"this Debian's ({os.confstr('CS_GNU_LIBC_VERSION')}); its "
                          f"binary, run here, says: `{' / '.join(m.split(': ', 1)[-1] for m in msg[:3])}`"

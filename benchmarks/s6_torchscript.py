@@ -116,7 +116,7 @@ def main() -> int:
     import peers as PEERS
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="mlp only, 1 round of 1 s (about a minute)")
+    ap.add_argument("--quick", action="store_true", help="mlp only, 1 round of 1 s, no warm-up (about a minute)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
     ap.add_argument("--connections", type=int, default=32, help="wrk connections for batching")
@@ -171,7 +171,7 @@ def main() -> int:
                             raise SystemExit(f"error: {model} answered {status}: {raw[:300]!r}")
                         peer_problems.append(f"{peers[n].label} {model}: HTTP {status}: {raw[:300]!r}")
                         del bases[n]
-                for n in bases:  # warm-up, discarded
+                for n in (bases if not args.quick else []):  # warm-up, discarded
                     for suffix, conns in (("", 1), ("_batched", args.connections)):
                         C.run_wrk(f"{bases[n]}/v2/models/{model}{suffix}/infer", script, conns, 1,
                                   args.client_cpu, servers=[procs[n]])
