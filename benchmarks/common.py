@@ -684,8 +684,10 @@ def git_describe() -> str:
         head = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short",
                                "HEAD"], capture_output=True, text=True,
                               timeout=10).stdout.strip()
+        # Results written by the run itself (benchmarks/results/) do not make the code dirty.
         dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain",
-                                "--untracked-files=no"], capture_output=True,
+                                "--untracked-files=no", "--", ".",
+                                ":(exclude)benchmarks/results"], capture_output=True,
                                text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
