@@ -314,8 +314,11 @@ def openinfer_server(port: int, cpus: str | None, log_path: Path,
                      python: str | None = None) -> ServerProcess:
     """`python -m openinfer serve` on 127.0.0.1:port (bundled example repo)."""
     py = python or sys.executable
+    # A free gRPC port unless the caller names one: the default (8001) may be taken by
+    # something else on a shared machine, and then serve refuses to start.
+    grpc = [] if "--grpc-port" in extra else ["--grpc-port", str(free_port())]
     argv = [py, "-m", "openinfer", "serve", "--host", "127.0.0.1",
-            "--http-port", str(port), "--threads", str(threads),
+            "--http-port", str(port), *grpc, "--threads", str(threads),
             "--log-level", "warning", *extra]
     return ServerProcess("openinfer", argv, cpus, log_path, cwd=REPO_ROOT)
 
@@ -595,12 +598,26 @@ def have_matplotlib() -> bool:
 def plot_lines(path: Path, title: str, xlabel: str, ylabel: str,
                series: dict[str, tuple[Sequence[float], Sequence[float],
                                        Sequence[float], Sequence[float]]],
-               logx: bool = True) -> str | None:
+               logx: bool = True, logy: bool = False) -> str | None:
     """series: label -> (x, median, lo, hi). Returns None on success, or a
-    note explaining why no PNG was written."""
+    note explaining why no PNG was written. matplotlib is not a product
+    requirement: when this Python lacks it, the plot is drawn by the benchmark
+    tools venv (benchmarks/.venvs/tools, installed by peers.py)."""
     if not have_matplotlib():
-        return ("matplotlib is not importable in this Python, so no PNG was "
-                "written (install it into the venv to get the plot).")
+        import json
+        try:
+            import peers as PEERS
+            py = PEERS.tools_python()
+        except Exception as e:  # noqa: BLE001 - explained in the report
+            return f"matplotlib is not importable and the tools venv failed: {e}"
+        spec = json.dumps({"path": str(path), "title": title, "xlabel": xlabel,
+                           "ylabel": ylabel, "series": series, "logx": logx,
+                           "logy": logy})
+        r = subprocess.run([str(py), str(Path(__file__).resolve()), "--plot"],
+                           input=spec, capture_output=True, text=True, timeout=300)
+        if r.returncode != 0:
+            return f"plotting in the tools venv failed: {r.stderr.strip()[-300:]}"
+        return None
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -615,10 +632,13 @@ def plot_lines(path: Path, title: str, xlabel: str, ylabel: str,
         ax.errorbar(xs, ms, yerr=yerr, marker="o", capsize=4, label=label)
     if logx:
         ax.set_xscale("log", base=2)
+    if logy:
+        ax.set_yscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.set_ylim(bottom=0)
+    if not logy:
+        ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -664,8 +684,10 @@ def git_describe() -> str:
         head = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short",
                                "HEAD"], capture_output=True, text=True,
                               timeout=10).stdout.strip()
+        # Results written by the run itself (benchmarks/results/) do not make the code dirty.
         dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain",
-                                "--untracked-files=no"], capture_output=True,
+                                "--untracked-files=no", "--", ".",
+                                ":(exclude)benchmarks/results"], capture_output=True,
                                text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
@@ -743,9 +765,10 @@ class WrkScenario:
     plot_title: str
     path: str                 # request path, e.g. /v2/models/simple/infer
     script: Path              # wrk Lua script
-    check_openinfer: Callable[[str], None]  # base URL -> raise/exit when wrong
+    check_openinfer: Callable[[str], None]  # base URL -> raise/exit when wrong (any V2 server)
     check_nginx: Callable[[str], None]
     work: Sequence[str]       # Method bullets describing the request
+    peers: Sequence[str] = ()  # peers.py names run side by side (triton, mlserver, kserve)
 
 
 def wrk_args(doc: str, argv: Sequence[str] | None = None) -> "argparse.Namespace":
@@ -753,39 +776,65 @@ def wrk_args(doc: str, argv: Sequence[str] | None = None) -> "argparse.Namespace
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
-                    help="check run: concurrency 1,64, 2 rounds of 2 s (< 1 min)")
+                    help="check run: concurrency 1,64, 1 round of 1 s (< 1 min)")
     ap.add_argument("--concurrency", help="comma-separated wrk connection counts "
                     "(default 1,8,64; quick 1,64)")
     ap.add_argument("--duration", type=int, help="seconds per measured run "
-                    "(default 5; quick 2)")
+                    "(default 3; quick 1)")
     ap.add_argument("--rounds", type=int, help="A/B rounds per point "
-                    "(default 5; quick 2)")
-    ap.add_argument("--warmup", type=int, default=2,
-                    help="seconds of discarded warm-up per server and point (2)")
+                    "(default 3; quick 1)")
+    ap.add_argument("--warmup", type=int, help="seconds of discarded warm-up per "
+                    "server and point (default 1)")
     ap.add_argument("--threads", type=int, default=1,
                     help="openinfer event-loop threads (1)")
-    ap.add_argument("--server-cpu", default="0", help="taskset CPU list for both "
-                    "servers (0)")
+    ap.add_argument("--peers", default=None, help="comma-separated peers to run side by "
+                    "side (default: the scenario's; 'none' for none)")
+    ap.add_argument("--server-cpu", default="0", help="taskset CPU list for every "
+                    "server (0)")
     ap.add_argument("--client-cpu", default="1", help="taskset CPU list for wrk (1)")
     ap.add_argument("--out", type=Path, help="results directory (default "
                     "benchmarks/results; quick: benchmarks/results/raw)")
     a = ap.parse_args(argv)
     a.concurrency = parse_int_list(a.concurrency or ("1,64" if a.quick else "1,8,64"))
-    a.duration = a.duration or (2 if a.quick else 5)
-    a.rounds = a.rounds or (2 if a.quick else 5)
+    a.duration = a.duration or (1 if a.quick else 3)
+    a.rounds = a.rounds or (1 if a.quick else 3)
+    a.warmup = a.warmup if a.warmup is not None else 1
     if a.duration < 1 or a.rounds < 1 or a.warmup < 0:
         ap.error("--duration and --rounds must be >= 1, --warmup >= 0")
     a.out = a.out or (RAW_DIR if a.quick else RESULTS_DIR)
     return a
 
 
-_WRK_SERVERS = ("openinfer", "nginx")
+def peer_list(arg: str | None, default: Sequence[str]) -> list[str]:
+    if arg is None:
+        return list(default)
+    return [] if arg.strip().lower() in ("", "none") else [p for p in arg.split(",") if p]
+
+
+def write_ratios(out: Path, name: str, rows: Sequence[dict]) -> Path:
+    """<name>.ratios.json: the scenario's claims for benchmarks/summary.py — each row
+    {scenario, point, against, kind ('peer'|'limit'), metric, median, lo, hi, n, command}."""
+    import json
+    path = out / f"{name}.ratios.json"
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"command": invocation(), "when": now_utc(),
+                                "commit": git_describe(), "rows": list(rows)}, indent=1))
+    return path
+
+
+def ratio_row(scenario: str, point: str, against: str, kind: str, metric: str,
+              ratios: Sequence[float], note: str = "") -> dict:
+    s = summarize(ratios)
+    return {"scenario": scenario, "point": point, "against": against, "kind": kind,
+            "metric": metric, "median": s.median, "lo": s.lo, "hi": s.hi, "n": s.n,
+            "note": note}
 
 
 def run_wrk_vs_nginx(sc: WrkScenario, args) -> int:
-    """Per concurrency point: warm both servers, then rounds of openinfer,
-    nginx alternately (A B A B) under the same wrk command; write the report.
+    """Per concurrency point: warm every server, then rounds of openinfer, each peer and
+    nginx in turn (A B C ... A B C) under the same wrk command; write the report.
     Returns the process exit status (1 when any run failed)."""
+    import peers as PEERS
     ensure_debian_packages([["wrk"], ["nginx-light", "nginx"]])
     check_cpus(args.server_cpu, args.client_cpu)
     T = sc.tag
@@ -800,6 +849,7 @@ def run_wrk_vs_nginx(sc: WrkScenario, args) -> int:
     warm_errors: list[str] = []
     notes: list[str] = []
     fatal: list[str] = []
+    peer_problems: list[str] = []
 
     oi = openinfer_server(oi_port, args.server_cpu, raw_dir / "openinfer.log",
                           threads=args.threads)
@@ -807,16 +857,31 @@ def run_wrk_vs_nginx(sc: WrkScenario, args) -> int:
     urls = {"openinfer": f"http://127.0.0.1:{oi_port}",
             "nginx": f"http://127.0.0.1:{ng_port}"}
     procs = {"openinfer": oi, "nginx": ng}
+    names = ["openinfer"]
+    peers: dict = {}
     try:
         with oi, ng:
             wait_http_ready(urls["openinfer"] + "/v2/health/ready", proc=oi)
             wait_http_ready(urls["nginx"] + "/", proc=ng)
             sc.check_openinfer(urls["openinfer"])
             sc.check_nginx(urls["nginx"])
-            print(f"[{T}] openinfer pid {oi.pid} on :{oi_port}, nginx pid {ng.pid} "
-                  f"on :{ng_port}, both pinned to CPU {args.server_cpu}; "
-                  f"wrk on CPU {args.client_cpu}", flush=True)
-            print(f"[{T}] openinfer answer verified; concurrency {args.concurrency}, "
+            peers = PEERS.start_peers(peer_list(args.peers, sc.peers), args.server_cpu,
+                                      raw_dir, peer_problems)
+            for n, p in list(peers.items()):
+                try:
+                    sc.check_openinfer(p.http_url)
+                except (SystemExit, Exception) as e:  # noqa: BLE001 - reported
+                    peer_problems.append(f"{p.label} gives a wrong answer or error to this "
+                                         f"request, so it is left out: {e}")
+                    p.stop()
+                    del peers[n]
+                    continue
+                urls[n], procs[n] = p.http_url, p.proc
+                names.append(n)
+            names.append("nginx")
+            print(f"[{T}] servers {', '.join(f'{n} pid {procs[n].pid}' for n in names)}, all "
+                  f"pinned to CPU {args.server_cpu}; wrk on CPU {args.client_cpu}", flush=True)
+            print(f"[{T}] answers verified; concurrency {args.concurrency}, "
                   f"{args.rounds} rounds x {args.duration}s, warm-up {args.warmup}s",
                   flush=True)
 
@@ -827,23 +892,24 @@ def run_wrk_vs_nginx(sc: WrkScenario, args) -> int:
                 return r
 
             for c in args.concurrency:
+                live = [s for s in names if procs[s].alive()]
                 if args.warmup:
-                    for s in _WRK_SERVERS:
+                    for s in live:
                         w = one(s, c, args.warmup, "warmup")
                         if not w.ok:
                             warm_errors.append(f"c={c} {s} warm-up: {w.error}")
                             print(f"[{T}] c={c} {s} warm-up FAILED: {w.error}",
                                   flush=True)
                 for rnd in range(1, args.rounds + 1):
-                    for s in _WRK_SERVERS:  # A B A B ...
+                    for s in live:  # A B C A B C ...
+                        if not procs[s].alive():
+                            continue
                         r = one(s, c, args.duration, f"r{rnd}")
                         results.setdefault((c, s), []).append(r)
                         state = "ok" if r.ok else f"FAILED: {r.error}"
                         print(f"[{T}] c={c:<3} round {rnd}/{args.rounds} {s:<9} "
                               f"{r.rps:>10,.0f} req/s  p50 {r.p50_us:>7.0f} us  "
                               f"p99 {r.p99_us:>7.0f} us  {state}", flush=True)
-                    if not oi.alive() or not ng.alive():
-                        break
                 if not oi.alive() or not ng.alive():
                     fatal.append("a server died during the run; later points skipped")
                     break
@@ -856,7 +922,13 @@ def run_wrk_vs_nginx(sc: WrkScenario, args) -> int:
                     sc.check_openinfer(urls["openinfer"])
                 except (RuntimeError, SystemExit) as e:
                     fatal.append(f"openinfer failed the check after load: {e}")
+            for n, p in peers.items():
+                if not p.alive():
+                    notes.append(f"{p.label} exited during the run (rc={p.proc.returncode()}); "
+                                 f"log tail:\n\n```\n{p.proc.log_tail(10)}\n```")
     finally:
+        for p in peers.values():
+            p.stop()
         err_log = tmp / "error.log"
         if err_log.exists() and err_log.stat().st_size:
             shutil.copy(err_log, raw_dir / "nginx-error.log")
@@ -868,15 +940,21 @@ def run_wrk_vs_nginx(sc: WrkScenario, args) -> int:
                      + oi_log + "\n```")
     elapsed = time.monotonic() - started
     load = (load_before, loadavg())
-    failed = _wrk_report(sc, args, results, warm_errors + fatal, notes, raw_dir,
-                         elapsed, load)
+    failed = _wrk_report(sc, args, names, peers, results, warm_errors + fatal,
+                         peer_problems, notes, raw_dir, elapsed, load)
     print(f"[{T}] done in {elapsed:.0f}s; raw wrk output in "
           f"{raw_dir.relative_to(REPO_ROOT)}", flush=True)
     return 1 if failed else 0
 
 
-def _wrk_report(sc: WrkScenario, args, results, warm_errors, notes, raw_dir: Path,
-                elapsed: float, load: tuple[str, str]) -> bool:
+def _label(name: str, peers: dict) -> str:
+    if name in peers:
+        return peers[name].label
+    return {"nginx": "nginx return 200 (limit)"}.get(name, name)
+
+
+def _wrk_report(sc: WrkScenario, args, names, peers, results, warm_errors, peer_problems,
+                notes, raw_dir: Path, elapsed: float, load: tuple[str, str]) -> bool:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     md_path, csv_path, png_path = (out / f"{sc.name}.md", out / f"{sc.name}.csv",
@@ -899,68 +977,71 @@ def _wrk_report(sc: WrkScenario, args, results, warm_errors, notes, raw_dir: Pat
             return f"FAILED ({len(bad)}/{len(runs)} runs: {bad[0].error})"
         return summarize([getattr(r, attr) for r in runs]).fmt(spec)
 
-    table, tail, plot = [], [], {s: ([], [], [], []) for s in _WRK_SERVERS}
+    table, plot, ratio_rows = [], {s: ([], [], [], []) for s in names}, []
     for c in args.concurrency:
-        a, b = results.get((c, "openinfer"), []), results.get((c, "nginx"), [])
-        if not a or not b:
-            continue
-        if any(not r.ok for r in a + b):
-            any_failed = True
-            ratio = "FAILED"
-        else:
-            ratio = summarize(paired_ratios([r.rps for r in a],
-                                            [r.rps for r in b])).fmt(".2f")
-        table.append([c, cell(a, "rps"), cell(b, "rps"), ratio,
-                      cell(a, "p50_us"), cell(a, "p99_us"),
-                      cell(b, "p50_us"), cell(b, "p99_us")])
-        tail.append([c, cell(a, "p999_us"), cell(a, "max_us"),
-                     cell(b, "p999_us"), cell(b, "max_us")])
-        for s, runs in (("openinfer", a), ("nginx", b)):
-            if all(r.ok for r in runs):
-                sm = summarize([r.rps for r in runs])
+        a = results.get((c, "openinfer"), [])
+        for s in names:
+            b = results.get((c, s), [])
+            if not b:
+                continue
+            if s == "openinfer":
+                ratio = "1"
+            elif any(not r.ok for r in a + b) or not a:
+                any_failed = any_failed or s == "nginx"
+                ratio = "FAILED"
+            else:
+                rs = paired_ratios([r.rps for r in a], [r.rps for r in b])
+                ratio = summarize(rs).fmt(".2f")
+                ratio_rows.append(ratio_row(sc.tag.upper(), f"c={c}", _label(s, peers),
+                                            "limit" if s == "nginx" else "peer", "req/s", rs))
+            table.append([c, _label(s, peers), cell(b, "rps"), ratio, cell(b, "p50_us"),
+                          cell(b, "p99_us"), cell(b, "p999_us"), cell(b, "max_us")])
+            if all(r.ok for r in b):
+                sm = summarize([r.rps for r in b])
                 for lst, v in zip(plot[s], (c, sm.median, sm.lo, sm.hi)):
                     lst.append(v)
+    write_ratios(out, sc.name, ratio_rows)
 
     plot_note = None
     if table:
         plot_note = plot_lines(
             png_path, sc.plot_title, "concurrency (wrk connections)", "requests/s",
-            {"openinfer": plot["openinfer"], "nginx return 200 (limit)": plot["nginx"]})
+            {_label(s, peers): plot[s] for s in names})
         if plot_note:
             print(f"[{sc.tag}] note: {plot_note}", flush=True)
 
+    peer_lines = [f"- {p.label}: {p.version}, `{p.command}` (ready {p.started_s:.1f} s after "
+                  "start); access/latency logging off." for p in peers.values()]
     lines = report_header(sc.title, args.quick, elapsed) + [
-        "**Claim: openinfer/nginx** = median of per-round ratios of req/s "
-        "(min–max); other cells are median (min–max) over rounds. Latency in µs "
-        "as measured by wrk (closed loop, so latency ≈ concurrency / rate).",
+        "**Claim: openinfer/X** = median of per-round ratios of req/s (min–max), X being "
+        "each peer and the nginx limit; other cells are median (min–max) over rounds. "
+        "Latency in µs as measured by wrk (closed loop, so latency ≈ concurrency / rate).",
         "",
         markdown_table(
-            ["concurrency", "openinfer req/s", "nginx req/s", "openinfer/nginx",
-             "openinfer p50 µs", "openinfer p99 µs", "nginx p50 µs", "nginx p99 µs"],
-            table),
-        "Tail latency (µs):",
-        "",
-        markdown_table(["concurrency", "openinfer p99.9", "openinfer max",
-                        "nginx p99.9", "nginx max"], tail),
+            ["concurrency", "server", "req/s", "openinfer/X", "p50 µs", "p99 µs",
+             "p99.9 µs", "max µs"], table),
         "## Method",
         "",
         *sc.work,
         f"- openinfer: `python -m openinfer serve --threads {args.threads} "
         "--log-level warning` (bundled example repository).",
+        *peer_lines,
         "- Physical limit: nginx (Debian), private generated config, "
         "`worker_processes 1`, `access_log off`, keep-alive with "
         "`keepalive_requests 1000000000`, `return 200 '{\"ok\":true}'` "
         "(`default_type application/json`) for the same POST with the same bytes.",
         f"- Load: `taskset -c {args.client_cpu} wrk -t 1 -c <concurrency> "
-        f"-d {args.duration}s --timeout 5s --latency`; both servers pinned with "
-        f"`taskset -c {args.server_cpu}`; wrk pinned to CPU {args.client_cpu}.",
+        f"-d {args.duration}s --timeout 5s --latency -s {rel(sc.script)}`; every server "
+        f"pinned with `taskset -c {args.server_cpu}` (all started at once and left idle "
+        f"while another is measured); wrk pinned to CPU {args.client_cpu}. Triton's "
+        "perf_analyzer was not used here (see summary.md: it cannot run on this machine).",
         f"- Per concurrency point: {args.warmup} s warm-up of each server "
-        f"(discarded), then {args.rounds} rounds of openinfer, nginx alternately "
-        f"(A B A B), {args.duration} s each. Any non-2xx answer, socket error or "
+        f"(discarded), then {args.rounds} rounds of the servers in turn "
+        f"(A B C … A B C), {args.duration} s each. Any non-2xx answer, socket error or "
         "server exit marks the run FAILED instead of giving a number.",
         machine_line(load, [tool_version(['wrk', '-v']),
                             tool_version([find_nginx(), '-v'])]),
-        f"- Per-run numbers: `{csv_path.name}`; raw wrk output: "
+        f"- Per-run numbers: `{csv_path.name}`; raw wrk output and server logs: "
         f"`{raw_dir.relative_to(REPO_ROOT)}/` (not committed).",
         "",
     ]
@@ -968,6 +1049,8 @@ def _wrk_report(sc: WrkScenario, args, results, warm_errors, notes, raw_dir: Pat
         lines += [f"No plot: {plot_note}", ""]
     else:
         lines += [f"![{sc.tag.upper()} req/s vs concurrency]({png_path.name})", ""]
+    if peer_problems:
+        lines += ["## Peers that did not run", "", *[f"- {p}" for p in peer_problems], ""]
     if warm_errors or notes or any_failed:
         lines += ["## Problems", ""]
         lines += [f"- {e}" for e in warm_errors]
@@ -981,8 +1064,7 @@ def _wrk_report(sc: WrkScenario, args, results, warm_errors, notes, raw_dir: Pat
           + ("" if plot_note else f", {rel(png_path)}"),
           flush=True)
     print("\n" + markdown_table(
-        ["c", "openinfer req/s", "nginx req/s", "ratio", "oi p50", "oi p99",
-         "ng p50", "ng p99"], table), flush=True)
+        ["c", "server", "req/s", "oi/X", "p50", "p99", "p99.9", "max"], table), flush=True)
     return any_failed
 
 
@@ -1201,3 +1283,13 @@ def alternate(tag: str, point: str,
             print(f"[{tag}] {point:<24} round {rnd}/{rounds} {name:<13} "
                   + (show(r) if r.ok else f"FAILED: {r.error}"), flush=True)
     return out
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--plot"]:
+    # Used by plot_lines() from another Python: draws one PNG from a JSON spec on stdin.
+    import json
+    _spec = json.load(sys.stdin)
+    _note = plot_lines(Path(_spec["path"]), _spec["title"], _spec["xlabel"], _spec["ylabel"],
+                       {k: tuple(v) for k, v in _spec["series"].items()}, _spec["logx"],
+                       _spec["logy"])
+    sys.exit(1 if _note else 0)

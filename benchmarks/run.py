@@ -2,11 +2,15 @@
 """Run openinfer benchmark scenarios, one after another (never two at once:
 they pin to the same cores).
 
-    .venv/bin/python benchmarks/run.py [--quick] [--out DIR] [s1 s2 s4 s7 ...]
+    .venv/bin/python benchmarks/run.py [--quick] [--out DIR] [s1 s2 ... s8]
 
-With no scenario named, runs all of them. Each scenario is its own script
+With no scenario named, runs all of them (S1-S8). Each scenario is its own script
 (benchmarks/<id>_*.py) started in a child process with this Python; --quick
-and --out are passed on. Exit status: 0 when every scenario succeeded.
+and --out are passed on. The peers (Triton through PyTriton, MLServer, KServe) are
+installed on first use into benchmarks/.venvs/ by benchmarks/peers.py. At the end,
+benchmarks/summary.py writes the table of ratios (summary.md; after a full run of
+every scenario, also README.md's Benchmarks section). Exit status: 0 when every
+scenario succeeded.
 """
 
 from __future__ import annotations
@@ -22,11 +26,14 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 
 SCENARIOS = {
-    "s1": ("s1_http_json.py", "simple over HTTP JSON vs nginx limit (wrk)"),
-    "s2": ("s2_http_binary.py", "simple over HTTP binary tensors vs nginx limit (wrk)"),
-    "s3": ("s3_grpc.py", "simple over gRPC unary/streaming (h2load); 16 MiB identity vs TCP"),
-    "s4": ("s4_http_tensors.py", "identity_fp32 4 KiB..64 MiB over HTTP vs TCP echo / memcpy"),
+    "s1": ("s1_http_json.py", "simple over HTTP JSON vs peers and the nginx limit (wrk)"),
+    "s2": ("s2_http_binary.py", "simple over HTTP binary tensors vs peers and nginx (wrk)"),
+    "s3": ("s3_grpc.py", "simple over gRPC unary/streaming vs peers (h2load); 16 MiB vs TCP"),
+    "s4": ("s4_http_tensors.py", "identity_fp32 4 KiB..64 MiB over HTTP vs peers, TCP echo / memcpy"),
+    "s5": ("s5_json_codec.py", "the JSON codec alone vs orjson+numpy and json+numpy"),
+    "s6": ("s6_torchscript.py", "TorchScript MLP/CNN vs Triton (PyTriton + torch) and in-process"),
     "s7": ("s7_client.py", "openinfer.Client vs tritonclient.http, same server"),
+    "s8": ("s8_startup.py", "start-up, import time, idle memory vs the peers"),
 }
 
 
@@ -77,6 +84,14 @@ def main() -> int:
                 p.kill()
         print("\ninterrupted", file=sys.stderr)
         return 130
+    # The table of ratios (openinfer vs each peer and limit) from what this run wrote; a full
+    # run of every scenario also refreshes README.md's Benchmarks section.
+    out = args.out or str(BENCH_DIR / "results" / ("raw" if args.quick else ""))
+    argv = [sys.executable, str(BENCH_DIR / "summary.py"), "--out", out]
+    if not args.quick and not args.out and set(ids) == set(SCENARIOS):
+        argv.append("--readme")
+    subprocess.run(argv, cwd=REPO_ROOT, stdout=subprocess.DEVNULL)
+    print(f"summary table: {Path(out) / 'summary.md'}")
     print("summary: " + ", ".join(f"{s} {'ok' if rc == 0 else f'FAILED (rc={rc})'} "
                                   f"({t:.0f}s)" for s, rc, t in summary))
     return 0 if all(rc == 0 for _, rc, _ in summary) else 1

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """S1: model `simple` (INT32 [1,16] add/sub) over HTTP JSON, against the
-physical limit (a static nginx `return 200` under the same wrk load).
+physical limit (a static nginx `return 200` under the same wrk load) and the
+peers (benchmarks/peers.py), side by side.
 
     .venv/bin/python benchmarks/s1_http_json.py [--quick] [--concurrency 1,8,64]
                                                  [--duration S] [--rounds N]
@@ -53,7 +54,7 @@ def check_openinfer_answer(base: str) -> None:
     status, raw = C.http_request(base + INFER_PATH, BODY.encode(), "POST",
                                  {"Content-Type": "application/json"})
     if status != 200:
-        raise SystemExit(f"error: openinfer answered HTTP {status}: {raw[:300]!r}")
+        raise SystemExit(f"error: {base} answered HTTP {status}: {raw[:300]!r}")
     resp = json.loads(raw)
     outs = {o["name"]: o for o in resp.get("outputs", [])}
     want = {"OUTPUT0": [a + b for a, b in zip(INPUT0, INPUT1)],
@@ -62,7 +63,7 @@ def check_openinfer_answer(base: str) -> None:
         o = outs.get(name)
         if (o is None or o.get("datatype") != "INT32" or o.get("shape") != [1, 16]
                 or o.get("data") != data):
-            raise SystemExit(f"error: wrong {name} from openinfer: {o!r}")
+            raise SystemExit(f"error: wrong {name} from {base}: {o!r}")
 
 
 def check_nginx_answer(base: str) -> None:
@@ -81,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         plot_title="S1: simple, HTTP JSON (median, min–max)",
         path=INFER_PATH, script=LUA_SCRIPT,
         check_openinfer=check_openinfer_answer, check_nginx=check_nginx_answer,
+        peers=("triton", "mlserver", "kserve"),
         work=[f"- Work: `POST {INFER_PATH}`, V2 JSON body ({len(BODY)} bytes: INPUT0 = "
               "0..15, INPUT1 = ones, INT32 [1,16]), `Content-Type: application/json`, "
               f"sent by wrk with `{LUA_SCRIPT.relative_to(C.REPO_ROOT)}`. The openinfer "

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """S2: model `simple` (INT32 [1,16] add/sub) over HTTP with the binary tensor
 data extension, against the physical limit (a static nginx `return 200` under
-the same wrk load).
+the same wrk load) and the peers
+(benchmarks/peers.py: Triton through PyTriton, KServe; MLServer is tried and left out
+with its answer when it does not speak the extension), side by side.
 
     .venv/bin/python benchmarks/s2_http_binary.py [--quick] [--concurrency 1,8,64]
                                                    [--duration S] [--rounds N]
@@ -80,7 +82,7 @@ def check_openinfer_answer(base: str) -> None:
     """One request whose binary outputs are verified."""
     status, hdrs, raw = C.http_request_full(base + INFER_PATH, BODY, "POST", HEADERS)
     if status != 200:
-        raise SystemExit(f"error: openinfer answered HTTP {status}: {raw[:300]!r}")
+        raise SystemExit(f"error: {base} answered HTTP {status}: {raw[:300]!r}")
     try:
         hlen = int(hdrs["inference-header-content-length"])
     except (KeyError, ValueError):
@@ -98,7 +100,7 @@ def check_openinfer_answer(base: str) -> None:
     want = {"OUTPUT0": INPUT0 + INPUT1, "OUTPUT1": INPUT0 - INPUT1}
     for name, arr in want.items():
         if name not in got or not np.array_equal(got[name], arr):
-            raise SystemExit(f"error: wrong {name} from openinfer: {got.get(name)!r}")
+            raise SystemExit(f"error: wrong {name} from {base}: {got.get(name)!r}")
 
 
 def check_nginx_answer(base: str) -> None:
@@ -118,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         plot_title="S2: simple, HTTP binary tensors (median, min–max)",
         path=INFER_PATH, script=LUA_SCRIPT,
         check_openinfer=check_openinfer_answer, check_nginx=check_nginx_answer,
+        peers=("triton", "kserve", "mlserver"),
         work=[f"- Work: `POST {INFER_PATH}`, {len(BODY)}-byte body = {JSON_SIZE}-byte "
               "JSON header (inputs with `binary_data_size` 64, outputs with "
               "`binary_data: true`) + 2 × 64 bytes of raw INT32 (INPUT0 = 0..15, "

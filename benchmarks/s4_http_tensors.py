@@ -30,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common as C  # noqa: E402
+import peers as PEERS  # noqa: E402
 
 NAME = "s4_http_tensors"
 T = "s4"
@@ -42,24 +43,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
-                    help="check run: 2 rounds of 1 s per size (< 1 min)")
-    ap.add_argument("--sizes", default="4K,1M,16M,64M",
+                    help="check run: 1 round of 0.5 s per size (< 1 min)")
+    ap.add_argument("--sizes", default=None,
                     help="tensor sizes in bytes, K/M/G binary units (4K,1M,16M,64M)")
     ap.add_argument("--seconds", type=float, help="seconds per measured loop "
-                    "(default 2; quick 1)")
-    ap.add_argument("--rounds", type=int, help="rounds per size (default 5; quick 2)")
+                    "(default 1.5; quick 0.5)")
+    ap.add_argument("--rounds", type=int, help="rounds per size (default 3; quick 1)")
     ap.add_argument("--warmup", type=float, help="seconds of discarded warm-up per "
                     "contender and size (default 1; quick 0.3)")
     ap.add_argument("--threads", type=int, default=1, help="openinfer event-loop threads (1)")
     ap.add_argument("--server-cpu", default="0", help="taskset CPU list for the servers (0)")
     ap.add_argument("--client-cpu", default="1", help="taskset CPU list for the clients (1)")
     ap.add_argument("--no-iperf3", action="store_true", help="skip the iperf3 cross-check")
+    ap.add_argument("--peers", default=None, help="comma-separated peers (default "
+                    "triton,kserve,mlserver; 'none')")
     ap.add_argument("--out", type=Path, help="results directory (default "
                     "benchmarks/results; quick: benchmarks/results/raw)")
     a = ap.parse_args(argv)
-    a.sizes = C.parse_size_list(a.sizes)
-    a.seconds = a.seconds or (1.0 if a.quick else 2.0)
-    a.rounds = a.rounds or (2 if a.quick else 5)
+    a.sizes = C.parse_size_list(a.sizes or ("4K,1M,16M" if a.quick else "4K,1M,16M,64M"))
+    a.seconds = a.seconds or (0.5 if a.quick else 1.5)
+    a.rounds = a.rounds or (1 if a.quick else 3)
     a.warmup = a.warmup if a.warmup is not None else (0.3 if a.quick else 1.0)
     if a.seconds <= 0 or a.rounds < 1 or a.warmup < 0:
         ap.error("--seconds and --rounds must be positive, --warmup >= 0")
@@ -85,7 +88,7 @@ def iperf3_run(port: int, seconds: float, cpus: str) -> tuple[float, str]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     C.check_cpus(args.server_cpu, args.client_cpu)
-    have_iperf3 = not args.no_iperf3 and C.ensure_debian_packages([["iperf3"]], optional=True)
+    have_iperf3 = not args.no_iperf3 and not args.quick and C.ensure_debian_packages([["iperf3"]], optional=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     raw_dir = C.RAW_DIR / NAME / stamp
     raw_dir.mkdir(parents=True, exist_ok=True)
@@ -110,6 +113,9 @@ def main(argv=None) -> int:
     results: dict[tuple[int, str], list[C.LoopResult]] = {}
     iperf: list[float] = []
     problems: list[str] = []
+    peer_problems: list[str] = []
+    peers: dict = {}
+    peer_workers: dict[str, C.Worker] = {}
     procs = [p for p in (oi, echo, ip) if p is not None]
     try:
         for p in procs:
@@ -118,6 +124,25 @@ def main(argv=None) -> int:
         w_oi.start()
         w_raw.start()
         w_oi.call("verify")
+        peers = PEERS.start_peers(C.peer_list(args.peers, ["triton", "kserve", "mlserver"]),
+                                  args.server_cpu, raw_dir, peer_problems)
+        for n, p in list(peers.items()):
+            w = C.Worker(f"{n} client", "openinfer", [p.http_url], args.client_cpu,
+                         raw_dir / f"worker-{n}.log")
+            try:
+                w.start()
+                # op_tensor checks the answer equals the input before timing (the
+                # worker's `verify` also sends a [3,1000] tensor, which a peer whose
+                # identity is declared 1-D, like PyTriton's, refuses).
+                w.call("tensor", seconds=0, nbytes=min(args.sizes), min_iters=1, timeout=300)
+            except C.WorkerError as e:
+                peer_problems.append(f"{p.label} left out: the same openinfer.Client request "
+                                     f"fails against it: {e}")
+                w.stop()
+                p.stop()
+                del peers[n]
+                continue
+            peer_workers[n] = w
         print(f"[{T}] openinfer pid {oi.pid} on :{oi_port}, echo server pid {echo.pid}"
               f"{f', iperf3 -s pid {ip.pid}' if ip else ''}, all on CPU {args.server_cpu}; "
               f"clients on CPU {args.client_cpu}; sizes "
@@ -133,6 +158,12 @@ def main(argv=None) -> int:
                 ("openinfer", lambda s, size=size: C.worker_loop(
                     w_oi, "openinfer", "tensor", server=oi, seconds=s, nbytes=size,
                     timeout=s + 120)),
+            ] + [
+                (n, lambda s, size=size, n=n: C.worker_loop(
+                    peer_workers[n], n, "tensor", server=peers[n].proc, seconds=s,
+                    nbytes=size, min_iters=1, timeout=s + 300))
+                for n in peer_workers
+            ] + [
                 ("tcp echo", lambda s, size=size: C.worker_loop(
                     w_raw, "tcp echo", "echo", server=echo, seconds=s, nbytes=size,
                     port=echo_port, timeout=s + 120)),
@@ -164,8 +195,10 @@ def main(argv=None) -> int:
         problems.append(f"run aborted: {e}")
         print(f"[{T}] ERROR: {e}", flush=True)
     finally:
-        for w in (w_oi, w_raw):
+        for w in (w_oi, w_raw, *peer_workers.values()):
             w.stop()
+        for p in peers.values():
+            p.stop()
         for p in procs:
             p.stop()
     notes = []
@@ -175,13 +208,13 @@ def main(argv=None) -> int:
                      + oi_log + "\n```")
     elapsed = time.monotonic() - started
     failed = report(args, results, iperf, problems, notes, raw_dir, elapsed,
-                    (load_before, C.loadavg()), max_body)
+                    (load_before, C.loadavg()), max_body, peers, peer_problems)
     print(f"[{T}] done in {elapsed:.0f}s", flush=True)
     return 1 if failed else 0
 
 
 def report(args, results, iperf, problems, notes, raw_dir, elapsed, load,
-           max_body) -> bool:
+           max_body, peers, peer_problems) -> bool:
     out: Path = args.out
     csv_path, png_path = out / f"{NAME}.csv", out / f"{NAME}.png"
     rows = []
@@ -193,52 +226,63 @@ def report(args, results, iperf, problems, notes, raw_dir, elapsed, load,
     C.write_csv(csv_path, ["size_bytes", "round", "what", "requests", "elapsed_s", "GBps",
                            "p50_us", "p99_us", "max_us", "client_cpu_s",
                            "server_cpu_s", "error"], rows)
-    failed = any(not r.ok for runs in results.values() for r in runs)
-    table, plot = [], {k: ([], [], [], []) for k in CONTENDERS}
-    verdicts = []
+    failed = any(not r.ok for (size, k), runs in results.items() for r in runs
+                 if k not in peers)
+    names = ["openinfer", *peers, "tcp echo", "memcpy"]
+    label = {"openinfer": "openinfer", "tcp echo": "TCP loopback echo (limit)",
+             "memcpy": "memcpy (limit)", **{n: p.label for n, p in peers.items()}}
+    table, plot, verdicts, ratio_rows = [], {k: ([], [], [], []) for k in names}, [], []
     for size in args.sizes:
-        a, b, m = (results.get((size, k), []) for k in CONTENDERS)
+        a = results.get((size, "openinfer"), [])
         if not a:
             continue
-        ratio = C.ratio_of(a, b, "gbps")
-        verdict = ""
-        if size >= TARGET_MIN_SIZE:
-            if ratio in ("FAILED", "–"):
-                verdict = "–"
-            else:
-                med = C.summarize(C.paired_ratios([r.gbps for r in a],
-                                                  [r.gbps for r in b])).median
-                verdict = "met" if med >= TARGET else "**not met**"
-                verdicts.append(f"{C.fmt_size(size)}: {med:.2f} ({verdict.strip('*')})")
-        table.append([C.fmt_size(size), C.cell_of(a, "gbps", ".3f"),
-                      C.cell_of(b, "gbps", ".3f"), ratio, verdict,
-                      C.cell_of(m, "gbps", ".2f"),
-                      C.cell_of([r for r in a], "p50_us", ",.0f"),
-                      C.cell_of(a, "p99_us", ",.0f"), C.cell_of(b, "p50_us", ",.0f"),
-                      C.cell_of(a, "server_cpu_pct", ".0f"),
-                      C.cell_of(a, "n", ",.0f")])
-        for k, runs in zip(CONTENDERS, (a, b, m)):
-            if runs and all(r.ok for r in runs):
+        for k in names:
+            runs = results.get((size, k), [])
+            if not runs:
+                continue
+            ratio, vs_tcp = "1", ""
+            if k != "openinfer":
+                ratio = C.ratio_of(a, runs, "gbps")
+                if ratio not in ("FAILED", "–"):
+                    ratio_rows.append(C.ratio_row(
+                        "S4", f"HTTP {C.fmt_size(size)}", label[k],
+                        "peer" if k in peers else "limit", "GB/s",
+                        C.paired_ratios([r.gbps for r in a], [r.gbps for r in runs])))
+            if k != "memcpy":
+                vs_tcp = C.ratio_of(runs, results.get((size, "tcp echo"), []), "gbps")
+            if k == "openinfer" and size >= TARGET_MIN_SIZE and vs_tcp not in ("FAILED", "–"):
+                med = C.summarize(C.paired_ratios(
+                    [r.gbps for r in a],
+                    [r.gbps for r in results.get((size, "tcp echo"), [])])).median
+                verdicts.append(f"{C.fmt_size(size)}: {med:.2f} "
+                                f"({'met' if med >= TARGET else 'not met'})")
+            table.append([C.fmt_size(size), label[k], C.cell_of(runs, "gbps", ".3f"), ratio,
+                          vs_tcp, C.cell_of(runs, "p50_us", ",.0f"),
+                          C.cell_of(runs, "p99_us", ",.0f"),
+                          C.cell_of(runs, "server_cpu_pct", ".0f") if k not in ("tcp echo", "memcpy") else "",
+                          C.cell_of(runs, "n", ",.0f")])
+            if all(r.ok for r in runs):
                 sm = C.summarize([r.gbps for r in runs])
                 for lst, v in zip(plot[k], (size, sm.median, sm.lo, sm.hi)):
                     lst.append(v)
+    C.write_ratios(out, NAME, ratio_rows)
     plot_note = C.plot_lines(
         png_path, "S4: identity_fp32 over HTTP binary (median, min–max)",
-        "tensor bytes", "GB/s", {"openinfer (req+resp payload)": plot["openinfer"],
-                                 "TCP loopback echo (limit)": plot["tcp echo"],
-                                 "memcpy": plot["memcpy"]}) if table else "no data"
+        "tensor bytes", "GB/s (request + response payload)",
+        {label[k]: plot[k] for k in names}, logy=True) if table else "no data"
     ip_sum = C.summarize(iperf)
+    peer_lines = [f"- {p.label}: {p.version}, `{p.command}`, the same `openinfer.Client` "
+                  "worker as for openinfer." for p in peers.values()]
     lines = C.report_header("S4 — identity_fp32 tensors over HTTP binary", args.quick,
                             elapsed) + [
-        "**Claim: openinfer/TCP** = median of per-round ratios of GB/s, openinfer "
-        "against a raw TCP loopback echo of the same bytes (min–max); other cells "
-        f"are median (min–max) over rounds. Target (the issue): ≥ {TARGET:.2f} at "
-        "16 MiB and 64 MiB"
+        "**Claim: openinfer/X** = median of per-round ratios of GB/s (min–max), X a peer "
+        "or a limit; **X/TCP** the same against the raw TCP loopback echo of the same bytes; "
+        "other cells are median (min–max) over rounds. Target (the issue): openinfer/TCP ≥ "
+        f"{TARGET:.2f} at 16 MiB and 64 MiB"
         + (f" — {'; '.join(verdicts)}." if verdicts else "."),
         "",
         C.markdown_table(
-            ["tensor", "openinfer GB/s", "TCP echo GB/s", "openinfer/TCP", "target ≥0.70",
-             "memcpy GB/s", "openinfer p50 µs", "openinfer p99 µs", "TCP echo p50 µs",
+            ["tensor", "server / limit", "GB/s", "openinfer/X", "X/TCP", "p50 µs", "p99 µs",
              "server CPU %", "requests/round"], table),
         (f"iperf3 one-direction stream over loopback (1 MiB writes, same pinning): "
          f"{ip_sum.fmt('.3f')} GB/s over {ip_sum.n} runs of {max(1, round(args.seconds))} s — "
@@ -251,8 +295,8 @@ def report(args, results, iperf, problems, notes, raw_dir, elapsed, load,
         "- Work: `identity_fp32` (returns its input array), one FP32 tensor "
         "`INPUT0` of the given size, sent and received with the binary tensor data "
         "extension by `openinfer.Client.infer` (zero-copy numpy client), "
-        "sequentially on one connection. Each size's answer is checked equal to the "
-        "input before it is timed, and the model is checked again after the load.",
+        "sequentially on one connection — the same client for every server. Each "
+        "server's answer is checked equal to the input before it is timed.",
         "- GB/s = requests × 2 × tensor bytes / wall time (request + response "
         "payload; HTTP and JSON headers not counted). memcpy: `numpy.copyto` of "
         "the same size, bytes copied / time (at most 0.5 s per round).",
@@ -260,17 +304,19 @@ def report(args, results, iperf, problems, notes, raw_dir, elapsed, load,
         "Python sockets, TCP_NODELAY, `recv_into` with MSG_WAITALL into a "
         "preallocated buffer, `sendall` of it): the client sends the N bytes, the "
         "server receives all N and sends them back, sequentially on one connection — "
-        "the same byte movement as one openinfer request, with nothing else. At 4 KiB "
+        "the same byte movement as one request, with nothing else. At 4 KiB "
         "the Python per-call overhead of the echo is a visible part of its time.",
         f"- openinfer: `python -m openinfer serve --threads {args.threads} "
-        f"--max-body-bytes {max_body} --log-level warning`. Servers (openinfer, echo, "
-        f"iperf3 -s) pinned with `taskset -c {args.server_cpu}`; clients "
-        f"(`benchmarks/loadgen.py` workers, iperf3 -c) with `taskset -c "
-        f"{args.client_cpu}`. Server CPU % = openinfer process CPU over the loop / "
-        "wall time (100 = one core).",
+        f"--max-body-bytes {max_body} --log-level warning`.",
+        *peer_lines,
+        f"- Servers (openinfer, peers, echo, iperf3 -s) pinned with `taskset -c "
+        f"{args.server_cpu}`, all started at once; clients (`benchmarks/loadgen.py` "
+        f"workers, iperf3 -c) with `taskset -c {args.client_cpu}`. Server CPU % = server "
+        "process CPU over the loop / wall time (100 = one core; PyTriton's work in its "
+        "child processes is not counted).",
         f"- Per size: {args.warmup:g} s warm-up of each contender (discarded), then "
-        f"{args.rounds} rounds of openinfer, TCP echo, memcpy in turn, each loop "
-        f"≥ {args.seconds:g} s and ≥ 3 requests. A failed request or a server "
+        f"{args.rounds} rounds of the contenders in turn, each loop "
+        f"≥ {args.seconds:g} s and ≥ 3 requests (peers: ≥ 1 request, as one can take seconds). A failed request or a server "
         "exit marks the run FAILED instead of giving a number.",
         C.machine_line(load, [C.tool_version(["iperf3", "--version"])] if iperf else []),
         f"- Per-run numbers: `{csv_path.name}`; logs: `{C.rel(raw_dir)}/` (not committed).",
@@ -278,14 +324,16 @@ def report(args, results, iperf, problems, notes, raw_dir, elapsed, load,
     ]
     lines += ([f"No plot: {plot_note}", ""] if plot_note
               else [f"![S4 GB/s vs tensor size]({png_path.name})", ""])
+    if peer_problems:
+        lines += ["## Peers that did not run", "", *[f"- {p}" for p in peer_problems], ""]
     failed = failed or bool(problems)
     if failed and not problems:
         problems = ["Some measured runs failed (see table and CSV)."]
     lines += C.problems_section(problems + notes)
     C.write_report(NAME, out, lines, T)
     print("\n" + C.markdown_table(
-        ["tensor", "openinfer GB/s", "TCP GB/s", "oi/TCP", "target", "memcpy GB/s",
-         "oi p50 µs", "oi p99 µs", "TCP p50 µs", "srv CPU %", "n"], table), flush=True)
+        ["tensor", "server", "GB/s", "oi/X", "X/TCP", "p50 µs", "p99 µs", "srv CPU %", "n"],
+        table), flush=True)
     return failed
 
 

@@ -24,7 +24,7 @@ import json
 import shutil
 import subprocess
 import sys
-import textwrap
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -112,20 +112,24 @@ def in_process(model: str, batch: int, seconds: float, cpu: str) -> dict[str, fl
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def main() -> int:
+    import peers as PEERS
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="2 rounds of 2 s (under a minute per model)")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
+    ap.add_argument("--quick", action="store_true", help="mlp only, 1 round of 1 s, no warm-up (about a minute)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
     ap.add_argument("--connections", type=int, default=32, help="wrk connections for batching")
     ap.add_argument("--max-batch", type=int, default=32)
-    ap.add_argument("--models", default="mlp,cnn")
+    ap.add_argument("--models", default=None, help="default mlp,cnn (quick: mlp)")
+    ap.add_argument("--peers", default=None, help="'triton' (default) or 'none'")
     ap.add_argument("--server-cpu", default="0")
     ap.add_argument("--client-cpu", default="1")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     if args.quick:
-        args.rounds, args.duration = 2, 2.0
+        args.rounds, args.duration = 1, 1.0
+    args.models = args.models or ("mlp" if args.quick else "mlp,cnn")
     C.check_cpus(args.server_cpu, args.client_cpu)
     C.ensure_debian_packages([["wrk"]])
     try:
@@ -134,77 +138,167 @@ def main() -> None:
         raise SystemExit("error: S6 needs torch in this Python (make test installs it)") from None
     models = [m for m in args.models.split(",") if m]
     out_dir = args.out or (C.RAW_DIR if args.quick else C.RESULTS_DIR)
+    started, load_before = time.monotonic(), C.loadavg()
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    raw_dir = C.RAW_DIR / NAME / stamp
+    raw_dir.mkdir(parents=True, exist_ok=True)
     tmp = C.make_tmpdir("oi-s6-")
     repo = tmp / "repo"
     make_repo(repo, args.max_batch)
     port = C.free_port()
-    log = tmp / "openinfer.log"
-    server = C.openinfer_server(port, args.server_cpu, log, threads=1, extra=[str(repo)])
-    rows: list[list[object]] = []
-    with server:
-        C.wait_http_ready(f"http://127.0.0.1:{port}/v2/health/ready", timeout=180, proc=server)
-        base = f"http://127.0.0.1:{port}"
-        for model in models:
-            body, headers = binary_request(model)
-            script = C.write_wrk_script(tmp / f"{model}.lua", "POST", body, headers)
-            status, raw = C.http_request(f"{base}/v2/models/{model}/infer", body, "POST", headers)
-            if status != 200:
-                raise SystemExit(f"error: {model} answered {status}: {raw[:300]!r}")
-            overhead, p50s, p99s, ratios, served, limit = [], [], [], [], [], []
-            for rnd in range(args.rounds):
-                w = C.run_wrk(f"{base}/v2/models/{model}/infer", script, 1, args.duration,
-                              args.client_cpu, label=f"{model} c1", servers=[server])  # fmt: skip
-                if not w.ok:
-                    raise SystemExit(f"error: wrk: {w.error}\n{w.raw[-1000:]}")
-                ip = in_process(model, 1, args.duration, args.server_cpu)
-                overhead.append(w.p50_us - ip["p50_us"])
-                p50s.append(w.p50_us)
-                p99s.append(w.p99_us)
-                wb = C.run_wrk(f"{base}/v2/models/{model}_batched/infer", script, args.connections,
-                               args.duration, args.client_cpu, label=f"{model} batched",
-                               servers=[server])  # fmt: skip
-                if not wb.ok:
-                    raise SystemExit(f"error: wrk: {wb.error}\n{wb.raw[-1000:]}")
-                ipb = in_process(model, args.max_batch, args.duration, args.server_cpu)
-                served.append(wb.rps)
-                limit.append(ipb["rows_per_s"])
-                ratios.append(wb.rps / ipb["rows_per_s"])
-                print(
-                    f"[{model} round {rnd + 1}] batch 1: HTTP p50 {w.p50_us:.0f} us, in-process p50 "
-                    f"{ip['p50_us']:.1f} us, overhead {overhead[-1]:.0f} us | batching: "
-                    f"{wb.rps:,.0f} rows/s (p50 {wb.p50_us:.0f} us) vs in-process batch "
-                    f"{args.max_batch} {ipb['rows_per_s']:,.0f} rows/s = {ratios[-1]:.0%}",
-                    flush=True,
-                )
-            o, r = C.summarize(overhead), C.summarize(ratios)
-            rows.append([
-                model, C.summarize(p50s).fmt(",.0f", " µs"), C.summarize(p99s).fmt(",.0f", " µs"),
-                o.fmt(",.0f", " µs"), C.summarize(served).fmt(",.0f"), C.summarize(limit).fmt(",.0f"),
-                r.fmt(".0%"),
-            ])  # fmt: skip
-    headers_md = ["model", "HTTP batch-1 p50", "p99", "overhead over in-process p50",
-                  f"batching rows/s (c={args.connections})", f"in-process rows/s (batch {args.max_batch})",
-                  "batching / in-process"]  # fmt: skip
-    facts = C.machine_facts()
-    md = f"# S6: TorchScript serving overhead and dynamic batching ({C.now_utc()})\n\n"
-    md += textwrap.dedent(f"""\
-        Command: `.venv/bin/python benchmarks/s6_torchscript.py{' --quick' if args.quick else ''}`.
-        Server `openinfer serve` (1 loop thread, 1 CPU instance, INTRA_OP_THREAD_COUNT 1) and the
-        in-process runs on CPU {args.server_cpu}; wrk on CPU {args.client_cpu}. HTTP with the binary
-        tensor extension, batch-1 requests of zeros. {args.rounds} rounds of {args.duration:g} s,
-        alternating server and in-process; median (min–max). torch {torch.__version__},
-        {facts['cpu']}, {facts['nproc']} cores, load {C.loadavg()}.
+    server = C.openinfer_server(port, args.server_cpu, raw_dir / "openinfer.log", threads=1, extra=[str(repo)])
+    peer_problems: list[str] = []
+    peers: dict = {}
+    # per model: list of per-round dicts
+    data: dict[str, list[dict]] = {m: [] for m in models}
+    try:
+        with server:
+            C.wait_http_ready(f"http://127.0.0.1:{port}/v2/health/ready", timeout=180, proc=server)
+            bases = {"openinfer": f"http://127.0.0.1:{port}"}
+            procs = {"openinfer": server}
+            peers = PEERS.start_peers(C.peer_list(args.peers, ["triton"]), args.server_cpu, raw_dir,
+                                      peer_problems, torch_repo=EXAMPLES, timeout=300,
+                                      models=("simple", "mlp", "mlp_batched", "cnn", "cnn_batched"))
+            for n, p in peers.items():
+                bases[n], procs[n] = p.http_url, p.proc
+            for model in models:
+                body, headers = binary_request(model)
+                script = C.write_wrk_script(tmp / f"{model}.lua", "POST", body, headers)
+                for n in list(bases):
+                    status, raw = C.http_request(f"{bases[n]}/v2/models/{model}/infer", body, "POST", headers)
+                    if status != 200:
+                        if n == "openinfer":
+                            raise SystemExit(f"error: {model} answered {status}: {raw[:300]!r}")
+                        peer_problems.append(f"{peers[n].label} {model}: HTTP {status}: {raw[:300]!r}")
+                        del bases[n]
+                for n in (bases if not args.quick else []):  # warm-up, discarded
+                    for suffix, conns in (("", 1), ("_batched", args.connections)):
+                        C.run_wrk(f"{bases[n]}/v2/models/{model}{suffix}/infer", script, conns, 1,
+                                  args.client_cpu, servers=[procs[n]])
+                for rnd in range(args.rounds):
+                    d: dict = {}
+                    for n in bases:  # A B (limit) per measure
+                        w = C.run_wrk(f"{bases[n]}/v2/models/{model}/infer", script, 1, args.duration,
+                                      args.client_cpu, label=f"{n} {model} c1", servers=[procs[n]])
+                        if not w.ok:
+                            raise SystemExit(f"error: wrk {n}: {w.error}\n{w.raw[-1000:]}")
+                        d[(n, "c1")] = w
+                    d["ip1"] = in_process(model, 1, args.duration, args.server_cpu)
+                    for n in bases:
+                        wb = C.run_wrk(f"{bases[n]}/v2/models/{model}_batched/infer", script, args.connections,
+                                       args.duration, args.client_cpu, label=f"{n} {model} batched",
+                                       servers=[procs[n]])
+                        if not wb.ok:
+                            raise SystemExit(f"error: wrk {n}: {wb.error}\n{wb.raw[-1000:]}")
+                        d[(n, "batched")] = wb
+                    d["ipb"] = in_process(model, args.max_batch, args.duration, args.server_cpu)
+                    data[model].append(d)
+                    w, wb, ip, ipb = d[("openinfer", "c1")], d[("openinfer", "batched")], d["ip1"], d["ipb"]
+                    extra = "".join(f" | {n}: c1 {d[(n, 'c1')].rps:,.0f} req/s p50 {d[(n, 'c1')].p50_us:.0f} us, "
+                                    f"batched {d[(n, 'batched')].rps:,.0f} rows/s" for n in bases if n != "openinfer")
+                    print(f"[{model} round {rnd + 1}] batch 1: {w.rps:,.0f} req/s, HTTP p50 {w.p50_us:.0f} us, "
+                          f"in-process p50 {ip['p50_us']:.1f} us | batching: {wb.rps:,.0f} rows/s vs in-process "
+                          f"batch {args.max_batch} {ipb['rows_per_s']:,.0f} rows/s" + extra, flush=True)
+    finally:
+        for p in peers.values():
+            p.stop()
 
-        The in-process batching limit calls the module on batches of {args.max_batch} rows, the
-        largest the server can form, so the ratio is a lower bound.
-
-        """)
-    md += C.markdown_table(headers_md, rows)
+    # ---- report ----
+    rows, csv_rows, ratio_rows = [], [], []
+    labels = {"openinfer": "openinfer", **{n: p.label for n, p in peers.items()}}
+    for model in models:
+        rounds = data[model]
+        if not rounds:
+            continue
+        names = [k[0] for k in rounds[0] if isinstance(k, tuple) and k[1] == "c1"]
+        for n in names:
+            c1 = [r[(n, "c1")] for r in rounds]
+            bt = [r[(n, "batched")] for r in rounds]
+            ip1 = [r["ip1"] for r in rounds]
+            ipb = [r["ipb"] for r in rounds]
+            overhead = [w.p50_us - i["p50_us"] for w, i in zip(c1, ip1)]
+            vs_ip1 = [w.rps / i["calls_per_s"] for w, i in zip(c1, ip1)]
+            vs_ipb = [w.rps / i["rows_per_s"] for w, i in zip(bt, ipb)]
+            if n == "openinfer":
+                ratio_rows.append(C.ratio_row("S6", f"{model} batch 1, c=1", "in-process module(x)", "limit",
+                                              "req/s", vs_ip1))
+                ratio_rows.append(C.ratio_row("S6", f"{model} dynamic batching, c={args.connections}",
+                                              f"in-process module(x), batch {args.max_batch}", "limit",
+                                              "rows/s", vs_ipb))
+                r1 = rb = "1"
+            else:
+                oc1 = [r[("openinfer", "c1")].rps for r in rounds]
+                obt = [r[("openinfer", "batched")].rps for r in rounds]
+                rs1 = C.paired_ratios(oc1, [w.rps for w in c1])
+                rsb = C.paired_ratios(obt, [w.rps for w in bt])
+                ratio_rows.append(C.ratio_row("S6", f"{model} batch 1, c=1", labels[n], "peer", "req/s", rs1))
+                ratio_rows.append(C.ratio_row("S6", f"{model} dynamic batching, c={args.connections}",
+                                              labels[n], "peer", "rows/s", rsb))
+                r1, rb = C.summarize(rs1).fmt(".2f"), C.summarize(rsb).fmt(".2f")
+            rows.append([model, labels[n], C.summarize([w.rps for w in c1]).fmt(",.0f"), r1,
+                         C.summarize([w.p50_us for w in c1]).fmt(",.0f"),
+                         C.summarize([w.p99_us for w in c1]).fmt(",.0f"),
+                         C.summarize(overhead).fmt(",.0f"), C.summarize(vs_ip1).fmt(".0%"),
+                         C.summarize([w.rps for w in bt]).fmt(",.0f"), rb,
+                         C.summarize([w.p99_us for w in bt]).fmt(",.0f"), C.summarize(vs_ipb).fmt(".0%")])
+            for i, (w, b, a1, ab) in enumerate(zip(c1, bt, ip1, ipb), 1):
+                csv_rows.append([model, n, i, f"{w.rps:.1f}", w.p50_us, w.p99_us, f"{a1['p50_us']:.2f}",
+                                 f"{a1['calls_per_s']:.1f}", f"{b.rps:.1f}", b.p50_us, b.p99_us,
+                                 f"{ab['rows_per_s']:.1f}"])
+        ip = C.summarize([r["ip1"]["p50_us"] for r in rounds])
+        rows.append([model, "in-process `module(x)` (limit)",
+                     C.summarize([r["ip1"]["calls_per_s"] for r in rounds]).fmt(",.0f"), "", ip.fmt(",.1f"),
+                     C.summarize([r["ip1"]["p99_us"] for r in rounds]).fmt(",.1f"), "0", "100%",
+                     C.summarize([r["ipb"]["rows_per_s"] for r in rounds]).fmt(",.0f")
+                     + f" (batch {args.max_batch})", "", "", "100%"])
+    headers_md = ["model", "server", "batch-1 req/s (c=1)", "openinfer/X", "p50 µs", "p99 µs",
+                  "p50 overhead over in-process µs", "of in-process rate",
+                  f"batching rows/s (c={args.connections})", "openinfer/X", "batching p99 µs",
+                  "of in-process batch rate"]
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{NAME}.md").write_text(md)
-    C.write_csv(out_dir / f"{NAME}.csv", headers_md, rows)
-    print(md)
+    C.write_csv(out_dir / f"{NAME}.csv", ["model", "server", "round", "c1_rps", "c1_p50_us", "c1_p99_us",
+                                         "inproc_b1_p50_us", "inproc_b1_calls_per_s", "batched_rows_per_s",
+                                         "batched_p50_us", "batched_p99_us", "inproc_batch_rows_per_s"],
+                csv_rows)
+    C.write_ratios(out_dir, NAME, ratio_rows)
+    facts = C.machine_facts()
+    peer_lines = [f"- {p.label}: {p.version} with torch {torch.__version__} in its venv, `{p.command}`: "
+                  "each model bound twice (`<model>` with no queue delay, `<model>_batched` with "
+                  f"max_queue_delay 1000 µs), max_batch_size {args.max_batch}, the PyTriton function calling the "
+                  "same TorchScript file under torch.inference_mode with one intra-op thread." for p in peers.values()]
+    lines = C.report_header("S6 — TorchScript serving: overhead and dynamic batching", args.quick,
+                            time.monotonic() - started) + [
+        "**openinfer/X** = median of per-round ratios (min–max); other cells median (min–max) over rounds. "
+        "'of in-process rate': the server's rate as a share of the same module called directly "
+        f"(batch 1; and batches of {args.max_batch} rows, the largest the server can form, so that share "
+        "is a lower bound).",
+        "",
+        C.markdown_table(headers_md, rows),
+        "## Method",
+        "",
+        f"- openinfer: `python -m openinfer serve --threads 1 <repo>`, the repo made here from "
+        f"examples/models/{{mlp,cnn}} (`<model>`: no batching; `<model>_batched`: dynamic_batching, "
+        f"max_queue_delay 1000 µs, max_batch_size {args.max_batch}), one CPU instance, INTRA_OP_THREAD_COUNT 1.",
+        *peer_lines,
+        f"- Load: wrk on CPU {args.client_cpu} (`wrk -t 1 -c 1` for batch 1, `-c {args.connections}` for "
+        "batching), HTTP with the binary tensor extension, batch-1 requests of zeros; every server and the "
+        f"in-process runs on CPU {args.server_cpu}. {args.rounds} rounds of {args.duration:g} s, servers "
+        "and in-process in turn; a 1 s discarded warm-up per server and model.",
+        f"- torch {torch.__version__}; {facts['cpu']}, {facts['nproc']} cores; load before {load_before}, "
+        f"after {C.loadavg()}.",
+        f"- Per-run numbers: `{NAME}.csv`; logs `{C.rel(raw_dir)}/` (not committed).",
+        "",
+    ]
+    if peer_problems:
+        lines += ["## Peers that did not run", "", *[f"- {p}" for p in peer_problems], ""]
+    C.write_report(NAME, out_dir, lines, "s6")
+    print("\n".join(lines[-20:]))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("\n[s6] interrupted; servers stopped", file=sys.stderr)
+        sys.exit(130)

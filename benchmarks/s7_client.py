@@ -46,10 +46,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
-                    help="check run: 2 rounds of 1 s per point (< 1 min)")
+                    help="check run: 1 round of 1 s per point (< 1 min)")
     ap.add_argument("--seconds", type=float, help="seconds per measured loop "
                     "(default 2; quick 1)")
-    ap.add_argument("--rounds", type=int, help="A/B rounds per point (default 5; quick 2)")
+    ap.add_argument("--rounds", type=int, help="A/B rounds per point (default 3; quick 1)")
     ap.add_argument("--warmup", type=float, help="seconds of discarded warm-up per "
                     "client and point (default 1; quick 0.3)")
     ap.add_argument("--concurrency", type=int, default=16,
@@ -65,7 +65,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     a = ap.parse_args(argv)
     a.sizes = C.parse_size_list(a.sizes)
     a.seconds = a.seconds or (1.0 if a.quick else 2.0)
-    a.rounds = a.rounds or (2 if a.quick else 5)
+    a.rounds = a.rounds or (1 if a.quick else 3)
     a.warmup = a.warmup if a.warmup is not None else (0.3 if a.quick else 1.0)
     if a.seconds <= 0 or a.rounds < 1 or a.warmup < 0 or a.concurrency < 1:
         ap.error("--seconds, --rounds, --concurrency must be positive, --warmup >= 0")
@@ -222,7 +222,7 @@ def report(args, pts, results, problems, notes, versions, raw_dir, elapsed, load
                            "client_cpu_us_per_req", "server_cpu_s", "error"], rows)
     failed = any(not r.ok for runs in results.values() for r in runs)
 
-    rate_rows, byte_rows, how_rows, verdicts = [], [], [], []
+    rate_rows, byte_rows, how_rows, verdicts, ratio_rows = [], [], [], [], []
     bars: dict[str, tuple[list, list, list, list]] = {k: ([], [], [], []) for k in CLIENTS}
     for i, (key, title, kind, how_oi, how_tc, *_rest) in enumerate(pts):
         a, b = results.get((key, "openinfer"), []), results.get((key, "tritonclient"), [])
@@ -232,6 +232,14 @@ def report(args, pts, results, problems, notes, versions, raw_dir, elapsed, load
         attr = "gbps" if kind == "bytes" else "rps"
         ratio = C.ratio_of(a, b, attr)
         cpu_ratio = C.ratio_of(b, a, "cpu_us_per_req")
+        if ratio not in ("FAILED", "–"):
+            ratio_rows.append(C.ratio_row(
+                "S7", title, "tritonclient.http", "peer", "GB/s" if kind == "bytes" else "req/s",
+                C.paired_ratios([getattr(r, attr) for r in a], [getattr(r, attr) for r in b])))
+            ratio_rows.append(C.ratio_row(
+                "S7", title + ", client CPU/request", "tritonclient.http", "peer", "cpu_us",
+                C.paired_ratios([r.cpu_us_per_req for r in a], [r.cpu_us_per_req for r in b]),
+                note="lower is better"))
         lat = [C.cell_of(a, "p50_us"), C.cell_of(a, "p99_us"),
                C.cell_of(b, "p50_us"), C.cell_of(b, "p99_us")]
         cpu = [C.cell_of(a, "cpu_us_per_req", ",.1f"), C.cell_of(b, "cpu_us_per_req", ",.1f"),
@@ -255,6 +263,7 @@ def report(args, pts, results, problems, notes, versions, raw_dir, elapsed, load
                                                  [getattr(r, attr) for r in b]))
                 for lst, v in zip(bars[k], (i + 1, sm.median, sm.lo, sm.hi)):
                     lst.append(v)
+    C.write_ratios(out, NAME, ratio_rows)
     plot_note = C.plot_lines(
         png_path, "S7: client throughput relative to tritonclient (median, min–max)",
         "point (1 = sequential, 2 = async c16, 3 = threads/greenlets c16, 4+ = tensors)",
