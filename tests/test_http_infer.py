@@ -250,3 +250,15 @@ def test_server_alive_after_bad_requests(url: str) -> None:
     assert_alive(int(url.rsplit(":", 1)[1]))
     a = list(range(16))
     assert infer(url, "simple", {"inputs": simple_inputs(a, a)})[0] == 200
+
+
+def test_large_json_tensor_keeps_its_size(url: str) -> None:
+    # A JSON tensor of more than 1 MiB lands in a pooled large buffer; its size must still be
+    # the tensor's (a regression: it once took the buffer's block size).
+    x = (np.arange(300_000, dtype=np.float32) / 7).tolist()
+    status, body = infer(url, "identity_fp32", {"inputs": [
+        {"name": "INPUT0", "shape": [300_000], "datatype": "FP32", "data": x}]})
+    assert status == 200, body
+    out = body["outputs"][0]
+    assert out["shape"] == [300_000] and len(out["data"]) == 300_000
+    assert np.array_equal(np.array(out["data"], np.float32), np.array(x, np.float32))

@@ -1391,6 +1391,8 @@ static int parse_top_string(cursor_t *c, const char *field, const char **out, si
 {
     char *s = NULL;
     size_t n;
+    if (peek(c) == 'n' && at_literal(c, "null")) /* some servers (KServe) send "model_version": null */
+        return literal(c, "null");
     if (peek(c) != '"')
         return bad(c, "%s: expected a string, got %s", field, value_kind(c));
     int r = read_string_in_place(c, &s, &n);

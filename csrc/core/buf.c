@@ -73,8 +73,7 @@ oi_buf_t *oi_buf_new(size_t cap)
     atomic_init(&b->refs, 1);
     b->data = (char *)(b + 1);
     b->len = 0;
-    /* A cached block's whole class is usable: later growth within it needs no copy. */
-    b->cap = cls ? ((size_t)1 << cls) - sizeof(*b) : cap;
+    b->cap = cap; /* exactly what was asked: callers read cap as the body's size */
     b->release = cls ? free_large : free_inline;
     b->ctx = NULL;
     return b;
@@ -86,6 +85,10 @@ oi_buf_t *oi_buf_grow(oi_buf_t *b, size_t cap)
         return b;
     if (cap > SIZE_MAX - sizeof(oi_buf_t))
         return NULL;
+    if (b->release == free_large && size_class(sizeof(*b) + cap) == size_class(sizeof(*b) + b->cap)) {
+        b->cap = cap; /* still within its block */
+        return b;
+    }
     if (b->release == free_inline && size_class(sizeof(*b) + cap) == 0) {
         oi_buf_t *nb = realloc(b, sizeof(*nb) + cap);
         if (nb == NULL)
