@@ -1,5 +1,7 @@
 #include "client/grpc_client.h"
 
+#include "client/socket.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -110,13 +112,6 @@ struct oi_grpc_client_s {
     int64_t last_io; /* when the connection last read (CLOCK_MONOTONIC ms) */
     char *rbuf;
 };
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static void set_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void set_err(char *err, size_t errlen, const char *fmt, ...)
@@ -611,7 +606,7 @@ static char *recv_target(oi_grpc_client_t *c, size_t *room)
 static ssize_t conn_read(oi_grpc_client_t *c, int block)
 {
     ssize_t total = 0;
-    c->last_io = now_ms();
+    c->last_io = oi_client_now_ms();
     for (int k = 0; k < READS_PER_WAKEUP && c->session != NULL; k++) {
         size_t room;
         char *dst = recv_target(c, &room);
@@ -645,68 +640,8 @@ static ssize_t conn_read(oi_grpc_client_t *c, int block)
 
 static int connect_to(oi_grpc_client_t *c, int64_t deadline, char *err, size_t errlen)
 {
-    struct addrinfo hints = {0}, *res = NULL;
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    char port[16];
-    snprintf(port, sizeof(port), "%d", c->port);
-    int rc = getaddrinfo(c->host, port, &hints, &res);
-    if (rc != 0) {
-        set_err(err, errlen, "cannot resolve '%s': %s", c->host, gai_strerror(rc));
-        return OI_GRPC_CLIENT_ERROR;
-    }
-    int last_errno = 0, timed_out = 0;
-    for (struct addrinfo *a = res; a != NULL && c->fd < 0; a = a->ai_next) {
-        int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
-        if (fd < 0) {
-            last_errno = errno;
-            continue;
-        }
-        if (connect(fd, a->ai_addr, a->ai_addrlen) != 0 && errno != EINPROGRESS) {
-            last_errno = errno;
-            close(fd);
-            continue;
-        }
-        struct pollfd p = {fd, POLLOUT, 0};
-        int left = -1;
-        if (deadline > 0) {
-            int64_t l = deadline - now_ms();
-            left = l <= 0 ? 0 : l > INT_MAX ? INT_MAX : (int)l;
-        }
-        int w;
-        while ((w = poll(&p, 1, left)) < 0 && errno == EINTR)
-            ;
-        int soerr = 0;
-        socklen_t len = sizeof(soerr);
-        if (w > 0)
-            getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len);
-        if (w <= 0 || soerr != 0) {
-            timed_out |= w == 0;
-            last_errno = w > 0 ? soerr : errno;
-            close(fd);
-            continue;
-        }
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        /* Blocking from now on, so that a wait without a deadline is one recv (no poll); the
-         * reads and writes that must not wait say MSG_DONTWAIT. */
-        int fl = fcntl(fd, F_GETFL);
-        if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
-            last_errno = errno;
-            close(fd);
-            continue;
-        }
-        c->fd = fd;
-    }
-    freeaddrinfo(res);
-    if (c->fd >= 0)
-        return 0;
-    if (timed_out) {
-        set_err(err, errlen, "timed out connecting to %s:%d", c->host, c->port);
-        return OI_GRPC_CLIENT_TIMEOUT;
-    }
-    set_err(err, errlen, "cannot connect to %s:%d: %s", c->host, c->port, strerror(last_errno));
-    return OI_GRPC_CLIENT_ERROR;
+    int rc = oi_client_connect(c->host, c->port, deadline, &c->fd, err, errlen);
+    return rc == 0 ? 0 : rc == -2 ? OI_GRPC_CLIENT_TIMEOUT : OI_GRPC_CLIENT_ERROR;
 }
 
 static int session_open(oi_grpc_client_t *c)
@@ -743,7 +678,7 @@ static int session_open(oi_grpc_client_t *c)
 /* Makes sure the connection is open and can take a new stream. */
 static int conn_ready(oi_grpc_client_t *c, int64_t deadline, char *err, size_t errlen)
 {
-    if (c->session != NULL && now_ms() - c->last_io > IDLE_CHECK_MS) {
+    if (c->session != NULL && oi_client_now_ms() - c->last_io > IDLE_CHECK_MS) {
         /* Notice a GOAWAY or a close that arrived while the connection sat idle. (A busy
          * connection skips the syscall: a stream the server refused is retried anyway.) */
         if (conn_read(c, 0) < 0)
@@ -769,7 +704,7 @@ static int conn_ready(oi_grpc_client_t *c, int64_t deadline, char *err, size_t e
         set_err(err, errlen, "out of memory");
         return OI_GRPC_CLIENT_ERROR;
     }
-    c->last_io = now_ms();
+    c->last_io = oi_client_now_ms();
     return 0;
 }
 
@@ -817,7 +752,7 @@ static int pump(oi_grpc_client_t *c, int64_t deadline, int nowait, int (*done)(v
             tried = 1;
             ms = 0;
         } else if (deadline > 0) {
-            int64_t left = deadline - now_ms();
+            int64_t left = deadline - oi_client_now_ms();
             if (left <= 0)
                 return OI_GRPC_CLIENT_TIMEOUT;
             ms = left > INT_MAX ? INT_MAX : (int)left;
@@ -869,7 +804,7 @@ void oi_grpc_client_free(oi_grpc_client_t *c)
 oi_grpc_client_call_t *oi_grpc_client_call_start(oi_grpc_client_t *c, const char *method, int64_t timeout_ms, int *rc,
                                                  char *err, size_t errlen)
 {
-    int64_t deadline = timeout_ms > 0 ? now_ms() + timeout_ms : 0;
+    int64_t deadline = timeout_ms > 0 ? oi_client_now_ms() + timeout_ms : 0;
     oi_grpc_client_call_t *call = calloc(1, sizeof(*call));
     if (call == NULL || (call->method = strdup(method)) == NULL) {
         free(call);
@@ -908,7 +843,7 @@ static int call_submit(oi_grpc_client_call_t *call, char *err, size_t errlen)
     NV("user-agent", "openinfer-grpc-c", 16);
     char tmo[24];
     if (call->deadline > 0) {
-        int64_t left = call->deadline - now_ms();
+        int64_t left = call->deadline - oi_client_now_ms();
         if (left <= 0) {
             set_err(err, errlen, "timed out before the call to %s:%d started", c->host, c->port);
             return OI_GRPC_CLIENT_TIMEOUT;

@@ -1,5 +1,7 @@
 #include "client/http_client.h"
 
+#include "client/socket.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -40,35 +42,6 @@ struct oi_http_client_s {
     char rbuf[HEAD_BUF];
 };
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-/* Waits until fd is ready for `events`; 0, or -2 on timeout, -1 on error. */
-static int wait_fd(int fd, short events, int64_t deadline)
-{
-    for (;;) {
-        int ms = -1;
-        if (deadline > 0) {
-            int64_t left = deadline - now_ms();
-            if (left <= 0)
-                return -2;
-            ms = left > INT_MAX ? INT_MAX : (int)left;
-        }
-        struct pollfd p = {fd, events, 0};
-        int n = poll(&p, 1, ms);
-        if (n > 0)
-            return 0;
-        if (n == 0)
-            return -2;
-        if (errno != EINTR)
-            return -1;
-    }
-}
-
 static void close_fd(oi_http_client_t *c)
 {
     if (c->fd >= 0)
@@ -79,55 +52,7 @@ static void close_fd(oi_http_client_t *c)
 
 static int connect_to(oi_http_client_t *c, int64_t deadline, char *err, size_t errlen)
 {
-    struct addrinfo hints = {0}, *res = NULL;
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    char port[16];
-    snprintf(port, sizeof(port), "%d", c->port);
-    int rc = getaddrinfo(c->host, port, &hints, &res);
-    if (rc != 0) {
-        snprintf(err, errlen, "cannot resolve '%s': %s", c->host, gai_strerror(rc));
-        return -1;
-    }
-    int last_errno = 0, timed_out = 0;
-    for (struct addrinfo *a = res; a != NULL && c->fd < 0; a = a->ai_next) {
-        int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
-        if (fd < 0) {
-            last_errno = errno;
-            continue;
-        }
-        if (connect(fd, a->ai_addr, a->ai_addrlen) != 0 && errno != EINPROGRESS) {
-            last_errno = errno;
-            close(fd);
-            continue;
-        }
-        int w = wait_fd(fd, POLLOUT, deadline);
-        int soerr = 0;
-        socklen_t len = sizeof(soerr);
-        if (w == 0)
-            getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len);
-        if (w != 0 || soerr != 0) {
-            timed_out |= w == -2;
-            last_errno = w == 0 ? soerr : errno;
-            close(fd);
-            continue;
-        }
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        /* Blocking from here on: a call without a deadline then waits in recv itself, one
-         * system call rather than recv + poll + recv; calls with one use MSG_DONTWAIT. */
-        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-        c->fd = fd;
-    }
-    freeaddrinfo(res);
-    if (c->fd >= 0)
-        return 0;
-    if (timed_out) {
-        snprintf(err, errlen, "timed out connecting to %s:%d", c->host, c->port);
-        return -2;
-    }
-    snprintf(err, errlen, "cannot connect to %s:%d: %s", c->host, c->port, strerror(last_errno));
-    return -1;
+    return oi_client_connect(c->host, c->port, deadline, &c->fd, err, errlen);
 }
 
 /* Writes every byte of the iovecs. 0, -1 (error, errno kept) or -2 (timeout). */
@@ -143,7 +68,7 @@ static int send_all(oi_http_client_t *c, struct iovec *iov, int n, int64_t deadl
                 continue;
             if (errno != EAGAIN && errno != EWOULDBLOCK)
                 return -1;
-            int rc = wait_fd(c->fd, POLLOUT, deadline);
+            int rc = oi_client_wait_fd(c->fd, POLLOUT, deadline);
             if (rc != 0)
                 return rc;
             continue;
@@ -299,7 +224,7 @@ static int read_response(oi_http_client_t *c, int64_t deadline, char *err, size_
             if (errno == EINTR)
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                int rc = wait_fd(c->fd, POLLIN, deadline);
+                int rc = oi_client_wait_fd(c->fd, POLLIN, deadline);
                 if (rc == -2) {
                     snprintf(err, errlen, "timed out waiting for the response from %s:%d", c->host, c->port);
                     return -2;
@@ -356,7 +281,7 @@ int oi_http_client_request(oi_http_client_t *c, const char *method, const char *
                            const struct iovec *parts, int nparts, int64_t timeout_ms, oi_http_client_response_t *out,
                            char *err, size_t errlen)
 {
-    int64_t deadline = timeout_ms > 0 ? now_ms() + timeout_ms : 0;
+    int64_t deadline = timeout_ms > 0 ? oi_client_now_ms() + timeout_ms : 0;
     size_t body_len = 0;
     for (int i = 0; i < nparts; i++)
         body_len += parts[i].iov_len;
