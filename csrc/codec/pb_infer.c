@@ -904,6 +904,30 @@ static size_t shape_size(const oi_tensor_t *t)
  * memory, whose entry stays (empty) so that entries keep matching outputs by position. */
 static size_t raw_size(const oi_tensor_t *t) { return t->shm ? 0 : t->byte_size; }
 
+/* Cuts the encoded message header `hb` into runs around the tensors' raw bytes, which go out
+ * from their own memory: header run, tensor bytes, header run, ... key_off[i] is where
+ * tensor i's raw-contents field starts in `hb`. Tensors without raw bytes (empty, or in
+ * shared memory when `skip_shm`) stay in the header run. Takes references for every part
+ * and drops the caller's on `hb`; returns the number of parts (at most 2n + 1). */
+static size_t interleave(oi_buf_t *hb, const size_t *key_off, const oi_tensor_t *ts, uint32_t count, int skip_shm,
+                         oi_pb_iov_t *parts)
+{
+    size_t n = 0, run_start = 0;
+    for (uint32_t i = 0; i < count; i++) {
+        const oi_tensor_t *t = &ts[i];
+        if ((skip_shm ? raw_size(t) : t->byte_size) == 0)
+            continue;
+        size_t run_end = i + 1 < count ? key_off[i + 1] : hb->len;
+        parts[n++] = (oi_pb_iov_t){hb->data + run_start, run_end - run_start, oi_buf_ref(hb)};
+        parts[n++] = (oi_pb_iov_t){t->data, t->byte_size, t->owner ? oi_buf_ref(t->owner) : NULL};
+        run_start = run_end;
+    }
+    if (run_start < hb->len)
+        parts[n++] = (oi_pb_iov_t){hb->data + run_start, hb->len - run_start, oi_buf_ref(hb)};
+    oi_buf_unref(hb);
+    return n;
+}
+
 #define KEY_REGION "shared_memory_region"
 
 static const char *region_of(const oi_tensor_t *t) { return t->shm_region ? t->shm_region : ""; }
@@ -1028,20 +1052,7 @@ oi_status_t *oi_pb_encode_infer_response(const char *model_name, const char *mod
             free(key_off);
         return oi_status_new(OI_INTERNAL, "out of memory");
     }
-    /* Runs of header bytes become one part each, cut before every non-empty output. */
-    size_t n = 0, run_start = 0;
-    for (uint32_t i = 0; i < resp->n_outputs; i++) {
-        const oi_tensor_t *t = &resp->outputs[i];
-        if (raw_size(t) == 0)
-            continue;
-        size_t run_end = i + 1 < resp->n_outputs ? key_off[i + 1] : hb->len;
-        parts[n++] = (oi_pb_iov_t){hb->data + run_start, run_end - run_start, oi_buf_ref(hb)};
-        parts[n++] = (oi_pb_iov_t){t->data, t->byte_size, t->owner ? oi_buf_ref(t->owner) : NULL};
-        run_start = run_end;
-    }
-    if (run_start < hb->len)
-        parts[n++] = (oi_pb_iov_t){hb->data + run_start, hb->len - run_start, oi_buf_ref(hb)};
-    oi_buf_unref(hb);
+    size_t n = interleave(hb, key_off, resp->outputs, resp->n_outputs, 1, parts);
     if (key_off != key_small)
         free(key_off);
     *nparts = n;
@@ -1184,7 +1195,7 @@ oi_status_t *oi_pb_encode_infer_request(const oi_pb_request_head_t *head, const 
     }
     /* raw_input_contents, one per input (also empty ones: the server counts them), each a key
      * and length in the header buffer followed by the input's own memory. */
-    size_t key_small[64];
+    size_t key_small[64] = {0}; /* zeroed: gcc cannot see interleave() reads only what was written */
     size_t *key_off = n_inputs <= 64 ? key_small : malloc(n_inputs * sizeof(size_t));
     if (key_off == NULL) {
         oi_sbuf_free(&o);
@@ -1202,19 +1213,7 @@ oi_status_t *oi_pb_encode_infer_request(const oi_pb_request_head_t *head, const 
             free(key_off);
         return oi_status_new(OI_INTERNAL, "out of memory");
     }
-    size_t n = 0, run_start = 0;
-    for (uint32_t i = 0; i < n_inputs; i++) {
-        const oi_tensor_t *t = &inputs[i];
-        if (t->byte_size == 0)
-            continue;
-        size_t run_end = i + 1 < n_inputs ? key_off[i + 1] : hb->len;
-        parts[n++] = (oi_pb_iov_t){hb->data + run_start, run_end - run_start, oi_buf_ref(hb)};
-        parts[n++] = (oi_pb_iov_t){t->data, t->byte_size, t->owner ? oi_buf_ref(t->owner) : NULL};
-        run_start = run_end;
-    }
-    if (run_start < hb->len)
-        parts[n++] = (oi_pb_iov_t){hb->data + run_start, hb->len - run_start, oi_buf_ref(hb)};
-    oi_buf_unref(hb);
+    size_t n = interleave(hb, key_off, inputs, n_inputs, 0, parts);
     if (key_off != key_small)
         free(key_off);
     *nparts = n;

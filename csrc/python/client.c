@@ -13,17 +13,37 @@ typedef struct {
     PyThread_type_lock lock; /* one call at a time: a connection is a byte stream */
 } ConnObject;
 
-static int Conn_init(ConnObject *self, PyObject *args, PyObject *kw)
+int oi__py_conn_args(PyObject *args, PyObject *kw, const char **host, int *port)
 {
     static char *kwlist[] = {"host", "port", NULL};
-    const char *host;
-    int port;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "si", kwlist, &host, &port))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "si", kwlist, host, port))
         return -1;
-    if (port <= 0 || port > 65535) {
-        PyErr_Format(PyExc_ValueError, "port must be 1 to 65535, got %d", port);
+    if (*port <= 0 || *port > 65535) {
+        PyErr_Format(PyExc_ValueError, "port must be 1 to 65535, got %d", *port);
         return -1;
     }
+    return 0;
+}
+
+int oi__py_conn_acquire(PyThread_type_lock lock, int open)
+{
+    if (!open) {
+        PyErr_SetString(PyExc_RuntimeError, "the connection is closed");
+        return -1;
+    }
+    if (!PyThread_acquire_lock(lock, NOWAIT_LOCK)) {
+        PyErr_SetString(PyExc_RuntimeError, "this connection is in use by another thread");
+        return -1;
+    }
+    return 0;
+}
+
+static int Conn_init(ConnObject *self, PyObject *args, PyObject *kw)
+{
+    const char *host;
+    int port;
+    if (oi__py_conn_args(args, kw, &host, &port) != 0)
+        return -1;
     if (self->conn != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "already initialized");
         return -1;
@@ -59,18 +79,7 @@ int64_t oi__py_timeout_ms(PyObject *timeout)
     return t * 1000.0 < 1 ? 1 : (int64_t)(t * 1000.0);
 }
 
-static int acquire(ConnObject *self)
-{
-    if (self->conn == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "the connection is closed");
-        return -1;
-    }
-    if (!PyThread_acquire_lock(self->lock, NOWAIT_LOCK)) {
-        PyErr_SetString(PyExc_RuntimeError, "this connection is in use by another thread");
-        return -1;
-    }
-    return 0;
-}
+static int acquire(ConnObject *self) { return oi__py_conn_acquire(self->lock, self->conn != NULL); }
 
 /* Sends one request without the GIL. Returns 0 with *resp filled, or -1 with OSError or
  * TimeoutError set. */

@@ -15,6 +15,15 @@ extern PyTypeObject oi_py_grpc_stream_type;
 
 /* Helpers the two connection types share (python/client.c). */
 
+/* Parses a connection's constructor arguments (host, port) and checks the port. 0, or -1
+ * with a Python error set. */
+int oi__py_conn_args(PyObject *args, PyObject *kw, const char **host, int *port);
+
+/* Takes a connection's lock for one call without waiting: a connection is one byte stream,
+ * so a second thread gets a clear error rather than a wait. `open` is 0 once the connection
+ * is closed. 0, or -1 with RuntimeError set. */
+int oi__py_conn_acquire(PyThread_type_lock lock, int open);
+
 /* A call's `timeout` argument (seconds, None) as milliseconds: 0 for none, at least 1
  * otherwise; -1 with a Python error set when it is not a positive number. */
 int64_t oi__py_timeout_ms(PyObject *timeout);

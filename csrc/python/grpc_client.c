@@ -42,15 +42,7 @@ static PyObject *conn_error(int rc, const char *err)
 
 static int conn_acquire(ConnObject *self)
 {
-    if (self->conn == NULL || self->closed) {
-        PyErr_SetString(PyExc_RuntimeError, "the connection is closed");
-        return -1;
-    }
-    if (!PyThread_acquire_lock(self->lock, NOWAIT_LOCK)) {
-        PyErr_SetString(PyExc_RuntimeError, "this connection is in use by another thread");
-        return -1;
-    }
-    return 0;
+    return oi__py_conn_acquire(self->lock, self->conn != NULL && !self->closed);
 }
 
 static PyObject *message_str(const char *m)
@@ -62,15 +54,10 @@ static PyObject *message_str(const char *m)
 
 static int Conn_init(ConnObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"host", "port", NULL};
     const char *host;
     int port;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "si", kwlist, &host, &port))
+    if (oi__py_conn_args(args, kw, &host, &port) != 0)
         return -1;
-    if (port <= 0 || port > 65535) {
-        PyErr_Format(PyExc_ValueError, "port must be 1 to 65535, got %d", port);
-        return -1;
-    }
     if (self->conn != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "already initialized");
         return -1;
