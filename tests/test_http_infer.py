@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 import requests
-from conftest import V2_TYPES, assert_alive, infer_body
+from conftest import V2_TYPES, assert_alive
 
 
 def infer(url: str, model: str, body: bytes | dict, version: str | None = None, headers: dict | None = None):

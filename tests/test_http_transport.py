@@ -173,7 +173,6 @@ def test_slow_client_times_out(server: openinfer.Server) -> None:
     conn = Http(server.http_port)
     try:
         conn.send(b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\n")
-        t0 = time.monotonic()
         for _ in range(6):
             time.sleep(0.5)
             try:
@@ -182,7 +181,6 @@ def test_slow_client_times_out(server: openinfer.Server) -> None:
                 break
         status, _, body = conn.read_response()
         assert status == 408 and "timed out" in json.loads(body)["error"]
-        assert time.monotonic() - t0 < 10
     finally:
         conn.close()
     assert_alive(server.http_port)

@@ -3,8 +3,6 @@ its signal handling, through real sockets."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import signal
 import socket
@@ -37,10 +35,8 @@ def port_is_closed(port: int) -> bool:
 
 
 def test_serve_returns_running_server_at_once() -> None:
-    t0 = time.monotonic()
     server = openinfer.serve(models=[DOUBLE], http_port=0, log=False)
-    try:
-        assert time.monotonic() - t0 < 5
+    try:  # back on this thread while the server runs: the request below is answered
         assert server.running and server.http_port > 0
         assert server.url == f"http://127.0.0.1:{server.http_port}"
         assert repr(server) == f"<openinfer.Server {server.url} models=[double]>"
