@@ -8,6 +8,9 @@ ASAN_DIR := build-asan
 # What the libtorch shim is compiled from on first use (shipped in the package as _csrc/).
 TORCH_SHIM_SRC := backends/torch_shim/torch_shim.cpp backends/torch_shim/torch_shim.h core/dtype.c core/dtype.h
 PYTEST_ARGS ?=
+# Each test run starts from an empty openinfer cache of its own (the torch shim is compiled
+# there on first use), so no run depends on what an earlier one, or ~/.cache, left behind.
+TEST_CACHE := $(CURDIR)/build/test-cache
 
 .PHONY: setup build serve test test-plain test-asan bench clean
 
@@ -26,7 +29,8 @@ serve: build
 test: build test-plain test-asan
 
 test-plain:
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	rm -rf $(TEST_CACHE)/plain
+	OPENINFER_CACHE_DIR=$(TEST_CACHE)/plain $(PY) -m pytest -q $(PYTEST_ARGS)
 
 # The same suite against an AddressSanitizer + UndefinedBehaviorSanitizer build of the
 # extension, loaded from a copy of the package in $(ASAN_DIR). LeakSanitizer checks at exit
@@ -38,7 +42,12 @@ test-asan: setup
 	cp $(ASAN_DIR)/lib/openinfer/_core*.so $(ASAN_DIR)/pkg/openinfer/
 	mkdir -p $(ASAN_DIR)/pkg/openinfer/examples && cp -r examples/models $(ASAN_DIR)/pkg/openinfer/examples/
 	mkdir -p $(ASAN_DIR)/pkg/openinfer/_csrc && cd csrc && cp --parents $(TORCH_SHIM_SRC) $(CURDIR)/$(ASAN_DIR)/pkg/openinfer/_csrc/
-	OI_PACKAGE_DIR=$(ASAN_DIR)/pkg PYTHONPATH=$(ASAN_DIR)/pkg \
+	# The libtorch shim beside the extension, as in the plain package (it is not sanitized:
+	# the same keyed build serves both); compiled here when the plain build has none.
+	cp -f python/openinfer/libopeninfer_torch-*.so $(ASAN_DIR)/pkg/openinfer/ 2>/dev/null || true
+	OI_WERROR=1 $(PY) -m openinfer._torch_build $(ASAN_DIR)/pkg/openinfer
+	rm -rf $(TEST_CACHE)/asan
+	OPENINFER_CACHE_DIR=$(TEST_CACHE)/asan OI_PACKAGE_DIR=$(ASAN_DIR)/pkg PYTHONPATH=$(ASAN_DIR)/pkg \
 	LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
 	PYTHONMALLOC=malloc LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitizers/lsan.supp:print_suppressions=0 \
 	ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 \

@@ -50,13 +50,20 @@ def test_pipelining_answers_in_order(http: Http) -> None:
 
 
 def test_pipelined_slow_and_fast_keep_order(http: Http) -> None:
-    slow = encode_request("POST", "/v2/models/slow/infer", infer_body(
-        [{"name": "INPUT0", "shape": [1], "datatype": "INT32", "data": [300]}]))
-    http.send(slow + encode_request("GET", "/v2/health/ready"))
+    """Responses leave in request order whatever the models take: each answer names its own
+    request by content (no dependence on timing or on the server's overall readiness)."""
+    def one(model: str, value: int) -> bytes:
+        return encode_request("POST", f"/v2/models/{model}/infer", infer_body(
+            [{"name": "INPUT0", "shape": [1], "datatype": "INT32", "data": [value]}]))
+
+    wire = [("slow", 300), ("echo_int32", 1), ("slow", 50), ("echo_int32", 2), ("slow", 0)]
+    http.send(b"".join(one(m, v) for m, v in wire) + encode_request("GET", "/v2/health/live"))
+    for _, value in wire:
+        status, _, body = http.read_response()
+        assert status == 200, body
+        assert json.loads(body)["outputs"][0]["data"] == [value]
     status, _, body = http.read_response()
-    assert status == 200 and json.loads(body)["outputs"][0]["data"] == [300]
-    status, _, body = http.read_response()
-    assert json.loads(body) == {"ready": True}
+    assert status == 200 and json.loads(body) == {"live": True}
 
 
 def test_chunked_body(http: Http) -> None:

@@ -6,7 +6,10 @@ dynamic batching under many concurrent clients (torch and Python models), and CU
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import textwrap
 import threading
 from collections.abc import Iterator
@@ -412,6 +415,57 @@ def test_shim_builds_into_a_keyed_cache(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     with pytest.raises(_torch_build.ShimBuildError, match="no c\\+\\+ compiler found"):
         _torch_build.build(tmp_path / "out")
+
+
+COLD_CACHE_CHILD = """
+import sys, numpy as np, openinfer
+with openinfer.serve(sys.argv[1], http_port=0, log=False) as srv:
+    assert srv.failed == {}, srv.failed
+    x = np.arange(16, dtype=np.float32).reshape(1, 16)
+    out = openinfer.Client(srv.url).infer("mlp", {"INPUT__0": x})["OUTPUT__0"]
+    np.save(sys.argv[2], out)
+"""
+
+
+def test_cold_cache_compiles_the_shim_and_serves(tmp_path: Path) -> None:
+    """A fresh install whose package has no prebuilt shim and whose cache is empty compiles
+    the shim on first use and serves a TorchScript model. Under make test-asan the child
+    runs with the sanitizer preloaded, which the compiler must not inherit."""
+    from openinfer import _torch_build
+
+    installed = Path(openinfer.__file__).resolve().parent
+    pkg = tmp_path / "pkg" / "openinfer"
+    pkg.mkdir(parents=True)
+    for f in [*installed.glob("*.py"), *installed.glob("_core*.so")]:
+        shutil.copy2(f, pkg)
+    src = _torch_build.source_dir()
+    for rel in (*_torch_build.SHIM_SOURCES, *_torch_build.C_SOURCES):
+        (pkg / "_csrc" / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src / rel, pkg / "_csrc" / rel)
+    repo = tmp_path / "repo"
+    shutil.copytree(EXAMPLES / "mlp", repo / "mlp")
+    cache = tmp_path / "cache"
+    env = {**os.environ, "PYTHONPATH": str(pkg.parent), "OPENINFER_CACHE_DIR": str(cache)}
+    r = subprocess.run([sys.executable, "-c", COLD_CACHE_CHILD, str(repo), str(tmp_path / "out.npy")],
+                       env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "compiling the libtorch shim" in r.stderr
+    assert list((cache / "torch_shim").glob("libopeninfer_torch-*.so")), "no shim in the cold cache"
+    mlp = torch.jit.load(str(EXAMPLES / "mlp" / "1" / "model.pt"))
+    with torch.inference_mode():
+        want = mlp(torch.arange(16, dtype=torch.float32).reshape(1, 16)).numpy()
+    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), want, rtol=1e-5, atol=1e-6)
+
+
+def test_child_environment_drops_only_the_sanitizers() -> None:
+    from openinfer._torch_build import child_environment
+
+    env = child_environment({
+        "LD_PRELOAD": "/usr/lib/gcc/x86_64-linux-gnu/12/libasan.so /opt/libjemalloc.so:libubsan.so.1",
+        "ASAN_OPTIONS": "detect_leaks=1", "LSAN_OPTIONS": "x", "UBSAN_OPTIONS": "y", "PATH": "/bin",
+    })  # fmt: skip
+    assert env == {"LD_PRELOAD": "/opt/libjemalloc.so", "PATH": "/bin"}
+    assert "LD_PRELOAD" not in child_environment({"LD_PRELOAD": "libasan.so"})
 
 
 @pytest.mark.gpu

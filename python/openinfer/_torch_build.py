@@ -82,8 +82,33 @@ def _compiler(kind: str) -> str:
     )
 
 
+# What a sanitizer run (make test-asan) puts in the environment for the openinfer process
+# alone: a compiler started with it inherits the preloaded runtime, LeakSanitizer then reports
+# the compiler's own allocations, and the compiler exits non-zero.
+_SANITIZER_OPTIONS = ("ASAN_OPTIONS", "LSAN_OPTIONS", "UBSAN_OPTIONS", "TSAN_OPTIONS", "MSAN_OPTIONS")
+_SANITIZER_RUNTIMES = ("libasan", "liblsan", "libubsan", "libtsan", "libmsan", "libclang_rt.")
+
+
+def child_environment(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for a process openinfer starts (the compiler): the caller's, less the
+    sanitizer runtimes in LD_PRELOAD and the sanitizers' options. Other preloads stay."""
+    out = dict(os.environ if env is None else env)
+    for name in _SANITIZER_OPTIONS:
+        out.pop(name, None)
+    kept = [
+        lib
+        for lib in out.get("LD_PRELOAD", "").replace(":", " ").split()
+        if not os.path.basename(lib).startswith(_SANITIZER_RUNTIMES)
+    ]
+    if kept:
+        out["LD_PRELOAD"] = " ".join(kept)
+    else:
+        out.pop("LD_PRELOAD", None)
+    return out
+
+
 def _run(cmd: list[str]) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=child_environment())
     if proc.returncode != 0:
         raise ShimBuildError(
             "compiling the torch shim failed:\n  "
@@ -171,5 +196,7 @@ def ensure_shim(package_dir: str | os.PathLike[str] | None = None) -> Path:
     return cache / name
 
 
-if __name__ == "__main__":  # python -m openinfer._torch_build: build into the cache now
-    print(ensure_shim())
+if __name__ == "__main__":
+    # python -m openinfer._torch_build [DIR]: build into DIR (a package directory), else into
+    # the cache now.
+    print(build(sys.argv[1], werror=os.environ.get("OI_WERROR") == "1") if len(sys.argv) > 1 else ensure_shim())

@@ -304,9 +304,7 @@ def _collect(
     here rather than as the core's RuntimeError so the message says which."""
     if repo is None and models is None:
         repo = examples_path()
-    # The bundled examples serve everywhere: their TorchScript models only where torch is.
-    bundled = repo is not None and Path(repo).resolve() == examples_path().resolve()
-    entries = scan(repo, optional_torch=bundled) if repo is not None else []
+    entries = scan(repo, optional_torch=_is_examples(repo)) if repo is not None else []
     given = [models] if isinstance(models, Model) else list(models or ())
     for model in given:
         if not isinstance(model, Model):
@@ -319,6 +317,14 @@ def _collect(
             raise ValueError(f"model {entry.name!r} version {key[1]} is defined twice")
         seen.add(key)
     return entries
+
+
+def _is_examples(repo: str | os.PathLike[str]) -> bool:
+    """The bundled examples serve everywhere: their TorchScript models only where torch is."""
+    try:
+        return Path(repo).resolve() == examples_path().resolve()
+    except FileNotFoundError:  # an installation without them serves other repositories
+        return False
 
 
 def _version(entry: LoadedModel) -> int:
