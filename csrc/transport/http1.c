@@ -344,6 +344,17 @@ static void feed(oi_http_conn_t *c, const char *data, size_t len)
         llhttp_errno_t err = llhttp_execute(&c->parser, data, len);
         if (err == HPE_OK)
             break;
+        if (err == HPE_PAUSED_UPGRADE) {
+            /* The request asked to switch protocols (Upgrade or CONNECT). It was answered as
+             * plain HTTP (or refused) with Connection: close; what follows belongs to a
+             * protocol we do not speak, so it is dropped rather than parsed as requests. */
+            stop_reading(c);
+            c->keep_alive = 0;
+            c->close_after_write = 1;
+            if (!c->busy && c->writes == 0)
+                conn_close(c);
+            break;
+        }
         if (err == HPE_PAUSED) {
             size_t used = (size_t)(llhttp_get_error_pos(&c->parser) - data);
             data += used;
@@ -535,6 +546,8 @@ static int on_headers_complete(llhttp_t *p)
 {
     oi_http_conn_t *c = conn_of(p);
     const oi_http_config_t *cfg = &c->lis->server->cfg;
+    if (p->method == HTTP_CONNECT)
+        return reject_in_parser(c, 405, "CONNECT is not supported: this server is not a proxy");
     if (p->flags & F_CHUNKED) {
         c->body = oi_buf_new(CHUNKED_INITIAL);
         if (c->body == NULL)
@@ -600,7 +613,9 @@ static int on_message_complete(llhttp_t *p)
     oi_http_server_t *s = c->lis->server;
     uv_timer_stop(&c->timer);
     c->in_message = 0;
-    c->keep_alive = llhttp_should_keep_alive(p);
+    /* An upgrade is refused by answering the request as plain HTTP and closing: the client
+     * may already have sent bytes of the other protocol behind it. */
+    c->keep_alive = llhttp_should_keep_alive(p) && !p->upgrade;
     c->http10 = p->http_major == 1 && p->http_minor == 0;
 
     if (oi_sbuf_append(&c->url, "", 1) != 0) /* NUL-terminate */
