@@ -6,11 +6,67 @@ proven by status codes and by which connections the server closes."""
 from __future__ import annotations
 
 import json
+import socket
+import struct
+import time
+from collections.abc import Iterator
+from typing import Any
 
+import numpy as np
 import pytest
-from conftest import Http, assert_alive, encode_request
+from conftest import Http, assert_alive, assert_grpc_alive, encode_request, infer_body
+from test_grpc_transport import H2, SERVICE, status_of
 
 import openinfer
+from openinfer import Model, Tensor
+
+
+def _echo(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"OUTPUT0": inputs["INPUT0"]}
+
+
+def _slow(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    time.sleep(float(inputs["INPUT0"][0]) / 1000.0)
+    return {"OUTPUT0": inputs["INPUT0"]}
+
+
+ONE_INT = dict(inputs=[Tensor("INPUT0", "INT32", [-1])], outputs=[Tensor("OUTPUT0", "INT32", [-1])])
+MODELS = [Model("echo", _echo, **ONE_INT), Model("slow", _slow, instances=8, **ONE_INT)]
+
+
+def small_server(**limits: Any) -> openinfer.Server:
+    """A server of its own with the limits under test (one loop thread: eviction order is
+    that loop's order), HTTP and gRPC on free ports."""
+    return openinfer.serve(models=MODELS, http_port=0, log=False, threads=1, **limits)
+
+
+def echo_request(value: int = 7) -> bytes:
+    return encode_request("POST", "/v2/models/echo/infer", infer_body(
+        [{"name": "INPUT0", "shape": [1], "datatype": "INT32", "data": [value]}]))
+
+
+def echo_ok(conn: Http, value: int = 7) -> bool:
+    conn.send(echo_request(value))
+    status, _, body = conn.read_response()
+    return status == 200 and json.loads(body)["outputs"][0]["data"] == [value]
+
+
+def closed_without_answer(sock: socket.socket, timeout: float = 10.0) -> bool:
+    """Reads until the server closes; True when it did within `timeout` (a bound for a hung
+    test, not a measurement), having sent no HTTP response."""
+    sock.settimeout(timeout)
+    got = b""
+    try:
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+    except (ConnectionResetError, BrokenPipeError):
+        pass
+    except socket.timeout:
+        return False
+    return not got.startswith(b"HTTP/")
 
 
 # ---- one request, one response: Upgrade and CONNECT ----------------------------------------
@@ -49,3 +105,217 @@ def test_connect_gets_one_answer_then_close(server: openinfer.Server) -> None:
     finally:
         conn.close()
     assert_alive(server.http_port)
+
+
+# ---- connection exhaustion: silent connections, the gRPC preface and idle, per-peer limits --
+
+
+@pytest.fixture(scope="module")
+def quick() -> Iterator[openinfer.Server]:
+    """A short first-byte deadline; the idle one far above the tests' bounds, so that only the
+    first-byte deadline can close a silent connection in time."""
+    srv = small_server(first_byte_timeout_ms=300, idle_timeout_ms=120_000, header_timeout_ms=30_000)
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_silent_http_connection_is_closed_at_first_byte_timeout(quick: openinfer.Server) -> None:
+    """A connection that sends nothing no longer holds its slot for the (long) idle timeout."""
+    with socket.create_connection(("127.0.0.1", quick.http_port)) as s:
+        assert closed_without_answer(s)
+    assert_alive(quick.http_port)
+
+
+def test_silent_grpc_connection_is_closed_at_preface_timeout(quick: openinfer.Server) -> None:
+    with socket.create_connection(("127.0.0.1", quick.grpc_port)) as s:
+        assert closed_without_answer(s)  # our SETTINGS may come first; then the close
+    assert_grpc_alive(quick.grpc_port)
+
+
+def test_trickled_grpc_preface_is_cut(quick: openinfer.Server) -> None:
+    """The preface deadline is not pushed back by bytes: half a preface, then a byte now and
+    then, is still cut."""
+    magic = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", quick.grpc_port)) as s:
+        closed = False
+        for b in magic:  # bounded: 24 bytes
+            try:
+                s.sendall(bytes([b]))
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+            time.sleep(0.1)
+        assert closed or closed_without_answer(s)
+    assert_grpc_alive(quick.grpc_port)
+
+
+def test_idle_grpc_connection_gets_goaway_but_open_stream_is_kept() -> None:
+    """gRPC connections with no open stream are told to go away after the idle timeout (they
+    were kept forever); a call that outlasts the idle timeout is not cut."""
+    with small_server(idle_timeout_ms=1500) as srv:
+        _idle_grpc_goaway(srv)
+        assert_grpc_alive(srv.grpc_port)
+
+
+def _idle_grpc_goaway(srv: openinfer.Server) -> None:
+    conn = H2(srv.grpc_port)
+    try:
+        req = _infer_request("slow", 2500)  # longer than the 1500 ms idle timeout
+        sid = conn.call(SERVICE + "ModelInfer", req)
+        [st] = conn.wait(sid, timeout=30)
+        assert status_of(st)[1] == "0", status_of(st)
+        assert not conn.goaway
+        deadline = time.monotonic() + 30  # a bound, not a measurement
+        while not conn.goaway and time.monotonic() < deadline:
+            try:
+                conn.pump()
+            except ConnectionError:
+                break
+        assert conn.goaway
+    finally:
+        conn.close()
+
+
+def _infer_request(model: str, value: int) -> bytes:
+    """A ModelInferRequest by hand (model_name, one INT32 input of shape [1], raw contents)."""
+    def ld(field: int, payload: bytes) -> bytes:
+        return bytes([field << 3 | 2]) + _varint(len(payload)) + payload
+
+    tensor = ld(1, b"INPUT0") + ld(2, b"INT32") + bytes([3 << 3 | 2]) + _varint(1) + _varint(1)
+    return ld(1, model.encode()) + ld(5, tensor) + ld(7, struct.pack("<i", value))
+
+
+def _varint(v: int) -> bytes:
+    out = b""
+    while True:
+        b = v & 0x7F
+        v >>= 7
+        if v:
+            out += bytes([b | 0x80])
+        else:
+            return out + bytes([b])
+
+
+def test_full_table_evicts_the_oldest_idle_connection() -> None:
+    """With every slot held by silent connections, a new client is served and the oldest
+    silent connection is the one closed (it used to be the new client that was refused)."""
+    with small_server(max_connections=6, max_connections_per_peer=100, first_byte_timeout_ms=60_000) as srv:
+        silent = []
+        try:
+            for _ in range(6):
+                silent.append(Http(srv.http_port))
+                time.sleep(0.02)  # accepted in this order (eviction order, not a timing check)
+            fresh = Http(srv.http_port)
+            try:
+                assert echo_ok(fresh)
+            finally:
+                fresh.close()
+            assert silent[0].closed_by_peer(timeout=10)
+            assert echo_ok(silent[-1])  # the newest silent one was left alone
+        finally:
+            for c in silent:
+                c.close()
+
+
+def test_full_grpc_table_evicts_the_oldest_idle_connection() -> None:
+    with small_server(max_connections=4, max_connections_per_peer=100, first_byte_timeout_ms=60_000) as srv:
+        silent = []
+        try:
+            for _ in range(4):
+                silent.append(socket.create_connection(("127.0.0.1", srv.grpc_port)))
+                time.sleep(0.02)
+            assert_grpc_alive(srv.grpc_port)
+            assert closed_without_answer(silent[0])
+        finally:
+            for s in silent:
+                s.close()
+
+
+def test_per_peer_limit_refuses_a_busy_address() -> None:
+    """One address may hold only max_connections_per_peer connections, HTTP and gRPC alike:
+    while all of them have a request in flight, the one over is closed unanswered."""
+    with small_server(max_connections=100, max_connections_per_peer=3, first_byte_timeout_ms=60_000) as srv:
+        slow = encode_request("POST", "/v2/models/slow/infer", infer_body(
+            [{"name": "INPUT0", "shape": [1], "datatype": "INT32", "data": [3000]}]))
+        conns = [Http(srv.http_port) for _ in range(3)]
+        calls = [H2(srv.grpc_port) for _ in range(3)]
+        try:
+            for c in conns:
+                c.send(slow)
+            sids = [h.call(SERVICE + "ModelInfer", _infer_request("slow", 3000)) for h in calls]
+            over = Http(srv.http_port)
+            try:
+                over.send(echo_request())
+            except OSError:
+                pass
+            assert closed_without_answer(over.sock)
+            over.close()
+            with socket.create_connection(("127.0.0.1", srv.grpc_port)) as s:
+                assert closed_without_answer(s)
+            for c in conns:  # the busy ones were not touched
+                status, _, _ = c.read_response()
+                assert status == 200
+            for h, sid in zip(calls, sids):
+                [st] = h.wait(sid, timeout=30)
+                assert status_of(st)[1] == "0"
+        finally:
+            for c in conns:
+                c.close()
+            for h in calls:
+                h.close()
+
+
+def test_per_peer_limit_displaces_the_address_own_idle_connection() -> None:
+    """At its limit, an address's new connection takes the place of that address's oldest idle
+    one, rather than being refused: a client can only ever displace itself."""
+    with small_server(max_connections=100, max_connections_per_peer=3, first_byte_timeout_ms=60_000) as srv:
+        conns = []
+        try:
+            for _ in range(3):
+                conns.append(Http(srv.http_port))
+                assert echo_ok(conns[-1])
+                time.sleep(0.02)
+            fresh = Http(srv.http_port)
+            conns.append(fresh)
+            assert echo_ok(fresh)
+            assert conns[0].closed_by_peer(timeout=10)
+            assert echo_ok(conns[2])
+        finally:
+            for c in conns:
+                c.close()
+
+
+# ---- slow uploads: the body is timed on silence, not as a total -----------------------------
+
+
+def test_slow_but_progressing_upload_is_not_cut() -> None:
+    """The header deadline used to bound the body too: an upload that keeps sending, slower
+    than header_timeout_ms in total, got 408. Now only a silent body times out."""
+    with small_server(header_timeout_ms=300, body_timeout_ms=3000) as srv:
+        body = infer_body([{"name": "INPUT0", "shape": [1], "datatype": "INT32", "data": [5]}])
+        conn = Http(srv.http_port)
+        try:
+            conn.send(f"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+                      .encode())
+            for i in range(len(body)):  # about 0.1 s a byte: far past the header deadline in total
+                conn.send(body[i:i + 1])
+                time.sleep(0.1 if i < 12 else 0)
+            status, _, out = conn.read_response()
+            assert status == 200 and json.loads(out)["outputs"][0]["data"] == [5]
+        finally:
+            conn.close()
+
+
+def test_stalled_body_gets_408() -> None:
+    with small_server(header_timeout_ms=300, body_timeout_ms=300) as srv:
+        conn = Http(srv.http_port)
+        try:
+            conn.send(b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"in")
+            status, headers, body = conn.read_response()
+            assert status == 408 and "timed out" in json.loads(body)["error"]
+            assert headers["connection"] == "close"
+        finally:
+            conn.close()
+        assert_alive(srv.http_port)

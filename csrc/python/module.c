@@ -22,18 +22,32 @@ typedef struct {
 
 static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"host", "http_port", "threads", "max_body_bytes", "max_header_bytes", "max_connections",
-                             "header_timeout_ms", "idle_timeout_ms", "max_json_depth", "grpc_port",
-                             "grpc_max_message_bytes", "allow_shared_memory", NULL};
+    static char *kwlist[] = {"host",
+                             "http_port",
+                             "threads",
+                             "max_body_bytes",
+                             "max_header_bytes",
+                             "max_connections",
+                             "header_timeout_ms",
+                             "idle_timeout_ms",
+                             "max_json_depth",
+                             "grpc_port",
+                             "grpc_max_message_bytes",
+                             "allow_shared_memory",
+                             "max_connections_per_peer",
+                             "first_byte_timeout_ms",
+                             "body_timeout_ms",
+                             NULL};
     const char *host = "127.0.0.1";
-    int port = 8000, threads = 0, max_conn = 4096, grpc_port = 8001;
+    int port = 8000, threads = 0, max_conn = 4096, grpc_port = 8001, max_per_peer = 0;
     unsigned long long max_body = 1ull << 30, max_header = 64 << 10, header_to = 30000, idle_to = 300000;
+    unsigned long long first_byte_to = 5000, body_to = 30000;
     unsigned long long grpc_max = 2ull << 30;
     unsigned int depth = 64;
     PyObject *allow_shm = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|si$iKKiKKIiKO", kwlist, &host, &port, &threads, &max_body,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|si$iKKiKKIiKOiKK", kwlist, &host, &port, &threads, &max_body,
                                      &max_header, &max_conn, &header_to, &idle_to, &depth, &grpc_port, &grpc_max,
-                                     &allow_shm))
+                                     &allow_shm, &max_per_peer, &first_byte_to, &body_to))
         return -1;
     int allow = allow_shm == Py_None ? -1 : PyObject_IsTrue(allow_shm);
     if (allow == -1 && allow_shm != Py_None)
@@ -50,15 +64,34 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
         PyErr_Format(PyExc_ValueError, "grpc_max_message_bytes must be 1 to 4294967295, got %llu", grpc_max);
         return -1;
     }
+    if (max_conn < 1) {
+        PyErr_Format(PyExc_ValueError, "max_connections must be at least 1, got %d", max_conn);
+        return -1;
+    }
+    if (max_per_peer < 0) {
+        PyErr_Format(PyExc_ValueError, "max_connections_per_peer must be 0 (half of max_connections) or more, got %d",
+                     max_per_peer);
+        return -1;
+    }
+    if (max_per_peer == 0) /* one address can never take every slot */
+        max_per_peer = max_conn > 1 ? max_conn / 2 : 1;
     if (self->server != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Server is already initialized");
         return -1;
     }
     snprintf(self->host, sizeof(self->host), "%s", host);
     self->cfg = (oi_server_config_t){
-        .http = {.host = self->host, .port = port, .threads = threads, .max_body_bytes = (size_t)max_body,
-                 .max_header_bytes = (size_t)max_header, .max_connections = max_conn,
-                 .header_timeout_ms = header_to, .idle_timeout_ms = idle_to},
+        .http = {.host = self->host,
+                 .port = port,
+                 .threads = threads,
+                 .max_body_bytes = (size_t)max_body,
+                 .max_header_bytes = (size_t)max_header,
+                 .max_connections = max_conn,
+                 .max_connections_per_peer = max_per_peer,
+                 .first_byte_timeout_ms = first_byte_to,
+                 .header_timeout_ms = header_to,
+                 .body_timeout_ms = body_to,
+                 .idle_timeout_ms = idle_to},
         .max_json_depth = depth,
         .grpc_port = grpc_port,
         .grpc_max_message_bytes = (size_t)grpc_max,

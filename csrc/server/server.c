@@ -39,6 +39,9 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
             .port = s->cfg.grpc_port,
             .max_message_bytes = s->cfg.grpc_max_message_bytes ? s->cfg.grpc_max_message_bytes : (size_t)2 << 30,
             .max_connections = s->cfg.http.max_connections,
+            .max_connections_per_peer = s->cfg.http.max_connections_per_peer,
+            .preface_timeout_ms = s->cfg.http.first_byte_timeout_ms,
+            .idle_timeout_ms = s->cfg.http.idle_timeout_ms,
         };
         s->grpc = oi_h2_server_new(&h2, &oi__grpc_api_handler, s);
     }

@@ -12,6 +12,8 @@
 
 #include <llhttp.h>
 
+#include "transport/peers.h"
+
 #define READ_BUF_SIZE 16384
 #define CHUNKED_INITIAL 65536
 /* Stop parsing pipelined requests while this much response data waits for the socket. */
@@ -37,6 +39,7 @@ struct oi_http_server_s {
     int port;
     atomic_int inflight;
     atomic_int connections;
+    oi_peers_t peers; /* connections per client address, across the loops */
 };
 
 struct oi_http_conn_s {
@@ -46,6 +49,9 @@ struct oi_http_conn_s {
     listener_t *lis;
     oi_http_conn_t *prev, *next; /* listener's list */
     oi_http_request_t req;
+    oi_peer_addr_t peer;
+    int peer_counted;    /* holds one count in the server's peer table */
+    uint64_t idle_since; /* uv_now when the connection last became idle, for eviction */
 
     /* The request being read. */
     oi_sbuf_t url;
@@ -53,6 +59,7 @@ struct oi_http_conn_s {
     oi_sbuf_t hvalue;
     size_t header_bytes;
     int in_message;
+    int in_body; /* headers done, body bytes expected: reads push the body deadline back */
     int expect_continue;
     int body_direct; /* Content-Length known: socket reads land in the body buffer */
     oi_buf_t *body;
@@ -97,6 +104,8 @@ static void conn_maybe_free(oi_http_conn_t *c)
     oi_sbuf_free(&c->hfield);
     oi_sbuf_free(&c->hvalue);
     oi_sbuf_free(&c->pending);
+    if (c->peer_counted)
+        oi_peers_release(&c->lis->server->peers, &c->peer);
     atomic_fetch_sub(&c->lis->server->connections, 1);
     free(c);
 }
@@ -321,6 +330,8 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         conn_close(c);
         return;
     }
+    if (nread > 0 && c->in_body) /* the body deadline bounds silence, not the whole upload */
+        arm_timer(c, c->lis->server->cfg.body_timeout_ms);
     if (nread > 0 && c->busy) { /* pipelined: parsed once the request in flight is answered */
         if (hold_pending(c, buf->base, (size_t)nread) != 0)
             conn_close(c);
@@ -333,8 +344,10 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
  * byte, in on_message_begin, and is not pushed back by later bytes). */
 static void finish_or_idle(oi_http_conn_t *c)
 {
-    if (!c->closing && !c->busy && !c->in_message)
+    if (!c->closing && !c->busy && !c->in_message) {
+        c->idle_since = uv_now(&c->lis->loop.uv);
         arm_timer(c, c->lis->server->cfg.idle_timeout_ms);
+    }
 }
 
 static void feed(oi_http_conn_t *c, const char *data, size_t len)
@@ -468,6 +481,7 @@ static int on_message_begin(llhttp_t *p)
 {
     oi_http_conn_t *c = conn_of(p);
     c->in_message = 1;
+    c->in_body = 0;
     c->url.len = 0;
     c->hfield.len = 0;
     c->hvalue.len = 0;
@@ -577,6 +591,13 @@ static int on_headers_complete(llhttp_t *p)
         if (rc != 0)
             after_write(&wr->w, rc);
     }
+    if (c->body != NULL) {
+        /* From here the header deadline no longer applies: the body is timed on silence. */
+        c->in_body = 1;
+        arm_timer(c, cfg->body_timeout_ms);
+        if (cfg->body_timeout_ms == 0)
+            uv_timer_stop(&c->timer);
+    }
     return 0;
 }
 
@@ -613,6 +634,7 @@ static int on_message_complete(llhttp_t *p)
     oi_http_server_t *s = c->lis->server;
     uv_timer_stop(&c->timer);
     c->in_message = 0;
+    c->in_body = 0;
     /* An upgrade is refused by answering the request as plain HTTP and closing: the client
      * may already have sent bytes of the other protocol behind it. */
     c->keep_alive = llhttp_should_keep_alive(p) && !p->upgrade;
@@ -675,6 +697,44 @@ void oi_http_respond(oi_http_request_t *req, int status, const char *headers, co
 
 /* ---- accepting ---------------------------------------------------------------------------- */
 
+/* The connection of this loop (of `peer` only, unless NULL) that has waited longest for a
+ * request, with nothing in flight, or NULL. Only this loop's connections may be touched from its thread, so a full
+ * table evicts from the accepting loop (the loops share one accept queue, so each holds a
+ * fair share of the connections). */
+static oi_http_conn_t *oldest_idle(listener_t *lis, oi_http_conn_t *except, const oi_peer_addr_t *peer)
+{
+    oi_http_conn_t *best = NULL;
+    for (oi_http_conn_t *c = lis->conns; c != NULL; c = c->next)
+        if (c != except && (peer == NULL || (c->peer_counted && memcmp(&c->peer, peer, sizeof(*peer)) == 0)) &&
+            !c->closing && !c->busy && !c->in_message && c->writes == 0 && c->pending.len == 0 &&
+            (best == NULL || c->idle_since <= best->idle_since))
+            best = c;
+    return best;
+}
+
+/* Counts the new connection against its address's limit: 0, or -1 to refuse it. */
+static int admit_peer(oi_http_conn_t *c)
+{
+    struct sockaddr_storage ss;
+    int len = sizeof(ss);
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) != 0 ||
+        oi_peer_addr_of((struct sockaddr *)&ss, &c->peer) != 0)
+        return 0; /* no IP peer to count */
+    c->peer_counted = 1;
+    if (oi_peers_acquire(&c->lis->server->peers, &c->peer) == 0)
+        return 0;
+    /* The address is at its limit: its own oldest idle connection gives way, handing its
+     * count to the new one, so a client only ever displaces itself; with none idle, refuse. */
+    oi_http_conn_t *victim = oldest_idle(c->lis, c, &c->peer);
+    if (victim == NULL) {
+        c->peer_counted = 0;
+        return -1;
+    }
+    victim->peer_counted = 0;
+    conn_close(victim);
+    return 0;
+}
+
 static void on_connection(uv_stream_t *server, int status)
 {
     listener_t *lis = server->data;
@@ -690,22 +750,32 @@ static void on_connection(uv_stream_t *server, int status)
     c->tcp.data = c->timer.data = c;
     c->handles = 2;
     c->keep_alive = 1;
+    c->idle_since = uv_now(&lis->loop.uv);
     atomic_fetch_add(&s->connections, 1);
     c->next = lis->conns;
     if (lis->conns)
         lis->conns->prev = c;
     lis->conns = c;
-    if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0 ||
-        atomic_load(&s->connections) > s->cfg.max_connections) {
+    if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0 || admit_peer(c) != 0) {
         conn_close(c);
         return;
+    }
+    if (atomic_load(&s->connections) > s->cfg.max_connections) {
+        /* Full: a connection that waits for nothing gives way to one that just came, so
+         * clients that open connections and stay silent cannot lock others out. */
+        oi_http_conn_t *victim = oldest_idle(lis, c, NULL);
+        if (victim == NULL) {
+            conn_close(c);
+            return;
+        }
+        conn_close(victim);
     }
     uv_tcp_nodelay(&c->tcp, 1);
     llhttp_init(&c->parser, HTTP_REQUEST, &parser_settings);
     c->parser.data = c;
     c->req.inference_header_length = -1;
     start_reading(c);
-    arm_timer(c, s->cfg.idle_timeout_ms);
+    arm_timer(c, s->cfg.first_byte_timeout_ms);
 }
 
 static int resolve(const char *host, int port, struct sockaddr_storage *out, char *err, size_t errlen)
@@ -776,6 +846,9 @@ oi_http_server_t *oi_http_server_new(const oi_http_config_t *cfg, oi_http_handle
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         s->cfg.threads = n > 0 ? (int)n : 1;
     }
+    if (s->cfg.first_byte_timeout_ms == 0) /* none of its own: the idle timeout covers it */
+        s->cfg.first_byte_timeout_ms = s->cfg.idle_timeout_ms;
+    oi_peers_init(&s->peers, s->cfg.max_connections_per_peer);
     s->handler = handler;
     s->ctx = ctx;
     return s;
@@ -891,5 +964,6 @@ void oi_http_server_free(oi_http_server_t *s)
     for (int i = 0; i < s->nloops; i++)
         oi_loop_join(&s->loops[i].loop);
     free(s->loops);
+    oi_peers_destroy(&s->peers);
     free(s);
 }

@@ -19,9 +19,16 @@ typedef struct oi_http_config_s {
     int threads;      /* event-loop threads; <= 0: one per core */
     size_t max_body_bytes;
     size_t max_header_bytes; /* request line and headers together */
-    int max_connections;
-    uint64_t header_timeout_ms; /* from a request's first byte to its last */
-    uint64_t idle_timeout_ms;   /* a keep-alive connection with no request */
+    int max_connections;     /* when reached, the oldest idle connection of the accepting loop is
+                              * closed to make room; only without one is the new one refused */
+    int max_connections_per_peer;   /* per client address; <= 0: no limit of its own. At the limit
+                                     * the address's own oldest idle connection makes room */
+    uint64_t first_byte_timeout_ms; /* a new connection that sends nothing is closed after this;
+                                     * short, so silent connections cannot hold the slots */
+    uint64_t header_timeout_ms;     /* from a request's first byte to the end of its headers */
+    uint64_t body_timeout_ms;       /* a request body with no bytes for this long: 408 (a slow
+                                     * upload that keeps sending is never cut) */
+    uint64_t idle_timeout_ms;       /* a keep-alive connection with no request */
 } oi_http_config_t;
 
 /* One request, valid from the handler call until oi_http_respond. Lives inside its

@@ -12,6 +12,7 @@
 #include <nghttp2/nghttp2.h>
 
 #include "transport/grpc.h"
+#include "transport/peers.h"
 
 #define READ_BUF_SIZE (256u << 10)
 /* Flow-control windows we open: big enough that a 16 MiB tensor needs no WINDOW_UPDATE round
@@ -39,6 +40,7 @@ struct oi_h2_server_s {
     int port;
     atomic_int connections;
     int draining;
+    oi_peers_t peers; /* connections per client address, across the loops */
 };
 
 /* One slice of bytes queued for the socket: inline bytes live in the connection's `wbuf`
@@ -53,6 +55,8 @@ typedef struct seg_s {
 
 typedef struct oi_h2_conn_s {
     uv_tcp_t tcp;
+    uv_timer_t timer; /* the preface deadline, then the idle deadline while no stream is open */
+    int handles;      /* open libuv handles (tcp, timer): freed at 0 */
     nghttp2_session *session;
     h2_loop_t *lp;
     struct oi_h2_conn_s *prev, *next;
@@ -61,6 +65,10 @@ typedef struct oi_h2_conn_s {
     int in_recv;    /* nghttp2_session_mem_recv is on the stack: no send from callbacks */
     int goaway;
     int close_after_write;
+    int got_preface; /* the client's preface and first frame arrived */
+    oi_peer_addr_t peer;
+    int peer_counted;    /* holds one count in the server's peer table */
+    uint64_t idle_since; /* uv_now when the last stream closed, for eviction */
     size_t writes;  /* uv_write requests in flight */
     oi_sbuf_t wbuf; /* frame headers and small frames of the batch being built */
     seg_t *segs;
@@ -87,6 +95,7 @@ typedef struct out_msg_s {
 
 static void conn_flush(h2_conn_t *c);
 static void conn_close(h2_conn_t *c);
+static void conn_idle(h2_conn_t *c);
 
 /* ---- calls ------------------------------------------------------------------------------ */
 
@@ -148,6 +157,8 @@ static void call_detach(oi_grpc_call_t *call)
     if (c->session)
         nghttp2_session_set_stream_user_data(c->session, call->stream_id, NULL);
     oi_grpc_call_unref(call); /* the stream's reference */
+    if (c->calls == NULL && !c->closing)
+        conn_idle(c);
 }
 
 static oi_grpc_call_t *call_of(nghttp2_session *session, int32_t stream_id)
@@ -394,6 +405,7 @@ static int on_begin_headers(nghttp2_session *session, const nghttp2_frame *frame
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE; /* nghttp2 resets the stream */
     call->refs = 1; /* the stream's */
     call->conn = c;
+    uv_timer_stop(&c->timer); /* not idle while a stream is open */
     call->loop = c->lp->loop;
     call->stream_id = frame->hd.stream_id;
     call->method = "";
@@ -552,6 +564,11 @@ static int on_data_chunk(nghttp2_session *session, uint8_t flags, int32_t stream
 static int on_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, void *user_data)
 {
     h2_conn_t *c = user_data;
+    if (!c->got_preface) { /* nghttp2 checked the magic; the first frame is the SETTINGS */
+        c->got_preface = 1;
+        if (c->calls == NULL)
+            conn_idle(c);
+    }
     if (frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA)
         return 0;
     oi_grpc_call_t *call = call_of(session, frame->hd.stream_id);
@@ -601,20 +618,22 @@ static int on_stream_close(nghttp2_session *session, int32_t stream_id, uint32_t
 
 static void conn_maybe_free(h2_conn_t *c)
 {
-    if (!c->closing || c->writes > 0 || c->tcp.data != NULL)
+    if (!c->closing || c->writes > 0 || c->handles > 0)
         return;
     for (size_t i = 0; i < c->nsegs; i++)
         oi_buf_unref(c->segs[i].owner);
     free(c->segs);
     oi_sbuf_free(&c->wbuf);
+    if (c->peer_counted)
+        oi_peers_release(&c->lp->server->peers, &c->peer);
     atomic_fetch_sub(&c->lp->server->connections, 1);
     free(c);
 }
 
-static void on_tcp_closed(uv_handle_t *h)
+static void on_handle_closed(uv_handle_t *h)
 {
     h2_conn_t *c = h->data;
-    c->tcp.data = NULL;
+    c->handles--;
     conn_maybe_free(c);
 }
 
@@ -634,7 +653,52 @@ static void conn_close(h2_conn_t *c)
         call_detach(c->calls);
     nghttp2_session_del(c->session);
     c->session = NULL;
-    uv_close((uv_handle_t *)&c->tcp, on_tcp_closed);
+    uv_close((uv_handle_t *)&c->timer, on_handle_closed);
+    uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
+}
+
+/* Sends GOAWAY and lets the connection close once it is written: the client may reconnect. */
+static void conn_goaway(h2_conn_t *c)
+{
+    if (c->closing || c->goaway)
+        return;
+    c->goaway = 1;
+    nghttp2_submit_goaway(c->session, NGHTTP2_FLAG_NONE, nghttp2_session_get_last_proc_stream_id(c->session),
+                          NGHTTP2_NO_ERROR, NULL, 0);
+    conn_flush(c);
+}
+
+static void on_conn_timer(uv_timer_t *t)
+{
+    h2_conn_t *c = t->data;
+    if (c->closing)
+        return;
+    if (!c->got_preface) {
+        conn_close(c); /* never spoke HTTP/2: nothing to say goodbye to */
+        return;
+    }
+    if (c->calls == NULL) {
+        conn_goaway(c);
+        if (!c->closing) {
+            c->close_after_write = 1;
+            if (c->writes == 0)
+                conn_close(c);
+        }
+    }
+}
+
+/* No stream is open: the idle deadline runs (once the preface is in; before, the preface
+ * deadline set at accept keeps running). */
+static void conn_idle(h2_conn_t *c)
+{
+    if (!c->got_preface)
+        return;
+    c->idle_since = uv_now(&c->lp->loop->uv);
+    uint64_t ms = c->lp->server->cfg.idle_timeout_ms;
+    if (ms > 0)
+        uv_timer_start(&c->timer, on_conn_timer, ms, 0);
+    else
+        uv_timer_stop(&c->timer);
 }
 
 static void after_write(uv_write_t *w, int status)
@@ -788,6 +852,41 @@ static int conn_init_session(h2_conn_t *c)
     return 0;
 }
 
+/* This loop's connection (of `peer` only, unless NULL) with no open stream that has been idle
+ * longest, or NULL (only this loop's connections may be touched from its thread). */
+static h2_conn_t *oldest_idle(h2_loop_t *lp, h2_conn_t *except, const oi_peer_addr_t *peer)
+{
+    h2_conn_t *best = NULL;
+    for (h2_conn_t *c = lp->conns; c != NULL; c = c->next)
+        if (c != except && (peer == NULL || (c->peer_counted && memcmp(&c->peer, peer, sizeof(*peer)) == 0)) &&
+            !c->closing && c->calls == NULL && c->writes == 0 && (best == NULL || c->idle_since <= best->idle_since))
+            best = c;
+    return best;
+}
+
+/* Counts the new connection against its address's limit: 0, or -1 to refuse it. */
+static int admit_peer(h2_conn_t *c)
+{
+    struct sockaddr_storage ss;
+    int len = sizeof(ss);
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) != 0 ||
+        oi_peer_addr_of((struct sockaddr *)&ss, &c->peer) != 0)
+        return 0; /* no IP peer to count */
+    c->peer_counted = 1;
+    if (oi_peers_acquire(&c->lp->server->peers, &c->peer) == 0)
+        return 0;
+    /* The address is at its limit: its own oldest idle connection gives way, handing its
+     * count to the new one, so a client only ever displaces itself; with none idle, refuse. */
+    h2_conn_t *victim = oldest_idle(c->lp, c, &c->peer);
+    if (victim == NULL) {
+        c->peer_counted = 0;
+        return -1;
+    }
+    victim->peer_counted = 0;
+    conn_close(victim);
+    return 0;
+}
+
 static void on_connection(uv_stream_t *server, int status)
 {
     h2_loop_t *lp = server->data;
@@ -799,17 +898,30 @@ static void on_connection(uv_stream_t *server, int status)
         return;
     c->lp = lp;
     uv_tcp_init(&lp->loop->uv, &c->tcp);
-    c->tcp.data = c;
+    uv_timer_init(&lp->loop->uv, &c->timer);
+    c->tcp.data = c->timer.data = c;
+    c->handles = 2;
+    c->idle_since = uv_now(&lp->loop->uv);
     atomic_fetch_add(&s->connections, 1);
     c->next = lp->conns;
     if (lp->conns)
         lp->conns->prev = c;
     lp->conns = c;
-    if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0 || atomic_load(&s->connections) > s->cfg.max_connections ||
-        conn_init_session(c) != 0) {
+    if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0 || admit_peer(c) != 0 || conn_init_session(c) != 0) {
         conn_close(c);
         return;
     }
+    if (atomic_load(&s->connections) > s->cfg.max_connections) {
+        /* Full: an idle connection gives way to the new one (see oldest_idle). */
+        h2_conn_t *victim = oldest_idle(lp, c, NULL);
+        if (victim == NULL) {
+            conn_close(c);
+            return;
+        }
+        conn_close(victim);
+    }
+    if (s->cfg.preface_timeout_ms > 0)
+        uv_timer_start(&c->timer, on_conn_timer, s->cfg.preface_timeout_ms, 0);
     uv_tcp_nodelay(&c->tcp, 1);
     if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) != 0) {
         conn_close(c);
@@ -834,6 +946,7 @@ oi_h2_server_t *oi_h2_server_new(const oi_h2_config_t *cfg, const oi_grpc_handle
         s->cfg.max_concurrent_streams = 1024;
     if (s->cfg.max_connections <= 0)
         s->cfg.max_connections = 4096;
+    oi_peers_init(&s->peers, s->cfg.max_connections_per_peer);
     s->handler = *handler;
     s->ctx = ctx;
     return s;
@@ -943,12 +1056,7 @@ static void stop_loop(void *arg)
     close_listener(lp);
     for (h2_conn_t *c = lp->conns, *next; c != NULL; c = next) {
         next = c->next; /* conn_flush may close c */
-        if (!c->goaway) {
-            c->goaway = 1;
-            nghttp2_submit_goaway(c->session, NGHTTP2_FLAG_NONE, nghttp2_session_get_last_proc_stream_id(c->session),
-                                  NGHTTP2_NO_ERROR, NULL, 0);
-            conn_flush(c);
-        }
+        conn_goaway(c);
     }
 }
 
@@ -979,5 +1087,6 @@ void oi_h2_server_free(oi_h2_server_t *s)
     for (int i = 0; i < s->nloops; i++)
         free(s->loops[i].rbuf);
     free(s->loops);
+    oi_peers_destroy(&s->peers);
     free(s);
 }

@@ -27,8 +27,15 @@ typedef struct oi_h2_config_s {
     const char *host; /* numeric address or a name; "127.0.0.1" by default */
     int port;         /* 0 picks a free port */
     size_t max_message_bytes;        /* largest request message (at most 4 GiB - 1) */
-    int max_connections;
+    int max_connections;             /* when reached, the accepting loop's oldest idle connection (no
+                                      * open stream) is closed to make room; without one the new is refused */
+    int max_connections_per_peer;    /* per client address; <= 0: no limit of its own. At the
+                                      * limit the address's own oldest idle connection makes room */
     uint32_t max_concurrent_streams; /* per connection */
+    uint64_t preface_timeout_ms;     /* the client preface and SETTINGS must arrive within this
+                                      * (not pushed back by a trickle of bytes); 0: none */
+    uint64_t idle_timeout_ms;        /* a connection with no open stream for this long gets
+                                      * GOAWAY and is closed; 0: never */
 } oi_h2_config_t;
 
 /* Called on the call's loop thread. A handler may answer from inside any of them. */

@@ -54,13 +54,16 @@ class Server:
         threads: int = 0,  # event-loop threads; 0: one per core
         max_body_bytes: int = 1 << 30,
         max_header_bytes: int = 64 << 10,
-        max_connections: int = 4096,
-        header_timeout_ms: int = 30_000,
-        idle_timeout_ms: int = 300_000,
+        max_connections: int = 4096,  # when full, the oldest idle connection makes room
+        header_timeout_ms: int = 30_000,  # a request's first byte to the end of its headers
+        idle_timeout_ms: int = 300_000,  # keep-alive HTTP, or gRPC with no open stream
         max_json_depth: int = 64,
         grpc_port: int = 8001,  # -1: no gRPC; 0 picks a free port
         grpc_max_message_bytes: int = 2 << 30,  # largest gRPC request message
         allow_shared_memory: bool | None = None,  # None: only when host is a loopback address
+        max_connections_per_peer: int = 0,  # per client address; 0: half of max_connections
+        first_byte_timeout_ms: int = 5_000,  # silent new connection / gRPC preface; 0: idle timeout
+        body_timeout_ms: int = 30_000,  # a request body with no bytes for this long gets 408
     ) -> None: ...
     def set_metadata(self, metadata_json: bytes) -> None:
         """Sets the body of GET /v2 (server metadata)."""

@@ -28,9 +28,16 @@ logger = logging.getLogger("openinfer")
 _LIMITS: dict[str, str] = {
     "max_body_bytes": "largest request body (default 1 GiB)",
     "max_header_bytes": "largest request header block (default 64 KiB)",
-    "max_connections": "concurrent connections (default 4096)",
+    "max_connections": "concurrent connections; when full, the oldest idle one is closed "
+    "(default 4096)",
+    "max_connections_per_peer": "concurrent connections from one address "
+    "(default 0: half of max-connections)",
+    "first_byte_timeout_ms": "time a new connection may stay silent, and for the gRPC preface "
+    "(default 5000)",
     "header_timeout_ms": "time allowed to send the headers (default 30000)",
-    "idle_timeout_ms": "idle keep-alive connection timeout (default 300000)",
+    "body_timeout_ms": "time a request body may go without bytes (default 30000)",
+    "idle_timeout_ms": "idle keep-alive connection timeout, also gRPC connections with no "
+    "open stream (default 300000)",
     "max_json_depth": "deepest JSON nesting accepted (default 64)",
     "grpc_max_message_bytes": "largest gRPC request message (default 2 GiB)",
 }

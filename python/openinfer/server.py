@@ -63,8 +63,9 @@ def serve(
     port, also the default when ``http_port=0``; None serves no gRPC). Clients on this host may
     register shared-memory regions (system and CUDA) when `allow_shared_memory` is True; None
     (the default) allows it only when `host` is a loopback address. `limits` go to the core:
-    max_body_bytes, max_header_bytes, max_connections, header_timeout_ms, idle_timeout_ms,
-    max_json_depth, grpc_max_message_bytes."""
+    max_body_bytes, max_header_bytes, max_connections, max_connections_per_peer,
+    first_byte_timeout_ms, header_timeout_ms, body_timeout_ms, idle_timeout_ms, max_json_depth,
+    grpc_max_message_bytes."""
     server = Server(
         repo,
         models=models,
