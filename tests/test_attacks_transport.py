@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import Http, assert_alive, assert_grpc_alive, encode_request, infer_body
-from test_grpc_transport import H2, SERVICE, status_of
+from test_grpc_transport import H2, SERVICE, frame, status_of
 
 import openinfer
 from openinfer import Model, Tensor
@@ -319,3 +319,130 @@ def test_stalled_body_gets_408() -> None:
         finally:
             conn.close()
         assert_alive(srv.http_port)
+
+
+# ---- a gRPC client that never reads: responses must not pile up without bound --------------
+
+
+def _bytes_request(n: int, tag: int) -> bytes:
+    """A ModelInferRequest for `echo8` with one UINT8 input of n bytes (raw contents), whose
+    first byte is `tag` so that answers can be matched to requests in order."""
+    def ld(field: int, payload: bytes) -> bytes:
+        return bytes([field << 3 | 2]) + _varint(len(payload)) + payload
+
+    tensor = ld(1, b"INPUT0") + ld(2, b"UINT8") + bytes([3 << 3 | 2]) + _varint(len(_varint(n))) + _varint(n)
+    return ld(1, b"echo8") + ld(5, tensor) + ld(7, bytes([tag & 0xFF]) + bytes(n - 1))
+
+
+def _messages(data: bytes) -> list[bytes]:
+    out, i = [], 0
+    while i + 5 <= len(data):
+        n = struct.unpack(">I", data[i + 1:i + 5])[0]
+        if i + 5 + n > len(data):
+            break
+        out.append(data[i + 5:i + 5 + n])
+        i += 5 + n
+    return out
+
+
+class NonReader(H2):
+    """An HTTP/2 client that announces SETTINGS_INITIAL_WINDOW_SIZE=0, so the server can send
+    it no response data, and pushes requests as fast as the server's window lets it."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(port)
+        import h2.settings
+        self.conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+        self.flush()
+
+    def start(self, path: str, **kw: Any) -> int:
+        sid = super().start(path, **kw)
+        self.streams[sid]["data"] = bytearray()  # appended to in place: answers add up to MiBs
+        return sid
+
+    def push(self, sid: int, payload: bytes, stall: float = 3.0) -> bytes:
+        """Sends `payload` on `sid`; returns what is left unsent when the server left the window
+        shut for `stall` seconds (it stopped granting window: a bound for the test, not a
+        measurement), else b""."""
+        view = memoryview(payload)
+        while view:
+            window = min(self.conn.local_flow_control_window(sid), self.conn.max_outbound_frame_size)
+            if window <= 0:
+                self.sock.settimeout(stall)
+                try:
+                    self.pump()
+                except socket.timeout:
+                    return bytes(view)
+                finally:
+                    self.sock.settimeout(10)
+                continue
+            self.conn.send_data(sid, bytes(view[:window]))
+            self.flush()
+            view = view[window:]
+        return b""
+
+
+MSG = 256 << 10
+BUDGET = 160 << 20  # what a client may try to push: well past the bound plus the stream window
+
+
+def _stream_until_blocked(srv: openinfer.Server) -> tuple[NonReader, int, int, bytes]:
+    """Pushes requests until the server stops granting window; returns the connection, the
+    stream, how many requests were begun and the unsent tail of the last one."""
+    conn = NonReader(srv.grpc_port)
+    sid = conn.start(SERVICE + "ModelStreamInfer")
+    sent = 0
+    while sent * MSG < BUDGET:
+        rest = conn.push(sid, frame(_bytes_request(MSG, sent)))
+        sent += 1
+        if rest:
+            return conn, sid, sent, rest
+    return conn, sid, sent, b""
+
+
+@pytest.fixture(scope="module")
+def echo8() -> Iterator[openinfer.Server]:
+    models = [Model("echo8", _echo, inputs=[Tensor("INPUT0", "UINT8", [-1])], outputs=[Tensor("OUTPUT0", "UINT8", [-1])])]
+    srv = openinfer.serve(models=models, http_port=0, log=False, threads=1, grpc_max_queued_bytes=1 << 20)
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_stream_client_that_never_reads_is_throttled_then_resumed(echo8: openinfer.Server) -> None:
+    """With the client's window at 0, the server stops granting window once 1 MiB of answers
+    wait (it used to take every request and queue every answer). When the client reads, the
+    held requests are served in order and every request gets its answer."""
+    conn, sid, sent, rest = _stream_until_blocked(echo8)
+    try:
+        assert rest, "the server kept granting window to a client that reads nothing"
+        import h2.settings
+        conn.conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 1 << 24})
+        conn.conn.increment_flow_control_window(1 << 30)
+        conn.flush()
+        assert conn.push(sid, rest, stall=30) == b""  # the window reopens as the answers drain
+        more = 4
+        for i in range(more):
+            assert conn.push(sid, frame(_bytes_request(MSG, sent + i)), stall=30) == b""
+        conn.send(sid, b"", end=True)
+        [st] = conn.wait(sid, timeout=120)
+        assert status_of(st)[1] == "0", status_of(st)
+        answers = _messages(st["data"])
+        assert len(answers) == sent + more
+        for i, a in enumerate(answers):
+            assert bytes([i & 0xFF]) + bytes(MSG - 1) in a
+    finally:
+        conn.close()
+    assert_grpc_alive(echo8.grpc_port)
+
+
+def test_stream_client_that_never_reads_then_vanishes(echo8: openinfer.Server) -> None:
+    """Held requests and queued answers go with the connection (the sanitizer run checks that
+    nothing leaks); the server goes on serving."""
+    conn, _, _, rest = _stream_until_blocked(echo8)
+    assert rest
+    conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    conn.close()
+    assert_grpc_alive(echo8.grpc_port)
+    assert_alive(echo8.http_port)

@@ -37,17 +37,18 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                              "max_connections_per_peer",
                              "first_byte_timeout_ms",
                              "body_timeout_ms",
+                             "grpc_max_queued_bytes",
                              NULL};
     const char *host = "127.0.0.1";
     int port = 8000, threads = 0, max_conn = 4096, grpc_port = 8001, max_per_peer = 0;
     unsigned long long max_body = 1ull << 30, max_header = 64 << 10, header_to = 30000, idle_to = 300000;
     unsigned long long first_byte_to = 5000, body_to = 30000;
-    unsigned long long grpc_max = 2ull << 30;
+    unsigned long long grpc_max = 2ull << 30, grpc_queued = 64ull << 20;
     unsigned int depth = 64;
     PyObject *allow_shm = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|si$iKKiKKIiKOiKK", kwlist, &host, &port, &threads, &max_body,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|si$iKKiKKIiKOiKKK", kwlist, &host, &port, &threads, &max_body,
                                      &max_header, &max_conn, &header_to, &idle_to, &depth, &grpc_port, &grpc_max,
-                                     &allow_shm, &max_per_peer, &first_byte_to, &body_to))
+                                     &allow_shm, &max_per_peer, &first_byte_to, &body_to, &grpc_queued))
         return -1;
     int allow = allow_shm == Py_None ? -1 : PyObject_IsTrue(allow_shm);
     if (allow == -1 && allow_shm != Py_None)
@@ -62,6 +63,10 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
     }
     if (grpc_max == 0 || grpc_max > 0xffffffffull) {
         PyErr_Format(PyExc_ValueError, "grpc_max_message_bytes must be 1 to 4294967295, got %llu", grpc_max);
+        return -1;
+    }
+    if (grpc_queued == 0 || grpc_queued > SIZE_MAX / 2) {
+        PyErr_Format(PyExc_ValueError, "grpc_max_queued_bytes must be at least 1, got %llu", grpc_queued);
         return -1;
     }
     if (max_conn < 1) {
@@ -95,6 +100,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
         .max_json_depth = depth,
         .grpc_port = grpc_port,
         .grpc_max_message_bytes = (size_t)grpc_max,
+        .grpc_max_queued_bytes = (size_t)grpc_queued,
         .allow_shared_memory = allow,
     };
     self->server = oi_server_new(&self->cfg);

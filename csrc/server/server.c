@@ -42,6 +42,7 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
             .max_connections_per_peer = s->cfg.http.max_connections_per_peer,
             .preface_timeout_ms = s->cfg.http.first_byte_timeout_ms,
             .idle_timeout_ms = s->cfg.http.idle_timeout_ms,
+            .max_queued_bytes = s->cfg.grpc_max_queued_bytes,
         };
         s->grpc = oi_h2_server_new(&h2, &oi__grpc_api_handler, s);
     }

@@ -12,6 +12,7 @@ typedef struct oi_server_config_s {
     uint32_t max_json_depth;
     int grpc_port;              /* gRPC on its own port, on the HTTP loops; -1: no gRPC */
     size_t grpc_max_message_bytes; /* largest gRPC request message; 0: 2 GiB */
+    size_t grpc_max_queued_bytes;  /* see oi_h2_config_t.max_queued_bytes; 0: 64 MiB */
     /* Whether clients may register shared-memory regions: 1 yes, 0 no, -1 (the default a
      * zeroed config does not give: set it) only when http.host is a loopback address, since a
      * region is memory of the server's own host. */

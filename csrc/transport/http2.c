@@ -20,6 +20,7 @@
 #define STREAM_WINDOW (64u << 20)
 #define CONN_WINDOW (1u << 30)
 #define MAX_PATH_LEN 1024
+#define DEFAULT_MAX_QUEUED (64u << 20)
 
 typedef struct h2_loop_s {
     oi_loop_t *loop;
@@ -66,6 +67,11 @@ typedef struct oi_h2_conn_s {
     int goaway;
     int close_after_write;
     int got_preface; /* the client's preface and first frame arrived */
+    /* Response bytes queued by this connection's calls and not yet framed; past the server's
+     * max_queued_bytes the connection is throttled: request messages are held and their
+     * bytes not consumed (no WINDOW_UPDATE), until the queue drains to half of it. */
+    uint64_t queued;
+    int throttled;
     oi_peer_addr_t peer;
     int peer_counted;    /* holds one count in the server's peer table */
     uint64_t idle_since; /* uv_now when the last stream closed, for eviction */
@@ -82,6 +88,12 @@ typedef struct write_req_s {
     size_t nowners;
     oi_buf_t *owners[];
 } write_req_t;
+
+/* A complete request message held back while its connection is throttled. */
+typedef struct held_msg_s {
+    struct held_msg_s *next;
+    oi_buf_t *msg;
+} held_msg_t;
 
 /* A response message waiting in a call's queue: parts[0] is its 5-byte prefix. */
 typedef struct out_msg_s {
@@ -108,10 +120,22 @@ static void out_msg_free(out_msg_t *m)
 
 void oi_grpc_call_ref(oi_grpc_call_t *call) { call->refs++; }
 
+static void drop_held(oi_grpc_call_t *call)
+{
+    while (call->held_head) {
+        held_msg_t *h = call->held_head;
+        call->held_head = h->next;
+        oi_buf_unref(h->msg);
+        free(h);
+    }
+    call->held_tail = NULL;
+}
+
 void oi_grpc_call_unref(oi_grpc_call_t *call)
 {
     if (--call->refs > 0)
         return;
+    drop_held(call);
     while (call->out_head) {
         out_msg_t *m = call->out_head;
         call->out_head = m->next;
@@ -154,8 +178,16 @@ static void call_detach(oi_grpc_call_t *call)
         call->next->prev = call->prev;
     call->conn = NULL;
     stop_timer(call);
-    if (c->session)
+    /* Its queued responses will never be framed, and its held bytes are given back to the
+     * connection window (the stream's own window went with the stream). */
+    c->queued -= call->out_bytes < c->queued ? call->out_bytes : c->queued;
+    drop_held(call);
+    if (c->session) {
+        if (call->unconsumed > 0)
+            nghttp2_session_consume_connection(c->session, call->unconsumed);
         nghttp2_session_set_stream_user_data(c->session, call->stream_id, NULL);
+    }
+    call->unconsumed = 0;
     oi_grpc_call_unref(call); /* the stream's reference */
     if (c->calls == NULL && !c->closing)
         conn_idle(c);
@@ -281,6 +313,7 @@ static int on_send_data(nghttp2_session *session, nghttp2_frame *frame, const ui
         m->off += take;
         length -= take;
         call->out_bytes -= take;
+        c->queued -= take;
         if (m->off == p->len) { /* part done: the queue's reference goes */
             oi_buf_unref(p->owner);
             p->owner = NULL;
@@ -330,6 +363,9 @@ void oi_grpc_send(oi_grpc_call_t *call, const oi_iov_t *parts, size_t nparts, si
     call->out_bytes += 5 + total;
 
     h2_conn_t *c = call->conn;
+    c->queued += 5 + total;
+    if (c->queued > c->lp->server->cfg.max_queued_bytes)
+        c->throttled = 1; /* the client is not reading: stop taking its requests */
     if (!call->headers_sent) {
         call->headers_sent = 1;
         nghttp2_nv nv[] = {
@@ -543,7 +579,23 @@ static void call_feed(h2_conn_t *c, oi_grpc_call_t *call, const uint8_t *data, s
             call->msg = NULL;
             call->prefix_have = 0;
             call->received++;
-            s->handler.on_message(s->ctx, call, m);
+            if (c->throttled || call->held_head != NULL) {
+                held_msg_t *h = malloc(sizeof(*h));
+                if (h == NULL) {
+                    oi_buf_unref(m);
+                    oi_grpc_finish(call, OI_GRPC_RESOURCE_EXHAUSTED, "out of memory for the request message");
+                    return;
+                }
+                h->next = NULL;
+                h->msg = m;
+                if (call->held_tail)
+                    call->held_tail->next = h;
+                else
+                    call->held_head = h;
+                call->held_tail = h;
+            } else {
+                s->handler.on_message(s->ctx, call, m);
+            }
         }
     }
 }
@@ -552,13 +604,32 @@ static int on_data_chunk(nghttp2_session *session, uint8_t flags, int32_t stream
                          void *user_data)
 {
     (void)flags;
+    h2_conn_t *c = user_data;
     oi_grpc_call_t *call = call_of(session, stream_id);
+    /* The window is given back as bytes are taken, except while the connection is throttled
+     * (or the call still has held messages): then the client runs out of window and stops. */
+    if (call != NULL && (c->throttled || call->held_head != NULL))
+        call->unconsumed += len;
+    else
+        nghttp2_session_consume(session, stream_id, len);
     if (call != NULL) {
         oi_grpc_call_ref(call); /* the handler may finish and the stream close under us */
         call_feed(user_data, call, data, len);
         oi_grpc_call_unref(call);
     }
     return 0;
+}
+
+/* The client sent END_STREAM and every message before it was handed over. */
+static void half_close(h2_conn_t *c, oi_grpc_call_t *call)
+{
+    call->half_closed = 1;
+    if (oi_grpc_call_open(call)) {
+        if (call->msg != NULL || call->prefix_have > 0)
+            oi_grpc_finish(call, OI_GRPC_INTERNAL, "the request ended inside a message (truncated gRPC message)");
+        else
+            c->lp->server->handler.on_half_close(c->lp->server->ctx, call);
+    }
 }
 
 static int on_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, void *user_data)
@@ -577,15 +648,13 @@ static int on_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, v
     oi_grpc_call_ref(call);
     if (frame->hd.type == NGHTTP2_HEADERS && frame->headers.cat == NGHTTP2_HCAT_REQUEST)
         start_call(c, call);
-    if ((frame->hd.flags & NGHTTP2_FLAG_END_STREAM) && !call->half_closed) {
-        call->half_closed = 1;
-        if (oi_grpc_call_open(call)) {
-            if (call->msg != NULL || call->prefix_have > 0)
-                oi_grpc_finish(call, OI_GRPC_INTERNAL,
-                               "the request ended inside a message (truncated gRPC message)");
-            else
-                c->lp->server->handler.on_half_close(c->lp->server->ctx, call);
+    if ((frame->hd.flags & NGHTTP2_FLAG_END_STREAM) && !call->half_closed && !call->half_close_held) {
+        if (call->held_head != NULL) {
+            call->half_close_held = 1; /* told after the held messages, in order */
+            oi_grpc_call_unref(call);
+            return 0;
         }
+        half_close(c, call);
     }
     oi_grpc_call_unref(call);
     return 0;
@@ -599,7 +668,7 @@ static int on_frame_send(nghttp2_session *session, const nghttp2_frame *frame, v
     if ((frame->hd.type == NGHTTP2_HEADERS || frame->hd.type == NGHTTP2_DATA) &&
         (frame->hd.flags & NGHTTP2_FLAG_END_STREAM)) {
         oi_grpc_call_t *call = call_of(session, frame->hd.stream_id);
-        if (call != NULL && !call->half_closed)
+        if (call != NULL && !call->half_closed && !call->half_close_held)
             nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, frame->hd.stream_id, NGHTTP2_NO_ERROR);
     }
     return 0;
@@ -761,12 +830,52 @@ static void conn_write_batch(h2_conn_t *c)
         after_write(&wr->w, rc);
 }
 
+/* The queue drained: hands the held messages to the handler (in order, stopping if the
+ * connection throttles again) and gives their bytes back to the client's window. Runs with
+ * in_recv set, so that answers given from inside only queue; the caller sends. */
+static void conn_release(h2_conn_t *c)
+{
+    oi_h2_server_t *s = c->lp->server;
+    c->throttled = 0;
+    c->in_recv = 1;
+    for (oi_grpc_call_t *call = c->calls; call != NULL && !c->throttled; call = call->next) {
+        oi_grpc_call_ref(call);
+        while (call->held_head != NULL && !c->throttled && oi_grpc_call_open(call)) {
+            held_msg_t *h = call->held_head;
+            call->held_head = h->next;
+            if (call->held_head == NULL)
+                call->held_tail = NULL;
+            oi_buf_t *m = h->msg;
+            free(h);
+            s->handler.on_message(s->ctx, call, m);
+        }
+        if (!oi_grpc_call_open(call))
+            drop_held(call);
+        if (call->held_head == NULL && call->conn != NULL) {
+            if (call->unconsumed > 0)
+                nghttp2_session_consume(c->session, call->stream_id, call->unconsumed);
+            call->unconsumed = 0;
+            if (call->half_close_held) {
+                call->half_close_held = 0;
+                half_close(c, call);
+            }
+        }
+        oi_grpc_call_unref(call);
+    }
+    c->in_recv = 0;
+}
+
 static void conn_flush(h2_conn_t *c)
 {
     if (c->closing)
         return;
     int rc = nghttp2_session_send(c->session);
     conn_write_batch(c);
+    while (rc == 0 && !c->closing && c->throttled && c->queued <= c->lp->server->cfg.max_queued_bytes / 2) {
+        conn_release(c);
+        rc = nghttp2_session_send(c->session);
+        conn_write_batch(c);
+    }
     if (c->closing)
         return;
     if (rc != 0)
@@ -836,7 +945,16 @@ static int conn_init_session(h2_conn_t *c)
     nghttp2_session_callbacks_set_on_frame_send_callback(cb, on_frame_send);
     nghttp2_session_callbacks_set_on_stream_close_callback(cb, on_stream_close);
     nghttp2_session_callbacks_set_data_source_read_length_callback(cb, data_length);
-    int rc = nghttp2_session_server_new(&c->session, cb, c);
+    /* Window updates are ours to give (nghttp2_session_consume): a client that does not read
+     * its responses is not granted room for more requests (see max_queued_bytes). */
+    nghttp2_option *opt;
+    if (nghttp2_option_new(&opt) != 0) {
+        nghttp2_session_callbacks_del(cb);
+        return -1;
+    }
+    nghttp2_option_set_no_auto_window_update(opt, 1);
+    int rc = nghttp2_session_server_new2(&c->session, cb, c, opt);
+    nghttp2_option_del(opt);
     nghttp2_session_callbacks_del(cb);
     if (rc != 0)
         return -1;
@@ -942,6 +1060,8 @@ oi_h2_server_t *oi_h2_server_new(const oi_h2_config_t *cfg, const oi_grpc_handle
     s->cfg.host = s->host;
     if (s->cfg.max_message_bytes == 0 || s->cfg.max_message_bytes > UINT32_MAX)
         s->cfg.max_message_bytes = UINT32_MAX;
+    if (s->cfg.max_queued_bytes == 0)
+        s->cfg.max_queued_bytes = DEFAULT_MAX_QUEUED;
     if (s->cfg.max_concurrent_streams == 0)
         s->cfg.max_concurrent_streams = 1024;
     if (s->cfg.max_connections <= 0)

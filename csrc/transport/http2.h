@@ -36,6 +36,9 @@ typedef struct oi_h2_config_s {
                                       * (not pushed back by a trickle of bytes); 0: none */
     uint64_t idle_timeout_ms;        /* a connection with no open stream for this long gets
                                       * GOAWAY and is closed; 0: never */
+    size_t max_queued_bytes;         /* response bytes a connection may have waiting for the client's
+                                      * flow-control window before its request messages are held back
+                                      * and no more window is granted to it; 0: 64 MiB */
 } oi_h2_config_t;
 
 /* Called on the call's loop thread. A handler may answer from inside any of them. */
@@ -76,6 +79,12 @@ struct oi_grpc_call_s {
     size_t prefix_have;
     oi_buf_t *msg;
     size_t msg_need;
+    /* Complete request messages held back while the connection's responses wait for a client
+     * that does not read (see max_queued_bytes), the DATA bytes not yet given back to the
+     * client's flow-control window, and an END_STREAM that must follow the held messages. */
+    struct held_msg_s *held_head, *held_tail;
+    size_t unconsumed;
+    int half_close_held;
     /* Response messages waiting for the socket, and the trailers to send after them. */
     struct out_msg_s *out_head, *out_tail;
     uint64_t out_bytes;

@@ -64,6 +64,7 @@ class Server:
         max_connections_per_peer: int = 0,  # per client address; 0: half of max_connections
         first_byte_timeout_ms: int = 5_000,  # silent new connection / gRPC preface; 0: idle timeout
         body_timeout_ms: int = 30_000,  # a request body with no bytes for this long gets 408
+        grpc_max_queued_bytes: int = 64 << 20,  # unread responses before a connection's requests wait
     ) -> None: ...
     def set_metadata(self, metadata_json: bytes) -> None:
         """Sets the body of GET /v2 (server metadata)."""

@@ -40,6 +40,8 @@ _LIMITS: dict[str, str] = {
     "open stream (default 300000)",
     "max_json_depth": "deepest JSON nesting accepted (default 64)",
     "grpc_max_message_bytes": "largest gRPC request message (default 2 GiB)",
+    "grpc_max_queued_bytes": "response bytes a gRPC connection may leave unread before its "
+    "requests wait (default 64 MiB)",
 }
 
 

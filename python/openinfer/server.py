@@ -65,7 +65,7 @@ def serve(
     (the default) allows it only when `host` is a loopback address. `limits` go to the core:
     max_body_bytes, max_header_bytes, max_connections, max_connections_per_peer,
     first_byte_timeout_ms, header_timeout_ms, body_timeout_ms, idle_timeout_ms, max_json_depth,
-    grpc_max_message_bytes."""
+    grpc_max_message_bytes, grpc_max_queued_bytes."""
     server = Server(
         repo,
         models=models,
