@@ -6,6 +6,7 @@ proven by status codes and by which connections the server closes."""
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import struct
 import time
@@ -446,3 +447,92 @@ def test_stream_client_that_never_reads_then_vanishes(echo8: openinfer.Server) -
     conn.close()
     assert_grpc_alive(echo8.grpc_port)
     assert_alive(echo8.http_port)
+
+
+# ---- shutdown honours its time limit ---------------------------------------------------------
+
+
+def test_stop_timeout_answers_what_is_pending_while_the_model_still_runs(grpc_stubs: Any) -> None:
+    """stop(timeout) used to wait for a running model however long it took. Now, once the
+    time is up, the running request and the ones queued behind it get 503 (gRPC UNAVAILABLE)
+    and stop returns while the model is still running."""
+    import threading
+
+    import grpc
+
+    release, started, finished = threading.Event(), threading.Event(), threading.Event()
+
+    def stuck(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        started.set()
+        release.wait(60)  # a bound for the test; released below
+        finished.set()
+        return {"OUTPUT0": inputs["INPUT0"]}
+
+    srv = openinfer.serve(models=[Model("stuck", stuck, **ONE_INT)], http_port=0, log=False, threads=1)
+    body = infer_body([{"name": "INPUT0", "shape": [1], "datatype": "INT32", "data": [1]}])
+    running, queued = Http(srv.http_port, timeout=30), Http(srv.http_port, timeout=30)
+    channel = grpc.insecure_channel(f"127.0.0.1:{srv.grpc_port}")
+    try:
+        running.send(encode_request("POST", "/v2/models/stuck/infer", body))
+        assert started.wait(30)
+        queued.send(encode_request("POST", "/v2/models/stuck/infer", body))
+        pb = grpc_stubs.pb
+        req = pb.ModelInferRequest(model_name="stuck")
+        req.inputs.add(name="INPUT0", datatype="INT32", shape=[1])
+        req.raw_input_contents.append(struct.pack("<i", 1))
+        future = grpc_stubs.rpc.GRPCInferenceServiceStub(channel).ModelInfer.future(req, timeout=60)
+        time.sleep(0.3)  # both queued behind the running one (order only; nothing is timed)
+        srv.stop(timeout=0.5)
+        assert not finished.is_set(), "stop waited for the model"
+        for conn in (running, queued):
+            status, _, out = conn.read_response()
+            assert status == 503 and "shutting down" in json.loads(out)["error"]
+            assert conn.closed_by_peer()
+        with pytest.raises(grpc.RpcError) as e:
+            future.result()
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        release.set()
+        running.close()
+        queued.close()
+        channel.close()
+    assert finished.wait(30)
+    time.sleep(0.5)  # the server's memory goes once the model is back (checked under ASan)
+
+
+def test_sigterm_honours_the_shutdown_timeout(tmp_path: Any) -> None:
+    """SIGTERM with a model that takes a minute: the server answers 503 after
+    --shutdown-timeout and exits 0 (it used to exit only when the model was done)."""
+    import threading
+
+    import requests
+    from test_serve_cli import Cli
+
+    repo = tmp_path / "repo"
+    (repo / "stuck" / "1").mkdir(parents=True)
+    (repo / "stuck" / "config.pbtxt").write_text(
+        'name: "stuck"\nbackend: "python"\n'
+        'input [{name: "X" data_type: TYPE_INT32 dims: [1]}]\noutput [{name: "Y" data_type: TYPE_INT32 dims: [1]}]\n'
+    )
+    (repo / "stuck" / "1" / "model.py").write_text(
+        "import time\n\ndef infer(inputs):\n    time.sleep(60)\n    return {'Y': inputs['X']}\n"
+    )
+    cli = Cli(str(repo), "--shutdown-timeout", "0.5")
+    try:
+        result: dict[str, Any] = {}
+
+        def call() -> None:
+            r = requests.post(f"http://127.0.0.1:{cli.port}/v2/models/stuck/infer", timeout=60, json={
+                "inputs": [{"name": "X", "shape": [1], "datatype": "INT32", "data": [1]}]})
+            result["status"], result["body"] = r.status_code, r.json()
+
+        t = threading.Thread(target=call)
+        t.start()
+        time.sleep(0.5)  # the request is with the model (order only)
+        cli.proc.send_signal(signal.SIGTERM)
+        rc, out = cli.wait()  # within its 20 s bound, long before the model's minute
+        t.join(30)
+        assert rc == 0, out
+        assert result["status"] == 503 and "shutting down" in result["body"]["error"]
+    finally:
+        cli.kill()

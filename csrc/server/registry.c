@@ -164,6 +164,14 @@ int oi_registry_all_ready(oi_registry_t *r)
     return ready;
 }
 
+void oi_registry_cancel_queued(oi_registry_t *r)
+{
+    pthread_rwlock_rdlock(&r->lock);
+    for (oi_model_t *m = r->models; m != NULL; m = m->next)
+        oi_scheduler_cancel_queued(m->sched);
+    pthread_rwlock_unlock(&r->lock);
+}
+
 void oi_registry_destroy(oi_registry_t *r)
 {
     pthread_rwlock_wrlock(&r->lock);

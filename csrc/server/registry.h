@@ -61,6 +61,10 @@ oi_model_t *oi_registry_find(oi_registry_t *r, const char *name, const char *ver
  * failed), else 0. */
 int oi_registry_all_ready(oi_registry_t *r);
 
+/* Fails every model's queued jobs with 503 now, without waiting for the ones running (see
+ * oi_scheduler_cancel_queued); the registry stays usable for oi_registry_destroy. */
+void oi_registry_cancel_queued(oi_registry_t *r);
+
 /* Stops every scheduler (queued jobs fail with 503), releases backends and drops the
  * registry's references. The caller must not hold the GIL: executors may need it. */
 void oi_registry_destroy(oi_registry_t *r);

@@ -377,6 +377,26 @@ int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job)
     return 0;
 }
 
+void oi_scheduler_cancel_queued(oi_scheduler_t *s)
+{
+    if (s == NULL)
+        return;
+    pthread_mutex_lock(&s->mu);
+    s->stopping = 1;
+    oi_job_t *queued = s->head;
+    s->head = s->tail = NULL;
+    pthread_cond_broadcast(&s->cv);
+    pthread_cond_broadcast(&s->gather_cv);
+    pthread_mutex_unlock(&s->mu);
+    /* Outside the lock: `done` hands the job back to its owner, which may free it. */
+    for (oi_job_t *j = queued, *next; j != NULL; j = next) {
+        next = j->next;
+        j->next = NULL;
+        j->status = oi_status_new(OI_UNAVAILABLE, "the server is shutting down");
+        j->done(j);
+    }
+}
+
 void oi_scheduler_free(oi_scheduler_t *s)
 {
     if (s == NULL)

@@ -53,6 +53,11 @@ oi_scheduler_t *oi_scheduler_new_batching(const oi_backend_t *backend, void *sta
  * scheduler is stopping (then `done` is never called). */
 int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job);
 
+/* Takes no more jobs and fails the queued ones with 503 now (calling their `done` on this
+ * thread); executors finish the job they are running, then end. Does not wait for them: for
+ * a shutdown whose time is up while a model still runs. oi_scheduler_free still follows. */
+void oi_scheduler_cancel_queued(oi_scheduler_t *s);
+
 /* Stops the executors after their current job, fails queued jobs with 503 (calling their
  * `done` on this thread), joins the threads and frees the scheduler. */
 void oi_scheduler_free(oi_scheduler_t *s);

@@ -5,6 +5,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/thread.h"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
@@ -111,6 +113,26 @@ static void wait_inflight(oi_server_t *s, uint64_t deadline)
     }
 }
 
+static int inflight(oi_server_t *s)
+{
+    return oi_http_server_inflight(s->http) > 0 || atomic_load(&s->grpc_inflight) > 0;
+}
+
+static void finish_stop(oi_server_t *s);
+
+/* A stop whose time ran out while models still ran: waits for them on its own thread, then
+ * frees what their completions would touch (loops, registry, regions). */
+static void *reap(void *arg)
+{
+    oi_server_t *s = arg;
+    while (inflight(s)) { /* a model may take minutes: no need to look often */
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    finish_stop(s);
+    return NULL;
+}
+
 void oi_server_stop(oi_server_t *s, uint64_t timeout_ms)
 {
     if (s == NULL)
@@ -122,6 +144,28 @@ void oi_server_stop(oi_server_t *s, uint64_t timeout_ms)
     if (s->grpc)
         oi_h2_server_stop_accepting(s->grpc); /* GOAWAY: calls under way go on */
     wait_inflight(s, now_ms() + timeout_ms);
+    if (inflight(s)) {
+        /* Time is up. Queued requests fail with 503 through the usual path (their answers
+         * are posted to the loops ahead of what follows); the transports then answer the
+         * ones a model is still running with 503 / UNAVAILABLE themselves, and close. A
+         * running model cannot be stopped, and its completion will touch the loops and the
+         * registry: those stay until it is back, freed by a detached thread, so that the
+         * caller returns now. */
+        oi_registry_cancel_queued(&s->registry);
+        static const char msg[] = "the server is shutting down: the model did not finish within the stop timeout";
+        oi_http_server_abandon(s->http, 503, msg);
+        if (s->grpc)
+            oi_h2_server_abandon(s->grpc, msg);
+        pthread_t t;
+        if (inflight(s) && oi_thread_create(&t, reap, s, 1) == 0)
+            return;
+    }
+    finish_stop(s);
+}
+
+/* Everything after the requests in flight are answered: executors, connections, loops. */
+static void finish_stop(oi_server_t *s)
+{
     /* Executors finish their current job; queued ones are failed with 503 and answered. */
     oi_registry_destroy(&s->registry);
     wait_inflight(s, now_ms() + 5000);

@@ -44,7 +44,10 @@ int oi_server_port(const oi_server_t *s);
 int oi_server_grpc_port(const oi_server_t *s);
 
 /* Stops accepting, waits up to `timeout_ms` for requests in flight, then stops every
- * executor, closes every connection and frees the server. Must be called without the GIL. */
+ * executor, closes every connection and frees the server. When the time is up and requests
+ * are still in flight, they are answered with 503 / UNAVAILABLE at once and this returns;
+ * models still running finish on their own, and a detached thread frees the server after
+ * them. Must be called without the GIL. */
 void oi_server_stop(oi_server_t *s, uint64_t timeout_ms);
 
 #endif

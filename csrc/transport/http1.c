@@ -71,6 +71,7 @@ struct oi_http_conn_s {
     char rbuf[READ_BUF_SIZE];
 
     int busy;      /* a request is with the handler */
+    int abandoned; /* answered by oi_http_server_abandon: the handler's answer is dropped */
     int reading;   /* uv_read_start is in effect */
     int in_feed;   /* llhttp_execute is on the stack */
     int keep_alive;
@@ -686,7 +687,12 @@ void oi_http_respond(oi_http_request_t *req, int status, const char *headers, co
     req->body = NULL;
     if (!c->keep_alive)
         c->close_after_write = 1;
-    conn_write(c, status, headers, parts, nparts);
+    if (c->abandoned) { /* the 503 of a shutdown went instead */
+        for (size_t i = 0; i < nparts; i++)
+            oi_buf_unref(parts[i].owner);
+    } else {
+        conn_write(c, status, headers, parts, nparts);
+    }
     c->busy = 0;
     atomic_fetch_sub(&s->inflight, 1);
     if (c->closing)
@@ -955,6 +961,38 @@ static void on_each_loop(oi_http_server_t *s, int final)
 }
 
 void oi_http_server_stop_accepting(oi_http_server_t *s) { on_each_loop(s, 0); }
+
+typedef struct abandon_arg_s {
+    listener_t *lis;
+    int status;
+    const char *message;
+} abandon_arg_t;
+
+static void abandon_loop(void *arg)
+{
+    abandon_arg_t *a = arg;
+    for (oi_http_conn_t *c = a->lis->conns, *next; c != NULL; c = next) {
+        next = c->next; /* closing unlinks c */
+        if (!c->busy || c->abandoned) {
+            conn_close(c);
+            continue;
+        }
+        /* The request stays counted (and the connection alive) until the handler answers;
+         * the client gets its answer now. */
+        stop_reading(c);
+        c->keep_alive = 0;
+        conn_reject(c, a->status, a->message);
+        c->abandoned = 1;
+    }
+}
+
+void oi_http_server_abandon(oi_http_server_t *s, int status, const char *message)
+{
+    for (int i = 0; i < s->nloops; i++) {
+        abandon_arg_t a = {&s->loops[i], status, message};
+        oi_loop_call(&s->loops[i].loop, abandon_loop, &a);
+    }
+}
 
 void oi_http_server_free(oi_http_server_t *s)
 {

@@ -85,6 +85,12 @@ int oi_http_server_inflight(const oi_http_server_t *s);
 /* Closes the listeners (no new connections); existing connections go on. */
 void oi_http_server_stop_accepting(oi_http_server_t *s);
 
+/* For a shutdown whose time is up: answers every request still with the handler with
+ * `status` and {"error": message} (no quotes or backslashes in it) and closes every
+ * connection once written. The handler's own answer, when it comes, is dropped; such
+ * requests still count in oi_http_server_inflight until it comes. Call from outside the loops. */
+void oi_http_server_abandon(oi_http_server_t *s, int status, const char *message);
+
 /* Closes every connection, ends the loop threads and frees the server. Requests still in
  * flight must have been answered (their completions could not run any more). */
 void oi_http_server_free(oi_http_server_t *s);

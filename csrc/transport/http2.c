@@ -1194,6 +1194,40 @@ void oi_h2_server_stop_accepting(oi_h2_server_t *s)
         oi_loop_call(s->loops[i].loop, stop_loop, &s->loops[i]);
 }
 
+typedef struct abandon_arg_s {
+    h2_loop_t *lp;
+    const char *message;
+} abandon_arg_t;
+
+static void abandon_loop(void *arg)
+{
+    abandon_arg_t *a = arg;
+    for (h2_conn_t *c = a->lp->conns, *next; c != NULL; c = next) {
+        next = c->next; /* conn_flush may close c */
+        c->in_recv = 1; /* finish only queues: one flush below */
+        for (oi_grpc_call_t *call = c->calls; call != NULL; call = call->next)
+            oi_grpc_finish(call, OI_GRPC_UNAVAILABLE, a->message);
+        c->in_recv = 0;
+        conn_goaway(c);
+        if (!c->closing) {
+            conn_flush(c);
+            if (!c->closing) {
+                c->close_after_write = 1;
+                if (c->writes == 0)
+                    conn_close(c);
+            }
+        }
+    }
+}
+
+void oi_h2_server_abandon(oi_h2_server_t *s, const char *message)
+{
+    for (int i = 0; i < s->nloops; i++) {
+        abandon_arg_t a = {&s->loops[i], message};
+        oi_loop_call(s->loops[i].loop, abandon_loop, &a);
+    }
+}
+
 void oi_h2_server_close(oi_h2_server_t *s)
 {
     for (int i = 0; i < s->nloops; i++)

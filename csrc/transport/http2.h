@@ -122,6 +122,11 @@ int oi_h2_server_port(const oi_h2_server_t *s);
  * ones are refused. Call from outside the loops. */
 void oi_h2_server_stop_accepting(oi_h2_server_t *s);
 
+/* For a shutdown whose time is up: ends every open call with UNAVAILABLE and `message`
+ * (later sends and finishes of the handler are dropped) and lets the connections close once
+ * that is written. Call from outside the loops, while they still run. */
+void oi_h2_server_abandon(oi_h2_server_t *s, const char *message);
+
 /* Closes every connection (calls still waiting for an answer are cut). Call from outside
  * the loops, while they still run. */
 void oi_h2_server_close(oi_h2_server_t *s);

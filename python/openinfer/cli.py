@@ -98,6 +98,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     for limit, text in _LIMITS.items():
         serve.add_argument("--" + limit.replace("_", "-"), type=int, metavar="N", help=text)
+    serve.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="on SIGINT/SIGTERM, how long in-flight requests may take; then the rest are "
+        "answered 503 and the server exits (default 30)",
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return parser
 
@@ -128,7 +136,9 @@ def _serve(args: argparse.Namespace) -> int:
             stopping.set()
             logger.info("%s: stopping after in-flight requests", signal.Signals(signum).name)
             for srv in started:
-                threading.Thread(target=srv.stop, name="openinfer-stop").start()
+                threading.Thread(
+                    target=srv.stop, args=(args.shutdown_timeout,), name="openinfer-stop"
+                ).start()
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
@@ -147,7 +157,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     started.append(server)
     if stopping.is_set():
-        server.stop()
+        server.stop(args.shutdown_timeout)
     # Wake up now and then: Python runs signal handlers between bytecodes of the main thread.
     while not server.wait(0.5):
         pass

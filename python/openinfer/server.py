@@ -210,7 +210,9 @@ class Server:
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stops accepting connections, lets in-flight requests finish for up to `timeout`
-        seconds, then closes everything. Idempotent."""
+        seconds, then closes everything. Requests still in flight after `timeout` are
+        answered with 503 (gRPC UNAVAILABLE) and this returns, even while a model still
+        runs (it finishes in the background and its answer is dropped). Idempotent."""
         try:
             self._core.stop(timeout)
         finally:  # wait() must return even if stopping failed
