@@ -517,7 +517,9 @@ def test_sigterm_honours_the_shutdown_timeout(tmp_path: Any) -> None:
     (repo / "stuck" / "1" / "model.py").write_text(
         "import time\n\ndef infer(inputs):\n    time.sleep(60)\n    return {'Y': inputs['X']}\n"
     )
-    cli = Cli(str(repo), "--shutdown-timeout", "0.5")
+    # The new limits' flags reach the core (a bad value would fail the start).
+    cli = Cli(str(repo), "--shutdown-timeout", "0.5", "--first-byte-timeout-ms", "2000", "--body-timeout-ms", "5000",
+              "--max-connections-per-peer", "64", "--grpc-max-queued-bytes", str(1 << 20))
     try:
         result: dict[str, Any] = {}
 
@@ -536,3 +538,20 @@ def test_sigterm_honours_the_shutdown_timeout(tmp_path: Any) -> None:
         assert result["status"] == 503 and "shutting down" in result["body"]["error"]
     finally:
         cli.kill()
+
+
+def test_bytes_that_start_no_request_do_not_buy_the_idle_timeout(quick: openinfer.Server) -> None:
+    """Blank lines before a request are allowed, but they must not move a new connection
+    from the short first-byte deadline to the long idle one."""
+    with socket.create_connection(("127.0.0.1", quick.http_port)) as s:
+        s.sendall(b"\r\n")
+        assert closed_without_answer(s)
+    assert_alive(quick.http_port)
+
+
+@pytest.mark.parametrize("limit, value", [
+    ("max_connections_per_peer", -1), ("max_connections", 0), ("grpc_max_queued_bytes", 0),
+])
+def test_bad_limits_are_clear_errors(limit: str, value: int) -> None:
+    with pytest.raises(ValueError, match=limit):
+        openinfer.serve(models=MODELS, http_port=0, log=False, **{limit: value})

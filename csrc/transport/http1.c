@@ -72,6 +72,7 @@ struct oi_http_conn_s {
 
     int busy;      /* a request is with the handler */
     int abandoned; /* answered by oi_http_server_abandon: the handler's answer is dropped */
+    int served;    /* a request was read in full: from now on the idle timeout applies */
     int reading;   /* uv_read_start is in effect */
     int in_feed;   /* llhttp_execute is on the stack */
     int keep_alive;
@@ -345,7 +346,9 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
  * byte, in on_message_begin, and is not pushed back by later bytes). */
 static void finish_or_idle(oi_http_conn_t *c)
 {
-    if (!c->closing && !c->busy && !c->in_message) {
+    /* Until a first request, bytes that begin none (blank lines) leave the first-byte
+     * deadline running: they must not buy a silent connection the long idle timeout. */
+    if (!c->closing && !c->busy && !c->in_message && c->served) {
         c->idle_since = uv_now(&c->lis->loop.uv);
         arm_timer(c, c->lis->server->cfg.idle_timeout_ms);
     }
@@ -636,6 +639,7 @@ static int on_message_complete(llhttp_t *p)
     uv_timer_stop(&c->timer);
     c->in_message = 0;
     c->in_body = 0;
+    c->served = 1;
     /* An upgrade is refused by answering the request as plain HTTP and closing: the client
      * may already have sent bytes of the other protocol behind it. */
     c->keep_alive = llhttp_should_keep_alive(p) && !p->upgrade;
