@@ -65,6 +65,7 @@ typedef struct oi_h2_conn_s {
     oi_sbuf_t wbuf; /* frame headers and small frames of the batch being built */
     seg_t *segs;
     size_t nsegs, capsegs;
+    oi_peer_t *peer; /* the client's credentials, once a call asked (oi_grpc_call_peer) */
 } h2_conn_t;
 
 typedef struct write_req_s {
@@ -115,6 +116,22 @@ void oi_grpc_call_unref(oi_grpc_call_t *call)
 }
 
 int oi_grpc_call_open(const oi_grpc_call_t *call) { return call->conn != NULL && !call->finished; }
+
+const oi_peer_t *oi_grpc_call_peer(oi_grpc_call_t *call)
+{
+    static const oi_peer_t gone = {.error = ENOTCONN}, no_memory = {.error = ENOMEM};
+    h2_conn_t *c = call->conn;
+    if (c == NULL || c->tcp.data == NULL)
+        return &gone;
+    if (c->peer == NULL) {
+        int fd = -1;
+        if ((c->peer = malloc(sizeof(*c->peer))) == NULL)
+            return &no_memory;
+        uv_fileno((const uv_handle_t *)&c->tcp, &fd);
+        oi_peer_lookup(fd, c->peer);
+    }
+    return c->peer;
+}
 
 static void on_timer_closed(uv_handle_t *h)
 {
@@ -607,6 +624,7 @@ static void conn_maybe_free(h2_conn_t *c)
         oi_buf_unref(c->segs[i].owner);
     free(c->segs);
     oi_sbuf_free(&c->wbuf);
+    free(c->peer);
     atomic_fetch_sub(&c->lp->server->connections, 1);
     free(c);
 }
