@@ -356,3 +356,35 @@ def test_registrations_leave_descriptors_for_connections(shm_files: Any) -> None
                 conn.close()
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_grpc_acts_with_the_clients_rights(shm_files: Any, grpc_stubs: Any) -> None:
+    """The same rules over gRPC: PERMISSION_DENIED for an object the client's user may not
+    open, and the other user's regions invisible."""
+    from test_grpc_transport import H2, SERVICE, status_of
+
+    if os.geteuid() != 0:
+        pytest.skip("playing another user needs root")
+    pb = grpc_stubs.pb
+    victim = shm_files(4096, owner=0, mode=0o600)
+    with openinfer.serve(models=[], http_port=0, grpc_port=0, log=False) as s:
+        root = Http(s.http_port)
+        previous = _libc.setfsuid(NOBODY)
+        try:
+            other = H2(s.grpc_port)
+        finally:
+            _libc.setfsuid(previous)
+        try:
+            assert register(root, "roots", victim.key, 4096)[0] == 200
+            reg = pb.SystemSharedMemoryRegisterRequest(name="probe", key=victim.key, byte_size=4096)
+            st, = other.wait(other.call(SERVICE + "SystemSharedMemoryRegister", reg.SerializeToString()))
+            _, code, message = status_of(st)
+            assert code == "7" and f"uid {NOBODY}" in message, (code, message)  # PERMISSION_DENIED
+            st, = other.wait(other.call(SERVICE + "SystemSharedMemoryStatus",
+                                        pb.SystemSharedMemoryStatusRequest().SerializeToString()))
+            assert status_of(st)[1] == "0"
+            assert len(pb.SystemSharedMemoryStatusResponse.FromString(st["data"][5:]).regions) == 0
+        finally:
+            post(root, "/v2/systemsharedmemory/unregister")
+            root.close()
+            other.close()
