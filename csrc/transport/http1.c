@@ -72,7 +72,7 @@ struct oi_http_conn_s {
     int close_after_write;
     int handles; /* open libuv handles (tcp, timer) */
     size_t writes;
-    oi_peer_t *peer; /* the client's credentials, once a request asked (oi_http_request_peer) */
+    oi_peer_t *creds; /* the client's credentials, once a request asked (oi_http_request_peer) */
 };
 
 typedef struct write_req_s {
@@ -98,7 +98,7 @@ static void conn_maybe_free(oi_http_conn_t *c)
     oi_sbuf_free(&c->hfield);
     oi_sbuf_free(&c->hvalue);
     oi_sbuf_free(&c->pending);
-    free(c->peer);
+    free(c->creds);
     atomic_fetch_sub(&c->lis->server->connections, 1);
     free(c);
 }
@@ -646,14 +646,14 @@ const oi_peer_t *oi_http_request_peer(oi_http_request_t *req)
 {
     static const oi_peer_t no_memory = {.error = ENOMEM};
     oi_http_conn_t *c = req->conn;
-    if (c->peer == NULL) {
+    if (c->creds == NULL) {
         int fd = -1;
-        if ((c->peer = malloc(sizeof(*c->peer))) == NULL)
+        if ((c->creds = malloc(sizeof(*c->creds))) == NULL)
             return &no_memory;
         uv_fileno((const uv_handle_t *)&c->tcp, &fd);
-        oi_peer_lookup(fd, c->peer);
+        oi_peer_lookup(fd, c->creds);
     }
-    return c->peer;
+    return c->creds;
 }
 
 void oi_http_respond(oi_http_request_t *req, int status, const char *headers, const oi_iov_t *parts,

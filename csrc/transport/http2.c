@@ -65,7 +65,7 @@ typedef struct oi_h2_conn_s {
     oi_sbuf_t wbuf; /* frame headers and small frames of the batch being built */
     seg_t *segs;
     size_t nsegs, capsegs;
-    oi_peer_t *peer; /* the client's credentials, once a call asked (oi_grpc_call_peer) */
+    oi_peer_t *creds; /* the client's credentials, once a call asked (oi_grpc_call_peer) */
 } h2_conn_t;
 
 typedef struct write_req_s {
@@ -123,14 +123,14 @@ const oi_peer_t *oi_grpc_call_peer(oi_grpc_call_t *call)
     h2_conn_t *c = call->conn;
     if (c == NULL || c->tcp.data == NULL)
         return &gone;
-    if (c->peer == NULL) {
+    if (c->creds == NULL) {
         int fd = -1;
-        if ((c->peer = malloc(sizeof(*c->peer))) == NULL)
+        if ((c->creds = malloc(sizeof(*c->creds))) == NULL)
             return &no_memory;
         uv_fileno((const uv_handle_t *)&c->tcp, &fd);
-        oi_peer_lookup(fd, c->peer);
+        oi_peer_lookup(fd, c->creds);
     }
-    return c->peer;
+    return c->creds;
 }
 
 static void on_timer_closed(uv_handle_t *h)
@@ -624,7 +624,7 @@ static void conn_maybe_free(h2_conn_t *c)
         oi_buf_unref(c->segs[i].owner);
     free(c->segs);
     oi_sbuf_free(&c->wbuf);
-    free(c->peer);
+    free(c->creds);
     atomic_fetch_sub(&c->lp->server->connections, 1);
     free(c);
 }
