@@ -842,28 +842,25 @@ oi_status_t *oi_shm_place_outputs(oi_response_t *resp, const oi_shm_target_t *ta
     return NULL;
 }
 
+/* The check of oi_shm_check_request for one tensor, when its owner is a system region. */
+static oi_status_t *check_tensor(const oi_tensor_t *t, const char *what)
+{
+    const oi_shm_region_t *r = region_owning(t->owner);
+    if (r == NULL || r->obj == NULL)
+        return NULL;
+    char label[300];
+    snprintf(label, sizeof(label), "%s '%.200s'", what, t->name);
+    return object_check(r->obj, r->offset + r->byte_size, label, r->key, r->name, "during the request");
+}
+
 oi_status_t *oi_shm_check_request(const oi_request_t *req, const oi_response_t *resp)
 {
-    char label[300];
-    for (uint32_t i = 0; i < req->n_inputs; i++) {
-        const oi_shm_region_t *r = region_owning(req->inputs[i].owner);
-        if (r == NULL || r->obj == NULL)
-            continue;
-        snprintf(label, sizeof(label), "input '%.200s'", req->inputs[i].name);
-        oi_status_t *st = object_check(r->obj, r->offset + r->byte_size, label, r->key, r->name, "during the request");
-        if (st != NULL)
-            return st;
-    }
-    for (uint32_t i = 0; i < resp->n_outputs; i++) {
-        const oi_shm_region_t *r = resp->outputs[i].shm ? region_owning(resp->outputs[i].owner) : NULL;
-        if (r == NULL || r->obj == NULL)
-            continue;
-        snprintf(label, sizeof(label), "output '%.200s'", resp->outputs[i].name);
-        oi_status_t *st = object_check(r->obj, r->offset + r->byte_size, label, r->key, r->name, "during the request");
-        if (st != NULL)
-            return st;
-    }
-    return NULL;
+    oi_status_t *st = NULL;
+    for (uint32_t i = 0; st == NULL && i < req->n_inputs; i++)
+        st = check_tensor(&req->inputs[i], "input");
+    for (uint32_t i = 0; st == NULL && i < resp->n_outputs; i++)
+        st = resp->outputs[i].shm ? check_tensor(&resp->outputs[i], "output") : NULL;
+    return st;
 }
 
 void oi_shm_targets_free(oi_shm_target_t *targets, uint32_t n)

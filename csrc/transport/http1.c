@@ -644,16 +644,10 @@ static const llhttp_settings_t parser_settings = {
 
 const oi_peer_t *oi_http_request_peer(oi_http_request_t *req)
 {
-    static const oi_peer_t no_memory = {.error = ENOMEM};
     oi_http_conn_t *c = req->conn;
-    if (c->creds == NULL) {
-        int fd = -1;
-        if ((c->creds = malloc(sizeof(*c->creds))) == NULL)
-            return &no_memory;
-        uv_fileno((const uv_handle_t *)&c->tcp, &fd);
-        oi_peer_lookup(fd, c->creds);
-    }
-    return c->creds;
+    int fd = -1;
+    uv_fileno((const uv_handle_t *)&c->tcp, &fd);
+    return oi_peer_cached(&c->creds, fd);
 }
 
 void oi_http_respond(oi_http_request_t *req, int status, const char *headers, const oi_iov_t *parts,

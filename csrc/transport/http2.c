@@ -119,18 +119,13 @@ int oi_grpc_call_open(const oi_grpc_call_t *call) { return call->conn != NULL &&
 
 const oi_peer_t *oi_grpc_call_peer(oi_grpc_call_t *call)
 {
-    static const oi_peer_t gone = {.error = ENOTCONN}, no_memory = {.error = ENOMEM};
+    static const oi_peer_t gone = {.error = ENOTCONN};
     h2_conn_t *c = call->conn;
     if (c == NULL || c->tcp.data == NULL)
         return &gone;
-    if (c->creds == NULL) {
-        int fd = -1;
-        if ((c->creds = malloc(sizeof(*c->creds))) == NULL)
-            return &no_memory;
-        uv_fileno((const uv_handle_t *)&c->tcp, &fd);
-        oi_peer_lookup(fd, c->creds);
-    }
-    return c->creds;
+    int fd = -1;
+    uv_fileno((const uv_handle_t *)&c->tcp, &fd);
+    return oi_peer_cached(&c->creds, fd);
 }
 
 static void on_timer_closed(uv_handle_t *h)

@@ -129,6 +129,17 @@ void oi_peer_lookup(int fd, oi_peer_t *out)
         out->error = EAFNOSUPPORT;
 }
 
+const oi_peer_t *oi_peer_cached(oi_peer_t **cache, int fd)
+{
+    static const oi_peer_t no_memory = {.error = ENOMEM};
+    if (*cache == NULL) {
+        if ((*cache = malloc(sizeof(**cache))) == NULL)
+            return &no_memory;
+        oi_peer_lookup(fd, *cache);
+    }
+    return *cache;
+}
+
 int oi_peer_in_group(const oi_peer_t *p, gid_t g)
 {
     if (p->gid == g)

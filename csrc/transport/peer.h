@@ -26,6 +26,10 @@ typedef struct oi_peer_s {
  * call it once per connection, when first needed. */
 void oi_peer_lookup(int fd, oi_peer_t *out);
 
+/* The peer of `fd`, looked up on the first call and kept in *cache (freed by the caller with
+ * free()); an unknown peer with ENOMEM when out of memory. */
+const oi_peer_t *oi_peer_cached(oi_peer_t **cache, int fd);
+
 /* Whether a known peer belongs to group `g` (primary or supplementary). */
 int oi_peer_in_group(const oi_peer_t *p, gid_t g);
 
