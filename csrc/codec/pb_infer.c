@@ -684,7 +684,11 @@ static oi_status_t *attach_data(dec_t *d, const oi_slice_t *contents)
                 return st;
         } else {
             int64_t n;
-            if (oi_shape_elements(t->shape, t->ndim, &n) != 0 || n != 0)
+            char shape[24 * OI_MAX_DIMS];
+            if (oi_shape_elements(t->shape, t->ndim, &n) != 0)
+                return bad("%s: shape %s has a negative dimension or too many elements", LABEL,
+                           oi_shape_format(t->shape, t->ndim, shape, sizeof(shape)));
+            if (n != 0)
                 return bad("%s has no data; expected contents or %s", LABEL, d->raw_name);
         }
 #undef LABEL
@@ -769,6 +773,8 @@ static oi_status_t *decode(dec_t *d, oi_slice_t *model_name, oi_slice_t *model_v
         }
         st = attach_data(d, contents);
     }
+    if (st == NULL)
+        st = oi_request_check_unique(req, d->kind); /* the check the JSON codec makes too */
     free(offs);
     free(contents);
     return st;
