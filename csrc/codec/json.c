@@ -862,6 +862,9 @@ static int parse_name(cursor_t *c, const char **out, const char *group, uint32_t
                    value_kind(c));
     if (read_string_in_place(c, &s, &n) != 0)
         return -1;
+    if (n > OI_MAX_NAME_BYTES) /* names go back in error messages */
+        return bad(c, "%s: %zu bytes; at most %d are accepted", where(path, group, index, "name"), n,
+                   OI_MAX_NAME_BYTES);
     if (memchr(s, '\0', n) != NULL)
         return bad(c, "%s: expected a name without \\u0000", where(path, group, index, "name"));
     *out = s;
@@ -1442,6 +1445,8 @@ static int parse_top_string(cursor_t *c, const char *field, const char **out, si
     if (peek(c) != '"')
         return bad(c, "%s: expected a string, got %s", field, value_kind(c));
     int r = read_string_in_place(c, &s, &n);
+    if (r == 0 && n > OI_MAX_ID_BYTES) /* the id goes back with the answer: keep it small */
+        return bad(c, "%s: %zu bytes; at most %d are accepted", field, n, OI_MAX_ID_BYTES);
     *out = s;
     if (len != NULL)
         *len = n;

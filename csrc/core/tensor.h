@@ -45,6 +45,12 @@ typedef struct oi_output_request_s {
     oi_slice_t parameters;
 } oi_output_request_t;
 
+/* The longest request id and tensor name accepted, in bytes: far beyond any real one, and
+ * small enough that sending them back (the id with every answer, a name in error messages)
+ * costs nothing, however far a compressed body inflated them. */
+#define OI_MAX_ID_BYTES 4096
+#define OI_MAX_NAME_BYTES 4096
+
 /* A declared input or output: dims of -1 match any size, and ndim -1 any shape. */
 typedef struct oi_io_spec_s {
     char *name;
