@@ -236,16 +236,31 @@ def test_full_grpc_table_evicts_the_oldest_idle_connection() -> None:
 
 def test_per_peer_limit_refuses_a_busy_address() -> None:
     """One address may hold only max_connections_per_peer connections, HTTP and gRPC alike:
-    while all of them have a request in flight, the one over is closed unanswered."""
-    with small_server(max_connections=100, max_connections_per_peer=3, first_byte_timeout_ms=60_000) as srv:
-        slow = encode_request("POST", "/v2/models/slow/infer", infer_body(
-            [{"name": "INPUT0", "shape": [1], "datatype": "INT32", "data": [3000]}]))
+    while all of them have a request with the model, the one over is closed unanswered."""
+    import threading
+
+    lock, running, release = threading.Lock(), [0], threading.Event()
+    all_running = threading.Event()
+
+    def gate(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with lock:
+            running[0] += 1
+            if running[0] == 6:
+                all_running.set()
+        release.wait(30)  # a bound for the test; released below
+        return {"OUTPUT0": inputs["INPUT0"]}
+
+    models = [Model("gate", gate, instances=6, **ONE_INT)]
+    with openinfer.serve(models=models, http_port=0, log=False, threads=1, max_connections=100,
+                         max_connections_per_peer=3, first_byte_timeout_ms=60_000) as srv:
         conns = [Http(srv.http_port) for _ in range(3)]
         calls = [H2(srv.grpc_port) for _ in range(3)]
         try:
             for c in conns:
-                c.send(slow)
-            sids = [h.call(SERVICE + "ModelInfer", _infer_request("slow", 3000)) for h in calls]
+                c.send(encode_request("POST", "/v2/models/gate/infer", infer_body(
+                    [{"name": "INPUT0", "shape": [1], "datatype": "INT32", "data": [1]}])))
+            sids = [h.call(SERVICE + "ModelInfer", _infer_request("gate", 1)) for h in calls]
+            assert all_running.wait(30)  # every connection of the address is busy now
             over = Http(srv.http_port)
             try:
                 over.send(echo_request())
@@ -255,6 +270,7 @@ def test_per_peer_limit_refuses_a_busy_address() -> None:
             over.close()
             with socket.create_connection(("127.0.0.1", srv.grpc_port)) as s:
                 assert closed_without_answer(s)
+            release.set()
             for c in conns:  # the busy ones were not touched
                 status, _, _ = c.read_response()
                 assert status == 200
@@ -262,6 +278,7 @@ def test_per_peer_limit_refuses_a_busy_address() -> None:
                 [st] = h.wait(sid, timeout=30)
                 assert status_of(st)[1] == "0"
         finally:
+            release.set()
             for c in conns:
                 c.close()
             for h in calls:

@@ -310,7 +310,7 @@ def test_infer_errors(stub: Any, grpc_stubs: Any, server: openinfer.Server) -> N
         (infer_request(pb, "client_error", [("INPUT0", "INT32", [1], one)]), grpc.StatusCode.INVALID_ARGUMENT,
          "INPUT0 must be sorted"),
         (infer_request(pb, "wrong_dtype", [("INPUT0", "INT32", [1], one)]), grpc.StatusCode.INTERNAL,
-         "cannot be cast to INT32"),
+         "expected INT32, got float64 values"),
         (pb.ModelInferRequest(), grpc.StatusCode.INVALID_ARGUMENT, "model_name is empty"),
     ]
     both = infer_request(pb, "echo_int32", [("INPUT0", "INT32", [1], ("typed", [1]))])

@@ -222,7 +222,7 @@ def test_model_errors(url: str) -> None:
     status, body = infer(url, "client_error", one)
     assert (status, body["error"]) == (422, "INPUT0 must be sorted")
     status, body = infer(url, "wrong_dtype", one)
-    assert status == 500 and "cannot be cast to INT32" in body["error"]
+    assert status == 500 and "expected INT32, got float64 values" in body["error"]
     status, body = infer(url, "missing_output", one)
     assert status == 500 and "OUTPUT0" in body["error"]
     status, body = infer(url, "simple", {"inputs": simple_inputs(list(range(16)), [0] * 16)})

@@ -59,56 +59,73 @@ oi_encoding_t oi_accept_encoding(const char *v)
     return deflate > 0 ? OI_ENCODING_DEFLATE : OI_ENCODING_IDENTITY;
 }
 
-static oi_status_t *inflate_with(const char *data, size_t len, int window, size_t max_out, oi_buf_t **out)
+/* Bytes of scratch output for the measuring pass. */
+#define MEASURE_CHUNK 65536
+
+/* One pass of zlib over the body. With dst NULL it only measures: output goes to a scratch
+ * buffer and is counted, and the pass stops with a 413 as soon as the count passes max_out
+ * (0: no limit). With dst it writes exactly `cap` bytes there, the size measured before.
+ * Returns NULL with *total set, or a status. */
+static oi_status_t *inflate_pass(const char *data, size_t len, int window, size_t max_out, char *dst, size_t cap,
+                                 size_t *total)
 {
     z_stream z;
     memset(&z, 0, sizeof(z));
     if (inflateInit2(&z, window) != Z_OK)
         return oi_status_new(OI_INTERNAL, "cannot start decompression");
-    size_t cap = len * 4 < 65536 ? 65536 : len * 4;
-    if (cap > max_out && max_out > 0)
-        cap = max_out;
-    oi_buf_t *b = oi_buf_new(cap);
-    oi_status_t *st = NULL;
-    if (b == NULL)
-        st = oi_status_new(OI_INTERNAL, "out of memory for the decompressed body");
+    char *scratch = dst == NULL ? malloc(MEASURE_CHUNK) : NULL;
+    oi_status_t *st =
+        dst == NULL && scratch == NULL ? oi_status_new(OI_INTERNAL, "out of memory for decompression") : NULL;
+    size_t n = 0;
     z.next_in = (Bytef *)data;
     int rc = Z_OK;
     while (st == NULL && rc != Z_STREAM_END) {
-        size_t limit = max_out > 0 && max_out < b->cap ? max_out : b->cap;
-        if (b->len == limit) {
-            if (limit == max_out) {
-                st = oi_status_new(OI_TOO_LARGE, "the decompressed request body exceeds the server's max_body_bytes (%zu)",
-                                   max_out);
-                break;
-            }
-            oi_buf_t *nb = oi_buf_grow(b, b->cap * 2);
-            if (nb == NULL) {
-                st = oi_status_new(OI_INTERNAL, "out of memory for the decompressed body");
-                break;
-            }
-            b = nb;
-            continue;
-        }
-        /* zlib counts in uInt; feed and drain at most 1 GiB a step. */
+        /* zlib counts in uInt: feed and drain at most 1 GiB a step. */
         size_t in_left = len - (size_t)((const char *)z.next_in - data);
+        size_t room = dst ? cap - n : MEASURE_CHUNK;
         z.avail_in = (uInt)(in_left > (1u << 30) ? (1u << 30) : in_left);
-        size_t room = limit - b->len;
-        z.next_out = (Bytef *)b->data + b->len;
+        z.next_out = (Bytef *)(dst ? dst + n : scratch);
         z.avail_out = (uInt)(room > (1u << 30) ? (1u << 30) : room);
         uInt before = z.avail_out;
         rc = inflate(&z, Z_NO_FLUSH);
-        b->len += before - z.avail_out;
-        if (rc == Z_BUF_ERROR && z.avail_in == 0 && in_left == 0)
+        n += before - z.avail_out;
+        if (max_out > 0 && n > max_out)
+            st = oi_status_new(OI_TOO_LARGE, "the decompressed request body exceeds the server's max_body_bytes (%zu)",
+                               max_out);
+        else if (rc == Z_BUF_ERROR && dst != NULL && n == cap)
+            st = oi_status_new(OI_INTERNAL, "the compressed request body inflated differently twice");
+        else if (rc == Z_BUF_ERROR && z.avail_in == 0 && in_left == 0)
             st = oi_status_new(OI_BAD_REQUEST, "the compressed request body is truncated");
         else if (rc != Z_OK && rc != Z_STREAM_END && rc != Z_BUF_ERROR)
             st = oi_status_new(OI_BAD_REQUEST, "the compressed request body is corrupt: %s", z.msg ? z.msg : "bad data");
     }
     inflateEnd(&z);
+    free(scratch);
+    *total = n;
+    return st;
+}
+
+/* Inflates in two passes: the first measures the output in a small scratch buffer (a bomb is
+ * refused there, having cost nothing past the limit), the second writes it into one buffer of
+ * exactly that size. Twice the CPU of one pass, but no growing buffer whose copies and
+ * doublings would reach several times the limit. */
+static oi_status_t *inflate_with(const char *data, size_t len, int window, size_t max_out, oi_buf_t **out)
+{
+    size_t total, written;
+    oi_status_t *st = inflate_pass(data, len, window, max_out, NULL, 0, &total);
+    if (st != NULL)
+        return st;
+    oi_buf_t *b = oi_buf_new(total);
+    if (b == NULL)
+        return oi_status_new(OI_INTERNAL, "out of memory for the decompressed body (%zu bytes)", total);
+    st = inflate_pass(data, len, window, 0, b->data, total, &written);
+    if (st == NULL && written != total)
+        st = oi_status_new(OI_INTERNAL, "the compressed request body inflated differently twice");
     if (st != NULL) {
         oi_buf_unref(b);
         return st;
     }
+    b->len = total;
     *out = b;
     return NULL;
 }

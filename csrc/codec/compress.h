@@ -16,8 +16,9 @@ oi_encoding_t oi_content_encoding(const char *value);
 oi_encoding_t oi_accept_encoding(const char *value);
 
 /* Inflates `len` bytes of a gzip or deflate (zlib format, or raw deflate as some clients
- * send) body into a new buffer (one reference in *out). More than `max_out` bytes is a 413,
- * corrupt data a 400. Returns NULL or a status. */
+ * send) body into a new buffer of exactly the inflated size (one reference in *out). More
+ * than `max_out` bytes (0: no limit) is a 413, found before anything of that size is
+ * allocated; corrupt or truncated data is a 400. Returns NULL or a status. */
 oi_status_t *oi_inflate(const char *data, size_t len, oi_encoding_t enc, size_t max_out, oi_buf_t **out);
 
 /* Compresses the concatenation of n parts into a new buffer (one reference in *out).

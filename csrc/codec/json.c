@@ -747,7 +747,16 @@ static int skip_value(cursor_t *c)
         return literal(c, "null");
     default: {
         num_t num;
-        return scan_number(c, &num);
+        if (scan_number(c, &num) != 0)
+            return -1;
+        if (num.special) { /* Python's json writes them; RFC 8259 has no such numbers */
+            c->p = num.text;
+            return bad(c,
+                       "malformed JSON at byte %zu: %.*s is not a JSON number; NaN, Infinity and -Infinity are "
+                       "accepted only as elements of FP16, FP32, FP64 and BF16 tensor data",
+                       offset(c), (int)num.len, num.text);
+        }
+        return 0;
     }
     }
 }
@@ -853,6 +862,9 @@ static int parse_name(cursor_t *c, const char **out, const char *group, uint32_t
                    value_kind(c));
     if (read_string_in_place(c, &s, &n) != 0)
         return -1;
+    if (n > OI_MAX_NAME_BYTES) /* names go back in error messages */
+        return bad(c, "%s: %zu bytes; at most %d are accepted", where(path, group, index, "name"), n,
+                   OI_MAX_NAME_BYTES);
     if (memchr(s, '\0', n) != NULL)
         return bad(c, "%s: expected a name without \\u0000", where(path, group, index, "name"));
     *out = s;
@@ -1090,21 +1102,55 @@ static int read_element(cursor_t *c, const input_t *in, sink_t *s)
     }
 }
 
-/* Reads the elements of "data" in row-major order: a bare scalar, or arrays nested in any
- * way, flattened. Arrays carry no meaning here beyond grouping, so a counter of open ones
- * replaces recursion. */
+/* Refuses nested "data" whose arrays do not follow the shape. */
+static int ragged(cursor_t *c, const input_t *in, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int ragged(cursor_t *c, const input_t *in, const char *fmt, ...)
+{
+    char label[160], shape[24 * OI_MAX_DIMS], what[128];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof(what), fmt, ap);
+    va_end(ap);
+    return bad(c, "%s: nested data does not match shape %s: %s (give the elements flat, or nested as the shape is)",
+               input_label(in, label), oi_shape_format(in->t->shape, in->t->ndim, shape, sizeof(shape)), what);
+}
+
+/* Reads the elements of "data" in row-major order: a bare scalar, one flat array, or arrays
+ * nested exactly as the shape is (each array at depth k has shape[k-1] items; values only at
+ * depth ndim). Ragged nesting is refused rather than flattened, since it means the client's
+ * idea of the shape differs from the one it sent. A counter of open arrays replaces recursion;
+ * nesting is bounded by the shape, so items[] cannot overflow. */
 static int read_elements(cursor_t *c, const input_t *in, sink_t *s)
 {
+    const oi_tensor_t *t = in->t;
+    enum { UNDECIDED, FLAT, NESTED } form = UNDECIDED;
+    int64_t items[OI_MAX_DIMS + 2]; /* items so far in the array open at each depth */
     uint32_t open = 0;
     for (;;) {
         if (peek(c) == '[') {
+            if (open > 0) {
+                if (form == FLAT)
+                    return ragged(c, in, "an array at depth %u among values", open + 1);
+                if ((int)open >= t->ndim)
+                    return ragged(c, in, "an array at depth %u, deeper than the shape", open + 1);
+                form = NESTED;
+                items[open]++;
+            }
             if (enter(c, '[') != 0)
                 return -1;
-            open++;
+            items[++open] = 0;
             if (peek(c) != ']')
                 continue; /* an element, or a nested array, follows */
-        } else if (read_element(c, in, s) != 0) {
-            return -1;
+        } else {
+            if (open > 0) {
+                if (form == UNDECIDED)
+                    form = FLAT; /* open is 1: a nested form would have opened a second array */
+                else if (form == NESTED && (int)open != t->ndim)
+                    return ragged(c, in, "a value at depth %u, expected arrays down to depth %d", open, t->ndim);
+                items[open]++;
+            }
+            if (read_element(c, in, s) != 0)
+                return -1;
         }
         /* After an element or an empty array: close arrays up to the next ','. */
         for (;;) {
@@ -1117,6 +1163,9 @@ static int read_elements(cursor_t *c, const input_t *in, sink_t *s)
             }
             if (ch != ']')
                 return syntax(c, "',' or ']'");
+            if (form == NESTED && items[open] != t->shape[open - 1])
+                return ragged(c, in, "an array at depth %u has %" PRId64 " elements, expected %" PRId64, open,
+                              items[open], t->shape[open - 1]);
             c->p++;
             c->depth--;
             open--;
@@ -1396,6 +1445,8 @@ static int parse_top_string(cursor_t *c, const char *field, const char **out, si
     if (peek(c) != '"')
         return bad(c, "%s: expected a string, got %s", field, value_kind(c));
     int r = read_string_in_place(c, &s, &n);
+    if (r == 0 && n > OI_MAX_ID_BYTES) /* the id goes back with the answer: keep it small */
+        return bad(c, "%s: %zu bytes; at most %d are accepted", field, n, OI_MAX_ID_BYTES);
     *out = s;
     if (len != NULL)
         *len = n;
@@ -1459,32 +1510,6 @@ static int parse_request(decoder_t *d)
     return 0;
 }
 
-static int compare_names(const void *a, const void *b)
-{
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-/* Rejects a name used twice among n records of `stride` bytes that start with a name.
- * Sorting keeps this O(n log n) for requests with many tensors. */
-static int check_unique(cursor_t *c, const char *what, const void *records, uint32_t n,
-                        size_t stride)
-{
-    if (n < 2)
-        return 0;
-    const char **names = malloc(n * sizeof(*names));
-    if (names == NULL)
-        return out_of_memory(c);
-    for (uint32_t i = 0; i < n; i++)
-        memcpy(&names[i], (const char *)records + i * stride, sizeof(*names));
-    qsort(names, n, sizeof(*names), compare_names);
-    int r = 0;
-    for (uint32_t i = 1; i < n && r == 0; i++)
-        if (strcmp(names[i - 1], names[i]) == 0)
-            r = bad(c, "duplicate %s '%.128s'", what, names[i]);
-    free(names);
-    return r;
-}
-
 static int finish_request(decoder_t *d)
 {
     cursor_t *c = &d->c;
@@ -1493,11 +1518,14 @@ static int finish_request(decoder_t *d)
     if (d->bin_used != bin_len)
         return bad(c, "binary data: %zu bytes follow the JSON but the %s' binary_data_size add up to %zu",
                    bin_len, d->group, d->bin_used);
-    _Static_assert(offsetof(oi_tensor_t, name) == 0 && offsetof(oi_output_request_t, name) == 0,
-                   "check_unique reads each record's name at its start");
-    if (check_unique(c, d->kind, req->inputs, req->n_inputs, sizeof(oi_tensor_t)) != 0)
-        return -1;
-    return check_unique(c, "output", req->outputs, req->n_outputs, sizeof(oi_output_request_t));
+    oi_status_t *st = oi_request_check_unique(req, d->kind); /* the check gRPC makes too */
+    if (st == NULL)
+        return 0;
+    if (c->err == NULL)
+        c->err = st;
+    else
+        oi_status_free(st);
+    return -1;
 }
 
 static oi_status_t *decode(oi_buf_t *body, size_t json_len, oi_request_t *req, oi_json_response_t *resp,

@@ -506,6 +506,8 @@ static oi_status_t *decode_input(dec_t *d, uint32_t i, oi_slice_t *contents)
                 static const char *const names[] = {"", "name", "datatype", "", "parameters", "contents"};
                 snprintf(path, sizeof(path), "%s.%s", WHAT, names[f.num]);
                 st = bad_wire(path, &f, WT_LEN);
+            } else if (f.num == 1 && f.s.len > OI_MAX_NAME_BYTES) { /* names go back in error messages */
+                st = bad("%s.name: %zu bytes; at most %d are accepted", WHAT, f.s.len, OI_MAX_NAME_BYTES);
             } else if (f.num == 1)
                 name = f.s;
             else if (f.num == 2)
@@ -582,6 +584,8 @@ static oi_status_t *decode_output(dec_t *d, uint32_t i)
             st = bad("%s: %s", WHAT, rd_reason(rc));
         else if ((f.num == 1 || f.num == 2) && f.wt != WT_LEN)
             st = bad_wire(WHAT, &f, WT_LEN);
+        else if (f.num == 1 && f.s.len > OI_MAX_NAME_BYTES)
+            st = bad("%s.name: %zu bytes; at most %d are accepted", WHAT, f.s.len, OI_MAX_NAME_BYTES);
         else if (f.num == 1)
             name = f.s;
         else if (f.num == 2 && slices_push(&params, f.s) != 0)
@@ -630,7 +634,12 @@ static oi_status_t *scan_top(dec_t *d)
         switch (f.num) {
         case 1: d->model_name = f.s; break;
         case 2: d->model_version = f.s; break;
-        case 3: d->id = f.s; d->have_id = 1; break;
+        case 3:
+            if (f.s.len > OI_MAX_ID_BYTES) /* the id goes back with the answer: keep it small */
+                return bad("%s.id: %zu bytes; at most %d are accepted", d->msg_name, f.s.len, OI_MAX_ID_BYTES);
+            d->id = f.s;
+            d->have_id = 1;
+            break;
         case 4: rc2 = slices_push(&d->params, f.s); break;
         case 5: rc2 = slices_push(&d->inputs, f.s); break;
         case 6: rc2 = slices_push(d->response ? &d->raw : &d->outputs, f.s); break;
@@ -684,7 +693,11 @@ static oi_status_t *attach_data(dec_t *d, const oi_slice_t *contents)
                 return st;
         } else {
             int64_t n;
-            if (oi_shape_elements(t->shape, t->ndim, &n) != 0 || n != 0)
+            char shape[24 * OI_MAX_DIMS];
+            if (oi_shape_elements(t->shape, t->ndim, &n) != 0)
+                return bad("%s: shape %s has a negative dimension or too many elements", LABEL,
+                           oi_shape_format(t->shape, t->ndim, shape, sizeof(shape)));
+            if (n != 0)
                 return bad("%s has no data; expected contents or %s", LABEL, d->raw_name);
         }
 #undef LABEL
@@ -769,6 +782,8 @@ static oi_status_t *decode(dec_t *d, oi_slice_t *model_name, oi_slice_t *model_v
         }
         st = attach_data(d, contents);
     }
+    if (st == NULL)
+        st = oi_request_check_unique(req, d->kind); /* the check the JSON codec makes too */
     free(offs);
     free(contents);
     return st;
@@ -850,7 +865,7 @@ int oi_pb_peek_request_id(const char *data, size_t len, oi_slice_t *id)
     while (r.p < r.end && rd_field(&r, &f) == RD_OK)
         if (f.num == 3 && f.wt == WT_LEN) {
             *id = f.s;
-            found = 0;
+            found = f.s.len <= OI_MAX_ID_BYTES ? 0 : -1; /* too long to send back */
         }
     return found;
 }

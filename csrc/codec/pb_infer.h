@@ -37,7 +37,8 @@ typedef struct oi_pb_iov_s {
  *
  * Returns NULL, or a status that the caller frees: 400 for a malformed or inconsistent
  * message, naming the field, what was expected and what came (malformed varint, truncated
- * field, wrong wire type, unknown datatype, sizes that do not match shape x datatype, raw and
+ * field, wrong wire type, an id or tensor name longer than OI_MAX_ID_BYTES / OI_MAX_NAME_BYTES,
+ * unknown datatype, sizes that do not match shape x datatype, raw and
  * typed contents both given, a count of raw contents other than the count of inputs not in
  * shared memory), 500
  * when out of memory. `req` is then left cleared. */
@@ -46,7 +47,8 @@ oi_status_t *oi_pb_decode_infer_request(oi_buf_t *msg, oi_request_t *req, oi_sli
 
 /* Finds the id (field 3) of a ModelInferRequest that may be malformed elsewhere, so that an
  * error answer can still name the request; *id points into `data`. 0, or -1 when there is
- * none or the message breaks before it. */
+ * none, it is longer than OI_MAX_ID_BYTES (not to be sent back), or the message breaks
+ * before it. */
 int oi_pb_peek_request_id(const char *data, size_t len, oi_slice_t *id);
 
 /* The most slices oi_pb_encode_infer_response writes for `n_outputs` outputs. */

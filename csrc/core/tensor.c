@@ -7,15 +7,54 @@
 
 int oi_shape_elements(const int64_t *shape, int ndim, int64_t *count)
 {
-    int64_t n = 1;
+    int64_t span = 8; /* bytes of the non-zero dimensions at the widest element size */
+    int empty = 0;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0)
             return -1;
-        if (__builtin_mul_overflow(n, shape[i], &n))
+        if (shape[i] == 0)
+            empty = 1;
+        else if (__builtin_mul_overflow(span, shape[i], &span))
             return -1;
     }
-    *count = n;
+    *count = empty ? 0 : span / 8;
     return 0;
+}
+
+static int compare_names(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* The first name used twice among n (sorted in place), or NULL. Sorting keeps this
+ * O(n log n) for requests with many tensors. */
+static const char *find_duplicate(const char **names, uint32_t n)
+{
+    qsort(names, n, sizeof(*names), compare_names);
+    for (uint32_t i = 1; i < n; i++)
+        if (strcmp(names[i - 1], names[i]) == 0)
+            return names[i];
+    return NULL;
+}
+
+oi_status_t *oi_request_check_unique(const oi_request_t *r, const char *kind)
+{
+    uint32_t most = r->n_inputs > r->n_outputs ? r->n_inputs : r->n_outputs;
+    if (most < 2)
+        return NULL;
+    const char **names = malloc(most * sizeof(*names));
+    if (names == NULL)
+        return oi_status_new(OI_INTERNAL, "out of memory checking the request's names");
+    for (uint32_t i = 0; i < r->n_inputs; i++)
+        names[i] = r->inputs[i].name;
+    const char *dup = find_duplicate(names, r->n_inputs);
+    oi_status_t *st = dup ? oi_status_new(OI_BAD_REQUEST, "duplicate %s '%.128s'", kind, dup) : NULL;
+    for (uint32_t i = 0; st == NULL && i < r->n_outputs; i++)
+        names[i] = r->outputs[i].name;
+    if (st == NULL && (dup = find_duplicate(names, r->n_outputs)) != NULL)
+        st = oi_status_new(OI_BAD_REQUEST, "duplicate output '%.128s'", dup);
+    free(names);
+    return st;
 }
 
 char *oi_shape_format(const int64_t *shape, int ndim, char *out, size_t cap)

@@ -45,6 +45,12 @@ typedef struct oi_output_request_s {
     oi_slice_t parameters;
 } oi_output_request_t;
 
+/* The longest request id and tensor name accepted, in bytes: far beyond any real one, and
+ * small enough that sending them back (the id with every answer, a name in error messages)
+ * costs nothing, however far a compressed body inflated them. */
+#define OI_MAX_ID_BYTES 4096
+#define OI_MAX_NAME_BYTES 4096
+
 /* A declared input or output: dims of -1 match any size, and ndim -1 any shape. */
 typedef struct oi_io_spec_s {
     char *name;
@@ -76,7 +82,10 @@ typedef struct oi_response_s {
 } oi_response_t;
 
 /* Element count of a shape with overflow and sign checks: 0 and *count set, or -1 when a
- * dimension is negative or the product overflows int64. */
+ * dimension is negative or the shape is too large to lay out: the product of its non-zero
+ * dimensions times 8 bytes (the widest element) must fit int64, even when a zero dimension
+ * leaves no elements, since numpy and libtorch refuse such shapes too (a backend would
+ * otherwise fail with a 500 on what is the client's mistake). */
 int oi_shape_elements(const int64_t *shape, int ndim, int64_t *count);
 
 /* Writes "[2,16]" into `out` (at least 24*OI_MAX_DIMS bytes for any shape); returns out. */
@@ -93,6 +102,12 @@ void oi_request_clear(oi_request_t *r);
 
 /* Releases everything a response owns and zeroes it. */
 void oi_response_clear(oi_response_t *r);
+
+/* Refuses an input name, or a requested output name, that a request gives twice ("duplicate
+ * input 'X'"); `kind` names the tensors: "input", or "output" for a decoded response. Every
+ * codec calls it, so that HTTP and gRPC judge a request alike. Returns NULL, or a 400 status
+ * (500 when out of memory). */
+oi_status_t *oi_request_check_unique(const oi_request_t *r, const char *kind);
 
 /* Checks that byte_size fits shape x dtype (for BYTES: that the elements are well-formed
  * length-prefixed strings and their count matches). The message names the tensor as

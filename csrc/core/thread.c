@@ -8,6 +8,12 @@ int oi_thread_create(pthread_t *t, void *(*fn)(void *), void *arg, int detached)
 {
     sigset_t all, old;
     sigfillset(&all);
+    /* Faults stay deliverable: blocked, they kill the process without running a handler,
+     * and the shared-memory guard (server/shm_guard.h) handles SIGBUS on these threads. */
+    sigdelset(&all, SIGBUS);
+    sigdelset(&all, SIGSEGV);
+    sigdelset(&all, SIGFPE);
+    sigdelset(&all, SIGILL);
     pthread_sigmask(SIG_BLOCK, &all, &old); /* the new thread inherits the mask */
     pthread_attr_t attr;
     pthread_attr_init(&attr);

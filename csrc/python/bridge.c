@@ -1,6 +1,9 @@
 #include "python/bridge.h"
 
+#include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <time.h>
 #include <string.h>
 
@@ -258,13 +261,95 @@ static oi_status_t *bytes_to_tensor(PyObject *obj, oi_label_t what, oi_tensor_t 
     return NULL;
 }
 
-/* BF16 travels as uint16 bit patterns: floats are rounded to bfloat16, 2-byte types (uint16,
- * ml_dtypes.bfloat16) are taken as the bits. */
-static PyArrayObject *bf16_bits(PyArrayObject *arr, oi_label_t what, oi_status_t **st)
+/* The numpy name of an array's dtype ("int64", "<U3"), for messages. */
+static void dtype_text(PyArrayObject *arr, char *buf, size_t cap)
+{
+    PyObject *s = PyObject_Str((PyObject *)PyArray_DESCR(arr));
+    const char *u = s ? PyUnicode_AsUTF8(s) : NULL;
+    snprintf(buf, cap, "%s", u ? u : "?");
+    if (u == NULL)
+        PyErr_Clear();
+    Py_XDECREF(s);
+}
+
+/* A C-contiguous, aligned, native-order array of `arr`'s values as `typenum` (a new reference,
+ * `arr` itself when it already is one), to read them with plain C loads. NULL with an error set. */
+static PyArrayObject *as_carray(PyArrayObject *arr, int typenum)
+{
+    return (PyArrayObject *)PyArray_FROMANY((PyObject *)arr, typenum, 0, 0, NPY_ARRAY_CARRAY_RO);
+}
+
+/* Refuses integer values that integer datatype `t` cannot hold: numpy's casts wrap them. */
+static oi_status_t *check_int_range(PyArrayObject *arr, oi_dtype_t t, oi_label_t what, const char *given)
+{
+    int from_unsigned = PyArray_DESCR(arr)->kind == 'u';
+    PyArrayObject *v = as_carray(arr, from_unsigned ? NPY_UINT64 : NPY_INT64);
+    if (v == NULL)
+        return py_error_status(what, "cannot read the integers");
+    unsigned bits = 8 * (unsigned)oi_dtype_size(t);
+    int to_signed = t == OI_TYPE_INT8 || t == OI_TYPE_INT16 || t == OI_TYPE_INT32 || t == OI_TYPE_INT64;
+    int64_t lo = to_signed ? -(int64_t)((UINT64_C(1) << (bits - 1)) - 1) - 1 : 0;
+    uint64_t hi = to_signed ? (UINT64_C(1) << (bits - 1)) - 1 : bits == 64 ? UINT64_MAX : (UINT64_C(1) << bits) - 1;
+    oi_status_t *st = NULL;
+    for (npy_intp i = 0, n = PyArray_SIZE(v); i < n && st == NULL; i++) {
+        char value[24];
+        if (from_unsigned) {
+            uint64_t x = ((const uint64_t *)PyArray_DATA(v))[i];
+            if (x <= hi)
+                continue;
+            snprintf(value, sizeof(value), "%" PRIu64, x);
+        } else {
+            int64_t x = ((const int64_t *)PyArray_DATA(v))[i];
+            if (x >= lo && (x < 0 || (uint64_t)x <= hi))
+                continue;
+            snprintf(value, sizeof(value), "%" PRId64, x);
+        }
+        st = oi_status_new(OI_INTERNAL,
+                           "%s '%s': expected %s, got %s values that do not fit: element %zd is %s, outside %" PRId64
+                           "..%" PRIu64,
+                           what.kind, what.name, oi_dtype_name(t), given, (Py_ssize_t)i, value, lo, hi);
+    }
+    Py_DECREF(v);
+    return st;
+}
+
+/* Refuses finite values that float datatype `t` would round to an infinity. The bound is
+ * halfway between the type's largest finite value and the next power of two: from there on,
+ * round-to-nearest-even gives infinity. Infinities and NaNs given stay what they are. */
+static oi_status_t *check_float_range(PyArrayObject *arr, oi_dtype_t t, oi_label_t what, const char *given)
+{
+    double bound;
+    switch (t) {
+    case OI_TYPE_FP16: bound = ldexp(2.0 - ldexp(1.0, -11), 15); break;
+    case OI_TYPE_BF16: bound = ldexp(2.0 - ldexp(1.0, -8), 127); break;
+    case OI_TYPE_FP32: bound = ldexp(2.0 - ldexp(1.0, -24), 127); break;
+    default: return NULL; /* FP64 holds every value that reaches it as a double */
+    }
+    PyArrayObject *v = as_carray(arr, NPY_FLOAT64);
+    if (v == NULL)
+        return py_error_status(what, "cannot read the values");
+    oi_status_t *st = NULL;
+    const double *x = PyArray_DATA(v);
+    for (npy_intp i = 0, n = PyArray_SIZE(v); i < n && st == NULL; i++)
+        if (isfinite(x[i]) && fabs(x[i]) >= bound)
+            st = oi_status_new(
+                OI_INTERNAL,
+                "%s '%s': expected %s, got %s values that do not fit: element %zd is %.17g, beyond the largest %s",
+                what.kind, what.name, oi_dtype_name(t), given, (Py_ssize_t)i, x[i], oi_dtype_name(t));
+    Py_DECREF(v);
+    return st;
+}
+
+/* BF16 travels as uint16 bit patterns: bool, integer and float values are rounded to bfloat16
+ * (refused where they would become infinite), other 2-byte types (ml_dtypes.bfloat16) are taken
+ * as the bits. uint16 arrays, the bits themselves, never come here. */
+static PyArrayObject *bf16_bits(PyArrayObject *arr, oi_label_t what, const char *given, oi_status_t **st)
 {
     PyArray_Descr *d = PyArray_DESCR(arr);
-    if (d->kind == 'f' && PyDataType_ELSIZE(d) != 2) {
-        PyArrayObject *f = (PyArrayObject *)PyArray_FROMANY((PyObject *)arr, NPY_FLOAT32, 0, 0, NPY_ARRAY_CARRAY_RO);
+    if (d->kind == 'b' || d->kind == 'i' || d->kind == 'u' || d->kind == 'f') {
+        if ((*st = check_float_range(arr, OI_TYPE_BF16, what, given)) != NULL)
+            return NULL;
+        PyArrayObject *f = as_carray(arr, NPY_FLOAT32);
         if (f == NULL) {
             *st = py_error_status(what, "cannot convert to float32 for BF16");
             return NULL;
@@ -281,15 +366,54 @@ static PyArrayObject *bf16_bits(PyArrayObject *arr, oi_label_t what, oi_status_t
             *st = py_error_status(what, "out of memory");
         return bits;
     }
-    if (PyDataType_ELSIZE(d) == 2 && d->kind != 'f' && d->kind != 'i') {
+    if (PyDataType_ELSIZE(d) == 2) {
         PyArray_Descr *u16 = PyArray_DescrFromType(NPY_UINT16);
         PyArrayObject *v = (PyArrayObject *)PyArray_View(arr, u16, NULL); /* steals u16 */
         if (v == NULL)
             *st = py_error_status(what, "cannot view as BF16 bits");
         return v;
     }
-    *st = oi_status_new(OI_INTERNAL, "%s '%s': cannot produce BF16 from numpy dtype %c%d", what.kind, what.name, d->kind, (int)PyDataType_ELSIZE(d));
+    *st = oi_status_new(OI_INTERNAL,
+                        "%s '%s': expected BF16, got %s values; give numbers or bfloat16 bit patterns (uint16)",
+                        what.kind, what.name, given);
     return NULL;
+}
+
+/* Converts `arr` (a new reference, of another dtype than `t`'s) to datatype `t`: the values
+ * must fit, since numpy's casts would wrap integers and overflow floats to infinity without a
+ * word. Conversions that change what a value means are refused: floats to integers (which
+ * rounding?), numbers to BOOL, anything but bool/integer/float arrays to numbers. Returns the
+ * converted array (a new reference) or NULL with *st set; takes the reference to `arr`. */
+static PyArrayObject *convert_checked(PyArrayObject *arr, oi_dtype_t t, oi_label_t what, oi_status_t **st)
+{
+    char given[64];
+    dtype_text(arr, given, sizeof(given));
+    PyArrayObject *out = NULL;
+    char from = PyArray_DESCR(arr)->kind;
+    char to = t == OI_TYPE_BOOL ? 'b' : (t == OI_TYPE_FP16 || t == OI_TYPE_FP32 || t == OI_TYPE_FP64) ? 'f' : 'i';
+    int numeric = from == 'b' || from == 'i' || from == 'u' || from == 'f';
+    if (t == OI_TYPE_BF16) {
+        out = bf16_bits(arr, what, given, st);
+    } else if (from != 'b' && (to == 'b' || (to == 'i' && from == 'f') || !numeric)) {
+        const char *hint = to == 'b' ? "only bool arrays convert to BOOL"
+                           : numeric ? "floats are not converted to integers: round and cast them in the model"
+                                     : "only bool, integer and float arrays convert to numbers";
+        *st = oi_status_new(OI_INTERNAL, "%s '%s': expected %s, got %s values; %s", what.kind, what.name,
+                            oi_dtype_name(t), given, hint);
+    } else {
+        PyArray_Descr *want = PyArray_DescrFromType(oi_py_typenum(t));
+        if (!PyArray_CanCastArrayTo(arr, want, NPY_SAFE_CASTING))
+            *st = to == 'i' ? check_int_range(arr, t, what, given) : check_float_range(arr, t, what, given);
+        if (*st == NULL) {
+            out = (PyArrayObject *)PyArray_CastToType(arr, want, 0); /* steals want */
+            if (out == NULL)
+                *st = py_error_status(what, "cast failed");
+        } else {
+            Py_DECREF(want);
+        }
+    }
+    Py_DECREF(arr);
+    return out;
 }
 
 oi_status_t *oi_py_to_tensor(PyObject *obj, oi_dtype_t t, const char *kind, const char *name, oi_tensor_t *out)
@@ -307,27 +431,8 @@ oi_status_t *oi_py_to_tensor(PyObject *obj, oi_dtype_t t, const char *kind, cons
         Py_DECREF(arr);
         return st;
     }
-    if (t == OI_TYPE_BF16 && PyArray_TYPE(arr) != NPY_UINT16) {
-        PyArrayObject *bits = bf16_bits(arr, what, &st);
-        Py_DECREF(arr);
-        if (bits == NULL)
-            return st;
-        arr = bits;
-    } else if (PyArray_TYPE(arr) != typenum) {
-        PyArray_Descr *want = PyArray_DescrFromType(typenum);
-        if (!PyArray_CanCastArrayTo(arr, want, NPY_SAME_KIND_CASTING)) {
-            st = oi_status_new(OI_INTERNAL, "%s '%s': numpy dtype %s cannot be cast to %s under the same_kind rule", what.kind, what.name,
-                               PyArray_DESCR(arr)->typeobj->tp_name, oi_dtype_name(t));
-            Py_DECREF(want);
-            Py_DECREF(arr);
-            return st;
-        }
-        PyArrayObject *cast = (PyArrayObject *)PyArray_CastToType(arr, want, 0); /* steals want */
-        Py_DECREF(arr);
-        if (cast == NULL)
-            return py_error_status(what, "cast failed");
-        arr = cast;
-    }
+    if (PyArray_TYPE(arr) != typenum && (arr = convert_checked(arr, t, what, &st)) == NULL)
+        return st;
     PyArrayObject *c = (PyArrayObject *)PyArray_GETCONTIGUOUS(arr);
     Py_DECREF(arr);
     if (c == NULL)

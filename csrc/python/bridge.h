@@ -29,9 +29,12 @@ PyObject *oi_py_owner_capsule(oi_buf_t *owner);
 oi_buf_t *oi_py_owner(PyObject *obj, void *data, size_t len);
 
 /* Converts `obj` into a tensor of datatype `t` owned by a new owner: numpy arrays keep their
- * memory when already C-contiguous and of that type; other numeric types are cast where
- * numpy's same_kind rule allows; BYTES takes bytes or str elements. Error messages name the
- * tensor as "<kind> '<name>'". Needs the GIL. Returns NULL or a status. */
+ * memory when already C-contiguous and of that type. Other bool, integer and float arrays
+ * convert when every value fits `t` (never wrapped, never rounded to infinity); floats to
+ * integers, numbers to BOOL and other kinds are refused. BF16 takes numbers (rounded) or
+ * bit patterns (uint16, ml_dtypes.bfloat16); BYTES takes bytes or str elements. Error messages
+ * name the tensor as "<kind> '<name>'", the expected datatype and the numpy dtype given. Needs
+ * the GIL. Returns NULL or a status. */
 oi_status_t *oi_py_to_tensor(PyObject *obj, oi_dtype_t t, const char *kind, const char *name, oi_tensor_t *out);
 
 /* Releases the objects whose release was deferred. Call with the GIL held: executors do at

@@ -3,6 +3,7 @@
 #define OI_NUMPY_IMPORT
 #include "python/numpy_api.h"
 
+#include <errno.h>
 #include <structmember.h>
 
 #include "backends/python_backend.h"
@@ -11,6 +12,7 @@
 #include "python/client.h"
 #include "python/torch_module.h"
 #include "server/server.h"
+#include "transport/peer.h"
 
 typedef struct {
     PyObject_HEAD
@@ -437,6 +439,38 @@ static PyTypeObject ServerType = {
     .tp_getset = Server_getset,
 };
 
+/* peer_credentials(fd): what the server would know of the client on the other end of a
+ * connected socket (transport/peer.h), for tests and diagnostics. */
+static PyObject *peer_credentials(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    int fd = PyObject_AsFileDescriptor(arg);
+    if (fd < 0)
+        return NULL;
+    oi_peer_t p;
+    Py_BEGIN_ALLOW_THREADS;
+    oi_peer_lookup(fd, &p);
+    Py_END_ALLOW_THREADS;
+    if (p.error != 0) {
+        errno = p.error;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    PyObject *groups = PyList_New(p.ngroups);
+    for (int i = 0; groups != NULL && i < p.ngroups; i++)
+        PyList_SET_ITEM(groups, i, PyLong_FromUnsignedLong(p.groups[i]));
+    if (groups == NULL)
+        return NULL;
+    return Py_BuildValue("{s:k,s:l,s:N}", "uid", (unsigned long)p.uid, "gid",
+                         p.gid == (gid_t)-1 ? -1L : (long)p.gid, "groups", groups);
+}
+
+static PyMethodDef peer_functions[] = {
+    {"peer_credentials", peer_credentials, METH_O,
+     "The uid, gid (-1: unknown) and groups of the process on the other end of a connected socket (a file "
+     "descriptor or an object with fileno()); OSError when unknown (ENOENT: not on this host)."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef core_module = {
     PyModuleDef_HEAD_INIT, "openinfer._core", "The C core of openinfer.", -1, oi_py_torch_functions, NULL, NULL, NULL,
     NULL,
@@ -455,7 +489,7 @@ PyMODINIT_FUNC PyInit__core(void)
         PyModule_AddObjectRef(m, "HttpConnection", (PyObject *)&oi_py_conn_type) < 0 ||
         PyModule_AddObjectRef(m, "GrpcConnection", (PyObject *)&oi_py_grpc_conn_type) < 0 ||
         PyModule_AddObjectRef(m, "GrpcStream", (PyObject *)&oi_py_grpc_stream_type) < 0 ||
-        PyModule_AddStringConstant(m, "__version__", "0.1.0") < 0) {
+        PyModule_AddFunctions(m, peer_functions) < 0 || PyModule_AddStringConstant(m, "__version__", "0.1.0") < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -308,7 +308,7 @@ static void shm_status(oi_server_t *s, oi_grpc_call_t *call, oi_shm_kind_t kind,
 {
     oi_shm_region_t **regions;
     size_t n;
-    oi_status_t *st = oi_shm_list(&s->shm, kind, name, &regions, &n);
+    oi_status_t *st = oi_shm_list(&s->shm, oi_grpc_call_peer(call), kind, name, &regions, &n);
     if (st != NULL) {
         finish_status(call, st);
         return;
@@ -391,10 +391,10 @@ static void shm_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg)
             shm_status(s, call, kind, q->name);
         } else if (kind == OI_SHM_SYSTEM) {
             Inference__SystemSharedMemoryUnregisterResponse r = INFERENCE__SYSTEM_SHARED_MEMORY_UNREGISTER_RESPONSE__INIT;
-            shm_done(call, oi_shm_unregister(&s->shm, kind, q->name), &r.base);
+            shm_done(call, oi_shm_unregister(&s->shm, oi_grpc_call_peer(call), kind, q->name), &r.base);
         } else {
             Inference__CudaSharedMemoryUnregisterResponse r = INFERENCE__CUDA_SHARED_MEMORY_UNREGISTER_RESPONSE__INIT;
-            shm_done(call, oi_shm_unregister(&s->shm, kind, q->name), &r.base);
+            shm_done(call, oi_shm_unregister(&s->shm, oi_grpc_call_peer(call), kind, q->name), &r.base);
         }
         inference__system_shared_memory_status_request__free_unpacked(q, NULL);
         return;
@@ -407,7 +407,8 @@ static void shm_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg)
             return;
         }
         Inference__SystemSharedMemoryRegisterResponse r = INFERENCE__SYSTEM_SHARED_MEMORY_REGISTER_RESPONSE__INIT;
-        shm_done(call, oi_shm_register_system(&s->shm, q->name, q->key, q->offset, q->byte_size), &r.base);
+        shm_done(call, oi_shm_register_system(&s->shm, oi_grpc_call_peer(call), q->name, q->key, q->offset,
+                                        q->byte_size), &r.base);
         inference__system_shared_memory_register_request__free_unpacked(q, NULL);
         return;
     }
@@ -420,8 +421,8 @@ static void shm_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg)
         }
         Inference__CudaSharedMemoryRegisterResponse r = INFERENCE__CUDA_SHARED_MEMORY_REGISTER_RESPONSE__INIT;
         shm_done(call,
-                 oi_shm_register_cuda(&s->shm, q->name, q->raw_handle.data, q->raw_handle.len, q->device_id,
-                                      q->byte_size),
+                 oi_shm_register_cuda(&s->shm, oi_grpc_call_peer(call), q->name, q->raw_handle.data,
+                                      q->raw_handle.len, q->device_id, q->byte_size),
                  &r.base);
         inference__cuda_shared_memory_register_request__free_unpacked(q, NULL);
         return;
@@ -518,6 +519,8 @@ static void finish_infer(oi_infer_t *inf)
     atomic_fetch_sub(&s->grpc_inflight, 1);
 }
 
+static const oi_peer_t *call_peer(void *call) { return oi_grpc_call_peer(call); }
+
 static void handle_infer(oi_server_t *s, oi_grpc_call_t *call, oi_buf_t *msg)
 {
     oi_infer_t *inf = oi_infer_new();
@@ -552,6 +555,7 @@ static void handle_infer(oi_server_t *s, oi_grpc_call_t *call, oi_buf_t *msg)
     call->pending++;
     atomic_fetch_add(&s->grpc_inflight, 1);
     inf->shm = &s->shm;
+    inf->shm_caller = (oi_shm_caller_t){call_peer, call};
     st = oi_infer_submit(inf, m, call->loop, finish_infer, call); /* takes the model reference */
     if (st != NULL) {
         call->pending--;

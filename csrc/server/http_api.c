@@ -221,6 +221,8 @@ static oi_status_t *request_body(oi_server_t *s, oi_http_request_t *r, oi_encodi
     return oi_inflate(r->body->data, r->body->len, enc, s->cfg.http.max_body_bytes, body);
 }
 
+static const oi_peer_t *request_peer(void *r) { return oi_http_request_peer(r); }
+
 static void handle_infer(oi_server_t *s, oi_http_request_t *r, oi_model_t *m)
 {
     oi_encoding_t enc = oi_content_encoding(r->content_encoding);
@@ -244,6 +246,7 @@ static void handle_infer(oi_server_t *s, oi_http_request_t *r, oi_model_t *m)
     oi_buf_unref(body); /* the request holds its own references */
     if (st == NULL) {
         c->shm = &s->shm;
+        c->shm_caller = (oi_shm_caller_t){request_peer, r};
         st = oi_infer_submit(c, m, r->loop, finish_infer, r); /* takes m */
         m = NULL;
     }
@@ -461,7 +464,7 @@ static oi_status_t *shm_register(oi_server_t *s, oi_http_request_t *r, oi_shm_ki
         if (v.kind != OI_JSON_PARAM_STRING || v.too_long || strlen(key) != v.len)
             return oi_status_new(OI_BAD_REQUEST, "register request: 'key' must be a string, a shared-memory name "
                                  "(\"/name\") of at most %d bytes", OI_SHM_MAX_NAME + 1);
-        return oi_shm_register_system(&s->shm, name, key, offset, byte_size);
+        return oi_shm_register_system(&s->shm, oi_http_request_peer(r), name, key, offset, byte_size);
     }
     uint64_t device_id;
     if ((st = body_count(body, "device_id", 1, &device_id)) != NULL)
@@ -476,14 +479,15 @@ static oi_status_t *shm_register(oi_server_t *s, oi_http_request_t *r, oi_shm_ki
     if (n < 0)
         return oi_status_new(OI_BAD_REQUEST, "register request: 'raw_handle' must be {\"b64\": <base64 of a %d-byte "
                              "cudaIpcMemHandle_t>}", OI_CUDA_IPC_HANDLE_BYTES);
-    return oi_shm_register_cuda(&s->shm, name, handle, (size_t)n, (int64_t)device_id, byte_size);
+    return oi_shm_register_cuda(&s->shm, oi_http_request_peer(r), name, handle, (size_t)n, (int64_t)device_id,
+                                byte_size);
 }
 
 static void shm_status(oi_server_t *s, oi_http_request_t *r, oi_shm_kind_t kind, const char *name)
 {
     oi_shm_region_t **regions;
     size_t n;
-    oi_status_t *st = oi_shm_list(&s->shm, kind, name, &regions, &n);
+    oi_status_t *st = oi_shm_list(&s->shm, oi_http_request_peer(r), kind, name, &regions, &n);
     if (st != NULL) {
         respond_status(r, st);
         return;
@@ -552,7 +556,8 @@ static void route_shm(oi_server_t *s, oi_http_request_t *r, oi_shm_kind_t kind, 
         shm_status(s, r, kind, name);
         return;
     }
-    oi_status_t *st = what == REGISTER ? shm_register(s, r, kind, name) : oi_shm_unregister(&s->shm, kind, name);
+    oi_status_t *st = what == REGISTER ? shm_register(s, r, kind, name)
+                                       : oi_shm_unregister(&s->shm, oi_http_request_peer(r), kind, name);
     if (st != NULL)
         respond_status(r, st);
     else

@@ -42,6 +42,10 @@ static void job_done(oi_job_t *j)
      * outputs and response outputs are in the same order (see oi_validate_request). */
     if (j->status == NULL && inf->shm_out != NULL)
         j->status = oi_shm_place_outputs(&j->resp, inf->shm_out);
+    /* A client may have shrunk an object under the model: what was read or written there is
+     * lost, and the request says so rather than answer with zeros. */
+    if (j->status == NULL && inf->shm != NULL)
+        j->status = oi_shm_check_request(&inf->req, &j->resp);
     inf->task.run = run_done;
     oi_loop_post(inf->loop, &inf->task);
 }
@@ -57,10 +61,11 @@ oi_status_t *oi_model_check_ready(const oi_model_t *m)
 static oi_status_t *resolve_shm(oi_infer_t *inf)
 {
     if (inf->shm != NULL)
-        return oi_shm_resolve(inf->shm, &inf->req, &inf->shm_out);
+        return oi_shm_resolve(inf->shm, &inf->shm_caller, &inf->req, &inf->shm_out);
     for (uint32_t i = 0; i < inf->req.n_inputs; i++)
         if (inf->req.inputs[i].shm)
-            return oi_status_new(OI_BAD_REQUEST, "input '%s': shared memory is not available here", inf->req.inputs[i].name);
+            return oi_status_new(OI_BAD_REQUEST, "input '%s': shared memory is not available here",
+                                 inf->req.inputs[i].name);
     return NULL;
 }
 

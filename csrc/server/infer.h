@@ -14,17 +14,18 @@ typedef struct oi_infer_s oi_infer_t;
 typedef void (*oi_infer_done_cb)(oi_infer_t *inf);
 
 struct oi_infer_s {
-    oi_job_t job;              /* job.status and job.resp hold the outcome */
+    oi_job_t job; /* job.status and job.resp hold the outcome */
     oi_task_t task;
     oi_loop_t *loop;
     oi_model_t *model;         /* one reference, from submit on */
     oi_request_t req;          /* the transport's decoded request */
     const char **output_names; /* what to produce, in response order */
     oi_infer_done_cb done;
-    void *ctx;                 /* the transport's */
-    oi_shm_t *shm;             /* borrowed: the server's regions; set by the transport before
-                                * submit (NULL: shared-memory tensors are refused) */
-    oi_shm_target_t *shm_out;  /* where requested outputs go (NULL: none in shared memory) */
+    void *ctx;                  /* the transport's */
+    oi_shm_t *shm;              /* borrowed: the server's regions; set by the transport before
+                                 * submit (NULL: shared-memory tensors are refused) */
+    oi_shm_caller_t shm_caller; /* who asks, valid until submit returns; set with `shm` */
+    oi_shm_target_t *shm_out;   /* where requested outputs go (NULL: none in shared memory) */
 };
 
 /* Returns a zeroed inference ready for decoding into `req`, or NULL (out of memory). */

@@ -81,6 +81,7 @@ struct oi_http_conn_s {
     int close_after_write;
     int handles; /* open libuv handles (tcp, timer) */
     size_t writes;
+    oi_peer_t *creds; /* the client's credentials, once a request asked (oi_http_request_peer) */
 };
 
 typedef struct write_req_s {
@@ -108,6 +109,7 @@ static void conn_maybe_free(oi_http_conn_t *c)
     oi_sbuf_free(&c->pending);
     if (c->peer_counted)
         oi_peers_release(&c->lis->server->peers, &c->peer);
+    free(c->creds);
     atomic_fetch_sub(&c->lis->server->connections, 1);
     free(c);
 }
@@ -681,6 +683,14 @@ static const llhttp_settings_t parser_settings = {
 };
 
 /* ---- responding --------------------------------------------------------------------------- */
+
+const oi_peer_t *oi_http_request_peer(oi_http_request_t *req)
+{
+    oi_http_conn_t *c = req->conn;
+    int fd = -1;
+    uv_fileno((const uv_handle_t *)&c->tcp, &fd);
+    return oi_peer_cached(&c->creds, fd);
+}
 
 void oi_http_respond(oi_http_request_t *req, int status, const char *headers, const oi_iov_t *parts,
                      size_t nparts)

@@ -9,6 +9,7 @@
 
 #include "core/buf.h"
 #include "transport/loop.h"
+#include "transport/peer.h"
 
 typedef struct oi_http_server_s oi_http_server_t;
 typedef struct oi_http_conn_s oi_http_conn_t;
@@ -63,6 +64,11 @@ typedef struct oi_iov_s {
  * part's owner reference, also when the connection is already gone. */
 void oi_http_respond(oi_http_request_t *req, int status, const char *headers, const oi_iov_t *parts,
                      size_t nparts);
+
+/* The credentials of the client on the other end of the request's connection (see
+ * transport/peer.h), looked up on first use and kept for the connection's life. Valid until
+ * oi_http_respond; loop thread only. */
+const oi_peer_t *oi_http_request_peer(oi_http_request_t *req);
 
 /* Returns a new server (not yet listening), or NULL when out of memory. */
 oi_http_server_t *oi_http_server_new(const oi_http_config_t *cfg, oi_http_handler_cb handler, void *ctx);

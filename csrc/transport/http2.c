@@ -79,6 +79,7 @@ typedef struct oi_h2_conn_s {
     oi_sbuf_t wbuf; /* frame headers and small frames of the batch being built */
     seg_t *segs;
     size_t nsegs, capsegs;
+    oi_peer_t *creds; /* the client's credentials, once a call asked (oi_grpc_call_peer) */
 } h2_conn_t;
 
 typedef struct write_req_s {
@@ -148,6 +149,17 @@ void oi_grpc_call_unref(oi_grpc_call_t *call)
 }
 
 int oi_grpc_call_open(const oi_grpc_call_t *call) { return call->conn != NULL && !call->finished; }
+
+const oi_peer_t *oi_grpc_call_peer(oi_grpc_call_t *call)
+{
+    static const oi_peer_t gone = {.error = ENOTCONN};
+    h2_conn_t *c = call->conn;
+    if (c == NULL || c->closing) /* the socket is being closed */
+        return &gone;
+    int fd = -1;
+    uv_fileno((const uv_handle_t *)&c->tcp, &fd);
+    return oi_peer_cached(&c->creds, fd);
+}
 
 static void on_timer_closed(uv_handle_t *h)
 {
@@ -695,6 +707,7 @@ static void conn_maybe_free(h2_conn_t *c)
     oi_sbuf_free(&c->wbuf);
     if (c->peer_counted)
         oi_peers_release(&c->lp->server->peers, &c->peer);
+    free(c->creds);
     atomic_fetch_sub(&c->lp->server->connections, 1);
     free(c);
 }

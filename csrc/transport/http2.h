@@ -19,6 +19,7 @@
 #include "core/buf.h"
 #include "transport/http1.h" /* oi_iov_t */
 #include "transport/loop.h"
+#include "transport/peer.h"
 
 typedef struct oi_h2_server_s oi_h2_server_t;
 typedef struct oi_grpc_call_s oi_grpc_call_t;
@@ -98,6 +99,11 @@ void oi_grpc_call_unref(oi_grpc_call_t *call);
 
 /* 1 while the call can still answer: its stream is open and oi_grpc_finish was not called. */
 int oi_grpc_call_open(const oi_grpc_call_t *call);
+
+/* The credentials of the client on the other end of the call's connection (see
+ * transport/peer.h), looked up on first use and kept for the connection's life; an unknown
+ * peer (error set) once the stream is gone. Loop thread only. */
+const oi_peer_t *oi_grpc_call_peer(oi_grpc_call_t *call);
 
 /* Queues one response message of `total` bytes, the concatenation of parts[0 .. nparts),
  * sent from the parts' memory. Takes every part's owner reference, also when the call can no

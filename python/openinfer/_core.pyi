@@ -33,6 +33,10 @@ Handler = Callable[[dict[str, np.ndarray], bytes | None, tuple[str, ...]], Mappi
 #     inter_op_threads (0: torch's default)
 TorchSpec = dict[str, object]
 
+def peer_credentials(sock: int | object) -> dict[str, object]:
+    """{"uid", "gid" (-1: unknown), "groups"} of the process on the other end of a connected
+    socket, as the server sees its clients; OSError when unknown (ENOENT: not on this host)."""
+
 def torch_open_shim(path: str) -> None:
     """Loads the libtorch shim (dlopen RTLD_NOW | RTLD_LOCAL) once per process; torch must be
     imported first. Raises OSError (also for a shim of another ABI version)."""

@@ -319,6 +319,15 @@ def _bf16_bits(model_name: str, output: str, value: object) -> np.ndarray:
             f"model {model_name!r}: output {output!r} is BF16 "
             f"but the model returned {array.dtype} values"
         )
+    # Finite values from here on round to infinity: refused, as the server refuses any value
+    # that does not fit an output's declared type.
+    too_big = np.isfinite(array) & (np.abs(array.astype(np.float64)) >= (2 - 2**-8) * 2.0**127)
+    if too_big.any():
+        index = int(np.flatnonzero(too_big)[0])
+        raise ValueError(
+            f"model {model_name!r}: output {output!r}: expected BF16, got {array.dtype} values "
+            f"that do not fit: element {index} is {array.flat[index]!r}, beyond the largest BF16"
+        )
     single = np.asarray(array, dtype=np.float32)
     bits = single.view(np.uint32)
     rounded = (bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16

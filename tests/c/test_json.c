@@ -414,7 +414,7 @@ static void test_shapes_and_nesting(void)
     static const int32_t v[] = {1, 2, 3, 4};
     EXPECT_BYTES("INT32", "[2,2]", "[[1,2],[3,4]]", v, 16);
     EXPECT_BYTES("INT32", "[2,2]", "[1,2,3,4]", v, 16);
-    EXPECT_BYTES("INT32", "[4]", "[[1],[2,[3]],[],4]", v, 16);
+    EXPECT_BYTES("INT32", "[2,1,2]", "[[[1,2]],[[3,4]]]", v, 16);
     EXPECT_BYTES("INT32", "[]", "1", v, 4);
     EXPECT_BYTES("INT32", "[1]", " 1 ", v, 4);
     EXPECT_BYTES("INT32", "[1,1]", "[[1]]", v, 4);
@@ -426,8 +426,11 @@ static void test_shapes_and_nesting(void)
     EXPECT_BYTES("INT32", "[ 2 , 2 ]", " [ [ 1 , 2 ] ,\n\t[ 3 , 4 ] ] ", v, 16);
 
     /* Data before the datatype and shape is parsed once the input object closes. */
-    ROUND_TRIP("{\"inputs\":[{\"data\":[[1,2],[3]],\"name\":\"x\",\"shape\":[3],\"datatype\":\"INT16\"}]}",
-               "\"data\":[1,2,3]");
+    ROUND_TRIP("{\"inputs\":[{\"data\":[[1,2],[3,4]],\"name\":\"x\",\"shape\":[2,2],\"datatype\":\"INT16\"}]}",
+               "\"data\":[1,2,3,4]");
+    EXPECT_ERROR("{\"inputs\":[{\"data\":[[1,2],[3]],\"name\":\"x\",\"shape\":[3],\"datatype\":\"INT16\"}]}",
+                 "input 'x': nested data does not match shape [3]: an array at depth 2, deeper than the shape");
+
     ROUND_TRIP("{\"outputs\":[{\"name\":\"o\"}],\"inputs\":[{\"data\":[\"a\\nb\",\"\\u00e9\"],\"shape\":[2],\"name\":\"s\",\"datatype\":\"BYTES\"}]}",
                "\"data\":[\"a\\nb\",\"\xc3\xa9\"]");
     ROUND_TRIP("{\"inputs\":[{\"name\":\"x\",\"data\":[1.5],\"datatype\":\"FP32\",\"shape\":[1]}]}",
@@ -437,7 +440,8 @@ static void test_shapes_and_nesting(void)
     EXPECT_ERROR("{\"inputs\":[{\"data\":[1,\"a\"],\"name\":\"x\",\"shape\":[2],\"datatype\":\"INT16\"}]}",
                  "input 'x': element 1: expected a number for INT16, got string");
 
-    /* Nesting: default limit 64 counts the top object, "inputs", the input and the data. */
+    /* Nesting: default limit 64 counts the top object, "inputs", the input and the value of an
+     * unknown key (data cannot nest deeper than its shape). */
     char json[2048];
     char open[200], close[200];
     for (int depth = 61; depth <= 62; depth++) {
@@ -446,8 +450,8 @@ static void test_shapes_and_nesting(void)
         memset(close, ']', (size_t)depth);
         close[depth] = '\0';
         snprintf(json, sizeof(json),
-                 "{\"inputs\":[{\"name\":\"x\",\"datatype\":\"INT8\",\"shape\":[1],\"data\":%s1%s}]}",
-                 open, close);
+                 "{\"inputs\":[{\"name\":\"x\",\"datatype\":\"INT8\",\"shape\":[1],\"data\":[1],\"z\":%s1%s}]}", open,
+                 close);
         decoded_t d;
         decode(&d, json);
         if (depth == 61)
@@ -541,7 +545,7 @@ static void test_request_fields(void)
     CHECKF(d.st && strstr(d.st->message, "got both"), "escaped keys: %s", d.st ? d.st->message : "ok");
     release(&d);
     decode(&d, "{\"\\u0069nputs\":[{\"n\\u0061me\":\"x\",\"shape\":[1],\"datatype\":\"\\u0049NT8\",\"data\":[1]}],"
-               "\"z\":[true,false,null,-1.5e3,\"s\",{\"a\":{}}],\"NaN\":NaN}");
+               "\"z\":[true,false,null,-1.5e3,\"s\",{\"a\":{}}],\"NaN\":0}");
     CHECKF(d.st == NULL && d.req.inputs[0].dtype == OI_TYPE_INT8, "escaped keys: %s", d.st ? d.st->message : "");
     release(&d);
     decode(&d, "{\"inputs\":[{\"name\":\"x\",\"shape\":[1],\"datatype\":\"INT8\",\"data\":[1]}],\"outputs\":[]}");
@@ -673,9 +677,22 @@ static void test_errors(void)
     EXPECT_ERROR(IN("\"shape\":[2,16],\"datatype\":\"INT32\",\"data\":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,"
                     "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15]"),
                  "input 'INPUT0': expected 32 elements for shape [2,16], got 31");
-    EXPECT_ERROR(IN("\"shape\":[2],\"datatype\":\"INT32\",\"data\":[[1,2],[3]]"),
+    EXPECT_ERROR(IN("\"shape\":[2],\"datatype\":\"INT32\",\"data\":[1,2,3]"),
                  "input 'INPUT0': expected 2 elements for shape [2], got 3");
     EXPECT_ERROR(IN("\"shape\":[2],\"datatype\":\"INT32\",\"data\":5"), "expected 2 elements for shape [2], got 1");
+    /* Nested data follows the shape at every level; flat data is always accepted. */
+    EXPECT_ERROR(IN("\"shape\":[4],\"datatype\":\"INT32\",\"data\":[[1],[2,[3]],[],4]"),
+                 "an array at depth 2, deeper than the shape");
+    EXPECT_ERROR(
+        IN("\"shape\":[1,16],\"datatype\":\"INT32\",\"data\":[[1,2],[3],[4,5,6,7,8,9,10,11,12,13,14,15,16]]"),
+        "input 'INPUT0': nested data does not match shape [1,16]: an array at depth 2 has 2 elements, expected 16");
+    EXPECT_ERROR(IN("\"shape\":[2,2],\"datatype\":\"INT32\",\"data\":[[1,2],[3,4],[5,6]]"),
+                 "an array at depth 1 has 3 elements, expected 2");
+    EXPECT_ERROR(IN("\"shape\":[2,2],\"datatype\":\"INT32\",\"data\":[[1,2],3,4]"),
+                 "a value at depth 1, expected arrays down to depth 2");
+    EXPECT_ERROR(IN("\"shape\":[2,2],\"datatype\":\"INT32\",\"data\":[1,2,[3,4]]"), "an array at depth 2 among values");
+    EXPECT_ERROR(IN("\"shape\":[2,2],\"datatype\":\"INT32\",\"data\":[[],[1,2,3,4]]"),
+                 "an array at depth 2 has 0 elements, expected 2");
     EXPECT_ERROR(IN("\"shape\":[4],\"datatype\":\"UINT8\",\"data\":[0,1,2,300]"),
                  "input 'INPUT0': element 3: 300 is out of range for UINT8");
     EXPECT_ERROR(IN("\"shape\":[1],\"datatype\":\"UINT8\",\"data\":[-1]"), "element 0: -1 is out of range for UINT8");
@@ -707,6 +724,11 @@ static void test_errors(void)
     EXPECT_ERROR(IN("\"shape\":[1],\"datatype\":\"FP16\",\"data\":[65520]"), "65520 is out of range for FP16");
     EXPECT_ERROR(IN("\"shape\":[1],\"datatype\":\"BF16\",\"data\":[3.4e38]"), "out of range for BF16");
     EXPECT_ERROR(IN("\"shape\":[1],\"datatype\":\"FP32\",\"data\":[-NaN]"), "expected a value");
+    /* NaN and the infinities are tensor elements only: elsewhere the JSON must be RFC 8259's. */
+    EXPECT_ERROR("{\"parameters\":{\"t\":NaN},\"inputs\":[]}",
+                 "NaN is not a JSON number; NaN, Infinity and -Infinity are accepted only as elements of FP16, FP32, "
+                 "FP64 and BF16 tensor data");
+    EXPECT_ERROR("{\"x\":[1,-Infinity],\"inputs\":[]}", "-Infinity is not a JSON number");
     EXPECT_ERROR(IN("\"shape\":[1],\"datatype\":\"FP32\",\"data\":[nan]"), "expected a number for FP32, got malformed JSON");
     EXPECT_ERROR(IN("\"shape\":[1],\"datatype\":\"FP32\",\"data\":[inf]"), "expected a value, got 'i'");
     EXPECT_ERROR(IN("\"shape\":[2],\"datatype\":\"FP32\",\"data\":[1,]"), "expected a value, got ']'");
@@ -715,7 +737,12 @@ static void test_errors(void)
     /* Huge shapes are refused before anything is allocated for them. */
     EXPECT_ERROR(IN("\"shape\":[1000000,1000000],\"datatype\":\"FP64\",\"data\":[1]"),
                  "input 'INPUT0': shape [1000000,1000000] has 1000000000000 elements but the request body has only");
-    EXPECT_ERROR(IN("\"datatype\":\"BYTES\",\"data\":[],\"shape\":[4611686018427387904]"), "elements but the request body has only");
+    EXPECT_ERROR(IN("\"datatype\":\"BYTES\",\"data\":[],\"shape\":[576460752303423488]"),
+                 "elements but the request body has only");
+    /* ... and so are shapes that no array could have, even when a zero dimension leaves them empty. */
+    EXPECT_ERROR(IN("\"shape\":[0,4611686018427387904],\"datatype\":\"FP32\",\"data\":[]"),
+                 "input 'INPUT0': shape [0,4611686018427387904] has too many elements");
+    EXPECT_BYTES("FP32", "[0,1099511627776]", "[]", "", 0);
     EXPECT_ERROR(IN("\"shape\":[9223372036854775807,2],\"datatype\":\"INT8\",\"data\":[1]"), "has too many elements");
 
     /* Numbers. */
