@@ -718,9 +718,9 @@ void oi_http_respond(oi_http_request_t *req, int status, const char *headers, co
 /* ---- accepting ---------------------------------------------------------------------------- */
 
 /* The connection of this loop (of `peer` only, unless NULL) that has waited longest for a
- * request, with nothing in flight, or NULL. Only this loop's connections may be touched from its thread, so a full
- * table evicts from the accepting loop (the loops share one accept queue, so each holds a
- * fair share of the connections). */
+ * request, with nothing in flight, or NULL. Only this loop's connections may be touched from
+ * its thread, so a full table evicts from the accepting loop (the loops share one accept
+ * queue, so each holds a fair share of the connections). */
 static oi_http_conn_t *oldest_idle(listener_t *lis, oi_http_conn_t *except, const oi_peer_addr_t *peer)
 {
     oi_http_conn_t *best = NULL;
@@ -987,16 +987,18 @@ static void abandon_loop(void *arg)
     abandon_arg_t *a = arg;
     for (oi_http_conn_t *c = a->lis->conns, *next; c != NULL; c = next) {
         next = c->next; /* closing unlinks c */
-        if (!c->busy || c->abandoned) {
-            conn_close(c);
-            continue;
-        }
-        /* The request stays counted (and the connection alive) until the handler answers;
-         * the client gets its answer now. */
         stop_reading(c);
         c->keep_alive = 0;
-        conn_reject(c, a->status, a->message);
-        c->abandoned = 1;
+        if (c->busy && !c->abandoned) {
+            /* The request stays counted (and the connection alive) until the handler
+             * answers; the client gets its answer now. */
+            conn_reject(c, a->status, a->message);
+            c->abandoned = 1;
+        } else if (c->writes > 0) {
+            c->close_after_write = 1; /* an answer is on its way out: let it finish */
+        } else {
+            conn_close(c);
+        }
     }
 }
 
