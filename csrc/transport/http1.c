@@ -735,10 +735,8 @@ static oi_http_conn_t *oldest_idle(listener_t *lis, oi_http_conn_t *except, cons
 /* Counts the new connection against its address's limit: 0, or -1 to refuse it. */
 static int admit_peer(oi_http_conn_t *c)
 {
-    struct sockaddr_storage ss;
-    int len = sizeof(ss);
-    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) != 0 ||
-        oi_peer_addr_of((struct sockaddr *)&ss, &c->peer) != 0)
+    int fd = -1;
+    if (uv_fileno((const uv_handle_t *)&c->tcp, &fd) != 0 || oi_peer_addr_of(fd, &c->peer) != 0)
         return 0; /* no IP peer to count */
     c->peer_counted = 1;
     if (oi_peers_acquire(&c->lis->server->peers, &c->peer) == 0)

@@ -29,9 +29,14 @@ void oi_peers_destroy(oi_peers_t *p)
     pthread_mutex_destroy(&p->mu);
 }
 
-int oi_peer_addr_of(const struct sockaddr *sa, oi_peer_addr_t *out)
+int oi_peer_addr_of(int fd, oi_peer_addr_t *out)
 {
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof(ss);
+    const struct sockaddr *sa = (const struct sockaddr *)&ss;
     memset(out, 0, sizeof(*out));
+    if (getpeername(fd, (struct sockaddr *)&ss, &len) != 0)
+        return -1;
     if (sa->sa_family == AF_INET) {
         out->bytes[10] = out->bytes[11] = 0xff;
         memcpy(out->bytes + 12, &((const struct sockaddr_in *)sa)->sin_addr, 4);

@@ -28,7 +28,7 @@ void oi_peers_destroy(oi_peers_t *p);
 
 /* Reads the peer address of a connected socket into `out`. 0, or -1 when the socket has no
  * IP peer (then the connection is not counted). */
-int oi_peer_addr_of(const struct sockaddr *sa, oi_peer_addr_t *out);
+int oi_peer_addr_of(int fd, oi_peer_addr_t *out);
 
 /* Counts one more connection from `a`: 0, or -1 when the address already holds `limit`
  * connections (then nothing is counted) or the table is out of memory. Each 0 must be matched
