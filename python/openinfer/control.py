@@ -192,9 +192,7 @@ class ModelControl:
             try:
                 override = parse_json_config(config)
             except ConfigError as e:
-                raise InferenceServerError(
-                    400, f"failed to load '{name}': Invalid config override: {e}"
-                ) from None
+                raise InferenceServerError(400, f"failed to load '{name}': Invalid {e}") from None
         if files and override is None:
             raise InferenceServerError(
                 400, "Load parameter 'config' must be specified for model file override"
@@ -337,7 +335,9 @@ class ModelControl:
                 shutil.rmtree(temp.parent, ignore_errors=True)
             return [e for e, _ in built]  # the handles go with `built`: never served
         add = [handle for _, handle in built]
-        registered = {_version(e): _Version(e.error is None, temp) for e, _ in built}
+        registered = {
+            _version(e): _Version(e.error is None, temp if e.error is None else None) for e, _ in built
+        }
         remove = [(name, v) for v in previous if v not in registered]
         states: dict[int | None, tuple[str, str]] = {}
         for v in remove:
@@ -354,7 +354,7 @@ class ModelControl:
             self._registered[name] = registered
             self._states[name] = states
             self._loaded[name] = [e for e, _ in built]
-        self._drop_unused_temps(previous.values())
+        self._drop_unused_temps([*previous.values(), _Version(False, temp)])
         return [e for e, _ in built]
 
     def _build(self, entry: LoadedModel, versions: list[str]) -> Any:
@@ -494,6 +494,9 @@ class ModelControl:
                 if self._registered[name]:
                     logger.info("model %s left the repository: unloading", name)
                     self._unload(name)
+                with self._lock:  # no longer in the repository: no longer in the index
+                    self._states.pop(name, None)
+                    self._registered.pop(name, None)
 
 
 # ---- request parameters ---------------------------------------------------------------------
