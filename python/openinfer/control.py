@@ -83,9 +83,12 @@ class ModelControl:
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"model_control_mode must be one of {', '.join(MODES)}, got {mode!r}")
-        load = list(load_models)
+        load = [load_models] if isinstance(load_models, str) else list(load_models)
         if load and mode != "explicit":
-            raise ValueError("load_models is only valid with model_control_mode='explicit'")
+            raise ValueError(
+                "load_models (--load-model) needs model_control_mode 'explicit' "
+                "(--model-control-mode explicit)"
+            )
         if poll_secs <= 0:
             raise ValueError(f"repository_poll_secs must be > 0, got {poll_secs}")
         self._core = core
