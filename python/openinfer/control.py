@@ -227,16 +227,21 @@ class ModelControl:
             )
             self._poller.start()
 
-    def close(self) -> None:
-        """Stops polling, waits for a load or unload under way, removes every temporary
+    def close(self, timeout: float) -> None:
+        """Stops polling, waits up to `timeout` seconds for a load or unload under way (one
+        still going then fails once the core has stopped), and removes every temporary
         directory. The core is stopped after this, with what is registered."""
         self._closed.set()
         if self._poller is not None and self._poller is not threading.current_thread():
-            self._poller.join()
-        with self._ops:
+            self._poller.join(timeout)
+        acquired = self._ops.acquire(timeout=max(timeout, 0.0))
+        try:
             if self._temp_root is not None:
                 shutil.rmtree(self._temp_root, ignore_errors=True)
                 self._temp_root = None
+        finally:
+            if acquired:
+                self._ops.release()
 
     # ---- loading ---------------------------------------------------------------------------
 
@@ -262,7 +267,7 @@ class ModelControl:
     ) -> None:
         """Finds, builds and publishes model `name`. At start-up failures stay in the tables
         (the server starts with the model not ready); later they also raise."""
-        model_dir = self._repo / name if self._repo is not None else None
+        model_dir = self._repo / name if self._repo is not None and not name.startswith(".") else None
         with self._lock:
             before = dict(self._states.get(name, {}))
         temp: Path | None = None
@@ -283,7 +288,7 @@ class ModelControl:
             entries = scan_model(model_dir, name=name, config=override, allow_python=False)
         elif name in self._given:
             entries = [LoadedModel(name, m.version, m, None) for m in self._given[name]]
-        else:
+        else:  # hidden directories are no models, as in the index
             where = f" in {self._repo}" if self._repo is not None else ""
             raise InferenceServerError(
                 404,

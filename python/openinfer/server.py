@@ -173,7 +173,7 @@ class Server:
         answered with 503 (gRPC UNAVAILABLE) and this returns, even while a model still
         runs (it finishes in the background and its answer is dropped). Idempotent."""
         try:
-            self._control.close()
+            self._control.close(timeout)
             self._core.stop(timeout)
         finally:  # wait() must return even if stopping failed
             if self._started and not self._stopped.is_set() and self._log:
