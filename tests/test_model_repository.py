@@ -371,6 +371,85 @@ def test_a_request_admitted_before_a_reload_finishes_on_the_old_version(explicit
     assert value_of(http) == 99
 
 
+# A model whose import waits for a file the test creates: a load that takes as long as the
+# test wants, without timing anything.
+GATED_MODEL = textwrap.dedent(
+    """
+    import time
+    from pathlib import Path
+
+    import numpy as np
+
+    from openinfer import Tensor
+
+    INPUTS = [Tensor("INPUT0", "INT32", [1])]
+    OUTPUTS = [Tensor("OUTPUT0", "INT32", [1])]
+    gate = Path(__file__).parents[1] / "go"
+    for _ in range(3000):  # at most 30 s
+        if gate.exists():
+            break
+        time.sleep(0.01)
+
+
+    def infer(inputs):
+        return {"OUTPUT0": inputs["INPUT0"]}
+    """
+)
+
+
+def test_a_slow_load_blocks_no_request_and_shows_loading(explicit: openinfer.Server, repo: Path) -> None:
+    http, grpc = clients(explicit)
+    (repo / "gated" / "1").mkdir(parents=True)
+    (repo / "gated" / "1" / "model.py").write_text(GATED_MODEL)
+    errors: list[Exception] = []
+
+    def load() -> None:
+        try:
+            thttp.InferenceServerClient(explicit.url.removeprefix("http://")).load_model("gated")
+        except Exception as e:
+            errors.append(e)
+
+    t = threading.Thread(target=load)
+    t.start()
+    try:
+        loading = {"name": "gated", "version": "1", "state": "LOADING"}
+        wait_for(lambda: loading in http.get_model_repository_index(), "the LOADING state")
+        # While it loads, the server answers everything else, on both protocols.
+        assert loading in grpc_index(grpc)
+        assert value_of(http) == 10
+        assert http.is_server_live() and grpc.is_model_ready("value")
+        assert not http.is_model_ready("gated")
+    finally:
+        (repo / "gated" / "go").write_text("")
+        t.join(timeout=60)
+    assert errors == []
+    assert {"name": "gated", "version": "1", "state": "READY"} in http.get_model_repository_index()
+
+
+def test_unload_drains_requests_in_flight_and_shows_unloading(explicit: openinfer.Server, repo: Path) -> None:
+    http, grpc = clients(explicit)
+    url = explicit.url.removeprefix("http://")
+    slow: list[int] = []
+    request = threading.Thread(
+        target=lambda: slow.append(value_of(thttp.InferenceServerClient(url), delay_ms=2000))
+    )
+    request.start()
+    wait_for(lambda: (repo / "value" / "running").exists(), "the slow request to run")
+    unload = threading.Thread(target=lambda: grpc.unload_model("value"))
+    unload.start()
+    unloading = {"name": "value", "version": "1", "state": "UNLOADING"}
+    wait_for(lambda: unloading in http.get_model_repository_index(), "the UNLOADING state")
+    # New requests no longer reach the version that is going.
+    with pytest.raises(InferenceServerException):
+        value_of(http)
+    request.join(timeout=30)
+    unload.join(timeout=30)
+    assert slow == [10]  # the request admitted before the unload was answered
+    assert http.get_model_repository_index()[-1] == {
+        "name": "value", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"
+    }
+
+
 # ---- control modes ------------------------------------------------------------------------
 
 
