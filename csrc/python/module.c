@@ -429,8 +429,8 @@ static int repo_entries(oi_repo_call_t *call, PyObject *result)
     for (Py_ssize_t i = 0; rc == 0 && i < PySequence_Fast_GET_SIZE(fast); i++) {
         PyObject *n, *v, *st, *why;
         const char *f[4];
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "OOOO", &n, &v, &st, &why) ||
-            entry_field(n, &f[0]) || entry_field(v, &f[1]) || entry_field(st, &f[2]) || entry_field(why, &f[3]))
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "OOOO", &n, &v, &st, &why) || entry_field(n, &f[0]) ||
+            entry_field(v, &f[1]) || entry_field(st, &f[2]) || entry_field(why, &f[3]))
             rc = -1;
         else if (oi_repo_call_add_entry(call, f[0], f[1], f[2], f[3]) != 0) {
             PyErr_NoMemory();
@@ -446,8 +446,8 @@ static void repo_call(void *ctx, oi_repo_call_t *call)
 {
     PyGILState_STATE g = PyGILState_Ensure();
     PyObject *handler = ctx;
-    PyObject *body = call->body ? PyBytes_FromStringAndSize(call->body->data, (Py_ssize_t)call->body->len)
-                                : Py_NewRef(Py_None);
+    PyObject *body =
+        call->body ? PyBytes_FromStringAndSize(call->body->data, (Py_ssize_t)call->body->len) : Py_NewRef(Py_None);
     PyObject *params = repo_params(call);
     PyObject *result = NULL;
     if (body != NULL && params != NULL)
@@ -502,8 +502,8 @@ static PyObject *Server_set_repository(ServerObject *self, PyObject *handler)
 
 static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"name",  "version", "inputs", "outputs",          "max_batch_size", "metadata_json",
-                             "handler", "instances", "error", "torch", "dynamic_batching", "publish",
+    static char *kwlist[] = {"name",    "version",   "inputs", "outputs", "max_batch_size",   "metadata_json",
+                             "handler", "instances", "error",  "torch",   "dynamic_batching", "publish",
                              NULL};
     const char *name, *error = NULL;
     long long version;
@@ -769,8 +769,8 @@ static struct PyModuleDef core_module = {
 PyMODINIT_FUNC PyInit__core(void)
 {
     import_array();
-    if (PyType_Ready(&ServerType) < 0 || PyType_Ready(&ModelVersionType) < 0 || PyType_Ready(&oi_py_conn_type) < 0 || PyType_Ready(&oi_py_grpc_conn_type) < 0 ||
-        PyType_Ready(&oi_py_grpc_stream_type) < 0)
+    if (PyType_Ready(&ServerType) < 0 || PyType_Ready(&ModelVersionType) < 0 || PyType_Ready(&oi_py_conn_type) < 0 ||
+        PyType_Ready(&oi_py_grpc_conn_type) < 0 || PyType_Ready(&oi_py_grpc_stream_type) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&core_module);
     if (m == NULL)

@@ -495,8 +495,7 @@ static void finish_repo(oi_repo_call_t *rc)
 
 /* Copies a load or unload request's parameters into the call, values as the client typed them
  * (the repository handler judges them). */
-static int repo_params(oi_repo_call_t *rc, Inference__RepositoryModelLoadRequest__ParametersEntry **entries,
-                       size_t n)
+static int repo_params(oi_repo_call_t *rc, Inference__RepositoryModelLoadRequest__ParametersEntry **entries, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         const Inference__ModelRepositoryParameter *v = entries[i]->value;
@@ -547,15 +546,15 @@ static void repo_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg)
     } else {
         /* RepositoryModelUnloadRequest has the same fields and numbers as the load request. */
         if ((lq = inference__repository_model_load_request__unpack(NULL, msg->len, data)) == NULL) {
-            oi_grpc_finish(call, OI_GRPC_INVALID_ARGUMENT, call->kind == RPC_REPO_LOAD
-                                                               ? "malformed RepositoryModelLoadRequest"
-                                                               : "malformed RepositoryModelUnloadRequest");
+            oi_grpc_finish(call, OI_GRPC_INVALID_ARGUMENT,
+                           call->kind == RPC_REPO_LOAD ? "malformed RepositoryModelLoadRequest"
+                                                       : "malformed RepositoryModelUnloadRequest");
             return;
         }
         repository = lq->repository_name;
         rc = oi_repo_call_new(call->kind == RPC_REPO_LOAD ? OI_REPO_LOAD : OI_REPO_UNLOAD);
-        if (rc != NULL && ((rc->model = strdup(lq->model_name)) == NULL ||
-                           repo_params(rc, lq->parameters, lq->n_parameters) != 0)) {
+        if (rc != NULL &&
+            ((rc->model = strdup(lq->model_name)) == NULL || repo_params(rc, lq->parameters, lq->n_parameters) != 0)) {
             oi_repo_call_free(rc);
             rc = NULL;
         }
@@ -791,9 +790,7 @@ static void on_message(void *ctx, oi_grpc_call_t *call, oi_buf_t *msg)
         break;
     case RPC_REPO_INDEX:
     case RPC_REPO_LOAD:
-    case RPC_REPO_UNLOAD:
-        repo_rpc(s, call, msg);
-        break;
+    case RPC_REPO_UNLOAD: repo_rpc(s, call, msg); break;
     default:
         break;
     }

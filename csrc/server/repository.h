@@ -48,10 +48,10 @@ typedef void (*oi_repo_done_cb)(oi_repo_call_t *call);
  * oi_repo_submit and its `done` callback, while the control thread has it. */
 struct oi_repo_call_s {
     oi_repo_op_t op;
-    char *model;       /* load and unload: the model's name (owned) */
-    int ready;         /* index: only ready versions (gRPC; over HTTP the body says) */
-    oi_buf_t *body;    /* HTTP: the JSON request body as sent (a reference), NULL when empty */
-    int grpc;          /* params below came from gRPC (over HTTP the body holds them) */
+    char *model;    /* load and unload: the model's name (owned) */
+    int ready;      /* index: only ready versions (gRPC; over HTTP the body says) */
+    oi_buf_t *body; /* HTTP: the JSON request body as sent (a reference), NULL when empty */
+    int grpc;       /* params below came from gRPC (over HTTP the body holds them) */
     oi_repo_param_t *params;
     size_t n_params;
     /* The handler's outcome. */

@@ -83,8 +83,7 @@ void oi_server_set_repository(oi_server_t *s, oi_repo_handler_fn fn, void *ctx, 
 }
 
 int oi_server_swap_models(oi_server_t *s, oi_model_t **add, size_t n_add, const char *const *remove_names,
-                          const int64_t *remove_versions, size_t n_remove, oi_model_t ***retired,
-                          size_t *n_retired)
+                          const int64_t *remove_versions, size_t n_remove, oi_model_t ***retired, size_t *n_retired)
 {
     return oi_registry_swap(&s->registry, add, n_add, remove_names, remove_versions, n_remove, retired, n_retired);
 }

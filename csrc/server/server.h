@@ -41,8 +41,7 @@ void oi_server_set_repository(oi_server_t *s, oi_repo_handler_fn fn, void *ctx, 
  * that left come back in *retired for the caller to end with oi_model_retire, which waits for
  * their requests in flight. Returns 0, or -1 when out of memory (nothing changed). */
 int oi_server_swap_models(oi_server_t *s, oi_model_t **add, size_t n_add, const char *const *remove_names,
-                          const int64_t *remove_versions, size_t n_remove, oi_model_t ***retired,
-                          size_t *n_retired);
+                          const int64_t *remove_versions, size_t n_remove, oi_model_t ***retired, size_t *n_retired);
 
 /* Listens and starts the loops. 0, or an error with a message in `err`. */
 int oi_server_start(oi_server_t *s, char *err, size_t errlen);
