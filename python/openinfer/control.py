@@ -488,6 +488,9 @@ class ModelControl:
         with self._ops:
             if self._closed.is_set():
                 return
+            if self._repo is None or not self._repo.is_dir():  # keep serving; say why
+                logger.warning("model repository %s cannot be read; not polled", self._repo)
+                return
             present = set(self._repository_names())
             for name in sorted(present):
                 fingerprint = _fingerprint(self._repo / name)  # type: ignore[operator]
