@@ -275,17 +275,19 @@ class ModelControl:
             temp = self._write_files(name, files)
             model_dir = temp
         fingerprint = None
+
+        def loading(versions: list[int]) -> None:
+            self._set_states(name, {v: ("LOADING", "") for v in versions}, keep=True)
+
         if files is None and model_dir is not None and model_dir.is_dir():
             fingerprint = _fingerprint(model_dir)
-
-            def loading(versions: list[int]) -> None:
-                self._set_states(name, {v: ("LOADING", "") for v in versions}, keep=True)
-
             entries = scan_model(model_dir, name=name, config=override, loading=loading)
             if self._optional_torch:
                 entries = [e for e in entries if e.error is None or not e.error.startswith(_NO_TORCH)]
         elif files is not None and model_dir is not None:
-            entries = scan_model(model_dir, name=name, config=override, allow_python=False)
+            entries = scan_model(
+                model_dir, name=name, config=override, allow_python=False, loading=loading
+            )
         elif name in self._given:
             entries = [LoadedModel(name, m.version, m, None) for m in self._given[name]]
         else:  # hidden directories are no models, as in the index
@@ -303,7 +305,7 @@ class ModelControl:
                 if m.version not in versions
             ]
         try:
-            entries = self._publish(name, entries, temp, before)
+            entries = self._publish(name, entries, temp, before, startup)
         except BaseException:
             if temp is not None:
                 shutil.rmtree(temp.parent, ignore_errors=True)
@@ -320,6 +322,7 @@ class ModelControl:
         entries: list[LoadedModel],
         temp: Path | None,
         before: dict[int | None, tuple[str, str]],
+        startup: bool,
     ) -> list[LoadedModel]:
         """Builds every version of `entries` in the core, then swaps them in for the versions
         now registered under `name` in one step. When a version fails while the model has
@@ -330,7 +333,13 @@ class ModelControl:
         metadata_versions = [str(v) for v in numbers]
         built: list[tuple[LoadedModel, Any]] = []
         for entry in entries:
-            handle = self._build(entry, metadata_versions)
+            try:
+                handle = self._build(entry, metadata_versions)
+            except (TypeError, ValueError) as e:  # a declaration the core refuses
+                if startup:
+                    raise
+                entry = LoadedModel(entry.name, entry.version, None, str(e), entry.config)
+                handle = self._build(entry, metadata_versions)
             if handle.error is not None and entry.error is None:
                 entry = LoadedModel(entry.name, entry.version, None, handle.error, entry.config)
             built.append((entry, handle))
