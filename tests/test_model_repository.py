@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 import stat
 import textwrap
 import threading
@@ -523,10 +524,12 @@ def test_poll_mode_follows_new_versions_changes_and_removals(repo: Path) -> None
         # A new model loads; a removed one unloads.
         write_value_model(repo, "newcomer", 5)
         wait_for(lambda: http.is_model_ready("newcomer"), "the new model")
-        import shutil
-
         shutil.rmtree(repo / "value")
-        wait_for(lambda: not http.is_model_ready("value"), "the removed model to unload")
+        wait_for(
+            lambda: all(m["name"] != "value" for m in http.get_model_repository_index()),
+            "the removed model to leave the index",
+        )
+        assert not http.is_model_ready("value")
         index = http.get_model_repository_index()
         assert {"name": "newcomer", "version": "1", "state": "READY"} in index
         assert all(m["name"] != "value" for m in index)
