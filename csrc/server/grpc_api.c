@@ -30,6 +30,9 @@ enum {
     RPC_CUDA_SHM_STATUS,
     RPC_CUDA_SHM_REGISTER,
     RPC_CUDA_SHM_UNREGISTER,
+    RPC_REPO_INDEX,
+    RPC_REPO_LOAD,
+    RPC_REPO_UNLOAD,
 };
 
 static const struct {
@@ -49,6 +52,9 @@ static const struct {
     {"CudaSharedMemoryStatus", RPC_CUDA_SHM_STATUS},
     {"CudaSharedMemoryRegister", RPC_CUDA_SHM_REGISTER},
     {"CudaSharedMemoryUnregister", RPC_CUDA_SHM_UNREGISTER},
+    {"RepositoryIndex", RPC_REPO_INDEX},
+    {"RepositoryModelLoad", RPC_REPO_LOAD},
+    {"RepositoryModelUnload", RPC_REPO_UNLOAD},
 };
 
 /* ---- answering ---------------------------------------------------------------------------- */
@@ -432,6 +438,151 @@ static void shm_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg)
     }
 }
 
+/* ---- model repository ------------------------------------------------------------------- */
+
+static void repo_index_reply(oi_grpc_call_t *call, const oi_repo_call_t *rc)
+{
+    Inference__RepositoryIndexResponse r = INFERENCE__REPOSITORY_INDEX_RESPONSE__INIT;
+    Inference__RepositoryIndexResponse__ModelIndex *items = calloc(rc->n_entries + 1, sizeof(*items));
+    Inference__RepositoryIndexResponse__ModelIndex **ptrs = calloc(rc->n_entries + 1, sizeof(*ptrs));
+    if (items == NULL || ptrs == NULL) {
+        oi_grpc_finish(call, OI_GRPC_INTERNAL, "out of memory");
+    } else {
+        for (size_t i = 0; i < rc->n_entries; i++) {
+            const oi_repo_entry_t *e = &rc->entries[i];
+            inference__repository_index_response__model_index__init(&items[i]);
+            items[i].name = e->name;
+            if (e->version)
+                items[i].version = e->version;
+            if (e->state)
+                items[i].state = e->state;
+            if (e->reason)
+                items[i].reason = e->reason;
+            ptrs[i] = &items[i];
+        }
+        r.n_models = rc->n_entries;
+        r.models = ptrs;
+        reply(call, &r.base);
+    }
+    free(items);
+    free(ptrs);
+}
+
+/* On the call's loop thread, with the handler's outcome. */
+static void finish_repo(oi_repo_call_t *rc)
+{
+    oi_grpc_call_t *call = rc->ctx;
+    oi_server_t *s = call->data;
+    if (oi_grpc_call_open(call)) {
+        if (rc->status != NULL) {
+            oi_status_t *st = rc->status;
+            rc->status = NULL;
+            finish_status(call, st);
+        } else if (rc->op == OI_REPO_INDEX) {
+            repo_index_reply(call, rc);
+        } else if (rc->op == OI_REPO_LOAD) {
+            Inference__RepositoryModelLoadResponse r = INFERENCE__REPOSITORY_MODEL_LOAD_RESPONSE__INIT;
+            reply(call, &r.base);
+        } else {
+            Inference__RepositoryModelUnloadResponse r = INFERENCE__REPOSITORY_MODEL_UNLOAD_RESPONSE__INIT;
+            reply(call, &r.base);
+        }
+    }
+    oi_repo_call_free(rc);
+    oi_grpc_call_unref(call);
+    atomic_fetch_sub(&s->grpc_inflight, 1);
+}
+
+/* Copies a load or unload request's parameters into the call, values as the client typed them
+ * (the repository handler judges them). */
+static int repo_params(oi_repo_call_t *rc, Inference__RepositoryModelLoadRequest__ParametersEntry **entries, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const Inference__ModelRepositoryParameter *v = entries[i]->value;
+        int rc_ = 0;
+        switch (v ? v->parameter_choice_case : INFERENCE__MODEL_REPOSITORY_PARAMETER__PARAMETER_CHOICE__NOT_SET) {
+        case INFERENCE__MODEL_REPOSITORY_PARAMETER__PARAMETER_CHOICE_BOOL_PARAM:
+            rc_ = oi_repo_call_add_param(rc, entries[i]->key, OI_REPO_PARAM_BOOL, v->bool_param != 0, NULL, 0);
+            break;
+        case INFERENCE__MODEL_REPOSITORY_PARAMETER__PARAMETER_CHOICE_INT64_PARAM:
+            rc_ = oi_repo_call_add_param(rc, entries[i]->key, OI_REPO_PARAM_INT, v->int64_param, NULL, 0);
+            break;
+        case INFERENCE__MODEL_REPOSITORY_PARAMETER__PARAMETER_CHOICE_STRING_PARAM:
+            rc_ = oi_repo_call_add_param(rc, entries[i]->key, OI_REPO_PARAM_STRING, 0, v->string_param,
+                                         strlen(v->string_param));
+            break;
+        case INFERENCE__MODEL_REPOSITORY_PARAMETER__PARAMETER_CHOICE_BYTES_PARAM:
+            rc_ = oi_repo_call_add_param(rc, entries[i]->key, OI_REPO_PARAM_BYTES, 0, v->bytes_param.data,
+                                         v->bytes_param.len);
+            break;
+        default: /* no value set: an empty string is what proto3 would read */
+            rc_ = oi_repo_call_add_param(rc, entries[i]->key, OI_REPO_PARAM_STRING, 0, "", 0);
+            break;
+        }
+        if (rc_ != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* RepositoryIndex, RepositoryModelLoad and RepositoryModelUnload: decoded here, run by the
+ * repository handler on a control thread, answered in finish_repo. */
+static void repo_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg)
+{
+    const uint8_t *data = (const uint8_t *)msg->data;
+    oi_repo_call_t *rc = NULL;
+    const char *repository = NULL;
+    oi_status_t *st = NULL;
+    Inference__RepositoryIndexRequest *iq = NULL;
+    Inference__RepositoryModelLoadRequest *lq = NULL;
+    if (call->kind == RPC_REPO_INDEX) {
+        if ((iq = inference__repository_index_request__unpack(NULL, msg->len, data)) == NULL) {
+            oi_grpc_finish(call, OI_GRPC_INVALID_ARGUMENT, "malformed RepositoryIndexRequest");
+            return;
+        }
+        repository = iq->repository_name;
+        if ((rc = oi_repo_call_new(OI_REPO_INDEX)) != NULL)
+            rc->ready = iq->ready != 0;
+    } else {
+        /* RepositoryModelUnloadRequest has the same fields and numbers as the load request. */
+        if ((lq = inference__repository_model_load_request__unpack(NULL, msg->len, data)) == NULL) {
+            oi_grpc_finish(call, OI_GRPC_INVALID_ARGUMENT,
+                           call->kind == RPC_REPO_LOAD ? "malformed RepositoryModelLoadRequest"
+                                                       : "malformed RepositoryModelUnloadRequest");
+            return;
+        }
+        repository = lq->repository_name;
+        rc = oi_repo_call_new(call->kind == RPC_REPO_LOAD ? OI_REPO_LOAD : OI_REPO_UNLOAD);
+        if (rc != NULL &&
+            ((rc->model = strdup(lq->model_name)) == NULL || repo_params(rc, lq->parameters, lq->n_parameters) != 0)) {
+            oi_repo_call_free(rc);
+            rc = NULL;
+        }
+    }
+    if (rc == NULL)
+        st = oi_status_new(OI_INTERNAL, "out of memory");
+    else if (repository[0] != '\0')
+        st = oi_status_new(OI_UNIMPLEMENTED, "'repository_name' specification is not supported");
+    if (iq)
+        inference__repository_index_request__free_unpacked(iq, NULL);
+    if (lq)
+        inference__repository_model_load_request__free_unpacked(lq, NULL);
+    if (st == NULL) {
+        rc->grpc = 1;
+        oi_grpc_call_ref(call);
+        atomic_fetch_add(&s->grpc_inflight, 1);
+        st = oi__repo_submit(s, rc, call->loop, finish_repo, call);
+        if (st != NULL) {
+            atomic_fetch_sub(&s->grpc_inflight, 1);
+            oi_grpc_call_unref(call);
+        }
+    }
+    if (st != NULL) {
+        oi_repo_call_free(rc);
+        finish_status(call, st);
+    }
+}
+
 /* ---- inference ---------------------------------------------------------------------------- */
 
 /* A streamed request failed: one ModelStreamInferResponse with error_message, and the
@@ -637,6 +788,9 @@ static void on_message(void *ctx, oi_grpc_call_t *call, oi_buf_t *msg)
     case RPC_CUDA_SHM_UNREGISTER:
         shm_rpc(s, call, msg);
         break;
+    case RPC_REPO_INDEX:
+    case RPC_REPO_LOAD:
+    case RPC_REPO_UNLOAD: repo_rpc(s, call, msg); break;
     default:
         break;
     }

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static int copy_specs(oi_io_spec_t **dst, const oi_io_spec_t *src, uint32_t n)
 {
@@ -85,6 +86,68 @@ int oi_registry_add(oi_registry_t *r, oi_model_t *m)
     r->models = m;
     pthread_rwlock_unlock(&r->lock);
     return 0;
+}
+
+/* Takes `m` out of the list if it is there (the caller holds the write lock); returns it. */
+static oi_model_t *unlink_model(oi_registry_t *r, const char *name, int64_t version)
+{
+    for (oi_model_t **p = &r->models; *p; p = &(*p)->next)
+        if ((*p)->version == version && strcmp((*p)->name, name) == 0) {
+            oi_model_t *m = *p;
+            *p = m->next;
+            m->next = NULL;
+            return m;
+        }
+    return NULL;
+}
+
+int oi_registry_swap(oi_registry_t *r, oi_model_t **add, size_t n_add, const char *const *remove_names,
+                     const int64_t *remove_versions, size_t n_remove, oi_model_t ***retired, size_t *n_retired)
+{
+    /* At most one entry leaves per added or removed one: allocated before anything moves. */
+    oi_model_t **out = calloc(n_add + n_remove + 1, sizeof(*out));
+    if (out == NULL)
+        return -1;
+    size_t n = 0;
+    pthread_rwlock_wrlock(&r->lock);
+    for (size_t i = 0; i < n_remove; i++) {
+        oi_model_t *m = unlink_model(r, remove_names[i], remove_versions[i]);
+        if (m != NULL)
+            out[n++] = m;
+    }
+    for (size_t i = 0; i < n_add; i++) {
+        oi_model_t *m = unlink_model(r, add[i]->name, add[i]->version);
+        if (m != NULL)
+            out[n++] = m;
+        add[i]->next = r->models;
+        r->models = add[i];
+    }
+    pthread_rwlock_unlock(&r->lock);
+    if (n == 0) {
+        free(out);
+        out = NULL;
+    }
+    *retired = out;
+    *n_retired = n;
+    return 0;
+}
+
+void oi_model_retire(oi_model_t *m)
+{
+    if (m == NULL)
+        return;
+    /* Each request admitted to this version holds a reference until its answer is written;
+     * none can be added now that no registry lists it. Unloads are rare: polling is enough. */
+    while (atomic_load(&m->refs) > 1) {
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    oi_scheduler_free(m->sched);
+    m->sched = NULL;
+    if (m->backend && m->backend->release)
+        m->backend->release(m->state);
+    m->backend = NULL;
+    oi_model_unref(m);
 }
 
 /* Parses a URL version: decimal digits only. */

@@ -1,6 +1,6 @@
 /* Served models by name and numeric version, each with its I/O declaration, metadata and
- * scheduler. Read by every loop thread; written at start-up (a read-write lock keeps later
- * loading safe). */
+ * scheduler. Read by every loop thread; written at start-up and by model loads and unloads,
+ * which swap entries under a read-write lock while requests go on. */
 #ifndef OI_SERVER_REGISTRY_H
 #define OI_SERVER_REGISTRY_H
 
@@ -60,6 +60,22 @@ oi_model_t *oi_registry_find(oi_registry_t *r, const char *name, const char *ver
 /* 1 when every model's default version is ready (and there is at least one model or none
  * failed), else 0. */
 int oi_registry_all_ready(oi_registry_t *r);
+
+/* Swaps entries in one step, as a load or unload does: each of `add` (the caller's
+ * references, taken) replaces the entry of its name and version if there is one, and every
+ * entry named in `remove` (name and version) leaves. The entries that left are returned in
+ * *retired (a new array, NULL when none; its length in *n_retired), each with the registry's
+ * reference, for the caller to pass to oi_model_retire. Returns 0, or -1 when out of memory
+ * (nothing changed, `add` still the caller's). */
+int oi_registry_swap(oi_registry_t *r, oi_model_t **add, size_t n_add, const char *const *remove_names,
+                     const int64_t *remove_versions, size_t n_remove, oi_model_t ***retired, size_t *n_retired);
+
+/* Ends a model version that no longer takes requests (out of the registry, or never in it):
+ * waits until the caller's reference is the last (every request admitted to it has been
+ * answered), then stops its executors, releases its backend and drops the reference. Blocks
+ * while requests finish: never call it on a loop thread, nor holding the GIL (executors may
+ * need it to finish). */
+void oi_model_retire(oi_model_t *m);
 
 /* Fails every model's queued jobs with 503 now, without waiting for the ones running (see
  * oi_scheduler_cancel_queued); the registry stays usable for oi_registry_destroy. */

@@ -73,6 +73,21 @@ int oi_server_set_metadata(oi_server_t *s, const char *json, size_t len)
 
 int oi_server_add_model(oi_server_t *s, oi_model_t *m) { return oi_registry_add(&s->registry, m); }
 
+void oi_server_set_repository(oi_server_t *s, oi_repo_handler_fn fn, void *ctx, void (*release)(void *ctx))
+{
+    if (s->repo_release)
+        s->repo_release(s->repo_ctx);
+    s->repo_fn = fn;
+    s->repo_ctx = ctx;
+    s->repo_release = release;
+}
+
+int oi_server_swap_models(oi_server_t *s, oi_model_t **add, size_t n_add, const char *const *remove_names,
+                          const int64_t *remove_versions, size_t n_remove, oi_model_t ***retired, size_t *n_retired)
+{
+    return oi_registry_swap(&s->registry, add, n_add, remove_names, remove_versions, n_remove, retired, n_retired);
+}
+
 int oi_server_start(oi_server_t *s, char *err, size_t errlen)
 {
     int rc = oi_http_server_start(s->http, err, errlen);
@@ -169,6 +184,10 @@ static void finish_stop(oi_server_t *s)
     /* Executors finish their current job; queued ones are failed with 503 and answered. */
     oi_registry_destroy(&s->registry);
     wait_inflight(s, now_ms() + 5000);
+    while (atomic_load(&s->repo_calls) > 0) { /* control threads still leaving oi_loop_post */
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
     /* gRPC connections close while the loops still run; the loops end with the HTTP server,
      * and only then may the gRPC server's memory go. */
     if (s->grpc)
@@ -176,6 +195,8 @@ static void finish_stop(oi_server_t *s)
     oi_http_server_free(s->http);
     oi_h2_server_free(s->grpc);
     oi_buf_unref(s->metadata);
+    if (s->repo_release) /* every call is answered: the loops are gone */
+        s->repo_release(s->repo_ctx);
     /* After the loops: no request holds a region now, so each is unmapped here. */
     oi_shm_destroy(&s->shm);
     free(s);

@@ -5,6 +5,7 @@
 
 #include <stdatomic.h>
 
+#include "server/repository.h"
 #include "server/server.h"
 #include "server/shm.h"
 
@@ -17,6 +18,12 @@ struct oi_server_s {
     atomic_int grpc_inflight; /* gRPC inferences submitted and not yet answered */
     oi_buf_t *metadata;
     oi_shm_t shm; /* registered shared-memory regions */
+    /* Model repository control: the application's handler, and the calls it is running
+     * (each also counts as a request in flight of its transport until answered). */
+    oi_repo_handler_fn repo_fn; /* NULL: the extension is not served */
+    void *repo_ctx;
+    void (*repo_release)(void *ctx);
+    atomic_int repo_calls;
 };
 
 /* The HTTP/1.1 handler: routes the V2 REST API (http_api.c). */
@@ -24,5 +31,10 @@ void oi__http_api_handle(void *server, oi_http_request_t *req);
 
 /* The gRPC service handler (grpc_api.c); its context is the server. */
 extern const oi_grpc_handler_t oi__grpc_api_handler;
+
+/* Runs a repository call on a control thread; `done` comes back on `loop`. Returns NULL when
+ * started, or a status (501 without a handler, 503 when too many are running) and then never
+ * calls `done`. */
+oi_status_t *oi__repo_submit(oi_server_t *s, oi_repo_call_t *call, oi_loop_t *loop, oi_repo_done_cb done, void *ctx);
 
 #endif
