@@ -32,6 +32,7 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
     if (s == NULL)
         return NULL;
     s->cfg = *cfg;
+    pthread_mutex_init(&s->health_mu, NULL);
     oi_registry_init(&s->registry);
     oi_shm_init(&s->shm, cfg->allow_shared_memory < 0 ? is_loopback(cfg->http.host) : cfg->allow_shared_memory != 0);
     s->http = oi_http_server_new(&s->cfg.http, oi__http_api_handle, s);
@@ -53,6 +54,7 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
         oi_h2_server_free(s->grpc);
         oi_registry_destroy(&s->registry);
         oi_shm_destroy(&s->shm);
+        pthread_mutex_destroy(&s->health_mu);
         free(s);
         return NULL;
     }
@@ -143,6 +145,7 @@ void oi_server_stop(oi_server_t *s, uint64_t timeout_ms)
     oi_http_server_stop_accepting(s->http);
     if (s->grpc)
         oi_h2_server_stop_accepting(s->grpc); /* GOAWAY: calls under way go on */
+    oi__health_stop(s); /* health watchers hear NOT_SERVING now, not when the loops end */
     wait_inflight(s, now_ms() + timeout_ms);
     if (inflight(s)) {
         /* Time is up. Queued requests fail with 503 through the usual path (their answers
@@ -178,5 +181,6 @@ static void finish_stop(oi_server_t *s)
     oi_buf_unref(s->metadata);
     /* After the loops: no request holds a region now, so each is unmapped here. */
     oi_shm_destroy(&s->shm);
+    pthread_mutex_destroy(&s->health_mu);
     free(s);
 }

@@ -31,6 +31,11 @@ int oi_server_set_metadata(oi_server_t *s, const char *json, size_t len);
  * already registered (the reference then stays the caller's). */
 int oi_server_add_model(oi_server_t *s, oi_model_t *m);
 
+/* Tells the grpc.health.v1 Watch calls that readiness may have changed (a model version was
+ * loaded, unloaded or failed): each gets the new status if it differs from what it last got.
+ * Safe from any thread, loop threads included; returns at once. */
+void oi_server_health_changed(oi_server_t *s);
+
 /* Listens and starts the loops. 0, or an error with a message in `err`. */
 int oi_server_start(oi_server_t *s, char *err, size_t errlen);
 

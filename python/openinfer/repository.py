@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import logging
 import os
 import re
 import sys
@@ -25,6 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from . import triton_config
 from .config import ConfigError, ModelConfig, VersionPolicy, load_config
 from .model import Model, Tensor
 from .torch_model import TorchLoadError, TorchModel, TorchUnavailable, load_torchscript
@@ -34,6 +36,7 @@ _PYTHON_BACKENDS = {"python"}
 _TORCH_BACKENDS = {"pytorch", "pytorch_libtorch"}
 _module_ids = itertools.count()
 _NO_TORCH = "torch unavailable: "
+logger = logging.getLogger("openinfer")
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,13 @@ def _scan_model(model_dir: Path) -> list[LoadedModel]:
                 raise ConfigError(
                     f"{config_path}: name {config.name!r} differs from the directory name {name!r}"
                 )
+            refused, warnings = triton_config.unsupported(
+                triton_config.normalize(config.raw, str(config_path)), str(config_path)
+            )
+            for warning in warnings:
+                logger.warning("model %s: %s", name, warning)
+            if refused:
+                raise ConfigError("; ".join(refused))
     except ConfigError as e:
         return [LoadedModel(name, None, None, str(e))]
     raw = config.raw if config else {}

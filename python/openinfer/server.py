@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from . import __version__, _core
+from . import __version__, _core, triton_config
 from .config import DynamicBatching
 from .model import Model, Tensor
 from .repository import LoadedModel, examples_path, scan
@@ -25,7 +25,7 @@ logger = logging.getLogger("openinfer")
 
 # What GET /v2 lists: exactly the protocol extensions this server implements. The
 # shared-memory ones are listed only where clients may register regions (see serve()).
-EXTENSIONS = ("binary_tensor_data",)
+EXTENSIONS = ("binary_tensor_data", "model_configuration")
 SHM_EXTENSIONS = ("system_shared_memory", "cuda_shared_memory")
 
 class _Default:
@@ -141,6 +141,7 @@ class Server:
                     instances=model.instances,
                     torch=model.spec,
                     dynamic_batching=_batching(model.max_batch_size, model.dynamic_batching),
+                    **_model_config(entry),
                 )
                 if error is not None:  # the module failed to load: unavailable, with the reason
                     self._entries[index] = LoadedModel(
@@ -163,6 +164,7 @@ class Server:
                     handler=model.handler,
                     instances=model.instances,
                     dynamic_batching=_batching(model.max_batch_size, model.dynamic_batching),
+                    **_model_config(entry),
                 )
             else:
                 platform = entry.config.get("platform") or entry.config.get("backend")
@@ -341,6 +343,18 @@ def _batching(
     if max_batch_size <= 0 or batching is None:
         return None
     return (batching.preferred_batch_size, batching.max_queue_delay_microseconds)
+
+
+def _model_config(entry: LoadedModel) -> dict[str, bytes]:
+    """add_model's config_json and config_pb: the version's configuration as Triton reports
+    it (config.pbtxt, or what was inferred without one, completed as Triton completes it)."""
+    model = entry.model
+    torch = isinstance(model, TorchModel)
+    gpus = sorted({int(d[5:]) for d in model.devices if d.startswith("cuda:")}) if torch else []
+    config = triton_config.normalize(entry.config) if entry.config else {}
+    full = triton_config.complete(entry.name, config, model, torch=torch, gpus=tuple(gpus))
+    rendered = json.dumps(triton_config.to_json(full), separators=(",", ":"), ensure_ascii=False)
+    return {"config_json": rendered.encode(), "config_pb": triton_config.to_protobuf(full)}
 
 
 def _specs(tensors: Sequence[Tensor]) -> list[tuple[str, str, tuple[int, ...] | None]]:
