@@ -235,8 +235,9 @@ static oi_buf_t *buf_copy(const Py_buffer *b)
 
 static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"name", "version", "inputs", "outputs", "max_batch_size", "metadata_json", "handler",
-                             "instances", "error", "torch", "dynamic_batching", "config_json", "config_pb", NULL};
+    static char *kwlist[] = {"name",      "version",   "inputs", "outputs", "max_batch_size",   "metadata_json",
+                             "handler",   "instances", "error",  "torch",   "dynamic_batching", "config_json",
+                             "config_pb", NULL};
     const char *name, *error = NULL;
     long long version;
     PyObject *inputs = NULL, *outputs = NULL, *handler = NULL, *torch = Py_None, *batching = Py_None;

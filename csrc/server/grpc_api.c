@@ -303,7 +303,8 @@ static void model_config(oi_grpc_call_t *call, oi_model_t *m)
             break;
     }
     head->len = (size_t)(p - (uint8_t *)head->data);
-    oi_iov_t parts[2] = {{head->data, head->len, head}, {m->config_pb->data, m->config_pb->len, oi_buf_ref(m->config_pb)}};
+    oi_iov_t parts[2] = {{head->data, head->len, head},
+                         {m->config_pb->data, m->config_pb->len, oi_buf_ref(m->config_pb)}};
     oi_grpc_send(call, parts, 2, head->len + m->config_pb->len);
     oi_grpc_finish(call, OI_GRPC_OK, NULL);
 }
@@ -622,9 +623,10 @@ static void on_call(void *ctx, oi_grpc_call_t *call)
         call->kind = strcmp(rpc, "Check") == 0 ? RPC_HEALTH_CHECK : strcmp(rpc, "Watch") == 0 ? RPC_HEALTH_WATCH : 0;
     } else if (strncmp(m, SERVICE, sizeof(SERVICE) - 1) != 0) {
         char msg[300];
-        snprintf(msg, sizeof(msg),
-                 "unknown service in %.200s; this server offers inference.GRPCInferenceService and grpc.health.v1.Health",
-                 m);
+        snprintf(
+            msg, sizeof(msg),
+            "unknown service in %.200s; this server offers inference.GRPCInferenceService and grpc.health.v1.Health",
+            m);
         oi_grpc_finish(call, OI_GRPC_UNIMPLEMENTED, msg);
         return;
     } else {

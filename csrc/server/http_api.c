@@ -307,7 +307,10 @@ static void method_not_allowed(oi_http_request_t *r, const char *allowed)
 }
 
 /* GET endpoints answer HEAD alike (the transport leaves the body out). */
-static int is_get(const oi_http_request_t *r) { return r->method == HTTP_GET || r->method == HTTP_HEAD; }
+static int is_get(const oi_http_request_t *r)
+{
+    return r->method == HTTP_GET || r->method == HTTP_HEAD;
+}
 
 static void respond_model_ready(oi_http_request_t *r, oi_model_t *m)
 {
@@ -349,8 +352,8 @@ static void respond_model_config(oi_http_request_t *r, oi_model_t *m)
         respond_status(r, oi_status_new(OI_UNAVAILABLE, "model '%s' version %s is not ready: %s", m->name,
                                         m->version_str, m->error));
     else if (m->config_json == NULL)
-        respond_status(r, oi_status_new(OI_NOT_FOUND, "model '%s' version %s has no configuration", m->name,
-                                        m->version_str));
+        respond_status(
+            r, oi_status_new(OI_NOT_FOUND, "model '%s' version %s has no configuration", m->name, m->version_str));
     else
         respond_buf(r, m->config_json);
 }

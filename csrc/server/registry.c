@@ -122,10 +122,11 @@ oi_model_t *oi_registry_find(oi_registry_t *r, const char *name, const char *ver
 {
     int64_t v = -1;
     if (version != NULL && *version != '\0' && parse_version(version, &v) != 0) {
-        *err = oi_status_new(OI_BAD_REQUEST,
-                             "failed to get model version from specified version string '%s' (details: not an integer), "
-                             "version should be an integral value > 0",
-                             version);
+        *err =
+            oi_status_new(OI_BAD_REQUEST,
+                          "failed to get model version from specified version string '%s' (details: not an integer), "
+                          "version should be an integral value > 0",
+                          version);
         return NULL;
     }
     pthread_rwlock_rdlock(&r->lock);

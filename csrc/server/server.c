@@ -145,7 +145,7 @@ void oi_server_stop(oi_server_t *s, uint64_t timeout_ms)
     oi_http_server_stop_accepting(s->http);
     if (s->grpc)
         oi_h2_server_stop_accepting(s->grpc); /* GOAWAY: calls under way go on */
-    oi__health_stop(s); /* health watchers hear NOT_SERVING now, not when the loops end */
+    oi__health_stop(s);                       /* health watchers hear NOT_SERVING now, not when the loops end */
     wait_inflight(s, now_ms() + timeout_ms);
     if (inflight(s)) {
         /* Time is up. Queued requests fail with 503 through the usual path (their answers

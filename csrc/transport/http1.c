@@ -77,7 +77,7 @@ struct oi_http_conn_s {
     int in_feed;   /* llhttp_execute is on the stack */
     int keep_alive;
     int http10;
-    int head;      /* the request being answered is HEAD: headers only, no body bytes */
+    int head; /* the request being answered is HEAD: headers only, no body bytes */
     int closing;
     int close_after_write;
     int handles; /* open libuv handles (tcp, timer) */
