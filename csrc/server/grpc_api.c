@@ -617,10 +617,12 @@ static void on_call(void *ctx, oi_grpc_call_t *call)
     oi_server_t *s = ctx;
     call->data = s;
     const char *m = call->method;
-    const char *rpc = m + sizeof(SERVICE) - 1;
+    const char *rpc;
     if (strncmp(m, HEALTH_SERVICE, sizeof(HEALTH_SERVICE) - 1) == 0) {
         rpc = m + sizeof(HEALTH_SERVICE) - 1;
-        call->kind = strcmp(rpc, "Check") == 0 ? RPC_HEALTH_CHECK : strcmp(rpc, "Watch") == 0 ? RPC_HEALTH_WATCH : 0;
+        call->kind = strcmp(rpc, "Check") == 0   ? RPC_HEALTH_CHECK
+                     : strcmp(rpc, "Watch") == 0 ? RPC_HEALTH_WATCH
+                                                 : RPC_UNKNOWN;
     } else if (strncmp(m, SERVICE, sizeof(SERVICE) - 1) != 0) {
         char msg[300];
         snprintf(
@@ -630,6 +632,7 @@ static void on_call(void *ctx, oi_grpc_call_t *call)
         oi_grpc_finish(call, OI_GRPC_UNIMPLEMENTED, msg);
         return;
     } else {
+        rpc = m + sizeof(SERVICE) - 1;
         for (size_t i = 0; i < sizeof(rpcs) / sizeof(rpcs[0]); i++)
             if (strcmp(rpc, rpcs[i].name) == 0)
                 call->kind = rpcs[i].kind;
