@@ -278,3 +278,18 @@ def test_extensions_without_shared_memory() -> None:
         meta = requests.get(s.url + "/v2", timeout=10).json()
         assert meta["extensions"] == ["binary_tensor_data", "model_configuration"]
         assert_alive(s.http_port)
+
+
+def test_watch_follows_readiness_changes() -> None:
+    """A version registered while serving changes readiness; watchers hear it at once."""
+    with openinfer.serve(models=identity_model(), http_port=0, log=False) as s:
+        with grpc.insecure_channel(f"127.0.0.1:{s.grpc_port}") as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            watch = stub.Watch(health_pb2.HealthCheckRequest(), timeout=30)
+            assert next(watch).status == SERVING
+            # A version that failed to load, registered the way the server registers one.
+            s._core.add_model("late", 1, inputs=(), outputs=(), max_batch_size=0, metadata_json=b"{}",
+                              handler=None, error="broken on purpose")
+            assert next(watch).status == NOT_SERVING
+            assert stub.Check(health_pb2.HealthCheckRequest(), timeout=10).status == NOT_SERVING
+            watch.cancel()

@@ -73,7 +73,13 @@ int oi_server_set_metadata(oi_server_t *s, const char *json, size_t len)
     return 0;
 }
 
-int oi_server_add_model(oi_server_t *s, oi_model_t *m) { return oi_registry_add(&s->registry, m); }
+int oi_server_add_model(oi_server_t *s, oi_model_t *m)
+{
+    if (oi_registry_add(&s->registry, m) != 0)
+        return -1;
+    oi_server_health_changed(s); /* a version added while serving may change readiness */
+    return 0;
+}
 
 int oi_server_start(oi_server_t *s, char *err, size_t errlen)
 {

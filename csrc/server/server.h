@@ -28,7 +28,8 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg);
 int oi_server_set_metadata(oi_server_t *s, const char *json, size_t len);
 
 /* Gives the server the caller's reference to `m`: 0, or -1 when that name and version are
- * already registered (the reference then stays the caller's). */
+ * already registered (the reference then stays the caller's). Once serving, health watchers
+ * hear of the change (oi_server_health_changed). */
 int oi_server_add_model(oi_server_t *s, oi_model_t *m);
 
 /* Tells the grpc.health.v1 Watch calls that readiness may have changed (a model version was
