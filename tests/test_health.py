@@ -65,6 +65,9 @@ def read_head(conn: Http) -> tuple[int, dict[str, str]]:
         "/v2/models/nope",  # 404, as GET
         "/v2/models/simple/versions/x/config",  # 400, as GET
         "/v2/systemsharedmemory/status",
+        "/v2/models/simple/config/x",  # bad paths: 404, as GET
+        "/v2/nothing",
+        "/v2/models/%zz/config",  # 400, as GET
     ],
 )
 def test_head_answers_as_get_without_a_body(server: openinfer.Server, path: str) -> None:

@@ -33,6 +33,8 @@ class _F(NamedTuple):
     label: str
 
 
+# Every message of proto/model_config.proto (nested ones as "Outer.Inner"), fields in
+# declaration order, then every enum's values.
 MESSAGES: dict[str, tuple[_F, ...]] = {
     "ModelRateLimiter": (
         _F("resources", 1, "ModelRateLimiter.Resource", "repeated"),
@@ -292,15 +294,26 @@ MESSAGES: dict[str, tuple[_F, ...]] = {
     ),
 }
 ENUMS: dict[str, dict[str, int]] = {
-    "DataType": {'TYPE_INVALID': 0, 'TYPE_BOOL': 1, 'TYPE_UINT8': 2, 'TYPE_UINT16': 3, 'TYPE_UINT32': 4, 'TYPE_UINT64': 5, 'TYPE_INT8': 6, 'TYPE_INT16': 7, 'TYPE_INT32': 8, 'TYPE_INT64': 9, 'TYPE_FP16': 10, 'TYPE_FP32': 11, 'TYPE_FP64': 12, 'TYPE_STRING': 13, 'TYPE_BF16': 14},
-    "ModelInstanceGroup.Kind": {'KIND_AUTO': 0, 'KIND_GPU': 1, 'KIND_CPU': 2, 'KIND_MODEL': 3},
-    "ModelInstanceGroup.SecondaryDevice.SecondaryDeviceKind": {'KIND_NVDLA': 0},
-    "ModelInput.Format": {'FORMAT_NONE': 0, 'FORMAT_NHWC': 1, 'FORMAT_NCHW': 2},
-    "BatchInput.Kind": {'BATCH_ELEMENT_COUNT': 0, 'BATCH_ACCUMULATED_ELEMENT_COUNT': 1, 'BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO': 2, 'BATCH_MAX_ELEMENT_COUNT_AS_SHAPE': 3, 'BATCH_ITEM_SHAPE': 4, 'BATCH_ITEM_SHAPE_FLATTEN': 5},
-    "BatchOutput.Kind": {'BATCH_SCATTER_WITH_INPUT_SHAPE': 0},
-    "ModelOptimizationPolicy.ModelPriority": {'PRIORITY_DEFAULT': 0, 'PRIORITY_MAX': 1, 'PRIORITY_MIN': 2},
-    "ModelQueuePolicy.TimeoutAction": {'REJECT': 0, 'DELAY': 1},
-    "ModelSequenceBatching.Control.Kind": {'CONTROL_SEQUENCE_START': 0, 'CONTROL_SEQUENCE_READY': 1, 'CONTROL_SEQUENCE_END': 2, 'CONTROL_SEQUENCE_CORRID': 3},
+    "DataType": {
+        "TYPE_INVALID": 0, "TYPE_BOOL": 1, "TYPE_UINT8": 2, "TYPE_UINT16": 3, "TYPE_UINT32": 4,
+        "TYPE_UINT64": 5, "TYPE_INT8": 6, "TYPE_INT16": 7, "TYPE_INT32": 8, "TYPE_INT64": 9,
+        "TYPE_FP16": 10, "TYPE_FP32": 11, "TYPE_FP64": 12, "TYPE_STRING": 13, "TYPE_BF16": 14,
+    },
+    "ModelInstanceGroup.Kind": {"KIND_AUTO": 0, "KIND_GPU": 1, "KIND_CPU": 2, "KIND_MODEL": 3},
+    "ModelInstanceGroup.SecondaryDevice.SecondaryDeviceKind": {"KIND_NVDLA": 0},
+    "ModelInput.Format": {"FORMAT_NONE": 0, "FORMAT_NHWC": 1, "FORMAT_NCHW": 2},
+    "BatchInput.Kind": {
+        "BATCH_ELEMENT_COUNT": 0, "BATCH_ACCUMULATED_ELEMENT_COUNT": 1,
+        "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO": 2, "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE": 3,
+        "BATCH_ITEM_SHAPE": 4, "BATCH_ITEM_SHAPE_FLATTEN": 5,
+    },
+    "BatchOutput.Kind": {"BATCH_SCATTER_WITH_INPUT_SHAPE": 0},
+    "ModelOptimizationPolicy.ModelPriority": {"PRIORITY_DEFAULT": 0, "PRIORITY_MAX": 1, "PRIORITY_MIN": 2},
+    "ModelQueuePolicy.TimeoutAction": {"REJECT": 0, "DELAY": 1},
+    "ModelSequenceBatching.Control.Kind": {
+        "CONTROL_SEQUENCE_START": 0, "CONTROL_SEQUENCE_READY": 1, "CONTROL_SEQUENCE_END": 2,
+        "CONTROL_SEQUENCE_CORRID": 3,
+    },
 }
 
 # 64-bit fields that Triton's JSON leaves as strings (protobuf's JSON default): its
@@ -409,11 +422,9 @@ def _scalar(kind: str, value: object, source: str, path: str) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         raise ConfigError(f"{source}: {path}: expected a number, got {value!r}")
-    if kind == "bytes":
-        raise ConfigError(f"{source}: {path}: bytes fields are not supported")
     low, high = _INT_RANGES[kind]
     number = value
-    if isinstance(value, str) and value.lstrip("-").isdigit():  # JSON writes 64-bit ints so
+    if isinstance(value, str) and value.lstrip("-").isdigit():  # protobuf's JSON quotes 64-bit integers
         number = int(value)
     if isinstance(number, bool) or not isinstance(number, int) or not low <= number <= high:
         raise ConfigError(f"{source}: {path}: expected an integer from {low} to {high} ({kind}), got {value!r}")
@@ -580,7 +591,7 @@ def _pb_message(msg: Message, message: str) -> bytearray:
             continue
         value = msg[f.name]
         if f.label == "repeated":
-            if f.type in MESSAGES or f.type in ("string", "bytes"):
+            if f.type in MESSAGES or f.type == "string":
                 for x in value:
                     out += _pb_field(f.number, f.type, x)
             elif value:
