@@ -365,8 +365,9 @@ def test_normalize_names_the_field() -> None:
                      "parameters": {"k": {"string_value": "v"}}}
 
 
-def test_protobuf_round_trip_through_tritonclient() -> None:
-    """Every kind of field encodes so that protobuf reads back what the JSON says."""
+def test_protobuf_round_trip_through_tritonclient(grpc_stubs: Any) -> None:
+    """Every kind of field encodes so that protobuf reads back what the JSON says (through
+    tritonclient's copy of the proto, and through proto/ itself for the newer fields)."""
     text = """
         name: "m" max_batch_size: 2 backend: "python"
         input { name: "a" data_type: TYPE_FP16 dims: [ -1, 3 ] reshape { shape: [ 3 ] } }
@@ -374,24 +375,52 @@ def test_protobuf_round_trip_through_tritonclient() -> None:
         instance_group { count: 2 kind: KIND_GPU gpus: [ 0, 1 ] secondary_devices { device_id: 7 } }
         dynamic_batching { preferred_batch_size: [ 1, 2 ] max_queue_delay_microseconds: 18446744073709551615
                            priority_queue_policy { key: 3 value { default_timeout_microseconds: 9 } } }
-        optimization { priority: PRIORITY_MAX cuda { graph_spec { batch_size: 1 input { key: "a" value { dim: [ 5 ] } } } } }
+        optimization { priority: PRIORITY_MAX gather_kernel_buffer_threshold: 2 cuda { graph_spec { batch_size: 1 input { key: "a" value { dim: [ 5 ] } } } } }
         parameters { key: "p" value { string_value: "\\u00e9" } }
         model_warmup { name: "w" inputs { key: "a" value { dims: [ 3 ] random_data: true } } }
+        model_metrics { metric_control { metric_identifier { family: "f" } histogram_options { buckets: [ 1, 2.5 ] } } }
+        runtime: "r"
     """
     typed = triton_config.normalize(parse(text), "cfg")
     as_json = triton_config.to_json(typed)
     decoded = model_config_pb2.ModelConfig()
     decoded.ParseFromString(triton_config.to_protobuf(typed))
+    decoded.DiscardUnknownFields()  # the fields newer than tritonclient's copy
     assert decoded == json_format.ParseDict(as_json, model_config_pb2.ModelConfig(), ignore_unknown_fields=True)
     assert decoded.dynamic_batching.max_queue_delay_microseconds == 2**64 - 1
     assert list(decoded.input[0].dims) == [-1, 3] and decoded.parameters["p"].string_value == "\u00e9"
     assert decoded.model_warmup[0].inputs["a"].random_data is True
+    ours = grpc_stubs.mc.ModelConfig()
+    ours.ParseFromString(triton_config.to_protobuf(typed))
+    assert ours == json_format.ParseDict(as_json, grpc_stubs.mc.ModelConfig())
+    assert ours.runtime == "r" and list(ours.model_metrics.metric_control[0].histogram_options.buckets) == [1, 2.5]
+    assert as_json["model_metrics"]["metric_control"][0]["histogram_options"]["buckets"] == [1, 2.5]
     # Triton's JSON: 64-bit fields as numbers, except the few its converter leaves as strings.
     assert as_json["dynamic_batching"]["max_queue_delay_microseconds"] == 2**64 - 1
     assert as_json["dynamic_batching"]["priority_queue_policy"]["3"]["default_timeout_microseconds"] == 9
     assert as_json["instance_group"][0]["secondary_devices"][0]["device_id"] == "7"
     assert as_json["optimization"]["cuda"]["graph_spec"][0]["input"]["a"]["dim"] == ["5"]
     assert as_json["model_warmup"][0]["inputs"]["a"]["dims"] == [3]
+
+
+def test_a_version_registered_without_a_config(server: openinfer.Server) -> None:
+    """Registered through the core without a configuration (not what serve() does): the
+    endpoints say so rather than inventing one."""
+    m = Model("bare", lambda inputs: {"Y": inputs["X"]}, inputs=[Tensor("X", "FP32", [-1])],
+              outputs=[Tensor("Y", "FP32", [-1])])
+    with openinfer.serve(models=m, http_port=0, log=False) as s:
+        s._core.add_model("bare", 2, inputs=[("X", "FP32", (-1,))], outputs=[("Y", "FP32", (-1,))],
+                          max_batch_size=0, metadata_json=b"{}", handler=m.handler)
+        status, body = get_config(s, "/v2/models/bare/versions/2/config")
+        assert (status, body["error"]) == (404, "model 'bare' version 2 has no configuration")
+        assert get_config(s, "/v2/models/bare/versions/1/config")[0] == 200
+        g = tgrpc.InferenceServerClient(f"127.0.0.1:{s.grpc_port}")
+        try:
+            with pytest.raises(InferenceServerException) as e:
+                g.get_model_config("bare", "2")
+            assert e.value.status() == "StatusCode.NOT_FOUND" and "has no configuration" in e.value.message()
+        finally:
+            g.close()
 
 
 # ---- classification ---------------------------------------------------------------------------

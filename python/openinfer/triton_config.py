@@ -540,6 +540,8 @@ def _json_value(f: _F, message: str, value: Any) -> Any:
         return _json_message(value, f.type)
     if f.type in ("int64", "uint64") and (message, f.name) in _JSON_STRING_INT64:
         return str(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)  # protobuf prints 1.0 as 1
     return value
 
 
