@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent
 LLHTTP_SRC = Path(os.environ.get("OI_LLHTTP_SRC", "/usr/share/llhttp"))
 LLHTTP_INC = Path(os.environ.get("OI_LLHTTP_INCLUDE", "/usr/share/include/llhttp"))
 LLHTTP_FILES = ("api.c", "http.c", "llhttp.c")
-PROTOS = ("grpc_service.proto",)
+PROTOS = ("model_config.proto", "grpc_service.proto", "health.proto")
 
 
 def fail(message: str) -> None:

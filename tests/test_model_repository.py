@@ -217,6 +217,9 @@ def test_load_with_a_config_override(explicit: openinfer.Server) -> None:
     http.load_model("add_one", config=json.dumps(config))
     assert http.is_model_ready("add_one", "1") and http.is_model_ready("add_one", "2")
     assert http.get_model_metadata("add_one")["inputs"][0]["name"] == "X"
+    # The configuration endpoints report the override, on both protocols.
+    assert http.get_model_config("add_one")["input"][0]["name"] == "X"
+    assert grpc.get_model_config("add_one").config.input[0].name == "X"
     # Loading again without the override goes back to config.pbtxt: version 2, INPUT0.
     grpc.load_model("add_one")
     assert not http.is_model_ready("add_one", "1")

@@ -56,7 +56,8 @@ def test_context_manager_and_two_servers() -> None:
         assert a.http_port != b.http_port
         assert requests.get(a.url + "/v2/models/double/ready", timeout=10).status_code == 200
         assert requests.get(b.url + "/v2/models/simple/ready", timeout=10).status_code == 200
-        assert requests.get(b.url + "/v2/models/double/ready", timeout=10).status_code == 404
+        assert requests.get(b.url + "/v2/models/double/ready", timeout=10).status_code == 400  # not served
+        assert requests.get(b.url + "/v2/models/double", timeout=10).status_code == 404
     assert port_is_closed(a.http_port) and port_is_closed(b.http_port)
 
 

@@ -500,24 +500,38 @@ static PyObject *Server_set_repository(ServerObject *self, PyObject *handler)
     Py_RETURN_NONE;
 }
 
+/* A new buffer holding a copy of a Python buffer's bytes, or NULL (out of memory). */
+static oi_buf_t *buf_copy(const Py_buffer *b)
+{
+    oi_buf_t *out = oi_buf_new((size_t)b->len);
+    if (out != NULL) {
+        memcpy(out->data, b->buf, (size_t)b->len);
+        out->len = (size_t)b->len;
+    }
+    return out;
+}
+
 static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"name",    "version",   "inputs", "outputs", "max_batch_size",   "metadata_json",
-                             "handler", "instances", "error",  "torch",   "dynamic_batching", "publish",
-                             NULL};
+    static char *kwlist[] = {"name",      "version",   "inputs", "outputs", "max_batch_size",   "metadata_json",
+                             "handler",   "instances", "error",  "torch",   "dynamic_batching", "config_json",
+                             "config_pb", "publish",   NULL};
     const char *name, *error = NULL;
     long long version;
     PyObject *inputs = NULL, *outputs = NULL, *handler = NULL, *torch = Py_None, *batching = Py_None;
     int max_batch = 0, instances = 1, publish = 1;
-    Py_buffer meta = {0};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOOp", kwlist, &name, &version, &inputs, &outputs,
-                                     &max_batch, &meta, &handler, &instances, &error, &torch, &batching, &publish))
+    Py_buffer meta = {0}, cfg_json = {0}, cfg_pb = {0};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOOy*y*p", kwlist, &name, &version, &inputs, &outputs,
+                                     &max_batch, &meta, &handler, &instances, &error, &torch, &batching, &cfg_json,
+                                     &cfg_pb, &publish))
         return NULL;
     if (handler == NULL && torch != Py_None)
         handler = Py_None;
     if (inputs == NULL || outputs == NULL || handler == NULL || meta.buf == NULL) {
         PyErr_SetString(PyExc_TypeError, "add_model() needs inputs, outputs, metadata_json and handler");
         PyBuffer_Release(&meta);
+        PyBuffer_Release(&cfg_json);
+        PyBuffer_Release(&cfg_pb);
         return NULL;
     }
     oi_io_spec_t *in = NULL, *out = NULL;
@@ -574,6 +588,11 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
     }
     memcpy(m->metadata->data, meta.buf, (size_t)meta.len);
     m->metadata->len = (size_t)meta.len;
+    if ((cfg_json.buf != NULL && (m->config_json = buf_copy(&cfg_json)) == NULL) ||
+        (cfg_pb.buf != NULL && (m->config_pb = buf_copy(&cfg_pb)) == NULL)) {
+        PyErr_NoMemory();
+        goto done;
+    }
     if (torch != Py_None && error == NULL) {
         char *terr = NULL, err[256];
         m->state = oi_py_torch_state(m, torch, &terr);
@@ -633,6 +652,8 @@ done:
     free(in);
     free(out);
     PyBuffer_Release(&meta);
+    PyBuffer_Release(&cfg_json);
+    PyBuffer_Release(&cfg_pb);
     return ret;
 }
 

@@ -14,6 +14,7 @@
 #include "transport/grpc.h"
 
 #define SERVICE "/inference.GRPCInferenceService/"
+#define HEALTH_SERVICE "/grpc.health.v1.Health/"
 
 enum {
     RPC_UNKNOWN = 0,
@@ -22,6 +23,7 @@ enum {
     RPC_MODEL_READY,
     RPC_SERVER_METADATA,
     RPC_MODEL_METADATA,
+    RPC_MODEL_CONFIG,
     RPC_MODEL_INFER,
     RPC_MODEL_STREAM_INFER,
     RPC_SYS_SHM_STATUS,
@@ -33,6 +35,8 @@ enum {
     RPC_REPO_INDEX,
     RPC_REPO_LOAD,
     RPC_REPO_UNLOAD,
+    RPC_HEALTH_CHECK,
+    RPC_HEALTH_WATCH,
 };
 
 static const struct {
@@ -44,6 +48,7 @@ static const struct {
     {"ModelReady", RPC_MODEL_READY},
     {"ServerMetadata", RPC_SERVER_METADATA},
     {"ModelMetadata", RPC_MODEL_METADATA},
+    {"ModelConfig", RPC_MODEL_CONFIG},
     {"ModelInfer", RPC_MODEL_INFER},
     {"ModelStreamInfer", RPC_MODEL_STREAM_INFER},
     {"SystemSharedMemoryStatus", RPC_SYS_SHM_STATUS},
@@ -280,20 +285,57 @@ static void model_metadata(oi_grpc_call_t *call, oi_model_t *m)
     free_strings(r.versions, r.n_versions);
 }
 
-/* ModelReady and ModelMetadata: the same request shape, a model to look up. */
+/* ModelConfigResponse { config = 1 }: the version's serialized ModelConfig, sent as it is
+ * behind the field's tag and length. */
+static void model_config(oi_grpc_call_t *call, oi_model_t *m)
+{
+    if (m->error != NULL || m->config_pb == NULL) {
+        finish_status(call, m->error ? oi_status_new(OI_UNAVAILABLE, "model '%s' version %s is not ready: %s", m->name,
+                                                     m->version_str, m->error)
+                                     : oi_status_new(OI_NOT_FOUND, "model '%s' version %s has no configuration",
+                                                     m->name, m->version_str));
+        return;
+    }
+    oi_buf_t *head = oi_buf_new(11);
+    if (head == NULL) {
+        oi_grpc_finish(call, OI_GRPC_INTERNAL, "out of memory");
+        return;
+    }
+    uint8_t *p = (uint8_t *)head->data;
+    *p++ = 0x0a; /* field 1, length-delimited */
+    for (size_t n = m->config_pb->len;; n >>= 7) {
+        *p++ = (uint8_t)((n & 0x7f) | (n > 0x7f ? 0x80 : 0));
+        if (n <= 0x7f)
+            break;
+    }
+    head->len = (size_t)(p - (uint8_t *)head->data);
+    oi_iov_t parts[2] = {{head->data, head->len, head},
+                         {m->config_pb->data, m->config_pb->len, oi_buf_ref(m->config_pb)}};
+    oi_grpc_send(call, parts, 2, head->len + m->config_pb->len);
+    oi_grpc_finish(call, OI_GRPC_OK, NULL);
+}
+
+/* ModelReady, ModelMetadata and ModelConfig: the same request shape, a model to look up. */
 static void model_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg)
 {
-    /* ModelReadyRequest and ModelMetadataRequest are the same fields: name = 1, version = 2. */
+    /* The three requests are the same fields: name = 1, version = 2. */
     Inference__ModelReadyRequest *req =
         inference__model_ready_request__unpack(NULL, msg->len, (const uint8_t *)msg->data);
     if (req == NULL) {
         oi_grpc_finish(call, OI_GRPC_INVALID_ARGUMENT,
-                       call->kind == RPC_MODEL_READY ? "malformed ModelReadyRequest" : "malformed ModelMetadataRequest");
+                       call->kind == RPC_MODEL_READY      ? "malformed ModelReadyRequest"
+                       : call->kind == RPC_MODEL_METADATA ? "malformed ModelMetadataRequest"
+                                                          : "malformed ModelConfigRequest");
         return;
     }
     oi_status_t *err = NULL;
     oi_model_t *m = req->name[0] ? oi_registry_find(&s->registry, req->name, req->version, &err) : NULL;
-    if (m == NULL) {
+    if (m == NULL && call->kind == RPC_MODEL_READY && (err == NULL || err->code == OI_NOT_FOUND)) {
+        /* As Triton: a model or version that is not served is simply not ready. */
+        oi_status_free(err);
+        Inference__ModelReadyResponse r = INFERENCE__MODEL_READY_RESPONSE__INIT;
+        reply(call, &r.base);
+    } else if (m == NULL) {
         if (err == NULL)
             err = oi_status_new(OI_BAD_REQUEST, "the request has no model name");
         finish_status(call, err);
@@ -301,8 +343,10 @@ static void model_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg)
         Inference__ModelReadyResponse r = INFERENCE__MODEL_READY_RESPONSE__INIT;
         r.ready = m->error == NULL && m->sched != NULL;
         reply(call, &r.base);
-    } else {
+    } else if (call->kind == RPC_MODEL_METADATA) {
         model_metadata(call, m);
+    } else {
+        model_config(call, m);
     }
     oi_model_unref(m);
     inference__model_ready_request__free_unpacked(req, NULL);
@@ -724,16 +768,26 @@ static void on_call(void *ctx, oi_grpc_call_t *call)
     oi_server_t *s = ctx;
     call->data = s;
     const char *m = call->method;
-    if (strncmp(m, SERVICE, sizeof(SERVICE) - 1) != 0) {
+    const char *rpc;
+    if (strncmp(m, HEALTH_SERVICE, sizeof(HEALTH_SERVICE) - 1) == 0) {
+        rpc = m + sizeof(HEALTH_SERVICE) - 1;
+        call->kind = strcmp(rpc, "Check") == 0   ? RPC_HEALTH_CHECK
+                     : strcmp(rpc, "Watch") == 0 ? RPC_HEALTH_WATCH
+                                                 : RPC_UNKNOWN;
+    } else if (strncmp(m, SERVICE, sizeof(SERVICE) - 1) != 0) {
         char msg[300];
-        snprintf(msg, sizeof(msg), "unknown service in %.200s; this server offers inference.GRPCInferenceService", m);
+        snprintf(
+            msg, sizeof(msg),
+            "unknown service in %.200s; this server offers inference.GRPCInferenceService and grpc.health.v1.Health",
+            m);
         oi_grpc_finish(call, OI_GRPC_UNIMPLEMENTED, msg);
         return;
+    } else {
+        rpc = m + sizeof(SERVICE) - 1;
+        for (size_t i = 0; i < sizeof(rpcs) / sizeof(rpcs[0]); i++)
+            if (strcmp(rpc, rpcs[i].name) == 0)
+                call->kind = rpcs[i].kind;
     }
-    const char *rpc = m + sizeof(SERVICE) - 1;
-    for (size_t i = 0; i < sizeof(rpcs) / sizeof(rpcs[0]); i++)
-        if (strcmp(rpc, rpcs[i].name) == 0)
-            call->kind = rpcs[i].kind;
     if (call->kind == RPC_UNKNOWN) {
         char msg[300];
         snprintf(msg, sizeof(msg), "method %.200s is not implemented by this server", rpc);
@@ -774,7 +828,12 @@ static void on_message(void *ctx, oi_grpc_call_t *call, oi_buf_t *msg)
         break;
     case RPC_MODEL_READY:
     case RPC_MODEL_METADATA:
+    case RPC_MODEL_CONFIG:
         model_rpc(s, call, msg);
+        break;
+    case RPC_HEALTH_CHECK:
+    case RPC_HEALTH_WATCH:
+        oi__health_rpc(s, call, msg, call->kind == RPC_HEALTH_WATCH);
         break;
     case RPC_MODEL_INFER:
     case RPC_MODEL_STREAM_INFER:

@@ -306,6 +306,12 @@ static void method_not_allowed(oi_http_request_t *r, const char *allowed)
     respond_error(r, OI_METHOD_NOT_ALLOWED, msg);
 }
 
+/* GET endpoints answer HEAD alike (the transport leaves the body out). */
+static int is_get(const oi_http_request_t *r)
+{
+    return r->method == HTTP_GET || r->method == HTTP_HEAD;
+}
+
 static void respond_model_ready(oi_http_request_t *r, oi_model_t *m)
 {
     oi_sbuf_t body = {0};
@@ -320,7 +326,39 @@ static void respond_model_ready(oi_http_request_t *r, oi_model_t *m)
     respond_sbuf(r, m->error ? 400 : 200, JSON_HEADERS, &body);
 }
 
-/* /v2/models/{name}[/versions/{v}][/ready|/infer] */
+/* Model ready for a model or version that is not served: 400 as for one that is not ready
+ * (what Triton answers), with Triton's wording of why. Takes `err`. */
+static void respond_unknown_ready(oi_http_request_t *r, const char *name, oi_status_t *err)
+{
+    if (err->code != OI_NOT_FOUND) { /* a malformed version */
+        respond_status(r, err);
+        return;
+    }
+    oi_sbuf_t body = {0};
+    oi_sbuf_append(&body, "{\"name\":", 8);
+    oi_json_write_string(&body, name, strlen(name));
+    static const char mid[] = ",\"ready\":false,\"error\":";
+    oi_sbuf_append(&body, mid, sizeof(mid) - 1);
+    oi_json_write_string(&body, err->message, strlen(err->message));
+    oi_sbuf_append(&body, "}", 1);
+    oi_status_free(err);
+    respond_sbuf(r, 400, JSON_HEADERS, &body);
+}
+
+/* A model version's configuration in Triton's JSON, for ready versions only (as Triton). */
+static void respond_model_config(oi_http_request_t *r, oi_model_t *m)
+{
+    if (m->error != NULL)
+        respond_status(r, oi_status_new(OI_UNAVAILABLE, "model '%s' version %s is not ready: %s", m->name,
+                                        m->version_str, m->error));
+    else if (m->config_json == NULL)
+        respond_status(
+            r, oi_status_new(OI_NOT_FOUND, "model '%s' version %s has no configuration", m->name, m->version_str));
+    else
+        respond_buf(r, m->config_json);
+}
+
+/* /v2/models/{name}[/versions/{v}][/ready|/infer|/config] */
 static void route_model(oi_server_t *s, oi_http_request_t *r, const char *p)
 {
     char name[MAX_NAME], version[32] = "";
@@ -341,11 +379,13 @@ static void route_model(oi_server_t *s, oi_http_request_t *r, const char *p)
         p = *e ? e + 1 : e;
         e = segment_end(p);
     }
-    enum { METADATA, READY, INFER } what;
+    enum { METADATA, READY, INFER, CONFIG } what;
     if (p == e && *e == '\0')
         what = METADATA;
     else if (seg_is(p, e, "ready") && *e == '\0')
         what = READY;
+    else if (seg_is(p, e, "config") && *e == '\0')
+        what = CONFIG;
     else if (seg_is(p, e, "infer") && *e == '\0')
         what = INFER;
     else {
@@ -358,12 +398,16 @@ static void route_model(oi_server_t *s, oi_http_request_t *r, const char *p)
         method_not_allowed(r, "POST");
         return;
     }
-    if (what != INFER && r->method != HTTP_GET) {
-        method_not_allowed(r, "GET");
+    if (what != INFER && !is_get(r)) {
+        method_not_allowed(r, "GET or HEAD");
         return;
     }
     oi_status_t *err = NULL;
     oi_model_t *m = oi_registry_find(&s->registry, name, version, &err);
+    if (m == NULL && what == READY) {
+        respond_unknown_ready(r, name, err);
+        return;
+    }
     if (m == NULL) {
         respond_status(r, err);
         return;
@@ -381,6 +425,10 @@ static void route_model(oi_server_t *s, oi_http_request_t *r, const char *p)
         break;
     case READY:
         respond_model_ready(r, m);
+        oi_model_unref(m);
+        break;
+    case CONFIG:
+        respond_model_config(r, m);
         oi_model_unref(m);
         break;
     case INFER:
@@ -544,8 +592,8 @@ static void route_shm(oi_server_t *s, oi_http_request_t *r, oi_shm_kind_t kind, 
         respond_error(r, OI_NOT_FOUND, msg);
         return;
     }
-    if (what == STATUS && r->method != HTTP_GET) {
-        method_not_allowed(r, "GET");
+    if (what == STATUS && !is_get(r)) {
+        method_not_allowed(r, "GET or HEAD");
         return;
     }
     if (what != STATUS && r->method != HTTP_POST) {
@@ -690,8 +738,8 @@ void oi__http_api_handle(void *ctx, oi_http_request_t *r)
     }
     const char *p = path[3] == '/' ? path + 4 : path + 3;
     if (*p == '\0') {
-        if (r->method != HTTP_GET)
-            method_not_allowed(r, "GET");
+        if (!is_get(r))
+            method_not_allowed(r, "GET or HEAD");
         else if (s->metadata)
             respond_buf(r, s->metadata);
         else
@@ -699,8 +747,8 @@ void oi__http_api_handle(void *ctx, oi_http_request_t *r)
         return;
     }
     if (strcmp(p, "health/live") == 0 || strcmp(p, "health/ready") == 0) {
-        if (r->method != HTTP_GET) {
-            method_not_allowed(r, "GET");
+        if (!is_get(r)) {
+            method_not_allowed(r, "GET or HEAD");
             return;
         }
         if (p[7] == 'l')

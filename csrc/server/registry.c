@@ -64,6 +64,8 @@ void oi_model_unref(oi_model_t *m)
     free_specs(m->outputs, m->n_outputs);
     free(m->output_names);
     oi_buf_unref(m->metadata);
+    oi_buf_unref(m->config_json);
+    oi_buf_unref(m->config_pb);
     free(m->error);
     free(m);
 }
@@ -181,35 +183,35 @@ static oi_model_t *default_version(oi_registry_t *r, const char *name)
 
 oi_model_t *oi_registry_find(oi_registry_t *r, const char *name, const char *version, oi_status_t **err)
 {
+    int64_t v = -1;
+    if (version != NULL && *version != '\0' && parse_version(version, &v) != 0) {
+        *err =
+            oi_status_new(OI_BAD_REQUEST,
+                          "failed to get model version from specified version string '%s' (details: not an integer), "
+                          "version should be an integral value > 0",
+                          version);
+        return NULL;
+    }
     pthread_rwlock_rdlock(&r->lock);
     oi_model_t *found = NULL;
-    if (version == NULL || *version == '\0') {
-        found = default_version(r, name);
-        if (found == NULL)
-            *err = oi_status_new(OI_NOT_FOUND, "unknown model '%s'", name);
-    } else {
-        int64_t v;
-        int known = 0;
-        char versions[256] = "";
-        size_t k = 0;
-        int numeric = parse_version(version, &v) == 0;
-        for (oi_model_t *x = r->models; x; x = x->next) {
-            if (strcmp(x->name, name) != 0)
-                continue;
-            known = 1;
-            if (numeric && x->version == v) {
-                found = x;
-                break;
-            }
-            if (k < sizeof(versions) - 24)
-                k += (size_t)snprintf(versions + k, sizeof(versions) - k, "%s%s", k ? ", " : "", x->version_str);
+    int known = 0;
+    for (oi_model_t *x = r->models; x; x = x->next) {
+        if (strcmp(x->name, name) != 0)
+            continue;
+        known = 1;
+        if (v >= 0 && x->version == v) {
+            found = x;
+            break;
         }
-        if (found == NULL && !known)
-            *err = oi_status_new(OI_NOT_FOUND, "unknown model '%s'", name);
-        else if (found == NULL)
-            *err = oi_status_new(OI_NOT_FOUND, "model '%s' has no version '%s' (served versions: %s)", name,
-                                 version, versions);
     }
+    if (v < 0 && known)
+        found = default_version(r, name);
+    /* Worded as Triton's core words them: clients and scripts match on these. */
+    if (!known)
+        *err = oi_status_new(OI_NOT_FOUND, "Request for unknown model: '%s' is not found", name);
+    else if (found == NULL)
+        *err = oi_status_new(OI_NOT_FOUND, "Request for unknown model: '%s' version %lld is not found", name,
+                             (long long)v);
     if (found)
         oi_model_ref(found);
     pthread_rwlock_unlock(&r->lock);

@@ -24,6 +24,8 @@ typedef struct oi_model_s {
     uint32_t n_outputs;
     const char **output_names; /* outputs[i].name, for requests that name none */
     oi_buf_t *metadata;        /* the model metadata JSON body */
+    oi_buf_t *config_json;     /* the model configuration in Triton's JSON; NULL when unknown */
+    oi_buf_t *config_pb;       /* the same as a serialized inference.ModelConfig; NULL likewise */
     char *error;               /* why the version is not ready; NULL when ready */
     const oi_backend_t *backend;
     void *state;
@@ -53,8 +55,9 @@ void oi_registry_init(oi_registry_t *r);
 int oi_registry_add(oi_registry_t *r, oi_model_t *m);
 
 /* Finds a model version: `version` NULL or "" picks the highest ready version (else the
- * highest). Returns a new reference, or NULL with a 404 status in *err naming what is
- * missing and what exists. */
+ * highest). Returns a new reference, or NULL with a status in *err worded as Triton words it:
+ * 404 "Request for unknown model: 'x' is not found" (or "... 'x' version 3 is not found"),
+ * 400 when `version` is not a decimal number. */
 oi_model_t *oi_registry_find(oi_registry_t *r, const char *name, const char *version, oi_status_t **err);
 
 /* 1 when every model's default version is ready (and there is at least one model or none

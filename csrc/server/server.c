@@ -32,6 +32,7 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
     if (s == NULL)
         return NULL;
     s->cfg = *cfg;
+    pthread_mutex_init(&s->health_mu, NULL);
     oi_registry_init(&s->registry);
     oi_shm_init(&s->shm, cfg->allow_shared_memory < 0 ? is_loopback(cfg->http.host) : cfg->allow_shared_memory != 0);
     s->http = oi_http_server_new(&s->cfg.http, oi__http_api_handle, s);
@@ -53,6 +54,7 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
         oi_h2_server_free(s->grpc);
         oi_registry_destroy(&s->registry);
         oi_shm_destroy(&s->shm);
+        pthread_mutex_destroy(&s->health_mu);
         free(s);
         return NULL;
     }
@@ -71,7 +73,13 @@ int oi_server_set_metadata(oi_server_t *s, const char *json, size_t len)
     return 0;
 }
 
-int oi_server_add_model(oi_server_t *s, oi_model_t *m) { return oi_registry_add(&s->registry, m); }
+int oi_server_add_model(oi_server_t *s, oi_model_t *m)
+{
+    if (oi_registry_add(&s->registry, m) != 0)
+        return -1;
+    oi_server_health_changed(s); /* a version added while serving may change readiness */
+    return 0;
+}
 
 void oi_server_set_repository(oi_server_t *s, oi_repo_handler_fn fn, void *ctx, void (*release)(void *ctx))
 {
@@ -85,7 +93,10 @@ void oi_server_set_repository(oi_server_t *s, oi_repo_handler_fn fn, void *ctx, 
 int oi_server_swap_models(oi_server_t *s, oi_model_t **add, size_t n_add, const char *const *remove_names,
                           const int64_t *remove_versions, size_t n_remove, oi_model_t ***retired, size_t *n_retired)
 {
-    return oi_registry_swap(&s->registry, add, n_add, remove_names, remove_versions, n_remove, retired, n_retired);
+    if (oi_registry_swap(&s->registry, add, n_add, remove_names, remove_versions, n_remove, retired, n_retired) != 0)
+        return -1;
+    oi_server_health_changed(s); /* loads and unloads change readiness */
+    return 0;
 }
 
 int oi_server_start(oi_server_t *s, char *err, size_t errlen)
@@ -158,6 +169,7 @@ void oi_server_stop(oi_server_t *s, uint64_t timeout_ms)
     oi_http_server_stop_accepting(s->http);
     if (s->grpc)
         oi_h2_server_stop_accepting(s->grpc); /* GOAWAY: calls under way go on */
+    oi__health_stop(s);                       /* health watchers hear NOT_SERVING now, not when the loops end */
     wait_inflight(s, now_ms() + timeout_ms);
     if (inflight(s)) {
         /* Time is up. Queued requests fail with 503 through the usual path (their answers
@@ -199,5 +211,6 @@ static void finish_stop(oi_server_t *s)
         s->repo_release(s->repo_ctx);
     /* After the loops: no request holds a region now, so each is unmapped here. */
     oi_shm_destroy(&s->shm);
+    pthread_mutex_destroy(&s->health_mu);
     free(s);
 }

@@ -29,7 +29,8 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg);
 int oi_server_set_metadata(oi_server_t *s, const char *json, size_t len);
 
 /* Gives the server the caller's reference to `m`: 0, or -1 when that name and version are
- * already registered (the reference then stays the caller's). */
+ * already registered (the reference then stays the caller's). Once serving, health watchers
+ * hear of the change (oi_server_health_changed). */
 int oi_server_add_model(oi_server_t *s, oi_model_t *m);
 
 /* Serves the model repository extension through `fn` (see server/repository.h), which runs
@@ -42,6 +43,11 @@ void oi_server_set_repository(oi_server_t *s, oi_repo_handler_fn fn, void *ctx, 
  * their requests in flight. Returns 0, or -1 when out of memory (nothing changed). */
 int oi_server_swap_models(oi_server_t *s, oi_model_t **add, size_t n_add, const char *const *remove_names,
                           const int64_t *remove_versions, size_t n_remove, oi_model_t ***retired, size_t *n_retired);
+
+/* Tells the grpc.health.v1 Watch calls that readiness may have changed (a model version was
+ * loaded, unloaded or failed): each gets the new status if it differs from what it last got.
+ * Safe from any thread, loop threads included; returns at once. */
+void oi_server_health_changed(oi_server_t *s);
 
 /* Listens and starts the loops. 0, or an error with a message in `err`. */
 int oi_server_start(oi_server_t *s, char *err, size_t errlen);

@@ -99,6 +99,8 @@ class Server:
         error: str | None = None,
         torch: TorchSpec | None = None,
         dynamic_batching: tuple[Sequence[int], int] | None = None,
+        config_json: bytes | None = None,
+        config_pb: bytes | None = None,
         publish: bool = True,
     ) -> str | None | ModelVersion:
         """Registers one model version. handler=None with error=reason registers a version that
@@ -111,7 +113,10 @@ class Server:
         the module cannot load, the version is registered as failed and the reason is
         returned (otherwise None). dynamic_batching=(preferred_batch_sizes,
         max_queue_delay_us) with max_batch_size > 0 gathers concurrent requests into one
-        call (Python handlers then see the concatenated batch).
+        call (Python handlers then see the concatenated batch). config_json and config_pb are
+        the version's configuration in Triton's JSON and as a serialized inference.ModelConfig,
+        served as they are by the model configuration endpoints (without them, those answer
+        404).
 
         publish=False builds the version without registering it and returns it as a
         ModelVersion (its `error` says why it cannot serve), for swap_models."""

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import triton_config
 from .config import ConfigError, DynamicBatching, ModelConfig, parse_json_config
 from .errors import InferenceServerError
 from .model import Model, Tensor
@@ -391,6 +392,7 @@ class ModelControl:
                 instances=model.instances,
                 torch=model.spec,
                 dynamic_batching=_batching(model.max_batch_size, model.dynamic_batching),
+                **_model_config(entry),
                 publish=False,
             )
         if model is not None:
@@ -406,6 +408,7 @@ class ModelControl:
                 handler=model.handler,
                 instances=model.instances,
                 dynamic_batching=_batching(model.max_batch_size, model.dynamic_batching),
+                **_model_config(entry),
                 publish=False,
             )
         platform = entry.config.get("platform") or entry.config.get("backend")
@@ -736,6 +739,18 @@ def _batching(
     if max_batch_size <= 0 or batching is None:
         return None
     return (batching.preferred_batch_size, batching.max_queue_delay_microseconds)
+
+
+def _model_config(entry: LoadedModel) -> dict[str, bytes]:
+    """add_model's config_json and config_pb: the version's configuration as Triton reports
+    it (config.pbtxt, or what was inferred without one, completed as Triton completes it)."""
+    model = entry.model
+    torch = isinstance(model, TorchModel)
+    gpus = sorted({int(d[5:]) for d in model.devices if d.startswith("cuda:")}) if torch else []
+    config = triton_config.normalize(entry.config) if entry.config else {}
+    full = triton_config.complete(entry.name, config, model, torch=torch, gpus=tuple(gpus))
+    rendered = json.dumps(triton_config.to_json(full), separators=(",", ":"), ensure_ascii=False)
+    return {"config_json": rendered.encode(), "config_pb": triton_config.to_protobuf(full)}
 
 
 def _specs(tensors: Sequence[Tensor]) -> list[tuple[str, str, tuple[int, ...] | None]]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import logging
 import os
 import re
 import sys
@@ -26,6 +27,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from . import triton_config
 from .config import ConfigError, ModelConfig, VersionPolicy, load_config
 from .model import Model, Tensor
 from .torch_model import TorchLoadError, TorchModel, TorchUnavailable, load_torchscript
@@ -35,6 +37,7 @@ _PYTHON_BACKENDS = {"python"}
 _TORCH_BACKENDS = {"pytorch", "pytorch_libtorch"}
 _module_ids = itertools.count()
 _NO_TORCH = "torch unavailable: "
+logger = logging.getLogger("openinfer")
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,15 @@ def scan_model(
             raise ConfigError(
                 f"{config_path}: name {config.name!r} differs from the directory name {name!r}"
             )
+        if config is not None:
+            source = "the config override" if overridden else str(config_path)
+            refused, warnings = triton_config.unsupported(
+                triton_config.normalize(config.raw, source), source
+            )
+            for warning in warnings:
+                logger.warning("model %s: %s", name, warning)
+            if refused:
+                raise ConfigError("; ".join(refused))
     except ConfigError as e:
         return [LoadedModel(name, None, None, str(e))]
     raw = config.raw if config else {}

@@ -24,7 +24,7 @@ logger = logging.getLogger("openinfer")
 
 # What GET /v2 lists: exactly the protocol extensions this server implements. The
 # shared-memory ones are listed only where clients may register regions (see serve()).
-EXTENSIONS = ("binary_tensor_data", "model_repository")
+EXTENSIONS = ("binary_tensor_data", "model_configuration", "model_repository")
 SHM_EXTENSIONS = ("system_shared_memory", "cuda_shared_memory")
 
 class _Default:
