@@ -1,7 +1,7 @@
 """`make wheel`: self-contained manylinux wheels of openinfer for every CPython 3.10 or newer
 this machine has.
 
-    python scripts/build_wheels.py [--out DIR] [--python EXE ...] [--no-smoke]
+    python scripts/build_wheels.py [--out DIR] [--python EXE ...] [--no-smoke] [--work DIR]
 
 Steps: build the sdist once (into DIR), unpack it, and for each interpreter build the wheel
 from the unpacked sdist (so a file missing from the sdist fails here, not on a user's
@@ -204,9 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "dist", help="where the sdist and wheels go (default dist/)")
     parser.add_argument("--python", action="append", default=[], help="build for this interpreter (repeatable)")
     parser.add_argument("--no-smoke", action="store_true", help="do not install and serve each wheel")
+    parser.add_argument("--work", type=Path, default=ROOT / "build" / "wheels",
+                        help="scratch directory: the unpacked sdist, raw wheels, virtual environments")
     args = parser.parse_args(argv)
     out = args.out.resolve()
-    work = ROOT / "build" / "wheels"
+    work = args.work.resolve()
     out.mkdir(parents=True, exist_ok=True)
     try:
         chosen = interpreters(args.python)
