@@ -85,7 +85,12 @@ def test_wheel_is_self_contained_and_carries_no_tests(dist: Path) -> None:
     ]  # fmt: skip
     assert not any(re.search(r"(^|/)(tests?|benchmarks)/|conftest|(^|/)test_", n) for n in names), names
     assert "openinfer/examples/models/simple/config.pbtxt" in names
-    assert "openinfer-0.1.0.dist-info/licenses/LICENSE".replace("0.1.0", openinfer.__version__) in names
+    metadata = zipfile.ZipFile(_wheel(dist)).read(f"openinfer-{openinfer.__version__}.dist-info/METADATA").decode()
+    assert f"\nVersion: {openinfer.__version__}\n" in metadata and "\nLicense-Expression: Apache-2.0\n" in metadata
+    assert 'Requires-Dist: torch>=2.0; extra == "torch"' in metadata
+    assert 'Requires-Dist: pytest>=7; extra == "test"' in metadata
+    licenses = f"openinfer-{openinfer.__version__}.dist-info/licenses/"
+    assert {licenses + "LICENSE", *(f"{licenses}licenses/{lib}.txt" for lib in ("libuv", "nghttp2", "protobuf-c", "llhttp"))} <= set(names)
     try:
         from openinfer import _torch_build
 
@@ -103,7 +108,7 @@ def test_sdist_has_sources_headers_protos_and_examples(dist: Path) -> None:
     tracked = subprocess.run(["git", "ls-files", "csrc", "proto", "examples"], cwd=ROOT, capture_output=True,
                              text=True, check=True).stdout.split()  # fmt: skip
     assert tracked and not set(tracked) - names, set(tracked) - names
-    assert {"LICENSE", "CHANGELOG.md", "README.md", "setup.py", "pyproject.toml"} <= names
+    assert {"LICENSE", "licenses/libuv.txt", "CHANGELOG.md", "README.md", "setup.py", "pyproject.toml"} <= names
     assert not [n for n in names if n.startswith(("tests/", "benchmarks/"))]
 
 
@@ -265,6 +270,12 @@ def test_sdist_build_names_each_missing_debian_package(dist: Path, tmp_path: Pat
     assert "gcc" not in r.stdout + r.stderr  # nothing was compiled
 
 
+VERSIONS = """
+import importlib.metadata, openinfer, openinfer._core
+print(openinfer.__file__, openinfer.__version__, importlib.metadata.version("openinfer"), openinfer._core.__version__)
+"""
+
+
 def test_sdist_installs_into_a_new_venv_and_serves(dist: Path, tmp_path: Path) -> None:
     """pip install openinfer-X.tar.gz as a user would (its build requirements from PyPI in an
     isolated build), then serve from that environment."""
@@ -278,8 +289,8 @@ def test_sdist_installs_into_a_new_venv_and_serves(dist: Path, tmp_path: Path) -
     finally:
         rc = served.stop()
     assert rc == 0, "".join(served.lines)
-    r = _run([venv / "bin" / "python", "-c", "import openinfer, sys; print(openinfer.__file__, openinfer.__version__)"],
-             cwd=tmp_path)  # fmt: skip
-    where, version = r.stdout.split()
-    assert where.startswith(f"{venv}/lib/") and version == openinfer.__version__
+    # One version everywhere: the package, its metadata and the extension.
+    r = _run([venv / "bin" / "python", "-c", VERSIONS], cwd=tmp_path)
+    where, *versions = r.stdout.split()
+    assert where.startswith(f"{venv}/lib/") and versions == [openinfer.__version__] * 3
     assert _run([venv / "bin" / "openinfer", "--version"]).stdout.strip() == f"openinfer {openinfer.__version__}"
