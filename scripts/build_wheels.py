@@ -131,7 +131,8 @@ def build_sdist(out: Path) -> Path:
     before = set(out.glob("openinfer-*.tar.gz"))
     for old in before:
         old.unlink()
-    run([sys.executable, "-m", "build", "--sdist", "--outdir", out, ROOT])
+    # In this environment (setuptools and numpy are in it): an sdist compiles nothing.
+    run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", out, ROOT])
     (sdist,) = out.glob("openinfer-*.tar.gz")
     return sdist
 
