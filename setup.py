@@ -169,19 +169,18 @@ def sanitize_flags() -> list[str]:
 
 
 class BuildExt(build_ext):
-    """Compiles llhttp's generated sources with their own relaxed warnings (its callbacks have
-    unused parameters) and links them into the extension."""
+    """Checks for the tools and libraries first (naming what to install), then compiles
+    llhttp's generated sources with their own relaxed warnings (its callbacks have unused
+    parameters) and links them into the extension."""
 
     def build_extension(self, ext: Extension) -> None:
         check_tools()
         libs = find_libraries()
         import numpy
 
-        ext.include_dirs += libs.include_dirs
+        ext.include_dirs += [*libs.include_dirs, numpy.get_include()]
         ext.library_dirs += libs.library_dirs
         ext.libraries += libs.libraries
-
-        ext.include_dirs.append(numpy.get_include())
         san = sanitize_flags()
         objects = self.compiler.compile(
             [str(LLHTTP_SRC / f) for f in LLHTTP_FILES],
