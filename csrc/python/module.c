@@ -801,7 +801,7 @@ PyMODINIT_FUNC PyInit__core(void)
         PyModule_AddObjectRef(m, "HttpConnection", (PyObject *)&oi_py_conn_type) < 0 ||
         PyModule_AddObjectRef(m, "GrpcConnection", (PyObject *)&oi_py_grpc_conn_type) < 0 ||
         PyModule_AddObjectRef(m, "GrpcStream", (PyObject *)&oi_py_grpc_stream_type) < 0 ||
-        PyModule_AddFunctions(m, peer_functions) < 0 || PyModule_AddStringConstant(m, "__version__", "0.1.0") < 0) {
+        PyModule_AddFunctions(m, peer_functions) < 0 || PyModule_AddStringConstant(m, "__version__", OI_VERSION) < 0) {
         Py_DECREF(m);
         return NULL;
     }
