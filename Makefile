@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # there on first use), so no run depends on what an earlier one, or ~/.cache, left behind.
 TEST_CACHE := $(CURDIR)/build/test-cache
 
-.PHONY: setup build serve test test-plain test-asan bench clean
+.PHONY: setup build serve test test-plain test-asan bench clean fuzz fuzz-build
 
 setup:
 	@scripts/setup.sh
@@ -53,6 +53,59 @@ test-asan: setup
 	ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 \
 	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	$(PY) -m pytest -q -p no:cacheprovider --capture=sys $(PYTEST_ARGS)
+
+# ---- fuzzing ------------------------------------------------------------------------------
+# `make fuzz` builds every libFuzzer target of tests/fuzz with clang under AddressSanitizer and
+# UndefinedBehaviorSanitizer and runs each for FUZZ_SECONDS on a scratch copy of its seed corpus
+# (tests/fuzz/corpus/<target>/, which it does not modify), then prints the executions per
+# target. A crash stops the run; the input is left as build/fuzz/crash-<target>-*. The Python
+# target (config.pbtxt) runs under atheris. FUZZ_MODE=replay builds the same C targets with
+# FUZZ_CC (default cc) and -DOI_FUZZ_MAIN instead: no libFuzzer, they replay files
+# (tests/test_fuzz_corpus.py does that with the whole corpus).
+FUZZ_SECONDS ?= 60
+FUZZ_C_TARGETS := fuzz_json fuzz_pb_infer fuzz_pb_response fuzz_http1 fuzz_grpc fuzz_shm_register
+FUZZ_TARGETS ?= $(FUZZ_C_TARGETS) fuzz_config
+FUZZ_MODE ?= libfuzzer
+ifeq ($(FUZZ_MODE),replay)
+FUZZ_CC ?= cc
+FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined
+FUZZ_LINK := $(FUZZ_SAN)
+FUZZ_DEFS := -DOI_FUZZ_MAIN
+else
+FUZZ_CC ?= clang
+FUZZ_SAN := -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
+FUZZ_LINK := -fsanitize=fuzzer,address,undefined
+FUZZ_DEFS :=
+endif
+FUZZ_OUT ?= build/fuzz/$(FUZZ_MODE)
+FUZZ_CFLAGS := -std=c11 -g -O1 -fno-omit-frame-pointer -D_GNU_SOURCE -Wall -Wextra -Werror \
+	-Wno-missing-field-initializers -Icsrc -I/usr/share/include/llhttp -I$(FUZZ_OUT)/proto $(FUZZ_SAN)
+FUZZ_LIBS := -luv -lnghttp2 -lprotobuf-c -lz -lpthread -ldl -lm
+# Everything below the Python bindings and the backends, as one archive: each target links
+# only what it uses (a codec target gets no transport).
+FUZZ_LIB_SRC := $(wildcard csrc/core/*.c csrc/codec/*.c csrc/transport/*.c csrc/server/*.c)
+FUZZ_LIB_OBJ := $(patsubst csrc/%.c,$(FUZZ_OUT)/obj/%.o,$(FUZZ_LIB_SRC)) \
+	$(FUZZ_OUT)/obj/proto/grpc_service.pb-c.o $(FUZZ_OUT)/obj/llhttp/api.o \
+	$(FUZZ_OUT)/obj/llhttp/http.o $(FUZZ_OUT)/obj/llhttp/llhttp.o
+
+$(FUZZ_OUT)/proto/grpc_service.pb-c.c: proto/grpc_service.proto
+	mkdir -p $(@D) && protoc-c --c_out=$(@D) -Iproto $<
+$(FUZZ_OUT)/proto/grpc_service.pb-c.h: $(FUZZ_OUT)/proto/grpc_service.pb-c.c
+$(FUZZ_OUT)/obj/proto/grpc_service.pb-c.o: $(FUZZ_OUT)/proto/grpc_service.pb-c.c
+	mkdir -p $(@D) && $(FUZZ_CC) -g -O1 $(FUZZ_SAN) -I$(FUZZ_OUT)/proto -c $< -o $@
+$(FUZZ_OUT)/obj/llhttp/%.o: /usr/share/llhttp/%.c
+	mkdir -p $(@D) && $(FUZZ_CC) -g -O1 $(FUZZ_SAN) -I/usr/share/include/llhttp -c $< -o $@
+$(FUZZ_OUT)/obj/%.o: csrc/%.c $(wildcard csrc/*/*.h) $(FUZZ_OUT)/proto/grpc_service.pb-c.h
+	mkdir -p $(@D) && $(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
+$(FUZZ_OUT)/libopeninfer_fuzz.a: $(FUZZ_LIB_OBJ)
+	rm -f $@ && ar rcs $@ $^
+$(FUZZ_OUT)/fuzz_%: tests/fuzz/fuzz_%.c $(wildcard tests/fuzz/*.h) $(FUZZ_OUT)/libopeninfer_fuzz.a
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $(FUZZ_DEFS) $< $(FUZZ_OUT)/libopeninfer_fuzz.a $(FUZZ_LINK) $(FUZZ_LIBS) -o $@
+
+fuzz-build: $(addprefix $(FUZZ_OUT)/,$(filter $(FUZZ_C_TARGETS),$(FUZZ_TARGETS)))
+
+fuzz: setup fuzz-build
+	FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_OUT=$(FUZZ_OUT) PY=$(PY) tests/fuzz/run.sh $(FUZZ_TARGETS)
 
 bench: build
 	$(PY) benchmarks/run.py $(BENCH_ARGS)

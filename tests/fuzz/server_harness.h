@@ -1,0 +1,249 @@
+/* What the server-level fuzz targets (fuzz_http1.c, fuzz_grpc.c) share: a real server with a
+ * few models, on a loop that the target runs on its own thread (http.inline_loop), and a
+ * driver that hands the server one end of a socketpair, writes the input into the other end
+ * as a client would, and runs the loop until the server has answered all it will (models run
+ * on their executor threads, as in production). Each input gets a fresh connection; the
+ * models and the server live for the whole run.
+ *
+ * The models are the shapes of Triton's examples, served by an echo backend written here (no
+ * Python): "simple" (two INT32 [-1, 16], max_batch_size 8, dynamic batching), "simple_string"
+ * (the same in BYTES, no batching), "identity_fp32" (FP32 of any length, no batch) and
+ * "broken" (a model that failed to load).
+ *
+ * Shared memory is open, but the only key that can be opened is OI_FUZZ_SHM_KEY, which this
+ * harness backs with a memfd of its own (see shm_open below): whatever name a fuzzer comes up
+ * with, no object of another process on this machine is ever mapped, let alone written. */
+#ifndef OI_FUZZ_SERVER_HARNESS_H
+#define OI_FUZZ_SERVER_HARNESS_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "server/registry.h"
+#include "server/server.h"
+
+#define OI_FUZZ_SHM_KEY "/oi_fuzz_region"
+#define OI_FUZZ_SHM_BYTES 4096
+
+static oi_server_t *harness_server;
+static int harness_shm_fd = -1;
+
+/* The server's shm_open: only OI_FUZZ_SHM_KEY exists (a private memfd). This definition in
+ * the executable takes the place of libc's for the server code linked into it. */
+int shm_open(const char *name, int oflag, mode_t mode)
+{
+    (void)oflag, (void)mode;
+    if (strcmp(name, OI_FUZZ_SHM_KEY) != 0 || harness_shm_fd < 0) {
+        errno = ENOENT;
+        return -1;
+    }
+    return fcntl(harness_shm_fd, F_DUPFD_CLOEXEC, 0);
+}
+
+static void harness_die(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    abort();
+}
+
+/* ---- the echo backend -------------------------------------------------------------------- */
+
+/* Output i is a view of the request's input named like the model's input i (else of its
+ * first input), so that dtypes and shapes match what the model declares. */
+static oi_status_t *echo_execute(void *state, const oi_request_t *req, const char *const *names, uint32_t n,
+                                 oi_response_t *resp)
+{
+    const oi_model_t *m = state;
+    resp->outputs = calloc(n ? n : 1, sizeof(*resp->outputs));
+    if (resp->outputs == NULL)
+        return oi_status_new(OI_INTERNAL, "out of memory");
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t k = 0;
+        while (k < m->n_outputs && strcmp(m->outputs[k].name, names[i]) != 0)
+            k++;
+        const oi_tensor_t *src = &req->inputs[0];
+        for (uint32_t j = 0; k < m->n_inputs && j < req->n_inputs; j++)
+            if (strcmp(req->inputs[j].name, m->inputs[k].name) == 0)
+                src = &req->inputs[j];
+        oi_tensor_t *t = &resp->outputs[resp->n_outputs++];
+        t->name = names[i];
+        t->dtype = src->dtype;
+        t->ndim = src->ndim;
+        memcpy(t->shape, src->shape, sizeof(t->shape));
+        t->data = src->data;
+        t->byte_size = src->byte_size;
+        t->owner = src->owner ? oi_buf_ref(src->owner) : NULL;
+    }
+    return NULL;
+}
+
+static void echo_release(void *state) { (void)state; }
+
+static const oi_backend_t echo_backend = {"fuzz-echo", echo_execute, echo_release};
+
+static void add_model(const char *name, int max_batch, oi_dtype_t dtype, int ndim, const int64_t *dims,
+                      int n_io, const oi_batching_t *batching, const char *error)
+{
+    oi_io_spec_t in[2], out[2];
+    static char *in_names[] = {"INPUT0", "INPUT1"}, *out_names[] = {"OUTPUT0", "OUTPUT1"};
+    for (int i = 0; i < n_io; i++) {
+        in[i] = (oi_io_spec_t){.name = in_names[i], .dtype = dtype, .ndim = ndim};
+        memcpy(in[i].dims, dims, (size_t)ndim * sizeof(*dims));
+        out[i] = in[i];
+        out[i].name = out_names[i];
+    }
+    oi_model_t *m = oi_model_new(name, 1, max_batch, in, (uint32_t)n_io, out, (uint32_t)n_io);
+    if (m == NULL)
+        harness_die("out of memory");
+    char meta[512];
+    int len = snprintf(meta, sizeof(meta), "{\"name\":\"%s\",\"versions\":[\"1\"],\"platform\":\"fuzz\"}", name);
+    m->metadata = oi_buf_new((size_t)len);
+    memcpy(m->metadata->data, meta, (size_t)len);
+    m->metadata->len = (size_t)len;
+    if (error != NULL) {
+        m->error = strdup(error);
+    } else {
+        char err[256];
+        m->backend = &echo_backend;
+        m->state = m;
+        m->sched = oi_scheduler_new_batching(&echo_backend, m, 1, batching, err, sizeof(err));
+        if (m->sched == NULL)
+            harness_die("scheduler: %s", err);
+    }
+    if (oi_server_add_model(harness_server, m) != 0)
+        harness_die("model %s registered twice", name);
+}
+
+/* ---- the server -------------------------------------------------------------------------- */
+
+static void harness_init(void)
+{
+    harness_shm_fd = memfd_create("oi_fuzz_region", MFD_CLOEXEC);
+    if (harness_shm_fd < 0 || ftruncate(harness_shm_fd, OI_FUZZ_SHM_BYTES) != 0)
+        harness_die("memfd: %s", strerror(errno));
+    oi_server_config_t cfg = {
+        .http =
+            {
+                .max_body_bytes = 1 << 20,
+                .max_header_bytes = 8192,
+                .max_connections = 64,
+                /* Long enough never to fire within one input: timers are not what is fuzzed. */
+                .first_byte_timeout_ms = 600000,
+                .header_timeout_ms = 600000,
+                .body_timeout_ms = 600000,
+                .idle_timeout_ms = 600000,
+                .inline_loop = 1,
+            },
+        .max_json_depth = 64,
+        .grpc_port = 0,
+        .grpc_max_message_bytes = 1 << 20,
+        .allow_shared_memory = 1,
+    };
+    harness_server = oi_server_new(&cfg);
+    if (harness_server == NULL)
+        harness_die("oi_server_new failed");
+    static const int64_t batch16[] = {-1, 16}, any[] = {-1};
+    oi_batching_t batching = {.max_batch_size = 8, .max_queue_delay_us = 100, .preferred = {4}, .n_preferred = 1};
+    add_model("simple", 8, OI_TYPE_INT32, 2, batch16, 2, &batching, NULL);
+    add_model("simple_string", 8, OI_TYPE_BYTES, 2, batch16, 2, NULL, NULL);
+    add_model("identity_fp32", 0, OI_TYPE_FP32, 1, any, 1, NULL, NULL);
+    add_model("broken", 0, OI_TYPE_FP32, 1, any, 1, NULL, "failed to load: the fuzz harness says so");
+    static const char meta[] = "{\"name\":\"openinfer\",\"version\":\"fuzz\",\"extensions\":[]}";
+    oi_server_set_metadata(harness_server, meta, sizeof(meta) - 1);
+    char err[256];
+    if (oi_server_start(harness_server, err, sizeof(err)) != 0)
+        harness_die("oi_server_start: %s", err);
+}
+
+static size_t unread_bytes(int fd)
+{
+    int n = 0;
+    return ioctl(fd, FIONREAD, &n) == 0 && n > 0 ? (size_t)n : 0;
+}
+
+/* Serves `data` to a fresh connection (gRPC when `grpc`), as one client writing it and reading
+ * whatever comes back, until the server has nothing more to do for it; then hangs up and lets
+ * the connection go. Returns the response bytes (for the replay's -v). */
+static size_t harness_drive(const uint8_t *data, size_t size, int grpc)
+{
+    uv_loop_t *loop = &oi_server_inline_loop(harness_server)->uv;
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) != 0)
+        harness_die("socketpair: %s", strerror(errno));
+    int client = sv[0], server_fd = sv[1];
+    if (oi_server_adopt(harness_server, server_fd, grpc) != 0)
+        harness_die("adopt failed");
+    size_t sent = 0, got = 0;
+    int idle_rounds = 0, eof = 0;
+    char rbuf[65536];
+    while (!eof) {
+        int progress = 0;
+        if (sent < size) {
+            ssize_t w = send(client, data + sent, size - sent, MSG_NOSIGNAL);
+            if (w > 0) {
+                sent += (size_t)w;
+                progress = 1;
+            } else if (w < 0 && errno != EAGAIN) {
+                sent = size; /* the server hung up: what is left goes nowhere */
+            }
+        }
+        size_t before = unread_bytes(server_fd);
+        uv_run(loop, UV_RUN_NOWAIT);
+        for (;;) {
+            ssize_t r = recv(client, rbuf, sizeof(rbuf), 0);
+            if (r > 0) {
+                got += (size_t)r;
+                progress = 1;
+                continue;
+            }
+            if (r == 0 || (r < 0 && errno != EAGAIN))
+                eof = 1; /* the server closed the connection */
+            break;
+        }
+        if (eof)
+            break;
+        size_t left = unread_bytes(server_fd);
+        if (left != before)
+            progress = 1;
+        if (oi_server_inflight(harness_server) > 0) {
+            if (!progress)
+                uv_run(loop, UV_RUN_ONCE); /* a model is running: wait for its completion */
+            idle_rounds = 0;
+        } else if (progress) {
+            idle_rounds = 0;
+        } else if (sent == size && ++idle_rounds >= 3) {
+            break; /* answered everything it will: the rest waits for bytes that never come */
+        }
+    }
+    close(client);
+    /* The server sees EOF, closes, and frees the connection once its handles are closed. */
+    for (int i = 0; i < 4; i++)
+        uv_run(loop, UV_RUN_NOWAIT);
+    return got;
+}
+
+/* Unregisters every region an input registered, so that each input starts from the same
+ * state (the regions are the only state a request leaves behind in the server). */
+static void harness_reset(void)
+{
+    static const char req[] = "POST /v2/systemsharedmemory/unregister HTTP/1.1\r\nContent-Length: 0\r\n\r\n"
+                              "POST /v2/cudasharedmemory/unregister HTTP/1.1\r\nContent-Length: 0\r\n\r\n";
+    harness_drive((const uint8_t *)req, sizeof(req) - 1, 0);
+}
+
+#endif
