@@ -10,9 +10,8 @@
  * (the same in BYTES, no batching), "identity_fp32" (FP32 of any length, no batch) and
  * "broken" (a model that failed to load).
  *
- * Shared memory is open, but the only key that can be opened is OI_FUZZ_SHM_KEY, which this
- * harness backs with a memfd of its own (see shm_open below): whatever name a fuzzer comes up
- * with, no object of another process on this machine is ever mapped, let alone written. */
+ * Shared memory is open, but the only key that can be opened is OI_FUZZ_SHM_KEY, which the
+ * harness backs with a memfd of its own (shm_fence.h). */
 #ifndef OI_FUZZ_SERVER_HARNESS_H
 #define OI_FUZZ_SERVER_HARNESS_H
 
@@ -31,25 +30,11 @@
 #include <unistd.h>
 
 #include "server/registry.h"
+#include "shm_fence.h"
 #include "server/server.h"
 
-#define OI_FUZZ_SHM_KEY "/oi_fuzz_region"
-#define OI_FUZZ_SHM_BYTES 4096
-
 static oi_server_t *harness_server;
-static int harness_shm_fd = -1;
-
-/* The server's shm_open: only OI_FUZZ_SHM_KEY exists (a private memfd). This definition in
- * the executable takes the place of libc's for the server code linked into it. */
-int shm_open(const char *name, int oflag, mode_t mode)
-{
-    (void)oflag, (void)mode;
-    if (strcmp(name, OI_FUZZ_SHM_KEY) != 0 || harness_shm_fd < 0) {
-        errno = ENOENT;
-        return -1;
-    }
-    return fcntl(harness_shm_fd, F_DUPFD_CLOEXEC, 0);
-}
+static int harness_verbose; /* OI_FUZZ_VERBOSE set: the server's answers go to stderr */
 
 static void harness_die(const char *fmt, ...)
 {
@@ -133,9 +118,8 @@ static void add_model(const char *name, int max_batch, oi_dtype_t dtype, int ndi
 
 static void harness_init(void)
 {
-    harness_shm_fd = memfd_create("oi_fuzz_region", MFD_CLOEXEC);
-    if (harness_shm_fd < 0 || ftruncate(harness_shm_fd, OI_FUZZ_SHM_BYTES) != 0)
-        harness_die("memfd: %s", strerror(errno));
+    harness_verbose = getenv("OI_FUZZ_VERBOSE") != NULL;
+    fence_init();
     oi_server_config_t cfg = {
         .http =
             {
@@ -207,6 +191,8 @@ static size_t harness_drive(const uint8_t *data, size_t size, int grpc)
         for (;;) {
             ssize_t r = recv(client, rbuf, sizeof(rbuf), 0);
             if (r > 0) {
+                if (harness_verbose)
+                    fwrite(rbuf, 1, (size_t)r, stderr);
                 got += (size_t)r;
                 progress = 1;
                 continue;
@@ -241,9 +227,12 @@ static size_t harness_drive(const uint8_t *data, size_t size, int grpc)
  * state (the regions are the only state a request leaves behind in the server). */
 static void harness_reset(void)
 {
+    int verbose = harness_verbose;
+    harness_verbose = 0;
     static const char req[] = "POST /v2/systemsharedmemory/unregister HTTP/1.1\r\nContent-Length: 0\r\n\r\n"
                               "POST /v2/cudasharedmemory/unregister HTTP/1.1\r\nContent-Length: 0\r\n\r\n";
     harness_drive((const uint8_t *)req, sizeof(req) - 1, 0);
+    harness_verbose = verbose;
 }
 
 #endif
