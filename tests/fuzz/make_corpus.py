@@ -238,7 +238,82 @@ def grpc_scenarios() -> dict[str, Callable[[str], None]]:
             "grpc-shm": shm, "grpc-errors": errors}
 
 
+def codec_seeds() -> None:
+    """Seeds of the codec targets: V2 JSON bodies (fuzz_json), ModelInferRequest messages
+    (fuzz_pb_infer), ModelInferResponse and ModelStreamInferResponse messages (fuzz_pb_response)."""
+    import json
+    import struct
+
+    from tritonclient.grpc import service_pb2 as pb
+
+    def write(target: str, name: str, data: bytes) -> None:
+        out = CORPUS / target
+        out.mkdir(parents=True, exist_ok=True)
+        (out / name).write_bytes(data)
+
+    simple = {"id": "1", "parameters": {"binary_data_output": True, "priority": 2},
+              "inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": [list(range(16))]},
+                         {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": list(range(16))}],
+              "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": False}}, {"name": "OUTPUT1"}]}
+    write("fuzz_json", "simple.json", json.dumps(simple).encode())
+    kinds = {"BOOL": [True, False], "UINT8": [0, 255], "INT64": [-(2**63), 2**63 - 1], "FP16": [65504, 1e-7],
+             "BF16": [0.1, -3.5], "FP64": [1e308, -0.0], "BYTES": ["a\u00e9", ""], "UINT64": [0, 2**64 - 1]}
+    write("fuzz_json", "datatypes.json", json.dumps({"inputs": [
+        {"name": k.lower(), "shape": [2], "datatype": k, "data": v} for k, v in kinds.items()]}).encode())
+    head = json.dumps({"inputs": [{"name": "x", "shape": [2], "datatype": "FP32",
+                                   "parameters": {"binary_data_size": 8}},
+                                  {"name": "s", "shape": [1], "datatype": "BYTES",
+                                   "parameters": {"binary_data_size": 7}}],
+                       "outputs": [{"name": "x", "parameters": {"binary_data": True}}]}).encode()
+    write("fuzz_json", "binary.json", head + struct.pack("<2f", 1.5, -2) + struct.pack("<I", 3) + b"abc")
+    write("fuzz_json", "shm.json", json.dumps({"inputs": [{"name": "x", "shape": [4], "datatype": "FP32",
+        "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 16, "shared_memory_offset": 8}}],
+        "outputs": [{"name": "y", "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 16}}]}).encode())
+
+    req = pb.ModelInferRequest(model_name="simple", model_version="1", id="7")
+    req.parameters["priority"].int64_param = 1
+    req.parameters["tag"].string_param = "t"
+    for name in ("INPUT0", "INPUT1"):
+        t = req.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+        t.parameters["p"].bool_param = True
+    req.raw_input_contents.extend([np.arange(16, dtype=np.int32).tobytes()] * 2)
+    req.outputs.add(name="OUTPUT0").parameters["binary_data"].bool_param = True
+    write("fuzz_pb_infer", "raw.pb", req.SerializeToString())
+    typed = pb.ModelInferRequest(model_name="identity_fp32")
+    t = typed.inputs.add(name="INPUT0", datatype="FP32", shape=[3])
+    t.contents.fp32_contents.extend([1.5, -2, 3e38])
+    t = typed.inputs.add(name="s", datatype="BYTES", shape=[2])
+    t.contents.bytes_contents.extend([b"ab", b""])
+    t = typed.inputs.add(name="b", datatype="BOOL", shape=[1])
+    t.contents.bool_contents.append(True)
+    t = typed.inputs.add(name="i", datatype="INT64", shape=[1])
+    t.contents.int64_contents.append(-5)
+    write("fuzz_pb_infer", "typed.pb", typed.SerializeToString())
+    shm = pb.ModelInferRequest(model_name="simple")
+    t = shm.inputs.add(name="INPUT0", datatype="INT32", shape=[1, 16])
+    t.parameters["shared_memory_region"].string_param = "r"
+    t.parameters["shared_memory_byte_size"].int64_param = 64
+    shm.outputs.add(name="OUTPUT0").parameters["shared_memory_region"].string_param = "r"
+    write("fuzz_pb_infer", "shm.pb", shm.SerializeToString())
+
+    resp = pb.ModelInferResponse(model_name="simple", model_version="1", id="7")
+    for name in ("OUTPUT0", "OUTPUT1"):
+        resp.outputs.add(name=name, datatype="INT32", shape=[1, 16])
+    resp.raw_output_contents.extend([np.arange(16, dtype=np.int32).tobytes()] * 2)
+    write("fuzz_pb_response", "raw.pb", resp.SerializeToString())
+    typed_resp = pb.ModelInferResponse(model_name="m")
+    o = typed_resp.outputs.add(name="y", datatype="FP64", shape=[2])
+    o.contents.fp64_contents.extend([0.5, -1])
+    o = typed_resp.outputs.add(name="s", datatype="BYTES", shape=[1])
+    o.contents.bytes_contents.append(b"xyz")
+    write("fuzz_pb_response", "typed.pb", typed_resp.SerializeToString())
+    write("fuzz_pb_response", "stream.pb", pb.ModelStreamInferResponse(infer_response=resp).SerializeToString())
+    write("fuzz_pb_response", "stream-error.pb",
+          pb.ModelStreamInferResponse(error_message="input 'x': bad").SerializeToString())
+
+
 def main() -> None:
+    codec_seeds()
     server = openinfer.serve(http_port=0, grpc_port=0)
     try:
         http = Recorder(server.http_port)
