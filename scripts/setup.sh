@@ -6,7 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(libuv1-dev node-llhttp zlib1g-dev libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler)
+# clang builds the libFuzzer targets of `make fuzz` (tests/fuzz); its fuzzer and sanitizer
+# runtimes come in a package of their own, added below once clang's version is known.
+APT_PACKAGES=(libuv1-dev node-llhttp zlib1g-dev libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler clang)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -16,6 +18,16 @@ if [ ${#missing[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# libFuzzer with AddressSanitizer must link; on Debian its runtime is libclang-rt-<major>-dev.
+if ! echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }' |
+    clang -x c -fsanitize=fuzzer,address,undefined -o /dev/null - 2>/dev/null; then
+  rt="libclang-rt-$(clang -dumpversion | cut -d. -f1)-dev"
+  echo "setup: installing Debian package: $rt (clang's fuzzer and sanitizer runtimes)"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "$rt" >/dev/null
 fi
 
 PY=${PYTHON:-python3}
