@@ -67,10 +67,12 @@ def test_config_corpus_replays_clean() -> None:
     assert "replayed" in r.stdout
 
 
-def test_http1_replay_answers_like_a_server(replay_bins: Path) -> None:
+@pytest.mark.parametrize("seed", ["hand-pipelined", "hand-pipelined-split1"])
+def test_http1_replay_answers_like_a_server(replay_bins: Path, seed: str) -> None:
     """The HTTP/1.1 target really serves its input (a replay that answered nothing would pass
-    every corpus run): a pipelined seed gets one answer per request, the inference included."""
-    r = subprocess.run([str(replay_bins / "fuzz_http1"), str(CORPUS / "fuzz_http1" / "hand-pipelined")], cwd=ROOT,
+    every corpus run): a pipelined seed gets one answer per request, the inference included,
+    written at once or a byte at a time."""
+    r = subprocess.run([str(replay_bins / "fuzz_http1"), str(CORPUS / "fuzz_http1" / seed)], cwd=ROOT,
                        env={**_clean_env(), **SANITIZER_ENV, "OI_FUZZ_VERBOSE": "1"}, capture_output=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr[-4000:]
@@ -78,11 +80,12 @@ def test_http1_replay_answers_like_a_server(replay_bins: Path) -> None:
     assert b'"model_name":"simple"' in r.stderr
 
 
-def test_grpc_replay_answers_like_a_server(replay_bins: Path) -> None:
+@pytest.mark.parametrize("seed", ["rec-grpc-infer-0", "rec-grpc-infer-0-split1"])
+def test_grpc_replay_answers_like_a_server(replay_bins: Path, seed: str) -> None:
     """The gRPC target really serves its input: the recorded tritonclient inference gets a
     response message with the echoed tensor, then grpc-status 0 in the trailers."""
     hpack = pytest.importorskip("hpack")
-    r = subprocess.run([str(replay_bins / "fuzz_grpc"), str(CORPUS / "fuzz_grpc" / "rec-grpc-infer-0")], cwd=ROOT,
+    r = subprocess.run([str(replay_bins / "fuzz_grpc"), str(CORPUS / "fuzz_grpc" / seed)], cwd=ROOT,
                        env={**_clean_env(), **SANITIZER_ENV, "OI_FUZZ_VERBOSE": "1"}, capture_output=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr[-4000:]

@@ -1,9 +1,12 @@
 /* libFuzzer target for the gRPC path: the input is what an HTTP/2 client writes on one
- * connection after the 24-byte client preface (which the target puts in front): frames,
+ * connection after the 24-byte client preface (which the target puts in front) and after the
+ * first byte (below): frames,
  * normally a SETTINGS frame, then HEADERS and DATA of one or more calls. A real server reads
  * it through nghttp2 (nghttp2_session_mem_recv) into our callbacks, the gRPC message
  * reassembly, the service router and the protobuf decoders, with inferences run by echo
- * models on their executor threads (see server_harness.h).
+ * models on their executor threads (see server_harness.h). The input's first byte says how
+ * the rest is written (0: at once; n: n bytes at a time, each read before the next is
+ * written), so that frames split anywhere are fuzzed too.
  *
  *   make fuzz FUZZ_TARGETS=fuzz_grpc     (builds with clang -fsanitize=fuzzer,address,undefined)
  *
@@ -24,6 +27,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+    size_t chunk = harness_chunk(&data, &size);
     size_t n = sizeof(preface) - 1;
     uint8_t *wire = malloc(n + size);
     if (wire == NULL)
@@ -31,7 +35,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memcpy(wire, preface, n);
     if (size > 0)
         memcpy(wire + n, data, size);
-    harness_drive(wire, n + size, 1);
+    harness_drive(wire, n + size, 1, chunk);
     free(wire);
     /* A call may have registered a region (its name can hide in HPACK's Huffman code). */
     harness_reset();

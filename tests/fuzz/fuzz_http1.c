@@ -2,7 +2,9 @@
  * connection (one or more pipelined requests, any bytes), served by a real server through
  * llhttp, the transport's callbacks, the V2 router and the request decoders (JSON, binary
  * tensor data, compression, shared-memory registration), with inferences run by echo models
- * on their executor threads (see server_harness.h).
+ * on their executor threads (see server_harness.h). The input's first byte says how it is
+ * written (0: at once; n: n bytes at a time, each read before the next is written), so that
+ * requests split anywhere are fuzzed too.
  *
  *   make fuzz FUZZ_TARGETS=fuzz_http1     (builds with clang -fsanitize=fuzzer,address,undefined)
  *
@@ -20,7 +22,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    harness_drive(data, size, 0);
+    size_t chunk = harness_chunk(&data, &size);
+    harness_drive(data, size, 0, chunk);
     if (memmem(data, size, "egister", 7) != NULL)
         harness_reset();
     return 0;

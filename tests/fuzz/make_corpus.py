@@ -1,7 +1,8 @@
 """Regenerates the recorded part of the seed corpora of fuzz_http1 and fuzz_grpc: real
 clients (tritonclient.http, tritonclient.grpc, grpcio) talk to a real openinfer server through
-a recording proxy, and what each client connection sent becomes one seed file. gRPC seeds
-start after the 24-byte client preface (fuzz_grpc puts it in front of every input).
+a recording proxy, and what each client connection sent becomes one seed file, after a first
+byte 0 (written at once: see harness_chunk in server_harness.h). gRPC seeds leave out the
+24-byte client preface (fuzz_grpc puts it in front of every input).
 
     PYTHONPATH=python .venv/bin/python tests/fuzz/make_corpus.py
 
@@ -90,7 +91,7 @@ def record(rec: Recorder, target: str, name: str, scenario: Callable[[str], None
         if strip and data.startswith(strip):
             data = data[len(strip):]
         path = out / f"rec-{name}-{i}"
-        path.write_bytes(data)
+        path.write_bytes(b"\0" + data)
         print(f"  {path.relative_to(CORPUS)}: {len(data)} bytes")
 
 

@@ -162,8 +162,10 @@ static size_t unread_bytes(int fd)
 
 /* Serves `data` to a fresh connection (gRPC when `grpc`), as one client writing it and reading
  * whatever comes back, until the server has nothing more to do for it; then hangs up and lets
- * the connection go. Returns the response bytes (for the replay's -v). */
-static size_t harness_drive(const uint8_t *data, size_t size, int grpc)
+ * the connection go. With `chunk` > 0 the client writes `chunk` bytes at a time and the
+ * server reads each before the next arrives, so that every parser meets its input split at
+ * every place; 0 writes all at once. Returns the response bytes. */
+static size_t harness_drive(const uint8_t *data, size_t size, int grpc, size_t chunk)
 {
     uv_loop_t *loop = &oi_server_inline_loop(harness_server)->uv;
     int sv[2];
@@ -178,7 +180,8 @@ static size_t harness_drive(const uint8_t *data, size_t size, int grpc)
     while (!eof) {
         int progress = 0;
         if (sent < size) {
-            ssize_t w = send(client, data + sent, size - sent, MSG_NOSIGNAL);
+            size_t n = chunk > 0 && size - sent > chunk ? chunk : size - sent;
+            ssize_t w = send(client, data + sent, n, MSG_NOSIGNAL);
             if (w > 0) {
                 sent += (size_t)w;
                 progress = 1;
@@ -231,8 +234,19 @@ static void harness_reset(void)
     harness_verbose = 0;
     static const char req[] = "POST /v2/systemsharedmemory/unregister HTTP/1.1\r\nContent-Length: 0\r\n\r\n"
                               "POST /v2/cudasharedmemory/unregister HTTP/1.1\r\nContent-Length: 0\r\n\r\n";
-    harness_drive((const uint8_t *)req, sizeof(req) - 1, 0);
+    harness_drive((const uint8_t *)req, sizeof(req) - 1, 0, 0);
     harness_verbose = verbose;
+}
+
+/* The first byte of a server target's input: how the rest is written (see harness_drive):
+ * 0 all at once, else in pieces of that many bytes. */
+static size_t harness_chunk(const uint8_t **data, size_t *size)
+{
+    if (*size == 0)
+        return 0;
+    size_t chunk = (*data)[0];
+    (*data)++, (*size)--;
+    return chunk;
 }
 
 #endif
