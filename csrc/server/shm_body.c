@@ -67,8 +67,10 @@ oi_status_t *oi_shm_decode_register(oi_slice_t body, oi_shm_kind_t kind, oi_shm_
             return st;
         oi_json_param(body, "key", &v, out->key, sizeof(out->key));
         if (v.kind != OI_JSON_PARAM_STRING || v.too_long || strlen(out->key) != v.len)
-            return oi_status_new(OI_BAD_REQUEST, "register request: 'key' must be a string, a shared-memory name "
-                                 "(\"/name\") of at most %d bytes", OI_SHM_MAX_NAME + 1);
+            return oi_status_new(OI_BAD_REQUEST,
+                                 "register request: 'key' must be a string, a shared-memory name "
+                                 "(\"/name\") of at most %d bytes",
+                                 OI_SHM_MAX_NAME + 1);
         return NULL;
     }
     if ((st = body_count(body, "device_id", 1, &out->device_id)) != NULL)
@@ -78,12 +80,13 @@ oi_status_t *oi_shm_decode_register(oi_slice_t body, oi_shm_kind_t kind, oi_shm_
     oi_json_param_t h = {0};
     if (v.kind == OI_JSON_PARAM_OTHER)
         oi_json_param(v.raw, "b64", &h, b64, sizeof(b64));
-    long n = h.kind == OI_JSON_PARAM_STRING && !h.too_long
-                 ? b64_decode(b64, h.len, out->handle, sizeof(out->handle))
-                 : -1;
+    long n =
+        h.kind == OI_JSON_PARAM_STRING && !h.too_long ? b64_decode(b64, h.len, out->handle, sizeof(out->handle)) : -1;
     if (n < 0)
-        return oi_status_new(OI_BAD_REQUEST, "register request: 'raw_handle' must be {\"b64\": <base64 of a %d-byte "
-                             "cudaIpcMemHandle_t>}", OI_CUDA_IPC_HANDLE_BYTES);
+        return oi_status_new(OI_BAD_REQUEST,
+                             "register request: 'raw_handle' must be {\"b64\": <base64 of a %d-byte "
+                             "cudaIpcMemHandle_t>}",
+                             OI_CUDA_IPC_HANDLE_BYTES);
     out->handle_len = (size_t)n;
     return NULL;
 }

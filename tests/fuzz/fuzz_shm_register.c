@@ -65,9 +65,7 @@ static void one(oi_shm_t *shm, const char *line, size_t len)
         break;
     }
     case 'U':
-    case 'u':
-        st = oi_shm_unregister(shm, peer, op == 'U' ? OI_SHM_SYSTEM : OI_SHM_CUDA, name);
-        break;
+    case 'u': st = oi_shm_unregister(shm, peer, op == 'U' ? OI_SHM_SYSTEM : OI_SHM_CUDA, name); break;
     case 'L':
     case 'l': {
         oi_shm_region_t **regions = NULL;
@@ -81,8 +79,7 @@ static void one(oi_shm_t *shm, const char *line, size_t len)
         }
         break;
     }
-    default:
-        break;
+    default: break;
     }
     if (st != NULL && (st->code < 400 || st->code > 599 || st->message == NULL))
         abort(); /* every refusal is a client or server error with a message */

@@ -56,7 +56,10 @@ static int replay_file(const char *path)
     return 0;
 }
 
-static int replay_by_name(const struct dirent **a, const struct dirent **b) { return strcmp((*a)->d_name, (*b)->d_name); }
+static int replay_by_name(const struct dirent **a, const struct dirent **b)
+{
+    return strcmp((*a)->d_name, (*b)->d_name);
+}
 
 static int replay_path(const char *path, int *count)
 {

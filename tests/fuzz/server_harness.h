@@ -77,12 +77,15 @@ static oi_status_t *echo_execute(void *state, const oi_request_t *req, const cha
     return NULL;
 }
 
-static void echo_release(void *state) { (void)state; }
+static void echo_release(void *state)
+{
+    (void)state;
+}
 
 static const oi_backend_t echo_backend = {"fuzz-echo", echo_execute, echo_release};
 
-static void add_model(const char *name, int max_batch, oi_dtype_t dtype, int ndim, const int64_t *dims,
-                      int n_io, const oi_batching_t *batching, const char *error)
+static void add_model(const char *name, int max_batch, oi_dtype_t dtype, int ndim, const int64_t *dims, int n_io,
+                      const oi_batching_t *batching, const char *error)
 {
     oi_io_spec_t in[2], out[2];
     static char *in_names[] = {"INPUT0", "INPUT1"}, *out_names[] = {"OUTPUT0", "OUTPUT1"};
