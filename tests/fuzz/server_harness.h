@@ -126,7 +126,7 @@ static void harness_init(void)
     oi_server_config_t cfg = {
         .http =
             {
-                .max_body_bytes = 1 << 20,
+                .max_body_bytes = 64 << 10, /* small, so that inputs reach the limits */
                 .max_header_bytes = 8192,
                 .max_connections = 64,
                 /* Long enough never to fire within one input: timers are not what is fuzzed. */
@@ -138,7 +138,7 @@ static void harness_init(void)
             },
         .max_json_depth = 64,
         .grpc_port = 0,
-        .grpc_max_message_bytes = 1 << 20,
+        .grpc_max_message_bytes = 64 << 10,
         .allow_shared_memory = 1,
     };
     harness_server = oi_server_new(&cfg);
