@@ -208,9 +208,11 @@ static size_t format_head(char *w, int status, size_t body_len, const char *conn
     return (size_t)(w - start);
 }
 
-/* Queues a complete response. Takes the parts' owner references. */
+/* Queues a complete response. Takes the parts' owner references. The answer to a HEAD
+ * request (`head_only`) gives its body's length and sends no body (RFC 9110, 9.3.2): its
+ * client reads none, and would take any bytes sent for the next response. */
 static void conn_write(oi_http_conn_t *c, int status, const char *headers, const oi_iov_t *parts,
-                       size_t nparts)
+                       size_t nparts, int head_only)
 {
     if (c->closing) {
         for (size_t i = 0; i < nparts; i++)
@@ -220,6 +222,11 @@ static void conn_write(oi_http_conn_t *c, int status, const char *headers, const
     size_t body_len = 0;
     for (size_t i = 0; i < nparts; i++)
         body_len += parts[i].len;
+    if (head_only) {
+        for (size_t i = 0; i < nparts; i++)
+            oi_buf_unref(parts[i].owner);
+        nparts = 0;
+    }
     size_t hlen = strlen(headers);
     /* Rounded up so that the parts array after the head is aligned for oi_iov_t. */
     size_t head_cap = (hlen + 160 + _Alignof(oi_iov_t) - 1) & ~(_Alignof(oi_iov_t) - 1);
@@ -274,7 +281,7 @@ static void conn_reject(oi_http_conn_t *c, int status, const char *message)
     oi_buf_t *b = oi_sbuf_detach(&body);
     c->close_after_write = 1;
     oi_iov_t part = {b ? b->data : "", b ? b->len : 0, b};
-    conn_write(c, status, "Content-Type: application/json\r\n", &part, 1);
+    conn_write(c, status, "Content-Type: application/json\r\n", &part, 1, 0); /* then closes */
 }
 
 /* ---- reading ------------------------------------------------------------------------------ */
@@ -705,7 +712,7 @@ void oi_http_respond(oi_http_request_t *req, int status, const char *headers, co
         for (size_t i = 0; i < nparts; i++)
             oi_buf_unref(parts[i].owner);
     } else {
-        conn_write(c, status, headers, parts, nparts);
+        conn_write(c, status, headers, parts, nparts, req->method == HTTP_HEAD);
     }
     c->busy = 0;
     atomic_fetch_sub(&s->inflight, 1);

@@ -29,6 +29,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <llhttp.h>
+
 #include "server/registry.h"
 #include "shm_fence.h"
 #include "server/server.h"
@@ -157,6 +159,72 @@ static void harness_init(void)
         harness_die("oi_server_start: %s", err);
 }
 
+/* ---- what a client would make of the answers (HTTP/1.1) ------------------------------------ */
+
+typedef struct oracle_s {
+    int methods[256]; /* of the input's complete requests, in order */
+    int nrequests;
+    int nresponses; /* final (non-1xx) responses */
+    int status;
+} oracle_t;
+
+static int oracle_on_request(llhttp_t *p)
+{
+    oracle_t *o = p->data;
+    if (o->nrequests < 256)
+        o->methods[o->nrequests] = p->method;
+    o->nrequests++;
+    return 0;
+}
+
+static int oracle_on_response_headers(llhttp_t *p)
+{
+    oracle_t *o = p->data;
+    o->status = p->status_code;
+    if (p->status_code < 200)
+        return 0;
+    /* A response to HEAD has no body, whatever its Content-Length says: 1 tells llhttp so. */
+    int i = o->nresponses;
+    return i < o->nrequests && i < 256 && o->methods[i] == HTTP_HEAD ? 1 : 0;
+}
+
+static int oracle_on_response(llhttp_t *p)
+{
+    oracle_t *o = p->data;
+    if (p->status_code >= 200)
+        o->nresponses++;
+    return 0;
+}
+
+/* The server's answers to `in` must read as a client reads them: well-formed HTTP/1.1
+ * responses, each complete, at most one per request (one more for a request the server
+ * refuses to parse), with the bodies responses to HEAD must not have left out. Aborts with
+ * the reason otherwise: a client would misread every answer that follows. */
+static void harness_check_http(const uint8_t *in, size_t in_len, const char *out, size_t out_len)
+{
+    oracle_t o = {0};
+    llhttp_settings_t rs, ps;
+    llhttp_settings_init(&rs);
+    llhttp_settings_init(&ps);
+    rs.on_message_complete = oracle_on_request;
+    ps.on_headers_complete = oracle_on_response_headers;
+    ps.on_message_complete = oracle_on_response;
+    llhttp_t req, resp;
+    llhttp_init(&req, HTTP_REQUEST, &rs);
+    req.data = &o;
+    llhttp_execute(&req, (const char *)in, in_len); /* up to the first malformed byte */
+    llhttp_init(&resp, HTTP_RESPONSE, &ps);
+    resp.data = &o;
+    llhttp_errno_t err = llhttp_execute(&resp, out, out_len);
+    if (err != HPE_OK)
+        harness_die("the server's answers do not parse as HTTP/1.1 responses after %d of them: %s (%s)",
+                    o.nresponses, llhttp_errno_name(err), llhttp_get_error_reason(&resp));
+    if (llhttp_finish(&resp) != HPE_OK)
+        harness_die("the server's last answer is cut short (after %d complete ones)", o.nresponses);
+    if (o.nresponses > o.nrequests + 1)
+        harness_die("the server gave %d answers to %d requests", o.nresponses, o.nrequests);
+}
+
 static size_t unread_bytes(int fd)
 {
     int n = 0;
@@ -178,6 +246,7 @@ static size_t harness_drive(const uint8_t *data, size_t size, int grpc, size_t c
     if (oi_server_adopt(harness_server, server_fd, grpc) != 0)
         harness_die("adopt failed");
     size_t sent = 0, got = 0;
+    oi_sbuf_t answers = {0}; /* what the server wrote, for the HTTP/1.1 check */
     int idle_rounds = 0, eof = 0;
     char rbuf[65536];
     while (!eof) {
@@ -199,6 +268,8 @@ static size_t harness_drive(const uint8_t *data, size_t size, int grpc, size_t c
             if (r > 0) {
                 if (harness_verbose)
                     fwrite(rbuf, 1, (size_t)r, stderr);
+                if (!grpc && oi_sbuf_append(&answers, rbuf, (size_t)r) != 0)
+                    harness_die("out of memory");
                 got += (size_t)r;
                 progress = 1;
                 continue;
@@ -226,6 +297,9 @@ static size_t harness_drive(const uint8_t *data, size_t size, int grpc, size_t c
     /* The server sees EOF, closes, and frees the connection once its handles are closed. */
     for (int i = 0; i < 4; i++)
         uv_run(loop, UV_RUN_NOWAIT);
+    if (!grpc)
+        harness_check_http(data, size, answers.data, answers.len);
+    oi_sbuf_free(&answers);
     return got;
 }
 
