@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include <llhttp.h>
+#include <nghttp2/nghttp2.h>
 
 #include "server/registry.h"
 #include "shm_fence.h"
@@ -212,10 +213,11 @@ static void harness_check_http(const uint8_t *in, size_t in_len, const char *out
     llhttp_t req, resp;
     llhttp_init(&req, HTTP_REQUEST, &rs);
     req.data = &o;
-    llhttp_execute(&req, (const char *)in, in_len); /* up to the first malformed byte */
+    if (in_len > 0)
+        llhttp_execute(&req, (const char *)in, in_len); /* up to the first malformed byte */
     llhttp_init(&resp, HTTP_RESPONSE, &ps);
     resp.data = &o;
-    llhttp_errno_t err = llhttp_execute(&resp, out, out_len);
+    llhttp_errno_t err = out_len > 0 ? llhttp_execute(&resp, out, out_len) : HPE_OK;
     if (err != HPE_OK)
         harness_die("the server's answers do not parse as HTTP/1.1 responses after %d of them: %s (%s)",
                     o.nresponses, llhttp_errno_name(err), llhttp_get_error_reason(&resp));
@@ -223,6 +225,132 @@ static void harness_check_http(const uint8_t *in, size_t in_len, const char *out
         harness_die("the server's last answer is cut short (after %d complete ones)", o.nresponses);
     if (o.nresponses > o.nrequests + 1)
         harness_die("the server gave %d answers to %d requests", o.nresponses, o.nrequests);
+}
+
+/* ---- what a client would make of the answers (gRPC) ------------------------------------------ */
+
+typedef struct grpc_stream_s {
+    int32_t id;
+    int state;         /* 1: response headers came, 2: ended (END_STREAM or RST_STREAM) */
+    uint64_t msg_left; /* bytes of the response message being read; prefix bytes below */
+    int prefix_have;
+    uint8_t prefix[5];
+} grpc_stream_t;
+
+static grpc_stream_t *grpc_stream(grpc_stream_t *streams, int *n, int32_t id)
+{
+    for (int i = 0; i < *n; i++)
+        if (streams[i].id == id)
+            return &streams[i];
+    if (*n == 1024)
+        harness_die("more than 1024 streams in one answer");
+    streams[*n] = (grpc_stream_t){.id = id};
+    return &streams[(*n)++];
+}
+
+/* Decodes one header block; reports whether it has :status and grpc-status. */
+static void grpc_headers(nghttp2_hd_inflater *inf, const uint8_t *in, size_t len, int *status, int *grpc_status)
+{
+    *status = *grpc_status = 0;
+    for (;;) {
+        nghttp2_nv nv;
+        int flags = 0;
+        ssize_t n = nghttp2_hd_inflate_hd2(inf, &nv, &flags, in, len, 1);
+        if (n < 0)
+            harness_die("the server's header block does not decode (HPACK): %s", nghttp2_strerror((int)n));
+        in += n, len -= (size_t)n;
+        if (flags & NGHTTP2_HD_INFLATE_EMIT) {
+            *status |= nv.namelen == 7 && memcmp(nv.name, ":status", 7) == 0;
+            *grpc_status |= nv.namelen == 11 && memcmp(nv.name, "grpc-status", 11) == 0;
+        }
+        if (flags & NGHTTP2_HD_INFLATE_FINAL) {
+            nghttp2_hd_inflate_end_headers(inf);
+            return;
+        }
+        if (n == 0 && len == 0)
+            harness_die("a header block ends inside a header");
+    }
+}
+
+/* The server's side of a gRPC connection must read as a client reads it: whole frames; per
+ * call one response (HEADERS, DATA holding whole length-prefixed messages, trailers with
+ * grpc-status, or Trailers-Only) and nothing after its end. Aborts with the reason otherwise. */
+static void harness_check_grpc(const uint8_t *p, size_t len)
+{
+    static grpc_stream_t streams[1024];
+    int nstreams = 0;
+    nghttp2_hd_inflater *inf;
+    if (nghttp2_hd_inflate_new(&inf) != 0)
+        harness_die("out of memory");
+    oi_sbuf_t block = {0}; /* a header block spread over HEADERS and CONTINUATION */
+    int32_t block_stream = 0;
+    int block_end_stream = 0;
+    while (len > 0) {
+        if (len < 9)
+            harness_die("the server's answer ends inside a frame header");
+        size_t flen = (size_t)p[0] << 16 | (size_t)p[1] << 8 | p[2];
+        uint8_t type = p[3], flags = p[4];
+        int32_t id = (int32_t)(((uint32_t)p[5] << 24 | (uint32_t)p[6] << 16 | (uint32_t)p[7] << 8 | p[8]) & 0x7fffffffu);
+        if (len - 9 < flen)
+            harness_die("the server's answer ends inside a frame");
+        const uint8_t *payload = p + 9;
+        p += 9 + flen, len -= 9 + flen;
+        if (block_stream != 0 && type != NGHTTP2_CONTINUATION)
+            harness_die("a header block is interrupted by a frame of type %u", type);
+        grpc_stream_t *st = id != 0 ? grpc_stream(streams, &nstreams, id) : NULL;
+        if (type == NGHTTP2_DATA) {
+            if (st == NULL || st->state != 1)
+                harness_die("DATA on stream %d %s", id, st && st->state == 2 ? "after its end" : "before its headers");
+            if (flags & NGHTTP2_FLAG_END_STREAM)
+                harness_die("stream %d ends with DATA: no trailers, no grpc-status", id);
+            for (size_t i = 0; i < flen; i++) { /* whole length-prefixed messages */
+                if (st->prefix_have < 5) {
+                    st->prefix[st->prefix_have++] = payload[i];
+                    if (st->prefix_have == 5)
+                        st->msg_left = (uint64_t)st->prefix[1] << 24 | (uint64_t)st->prefix[2] << 16 |
+                                       (uint64_t)st->prefix[3] << 8 | st->prefix[4];
+                } else {
+                    size_t take = flen - i < st->msg_left ? flen - i : (size_t)st->msg_left;
+                    st->msg_left -= take;
+                    i += take - 1;
+                }
+                if (st->prefix_have == 5 && st->msg_left == 0)
+                    st->prefix_have = 0;
+            }
+        } else if (type == NGHTTP2_HEADERS || type == NGHTTP2_CONTINUATION) {
+            if (type == NGHTTP2_HEADERS) {
+                if (st == NULL || st->state == 2)
+                    harness_die("HEADERS on stream %d after its end: a second answer to one call", id);
+                block_stream = id;
+                block_end_stream = (flags & NGHTTP2_FLAG_END_STREAM) != 0;
+                block.len = 0;
+            } else if (id != block_stream) {
+                harness_die("CONTINUATION on stream %d outside a header block", id);
+            }
+            if (oi_sbuf_append(&block, payload, flen) != 0)
+                harness_die("out of memory");
+            if (!(flags & NGHTTP2_FLAG_END_HEADERS))
+                continue;
+            block_stream = 0;
+            int status, grpc_status;
+            grpc_headers(inf, (const uint8_t *)block.data, block.len, &status, &grpc_status);
+            if (st->state == 0 && !status)
+                harness_die("the first HEADERS of stream %d has no :status", id);
+            if (st->state == 1 && (status || !block_end_stream))
+                harness_die("stream %d: headers after the response headers are not trailers", id);
+            if (block_end_stream && !grpc_status)
+                harness_die("stream %d ends without grpc-status", id);
+            if (block_end_stream && st->prefix_have > 0)
+                harness_die("stream %d ends inside a response message", id);
+            st->state = block_end_stream ? 2 : 1;
+        } else if (type == NGHTTP2_RST_STREAM && st != NULL) {
+            st->state = 2;
+        } else if (type == NGHTTP2_PUSH_PROMISE) {
+            harness_die("the server pushed (PUSH_PROMISE)");
+        }
+    }
+    oi_sbuf_free(&block);
+    nghttp2_hd_inflate_del(inf);
 }
 
 static size_t unread_bytes(int fd)
@@ -246,7 +374,7 @@ static size_t harness_drive(const uint8_t *data, size_t size, int grpc, size_t c
     if (oi_server_adopt(harness_server, server_fd, grpc) != 0)
         harness_die("adopt failed");
     size_t sent = 0, got = 0;
-    oi_sbuf_t answers = {0}; /* what the server wrote, for the HTTP/1.1 check */
+    oi_sbuf_t answers = {0}; /* what the server wrote, for the client's-eye checks */
     int idle_rounds = 0, eof = 0;
     char rbuf[65536];
     while (!eof) {
@@ -268,7 +396,7 @@ static size_t harness_drive(const uint8_t *data, size_t size, int grpc, size_t c
             if (r > 0) {
                 if (harness_verbose)
                     fwrite(rbuf, 1, (size_t)r, stderr);
-                if (!grpc && oi_sbuf_append(&answers, rbuf, (size_t)r) != 0)
+                if (oi_sbuf_append(&answers, rbuf, (size_t)r) != 0)
                     harness_die("out of memory");
                 got += (size_t)r;
                 progress = 1;
@@ -297,7 +425,9 @@ static size_t harness_drive(const uint8_t *data, size_t size, int grpc, size_t c
     /* The server sees EOF, closes, and frees the connection once its handles are closed. */
     for (int i = 0; i < 4; i++)
         uv_run(loop, UV_RUN_NOWAIT);
-    if (!grpc)
+    if (grpc)
+        harness_check_grpc((const uint8_t *)answers.data, answers.len);
+    else
         harness_check_http(data, size, answers.data, answers.len);
     oi_sbuf_free(&answers);
     return got;
