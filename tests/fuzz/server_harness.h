@@ -32,6 +32,7 @@
 #include <llhttp.h>
 #include <nghttp2/nghttp2.h>
 
+#include "codec/json.h"
 #include "server/registry.h"
 #include "shm_fence.h"
 #include "server/server.h"
@@ -167,6 +168,9 @@ typedef struct oracle_s {
     int nrequests;
     int nresponses; /* final (non-1xx) responses */
     int status;
+    oi_sbuf_t body;    /* of the response being read */
+    oi_sbuf_t field;   /* the header name being read */
+    long json_len;     /* Inference-Header-Content-Length, -1 when absent */
 } oracle_t;
 
 static int oracle_on_request(llhttp_t *p)
@@ -189,26 +193,71 @@ static int oracle_on_response_headers(llhttp_t *p)
     return i < o->nrequests && i < 256 && o->methods[i] == HTTP_HEAD ? 1 : 0;
 }
 
+static int oracle_on_field(llhttp_t *p, const char *at, size_t n)
+{
+    oracle_t *o = p->data;
+    return oi_sbuf_append(&o->field, at, n);
+}
+
+static int oracle_on_value(llhttp_t *p, const char *at, size_t n)
+{
+    oracle_t *o = p->data;
+    static const char name[] = "inference-header-content-length";
+    if (o->field.len == sizeof(name) - 1 && strncasecmp(o->field.data, name, sizeof(name) - 1) == 0)
+        o->json_len = strtol(at, NULL, 10); /* the value ends with CRLF */
+    (void)n;
+    return 0;
+}
+
+static int oracle_on_value_complete(llhttp_t *p)
+{
+    ((oracle_t *)p->data)->field.len = 0;
+    return 0;
+}
+
+static int oracle_on_body(llhttp_t *p, const char *at, size_t n)
+{
+    oracle_t *o = p->data;
+    if (oi_sbuf_append(&o->body, at, n) != 0)
+        harness_die("out of memory");
+    return 0;
+}
+
 static int oracle_on_response(llhttp_t *p)
 {
     oracle_t *o = p->data;
     if (p->status_code >= 200)
         o->nresponses++;
+    /* An error's JSON body must be well-formed JSON: its message quotes what the client sent.
+     * (Answers with tensor data may hold the NaN and Infinity tokens that README.md allows,
+     * which a strict reader refuses.) */
+    oi_json_param_t v;
+    char none[1];
+    size_t n = o->json_len >= 0 && (size_t)o->json_len < o->body.len ? (size_t)o->json_len : o->body.len;
+    if (p->status_code >= 400 && n > 0 && o->body.data[0] == '{' && oi_json_param((oi_slice_t){o->body.data, n}, "\x01", &v, none, 1) != 0)
+        harness_die("answer %d (status %d) has a malformed JSON body: %.*s", o->nresponses, p->status_code,
+                    (int)(o->body.len < 300 ? o->body.len : 300), o->body.data);
+    o->body.len = 0;
+    o->json_len = -1;
     return 0;
 }
 
 /* The server's answers to `in` must read as a client reads them: well-formed HTTP/1.1
  * responses, each complete, at most one per request (one more for a request the server
- * refuses to parse), with the bodies responses to HEAD must not have left out. Aborts with
- * the reason otherwise: a client would misread every answer that follows. */
+ * refuses to parse), no body after an answer to HEAD, JSON object bodies well-formed. Aborts
+ * with the reason otherwise: a client would misread every answer that follows. */
 static void harness_check_http(const uint8_t *in, size_t in_len, const char *out, size_t out_len)
 {
-    oracle_t o = {0};
+    oracle_t o = {.json_len = -1};
     llhttp_settings_t rs, ps;
     llhttp_settings_init(&rs);
     llhttp_settings_init(&ps);
     rs.on_message_complete = oracle_on_request;
     ps.on_headers_complete = oracle_on_response_headers;
+    ps.on_body = oracle_on_body;
+    ps.on_header_field = oracle_on_field;
+    ps.on_header_value = oracle_on_value;
+    ps.on_header_value_complete = oracle_on_value_complete;
     ps.on_message_complete = oracle_on_response;
     llhttp_t req, resp;
     llhttp_init(&req, HTTP_REQUEST, &rs);
@@ -225,6 +274,8 @@ static void harness_check_http(const uint8_t *in, size_t in_len, const char *out
         harness_die("the server's last answer is cut short (after %d complete ones)", o.nresponses);
     if (o.nresponses > o.nrequests + 1)
         harness_die("the server gave %d answers to %d requests", o.nresponses, o.nrequests);
+    oi_sbuf_free(&o.body);
+    oi_sbuf_free(&o.field);
 }
 
 /* ---- what a client would make of the answers (gRPC) ------------------------------------------ */
@@ -262,6 +313,10 @@ static void grpc_headers(nghttp2_hd_inflater *inf, const uint8_t *in, size_t len
         if (flags & NGHTTP2_HD_INFLATE_EMIT) {
             *status |= nv.namelen == 7 && memcmp(nv.name, ":status", 7) == 0;
             *grpc_status |= nv.namelen == 11 && memcmp(nv.name, "grpc-status", 11) == 0;
+            if (nv.namelen == 12 && memcmp(nv.name, "grpc-message", 12) == 0) /* percent-encoded */
+                for (size_t i = 0; i < nv.valuelen; i++)
+                    if (nv.value[i] < 0x20 || nv.value[i] > 0x7e)
+                        harness_die("grpc-message has byte 0x%02x: not percent-encoded", nv.value[i]);
         }
         if (flags & NGHTTP2_HD_INFLATE_FINAL) {
             nghttp2_hd_inflate_end_headers(inf);
