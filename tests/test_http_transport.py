@@ -273,3 +273,30 @@ def test_numpy_float_payload_exact(url: str) -> None:
     r = requests.post(url + "/v2/models/identity_fp32/infer", data=body, timeout=30)
     got = np.array(r.json()["outputs"][0]["data"], dtype=np.float32)
     assert np.array_equal(got, x)
+
+
+def test_head_answer_has_no_body(server: openinfer.Server, http: Http) -> None:
+    """An answer to HEAD says its body's length and sends no body: a client reads none, so
+    body bytes would be taken for the next response (found by tests/fuzz/fuzz_http1.c, whose
+    harness reads the answers as a client does). Whatever the route answers HEAD with, the
+    connection stays in step."""
+    from http.client import HTTPConnection
+
+    conn = HTTPConnection("127.0.0.1", server.http_port, timeout=10)
+    try:
+        for path in ("/v2/health/live", "/v2/models/simple", "/v2/no/such/route"):
+            conn.request("HEAD", path)
+            r = conn.getresponse()
+            assert r.read() == b"" and int(r.getheader("Content-Length")) > 0
+            conn.request("GET", "/v2/health/live")  # same connection: still in step
+            r = conn.getresponse()
+            assert (r.status, json.loads(r.read())) == (200, {"live": True})
+    finally:
+        conn.close()
+    # Pipelined on a raw socket: the bytes after the HEAD answer's header block are the next
+    # answer's status line.
+    http.send(encode_request("HEAD", "/v2/models/simple") + encode_request("GET", "/v2/health/live"))
+    while http.buf.count(b"\r\n\r\n") < 2:
+        assert http._fill(), http.buf
+    first, rest = http.buf.split(b"\r\n\r\n", 1)
+    assert first.startswith(b"HTTP/1.1 ") and rest.startswith(b"HTTP/1.1 200 OK\r\n"), http.buf

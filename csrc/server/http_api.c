@@ -8,6 +8,7 @@
 #include "codec/compress.h"
 #include "codec/json.h"
 #include "server/infer.h"
+#include "server/shm_body.h"
 #include "server/server_impl.h"
 
 #define JSON_HEADERS "Content-Type: application/json\r\n"
@@ -439,96 +440,22 @@ static void route_model(oi_server_t *s, oi_http_request_t *r, const char *p)
 
 /* ---- shared memory ------------------------------------------------------------------------ */
 
-/* Decodes standard base64 (padding optional) into out (cap bytes); returns the length or -1. */
-static long b64_decode(const char *s, size_t n, unsigned char *out, size_t cap)
-{
-    uint32_t acc = 0;
-    int bits = 0;
-    size_t k = 0;
-    while (n > 0 && s[n - 1] == '=')
-        n--;
-    for (size_t i = 0; i < n; i++) {
-        char ch = s[i];
-        int v = ch >= 'A' && ch <= 'Z'   ? ch - 'A'
-                : ch >= 'a' && ch <= 'z' ? ch - 'a' + 26
-                : ch >= '0' && ch <= '9' ? ch - '0' + 52
-                : ch == '+'              ? 62
-                : ch == '/'              ? 63
-                                         : -1;
-        if (v < 0)
-            return -1;
-        acc = acc << 6 | (uint32_t)v;
-        bits += 6;
-        if (bits >= 8) {
-            bits -= 8;
-            if (k >= cap)
-                return -1;
-            out[k++] = (unsigned char)(acc >> bits);
-        }
-    }
-    return (long)k;
-}
-
 /* A request body as a JSON object slice; NULL when there is none. */
 static oi_slice_t body_slice(const oi_http_request_t *r)
 {
     return r->body ? (oi_slice_t){r->body->data, r->body->len} : (oi_slice_t){NULL, 0};
 }
 
-/* Reads a required non-negative integer member of a register body. */
-static oi_status_t *body_count(oi_slice_t body, const char *key, int required, uint64_t *out)
-{
-    oi_json_param_t v;
-    char none[1];
-    oi_json_param(body, key, &v, none, sizeof(none));
-    if (v.kind == OI_JSON_PARAM_ABSENT && !required) {
-        *out = 0;
-        return NULL;
-    }
-    if (v.kind != OI_JSON_PARAM_COUNT)
-        return oi_status_new(OI_BAD_REQUEST, "register request: '%s' must be a non-negative integer%s", key,
-                             v.kind == OI_JSON_PARAM_ABSENT ? " and is missing" : "");
-    *out = (uint64_t)v.count;
-    return NULL;
-}
-
 static oi_status_t *shm_register(oi_server_t *s, oi_http_request_t *r, oi_shm_kind_t kind, const char *name)
 {
-    oi_slice_t body = body_slice(r);
-    oi_json_param_t v;
-    char probe[1];
-    if (body.ptr == NULL || oi_json_param(body, "", &v, probe, sizeof(probe)) != 0)
-        return oi_status_new(OI_BAD_REQUEST, "register request: expected a JSON object body, got %s",
-                             body.ptr == NULL ? "no body" : "malformed JSON");
-    uint64_t byte_size, offset;
-    oi_status_t *st = body_count(body, "byte_size", 1, &byte_size);
+    oi_shm_register_body_t b;
+    oi_status_t *st = oi_shm_decode_register(body_slice(r), kind, &b);
     if (st != NULL)
         return st;
-    if (kind == OI_SHM_SYSTEM) {
-        char key[2 * OI_SHM_MAX_NAME]; /* room to say why a long key is wrong */
-        if ((st = body_count(body, "offset", 0, &offset)) != NULL)
-            return st;
-        oi_json_param(body, "key", &v, key, sizeof(key));
-        if (v.kind != OI_JSON_PARAM_STRING || v.too_long || strlen(key) != v.len)
-            return oi_status_new(OI_BAD_REQUEST, "register request: 'key' must be a string, a shared-memory name "
-                                 "(\"/name\") of at most %d bytes", OI_SHM_MAX_NAME + 1);
-        return oi_shm_register_system(&s->shm, oi_http_request_peer(r), name, key, offset, byte_size);
-    }
-    uint64_t device_id;
-    if ((st = body_count(body, "device_id", 1, &device_id)) != NULL)
-        return st;
-    oi_json_param(body, "raw_handle", &v, probe, sizeof(probe));
-    char b64[128];
-    oi_json_param_t h = {0};
-    if (v.kind == OI_JSON_PARAM_OTHER)
-        oi_json_param(v.raw, "b64", &h, b64, sizeof(b64));
-    unsigned char handle[OI_CUDA_IPC_HANDLE_BYTES + 3];
-    long n = h.kind == OI_JSON_PARAM_STRING && !h.too_long ? b64_decode(b64, h.len, handle, sizeof(handle)) : -1;
-    if (n < 0)
-        return oi_status_new(OI_BAD_REQUEST, "register request: 'raw_handle' must be {\"b64\": <base64 of a %d-byte "
-                             "cudaIpcMemHandle_t>}", OI_CUDA_IPC_HANDLE_BYTES);
-    return oi_shm_register_cuda(&s->shm, oi_http_request_peer(r), name, handle, (size_t)n, (int64_t)device_id,
-                                byte_size);
+    if (kind == OI_SHM_SYSTEM)
+        return oi_shm_register_system(&s->shm, oi_http_request_peer(r), name, b.key, b.offset, b.byte_size);
+    return oi_shm_register_cuda(&s->shm, oi_http_request_peer(r), name, b.handle, b.handle_len, (int64_t)b.device_id,
+                                b.byte_size);
 }
 
 static void shm_status(oi_server_t *s, oi_http_request_t *r, oi_shm_kind_t kind, const char *name)

@@ -39,7 +39,7 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
     if (s->cfg.grpc_port >= 0) {
         oi_h2_config_t h2 = {
             .host = s->cfg.http.host,
-            .port = s->cfg.grpc_port,
+            .port = s->cfg.http.inline_loop ? -1 : s->cfg.grpc_port,
             .max_message_bytes = s->cfg.grpc_max_message_bytes ? s->cfg.grpc_max_message_bytes : (size_t)2 << 30,
             .max_connections = s->cfg.http.max_connections,
             .max_connections_per_peer = s->cfg.http.max_connections_per_peer,
@@ -118,6 +118,15 @@ int oi_server_start(oi_server_t *s, char *err, size_t errlen)
     return rc;
 }
 
+int oi_server_adopt(oi_server_t *s, int fd, int grpc)
+{
+    if (grpc)
+        return s->grpc ? oi_h2_server_adopt(s->grpc, fd) : UV_EINVAL;
+    return oi_http_server_adopt(s->http, fd);
+}
+
+oi_loop_t *oi_server_inline_loop(oi_server_t *s) { return oi_http_server_loop(s->http, 0); }
+
 int oi_server_shm_allowed(const oi_server_t *s) { return s->shm.allowed; }
 
 int oi_server_port(const oi_server_t *s) { return oi_http_server_port(s->http); }
@@ -139,10 +148,9 @@ static void wait_inflight(oi_server_t *s, uint64_t deadline)
     }
 }
 
-static int inflight(oi_server_t *s)
-{
-    return oi_http_server_inflight(s->http) > 0 || atomic_load(&s->grpc_inflight) > 0;
-}
+static int inflight(oi_server_t *s) { return oi_server_inflight(s) > 0; }
+
+int oi_server_inflight(oi_server_t *s) { return oi_http_server_inflight(s->http) + atomic_load(&s->grpc_inflight); }
 
 static void finish_stop(oi_server_t *s);
 

@@ -52,6 +52,16 @@ void oi_server_health_changed(oi_server_t *s);
 /* Listens and starts the loops. 0, or an error with a message in `err`. */
 int oi_server_start(oi_server_t *s, char *err, size_t errlen);
 
+/* For tests and fuzz targets, on a server whose config sets http.inline_loop: the one loop,
+ * which the caller runs on its own thread after oi_server_start (nothing listens), and the
+ * connections it serves there: the connected stream socket `fd` (a socketpair end), taken on
+ * success, is served as HTTP/1.1, or as gRPC when `grpc`, as if accepted. 0 or a libuv error. */
+oi_loop_t *oi_server_inline_loop(oi_server_t *s);
+int oi_server_adopt(oi_server_t *s, int fd, int grpc);
+
+/* Requests with a handler and not yet answered: HTTP requests and gRPC inferences. */
+int oi_server_inflight(oi_server_t *s);
+
 /* Whether this server accepts shared-memory registrations (the config, resolved). */
 int oi_server_shm_allowed(const oi_server_t *s);
 

@@ -209,9 +209,11 @@ static size_t format_head(char *w, int status, size_t body_len, const char *conn
     return (size_t)(w - start);
 }
 
-/* Queues a complete response. Takes the parts' owner references. */
+/* Queues a complete response. Takes the parts' owner references. The answer to a HEAD
+ * request (`head_only`) gives its body's length and sends no body (RFC 9110, 9.3.2): its
+ * client reads none, and would take any bytes sent for the next response. */
 static void conn_write(oi_http_conn_t *c, int status, const char *headers, const oi_iov_t *parts,
-                       size_t nparts)
+                       size_t nparts, int head_only)
 {
     if (c->closing) {
         for (size_t i = 0; i < nparts; i++)
@@ -221,6 +223,11 @@ static void conn_write(oi_http_conn_t *c, int status, const char *headers, const
     size_t body_len = 0;
     for (size_t i = 0; i < nparts; i++)
         body_len += parts[i].len;
+    if (head_only) {
+        for (size_t i = 0; i < nparts; i++)
+            oi_buf_unref(parts[i].owner);
+        nparts = 0;
+    }
     size_t hlen = strlen(headers);
     /* Rounded up so that the parts array after the head is aligned for oi_iov_t. */
     size_t head_cap = (hlen + 160 + _Alignof(oi_iov_t) - 1) & ~(_Alignof(oi_iov_t) - 1);
@@ -276,7 +283,7 @@ static void conn_reject(oi_http_conn_t *c, int status, const char *message)
     oi_buf_t *b = oi_sbuf_detach(&body);
     c->close_after_write = 1;
     oi_iov_t part = {b ? b->data : "", b ? b->len : 0, b};
-    conn_write(c, status, "Content-Type: application/json\r\n", &part, 1);
+    conn_write(c, status, "Content-Type: application/json\r\n", &part, 1, 0); /* then closes */
 }
 
 /* ---- reading ------------------------------------------------------------------------------ */
@@ -709,7 +716,7 @@ void oi_http_respond(oi_http_request_t *req, int status, const char *headers, co
         for (size_t i = 0; i < nparts; i++)
             oi_buf_unref(parts[i].owner);
     } else {
-        conn_write(c, status, headers, parts, nparts);
+        conn_write(c, status, headers, parts, nparts, req->method == HTTP_HEAD);
     }
     c->busy = 0;
     atomic_fetch_sub(&s->inflight, 1);
@@ -757,15 +764,13 @@ static int admit_peer(oi_http_conn_t *c)
     return 0;
 }
 
-static void on_connection(uv_stream_t *server, int status)
+/* A new connection of `lis`, linked and counted, its handles initialised but no socket yet;
+ * NULL when out of memory. */
+static oi_http_conn_t *conn_new(listener_t *lis)
 {
-    listener_t *lis = server->data;
-    oi_http_server_t *s = lis->server;
-    if (status < 0)
-        return;
     oi_http_conn_t *c = calloc(1, sizeof(*c));
     if (c == NULL)
-        return;
+        return NULL;
     c->lis = lis;
     uv_tcp_init(&lis->loop.uv, &c->tcp);
     uv_timer_init(&lis->loop.uv, &c->timer);
@@ -773,11 +778,34 @@ static void on_connection(uv_stream_t *server, int status)
     c->handles = 2;
     c->keep_alive = 1;
     c->idle_since = uv_now(&lis->loop.uv);
-    atomic_fetch_add(&s->connections, 1);
+    atomic_fetch_add(&lis->server->connections, 1);
     c->next = lis->conns;
     if (lis->conns)
         lis->conns->prev = c;
     lis->conns = c;
+    return c;
+}
+
+/* Starts reading a connection that has its socket, under the first-byte deadline. */
+static void conn_start(oi_http_conn_t *c)
+{
+    uv_tcp_nodelay(&c->tcp, 1);
+    llhttp_init(&c->parser, HTTP_REQUEST, &parser_settings);
+    c->parser.data = c;
+    c->req.inference_header_length = -1;
+    start_reading(c);
+    arm_timer(c, c->lis->server->cfg.first_byte_timeout_ms);
+}
+
+static void on_connection(uv_stream_t *server, int status)
+{
+    listener_t *lis = server->data;
+    oi_http_server_t *s = lis->server;
+    if (status < 0)
+        return;
+    oi_http_conn_t *c = conn_new(lis);
+    if (c == NULL)
+        return;
     if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0 || admit_peer(c) != 0) {
         conn_close(c);
         return;
@@ -792,12 +820,21 @@ static void on_connection(uv_stream_t *server, int status)
         }
         conn_close(victim);
     }
-    uv_tcp_nodelay(&c->tcp, 1);
-    llhttp_init(&c->parser, HTTP_REQUEST, &parser_settings);
-    c->parser.data = c;
-    c->req.inference_header_length = -1;
-    start_reading(c);
-    arm_timer(c, s->cfg.first_byte_timeout_ms);
+    conn_start(c);
+}
+
+int oi_http_server_adopt(oi_http_server_t *s, int fd)
+{
+    oi_http_conn_t *c = conn_new(&s->loops[0]);
+    if (c == NULL)
+        return UV_ENOMEM;
+    int rc = uv_tcp_open(&c->tcp, fd);
+    if (rc != 0) {
+        conn_close(c); /* the socket stays the caller's */
+        return rc;
+    }
+    conn_start(c);
+    return 0;
 }
 
 static int resolve(const char *host, int port, struct sockaddr_storage *out, char *err, size_t errlen)
@@ -868,6 +905,8 @@ oi_http_server_t *oi_http_server_new(const oi_http_config_t *cfg, oi_http_handle
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         s->cfg.threads = n > 0 ? (int)n : 1;
     }
+    if (s->cfg.inline_loop)
+        s->cfg.threads = 1;
     if (s->cfg.first_byte_timeout_ms == 0) /* none of its own: the idle timeout covers it */
         s->cfg.first_byte_timeout_ms = s->cfg.idle_timeout_ms;
     oi_peers_init(&s->peers, s->cfg.max_connections_per_peer);
@@ -895,6 +934,8 @@ int oi_http_server_start(oi_http_server_t *s, char *err, size_t errlen)
             return rc;
         }
         s->nloops++;
+        if (s->cfg.inline_loop)
+            return 0; /* the caller runs it and brings the connections */
         if ((rc = open_listener(lis, &addr, i ? &s->loops[0] : NULL, err, errlen)) != 0)
             return rc;
     }

@@ -32,6 +32,9 @@ typedef struct oi_http_config_s {
     uint64_t body_timeout_ms;       /* a request body with no bytes for this long: 408 (a slow
                                      * upload that keeps sending is never cut) */
     uint64_t idle_timeout_ms;       /* a keep-alive connection with no request */
+    int inline_loop; /* for tests and fuzz targets: start sets up one loop that neither listens
+                      * nor runs a thread; the caller runs it (uv_run on oi_http_server_loop(s,
+                      * 0)->uv) and brings its connections with oi_http_server_adopt */
 } oi_http_config_t;
 
 /* One request, valid from the handler call until oi_http_respond. Lives inside its
@@ -78,6 +81,12 @@ oi_http_server_t *oi_http_server_new(const oi_http_config_t *cfg, oi_http_handle
 /* Binds every loop's listener and starts the loop threads. Returns 0, or a libuv error code
  * with a message in `err`. */
 int oi_http_server_start(oi_http_server_t *s, char *err, size_t errlen);
+
+/* Serves the connected stream socket `fd` (one end of a socketpair, say) on the first loop as
+ * if accepted there, outside the connection limits: how tests and fuzz targets drive a
+ * connection from memory. Takes `fd` on success. Call on that loop's thread (an inline_loop
+ * server's, on the caller's). 0 or a libuv error code. */
+int oi_http_server_adopt(oi_http_server_t *s, int fd);
 
 /* The bound port, 0 before start. */
 int oi_http_server_port(const oi_http_server_t *s);

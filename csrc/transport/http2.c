@@ -1016,26 +1016,50 @@ static int admit_peer(h2_conn_t *c)
     return 0;
 }
 
-static void on_connection(uv_stream_t *server, int status)
+/* A new connection of `lp`, linked and counted, its handles initialised but no socket yet;
+ * NULL when out of memory. */
+static h2_conn_t *conn_new(h2_loop_t *lp)
 {
-    h2_loop_t *lp = server->data;
-    oi_h2_server_t *s = lp->server;
-    if (status < 0)
-        return;
     h2_conn_t *c = calloc(1, sizeof(*c));
     if (c == NULL)
-        return;
+        return NULL;
     c->lp = lp;
     uv_tcp_init(&lp->loop->uv, &c->tcp);
     uv_timer_init(&lp->loop->uv, &c->timer);
     c->tcp.data = c->timer.data = c;
     c->handles = 2;
     c->idle_since = uv_now(&lp->loop->uv);
-    atomic_fetch_add(&s->connections, 1);
+    atomic_fetch_add(&lp->server->connections, 1);
     c->next = lp->conns;
     if (lp->conns)
         lp->conns->prev = c;
     lp->conns = c;
+    return c;
+}
+
+/* Starts reading a connection that has its socket and session, under the preface deadline. */
+static void conn_start(h2_conn_t *c)
+{
+    oi_h2_server_t *s = c->lp->server;
+    if (s->cfg.preface_timeout_ms > 0)
+        uv_timer_start(&c->timer, on_conn_timer, s->cfg.preface_timeout_ms, 0);
+    uv_tcp_nodelay(&c->tcp, 1);
+    if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) != 0) {
+        conn_close(c);
+        return;
+    }
+    conn_flush(c); /* our SETTINGS and connection WINDOW_UPDATE go first */
+}
+
+static void on_connection(uv_stream_t *server, int status)
+{
+    h2_loop_t *lp = server->data;
+    oi_h2_server_t *s = lp->server;
+    if (status < 0)
+        return;
+    h2_conn_t *c = conn_new(lp);
+    if (c == NULL)
+        return;
     if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0 || admit_peer(c) != 0 || conn_init_session(c) != 0) {
         conn_close(c);
         return;
@@ -1049,14 +1073,21 @@ static void on_connection(uv_stream_t *server, int status)
         }
         conn_close(victim);
     }
-    if (s->cfg.preface_timeout_ms > 0)
-        uv_timer_start(&c->timer, on_conn_timer, s->cfg.preface_timeout_ms, 0);
-    uv_tcp_nodelay(&c->tcp, 1);
-    if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) != 0) {
-        conn_close(c);
-        return;
+    conn_start(c);
+}
+
+int oi_h2_server_adopt(oi_h2_server_t *s, int fd)
+{
+    h2_conn_t *c = conn_new(&s->loops[0]);
+    if (c == NULL)
+        return UV_ENOMEM;
+    int rc = conn_init_session(c) != 0 ? UV_ENOMEM : uv_tcp_open(&c->tcp, fd);
+    if (rc != 0) {
+        conn_close(c); /* the socket stays the caller's */
+        return rc;
     }
-    conn_flush(c); /* our SETTINGS and connection WINDOW_UPDATE go first */
+    conn_start(c);
+    return 0;
 }
 
 /* ---- server ------------------------------------------------------------------------------- */
@@ -1132,7 +1163,7 @@ int oi_h2_server_start(oi_h2_server_t *s, oi_loop_t **loops, int nloops, char *e
     hints.ai_socktype = SOCK_STREAM;
     hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
     char portstr[16];
-    snprintf(portstr, sizeof(portstr), "%d", s->cfg.port);
+    snprintf(portstr, sizeof(portstr), "%d", s->cfg.port < 0 ? 0 : s->cfg.port);
     int rc = getaddrinfo(s->host, portstr, &hints, &res);
     if (rc != 0) {
         snprintf(err, errlen, "cannot resolve host '%s': %s", s->host, gai_strerror(rc));
@@ -1156,6 +1187,8 @@ int oi_h2_server_start(oi_h2_server_t *s, oi_loop_t **loops, int nloops, char *e
             snprintf(err, errlen, "out of memory");
             return UV_ENOMEM;
         }
+        if (s->cfg.port < 0)
+            continue; /* connections come through oi_h2_server_adopt */
         listen_arg_t a = {lp, &addr, i ? &s->loops[0] : NULL, 0};
         oi_loop_call(lp->loop, open_listener, &a);
         if (a.rc != 0) {
@@ -1163,6 +1196,8 @@ int oi_h2_server_start(oi_h2_server_t *s, oi_loop_t **loops, int nloops, char *e
             return a.rc;
         }
     }
+    if (s->cfg.port < 0)
+        return 0;
     struct sockaddr_storage bound;
     int len = sizeof(bound);
     uv_tcp_getsockname(&s->loops[0].tcp, (struct sockaddr *)&bound, &len);

@@ -26,7 +26,7 @@ typedef struct oi_grpc_call_s oi_grpc_call_t;
 
 typedef struct oi_h2_config_s {
     const char *host; /* numeric address or a name; "127.0.0.1" by default */
-    int port;         /* 0 picks a free port */
+    int port;         /* 0 picks a free port; -1: no listener (oi_h2_server_adopt brings connections) */
     size_t max_message_bytes;        /* largest request message (at most 4 GiB - 1) */
     int max_connections;             /* when reached, the accepting loop's oldest idle connection (no
                                       * open stream) is closed to make room; without one the new is refused */
@@ -120,6 +120,12 @@ oi_h2_server_t *oi_h2_server_new(const oi_h2_config_t *cfg, const oi_grpc_handle
 /* Binds and listens on each of the `nloops` running loops (which must outlive the server's
  * connections: see oi_h2_server_close). 0, or a libuv error with a message in `err`. */
 int oi_h2_server_start(oi_h2_server_t *s, oi_loop_t **loops, int nloops, char *err, size_t errlen);
+
+/* Serves the connected stream socket `fd` (one end of a socketpair, say) on the first loop as
+ * if accepted there, outside the connection limits: how tests and fuzz targets drive a
+ * connection from memory. Takes `fd` on success. Call on that loop's thread. 0 or a libuv
+ * error code. */
+int oi_h2_server_adopt(oi_h2_server_t *s, int fd);
 
 /* The bound port, 0 before start. */
 int oi_h2_server_port(const oi_h2_server_t *s);

@@ -429,7 +429,7 @@ def _tensor(raw: dict[str, Value], source: str, kind: str) -> TensorConfig:
         raise ConfigError(f"{source}: every {kind} needs a name")
     f.where = f"{source}: {kind} {name!r}"
     data_type = f.raw.get("data_type")
-    if data_type not in TRITON_DATATYPES:
+    if not isinstance(data_type, str) or data_type not in TRITON_DATATYPES:
         raise ConfigError(
             f"{f.where}: data_type must be one of {', '.join(TRITON_DATATYPES)}, got {data_type!r}"
         )
