@@ -62,7 +62,7 @@ def test_default_version_is_highest(url: str) -> None:
         ("/v2/models/nope/ready", "unknown model 'nope'"),
         ("/v2/models/simple/versions/7", "model 'simple' has no version '7' (served versions: 1)"),
         ("/v2/models/simple/versions/abc/ready", "model 'simple' has no version 'abc'"),
-        ("/v2/models/simple/stats", "no endpoint at /v2/models/simple/stats"),
+        ("/v2/models/simple/statistics", "no endpoint at /v2/models/simple/statistics"),
         ("/v3/health/live", "no endpoint at /v3/health/live"),
         ("/", "no endpoint at /"),
         ("/v2/models/simple/versions/", "model version in the URL is empty"),
