@@ -483,3 +483,52 @@ def test_statistics_json_body_is_valid_for_odd_names() -> None:
         assert body["model_stats"][0]["name"] == name
         f = scrape(srv)
         assert sample(f, "nv_inference_count", "nv_inference_count_total", model=name, version="1") == 0
+
+
+def test_unready_model_has_no_statistics(tmp_path: Any) -> None:
+    """A model that failed to load is not ready: Triton reports no statistics for it."""
+    (tmp_path / "broken" / "1").mkdir(parents=True)
+    (tmp_path / "broken" / "1" / "model.py").write_text("def infer(inputs):\n    return {\n")
+    with openinfer.serve(tmp_path, models=[Model("echo", echo, **ONE_INT)], http_port=0, log=False) as srv:
+        assert srv.failed.keys() == {"broken"}
+        r = requests.get(srv.url + "/v2/models/broken/stats", timeout=10)
+        assert r.status_code == 400 and r.json()["error"] == "requested model 'broken' is not available"
+        assert [m["name"] for m in srv.statistics()["model_stats"]] == ["echo"]
+        assert "broken" not in requests.get(srv.metrics_url, timeout=10).text
+
+
+def test_cli_serves_metrics_as_configured() -> None:
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "openinfer", "serve", "--http-port", "0", "--threads", "1",
+         "--metrics-config", "histogram_latencies=true", "--allow-cpu-metrics=false"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    lines: list[str] = []
+    found = threading.Event()
+    url: list[str] = []
+
+    def read() -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            m = re.search(r"metrics at (http://\S+/metrics)", line)
+            if m:
+                url.append(m.group(1))
+                found.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert found.wait(60), "".join(lines)
+        f = {x.name: x for x in prometheus_parser.text_string_to_metric_families(requests.get(url[0], timeout=10).text)}
+        assert "nv_inference_first_response_histogram_ms" in f and "nv_cpu_utilization" not in f
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0, "".join(lines)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

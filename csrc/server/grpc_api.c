@@ -458,7 +458,7 @@ static int model_statistics_msg(stats_msg_t *m, const oi_model_stats_t *it)
     const oi_stats_snapshot_t *s = &it->snap;
     inference__model_statistics__init(&m->ms);
     inference__infer_statistics__init(&m->is);
-    const oi_stat_duration_t *v[8] = {&s->success,        &s->fail,          &s->queue, &s->compute_input,
+    const oi_stat_duration_t *v[8] = {&s->success,       &s->fail,           &s->queue, &s->compute_input,
                                       &s->compute_infer, &s->compute_output, &zero,     &zero};
     for (int i = 0; i < 8; i++)
         set_duration(&m->d[i], v[i]);
@@ -480,8 +480,8 @@ static int model_statistics_msg(stats_msg_t *m, const oi_model_stats_t *it)
         return 0;
     /* One allocation: the pointer array, then the messages, then their durations. */
     size_t nb = s->n_batches;
-    char *mem = calloc(1, nb * (sizeof(void *) + sizeof(Inference__InferBatchStatistics) +
-                                3 * sizeof(Inference__StatisticDuration)));
+    char *mem = calloc(
+        1, nb * (sizeof(void *) + sizeof(Inference__InferBatchStatistics) + 3 * sizeof(Inference__StatisticDuration)));
     if (mem == NULL)
         return -1;
     Inference__InferBatchStatistics **ptrs = (void *)mem;

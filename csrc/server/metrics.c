@@ -152,8 +152,8 @@ static const struct {
   latencies[] = {
       {"nv_inference_request_duration_us",
        "Cumulative inference request duration in microseconds (includes cached requests)", g_request_us},
-      {"nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds (includes cached requests)",
-       g_queue_us},
+      {"nv_inference_queue_duration_us",
+       "Cumulative inference queuing duration in microseconds (includes cached requests)", g_queue_us},
       {"nv_inference_compute_input_duration_us",
        "Cumulative compute input duration in microseconds (does not include cached requests)", g_input_us},
       {"nv_inference_compute_infer_duration_us",
@@ -210,8 +210,8 @@ static int histograms(oi_sbuf_t *o, const oi_model_stats_t *items, size_t n)
 }
 
 /* The GPU families: one series per GPU that NVML read, labelled gpu_uuid. */
-static int gpu_family(oi_sbuf_t *o, const char *name, const char *help, const char *type,
-                      const oi_gpu_sample_t *g, int n, size_t offset)
+static int gpu_family(oi_sbuf_t *o, const char *name, const char *help, const char *type, const oi_gpu_sample_t *g,
+                      int n, size_t offset)
 {
     int any = 0;
     for (int i = 0; i < n; i++)

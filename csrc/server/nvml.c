@@ -23,8 +23,8 @@ struct oi_nvml_s {
     nvml_return_t (*uuid)(nvml_device_t, char *, unsigned int);
     nvml_return_t (*utilization)(nvml_device_t, nvml_utilization_t *);
     nvml_return_t (*memory)(nvml_device_t, nvml_memory_t *);
-    nvml_return_t (*power)(nvml_device_t, unsigned int *);       /* milliwatts */
-    nvml_return_t (*power_limit)(nvml_device_t, unsigned int *); /* milliwatts */
+    nvml_return_t (*power)(nvml_device_t, unsigned int *);        /* milliwatts */
+    nvml_return_t (*power_limit)(nvml_device_t, unsigned int *);  /* milliwatts */
     nvml_return_t (*energy)(nvml_device_t, unsigned long long *); /* millijoules */
     int n;
     nvml_device_t dev[OI_MAX_GPUS];

@@ -43,10 +43,15 @@ static oi_job_t *pop_locked(oi_scheduler_t *s)
     return j;
 }
 
-static void run_one(oi_scheduler_t *s, oi_stats_slot_t *slot, oi_job_t *j)
+/* Runs one job alone. `went_on_at` is when the executor's previous request ended if it went
+ * straight on to this one without waiting (0 otherwise): under load the job then starts
+ * there (or when it was queued, if later), which saves a clock read per request. */
+static void run_one(oi_scheduler_t *s, oi_stats_slot_t *slot, oi_job_t *j, uint64_t went_on_at)
 {
     int counted = j->counted;
-    uint64_t rows = j->rows, start = counted ? now_ns() : 0;
+    uint64_t rows = j->rows, start = 0;
+    if (counted)
+        start = went_on_at == 0 ? now_ns() : went_on_at > j->times.start ? went_on_at : j->times.start;
     j->status = s->backend->execute(s->state, j->req, j->output_names, j->n_outputs, &j->resp);
     int ran = j->status == NULL;
     if (!counted) {
@@ -277,7 +282,7 @@ done:
 static void run_batch(oi_scheduler_t *s, oi_stats_slot_t *slot, batch_t *b)
 {
     if (b->n_jobs == 1) {
-        run_one(s, slot, b->first);
+        run_one(s, slot, b->first, 0);
         return;
     }
     /* A batch is counted when its first job is (the server counts all or none). */
@@ -336,10 +341,14 @@ static void *executor(void *arg)
     oi_scheduler_t *s = arg;
     int batching = s->batching.max_batch_size > 0;
     oi_stats_slot_t *slot = &s->stats->slots[atomic_fetch_add(&s->next_slot, 1)];
+    slot->last_end = 0;
     for (;;) {
+        int waited = 0;
         pthread_mutex_lock(&s->mu);
-        while ((s->head == NULL || s->gathering) && !s->stopping)
+        while ((s->head == NULL || s->gathering) && !s->stopping) {
             pthread_cond_wait(&s->cv, &s->mu);
+            waited = 1;
+        }
         if (s->stopping) {
             pthread_mutex_unlock(&s->mu);
             return NULL;
@@ -347,7 +356,7 @@ static void *executor(void *arg)
         if (!batching) {
             oi_job_t *j = pop_locked(s);
             pthread_mutex_unlock(&s->mu);
-            run_one(s, slot, j);
+            run_one(s, slot, j, waited ? 0 : slot->last_end);
             continue;
         }
         batch_t b;
@@ -421,8 +430,7 @@ int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job)
         pthread_mutex_unlock(&s->mu);
         return -1;
     }
-    atomic_store_explicit(&s->queued, atomic_load_explicit(&s->queued, memory_order_relaxed) + 1,
-                          memory_order_relaxed);
+    atomic_store_explicit(&s->queued, atomic_load_explicit(&s->queued, memory_order_relaxed) + 1, memory_order_relaxed);
     if (s->tail)
         s->tail->next = job;
     else

@@ -29,8 +29,8 @@ struct oi_job_s {
      * before `done`, which records the outcome in `slot`. */
     int counted;
     uint64_t rows;
-    oi_stats_times_t times;  /* times.start is enqueued_ns; compute_start 0: it never ran */
-    oi_stats_slot_t *slot;   /* where `done` counts it; valid during `done` */
+    oi_stats_times_t times; /* times.start is enqueued_ns; compute_start 0: it never ran */
+    oi_stats_slot_t *slot;  /* where `done` counts it; valid during `done` */
 };
 
 /* Dynamic batching (Triton's dynamic_batching): requests queued for the model are gathered

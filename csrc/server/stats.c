@@ -103,8 +103,8 @@ static inline void add(const oi_stats_slot_t *slot, _Atomic uint64_t *c, uint64_
 
 static inline uint64_t since(uint64_t from, uint64_t to) { return to > from ? to - from : 0; }
 
-void oi_stats_request(oi_stats_slot_t *slot, const oi_stats_times_t *t, uint64_t end, int ok,
-                      oi_fail_reason_t reason, uint64_t rows)
+void oi_stats_request(oi_stats_slot_t *slot, const oi_stats_times_t *t, uint64_t end, int ok, oi_fail_reason_t reason,
+                      uint64_t rows)
 {
     uint64_t total = since(t->start, end);
     slot->last_end = end;
@@ -132,11 +132,8 @@ void oi_stats_request(oi_stats_slot_t *slot, const oi_stats_times_t *t, uint64_t
 void oi_stats_execution(oi_stats_slot_t *slot, uint64_t batch_size, uint64_t compute_start, uint64_t input_end,
                         uint64_t output_start, uint64_t end)
 {
-    struct timespec wall;
-    clock_gettime(CLOCK_REALTIME, &wall);
-    uint64_t ms = (uint64_t)wall.tv_sec * 1000u + (uint64_t)wall.tv_nsec / 1000000u;
-    if (ms > atomic_load_explicit(&slot->last_inference_ms, memory_order_relaxed))
-        atomic_store_explicit(&slot->last_inference_ms, ms, memory_order_relaxed);
+    if (end > atomic_load_explicit(&slot->last_execution, memory_order_relaxed))
+        atomic_store_explicit(&slot->last_execution, end, memory_order_relaxed);
     add(slot, &slot->executions, 1);
     batch_entry_t *e = batch_entry(slot, batch_size ? batch_size : 1);
     if (e == NULL)
@@ -243,8 +240,8 @@ static void read_slot(const oi_stats_slot_t *s, oi_stats_snapshot_t *o)
     }
     o->fail.ns += LOAD(s->fail_ns);
     o->execution_count += LOAD(s->executions);
-    uint64_t last = LOAD(s->last_inference_ms);
-    if (last > o->last_inference_ms)
+    uint64_t last = LOAD(s->last_execution);
+    if (last > o->last_inference_ms) /* monotonic ns until oi_stats_read converts it */
         o->last_inference_ms = last;
     for (int b = 0; b <= OI_HIST_BUCKETS; b++)
         o->hist[b] += LOAD(s->hist[b]);
@@ -261,6 +258,13 @@ int oi_stats_read(const oi_stats_t *s, oi_stats_snapshot_t *out)
     for (int i = 0; i < s->nslots; i++) {
         read_slot(&s->slots[i], out);
         rc |= read_batches(&s->slots[i], out, &cap);
+    }
+    if (out->last_inference_ms != 0) { /* monotonic ns -> wall-clock ms, by the clocks' offset now */
+        struct timespec wall;
+        clock_gettime(CLOCK_REALTIME, &wall);
+        uint64_t mono = oi_now_ns(), wall_ns = (uint64_t)wall.tv_sec * 1000000000u + (uint64_t)wall.tv_nsec;
+        uint64_t ago = mono > out->last_inference_ms ? mono - out->last_inference_ms : 0;
+        out->last_inference_ms = (wall_ns > ago ? wall_ns - ago : 0) / 1000000u;
     }
     /* Triton counts queue and compute per successful request that was not a cache hit: with
      * no response cache, every success. */

@@ -36,11 +36,11 @@ typedef struct oi_batch_table_s oi_batch_table_t;
 typedef struct oi_stats_slot_s {
     _Atomic uint64_t success, success_ns, queue_ns, input_ns, infer_ns, output_ns, inferences;
     _Atomic uint64_t fail[OI_FAIL_REASONS], fail_ns;
-    _Atomic uint64_t executions, last_inference_ms;
+    _Atomic uint64_t executions, last_execution; /* last_execution: when one last ended (monotonic) */
     _Atomic uint64_t hist[OI_HIST_BUCKETS + 1], hist_sum_ms;
     _Atomic(oi_batch_table_t *) batches; /* per batch size; grown by the writer */
     int shared;                          /* written by several threads: atomic adds */
-    uint64_t last_end; /* the writer's own note: when its last request ended (its batch's end) */
+    uint64_t last_end;                   /* the writer's own: when its last request (its batch) ended */
 } __attribute__((aligned(64))) oi_stats_slot_t;
 
 /* The statistics of one model version: `nslots` executor slots and the shared one. Owned by
@@ -67,11 +67,11 @@ typedef struct oi_stats_times_s {
 /* Counts one finished request: success with `rows` inferences, or failure for `reason`.
  * `end` is now (also noted in slot->last_end); end - start, in whole milliseconds, also goes
  * into the histogram. Writer of `slot` only (or any thread for the shared slot). */
-void oi_stats_request(oi_stats_slot_t *slot, const oi_stats_times_t *t, uint64_t end, int ok,
-                      oi_fail_reason_t reason, uint64_t rows);
+void oi_stats_request(oi_stats_slot_t *slot, const oi_stats_times_t *t, uint64_t end, int ok, oi_fail_reason_t reason,
+                      uint64_t rows);
 
-/* Counts one model execution of `batch_size` rows (all of its requests together) and sets
- * last_inference to the wall clock. Writer of `slot` only. */
+/* Counts one model execution of `batch_size` rows (all of its requests together), which
+ * ended at `end`. Writer of `slot` only. */
 void oi_stats_execution(oi_stats_slot_t *slot, uint64_t batch_size, uint64_t compute_start, uint64_t input_end,
                         uint64_t output_start, uint64_t end);
 
@@ -86,7 +86,8 @@ typedef struct oi_batch_stats_s {
 } oi_batch_stats_t;
 
 /* The sum of every slot at one moment (each counter read once; counters written while it is
- * read may be one request apart). */
+ * read may be one request apart). last_inference_ms is the wall clock (ms since the epoch) of
+ * the last execution's end, converted when read so that the request path reads no wall clock. */
 typedef struct oi_stats_snapshot_s {
     uint64_t inference_count, execution_count, last_inference_ms;
     oi_stat_duration_t success, fail, queue, compute_input, compute_infer, compute_output;
