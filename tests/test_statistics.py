@@ -532,3 +532,19 @@ def test_cli_serves_metrics_as_configured() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_pending_includes_a_forming_batch(server: openinfer.Server) -> None:
+    """Requests waiting in a dynamic batch that is still forming are pending, as in Triton's
+    batcher, until the batch runs."""
+    labels = {"model": "batched", "version": "1"}
+    with ThreadPoolExecutor(4) as pool:
+        first = [pool.submit(infer, server, "batched", [i, i], shape=[1, 2]) for i in (0, 1)]
+        wait_until(lambda: sample(scrape(server), "nv_inference_pending_request_count", **labels) == 2,
+                   "two requests in the forming batch")
+        assert not any(f.done() for f in first)
+        rest = [pool.submit(infer, server, "batched", [i, i], shape=[1, 2]) for i in (2, 3)]
+        assert [f.result().status_code for f in first + rest] == [200] * 4
+    f = scrape(server)
+    assert sample(f, "nv_inference_pending_request_count", **labels) == 0
+    assert sample(f, "nv_inference_exec_count", "nv_inference_exec_count_total", **labels) == 1

@@ -20,7 +20,7 @@ struct oi_scheduler_s {
     oi_batching_t batching;
     const oi_backend_t *backend;
     void *state;
-    atomic_int queued;    /* jobs in the queue; written under mu, read by anyone */
+    atomic_int queued;    /* jobs submitted and not yet executing (queued or in a forming batch) */
     atomic_int next_slot; /* hands each executor its statistics slot */
     oi_stats_t *stats;
     int nthreads;
@@ -37,8 +37,6 @@ static oi_job_t *pop_locked(oi_scheduler_t *s)
         if (s->head == NULL)
             s->tail = NULL;
         j->next = NULL;
-        atomic_store_explicit(&s->queued, atomic_load_explicit(&s->queued, memory_order_relaxed) - 1,
-                              memory_order_relaxed);
     }
     return j;
 }
@@ -130,8 +128,6 @@ static void gather_locked(oi_scheduler_t *s, batch_t *b)
             s->head = next;
         if (s->tail == j)
             s->tail = prev;
-        atomic_store_explicit(&s->queued, atomic_load_explicit(&s->queued, memory_order_relaxed) - 1,
-                              memory_order_relaxed);
         j->next = NULL;
         b->last->next = j;
         b->last = j;
@@ -356,12 +352,14 @@ static void *executor(void *arg)
         if (!batching) {
             oi_job_t *j = pop_locked(s);
             pthread_mutex_unlock(&s->mu);
+            atomic_fetch_sub_explicit(&s->queued, 1, memory_order_relaxed);
             run_one(s, slot, j, waited ? 0 : slot->last_end);
             continue;
         }
         batch_t b;
         gather_batch(s, &b);
         pthread_mutex_unlock(&s->mu);
+        atomic_fetch_sub_explicit(&s->queued, b.n_jobs, memory_order_relaxed);
         run_batch(s, slot, &b);
     }
 }
@@ -430,7 +428,7 @@ int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job)
         pthread_mutex_unlock(&s->mu);
         return -1;
     }
-    atomic_store_explicit(&s->queued, atomic_load_explicit(&s->queued, memory_order_relaxed) + 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->queued, 1, memory_order_relaxed);
     if (s->tail)
         s->tail->next = job;
     else
@@ -449,7 +447,6 @@ void oi_scheduler_cancel_queued(oi_scheduler_t *s)
     s->stopping = 1;
     oi_job_t *queued = s->head;
     s->head = s->tail = NULL;
-    atomic_store_explicit(&s->queued, 0, memory_order_relaxed);
     pthread_cond_broadcast(&s->cv);
     pthread_cond_broadcast(&s->gather_cv);
     pthread_mutex_unlock(&s->mu);
@@ -459,6 +456,7 @@ void oi_scheduler_cancel_queued(oi_scheduler_t *s)
         j->next = NULL;
         j->status = oi_status_new(OI_UNAVAILABLE, "the server is shutting down");
         j->slot = &s->stats->shared;
+        atomic_fetch_sub_explicit(&s->queued, 1, memory_order_relaxed);
         j->done(j);
     }
 }
@@ -478,6 +476,7 @@ void oi_scheduler_free(oi_scheduler_t *s)
     while ((j = pop_locked(s)) != NULL) {
         j->status = oi_status_new(OI_UNAVAILABLE, "the server is shutting down");
         j->slot = s->stats ? &s->stats->shared : NULL;
+        atomic_fetch_sub_explicit(&s->queued, 1, memory_order_relaxed);
         j->done(j);
     }
     oi_stats_free(s->stats);
