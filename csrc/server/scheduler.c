@@ -20,7 +20,8 @@ struct oi_scheduler_s {
     oi_batching_t batching;
     const oi_backend_t *backend;
     void *state;
-    atomic_int queued;    /* jobs submitted and not yet executing (queued or in a forming batch) */
+    atomic_int queued;    /* jobs submitted and not yet executing (queued or in a forming batch);
+                           * written under mu (a plain add), read by anyone */
     atomic_int next_slot; /* hands each executor its statistics slot */
     oi_stats_t *stats;
     int nthreads;
@@ -28,6 +29,12 @@ struct oi_scheduler_s {
 };
 
 #define now_ns oi_now_ns
+
+/* Caller holds mu (or is the last thread): a plain add, no locked instruction. */
+static void add_queued(oi_scheduler_t *s, int d)
+{
+    atomic_store_explicit(&s->queued, atomic_load_explicit(&s->queued, memory_order_relaxed) + d, memory_order_relaxed);
+}
 
 static oi_job_t *pop_locked(oi_scheduler_t *s)
 {
@@ -351,15 +358,15 @@ static void *executor(void *arg)
         }
         if (!batching) {
             oi_job_t *j = pop_locked(s);
+            add_queued(s, -1);
             pthread_mutex_unlock(&s->mu);
-            atomic_fetch_sub_explicit(&s->queued, 1, memory_order_relaxed);
             run_one(s, slot, j, waited ? 0 : slot->last_end);
             continue;
         }
         batch_t b;
         gather_batch(s, &b);
+        add_queued(s, -b.n_jobs);
         pthread_mutex_unlock(&s->mu);
-        atomic_fetch_sub_explicit(&s->queued, b.n_jobs, memory_order_relaxed);
         run_batch(s, slot, &b);
     }
 }
@@ -428,7 +435,7 @@ int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job)
         pthread_mutex_unlock(&s->mu);
         return -1;
     }
-    atomic_fetch_add_explicit(&s->queued, 1, memory_order_relaxed);
+    add_queued(s, 1);
     if (s->tail)
         s->tail->next = job;
     else
@@ -447,6 +454,8 @@ void oi_scheduler_cancel_queued(oi_scheduler_t *s)
     s->stopping = 1;
     oi_job_t *queued = s->head;
     s->head = s->tail = NULL;
+    for (oi_job_t *j = queued; j != NULL; j = j->next)
+        add_queued(s, -1);
     pthread_cond_broadcast(&s->cv);
     pthread_cond_broadcast(&s->gather_cv);
     pthread_mutex_unlock(&s->mu);
@@ -456,7 +465,6 @@ void oi_scheduler_cancel_queued(oi_scheduler_t *s)
         j->next = NULL;
         j->status = oi_status_new(OI_UNAVAILABLE, "the server is shutting down");
         j->slot = &s->stats->shared;
-        atomic_fetch_sub_explicit(&s->queued, 1, memory_order_relaxed);
         j->done(j);
     }
 }
@@ -476,7 +484,7 @@ void oi_scheduler_free(oi_scheduler_t *s)
     while ((j = pop_locked(s)) != NULL) {
         j->status = oi_status_new(OI_UNAVAILABLE, "the server is shutting down");
         j->slot = s->stats ? &s->stats->shared : NULL;
-        atomic_fetch_sub_explicit(&s->queued, 1, memory_order_relaxed);
+        add_queued(s, -1); /* the executors are gone: no lock needed */
         j->done(j);
     }
     oi_stats_free(s->stats);
