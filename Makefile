@@ -1,5 +1,6 @@
 # The two commands of the README: `make serve` and `make test`. Both set up what a fresh
-# machine lacks first (scripts/setup.sh), and are quick when nothing is missing.
+# machine lacks first (scripts/setup.sh: `serve` installs only what serving needs, the rest
+# everything the tests and `make wheel` need), and are quick when nothing is missing.
 
 PY := .venv/bin/python
 CSRC := $(shell find csrc -name '*.c' -o -name '*.h')
@@ -12,18 +13,21 @@ PYTEST_ARGS ?=
 # there on first use), so no run depends on what an earlier one, or ~/.cache, left behind.
 TEST_CACHE := $(CURDIR)/build/test-cache
 
-.PHONY: setup build serve test test-plain test-asan bench clean
+.PHONY: setup setup-serve build serve test test-plain test-asan wheel bench clean
 
 setup:
-	@scripts/setup.sh
+	@scripts/setup.sh test
+
+setup-serve:
+	@scripts/setup.sh serve
 
 # The extension, in place, with warnings as errors; rebuilt when a C source changes.
-$(EXT): $(CSRC) $(wildcard proto/*.proto) setup.py
+$(EXT): $(CSRC) $(wildcard proto/*.proto) setup.py python/openinfer/__init__.py
 	OI_WERROR=1 $(PY) setup.py -q build_ext --inplace --force
 
 build: setup $(EXT)
 
-serve: build
+serve: setup-serve $(EXT)
 	$(PY) -m openinfer serve $(REPO)
 
 test: build test-plain test-asan
@@ -54,8 +58,13 @@ test-asan: setup
 	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	$(PY) -m pytest -q -p no:cacheprovider --capture=sys $(PYTEST_ARGS)
 
+# Self-contained manylinux wheels for every CPython 3.10+ found here, and the sdist, in
+# dist/ (scripts/build_wheels.py says how; WHEEL_ARGS="--python EXE" picks interpreters).
+wheel: setup
+	$(PY) scripts/build_wheels.py $(WHEEL_ARGS)
+
 bench: build
 	$(PY) benchmarks/run.py $(BENCH_ARGS)
 
 clean:
-	rm -rf build $(ASAN_DIR) python/openinfer/_core*.so python/openinfer/libopeninfer_torch-*.so
+	rm -rf build dist $(ASAN_DIR) python/openinfer/_core*.so python/openinfer/libopeninfer_torch-*.so

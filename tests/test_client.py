@@ -43,9 +43,9 @@ def test_health_and_metadata(client: Client) -> None:
     assert client.model_metadata("versioned", "1")["versions"] == ["1", "2", "3"]
     with pytest.raises(InferenceServerError) as e:
         client.model_metadata("nope")
-    assert e.value.status == 404 and e.value.message == "unknown model 'nope'"
-    with pytest.raises(InferenceServerError):
-        client.is_model_ready("nope")
+    assert e.value.status == 404 and e.value.message == "Request for unknown model: 'nope' is not found"
+    assert client.is_model_ready("nope") is False  # not served: not ready, as Triton answers
+    assert client.is_model_ready("versioned", 9) is False
 
 
 def test_infer_simple(client: Client) -> None:

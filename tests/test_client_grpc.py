@@ -161,7 +161,7 @@ def test_one_copy_of_each_tensor_in_client_memory(grpc_url: str) -> None:
 
 def test_statuses_map_like_http(client: Client) -> None:
     cases = [
-        (lambda: client.infer("nope", {"X": np.zeros(1)}), 404, "unknown model 'nope'"),
+        (lambda: client.infer("nope", {"X": np.zeros(1)}), 404, "Request for unknown model: 'nope' is not found"),
         (lambda: client.model_metadata("simple", "9"), 404, "version"),
         (lambda: client.infer("simple", {"INPUT0": SIMPLE_A}), 400, "missing input 'INPUT1'"),
         (lambda: client.infer("simple", {"INPUT0": SIMPLE_A, "INPUT1": np.ones((1, 15), np.int32)}), 400, "shape"),
@@ -172,23 +172,21 @@ def test_statuses_map_like_http(client: Client) -> None:
         with pytest.raises(InferenceServerError) as e:
             call()
         assert e.value.status == status and text in e.value.message, (status, e.value)
-    with pytest.raises(InferenceServerError) as e:
-        client.is_model_ready("nope")
-    assert e.value.status == 404
+    assert client.is_model_ready("nope") is False
 
 
 def test_unimplemented_and_not_found_through_the_connection(server: openinfer.Server) -> None:
     conn = _core.GrpcConnection("127.0.0.1", server.grpc_port)
-    status, message = conn.unary(SERVICE + "ModelConfig", b"")
+    status, message = conn.unary(SERVICE + "NoSuchRpc", b"")
     assert status == 12 and "not implemented" in message  # UNIMPLEMENTED
     status, message = conn.unary("/other.Service/Call", b"")
     assert status == 12 and "unknown service" in message
     assert conn.unary(SERVICE + "ServerLive", b"") == (0, b"\x08\x01")
-    status, message = conn.unary(SERVICE + "ModelReady", b"\x0a\x04nope")
-    assert status == 5 and message == "unknown model 'nope'"
+    status, message = conn.unary(SERVICE + "ModelMetadata", b"\x0a\x04nope")
+    assert status == 5 and message == "Request for unknown model: 'nope' is not found"
     # A percent-encoded grpc-message comes back decoded.
-    status, message = conn.unary(SERVICE + "ModelReady", "\x0a\x05n\u00e9%\n".encode())
-    assert status == 5 and message == "unknown model 'n\u00e9%\n'"
+    status, message = conn.unary(SERVICE + "ModelMetadata", "\x0a\x05n\u00e9%\n".encode())
+    assert status == 5 and message == "Request for unknown model: 'n\u00e9%\n' is not found"
     conn.close()
     from openinfer.client import _grpc_error
     assert _grpc_error(12, "x").status == 501 and _grpc_error(14, "x").status == 503
@@ -535,7 +533,7 @@ def test_stream_unknown_model_errors_every_request(client: Client) -> None:
         except InferenceServerError as e:
             results.append(e.message)
         it.close()
-    assert results == ["unknown model 'nope'"] * 3
+    assert results == ["Request for unknown model: 'nope' is not found"] * 3
 
 
 def test_stream_closed_early_gives_the_connection_back(grpc_url: str) -> None:

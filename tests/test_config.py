@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -333,3 +334,53 @@ def test_load_config_reads_files(tmp_path: Path) -> None:
         load_config(path)
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "missing.pbtxt")
+
+
+# ---- JSON model configurations (a repository load's "config") ------------------------------
+
+
+def test_json_config_reads_as_the_same_config_as_pbtxt() -> None:
+    from openinfer.config import parse, parse_json_config
+
+    pbtxt = """
+        name: "m" platform: "pytorch_libtorch" max_batch_size: 8
+        input [ { name: "x" data_type: TYPE_FP32 dims: [ 3, -1 ] } ]
+        output [ { name: "y" data_type: TYPE_STRING dims: [ 1 ] reshape { shape: [ ] } } ]
+        instance_group [ { count: 2 kind: KIND_CPU } ]
+        dynamic_batching { preferred_batch_size: [ 4, 8 ] max_queue_delay_microseconds: 100 }
+        version_policy { specific { versions: [ 1, 3 ] } }
+        parameters { key: "k" value: { string_value: "v" } }
+    """
+    # As protobuf's JSON mapping writes it: lowerCamelCase allowed, int64 as strings, maps as objects.
+    text = """{
+        "name": "m", "platform": "pytorch_libtorch", "maxBatchSize": 8,
+        "input": [{"name": "x", "dataType": "TYPE_FP32", "dims": ["3", "-1"]}],
+        "output": [{"name": "y", "data_type": "TYPE_STRING", "dims": [1], "reshape": {"shape": []}}],
+        "instance_group": [{"count": 2, "kind": "KIND_CPU"}],
+        "dynamic_batching": {"preferred_batch_size": [4, 8], "max_queue_delay_microseconds": "100"},
+        "version_policy": {"specific": {"versions": ["1", 3]}},
+        "parameters": {"k": {"string_value": "v"}}
+    }"""
+    from_json = parse_json_config(text)
+    from_pbtxt = ModelConfig.from_dict(parse(pbtxt))
+    assert {**vars(from_json), "raw": None} == {**vars(from_pbtxt), "raw": None}
+    assert from_json.parameters == {"k": "v"} and from_json.inputs[0].dims == (3, -1)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{nope", "config override: not valid JSON"),
+        ("[1]", "config override: expected a JSON object, got list"),
+        ('{"max_batch_size": "eight"}', "max_batch_size must be a single integer"),
+        ('{"input": [{"name": "x", "data_type": "TYPE_FP32", "dims": ["three"]}]}', "expected an integer, got 'three'"),
+        ('{"input": [{"name": "x", "data_type": "TYPE_FLOAT", "dims": [1]}]}', "data_type must be one of"),
+        ('{"maxBatchSize": 1, "max_batch_size": 2}', "field 'max_batch_size' is given twice"),
+        ('{"name": null}', "null is not a value"),
+    ],
+)
+def test_json_config_errors_name_the_field(text: str, message: str) -> None:
+    from openinfer.config import parse_json_config
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_json_config(text)

@@ -80,10 +80,12 @@ def test_health_rpcs(stub: Any, grpc_stubs: Any) -> None:
     assert stub.ServerReady(pb.ServerReadyRequest()).ready is True
     assert stub.ModelReady(pb.ModelReadyRequest(name="simple")).ready is True
     assert stub.ModelReady(pb.ModelReadyRequest(name="versioned", version="2")).ready is True
-    e = rpc_error(stub.ModelReady, pb.ModelReadyRequest(name="nope"))
-    assert e.code() == grpc.StatusCode.NOT_FOUND and "unknown model 'nope'" in e.details()
-    e = rpc_error(stub.ModelReady, pb.ModelReadyRequest(name="versioned", version="9"))
-    assert e.code() == grpc.StatusCode.NOT_FOUND
+    # As Triton: a model or version that is not served is not ready, and the call succeeds.
+    assert stub.ModelReady(pb.ModelReadyRequest(name="nope")).ready is False
+    assert stub.ModelReady(pb.ModelReadyRequest(name="versioned", version="9")).ready is False
+    e = rpc_error(stub.ModelReady, pb.ModelReadyRequest(name="versioned", version="x9"))
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "failed to get model version from specified version string 'x9'" in e.details()
 
 
 def test_metadata_rpcs(stub: Any, grpc_stubs: Any, url: str) -> None:
@@ -117,8 +119,8 @@ def test_tritonclient_health_and_metadata(server: openinfer.Server) -> None:
 
 
 def test_unimplemented_rpcs(grpc_channel: Any) -> None:
-    e = rpc_error(grpc_channel.unary_unary("/inference.GRPCInferenceService/ModelConfig"), b"", timeout=10)
-    assert e.code() == grpc.StatusCode.UNIMPLEMENTED and "ModelConfig" in e.details()
+    e = rpc_error(grpc_channel.unary_unary("/inference.GRPCInferenceService/NoSuchRpc"), b"", timeout=10)
+    assert e.code() == grpc.StatusCode.UNIMPLEMENTED and "NoSuchRpc" in e.details()
     e = rpc_error(grpc_channel.unary_unary("/other.Service/Call"), b"", timeout=10)
     assert e.code() == grpc.StatusCode.UNIMPLEMENTED and "unknown service" in e.details()
 
@@ -252,7 +254,7 @@ def test_tritonclient_streaming(server: openinfer.Server) -> None:
                 got[result.get_response().id] = result.as_numpy("OUTPUT0")
         assert sorted(got) == ["after", "s0", "s1", "s2", "s3", "s4"]
         assert all((v == 2 * a).all() for v in got.values())
-        assert len(errors) == 1 and "unknown model 'nope'" in str(errors[0])
+        assert len(errors) == 1 and "Request for unknown model: 'nope' is not found" in str(errors[0])
     finally:
         client.stop_stream()
         client.close()
@@ -291,7 +293,7 @@ def test_infer_errors(stub: Any, grpc_stubs: Any, server: openinfer.Server) -> N
     one = raw_bytes("INT32", [1])
     cases = [
         (infer_request(pb, "nope", [("INPUT0", "INT32", [1], one)]), grpc.StatusCode.NOT_FOUND,
-         "unknown model 'nope'"),
+         "Request for unknown model: 'nope' is not found"),
         (infer_request(pb, "echo_int32", [("INPUT0", "INT32", [2], one)]), grpc.StatusCode.INVALID_ARGUMENT,
          "input 'INPUT0': shape [2] of INT32 needs 2 x 4 bytes, got 4 bytes"),
         (infer_request(pb, "echo_int32", [("INPUT0", "FP32", [1], one)]), grpc.StatusCode.INVALID_ARGUMENT,
@@ -382,7 +384,7 @@ def test_tritonclient_errors(server: openinfer.Server) -> None:
     try:
         inp = tgrpc.InferInput("INPUT0", [1], "INT32")
         inp.set_data_from_numpy(np.array([1], dtype=np.int32))
-        with pytest.raises(InferenceServerException, match="unknown model 'nope'") as e:
+        with pytest.raises(InferenceServerException, match="Request for unknown model: 'nope' is not found") as e:
             client.infer("nope", [inp])
         assert e.value.status() == "StatusCode.NOT_FOUND"
     finally:

@@ -58,11 +58,15 @@ def test_default_version_is_highest(url: str) -> None:
 @pytest.mark.parametrize(
     "path, message",
     [
-        ("/v2/models/nope", "unknown model 'nope'"),
-        ("/v2/models/nope/ready", "unknown model 'nope'"),
-        ("/v2/models/simple/versions/7", "model 'simple' has no version '7' (served versions: 1)"),
-        ("/v2/models/simple/versions/abc/ready", "model 'simple' has no version 'abc'"),
-        ("/v2/models/simple/statistics", "no endpoint at /v2/models/simple/statistics"),
+        # Triton's core words unknown models and versions so; scripts match on it.
+        ("/v2/models/nope", "Request for unknown model: 'nope' is not found"),
+        ("/v2/models/nope/ready", "Request for unknown model: 'nope' is not found"),
+        ("/v2/models/nope/config", "Request for unknown model: 'nope' is not found"),
+        ("/v2/models/simple/versions/7", "Request for unknown model: 'simple' version 7 is not found"),
+        ("/v2/models/simple/versions/7/config", "Request for unknown model: 'simple' version 7 is not found"),
+        ("/v2/models/simple/versions/abc/ready",
+         "failed to get model version from specified version string 'abc'"),
+        ("/v2/models/simple/nothing", "no endpoint at /v2/models/simple/nothing"),
         ("/v3/health/live", "no endpoint at /v3/health/live"),
         ("/", "no endpoint at /"),
         ("/v2/models/simple/versions/", "model version in the URL is empty"),
@@ -78,9 +82,10 @@ def test_not_found(url: str, path: str, message: str) -> None:
     "method, path, allowed",
     [
         ("GET", "/v2/models/simple/infer", "POST"),
-        ("POST", "/v2/health/live", "GET"),
-        ("DELETE", "/v2/models/simple", "GET"),
-        ("PUT", "/v2", "GET"),
+        ("POST", "/v2/health/live", "GET or HEAD"),
+        ("DELETE", "/v2/models/simple", "GET or HEAD"),
+        ("PUT", "/v2", "GET or HEAD"),
+        ("POST", "/v2/models/simple/config", "GET or HEAD"),
     ],
 )
 def test_method_not_allowed(url: str, method: str, path: str, allowed: str) -> None:

@@ -130,7 +130,7 @@ def test_versions_route(url: str) -> None:
     status, body = infer(url, "versioned", one)
     assert body["model_version"] == "3"
     status, body = infer(url, "versioned", one, version="9")
-    assert status == 404 and "no version '9'" in body["error"]
+    assert (status, body["error"]) == (404, "Request for unknown model: 'versioned' version 9 is not found")
 
 
 def test_requested_outputs_subset_and_order(url: str) -> None:
@@ -231,7 +231,7 @@ def test_model_errors(url: str) -> None:
 
 def test_unknown_model(url: str) -> None:
     status, body = infer(url, "nope", {"inputs": []})
-    assert (status, body["error"]) == (404, "unknown model 'nope'")
+    assert (status, body["error"]) == (404, "Request for unknown model: 'nope' is not found")
 
 
 def test_unsupported_content_encoding(url: str) -> None:

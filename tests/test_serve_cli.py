@@ -56,7 +56,8 @@ def test_context_manager_and_two_servers() -> None:
         assert a.http_port != b.http_port
         assert requests.get(a.url + "/v2/models/double/ready", timeout=10).status_code == 200
         assert requests.get(b.url + "/v2/models/simple/ready", timeout=10).status_code == 200
-        assert requests.get(b.url + "/v2/models/double/ready", timeout=10).status_code == 404
+        assert requests.get(b.url + "/v2/models/double/ready", timeout=10).status_code == 400  # not served
+        assert requests.get(b.url + "/v2/models/double", timeout=10).status_code == 404
     assert port_is_closed(a.http_port) and port_is_closed(b.http_port)
 
 
@@ -214,3 +215,26 @@ def test_cli_bad_repository_is_a_clear_error(tmp_path) -> None:
 def test_cli_version() -> None:
     r = subprocess.run([sys.executable, "-m", "openinfer", "--version"], capture_output=True, text=True, timeout=30)
     assert r.stdout.strip() == f"openinfer {openinfer.__version__}"
+
+
+def test_cli_model_control_explicit() -> None:
+    cli = Cli("--model-control-mode", "explicit", "--load-model", "simple", "--load-model", "simple_string")
+    try:
+        url = f"http://127.0.0.1:{cli.port}/v2/repository"
+        index = {m["name"]: m for m in requests.post(url + "/index", timeout=10).json()}
+        assert index["simple"]["state"] == index["simple_string"]["state"] == "READY"
+        assert index["identity_fp32"] == {"name": "identity_fp32"}
+        assert requests.post(url + "/models/identity_fp32/load", timeout=30).status_code == 200
+        assert requests.get(f"http://127.0.0.1:{cli.port}/v2/models/identity_fp32/ready", timeout=10).status_code == 200
+        cli.proc.send_signal(signal.SIGINT)
+        rc, out = cli.wait()
+        assert rc == 0, out
+    finally:
+        cli.kill()
+
+
+def test_cli_load_model_needs_explicit_mode() -> None:
+    r = subprocess.run([sys.executable, "-m", "openinfer", "serve", "--http-port", "0", "--load-model", "simple"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1
+    assert "explicit" in r.stderr

@@ -327,8 +327,9 @@ def test_peer_credentials() -> None:
 
 
 def test_registrations_leave_descriptors_for_connections(shm_files: Any) -> None:
-    """Objects hold a descriptor each, bounded by RLIMIT_NOFILE less a reserve: past the bound
-    a registration gets 429, and new connections are still accepted."""
+    """Objects hold a descriptor each, bounded by RLIMIT_NOFILE less a reserve, and one user
+    may hold at most half of that: past either bound a registration gets 429, and new
+    connections are still accepted."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     limit = 1024
     # This process is both client and server: its own descriptors, the objects' and both ends
@@ -339,13 +340,19 @@ def test_registrations_leave_descriptors_for_connections(shm_files: Any) -> None
     resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
     try:
         with openinfer.serve(models=[], http_port=0, grpc_port=None, log=False) as s:
-            conn = Http(s.http_port)
+            root, other = Http(s.http_port), connect_as(s.http_port, NOBODY)
             try:
                 budget = limit - 256  # the reserve: max(256, limit / 4)
-                for i in range(budget):
-                    status, reply = register(conn, f"r{i}", shm_files(64).key, 64)
+                for i in range(budget // 2):
+                    status, reply = register(root, f"r{i}", shm_files(64).key, 64)
                     assert status == 200, (i, reply)
-                status, reply = register(conn, "past", shm_files(64).key, 64)
+                status, reply = register(root, "past", shm_files(64).key, 64)
+                assert status == 429 and "one user may hold" in reply["error"], reply
+                # The other half is still there for another user, and then the total is reached.
+                for i in range(budget // 2):
+                    status, reply = register(other, f"r{i}", shm_files(64, owner=NOBODY).key, 64)
+                    assert status == 200, (i, reply)
+                status, reply = register(other, "past", shm_files(64, owner=NOBODY).key, 64)
                 assert status == 429 and "descriptor limit" in reply["error"], reply
                 extra = [Http(s.http_port) for _ in range(extra_connections)]  # still accepted
                 for c in extra:
@@ -353,10 +360,12 @@ def test_registrations_leave_descriptors_for_connections(shm_files: Any) -> None
                 for c in extra:
                     assert c.read_response()[0] == 200
                     c.close()
-                assert post(conn, "/v2/systemsharedmemory/unregister")[0] == 200
-                assert register(conn, "past", shm_files(64).key, 64)[0] == 200
+                assert post(root, "/v2/systemsharedmemory/unregister")[0] == 200
+                assert register(root, "past", shm_files(64).key, 64)[0] == 200
+                assert register(other, "past", shm_files(64, owner=NOBODY).key, 64)[0] == 429
             finally:
-                conn.close()
+                root.close()
+                other.close()
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 

@@ -548,3 +548,36 @@ def test_pending_includes_a_forming_batch(server: openinfer.Server) -> None:
     f = scrape(server)
     assert sample(f, "nv_inference_pending_request_count", **labels) == 0
     assert sample(f, "nv_inference_exec_count", "nv_inference_exec_count_total", **labels) == 1
+
+
+ADD_ONE_CONFIG = """
+name: "add_one"
+backend: "python"
+input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ -1 ] } ]
+"""
+
+
+def test_statistics_follow_loads_and_unloads(tmp_path: Any) -> None:
+    """A loaded version starts counting from zero (as Triton's does), an unloaded one has no
+    statistics and leaves the metrics, and the counts of other models are untouched."""
+    (tmp_path / "add_one" / "1").mkdir(parents=True)
+    (tmp_path / "add_one" / "config.pbtxt").write_text(ADD_ONE_CONFIG)
+    (tmp_path / "add_one" / "1" / "model.py").write_text("def infer(inputs):\n    return {'OUTPUT0': inputs['INPUT0'] + 1}\n")
+    with openinfer.serve(tmp_path, models=[Model("echo", echo, **ONE_INT)], http_port=0, log=False,
+                         model_control_mode="explicit") as srv:
+        with pytest.raises(openinfer.InferenceServerError, match="requested model 'add_one' is not available"):
+            srv.statistics("add_one")
+        srv.load_model("add_one")
+        for _ in range(3):
+            assert infer(srv, "add_one", [1, 2]).status_code == 200
+        assert infer(srv, "echo", [1]).status_code == 200
+        assert stats_of(srv.statistics("add_one"), "add_one")["inference_count"] == 3
+        srv.load_model("add_one")  # a reload: a new version object, counting anew
+        assert infer(srv, "add_one", [1]).status_code == 200
+        assert stats_of(srv.statistics("add_one"), "add_one")["inference_count"] == 1
+        srv.unload_model("add_one")
+        r = requests.get(srv.url + "/v2/models/add_one/stats", timeout=10)
+        assert r.status_code == 400 and r.json()["error"] == "requested model 'add_one' is not available"
+        assert 'model="add_one"' not in requests.get(srv.metrics_url, timeout=10).text
+        assert stats_of(srv.statistics("echo"), "echo")["inference_count"] == 1

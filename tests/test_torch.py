@@ -427,10 +427,9 @@ with openinfer.serve(sys.argv[1], http_port=0, log=False) as srv:
 """
 
 
-def test_cold_cache_compiles_the_shim_and_serves(tmp_path: Path) -> None:
-    """A fresh install whose package has no prebuilt shim and whose cache is empty compiles
-    the shim on first use and serves a TorchScript model. Under make test-asan the child
-    runs with the sanitizer preloaded, which the compiler must not inherit."""
+def _package_without_shim(tmp_path: Path) -> Path:
+    """A copy of the installed package with no prebuilt shim (as a wheel built without torch
+    installs), and a repository with the mlp example; returns tmp_path/repo."""
     from openinfer import _torch_build
 
     installed = Path(openinfer.__file__).resolve().parent
@@ -444,17 +443,55 @@ def test_cold_cache_compiles_the_shim_and_serves(tmp_path: Path) -> None:
         shutil.copy2(src / rel, pkg / "_csrc" / rel)
     repo = tmp_path / "repo"
     shutil.copytree(EXAMPLES / "mlp", repo / "mlp")
+    return repo
+
+
+def test_cold_cache_compiles_the_shim_and_serves(tmp_path: Path) -> None:
+    """A fresh install whose package has no prebuilt shim and whose cache is empty compiles
+    the shim on first use, saying so in one line that names the cache, and serves a
+    TorchScript model. Under make test-asan the child runs with the sanitizer preloaded,
+    which the compiler must not inherit."""
+    repo = _package_without_shim(tmp_path)
     cache = tmp_path / "cache"
-    env = {**os.environ, "PYTHONPATH": str(pkg.parent), "OPENINFER_CACHE_DIR": str(cache)}
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "pkg"), "OPENINFER_CACHE_DIR": str(cache)}
     r = subprocess.run([sys.executable, "-c", COLD_CACHE_CHILD, str(repo), str(tmp_path / "out.npy")],
                        env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert r.returncode == 0, r.stderr[-4000:]
-    assert "compiling the libtorch shim" in r.stderr
+    said = [line for line in r.stderr.splitlines() if "libtorch shim" in line]
+    assert len(said) == 1 and "compiling the libtorch shim" in said[0], r.stderr[-4000:]
+    assert str(cache / "torch_shim") in said[0] and torch.__version__ in said[0]
     assert list((cache / "torch_shim").glob("libopeninfer_torch-*.so")), "no shim in the cold cache"
     mlp = torch.jit.load(str(EXAMPLES / "mlp" / "1" / "model.pt"))
     with torch.inference_mode():
         want = mlp(torch.arange(16, dtype=torch.float32).reshape(1, 16)).numpy()
     np.testing.assert_allclose(np.load(tmp_path / "out.npy"), want, rtol=1e-5, atol=1e-6)
+
+
+NO_COMPILER_CHILD = """
+import sys, openinfer
+with openinfer.serve(sys.argv[1], http_port=0, log=False) as srv:
+    print(srv.failed["mlp"])
+    assert srv.failed.keys() == {"mlp"}, srv.failed
+"""
+
+
+def test_cold_cache_without_a_compiler_fails_the_model_clearly(tmp_path: Path) -> None:
+    """No prebuilt shim, an empty cache and no C++ compiler on PATH: the TorchScript model
+    fails to load with a message saying what to install, the server serves the rest, and
+    nothing claims to be compiling."""
+    repo = _package_without_shim(tmp_path)
+    shutil.copytree(EXAMPLES / "simple", repo / "simple")
+    empty_path = tmp_path / "bin"
+    empty_path.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("CC", "CXX")}
+    env.update(PYTHONPATH=str(tmp_path / "pkg"), OPENINFER_CACHE_DIR=str(tmp_path / "cache"), PATH=str(empty_path))
+    r = subprocess.run([sys.executable, "-c", NO_COMPILER_CHILD, str(repo)],
+                       env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "no c++ compiler found (tried g++, c++, clang++)" in r.stdout, r.stdout
+    assert "apt-get install g++" in r.stdout and "CXX" in r.stdout
+    assert "compiling" not in r.stderr, r.stderr
+    assert not list((tmp_path / "cache").glob("torch_shim/*.so"))
 
 
 def test_child_environment_drops_only_the_sanitizers() -> None:

@@ -240,23 +240,316 @@ fail:
     return -1;
 }
 
+/* ---- model versions outside the registry ------------------------------------------------- */
+
+/* A model version built by add_model(publish=False) and not yet swapped into the registry
+ * (Server.swap_models takes it over). Lets a load build every version before any is served. */
+typedef struct {
+    PyObject_HEAD
+    oi_model_t *model; /* the only reference; NULL once swapped in */
+} ModelVersionObject;
+
+static void ModelVersion_dealloc(ModelVersionObject *self)
+{
+    oi_model_t *m = self->model;
+    self->model = NULL;
+    if (m != NULL) {
+        Py_BEGIN_ALLOW_THREADS /* a Python model's executors need the GIL to end */
+        oi_model_retire(m);
+        Py_END_ALLOW_THREADS
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *ModelVersion_get_error(ModelVersionObject *self, void *closure)
+{
+    (void)closure;
+    if (self->model == NULL || self->model->error == NULL)
+        Py_RETURN_NONE;
+    return PyUnicode_FromString(self->model->error);
+}
+
+static PyObject *ModelVersion_get_version(ModelVersionObject *self, void *closure)
+{
+    (void)closure;
+    return self->model ? PyLong_FromLongLong(self->model->version) : Py_NewRef(Py_None);
+}
+
+static PyGetSetDef ModelVersion_getset[] = {
+    {"error", (getter)ModelVersion_get_error, NULL, "Why the version cannot serve, or None.", NULL},
+    {"version", (getter)ModelVersion_get_version, NULL, "The version number (None once swapped in).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject ModelVersionType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "openinfer._core.ModelVersion",
+    .tp_basicsize = sizeof(ModelVersionObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A model version built by Server.add_model(publish=False), not yet served.",
+    .tp_dealloc = (destructor)ModelVersion_dealloc,
+    .tp_getset = ModelVersion_getset,
+};
+
+/* Wraps `m` (taking its reference) in a new ModelVersion; on failure `m` is retired. */
+static PyObject *model_version_new(oi_model_t *m)
+{
+    ModelVersionObject *v = PyObject_New(ModelVersionObject, &ModelVersionType);
+    if (v == NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        oi_model_retire(m);
+        Py_END_ALLOW_THREADS
+        return NULL;
+    }
+    v->model = m;
+    return (PyObject *)v;
+}
+
+/* swap_models(add, remove): in one registry step, each ModelVersion of `add` replaces the entry
+ * of its name and version, and each (name, version) of `remove` leaves; then waits, without
+ * the GIL, for the requests in flight on the entries that left, and ends them. */
+static PyObject *Server_swap_models(ServerObject *self, PyObject *args)
+{
+    PyObject *add_o, *remove_o;
+    if (!PyArg_ParseTuple(args, "OO", &add_o, &remove_o))
+        return NULL;
+    oi_server_t *s = live_server(self);
+    if (s == NULL)
+        return NULL;
+    PyObject *add = PySequence_Fast(add_o, "add must be a sequence of ModelVersion");
+    PyObject *remove = add ? PySequence_Fast(remove_o, "remove must be a sequence of (name, version)") : NULL;
+    if (remove == NULL) {
+        Py_XDECREF(add);
+        return NULL;
+    }
+    Py_ssize_t n_add = PySequence_Fast_GET_SIZE(add), n_remove = PySequence_Fast_GET_SIZE(remove);
+    oi_model_t **models = calloc((size_t)n_add + 1, sizeof(*models));
+    const char **names = calloc((size_t)n_remove + 1, sizeof(*names));
+    int64_t *versions = calloc((size_t)n_remove + 1, sizeof(*versions));
+    oi_model_t **retired = NULL;
+    size_t n_retired = 0;
+    PyObject *ret = NULL;
+    if (models == NULL || names == NULL || versions == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n_add; i++) {
+        PyObject *v = PySequence_Fast_GET_ITEM(add, i);
+        if (!PyObject_TypeCheck(v, &ModelVersionType) || ((ModelVersionObject *)v)->model == NULL) {
+            PyErr_SetString(PyExc_TypeError, "add must hold ModelVersion objects not yet swapped in");
+            goto done;
+        }
+        models[i] = ((ModelVersionObject *)v)->model;
+        for (Py_ssize_t j = 0; j < i; j++)
+            if (models[j] == models[i]) {
+                PyErr_SetString(PyExc_ValueError, "add holds one ModelVersion twice");
+                goto done;
+            }
+    }
+    for (Py_ssize_t i = 0; i < n_remove; i++) {
+        long long v;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(remove, i), "sL;remove holds (name, version) pairs", &names[i],
+                              &v))
+            goto done;
+        versions[i] = v;
+    }
+    /* The swap itself is quick and holds the GIL, so that a stop cannot free the server under it. */
+    if (oi_server_swap_models(s, models, (size_t)n_add, names, versions, (size_t)n_remove, &retired, &n_retired) != 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n_add; i++)
+        ((ModelVersionObject *)PySequence_Fast_GET_ITEM(add, i))->model = NULL; /* the registry's now */
+    Py_BEGIN_ALLOW_THREADS
+    for (size_t i = 0; i < n_retired; i++)
+        oi_model_retire(retired[i]);
+    Py_END_ALLOW_THREADS
+    ret = Py_NewRef(Py_None);
+done:
+    free(retired);
+    free(models);
+    free(names);
+    free(versions);
+    Py_DECREF(add);
+    Py_DECREF(remove);
+    return ret;
+}
+
+/* ---- the model repository handler ------------------------------------------------------- */
+
+static const char *const repo_ops[] = {"index", "load", "unload"};
+
+/* The call's gRPC parameters as a dict of bool, int, str or bytes; None over HTTP. */
+static PyObject *repo_params(const oi_repo_call_t *call)
+{
+    if (!call->grpc)
+        return Py_NewRef(Py_None);
+    PyObject *d = PyDict_New();
+    for (size_t i = 0; d != NULL && i < call->n_params; i++) {
+        const oi_repo_param_t *p = &call->params[i];
+        PyObject *v = p->kind == OI_REPO_PARAM_BOOL     ? PyBool_FromLong((long)p->number)
+                      : p->kind == OI_REPO_PARAM_INT    ? PyLong_FromLongLong(p->number)
+                      : p->kind == OI_REPO_PARAM_STRING ? PyUnicode_DecodeUTF8(p->data, (Py_ssize_t)p->len, "replace")
+                                                        : PyBytes_FromStringAndSize(p->data, (Py_ssize_t)p->len);
+        if (v == NULL || PyDict_SetItemString(d, p->name, v) != 0)
+            Py_CLEAR(d);
+        Py_XDECREF(v);
+    }
+    return d;
+}
+
+/* The status of the exception set: an openinfer.InferenceServerError keeps its status and
+ * message, anything else is a 500 naming it. Clears the exception. */
+static oi_status_t *repo_error(void)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    int code = OI_INTERNAL;
+    PyObject *status = value ? PyObject_GetAttrString(value, "status") : NULL;
+    PyObject *message = status ? PyObject_GetAttrString(value, "message") : NULL;
+    if (status != NULL && PyLong_Check(status) && message != NULL && PyUnicode_Check(message)) {
+        long c = PyLong_AsLong(status);
+        code = c >= 400 && c <= 599 ? (int)c : OI_INTERNAL;
+    } else {
+        Py_XDECREF(message);
+        message = value ? PyObject_Str(value) : NULL;
+    }
+    PyErr_Clear();
+    const char *text = message ? PyUnicode_AsUTF8(message) : NULL;
+    PyErr_Clear();
+    oi_status_t *st = oi_status_new(code, "%s", text ? text : "the model repository handler failed");
+    Py_XDECREF(status);
+    Py_XDECREF(message);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    return st;
+}
+
+/* An index line's field: None stays absent (NULL), anything else is its str(). */
+static int entry_field(PyObject *v, const char **out)
+{
+    *out = NULL;
+    if (v == Py_None)
+        return 0;
+    *out = PyUnicode_Check(v) ? PyUnicode_AsUTF8(v) : NULL;
+    if (*out == NULL && !PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "index entries are (name, version, state, reason) of str or None");
+    return *out ? 0 : -1;
+}
+
+static int repo_entries(oi_repo_call_t *call, PyObject *result)
+{
+    PyObject *fast = PySequence_Fast(result, "the repository handler returns a list of index entries");
+    if (fast == NULL)
+        return -1;
+    int rc = 0;
+    for (Py_ssize_t i = 0; rc == 0 && i < PySequence_Fast_GET_SIZE(fast); i++) {
+        PyObject *n, *v, *st, *why;
+        const char *f[4];
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "OOOO", &n, &v, &st, &why) || entry_field(n, &f[0]) ||
+            entry_field(v, &f[1]) || entry_field(st, &f[2]) || entry_field(why, &f[3]))
+            rc = -1;
+        else if (oi_repo_call_add_entry(call, f[0], f[1], f[2], f[3]) != 0) {
+            PyErr_NoMemory();
+            rc = -1;
+        }
+    }
+    Py_DECREF(fast);
+    return rc;
+}
+
+/* Runs on a control thread: handler(op, model, body, params, ready). */
+static void repo_call(void *ctx, oi_repo_call_t *call)
+{
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *handler = ctx;
+    PyObject *body =
+        call->body ? PyBytes_FromStringAndSize(call->body->data, (Py_ssize_t)call->body->len) : Py_NewRef(Py_None);
+    PyObject *params = repo_params(call);
+    PyObject *result = NULL;
+    if (body != NULL && params != NULL)
+        result = PyObject_CallFunction(handler, "szOOO", repo_ops[call->op], call->model, body, params,
+                                       call->ready ? Py_True : Py_False);
+    if (result != NULL && call->op == OI_REPO_INDEX && repo_entries(call, result) != 0)
+        Py_CLEAR(result);
+    if (result == NULL)
+        call->status = repo_error();
+    Py_XDECREF(result);
+    Py_XDECREF(body);
+    Py_XDECREF(params);
+    /* This thread's thread-local values (threading.local) die here, while its thread state is
+     * whole: PyGILState_Release would free them half-way through deleting it, and some
+     * extensions' destructors then crash (gevent's hub, made by a finalizer the garbage
+     * collector ran on this thread, does). */
+    PyObject *locals = PyThreadState_GetDict(); /* borrowed */
+    if (locals != NULL)
+        PyDict_Clear(locals);
+    if (PyErr_Occurred())
+        PyErr_WriteUnraisable(handler);
+    PyGILState_Release(g);
+}
+
+static void repo_release(void *ctx)
+{
+    if (!Py_IsInitialized())
+        return;
+    PyGILState_STATE g = PyGILState_Ensure();
+    Py_DECREF((PyObject *)ctx);
+    PyGILState_Release(g);
+}
+
+/* set_repository(handler): serves the model repository extension through handler(op, model,
+ * body, params, ready), called on a control thread. */
+static PyObject *Server_set_repository(ServerObject *self, PyObject *handler)
+{
+    oi_server_t *s = live_server(self);
+    if (s == NULL)
+        return NULL;
+    if (!PyCallable_Check(handler)) {
+        PyErr_SetString(PyExc_TypeError, "the repository handler must be callable");
+        return NULL;
+    }
+    if (self->started) {
+        PyErr_SetString(PyExc_RuntimeError, "set_repository() comes before start()");
+        return NULL;
+    }
+    oi_server_set_repository(s, repo_call, Py_NewRef(handler), repo_release);
+    Py_RETURN_NONE;
+}
+
+/* A new buffer holding a copy of a Python buffer's bytes, or NULL (out of memory). */
+static oi_buf_t *buf_copy(const Py_buffer *b)
+{
+    oi_buf_t *out = oi_buf_new((size_t)b->len);
+    if (out != NULL) {
+        memcpy(out->data, b->buf, (size_t)b->len);
+        out->len = (size_t)b->len;
+    }
+    return out;
+}
+
 static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"name", "version", "inputs", "outputs", "max_batch_size", "metadata_json", "handler",
-                             "instances", "error", "torch", "dynamic_batching", NULL};
+    static char *kwlist[] = {"name",      "version",   "inputs", "outputs", "max_batch_size",   "metadata_json",
+                             "handler",   "instances", "error",  "torch",   "dynamic_batching", "config_json",
+                             "config_pb", "publish",   NULL};
     const char *name, *error = NULL;
     long long version;
     PyObject *inputs = NULL, *outputs = NULL, *handler = NULL, *torch = Py_None, *batching = Py_None;
-    int max_batch = 0, instances = 1;
-    Py_buffer meta = {0};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOO", kwlist, &name, &version, &inputs, &outputs,
-                                     &max_batch, &meta, &handler, &instances, &error, &torch, &batching))
+    int max_batch = 0, instances = 1, publish = 1;
+    Py_buffer meta = {0}, cfg_json = {0}, cfg_pb = {0};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOOy*y*p", kwlist, &name, &version, &inputs, &outputs,
+                                     &max_batch, &meta, &handler, &instances, &error, &torch, &batching, &cfg_json,
+                                     &cfg_pb, &publish))
         return NULL;
     if (handler == NULL && torch != Py_None)
         handler = Py_None;
     if (inputs == NULL || outputs == NULL || handler == NULL || meta.buf == NULL) {
         PyErr_SetString(PyExc_TypeError, "add_model() needs inputs, outputs, metadata_json and handler");
         PyBuffer_Release(&meta);
+        PyBuffer_Release(&cfg_json);
+        PyBuffer_Release(&cfg_pb);
         return NULL;
     }
     oi_io_spec_t *in = NULL, *out = NULL;
@@ -313,6 +606,11 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
     }
     memcpy(m->metadata->data, meta.buf, (size_t)meta.len);
     m->metadata->len = (size_t)meta.len;
+    if ((cfg_json.buf != NULL && (m->config_json = buf_copy(&cfg_json)) == NULL) ||
+        (cfg_pb.buf != NULL && (m->config_pb = buf_copy(&cfg_pb)) == NULL)) {
+        PyErr_NoMemory();
+        goto done;
+    }
     if (torch != Py_None && error == NULL) {
         char *terr = NULL, err[256];
         m->state = oi_py_torch_state(m, torch, &terr);
@@ -347,6 +645,14 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
             goto done;
         }
     }
+    if (!publish) {
+        ret = model_version_new(m); /* takes m */
+        m = NULL;
+        goto done;
+    }
+    /* Again: loading TorchScript let other threads run, a stop among them. */
+    if ((s = live_server(self)) == NULL)
+        goto done;
     if (oi_server_add_model(s, m) != 0) {
         PyErr_Format(PyExc_RuntimeError, "model '%s' version %lld is already registered", name, version);
         goto done;
@@ -357,14 +663,15 @@ done:
     if (load_error != Py_None)
         Py_XDECREF(load_error); /* ret holds its own reference */
     if (m != NULL) {
-        oi_scheduler_free(m->sched);
-        if (m->backend)
-            m->backend->release(m->state);
-        oi_model_unref(m);
+        Py_BEGIN_ALLOW_THREADS /* a Python model's executors need the GIL to end */
+        oi_model_retire(m);
+        Py_END_ALLOW_THREADS
     }
     free(in);
     free(out);
     PyBuffer_Release(&meta);
+    PyBuffer_Release(&cfg_json);
+    PyBuffer_Release(&cfg_pb);
     return ret;
 }
 
@@ -458,6 +765,10 @@ static PyMethodDef Server_methods[] = {
     {"set_metadata", (PyCFunction)Server_set_metadata, METH_O, "Sets the body of GET /v2."},
     {"add_model", (PyCFunction)(void (*)(void))Server_add_model, METH_VARARGS | METH_KEYWORDS,
      "Registers one model version."},
+    {"swap_models", (PyCFunction)Server_swap_models, METH_VARARGS,
+     "Swaps model versions into and out of the registry in one step; waits for requests on those that left."},
+    {"set_repository", (PyCFunction)Server_set_repository, METH_O,
+     "Serves the model repository extension through handler(op, model, body, params, ready)."},
     {"start", (PyCFunction)Server_start, METH_NOARGS, "Binds and starts the loop threads."},
     {"stop", (PyCFunction)(void (*)(void))Server_stop, METH_VARARGS | METH_KEYWORDS,
      "Drains in-flight requests and stops."},
@@ -528,17 +839,18 @@ static struct PyModuleDef core_module = {
 PyMODINIT_FUNC PyInit__core(void)
 {
     import_array();
-    if (PyType_Ready(&ServerType) < 0 || PyType_Ready(&oi_py_conn_type) < 0 || PyType_Ready(&oi_py_grpc_conn_type) < 0 ||
-        PyType_Ready(&oi_py_grpc_stream_type) < 0)
+    if (PyType_Ready(&ServerType) < 0 || PyType_Ready(&ModelVersionType) < 0 || PyType_Ready(&oi_py_conn_type) < 0 ||
+        PyType_Ready(&oi_py_grpc_conn_type) < 0 || PyType_Ready(&oi_py_grpc_stream_type) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&core_module);
     if (m == NULL)
         return NULL;
     if (PyModule_AddObjectRef(m, "Server", (PyObject *)&ServerType) < 0 ||
+        PyModule_AddObjectRef(m, "ModelVersion", (PyObject *)&ModelVersionType) < 0 ||
         PyModule_AddObjectRef(m, "HttpConnection", (PyObject *)&oi_py_conn_type) < 0 ||
         PyModule_AddObjectRef(m, "GrpcConnection", (PyObject *)&oi_py_grpc_conn_type) < 0 ||
         PyModule_AddObjectRef(m, "GrpcStream", (PyObject *)&oi_py_grpc_stream_type) < 0 ||
-        PyModule_AddFunctions(m, peer_functions) < 0 || PyModule_AddStringConstant(m, "__version__", "0.1.0") < 0) {
+        PyModule_AddFunctions(m, peer_functions) < 0 || PyModule_AddStringConstant(m, "__version__", OI_VERSION) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -15,6 +15,7 @@
 #include "transport/grpc.h"
 
 #define SERVICE "/inference.GRPCInferenceService/"
+#define HEALTH_SERVICE "/grpc.health.v1.Health/"
 
 enum {
     RPC_UNKNOWN = 0,
@@ -23,6 +24,7 @@ enum {
     RPC_MODEL_READY,
     RPC_SERVER_METADATA,
     RPC_MODEL_METADATA,
+    RPC_MODEL_CONFIG,
     RPC_MODEL_INFER,
     RPC_MODEL_STREAM_INFER,
     RPC_SYS_SHM_STATUS,
@@ -31,6 +33,11 @@ enum {
     RPC_CUDA_SHM_STATUS,
     RPC_CUDA_SHM_REGISTER,
     RPC_CUDA_SHM_UNREGISTER,
+    RPC_REPO_INDEX,
+    RPC_REPO_LOAD,
+    RPC_REPO_UNLOAD,
+    RPC_HEALTH_CHECK,
+    RPC_HEALTH_WATCH,
     RPC_MODEL_STATISTICS,
 };
 
@@ -43,6 +50,7 @@ static const struct {
     {"ModelReady", RPC_MODEL_READY},
     {"ServerMetadata", RPC_SERVER_METADATA},
     {"ModelMetadata", RPC_MODEL_METADATA},
+    {"ModelConfig", RPC_MODEL_CONFIG},
     {"ModelInfer", RPC_MODEL_INFER},
     {"ModelStreamInfer", RPC_MODEL_STREAM_INFER},
     {"SystemSharedMemoryStatus", RPC_SYS_SHM_STATUS},
@@ -51,6 +59,9 @@ static const struct {
     {"CudaSharedMemoryStatus", RPC_CUDA_SHM_STATUS},
     {"CudaSharedMemoryRegister", RPC_CUDA_SHM_REGISTER},
     {"CudaSharedMemoryUnregister", RPC_CUDA_SHM_UNREGISTER},
+    {"RepositoryIndex", RPC_REPO_INDEX},
+    {"RepositoryModelLoad", RPC_REPO_LOAD},
+    {"RepositoryModelUnload", RPC_REPO_UNLOAD},
     {"ModelStatistics", RPC_MODEL_STATISTICS},
 };
 
@@ -277,20 +288,57 @@ static void model_metadata(oi_grpc_call_t *call, oi_model_t *m)
     free_strings(r.versions, r.n_versions);
 }
 
-/* ModelReady and ModelMetadata: the same request shape, a model to look up. */
+/* ModelConfigResponse { config = 1 }: the version's serialized ModelConfig, sent as it is
+ * behind the field's tag and length. */
+static void model_config(oi_grpc_call_t *call, oi_model_t *m)
+{
+    if (m->error != NULL || m->config_pb == NULL) {
+        finish_status(call, m->error ? oi_status_new(OI_UNAVAILABLE, "model '%s' version %s is not ready: %s", m->name,
+                                                     m->version_str, m->error)
+                                     : oi_status_new(OI_NOT_FOUND, "model '%s' version %s has no configuration",
+                                                     m->name, m->version_str));
+        return;
+    }
+    oi_buf_t *head = oi_buf_new(11);
+    if (head == NULL) {
+        oi_grpc_finish(call, OI_GRPC_INTERNAL, "out of memory");
+        return;
+    }
+    uint8_t *p = (uint8_t *)head->data;
+    *p++ = 0x0a; /* field 1, length-delimited */
+    for (size_t n = m->config_pb->len;; n >>= 7) {
+        *p++ = (uint8_t)((n & 0x7f) | (n > 0x7f ? 0x80 : 0));
+        if (n <= 0x7f)
+            break;
+    }
+    head->len = (size_t)(p - (uint8_t *)head->data);
+    oi_iov_t parts[2] = {{head->data, head->len, head},
+                         {m->config_pb->data, m->config_pb->len, oi_buf_ref(m->config_pb)}};
+    oi_grpc_send(call, parts, 2, head->len + m->config_pb->len);
+    oi_grpc_finish(call, OI_GRPC_OK, NULL);
+}
+
+/* ModelReady, ModelMetadata and ModelConfig: the same request shape, a model to look up. */
 static void model_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg)
 {
-    /* ModelReadyRequest and ModelMetadataRequest are the same fields: name = 1, version = 2. */
+    /* The three requests are the same fields: name = 1, version = 2. */
     Inference__ModelReadyRequest *req =
         inference__model_ready_request__unpack(NULL, msg->len, (const uint8_t *)msg->data);
     if (req == NULL) {
         oi_grpc_finish(call, OI_GRPC_INVALID_ARGUMENT,
-                       call->kind == RPC_MODEL_READY ? "malformed ModelReadyRequest" : "malformed ModelMetadataRequest");
+                       call->kind == RPC_MODEL_READY      ? "malformed ModelReadyRequest"
+                       : call->kind == RPC_MODEL_METADATA ? "malformed ModelMetadataRequest"
+                                                          : "malformed ModelConfigRequest");
         return;
     }
     oi_status_t *err = NULL;
     oi_model_t *m = req->name[0] ? oi_registry_find(&s->registry, req->name, req->version, &err) : NULL;
-    if (m == NULL) {
+    if (m == NULL && call->kind == RPC_MODEL_READY && (err == NULL || err->code == OI_NOT_FOUND)) {
+        /* As Triton: a model or version that is not served is simply not ready. */
+        oi_status_free(err);
+        Inference__ModelReadyResponse r = INFERENCE__MODEL_READY_RESPONSE__INIT;
+        reply(call, &r.base);
+    } else if (m == NULL) {
         if (err == NULL)
             err = oi_status_new(OI_BAD_REQUEST, "the request has no model name");
         finish_status(call, err);
@@ -298,8 +346,10 @@ static void model_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg)
         Inference__ModelReadyResponse r = INFERENCE__MODEL_READY_RESPONSE__INIT;
         r.ready = m->error == NULL && m->sched != NULL;
         reply(call, &r.base);
-    } else {
+    } else if (call->kind == RPC_MODEL_METADATA) {
         model_metadata(call, m);
+    } else {
+        model_config(call, m);
     }
     oi_model_unref(m);
     inference__model_ready_request__free_unpacked(req, NULL);
@@ -543,6 +593,151 @@ static void model_statistics(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_
     oi_statistics_release(items, n);
 }
 
+/* ---- model repository ------------------------------------------------------------------- */
+
+static void repo_index_reply(oi_grpc_call_t *call, const oi_repo_call_t *rc)
+{
+    Inference__RepositoryIndexResponse r = INFERENCE__REPOSITORY_INDEX_RESPONSE__INIT;
+    Inference__RepositoryIndexResponse__ModelIndex *items = calloc(rc->n_entries + 1, sizeof(*items));
+    Inference__RepositoryIndexResponse__ModelIndex **ptrs = calloc(rc->n_entries + 1, sizeof(*ptrs));
+    if (items == NULL || ptrs == NULL) {
+        oi_grpc_finish(call, OI_GRPC_INTERNAL, "out of memory");
+    } else {
+        for (size_t i = 0; i < rc->n_entries; i++) {
+            const oi_repo_entry_t *e = &rc->entries[i];
+            inference__repository_index_response__model_index__init(&items[i]);
+            items[i].name = e->name;
+            if (e->version)
+                items[i].version = e->version;
+            if (e->state)
+                items[i].state = e->state;
+            if (e->reason)
+                items[i].reason = e->reason;
+            ptrs[i] = &items[i];
+        }
+        r.n_models = rc->n_entries;
+        r.models = ptrs;
+        reply(call, &r.base);
+    }
+    free(items);
+    free(ptrs);
+}
+
+/* On the call's loop thread, with the handler's outcome. */
+static void finish_repo(oi_repo_call_t *rc)
+{
+    oi_grpc_call_t *call = rc->ctx;
+    oi_server_t *s = call->data;
+    if (oi_grpc_call_open(call)) {
+        if (rc->status != NULL) {
+            oi_status_t *st = rc->status;
+            rc->status = NULL;
+            finish_status(call, st);
+        } else if (rc->op == OI_REPO_INDEX) {
+            repo_index_reply(call, rc);
+        } else if (rc->op == OI_REPO_LOAD) {
+            Inference__RepositoryModelLoadResponse r = INFERENCE__REPOSITORY_MODEL_LOAD_RESPONSE__INIT;
+            reply(call, &r.base);
+        } else {
+            Inference__RepositoryModelUnloadResponse r = INFERENCE__REPOSITORY_MODEL_UNLOAD_RESPONSE__INIT;
+            reply(call, &r.base);
+        }
+    }
+    oi_repo_call_free(rc);
+    oi_grpc_call_unref(call);
+    atomic_fetch_sub(&s->grpc_inflight, 1);
+}
+
+/* Copies a load or unload request's parameters into the call, values as the client typed them
+ * (the repository handler judges them). */
+static int repo_params(oi_repo_call_t *rc, Inference__RepositoryModelLoadRequest__ParametersEntry **entries, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const Inference__ModelRepositoryParameter *v = entries[i]->value;
+        int rc_ = 0;
+        switch (v ? v->parameter_choice_case : INFERENCE__MODEL_REPOSITORY_PARAMETER__PARAMETER_CHOICE__NOT_SET) {
+        case INFERENCE__MODEL_REPOSITORY_PARAMETER__PARAMETER_CHOICE_BOOL_PARAM:
+            rc_ = oi_repo_call_add_param(rc, entries[i]->key, OI_REPO_PARAM_BOOL, v->bool_param != 0, NULL, 0);
+            break;
+        case INFERENCE__MODEL_REPOSITORY_PARAMETER__PARAMETER_CHOICE_INT64_PARAM:
+            rc_ = oi_repo_call_add_param(rc, entries[i]->key, OI_REPO_PARAM_INT, v->int64_param, NULL, 0);
+            break;
+        case INFERENCE__MODEL_REPOSITORY_PARAMETER__PARAMETER_CHOICE_STRING_PARAM:
+            rc_ = oi_repo_call_add_param(rc, entries[i]->key, OI_REPO_PARAM_STRING, 0, v->string_param,
+                                         strlen(v->string_param));
+            break;
+        case INFERENCE__MODEL_REPOSITORY_PARAMETER__PARAMETER_CHOICE_BYTES_PARAM:
+            rc_ = oi_repo_call_add_param(rc, entries[i]->key, OI_REPO_PARAM_BYTES, 0, v->bytes_param.data,
+                                         v->bytes_param.len);
+            break;
+        default: /* no value set: an empty string is what proto3 would read */
+            rc_ = oi_repo_call_add_param(rc, entries[i]->key, OI_REPO_PARAM_STRING, 0, "", 0);
+            break;
+        }
+        if (rc_ != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* RepositoryIndex, RepositoryModelLoad and RepositoryModelUnload: decoded here, run by the
+ * repository handler on a control thread, answered in finish_repo. */
+static void repo_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg)
+{
+    const uint8_t *data = (const uint8_t *)msg->data;
+    oi_repo_call_t *rc = NULL;
+    const char *repository = NULL;
+    oi_status_t *st = NULL;
+    Inference__RepositoryIndexRequest *iq = NULL;
+    Inference__RepositoryModelLoadRequest *lq = NULL;
+    if (call->kind == RPC_REPO_INDEX) {
+        if ((iq = inference__repository_index_request__unpack(NULL, msg->len, data)) == NULL) {
+            oi_grpc_finish(call, OI_GRPC_INVALID_ARGUMENT, "malformed RepositoryIndexRequest");
+            return;
+        }
+        repository = iq->repository_name;
+        if ((rc = oi_repo_call_new(OI_REPO_INDEX)) != NULL)
+            rc->ready = iq->ready != 0;
+    } else {
+        /* RepositoryModelUnloadRequest has the same fields and numbers as the load request. */
+        if ((lq = inference__repository_model_load_request__unpack(NULL, msg->len, data)) == NULL) {
+            oi_grpc_finish(call, OI_GRPC_INVALID_ARGUMENT,
+                           call->kind == RPC_REPO_LOAD ? "malformed RepositoryModelLoadRequest"
+                                                       : "malformed RepositoryModelUnloadRequest");
+            return;
+        }
+        repository = lq->repository_name;
+        rc = oi_repo_call_new(call->kind == RPC_REPO_LOAD ? OI_REPO_LOAD : OI_REPO_UNLOAD);
+        if (rc != NULL &&
+            ((rc->model = strdup(lq->model_name)) == NULL || repo_params(rc, lq->parameters, lq->n_parameters) != 0)) {
+            oi_repo_call_free(rc);
+            rc = NULL;
+        }
+    }
+    if (rc == NULL)
+        st = oi_status_new(OI_INTERNAL, "out of memory");
+    else if (repository[0] != '\0')
+        st = oi_status_new(OI_UNIMPLEMENTED, "'repository_name' specification is not supported");
+    if (iq)
+        inference__repository_index_request__free_unpacked(iq, NULL);
+    if (lq)
+        inference__repository_model_load_request__free_unpacked(lq, NULL);
+    if (st == NULL) {
+        rc->grpc = 1;
+        oi_grpc_call_ref(call);
+        atomic_fetch_add(&s->grpc_inflight, 1);
+        st = oi__repo_submit(s, rc, call->loop, finish_repo, call);
+        if (st != NULL) {
+            atomic_fetch_sub(&s->grpc_inflight, 1);
+            oi_grpc_call_unref(call);
+        }
+    }
+    if (st != NULL) {
+        oi_repo_call_free(rc);
+        finish_status(call, st);
+    }
+}
+
 /* ---- inference ---------------------------------------------------------------------------- */
 
 /* A streamed request failed: one ModelStreamInferResponse with error_message, and the
@@ -685,16 +880,26 @@ static void on_call(void *ctx, oi_grpc_call_t *call)
     oi_server_t *s = ctx;
     call->data = s;
     const char *m = call->method;
-    if (strncmp(m, SERVICE, sizeof(SERVICE) - 1) != 0) {
+    const char *rpc;
+    if (strncmp(m, HEALTH_SERVICE, sizeof(HEALTH_SERVICE) - 1) == 0) {
+        rpc = m + sizeof(HEALTH_SERVICE) - 1;
+        call->kind = strcmp(rpc, "Check") == 0   ? RPC_HEALTH_CHECK
+                     : strcmp(rpc, "Watch") == 0 ? RPC_HEALTH_WATCH
+                                                 : RPC_UNKNOWN;
+    } else if (strncmp(m, SERVICE, sizeof(SERVICE) - 1) != 0) {
         char msg[300];
-        snprintf(msg, sizeof(msg), "unknown service in %.200s; this server offers inference.GRPCInferenceService", m);
+        snprintf(
+            msg, sizeof(msg),
+            "unknown service in %.200s; this server offers inference.GRPCInferenceService and grpc.health.v1.Health",
+            m);
         oi_grpc_finish(call, OI_GRPC_UNIMPLEMENTED, msg);
         return;
+    } else {
+        rpc = m + sizeof(SERVICE) - 1;
+        for (size_t i = 0; i < sizeof(rpcs) / sizeof(rpcs[0]); i++)
+            if (strcmp(rpc, rpcs[i].name) == 0)
+                call->kind = rpcs[i].kind;
     }
-    const char *rpc = m + sizeof(SERVICE) - 1;
-    for (size_t i = 0; i < sizeof(rpcs) / sizeof(rpcs[0]); i++)
-        if (strcmp(rpc, rpcs[i].name) == 0)
-            call->kind = rpcs[i].kind;
     if (call->kind == RPC_UNKNOWN) {
         char msg[300];
         snprintf(msg, sizeof(msg), "method %.200s is not implemented by this server", rpc);
@@ -735,7 +940,12 @@ static void on_message(void *ctx, oi_grpc_call_t *call, oi_buf_t *msg)
         break;
     case RPC_MODEL_READY:
     case RPC_MODEL_METADATA:
+    case RPC_MODEL_CONFIG:
         model_rpc(s, call, msg);
+        break;
+    case RPC_HEALTH_CHECK:
+    case RPC_HEALTH_WATCH:
+        oi__health_rpc(s, call, msg, call->kind == RPC_HEALTH_WATCH);
         break;
     case RPC_MODEL_INFER:
     case RPC_MODEL_STREAM_INFER:
@@ -749,6 +959,9 @@ static void on_message(void *ctx, oi_grpc_call_t *call, oi_buf_t *msg)
     case RPC_CUDA_SHM_UNREGISTER:
         shm_rpc(s, call, msg);
         break;
+    case RPC_REPO_INDEX:
+    case RPC_REPO_LOAD:
+    case RPC_REPO_UNLOAD: repo_rpc(s, call, msg); break;
     case RPC_MODEL_STATISTICS:
         model_statistics(s, call, msg);
         break;

@@ -308,6 +308,12 @@ static void method_not_allowed(oi_http_request_t *r, const char *allowed)
     respond_error(r, OI_METHOD_NOT_ALLOWED, msg);
 }
 
+/* GET endpoints answer HEAD alike (the transport leaves the body out). */
+static int is_get(const oi_http_request_t *r)
+{
+    return r->method == HTTP_GET || r->method == HTTP_HEAD;
+}
+
 static void respond_model_ready(oi_http_request_t *r, oi_model_t *m)
 {
     oi_sbuf_t body = {0};
@@ -339,7 +345,39 @@ static void model_stats(oi_server_t *s, oi_http_request_t *r, const char *name, 
     oi_http_respond(r, 200, JSON_HEADERS, &part, 1);
 }
 
-/* /v2/models/{name}[/versions/{v}][/ready|/infer|/stats] */
+/* Model ready for a model or version that is not served: 400 as for one that is not ready
+ * (what Triton answers), with Triton's wording of why. Takes `err`. */
+static void respond_unknown_ready(oi_http_request_t *r, const char *name, oi_status_t *err)
+{
+    if (err->code != OI_NOT_FOUND) { /* a malformed version */
+        respond_status(r, err);
+        return;
+    }
+    oi_sbuf_t body = {0};
+    oi_sbuf_append(&body, "{\"name\":", 8);
+    oi_json_write_string(&body, name, strlen(name));
+    static const char mid[] = ",\"ready\":false,\"error\":";
+    oi_sbuf_append(&body, mid, sizeof(mid) - 1);
+    oi_json_write_string(&body, err->message, strlen(err->message));
+    oi_sbuf_append(&body, "}", 1);
+    oi_status_free(err);
+    respond_sbuf(r, 400, JSON_HEADERS, &body);
+}
+
+/* A model version's configuration in Triton's JSON, for ready versions only (as Triton). */
+static void respond_model_config(oi_http_request_t *r, oi_model_t *m)
+{
+    if (m->error != NULL)
+        respond_status(r, oi_status_new(OI_UNAVAILABLE, "model '%s' version %s is not ready: %s", m->name,
+                                        m->version_str, m->error));
+    else if (m->config_json == NULL)
+        respond_status(
+            r, oi_status_new(OI_NOT_FOUND, "model '%s' version %s has no configuration", m->name, m->version_str));
+    else
+        respond_buf(r, m->config_json);
+}
+
+/* /v2/models/{name}[/versions/{v}][/ready|/infer|/config|/stats] */
 static void route_model(oi_server_t *s, oi_http_request_t *r, const char *p)
 {
     if (strcmp(p, "stats") == 0) { /* every model's; as in Triton, it shadows a model named "stats" */
@@ -368,11 +406,13 @@ static void route_model(oi_server_t *s, oi_http_request_t *r, const char *p)
         model_stats(s, r, name, version);
         return;
     }
-    enum { METADATA, READY, INFER } what;
+    enum { METADATA, READY, INFER, CONFIG } what;
     if (p == e && *e == '\0')
         what = METADATA;
     else if (seg_is(p, e, "ready") && *e == '\0')
         what = READY;
+    else if (seg_is(p, e, "config") && *e == '\0')
+        what = CONFIG;
     else if (seg_is(p, e, "infer") && *e == '\0')
         what = INFER;
     else {
@@ -385,12 +425,16 @@ static void route_model(oi_server_t *s, oi_http_request_t *r, const char *p)
         method_not_allowed(r, "POST");
         return;
     }
-    if (what != INFER && r->method != HTTP_GET) {
-        method_not_allowed(r, "GET");
+    if (what != INFER && !is_get(r)) {
+        method_not_allowed(r, "GET or HEAD");
         return;
     }
     oi_status_t *err = NULL;
     oi_model_t *m = oi_registry_find(&s->registry, name, version, &err);
+    if (m == NULL && what == READY) {
+        respond_unknown_ready(r, name, err);
+        return;
+    }
     if (m == NULL) {
         respond_status(r, err);
         return;
@@ -408,6 +452,10 @@ static void route_model(oi_server_t *s, oi_http_request_t *r, const char *p)
         break;
     case READY:
         respond_model_ready(r, m);
+        oi_model_unref(m);
+        break;
+    case CONFIG:
+        respond_model_config(r, m);
         oi_model_unref(m);
         break;
     case INFER:
@@ -571,8 +619,8 @@ static void route_shm(oi_server_t *s, oi_http_request_t *r, oi_shm_kind_t kind, 
         respond_error(r, OI_NOT_FOUND, msg);
         return;
     }
-    if (what == STATUS && r->method != HTTP_GET) {
-        method_not_allowed(r, "GET");
+    if (what == STATUS && !is_get(r)) {
+        method_not_allowed(r, "GET or HEAD");
         return;
     }
     if (what != STATUS && r->method != HTTP_POST) {
@@ -591,6 +639,116 @@ static void route_shm(oi_server_t *s, oi_http_request_t *r, oi_shm_kind_t kind, 
         respond_static(r, 200, "{}");
 }
 
+/* ---- model repository ----------------------------------------------------------------------- */
+
+/* On the loop thread, with the handler's outcome. */
+static void finish_repository(oi_repo_call_t *call)
+{
+    oi_http_request_t *r = call->ctx;
+    if (call->status != NULL) {
+        oi_status_t *st = call->status;
+        call->status = NULL;
+        respond_status(r, st);
+    } else if (call->op != OI_REPO_INDEX) {
+        respond_static(r, 200, ""); /* as Triton: an empty 200 */
+    } else {
+        oi_sbuf_t body = {0};
+        int bad = oi_sbuf_append(&body, "[", 1);
+        for (size_t i = 0; i < call->n_entries && bad == 0; i++) {
+            const oi_repo_entry_t *e = &call->entries[i];
+            const char *keys[] = {"name", "version", "state", "reason"};
+            const char *values[] = {e->name, e->version, e->state, e->reason};
+            bad |= oi_sbuf_append(&body, i ? ",{" : "{", i ? 2 : 1);
+            for (int k = 0, n = 0; k < 4; k++) {
+                if (values[k] == NULL)
+                    continue;
+                bad |= oi_sbuf_printf(&body, "%s\"%s\":", n++ ? "," : "", keys[k]);
+                bad |= oi_json_write_string(&body, values[k], strlen(values[k]));
+            }
+            bad |= oi_sbuf_append(&body, "}", 1);
+        }
+        bad |= oi_sbuf_append(&body, "]", 1);
+        if (bad != 0) {
+            oi_sbuf_free(&body);
+            respond_error(r, OI_INTERNAL, "out of memory");
+        } else {
+            respond_sbuf(r, 200, JSON_HEADERS, &body);
+        }
+    }
+    oi_repo_call_free(call);
+}
+
+/* /v2/repository[/{repository}]/index and /v2/repository[/{repository}]/models/{name}/{load,unload},
+ * as Triton routes them; the body goes to the repository handler as sent. */
+static void route_repository(oi_server_t *s, oi_http_request_t *r, const char *p)
+{
+    char name[MAX_NAME] = "";
+    const char *e = segment_end(p);
+    int named_repo = 0;
+    if (!seg_is(p, e, "index") && !seg_is(p, e, "models") && *e == '/') { /* a repository name */
+        named_repo = 1;
+        p = e + 1;
+        e = segment_end(p);
+    }
+    oi_repo_op_t op;
+    if (seg_is(p, e, "index") && *e == '\0') {
+        op = OI_REPO_INDEX;
+    } else if (seg_is(p, e, "models") && *e == '/') {
+        p = e + 1;
+        e = segment_end(p);
+        if (decode_segment(p, e, name, sizeof(name)) != 0 || *e != '/') {
+            char msg[MAX_NAME * 2];
+            snprintf(msg, sizeof(msg), "no endpoint at %.300s", r->path);
+            respond_error(r, OI_NOT_FOUND, msg);
+            return;
+        }
+        p = e + 1;
+        e = segment_end(p);
+        if (seg_is(p, e, "load") && *e == '\0')
+            op = OI_REPO_LOAD;
+        else if (seg_is(p, e, "unload") && *e == '\0')
+            op = OI_REPO_UNLOAD;
+        else
+            op = (oi_repo_op_t)-1;
+    } else {
+        op = (oi_repo_op_t)-1;
+    }
+    if ((int)op < 0) {
+        char msg[MAX_NAME * 2];
+        snprintf(msg, sizeof(msg), "no endpoint at %.300s", r->path);
+        respond_error(r, OI_NOT_FOUND, msg);
+        return;
+    }
+    if (r->method != HTTP_POST) {
+        method_not_allowed(r, "POST");
+        return;
+    }
+    if (named_repo) {
+        respond_error(r, OI_UNIMPLEMENTED, "'repository_name' specification is not supported");
+        return;
+    }
+    oi_encoding_t enc = oi_content_encoding(r->content_encoding);
+    if (enc == OI_ENCODING_UNKNOWN) {
+        char msg[160];
+        snprintf(msg, sizeof(msg), "unsupported Content-Encoding '%s'; expected gzip, deflate or identity",
+                 r->content_encoding);
+        respond_error(r, OI_UNSUPPORTED_MEDIA, msg);
+        return;
+    }
+    oi_repo_call_t *call = oi_repo_call_new(op);
+    oi_status_t *st = NULL;
+    if (call == NULL || (op != OI_REPO_INDEX && (call->model = strdup(name)) == NULL))
+        st = oi_status_new(OI_INTERNAL, "out of memory");
+    if (st == NULL && r->body != NULL && r->body->len > 0)
+        st = request_body(s, r, enc, &call->body);
+    if (st == NULL)
+        st = oi__repo_submit(s, call, r->loop, finish_repository, r);
+    if (st != NULL) {
+        oi_repo_call_free(call);
+        respond_status(r, st);
+    }
+}
+
 void oi__http_api_handle(void *ctx, oi_http_request_t *r)
 {
     oi_server_t *s = ctx;
@@ -607,8 +765,8 @@ void oi__http_api_handle(void *ctx, oi_http_request_t *r)
     }
     const char *p = path[3] == '/' ? path + 4 : path + 3;
     if (*p == '\0') {
-        if (r->method != HTTP_GET)
-            method_not_allowed(r, "GET");
+        if (!is_get(r))
+            method_not_allowed(r, "GET or HEAD");
         else if (s->metadata)
             respond_buf(r, s->metadata);
         else
@@ -616,8 +774,8 @@ void oi__http_api_handle(void *ctx, oi_http_request_t *r)
         return;
     }
     if (strcmp(p, "health/live") == 0 || strcmp(p, "health/ready") == 0) {
-        if (r->method != HTTP_GET) {
-            method_not_allowed(r, "GET");
+        if (!is_get(r)) {
+            method_not_allowed(r, "GET or HEAD");
             return;
         }
         if (p[7] == 'l')
@@ -630,6 +788,10 @@ void oi__http_api_handle(void *ctx, oi_http_request_t *r)
     }
     if (strncmp(p, "models/", 7) == 0) {
         route_model(s, r, p + 7);
+        return;
+    }
+    if (strncmp(p, "repository/", 11) == 0) {
+        route_repository(s, r, p + 11);
         return;
     }
     if (strncmp(p, "systemsharedmemory/", 19) == 0) {

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static int copy_specs(oi_io_spec_t **dst, const oi_io_spec_t *src, uint32_t n)
 {
@@ -63,6 +64,8 @@ void oi_model_unref(oi_model_t *m)
     free_specs(m->outputs, m->n_outputs);
     free(m->output_names);
     oi_buf_unref(m->metadata);
+    oi_buf_unref(m->config_json);
+    oi_buf_unref(m->config_pb);
     free(m->error);
     free(m);
 }
@@ -85,6 +88,68 @@ int oi_registry_add(oi_registry_t *r, oi_model_t *m)
     r->models = m;
     pthread_rwlock_unlock(&r->lock);
     return 0;
+}
+
+/* Takes `m` out of the list if it is there (the caller holds the write lock); returns it. */
+static oi_model_t *unlink_model(oi_registry_t *r, const char *name, int64_t version)
+{
+    for (oi_model_t **p = &r->models; *p; p = &(*p)->next)
+        if ((*p)->version == version && strcmp((*p)->name, name) == 0) {
+            oi_model_t *m = *p;
+            *p = m->next;
+            m->next = NULL;
+            return m;
+        }
+    return NULL;
+}
+
+int oi_registry_swap(oi_registry_t *r, oi_model_t **add, size_t n_add, const char *const *remove_names,
+                     const int64_t *remove_versions, size_t n_remove, oi_model_t ***retired, size_t *n_retired)
+{
+    /* At most one entry leaves per added or removed one: allocated before anything moves. */
+    oi_model_t **out = calloc(n_add + n_remove + 1, sizeof(*out));
+    if (out == NULL)
+        return -1;
+    size_t n = 0;
+    pthread_rwlock_wrlock(&r->lock);
+    for (size_t i = 0; i < n_remove; i++) {
+        oi_model_t *m = unlink_model(r, remove_names[i], remove_versions[i]);
+        if (m != NULL)
+            out[n++] = m;
+    }
+    for (size_t i = 0; i < n_add; i++) {
+        oi_model_t *m = unlink_model(r, add[i]->name, add[i]->version);
+        if (m != NULL)
+            out[n++] = m;
+        add[i]->next = r->models;
+        r->models = add[i];
+    }
+    pthread_rwlock_unlock(&r->lock);
+    if (n == 0) {
+        free(out);
+        out = NULL;
+    }
+    *retired = out;
+    *n_retired = n;
+    return 0;
+}
+
+void oi_model_retire(oi_model_t *m)
+{
+    if (m == NULL)
+        return;
+    /* Each request admitted to this version holds a reference until its answer is written;
+     * none can be added now that no registry lists it. Unloads are rare: polling is enough. */
+    while (atomic_load(&m->refs) > 1) {
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    oi_scheduler_free(m->sched);
+    m->sched = NULL;
+    if (m->backend && m->backend->release)
+        m->backend->release(m->state);
+    m->backend = NULL;
+    oi_model_unref(m);
 }
 
 /* Parses a URL version: decimal digits only. */
@@ -118,35 +183,35 @@ static oi_model_t *default_version(oi_registry_t *r, const char *name)
 
 oi_model_t *oi_registry_find(oi_registry_t *r, const char *name, const char *version, oi_status_t **err)
 {
+    int64_t v = -1;
+    if (version != NULL && *version != '\0' && parse_version(version, &v) != 0) {
+        *err =
+            oi_status_new(OI_BAD_REQUEST,
+                          "failed to get model version from specified version string '%s' (details: not an integer), "
+                          "version should be an integral value > 0",
+                          version);
+        return NULL;
+    }
     pthread_rwlock_rdlock(&r->lock);
     oi_model_t *found = NULL;
-    if (version == NULL || *version == '\0') {
-        found = default_version(r, name);
-        if (found == NULL)
-            *err = oi_status_new(OI_NOT_FOUND, "unknown model '%s'", name);
-    } else {
-        int64_t v;
-        int known = 0;
-        char versions[256] = "";
-        size_t k = 0;
-        int numeric = parse_version(version, &v) == 0;
-        for (oi_model_t *x = r->models; x; x = x->next) {
-            if (strcmp(x->name, name) != 0)
-                continue;
-            known = 1;
-            if (numeric && x->version == v) {
-                found = x;
-                break;
-            }
-            if (k < sizeof(versions) - 24)
-                k += (size_t)snprintf(versions + k, sizeof(versions) - k, "%s%s", k ? ", " : "", x->version_str);
+    int known = 0;
+    for (oi_model_t *x = r->models; x; x = x->next) {
+        if (strcmp(x->name, name) != 0)
+            continue;
+        known = 1;
+        if (v >= 0 && x->version == v) {
+            found = x;
+            break;
         }
-        if (found == NULL && !known)
-            *err = oi_status_new(OI_NOT_FOUND, "unknown model '%s'", name);
-        else if (found == NULL)
-            *err = oi_status_new(OI_NOT_FOUND, "model '%s' has no version '%s' (served versions: %s)", name,
-                                 version, versions);
     }
+    if (v < 0 && known)
+        found = default_version(r, name);
+    /* Worded as Triton's core words them: clients and scripts match on these. */
+    if (!known)
+        *err = oi_status_new(OI_NOT_FOUND, "Request for unknown model: '%s' is not found", name);
+    else if (found == NULL)
+        *err = oi_status_new(OI_NOT_FOUND, "Request for unknown model: '%s' version %lld is not found", name,
+                             (long long)v);
     if (found)
         oi_model_ref(found);
     pthread_rwlock_unlock(&r->lock);

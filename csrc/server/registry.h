@@ -1,6 +1,6 @@
 /* Served models by name and numeric version, each with its I/O declaration, metadata and
- * scheduler. Read by every loop thread; written at start-up (a read-write lock keeps later
- * loading safe). */
+ * scheduler. Read by every loop thread; written at start-up and by model loads and unloads,
+ * which swap entries under a read-write lock while requests go on. */
 #ifndef OI_SERVER_REGISTRY_H
 #define OI_SERVER_REGISTRY_H
 
@@ -24,6 +24,8 @@ typedef struct oi_model_s {
     uint32_t n_outputs;
     const char **output_names; /* outputs[i].name, for requests that name none */
     oi_buf_t *metadata;        /* the model metadata JSON body */
+    oi_buf_t *config_json;     /* the model configuration in Triton's JSON; NULL when unknown */
+    oi_buf_t *config_pb;       /* the same as a serialized inference.ModelConfig; NULL likewise */
     char *error;               /* why the version is not ready; NULL when ready */
     const oi_backend_t *backend;
     void *state;
@@ -53,8 +55,9 @@ void oi_registry_init(oi_registry_t *r);
 int oi_registry_add(oi_registry_t *r, oi_model_t *m);
 
 /* Finds a model version: `version` NULL or "" picks the highest ready version (else the
- * highest). Returns a new reference, or NULL with a 404 status in *err naming what is
- * missing and what exists. */
+ * highest). Returns a new reference, or NULL with a status in *err worded as Triton words it:
+ * 404 "Request for unknown model: 'x' is not found" (or "... 'x' version 3 is not found"),
+ * 400 when `version` is not a decimal number. */
 oi_model_t *oi_registry_find(oi_registry_t *r, const char *name, const char *version, oi_status_t **err);
 
 /* Calls `fn` for each ready version (no error, a scheduler) of model `name`, or of every
@@ -66,6 +69,22 @@ int oi_registry_visit_ready(oi_registry_t *r, const char *name, int (*fn)(void *
 /* 1 when every model's default version is ready (and there is at least one model or none
  * failed), else 0. */
 int oi_registry_all_ready(oi_registry_t *r);
+
+/* Swaps entries in one step, as a load or unload does: each of `add` (the caller's
+ * references, taken) replaces the entry of its name and version if there is one, and every
+ * entry named in `remove` (name and version) leaves. The entries that left are returned in
+ * *retired (a new array, NULL when none; its length in *n_retired), each with the registry's
+ * reference, for the caller to pass to oi_model_retire. Returns 0, or -1 when out of memory
+ * (nothing changed, `add` still the caller's). */
+int oi_registry_swap(oi_registry_t *r, oi_model_t **add, size_t n_add, const char *const *remove_names,
+                     const int64_t *remove_versions, size_t n_remove, oi_model_t ***retired, size_t *n_retired);
+
+/* Ends a model version that no longer takes requests (out of the registry, or never in it):
+ * waits until the caller's reference is the last (every request admitted to it has been
+ * answered), then stops its executors, releases its backend and drops the reference. Blocks
+ * while requests finish: never call it on a loop thread, nor holding the GIL (executors may
+ * need it to finish). */
+void oi_model_retire(oi_model_t *m);
 
 /* Fails every model's queued jobs with 503 now, without waiting for the ones running (see
  * oi_scheduler_cancel_queued); the registry stays usable for oi_registry_destroy. */

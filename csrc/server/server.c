@@ -33,6 +33,7 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
     if (s == NULL)
         return NULL;
     s->cfg = *cfg;
+    pthread_mutex_init(&s->health_mu, NULL);
     oi_registry_init(&s->registry);
     oi_shm_init(&s->shm, cfg->allow_shared_memory < 0 ? is_loopback(cfg->http.host) : cfg->allow_shared_memory != 0);
     s->http = oi_http_server_new(&s->cfg.http, oi__http_api_handle, s);
@@ -66,6 +67,7 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
         oi_h2_server_free(s->grpc);
         oi_registry_destroy(&s->registry);
         oi_shm_destroy(&s->shm);
+        pthread_mutex_destroy(&s->health_mu);
         free(s);
         return NULL;
     }
@@ -84,7 +86,31 @@ int oi_server_set_metadata(oi_server_t *s, const char *json, size_t len)
     return 0;
 }
 
-int oi_server_add_model(oi_server_t *s, oi_model_t *m) { return oi_registry_add(&s->registry, m); }
+int oi_server_add_model(oi_server_t *s, oi_model_t *m)
+{
+    if (oi_registry_add(&s->registry, m) != 0)
+        return -1;
+    oi_server_health_changed(s); /* a version added while serving may change readiness */
+    return 0;
+}
+
+void oi_server_set_repository(oi_server_t *s, oi_repo_handler_fn fn, void *ctx, void (*release)(void *ctx))
+{
+    if (s->repo_release)
+        s->repo_release(s->repo_ctx);
+    s->repo_fn = fn;
+    s->repo_ctx = ctx;
+    s->repo_release = release;
+}
+
+int oi_server_swap_models(oi_server_t *s, oi_model_t **add, size_t n_add, const char *const *remove_names,
+                          const int64_t *remove_versions, size_t n_remove, oi_model_t ***retired, size_t *n_retired)
+{
+    if (oi_registry_swap(&s->registry, add, n_add, remove_names, remove_versions, n_remove, retired, n_retired) != 0)
+        return -1;
+    oi_server_health_changed(s); /* loads and unloads change readiness */
+    return 0;
+}
 
 int oi_server_start(oi_server_t *s, char *err, size_t errlen)
 {
@@ -192,6 +218,7 @@ void oi_server_stop(oi_server_t *s, uint64_t timeout_ms)
     oi_http_server_stop_accepting(s->http);
     if (s->grpc)
         oi_h2_server_stop_accepting(s->grpc); /* GOAWAY: calls under way go on */
+    oi__health_stop(s);                       /* health watchers hear NOT_SERVING now, not when the loops end */
     wait_inflight(s, now_ms() + timeout_ms);
     if (inflight(s)) {
         /* Time is up. Queued requests fail with 503 through the usual path (their answers
@@ -218,6 +245,10 @@ static void finish_stop(oi_server_t *s)
     /* Executors finish their current job; queued ones are failed with 503 and answered. */
     oi_registry_destroy(&s->registry);
     wait_inflight(s, now_ms() + 5000);
+    while (atomic_load(&s->repo_calls) > 0) { /* control threads still leaving oi_loop_post */
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
     /* gRPC connections close while the loops still run; the loops end with the HTTP server,
      * and only then may the gRPC server's memory go. */
     if (s->grpc)
@@ -226,7 +257,10 @@ static void finish_stop(oi_server_t *s)
     oi_h2_server_free(s->grpc);
     oi_metrics_free(s->metrics);
     oi_buf_unref(s->metadata);
+    if (s->repo_release) /* every call is answered: the loops are gone */
+        s->repo_release(s->repo_ctx);
     /* After the loops: no request holds a region now, so each is unmapped here. */
     oi_shm_destroy(&s->shm);
+    pthread_mutex_destroy(&s->health_mu);
     free(s);
 }

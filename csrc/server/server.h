@@ -5,6 +5,7 @@
 
 #include "server/metrics.h"
 #include "server/registry.h"
+#include "server/repository.h"
 #include "transport/http1.h"
 #include "transport/http2.h"
 
@@ -35,8 +36,25 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg);
 int oi_server_set_metadata(oi_server_t *s, const char *json, size_t len);
 
 /* Gives the server the caller's reference to `m`: 0, or -1 when that name and version are
- * already registered (the reference then stays the caller's). */
+ * already registered (the reference then stays the caller's). Once serving, health watchers
+ * hear of the change (oi_server_health_changed). */
 int oi_server_add_model(oi_server_t *s, oi_model_t *m);
+
+/* Serves the model repository extension through `fn` (see server/repository.h), which runs
+ * on control threads, never a loop thread. `release` (may be NULL) is called once on `ctx`
+ * when the server is freed, after the last call has been answered. Call before start. */
+void oi_server_set_repository(oi_server_t *s, oi_repo_handler_fn fn, void *ctx, void (*release)(void *ctx));
+
+/* Swaps registry entries in one step as oi_registry_swap does (loads and unloads); the entries
+ * that left come back in *retired for the caller to end with oi_model_retire, which waits for
+ * their requests in flight. Returns 0, or -1 when out of memory (nothing changed). */
+int oi_server_swap_models(oi_server_t *s, oi_model_t **add, size_t n_add, const char *const *remove_names,
+                          const int64_t *remove_versions, size_t n_remove, oi_model_t ***retired, size_t *n_retired);
+
+/* Tells the grpc.health.v1 Watch calls that readiness may have changed (a model version was
+ * loaded, unloaded or failed): each gets the new status if it differs from what it last got.
+ * Safe from any thread, loop threads included; returns at once. */
+void oi_server_health_changed(oi_server_t *s);
 
 /* Listens and starts the loops. 0, or an error with a message in `err`. */
 int oi_server_start(oi_server_t *s, char *err, size_t errlen);

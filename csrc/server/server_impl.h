@@ -3,10 +3,14 @@
 #ifndef OI_SERVER_SERVER_IMPL_H
 #define OI_SERVER_SERVER_IMPL_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 
+#include "server/repository.h"
 #include "server/server.h"
 #include "server/shm.h"
+
+typedef struct oi_health_watch_s oi_health_watch_t;
 
 struct oi_server_s {
     oi_server_config_t cfg;
@@ -17,6 +21,14 @@ struct oi_server_s {
     atomic_int grpc_inflight; /* gRPC inferences submitted and not yet answered */
     oi_buf_t *metadata;
     oi_shm_t shm; /* registered shared-memory regions */
+    /* Model repository control: the application's handler, and the calls it is running
+     * (each also counts as a request in flight of its transport until answered). */
+    oi_repo_handler_fn repo_fn; /* NULL: the extension is not served */
+    void *repo_ctx;
+    void (*repo_release)(void *ctx);
+    atomic_int repo_calls;
+    pthread_mutex_t health_mu;   /* guards `watchers` (grpc_health.c) */
+    oi_health_watch_t *watchers; /* open grpc.health.v1 Watch calls */
     oi_http_server_t *metrics_http; /* the /metrics listener, one loop thread; NULL without */
     oi_metrics_t *metrics;          /* touched on that loop thread only, after start */
 };
@@ -32,5 +44,18 @@ oi_status_t *oi__statistics_off(const oi_server_t *s);
 
 /* The gRPC service handler (grpc_api.c); its context is the server. */
 extern const oi_grpc_handler_t oi__grpc_api_handler;
+
+/* Runs a repository call on a control thread; `done` comes back on `loop`. Returns NULL when
+ * started, or a status (501 without a handler, 503 when too many are running) and then never
+ * calls `done`. */
+oi_status_t *oi__repo_submit(oi_server_t *s, oi_repo_call_t *call, oi_loop_t *loop, oi_repo_done_cb done, void *ctx);
+
+/* grpc.health.v1.Health Check (watch 0) or Watch (watch 1) with its request message, on the
+ * call's loop thread (grpc_health.c). */
+void oi__health_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg, int watch);
+
+/* For oi_server_stop, once `stopping` is set and the listeners are closed: sends NOT_SERVING
+ * to every Watch and ends it with UNAVAILABLE, one loop at a time (from outside the loops). */
+void oi__health_stop(oi_server_t *s);
 
 #endif

@@ -84,6 +84,7 @@ struct oi_shm_object_s {
     dev_t dev;
     ino_t ino;
     int fd;    /* kept to notice an object that shrank (fstat) */
+    uid_t opener; /* the user whose registration opened it: counts against that user's share */
     void *map; /* the object from its first byte, map_len bytes */
     size_t map_len;
     atomic_int faulted; /* a SIGBUS hit the mapping: the object shrank under a request */
@@ -108,10 +109,11 @@ static int object_budget(void)
 }
 
 /* The object open as `fd` (its stat in sb) mapped through at least `end` bytes: an existing
- * one (fd is then closed) or a new one that takes fd. *out gets a reference. Returns NULL or
- * a status naming region `name`. */
-static oi_status_t *object_get(int fd, const struct stat *sb, uint64_t end, const char *name, const char *key,
-                               oi_shm_object_t **out)
+ * one (fd is then closed) or a new one that takes fd, opened for user `uid`, who may hold at
+ * most half the budget (so one user never takes every descriptor from the others). *out gets
+ * a reference. Returns NULL or a status naming region `name`. */
+static oi_status_t *object_get(int fd, const struct stat *sb, uint64_t end, uid_t uid, const char *name,
+                               const char *key, oi_shm_object_t **out)
 {
     pthread_mutex_lock(&objects_mu);
     for (oi_shm_object_t *o = objects; o != NULL; o = o->next) {
@@ -124,15 +126,22 @@ static oi_status_t *object_get(int fd, const struct stat *sb, uint64_t end, cons
         }
     }
     oi_status_t *st = NULL;
-    int budget = object_budget();
-    oi_shm_object_t *o = n_objects < budget ? calloc(1, sizeof(*o)) : NULL;
-    if (o == NULL) {
-        st = n_objects >= budget
-                 ? oi_status_new(429,
-                                 "shared-memory region '%s' cannot be registered: %d shared-memory objects are "
-                                 "open, the most this server's descriptor limit allows; unregister some",
-                                 name, n_objects)
-                 : oi_status_new(OI_INTERNAL, "out of memory");
+    int budget = object_budget(), share = budget / 2 > 0 ? budget / 2 : 1, mine = 0;
+    for (oi_shm_object_t *q = objects; q != NULL; q = q->next)
+        mine += q->opener == uid;
+    oi_shm_object_t *o = n_objects < budget && mine < share ? calloc(1, sizeof(*o)) : NULL;
+    if (n_objects >= budget) {
+        st = oi_status_new(429,
+                           "shared-memory region '%s' cannot be registered: %d shared-memory objects are open, "
+                           "the most this server's descriptor limit allows; unregister some",
+                           name, n_objects);
+    } else if (mine >= share) {
+        st = oi_status_new(429,
+                           "shared-memory region '%s' cannot be registered: this user has %d shared-memory objects "
+                           "open, the most one user may hold under this server's descriptor limit; unregister some",
+                           name, mine);
+    } else if (o == NULL) {
+        st = oi_status_new(OI_INTERNAL, "out of memory");
     } else {
         /* The whole object as it is now: later regions on it share this mapping. */
         o->map_len = (size_t)sb->st_size;
@@ -158,6 +167,7 @@ static oi_status_t *object_get(int fd, const struct stat *sb, uint64_t end, cons
     o->dev = sb->st_dev;
     o->ino = sb->st_ino;
     o->fd = fd;
+    o->opener = uid;
     o->next = objects;
     objects = o;
     n_objects++;
@@ -439,7 +449,7 @@ oi_status_t *oi_shm_register_system(oi_shm_t *s, const oi_peer_t *peer, const ch
         return st;
     }
     oi_shm_object_t *obj;
-    if ((st = object_get(fd, &sb, end, name, key, &obj)) != NULL) /* takes fd */
+    if ((st = object_get(fd, &sb, end, peer->uid, name, key, &obj)) != NULL) /* takes fd */
         return st;
     oi_shm_region_t *r = region_new(OI_SHM_SYSTEM, peer->uid, name);
     if (r == NULL || (r->key = strdup(key)) == NULL) {

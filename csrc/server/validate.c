@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codec/json.h"
+
 static const oi_io_spec_t *find_spec(const oi_io_spec_t *specs, uint32_t n, const char *name)
 {
     for (uint32_t i = 0; i < n; i++)
@@ -86,6 +88,16 @@ oi_status_t *oi_validate_request(const oi_model_t *m, const oi_request_t *req, c
                                  m->name, list_names(m->outputs, m->n_outputs, list, sizeof(list)));
         }
         out[i] = name;
+        oi_json_param_t cls;
+        char none[1];
+        oi_json_param(req->outputs[i].parameters, "classification", &cls, none, sizeof(none));
+        if (cls.kind != OI_JSON_PARAM_ABSENT && !(cls.kind == OI_JSON_PARAM_COUNT && cls.count == 0)) {
+            free(out);
+            return oi_status_new(OI_BAD_REQUEST,
+                                 "output '%s': parameter 'classification' asks for the classification extension, "
+                                 "which this server does not support; request the output's tensor without it",
+                                 name);
+        }
     }
     *names = out;
     *n = count;

@@ -77,6 +77,7 @@ struct oi_http_conn_s {
     int in_feed;   /* llhttp_execute is on the stack */
     int keep_alive;
     int http10;
+    int head; /* the request being answered is HEAD: headers only, no body bytes */
     int closing;
     int close_after_write;
     int handles; /* open libuv handles (tcp, timer) */
@@ -251,7 +252,8 @@ static void conn_write(oi_http_conn_t *c, int status, const char *headers, const
     }
     bufs[0] = uv_buf_init(wr->head, (unsigned)n);
     unsigned nb = 1;
-    for (size_t i = 0; i < nparts; i++)
+    /* HEAD: the head says the Content-Length a GET would get; the parts are only released. */
+    for (size_t i = 0; i < nparts && !c->head; i++)
         if (parts[i].len > 0)
             bufs[nb++] = uv_buf_init((char *)parts[i].base, (unsigned)parts[i].len);
     c->writes++;
@@ -488,6 +490,7 @@ static int on_message_begin(llhttp_t *p)
     oi_http_conn_t *c = conn_of(p);
     c->in_message = 1;
     c->in_body = 0;
+    c->head = 0;
     c->url.len = 0;
     c->hfield.len = 0;
     c->hvalue.len = 0;
@@ -646,6 +649,7 @@ static int on_message_complete(llhttp_t *p)
      * may already have sent bytes of the other protocol behind it. */
     c->keep_alive = llhttp_should_keep_alive(p) && !p->upgrade;
     c->http10 = p->http_major == 1 && p->http_minor == 0;
+    c->head = p->method == HTTP_HEAD;
 
     if (oi_sbuf_append(&c->url, "", 1) != 0) /* NUL-terminate */
         return reject_in_parser(c, 500, "out of memory");

@@ -1,6 +1,8 @@
 /* HTTP/1.1 server transport on libuv and llhttp: sockets, framing, keep-alive, pipelining,
  * chunked bodies, Expect: 100-continue, limits and timeouts. It knows nothing of V2: each
- * complete request goes to one handler callback, which answers with oi_http_respond. */
+ * complete request goes to one handler callback, which answers with oi_http_respond. A HEAD
+ * request is answered with the head of the handler's response (its Content-Length included)
+ * and no body bytes, as HTTP asks. */
 #ifndef OI_TRANSPORT_HTTP1_H
 #define OI_TRANSPORT_HTTP1_H
 

@@ -47,6 +47,19 @@ def torch_describe(path: str) -> str:
     "example_outputs": [{"name", "dtype", "shape"}] | null} (outputs from one forward() on
     the module's example_inputs attribute). Raises RuntimeError when it cannot load."""
 
+RepositoryHandler = Callable[
+    [str, str | None, bytes | None, dict[str, bool | int | str | bytes] | None, bool],
+    list[tuple[str | None, str | None, str | None, str | None]] | None,
+]
+
+class ModelVersion:
+    """A model version built by Server.add_model(publish=False), served once swapped in."""
+
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def version(self) -> int | None: ...
+
 class Server:
     """A V2 server, HTTP/1.1 and gRPC (h2c on its own port), on native event-loop threads."""
 
@@ -92,7 +105,10 @@ class Server:
         error: str | None = None,
         torch: TorchSpec | None = None,
         dynamic_batching: tuple[Sequence[int], int] | None = None,
-    ) -> str | None:
+        config_json: bytes | None = None,
+        config_pb: bytes | None = None,
+        publish: bool = True,
+    ) -> str | None | ModelVersion:
         """Registers one model version. handler=None with error=reason registers a version that
         failed to load: it answers not ready, and infer answers 503 with the reason. The
         request without a version goes to the highest ready version. Raises ValueError on a
@@ -103,7 +119,25 @@ class Server:
         the module cannot load, the version is registered as failed and the reason is
         returned (otherwise None). dynamic_batching=(preferred_batch_sizes,
         max_queue_delay_us) with max_batch_size > 0 gathers concurrent requests into one
-        call (Python handlers then see the concatenated batch)."""
+        call (Python handlers then see the concatenated batch). config_json and config_pb are
+        the version's configuration in Triton's JSON and as a serialized inference.ModelConfig,
+        served as they are by the model configuration endpoints (without them, those answer
+        404).
+
+        publish=False builds the version without registering it and returns it as a
+        ModelVersion (its `error` says why it cannot serve), for swap_models."""
+    def swap_models(self, add: Sequence[ModelVersion], remove: Sequence[tuple[str, int]]) -> None:
+        """In one registry step, each of `add` replaces the entry of its name and version and
+        each (name, version) of `remove` leaves; then waits (without the GIL) until the
+        requests admitted to the entries that left are answered, and ends them."""
+    def set_repository(self, handler: RepositoryHandler) -> None:
+        """Serves the model repository extension (POST /v2/repository/..., gRPC Repository*)
+        through handler(op, model, body, params, ready), called on a control thread per
+        request: op "index", "load" or "unload"; body the HTTP request body (None over gRPC
+        or when empty); params the gRPC parameters (None over HTTP); ready the gRPC index flag.
+        It returns the index as (name, version, state, reason) tuples (None: left out), or
+        None; an exception with `status` and `message` (InferenceServerError) answers with
+        them, any other with 500. Before start()."""
     def start(self) -> None:
         """Binds and starts the loop threads; returns at once. Raises OSError when binding fails."""
     @property

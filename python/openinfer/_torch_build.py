@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -169,8 +170,10 @@ def build(dest_dir: str | os.PathLike[str], *, werror: bool = False) -> Path:
 
 def ensure_shim(package_dir: str | os.PathLike[str] | None = None) -> Path:
     """The shim for the installed torch: the one built at install time in the package
-    directory, else the cached one, else a new build into the cache (announced on stderr,
-    since it takes a minute). Imports torch first. Raises ShimBuildError."""
+    directory, else the cached one, else a new build into the cache, announced by one line
+    on the "openinfer" logger (a WARNING, so that it shows where logging is not configured:
+    the first TorchScript model waits for the compiler). Imports torch first. Raises
+    ShimBuildError, before announcing anything when no compiler is found."""
     import torch  # noqa: F401  (the shim links the libraries this loads)
 
     src = source_dir()
@@ -181,18 +184,20 @@ def ensure_shim(package_dir: str | os.PathLike[str] | None = None) -> Path:
     cache = cache_dir() / "torch_shim"
     if (cache / name).is_file():
         return cache / name
+    cxx = _compiler("c++")
+    _compiler("c")
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / ".lock", "w") as lock:  # one compiler at a time per cache
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (cache / name).is_file():
-            print(
-                f"openinfer: compiling the libtorch shim for torch {torch.__version__} into "
-                f"{cache} (once per torch version; about a minute)...",
-                file=sys.stderr,
-                flush=True,
+            logging.getLogger("openinfer").warning(
+                "compiling the libtorch shim for torch %s with %s into %s "
+                "(once per torch version, about a minute; $OPENINFER_CACHE_DIR moves the cache)",
+                torch.__version__,
+                cxx,
+                cache,
             )
             build(cache)
-            print("openinfer: libtorch shim ready", file=sys.stderr, flush=True)
     return cache / name
 
 

@@ -1,7 +1,8 @@
 """The ``openinfer`` command (also ``python -m openinfer``):
 
     openinfer serve [REPO] [--host H] [--http-port P] [--grpc-port P] [--metrics-port P]
-                    [--threads N] [--max-body-bytes N] ...
+                    [--threads N] [--model-control-mode none|poll|explicit] [--load-model NAME]...
+                    [--repository-poll-secs N] [--max-body-bytes N] ...
 
 It logs where it listens and which models are ready or failed (and why), then blocks until
 SIGINT or SIGTERM, which drain in-flight requests through `Server.stop` and exit 0.
@@ -96,6 +97,29 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="let clients register shared-memory regions (default: only when --host is a "
         "loopback address)",
+    )
+    serve.add_argument(
+        "--model-control-mode",
+        default="none",
+        choices=["none", "poll", "explicit"],
+        help="as tritonserver: none loads the whole repository at start; poll also rescans it "
+        "for new, changed and removed models; explicit loads only --load-model models and lets "
+        "clients load and unload (default none)",
+    )
+    serve.add_argument(
+        "--load-model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with --model-control-mode explicit: a model to load at start (repeatable; * for "
+        "all)",
+    )
+    serve.add_argument(
+        "--repository-poll-secs",
+        type=float,
+        default=15.0,
+        metavar="N",
+        help="with --model-control-mode poll: seconds between scans (default 15)",
     )
     serve.add_argument(
         "--allow-statistics",
@@ -221,6 +245,9 @@ def _serve(args: argparse.Namespace) -> int:
             http_port=args.http_port,
             threads=args.threads,
             allow_shared_memory=args.allow_shared_memory,
+            model_control_mode=args.model_control_mode,
+            load_models=args.load_model,
+            repository_poll_secs=args.repository_poll_secs,
             **grpc,
             **metrics,  # type: ignore[arg-type]
             **limits,

@@ -73,7 +73,6 @@ _GRPC_TO_HTTP = {
     16: 401,  # UNAUTHENTICATED
 }
 _GRPC_DEADLINE_EXCEEDED = 4
-_GRPC_NOT_FOUND = 5
 # A ModelStreamInferResponse error carries a message and no code.
 STREAM_ERROR_STATUS = 500
 
@@ -199,15 +198,11 @@ class Client:
         return self._get("/v2/health/ready", timeout)[0] == 200
 
     def is_model_ready(self, model: str, version: str | int | None = None, *, timeout: float | None = None) -> bool:
+        """False also for a model or version the server does not serve (as Triton answers)."""
         if self._grpc:
             status, value = self._rpc("model_ready", model, _version(version), timeout=timeout)
-            if status == _GRPC_NOT_FOUND:
-                _raise_grpc(status, value)
             return status == 0 and bool(value)
-        status, body = self._get(_model_path(model, version) + "/ready", timeout)
-        if status == 404:
-            raise InferenceServerError(status, _error_message(body))
-        return status == 200
+        return self._get(_model_path(model, version) + "/ready", timeout)[0] == 200
 
     def server_metadata(self, *, timeout: float | None = None) -> dict[str, Any]:
         if self._grpc:

@@ -509,3 +509,60 @@ def _parameters(entries: list[dict[str, Value]], source: str) -> dict[str, str]:
         value = _Fields(f.message("value") or {}, f"{f.where} {key!r}").string("string_value")
         parameters[key] = value if value is not None else ""
     return parameters
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON model configurations (a load request's "config" parameter)
+
+# ModelConfig fields of protobuf type int64/uint64, which protobuf's JSON mapping may write as
+# strings ("dims": ["16"]); every other integer is a JSON number.
+_INT64_FIELDS = frozenset({"dims", "shape", "versions", "max_queue_delay_microseconds"})
+# Protobuf maps, which JSON writes as objects; the text format (and so `parse`) as repeated
+# {key, value} messages.
+_MAP_FIELDS = frozenset({"parameters"})
+_CAMEL = re.compile(r"(?<=[a-z0-9])([A-Z])")
+
+
+def parse_json_config(text: str | bytes, source: str = "config override") -> ModelConfig:
+    """Reads a model configuration in Triton's JSON form (protobuf's JSON mapping of
+    model_config.proto: what `GET /v2/models/{m}/config` returns and what a repository load's
+    ``config`` parameter carries) into the same `ModelConfig` that `load_config` makes of a
+    config.pbtxt. Field names may be lowerCamelCase, 64-bit integers strings, maps objects.
+    Raises ConfigError naming `source` and the field."""
+    import json
+
+    try:
+        raw = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{source}: not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a JSON object, got {type(raw).__name__}")
+    return ModelConfig.from_dict(_from_json(raw, source), source)
+
+
+def _from_json(value: Any, where: str, key: str = "") -> Any:
+    """The JSON value as `parse` would have produced it from the text format."""
+    if isinstance(value, dict):
+        if key in _MAP_FIELDS:
+            return [
+                {"key": k, "value": _from_json(v, f"{where}.{k}")} for k, v in value.items()
+            ]
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            name = _CAMEL.sub(lambda m: "_" + m.group(1).lower(), k)
+            if name in out:
+                raise ConfigError(f"{where}: field {name!r} is given twice")
+            out[name] = _from_json(v, f"{where}: {name}", name)
+        return out
+    if isinstance(value, list):
+        return [_from_json(v, where, key) for v in value]
+    if value is None:
+        raise ConfigError(f"{where}: null is not a value")
+    if key in _INT64_FIELDS and isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            raise ConfigError(f"{where}: expected an integer, got {value!r}") from None
+    if isinstance(value, float) and value.is_integer() and key in _INT64_FIELDS:
+        return int(value)
+    return value

@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import logging
 import os
 import re
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from . import triton_config
 from .config import ConfigError, ModelConfig, VersionPolicy, load_config
 from .model import Model, Tensor
 from .torch_model import TorchLoadError, TorchModel, TorchUnavailable, load_torchscript
@@ -34,6 +37,7 @@ _PYTHON_BACKENDS = {"python"}
 _TORCH_BACKENDS = {"pytorch", "pytorch_libtorch"}
 _module_ids = itertools.count()
 _NO_TORCH = "torch unavailable: "
+logger = logging.getLogger("openinfer")
 
 
 @dataclass(frozen=True)
@@ -91,16 +95,46 @@ def scan(repo: str | os.PathLike[str], *, optional_torch: bool = False) -> list[
 
 
 def _scan_model(model_dir: Path) -> list[LoadedModel]:
-    name = model_dir.name
-    config: ModelConfig | None = None
+    return scan_model(model_dir)
+
+
+def scan_model(
+    model_dir: Path,
+    *,
+    name: str | None = None,
+    config: ModelConfig | None = None,
+    allow_python: bool = True,
+    loading: Callable[[list[int]], None] | None = None,
+) -> list[LoadedModel]:
+    """Loads the versions of one model directory that its version policy selects, as `scan`
+    does, under `name` (default: the directory's name). `config` replaces the directory's
+    config.pbtxt (a load request's override). Without `allow_python`, a version that would run
+    a model.py fails instead (files that came over the network are never executed as Python).
+    `loading` hears the versions about to load, before the slow part starts."""
+    name = name or model_dir.name
     config_path = model_dir / "config.pbtxt"
+    overridden = config is not None
     try:
-        if config_path.is_file():
+        if config is None and config_path.is_file():
             config = load_config(config_path)
-            if config.name not in (None, name):
+        if config is not None and config.name not in (None, name):
+            if overridden:
                 raise ConfigError(
-                    f"{config_path}: name {config.name!r} differs from the directory name {name!r}"
+                    f"the config override: name {config.name!r} differs from the model's name "
+                    f"{name!r}"
                 )
+            raise ConfigError(
+                f"{config_path}: name {config.name!r} differs from the directory name {name!r}"
+            )
+        if config is not None:
+            source = "the config override" if overridden else str(config_path)
+            refused, warnings = triton_config.unsupported(
+                triton_config.normalize(config.raw, source), source
+            )
+            for warning in warnings:
+                logger.warning("model %s: %s", name, warning)
+            if refused:
+                raise ConfigError("; ".join(refused))
     except ConfigError as e:
         return [LoadedModel(name, None, None, str(e))]
     raw = config.raw if config else {}
@@ -121,9 +155,12 @@ def _scan_model(model_dir: Path) -> list[LoadedModel]:
         for v in policy.versions
         if policy.kind == "specific" and v not in versions
     ]
-    for version in policy.select(list(versions)):
+    selected = policy.select(list(versions))
+    if loading is not None:
+        loading(selected)
+    for version in selected:
         try:
-            model = _load_version(name, version, versions[version], config)
+            model = _load_version(name, version, versions[version], config, allow_python)
         except _LoadError as e:
             loaded.append(failed(version, str(e)))
         else:
@@ -132,7 +169,7 @@ def _scan_model(model_dir: Path) -> list[LoadedModel]:
 
 
 def _load_version(
-    name: str, version: int, version_dir: Path, config: ModelConfig | None
+    name: str, version: int, version_dir: Path, config: ModelConfig | None, allow_python: bool = True
 ) -> Model | TorchModel:
     """Dispatches on the backend the config names, else on the model file present."""
     backend = (config.backend or config.platform) if config else None
@@ -151,6 +188,11 @@ def _load_version(
             raise _LoadError(f"{version_dir} holds no model.py or model.pt")
         path = found[0]
     if path.suffix == ".py":
+        if not allow_python:
+            raise _LoadError(
+                f"{path.name}: a Python model sent with the load request is not run (it would "
+                "execute as the server's own code); put Python models in the model repository"
+            )
         return _load_python(name, version, path, config)
     if path.suffix in (".pt", ".pth"):
         return _load_torchscript(name, version, path, config)

@@ -11,23 +11,22 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from . import __version__, _core
-from .config import DynamicBatching
+from .control import DEFAULT_POLL_SECS, IndexEntry, ModelControl
 from .errors import InferenceServerError
-from .model import Model, Tensor
-from .repository import LoadedModel, examples_path, scan
-from .torch_model import TorchModel
+from .model import Model
+from .repository import examples_path
 
 logger = logging.getLogger("openinfer")
 
 # What GET /v2 lists: exactly the protocol extensions this server implements. The
 # shared-memory ones are listed only where clients may register regions (see serve()).
-EXTENSIONS = ("binary_tensor_data", "statistics")
+EXTENSIONS = ("binary_tensor_data", "model_configuration", "model_repository", "statistics")
 SHM_EXTENSIONS = ("system_shared_memory", "cuda_shared_memory")
 
 class _Default:
@@ -51,10 +50,6 @@ _METRICS_SETTINGS: dict[str, str | None] = {
     "summary_latencies": None,
 }
 
-# The version a model is registered under when it failed before any version directory could
-# be chosen: the core needs one to answer "not ready" with the reason.
-_FAILED_MODEL_VERSION = 1
-
 
 def serve(
     repo: str | os.PathLike[str] | None = None,
@@ -66,6 +61,9 @@ def serve(
     threads: int = 0,
     log: bool = True,
     allow_shared_memory: bool | None = None,
+    model_control_mode: str = "none",
+    load_models: Iterable[str] = (),
+    repository_poll_secs: float = DEFAULT_POLL_SECS,
     statistics: bool = True,
     metrics_port: int | None | _Default = _DEFAULT,
     metrics_config: Mapping[str, object] | Iterable[str] | None = None,
@@ -78,7 +76,10 @@ def serve(
     port (see `Server.http_port`). gRPC is served on `grpc_port` (default 8001; 0 picks a free
     port, also the default when ``http_port=0``; None serves no gRPC). Clients on this host may
     register shared-memory regions (system and CUDA) when `allow_shared_memory` is True; None
-    (the default) allows it only when `host` is a loopback address.
+    (the default) allows it only when `host` is a loopback address. `model_control_mode` is
+    tritonserver's: "none" (load the whole repository, no loading API), "poll" (also rescan it
+    every `repository_poll_secs`) or "explicit" (load only `load_models`, "*" for all, and let
+    clients load and unload); see `openinfer.control`.
 
     Inferences are counted per model version (Triton's statistics extension,
     `Server.statistics`) unless `statistics` is False. Prometheus metrics are served at
@@ -99,6 +100,9 @@ def serve(
         threads=threads,
         log=log,
         allow_shared_memory=allow_shared_memory,
+        model_control_mode=model_control_mode,
+        load_models=load_models,
+        repository_poll_secs=repository_poll_secs,
         statistics=statistics,
         metrics_port=metrics_port,
         metrics_config=metrics_config,
@@ -125,6 +129,9 @@ class Server:
         threads: int = 0,
         log: bool = True,
         allow_shared_memory: bool | None = None,
+        model_control_mode: str = "none",
+        load_models: Iterable[str] = (),
+        repository_poll_secs: float = DEFAULT_POLL_SECS,
         statistics: bool = True,
         metrics_port: int | None | _Default = _DEFAULT,
         metrics_config: Mapping[str, object] | Iterable[str] | None = None,
@@ -145,7 +152,7 @@ class Server:
         self._log = log
         self._started = False
         self._stopped = threading.Event()
-        self._entries = _collect(repo, models)
+        repo_path, given = _sources(repo, models)
         self._core = _core.Server(
             host,
             http_port,
@@ -164,75 +171,27 @@ class Server:
         self._core.set_metadata(
             _json({"name": "openinfer", "version": __version__, "extensions": list(extensions)})
         )
-        self._register()
-
-    def _register(self) -> None:
-        numbers: dict[str, list[int]] = {}
-        for entry in self._entries:
-            numbers.setdefault(entry.name, []).append(_version(entry))
-        versions = {name: [str(v) for v in sorted(vs)] for name, vs in numbers.items()}
-        for index, entry in enumerate(self._entries):
-            model = entry.model
-            if isinstance(model, TorchModel):
-                error = self._core.add_model(
-                    entry.name,
-                    model.version,
-                    inputs=_specs(model.inputs),
-                    outputs=_specs(model.outputs),
-                    max_batch_size=model.max_batch_size,
-                    metadata_json=_model_metadata(
-                        entry.name, versions[entry.name], model.platform, model.inputs, model.outputs
-                    ),
-                    instances=model.instances,
-                    torch=model.spec,
-                    dynamic_batching=_batching(model.max_batch_size, model.dynamic_batching),
-                )
-                if error is not None:  # the module failed to load: unavailable, with the reason
-                    self._entries[index] = LoadedModel(
-                        entry.name, entry.version, None, error, entry.config
-                    )
-            elif model is not None:
-                self._core.add_model(
-                    entry.name,
-                    model.version,
-                    inputs=_specs(model.inputs),
-                    outputs=_specs(model.outputs),
-                    max_batch_size=model.max_batch_size,
-                    metadata_json=_model_metadata(
-                        entry.name,
-                        versions[entry.name],
-                        model.platform,
-                        model.inputs,
-                        model.outputs,
-                    ),
-                    handler=model.handler,
-                    instances=model.instances,
-                    dynamic_batching=_batching(model.max_batch_size, model.dynamic_batching),
-                )
-            else:
-                platform = entry.config.get("platform") or entry.config.get("backend")
-                self._core.add_model(
-                    entry.name,
-                    _version(entry),
-                    inputs=(),
-                    outputs=(),
-                    max_batch_size=0,
-                    metadata_json=_model_metadata(
-                        entry.name,
-                        versions[entry.name],
-                        platform if isinstance(platform, str) else "",
-                        (),
-                        (),
-                    ),
-                    handler=None,
-                    error=entry.error,
-                )
+        try:
+            self._control = ModelControl(
+                self._core,
+                repo_path,
+                given,
+                mode=model_control_mode,
+                load_models=load_models,
+                poll_secs=repository_poll_secs,
+                optional_torch=repo_path is not None and _is_examples(repo_path),
+            )
+        except BaseException:
+            self._core.stop(0)
+            raise
+        self._core.set_repository(self._control.handle)
 
     def start(self) -> Server:
         """Binds and starts the event loops; returns at once. Raises OSError when the port
         cannot be bound."""
         self._core.start()
         self._started = True
+        self._control.start()
         self._port = self._core.port
         if self._grpc_port is not None:
             self._grpc_port = self._core.grpc_port
@@ -243,7 +202,7 @@ class Server:
             logger.info("openinfer %s listening on %s%s", __version__, self.url, grpc)
             if self._metrics_port is not None:
                 logger.info("metrics at %s", self.metrics_url)
-            for entry in self._entries:
+            for entry in self._control.loaded():
                 if entry.model is not None:
                     logger.info("model %s version %d ready", entry.name, entry.version)
                 elif entry.version is None:
@@ -263,6 +222,7 @@ class Server:
         answered with 503 (gRPC UNAVAILABLE) and this returns, even while a model still
         runs (it finishes in the background and its answer is dropped). Idempotent."""
         try:
+            self._control.close(timeout)
             self._core.stop(timeout)
         finally:  # wait() must return even if stopping failed
             if self._started and not self._stopped.is_set() and self._log:
@@ -342,11 +302,40 @@ class Server:
     def running(self) -> bool:
         return self._core.running
 
+    def load_model(
+        self,
+        name: str,
+        config: str | dict[str, object] | None = None,
+        files: dict[str, bytes] | None = None,
+    ) -> None:
+        """Loads model `name`, or reloads it, as a client's repository load does (the server
+        must run with model_control_mode="explicit"). `config` (a JSON string or a dict in
+        Triton's JSON model configuration) replaces its config.pbtxt; `files` maps
+        ``"file:<version>/<name>"`` (or ``"<version>/<name>"``) to contents that make up the
+        whole model directory (then `config` is required). Returns once the new versions
+        serve and requests on the old ones are answered. Raises InferenceServerError."""
+        text = json.dumps(config) if isinstance(config, dict) else config
+        given = None
+        if files is not None:
+            given = {k[5:] if k.startswith("file:") else k: bytes(v) for k, v in files.items()}
+        self._control.load(name, text, given)
+
+    def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        """Unloads every version of `name` once the requests admitted to them are answered
+        (model_control_mode="explicit"). Raises InferenceServerError."""
+        self._control.unload(name, unload_dependents)
+
+    def repository_index(self, ready: bool = False) -> list[dict[str, str]]:
+        """The repository index as ``POST /v2/repository/index`` answers it: one dict per model
+        version (name, version, state, reason), or per model with no version loaded (name
+        only); `ready` keeps only READY versions."""
+        return [_index_dict(e) for e in self._control.index(ready)]
+
     @property
     def models(self) -> dict[str, tuple[int, ...]]:
         """Model name -> ready versions (ascending), for every model with one ready."""
         ready: dict[str, list[int]] = {}
-        for entry in self._entries:
+        for entry in self._control.loaded():
             if entry.model is not None:
                 ready.setdefault(entry.name, []).append(entry.model.version)
         return {name: tuple(sorted(v)) for name, v in sorted(ready.items())}
@@ -355,9 +344,10 @@ class Server:
     def failed(self) -> dict[str, dict[int, str]]:
         """Model name -> {version: reason} for every version that failed to load."""
         failed: dict[str, dict[int, str]] = {}
-        for entry in self._entries:
+        for entry in self._control.loaded():
             if entry.model is None:
-                failed.setdefault(entry.name, {})[_version(entry)] = entry.error or ""
+                version = 1 if entry.version is None else entry.version
+                failed.setdefault(entry.name, {})[version] = entry.error or ""
         return failed
 
     def __enter__(self) -> Server:
@@ -378,27 +368,27 @@ class Server:
         return f"<openinfer.Server {self.url}{state} models=[{', '.join(self.models)}]>"
 
 
-def _collect(
+def _sources(
     repo: str | os.PathLike[str] | None, models: Model | Iterable[Model] | None
-) -> list[LoadedModel]:
-    """The model versions to serve: the repository's (the examples when neither argument is
-    given), then `models`. Two definitions of one name and version are a ValueError, caught
-    here rather than as the core's RuntimeError so the message says which."""
+) -> tuple[Path | None, list[Model]]:
+    """The repository to serve (the examples when neither argument is given) and the given
+    models. Two definitions of one name and version are a ValueError, caught here rather than
+    as the core's RuntimeError so the message says which."""
     if repo is None and models is None:
         repo = examples_path()
-    entries = scan(repo, optional_torch=_is_examples(repo)) if repo is not None else []
+    root = Path(repo) if repo is not None else None
+    if root is not None and not root.is_dir():
+        raise NotADirectoryError(f"model repository {os.fspath(root)!r} is not a directory")
     given = [models] if isinstance(models, Model) else list(models or ())
+    seen: set[tuple[str, int]] = set()
     for model in given:
         if not isinstance(model, Model):
             raise TypeError(f"models must hold openinfer.Model instances, got {model!r}")
-        entries.append(LoadedModel(model.name, model.version, model, None))
-    seen: set[tuple[str, int]] = set()
-    for entry in entries:
-        key = (entry.name, _version(entry))
-        if key in seen:
-            raise ValueError(f"model {entry.name!r} version {key[1]} is defined twice")
+        key = (model.name, model.version)
+        if key in seen or (root is not None and (root / model.name / str(model.version)).is_dir()):
+            raise ValueError(f"model {model.name!r} version {model.version} is defined twice")
         seen.add(key)
-    return entries
+    return root, given
 
 
 def _metrics_settings(config: Mapping[str, object] | Iterable[str] | None) -> dict[str, bool]:
@@ -454,52 +444,9 @@ def _is_examples(repo: str | os.PathLike[str]) -> bool:
         return False
 
 
-def _version(entry: LoadedModel) -> int:
-    return _FAILED_MODEL_VERSION if entry.version is None else entry.version
-
-
-def _batching(
-    max_batch_size: int, batching: DynamicBatching | None
-) -> tuple[tuple[int, ...], int] | None:
-    """add_model's dynamic_batching: (preferred sizes, max queue delay in µs), or None."""
-    if max_batch_size <= 0 or batching is None:
-        return None
-    return (batching.preferred_batch_size, batching.max_queue_delay_microseconds)
-
-
-def _specs(tensors: Sequence[Tensor]) -> list[tuple[str, str, tuple[int, ...] | None]]:
-    return [(t.name, t.datatype, t.shape) for t in tensors]
-
-
-def _model_metadata(
-    name: str,
-    versions: list[str],
-    platform: str,
-    inputs: Sequence[Tensor],
-    outputs: Sequence[Tensor],
-) -> bytes:
-    """The body of GET /v2/models/{name}[/versions/{v}], as the V2 protocol defines it."""
-
-    def tensors(ts: Sequence[Tensor]) -> list[dict[str, object]]:
-        # V2 metadata cannot say "any rank"; [-1] is the nearest shape it can.
-        return [
-            {
-                "name": t.name,
-                "datatype": t.datatype,
-                "shape": [-1] if t.shape is None else list(t.shape),
-            }
-            for t in ts
-        ]
-
-    return _json(
-        {
-            "name": name,
-            "versions": versions,
-            "platform": platform,
-            "inputs": tensors(inputs),
-            "outputs": tensors(outputs),
-        }
-    )
+def _index_dict(entry: IndexEntry) -> dict[str, str]:
+    keys = ("name", "version", "state", "reason")
+    return {k: v for k, v in zip(keys, entry) if v is not None}
 
 
 def _json(value: object) -> bytes:

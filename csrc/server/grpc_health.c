@@ -1,0 +1,168 @@
+/* The standard gRPC health service (grpc.health.v1.Health) on the gRPC port: Check answers
+ * the server's readiness now; Watch answers it now and again on every change, until the
+ * client leaves or the server stops (NOT_SERVING, then UNAVAILABLE). As Triton does, the
+ * service name in the request is not looked at: every name gets the server's status.
+ *
+ * Watchers are kept in one list under a mutex, each touched only on its call's loop thread
+ * (a call is not thread-safe): a change posts one task to every loop, and each task updates
+ * the watchers of its own loop. Nothing here is on the inference path. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "health.pb-c.h"
+
+#include "server/server_impl.h"
+#include "transport/grpc.h"
+
+struct oi_health_watch_s {
+    oi_grpc_call_t *call; /* one reference, dropped on the call's loop thread */
+    int last;             /* the status last sent */
+    struct oi_health_watch_s *next;
+};
+
+/* The status every service name gets: SERVING when every model's default version is ready. */
+static int current_status(oi_server_t *s)
+{
+    if (atomic_load(&s->stopping))
+        return GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
+    return oi_registry_all_ready(&s->registry) ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
+                                               : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
+}
+
+/* Queues one HealthCheckResponse; 0, or -1 when out of memory (the call is then ended). */
+static int send_status(oi_grpc_call_t *call, int status)
+{
+    Grpc__Health__V1__HealthCheckResponse r = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+    r.status = (Grpc__Health__V1__HealthCheckResponse__ServingStatus)status;
+    size_t n = grpc__health__v1__health_check_response__get_packed_size(&r);
+    oi_buf_t *b = oi_buf_new(n ? n : 1);
+    if (b == NULL) {
+        oi_grpc_finish(call, OI_GRPC_INTERNAL, "out of memory");
+        return -1;
+    }
+    b->len = grpc__health__v1__health_check_response__pack(&r, (uint8_t *)b->data);
+    oi_iov_t part = {b->data, b->len, b};
+    oi_grpc_send(call, &part, 1, b->len);
+    return 0;
+}
+
+/* Drops the watchers of `loop` whose call has ended. Caller holds health_mu, on that loop. */
+static void prune(oi_server_t *s, const oi_loop_t *loop)
+{
+    for (oi_health_watch_t **pp = &s->watchers; *pp != NULL;) {
+        oi_health_watch_t *w = *pp;
+        if (w->call->loop == loop && !oi_grpc_call_open(w->call)) {
+            *pp = w->next;
+            oi_grpc_call_unref(w->call);
+            free(w);
+        } else {
+            pp = &w->next;
+        }
+    }
+}
+
+void oi__health_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg, int watch)
+{
+    Grpc__Health__V1__HealthCheckRequest *req =
+        grpc__health__v1__health_check_request__unpack(NULL, msg->len, (const uint8_t *)msg->data);
+    if (req == NULL) {
+        oi_grpc_finish(call, OI_GRPC_INVALID_ARGUMENT, "malformed HealthCheckRequest");
+        return;
+    }
+    grpc__health__v1__health_check_request__free_unpacked(req, NULL);
+    int status = current_status(s);
+    if (send_status(call, status) != 0)
+        return;
+    if (!watch) {
+        oi_grpc_finish(call, OI_GRPC_OK, NULL);
+        return;
+    }
+    oi_health_watch_t *w = calloc(1, sizeof(*w));
+    if (w == NULL) {
+        oi_grpc_finish(call, OI_GRPC_INTERNAL, "out of memory");
+        return;
+    }
+    oi_grpc_call_ref(call);
+    w->call = call;
+    w->last = status;
+    pthread_mutex_lock(&s->health_mu);
+    prune(s, call->loop); /* clients that left since the last change */
+    w->next = s->watchers;
+    s->watchers = w;
+    pthread_mutex_unlock(&s->health_mu);
+}
+
+/* On one loop's thread: tells that loop's watchers the status if it changed; when the server
+ * is stopping, ends their calls too. */
+static void update_loop(oi_server_t *s, const oi_loop_t *loop)
+{
+    int status = current_status(s);
+    int stopping = atomic_load(&s->stopping);
+    pthread_mutex_lock(&s->health_mu);
+    prune(s, loop);
+    for (oi_health_watch_t **pp = &s->watchers; *pp != NULL;) {
+        oi_health_watch_t *w = *pp;
+        if (w->call->loop != loop) {
+            pp = &w->next;
+            continue;
+        }
+        if (w->last != status && send_status(w->call, status) == 0)
+            w->last = status;
+        if (!stopping) {
+            pp = &w->next;
+            continue;
+        }
+        oi_grpc_finish(w->call, OI_GRPC_UNAVAILABLE, "the server is shutting down");
+        *pp = w->next;
+        oi_grpc_call_unref(w->call);
+        free(w);
+    }
+    pthread_mutex_unlock(&s->health_mu);
+}
+
+typedef struct {
+    oi_task_t task;
+    oi_server_t *server;
+    oi_loop_t *loop;
+} health_task_t;
+
+static void run_health_task(oi_task_t *t)
+{
+    health_task_t *h = (health_task_t *)t;
+    update_loop(h->server, h->loop);
+    free(h);
+}
+
+void oi_server_health_changed(oi_server_t *s)
+{
+    if (atomic_load(&s->stopping)) /* the stop tells the watchers itself */
+        return;
+    for (int i = 0; s->grpc != NULL && i < oi_http_server_nloops(s->http); i++) {
+        health_task_t *h = calloc(1, sizeof(*h));
+        if (h == NULL)
+            return; /* watchers learn of it at the next change */
+        h->task.run = run_health_task;
+        h->server = s;
+        h->loop = oi_http_server_loop(s->http, i);
+        oi_loop_post(h->loop, &h->task);
+    }
+}
+
+typedef struct {
+    oi_server_t *server;
+    oi_loop_t *loop;
+} stop_arg_t;
+
+static void stop_on_loop(void *arg)
+{
+    stop_arg_t *a = arg;
+    update_loop(a->server, a->loop);
+}
+
+void oi__health_stop(oi_server_t *s)
+{
+    for (int i = 0; s->grpc != NULL && i < oi_http_server_nloops(s->http); i++) {
+        stop_arg_t a = {s, oi_http_server_loop(s->http, i)};
+        oi_loop_call(a.loop, stop_on_loop, &a);
+    }
+}
