@@ -317,8 +317,11 @@ def openinfer_server(port: int, cpus: str | None, log_path: Path,
     # A free gRPC port unless the caller names one: the default (8001) may be taken by
     # something else on a shared machine, and then serve refuses to start.
     grpc = [] if "--grpc-port" in extra else ["--grpc-port", str(free_port())]
+    # Likewise the metrics port (default 8002, Triton's, which a Triton peer may hold).
+    named = any(a.startswith(("--metrics-port", "--allow-metrics")) for a in extra)
+    metrics = [] if named else ["--metrics-port", str(free_port())]
     argv = [py, "-m", "openinfer", "serve", "--host", "127.0.0.1",
-            "--http-port", str(port), *grpc, "--threads", str(threads),
+            "--http-port", str(port), *grpc, *metrics, "--threads", str(threads),
             "--log-level", "warning", *extra]
     return ServerProcess("openinfer", argv, cpus, log_path, cwd=REPO_ROOT)
 

@@ -50,8 +50,10 @@ BIG_BYTES = 16 << 20
 
 def stubs(tmp: Path):
     """Message classes generated from proto/ with grpcio-tools (as the tests do)."""
+    # Every .proto of proto/: grpc_service.proto imports model_config.proto.
+    protos = sorted(str(p) for p in (C.REPO_ROOT / "proto").glob("*.proto"))
     r = subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{C.REPO_ROOT / 'proto'}",
-                        f"--python_out={tmp}", str(C.REPO_ROOT / "proto" / "grpc_service.proto")],
+                        f"--python_out={tmp}", *protos],
                        capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"error: grpc_tools.protoc failed: {r.stderr}")

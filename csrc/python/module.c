@@ -40,6 +40,12 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                              "first_byte_timeout_ms",
                              "body_timeout_ms",
                              "grpc_max_queued_bytes",
+                             "statistics",
+                             "metrics_port",
+                             "metrics_counter_latencies",
+                             "metrics_histogram_latencies",
+                             "metrics_cpu",
+                             "metrics_gpu",
                              NULL};
     const char *host = "127.0.0.1";
     int port = 8000, threads = 0, max_conn = 4096, grpc_port = 8001, max_per_peer = 0;
@@ -48,10 +54,16 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
     unsigned long long grpc_max = 2ull << 30, grpc_queued = 64ull << 20;
     unsigned int depth = 64;
     PyObject *allow_shm = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|si$iKKiKKIiKOiKKK", kwlist, &host, &port, &threads, &max_body,
+    int statistics = 1, metrics_port = -1, counter_lat = 1, histogram_lat = 0, metrics_cpu = 1, metrics_gpu = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|si$iKKiKKIiKOiKKKpipppp", kwlist, &host, &port, &threads, &max_body,
                                      &max_header, &max_conn, &header_to, &idle_to, &depth, &grpc_port, &grpc_max,
-                                     &allow_shm, &max_per_peer, &first_byte_to, &body_to, &grpc_queued))
+                                     &allow_shm, &max_per_peer, &first_byte_to, &body_to, &grpc_queued, &statistics,
+                                     &metrics_port, &counter_lat, &histogram_lat, &metrics_cpu, &metrics_gpu))
         return -1;
+    if (metrics_port < -1 || metrics_port > 65535) {
+        PyErr_Format(PyExc_ValueError, "metrics_port must be 0 to 65535, or -1 for no metrics, got %d", metrics_port);
+        return -1;
+    }
     int allow = allow_shm == Py_None ? -1 : PyObject_IsTrue(allow_shm);
     if (allow == -1 && allow_shm != Py_None)
         return -1;
@@ -104,6 +116,12 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
         .grpc_max_message_bytes = (size_t)grpc_max,
         .grpc_max_queued_bytes = (size_t)grpc_queued,
         .allow_shared_memory = allow,
+        .statistics = statistics,
+        .metrics_port = metrics_port,
+        .metrics = {.counter_latencies = counter_lat,
+                    .histogram_latencies = histogram_lat,
+                    .cpu = metrics_cpu,
+                    .gpu = metrics_gpu},
     };
     self->server = oi_server_new(&self->cfg);
     if (self->server == NULL) {
@@ -703,6 +721,34 @@ static PyObject *Server_get_grpc_port(ServerObject *self, void *closure)
     return PyLong_FromLong(self->server && self->started ? oi_server_grpc_port(self->server) : 0);
 }
 
+static PyObject *Server_get_metrics_port(ServerObject *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromLong(self->server && self->started ? oi_server_metrics_port(self->server) : 0);
+}
+
+/* statistics(name, version) -> (200, JSON bytes) or (status code, message): Triton's
+ * statistics body, as GET /v2/models[/name[/versions/v]]/stats answers it. */
+static PyObject *Server_statistics(ServerObject *self, PyObject *args)
+{
+    const char *name = "", *version = "";
+    if (!PyArg_ParseTuple(args, "|ss", &name, &version))
+        return NULL;
+    oi_server_t *s = live_server(self);
+    if (s == NULL)
+        return NULL;
+    oi_status_t *st = NULL;
+    oi_buf_t *b;
+    Py_BEGIN_ALLOW_THREADS
+    b = oi_server_statistics(s, name, version, &st);
+    Py_END_ALLOW_THREADS
+    PyObject *ret = b ? Py_BuildValue("(iy#)", 200, b->data, (Py_ssize_t)b->len)
+                      : Py_BuildValue("(is)", st->code, st->message);
+    oi_buf_unref(b);
+    oi_status_free(st);
+    return ret;
+}
+
 static PyObject *Server_get_shared_memory(ServerObject *self, void *closure)
 {
     (void)closure;
@@ -726,12 +772,15 @@ static PyMethodDef Server_methods[] = {
     {"start", (PyCFunction)Server_start, METH_NOARGS, "Binds and starts the loop threads."},
     {"stop", (PyCFunction)(void (*)(void))Server_stop, METH_VARARGS | METH_KEYWORDS,
      "Drains in-flight requests and stops."},
+    {"statistics", (PyCFunction)Server_statistics, METH_VARARGS,
+     "statistics(name='', version='') -> (200, JSON bytes) or (status, message)."},
     {NULL, NULL, 0, NULL},
 };
 
 static PyGetSetDef Server_getset[] = {
     {"port", (getter)Server_get_port, NULL, "The bound HTTP port.", NULL},
     {"grpc_port", (getter)Server_get_grpc_port, NULL, "The bound gRPC port; 0 without gRPC.", NULL},
+    {"metrics_port", (getter)Server_get_metrics_port, NULL, "The bound metrics port; 0 without metrics.", NULL},
     {"running", (getter)Server_get_running, NULL, "Whether the server serves.", NULL},
     {"shared_memory", (getter)Server_get_shared_memory, NULL,
      "Whether clients may register shared-memory regions.", NULL},

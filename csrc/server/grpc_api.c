@@ -11,6 +11,7 @@
 #include "codec/pb_infer.h"
 #include "server/infer.h"
 #include "server/server_impl.h"
+#include "server/statistics.h"
 #include "transport/grpc.h"
 
 #define SERVICE "/inference.GRPCInferenceService/"
@@ -37,6 +38,7 @@ enum {
     RPC_REPO_UNLOAD,
     RPC_HEALTH_CHECK,
     RPC_HEALTH_WATCH,
+    RPC_MODEL_STATISTICS,
 };
 
 static const struct {
@@ -60,6 +62,7 @@ static const struct {
     {"RepositoryIndex", RPC_REPO_INDEX},
     {"RepositoryModelLoad", RPC_REPO_LOAD},
     {"RepositoryModelUnload", RPC_REPO_UNLOAD},
+    {"ModelStatistics", RPC_MODEL_STATISTICS},
 };
 
 /* ---- answering ---------------------------------------------------------------------------- */
@@ -482,6 +485,114 @@ static void shm_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg)
     }
 }
 
+/* ---- statistics ----------------------------------------------------------------------------- */
+
+/* One model version's ModelStatistics, pointing into `mem` (zeroed storage the caller frees)
+ * and into the snapshot. */
+typedef struct stats_msg_s {
+    Inference__ModelStatistics ms;
+    Inference__InferStatistics is;
+    Inference__StatisticDuration d[8];
+} stats_msg_t;
+
+static void set_duration(Inference__StatisticDuration *d, const oi_stat_duration_t *v)
+{
+    inference__statistic_duration__init(d);
+    d->count = v->count;
+    d->ns = v->ns;
+}
+
+static int model_statistics_msg(stats_msg_t *m, const oi_model_stats_t *it)
+{
+    static const oi_stat_duration_t zero = {0, 0};
+    const oi_stats_snapshot_t *s = &it->snap;
+    inference__model_statistics__init(&m->ms);
+    inference__infer_statistics__init(&m->is);
+    const oi_stat_duration_t *v[8] = {&s->success,       &s->fail,           &s->queue, &s->compute_input,
+                                      &s->compute_infer, &s->compute_output, &zero,     &zero};
+    for (int i = 0; i < 8; i++)
+        set_duration(&m->d[i], v[i]);
+    m->is.success = &m->d[0];
+    m->is.fail = &m->d[1];
+    m->is.queue = &m->d[2];
+    m->is.compute_input = &m->d[3];
+    m->is.compute_infer = &m->d[4];
+    m->is.compute_output = &m->d[5];
+    m->is.cache_hit = &m->d[6];
+    m->is.cache_miss = &m->d[7];
+    m->ms.name = it->model->name;
+    m->ms.version = (char *)it->model->version_str;
+    m->ms.last_inference = s->last_inference_ms;
+    m->ms.inference_count = s->inference_count;
+    m->ms.execution_count = s->execution_count;
+    m->ms.inference_stats = &m->is;
+    if (s->n_batches == 0)
+        return 0;
+    /* One allocation: the pointer array, then the messages, then their durations. */
+    size_t nb = s->n_batches;
+    char *mem = calloc(
+        1, nb * (sizeof(void *) + sizeof(Inference__InferBatchStatistics) + 3 * sizeof(Inference__StatisticDuration)));
+    if (mem == NULL)
+        return -1;
+    Inference__InferBatchStatistics **ptrs = (void *)mem;
+    Inference__InferBatchStatistics *bm = (void *)(mem + nb * sizeof(void *));
+    Inference__StatisticDuration *bd = (void *)(bm + nb);
+    for (size_t b = 0; b < nb; b++) {
+        inference__infer_batch_statistics__init(&bm[b]);
+        bm[b].batch_size = s->batches[b].batch_size;
+        set_duration(&bd[3 * b], &s->batches[b].compute_input);
+        set_duration(&bd[3 * b + 1], &s->batches[b].compute_infer);
+        set_duration(&bd[3 * b + 2], &s->batches[b].compute_output);
+        bm[b].compute_input = &bd[3 * b];
+        bm[b].compute_infer = &bd[3 * b + 1];
+        bm[b].compute_output = &bd[3 * b + 2];
+        ptrs[b] = &bm[b];
+    }
+    m->ms.n_batch_stats = nb;
+    m->ms.batch_stats = ptrs; /* freed by the caller through this pointer */
+    return 0;
+}
+
+static void model_statistics(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg)
+{
+    Inference__ModelStatisticsRequest *req =
+        inference__model_statistics_request__unpack(NULL, msg->len, (const uint8_t *)msg->data);
+    if (req == NULL) {
+        oi_grpc_finish(call, OI_GRPC_INVALID_ARGUMENT, "malformed ModelStatisticsRequest");
+        return;
+    }
+    oi_model_stats_t *items = NULL;
+    size_t n = 0;
+    oi_status_t *st = oi__statistics_off(s);
+    if (st == NULL)
+        st = oi_statistics_collect(&s->registry, req->name, req->version, &items, &n);
+    inference__model_statistics_request__free_unpacked(req, NULL);
+    if (st != NULL) {
+        finish_status(call, st);
+        return;
+    }
+    stats_msg_t *msgs = calloc(n ? n : 1, sizeof(*msgs));
+    Inference__ModelStatistics **ptrs = calloc(n ? n : 1, sizeof(*ptrs));
+    int rc = msgs && ptrs ? 0 : -1;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        rc = model_statistics_msg(&msgs[i], &items[i]);
+        ptrs[i] = &msgs[i].ms;
+    }
+    if (rc != 0) {
+        oi_grpc_finish(call, OI_GRPC_INTERNAL, "out of memory");
+    } else {
+        Inference__ModelStatisticsResponse r = INFERENCE__MODEL_STATISTICS_RESPONSE__INIT;
+        r.n_model_stats = n;
+        r.model_stats = ptrs;
+        reply(call, &r.base);
+    }
+    for (size_t i = 0; msgs && i < n; i++)
+        free(msgs[i].ms.batch_stats);
+    free(msgs);
+    free(ptrs);
+    oi_statistics_release(items, n);
+}
+
 /* ---- model repository ------------------------------------------------------------------- */
 
 static void repo_index_reply(oi_grpc_call_t *call, const oi_repo_call_t *rc)
@@ -751,6 +862,7 @@ static void handle_infer(oi_server_t *s, oi_grpc_call_t *call, oi_buf_t *msg)
     atomic_fetch_add(&s->grpc_inflight, 1);
     inf->shm = &s->shm;
     inf->shm_caller = (oi_shm_caller_t){call_peer, call};
+    inf->count_stats = s->cfg.statistics;
     st = oi_infer_submit(inf, m, call->loop, finish_infer, call); /* takes the model reference */
     if (st != NULL) {
         call->pending--;
@@ -850,6 +962,9 @@ static void on_message(void *ctx, oi_grpc_call_t *call, oi_buf_t *msg)
     case RPC_REPO_INDEX:
     case RPC_REPO_LOAD:
     case RPC_REPO_UNLOAD: repo_rpc(s, call, msg); break;
+    case RPC_MODEL_STATISTICS:
+        model_statistics(s, call, msg);
+        break;
     default:
         break;
     }

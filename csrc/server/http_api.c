@@ -10,6 +10,7 @@
 #include "server/infer.h"
 #include "server/shm_body.h"
 #include "server/server_impl.h"
+#include "server/statistics.h"
 
 #define JSON_HEADERS "Content-Type: application/json\r\n"
 #define MAX_NAME 256
@@ -248,6 +249,7 @@ static void handle_infer(oi_server_t *s, oi_http_request_t *r, oi_model_t *m)
     if (st == NULL) {
         c->shm = &s->shm;
         c->shm_caller = (oi_shm_caller_t){request_peer, r};
+        c->count_stats = s->cfg.statistics;
         st = oi_infer_submit(c, m, r->loop, finish_infer, r); /* takes m */
         m = NULL;
     }
@@ -327,6 +329,23 @@ static void respond_model_ready(oi_http_request_t *r, oi_model_t *m)
     respond_sbuf(r, m->error ? 400 : 200, JSON_HEADERS, &body);
 }
 
+/* GET /v2/models/stats and /v2/models/{name}[/versions/{v}]/stats: Triton's statistics. */
+static void model_stats(oi_server_t *s, oi_http_request_t *r, const char *name, const char *version)
+{
+    if (r->method != HTTP_GET) {
+        method_not_allowed(r, "GET");
+        return;
+    }
+    oi_status_t *st = NULL;
+    oi_buf_t *b = oi_server_statistics(s, name, version, &st);
+    if (b == NULL) {
+        respond_status(r, st);
+        return;
+    }
+    oi_iov_t part = {b->data, b->len, b};
+    oi_http_respond(r, 200, JSON_HEADERS, &part, 1);
+}
+
 /* Model ready for a model or version that is not served: 400 as for one that is not ready
  * (what Triton answers), with Triton's wording of why. Takes `err`. */
 static void respond_unknown_ready(oi_http_request_t *r, const char *name, oi_status_t *err)
@@ -359,9 +378,13 @@ static void respond_model_config(oi_http_request_t *r, oi_model_t *m)
         respond_buf(r, m->config_json);
 }
 
-/* /v2/models/{name}[/versions/{v}][/ready|/infer|/config] */
+/* /v2/models/{name}[/versions/{v}][/ready|/infer|/config|/stats] */
 static void route_model(oi_server_t *s, oi_http_request_t *r, const char *p)
 {
+    if (strcmp(p, "stats") == 0) { /* every model's; as in Triton, it shadows a model named "stats" */
+        model_stats(s, r, NULL, NULL);
+        return;
+    }
     char name[MAX_NAME], version[32] = "";
     const char *e = segment_end(p);
     if (decode_segment(p, e, name, sizeof(name)) != 0) {
@@ -379,6 +402,10 @@ static void route_model(oi_server_t *s, oi_http_request_t *r, const char *p)
         }
         p = *e ? e + 1 : e;
         e = segment_end(p);
+    }
+    if (seg_is(p, e, "stats") && *e == '\0') {
+        model_stats(s, r, name, version);
+        return;
     }
     enum { METADATA, READY, INFER, CONFIG } what;
     if (p == e && *e == '\0')

@@ -46,6 +46,9 @@ static void job_done(oi_job_t *j)
      * lost, and the request says so rather than answer with zeros. */
     if (j->status == NULL && inf->shm != NULL)
         j->status = oi_shm_check_request(&inf->req, &j->resp);
+    if (j->counted && j->slot != NULL)
+        oi_stats_request(j->slot, &j->times, oi_now_ns(), j->status == NULL,
+                         j->times.compute_start ? OI_FAIL_BACKEND : OI_FAIL_REJECTED, j->rows);
     inf->task.run = run_done;
     oi_loop_post(inf->loop, &inf->task);
 }
@@ -69,6 +72,15 @@ static oi_status_t *resolve_shm(oi_infer_t *inf)
     return NULL;
 }
 
+/* The inferences a request counts for: its batch size (dimension 0) on a batching model, at
+ * least 1, as Triton counts them. */
+static uint64_t request_rows(const oi_model_t *m, const oi_request_t *req)
+{
+    if (m->max_batch_size <= 0 || req->n_inputs == 0 || req->inputs[0].ndim < 1 || req->inputs[0].shape[0] < 1)
+        return 1;
+    return (uint64_t)req->inputs[0].shape[0];
+}
+
 oi_status_t *oi_infer_submit(oi_infer_t *inf, oi_model_t *m, oi_loop_t *loop, oi_infer_done_cb done, void *ctx)
 {
     inf->model = m;
@@ -85,6 +97,8 @@ oi_status_t *oi_infer_submit(oi_infer_t *inf, oi_model_t *m, oi_loop_t *loop, oi
     inf->job.req = &inf->req;
     inf->job.output_names = inf->output_names;
     inf->job.done = job_done;
+    inf->job.counted = inf->count_stats;
+    inf->job.rows = request_rows(m, &inf->req);
     if (oi_scheduler_submit(m->sched, &inf->job) != 0)
         return oi_status_new(OI_UNAVAILABLE, "the server is shutting down");
     return NULL;

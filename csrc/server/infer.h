@@ -26,6 +26,8 @@ struct oi_infer_s {
                                  * submit (NULL: shared-memory tensors are refused) */
     oi_shm_caller_t shm_caller; /* who asks, valid until submit returns; set with `shm` */
     oi_shm_target_t *shm_out;   /* where requested outputs go (NULL: none in shared memory) */
+    int count_stats;            /* count it in the model's statistics; set by the transport
+                                 * from the server's config before submit */
 };
 
 /* Returns a zeroed inference ready for decoding into `req`, or NULL (out of memory). */
@@ -36,9 +38,10 @@ oi_status_t *oi_model_check_ready(const oi_model_t *m);
 
 /* Checks readiness, resolves shared-memory inputs and outputs (inf->shm), checks the request
  * against the model's declaration, then queues it. Outputs requested in shared memory are
- * written there on the executor thread before `done`. Takes
- * the reference to `m` in every case. Returns NULL when queued (`done` runs later on `loop`)
- * or a status when nothing was queued. */
+ * written there on the executor thread before `done`. Only a request queued here is counted
+ * in the model's statistics (as success or failure), as Triton counts the requests that
+ * reach the model, not those refused before. Takes the reference to `m` in every case.
+ * Returns NULL when queued (`done` runs later on `loop`) or a status when nothing was queued. */
 oi_status_t *oi_infer_submit(oi_infer_t *inf, oi_model_t *m, oi_loop_t *loop, oi_infer_done_cb done, void *ctx);
 
 /* Frees the inference, its request, response, status and model reference. */

@@ -60,6 +60,12 @@ int oi_registry_add(oi_registry_t *r, oi_model_t *m);
  * 400 when `version` is not a decimal number. */
 oi_model_t *oi_registry_find(oi_registry_t *r, const char *name, const char *version, oi_status_t **err);
 
+/* Calls `fn` for each ready version (no error, a scheduler) of model `name`, or of every
+ * model when `name` is NULL, under the registry's read lock: while `fn` runs, the version
+ * stays registered and its scheduler (with its statistics) alive. `fn` must be quick and
+ * must not call back into the registry; a non-zero return stops the walk and is returned. */
+int oi_registry_visit_ready(oi_registry_t *r, const char *name, int (*fn)(void *ctx, oi_model_t *m), void *ctx);
+
 /* 1 when every model's default version is ready (and there is at least one model or none
  * failed), else 0. */
 int oi_registry_all_ready(oi_registry_t *r);

@@ -20,15 +20,20 @@ struct oi_scheduler_s {
     oi_batching_t batching;
     const oi_backend_t *backend;
     void *state;
+    atomic_int queued;    /* jobs submitted and not yet executing (queued or in a forming batch);
+                           * written under mu (a plain add), read by anyone */
+    atomic_int next_slot; /* hands each executor its statistics slot */
+    oi_stats_t *stats;
     int nthreads;
     pthread_t threads[];
 };
 
-static uint64_t now_ns(void)
+#define now_ns oi_now_ns
+
+/* Caller holds mu (or is the last thread): a plain add, no locked instruction. */
+static void add_queued(oi_scheduler_t *s, int d)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    atomic_store_explicit(&s->queued, atomic_load_explicit(&s->queued, memory_order_relaxed) + d, memory_order_relaxed);
 }
 
 static oi_job_t *pop_locked(oi_scheduler_t *s)
@@ -43,10 +48,28 @@ static oi_job_t *pop_locked(oi_scheduler_t *s)
     return j;
 }
 
-static void run_one(oi_scheduler_t *s, oi_job_t *j)
+/* Runs one job alone. `went_on_at` is when the executor's previous request ended if it went
+ * straight on to this one without waiting (0 otherwise): under load the job then starts
+ * there (or when it was queued, if later), which saves a clock read per request. */
+static void run_one(oi_scheduler_t *s, oi_stats_slot_t *slot, oi_job_t *j, uint64_t went_on_at)
 {
+    int counted = j->counted;
+    uint64_t rows = j->rows, start = 0;
+    if (counted)
+        start = went_on_at == 0 ? now_ns() : went_on_at > j->times.start ? went_on_at : j->times.start;
     j->status = s->backend->execute(s->state, j->req, j->output_names, j->n_outputs, &j->resp);
-    j->done(j);
+    int ran = j->status == NULL;
+    if (!counted) {
+        j->done(j);
+        return;
+    }
+    uint64_t out_start = now_ns();
+    j->times.compute_start = j->times.input_end = start;
+    j->times.output_start = out_start;
+    j->slot = slot;
+    j->done(j); /* the job may be gone now; it noted when it ended in the slot */
+    if (ran)
+        oi_stats_execution(slot, rows, start, start, out_start, slot->last_end);
 }
 
 /* ---- dynamic batching ------------------------------------------------------------------- */
@@ -186,9 +209,12 @@ static oi_status_t *split_output(batch_t *b, const oi_tensor_t *t, uint32_t i)
 }
 
 /* Concatenates the jobs' inputs along dimension 0 (the one copy batching costs), runs the
- * batch once and splits the outputs back. Sets every job's status; does not call done. */
-static void run_batched(oi_scheduler_t *s, batch_t *b)
+ * batch once and splits the outputs back. Sets every job's status; does not call done. When
+ * `times` is given, fills in when the inputs were ready and when the model returned; returns
+ * whether the model ran without error. */
+static int run_batched(oi_scheduler_t *s, batch_t *b, oi_stats_times_t *times)
 {
+    int ran = 0;
     const oi_request_t *r0 = b->first->req;
     oi_request_t breq = {0};
     oi_response_t bresp = {0};
@@ -224,9 +250,14 @@ static void run_batched(oi_scheduler_t *s, batch_t *b)
             off += src->byte_size;
         }
     }
+    if (times != NULL)
+        times->input_end = now_ns();
     st = s->backend->execute(s->state, &breq, b->first->output_names, b->first->n_outputs, &bresp);
+    if (times != NULL)
+        times->output_start = now_ns();
     if (st != NULL)
         goto done;
+    ran = 1;
     if (bresp.n_outputs != b->first->n_outputs) {
         st = oi_status_new(OI_INTERNAL, "the model produced %u outputs, expected %u", bresp.n_outputs,
                            b->first->n_outputs);
@@ -248,20 +279,38 @@ done:
     }
     oi_response_clear(&bresp);
     oi_request_clear(&breq); /* its names are the first job's: clear before any done */
+    return ran;
 }
 
-static void run_batch(oi_scheduler_t *s, batch_t *b)
+static void run_batch(oi_scheduler_t *s, oi_stats_slot_t *slot, batch_t *b)
 {
     if (b->n_jobs == 1) {
-        run_one(s, b->first);
+        run_one(s, slot, b->first, 0);
         return;
     }
-    run_batched(s, b);
+    /* A batch is counted when its first job is (the server counts all or none). */
+    int counted = b->first->counted;
+    oi_stats_times_t t = {0};
+    uint64_t rows = 0;
+    if (counted) {
+        t.compute_start = now_ns();
+        for (oi_job_t *j = b->first; j; j = j->next)
+            rows += j->rows;
+    }
+    int ran = run_batched(s, b, counted ? &t : NULL);
     for (oi_job_t *j = b->first, *next; j; j = next) {
         next = j->next;
         j->next = NULL;
+        if (j->counted) {
+            j->times.compute_start = t.compute_start;
+            j->times.input_end = t.input_end;
+            j->times.output_start = t.output_start;
+            j->slot = slot;
+        }
         j->done(j);
     }
+    if (counted && ran) /* the batch ended with its last request */
+        oi_stats_execution(slot, rows, t.compute_start, t.input_end, t.output_start, slot->last_end);
 }
 
 /* Forms the next batch from the queue head: takes what fits now, then waits for more until
@@ -294,24 +343,31 @@ static void *executor(void *arg)
 {
     oi_scheduler_t *s = arg;
     int batching = s->batching.max_batch_size > 0;
+    oi_stats_slot_t *slot = &s->stats->slots[atomic_fetch_add(&s->next_slot, 1)];
+    slot->last_end = 0;
     for (;;) {
+        int waited = 0;
         pthread_mutex_lock(&s->mu);
-        while ((s->head == NULL || s->gathering) && !s->stopping)
+        while ((s->head == NULL || s->gathering) && !s->stopping) {
             pthread_cond_wait(&s->cv, &s->mu);
+            waited = 1;
+        }
         if (s->stopping) {
             pthread_mutex_unlock(&s->mu);
             return NULL;
         }
         if (!batching) {
             oi_job_t *j = pop_locked(s);
+            add_queued(s, -1);
             pthread_mutex_unlock(&s->mu);
-            run_one(s, j);
+            run_one(s, slot, j, waited ? 0 : slot->last_end);
             continue;
         }
         batch_t b;
         gather_batch(s, &b);
+        add_queued(s, -b.n_jobs);
         pthread_mutex_unlock(&s->mu);
-        run_batch(s, &b);
+        run_batch(s, slot, &b);
     }
 }
 
@@ -339,6 +395,12 @@ oi_scheduler_t *oi_scheduler_new_batching(const oi_backend_t *backend, void *sta
     }
     s->backend = backend;
     s->state = state;
+    s->stats = oi_stats_new(instances);
+    if (s->stats == NULL) {
+        snprintf(err, errlen, "out of memory");
+        oi_scheduler_free(s);
+        return NULL;
+    }
     for (int i = 0; i < instances; i++) {
         int rc = oi_thread_create(&s->threads[i], executor, s, 0);
         if (rc != 0) {
@@ -357,16 +419,23 @@ oi_scheduler_t *oi_scheduler_new(const oi_backend_t *backend, void *state, int i
     return oi_scheduler_new_batching(backend, state, instances, NULL, err, errlen);
 }
 
+oi_stats_t *oi_scheduler_stats(const oi_scheduler_t *s) { return s->stats; }
+
+int oi_scheduler_pending(const oi_scheduler_t *s) { return atomic_load_explicit(&s->queued, memory_order_relaxed); }
+
 int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job)
 {
     job->next = NULL;
     job->status = NULL;
-    job->enqueued_ns = s->batching.max_batch_size > 0 ? now_ns() : 0;
+    job->slot = NULL;
+    job->enqueued_ns = s->batching.max_batch_size > 0 || job->counted ? now_ns() : 0;
+    job->times = (oi_stats_times_t){job->enqueued_ns, 0, 0, 0};
     pthread_mutex_lock(&s->mu);
     if (s->stopping) {
         pthread_mutex_unlock(&s->mu);
         return -1;
     }
+    add_queued(s, 1);
     if (s->tail)
         s->tail->next = job;
     else
@@ -385,6 +454,8 @@ void oi_scheduler_cancel_queued(oi_scheduler_t *s)
     s->stopping = 1;
     oi_job_t *queued = s->head;
     s->head = s->tail = NULL;
+    for (oi_job_t *j = queued; j != NULL; j = j->next)
+        add_queued(s, -1);
     pthread_cond_broadcast(&s->cv);
     pthread_cond_broadcast(&s->gather_cv);
     pthread_mutex_unlock(&s->mu);
@@ -393,6 +464,7 @@ void oi_scheduler_cancel_queued(oi_scheduler_t *s)
         next = j->next;
         j->next = NULL;
         j->status = oi_status_new(OI_UNAVAILABLE, "the server is shutting down");
+        j->slot = &s->stats->shared;
         j->done(j);
     }
 }
@@ -411,8 +483,11 @@ void oi_scheduler_free(oi_scheduler_t *s)
     oi_job_t *j;
     while ((j = pop_locked(s)) != NULL) {
         j->status = oi_status_new(OI_UNAVAILABLE, "the server is shutting down");
+        j->slot = s->stats ? &s->stats->shared : NULL;
+        add_queued(s, -1); /* the executors are gone: no lock needed */
         j->done(j);
     }
+    oi_stats_free(s->stats);
     pthread_cond_destroy(&s->gather_cv);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);

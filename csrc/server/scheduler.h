@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "backends/backend.h"
+#include "server/stats.h"
 
 typedef struct oi_job_s oi_job_t;
 
@@ -22,7 +23,14 @@ struct oi_job_s {
     oi_response_t resp;  /* filled by the backend */
     oi_status_t *status; /* NULL on success; the job's owner frees it */
     void (*done)(oi_job_t *job);
-    uint64_t enqueued_ns; /* set by submit when batching: when the queue delay starts */
+    uint64_t enqueued_ns; /* set by submit when batching or counting: when the queue starts */
+    /* Statistics. The submitter sets `counted` (and `rows`, the inferences it counts for:
+     * dimension 0 of a batching model's request, else 1); the scheduler fills the rest
+     * before `done`, which records the outcome in `slot`. */
+    int counted;
+    uint64_t rows;
+    oi_stats_times_t times; /* times.start is enqueued_ns; compute_start 0: it never ran */
+    oi_stats_slot_t *slot;  /* where `done` counts it; valid during `done` */
 };
 
 /* Dynamic batching (Triton's dynamic_batching): requests queued for the model are gathered
@@ -48,6 +56,13 @@ oi_scheduler_t *oi_scheduler_new(const oi_backend_t *backend, void *state, int i
 /* oi_scheduler_new with dynamic batching as `batching` says (copied; NULL: none). */
 oi_scheduler_t *oi_scheduler_new_batching(const oi_backend_t *backend, void *state, int instances,
                                           const oi_batching_t *batching, char *err, size_t errlen);
+
+/* The scheduler's statistics (never NULL once created): every executor counts its jobs in
+ * its own slot. */
+oi_stats_t *oi_scheduler_stats(const oi_scheduler_t *s);
+
+/* Jobs queued and not yet taken by an executor (Triton's pending request count). */
+int oi_scheduler_pending(const oi_scheduler_t *s);
 
 /* Queues a job; its `done` runs later on an executor thread. Returns 0, or -1 when the
  * scheduler is stopping (then `done` is never called). */

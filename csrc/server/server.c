@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "core/thread.h"
+#include "server/statistics.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -49,7 +50,19 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
         };
         s->grpc = oi_h2_server_new(&h2, &oi__grpc_api_handler, s);
     }
-    if (s->http == NULL || (s->cfg.grpc_port >= 0 && s->grpc == NULL)) {
+    if (s->cfg.metrics_port >= 0) {
+        /* Its own listener with one loop thread: a scrape never waits behind inferences, and
+         * they never wait behind it. Connection limits as for the API. */
+        oi_http_config_t mcfg = s->cfg.http;
+        mcfg.port = s->cfg.metrics_port;
+        mcfg.threads = 1;
+        s->metrics = oi_metrics_new(&s->cfg.metrics);
+        s->metrics_http = s->metrics ? oi_http_server_new(&mcfg, oi__metrics_api_handle, s) : NULL;
+    }
+    if (s->http == NULL || (s->cfg.grpc_port >= 0 && s->grpc == NULL) ||
+        (s->cfg.metrics_port >= 0 && s->metrics_http == NULL)) {
+        oi_http_server_free(s->metrics_http);
+        oi_metrics_free(s->metrics);
         oi_http_server_free(s->http);
         oi_h2_server_free(s->grpc);
         oi_registry_destroy(&s->registry);
@@ -102,6 +115,12 @@ int oi_server_swap_models(oi_server_t *s, oi_model_t **add, size_t n_add, const 
 int oi_server_start(oi_server_t *s, char *err, size_t errlen)
 {
     int rc = oi_http_server_start(s->http, err, errlen);
+    if (rc == 0 && s->metrics_http != NULL) {
+        char merr[400];
+        rc = oi_http_server_start(s->metrics_http, merr, sizeof(merr));
+        if (rc != 0)
+            snprintf(err, errlen, "metrics: %s", merr);
+    }
     if (rc != 0 || s->grpc == NULL)
         return rc;
     /* gRPC connections live on the HTTP server's loops: one set of threads for both. */
@@ -132,6 +151,32 @@ int oi_server_shm_allowed(const oi_server_t *s) { return s->shm.allowed; }
 int oi_server_port(const oi_server_t *s) { return oi_http_server_port(s->http); }
 
 int oi_server_grpc_port(const oi_server_t *s) { return s->grpc ? oi_h2_server_port(s->grpc) : 0; }
+
+int oi_server_metrics_port(const oi_server_t *s) { return s->metrics_http ? oi_http_server_port(s->metrics_http) : 0; }
+
+oi_status_t *oi__statistics_off(const oi_server_t *s)
+{
+    return s->cfg.statistics ? NULL : oi_status_new(OI_UNAVAILABLE, "the server does not support model statistics");
+}
+
+oi_buf_t *oi_server_statistics(oi_server_t *s, const char *name, const char *version, oi_status_t **err)
+{
+    oi_model_stats_t *items = NULL;
+    size_t n = 0;
+    *err = oi__statistics_off(s);
+    if (*err == NULL)
+        *err = oi_statistics_collect(&s->registry, name, version, &items, &n);
+    if (*err != NULL)
+        return NULL;
+    oi_sbuf_t body = {0};
+    oi_buf_t *b = oi_statistics_json(&body, items, n) == 0 ? oi_sbuf_detach(&body) : NULL;
+    oi_statistics_release(items, n);
+    if (b == NULL) {
+        oi_sbuf_free(&body);
+        *err = oi_status_new(OI_INTERNAL, "out of memory");
+    }
+    return b;
+}
 
 static uint64_t now_ms(void)
 {
@@ -174,6 +219,10 @@ void oi_server_stop(oi_server_t *s, uint64_t timeout_ms)
     /* Handlers that started before the flag finish before the barrier inside
      * stop_accepting; later ones see it and touch neither registry nor schedulers. */
     atomic_store(&s->stopping, 1);
+    /* The metrics listener goes first: its handler answers at once (nothing in flight), and
+     * once its loop has ended no scrape can read the registry that finish_stop destroys. */
+    oi_http_server_free(s->metrics_http);
+    s->metrics_http = NULL;
     oi_http_server_stop_accepting(s->http);
     if (s->grpc)
         oi_h2_server_stop_accepting(s->grpc); /* GOAWAY: calls under way go on */
@@ -214,6 +263,7 @@ static void finish_stop(oi_server_t *s)
         oi_h2_server_close(s->grpc);
     oi_http_server_free(s->http);
     oi_h2_server_free(s->grpc);
+    oi_metrics_free(s->metrics);
     oi_buf_unref(s->metadata);
     if (s->repo_release) /* every call is answered: the loops are gone */
         s->repo_release(s->repo_ctx);

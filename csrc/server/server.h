@@ -3,6 +3,7 @@
 #ifndef OI_SERVER_SERVER_H
 #define OI_SERVER_SERVER_H
 
+#include "server/metrics.h"
 #include "server/registry.h"
 #include "server/repository.h"
 #include "transport/http1.h"
@@ -18,6 +19,12 @@ typedef struct oi_server_config_s {
      * zeroed config does not give: set it) only when http.host is a loopback address, since a
      * region is memory of the server's own host. */
     int allow_shared_memory;
+    /* Whether inferences are counted (the statistics extension and the per-model metrics);
+     * 0 leaves the request path without counters or clock reads. */
+    int statistics;
+    int metrics_port;            /* Prometheus /metrics on its own listener (0 picks a free
+                                  * port), on http.host; -1: none */
+    oi_metrics_config_t metrics; /* what /metrics shows */
 } oi_server_config_t;
 
 typedef struct oi_server_s oi_server_t;
@@ -70,6 +77,14 @@ int oi_server_port(const oi_server_t *s);
 
 /* The bound gRPC port; 0 before start or without gRPC. */
 int oi_server_grpc_port(const oi_server_t *s);
+
+/* The bound metrics port; 0 before start or without metrics. */
+int oi_server_metrics_port(const oi_server_t *s);
+
+/* Triton's statistics body for `name` and `version` (see oi_statistics_collect) in a new
+ * buffer, or NULL with a status: the 400s of the selection, 503 when the server counts no
+ * statistics. For the Python API; the endpoints answer the same. */
+oi_buf_t *oi_server_statistics(oi_server_t *s, const char *name, const char *version, oi_status_t **err);
 
 /* Stops accepting, waits up to `timeout_ms` for requests in flight, then stops every
  * executor, closes every connection and frees the server. When the time is up and requests

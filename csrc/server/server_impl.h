@@ -29,10 +29,18 @@ struct oi_server_s {
     atomic_int repo_calls;
     pthread_mutex_t health_mu;   /* guards `watchers` (grpc_health.c) */
     oi_health_watch_t *watchers; /* open grpc.health.v1 Watch calls */
+    oi_http_server_t *metrics_http; /* the /metrics listener, one loop thread; NULL without */
+    oi_metrics_t *metrics;          /* touched on that loop thread only, after start */
 };
 
 /* The HTTP/1.1 handler: routes the V2 REST API (http_api.c). */
 void oi__http_api_handle(void *server, oi_http_request_t *req);
+
+/* The metrics listener's handler: GET /metrics (metrics_api.c). */
+void oi__metrics_api_handle(void *server, oi_http_request_t *req);
+
+/* The 503 that statistics requests get from a server that counts none, or NULL. */
+oi_status_t *oi__statistics_off(const oi_server_t *s);
 
 /* The gRPC service handler (grpc_api.c); its context is the server. */
 extern const oi_grpc_handler_t oi__grpc_api_handler;

@@ -82,6 +82,12 @@ class Server:
         first_byte_timeout_ms: int = 5_000,  # silent new connection / gRPC preface; 0: idle timeout
         body_timeout_ms: int = 30_000,  # a request body with no bytes for this long gets 408
         grpc_max_queued_bytes: int = 64 << 20,  # unread responses before a connection's requests wait
+        statistics: bool = True,  # count inferences (statistics extension, per-model metrics)
+        metrics_port: int = -1,  # Prometheus /metrics listener; 0 picks a free port, -1: none
+        metrics_counter_latencies: bool = True,  # the *_duration_us counters
+        metrics_histogram_latencies: bool = False,  # nv_inference_first_response_histogram_ms
+        metrics_cpu: bool = True,  # nv_cpu_utilization, nv_cpu_memory_*_bytes
+        metrics_gpu: bool = True,  # nv_gpu_* through NVML, when it finds a GPU
     ) -> None: ...
     def set_metadata(self, metadata_json: bytes) -> None:
         """Sets the body of GET /v2 (server metadata)."""
@@ -140,6 +146,13 @@ class Server:
     @property
     def grpc_port(self) -> int:
         """The bound gRPC port (useful with grpc_port=0); 0 before start() or without gRPC."""
+    @property
+    def metrics_port(self) -> int:
+        """The bound metrics port; 0 before start() or without metrics."""
+    def statistics(self, name: str = "", version: str = "") -> tuple[int, bytes | str]:
+        """Triton's statistics body for every model (name ""), every ready version of one
+        (version ""), or one version: (200, JSON bytes), else (status code, message) — 400 for
+        an unknown or unready model or version, 503 when the server counts no statistics."""
     @property
     def running(self) -> bool: ...
     @property

@@ -1,7 +1,7 @@
 """The ``openinfer`` command (also ``python -m openinfer``):
 
-    openinfer serve [REPO] [--host H] [--http-port P] [--grpc-port P] [--threads N]
-                    [--model-control-mode none|poll|explicit] [--load-model NAME]...
+    openinfer serve [REPO] [--host H] [--http-port P] [--grpc-port P] [--metrics-port P]
+                    [--threads N] [--model-control-mode none|poll|explicit] [--load-model NAME]...
                     [--repository-poll-secs N] [--max-body-bytes N] ...
 
 It logs where it listens and which models are ready or failed (and why), then blocks until
@@ -121,6 +121,57 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="with --model-control-mode poll: seconds between scans (default 15)",
     )
+    serve.add_argument(
+        "--allow-statistics",
+        type=_triton_bool,
+        nargs="?",
+        const=True,
+        default=True,
+        metavar="BOOL",
+        help="count inference statistics (the statistics extension and the per-model metrics); "
+        "false leaves the request path without counters (default true)",
+    )
+    serve.add_argument(
+        "--allow-metrics",
+        type=_triton_bool,
+        nargs="?",
+        const=True,
+        default=True,
+        metavar="BOOL",
+        help="serve Prometheus metrics at /metrics on --metrics-port (default true)",
+    )
+    serve.add_argument(
+        "--allow-gpu-metrics",
+        type=_triton_bool,
+        nargs="?",
+        const=True,
+        default=True,
+        metavar="BOOL",
+        help="GPU metrics through NVML where there is a GPU (default true)",
+    )
+    serve.add_argument(
+        "--allow-cpu-metrics",
+        type=_triton_bool,
+        nargs="?",
+        const=True,
+        default=True,
+        metavar="BOOL",
+        help="CPU utilization and memory metrics (default true)",
+    )
+    serve.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="port of /metrics; 0 serves none (default 8002, or a free one with --http-port 0)",
+    )
+    serve.add_argument(
+        "--metrics-config",
+        action="append",
+        default=[],
+        metavar="SETTING=VALUE",
+        help="tritonserver's metrics settings: counter_latencies=true|false, "
+        "histogram_latencies=true|false (repeatable)",
+    )
     for limit, text in _LIMITS.items():
         serve.add_argument("--" + limit.replace("_", "-"), type=int, metavar="N", help=text)
     serve.add_argument(
@@ -133,6 +184,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return parser
+
+
+def _triton_bool(text: str) -> bool:
+    """A boolean option value as tritonserver reads one: true/on/1 or false/off/0."""
+    value = text.lower()
+    if value in ("true", "on", "1"):
+        return True
+    if value in ("false", "off", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -149,6 +210,16 @@ def _serve(args: argparse.Namespace) -> int:
     grpc: dict[str, int | None] = {}
     if args.grpc_port is not None:
         grpc["grpc_port"] = None if args.grpc_port < 0 else args.grpc_port
+    metrics: dict[str, object] = {
+        "statistics": args.allow_statistics,
+        "metrics_config": args.metrics_config,
+        "allow_cpu_metrics": args.allow_cpu_metrics,
+        "allow_gpu_metrics": args.allow_gpu_metrics,
+    }
+    if not args.allow_metrics:
+        metrics["metrics_port"] = None
+    elif args.metrics_port is not None:
+        metrics["metrics_port"] = args.metrics_port
     stopping = threading.Event()
     started: list[Server] = []
 
@@ -178,6 +249,7 @@ def _serve(args: argparse.Namespace) -> int:
             load_models=args.load_model,
             repository_poll_secs=args.repository_poll_secs,
             **grpc,
+            **metrics,  # type: ignore[arg-type]
             **limits,
         )
     except (OSError, ValueError) as e:

@@ -11,12 +11,14 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from . import __version__, _core
 from .control import DEFAULT_POLL_SECS, IndexEntry, ModelControl
+from .errors import InferenceServerError
 from .model import Model
 from .repository import examples_path
 
@@ -24,7 +26,7 @@ logger = logging.getLogger("openinfer")
 
 # What GET /v2 lists: exactly the protocol extensions this server implements. The
 # shared-memory ones are listed only where clients may register regions (see serve()).
-EXTENSIONS = ("binary_tensor_data", "model_configuration", "model_repository")
+EXTENSIONS = ("binary_tensor_data", "model_configuration", "model_repository", "statistics")
 SHM_EXTENSIONS = ("system_shared_memory", "cuda_shared_memory")
 
 class _Default:
@@ -34,10 +36,19 @@ class _Default:
         return "default"
 
 
-# grpc_port when not given: 8001, or a free port when http_port=0 (so that servers started on
-# free ports for tests and notebooks never collide on 8001).
+# grpc_port and metrics_port when not given: 8001 and 8002, or free ports when http_port=0 (so
+# that servers started on free ports for tests and notebooks never collide on them).
 _DEFAULT = _Default()
 _GRPC_PORT = 8001
+_METRICS_PORT = 8002
+
+# tritonserver's --metrics-config settings: name -> the core's keyword (None: accepted only
+# with the value that leaves it off, since this server has no latency summaries).
+_METRICS_SETTINGS: dict[str, str | None] = {
+    "counter_latencies": "metrics_counter_latencies",
+    "histogram_latencies": "metrics_histogram_latencies",
+    "summary_latencies": None,
+}
 
 
 def serve(
@@ -53,6 +64,11 @@ def serve(
     model_control_mode: str = "none",
     load_models: Iterable[str] = (),
     repository_poll_secs: float = DEFAULT_POLL_SECS,
+    statistics: bool = True,
+    metrics_port: int | None | _Default = _DEFAULT,
+    metrics_config: Mapping[str, object] | Iterable[str] | None = None,
+    allow_cpu_metrics: bool = True,
+    allow_gpu_metrics: bool = True,
     **limits: int,
 ) -> Server:
     """Serves the models of repository `repo` and the given `models`, and returns the running
@@ -63,7 +79,15 @@ def serve(
     (the default) allows it only when `host` is a loopback address. `model_control_mode` is
     tritonserver's: "none" (load the whole repository, no loading API), "poll" (also rescan it
     every `repository_poll_secs`) or "explicit" (load only `load_models`, "*" for all, and let
-    clients load and unload); see `openinfer.control`. `limits` go to the core:
+    clients load and unload); see `openinfer.control`.
+
+    Inferences are counted per model version (Triton's statistics extension,
+    `Server.statistics`) unless `statistics` is False. Prometheus metrics are served at
+    ``/metrics`` on `metrics_port` (default 8002, a free port when ``http_port=0``; 0 or None:
+    no metrics listener) with Triton's metric names; `metrics_config` takes tritonserver's
+    ``--metrics-config`` settings (``{"histogram_latencies": True}`` or
+    ``["histogram_latencies=true"]``), and `allow_cpu_metrics` / `allow_gpu_metrics` its
+    ``--allow-cpu-metrics`` / ``--allow-gpu-metrics``. `limits` go to the core:
     max_body_bytes, max_header_bytes, max_connections, max_connections_per_peer,
     first_byte_timeout_ms, header_timeout_ms, body_timeout_ms, idle_timeout_ms, max_json_depth,
     grpc_max_message_bytes, grpc_max_queued_bytes."""
@@ -79,6 +103,11 @@ def serve(
         model_control_mode=model_control_mode,
         load_models=load_models,
         repository_poll_secs=repository_poll_secs,
+        statistics=statistics,
+        metrics_port=metrics_port,
+        metrics_config=metrics_config,
+        allow_cpu_metrics=allow_cpu_metrics,
+        allow_gpu_metrics=allow_gpu_metrics,
         **limits,
     )
     server.start()
@@ -103,13 +132,23 @@ class Server:
         model_control_mode: str = "none",
         load_models: Iterable[str] = (),
         repository_poll_secs: float = DEFAULT_POLL_SECS,
+        statistics: bool = True,
+        metrics_port: int | None | _Default = _DEFAULT,
+        metrics_config: Mapping[str, object] | Iterable[str] | None = None,
+        allow_cpu_metrics: bool = True,
+        allow_gpu_metrics: bool = True,
         **limits: int,
     ) -> None:
         if isinstance(grpc_port, _Default):
             grpc_port = 0 if http_port == 0 else _GRPC_PORT
+        if isinstance(metrics_port, _Default):
+            metrics_port = 0 if http_port == 0 else _METRICS_PORT
+        elif metrics_port == 0:
+            metrics_port = None
         self._host = host
         self._port = http_port
         self._grpc_port = grpc_port
+        self._metrics_port = metrics_port
         self._log = log
         self._started = False
         self._stopped = threading.Event()
@@ -120,9 +159,15 @@ class Server:
             threads=threads,
             grpc_port=-1 if grpc_port is None else grpc_port,
             allow_shared_memory=allow_shared_memory,
+            statistics=statistics,
+            metrics_port=-1 if metrics_port is None else metrics_port,
+            metrics_cpu=allow_cpu_metrics,
+            metrics_gpu=allow_gpu_metrics,
+            **_metrics_settings(metrics_config),
             **limits,
         )
-        extensions = EXTENSIONS + (SHM_EXTENSIONS if self._core.shared_memory else ())
+        extensions = tuple(e for e in EXTENSIONS if statistics or e != "statistics")
+        extensions += SHM_EXTENSIONS if self._core.shared_memory else ()
         self._core.set_metadata(
             _json({"name": "openinfer", "version": __version__, "extensions": list(extensions)})
         )
@@ -150,9 +195,13 @@ class Server:
         self._port = self._core.port
         if self._grpc_port is not None:
             self._grpc_port = self._core.grpc_port
+        if self._metrics_port is not None:
+            self._metrics_port = self._core.metrics_port
         if self._log:
             grpc = f" and {self.grpc_url}" if self._grpc_port is not None else ""
             logger.info("openinfer %s listening on %s%s", __version__, self.url, grpc)
+            if self._metrics_port is not None:
+                logger.info("metrics at %s", self.metrics_url)
             for entry in self._control.loaded():
                 if entry.model is not None:
                     logger.info("model %s version %d ready", entry.name, entry.version)
@@ -209,6 +258,36 @@ class Server:
             return None
         host = self._reach_host()
         return f"grpc://[{host}]:{self._grpc_port}" if ":" in host else f"grpc://{host}:{self._grpc_port}"
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The bound Prometheus metrics port once started (the one picked for a free port),
+        else the one asked for; None without metrics."""
+        return self._metrics_port
+
+    @property
+    def metrics_url(self) -> str | None:
+        """``http://host:port/metrics`` reaching the metrics from this machine; None without."""
+        if self._metrics_port is None:
+            return None
+        host = self._reach_host()
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self._metrics_port}/metrics"
+
+    def statistics(self, model: str | None = None, version: int | str | None = None) -> dict[str, Any]:
+        """Inference statistics in Triton's shape, as ``GET /v2/models[/{model}[/versions/
+        {version}]]/stats`` answers them: ``{"model_stats": [{"name", "version",
+        "last_inference", "inference_count", "execution_count", "inference_stats",
+        "response_stats", "batch_stats", "memory_usage"}]}`` for every ready version of every
+        model, of `model`, or that `version`. Raises InferenceServerError (400 for an unknown
+        or unready model or version, 503 when the server counts no statistics)."""
+        if model is None and version is not None:
+            raise ValueError("statistics(version=...) needs a model")
+        status, body = self._core.statistics(model or "", "" if version is None else str(version))
+        if status != 200:
+            raise InferenceServerError(status, str(body))
+        result: dict[str, Any] = json.loads(body)
+        return result
 
     def _reach_host(self) -> str:
         return {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(self._host, self._host)
@@ -310,6 +389,51 @@ def _sources(
             raise ValueError(f"model {model.name!r} version {model.version} is defined twice")
         seen.add(key)
     return root, given
+
+
+def _metrics_settings(config: Mapping[str, object] | Iterable[str] | None) -> dict[str, bool]:
+    """The core's keywords for tritonserver's --metrics-config settings: a mapping, or
+    "setting=value" strings. Booleans are true/on/1 or false/off/0 as tritonserver reads
+    them. Raises ValueError for a malformed or unknown setting, and for latency summaries,
+    which this server does not produce."""
+    if config is None:
+        return {}
+    if isinstance(config, Mapping):
+        pairs = [(str(k), v) for k, v in config.items()]
+    else:
+        pairs = []
+        for item in config:
+            name, sep, value = str(item).partition("=")
+            if not sep or not name or not value or "," in name:
+                raise ValueError(f"metrics config: expected <setting>=<value>, got {item!r}")
+            pairs.append((name, value))
+    out: dict[str, bool] = {}
+    for name, value in pairs:
+        if name not in _METRICS_SETTINGS:
+            known = ", ".join(_METRICS_SETTINGS)
+            raise ValueError(f"metrics config: unknown setting {name!r}; expected one of {known}")
+        flag = _bool_setting(name, value)
+        keyword = _METRICS_SETTINGS[name]
+        if keyword is None:
+            if flag:
+                raise ValueError(
+                    f"metrics config: {name}=true is not supported (this server has no latency "
+                    "summaries; use histogram_latencies or the *_duration_us counters)"
+                )
+            continue
+        out[keyword] = flag
+    return out
+
+
+def _bool_setting(name: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).lower()
+    if text in ("true", "on", "1"):
+        return True
+    if text in ("false", "off", "0"):
+        return False
+    raise ValueError(f"metrics config: {name} must be true or false, got {value!r}")
 
 
 def _is_examples(repo: str | os.PathLike[str]) -> bool:
