@@ -85,7 +85,17 @@ oi_status_t *oi_infer_submit(oi_infer_t *inf, oi_model_t *m, oi_loop_t *loop, oi
     inf->job.req = &inf->req;
     inf->job.output_names = inf->output_names;
     inf->job.done = job_done;
+    inf->req.cancelled = oi_job_cancelled;
+    inf->req.cancelled_arg = &inf->job;
     if (oi_scheduler_submit(m->sched, &inf->job) != 0)
         return oi_status_new(OI_UNAVAILABLE, "the server is shutting down");
     return NULL;
+}
+
+void oi_infer_cancel(oi_infer_t *inf)
+{
+    if (!inf->cancelled) {
+        inf->cancelled = 1;
+        oi_scheduler_cancel(inf->model->sched, &inf->job);
+    }
 }

@@ -39,12 +39,55 @@ static oi_job_t *pop_locked(oi_scheduler_t *s)
         if (s->head == NULL)
             s->tail = NULL;
         j->next = NULL;
+        j->queued = 0;
     }
+    return j;
+}
+
+int oi_job_cancelled(const void *job) { return atomic_load(&((const oi_job_t *)job)->cancelled); }
+
+/* Whether a job must not run: its clients have gone, or it waited past its timeout. */
+static int unwanted(const oi_job_t *j)
+{
+    return atomic_load(&j->cancelled) || (j->expires_ns != 0 && now_ns() >= j->expires_ns);
+}
+
+/* Puts a job that will not run on the list `finish_dropped` completes. */
+static void drop(oi_job_t **dropped, oi_job_t *j)
+{
+    j->queued = 0;
+    j->next = *dropped;
+    *dropped = j;
+}
+
+/* Completes jobs taken off the queue unrun, with Triton's status for a queue timeout or ours
+ * for a cancellation. Outside the lock: `done` hands each back to its owner. */
+static void finish_dropped(oi_job_t *j)
+{
+    for (oi_job_t *next; j != NULL; j = next) {
+        next = j->next;
+        j->next = NULL;
+        j->status = atomic_load(&j->cancelled) ? oi_status_new(OI_CLIENT_CLOSED, "the request was cancelled")
+                                               : oi_status_new(OI_UNAVAILABLE, "Request timeout expired");
+        j->done(j);
+    }
+}
+
+/* The oldest job that is still wanted; the unwanted ones before it go to `dropped`. */
+static oi_job_t *pop_wanted_locked(oi_scheduler_t *s, oi_job_t **dropped)
+{
+    oi_job_t *j;
+    while ((j = pop_locked(s)) != NULL && unwanted(j))
+        drop(dropped, j);
     return j;
 }
 
 static void run_one(oi_scheduler_t *s, oi_job_t *j)
 {
+    if (atomic_load(&j->cancelled)) { /* cancelled between the queue and here */
+        finish_dropped(j);
+        return;
+    }
     j->status = s->backend->execute(s->state, j->req, j->output_names, j->n_outputs, &j->resp);
     j->done(j);
 }
@@ -93,18 +136,19 @@ static int compatible(const oi_job_t *a, const oi_job_t *b)
 /* Moves queued jobs that fit into the batch, oldest first. A compatible job that does not
  * fit ends the scan, so a large request is never overtaken by later small ones forever;
  * incompatible jobs are passed over and stay queued in order. Caller holds the lock. */
-static void gather_locked(oi_scheduler_t *s, batch_t *b)
+static void gather_locked(oi_scheduler_t *s, batch_t *b, oi_job_t **dropped)
 {
     oi_job_t *prev = NULL, *j = s->head;
     while (j != NULL && b->rows < s->batching.max_batch_size) {
         oi_job_t *next = j->next;
         int64_t rows = job_rows(j);
-        if (rows < 0 || !compatible(b->first, j)) {
+        int gone = unwanted(j);
+        if (!gone && (rows < 0 || !compatible(b->first, j))) {
             prev = j;
             j = next;
             continue;
         }
-        if (b->rows + rows > s->batching.max_batch_size)
+        if (!gone && b->rows + rows > s->batching.max_batch_size)
             break;
         if (prev)
             prev->next = next;
@@ -113,6 +157,12 @@ static void gather_locked(oi_scheduler_t *s, batch_t *b)
         if (s->tail == j)
             s->tail = prev;
         j->next = NULL;
+        j->queued = 0;
+        if (gone) {
+            drop(dropped, j);
+            j = next;
+            continue;
+        }
         b->last->next = j;
         b->last = j;
         b->n_jobs++;
@@ -185,6 +235,15 @@ static oi_status_t *split_output(batch_t *b, const oi_tensor_t *t, uint32_t i)
     return NULL;
 }
 
+/* A batch is cancelled once every job in it is. */
+static int batch_cancelled(const void *arg)
+{
+    for (const oi_job_t *j = ((const batch_t *)arg)->first; j; j = j->next)
+        if (!atomic_load(&j->cancelled))
+            return 0;
+    return 1;
+}
+
 /* Concatenates the jobs' inputs along dimension 0 (the one copy batching costs), runs the
  * batch once and splits the outputs back. Sets every job's status; does not call done. */
 static void run_batched(oi_scheduler_t *s, batch_t *b)
@@ -195,6 +254,8 @@ static void run_batched(oi_scheduler_t *s, batch_t *b)
     oi_status_t *st = NULL;
     breq.binary_data_output = -1;
     breq.parameters = r0->parameters;
+    breq.cancelled = batch_cancelled;
+    breq.cancelled_arg = b;
     breq.inputs = calloc(r0->n_inputs, sizeof(oi_tensor_t));
     if (breq.inputs == NULL) {
         st = oi_status_new(OI_INTERNAL, "out of memory");
@@ -250,8 +311,34 @@ done:
     oi_request_clear(&breq); /* its names are the first job's: clear before any done */
 }
 
+/* Takes the jobs cancelled while the batch formed out of it (they complete unrun). */
+static void drop_cancelled(batch_t *b)
+{
+    oi_job_t *dropped = NULL, **link = &b->first;
+    b->last = NULL;
+    b->n_jobs = 0;
+    b->rows = 0;
+    while (*link != NULL) {
+        oi_job_t *j = *link;
+        if (atomic_load(&j->cancelled)) {
+            *link = j->next;
+            drop(&dropped, j);
+            continue;
+        }
+        b->last = j;
+        b->n_jobs++;
+        b->rows += job_rows(j);
+        link = &j->next;
+    }
+    finish_dropped(dropped);
+}
+
 static void run_batch(oi_scheduler_t *s, batch_t *b)
 {
+    if (b->n_jobs > 1)
+        drop_cancelled(b);
+    if (b->n_jobs == 0)
+        return;
     if (b->n_jobs == 1) {
         run_one(s, b->first);
         return;
@@ -267,16 +354,20 @@ static void run_batch(oi_scheduler_t *s, batch_t *b)
 /* Forms the next batch from the queue head: takes what fits now, then waits for more until
  * the batch is full or of a preferred size, or the oldest job's delay is spent. Called with
  * the lock held and the queue non-empty; returns with the lock held. */
-static void gather_batch(oi_scheduler_t *s, batch_t *b)
+static void gather_batch(oi_scheduler_t *s, batch_t *b, oi_job_t **dropped)
 {
-    oi_job_t *first = pop_locked(s);
+    oi_job_t *first = pop_wanted_locked(s, dropped);
+    if (first == NULL) {
+        *b = (batch_t){0};
+        return;
+    }
     *b = (batch_t){first, first, 1, job_rows(first)};
     if (b->rows < 0) /* cannot batch: runs alone */
         return;
     s->gathering = 1;
     uint64_t deadline = first->enqueued_ns + s->batching.max_queue_delay_us * 1000u;
     for (;;) {
-        gather_locked(s, b);
+        gather_locked(s, b, dropped);
         if (batch_ready(s, b) || s->stopping)
             break;
         uint64_t now = now_ns();
@@ -302,15 +393,19 @@ static void *executor(void *arg)
             pthread_mutex_unlock(&s->mu);
             return NULL;
         }
+        oi_job_t *dropped = NULL;
         if (!batching) {
-            oi_job_t *j = pop_locked(s);
+            oi_job_t *j = pop_wanted_locked(s, &dropped);
             pthread_mutex_unlock(&s->mu);
-            run_one(s, j);
+            finish_dropped(dropped);
+            if (j != NULL)
+                run_one(s, j);
             continue;
         }
         batch_t b;
-        gather_batch(s, &b);
+        gather_batch(s, &b, &dropped);
         pthread_mutex_unlock(&s->mu);
+        finish_dropped(dropped);
         run_batch(s, &b);
     }
 }
@@ -361,12 +456,18 @@ int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job)
 {
     job->next = NULL;
     job->status = NULL;
-    job->enqueued_ns = s->batching.max_batch_size > 0 ? now_ns() : 0;
+    uint64_t timeout_us = job->req->timeout_us;
+    uint64_t now = s->batching.max_batch_size > 0 || timeout_us ? now_ns() : 0;
+    job->enqueued_ns = s->batching.max_batch_size > 0 ? now : 0;
+    /* A timeout too long to represent is no limit. */
+    job->expires_ns = timeout_us && timeout_us < (UINT64_MAX - now) / 1000u ? now + timeout_us * 1000u : 0;
+    atomic_store(&job->cancelled, 0);
     pthread_mutex_lock(&s->mu);
     if (s->stopping) {
         pthread_mutex_unlock(&s->mu);
         return -1;
     }
+    job->queued = 1;
     if (s->tail)
         s->tail->next = job;
     else
@@ -377,6 +478,32 @@ int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job)
     return 0;
 }
 
+void oi_scheduler_cancel(oi_scheduler_t *s, oi_job_t *job)
+{
+    atomic_store(&job->cancelled, 1);
+    pthread_mutex_lock(&s->mu);
+    int unlinked = 0;
+    if (job->queued) {
+        oi_job_t *prev = NULL;
+        for (oi_job_t *j = s->head; j != NULL; prev = j, j = j->next)
+            if (j == job) {
+                if (prev)
+                    prev->next = j->next;
+                else
+                    s->head = j->next;
+                if (s->tail == j)
+                    s->tail = prev;
+                j->next = NULL;
+                j->queued = 0;
+                unlinked = 1;
+                break;
+            }
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (unlinked)
+        finish_dropped(job);
+}
+
 void oi_scheduler_cancel_queued(oi_scheduler_t *s)
 {
     if (s == NULL)
@@ -384,6 +511,8 @@ void oi_scheduler_cancel_queued(oi_scheduler_t *s)
     pthread_mutex_lock(&s->mu);
     s->stopping = 1;
     oi_job_t *queued = s->head;
+    for (oi_job_t *j = queued; j != NULL; j = j->next)
+        j->queued = 0;
     s->head = s->tail = NULL;
     pthread_cond_broadcast(&s->cv);
     pthread_cond_broadcast(&s->gather_cv);

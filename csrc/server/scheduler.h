@@ -5,6 +5,7 @@
 #define OI_SERVER_SCHEDULER_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -23,7 +24,14 @@ struct oi_job_s {
     oi_status_t *status; /* NULL on success; the job's owner frees it */
     void (*done)(oi_job_t *job);
     uint64_t enqueued_ns; /* set by submit when batching: when the queue delay starts */
+    uint64_t expires_ns;  /* set by submit from req->timeout_us: past it, the job is refused
+                           * unrun when an executor reaches it; 0: never */
+    atomic_int cancelled; /* set once by oi_scheduler_cancel, from any thread */
+    int queued;           /* on the queue (guarded by the scheduler's lock) */
 };
+
+/* Whether the job (an oi_job_t) was cancelled: what a request's `cancelled` poll points at. */
+int oi_job_cancelled(const void *job);
 
 /* Dynamic batching (Triton's dynamic_batching): requests queued for the model are gathered
  * into one call of up to max_batch_size rows (dimension 0), preferring the sizes listed,
@@ -52,6 +60,12 @@ oi_scheduler_t *oi_scheduler_new_batching(const oi_backend_t *backend, void *sta
 /* Queues a job; its `done` runs later on an executor thread. Returns 0, or -1 when the
  * scheduler is stopping (then `done` is never called). */
 int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job);
+
+/* The job's clients have gone: marks it cancelled (a backend running it can see so through
+ * the request's `cancelled` poll, a batch being formed drops it) and, while it is still
+ * queued, takes it off the queue and completes it now, on this thread, with a 499 status and
+ * without running it. Safe from any thread while the job is not yet done. */
+void oi_scheduler_cancel(oi_scheduler_t *s, oi_job_t *job);
 
 /* Takes no more jobs and fails the queued ones with 503 now (calling their `done` on this
  * thread); executors finish the job they are running, then end. Does not wait for them: for

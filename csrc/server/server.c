@@ -113,6 +113,13 @@ static void wait_inflight(oi_server_t *s, uint64_t deadline)
     }
 }
 
+/* Requests in flight whose clients still wait for them (a cancelled one may still run). */
+static int awaited(oi_server_t *s)
+{
+    return oi_http_server_inflight(s->http) - oi_http_server_orphans(s->http) > 0 ||
+           atomic_load(&s->grpc_inflight) - atomic_load(&s->grpc_orphans) > 0;
+}
+
 static int inflight(oi_server_t *s)
 {
     return oi_http_server_inflight(s->http) > 0 || atomic_load(&s->grpc_inflight) > 0;
@@ -143,7 +150,12 @@ void oi_server_stop(oi_server_t *s, uint64_t timeout_ms)
     oi_http_server_stop_accepting(s->http);
     if (s->grpc)
         oi_h2_server_stop_accepting(s->grpc); /* GOAWAY: calls under way go on */
-    wait_inflight(s, now_ms() + timeout_ms);
+    /* Only for requests whose clients are still there: one whose client has gone is dropped
+     * from its queue, and one its model still runs is left to the reaper below. */
+    for (uint64_t deadline = now_ms() + timeout_ms; awaited(s) && now_ms() < deadline;) {
+        struct timespec ts = {0, 2 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
     if (inflight(s)) {
         /* Time is up. Queued requests fail with 503 through the usual path (their answers
          * are posted to the loops ahead of what follows); the transports then answer the
