@@ -344,7 +344,7 @@ static int batch_write(oi_grpc_client_t *c)
         struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
         ssize_t w = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w < 0) {
-            if (errno == EINTR)
+            if (errno == EINTR && !oi_client_interrupted())
                 continue;
             return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
         }
@@ -612,7 +612,7 @@ static ssize_t conn_read(oi_grpc_client_t *c, int block)
         char *dst = recv_target(c, &room);
         ssize_t n = recv(c->fd, dst, room, k == 0 && block ? 0 : MSG_DONTWAIT);
         if (n < 0) {
-            if (errno == EINTR)
+            if (errno == EINTR && !oi_client_interrupted())
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK)
                 return total;
@@ -759,7 +759,7 @@ static int pump(oi_grpc_client_t *c, int64_t deadline, int nowait, int (*done)(v
         }
         struct pollfd p = {c->fd, events, 0};
         int n = poll(&p, 1, ms);
-        if (n < 0 && errno != EINTR) {
+        if (n < 0 && (errno != EINTR || oi_client_interrupted())) {
             conn_fail(c, "waiting on %s:%d: %s", c->host, c->port, strerror(errno));
             continue;
         }

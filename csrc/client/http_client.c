@@ -64,8 +64,10 @@ static int send_all(oi_http_client_t *c, struct iovec *iov, int n, int64_t deadl
         msg.msg_iovlen = (size_t)(n > IOV_MAX ? IOV_MAX : n);
         ssize_t w = sendmsg(c->fd, &msg, MSG_NOSIGNAL | (deadline > 0 ? MSG_DONTWAIT : 0));
         if (w < 0) {
-            if (errno == EINTR)
+            if (errno == EINTR && !oi_client_interrupted())
                 continue;
+            if (errno == EINTR)
+                return -1;
             if (errno != EAGAIN && errno != EWOULDBLOCK)
                 return -1;
             int rc = oi_client_wait_fd(c->fd, POLLOUT, deadline);
@@ -221,8 +223,12 @@ static int read_response(oi_http_client_t *c, int64_t deadline, char *err, size_
         }
         ssize_t n = recv(c->fd, dst, room, deadline > 0 ? MSG_DONTWAIT : 0);
         if (n < 0) {
-            if (errno == EINTR)
+            if (errno == EINTR && !oi_client_interrupted())
                 continue;
+            if (errno == EINTR) {
+                snprintf(err, errlen, "interrupted waiting for the response from %s:%d", c->host, c->port);
+                return -1;
+            }
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
                 int rc = oi_client_wait_fd(c->fd, POLLIN, deadline);
                 if (rc == -2) {
@@ -311,6 +317,10 @@ int oi_http_client_request(oi_http_client_t *c, const char *method, const char *
         }
         if (rc == -2) {
             snprintf(err, errlen, "timed out sending the request to %s:%d", c->host, c->port);
+            break;
+        }
+        if (rc != 0 && errno == EINTR) {
+            snprintf(err, errlen, "interrupted sending to %s:%d", c->host, c->port);
             break;
         }
         if (rc != 0) {

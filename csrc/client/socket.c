@@ -20,6 +20,23 @@ int64_t oi_client_now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+static _Thread_local int (*interrupt_check)(void *);
+static _Thread_local void *interrupt_arg;
+
+void oi_client_set_interrupt(int (*check)(void *arg), void *arg)
+{
+    interrupt_check = check;
+    interrupt_arg = arg;
+}
+
+int oi_client_interrupted(void)
+{
+    if (interrupt_check == NULL || !interrupt_check(interrupt_arg))
+        return 0;
+    errno = EINTR;
+    return 1;
+}
+
 int oi_client_wait_fd(int fd, short events, int64_t deadline)
 {
     for (;;) {
@@ -36,7 +53,7 @@ int oi_client_wait_fd(int fd, short events, int64_t deadline)
             return 0;
         if (n == 0)
             return -2;
-        if (errno != EINTR)
+        if (errno != EINTR || oi_client_interrupted())
             return -1;
     }
 }

@@ -6,6 +6,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Lets the calling thread's blocking calls be interrupted (Ctrl-C in Python): a wait that a
+ * signal interrupts (EINTR) asks `check(arg)`, and stops with an error, closing its
+ * connection, when it returns nonzero. Per thread; check NULL removes it. */
+void oi_client_set_interrupt(int (*check)(void *arg), void *arg);
+
+/* After EINTR: 1 when the thread's interrupt check says to stop (errno is then EINTR), 0
+ * to retry the call. */
+int oi_client_interrupted(void);
+
 /* Milliseconds of a monotonic clock. */
 int64_t oi_client_now_ms(void);
 
