@@ -738,7 +738,7 @@ static int pump(oi_grpc_client_t *c, int64_t deadline, int nowait, int (*done)(v
             conn_fail(c, "%s:%d closed the connection (GOAWAY)", c->host, c->port);
             continue;
         }
-        if (!nowait && deadline <= 0 && !batch_pending(c)) {
+        if (!nowait && deadline <= 0 && !batch_pending(c) && !oi_client_interruptible()) {
             /* Nothing to write and no deadline: wait in recv itself. */
             if (conn_read(c, 1) < 0)
                 conn_fail(c, "%s", c->error);
@@ -758,8 +758,9 @@ static int pump(oi_grpc_client_t *c, int64_t deadline, int nowait, int (*done)(v
             ms = left > INT_MAX ? INT_MAX : (int)left;
         }
         struct pollfd p = {c->fd, events, 0};
-        int n = poll(&p, 1, ms);
-        if (n < 0 && (errno != EINTR || oi_client_interrupted())) {
+        int slice = oi_client_poll_ms(ms);
+        int n = poll(&p, 1, slice);
+        if ((n < 0 && errno != EINTR) || (n <= 0 && slice != ms && oi_client_interrupted())) {
             conn_fail(c, "waiting on %s:%d: %s", c->host, c->port, strerror(errno));
             continue;
         }

@@ -62,7 +62,7 @@ static int send_all(oi_http_client_t *c, struct iovec *iov, int n, int64_t deadl
         struct msghdr msg = {0};
         msg.msg_iov = iov;
         msg.msg_iovlen = (size_t)(n > IOV_MAX ? IOV_MAX : n);
-        ssize_t w = sendmsg(c->fd, &msg, MSG_NOSIGNAL | (deadline > 0 ? MSG_DONTWAIT : 0));
+        ssize_t w = sendmsg(c->fd, &msg, MSG_NOSIGNAL | (deadline > 0 || oi_client_interruptible() ? MSG_DONTWAIT : 0));
         if (w < 0) {
             if (errno == EINTR && !oi_client_interrupted())
                 continue;
@@ -221,7 +221,7 @@ static int read_response(oi_http_client_t *c, int64_t deadline, char *err, size_
             dst = b->data + b->len;
             room = b->cap - b->len;
         }
-        ssize_t n = recv(c->fd, dst, room, deadline > 0 ? MSG_DONTWAIT : 0);
+        ssize_t n = recv(c->fd, dst, room, deadline > 0 || oi_client_interruptible() ? MSG_DONTWAIT : 0);
         if (n < 0) {
             if (errno == EINTR && !oi_client_interrupted())
                 continue;

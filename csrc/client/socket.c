@@ -29,6 +29,13 @@ void oi_client_set_interrupt(int (*check)(void *arg), void *arg)
     interrupt_arg = arg;
 }
 
+int oi_client_interruptible(void) { return interrupt_check != NULL; }
+
+int oi_client_poll_ms(int ms)
+{
+    return interrupt_check != NULL && (ms < 0 || ms > OI_CLIENT_INTERRUPT_MS) ? OI_CLIENT_INTERRUPT_MS : ms;
+}
+
 int oi_client_interrupted(void)
 {
     if (interrupt_check == NULL || !interrupt_check(interrupt_arg))
@@ -48,12 +55,13 @@ int oi_client_wait_fd(int fd, short events, int64_t deadline)
             ms = left > INT_MAX ? INT_MAX : (int)left;
         }
         struct pollfd p = {fd, events, 0};
-        int n = poll(&p, 1, ms);
+        int slice = oi_client_poll_ms(ms);
+        int n = poll(&p, 1, slice);
         if (n > 0)
             return 0;
-        if (n == 0)
+        if (n == 0 && slice == ms)
             return -2;
-        if (errno != EINTR || oi_client_interrupted())
+        if ((n < 0 && errno != EINTR) || oi_client_interrupted())
             return -1;
     }
 }

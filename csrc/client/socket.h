@@ -7,12 +7,21 @@
 #include <stdint.h>
 
 /* Lets the calling thread's blocking calls be interrupted (Ctrl-C in Python): a wait that a
- * signal interrupts (EINTR) asks `check(arg)`, and stops with an error, closing its
- * connection, when it returns nonzero. Per thread; check NULL removes it. */
+ * signal interrupts (EINTR), and every OI_CLIENT_INTERRUPT_MS of any wait (a signal that
+ * lands between two system calls interrupts none), asks `check(arg)`; the call stops with an
+ * error, closing its connection, when it returns nonzero. Per thread; check NULL removes it. */
 void oi_client_set_interrupt(int (*check)(void *arg), void *arg);
+#define OI_CLIENT_INTERRUPT_MS 50
 
-/* After EINTR: 1 when the thread's interrupt check says to stop (errno is then EINTR), 0
- * to retry the call. */
+/* Whether the thread has an interrupt check: its waits must then go through poll, sliced. */
+int oi_client_interruptible(void);
+
+/* The poll timeout for a wait of `ms` (-1: forever): at most OI_CLIENT_INTERRUPT_MS when
+ * interruptible. */
+int oi_client_poll_ms(int ms);
+
+/* After EINTR or a wait slice: 1 when the thread's interrupt check says to stop (errno is
+ * then EINTR), 0 to go on waiting. */
 int oi_client_interrupted(void);
 
 /* Milliseconds of a monotonic clock. */

@@ -94,8 +94,6 @@ oi_status_t *oi_infer_submit(oi_infer_t *inf, oi_model_t *m, oi_loop_t *loop, oi
 
 void oi_infer_cancel(oi_infer_t *inf)
 {
-    if (!inf->cancelled) {
-        inf->cancelled = 1;
-        oi_scheduler_cancel(inf->model->sched, &inf->job);
-    }
+    inf->cancelled = 1;
+    oi_job_cancel(&inf->job);
 }

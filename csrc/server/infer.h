@@ -44,10 +44,10 @@ oi_status_t *oi_model_check_ready(const oi_model_t *m);
 oi_status_t *oi_infer_submit(oi_infer_t *inf, oi_model_t *m, oi_loop_t *loop, oi_infer_done_cb done, void *ctx);
 
 /* The client of a submitted inference has gone (its connection closed, its stream was reset,
- * its deadline passed): a queued request is dropped unrun and `done` follows at once (posted
- * to the loop, with a 499 status), a running one is marked so that its model may stop early.
- * `done` still comes exactly once and the caller still frees the inference there; it should
- * write nothing. Loop thread, between a successful submit and `done`. */
+ * its deadline passed): a queued request is dropped unrun when an executor reaches it (with a
+ * 499 status), a running one is marked so that its model may stop early. `done` still comes
+ * exactly once and the caller still frees the inference there; it should write nothing.
+ * Loop thread, between a successful submit and `done`'s call. */
 void oi_infer_cancel(oi_infer_t *inf);
 
 /* Frees the inference, its request, response, status and model reference. */

@@ -39,12 +39,13 @@ static oi_job_t *pop_locked(oi_scheduler_t *s)
         if (s->head == NULL)
             s->tail = NULL;
         j->next = NULL;
-        j->queued = 0;
     }
     return j;
 }
 
 int oi_job_cancelled(const void *job) { return atomic_load(&((const oi_job_t *)job)->cancelled); }
+
+void oi_job_cancel(oi_job_t *job) { atomic_store(&job->cancelled, 1); }
 
 /* Whether a job must not run: its clients have gone, or it waited past its timeout. */
 static int unwanted(const oi_job_t *j)
@@ -55,7 +56,6 @@ static int unwanted(const oi_job_t *j)
 /* Puts a job that will not run on the list `finish_dropped` completes. */
 static void drop(oi_job_t **dropped, oi_job_t *j)
 {
-    j->queued = 0;
     j->next = *dropped;
     *dropped = j;
 }
@@ -157,7 +157,6 @@ static void gather_locked(oi_scheduler_t *s, batch_t *b, oi_job_t **dropped)
         if (s->tail == j)
             s->tail = prev;
         j->next = NULL;
-        j->queued = 0;
         if (gone) {
             drop(dropped, j);
             j = next;
@@ -467,7 +466,6 @@ int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job)
         pthread_mutex_unlock(&s->mu);
         return -1;
     }
-    job->queued = 1;
     if (s->tail)
         s->tail->next = job;
     else
@@ -478,32 +476,6 @@ int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job)
     return 0;
 }
 
-void oi_scheduler_cancel(oi_scheduler_t *s, oi_job_t *job)
-{
-    atomic_store(&job->cancelled, 1);
-    pthread_mutex_lock(&s->mu);
-    int unlinked = 0;
-    if (job->queued) {
-        oi_job_t *prev = NULL;
-        for (oi_job_t *j = s->head; j != NULL; prev = j, j = j->next)
-            if (j == job) {
-                if (prev)
-                    prev->next = j->next;
-                else
-                    s->head = j->next;
-                if (s->tail == j)
-                    s->tail = prev;
-                j->next = NULL;
-                j->queued = 0;
-                unlinked = 1;
-                break;
-            }
-    }
-    pthread_mutex_unlock(&s->mu);
-    if (unlinked)
-        finish_dropped(job);
-}
-
 void oi_scheduler_cancel_queued(oi_scheduler_t *s)
 {
     if (s == NULL)
@@ -511,8 +483,6 @@ void oi_scheduler_cancel_queued(oi_scheduler_t *s)
     pthread_mutex_lock(&s->mu);
     s->stopping = 1;
     oi_job_t *queued = s->head;
-    for (oi_job_t *j = queued; j != NULL; j = j->next)
-        j->queued = 0;
     s->head = s->tail = NULL;
     pthread_cond_broadcast(&s->cv);
     pthread_cond_broadcast(&s->gather_cv);

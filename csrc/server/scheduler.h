@@ -26,8 +26,7 @@ struct oi_job_s {
     uint64_t enqueued_ns; /* set by submit when batching: when the queue delay starts */
     uint64_t expires_ns;  /* set by submit from req->timeout_us: past it, the job is refused
                            * unrun when an executor reaches it; 0: never */
-    atomic_int cancelled; /* set once by oi_scheduler_cancel, from any thread */
-    int queued;           /* on the queue (guarded by the scheduler's lock) */
+    atomic_int cancelled; /* set by oi_job_cancel, from any thread */
 };
 
 /* Whether the job (an oi_job_t) was cancelled: what a request's `cancelled` poll points at. */
@@ -61,11 +60,12 @@ oi_scheduler_t *oi_scheduler_new_batching(const oi_backend_t *backend, void *sta
  * scheduler is stopping (then `done` is never called). */
 int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job);
 
-/* The job's clients have gone: marks it cancelled (a backend running it can see so through
- * the request's `cancelled` poll, a batch being formed drops it) and, while it is still
- * queued, takes it off the queue and completes it now, on this thread, with a 499 status and
- * without running it. Safe from any thread while the job is not yet done. */
-void oi_scheduler_cancel(oi_scheduler_t *s, oi_job_t *job);
+/* The job's clients have gone: marks it cancelled. An executor that reaches it in the queue,
+ * or in a batch being formed, completes it with a 499 status without running it; a backend
+ * already running it sees the flag through the request's `cancelled` poll. Only sets the
+ * flag, so it is safe from any thread until the job's owner frees it, whatever became of the
+ * scheduler. */
+void oi_job_cancel(oi_job_t *job);
 
 /* Takes no more jobs and fails the queued ones with 503 now (calling their `done` on this
  * thread); executors finish the job they are running, then end. Does not wait for them: for
