@@ -486,3 +486,53 @@ def test_request_is_cancelled_is_false_for_a_present_client(served: openinfer.Se
     runner.join(BOUND)
     assert result[0][0] == 200
     assert gate.saw_cancel == []
+
+
+# ---- dynamic batching ---------------------------------------------------------------------
+
+
+def test_batcher_leaves_out_requests_whose_clients_left() -> None:
+    """With dynamic batching, the requests of clients that left are taken out of the queue
+    and out of the batch being formed: the next batch holds only the one still awaited."""
+    batches: list[list[int]] = []
+    cond = threading.Condition()
+    gate = threading.Event()
+
+    def batched(inputs: dict[str, np.ndarray], request: Request) -> dict[str, np.ndarray]:
+        with cond:
+            batches.append([int(v) for v in inputs["INPUT0"][:, 0]])
+            cond.notify_all()
+        gate.wait(BOUND)
+        return {"OUTPUT0": inputs["INPUT0"]}
+
+    model = Model("gate", batched, inputs=[Tensor("INPUT0", "INT32", [-1, 1])],
+                  outputs=[Tensor("OUTPUT0", "INT32", [-1, 1])], max_batch_size=8, dynamic_batching=True)
+    srv = openinfer.serve(models=[model], http_port=0, log=False, threads=2)
+
+    def request(value: int) -> socket.socket:
+        sock = socket.create_connection(("127.0.0.1", srv.http_port), timeout=BOUND)
+        sock.sendall(encode_request("POST", "/v2/models/gate/infer", infer_body(
+            [{"name": "INPUT0", "shape": [1, 1], "datatype": "INT32", "data": [value]}])))
+        return sock
+
+    try:
+        first = request(1)
+        with cond:
+            assert cond.wait_for(lambda: batches == [[1]], BOUND)
+        gone = [request(100 + i) for i in range(4)]
+        stays = request(2)
+        more_gone = [request(200 + i) for i in range(3)]
+        settle()
+        for sock in gone + more_gone:
+            sock.close()
+        settle()
+        gate.set()
+        assert read_response(first)[0] == 200
+        status, body = read_response(stays)
+        assert status == 200 and json.loads(body)["outputs"][0]["data"] == [2]
+        assert batches == [[1], [2]]
+        first.close()
+        stays.close()
+    finally:
+        gate.set()
+        srv.stop()
