@@ -29,7 +29,10 @@ void oi_client_set_interrupt(int (*check)(void *arg), void *arg)
     interrupt_arg = arg;
 }
 
-int oi_client_interruptible(void) { return interrupt_check != NULL; }
+int oi_client_interruptible(void)
+{
+    return interrupt_check != NULL;
+}
 
 int oi_client_poll_ms(int ms)
 {

@@ -825,8 +825,8 @@ static int read_param(cursor_t *c, const char *group, uint32_t index, param_t *w
 /* Reads a "parameters" object into *span and the `n_want` parameters of `want`; *shm (when
  * not NULL) is set when the object names a "shared_memory_region", whose value the server
  * checks later. */
-static int parse_params(cursor_t *c, const char *group, uint32_t index, oi_slice_t *span,
-                        param_t *want, size_t n_want, uint8_t *shm)
+static int parse_params(cursor_t *c, const char *group, uint32_t index, oi_slice_t *span, param_t *want, size_t n_want,
+                        uint8_t *shm)
 {
     char path[64];
     short_str_t key;

@@ -230,7 +230,10 @@ static const oi_peer_t *request_peer(void *r) { return oi_http_request_peer(r); 
 
 /* The connection closed before the answer: the request is dropped from the queue, or its
  * model told; finish_infer still comes, and its answer goes nowhere. */
-static void infer_gone(oi_http_request_t *r) { oi_infer_cancel(r->gone_arg); }
+static void infer_gone(oi_http_request_t *r)
+{
+    oi_infer_cancel(r->gone_arg);
+}
 
 static void handle_infer(oi_server_t *s, oi_http_request_t *r, oi_model_t *m)
 {

@@ -43,9 +43,15 @@ static oi_job_t *pop_locked(oi_scheduler_t *s)
     return j;
 }
 
-int oi_job_cancelled(const void *job) { return atomic_load(&((const oi_job_t *)job)->cancelled); }
+int oi_job_cancelled(const void *job)
+{
+    return atomic_load(&((const oi_job_t *)job)->cancelled);
+}
 
-void oi_job_cancel(oi_job_t *job) { atomic_store(&job->cancelled, 1); }
+void oi_job_cancel(oi_job_t *job)
+{
+    atomic_store(&job->cancelled, 1);
+}
 
 /* Whether a job must not run: its clients have gone, or it waited past its timeout. */
 static int unwanted(const oi_job_t *j)

@@ -933,7 +933,10 @@ oi_loop_t *oi_http_server_loop(oi_http_server_t *s, int i) { return &s->loops[i]
 
 int oi_http_server_inflight(const oi_http_server_t *s) { return atomic_load(&((oi_http_server_t *)s)->inflight); }
 
-int oi_http_server_orphans(const oi_http_server_t *s) { return atomic_load(&((oi_http_server_t *)s)->orphans); }
+int oi_http_server_orphans(const oi_http_server_t *s)
+{
+    return atomic_load(&((oi_http_server_t *)s)->orphans);
+}
 
 typedef struct loop_task_s {
     oi_task_t task;
