@@ -463,6 +463,7 @@ def test_ctrl_c_in_client_infer_raises_and_cancels(served: openinfer.Server, gat
     finally:
         child.kill()
     assert out.split() == ["calling", "KeyboardInterrupt"], err
+    assert child.returncode == 0, err  # also: no leak report under the sanitizers
     gate.wait("saw_cancel", value)
     assert not gate.gate.is_set()
 
