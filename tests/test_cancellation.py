@@ -537,3 +537,21 @@ def test_batcher_leaves_out_requests_whose_clients_left() -> None:
     finally:
         gate.set()
         srv.stop()
+
+
+def test_request_argument_of_a_model_function() -> None:
+    """Only a function with a `request` parameter gets one (keyword, beside `parameters`);
+    its is_cancelled() is what the server's flag says."""
+    seen: list[Any] = []
+
+    def fn(inputs: dict[str, np.ndarray], parameters: dict[str, Any], request: Request) -> dict[str, Any]:
+        seen.append((parameters, request.is_cancelled()))
+        return {"OUTPUT0": inputs["INPUT0"]}
+
+    model = Model("m", fn, **ONE_INT)
+    x = np.array([1], dtype=np.int32)
+    model.handler({"INPUT0": x}, b'{"timeout": 5, "k": 1}', ("OUTPUT0",), lambda: False)
+    model.handler({"INPUT0": x}, None, ("OUTPUT0",), lambda: True)
+    assert seen == [({"k": 1}, False), ({}, True)]  # "timeout" is Triton's, not the model's
+    plain = Model("p", lambda inputs: {"OUTPUT0": inputs["INPUT0"]}, **ONE_INT)
+    assert plain.handler({"INPUT0": x}, None, ("OUTPUT0",), lambda: True)["OUTPUT0"] is x

@@ -244,15 +244,18 @@ class Model:
         the requested order. `cancelled` tells whether the request's clients have gone.
         Raised errors name the model, since the server sends them to the client as the 500
         message."""
-        kwargs: dict[str, Any] = {}
-        if self._wants_parameters:
-            params = json.loads(parameters) if parameters else {}
-            for key in _PROTOCOL_PARAMETERS:  # the transport's business, not the model's
-                params.pop(key, None)
-            kwargs["parameters"] = params
-        if self._wants_request:
-            kwargs["request"] = Request(cancelled)
-        result = self.fn(inputs, **kwargs)
+        if not (self._wants_parameters or self._wants_request):
+            result = self.fn(inputs)
+        else:
+            kwargs: dict[str, Any] = {}
+            if self._wants_parameters:
+                params = json.loads(parameters) if parameters else {}
+                for key in _PROTOCOL_PARAMETERS:  # the transport's business, not the model's
+                    params.pop(key, None)
+                kwargs["parameters"] = params
+            if self._wants_request:
+                kwargs["request"] = Request(cancelled)
+            result = self.fn(inputs, **kwargs)
         if not isinstance(result, Mapping):
             raise TypeError(
                 f"model {self.name!r} returned {type(result).__name__}; "
