@@ -39,6 +39,26 @@ int oi_client_poll_ms(int ms)
     return interrupt_check != NULL && (ms < 0 || ms > OI_CLIENT_INTERRUPT_MS) ? OI_CLIENT_INTERRUPT_MS : ms;
 }
 
+int oi_client_recv_slice(int fd, int64_t deadline, int *set_ms)
+{
+    int ms = -1;
+    if (deadline > 0) {
+        int64_t left = deadline - oi_client_now_ms();
+        if (left <= 0)
+            return -2;
+        ms = left > INT_MAX ? INT_MAX : (int)left;
+    }
+    ms = oi_client_poll_ms(ms);
+    if (ms < 0)
+        ms = 0; /* SO_RCVTIMEO's "forever" */
+    if (ms != *set_ms) {
+        struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+        if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) == 0)
+            *set_ms = ms;
+    }
+    return 0;
+}
+
 int oi_client_interrupted(void)
 {
     if (interrupt_check == NULL || !interrupt_check(interrupt_arg))

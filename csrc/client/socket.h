@@ -20,6 +20,14 @@ int oi_client_interruptible(void);
  * interruptible. */
 int oi_client_poll_ms(int ms);
 
+/* Before a blocking recv on `fd` (a wait of one system call on the hot path, rather than
+ * poll then recv): gives the socket a receive timeout (SO_RCVTIMEO) of the wait's next slice,
+ * the time left before `deadline` (0: none) cut to OI_CLIENT_INTERRUPT_MS when
+ * interruptible. `*set_ms` remembers what the socket has (start at 0 for a new socket), so
+ * that the usual call changes nothing. 0, or -2 when the deadline has passed. A recv that
+ * then fails with EAGAIN has waited a slice: check the deadline and oi_client_interrupted. */
+int oi_client_recv_slice(int fd, int64_t deadline, int *set_ms);
+
 /* After EINTR or a wait slice: 1 when the thread's interrupt check says to stop (errno is
  * then EINTR), 0 to go on waiting. */
 int oi_client_interrupted(void);
