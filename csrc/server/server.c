@@ -157,9 +157,10 @@ void oi_server_stop(oi_server_t *s, uint64_t timeout_ms)
         nanosleep(&ts, NULL);
     }
     if (inflight(s)) {
-        /* Time is up, or only requests whose clients have gone remain. Queued requests fail with 503 through the usual path (their answers
-         * are posted to the loops ahead of what follows); the transports then answer the
-         * ones a model is still running with 503 / UNAVAILABLE themselves, and close. A
+        /* Time is up, or only requests whose clients have gone remain. Queued requests
+         * fail with 503 through the usual path (their answers are posted to the loops ahead
+         * of what follows); the transports then answer the ones a model is still running
+         * with 503 / UNAVAILABLE themselves, and close. A
          * running model cannot be stopped, and its completion will touch the loops and the
          * registry: those stay until it is back, freed by a detached thread, so that the
          * caller returns now. */
