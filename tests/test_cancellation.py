@@ -200,7 +200,7 @@ def test_json_timeout_parameter_refuses_a_request_that_waited_too_long(served: o
     runner, _ = start_running(served, gate)
     waiting = send(served.http_port, 7, timeout=100_000)  # 0.1 s; the gate holds it longer
     generous = send(served.http_port, 8, timeout=600_000_000)  # 10 minutes
-    time.sleep(1.0)  # longer than the short timeout: lets it pass
+    time.sleep(1.5)  # far longer than the short timeout: lets it pass
     gate.gate.set()
     runner.join(BOUND)
     assert read_response(waiting) == (503, b'{"error":"Request timeout expired"}')
@@ -237,13 +237,16 @@ def test_tritonclient_timeout_argument(served: openinfer.Server, gate: Gate, pro
     else:
         import tritonclient.grpc as tc  # type: ignore[no-redef]
         url = f"127.0.0.1:{served.grpc_port}"
-    runner, _ = start_running(served, gate)
     errors: list[Any] = []
+    connected, go = threading.Event(), threading.Event()
 
-    def late() -> None:
+    def late() -> None:  # tritonclient.http's client stays on the thread that made it
         client = tc.InferenceServerClient(url)
         inp = tc.InferInput("INPUT0", [1], "INT32")
         inp.set_data_from_numpy(np.array([7], dtype=np.int32))
+        if client.is_server_live():  # connected before the request is sent
+            connected.set()
+        go.wait(BOUND)
         try:
             client.infer("gate", [inp], timeout=100_000)
         except Exception as e:  # tritonclient.utils.InferenceServerException
@@ -252,7 +255,10 @@ def test_tritonclient_timeout_argument(served: openinfer.Server, gate: Gate, pro
 
     t = threading.Thread(target=late, daemon=True)
     t.start()
-    time.sleep(1.0)
+    assert connected.wait(BOUND)
+    runner, _ = start_running(served, gate)
+    go.set()
+    time.sleep(1.5)  # far longer than the 0.1 s the request may wait: lets it pass
     gate.gate.set()
     runner.join(BOUND)
     t.join(BOUND)
