@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+import requests
+from prometheus_client import parser as prometheus_parser
 from conftest import encode_request, infer_body
 
 import openinfer
@@ -160,6 +162,17 @@ def test_http_clients_that_close_never_reach_the_model(served: openinfer.Server,
     assert result and result[0][0] == 200
     fresh_request_answered(served, 2)
     assert gate.calls == [1, 2]
+    # Statistics and metrics count the ten as failures, cancelled ones, and nothing else.
+    stats = served.statistics("gate")["model_stats"][0]["inference_stats"]
+    assert (stats["success"]["count"], stats["fail"]["count"]) == (2, 10)
+    assert failures(served) == {"CANCELED": 10}
+
+
+def failures(srv: openinfer.Server) -> dict[str, float]:
+    """nv_inference_request_failure by reason, the reasons with any."""
+    text = requests.get(srv.metrics_url, timeout=BOUND).text
+    family = {f.name: f for f in prometheus_parser.text_string_to_metric_families(text)}["nv_inference_request_failure"]
+    return {s.labels["reason"]: s.value for s in family.samples if s.value}
 
 
 def test_http_close_tells_the_running_model(served: openinfer.Server, gate: Gate) -> None:
@@ -209,6 +222,7 @@ def test_json_timeout_parameter_refuses_a_request_that_waited_too_long(served: o
     assert gate.calls == [1, 8]
     for s in (waiting, generous):
         s.close()
+    assert failures(served) == {"REJECTED": 1}
 
 
 @pytest.mark.parametrize("value, got", [('"soon"', "string"), ("-5", "-5"), ("1.5", "1.5"), ("true", "boolean")])
