@@ -35,10 +35,13 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
     oi_registry_init(&s->registry);
     oi_shm_init(&s->shm, cfg->allow_shared_memory < 0 ? is_loopback(cfg->http.host) : cfg->allow_shared_memory != 0);
     s->http = oi_http_server_new(&s->cfg.http, oi__http_api_handle, s);
-    if (s->cfg.grpc_port >= 0) {
+    int grpc = s->cfg.grpc_port >= 0 || s->cfg.grpc_unix_path != NULL;
+    if (grpc) {
         oi_h2_config_t h2 = {
             .host = s->cfg.http.host,
             .port = s->cfg.grpc_port,
+            .unix_path = s->cfg.grpc_unix_path,
+            .unix_mode = s->cfg.http.unix_mode,
             .max_message_bytes = s->cfg.grpc_max_message_bytes ? s->cfg.grpc_max_message_bytes : (size_t)2 << 30,
             .max_connections = s->cfg.http.max_connections,
             .max_connections_per_peer = s->cfg.http.max_connections_per_peer,
@@ -48,7 +51,7 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
         };
         s->grpc = oi_h2_server_new(&h2, &oi__grpc_api_handler, s);
     }
-    if (s->http == NULL || (s->cfg.grpc_port >= 0 && s->grpc == NULL)) {
+    if (s->http == NULL || (grpc && s->grpc == NULL)) {
         oi_http_server_free(s->http);
         oi_h2_server_free(s->grpc);
         oi_registry_destroy(&s->registry);

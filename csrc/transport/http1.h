@@ -16,7 +16,9 @@ typedef struct oi_http_conn_s oi_http_conn_t;
 
 typedef struct oi_http_config_s {
     const char *host; /* numeric IPv4/IPv6 address or a name; "127.0.0.1" by default */
-    int port;         /* 0 picks a free port */
+    int port;         /* 0 picks a free port; -1: no TCP listener (unix_path only) */
+    const char *unix_path; /* also (or only) listen on this Unix-domain socket; NULL: none */
+    unsigned unix_mode;    /* the socket file's permission bits, e.g. 0660 */
     int threads;      /* event-loop threads; <= 0: one per core */
     size_t max_body_bytes;
     size_t max_header_bytes; /* request line and headers together */
@@ -77,7 +79,7 @@ oi_http_server_t *oi_http_server_new(const oi_http_config_t *cfg, oi_http_handle
  * with a message in `err`. */
 int oi_http_server_start(oi_http_server_t *s, char *err, size_t errlen);
 
-/* The bound port, 0 before start. */
+/* The bound port, 0 before start or without TCP. */
 int oi_http_server_port(const oi_http_server_t *s);
 
 /* The event loops the started server runs (0 before start), which other transports share:
@@ -88,7 +90,8 @@ oi_loop_t *oi_http_server_loop(oi_http_server_t *s, int i);
 /* Requests handed to the handler and not yet answered. */
 int oi_http_server_inflight(const oi_http_server_t *s);
 
-/* Closes the listeners (no new connections); existing connections go on. */
+/* Closes the listeners (no new connections) and removes the Unix socket file; existing
+ * connections go on. */
 void oi_http_server_stop_accepting(oi_http_server_t *s);
 
 /* For a shutdown whose time is up: answers every request still with the handler with

@@ -13,6 +13,7 @@
 
 #include "transport/grpc.h"
 #include "transport/peers.h"
+#include "transport/unix_listen.h"
 
 #define READ_BUF_SIZE (256u << 10)
 /* Flow-control windows we open: big enough that a 16 MiB tensor needs no WINDOW_UPDATE round
@@ -25,7 +26,9 @@
 typedef struct h2_loop_s {
     oi_loop_t *loop;
     uv_tcp_t tcp;
-    int listening;
+    uv_pipe_t pipe;     /* the Unix-domain listener, with cfg.unix_path */
+    int listening;      /* tcp is open */
+    int pipe_listening; /* pipe is open */
     oi_h2_server_t *server;
     struct oi_h2_conn_s *conns; /* every open connection of this loop */
     char *rbuf;                 /* shared by the loop's connections: reads are consumed at once */
@@ -34,6 +37,8 @@ typedef struct h2_loop_s {
 struct oi_h2_server_s {
     oi_h2_config_t cfg;
     char host[256];
+    char unix_path[108];
+    oi_unix_socket_t unix_sock; /* the socket file we created, removed when we stop accepting */
     oi_grpc_handler_t handler;
     void *ctx;
     h2_loop_t *loops;
@@ -55,7 +60,12 @@ typedef struct seg_s {
 } seg_t;
 
 typedef struct oi_h2_conn_s {
-    uv_tcp_t tcp;
+    union { /* a TCP or a Unix-domain connection: both are libuv streams */
+        uv_tcp_t tcp;
+        uv_pipe_t pipe;
+        uv_stream_t stream;
+        uv_handle_t handle;
+    } sock;
     uv_timer_t timer; /* the preface deadline, then the idle deadline while no stream is open */
     int handles;      /* open libuv handles (tcp, timer): freed at 0 */
     nghttp2_session *session;
@@ -157,7 +167,7 @@ const oi_peer_t *oi_grpc_call_peer(oi_grpc_call_t *call)
     if (c == NULL || c->closing) /* the socket is being closed */
         return &gone;
     int fd = -1;
-    uv_fileno((const uv_handle_t *)&c->tcp, &fd);
+    uv_fileno(&c->sock.handle, &fd);
     return oi_peer_cached(&c->creds, fd);
 }
 
@@ -736,7 +746,7 @@ static void conn_close(h2_conn_t *c)
     nghttp2_session_del(c->session);
     c->session = NULL;
     uv_close((uv_handle_t *)&c->timer, on_handle_closed);
-    uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
+    uv_close(&c->sock.handle, on_handle_closed);
 }
 
 /* Sends GOAWAY and lets the connection close once it is written: the client may reconnect. */
@@ -836,7 +846,7 @@ static void conn_write_batch(h2_conn_t *c)
     size_t n = c->nsegs;
     c->nsegs = 0;
     c->writes++;
-    int rc = uv_write(&wr->w, (uv_stream_t *)&c->tcp, bufs, (unsigned)n, after_write);
+    int rc = uv_write(&wr->w, &c->sock.stream, bufs, (unsigned)n, after_write);
     if (bufs != stackbufs)
         free(bufs);
     if (rc != 0)
@@ -999,7 +1009,7 @@ static h2_conn_t *oldest_idle(h2_loop_t *lp, h2_conn_t *except, const oi_peer_ad
 static int admit_peer(h2_conn_t *c)
 {
     int fd = -1;
-    if (uv_fileno((const uv_handle_t *)&c->tcp, &fd) != 0 || oi_peer_addr_of(fd, &c->peer) != 0)
+    if (uv_fileno(&c->sock.handle, &fd) != 0 || oi_peer_addr_of(fd, &c->peer) != 0)
         return 0; /* no IP peer to count */
     c->peer_counted = 1;
     if (oi_peers_acquire(&c->lp->server->peers, &c->peer) == 0)
@@ -1026,9 +1036,12 @@ static void on_connection(uv_stream_t *server, int status)
     if (c == NULL)
         return;
     c->lp = lp;
-    uv_tcp_init(&lp->loop->uv, &c->tcp);
+    if (server->type == UV_NAMED_PIPE)
+        uv_pipe_init(&lp->loop->uv, &c->sock.pipe, 0);
+    else
+        uv_tcp_init(&lp->loop->uv, &c->sock.tcp);
     uv_timer_init(&lp->loop->uv, &c->timer);
-    c->tcp.data = c->timer.data = c;
+    c->sock.handle.data = c->timer.data = c;
     c->handles = 2;
     c->idle_since = uv_now(&lp->loop->uv);
     atomic_fetch_add(&s->connections, 1);
@@ -1036,7 +1049,7 @@ static void on_connection(uv_stream_t *server, int status)
     if (lp->conns)
         lp->conns->prev = c;
     lp->conns = c;
-    if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0 || admit_peer(c) != 0 || conn_init_session(c) != 0) {
+    if (uv_accept(server, &c->sock.stream) != 0 || admit_peer(c) != 0 || conn_init_session(c) != 0) {
         conn_close(c);
         return;
     }
@@ -1051,8 +1064,9 @@ static void on_connection(uv_stream_t *server, int status)
     }
     if (s->cfg.preface_timeout_ms > 0)
         uv_timer_start(&c->timer, on_conn_timer, s->cfg.preface_timeout_ms, 0);
-    uv_tcp_nodelay(&c->tcp, 1);
-    if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) != 0) {
+    if (c->sock.handle.type == UV_TCP)
+        uv_tcp_nodelay(&c->sock.tcp, 1);
+    if (uv_read_start(&c->sock.stream, on_alloc, on_read) != 0) {
         conn_close(c);
         return;
     }
@@ -1069,6 +1083,8 @@ oi_h2_server_t *oi_h2_server_new(const oi_h2_config_t *cfg, const oi_grpc_handle
     s->cfg = *cfg;
     snprintf(s->host, sizeof(s->host), "%s", cfg->host ? cfg->host : "127.0.0.1");
     s->cfg.host = s->host;
+    snprintf(s->unix_path, sizeof(s->unix_path), "%s", cfg->unix_path ? cfg->unix_path : "");
+    s->cfg.unix_path = s->unix_path[0] ? s->unix_path : NULL;
     if (s->cfg.max_message_bytes == 0 || s->cfg.max_message_bytes > UINT32_MAX)
         s->cfg.max_message_bytes = UINT32_MAX;
     if (s->cfg.max_queued_bytes == 0)
@@ -1125,6 +1141,34 @@ static void open_listener(void *arg)
     a->rc = rc;
 }
 
+typedef struct unix_arg_s {
+    h2_loop_t *lp;
+    h2_loop_t *first;
+    char *err;
+    size_t errlen;
+    int rc;
+} unix_arg_t;
+
+/* On the loop's thread: the Unix-domain listener, bound by the first loop and shared by
+ * duplicates of its socket as for TCP. */
+static void open_unix_listener(void *arg)
+{
+    unix_arg_t *a = arg;
+    h2_loop_t *lp = a->lp;
+    oi_h2_server_t *s = lp->server;
+    int rc = a->first == NULL ? oi_unix_listen_open(&lp->loop->uv, &lp->pipe, s->unix_path, s->cfg.unix_mode,
+                                                    &s->unix_sock, a->err, a->errlen)
+                              : oi_unix_listen_dup(&lp->loop->uv, &lp->pipe, &a->first->pipe);
+    if (rc == 0) {
+        lp->pipe_listening = 1;
+        lp->pipe.data = lp;
+        rc = uv_listen((uv_stream_t *)&lp->pipe, 1024, on_connection);
+    }
+    if (rc != 0 && (a->first != NULL || !a->err[0]))
+        snprintf(a->err, a->errlen, "cannot listen for gRPC on %s: %s", s->unix_path, uv_strerror(rc));
+    a->rc = rc;
+}
+
 int oi_h2_server_start(oi_h2_server_t *s, oi_loop_t **loops, int nloops, char *err, size_t errlen)
 {
     struct addrinfo hints = {0}, *res = NULL;
@@ -1133,14 +1177,16 @@ int oi_h2_server_start(oi_h2_server_t *s, oi_loop_t **loops, int nloops, char *e
     hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
     char portstr[16];
     snprintf(portstr, sizeof(portstr), "%d", s->cfg.port);
-    int rc = getaddrinfo(s->host, portstr, &hints, &res);
+    int tcp = s->cfg.port >= 0, rc = tcp ? getaddrinfo(s->host, portstr, &hints, &res) : 0;
     if (rc != 0) {
         snprintf(err, errlen, "cannot resolve host '%s': %s", s->host, gai_strerror(rc));
         return UV_EINVAL;
     }
-    struct sockaddr_storage addr;
-    memcpy(&addr, res->ai_addr, res->ai_addrlen);
-    freeaddrinfo(res);
+    struct sockaddr_storage addr = {0};
+    if (tcp) {
+        memcpy(&addr, res->ai_addr, res->ai_addrlen);
+        freeaddrinfo(res);
+    }
     s->loops = calloc((size_t)nloops, sizeof(*s->loops));
     if (s->loops == NULL) {
         snprintf(err, errlen, "out of memory");
@@ -1157,17 +1203,26 @@ int oi_h2_server_start(oi_h2_server_t *s, oi_loop_t **loops, int nloops, char *e
             return UV_ENOMEM;
         }
         listen_arg_t a = {lp, &addr, i ? &s->loops[0] : NULL, 0};
-        oi_loop_call(lp->loop, open_listener, &a);
+        if (tcp)
+            oi_loop_call(lp->loop, open_listener, &a);
         if (a.rc != 0) {
             snprintf(err, errlen, "cannot listen for gRPC on %s:%d: %s", s->host, s->cfg.port, uv_strerror(a.rc));
             return a.rc;
         }
+        err[0] = '\0';
+        unix_arg_t u = {lp, i ? &s->loops[0] : NULL, err, errlen, 0};
+        if (s->cfg.unix_path)
+            oi_loop_call(lp->loop, open_unix_listener, &u);
+        if (u.rc != 0)
+            return u.rc;
     }
-    struct sockaddr_storage bound;
-    int len = sizeof(bound);
-    uv_tcp_getsockname(&s->loops[0].tcp, (struct sockaddr *)&bound, &len);
-    s->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
-                                                 : ((struct sockaddr_in *)&bound)->sin_port);
+    if (tcp) {
+        struct sockaddr_storage bound;
+        int len = sizeof(bound);
+        uv_tcp_getsockname(&s->loops[0].tcp, (struct sockaddr *)&bound, &len);
+        s->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                                     : ((struct sockaddr_in *)&bound)->sin_port);
+    }
     return 0;
 }
 
@@ -1178,6 +1233,10 @@ static void close_listener(h2_loop_t *lp)
     if (lp->listening) {
         lp->listening = 0;
         uv_close((uv_handle_t *)&lp->tcp, NULL);
+    }
+    if (lp->pipe_listening) {
+        lp->pipe_listening = 0;
+        uv_close((uv_handle_t *)&lp->pipe, NULL);
     }
 }
 
@@ -1203,6 +1262,7 @@ void oi_h2_server_stop_accepting(oi_h2_server_t *s)
 {
     for (int i = 0; i < s->nloops; i++)
         oi_loop_call(s->loops[i].loop, stop_loop, &s->loops[i]);
+    oi_unix_listen_unlink(&s->unix_sock); /* no listener behind it now */
 }
 
 typedef struct abandon_arg_s {
@@ -1243,6 +1303,7 @@ void oi_h2_server_close(oi_h2_server_t *s)
 {
     for (int i = 0; i < s->nloops; i++)
         oi_loop_call(s->loops[i].loop, close_loop, &s->loops[i]);
+    oi_unix_listen_unlink(&s->unix_sock);
 }
 
 void oi_h2_server_free(oi_h2_server_t *s)

@@ -26,7 +26,9 @@ typedef struct oi_grpc_call_s oi_grpc_call_t;
 
 typedef struct oi_h2_config_s {
     const char *host; /* numeric address or a name; "127.0.0.1" by default */
-    int port;         /* 0 picks a free port */
+    int port;         /* 0 picks a free port; -1: no TCP listener (unix_path only) */
+    const char *unix_path; /* also (or only) listen on this Unix-domain socket; NULL: none */
+    unsigned unix_mode;    /* the socket file's permission bits, e.g. 0660 */
     size_t max_message_bytes;        /* largest request message (at most 4 GiB - 1) */
     int max_connections;             /* when reached, the accepting loop's oldest idle connection (no
                                       * open stream) is closed to make room; without one the new is refused */

@@ -53,7 +53,7 @@ class Server:
     def __init__(
         self,
         host: str = "127.0.0.1",
-        http_port: int = 8000,
+        http_port: int = 8000,  # -1: HTTP on http_unix only
         *,
         threads: int = 0,  # event-loop threads; 0: one per core
         max_body_bytes: int = 1 << 30,
@@ -62,13 +62,17 @@ class Server:
         header_timeout_ms: int = 30_000,  # a request's first byte to the end of its headers
         idle_timeout_ms: int = 300_000,  # keep-alive HTTP, or gRPC with no open stream
         max_json_depth: int = 64,
-        grpc_port: int = 8001,  # -1: no gRPC; 0 picks a free port
+        grpc_port: int = 8001,  # -1: no gRPC over TCP; 0 picks a free port
         grpc_max_message_bytes: int = 2 << 30,  # largest gRPC request message
         allow_shared_memory: bool | None = None,  # None: only when host is a loopback address
         max_connections_per_peer: int = 0,  # per client address; 0: half of max_connections
         first_byte_timeout_ms: int = 5_000,  # silent new connection / gRPC preface; 0: idle timeout
         body_timeout_ms: int = 30_000,  # a request body with no bytes for this long gets 408
         grpc_max_queued_bytes: int = 64 << 20,  # unread responses before a connection's requests wait
+        http_unix: str | None = None,  # also serve HTTP on this Unix socket path
+        grpc_unix: str | None = None,  # also serve gRPC on this Unix socket path
+        unix_socket_mode: int = 0o660,  # the socket files' permission bits
+        grpc_infer_compression_level: int = 0,  # 0 none, 1 low, 2 medium, 3 high (as tritonserver)
     ) -> None: ...
     def set_metadata(self, metadata_json: bytes) -> None:
         """Sets the body of GET /v2 (server metadata)."""

@@ -1,6 +1,7 @@
 """The ``openinfer`` command (also ``python -m openinfer``):
 
-    openinfer serve [REPO] [--host H] [--http-port P] [--grpc-port P] [--threads N] [--max-body-bytes N] ...
+    openinfer serve [REPO] [--host H] [--http-port P] [--grpc-port P] [--http-unix PATH] [--grpc-unix PATH]
+                    [--threads N] [--max-body-bytes N] ...
 
 It logs where it listens and which models are ready or failed (and why), then blocks until
 SIGINT or SIGTERM, which drain in-flight requests through `Server.stop` and exit 0.
@@ -73,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=8000,
         metavar="PORT",
-        help="HTTP port; 0 picks a free one (default 8000)",
+        help="HTTP port; 0 picks a free one, -1 serves HTTP on --http-unix only (default 8000)",
     )
     serve.add_argument(
         "--grpc-port",
@@ -81,6 +82,29 @@ def _parser() -> argparse.ArgumentParser:
         metavar="PORT",
         help="gRPC port; 0 picks a free one, -1 serves no gRPC "
         "(default 8001, or a free one with --http-port 0)",
+    )
+    serve.add_argument(
+        "--http-unix",
+        metavar="PATH",
+        help="also serve HTTP on a Unix-domain socket at PATH: the recommended local transport "
+        "(requests act with the connecting user's rights)",
+    )
+    serve.add_argument(
+        "--grpc-unix", metavar="PATH", help="also serve gRPC on a Unix-domain socket at PATH"
+    )
+    serve.add_argument(
+        "--unix-socket-mode",
+        type=lambda v: int(v, 8),
+        default=0o660,
+        metavar="OCTAL",
+        help="permission bits of the Unix socket files (default 660: the server's user and group)",
+    )
+    serve.add_argument(
+        "--grpc-infer-response-compression-level",
+        choices=["none", "low", "medium", "high"],
+        default="none",
+        help="compress ModelInfer/ModelStreamInfer responses for clients that accept it, as "
+        "tritonserver does (default none)",
     )
     serve.add_argument(
         "--threads",
@@ -124,6 +148,9 @@ def _serve(args: argparse.Namespace) -> int:
     grpc: dict[str, int | None] = {}
     if args.grpc_port is not None:
         grpc["grpc_port"] = None if args.grpc_port < 0 else args.grpc_port
+    if args.http_port < 0 and args.http_unix is None:
+        print("openinfer: error: --http-port -1 needs --http-unix PATH", file=sys.stderr)
+        return 2
     stopping = threading.Event()
     started: list[Server] = []
 
@@ -146,9 +173,13 @@ def _serve(args: argparse.Namespace) -> int:
         server = serve(
             args.repo,
             host=args.host,
-            http_port=args.http_port,
+            http_port=None if args.http_port < 0 else args.http_port,
             threads=args.threads,
             allow_shared_memory=args.allow_shared_memory,
+            http_unix=args.http_unix,
+            grpc_unix=args.grpc_unix,
+            unix_socket_mode=args.unix_socket_mode,
+            grpc_infer_response_compression_level=args.grpc_infer_response_compression_level,
             **grpc,
             **limits,
         )
