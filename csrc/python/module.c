@@ -12,6 +12,7 @@
 #include "python/client.h"
 #include "python/torch_module.h"
 #include "server/server.h"
+#include "transport/loop.h"
 #include "transport/peer.h"
 
 typedef struct {
@@ -496,7 +497,28 @@ static PyObject *peer_credentials(PyObject *self, PyObject *arg)
                          p.gid == (gid_t)-1 ? -1L : (long)p.gid, "groups", groups);
 }
 
+/* _hold_work(on) / _held_work(): the test hold of transport/loop.h (oi__work_hold), so that a
+ * test can see the loops serve while a (de)compression waits on a worker thread. */
+static PyObject *hold_work(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    oi__work_hold(on);
+    Py_RETURN_NONE;
+}
+
+static PyObject *held_work(PyObject *self, PyObject *unused)
+{
+    (void)self, (void)unused;
+    return PyLong_FromLong(oi__work_held());
+}
+
 static PyMethodDef peer_functions[] = {
+    {"_hold_work", hold_work, METH_O,
+     "For tests: while true, work sent off the event loops (decompression, compression) waits before it starts."},
+    {"_held_work", held_work, METH_NOARGS, "For tests: how many pieces of work wait on _hold_work."},
     {"peer_credentials", peer_credentials, METH_O,
      "The uid, gid (-1: unknown) and groups of the process on the other end of a connected socket (a file "
      "descriptor or an object with fileno()); OSError when unknown (ENOENT: not on this host)."},

@@ -33,6 +33,12 @@ Handler = Callable[[dict[str, np.ndarray], bytes | None, tuple[str, ...]], Mappi
 #     inter_op_threads (0: torch's default)
 TorchSpec = dict[str, object]
 
+def _hold_work(on: bool) -> None:
+    """For tests: while on, work sent off the event loops ((de)compression) waits to start."""
+
+def _held_work() -> int:
+    """For tests: how many pieces of work wait on _hold_work."""
+
 def peer_credentials(sock: int | object) -> dict[str, object]:
     """{"uid", "gid" (-1: unknown), "groups"} of the process on the other end of a connected
     socket, as the server sees its clients; OSError when unknown (ENOENT: not on this host)."""
