@@ -300,7 +300,8 @@ typedef struct inflate_work_s {
 static void inflate_run(oi_work_t *w)
 {
     inflate_work_t *f = (inflate_work_t *)w;
-    f->st = oi_inflate(f->in->data, f->in->len, f->enc, f->max_out, &f->out);
+    oi_inflate_limit_t lim = {f->max_out, "request body", "max_body_bytes"};
+    f->st = oi_inflate(f->in->data, f->in->len, f->enc, &lim, &f->out);
 }
 
 static void inflate_done(oi_work_t *w)

@@ -11,6 +11,7 @@
 
 #include <nghttp2/nghttp2.h>
 
+#include "codec/compress.h"
 #include "transport/grpc.h"
 #include "transport/peers.h"
 #include "transport/unix_listen.h"
@@ -104,6 +105,7 @@ typedef struct write_req_s {
 typedef struct held_msg_s {
     struct held_msg_s *next;
     oi_buf_t *msg;
+    int compressed; /* its prefix's flag: to be inflated before the handler sees it */
 } held_msg_t;
 
 /* A response message waiting in a call's queue: parts[0] is its 5-byte prefix. */
@@ -112,6 +114,8 @@ typedef struct out_msg_s {
     size_t nparts;
     size_t idx; /* next part to send */
     size_t off; /* bytes of parts[idx] already sent */
+    int pending;      /* waits to be compressed (then parts[1] becomes the compressed bytes) */
+    size_t raw_total; /* its uncompressed length while pending */
     uint8_t prefix[5];
     oi_iov_t parts[];
 } out_msg_t;
@@ -202,7 +206,8 @@ static void call_detach(oi_grpc_call_t *call)
     stop_timer(call);
     /* Its queued responses will never be framed, and its held bytes are given back to the
      * connection window (the stream's own window went with the stream). */
-    c->queued -= call->out_bytes < c->queued ? call->out_bytes : c->queued;
+    uint64_t mine = call->out_bytes + call->pending_bytes;
+    c->queued -= mine < c->queued ? mine : c->queued;
     drop_held(call);
     if (c->session) {
         if (call->unconsumed > 0)
@@ -258,12 +263,13 @@ static ssize_t read_data(nghttp2_session *session, int32_t stream_id, uint8_t *b
     oi_grpc_call_t *call = source->ptr;
     if (call == NULL || call->conn == NULL)
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
-    if (call->out_bytes == 0 && !call->finished)
+    /* Messages still being compressed come before the trailers. */
+    if (call->out_bytes == 0 && (!call->finished || call->compressing))
         return NGHTTP2_ERR_DEFERRED;
     size_t n = call->out_bytes < length ? (size_t)call->out_bytes : length;
     if (n > 0)
         *data_flags |= NGHTTP2_DATA_FLAG_NO_COPY;
-    if (n == call->out_bytes && call->finished) {
+    if (n == call->out_bytes && call->finished && !call->compressing) {
         /* The last bytes: trailers follow, and they carry END_STREAM. */
         *data_flags |= NGHTTP2_DATA_FLAG_EOF | NGHTTP2_DATA_FLAG_NO_END_STREAM;
         submit_trailers(call);
@@ -352,11 +358,131 @@ static int on_send_data(nghttp2_session *session, nghttp2_frame *frame, const ui
     return 0;
 }
 
+/* The gRPC name of an encoding, for grpc-encoding. */
+static const char *encoding_name(int enc) { return enc == OI_ENCODING_GZIP ? "gzip" : "deflate"; }
+
+/* What this server accepts, for grpc-accept-encoding on every response. */
+#define ACCEPT_ENCODINGS "identity,deflate,gzip"
+
+void oi_grpc_call_compress(oi_grpc_call_t *call, int level)
+{
+    int order[2], n = 0; /* gRPC's ranking: gzip, then deflate, of those the client accepts */
+    if (call->accept_encodings & (1u << OI_ENCODING_GZIP))
+        order[n++] = OI_ENCODING_GZIP;
+    if (call->accept_encodings & (1u << OI_ENCODING_DEFLATE))
+        order[n++] = OI_ENCODING_DEFLATE;
+    if (level <= 0 || n == 0 || call->headers_sent)
+        return;
+    call->response_encoding = level == 1 ? order[0] : level == 2 ? order[n / 2] : order[n - 1];
+}
+
+/* A response message being compressed on a worker thread. It stays in its call's queue (the
+ * call is kept by a reference), pending, so that the messages behind it wait their turn. */
+typedef struct compress_work_s {
+    oi_work_t work;
+    oi_grpc_call_t *call;
+    out_msg_t *m;
+    oi_buf_t *out; /* NULL: out of memory */
+} compress_work_t;
+
+static void compress_run(oi_work_t *w)
+{
+    compress_work_t *cw = (compress_work_t *)w;
+    out_msg_t *m = cw->m;
+    size_t n = m->nparts - 1; /* parts[0] is the prefix */
+    const char *bases[n ? n : 1];
+    size_t lens[n ? n : 1];
+    for (size_t i = 0; i < n; i++) {
+        bases[i] = m->parts[i + 1].base;
+        lens[i] = m->parts[i + 1].len;
+    }
+    if (oi_deflate(bases, lens, n, cw->call->response_encoding, &cw->out) != 0)
+        cw->out = NULL;
+}
+
+static void compress_done(oi_work_t *w);
+
+static void drop_pending(oi_grpc_call_t *call);
+
+/* Starts compressing `m`, the first pending message of the call; on failure the call ends
+ * with INTERNAL (and its pending messages, `m` among them, are freed). */
+static void compress_start(oi_grpc_call_t *call, out_msg_t *m)
+{
+    compress_work_t *cw = malloc(sizeof(*cw));
+    call->compressing = 1;
+    if (cw != NULL) {
+        *cw = (compress_work_t){.work = {.run = compress_run, .done = compress_done}, .call = call, .m = m};
+        oi_grpc_call_ref(call);
+        if (oi_loop_work(call->loop, &cw->work) == 0)
+            return;
+        oi_grpc_call_unref(call);
+        free(cw);
+    }
+    drop_pending(call);
+    oi_grpc_finish(call, OI_GRPC_INTERNAL, "cannot compress the response: out of memory");
+}
+
+/* Unlinks and frees the call's pending messages (they are the tail of its queue). */
+static void drop_pending(oi_grpc_call_t *call)
+{
+    out_msg_t **pp = &call->out_head, *last = NULL;
+    while (*pp != NULL && !(*pp)->pending) {
+        last = *pp;
+        pp = &(*pp)->next;
+    }
+    for (out_msg_t *m = *pp, *next; m != NULL; m = next) {
+        next = m->next;
+        out_msg_free(m);
+    }
+    *pp = NULL;
+    call->out_tail = last;
+    if (call->conn != NULL)
+        call->conn->queued -= call->pending_bytes < call->conn->queued ? call->pending_bytes : call->conn->queued;
+    call->pending_bytes = 0;
+    call->compressing = 0;
+}
+
+static void compress_done(oi_work_t *w)
+{
+    compress_work_t *cw = (compress_work_t *)w;
+    oi_grpc_call_t *call = cw->call;
+    out_msg_t *m = cw->m;
+    oi_buf_t *out = cw->out;
+    free(cw);
+    call->compressing = 0;
+    if (out == NULL || out->len > UINT32_MAX) {
+        oi_buf_unref(out);
+        drop_pending(call);
+        oi_grpc_finish(call, OI_GRPC_INTERNAL, "cannot compress the response: out of memory");
+        oi_grpc_call_unref(call);
+        return;
+    }
+    for (size_t i = 1; i < m->nparts; i++)
+        oi_buf_unref(m->parts[i].owner);
+    m->parts[1] = (oi_iov_t){out->data, out->len, out};
+    m->nparts = 2;
+    oi_grpc_put_prefix(m->prefix, (uint32_t)out->len);
+    m->prefix[0] = 1; /* compressed, with the call's grpc-encoding */
+    m->pending = 0;
+    call->pending_bytes -= m->raw_total;
+    call->out_bytes += 5 + out->len;
+    h2_conn_t *c = call->conn;
+    if (c != NULL)
+        c->queued = c->queued - (m->raw_total < c->queued ? m->raw_total : c->queued) + 5 + out->len;
+    if (m->next != NULL && c != NULL)
+        compress_start(call, m->next);
+    if (c != NULL && !c->closing) {
+        nghttp2_session_resume_data(c->session, call->stream_id);
+        call_kick(call);
+    }
+    oi_grpc_call_unref(call);
+}
+
 void oi_grpc_send(oi_grpc_call_t *call, const oi_iov_t *parts, size_t nparts, size_t total)
 {
     out_msg_t *m = NULL;
     if (oi_grpc_call_open(call) && total <= UINT32_MAX)
-        m = malloc(sizeof(*m) + (nparts + 1) * sizeof(oi_iov_t));
+        m = malloc(sizeof(*m) + (nparts + 2) * sizeof(oi_iov_t)); /* room for prefix and compressed part */
     if (m == NULL) {
         for (size_t i = 0; i < nparts; i++)
             oi_buf_unref(parts[i].owner);
@@ -367,6 +493,8 @@ void oi_grpc_send(oi_grpc_call_t *call, const oi_iov_t *parts, size_t nparts, si
     m->next = NULL;
     m->idx = 0;
     m->off = 0;
+    m->pending = call->response_encoding != OI_ENCODING_IDENTITY;
+    m->raw_total = total;
     oi_grpc_put_prefix(m->prefix, (uint32_t)total);
     m->parts[0] = (oi_iov_t){(const char *)m->prefix, 5, NULL};
     size_t n = 1;
@@ -382,10 +510,16 @@ void oi_grpc_send(oi_grpc_call_t *call, const oi_iov_t *parts, size_t nparts, si
     else
         call->out_head = m;
     call->out_tail = m;
-    call->out_bytes += 5 + total;
 
     h2_conn_t *c = call->conn;
-    c->queued += 5 + total;
+    int start = m->pending && !call->compressing;
+    if (m->pending) {
+        call->pending_bytes += total;
+        c->queued += total;
+    } else {
+        call->out_bytes += 5 + total;
+        c->queued += 5 + total;
+    }
     if (c->queued > c->lp->server->cfg.max_queued_bytes)
         c->throttled = 1; /* the client is not reading: stop taking its requests */
     if (!call->headers_sent) {
@@ -393,12 +527,24 @@ void oi_grpc_send(oi_grpc_call_t *call, const oi_iov_t *parts, size_t nparts, si
         nghttp2_nv nv[] = {
             {(uint8_t *)":status", (uint8_t *)"200", 7, 3, NGHTTP2_NV_FLAG_NONE},
             {(uint8_t *)"content-type", (uint8_t *)"application/grpc", 12, 16, NGHTTP2_NV_FLAG_NONE},
+            {(uint8_t *)"grpc-accept-encoding", (uint8_t *)ACCEPT_ENCODINGS, 20, sizeof(ACCEPT_ENCODINGS) - 1,
+             NGHTTP2_NV_FLAG_NONE},
+            {(uint8_t *)"grpc-encoding", (uint8_t *)"", 13, 0, NGHTTP2_NV_FLAG_NONE},
         };
+        size_t nnv = 3;
+        if (call->response_encoding != OI_ENCODING_IDENTITY) {
+            const char *e = encoding_name(call->response_encoding);
+            nv[3].value = (uint8_t *)e;
+            nv[3].valuelen = strlen(e);
+            nnv = 4;
+        }
         nghttp2_data_provider prd = {.source.ptr = call, .read_callback = read_data};
-        nghttp2_submit_response(c->session, call->stream_id, nv, 2, &prd);
-    } else {
+        nghttp2_submit_response(c->session, call->stream_id, nv, nnv, &prd);
+    } else if (!m->pending) {
         nghttp2_session_resume_data(c->session, call->stream_id);
     }
+    if (start)
+        compress_start(call, m); /* last: on failure it frees m and ends the call */
     call_kick(call);
 }
 
@@ -409,13 +555,15 @@ static void submit_headers_only(oi_grpc_call_t *call, const char *http_status, i
     snprintf(code, sizeof(code), "%d", grpc_status);
     oi_sbuf_t enc = {0};
     int grpc = strcmp(http_status, "200") == 0;
-    nghttp2_nv nv[4] = {
+    nghttp2_nv nv[5] = {
         {(uint8_t *)":status", (uint8_t *)http_status, 7, strlen(http_status), NGHTTP2_NV_FLAG_NONE},
         {(uint8_t *)"content-type", (uint8_t *)(grpc ? "application/grpc" : "text/plain"), 12, grpc ? 16 : 10,
          NGHTTP2_NV_FLAG_NONE},
         {(uint8_t *)"grpc-status", (uint8_t *)code, 11, strlen(code), NGHTTP2_NV_FLAG_NONE},
+        {(uint8_t *)"grpc-accept-encoding", (uint8_t *)ACCEPT_ENCODINGS, 20, sizeof(ACCEPT_ENCODINGS) - 1,
+         NGHTTP2_NV_FLAG_NONE},
     };
-    size_t n = 3;
+    size_t n = 4;
     if (message && message[0] && oi_grpc_percent_encode(&enc, message) == 0)
         nv[n++] = (nghttp2_nv){(uint8_t *)"grpc-message", (uint8_t *)enc.data, 12, enc.len, NGHTTP2_NV_FLAG_NONE};
     nghttp2_submit_response(call->conn->session, call->stream_id, nv, n, NULL);
@@ -480,6 +628,26 @@ static int header_is(const uint8_t *name, size_t n, const char *want)
     return n == strlen(want) && memcmp(name, want, n) == 0;
 }
 
+/* The algorithms named in a grpc-accept-encoding value ("identity, deflate, gzip"), as bits
+ * 1 << oi_encoding_t. */
+static unsigned accept_encodings(const char *v, size_t n)
+{
+    unsigned bits = 0;
+    for (size_t i = 0; i < n;) {
+        while (i < n && (v[i] == ' ' || v[i] == ','))
+            i++;
+        size_t j = i;
+        while (j < n && v[j] != ',' && v[j] != ' ')
+            j++;
+        if (j - i == 4 && memcmp(v + i, "gzip", 4) == 0)
+            bits |= 1u << OI_ENCODING_GZIP;
+        else if (j - i == 7 && memcmp(v + i, "deflate", 7) == 0)
+            bits |= 1u << OI_ENCODING_DEFLATE;
+        i = j;
+    }
+    return bits;
+}
+
 static int on_header(nghttp2_session *session, const nghttp2_frame *frame, const uint8_t *name, size_t namelen,
                      const uint8_t *value, size_t valuelen, uint8_t flags, void *user_data)
 {
@@ -507,7 +675,14 @@ static int on_header(nghttp2_session *session, const nghttp2_frame *frame, const
         if (oi_grpc_parse_timeout((const char *)value, valuelen, &ms) == 0)
             call->timeout_ms = ms > 0 ? ms : 1;
     } else if (header_is(name, namelen, "grpc-encoding")) {
-        call->bad_encoding = !(valuelen == 8 && memcmp(value, "identity", 8) == 0);
+        size_t n = valuelen < sizeof(call->encoding_name) - 1 ? valuelen : sizeof(call->encoding_name) - 1;
+        memcpy(call->encoding_name, value, n);
+        call->encoding_name[n] = '\0';
+        call->encoding = n == valuelen ? (int)oi_content_encoding(call->encoding_name) : OI_ENCODING_UNKNOWN;
+        if (strcmp(call->encoding_name, "x-gzip") == 0) /* an HTTP name, not a gRPC one */
+            call->encoding = OI_ENCODING_UNKNOWN;
+    } else if (header_is(name, namelen, "grpc-accept-encoding")) {
+        call->accept_encodings |= accept_encodings((const char *)value, valuelen);
     }
     return 0;
 }
@@ -533,11 +708,6 @@ static void start_call(h2_conn_t *c, oi_grpc_call_t *call)
         oi_grpc_finish(call, OI_GRPC_UNIMPLEMENTED, "the request has no :path naming a method");
         return;
     }
-    if (call->bad_encoding) {
-        oi_grpc_finish(call, OI_GRPC_UNIMPLEMENTED,
-                       "unsupported grpc-encoding; this server accepts uncompressed (identity) messages only");
-        return;
-    }
     if (call->timeout_ms > 0) {
         uv_timer_t *t = malloc(sizeof(*t));
         if (t != NULL) {
@@ -549,6 +719,80 @@ static void start_call(h2_conn_t *c, oi_grpc_call_t *call)
         }
     }
     s->handler.on_call(s->ctx, call);
+}
+
+/* A compressed request message being inflated on a worker thread; its call waits (inflating)
+ * and is kept by a reference. */
+typedef struct inflate_work_s {
+    oi_work_t work;
+    oi_grpc_call_t *call;
+    oi_buf_t *in;
+    int enc;
+    size_t max_out;
+    oi_buf_t *out;
+    oi_status_t *st;
+} inflate_work_t;
+
+static void inflate_run(oi_work_t *w)
+{
+    inflate_work_t *f = (inflate_work_t *)w;
+    oi_inflate_limit_t lim = {f->max_out, "request message", "grpc_max_message_bytes"};
+    f->st = oi_inflate(f->in->data, f->in->len, (oi_encoding_t)f->enc, &lim, &f->out);
+}
+
+static void call_drain(h2_conn_t *c, oi_grpc_call_t *call);
+
+static void inflate_done(oi_work_t *w)
+{
+    inflate_work_t *f = (inflate_work_t *)w;
+    oi_grpc_call_t *call = f->call;
+    oi_buf_unref(f->in);
+    call->inflating = 0;
+    h2_conn_t *c = call->conn;
+    if (f->st != NULL) {
+        /* Too large: RESOURCE_EXHAUSTED, as for an uncompressed message over the limit;
+         * corrupt or truncated data: INTERNAL, as gRPC answers a message it cannot inflate. */
+        oi_grpc_finish(call, f->st->code == OI_TOO_LARGE ? OI_GRPC_RESOURCE_EXHAUSTED : OI_GRPC_INTERNAL,
+                       f->st->message);
+        oi_status_free(f->st);
+    } else if (c != NULL && !c->closing && oi_grpc_call_open(call)) {
+        oi_h2_server_t *s = c->lp->server;
+        c->in_recv = 1; /* answers given from inside only queue: one flush below */
+        s->handler.on_message(s->ctx, call, f->out);
+        call_drain(c, call);
+        c->in_recv = 0;
+    } else {
+        oi_buf_unref(f->out);
+    }
+    free(f);
+    if (c != NULL && !c->closing)
+        conn_flush(c);
+    oi_grpc_call_unref(call);
+}
+
+/* Hands a complete request message to the handler; a compressed one is inflated off the loop
+ * first, and the call's later messages wait behind it. */
+static void deliver(h2_conn_t *c, oi_grpc_call_t *call, oi_buf_t *m, int compressed)
+{
+    oi_h2_server_t *s = c->lp->server;
+    if (!compressed) {
+        s->handler.on_message(s->ctx, call, m);
+        return;
+    }
+    inflate_work_t *f = malloc(sizeof(*f));
+    if (f != NULL) {
+        *f = (inflate_work_t){.work = {.run = inflate_run, .done = inflate_done}, .call = call, .in = m,
+                              .enc = call->encoding, .max_out = s->cfg.max_message_bytes};
+        call->inflating = 1;
+        oi_grpc_call_ref(call);
+        if (oi_loop_work(call->loop, &f->work) == 0)
+            return;
+        call->inflating = 0;
+        oi_grpc_call_unref(call);
+        free(f);
+    }
+    oi_buf_unref(m);
+    oi_grpc_finish(call, OI_GRPC_RESOURCE_EXHAUSTED, "out of memory for the request message");
 }
 
 /* Feeds DATA bytes to the message reassembly: each complete message goes to the handler. */
@@ -568,10 +812,22 @@ static void call_feed(h2_conn_t *c, oi_grpc_call_t *call, const uint8_t *data, s
                 return;
             uint32_t n = (uint32_t)call->prefix[1] << 24 | (uint32_t)call->prefix[2] << 16 |
                          (uint32_t)call->prefix[3] << 8 | call->prefix[4];
-            if (call->prefix[0] != 0) {
-                oi_grpc_finish(call, call->prefix[0] == 1 ? OI_GRPC_UNIMPLEMENTED : OI_GRPC_INTERNAL,
-                               call->prefix[0] == 1 ? "compressed messages are not supported; send identity"
-                                                    : "malformed gRPC message prefix: flag byte is not 0 or 1");
+            if (call->prefix[0] > 1) {
+                oi_grpc_finish(call, OI_GRPC_INTERNAL, "malformed gRPC message prefix: flag byte is not 0 or 1");
+                return;
+            }
+            if (call->prefix[0] == 1 && (call->encoding == OI_ENCODING_IDENTITY)) {
+                /* The gRPC spec: a compressed flag without an encoding is INTERNAL. */
+                oi_grpc_finish(call, OI_GRPC_INTERNAL, "the message's compressed flag is set but the call has no "
+                                                       "grpc-encoding (expected gzip or deflate)");
+                return;
+            }
+            if (call->prefix[0] == 1 && call->encoding == OI_ENCODING_UNKNOWN) {
+                /* UNIMPLEMENTED, with grpc-accept-encoding saying what is (gRPC compression spec). */
+                char msg[160];
+                snprintf(msg, sizeof(msg), "grpc-encoding '%s' is not supported; this server accepts " ACCEPT_ENCODINGS,
+                         call->encoding_name);
+                oi_grpc_finish(call, OI_GRPC_UNIMPLEMENTED, msg);
                 return;
             }
             if (n > s->cfg.max_message_bytes) {
@@ -598,10 +854,11 @@ static void call_feed(h2_conn_t *c, oi_grpc_call_t *call, const uint8_t *data, s
         len -= take;
         if (call->msg_need == 0) {
             oi_buf_t *m = call->msg;
+            int compressed = call->prefix[0] == 1;
             call->msg = NULL;
             call->prefix_have = 0;
             call->received++;
-            if (c->throttled || call->held_head != NULL) {
+            if (c->throttled || call->held_head != NULL || call->inflating) {
                 held_msg_t *h = malloc(sizeof(*h));
                 if (h == NULL) {
                     oi_buf_unref(m);
@@ -610,13 +867,14 @@ static void call_feed(h2_conn_t *c, oi_grpc_call_t *call, const uint8_t *data, s
                 }
                 h->next = NULL;
                 h->msg = m;
+                h->compressed = compressed;
                 if (call->held_tail)
                     call->held_tail->next = h;
                 else
                     call->held_head = h;
                 call->held_tail = h;
             } else {
-                s->handler.on_message(s->ctx, call, m);
+                deliver(c, call, m, compressed);
             }
         }
     }
@@ -630,7 +888,7 @@ static int on_data_chunk(nghttp2_session *session, uint8_t flags, int32_t stream
     oi_grpc_call_t *call = call_of(session, stream_id);
     /* The window is given back as bytes are taken, except while the connection is throttled
      * (or the call still has held messages): then the client runs out of window and stops. */
-    if (call != NULL && (c->throttled || call->held_head != NULL))
+    if (call != NULL && (c->throttled || call->held_head != NULL || call->inflating))
         call->unconsumed += len;
     else
         nghttp2_session_consume(session, stream_id, len);
@@ -671,7 +929,7 @@ static int on_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, v
     if (frame->hd.type == NGHTTP2_HEADERS && frame->headers.cat == NGHTTP2_HCAT_REQUEST)
         start_call(c, call);
     if ((frame->hd.flags & NGHTTP2_FLAG_END_STREAM) && !call->half_closed && !call->half_close_held) {
-        if (call->held_head != NULL) {
+        if (call->held_head != NULL || call->inflating) {
             call->half_close_held = 1; /* told after the held messages, in order */
             oi_grpc_call_unref(call);
             return 0;
@@ -853,38 +1111,45 @@ static void conn_write_batch(h2_conn_t *c)
         after_write(&wr->w, rc);
 }
 
+/* Hands a call's held messages to the handler in order, while the connection is not
+ * throttled and no message of the call is being inflated; once none is left, gives their bytes
+ * back to the client's window and delivers a held END_STREAM. Runs with in_recv set. */
+static void call_drain(h2_conn_t *c, oi_grpc_call_t *call)
+{
+    oi_grpc_call_ref(call);
+    while (call->held_head != NULL && !c->throttled && !call->inflating && oi_grpc_call_open(call)) {
+        held_msg_t *h = call->held_head;
+        call->held_head = h->next;
+        if (call->held_head == NULL)
+            call->held_tail = NULL;
+        oi_buf_t *m = h->msg;
+        int compressed = h->compressed;
+        free(h);
+        deliver(c, call, m, compressed);
+    }
+    if (!oi_grpc_call_open(call))
+        drop_held(call);
+    if (call->held_head == NULL && !call->inflating && call->conn != NULL) {
+        if (call->unconsumed > 0)
+            nghttp2_session_consume(c->session, call->stream_id, call->unconsumed);
+        call->unconsumed = 0;
+        if (call->half_close_held) {
+            call->half_close_held = 0;
+            half_close(c, call);
+        }
+    }
+    oi_grpc_call_unref(call);
+}
+
 /* The queue drained: hands the held messages to the handler (in order, stopping if the
  * connection throttles again) and gives their bytes back to the client's window. Runs with
  * in_recv set, so that answers given from inside only queue; the caller sends. */
 static void conn_release(h2_conn_t *c)
 {
-    oi_h2_server_t *s = c->lp->server;
     c->throttled = 0;
     c->in_recv = 1;
-    for (oi_grpc_call_t *call = c->calls; call != NULL && !c->throttled; call = call->next) {
-        oi_grpc_call_ref(call);
-        while (call->held_head != NULL && !c->throttled && oi_grpc_call_open(call)) {
-            held_msg_t *h = call->held_head;
-            call->held_head = h->next;
-            if (call->held_head == NULL)
-                call->held_tail = NULL;
-            oi_buf_t *m = h->msg;
-            free(h);
-            s->handler.on_message(s->ctx, call, m);
-        }
-        if (!oi_grpc_call_open(call))
-            drop_held(call);
-        if (call->held_head == NULL && call->conn != NULL) {
-            if (call->unconsumed > 0)
-                nghttp2_session_consume(c->session, call->stream_id, call->unconsumed);
-            call->unconsumed = 0;
-            if (call->half_close_held) {
-                call->half_close_held = 0;
-                half_close(c, call);
-            }
-        }
-        oi_grpc_call_unref(call);
-    }
+    for (oi_grpc_call_t *call = c->calls; call != NULL && !c->throttled; call = call->next)
+        call_drain(c, call);
     c->in_recv = 0;
 }
 
