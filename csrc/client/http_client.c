@@ -291,8 +291,8 @@ int oi_http_client_request(oi_http_client_t *c, const char *method, const char *
     for (int i = 0; i < nparts; i++)
         body_len += parts[i].iov_len;
     char head[1024];
-    int hn = snprintf(head, sizeof(head), "%s %s HTTP/1.1\r\nHost: %s\r\nContent-Length: %zu\r\n%s\r\n", method,
-                      path, c->authority, body_len, headers ? headers : "");
+    int hn = snprintf(head, sizeof(head), "%s %s HTTP/1.1\r\nHost: %s\r\nContent-Length: %zu\r\n%s\r\n", method, path,
+                      c->authority, body_len, headers ? headers : "");
     if (hn < 0 || (size_t)hn >= sizeof(head)) {
         snprintf(err, errlen, "request line and headers too long");
         return -1;

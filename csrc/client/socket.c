@@ -85,7 +85,9 @@ static int connect_unix(const char *path, int64_t deadline, int *fd, char *err, 
         return -1;
     }
     strcpy(addr.sun_path, path);
-    struct addrinfo a = {.ai_family = AF_UNIX, .ai_socktype = SOCK_STREAM, .ai_addr = (struct sockaddr *)&addr,
+    struct addrinfo a = {.ai_family = AF_UNIX,
+                         .ai_socktype = SOCK_STREAM,
+                         .ai_addr = (struct sockaddr *)&addr,
                          .ai_addrlen = sizeof(addr)};
     int timed_out = 0;
     if ((*fd = connect_one(&a, deadline, &timed_out)) >= 0)

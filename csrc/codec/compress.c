@@ -98,7 +98,8 @@ static oi_status_t *inflate_pass(const char *data, size_t len, int window, const
         else if (rc == Z_BUF_ERROR && z.avail_in == 0 && in_left == 0)
             st = oi_status_new(OI_BAD_REQUEST, "the compressed %s is truncated", lim->what);
         else if (rc != Z_OK && rc != Z_STREAM_END && rc != Z_BUF_ERROR)
-            st = oi_status_new(OI_BAD_REQUEST, "the compressed %s is corrupt: %s", lim->what, z.msg ? z.msg : "bad data");
+            st = oi_status_new(OI_BAD_REQUEST, "the compressed %s is corrupt: %s", lim->what,
+                               z.msg ? z.msg : "bad data");
     }
     inflateEnd(&z);
     free(scratch);

@@ -26,8 +26,7 @@ typedef struct oi_inflate_limit_s {
  * send) body into a new buffer of exactly the inflated size (one reference in *out). More
  * than lim->max_out bytes is a 413, found before anything of that size is allocated;
  * corrupt or truncated data is a 400. Returns NULL or a status. */
-oi_status_t *oi_inflate(const char *data, size_t len, oi_encoding_t enc, const oi_inflate_limit_t *lim,
-                        oi_buf_t **out);
+oi_status_t *oi_inflate(const char *data, size_t len, oi_encoding_t enc, const oi_inflate_limit_t *lim, oi_buf_t **out);
 
 /* Compresses the concatenation of n parts into a new buffer (one reference in *out).
  * Returns 0 or -1 (out of memory). */

@@ -332,8 +332,13 @@ static void handle_infer(oi_server_t *s, oi_http_request_t *r, oi_model_t *m)
     /* Inflating may take long (up to the body limit, from a small body): off the loop. */
     inflate_work_t *f = st == NULL ? calloc(1, sizeof(*f)) : NULL;
     if (st == NULL && f != NULL) {
-        *f = (inflate_work_t){.work = {.run = inflate_run, .done = inflate_done}, .s = s, .r = r, .m = m,
-                              .in = oi_buf_ref(r->body), .enc = enc, .max_out = s->cfg.http.max_body_bytes};
+        *f = (inflate_work_t){.work = {.run = inflate_run, .done = inflate_done},
+                              .s = s,
+                              .r = r,
+                              .m = m,
+                              .in = oi_buf_ref(r->body),
+                              .enc = enc,
+                              .max_out = s->cfg.http.max_body_bytes};
         if (oi_loop_work(r->loop, &f->work) == 0)
             return;
         oi_buf_unref(f->in);

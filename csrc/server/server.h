@@ -10,9 +10,9 @@
 typedef struct oi_server_config_s {
     oi_http_config_t http;
     uint32_t max_json_depth;
-    int grpc_port;              /* gRPC on its own port, on the HTTP loops; -1: none over TCP */
-    const char *grpc_unix_path; /* gRPC on this Unix-domain socket too (mode http.unix_mode); NULL: none.
-                                 * With neither a port nor a path, no gRPC at all */
+    int grpc_port;                 /* gRPC on its own port, on the HTTP loops; -1: none over TCP */
+    const char *grpc_unix_path;    /* gRPC on this Unix-domain socket too (mode http.unix_mode); NULL: none.
+                                    * With neither a port nor a path, no gRPC at all */
     size_t grpc_max_message_bytes; /* largest gRPC request message; 0: 2 GiB */
     size_t grpc_max_queued_bytes;  /* see oi_h2_config_t.max_queued_bytes; 0: 64 MiB */
     /* --grpc-infer-response-compression-level: 0 none, 1 low, 2 medium, 3 high. Inference

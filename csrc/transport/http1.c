@@ -27,8 +27,8 @@ typedef struct listener_s {
     uv_pipe_t pipe; /* the Unix-domain listener, with cfg.unix_path */
     oi_loop_t loop;
     oi_http_server_t *server;
-    int listening;      /* tcp is open */
-    int pipe_listening; /* pipe is open */
+    int listening;                /* tcp is open */
+    int pipe_listening;           /* pipe is open */
     struct oi_http_conn_s *conns; /* every open connection of this loop, for shutdown */
 } listener_t;
 
@@ -938,7 +938,7 @@ int oi_http_server_start(oi_http_server_t *s, char *err, size_t errlen)
         int len = sizeof(bound);
         uv_tcp_getsockname(&s->loops[0].tcp, (struct sockaddr *)&bound, &len);
         s->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
-                                                     : ((struct sockaddr_in *)&bound)->sin_port);
+                                                    : ((struct sockaddr_in *)&bound)->sin_port);
     }
     for (int i = 0; i < s->nloops; i++)
         if ((rc = oi_loop_start(&s->loops[i].loop)) != 0) {

@@ -359,7 +359,10 @@ static int on_send_data(nghttp2_session *session, nghttp2_frame *frame, const ui
 }
 
 /* The gRPC name of an encoding, for grpc-encoding. */
-static const char *encoding_name(int enc) { return enc == OI_ENCODING_GZIP ? "gzip" : "deflate"; }
+static const char *encoding_name(int enc)
+{
+    return enc == OI_ENCODING_GZIP ? "gzip" : "deflate";
+}
 
 /* What this server accepts, for grpc-accept-encoding on every response. */
 #define ACCEPT_ENCODINGS "identity,deflate,gzip"
@@ -781,8 +784,11 @@ static void deliver(h2_conn_t *c, oi_grpc_call_t *call, oi_buf_t *m, int compres
     }
     inflate_work_t *f = malloc(sizeof(*f));
     if (f != NULL) {
-        *f = (inflate_work_t){.work = {.run = inflate_run, .done = inflate_done}, .call = call, .in = m,
-                              .enc = call->encoding, .max_out = s->cfg.max_message_bytes};
+        *f = (inflate_work_t){.work = {.run = inflate_run, .done = inflate_done},
+                              .call = call,
+                              .in = m,
+                              .enc = call->encoding,
+                              .max_out = s->cfg.max_message_bytes};
         call->inflating = 1;
         oi_grpc_call_ref(call);
         if (oi_loop_work(call->loop, &f->work) == 0)
@@ -818,8 +824,9 @@ static void call_feed(h2_conn_t *c, oi_grpc_call_t *call, const uint8_t *data, s
             }
             if (call->prefix[0] == 1 && (call->encoding == OI_ENCODING_IDENTITY)) {
                 /* The gRPC spec: a compressed flag without an encoding is INTERNAL. */
-                oi_grpc_finish(call, OI_GRPC_INTERNAL, "the message's compressed flag is set but the call has no "
-                                                       "grpc-encoding (expected gzip or deflate)");
+                oi_grpc_finish(call, OI_GRPC_INTERNAL,
+                               "the message's compressed flag is set but the call has no "
+                               "grpc-encoding (expected gzip or deflate)");
                 return;
             }
             if (call->prefix[0] == 1 && call->encoding == OI_ENCODING_UNKNOWN) {
@@ -1486,7 +1493,7 @@ int oi_h2_server_start(oi_h2_server_t *s, oi_loop_t **loops, int nloops, char *e
         int len = sizeof(bound);
         uv_tcp_getsockname(&s->loops[0].tcp, (struct sockaddr *)&bound, &len);
         s->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
-                                                     : ((struct sockaddr_in *)&bound)->sin_port);
+                                                    : ((struct sockaddr_in *)&bound)->sin_port);
     }
     return 0;
 }

@@ -29,8 +29,8 @@ typedef struct oi_grpc_call_s oi_grpc_call_t;
 typedef struct oi_h2_config_s {
     const char *host; /* numeric address or a name; "127.0.0.1" by default */
     int port;         /* 0 picks a free port; -1: no TCP listener (unix_path only) */
-    const char *unix_path; /* also (or only) listen on this Unix-domain socket; NULL: none */
-    unsigned unix_mode;    /* the socket file's permission bits, e.g. 0660 */
+    const char *unix_path;           /* also (or only) listen on this Unix-domain socket; NULL: none */
+    unsigned unix_mode;              /* the socket file's permission bits, e.g. 0660 */
     size_t max_message_bytes;        /* largest request message (at most 4 GiB - 1) */
     int max_connections;             /* when reached, the accepting loop's oldest idle connection (no
                                       * open stream) is closed to make room; without one the new is refused */
@@ -77,14 +77,14 @@ struct oi_grpc_call_s {
     int32_t stream_id;
     char *path;
     int content_type_ok, bad_method;
-    int encoding;          /* grpc-encoding of the request messages (oi_encoding_t) */
-    char encoding_name[32]; /* as sent, for the error when it is unknown */
+    int encoding;              /* grpc-encoding of the request messages (oi_encoding_t) */
+    char encoding_name[32];    /* as sent, for the error when it is unknown */
     unsigned accept_encodings; /* grpc-accept-encoding: bit 1 << oi_encoding_t per algorithm */
-    int inflating;         /* a compressed request message is being inflated off the loop:
-                            * later messages and END_STREAM wait behind it, in order */
-    int response_encoding; /* oi_encoding_t the responses are compressed with (oi_grpc_call_compress) */
-    int compressing;       /* response messages wait for compression (the queue's tail) */
-    uint64_t pending_bytes; /* their uncompressed bytes */
+    int inflating;             /* a compressed request message is being inflated off the loop:
+                                * later messages and END_STREAM wait behind it, in order */
+    int response_encoding;     /* oi_encoding_t the responses are compressed with (oi_grpc_call_compress) */
+    int compressing;           /* response messages wait for compression (the queue's tail) */
+    uint64_t pending_bytes;    /* their uncompressed bytes */
     uint64_t timeout_ms; /* 0: none */
     void *timer;         /* uv_timer_t *, when a deadline is set */
     /* Reassembly of the request message being received. */

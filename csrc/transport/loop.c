@@ -147,7 +147,10 @@ static void work_done(uv_work_t *req, int status)
     w->done(w);
 }
 
-int oi_loop_work(oi_loop_t *l, oi_work_t *w) { return uv_queue_work(&l->uv, &w->req, work_run, work_done); }
+int oi_loop_work(oi_loop_t *l, oi_work_t *w)
+{
+    return uv_queue_work(&l->uv, &w->req, work_run, work_done);
+}
 
 void oi__work_hold(int on)
 {
