@@ -242,6 +242,70 @@ def test_a_client_as_another_user_is_checked_with_its_own_uid(sockdir: Path) -> 
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another user")
+def test_a_grpc_client_as_another_user_is_checked_with_its_own_uid(sockdir: Path, grpc_stubs: Any) -> None:
+    # A forked child drops to nobody (uid and groups) and calls SystemSharedMemoryRegister
+    # over the gRPC Unix socket with the pure-Python h2 client: PERMISSION_DENIED naming uid
+    # 65534; the parent (root), on the same socket, registers the object.
+    import h2.config
+    import h2.connection
+    from test_grpc_transport import H2, SERVICE, frame, status_of
+
+    class H2Unix(H2):
+        def __init__(self, path: str) -> None:  # H2 over a Unix socket
+            self.sock = socket.socket(socket.AF_UNIX)
+            self.sock.settimeout(10)
+            self.sock.connect(path)
+            self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True,
+                                                                              header_encoding="utf-8"))
+            self.conn.initiate_connection()
+            self.flush()
+            self.streams = {}
+            self.goaway = False
+
+    g = sockdir / "g.sock"
+    name = f"oi_unix_{uuid.uuid4().hex[:10]}"
+    fd = os.open(f"/dev/shm/{name}", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, 64)
+        msg = grpc_stubs.pb.SystemSharedMemoryRegisterRequest(name="r", key=f"/{name}", offset=0,
+                                                              byte_size=64).SerializeToString()
+
+        def register() -> tuple[str, str, str]:
+            conn = H2Unix(str(g))
+            try:
+                [st] = conn.wait(conn.call(SERVICE + "SystemSharedMemoryRegister", msg))
+                return status_of(st)
+            finally:
+                conn.close()
+
+        with openinfer.serve(models=[ECHO], http_port=0, grpc_port=None, grpc_unix=g, unix_socket_mode=0o666,
+                             log=False, threads=1, allow_shared_memory=True):
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the child: nobody, then one call, then out without cleanup
+                try:
+                    os.setgroups([])
+                    os.setgid(NOBODY)
+                    os.setuid(NOBODY)
+                    os.write(w, json.dumps(register()).encode())
+                except BaseException as e:  # noqa: BLE001 - reported through the pipe
+                    os.write(w, json.dumps(["error", repr(e), ""]).encode())
+                finally:
+                    os._exit(0)
+            os.close(w)
+            with os.fdopen(r) as f:
+                child = json.loads(f.read())
+            os.waitpid(pid, 0)
+            _, code, text = child
+            assert code == "7", child  # PERMISSION_DENIED
+            assert f"key '/{name}'" in text and f"uid {NOBODY}" in text
+            assert register()[1] == "0", "root may register its own object over the same socket"
+    finally:
+        os.close(fd)
+        os.unlink(f"/dev/shm/{name}")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another user")
 def test_socket_permissions_keep_other_users_out(sockdir: Path) -> None:
     h = sockdir / "h.sock"
     with openinfer.serve(models=[ECHO], http_port=None, http_unix=h, unix_socket_mode=0o600, log=False, threads=1):
