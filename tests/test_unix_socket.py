@@ -108,6 +108,13 @@ def test_unix_only_http_and_grpc(sockdir: Path, grpc_stubs: Any) -> None:
         triton.close()
         with openinfer.Client(srv.grpc_url) as client:
             assert client.infer("echo", {"INPUT0": np.array([6], dtype=np.int32)})["OUTPUT0"].tolist() == [6]
+
+        # A Unix socket is this host: the Client stages large tensors in shared memory.
+        big = np.arange(4 << 20, dtype=np.int32)
+        for url in (srv.url, srv.grpc_url):
+            with openinfer.Client(url) as client:
+                np.testing.assert_array_equal(client.infer("echo", {"INPUT0": big})["OUTPUT0"], big)
+                assert isinstance(client._shm_pool, openinfer.shm.Pool)
     assert not h.exists() and not g.exists(), "the socket files are removed at stop"
 
 
