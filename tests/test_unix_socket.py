@@ -30,6 +30,8 @@ from openinfer import Model, Tensor
 
 NOBODY = 65534
 CURL = shutil.which("curl")
+# Outside programs (curl, the system's python3) run without the sanitizer run's preload.
+OUTSIDE_ENV = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "PYTHONMALLOC")}
 
 
 def _echo(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -58,7 +60,8 @@ def curl(sock: Path, path: str, data: bytes | None = None, user: int | None = No
     cmd = [CURL, "-sS", "--max-time", "30", "--unix-socket", str(sock), "-o", "-", "-w", "\n%{http_code}"]
     if data is not None:
         cmd += ["--data-binary", "@-", "-H", "Content-Type: application/json"]
-    r = subprocess.run(cmd + ["http://localhost" + path], input=data, capture_output=True, timeout=60, user=user)
+    r = subprocess.run(cmd + ["http://localhost" + path], input=data, capture_output=True, timeout=60, user=user,
+                       env=OUTSIDE_ENV)
     assert r.returncode == 0, r.stderr
     body, _, code = r.stdout.rpartition(b"\n")
     return int(code), json.loads(body) if body else None
@@ -320,7 +323,8 @@ def test_socket_permissions_keep_other_users_out(sockdir: Path) -> None:
         python = shutil.which("python3", path="/usr/bin:/usr/local/bin") or pytest.skip("no system python3")
         probe = "import socket, sys\ntry:\n    socket.socket(socket.AF_UNIX).connect(sys.argv[1])\n" \
                 "except OSError as e:\n    print(e.errno)\nelse:\n    print(0)"
-        r = subprocess.run([python, "-c", probe, str(h)], capture_output=True, text=True, timeout=60, user=NOBODY)
+        r = subprocess.run([python, "-c", probe, str(h)], capture_output=True, text=True, timeout=60, user=NOBODY,
+                           env=OUTSIDE_ENV)
         assert r.stdout.strip() == str(errno.EACCES), r
         assert curl(h, "/v2/health/live") == (200, {"live": True})
 
