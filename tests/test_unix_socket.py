@@ -366,6 +366,15 @@ def test_cli_unix_only(sockdir: Path) -> None:
             proc.wait()
 
 
+def test_cli_bad_socket_mode() -> None:
+    from openinfer.cli import _parser
+
+    assert _parser().parse_args(["serve", "--unix-socket-mode", "0o640"]).unix_socket_mode == 0o640
+    for bad in ("rw-", "1777", "9"):
+        with pytest.raises(SystemExit):
+            _parser().parse_args(["serve", "--unix-socket-mode", bad])
+
+
 def test_cli_http_port_minus_one_needs_a_socket() -> None:
     r = subprocess.run([sys.executable, "-m", "openinfer", "serve", "--http-port", "-1"], capture_output=True,
                        text=True, timeout=60)

@@ -46,6 +46,17 @@ _LIMITS: dict[str, str] = {
 }
 
 
+def _octal_mode(value: str) -> int:
+    """--unix-socket-mode: permission bits in octal (660, 0660 or 0o660)."""
+    try:
+        mode = int(value.removeprefix("0o"), 8)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected octal permission bits such as 660, got {value!r}") from None
+    if not 0 <= mode <= 0o777:
+        raise argparse.ArgumentTypeError(f"expected permission bits 000 to 777, got {value!r}")
+    return mode
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit status."""
     parser = _parser()
@@ -94,7 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--unix-socket-mode",
-        type=lambda v: int(v, 8),
+        type=_octal_mode,
         default=0o660,
         metavar="OCTAL",
         help="permission bits of the Unix socket files (default 660: the server's user and group)",
