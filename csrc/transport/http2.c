@@ -383,8 +383,9 @@ void oi_grpc_call_compress(oi_grpc_call_t *call, int level)
  * call is kept by a reference), pending, so that the messages behind it wait their turn. */
 typedef struct compress_work_s {
     oi_work_t work;
-    oi_grpc_call_t *call;
+    oi_grpc_call_t *call; /* loop thread only: the worker reads `m` and `enc` */
     out_msg_t *m;
+    int enc;
     oi_buf_t *out; /* NULL: out of memory */
 } compress_work_t;
 
@@ -399,7 +400,7 @@ static void compress_run(oi_work_t *w)
         bases[i] = m->parts[i + 1].base;
         lens[i] = m->parts[i + 1].len;
     }
-    if (oi_deflate(bases, lens, n, cw->call->response_encoding, &cw->out) != 0)
+    if (oi_deflate(bases, lens, n, (oi_encoding_t)cw->enc, &cw->out) != 0)
         cw->out = NULL;
 }
 
@@ -414,7 +415,8 @@ static void compress_start(oi_grpc_call_t *call, out_msg_t *m)
     compress_work_t *cw = malloc(sizeof(*cw));
     call->compressing = 1;
     if (cw != NULL) {
-        *cw = (compress_work_t){.work = {.run = compress_run, .done = compress_done}, .call = call, .m = m};
+        *cw = (compress_work_t){
+            .work = {.run = compress_run, .done = compress_done}, .call = call, .m = m, .enc = call->response_encoding};
         oi_grpc_call_ref(call);
         if (oi_loop_work(call->loop, &cw->work) == 0)
             return;
