@@ -9,17 +9,19 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-/* Whether a process listens on the socket at `addr`: connect() answers at once on a Unix
- * socket (ECONNREFUSED when nobody accepts). */
+/* Whether a process listens on the socket at `addr`: 1 yes, 0 no (connect() answers at once on
+ * a Unix socket: ECONNREFUSED when nobody accepts), or -errno when connect() cannot tell. */
 static int someone_listens(const struct sockaddr_un *addr)
 {
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
-        return 0;
+        return -errno;
     int rc = connect(fd, (const struct sockaddr *)addr, sizeof(*addr));
     int e = errno;
     close(fd);
-    return rc == 0 || (e != ECONNREFUSED && e != ENOENT);
+    if (rc == 0 || e == EAGAIN) /* EAGAIN: its backlog is full, so someone listens */
+        return 1;
+    return e == ECONNREFUSED || e == ENOENT ? 0 : -e;
 }
 
 /* Clears the way for a new socket at addr->sun_path: 0, or -1 with a message. */
@@ -37,8 +39,15 @@ static int clear_path(const struct sockaddr_un *addr, char *err, size_t errlen)
                  addr->sun_path);
         return -1;
     }
-    if (someone_listens(addr)) {
-        snprintf(err, errlen, "cannot listen on %s: another server is listening on that socket", addr->sun_path);
+    int listens = someone_listens(addr);
+    if (listens != 0) {
+        if (listens > 0)
+            snprintf(err, errlen, "cannot listen on %s: another server is listening on that socket", addr->sun_path);
+        else
+            snprintf(err, errlen,
+                     "cannot listen on %s: a socket is there and connecting to it to see whether it is "
+                     "in use failed: %s",
+                     addr->sun_path, strerror(-listens));
         return -1;
     }
     if (unlink(addr->sun_path) != 0 && errno != ENOENT) { /* a stale socket: its server is gone */
