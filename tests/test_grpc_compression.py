@@ -346,3 +346,35 @@ def test_the_loop_serves_while_a_message_is_compressed(server: openinfer.Server,
     _core._hold_work(False)
     t.join(120)
     assert output_of(out[0]) == VALUES.tolist()
+
+
+@pytest.mark.parametrize("side", ["request", "response"])
+def test_stop_while_a_message_is_compressed(grpc_stubs: Any, hold: None, side: str) -> None:
+    # The stop's time runs out while the work waits: the call ends UNAVAILABLE and stop()
+    # returns; the work, let go afterwards, finds its call gone.
+    import grpc
+
+    srv = make_server("low")
+    target = srv.grpc_url[len("grpc://"):]
+    compression = grpc.Compression.Gzip if side == "request" else grpc.Compression.NoCompression
+    out: list[Any] = []
+
+    def call() -> None:
+        with grpc.insecure_channel(target) as channel:
+            stub = grpc_stubs.rpc.GRPCInferenceServiceStub(channel)
+            try:
+                stub.ModelInfer(infer_request(grpc_stubs.pb, VALUES), compression=compression, timeout=120)
+            except grpc.RpcError as e:
+                out.append(e)
+
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    wait_until_held()
+    srv.stop(timeout=0.2)
+    t.join(120)
+    assert out and out[0].code() == grpc.StatusCode.UNAVAILABLE and "shutting down" in out[0].details()
+    _core._hold_work(False)
+    with make_server() as again:  # the process goes on serving
+        with grpc.insecure_channel(again.grpc_url[len("grpc://"):]) as channel:
+            stub = grpc_stubs.rpc.GRPCInferenceServiceStub(channel)
+            assert stub.ServerLive(grpc_stubs.pb.ServerLiveRequest(), timeout=10).live

@@ -108,17 +108,20 @@ static uint64_t now_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
+/* Whether requests are in flight: with a handler or a model, or (gRPC) a message still being
+ * (de)compressed on a worker thread, whose completion will run on a loop. */
+static int inflight(oi_server_t *s)
+{
+    return oi_http_server_inflight(s->http) > 0 || atomic_load(&s->grpc_inflight) > 0 ||
+           (s->grpc != NULL && oi_h2_server_working(s->grpc) > 0);
+}
+
 static void wait_inflight(oi_server_t *s, uint64_t deadline)
 {
-    while ((oi_http_server_inflight(s->http) > 0 || atomic_load(&s->grpc_inflight) > 0) && now_ms() < deadline) {
+    while (inflight(s) && now_ms() < deadline) {
         struct timespec ts = {0, 2 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
-}
-
-static int inflight(oi_server_t *s)
-{
-    return oi_http_server_inflight(s->http) > 0 || atomic_load(&s->grpc_inflight) > 0;
 }
 
 static void finish_stop(oi_server_t *s);

@@ -46,6 +46,7 @@ struct oi_h2_server_s {
     int nloops;
     int port;
     atomic_int connections;
+    atomic_int working; /* (de)compressions on worker threads, not yet back on their loop */
     int draining;
     oi_peers_t peers; /* connections per client address, across the loops */
 };
@@ -384,6 +385,7 @@ void oi_grpc_call_compress(oi_grpc_call_t *call, int level)
 typedef struct compress_work_s {
     oi_work_t work;
     oi_grpc_call_t *call; /* loop thread only: the worker reads `m` and `enc` */
+    oi_h2_server_t *server;
     out_msg_t *m;
     int enc;
     oi_buf_t *out; /* NULL: out of memory */
@@ -414,15 +416,20 @@ static void compress_start(oi_grpc_call_t *call, out_msg_t *m)
 {
     compress_work_t *cw = malloc(sizeof(*cw));
     call->compressing = 1;
-    if (cw != NULL) {
-        *cw = (compress_work_t){
-            .work = {.run = compress_run, .done = compress_done}, .call = call, .m = m, .enc = call->response_encoding};
+    if (cw != NULL && call->conn != NULL) {
+        *cw = (compress_work_t){.work = {.run = compress_run, .done = compress_done},
+                                .call = call,
+                                .server = call->conn->lp->server,
+                                .m = m,
+                                .enc = call->response_encoding};
         oi_grpc_call_ref(call);
+        atomic_fetch_add(&cw->server->working, 1);
         if (oi_loop_work(call->loop, &cw->work) == 0)
             return;
+        atomic_fetch_sub(&cw->server->working, 1);
         oi_grpc_call_unref(call);
-        free(cw);
     }
+    free(cw);
     drop_pending(call);
     oi_grpc_finish(call, OI_GRPC_INTERNAL, "cannot compress the response: out of memory");
 }
@@ -451,15 +458,23 @@ static void compress_done(oi_work_t *w)
 {
     compress_work_t *cw = (compress_work_t *)w;
     oi_grpc_call_t *call = cw->call;
+    oi_h2_server_t *server = cw->server;
     out_msg_t *m = cw->m;
     oi_buf_t *out = cw->out;
     free(cw);
+    if (call->discard) { /* the call ended with an error meanwhile: nothing more is sent */
+        oi_buf_unref(out);
+        oi_grpc_call_unref(call);
+        atomic_fetch_sub(&server->working, 1);
+        return;
+    }
     call->compressing = 0;
     if (out == NULL || out->len > UINT32_MAX) {
         oi_buf_unref(out);
         drop_pending(call);
         oi_grpc_finish(call, OI_GRPC_INTERNAL, "cannot compress the response: out of memory");
         oi_grpc_call_unref(call);
+        atomic_fetch_sub(&server->working, 1);
         return;
     }
     for (size_t i = 1; i < m->nparts; i++)
@@ -481,6 +496,7 @@ static void compress_done(oi_work_t *w)
         call_kick(call);
     }
     oi_grpc_call_unref(call);
+    atomic_fetch_sub(&server->working, 1); /* last: a stop may free the server once it is 0 */
 }
 
 void oi_grpc_send(oi_grpc_call_t *call, const oi_iov_t *parts, size_t nparts, size_t total)
@@ -590,6 +606,12 @@ void oi_grpc_finish(oi_grpc_call_t *call, int grpc_status, const char *message)
     } else {
         call->status = grpc_status;
         call->status_message = message && message[0] ? strdup(message) : NULL;
+        if (grpc_status != OI_GRPC_OK && call->compressing) {
+            /* An error ends the call now: the responses still being compressed are dropped
+             * (compress_done sees `discard`) rather than waited for. */
+            call->compressing = 0;
+            call->discard = 1;
+        }
         nghttp2_session_resume_data(call->conn->session, call->stream_id);
     }
     call_kick(call);
@@ -731,6 +753,7 @@ static void start_call(h2_conn_t *c, oi_grpc_call_t *call)
 typedef struct inflate_work_s {
     oi_work_t work;
     oi_grpc_call_t *call;
+    oi_h2_server_t *server;
     oi_buf_t *in;
     int enc;
     size_t max_out;
@@ -751,6 +774,7 @@ static void inflate_done(oi_work_t *w)
 {
     inflate_work_t *f = (inflate_work_t *)w;
     oi_grpc_call_t *call = f->call;
+    oi_h2_server_t *server = f->server;
     oi_buf_unref(f->in);
     call->inflating = 0;
     h2_conn_t *c = call->conn;
@@ -773,6 +797,7 @@ static void inflate_done(oi_work_t *w)
     if (c != NULL && !c->closing)
         conn_flush(c);
     oi_grpc_call_unref(call);
+    atomic_fetch_sub(&server->working, 1); /* last: a stop may free the server once it is 0 */
 }
 
 /* Hands a complete request message to the handler; a compressed one is inflated off the loop
@@ -788,13 +813,16 @@ static void deliver(h2_conn_t *c, oi_grpc_call_t *call, oi_buf_t *m, int compres
     if (f != NULL) {
         *f = (inflate_work_t){.work = {.run = inflate_run, .done = inflate_done},
                               .call = call,
+                              .server = s,
                               .in = m,
                               .enc = call->encoding,
                               .max_out = s->cfg.max_message_bytes};
         call->inflating = 1;
         oi_grpc_call_ref(call);
+        atomic_fetch_add(&s->working, 1);
         if (oi_loop_work(call->loop, &f->work) == 0)
             return;
+        atomic_fetch_sub(&s->working, 1);
         call->inflating = 0;
         oi_grpc_call_unref(call);
         free(f);
@@ -1502,6 +1530,11 @@ int oi_h2_server_start(oi_h2_server_t *s, oi_loop_t **loops, int nloops, char *e
 
 int oi_h2_server_port(const oi_h2_server_t *s) { return s->port; }
 
+int oi_h2_server_working(const oi_h2_server_t *s)
+{
+    return atomic_load(&((oi_h2_server_t *)s)->working);
+}
+
 static void close_listener(h2_loop_t *lp)
 {
     if (lp->listening) {
@@ -1550,8 +1583,19 @@ static void abandon_loop(void *arg)
     for (h2_conn_t *c = a->lp->conns, *next; c != NULL; c = next) {
         next = c->next; /* conn_flush may close c */
         c->in_recv = 1; /* finish only queues: one flush below */
-        for (oi_grpc_call_t *call = c->calls; call != NULL; call = call->next)
-            oi_grpc_finish(call, OI_GRPC_UNAVAILABLE, a->message);
+        for (oi_grpc_call_t *call = c->calls; call != NULL; call = call->next) {
+            if (!call->finished || !call->compressing) {
+                oi_grpc_finish(call, OI_GRPC_UNAVAILABLE, a->message);
+                continue;
+            }
+            /* Answered, but its answer is still being compressed: UNAVAILABLE instead. */
+            free(call->status_message);
+            call->status = OI_GRPC_UNAVAILABLE;
+            call->status_message = strdup(a->message);
+            call->compressing = 0;
+            call->discard = 1;
+            nghttp2_session_resume_data(c->session, call->stream_id);
+        }
         c->in_recv = 0;
         conn_goaway(c);
         if (!c->closing) {

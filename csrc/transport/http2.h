@@ -84,6 +84,7 @@ struct oi_grpc_call_s {
                                 * later messages and END_STREAM wait behind it, in order */
     int response_encoding;     /* oi_encoding_t the responses are compressed with (oi_grpc_call_compress) */
     int compressing;           /* response messages wait for compression (the queue's tail) */
+    int discard;               /* the call ended in error while compressing: those are dropped */
     uint64_t pending_bytes;    /* their uncompressed bytes */
     uint64_t timeout_ms; /* 0: none */
     void *timer;         /* uv_timer_t *, when a deadline is set */
@@ -144,6 +145,10 @@ int oi_h2_server_start(oi_h2_server_t *s, oi_loop_t **loops, int nloops, char *e
 
 /* The bound port, 0 before start. */
 int oi_h2_server_port(const oi_h2_server_t *s);
+
+/* Messages being (de)compressed on worker threads: a stop waits for them like for requests
+ * in flight (their completions run on the loops). */
+int oi_h2_server_working(const oi_h2_server_t *s);
 
 /* Closes the listeners and sends GOAWAY on every connection: calls in progress go on, new
  * ones are refused. Call from outside the loops. */
