@@ -91,8 +91,8 @@ def _parser() -> argparse.ArgumentParser:
         "--grpc-port",
         type=int,
         metavar="PORT",
-        help="gRPC port; 0 picks a free one, -1 serves no gRPC "
-        "(default 8001, or a free one with --http-port 0)",
+        help="gRPC port; 0 picks a free one, -1 serves no gRPC over TCP "
+        "(default 8001, a free one with --http-port 0, none with --http-port -1)",
     )
     serve.add_argument(
         "--http-unix",
