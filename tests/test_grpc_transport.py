@@ -144,11 +144,14 @@ def test_grpc_message_is_percent_encoded(h2c: H2) -> None:
     assert code == "5" and "caf%C3%A9" in text
 
 
-def test_compressed_message_is_refused(h2c: H2) -> None:
+def test_compressed_flag_without_an_encoding_is_internal(h2c: H2) -> None:
+    # The gRPC compression spec: a compressed flag with no grpc-encoding (or identity) is
+    # INTERNAL; test_grpc_compression.py covers real compression.
     sid = h2c.start(SERVICE + "ServerLive")
     h2c.send(sid, frame(b"", flag=1), end=True)
     [st] = h2c.wait(sid)
-    assert status_of(st)[1] == "12"
+    _, code, text = status_of(st)
+    assert code == "13" and "compressed flag is set but the call has no grpc-encoding" in text
 
 
 def test_grpc_timeout_is_honoured(h2c: H2, grpc_stubs: Any) -> None:

@@ -658,3 +658,22 @@ def test_bad_files_are_refused_over_the_python_api(explicit: openinfer.Server) -
     assert r.status_code == 400 and "load failed for model 'junk'" in r.json()["error"]
     temp = explicit._control._temp_root
     assert temp is not None and list(temp.iterdir()) == []  # nothing stays of a failed load
+
+
+def test_a_compressed_load_body_is_inflated_off_the_loop(explicit: openinfer.Server) -> None:
+    """A gzip request body (a config override) is inflated on the control thread; a corrupt one
+    is a 400 and changes nothing."""
+    import gzip
+
+    config = {"name": "add_one", "backend": "python", "version_policy": {"all": {}},
+              "input": [{"name": "X", "data_type": "TYPE_INT32", "dims": [-1]}],
+              "output": [{"name": "OUTPUT0", "data_type": "TYPE_INT32", "dims": [-1]}]}
+    body = gzip.compress(json.dumps({"parameters": {"config": json.dumps(config)}}).encode())
+    url = explicit.url + "/v2/repository/models/add_one/load"
+    r = requests.post(url, data=body, headers={"Content-Encoding": "gzip"}, timeout=60)
+    assert r.status_code == 200, r.text
+    http, _ = clients(explicit)
+    assert http.get_model_metadata("add_one")["inputs"][0]["name"] == "X"
+    r = requests.post(url, data=body[:-8], headers={"Content-Encoding": "gzip"}, timeout=60)
+    assert r.status_code == 400 and "error" in r.json(), r.text
+    assert http.get_model_metadata("add_one")["inputs"][0]["name"] == "X"

@@ -791,7 +791,9 @@ oi_grpc_client_t *oi_grpc_client_new(const char *host, int port)
     }
     snprintf(c->host, sizeof(c->host), "%s", host);
     c->port = port;
-    if (strchr(host, ':') != NULL)
+    if (host[0] == '/') /* a Unix socket: the authority gRPC uses there */
+        snprintf(c->authority, sizeof(c->authority), "localhost");
+    else if (strchr(host, ':') != NULL)
         snprintf(c->authority, sizeof(c->authority), "[%s]:%d", host, port);
     else
         snprintf(c->authority, sizeof(c->authority), "%s:%d", host, port);

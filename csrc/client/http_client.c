@@ -23,8 +23,9 @@
 #define CHUNKED_INITIAL 65536
 
 struct oi_http_client_s {
-    char host[256];
+    char host[256]; /* a name, an address, or the path of a Unix socket */
     int port;
+    char authority[300]; /* the Host header */
     int fd; /* -1 when not connected */
     int reused; /* the connection served a request before: a failure may be a stale socket */
     int rcvtimeo_ms; /* the socket's SO_RCVTIMEO (oi_client_recv_slice) */
@@ -278,6 +279,10 @@ oi_http_client_t *oi_http_client_new(const char *host, int port)
         return NULL;
     snprintf(c->host, sizeof(c->host), "%s", host);
     c->port = port;
+    if (host[0] == '/') /* a Unix socket: the name HTTP clients use there */
+        snprintf(c->authority, sizeof(c->authority), "localhost");
+    else
+        snprintf(c->authority, sizeof(c->authority), strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
     c->fd = -1;
     return c;
 }
@@ -291,8 +296,8 @@ int oi_http_client_request(oi_http_client_t *c, const char *method, const char *
     for (int i = 0; i < nparts; i++)
         body_len += parts[i].iov_len;
     char head[1024];
-    int hn = snprintf(head, sizeof(head), "%s %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Length: %zu\r\n%s\r\n", method,
-                      path, c->host, c->port, body_len, headers ? headers : "");
+    int hn = snprintf(head, sizeof(head), "%s %s HTTP/1.1\r\nHost: %s\r\nContent-Length: %zu\r\n%s\r\n", method, path,
+                      c->authority, body_len, headers ? headers : "");
     if (hn < 0 || (size_t)hn >= sizeof(head)) {
         snprintf(err, errlen, "request line and headers too long");
         return -1;

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -111,7 +112,8 @@ static int connect_one(const struct addrinfo *a, int64_t deadline, int *timed_ou
         goto fail;
     }
     int one = 1, fl = fcntl(fd, F_GETFL);
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    if (a->ai_family != AF_UNIX)
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0)
         goto fail;
     return fd;
@@ -122,8 +124,34 @@ fail:;
     return -1;
 }
 
+/* A Unix-domain connection to the socket file at `path`. */
+static int connect_unix(const char *path, int64_t deadline, int *fd, char *err, size_t errlen)
+{
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof(addr.sun_path)) {
+        snprintf(err, errlen, "Unix socket path is over %zu bytes: %s", sizeof(addr.sun_path) - 1, path);
+        return -1;
+    }
+    strcpy(addr.sun_path, path);
+    struct addrinfo a = {.ai_family = AF_UNIX,
+                         .ai_socktype = SOCK_STREAM,
+                         .ai_addr = (struct sockaddr *)&addr,
+                         .ai_addrlen = sizeof(addr)};
+    int timed_out = 0;
+    if ((*fd = connect_one(&a, deadline, &timed_out)) >= 0)
+        return 0;
+    if (timed_out) {
+        snprintf(err, errlen, "timed out connecting to %s", path);
+        return -2;
+    }
+    snprintf(err, errlen, "cannot connect to %s: %s", path, strerror(errno));
+    return -1;
+}
+
 int oi_client_connect(const char *host, int port, int64_t deadline, int *fd, char *err, size_t errlen)
 {
+    if (host[0] == '/')
+        return connect_unix(host, deadline, fd, err, errlen);
     struct addrinfo hints = {0}, *res = NULL;
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;

@@ -39,9 +39,10 @@ int64_t oi_client_now_ms(void);
  * error (errno set) or -2 on timeout. */
 int oi_client_wait_fd(int fd, short events, int64_t deadline);
 
-/* Connects to host:port (any address family the name resolves to) before `deadline` (0:
- * none). The socket comes back blocking, with TCP_NODELAY and close-on-exec: a wait without
- * a deadline is then the read itself; calls that must not wait pass MSG_DONTWAIT. Returns 0
+/* Connects to host:port (any address family the name resolves to), or to the Unix-domain
+ * socket at `host` when it is an absolute path (port unused), before `deadline` (0: none).
+ * The socket comes back blocking, with TCP_NODELAY and close-on-exec: a wait without a
+ * deadline is then the read itself; calls that must not wait pass MSG_DONTWAIT. Returns 0
  * with *fd set, -1 (error) or -2 (timeout) with a message in `err`. */
 int oi_client_connect(const char *host, int port, int64_t deadline, int *fd, char *err, size_t errlen);
 

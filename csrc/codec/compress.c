@@ -66,9 +66,10 @@ oi_encoding_t oi_accept_encoding(const char *v)
  * buffer and is counted, and the pass stops with a 413 as soon as the count passes max_out
  * (0: no limit). With dst it writes exactly `cap` bytes there, the size measured before.
  * Returns NULL with *total set, or a status. */
-static oi_status_t *inflate_pass(const char *data, size_t len, int window, size_t max_out, char *dst, size_t cap,
-                                 size_t *total)
+static oi_status_t *inflate_pass(const char *data, size_t len, int window, const oi_inflate_limit_t *lim, char *dst,
+                                 size_t cap, size_t *total)
 {
+    size_t max_out = dst == NULL ? lim->max_out : 0;
     z_stream z;
     memset(&z, 0, sizeof(z));
     if (inflateInit2(&z, window) != Z_OK)
@@ -90,14 +91,15 @@ static oi_status_t *inflate_pass(const char *data, size_t len, int window, size_
         rc = inflate(&z, Z_NO_FLUSH);
         n += before - z.avail_out;
         if (max_out > 0 && n > max_out)
-            st = oi_status_new(OI_TOO_LARGE, "the decompressed request body exceeds the server's max_body_bytes (%zu)",
-                               max_out);
+            st = oi_status_new(OI_TOO_LARGE, "the decompressed %s exceeds the server's %s (%zu)", lim->what,
+                               lim->limit_name, max_out);
         else if (rc == Z_BUF_ERROR && dst != NULL && n == cap)
-            st = oi_status_new(OI_INTERNAL, "the compressed request body inflated differently twice");
+            st = oi_status_new(OI_INTERNAL, "the compressed %s inflated differently twice", lim->what);
         else if (rc == Z_BUF_ERROR && z.avail_in == 0 && in_left == 0)
-            st = oi_status_new(OI_BAD_REQUEST, "the compressed request body is truncated");
+            st = oi_status_new(OI_BAD_REQUEST, "the compressed %s is truncated", lim->what);
         else if (rc != Z_OK && rc != Z_STREAM_END && rc != Z_BUF_ERROR)
-            st = oi_status_new(OI_BAD_REQUEST, "the compressed request body is corrupt: %s", z.msg ? z.msg : "bad data");
+            st = oi_status_new(OI_BAD_REQUEST, "the compressed %s is corrupt: %s", lim->what,
+                               z.msg ? z.msg : "bad data");
     }
     inflateEnd(&z);
     free(scratch);
@@ -109,18 +111,19 @@ static oi_status_t *inflate_pass(const char *data, size_t len, int window, size_
  * refused there, having cost nothing past the limit), the second writes it into one buffer of
  * exactly that size. Twice the CPU of one pass, but no growing buffer whose copies and
  * doublings would reach several times the limit. */
-static oi_status_t *inflate_with(const char *data, size_t len, int window, size_t max_out, oi_buf_t **out)
+static oi_status_t *inflate_with(const char *data, size_t len, int window, const oi_inflate_limit_t *lim,
+                                 oi_buf_t **out)
 {
     size_t total, written;
-    oi_status_t *st = inflate_pass(data, len, window, max_out, NULL, 0, &total);
+    oi_status_t *st = inflate_pass(data, len, window, lim, NULL, 0, &total);
     if (st != NULL)
         return st;
     oi_buf_t *b = oi_buf_new(total);
     if (b == NULL)
-        return oi_status_new(OI_INTERNAL, "out of memory for the decompressed body (%zu bytes)", total);
-    st = inflate_pass(data, len, window, 0, b->data, total, &written);
+        return oi_status_new(OI_INTERNAL, "out of memory for the decompressed %s (%zu bytes)", lim->what, total);
+    st = inflate_pass(data, len, window, lim, b->data, total, &written);
     if (st == NULL && written != total)
-        st = oi_status_new(OI_INTERNAL, "the compressed request body inflated differently twice");
+        st = oi_status_new(OI_INTERNAL, "the compressed %s inflated differently twice", lim->what);
     if (st != NULL) {
         oi_buf_unref(b);
         return st;
@@ -130,14 +133,14 @@ static oi_status_t *inflate_with(const char *data, size_t len, int window, size_
     return NULL;
 }
 
-oi_status_t *oi_inflate(const char *data, size_t len, oi_encoding_t enc, size_t max_out, oi_buf_t **out)
+oi_status_t *oi_inflate(const char *data, size_t len, oi_encoding_t enc, const oi_inflate_limit_t *lim, oi_buf_t **out)
 {
     if (enc == OI_ENCODING_GZIP)
-        return inflate_with(data, len, ZLIB_WINDOW + 16, max_out, out);
+        return inflate_with(data, len, ZLIB_WINDOW + 16, lim, out);
     /* "deflate" means the zlib format (RFC 9110), but some clients send raw deflate. */
     int zlib_header = len >= 2 && (((unsigned char)data[0] << 8) | (unsigned char)data[1]) % 31 == 0 &&
                       (data[0] & 0x0f) == 8;
-    return inflate_with(data, len, zlib_header ? ZLIB_WINDOW : -ZLIB_WINDOW, max_out, out);
+    return inflate_with(data, len, zlib_header ? ZLIB_WINDOW : -ZLIB_WINDOW, lim, out);
 }
 
 /* Runs deflate over `len` bytes with `flush`, growing *b as needed: until the input is taken

@@ -15,11 +15,18 @@ oi_encoding_t oi_content_encoding(const char *value);
  * honouring q=0; identity when neither is acceptable. */
 oi_encoding_t oi_accept_encoding(const char *value);
 
+/* What an inflated body may grow to, and how errors name it. */
+typedef struct oi_inflate_limit_s {
+    size_t max_out;         /* 0: no limit */
+    const char *what;       /* "request body", "request message" */
+    const char *limit_name; /* the setting that sets max_out: "max_body_bytes" */
+} oi_inflate_limit_t;
+
 /* Inflates `len` bytes of a gzip or deflate (zlib format, or raw deflate as some clients
  * send) body into a new buffer of exactly the inflated size (one reference in *out). More
- * than `max_out` bytes (0: no limit) is a 413, found before anything of that size is
- * allocated; corrupt or truncated data is a 400. Returns NULL or a status. */
-oi_status_t *oi_inflate(const char *data, size_t len, oi_encoding_t enc, size_t max_out, oi_buf_t **out);
+ * than lim->max_out bytes is a 413, found before anything of that size is allocated;
+ * corrupt or truncated data is a 400. Returns NULL or a status. */
+oi_status_t *oi_inflate(const char *data, size_t len, oi_encoding_t enc, const oi_inflate_limit_t *lim, oi_buf_t **out);
 
 /* Compresses the concatenation of n parts into a new buffer (one reference in *out).
  * Returns 0 or -1 (out of memory). */

@@ -19,6 +19,8 @@ int oi__py_conn_args(PyObject *args, PyObject *kw, const char **host, int *port)
     static char *kwlist[] = {"host", "port", NULL};
     if (!PyArg_ParseTupleAndKeywords(args, kw, "si", kwlist, host, port))
         return -1;
+    if ((*host)[0] == '/') /* a Unix socket's path: no port */
+        return 0;
     if (*port <= 0 || *port > 65535) {
         PyErr_Format(PyExc_ValueError, "port must be 1 to 65535, got %d", *port);
         return -1;

@@ -12,12 +12,14 @@
 #include "python/client.h"
 #include "python/torch_module.h"
 #include "server/server.h"
+#include "transport/loop.h"
 #include "transport/peer.h"
 
 typedef struct {
     PyObject_HEAD
     oi_server_config_t cfg;
     char host[256];
+    char http_unix[108], grpc_unix[108]; /* "" when not served */
     oi_server_t *server; /* NULL once stopped */
     int started;
 } ServerObject;
@@ -46,6 +48,10 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                              "metrics_histogram_latencies",
                              "metrics_cpu",
                              "metrics_gpu",
+                             "http_unix",
+                             "grpc_unix",
+                             "unix_socket_mode",
+                             "grpc_infer_compression_level",
                              NULL};
     const char *host = "127.0.0.1";
     int port = 8000, threads = 0, max_conn = 4096, grpc_port = 8001, max_per_peer = 0;
@@ -55,20 +61,41 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
     unsigned int depth = 64;
     PyObject *allow_shm = Py_None;
     int statistics = 1, metrics_port = -1, counter_lat = 1, histogram_lat = 0, metrics_cpu = 1, metrics_gpu = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|si$iKKiKKIiKOiKKKpipppp", kwlist, &host, &port, &threads, &max_body,
-                                     &max_header, &max_conn, &header_to, &idle_to, &depth, &grpc_port, &grpc_max,
-                                     &allow_shm, &max_per_peer, &first_byte_to, &body_to, &grpc_queued, &statistics,
-                                     &metrics_port, &counter_lat, &histogram_lat, &metrics_cpu, &metrics_gpu))
+    const char *http_unix = NULL, *grpc_unix = NULL;
+    unsigned int unix_mode = 0660;
+    int compression_level = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|si$iKKiKKIiKOiKKKpippppzzIi", kwlist, &host, &port, &threads,
+                                     &max_body, &max_header, &max_conn, &header_to, &idle_to, &depth, &grpc_port,
+                                     &grpc_max, &allow_shm, &max_per_peer, &first_byte_to, &body_to, &grpc_queued,
+                                     &statistics, &metrics_port, &counter_lat, &histogram_lat, &metrics_cpu,
+                                     &metrics_gpu, &http_unix, &grpc_unix, &unix_mode, &compression_level))
         return -1;
     if (metrics_port < -1 || metrics_port > 65535) {
         PyErr_Format(PyExc_ValueError, "metrics_port must be 0 to 65535, or -1 for no metrics, got %d", metrics_port);
         return -1;
     }
+    const char *paths[2] = {http_unix, grpc_unix};
+    for (int i = 0; i < 2; i++)
+        if (paths[i] != NULL && (paths[i][0] == '\0' || strlen(paths[i]) >= sizeof(self->http_unix))) {
+            PyErr_Format(PyExc_ValueError, "%s must be a socket path of 1 to %zu bytes, got %zu",
+                         i ? "grpc_unix" : "http_unix", sizeof(self->http_unix) - 1, strlen(paths[i]));
+            return -1;
+        }
+    if (compression_level < 0 || compression_level > 3) {
+        PyErr_Format(PyExc_ValueError, "grpc_infer_compression_level must be 0 (none) to 3 (high), got %d",
+                     compression_level);
+        return -1;
+    }
+    if (unix_mode > 0777) {
+        PyErr_Format(PyExc_ValueError, "unix_socket_mode must be permission bits 0 to 0o777, got 0o%o", unix_mode);
+        return -1;
+    }
     int allow = allow_shm == Py_None ? -1 : PyObject_IsTrue(allow_shm);
     if (allow == -1 && allow_shm != Py_None)
         return -1;
-    if (port < 0 || port > 65535) {
-        PyErr_Format(PyExc_ValueError, "http_port must be 0 to 65535, got %d", port);
+    if (port < (http_unix ? -1 : 0) || port > 65535) {
+        PyErr_Format(PyExc_ValueError, "http_port must be 0 to 65535%s, got %d",
+                     http_unix ? ", or -1 for HTTP on http_unix only" : "", port);
         return -1;
     }
     if (grpc_port < -1 || grpc_port > 65535) {
@@ -99,9 +126,13 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
         return -1;
     }
     snprintf(self->host, sizeof(self->host), "%s", host);
+    snprintf(self->http_unix, sizeof(self->http_unix), "%s", http_unix ? http_unix : "");
+    snprintf(self->grpc_unix, sizeof(self->grpc_unix), "%s", grpc_unix ? grpc_unix : "");
     self->cfg = (oi_server_config_t){
         .http = {.host = self->host,
                  .port = port,
+                 .unix_path = http_unix ? self->http_unix : NULL,
+                 .unix_mode = unix_mode,
                  .threads = threads,
                  .max_body_bytes = (size_t)max_body,
                  .max_header_bytes = (size_t)max_header,
@@ -113,6 +144,8 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                  .idle_timeout_ms = idle_to},
         .max_json_depth = depth,
         .grpc_port = grpc_port,
+        .grpc_unix_path = grpc_unix ? self->grpc_unix : NULL,
+        .grpc_infer_compression_level = compression_level,
         .grpc_max_message_bytes = (size_t)grpc_max,
         .grpc_max_queued_bytes = (size_t)grpc_queued,
         .allow_shared_memory = allow,
@@ -824,7 +857,28 @@ static PyObject *peer_credentials(PyObject *self, PyObject *arg)
                          p.gid == (gid_t)-1 ? -1L : (long)p.gid, "groups", groups);
 }
 
+/* _hold_work(on) / _held_work(): the test hold of transport/loop.h (oi__work_hold), so that a
+ * test can see the loops serve while a (de)compression waits on a worker thread. */
+static PyObject *hold_work(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    oi__work_hold(on);
+    Py_RETURN_NONE;
+}
+
+static PyObject *held_work(PyObject *self, PyObject *unused)
+{
+    (void)self, (void)unused;
+    return PyLong_FromLong(oi__work_held());
+}
+
 static PyMethodDef peer_functions[] = {
+    {"_hold_work", hold_work, METH_O,
+     "For tests: while true, work sent off the event loops (decompression, compression) waits before it starts."},
+    {"_held_work", held_work, METH_NOARGS, "For tests: how many pieces of work wait on _hold_work."},
     {"peer_credentials", peer_credentials, METH_O,
      "The uid, gid (-1: unknown) and groups of the process on the other end of a connected socket (a file "
      "descriptor or an object with fileno()); OSError when unknown (ENOENT: not on this host)."},

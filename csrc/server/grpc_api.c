@@ -919,6 +919,9 @@ static void on_call(void *ctx, oi_grpc_call_t *call)
         oi_grpc_finish(call, OI_GRPC_UNIMPLEMENTED, msg);
     } else if (atomic_load(&s->stopping)) {
         oi_grpc_finish(call, OI_GRPC_UNAVAILABLE, "the server is shutting down");
+    } else if (call->kind == RPC_MODEL_INFER || call->kind == RPC_MODEL_STREAM_INFER) {
+        /* --grpc-infer-response-compression-level: inference responses only, as tritonserver. */
+        oi_grpc_call_compress(call, s->cfg.grpc_infer_compression_level);
     }
 }
 

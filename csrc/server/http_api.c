@@ -71,8 +71,49 @@ static int pick_binary(const oi_request_t *req, const oi_response_t *resp, uint8
     return any;
 }
 
+/* A response being compressed on a worker thread (oi_loop_work): the parts stay alive through
+ * their owner references until the compressed copy is written. */
+typedef struct deflate_work_s {
+    oi_work_t work;
+    oi_http_request_t *r; /* waits, busy, until done answers it */
+    oi_encoding_t enc;
+    oi_buf_t *out; /* the compressed body, NULL when out of memory */
+    char headers[512];
+    size_t n;
+    oi_iov_t parts[];
+} deflate_work_t;
+
+static void deflate_run(oi_work_t *w)
+{
+    deflate_work_t *d = (deflate_work_t *)w;
+    const char *bases[d->n ? d->n : 1];
+    size_t lens[d->n ? d->n : 1];
+    for (size_t i = 0; i < d->n; i++) {
+        bases[i] = d->parts[i].base;
+        lens[i] = d->parts[i].len;
+    }
+    if (oi_deflate(bases, lens, d->n, d->enc, &d->out) != 0)
+        d->out = NULL;
+}
+
+static void deflate_done(oi_work_t *w)
+{
+    deflate_work_t *d = (deflate_work_t *)w;
+    for (size_t i = 0; i < d->n; i++)
+        oi_buf_unref(d->parts[i].owner);
+    if (d->out == NULL) {
+        respond_error(d->r, OI_INTERNAL, "out of memory compressing the response");
+    } else {
+        oi_iov_t part = {d->out->data, d->out->len, d->out};
+        oi_http_respond(d->r, 200, d->headers, &part, 1);
+    }
+    free(d);
+}
+
 /* Answers with the parts, compressed into one buffer when the client accepts gzip or
- * deflate (the copy compression forces), else written as they are. Takes the parts' owners. */
+ * deflate (the copy compression forces), else written as they are. Compression runs on a
+ * worker thread, so that a large response does not hold up the loop's other connections.
+ * Takes the parts' owners. */
 static void respond_parts(oi_http_request_t *r, const char *headers, oi_iov_t *parts, size_t n)
 {
     oi_encoding_t enc = oi_accept_encoding(r->accept_encoding);
@@ -80,25 +121,23 @@ static void respond_parts(oi_http_request_t *r, const char *headers, oi_iov_t *p
         oi_http_respond(r, 200, headers, parts, n);
         return;
     }
-    const char *bases[n ? n : 1];
-    size_t lens[n ? n : 1];
-    for (size_t i = 0; i < n; i++) {
-        bases[i] = parts[i].base;
-        lens[i] = parts[i].len;
+    deflate_work_t *d = malloc(sizeof(*d) + n * sizeof(oi_iov_t));
+    if (d != NULL) {
+        d->work = (oi_work_t){.run = deflate_run, .done = deflate_done};
+        d->r = r;
+        d->enc = enc;
+        d->out = NULL;
+        d->n = n;
+        memcpy(d->parts, parts, n * sizeof(oi_iov_t));
+        snprintf(d->headers, sizeof(d->headers), "%sContent-Encoding: %s\r\nVary: Accept-Encoding\r\n", headers,
+                 enc == OI_ENCODING_GZIP ? "gzip" : "deflate");
+        if (oi_loop_work(r->loop, &d->work) == 0)
+            return;
+        free(d);
     }
-    oi_buf_t *z = NULL;
-    int rc = oi_deflate(bases, lens, n, enc, &z);
     for (size_t i = 0; i < n; i++)
         oi_buf_unref(parts[i].owner);
-    if (rc != 0) {
-        respond_error(r, OI_INTERNAL, "out of memory compressing the response");
-        return;
-    }
-    char all[512];
-    snprintf(all, sizeof(all), "%sContent-Encoding: %s\r\nVary: Accept-Encoding\r\n", headers,
-             enc == OI_ENCODING_GZIP ? "gzip" : "deflate");
-    oi_iov_t part = {z->data, z->len, z};
-    oi_http_respond(r, 200, all, &part, 1);
+    respond_error(r, OI_INTERNAL, "cannot compress the response: out of memory");
 }
 
 /* On the loop thread: encode and write. The JSON goes first, then each binary output
@@ -217,17 +256,6 @@ static oi_status_t *check_infer(const oi_http_request_t *r, const oi_model_t *m,
     return NULL;
 }
 
-/* The body to decode: the request's own, or its decompression (a new buffer). Returns NULL
- * or a status; *body gets one reference either way on success. */
-static oi_status_t *request_body(oi_server_t *s, oi_http_request_t *r, oi_encoding_t enc, oi_buf_t **body)
-{
-    if (enc == OI_ENCODING_IDENTITY) {
-        *body = oi_buf_ref(r->body);
-        return NULL;
-    }
-    return oi_inflate(r->body->data, r->body->len, enc, s->cfg.http.max_body_bytes, body);
-}
-
 static const oi_peer_t *request_peer(void *r) { return oi_http_request_peer(r); }
 
 /* The connection closed before the answer: the request is dropped from the queue, or its
@@ -237,15 +265,13 @@ static void infer_gone(oi_http_request_t *r)
     oi_infer_cancel(r->gone_arg);
 }
 
-static void handle_infer(oi_server_t *s, oi_http_request_t *r, oi_model_t *m)
+/* Decodes `body` (the request's own or its decompression; takes the reference) and submits
+ * the request to `m` (takes the reference), or answers the error. */
+static void infer_body(oi_server_t *s, oi_http_request_t *r, oi_model_t *m, oi_buf_t *body)
 {
-    oi_encoding_t enc = oi_content_encoding(r->content_encoding);
-    oi_buf_t *body = NULL;
     oi_infer_t *c = NULL;
-    oi_status_t *st = check_infer(r, m, enc);
-    if (st == NULL)
-        st = request_body(s, r, enc, &body);
-    if (st == NULL && r->inference_header_length >= 0 && (uint64_t)r->inference_header_length > body->len)
+    oi_status_t *st = NULL;
+    if (r->inference_header_length >= 0 && (uint64_t)r->inference_header_length > body->len)
         st = oi_status_new(OI_BAD_REQUEST, "Inference-Header-Content-Length %lld exceeds the body length %zu",
                            (long long)r->inference_header_length, body->len);
     if (st == NULL && (c = oi_infer_new()) == NULL)
@@ -274,6 +300,73 @@ static void handle_infer(oi_server_t *s, oi_http_request_t *r, oi_model_t *m)
         oi_infer_free(c);
         respond_status(r, st);
     }
+}
+
+/* A request body being inflated on a worker thread: the request waits (busy) meanwhile, and
+ * holds its model. */
+typedef struct inflate_work_s {
+    oi_work_t work;
+    oi_server_t *s;
+    oi_http_request_t *r;
+    oi_model_t *m;
+    oi_buf_t *in; /* a reference to the compressed body */
+    oi_encoding_t enc;
+    size_t max_out;
+    oi_buf_t *out;
+    oi_status_t *st;
+} inflate_work_t;
+
+static void inflate_run(oi_work_t *w)
+{
+    inflate_work_t *f = (inflate_work_t *)w;
+    oi_inflate_limit_t lim = {f->max_out, "request body", "max_body_bytes"};
+    f->st = oi_inflate(f->in->data, f->in->len, f->enc, &lim, &f->out);
+}
+
+static void inflate_done(oi_work_t *w)
+{
+    inflate_work_t *f = (inflate_work_t *)w;
+    oi_buf_unref(f->in);
+    if (f->st == NULL && atomic_load(&f->s->stopping)) {
+        oi_buf_unref(f->out);
+        f->st = oi_status_new(OI_UNAVAILABLE, "the server is shutting down");
+    }
+    if (f->st != NULL) {
+        oi_model_unref(f->m);
+        respond_status(f->r, f->st);
+    } else {
+        infer_body(f->s, f->r, f->m, f->out);
+    }
+    free(f);
+}
+
+static void handle_infer(oi_server_t *s, oi_http_request_t *r, oi_model_t *m)
+{
+    oi_encoding_t enc = oi_content_encoding(r->content_encoding);
+    oi_status_t *st = check_infer(r, m, enc);
+    if (st == NULL && enc == OI_ENCODING_IDENTITY) {
+        infer_body(s, r, m, oi_buf_ref(r->body));
+        return;
+    }
+    /* Inflating may take long (up to the body limit, from a small body): off the loop. */
+    inflate_work_t *f = st == NULL ? calloc(1, sizeof(*f)) : NULL;
+    if (st == NULL && f != NULL) {
+        *f = (inflate_work_t){.work = {.run = inflate_run, .done = inflate_done},
+                              .s = s,
+                              .r = r,
+                              .m = m,
+                              .in = oi_buf_ref(r->body),
+                              .enc = enc,
+                              .max_out = s->cfg.http.max_body_bytes};
+        if (oi_loop_work(r->loop, &f->work) == 0)
+            return;
+        oi_buf_unref(f->in);
+    }
+    free(f);
+    if (st == NULL)
+        st = oi_status_new(OI_INTERNAL, "cannot decompress the request body: out of memory");
+    oi_model_unref(m);
+    respond_status(r, st);
 }
 
 /* ---- routing ------------------------------------------------------------------------------ */
@@ -682,8 +775,11 @@ static void route_repository(oi_server_t *s, oi_http_request_t *r, const char *p
     oi_status_t *st = NULL;
     if (call == NULL || (op != OI_REPO_INDEX && (call->model = strdup(name)) == NULL))
         st = oi_status_new(OI_INTERNAL, "out of memory");
-    if (st == NULL && r->body != NULL && r->body->len > 0)
-        st = request_body(s, r, enc, &call->body);
+    if (st == NULL && r->body != NULL && r->body->len > 0) {
+        call->body = oi_buf_ref(r->body);
+        call->body_encoding = enc;
+        call->max_body_bytes = s->cfg.http.max_body_bytes;
+    }
     if (st == NULL)
         st = oi__repo_submit(s, call, r->loop, finish_repository, r);
     if (st != NULL) {

@@ -103,7 +103,16 @@ static void *control_main(void *arg)
 {
     oi_repo_call_t *call = arg;
     oi_server_t *s = call->server;
-    s->repo_fn(s->repo_ctx, call);
+    /* A compressed body is inflated here, off the loop that received it. */
+    oi_buf_t *plain = NULL;
+    if (call->body != NULL && call->body_encoding != OI_ENCODING_IDENTITY) {
+        oi_inflate_limit_t lim = {call->max_body_bytes, "request body", "max_body_bytes"};
+        call->status = oi_inflate(call->body->data, call->body->len, call->body_encoding, &lim, &plain);
+        oi_buf_unref(call->body);
+        call->body = plain;
+    }
+    if (call->status == NULL)
+        s->repo_fn(s->repo_ctx, call);
     call->task.run = run_done;
     oi_loop_post(call->loop, &call->task);
     atomic_fetch_sub(&s->repo_calls, 1);

@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "codec/compress.h"
 #include "core/buf.h"
 #include "core/status.h"
 #include "transport/loop.h"
@@ -51,6 +52,8 @@ struct oi_repo_call_s {
     char *model;    /* load and unload: the model's name (owned) */
     int ready;      /* index: only ready versions (gRPC; over HTTP the body says) */
     oi_buf_t *body; /* HTTP: the JSON request body as sent (a reference), NULL when empty */
+    oi_encoding_t body_encoding; /* how `body` came compressed: the control thread inflates it */
+    size_t max_body_bytes;       /* the most it may inflate to */
     int grpc;       /* params below came from gRPC (over HTTP the body holds them) */
     oi_repo_param_t *params;
     size_t n_params;

@@ -37,10 +37,13 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
     oi_registry_init(&s->registry);
     oi_shm_init(&s->shm, cfg->allow_shared_memory < 0 ? is_loopback(cfg->http.host) : cfg->allow_shared_memory != 0);
     s->http = oi_http_server_new(&s->cfg.http, oi__http_api_handle, s);
-    if (s->cfg.grpc_port >= 0) {
+    int grpc = s->cfg.grpc_port >= 0 || s->cfg.grpc_unix_path != NULL;
+    if (grpc) {
         oi_h2_config_t h2 = {
             .host = s->cfg.http.host,
             .port = s->cfg.http.inline_loop ? -1 : s->cfg.grpc_port,
+            .unix_path = s->cfg.http.inline_loop ? NULL : s->cfg.grpc_unix_path,
+            .unix_mode = s->cfg.http.unix_mode,
             .max_message_bytes = s->cfg.grpc_max_message_bytes ? s->cfg.grpc_max_message_bytes : (size_t)2 << 30,
             .max_connections = s->cfg.http.max_connections,
             .max_connections_per_peer = s->cfg.http.max_connections_per_peer,
@@ -51,16 +54,16 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
         s->grpc = oi_h2_server_new(&h2, &oi__grpc_api_handler, s);
     }
     if (s->cfg.metrics_port >= 0) {
-        /* Its own listener with one loop thread: a scrape never waits behind inferences, and
-         * they never wait behind it. Connection limits as for the API. */
+        /* Its own TCP listener with one loop thread: a scrape never waits behind inferences,
+         * and they never wait behind it. Connection limits as for the API. */
         oi_http_config_t mcfg = s->cfg.http;
         mcfg.port = s->cfg.metrics_port;
+        mcfg.unix_path = NULL;
         mcfg.threads = 1;
         s->metrics = oi_metrics_new(&s->cfg.metrics);
         s->metrics_http = s->metrics ? oi_http_server_new(&mcfg, oi__metrics_api_handle, s) : NULL;
     }
-    if (s->http == NULL || (s->cfg.grpc_port >= 0 && s->grpc == NULL) ||
-        (s->cfg.metrics_port >= 0 && s->metrics_http == NULL)) {
+    if (s->http == NULL || (grpc && s->grpc == NULL) || (s->cfg.metrics_port >= 0 && s->metrics_http == NULL)) {
         oi_http_server_free(s->metrics_http);
         oi_metrics_free(s->metrics);
         oi_http_server_free(s->http);
@@ -185,26 +188,30 @@ static uint64_t now_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
+/* Whether requests are in flight: with a handler or a model, or (gRPC) a message still being
+ * (de)compressed on a worker thread, whose completion will run on a loop. */
+int oi_server_inflight(oi_server_t *s)
+{
+    return oi_http_server_inflight(s->http) + atomic_load(&s->grpc_inflight) +
+           (s->grpc != NULL ? oi_h2_server_working(s->grpc) : 0);
+}
+
+static int inflight(oi_server_t *s) { return oi_server_inflight(s) > 0; }
+
 static void wait_inflight(oi_server_t *s, uint64_t deadline)
 {
-    while ((oi_http_server_inflight(s->http) > 0 || atomic_load(&s->grpc_inflight) > 0) && now_ms() < deadline) {
+    while (inflight(s) && now_ms() < deadline) {
         struct timespec ts = {0, 2 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
 }
 
-int oi_server_inflight(oi_server_t *s)
-{
-    return oi_http_server_inflight(s->http) + atomic_load(&s->grpc_inflight);
-}
-
-static int inflight(oi_server_t *s) { return oi_server_inflight(s) > 0; }
-
 /* Requests in flight whose clients still wait for them (a cancelled one may still run). */
 static int awaited(oi_server_t *s)
 {
     return oi_http_server_inflight(s->http) - oi_http_server_orphans(s->http) > 0 ||
-           atomic_load(&s->grpc_inflight) - atomic_load(&s->grpc_orphans) > 0;
+           atomic_load(&s->grpc_inflight) - atomic_load(&s->grpc_orphans) > 0 ||
+           (s->grpc != NULL && oi_h2_server_working(s->grpc) > 0);
 }
 
 static void finish_stop(oi_server_t *s);

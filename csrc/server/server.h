@@ -12,9 +12,14 @@
 typedef struct oi_server_config_s {
     oi_http_config_t http;
     uint32_t max_json_depth;
-    int grpc_port;              /* gRPC on its own port, on the HTTP loops; -1: no gRPC */
+    int grpc_port;                 /* gRPC on its own port, on the HTTP loops; -1: none over TCP */
+    const char *grpc_unix_path;    /* gRPC on this Unix-domain socket too (mode http.unix_mode); NULL: none.
+                                    * With neither a port nor a path, no gRPC at all */
     size_t grpc_max_message_bytes; /* largest gRPC request message; 0: 2 GiB */
     size_t grpc_max_queued_bytes;  /* see oi_h2_config_t.max_queued_bytes; 0: 64 MiB */
+    /* --grpc-infer-response-compression-level: 0 none, 1 low, 2 medium, 3 high. Inference
+     * responses are compressed for clients that accept it (see oi_grpc_call_compress). */
+    int grpc_infer_compression_level;
     /* Whether clients may register shared-memory regions: 1 yes, 0 no, -1 (the default a
      * zeroed config does not give: set it) only when http.host is a loopback address, since a
      * region is memory of the server's own host. */

@@ -13,6 +13,7 @@
 #include <llhttp.h>
 
 #include "transport/peers.h"
+#include "transport/unix_listen.h"
 
 #define READ_BUF_SIZE 16384
 #define CHUNKED_INITIAL 65536
@@ -23,15 +24,19 @@
 
 typedef struct listener_s {
     uv_tcp_t tcp;
+    uv_pipe_t pipe; /* the Unix-domain listener, with cfg.unix_path */
     oi_loop_t loop;
     oi_http_server_t *server;
-    int listening;
+    int listening;                /* tcp is open */
+    int pipe_listening;           /* pipe is open */
     struct oi_http_conn_s *conns; /* every open connection of this loop, for shutdown */
 } listener_t;
 
 struct oi_http_server_s {
     oi_http_config_t cfg;
     char host[256];
+    char unix_path[108];
+    oi_unix_socket_t unix_sock; /* the socket file we created, removed when we stop accepting */
     oi_http_handler_cb handler;
     void *ctx;
     int nloops;
@@ -44,7 +49,12 @@ struct oi_http_server_s {
 };
 
 struct oi_http_conn_s {
-    uv_tcp_t tcp;
+    union { /* a TCP or a Unix-domain connection: both are libuv streams */
+        uv_tcp_t tcp;
+        uv_pipe_t pipe;
+        uv_stream_t stream;
+        uv_handle_t handle;
+    } sock;
     uv_timer_t timer;
     llhttp_t parser;
     listener_t *lis;
@@ -137,7 +147,7 @@ static void conn_close(oi_http_conn_t *c)
     if (c->next)
         c->next->prev = c->prev;
     uv_close((uv_handle_t *)&c->timer, on_handle_closed);
-    uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
+    uv_close(&c->sock.handle, on_handle_closed);
     /* The client of a request still with the handler is gone: the handler may drop it. */
     void (*gone)(oi_http_request_t *) = c->req.on_gone;
     c->req.on_gone = NULL;
@@ -275,7 +285,7 @@ static void conn_write(oi_http_conn_t *c, int status, const char *headers, const
         if (parts[i].len > 0)
             bufs[nb++] = uv_buf_init((char *)parts[i].base, (unsigned)parts[i].len);
     c->writes++;
-    int rc = uv_write(&wr->w, (uv_stream_t *)&c->tcp, bufs, nb, after_write);
+    int rc = uv_write(&wr->w, &c->sock.stream, bufs, nb, after_write);
     if (bufs != stackbufs)
         free(bufs);
     if (rc != 0)
@@ -322,7 +332,7 @@ static void start_reading(oi_http_conn_t *c)
 {
     if (c->closing || c->reading)
         return;
-    if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) != 0)
+    if (uv_read_start(&c->sock.stream, on_alloc, on_read) != 0)
         conn_close(c);
     else
         c->reading = 1;
@@ -331,7 +341,7 @@ static void start_reading(oi_http_conn_t *c)
 static void stop_reading(oi_http_conn_t *c)
 {
     if (c->reading)
-        uv_read_stop((uv_stream_t *)&c->tcp);
+        uv_read_stop(&c->sock.stream);
     c->reading = 0;
 }
 
@@ -433,7 +443,7 @@ static void pump(oi_http_conn_t *c)
     if (c->closing || c->busy || c->in_feed)
         return;
     if (c->pending.len > 0) {
-        if (uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) > MAX_QUEUED_WRITE) {
+        if (uv_stream_get_write_queue_size(&c->sock.stream) > MAX_QUEUED_WRITE) {
             stop_reading(c);
             return;
         }
@@ -614,7 +624,7 @@ static int on_headers_complete(llhttp_t *p)
         wr->parts = NULL;
         uv_buf_t b = uv_buf_init(cont, sizeof(cont) - 1);
         c->writes++;
-        int rc = uv_write(&wr->w, (uv_stream_t *)&c->tcp, &b, 1, after_write);
+        int rc = uv_write(&wr->w, &c->sock.stream, &b, 1, after_write);
         if (rc != 0)
             after_write(&wr->w, rc);
     }
@@ -712,7 +722,7 @@ const oi_peer_t *oi_http_request_peer(oi_http_request_t *req)
 {
     oi_http_conn_t *c = req->conn;
     int fd = -1;
-    uv_fileno((const uv_handle_t *)&c->tcp, &fd);
+    uv_fileno(&c->sock.handle, &fd);
     return oi_peer_cached(&c->creds, fd);
 }
 
@@ -765,7 +775,7 @@ static oi_http_conn_t *oldest_idle(listener_t *lis, oi_http_conn_t *except, cons
 static int admit_peer(oi_http_conn_t *c)
 {
     int fd = -1;
-    if (uv_fileno((const uv_handle_t *)&c->tcp, &fd) != 0 || oi_peer_addr_of(fd, &c->peer) != 0)
+    if (uv_fileno(&c->sock.handle, &fd) != 0 || oi_peer_addr_of(fd, &c->peer) != 0)
         return 0; /* no IP peer to count */
     c->peer_counted = 1;
     if (oi_peers_acquire(&c->lis->server->peers, &c->peer) == 0)
@@ -782,17 +792,20 @@ static int admit_peer(oi_http_conn_t *c)
     return 0;
 }
 
-/* A new connection of `lis`, linked and counted, its handles initialised but no socket yet;
- * NULL when out of memory. */
-static oi_http_conn_t *conn_new(listener_t *lis)
+/* A new connection of `lis` (on a Unix-domain socket when `pipe`), linked and counted, its
+ * handles initialised but no socket yet; NULL when out of memory. */
+static oi_http_conn_t *conn_new(listener_t *lis, int pipe)
 {
     oi_http_conn_t *c = calloc(1, sizeof(*c));
     if (c == NULL)
         return NULL;
     c->lis = lis;
-    uv_tcp_init(&lis->loop.uv, &c->tcp);
+    if (pipe)
+        uv_pipe_init(&lis->loop.uv, &c->sock.pipe, 0);
+    else
+        uv_tcp_init(&lis->loop.uv, &c->sock.tcp);
     uv_timer_init(&lis->loop.uv, &c->timer);
-    c->tcp.data = c->timer.data = c;
+    c->sock.handle.data = c->timer.data = c;
     c->handles = 2;
     c->keep_alive = 1;
     c->idle_since = uv_now(&lis->loop.uv);
@@ -807,7 +820,8 @@ static oi_http_conn_t *conn_new(listener_t *lis)
 /* Starts reading a connection that has its socket, under the first-byte deadline. */
 static void conn_start(oi_http_conn_t *c)
 {
-    uv_tcp_nodelay(&c->tcp, 1);
+    if (c->sock.handle.type == UV_TCP)
+        uv_tcp_nodelay(&c->sock.tcp, 1);
     llhttp_init(&c->parser, HTTP_REQUEST, &parser_settings);
     c->parser.data = c;
     c->req.inference_header_length = -1;
@@ -821,10 +835,10 @@ static void on_connection(uv_stream_t *server, int status)
     oi_http_server_t *s = lis->server;
     if (status < 0)
         return;
-    oi_http_conn_t *c = conn_new(lis);
+    oi_http_conn_t *c = conn_new(lis, server->type == UV_NAMED_PIPE);
     if (c == NULL)
         return;
-    if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0 || admit_peer(c) != 0) {
+    if (uv_accept(server, &c->sock.stream) != 0 || admit_peer(c) != 0) {
         conn_close(c);
         return;
     }
@@ -843,10 +857,10 @@ static void on_connection(uv_stream_t *server, int status)
 
 int oi_http_server_adopt(oi_http_server_t *s, int fd)
 {
-    oi_http_conn_t *c = conn_new(&s->loops[0]);
+    oi_http_conn_t *c = conn_new(&s->loops[0], 0);
     if (c == NULL)
         return UV_ENOMEM;
-    int rc = uv_tcp_open(&c->tcp, fd);
+    int rc = uv_tcp_open(&c->sock.tcp, fd);
     if (rc != 0) {
         conn_close(c); /* the socket stays the caller's */
         return rc;
@@ -911,6 +925,27 @@ static int open_listener(listener_t *lis, const struct sockaddr_storage *addr, c
     return rc == 0 ? 0 : listen_error(lis, rc, err, errlen);
 }
 
+/* The Unix-domain listener of one loop: the first binds the path, the others listen on
+ * duplicates of its socket (as open_listener does for TCP). */
+static int open_unix_listener(listener_t *lis, const listener_t *first, char *err, size_t errlen)
+{
+    oi_http_server_t *s = lis->server;
+    int rc = first == NULL ? oi_unix_listen_open(&lis->loop.uv, &lis->pipe, s->unix_path, s->cfg.unix_mode,
+                                                 &s->unix_sock, err, errlen)
+                           : oi_unix_listen_dup(&lis->loop.uv, &lis->pipe, &first->pipe);
+    if (rc != 0) {
+        if (first != NULL)
+            snprintf(err, errlen, "cannot listen on %s: %s", s->unix_path, uv_strerror(rc));
+        return rc;
+    }
+    lis->pipe_listening = 1;
+    lis->pipe.data = lis;
+    rc = uv_listen((uv_stream_t *)&lis->pipe, 1024, on_connection);
+    if (rc != 0)
+        snprintf(err, errlen, "cannot listen on %s: %s", s->unix_path, uv_strerror(rc));
+    return rc;
+}
+
 oi_http_server_t *oi_http_server_new(const oi_http_config_t *cfg, oi_http_handler_cb handler, void *ctx)
 {
     oi_http_server_t *s = calloc(1, sizeof(*s));
@@ -919,6 +954,8 @@ oi_http_server_t *oi_http_server_new(const oi_http_config_t *cfg, oi_http_handle
     s->cfg = *cfg;
     snprintf(s->host, sizeof(s->host), "%s", cfg->host ? cfg->host : "127.0.0.1");
     s->cfg.host = s->host;
+    snprintf(s->unix_path, sizeof(s->unix_path), "%s", cfg->unix_path ? cfg->unix_path : "");
+    s->cfg.unix_path = s->unix_path[0] ? s->unix_path : NULL;
     if (s->cfg.threads <= 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         s->cfg.threads = n > 0 ? (int)n : 1;
@@ -935,8 +972,8 @@ oi_http_server_t *oi_http_server_new(const oi_http_config_t *cfg, oi_http_handle
 
 int oi_http_server_start(oi_http_server_t *s, char *err, size_t errlen)
 {
-    struct sockaddr_storage addr;
-    int rc = resolve(s->host, s->cfg.port, &addr, err, errlen);
+    struct sockaddr_storage addr = {0};
+    int tcp = s->cfg.port >= 0, rc = tcp ? resolve(s->host, s->cfg.port, &addr, err, errlen) : 0;
     if (rc != 0)
         return rc;
     s->loops = calloc((size_t)s->cfg.threads, sizeof(*s->loops));
@@ -954,14 +991,18 @@ int oi_http_server_start(oi_http_server_t *s, char *err, size_t errlen)
         s->nloops++;
         if (s->cfg.inline_loop)
             return 0; /* the caller runs it and brings the connections */
-        if ((rc = open_listener(lis, &addr, i ? &s->loops[0] : NULL, err, errlen)) != 0)
+        if (tcp && (rc = open_listener(lis, &addr, i ? &s->loops[0] : NULL, err, errlen)) != 0)
+            return rc;
+        if (s->cfg.unix_path && (rc = open_unix_listener(lis, i ? &s->loops[0] : NULL, err, errlen)) != 0)
             return rc;
     }
-    struct sockaddr_storage bound;
-    int len = sizeof(bound);
-    uv_tcp_getsockname(&s->loops[0].tcp, (struct sockaddr *)&bound, &len);
-    s->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
-                                                 : ((struct sockaddr_in *)&bound)->sin_port);
+    if (tcp) {
+        struct sockaddr_storage bound;
+        int len = sizeof(bound);
+        uv_tcp_getsockname(&s->loops[0].tcp, (struct sockaddr *)&bound, &len);
+        s->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                                    : ((struct sockaddr_in *)&bound)->sin_port);
+    }
     for (int i = 0; i < s->nloops; i++)
         if ((rc = oi_loop_start(&s->loops[i].loop)) != 0) {
             snprintf(err, errlen, "cannot start a loop thread: %s", uv_strerror(rc));
@@ -997,6 +1038,10 @@ static void close_listener(listener_t *lis)
     if (lis->listening) {
         lis->listening = 0;
         uv_close((uv_handle_t *)&lis->tcp, NULL);
+    }
+    if (lis->pipe_listening) {
+        lis->pipe_listening = 0;
+        uv_close((uv_handle_t *)&lis->pipe, NULL);
     }
 }
 
@@ -1040,7 +1085,11 @@ static void on_each_loop(oi_http_server_t *s, int final)
     }
 }
 
-void oi_http_server_stop_accepting(oi_http_server_t *s) { on_each_loop(s, 0); }
+void oi_http_server_stop_accepting(oi_http_server_t *s)
+{
+    on_each_loop(s, 0);
+    oi_unix_listen_unlink(&s->unix_sock); /* no listener behind it now */
+}
 
 typedef struct abandon_arg_s {
     listener_t *lis;
@@ -1081,6 +1130,7 @@ void oi_http_server_free(oi_http_server_t *s)
     if (s == NULL)
         return;
     on_each_loop(s, 1);
+    oi_unix_listen_unlink(&s->unix_sock);
     for (int i = 0; i < s->nloops; i++)
         oi_loop_join(&s->loops[i].loop);
     free(s->loops);

@@ -18,7 +18,9 @@ typedef struct oi_http_conn_s oi_http_conn_t;
 
 typedef struct oi_http_config_s {
     const char *host; /* numeric IPv4/IPv6 address or a name; "127.0.0.1" by default */
-    int port;         /* 0 picks a free port */
+    int port;         /* 0 picks a free port; -1: no TCP listener (unix_path only) */
+    const char *unix_path; /* also (or only) listen on this Unix-domain socket; NULL: none */
+    unsigned unix_mode;    /* the socket file's permission bits, e.g. 0660 */
     int threads;      /* event-loop threads; <= 0: one per core */
     size_t max_body_bytes;
     size_t max_header_bytes; /* request line and headers together */
@@ -93,7 +95,7 @@ int oi_http_server_start(oi_http_server_t *s, char *err, size_t errlen);
  * server's, on the caller's). 0 or a libuv error code. */
 int oi_http_server_adopt(oi_http_server_t *s, int fd);
 
-/* The bound port, 0 before start. */
+/* The bound port, 0 before start or without TCP. */
 int oi_http_server_port(const oi_http_server_t *s);
 
 /* The event loops the started server runs (0 before start), which other transports share:
@@ -107,7 +109,8 @@ int oi_http_server_inflight(const oi_http_server_t *s);
 /* Of those, the ones whose connection has closed: nobody waits for their answer. */
 int oi_http_server_orphans(const oi_http_server_t *s);
 
-/* Closes the listeners (no new connections); existing connections go on. */
+/* Closes the listeners (no new connections) and removes the Unix socket file; existing
+ * connections go on. */
 void oi_http_server_stop_accepting(oi_http_server_t *s);
 
 /* For a shutdown whose time is up: answers every request still with the handler with

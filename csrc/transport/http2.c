@@ -11,8 +11,10 @@
 
 #include <nghttp2/nghttp2.h>
 
+#include "codec/compress.h"
 #include "transport/grpc.h"
 #include "transport/peers.h"
+#include "transport/unix_listen.h"
 
 #define READ_BUF_SIZE (256u << 10)
 /* Flow-control windows we open: big enough that a 16 MiB tensor needs no WINDOW_UPDATE round
@@ -25,7 +27,9 @@
 typedef struct h2_loop_s {
     oi_loop_t *loop;
     uv_tcp_t tcp;
-    int listening;
+    uv_pipe_t pipe;     /* the Unix-domain listener, with cfg.unix_path */
+    int listening;      /* tcp is open */
+    int pipe_listening; /* pipe is open */
     oi_h2_server_t *server;
     struct oi_h2_conn_s *conns; /* every open connection of this loop */
     char *rbuf;                 /* shared by the loop's connections: reads are consumed at once */
@@ -34,12 +38,15 @@ typedef struct h2_loop_s {
 struct oi_h2_server_s {
     oi_h2_config_t cfg;
     char host[256];
+    char unix_path[108];
+    oi_unix_socket_t unix_sock; /* the socket file we created, removed when we stop accepting */
     oi_grpc_handler_t handler;
     void *ctx;
     h2_loop_t *loops;
     int nloops;
     int port;
     atomic_int connections;
+    atomic_int working; /* (de)compressions on worker threads, not yet back on their loop */
     int draining;
     oi_peers_t peers; /* connections per client address, across the loops */
 };
@@ -55,7 +62,12 @@ typedef struct seg_s {
 } seg_t;
 
 typedef struct oi_h2_conn_s {
-    uv_tcp_t tcp;
+    union { /* a TCP or a Unix-domain connection: both are libuv streams */
+        uv_tcp_t tcp;
+        uv_pipe_t pipe;
+        uv_stream_t stream;
+        uv_handle_t handle;
+    } sock;
     uv_timer_t timer; /* the preface deadline, then the idle deadline while no stream is open */
     int handles;      /* open libuv handles (tcp, timer): freed at 0 */
     nghttp2_session *session;
@@ -94,6 +106,7 @@ typedef struct write_req_s {
 typedef struct held_msg_s {
     struct held_msg_s *next;
     oi_buf_t *msg;
+    int compressed; /* its prefix's flag: to be inflated before the handler sees it */
 } held_msg_t;
 
 /* A response message waiting in a call's queue: parts[0] is its 5-byte prefix. */
@@ -102,6 +115,8 @@ typedef struct out_msg_s {
     size_t nparts;
     size_t idx; /* next part to send */
     size_t off; /* bytes of parts[idx] already sent */
+    int pending;      /* waits to be compressed (then parts[1] becomes the compressed bytes) */
+    size_t raw_total; /* its uncompressed length while pending */
     uint8_t prefix[5];
     oi_iov_t parts[];
 } out_msg_t;
@@ -157,7 +172,7 @@ const oi_peer_t *oi_grpc_call_peer(oi_grpc_call_t *call)
     if (c == NULL || c->closing) /* the socket is being closed */
         return &gone;
     int fd = -1;
-    uv_fileno((const uv_handle_t *)&c->tcp, &fd);
+    uv_fileno(&c->sock.handle, &fd);
     return oi_peer_cached(&c->creds, fd);
 }
 
@@ -204,7 +219,8 @@ static void call_detach(oi_grpc_call_t *call)
     stop_timer(call);
     /* Its queued responses will never be framed, and its held bytes are given back to the
      * connection window (the stream's own window went with the stream). */
-    c->queued -= call->out_bytes < c->queued ? call->out_bytes : c->queued;
+    uint64_t mine = call->out_bytes + call->pending_bytes;
+    c->queued -= mine < c->queued ? mine : c->queued;
     drop_held(call);
     if (c->session) {
         if (call->unconsumed > 0)
@@ -260,12 +276,13 @@ static ssize_t read_data(nghttp2_session *session, int32_t stream_id, uint8_t *b
     oi_grpc_call_t *call = source->ptr;
     if (call == NULL || call->conn == NULL)
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
-    if (call->out_bytes == 0 && !call->finished)
+    /* Messages still being compressed come before the trailers. */
+    if (call->out_bytes == 0 && (!call->finished || call->compressing))
         return NGHTTP2_ERR_DEFERRED;
     size_t n = call->out_bytes < length ? (size_t)call->out_bytes : length;
     if (n > 0)
         *data_flags |= NGHTTP2_DATA_FLAG_NO_COPY;
-    if (n == call->out_bytes && call->finished) {
+    if (n == call->out_bytes && call->finished && !call->compressing) {
         /* The last bytes: trailers follow, and they carry END_STREAM. */
         *data_flags |= NGHTTP2_DATA_FLAG_EOF | NGHTTP2_DATA_FLAG_NO_END_STREAM;
         submit_trailers(call);
@@ -354,11 +371,151 @@ static int on_send_data(nghttp2_session *session, nghttp2_frame *frame, const ui
     return 0;
 }
 
+/* The gRPC name of an encoding, for grpc-encoding. */
+static const char *encoding_name(int enc)
+{
+    return enc == OI_ENCODING_GZIP ? "gzip" : "deflate";
+}
+
+/* What this server accepts, for grpc-accept-encoding on every response. */
+#define ACCEPT_ENCODINGS "identity,deflate,gzip"
+
+void oi_grpc_call_compress(oi_grpc_call_t *call, int level)
+{
+    int order[2], n = 0; /* gRPC's ranking: gzip, then deflate, of those the client accepts */
+    if (call->accept_encodings & (1u << OI_ENCODING_GZIP))
+        order[n++] = OI_ENCODING_GZIP;
+    if (call->accept_encodings & (1u << OI_ENCODING_DEFLATE))
+        order[n++] = OI_ENCODING_DEFLATE;
+    if (level <= 0 || n == 0 || call->headers_sent)
+        return;
+    call->response_encoding = level == 1 ? order[0] : level == 2 ? order[n / 2] : order[n - 1];
+}
+
+/* A response message being compressed on a worker thread. It stays in its call's queue (the
+ * call is kept by a reference), pending, so that the messages behind it wait their turn. */
+typedef struct compress_work_s {
+    oi_work_t work;
+    oi_grpc_call_t *call; /* loop thread only: the worker reads `m` and `enc` */
+    oi_h2_server_t *server;
+    out_msg_t *m;
+    int enc;
+    oi_buf_t *out; /* NULL: out of memory */
+} compress_work_t;
+
+static void compress_run(oi_work_t *w)
+{
+    compress_work_t *cw = (compress_work_t *)w;
+    out_msg_t *m = cw->m;
+    size_t n = m->nparts - 1; /* parts[0] is the prefix */
+    const char *bases[n ? n : 1];
+    size_t lens[n ? n : 1];
+    for (size_t i = 0; i < n; i++) {
+        bases[i] = m->parts[i + 1].base;
+        lens[i] = m->parts[i + 1].len;
+    }
+    if (oi_deflate(bases, lens, n, (oi_encoding_t)cw->enc, &cw->out) != 0)
+        cw->out = NULL;
+}
+
+static void compress_done(oi_work_t *w);
+
+static void drop_pending(oi_grpc_call_t *call);
+
+/* Starts compressing `m`, the first pending message of the call; on failure the call ends
+ * with INTERNAL (and its pending messages, `m` among them, are freed). */
+static void compress_start(oi_grpc_call_t *call, out_msg_t *m)
+{
+    compress_work_t *cw = malloc(sizeof(*cw));
+    call->compressing = 1;
+    if (cw != NULL && call->conn != NULL) {
+        *cw = (compress_work_t){.work = {.run = compress_run, .done = compress_done},
+                                .call = call,
+                                .server = call->conn->lp->server,
+                                .m = m,
+                                .enc = call->response_encoding};
+        oi_grpc_call_ref(call);
+        atomic_fetch_add(&cw->server->working, 1);
+        if (oi_loop_work(call->loop, &cw->work) == 0)
+            return;
+        atomic_fetch_sub(&cw->server->working, 1);
+        oi_grpc_call_unref(call);
+    }
+    free(cw);
+    drop_pending(call);
+    oi_grpc_finish(call, OI_GRPC_INTERNAL, "cannot compress the response: out of memory");
+}
+
+/* Unlinks and frees the call's pending messages (they are the tail of its queue). */
+static void drop_pending(oi_grpc_call_t *call)
+{
+    out_msg_t **pp = &call->out_head, *last = NULL;
+    while (*pp != NULL && !(*pp)->pending) {
+        last = *pp;
+        pp = &(*pp)->next;
+    }
+    for (out_msg_t *m = *pp, *next; m != NULL; m = next) {
+        next = m->next;
+        out_msg_free(m);
+    }
+    *pp = NULL;
+    call->out_tail = last;
+    if (call->conn != NULL)
+        call->conn->queued -= call->pending_bytes < call->conn->queued ? call->pending_bytes : call->conn->queued;
+    call->pending_bytes = 0;
+    call->compressing = 0;
+}
+
+static void compress_done(oi_work_t *w)
+{
+    compress_work_t *cw = (compress_work_t *)w;
+    oi_grpc_call_t *call = cw->call;
+    oi_h2_server_t *server = cw->server;
+    out_msg_t *m = cw->m;
+    oi_buf_t *out = cw->out;
+    free(cw);
+    if (call->discard) { /* the call ended with an error meanwhile: nothing more is sent */
+        oi_buf_unref(out);
+        oi_grpc_call_unref(call);
+        atomic_fetch_sub(&server->working, 1);
+        return;
+    }
+    call->compressing = 0;
+    if (out == NULL || out->len > UINT32_MAX) {
+        oi_buf_unref(out);
+        drop_pending(call);
+        oi_grpc_finish(call, OI_GRPC_INTERNAL, "cannot compress the response: out of memory");
+        oi_grpc_call_unref(call);
+        atomic_fetch_sub(&server->working, 1);
+        return;
+    }
+    for (size_t i = 1; i < m->nparts; i++)
+        oi_buf_unref(m->parts[i].owner);
+    m->parts[1] = (oi_iov_t){out->data, out->len, out};
+    m->nparts = 2;
+    oi_grpc_put_prefix(m->prefix, (uint32_t)out->len);
+    m->prefix[0] = 1; /* compressed, with the call's grpc-encoding */
+    m->pending = 0;
+    call->pending_bytes -= m->raw_total;
+    call->out_bytes += 5 + out->len;
+    h2_conn_t *c = call->conn;
+    if (c != NULL)
+        c->queued = c->queued - (m->raw_total < c->queued ? m->raw_total : c->queued) + 5 + out->len;
+    if (m->next != NULL && c != NULL)
+        compress_start(call, m->next);
+    if (c != NULL && !c->closing) {
+        nghttp2_session_resume_data(c->session, call->stream_id);
+        call_kick(call);
+    }
+    oi_grpc_call_unref(call);
+    atomic_fetch_sub(&server->working, 1); /* last: a stop may free the server once it is 0 */
+}
+
 void oi_grpc_send(oi_grpc_call_t *call, const oi_iov_t *parts, size_t nparts, size_t total)
 {
     out_msg_t *m = NULL;
     if (oi_grpc_call_open(call) && total <= UINT32_MAX)
-        m = malloc(sizeof(*m) + (nparts + 1) * sizeof(oi_iov_t));
+        m = malloc(sizeof(*m) + (nparts + 2) * sizeof(oi_iov_t)); /* room for prefix and compressed part */
     if (m == NULL) {
         for (size_t i = 0; i < nparts; i++)
             oi_buf_unref(parts[i].owner);
@@ -369,6 +526,8 @@ void oi_grpc_send(oi_grpc_call_t *call, const oi_iov_t *parts, size_t nparts, si
     m->next = NULL;
     m->idx = 0;
     m->off = 0;
+    m->pending = call->response_encoding != OI_ENCODING_IDENTITY;
+    m->raw_total = total;
     oi_grpc_put_prefix(m->prefix, (uint32_t)total);
     m->parts[0] = (oi_iov_t){(const char *)m->prefix, 5, NULL};
     size_t n = 1;
@@ -384,10 +543,16 @@ void oi_grpc_send(oi_grpc_call_t *call, const oi_iov_t *parts, size_t nparts, si
     else
         call->out_head = m;
     call->out_tail = m;
-    call->out_bytes += 5 + total;
 
     h2_conn_t *c = call->conn;
-    c->queued += 5 + total;
+    int start = m->pending && !call->compressing;
+    if (m->pending) {
+        call->pending_bytes += total;
+        c->queued += total;
+    } else {
+        call->out_bytes += 5 + total;
+        c->queued += 5 + total;
+    }
     if (c->queued > c->lp->server->cfg.max_queued_bytes)
         c->throttled = 1; /* the client is not reading: stop taking its requests */
     if (!call->headers_sent) {
@@ -395,12 +560,24 @@ void oi_grpc_send(oi_grpc_call_t *call, const oi_iov_t *parts, size_t nparts, si
         nghttp2_nv nv[] = {
             {(uint8_t *)":status", (uint8_t *)"200", 7, 3, NGHTTP2_NV_FLAG_NONE},
             {(uint8_t *)"content-type", (uint8_t *)"application/grpc", 12, 16, NGHTTP2_NV_FLAG_NONE},
+            {(uint8_t *)"grpc-accept-encoding", (uint8_t *)ACCEPT_ENCODINGS, 20, sizeof(ACCEPT_ENCODINGS) - 1,
+             NGHTTP2_NV_FLAG_NONE},
+            {(uint8_t *)"grpc-encoding", (uint8_t *)"", 13, 0, NGHTTP2_NV_FLAG_NONE},
         };
+        size_t nnv = 3;
+        if (call->response_encoding != OI_ENCODING_IDENTITY) {
+            const char *e = encoding_name(call->response_encoding);
+            nv[3].value = (uint8_t *)e;
+            nv[3].valuelen = strlen(e);
+            nnv = 4;
+        }
         nghttp2_data_provider prd = {.source.ptr = call, .read_callback = read_data};
-        nghttp2_submit_response(c->session, call->stream_id, nv, 2, &prd);
-    } else {
+        nghttp2_submit_response(c->session, call->stream_id, nv, nnv, &prd);
+    } else if (!m->pending) {
         nghttp2_session_resume_data(c->session, call->stream_id);
     }
+    if (start)
+        compress_start(call, m); /* last: on failure it frees m and ends the call */
     call_kick(call);
 }
 
@@ -411,13 +588,15 @@ static void submit_headers_only(oi_grpc_call_t *call, const char *http_status, i
     snprintf(code, sizeof(code), "%d", grpc_status);
     oi_sbuf_t enc = {0};
     int grpc = strcmp(http_status, "200") == 0;
-    nghttp2_nv nv[4] = {
+    nghttp2_nv nv[5] = {
         {(uint8_t *)":status", (uint8_t *)http_status, 7, strlen(http_status), NGHTTP2_NV_FLAG_NONE},
         {(uint8_t *)"content-type", (uint8_t *)(grpc ? "application/grpc" : "text/plain"), 12, grpc ? 16 : 10,
          NGHTTP2_NV_FLAG_NONE},
         {(uint8_t *)"grpc-status", (uint8_t *)code, 11, strlen(code), NGHTTP2_NV_FLAG_NONE},
+        {(uint8_t *)"grpc-accept-encoding", (uint8_t *)ACCEPT_ENCODINGS, 20, sizeof(ACCEPT_ENCODINGS) - 1,
+         NGHTTP2_NV_FLAG_NONE},
     };
-    size_t n = 3;
+    size_t n = 4;
     if (message && message[0] && oi_grpc_percent_encode(&enc, message) == 0)
         nv[n++] = (nghttp2_nv){(uint8_t *)"grpc-message", (uint8_t *)enc.data, 12, enc.len, NGHTTP2_NV_FLAG_NONE};
     nghttp2_submit_response(call->conn->session, call->stream_id, nv, n, NULL);
@@ -439,6 +618,12 @@ void oi_grpc_finish(oi_grpc_call_t *call, int grpc_status, const char *message)
     } else {
         call->status = grpc_status;
         call->status_message = message && message[0] ? strdup(message) : NULL;
+        if (grpc_status != OI_GRPC_OK && call->compressing) {
+            /* An error ends the call now: the responses still being compressed are dropped
+             * (compress_done sees `discard`) rather than waited for. */
+            call->compressing = 0;
+            call->discard = 1;
+        }
         nghttp2_session_resume_data(call->conn->session, call->stream_id);
     }
     call_kick(call);
@@ -487,6 +672,26 @@ static int header_is(const uint8_t *name, size_t n, const char *want)
     return n == strlen(want) && memcmp(name, want, n) == 0;
 }
 
+/* The algorithms named in a grpc-accept-encoding value ("identity, deflate, gzip"), as bits
+ * 1 << oi_encoding_t. */
+static unsigned accept_encodings(const char *v, size_t n)
+{
+    unsigned bits = 0;
+    for (size_t i = 0; i < n;) {
+        while (i < n && (v[i] == ' ' || v[i] == ','))
+            i++;
+        size_t j = i;
+        while (j < n && v[j] != ',' && v[j] != ' ')
+            j++;
+        if (j - i == 4 && memcmp(v + i, "gzip", 4) == 0)
+            bits |= 1u << OI_ENCODING_GZIP;
+        else if (j - i == 7 && memcmp(v + i, "deflate", 7) == 0)
+            bits |= 1u << OI_ENCODING_DEFLATE;
+        i = j;
+    }
+    return bits;
+}
+
 static int on_header(nghttp2_session *session, const nghttp2_frame *frame, const uint8_t *name, size_t namelen,
                      const uint8_t *value, size_t valuelen, uint8_t flags, void *user_data)
 {
@@ -514,7 +719,14 @@ static int on_header(nghttp2_session *session, const nghttp2_frame *frame, const
         if (oi_grpc_parse_timeout((const char *)value, valuelen, &ms) == 0)
             call->timeout_ms = ms > 0 ? ms : 1;
     } else if (header_is(name, namelen, "grpc-encoding")) {
-        call->bad_encoding = !(valuelen == 8 && memcmp(value, "identity", 8) == 0);
+        size_t n = valuelen < sizeof(call->encoding_name) - 1 ? valuelen : sizeof(call->encoding_name) - 1;
+        memcpy(call->encoding_name, value, n);
+        call->encoding_name[n] = '\0';
+        call->encoding = n == valuelen ? (int)oi_content_encoding(call->encoding_name) : OI_ENCODING_UNKNOWN;
+        if (strcmp(call->encoding_name, "x-gzip") == 0) /* an HTTP name, not a gRPC one */
+            call->encoding = OI_ENCODING_UNKNOWN;
+    } else if (header_is(name, namelen, "grpc-accept-encoding")) {
+        call->accept_encodings |= accept_encodings((const char *)value, valuelen);
     }
     return 0;
 }
@@ -540,11 +752,6 @@ static void start_call(h2_conn_t *c, oi_grpc_call_t *call)
         oi_grpc_finish(call, OI_GRPC_UNIMPLEMENTED, "the request has no :path naming a method");
         return;
     }
-    if (call->bad_encoding) {
-        oi_grpc_finish(call, OI_GRPC_UNIMPLEMENTED,
-                       "unsupported grpc-encoding; this server accepts uncompressed (identity) messages only");
-        return;
-    }
     if (call->timeout_ms > 0) {
         uv_timer_t *t = malloc(sizeof(*t));
         if (t != NULL) {
@@ -556,6 +763,89 @@ static void start_call(h2_conn_t *c, oi_grpc_call_t *call)
         }
     }
     s->handler.on_call(s->ctx, call);
+}
+
+/* A compressed request message being inflated on a worker thread; its call waits (inflating)
+ * and is kept by a reference. */
+typedef struct inflate_work_s {
+    oi_work_t work;
+    oi_grpc_call_t *call;
+    oi_h2_server_t *server;
+    oi_buf_t *in;
+    int enc;
+    size_t max_out;
+    oi_buf_t *out;
+    oi_status_t *st;
+} inflate_work_t;
+
+static void inflate_run(oi_work_t *w)
+{
+    inflate_work_t *f = (inflate_work_t *)w;
+    oi_inflate_limit_t lim = {f->max_out, "request message", "grpc_max_message_bytes"};
+    f->st = oi_inflate(f->in->data, f->in->len, (oi_encoding_t)f->enc, &lim, &f->out);
+}
+
+static void call_drain(h2_conn_t *c, oi_grpc_call_t *call);
+
+static void inflate_done(oi_work_t *w)
+{
+    inflate_work_t *f = (inflate_work_t *)w;
+    oi_grpc_call_t *call = f->call;
+    oi_h2_server_t *server = f->server;
+    oi_buf_unref(f->in);
+    call->inflating = 0;
+    h2_conn_t *c = call->conn;
+    if (f->st != NULL) {
+        /* Too large: RESOURCE_EXHAUSTED, as for an uncompressed message over the limit;
+         * corrupt or truncated data: INTERNAL, as gRPC answers a message it cannot inflate. */
+        oi_grpc_finish(call, f->st->code == OI_TOO_LARGE ? OI_GRPC_RESOURCE_EXHAUSTED : OI_GRPC_INTERNAL,
+                       f->st->message);
+        oi_status_free(f->st);
+    } else if (c != NULL && !c->closing && oi_grpc_call_open(call)) {
+        oi_h2_server_t *s = c->lp->server;
+        c->in_recv = 1; /* answers given from inside only queue: one flush below */
+        s->handler.on_message(s->ctx, call, f->out);
+        call_drain(c, call);
+        c->in_recv = 0;
+    } else {
+        oi_buf_unref(f->out);
+    }
+    free(f);
+    if (c != NULL && !c->closing)
+        conn_flush(c);
+    oi_grpc_call_unref(call);
+    atomic_fetch_sub(&server->working, 1); /* last: a stop may free the server once it is 0 */
+}
+
+/* Hands a complete request message to the handler; a compressed one is inflated off the loop
+ * first, and the call's later messages wait behind it. */
+static void deliver(h2_conn_t *c, oi_grpc_call_t *call, oi_buf_t *m, int compressed)
+{
+    oi_h2_server_t *s = c->lp->server;
+    if (!compressed) {
+        s->handler.on_message(s->ctx, call, m);
+        return;
+    }
+    inflate_work_t *f = malloc(sizeof(*f));
+    if (f != NULL) {
+        *f = (inflate_work_t){.work = {.run = inflate_run, .done = inflate_done},
+                              .call = call,
+                              .server = s,
+                              .in = m,
+                              .enc = call->encoding,
+                              .max_out = s->cfg.max_message_bytes};
+        call->inflating = 1;
+        oi_grpc_call_ref(call);
+        atomic_fetch_add(&s->working, 1);
+        if (oi_loop_work(call->loop, &f->work) == 0)
+            return;
+        atomic_fetch_sub(&s->working, 1);
+        call->inflating = 0;
+        oi_grpc_call_unref(call);
+        free(f);
+    }
+    oi_buf_unref(m);
+    oi_grpc_finish(call, OI_GRPC_RESOURCE_EXHAUSTED, "out of memory for the request message");
 }
 
 /* Feeds DATA bytes to the message reassembly: each complete message goes to the handler. */
@@ -575,10 +865,23 @@ static void call_feed(h2_conn_t *c, oi_grpc_call_t *call, const uint8_t *data, s
                 return;
             uint32_t n = (uint32_t)call->prefix[1] << 24 | (uint32_t)call->prefix[2] << 16 |
                          (uint32_t)call->prefix[3] << 8 | call->prefix[4];
-            if (call->prefix[0] != 0) {
-                oi_grpc_finish(call, call->prefix[0] == 1 ? OI_GRPC_UNIMPLEMENTED : OI_GRPC_INTERNAL,
-                               call->prefix[0] == 1 ? "compressed messages are not supported; send identity"
-                                                    : "malformed gRPC message prefix: flag byte is not 0 or 1");
+            if (call->prefix[0] > 1) {
+                oi_grpc_finish(call, OI_GRPC_INTERNAL, "malformed gRPC message prefix: flag byte is not 0 or 1");
+                return;
+            }
+            if (call->prefix[0] == 1 && (call->encoding == OI_ENCODING_IDENTITY)) {
+                /* The gRPC spec: a compressed flag without an encoding is INTERNAL. */
+                oi_grpc_finish(call, OI_GRPC_INTERNAL,
+                               "the message's compressed flag is set but the call has no "
+                               "grpc-encoding (expected gzip or deflate)");
+                return;
+            }
+            if (call->prefix[0] == 1 && call->encoding == OI_ENCODING_UNKNOWN) {
+                /* UNIMPLEMENTED, with grpc-accept-encoding saying what is (gRPC compression spec). */
+                char msg[160];
+                snprintf(msg, sizeof(msg), "grpc-encoding '%s' is not supported; this server accepts " ACCEPT_ENCODINGS,
+                         call->encoding_name);
+                oi_grpc_finish(call, OI_GRPC_UNIMPLEMENTED, msg);
                 return;
             }
             if (n > s->cfg.max_message_bytes) {
@@ -605,10 +908,11 @@ static void call_feed(h2_conn_t *c, oi_grpc_call_t *call, const uint8_t *data, s
         len -= take;
         if (call->msg_need == 0) {
             oi_buf_t *m = call->msg;
+            int compressed = call->prefix[0] == 1;
             call->msg = NULL;
             call->prefix_have = 0;
             call->received++;
-            if (c->throttled || call->held_head != NULL) {
+            if (c->throttled || call->held_head != NULL || call->inflating) {
                 held_msg_t *h = malloc(sizeof(*h));
                 if (h == NULL) {
                     oi_buf_unref(m);
@@ -617,13 +921,14 @@ static void call_feed(h2_conn_t *c, oi_grpc_call_t *call, const uint8_t *data, s
                 }
                 h->next = NULL;
                 h->msg = m;
+                h->compressed = compressed;
                 if (call->held_tail)
                     call->held_tail->next = h;
                 else
                     call->held_head = h;
                 call->held_tail = h;
             } else {
-                s->handler.on_message(s->ctx, call, m);
+                deliver(c, call, m, compressed);
             }
         }
     }
@@ -637,7 +942,7 @@ static int on_data_chunk(nghttp2_session *session, uint8_t flags, int32_t stream
     oi_grpc_call_t *call = call_of(session, stream_id);
     /* The window is given back as bytes are taken, except while the connection is throttled
      * (or the call still has held messages): then the client runs out of window and stops. */
-    if (call != NULL && (c->throttled || call->held_head != NULL))
+    if (call != NULL && (c->throttled || call->held_head != NULL || call->inflating))
         call->unconsumed += len;
     else
         nghttp2_session_consume(session, stream_id, len);
@@ -678,7 +983,7 @@ static int on_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, v
     if (frame->hd.type == NGHTTP2_HEADERS && frame->headers.cat == NGHTTP2_HCAT_REQUEST)
         start_call(c, call);
     if ((frame->hd.flags & NGHTTP2_FLAG_END_STREAM) && !call->half_closed && !call->half_close_held) {
-        if (call->held_head != NULL) {
+        if (call->held_head != NULL || call->inflating) {
             call->half_close_held = 1; /* told after the held messages, in order */
             oi_grpc_call_unref(call);
             return 0;
@@ -753,7 +1058,7 @@ static void conn_close(h2_conn_t *c)
     nghttp2_session_del(c->session);
     c->session = NULL;
     uv_close((uv_handle_t *)&c->timer, on_handle_closed);
-    uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
+    uv_close(&c->sock.handle, on_handle_closed);
 }
 
 /* Sends GOAWAY and lets the connection close once it is written: the client may reconnect. */
@@ -853,11 +1158,41 @@ static void conn_write_batch(h2_conn_t *c)
     size_t n = c->nsegs;
     c->nsegs = 0;
     c->writes++;
-    int rc = uv_write(&wr->w, (uv_stream_t *)&c->tcp, bufs, (unsigned)n, after_write);
+    int rc = uv_write(&wr->w, &c->sock.stream, bufs, (unsigned)n, after_write);
     if (bufs != stackbufs)
         free(bufs);
     if (rc != 0)
         after_write(&wr->w, rc);
+}
+
+/* Hands a call's held messages to the handler in order, while the connection is not
+ * throttled and no message of the call is being inflated; once none is left, gives their bytes
+ * back to the client's window and delivers a held END_STREAM. Runs with in_recv set. */
+static void call_drain(h2_conn_t *c, oi_grpc_call_t *call)
+{
+    oi_grpc_call_ref(call);
+    while (call->held_head != NULL && !c->throttled && !call->inflating && oi_grpc_call_open(call)) {
+        held_msg_t *h = call->held_head;
+        call->held_head = h->next;
+        if (call->held_head == NULL)
+            call->held_tail = NULL;
+        oi_buf_t *m = h->msg;
+        int compressed = h->compressed;
+        free(h);
+        deliver(c, call, m, compressed);
+    }
+    if (!oi_grpc_call_open(call))
+        drop_held(call);
+    if (call->held_head == NULL && !call->inflating && call->conn != NULL) {
+        if (call->unconsumed > 0)
+            nghttp2_session_consume(c->session, call->stream_id, call->unconsumed);
+        call->unconsumed = 0;
+        if (call->half_close_held) {
+            call->half_close_held = 0;
+            half_close(c, call);
+        }
+    }
+    oi_grpc_call_unref(call);
 }
 
 /* The queue drained: hands the held messages to the handler (in order, stopping if the
@@ -865,33 +1200,10 @@ static void conn_write_batch(h2_conn_t *c)
  * in_recv set, so that answers given from inside only queue; the caller sends. */
 static void conn_release(h2_conn_t *c)
 {
-    oi_h2_server_t *s = c->lp->server;
     c->throttled = 0;
     c->in_recv = 1;
-    for (oi_grpc_call_t *call = c->calls; call != NULL && !c->throttled; call = call->next) {
-        oi_grpc_call_ref(call);
-        while (call->held_head != NULL && !c->throttled && oi_grpc_call_open(call)) {
-            held_msg_t *h = call->held_head;
-            call->held_head = h->next;
-            if (call->held_head == NULL)
-                call->held_tail = NULL;
-            oi_buf_t *m = h->msg;
-            free(h);
-            s->handler.on_message(s->ctx, call, m);
-        }
-        if (!oi_grpc_call_open(call))
-            drop_held(call);
-        if (call->held_head == NULL && call->conn != NULL) {
-            if (call->unconsumed > 0)
-                nghttp2_session_consume(c->session, call->stream_id, call->unconsumed);
-            call->unconsumed = 0;
-            if (call->half_close_held) {
-                call->half_close_held = 0;
-                half_close(c, call);
-            }
-        }
-        oi_grpc_call_unref(call);
-    }
+    for (oi_grpc_call_t *call = c->calls; call != NULL && !c->throttled; call = call->next)
+        call_drain(c, call);
     c->in_recv = 0;
 }
 
@@ -1016,7 +1328,7 @@ static h2_conn_t *oldest_idle(h2_loop_t *lp, h2_conn_t *except, const oi_peer_ad
 static int admit_peer(h2_conn_t *c)
 {
     int fd = -1;
-    if (uv_fileno((const uv_handle_t *)&c->tcp, &fd) != 0 || oi_peer_addr_of(fd, &c->peer) != 0)
+    if (uv_fileno(&c->sock.handle, &fd) != 0 || oi_peer_addr_of(fd, &c->peer) != 0)
         return 0; /* no IP peer to count */
     c->peer_counted = 1;
     if (oi_peers_acquire(&c->lp->server->peers, &c->peer) == 0)
@@ -1033,17 +1345,20 @@ static int admit_peer(h2_conn_t *c)
     return 0;
 }
 
-/* A new connection of `lp`, linked and counted, its handles initialised but no socket yet;
- * NULL when out of memory. */
-static h2_conn_t *conn_new(h2_loop_t *lp)
+/* A new connection of `lp` (on a Unix-domain socket when `pipe`), linked and counted, its
+ * handles initialised but no socket yet; NULL when out of memory. */
+static h2_conn_t *conn_new(h2_loop_t *lp, int pipe)
 {
     h2_conn_t *c = calloc(1, sizeof(*c));
     if (c == NULL)
         return NULL;
     c->lp = lp;
-    uv_tcp_init(&lp->loop->uv, &c->tcp);
+    if (pipe)
+        uv_pipe_init(&lp->loop->uv, &c->sock.pipe, 0);
+    else
+        uv_tcp_init(&lp->loop->uv, &c->sock.tcp);
     uv_timer_init(&lp->loop->uv, &c->timer);
-    c->tcp.data = c->timer.data = c;
+    c->sock.handle.data = c->timer.data = c;
     c->handles = 2;
     c->idle_since = uv_now(&lp->loop->uv);
     atomic_fetch_add(&lp->server->connections, 1);
@@ -1060,8 +1375,9 @@ static void conn_start(h2_conn_t *c)
     oi_h2_server_t *s = c->lp->server;
     if (s->cfg.preface_timeout_ms > 0)
         uv_timer_start(&c->timer, on_conn_timer, s->cfg.preface_timeout_ms, 0);
-    uv_tcp_nodelay(&c->tcp, 1);
-    if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) != 0) {
+    if (c->sock.handle.type == UV_TCP)
+        uv_tcp_nodelay(&c->sock.tcp, 1);
+    if (uv_read_start(&c->sock.stream, on_alloc, on_read) != 0) {
         conn_close(c);
         return;
     }
@@ -1074,10 +1390,10 @@ static void on_connection(uv_stream_t *server, int status)
     oi_h2_server_t *s = lp->server;
     if (status < 0)
         return;
-    h2_conn_t *c = conn_new(lp);
+    h2_conn_t *c = conn_new(lp, server->type == UV_NAMED_PIPE);
     if (c == NULL)
         return;
-    if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0 || admit_peer(c) != 0 || conn_init_session(c) != 0) {
+    if (uv_accept(server, &c->sock.stream) != 0 || admit_peer(c) != 0 || conn_init_session(c) != 0) {
         conn_close(c);
         return;
     }
@@ -1095,10 +1411,10 @@ static void on_connection(uv_stream_t *server, int status)
 
 int oi_h2_server_adopt(oi_h2_server_t *s, int fd)
 {
-    h2_conn_t *c = conn_new(&s->loops[0]);
+    h2_conn_t *c = conn_new(&s->loops[0], 0);
     if (c == NULL)
         return UV_ENOMEM;
-    int rc = conn_init_session(c) != 0 ? UV_ENOMEM : uv_tcp_open(&c->tcp, fd);
+    int rc = conn_init_session(c) != 0 ? UV_ENOMEM : uv_tcp_open(&c->sock.tcp, fd);
     if (rc != 0) {
         conn_close(c); /* the socket stays the caller's */
         return rc;
@@ -1117,6 +1433,8 @@ oi_h2_server_t *oi_h2_server_new(const oi_h2_config_t *cfg, const oi_grpc_handle
     s->cfg = *cfg;
     snprintf(s->host, sizeof(s->host), "%s", cfg->host ? cfg->host : "127.0.0.1");
     s->cfg.host = s->host;
+    snprintf(s->unix_path, sizeof(s->unix_path), "%s", cfg->unix_path ? cfg->unix_path : "");
+    s->cfg.unix_path = s->unix_path[0] ? s->unix_path : NULL;
     if (s->cfg.max_message_bytes == 0 || s->cfg.max_message_bytes > UINT32_MAX)
         s->cfg.max_message_bytes = UINT32_MAX;
     if (s->cfg.max_queued_bytes == 0)
@@ -1173,6 +1491,34 @@ static void open_listener(void *arg)
     a->rc = rc;
 }
 
+typedef struct unix_arg_s {
+    h2_loop_t *lp;
+    h2_loop_t *first;
+    char *err;
+    size_t errlen;
+    int rc;
+} unix_arg_t;
+
+/* On the loop's thread: the Unix-domain listener, bound by the first loop and shared by
+ * duplicates of its socket as for TCP. */
+static void open_unix_listener(void *arg)
+{
+    unix_arg_t *a = arg;
+    h2_loop_t *lp = a->lp;
+    oi_h2_server_t *s = lp->server;
+    int rc = a->first == NULL ? oi_unix_listen_open(&lp->loop->uv, &lp->pipe, s->unix_path, s->cfg.unix_mode,
+                                                    &s->unix_sock, a->err, a->errlen)
+                              : oi_unix_listen_dup(&lp->loop->uv, &lp->pipe, &a->first->pipe);
+    if (rc == 0) {
+        lp->pipe_listening = 1;
+        lp->pipe.data = lp;
+        rc = uv_listen((uv_stream_t *)&lp->pipe, 1024, on_connection);
+    }
+    if (rc != 0 && (a->first != NULL || !a->err[0]))
+        snprintf(a->err, a->errlen, "cannot listen for gRPC on %s: %s", s->unix_path, uv_strerror(rc));
+    a->rc = rc;
+}
+
 int oi_h2_server_start(oi_h2_server_t *s, oi_loop_t **loops, int nloops, char *err, size_t errlen)
 {
     struct addrinfo hints = {0}, *res = NULL;
@@ -1180,15 +1526,17 @@ int oi_h2_server_start(oi_h2_server_t *s, oi_loop_t **loops, int nloops, char *e
     hints.ai_socktype = SOCK_STREAM;
     hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
     char portstr[16];
-    snprintf(portstr, sizeof(portstr), "%d", s->cfg.port < 0 ? 0 : s->cfg.port);
-    int rc = getaddrinfo(s->host, portstr, &hints, &res);
+    snprintf(portstr, sizeof(portstr), "%d", s->cfg.port);
+    int tcp = s->cfg.port >= 0, rc = tcp ? getaddrinfo(s->host, portstr, &hints, &res) : 0;
     if (rc != 0) {
         snprintf(err, errlen, "cannot resolve host '%s': %s", s->host, gai_strerror(rc));
         return UV_EINVAL;
     }
-    struct sockaddr_storage addr;
-    memcpy(&addr, res->ai_addr, res->ai_addrlen);
-    freeaddrinfo(res);
+    struct sockaddr_storage addr = {0};
+    if (tcp) {
+        memcpy(&addr, res->ai_addr, res->ai_addrlen);
+        freeaddrinfo(res);
+    }
     s->loops = calloc((size_t)nloops, sizeof(*s->loops));
     if (s->loops == NULL) {
         snprintf(err, errlen, "out of memory");
@@ -1204,32 +1552,46 @@ int oi_h2_server_start(oi_h2_server_t *s, oi_loop_t **loops, int nloops, char *e
             snprintf(err, errlen, "out of memory");
             return UV_ENOMEM;
         }
-        if (s->cfg.port < 0)
-            continue; /* connections come through oi_h2_server_adopt */
         listen_arg_t a = {lp, &addr, i ? &s->loops[0] : NULL, 0};
-        oi_loop_call(lp->loop, open_listener, &a);
+        if (tcp)
+            oi_loop_call(lp->loop, open_listener, &a);
         if (a.rc != 0) {
             snprintf(err, errlen, "cannot listen for gRPC on %s:%d: %s", s->host, s->cfg.port, uv_strerror(a.rc));
             return a.rc;
         }
+        err[0] = '\0';
+        unix_arg_t u = {lp, i ? &s->loops[0] : NULL, err, errlen, 0};
+        if (s->cfg.unix_path)
+            oi_loop_call(lp->loop, open_unix_listener, &u);
+        if (u.rc != 0)
+            return u.rc;
     }
-    if (s->cfg.port < 0)
-        return 0;
-    struct sockaddr_storage bound;
-    int len = sizeof(bound);
-    uv_tcp_getsockname(&s->loops[0].tcp, (struct sockaddr *)&bound, &len);
-    s->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
-                                                 : ((struct sockaddr_in *)&bound)->sin_port);
+    if (tcp) {
+        struct sockaddr_storage bound;
+        int len = sizeof(bound);
+        uv_tcp_getsockname(&s->loops[0].tcp, (struct sockaddr *)&bound, &len);
+        s->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                                    : ((struct sockaddr_in *)&bound)->sin_port);
+    }
     return 0;
 }
 
 int oi_h2_server_port(const oi_h2_server_t *s) { return s->port; }
+
+int oi_h2_server_working(const oi_h2_server_t *s)
+{
+    return atomic_load(&((oi_h2_server_t *)s)->working);
+}
 
 static void close_listener(h2_loop_t *lp)
 {
     if (lp->listening) {
         lp->listening = 0;
         uv_close((uv_handle_t *)&lp->tcp, NULL);
+    }
+    if (lp->pipe_listening) {
+        lp->pipe_listening = 0;
+        uv_close((uv_handle_t *)&lp->pipe, NULL);
     }
 }
 
@@ -1255,6 +1617,7 @@ void oi_h2_server_stop_accepting(oi_h2_server_t *s)
 {
     for (int i = 0; i < s->nloops; i++)
         oi_loop_call(s->loops[i].loop, stop_loop, &s->loops[i]);
+    oi_unix_listen_unlink(&s->unix_sock); /* no listener behind it now */
 }
 
 typedef struct abandon_arg_s {
@@ -1268,8 +1631,19 @@ static void abandon_loop(void *arg)
     for (h2_conn_t *c = a->lp->conns, *next; c != NULL; c = next) {
         next = c->next; /* conn_flush may close c */
         c->in_recv = 1; /* finish only queues: one flush below */
-        for (oi_grpc_call_t *call = c->calls; call != NULL; call = call->next)
-            oi_grpc_finish(call, OI_GRPC_UNAVAILABLE, a->message);
+        for (oi_grpc_call_t *call = c->calls; call != NULL; call = call->next) {
+            if (!call->finished || !call->compressing) {
+                oi_grpc_finish(call, OI_GRPC_UNAVAILABLE, a->message);
+                continue;
+            }
+            /* Answered, but its answer is still being compressed: UNAVAILABLE instead. */
+            free(call->status_message);
+            call->status = OI_GRPC_UNAVAILABLE;
+            call->status_message = strdup(a->message);
+            call->compressing = 0;
+            call->discard = 1;
+            nghttp2_session_resume_data(c->session, call->stream_id);
+        }
         c->in_recv = 0;
         conn_goaway(c);
         if (!c->closing) {
@@ -1295,6 +1669,7 @@ void oi_h2_server_close(oi_h2_server_t *s)
 {
     for (int i = 0; i < s->nloops; i++)
         oi_loop_call(s->loops[i].loop, close_loop, &s->loops[i]);
+    oi_unix_listen_unlink(&s->unix_sock);
 }
 
 void oi_h2_server_free(oi_h2_server_t *s)

@@ -6,7 +6,9 @@
  *
  * Wire behaviour: `content-type: application/grpc...` is required (else HTTP 415), requests
  * are POST, messages carry the 5-byte prefix and are reassembled into one buffer sized from
- * it (no copies beyond that reassembly), `grpc-timeout` is honoured with DEADLINE_EXCEEDED,
+ * it (no copies beyond that reassembly), compressed ones (grpc-encoding gzip or deflate) are
+ * inflated off the loop within max_message_bytes before the handler sees them, `grpc-timeout`
+ * is honoured with DEADLINE_EXCEEDED,
  * responses are HEADERS, DATA written straight from the parts' memory (iovecs), then
  * trailers with grpc-status and a percent-encoded grpc-message, or Trailers-Only when the call
  * fails before any response message. Shutdown sends GOAWAY and lets open calls finish. */
@@ -26,7 +28,10 @@ typedef struct oi_grpc_call_s oi_grpc_call_t;
 
 typedef struct oi_h2_config_s {
     const char *host; /* numeric address or a name; "127.0.0.1" by default */
-    int port;         /* 0 picks a free port; -1: no listener (oi_h2_server_adopt brings connections) */
+    int port;         /* 0 picks a free port; -1: no TCP listener (unix_path only, or none:
+                       * oi_h2_server_adopt brings connections) */
+    const char *unix_path;           /* also (or only) listen on this Unix-domain socket; NULL: none */
+    unsigned unix_mode;              /* the socket file's permission bits, e.g. 0660 */
     size_t max_message_bytes;        /* largest request message (at most 4 GiB - 1) */
     int max_connections;             /* when reached, the accepting loop's oldest idle connection (no
                                       * open stream) is closed to make room; without one the new is refused */
@@ -79,7 +84,16 @@ struct oi_grpc_call_s {
     struct oi_grpc_call_s *prev, *next;
     int32_t stream_id;
     char *path;
-    int content_type_ok, bad_method, bad_encoding;
+    int content_type_ok, bad_method;
+    int encoding;              /* grpc-encoding of the request messages (oi_encoding_t) */
+    char encoding_name[32];    /* as sent, for the error when it is unknown */
+    unsigned accept_encodings; /* grpc-accept-encoding: bit 1 << oi_encoding_t per algorithm */
+    int inflating;             /* a compressed request message is being inflated off the loop:
+                                * later messages and END_STREAM wait behind it, in order */
+    int response_encoding;     /* oi_encoding_t the responses are compressed with (oi_grpc_call_compress) */
+    int compressing;           /* response messages wait for compression (the queue's tail) */
+    int discard;               /* the call ended in error while compressing: those are dropped */
+    uint64_t pending_bytes;    /* their uncompressed bytes */
     uint64_t timeout_ms; /* 0: none */
     void *timer;         /* uv_timer_t *, when a deadline is set */
     /* Reassembly of the request message being received. */
@@ -112,9 +126,18 @@ int oi_grpc_call_open(const oi_grpc_call_t *call);
  * peer (error set) once the stream is gone. Loop thread only. */
 const oi_peer_t *oi_grpc_call_peer(oi_grpc_call_t *call);
 
+/* Compresses this call's response messages from now on, at gRPC compression level `level`
+ * (1 low, 2 medium, 3 high; as tritonserver's --grpc-infer-response-compression-level) with
+ * an algorithm the client accepts (its grpc-accept-encoding), picked the way gRPC's levels
+ * pick: of gzip and deflate, in that order, those accepted; low takes the first, medium the
+ * middle one, high the last. Nothing when the client accepts neither. Call before the first
+ * oi_grpc_send. Compression runs on a worker thread (oi_loop_work); messages stay in order. */
+void oi_grpc_call_compress(oi_grpc_call_t *call, int level);
+
 /* Queues one response message of `total` bytes, the concatenation of parts[0 .. nparts),
- * sent from the parts' memory. Takes every part's owner reference, also when the call can no
- * longer answer (the parts are then dropped). */
+ * sent from the parts' memory (or compressed first, see oi_grpc_call_compress). Takes every
+ * part's owner reference, also when the call can no longer answer (the parts are then
+ * dropped). */
 void oi_grpc_send(oi_grpc_call_t *call, const oi_iov_t *parts, size_t nparts, size_t total);
 
 /* Ends the call with a gRPC status and message (NULL or "" for none): trailers after the
@@ -136,6 +159,10 @@ int oi_h2_server_adopt(oi_h2_server_t *s, int fd);
 
 /* The bound port, 0 before start. */
 int oi_h2_server_port(const oi_h2_server_t *s);
+
+/* Messages being (de)compressed on worker threads: a stop waits for them like for requests
+ * in flight (their completions run on the loops). */
+int oi_h2_server_working(const oi_h2_server_t *s);
 
 /* Closes the listeners and sends GOAWAY on every connection: calls in progress go on, new
  * ones are refused. Call from outside the loops. */

@@ -1,5 +1,7 @@
 #include "transport/loop.h"
 
+#include <stdatomic.h>
+
 #include "core/thread.h"
 
 static void drain(uv_async_t *h)
@@ -116,4 +118,52 @@ void oi_loop_join(oi_loop_t *l)
     uv_loop_close(&l->uv);
     pthread_mutex_destroy(&l->mu);
     l->started = 0;
+}
+
+/* The test hold (oi__work_hold): checked with one atomic load per work item. */
+static atomic_int work_hold;
+static int work_held;
+static pthread_mutex_t hold_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t hold_cv = PTHREAD_COND_INITIALIZER;
+
+static void work_run(uv_work_t *req)
+{
+    oi_work_t *w = (oi_work_t *)req;
+    if (atomic_load(&work_hold)) {
+        pthread_mutex_lock(&hold_mu);
+        work_held++;
+        while (atomic_load(&work_hold))
+            pthread_cond_wait(&hold_cv, &hold_mu);
+        work_held--;
+        pthread_mutex_unlock(&hold_mu);
+    }
+    w->run(w);
+}
+
+static void work_done(uv_work_t *req, int status)
+{
+    (void)status; /* never cancelled: uv_cancel is not used */
+    oi_work_t *w = (oi_work_t *)req;
+    w->done(w);
+}
+
+int oi_loop_work(oi_loop_t *l, oi_work_t *w)
+{
+    return uv_queue_work(&l->uv, &w->req, work_run, work_done);
+}
+
+void oi__work_hold(int on)
+{
+    pthread_mutex_lock(&hold_mu);
+    atomic_store(&work_hold, on != 0);
+    pthread_cond_broadcast(&hold_cv);
+    pthread_mutex_unlock(&hold_mu);
+}
+
+int oi__work_held(void)
+{
+    pthread_mutex_lock(&hold_mu);
+    int n = work_held;
+    pthread_mutex_unlock(&hold_mu);
+    return n;
 }

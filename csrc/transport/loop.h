@@ -24,6 +24,27 @@ typedef struct oi_loop_s {
     int started;
 } oi_loop_t;
 
+typedef struct oi_work_s oi_work_t;
+
+/* CPU-heavy work that must not hold up a loop (decompressing a request, compressing a
+ * response): `run` goes to libuv's worker pool, then `done` runs back on the loop thread that
+ * queued it, like a model's completion. Embedded in the poster's own struct; the poster keeps
+ * it and what `run` reads alive until `done`, and `run` touches nothing of the loop's. */
+struct oi_work_s {
+    uv_work_t req; /* private */
+    void (*run)(oi_work_t *w);
+    void (*done)(oi_work_t *w);
+};
+
+/* Queues `w` from `l`'s own thread. 0, or a libuv error (then neither callback runs). The
+ * loop keeps running until `done` has run, also while it is being stopped. */
+int oi_loop_work(oi_loop_t *l, oi_work_t *w);
+
+/* For tests: while `on`, each `run` waits before starting (so that a test can see the loop
+ * serve other requests meanwhile); oi__work_held says how many wait. Not for production. */
+void oi__work_hold(int on);
+int oi__work_held(void);
+
 /* Initializes the loop on the calling thread; 0 or a libuv error code. */
 int oi_loop_init(oi_loop_t *l);
 

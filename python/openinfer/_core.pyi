@@ -37,6 +37,12 @@ Handler = Callable[
 #     inter_op_threads (0: torch's default)
 TorchSpec = dict[str, object]
 
+def _hold_work(on: bool) -> None:
+    """For tests: while on, work sent off the event loops ((de)compression) waits to start."""
+
+def _held_work() -> int:
+    """For tests: how many pieces of work wait on _hold_work."""
+
 def peer_credentials(sock: int | object) -> dict[str, object]:
     """{"uid", "gid" (-1: unknown), "groups"} of the process on the other end of a connected
     socket, as the server sees its clients; OSError when unknown (ENOENT: not on this host)."""
@@ -70,7 +76,7 @@ class Server:
     def __init__(
         self,
         host: str = "127.0.0.1",
-        http_port: int = 8000,
+        http_port: int = 8000,  # -1: HTTP on http_unix only
         *,
         threads: int = 0,  # event-loop threads; 0: one per core
         max_body_bytes: int = 1 << 30,
@@ -79,7 +85,7 @@ class Server:
         header_timeout_ms: int = 30_000,  # a request's first byte to the end of its headers
         idle_timeout_ms: int = 300_000,  # keep-alive HTTP, or gRPC with no open stream
         max_json_depth: int = 64,
-        grpc_port: int = 8001,  # -1: no gRPC; 0 picks a free port
+        grpc_port: int = 8001,  # -1: no gRPC over TCP; 0 picks a free port
         grpc_max_message_bytes: int = 2 << 30,  # largest gRPC request message
         allow_shared_memory: bool | None = None,  # None: only when host is a loopback address
         max_connections_per_peer: int = 0,  # per client address; 0: half of max_connections
@@ -92,6 +98,10 @@ class Server:
         metrics_histogram_latencies: bool = False,  # nv_inference_first_response_histogram_ms
         metrics_cpu: bool = True,  # nv_cpu_utilization, nv_cpu_memory_*_bytes
         metrics_gpu: bool = True,  # nv_gpu_* through NVML, when it finds a GPU
+        http_unix: str | None = None,  # also serve HTTP on this Unix socket path
+        grpc_unix: str | None = None,  # also serve gRPC on this Unix socket path
+        unix_socket_mode: int = 0o660,  # the socket files' permission bits
+        grpc_infer_compression_level: int = 0,  # 0 none, 1 low, 2 medium, 3 high (as tritonserver)
     ) -> None: ...
     def set_metadata(self, metadata_json: bytes) -> None:
         """Sets the body of GET /v2 (server metadata)."""

@@ -1,7 +1,8 @@
 """The ``openinfer`` command (also ``python -m openinfer``):
 
     openinfer serve [REPO] [--host H] [--http-port P] [--grpc-port P] [--metrics-port P]
-                    [--threads N] [--model-control-mode none|poll|explicit] [--load-model NAME]...
+                    [--http-unix PATH] [--grpc-unix PATH] [--threads N]
+                    [--model-control-mode none|poll|explicit] [--load-model NAME]...
                     [--repository-poll-secs N] [--max-body-bytes N] ...
 
 It logs where it listens and which models are ready or failed (and why), then blocks until
@@ -47,6 +48,17 @@ _LIMITS: dict[str, str] = {
 }
 
 
+def _octal_mode(value: str) -> int:
+    """--unix-socket-mode: permission bits in octal (660, 0660 or 0o660)."""
+    try:
+        mode = int(value.removeprefix("0o"), 8)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected octal permission bits such as 660, got {value!r}") from None
+    if not 0 <= mode <= 0o777:
+        raise argparse.ArgumentTypeError(f"expected permission bits 000 to 777, got {value!r}")
+    return mode
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit status."""
     parser = _parser()
@@ -75,14 +87,37 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=8000,
         metavar="PORT",
-        help="HTTP port; 0 picks a free one (default 8000)",
+        help="HTTP port; 0 picks a free one, -1 serves HTTP on --http-unix only (default 8000)",
     )
     serve.add_argument(
         "--grpc-port",
         type=int,
         metavar="PORT",
-        help="gRPC port; 0 picks a free one, -1 serves no gRPC "
-        "(default 8001, or a free one with --http-port 0)",
+        help="gRPC port; 0 picks a free one, -1 serves no gRPC over TCP "
+        "(default 8001, a free one with --http-port 0, none with --http-port -1)",
+    )
+    serve.add_argument(
+        "--http-unix",
+        metavar="PATH",
+        help="also serve HTTP on a Unix-domain socket at PATH: the recommended local transport "
+        "(requests act with the connecting user's rights)",
+    )
+    serve.add_argument(
+        "--grpc-unix", metavar="PATH", help="also serve gRPC on a Unix-domain socket at PATH"
+    )
+    serve.add_argument(
+        "--unix-socket-mode",
+        type=_octal_mode,
+        default=0o660,
+        metavar="OCTAL",
+        help="permission bits of the Unix socket files (default 660: the server's user and group)",
+    )
+    serve.add_argument(
+        "--grpc-infer-response-compression-level",
+        choices=["none", "low", "medium", "high"],
+        default="none",
+        help="compress ModelInfer/ModelStreamInfer responses for clients that accept it, as "
+        "tritonserver does (default none)",
     )
     serve.add_argument(
         "--threads",
@@ -210,6 +245,9 @@ def _serve(args: argparse.Namespace) -> int:
     grpc: dict[str, int | None] = {}
     if args.grpc_port is not None:
         grpc["grpc_port"] = None if args.grpc_port < 0 else args.grpc_port
+    if args.http_port < 0 and args.http_unix is None:
+        print("openinfer: error: --http-port -1 needs --http-unix PATH", file=sys.stderr)
+        return 2
     metrics: dict[str, object] = {
         "statistics": args.allow_statistics,
         "metrics_config": args.metrics_config,
@@ -242,12 +280,16 @@ def _serve(args: argparse.Namespace) -> int:
         server = serve(
             args.repo,
             host=args.host,
-            http_port=args.http_port,
+            http_port=None if args.http_port < 0 else args.http_port,
             threads=args.threads,
             allow_shared_memory=args.allow_shared_memory,
             model_control_mode=args.model_control_mode,
             load_models=args.load_model,
             repository_poll_secs=args.repository_poll_secs,
+            http_unix=args.http_unix,
+            grpc_unix=args.grpc_unix,
+            unix_socket_mode=args.unix_socket_mode,
+            grpc_infer_response_compression_level=args.grpc_infer_response_compression_level,
             **grpc,
             **metrics,  # type: ignore[arg-type]
             **limits,

@@ -83,11 +83,14 @@ DEFAULT_TIMEOUT = 60.0
 
 class Client:
     """A V2 client. `url` is ``http://host:port`` (port 8000 when absent) or
-    ``grpc://host:port`` (port 8001 when absent; h2c). `timeout` (seconds, `DEFAULT_TIMEOUT` =
-    60 unless given; None for no limit) applies to each call unless the call gives its own: a
-    call that runs out of time raises TimeoutError and closes its connection, which cancels the
-    request on the server (dropped from the queue, or the model told). Ctrl-C in a blocking
-    call raises KeyboardInterrupt at once and cancels the request the same way. `max_connections` bounds the pool and the threads of
+    ``grpc://host:port`` (port 8001 when absent; h2c), or a server's Unix-domain socket:
+    ``unix:PATH`` / ``unix:///abs/path`` for HTTP, ``grpc+unix:PATH`` for gRPC (the recommended
+    transport on one host: the server acts with this process's own user and groups). `timeout`
+    (seconds, `DEFAULT_TIMEOUT` = 60 unless given; None for no limit) applies to each call
+    unless the call gives its own: a call that runs out of time raises TimeoutError and closes
+    its connection, which cancels the request on the server (dropped from the queue, or the
+    model told). Ctrl-C in a blocking call raises KeyboardInterrupt at once and cancels the
+    request the same way. `max_connections` bounds the pool and the threads of
     `infer_async`. Every call works the same over both transports; gRPC statuses become the
     HTTP statuses of InferenceServerError (NOT_FOUND 404, INVALID_ARGUMENT 400, UNAVAILABLE 503,
     INTERNAL 500, UNIMPLEMENTED 501) and DEADLINE_EXCEEDED a TimeoutError. `shared_memory`: None
@@ -96,20 +99,28 @@ class Client:
 
     def __init__(self, url: str = "http://127.0.0.1:8000", *, timeout: float | None = DEFAULT_TIMEOUT,
                  max_connections: int = 32, shared_memory: bool | None = None) -> None:
-        parts = urlsplit(url if "://" in url else "http://" + url)
-        if parts.scheme not in ("http", "grpc"):
-            raise ValueError(f"unsupported URL scheme {parts.scheme!r} in {url!r}; expected http:// or grpc://")
-        if not parts.hostname:
-            raise ValueError(f"no host in URL {url!r}")
         if max_connections < 1:
             raise ValueError(f"max_connections must be at least 1, got {max_connections}")
-        self._grpc = parts.scheme == "grpc"
-        if self._grpc and parts.path.strip("/"):
-            raise ValueError(f"a gRPC URL has no path; got {url!r}")
-        self._host = parts.hostname
-        self._port = parts.port or (8001 if self._grpc else 8000)
-        self._prefix = "" if self._grpc else parts.path.rstrip("/")
-        self.url = f"{parts.scheme}://{parts.netloc}{self._prefix}"
+        unix = _unix_url(url)
+        if unix is not None:  # a Unix socket: the server is on this host by definition
+            self._grpc, self._host = unix
+            self._port = 0
+            self._prefix = ""
+            self.url = f"{'grpc+' if self._grpc else ''}unix://{self._host}"
+        else:
+            parts = urlsplit(url if "://" in url else "http://" + url)
+            if parts.scheme not in ("http", "grpc"):
+                raise ValueError(f"unsupported URL scheme {parts.scheme!r} in {url!r}; expected http://, grpc://, "
+                                 "unix:PATH or grpc+unix:PATH")
+            if not parts.hostname:
+                raise ValueError(f"no host in URL {url!r}")
+            self._grpc = parts.scheme == "grpc"
+            if self._grpc and parts.path.strip("/"):
+                raise ValueError(f"a gRPC URL has no path; got {url!r}")
+            self._host = parts.hostname
+            self._port = parts.port or (8001 if self._grpc else 8000)
+            self._prefix = "" if self._grpc else parts.path.rstrip("/")
+            self.url = f"{parts.scheme}://{parts.netloc}{self._prefix}"
         self._connection_type: Any = _core.GrpcConnection if self._grpc else _core.HttpConnection
         self._timeout = timeout
         self._max = max_connections
@@ -998,8 +1009,28 @@ def _close_clients() -> None:
             pass
 
 
+def _unix_url(url: str) -> tuple[bool, str] | None:
+    """(is gRPC, absolute socket path) for a Unix-socket URL, None for any other. The path is
+    written as gRPC names Unix targets: ``unix:PATH`` (relative or absolute) or
+    ``unix:///ABSOLUTE``; ``http+unix:`` is HTTP too, and ``grpc+unix:`` selects gRPC."""
+    for prefix, grpc in (("unix:", False), ("http+unix:", False), ("grpc+unix:", True)):
+        if url.startswith(prefix):
+            rest = url[len(prefix):]
+            if rest.startswith("//"):
+                if not rest.startswith("///"):
+                    raise ValueError(f"a {prefix}// URL names an absolute path ({prefix}///path); got {url!r}")
+                rest = rest[2:]
+            if not rest:
+                raise ValueError(f"no socket path in URL {url!r}")
+            path = os.path.abspath(rest)
+            if len(os.fsencode(path)) > 107:
+                raise ValueError(f"Unix socket path is over 107 bytes: {path!r}")
+            return grpc, path
+    return None
+
+
 def _is_loopback(host: str) -> bool:
-    if host == "localhost":
+    if host == "localhost" or host.startswith("/"):  # a name for this host, or a Unix socket
         return True
     try:
         return ipaddress.ip_address(host).is_loopback

@@ -50,13 +50,16 @@ _METRICS_SETTINGS: dict[str, str | None] = {
     "summary_latencies": None,
 }
 
+# --grpc-infer-response-compression-level, as tritonserver spells it, to the core's number.
+_COMPRESSION_LEVELS = {"none": 0, "low": 1, "medium": 2, "high": 3}
+
 
 def serve(
     repo: str | os.PathLike[str] | None = None,
     *,
     models: Model | Iterable[Model] | None = None,
     host: str = "127.0.0.1",
-    http_port: int = 8000,
+    http_port: int | None = 8000,
     grpc_port: int | None | _Default = _DEFAULT,
     threads: int = 0,
     log: bool = True,
@@ -69,6 +72,10 @@ def serve(
     metrics_config: Mapping[str, object] | Iterable[str] | None = None,
     allow_cpu_metrics: bool = True,
     allow_gpu_metrics: bool = True,
+    http_unix: str | os.PathLike[str] | None = None,
+    grpc_unix: str | os.PathLike[str] | None = None,
+    unix_socket_mode: int = 0o660,
+    grpc_infer_response_compression_level: str = "none",
     **limits: int,
 ) -> Server:
     """Serves the models of repository `repo` and the given `models`, and returns the running
@@ -87,7 +94,22 @@ def serve(
     no metrics listener) with Triton's metric names; `metrics_config` takes tritonserver's
     ``--metrics-config`` settings (``{"histogram_latencies": True}`` or
     ``["histogram_latencies=true"]``), and `allow_cpu_metrics` / `allow_gpu_metrics` its
-    ``--allow-cpu-metrics`` / ``--allow-gpu-metrics``. `limits` go to the core:
+    ``--allow-cpu-metrics`` / ``--allow-gpu-metrics``.
+
+    `http_unix` and `grpc_unix` also serve HTTP and gRPC on Unix-domain sockets at those paths,
+    the recommended transport on one host: each request acts with the connecting process's own
+    user and groups (shared memory it names is opened with its rights). ``http_port=None``
+    serves HTTP on `http_unix` only (gRPC then defaults to `grpc_unix` only). The socket files
+    get permission bits `unix_socket_mode` (default 0o660: the server's user and group may
+    connect); a stale socket left by a dead server is replaced, any other file at the path is
+    refused, and the files are removed at stop.
+
+    `grpc_infer_response_compression_level` ("none", "low", "medium" or "high", as
+    tritonserver's flag) compresses ModelInfer and ModelStreamInfer responses for clients that
+    accept gzip or deflate (grpc-accept-encoding); the level picks among the algorithms the
+    client accepts the way gRPC does (low: gzip first; medium and high: deflate where accepted).
+    Compressed requests (grpc-encoding gzip or deflate) are always accepted. `limits` go to the
+    core:
     max_body_bytes, max_header_bytes, max_connections, max_connections_per_peer,
     first_byte_timeout_ms, header_timeout_ms, body_timeout_ms, idle_timeout_ms, max_json_depth,
     grpc_max_message_bytes, grpc_max_queued_bytes."""
@@ -108,6 +130,10 @@ def serve(
         metrics_config=metrics_config,
         allow_cpu_metrics=allow_cpu_metrics,
         allow_gpu_metrics=allow_gpu_metrics,
+        http_unix=http_unix,
+        grpc_unix=grpc_unix,
+        unix_socket_mode=unix_socket_mode,
+        grpc_infer_response_compression_level=grpc_infer_response_compression_level,
         **limits,
     )
     server.start()
@@ -124,7 +150,7 @@ class Server:
         *,
         models: Model | Iterable[Model] | None = None,
         host: str = "127.0.0.1",
-        http_port: int = 8000,
+        http_port: int | None = 8000,
         grpc_port: int | None | _Default = _DEFAULT,
         threads: int = 0,
         log: bool = True,
@@ -137,14 +163,28 @@ class Server:
         metrics_config: Mapping[str, object] | Iterable[str] | None = None,
         allow_cpu_metrics: bool = True,
         allow_gpu_metrics: bool = True,
+        http_unix: str | os.PathLike[str] | None = None,
+        grpc_unix: str | os.PathLike[str] | None = None,
+        unix_socket_mode: int = 0o660,
+        grpc_infer_response_compression_level: str = "none",
         **limits: int,
     ) -> None:
+        level = _COMPRESSION_LEVELS.get(grpc_infer_response_compression_level)
+        if level is None:
+            raise ValueError(
+                "grpc_infer_response_compression_level must be one of "
+                f"{', '.join(_COMPRESSION_LEVELS)}; got {grpc_infer_response_compression_level!r}"
+            )
+        if http_port is None and http_unix is None:
+            raise ValueError("http_port=None serves HTTP on a Unix socket only: give http_unix too")
         if isinstance(grpc_port, _Default):
-            grpc_port = 0 if http_port == 0 else _GRPC_PORT
+            grpc_port = None if http_port is None else 0 if http_port == 0 else _GRPC_PORT
         if isinstance(metrics_port, _Default):
             metrics_port = 0 if http_port == 0 else _METRICS_PORT
         elif metrics_port == 0:
             metrics_port = None
+        self._http_unix = None if http_unix is None else os.path.abspath(os.fspath(http_unix))
+        self._grpc_unix = None if grpc_unix is None else os.path.abspath(os.fspath(grpc_unix))
         self._host = host
         self._port = http_port
         self._grpc_port = grpc_port
@@ -155,7 +195,7 @@ class Server:
         repo_path, given = _sources(repo, models)
         self._core = _core.Server(
             host,
-            http_port,
+            -1 if http_port is None else http_port,
             threads=threads,
             grpc_port=-1 if grpc_port is None else grpc_port,
             allow_shared_memory=allow_shared_memory,
@@ -164,6 +204,10 @@ class Server:
             metrics_cpu=allow_cpu_metrics,
             metrics_gpu=allow_gpu_metrics,
             **_metrics_settings(metrics_config),
+            http_unix=self._http_unix,
+            grpc_unix=self._grpc_unix,
+            unix_socket_mode=unix_socket_mode,
+            grpc_infer_compression_level=level,
             **limits,
         )
         extensions = tuple(e for e in EXTENSIONS if statistics or e != "statistics")
@@ -192,14 +236,19 @@ class Server:
         self._core.start()
         self._started = True
         self._control.start()
-        self._port = self._core.port
+        if self._port is not None:
+            self._port = self._core.port
         if self._grpc_port is not None:
             self._grpc_port = self._core.grpc_port
         if self._metrics_port is not None:
             self._metrics_port = self._core.metrics_port
         if self._log:
-            grpc = f" and {self.grpc_url}" if self._grpc_port is not None else ""
-            logger.info("openinfer %s listening on %s%s", __version__, self.url, grpc)
+            urls = [u for u in (self.url, self.grpc_url) if u is not None]
+            if self._http_unix is not None and self._port is not None:
+                urls.append(f"unix://{self._http_unix}")
+            if self._grpc_unix is not None and self._grpc_port is not None:
+                urls.append(f"grpc+unix://{self._grpc_unix}")
+            logger.info("openinfer %s listening on %s", __version__, " and ".join(urls))
             if self._metrics_port is not None:
                 logger.info("metrics at %s", self.metrics_url)
             for entry in self._control.loaded():
@@ -239,23 +288,35 @@ class Server:
         return self._host
 
     @property
-    def http_port(self) -> int:
+    def http_port(self) -> int | None:
         """The bound port once started (the one picked for ``http_port=0``), else the one
-        asked for."""
+        asked for; None when HTTP is served on `http_unix` only."""
         return self._port
 
     @property
     def grpc_port(self) -> int | None:
         """The bound gRPC port once started (the one picked for 0), else the one asked for;
-        None when the server serves no gRPC."""
+        None when the server serves no gRPC over TCP."""
         return self._grpc_port
+
+    @property
+    def http_unix(self) -> str | None:
+        """The absolute path of the HTTP Unix socket, or None."""
+        return self._http_unix
+
+    @property
+    def grpc_unix(self) -> str | None:
+        """The absolute path of the gRPC Unix socket, or None."""
+        return self._grpc_unix
 
     @property
     def grpc_url(self) -> str | None:
         """``grpc://host:port`` reaching the gRPC service from this machine (tritonclient.grpc
-        takes the part after ``grpc://``); None without gRPC."""
+        takes the part after ``grpc://``); ``grpc+unix:///path`` when gRPC is served on a Unix
+        socket only (grpcio and tritonclient.grpc take the part after ``grpc+``); None
+        without gRPC."""
         if self._grpc_port is None:
-            return None
+            return None if self._grpc_unix is None else f"grpc+unix://{self._grpc_unix}"
         host = self._reach_host()
         return f"grpc://[{host}]:{self._grpc_port}" if ":" in host else f"grpc://{host}:{self._grpc_port}"
 
@@ -294,7 +355,10 @@ class Server:
 
     @property
     def url(self) -> str:
-        """A URL that reaches the server from this machine, also when bound to a wildcard."""
+        """A URL that reaches the server from this machine, also when bound to a wildcard;
+        ``unix:///path`` when HTTP is served on a Unix socket only (`Client` takes either)."""
+        if self._port is None:
+            return f"unix://{self._http_unix}"
         host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(self._host, self._host)
         return f"http://[{host}]:{self._port}" if ":" in host else f"http://{host}:{self._port}"
 
