@@ -376,7 +376,7 @@ done:
 
 /* ---- the model repository handler ------------------------------------------------------- */
 
-static const char *const repo_ops[] = {"index", "load", "unload"};
+static const char *const repo_ops[] = {"index", "load", "unload", "logging"};
 
 /* The call's gRPC parameters as a dict of bool, int, str or bytes; None over HTTP. */
 static PyObject *repo_params(const oi_repo_call_t *call)
@@ -459,6 +459,47 @@ static int repo_entries(oi_repo_call_t *call, PyObject *result)
     return rc;
 }
 
+/* A settings answer: (name, value) pairs, each value a bool, an int (0 to 2**32-1) or a str. */
+static int repo_results(oi_repo_call_t *call, PyObject *result)
+{
+    PyObject *fast = PySequence_Fast(result, "the logging handler returns a list of (name, value)");
+    if (fast == NULL)
+        return -1;
+    int rc = 0;
+    for (Py_ssize_t i = 0; rc == 0 && i < PySequence_Fast_GET_SIZE(fast); i++) {
+        const char *name;
+        PyObject *v;
+        Py_ssize_t len = 0;
+        const char *text = NULL;
+        long long number = 0;
+        oi_repo_param_kind_t kind = OI_REPO_PARAM_STRING;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "sO", &name, &v)) {
+            rc = -1;
+        } else if (PyBool_Check(v)) {
+            kind = OI_REPO_PARAM_BOOL;
+            number = v == Py_True;
+        } else if (PyLong_Check(v)) {
+            kind = OI_REPO_PARAM_INT;
+            number = PyLong_AsLongLong(v);
+            if (PyErr_Occurred() || number < 0 || number > UINT32_MAX) {
+                PyErr_Clear();
+                PyErr_SetString(PyExc_ValueError, "a setting's int is 0 to 2**32-1");
+                rc = -1;
+            }
+        } else if ((text = PyUnicode_Check(v) ? PyUnicode_AsUTF8AndSize(v, &len) : NULL) == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "a setting is a bool, an int or a str");
+            rc = -1;
+        }
+        if (rc == 0 && oi_repo_call_add_result(call, name, kind, number, text, (size_t)len) != 0) {
+            PyErr_NoMemory();
+            rc = -1;
+        }
+    }
+    Py_DECREF(fast);
+    return rc;
+}
+
 /* Runs on a control thread: handler(op, model, body, params, ready). */
 static void repo_call(void *ctx, oi_repo_call_t *call)
 {
@@ -472,6 +513,8 @@ static void repo_call(void *ctx, oi_repo_call_t *call)
         result = PyObject_CallFunction(handler, "szOOO", repo_ops[call->op], call->model, body, params,
                                        call->ready ? Py_True : Py_False);
     if (result != NULL && call->op == OI_REPO_INDEX && repo_entries(call, result) != 0)
+        Py_CLEAR(result);
+    if (result != NULL && call->op == OI_REPO_LOGGING && repo_results(call, result) != 0)
         Py_CLEAR(result);
     if (result == NULL)
         call->status = repo_error();

@@ -183,6 +183,20 @@ def _parser() -> argparse.ArgumentParser:
         "answered 503 and the server exits (default 30)",
     )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument(
+        "--log-file",
+        metavar="PATH",
+        help="write the server's log to PATH instead of stderr (clients cannot change it)",
+    )
+    serve.add_argument(
+        "--log-verbose", type=int, default=0, metavar="LEVEL", help="above 0, verbose lines too"
+    )
+    serve.add_argument(
+        "--log-format",
+        default="default",
+        choices=["default", "ISO8601"],
+        help="the layout of --log-file's lines (tritonserver's)",
+    )
     return parser
 
 
@@ -248,6 +262,9 @@ def _serve(args: argparse.Namespace) -> int:
             model_control_mode=args.model_control_mode,
             load_models=args.load_model,
             repository_poll_secs=args.repository_poll_secs,
+            log_file=args.log_file,
+            log_verbose=args.log_verbose,
+            log_format=args.log_format,
             **grpc,
             **metrics,  # type: ignore[arg-type]
             **limits,

@@ -18,6 +18,7 @@ from typing import Any
 
 from . import __version__, _core
 from .control import DEFAULT_POLL_SECS, IndexEntry, ModelControl
+from .logsettings import LogSettings
 from .errors import InferenceServerError
 from .model import Model
 from .repository import examples_path
@@ -26,7 +27,13 @@ logger = logging.getLogger("openinfer")
 
 # What GET /v2 lists: exactly the protocol extensions this server implements. The
 # shared-memory ones are listed only where clients may register regions (see serve()).
-EXTENSIONS = ("binary_tensor_data", "model_configuration", "model_repository", "statistics")
+EXTENSIONS = (
+    "binary_tensor_data",
+    "logging",
+    "model_configuration",
+    "model_repository",
+    "statistics",
+)
 SHM_EXTENSIONS = ("system_shared_memory", "cuda_shared_memory")
 
 class _Default:
@@ -69,6 +76,9 @@ def serve(
     metrics_config: Mapping[str, object] | Iterable[str] | None = None,
     allow_cpu_metrics: bool = True,
     allow_gpu_metrics: bool = True,
+    log_file: str | None = None,
+    log_verbose: int = 0,
+    log_format: str = "default",
     **limits: int,
 ) -> Server:
     """Serves the models of repository `repo` and the given `models`, and returns the running
@@ -87,7 +97,11 @@ def serve(
     no metrics listener) with Triton's metric names; `metrics_config` takes tritonserver's
     ``--metrics-config`` settings (``{"histogram_latencies": True}`` or
     ``["histogram_latencies=true"]``), and `allow_cpu_metrics` / `allow_gpu_metrics` its
-    ``--allow-cpu-metrics`` / ``--allow-gpu-metrics``. `limits` go to the core:
+    ``--allow-cpu-metrics`` / ``--allow-gpu-metrics``. `log_file` (records of the
+    ``openinfer`` logger go there instead of to the application's handlers), `log_verbose`
+    and `log_format` ("default" or "ISO8601", for `log_file`) are tritonserver's
+    ``--log-file`` / ``--log-verbose`` / ``--log-format``; clients read and change them
+    through the logging extension (see `openinfer.logsettings`). `limits` go to the core:
     max_body_bytes, max_header_bytes, max_connections, max_connections_per_peer,
     first_byte_timeout_ms, header_timeout_ms, body_timeout_ms, idle_timeout_ms, max_json_depth,
     grpc_max_message_bytes, grpc_max_queued_bytes."""
@@ -108,6 +122,9 @@ def serve(
         metrics_config=metrics_config,
         allow_cpu_metrics=allow_cpu_metrics,
         allow_gpu_metrics=allow_gpu_metrics,
+        log_file=log_file,
+        log_verbose=log_verbose,
+        log_format=log_format,
         **limits,
     )
     server.start()
@@ -137,6 +154,9 @@ class Server:
         metrics_config: Mapping[str, object] | Iterable[str] | None = None,
         allow_cpu_metrics: bool = True,
         allow_gpu_metrics: bool = True,
+        log_file: str | None = None,
+        log_verbose: int = 0,
+        log_format: str = "default",
         **limits: int,
     ) -> None:
         if isinstance(grpc_port, _Default):
@@ -181,16 +201,34 @@ class Server:
                 poll_secs=repository_poll_secs,
                 optional_torch=repo_path is not None and _is_examples(repo_path),
             )
+            self._logging = LogSettings(
+                log_file=log_file, log_verbose_level=log_verbose, log_format=log_format
+            )
         except BaseException:
             self._core.stop(0)
             raise
-        self._core.set_repository(self._control.handle)
+        self._core.set_repository(self._handle)
+
+    def _handle(
+        self,
+        op: str,
+        model: str | None,
+        body: bytes | None,
+        params: dict[str, Any] | None,
+        ready: bool,
+    ) -> Any:
+        """The core's control handler: the logging extension here, the rest is the
+        repository's."""
+        if op == "logging":
+            return self._logging.handle(body, params)
+        return self._control.handle(op, model, body, params, ready)
 
     def start(self) -> Server:
         """Binds and starts the event loops; returns at once. Raises OSError when the port
         cannot be bound."""
         self._core.start()
         self._started = True
+        self._logging.install()
         self._control.start()
         self._port = self._core.port
         if self._grpc_port is not None:
@@ -227,6 +265,8 @@ class Server:
         finally:  # wait() must return even if stopping failed
             if self._started and not self._stopped.is_set() and self._log:
                 logger.info("openinfer on %s stopped", self.url)
+            if self._started:
+                self._logging.uninstall()
             self._stopped.set()
 
     def wait(self, timeout: float | None = None) -> bool:
