@@ -763,7 +763,8 @@ static void finish_logging(oi_repo_call_t *rc)
                 const oi_repo_param_t *p = &rc->results[i];
                 inference__log_settings_response__setting_value__init(&vals[i]);
                 if (p->kind == OI_REPO_PARAM_BOOL) {
-                    vals[i].parameter_choice_case = INFERENCE__LOG_SETTINGS_RESPONSE__SETTING_VALUE__PARAMETER_CHOICE_BOOL_PARAM;
+                    vals[i].parameter_choice_case =
+                        INFERENCE__LOG_SETTINGS_RESPONSE__SETTING_VALUE__PARAMETER_CHOICE_BOOL_PARAM;
                     vals[i].bool_param = p->number != 0;
                 } else if (p->kind == OI_REPO_PARAM_INT) {
                     vals[i].parameter_choice_case =
@@ -808,7 +809,8 @@ static void log_settings_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_
     for (size_t i = 0; !bad && i < q->n_settings; i++) {
         const Inference__LogSettingsRequest__SettingValue *v = q->settings[i]->value;
         const char *key = q->settings[i]->key;
-        switch (v ? v->parameter_choice_case : INFERENCE__LOG_SETTINGS_REQUEST__SETTING_VALUE__PARAMETER_CHOICE__NOT_SET) {
+        switch (v ? v->parameter_choice_case
+                  : INFERENCE__LOG_SETTINGS_REQUEST__SETTING_VALUE__PARAMETER_CHOICE__NOT_SET) {
         case INFERENCE__LOG_SETTINGS_REQUEST__SETTING_VALUE__PARAMETER_CHOICE_BOOL_PARAM:
             bad = oi_repo_call_add_param(rc, key, OI_REPO_PARAM_BOOL, v->bool_param != 0, NULL, 0);
             break;
