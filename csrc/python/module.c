@@ -18,6 +18,7 @@ typedef struct {
     PyObject_HEAD
     oi_server_config_t cfg;
     char host[256];
+    char access_log[4096]; /* the access log's path, "" for none */
     oi_server_t *server; /* NULL once stopped */
     int started;
 } ServerObject;
@@ -46,6 +47,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                              "metrics_histogram_latencies",
                              "metrics_cpu",
                              "metrics_gpu",
+                             "access_log",
                              NULL};
     const char *host = "127.0.0.1";
     int port = 8000, threads = 0, max_conn = 4096, grpc_port = 8001, max_per_peer = 0;
@@ -55,11 +57,18 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
     unsigned int depth = 64;
     PyObject *allow_shm = Py_None;
     int statistics = 1, metrics_port = -1, counter_lat = 1, histogram_lat = 0, metrics_cpu = 1, metrics_gpu = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|si$iKKiKKIiKOiKKKpipppp", kwlist, &host, &port, &threads, &max_body,
+    const char *access_log = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|si$iKKiKKIiKOiKKKpippppz", kwlist, &host, &port, &threads, &max_body,
                                      &max_header, &max_conn, &header_to, &idle_to, &depth, &grpc_port, &grpc_max,
                                      &allow_shm, &max_per_peer, &first_byte_to, &body_to, &grpc_queued, &statistics,
-                                     &metrics_port, &counter_lat, &histogram_lat, &metrics_cpu, &metrics_gpu))
+                                     &metrics_port, &counter_lat, &histogram_lat, &metrics_cpu, &metrics_gpu,
+                                     &access_log))
         return -1;
+    if (access_log != NULL && (access_log[0] == '\0' || strlen(access_log) >= sizeof(self->access_log))) {
+        PyErr_Format(PyExc_ValueError, "access_log must be a path of 1 to %zu bytes, or \"-\" for standard output",
+                     sizeof(self->access_log) - 1);
+        return -1;
+    }
     if (metrics_port < -1 || metrics_port > 65535) {
         PyErr_Format(PyExc_ValueError, "metrics_port must be 0 to 65535, or -1 for no metrics, got %d", metrics_port);
         return -1;
@@ -99,6 +108,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
         return -1;
     }
     snprintf(self->host, sizeof(self->host), "%s", host);
+    snprintf(self->access_log, sizeof(self->access_log), "%s", access_log ? access_log : "");
     self->cfg = (oi_server_config_t){
         .http = {.host = self->host,
                  .port = port,
@@ -122,6 +132,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                     .histogram_latencies = histogram_lat,
                     .cpu = metrics_cpu,
                     .gpu = metrics_gpu},
+        .access_log = self->access_log[0] ? self->access_log : NULL,
     };
     self->server = oi_server_new(&self->cfg);
     if (self->server == NULL) {

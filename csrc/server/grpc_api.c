@@ -67,6 +67,24 @@ static const struct {
     {"LogSettings", RPC_LOG_SETTINGS},
 };
 
+/* ---- the access log ----------------------------------------------------------------------- */
+
+static void copy_cut(char *dst, size_t cap, const char *src)
+{
+    size_t n = src ? strnlen(src, cap - 1) : 0;
+    memcpy(dst, src ? src : "", n);
+    dst[n] = '\0';
+}
+
+/* Names the model an RPC asked for in its access log line (a stream's last request's). */
+static void note_model(const oi_server_t *s, oi_grpc_call_t *call, const char *name, const char *version)
+{
+    if (s->access_log == NULL)
+        return;
+    copy_cut(call->log_model, sizeof(call->log_model), name);
+    copy_cut(call->log_version, sizeof(call->log_version), version);
+}
+
 /* ---- answering ---------------------------------------------------------------------------- */
 
 static void finish_status(oi_grpc_call_t *call, oi_status_t *st)
@@ -334,6 +352,7 @@ static void model_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg)
         return;
     }
     oi_status_t *err = NULL;
+    note_model(s, call, req->name, req->version);
     oi_model_t *m = req->name[0] ? oi_registry_find(&s->registry, req->name, req->version, &err) : NULL;
     if (m == NULL && call->kind == RPC_MODEL_READY && (err == NULL || err->code == OI_NOT_FOUND)) {
         /* As Triton: a model or version that is not served is simply not ready. */
@@ -954,6 +973,7 @@ static void handle_infer(oi_server_t *s, oi_grpc_call_t *call, oi_buf_t *msg)
         return;
     }
     oi_buf_unref(msg); /* the request holds its own reference */
+    note_model(s, call, name.ptr, version.ptr);
     oi_model_t *m = oi_registry_find(&s->registry, name.ptr, version.ptr, &st);
     if (st != NULL) {
         infer_failed(call, st, NULL, &inf->req);

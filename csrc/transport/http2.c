@@ -150,6 +150,11 @@ void oi_grpc_call_unref(oi_grpc_call_t *call)
 
 int oi_grpc_call_open(const oi_grpc_call_t *call) { return call->conn != NULL && !call->finished; }
 
+const oi_peer_addr_t *oi_grpc_call_addr(const oi_grpc_call_t *call)
+{
+    return call->conn != NULL && call->conn->peer_counted ? &call->conn->peer : NULL;
+}
+
 const oi_peer_t *oi_grpc_call_peer(oi_grpc_call_t *call)
 {
     static const oi_peer_t gone = {.error = ENOTCONN};
@@ -373,6 +378,7 @@ void oi_grpc_send(oi_grpc_call_t *call, const oi_iov_t *parts, size_t nparts, si
         call->out_head = m;
     call->out_tail = m;
     call->out_bytes += 5 + total;
+    call->bytes_sent += 5 + total;
 
     h2_conn_t *c = call->conn;
     c->queued += 5 + total;
@@ -418,6 +424,9 @@ void oi_grpc_finish(oi_grpc_call_t *call, int grpc_status, const char *message)
         return;
     call->finished = 1;
     stop_timer(call);
+    oi_h2_server_t *s = call->conn->lp->server;
+    if (s->cfg.on_finished != NULL)
+        s->cfg.on_finished(s->ctx, call, grpc_status);
     /* A message still arriving is of no use now. */
     oi_buf_unref(call->msg);
     call->msg = NULL;
@@ -457,6 +466,8 @@ static int on_begin_headers(nghttp2_session *session, const nghttp2_frame *frame
     call->loop = c->lp->loop;
     call->stream_id = frame->hd.stream_id;
     call->method = "";
+    if (c->lp->server->cfg.on_finished != NULL)
+        call->start_ns = uv_hrtime();
     call->next = c->calls;
     if (c->calls)
         c->calls->prev = call;
@@ -591,6 +602,7 @@ static void call_feed(h2_conn_t *c, oi_grpc_call_t *call, const uint8_t *data, s
             call->msg = NULL;
             call->prefix_have = 0;
             call->received++;
+            call->bytes_in += 5 + m->len;
             if (c->throttled || call->held_head != NULL) {
                 held_msg_t *h = malloc(sizeof(*h));
                 if (h == NULL) {

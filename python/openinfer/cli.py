@@ -184,6 +184,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument(
+        "--access-log",
+        nargs="?",
+        const="-",
+        metavar="PATH",
+        help="one line per request to PATH, or to standard output without one (default: off)",
+    )
+    serve.add_argument(
         "--log-file",
         metavar="PATH",
         help="write the server's log to PATH instead of stderr (clients cannot change it)",
@@ -265,6 +272,7 @@ def _serve(args: argparse.Namespace) -> int:
             log_file=args.log_file,
             log_verbose=args.log_verbose,
             log_format=args.log_format,
+            access_log=args.access_log,
             **grpc,
             **metrics,  # type: ignore[arg-type]
             **limits,

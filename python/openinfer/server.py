@@ -79,6 +79,7 @@ def serve(
     log_file: str | None = None,
     log_verbose: int = 0,
     log_format: str = "default",
+    access_log: str | os.PathLike[str] | None = None,
     **limits: int,
 ) -> Server:
     """Serves the models of repository `repo` and the given `models`, and returns the running
@@ -101,7 +102,14 @@ def serve(
     ``openinfer`` logger go there instead of to the application's handlers), `log_verbose`
     and `log_format` ("default" or "ISO8601", for `log_file`) are tritonserver's
     ``--log-file`` / ``--log-verbose`` / ``--log-format``; clients read and change them
-    through the logging extension (see `openinfer.logsettings`). `limits` go to the core:
+    through the logging extension (see `openinfer.logsettings`). `access_log` (a path, or
+    "-" for standard output; off by default) gets one line per answered request::
+
+        TIME PEER PROTOCOL METHOD|RPC PATH|MODEL VERSION STATUS BYTES_IN BYTES_OUT DURATIONus
+
+    (UTC time; "-" for a field that does not apply), written by a thread of its own: when it
+    falls behind, lines are dropped and counted in a "# access log: N lines dropped" line
+    rather than slowing requests. `limits` go to the core:
     max_body_bytes, max_header_bytes, max_connections, max_connections_per_peer,
     first_byte_timeout_ms, header_timeout_ms, body_timeout_ms, idle_timeout_ms, max_json_depth,
     grpc_max_message_bytes, grpc_max_queued_bytes."""
@@ -125,6 +133,7 @@ def serve(
         log_file=log_file,
         log_verbose=log_verbose,
         log_format=log_format,
+        access_log=access_log,
         **limits,
     )
     server.start()
@@ -157,6 +166,7 @@ class Server:
         log_file: str | None = None,
         log_verbose: int = 0,
         log_format: str = "default",
+        access_log: str | os.PathLike[str] | None = None,
         **limits: int,
     ) -> None:
         if isinstance(grpc_port, _Default):
@@ -183,6 +193,7 @@ class Server:
             metrics_port=-1 if metrics_port is None else metrics_port,
             metrics_cpu=allow_cpu_metrics,
             metrics_gpu=allow_gpu_metrics,
+            access_log=None if access_log is None else os.fspath(access_log),
             **_metrics_settings(metrics_config),
             **limits,
         )
