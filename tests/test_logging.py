@@ -200,10 +200,28 @@ def test_settings_drive_the_log_file(tmp_path: Path) -> None:
     order = [next(i for i, line in enumerate(lines) if m in line) for m in
              ("info line one", "verbose line two", "warning line one", "info line three", "error line one")]
     assert order == sorted(order)
-    # after stop the logger is the application's again
-    assert log.filters == [] and log.propagate
+    # after stop the log file is closed and the logger propagates again
+    assert not any(getattr(h, "baseFilename", None) == str(path) for h in log.handlers)
+    assert log.propagate
 
 
 def test_bad_start_settings() -> None:
     with pytest.raises(ValueError, match="invalid argument for --log-format, got: json"):
         openinfer.Server(models=[ECHO], http_port=0, log_format="json")
+
+
+def test_the_latest_server_governs_the_shared_logger(tmp_path: Path) -> None:
+    """The `openinfer` logger is the process's: with two servers, the one started last
+    decides; once it stops, the other's settings apply again."""
+    path = tmp_path / "older.log"
+    log = logging.getLogger("openinfer")
+    with openinfer.serve(models=[ECHO], http_port=0, log=False, log_file=str(path)) as older:
+        _http(older).update_log_settings({"log_verbose_level": 1})
+        with openinfer.serve(models=[ECHO], http_port=0, log=False) as newer:
+            assert _http(newer).get_log_settings()["log_verbose_level"] == 0
+            assert _http(older).get_log_settings()["log_verbose_level"] == 1  # each reports its own
+            log.debug("while the newer governs")
+        log.debug("after the newer stopped")
+    text = path.read_text()
+    assert "while the newer governs" not in text
+    assert "after the newer stopped" in text

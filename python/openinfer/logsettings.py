@@ -51,10 +51,11 @@ class TritonFormatter(logging.Formatter):
         return line
 
 
-class LogSettings(logging.Filter):
-    """The current settings; a filter on the ``openinfer`` logger that lets through only the
-    levels they enable. `handler` (stderr, or `log_file` when given) writes in `log_format`;
-    without either, the application's own logging configuration writes the records."""
+class LogSettings:
+    """One server's settings. While they govern the ``openinfer`` logger (see `install`), it
+    lets through only the levels they enable. `handler` (stderr, or `log_file` when given)
+    writes in `log_format`; without either, the application's own logging configuration
+    writes the records."""
 
     def __init__(
         self,
@@ -67,7 +68,6 @@ class LogSettings(logging.Filter):
         log_verbose_level: int = 0,
         log_format: str = "default",
     ) -> None:
-        super().__init__()
         if log_format not in FORMATS:
             raise ValueError(f"invalid argument for --log-format, got: {log_format}")
         if not 0 <= log_verbose_level <= _INT32_MAX:
@@ -90,27 +90,38 @@ class LogSettings(logging.Filter):
         if self.handler is not None:
             self.handler.setFormatter(self._formatter)
         self._logger = logging.getLogger("openinfer")
-        self._saved_level = self._logger.level
         self._saved_propagate = self._logger.propagate
 
     def install(self) -> None:
-        """Puts the filter (and the handler) on the ``openinfer`` logger."""
-        self._logger.addFilter(self)
+        """Puts the handler on the ``openinfer`` logger, and makes these settings the ones that
+        govern it (the logger is the process's: with several servers, the most recently
+        started one's settings apply, each server still reporting its own)."""
         if self.handler is not None:
             self._logger.addHandler(self.handler)
             self._saved_propagate = self._logger.propagate
             self._logger.propagate = False  # the log file alone, as tritonserver's --log-file
-        self._apply()
+        with _GATE.lock:
+            if not _GATE.active:
+                _GATE.saved_level = self._logger.level
+                self._logger.addFilter(_GATE)
+            _GATE.active.append(self)
+            self._apply()
 
     def uninstall(self) -> None:
-        self._logger.removeFilter(self)
-        if self.handler is not None:
+        with _GATE.lock:
+            if self in _GATE.active:
+                _GATE.active.remove(self)
+                if _GATE.active:
+                    _GATE.active[-1]._apply()
+                else:
+                    self._logger.removeFilter(_GATE)
+                    self._logger.setLevel(_GATE.saved_level)
+        if self.handler is not None and self.handler in self._logger.handlers:
             self._logger.removeHandler(self.handler)
             self._logger.propagate = self._saved_propagate
             self.handler.close()
-        self._logger.setLevel(self._saved_level)
 
-    def filter(self, record: logging.LogRecord) -> bool:
+    def passes(self, record: logging.LogRecord) -> bool:
         v = self._values
         if record.levelno >= logging.ERROR:
             return bool(v["log_error"])
@@ -163,13 +174,17 @@ class LogSettings(logging.Filter):
             new[name] = value
         with self._lock:
             self._values.update(new)
+            values = dict(self._values)
+        with _GATE.lock:
             self._apply()
-            return dict(self._values)
+        return values
 
     def _apply(self) -> None:
+        """Under _GATE.lock: the layout, and the logger's level when these settings govern it."""
         v = self._values
         self._formatter.layout = v["log_format"]
-        self._logger.setLevel(logging.DEBUG if v["log_verbose_level"] > 0 else logging.INFO)
+        if _GATE.active and _GATE.active[-1] is self:
+            self._logger.setLevel(logging.DEBUG if v["log_verbose_level"] > 0 else logging.INFO)
 
     def handle(self, body: bytes | None, params: dict[str, Any] | None) -> list[tuple[str, Any]]:
         """The core's logging handler: an HTTP body (JSON object) or gRPC's typed settings;
@@ -181,3 +196,20 @@ class LogSettings(logging.Filter):
         else:
             settings = self.settings()
         return list(settings.items())
+
+
+class _Gate(logging.Filter):
+    """The one filter on the ``openinfer`` logger: the governing settings decide."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lock = threading.Lock()
+        self.active: list[LogSettings] = []
+        self.saved_level = logging.NOTSET
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        active = self.active
+        return active[-1].passes(record) if active else True
+
+
+_GATE = _Gate()
