@@ -5,9 +5,12 @@ log of its own: it reports through statuses, statistics and the access log).
 - ``log_info`` / ``log_warning`` / ``log_error``: whether records of that level pass;
 - ``log_verbose_level``: above 0, DEBUG records pass too;
 - ``log_format``: ``default`` (Triton's ``I1123 16:49:01.123456 1234 file.py:12] text``) or
-  ``ISO8601`` (``2026-11-23T16:49:01Z I 1234 file.py:12] text``), for the handler this module
-  owns (stderr under the CLI, or ``log_file``);
+  ``ISO8601`` (``2026-11-23T16:49:01Z I 1234 file.py:12] text``), for ``log_file``'s lines
+  (without a log file the application's logging configuration formats them);
 - ``log_file``: set at start only (``--log-file``); as in Triton, a client cannot move it.
+
+The ``openinfer`` logger is the process's: with several servers, the settings of the one
+started last govern it (each server still reports its own).
 
 The settings are validated together and applied only when all are valid.
 """
@@ -15,7 +18,6 @@ The settings are validated together and applied only when all are valid.
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -53,15 +55,14 @@ class TritonFormatter(logging.Formatter):
 
 class LogSettings:
     """One server's settings. While they govern the ``openinfer`` logger (see `install`), it
-    lets through only the levels they enable. `handler` (stderr, or `log_file` when given)
-    writes in `log_format`; without either, the application's own logging configuration
-    writes the records."""
+    lets through only the levels they enable. `handler` (for `log_file`) writes in
+    `log_format`; without one, the application's own logging configuration writes the
+    records."""
 
     def __init__(
         self,
         *,
         log_file: str | None = None,
-        stderr: bool = False,
         log_info: bool = True,
         log_warning: bool = True,
         log_error: bool = True,
@@ -85,9 +86,6 @@ class LogSettings:
         self.handler: logging.Handler | None = None
         if log_file:
             self.handler = logging.FileHandler(log_file, encoding="utf-8")
-        elif stderr:
-            self.handler = logging.StreamHandler(sys.stderr)
-        if self.handler is not None:
             self.handler.setFormatter(self._formatter)
         self._logger = logging.getLogger("openinfer")
         self._saved_propagate = self._logger.propagate
