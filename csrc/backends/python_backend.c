@@ -59,6 +59,34 @@ static oi_status_t *model_error(const py_state_t *s)
     return st;
 }
 
+/* The fourth argument of a model's handler: called with no arguments, it tells whether every
+ * client of the request (or batch) has gone. It reads the request's poll only while the
+ * handler runs; a model that keeps it gets the last answer afterwards. */
+typedef struct {
+    PyObject_HEAD const oi_request_t *req; /* borrowed for the call; NULL after it */
+    int last;
+} cancel_flag_t;
+
+static PyObject *cancel_flag_call(PyObject *self, PyObject *args, PyObject *kw)
+{
+    cancel_flag_t *f = (cancel_flag_t *)self;
+    if (PyTuple_GET_SIZE(args) != 0 || (kw != NULL && PyDict_GET_SIZE(kw) != 0)) {
+        PyErr_SetString(PyExc_TypeError, "CancelFlag() takes no arguments");
+        return NULL;
+    }
+    if (f->req != NULL && f->req->cancelled != NULL)
+        f->last = f->req->cancelled(f->req->cancelled_arg) != 0;
+    return PyBool_FromLong(f->last);
+}
+
+static PyTypeObject cancel_flag_type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "openinfer._core.CancelFlag",
+    .tp_basicsize = sizeof(cancel_flag_t),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_call = cancel_flag_call,
+    .tp_doc = "Called with no arguments: whether the request's clients have all gone.",
+};
+
 static PyObject *make_inputs(const oi_request_t *req)
 {
     PyObject *d = PyDict_New();
@@ -140,6 +168,11 @@ static oi_status_t *py_execute(void *state, const oi_request_t *req, const char 
     PyObject *params = req->parameters.ptr ? PyBytes_FromStringAndSize(req->parameters.ptr, (Py_ssize_t)req->parameters.len)
                                            : Py_NewRef(Py_None);
     PyObject *out_names = PyTuple_New(n);
+    cancel_flag_t *flag = PyObject_New(cancel_flag_t, &cancel_flag_type);
+    if (flag != NULL) {
+        flag->req = req;
+        flag->last = 0;
+    }
     for (uint32_t i = 0; out_names != NULL && i < n; i++) {
         PyObject *u = PyUnicode_FromString(names[i]);
         if (u == NULL)
@@ -147,10 +180,13 @@ static oi_status_t *py_execute(void *state, const oi_request_t *req, const char 
         else
             PyTuple_SET_ITEM(out_names, i, u);
     }
-    if (inputs == NULL || params == NULL || out_names == NULL) {
+    if (inputs == NULL || params == NULL || out_names == NULL || flag == NULL) {
         st = model_error(s);
     } else {
-        PyObject *result = PyObject_CallFunctionObjArgs(s->handler, inputs, params, out_names, NULL);
+        PyObject *result = PyObject_CallFunctionObjArgs(s->handler, inputs, params, out_names, flag, NULL);
+        if (req->cancelled != NULL)
+            flag->last = req->cancelled(req->cancelled_arg) != 0;
+        flag->req = NULL; /* the request is not the model's to keep */
         if (result == NULL)
             st = model_error(s);
         else {
@@ -161,6 +197,7 @@ static oi_status_t *py_execute(void *state, const oi_request_t *req, const char 
     Py_XDECREF(inputs);
     Py_XDECREF(params);
     Py_XDECREF(out_names);
+    Py_XDECREF(flag);
     PyEval_SaveThread();
     return st;
 }
@@ -176,6 +213,8 @@ static void py_release_memory(py_state_t *s)
 void *oi_python_backend_state(PyObject *handler, const char *model_name, const oi_io_spec_t *outputs,
                               uint32_t n_outputs)
 {
+    if (PyType_Ready(&cancel_flag_type) != 0) /* with the GIL, as every caller holds it */
+        return NULL;
     py_state_t *s = calloc(1, sizeof(*s) + n_outputs * sizeof(s->outputs[0]));
     if (s == NULL || (s->model_name = strdup(model_name)) == NULL) {
         free(s);

@@ -94,6 +94,7 @@ struct oi_grpc_client_s {
     int fd; /* -1 when not connected */
     nghttp2_session *session;
     int reused; /* a call completed on this connection: a failure may be a stale connection */
+    int rcvtimeo_ms; /* the socket's SO_RCVTIMEO (oi_client_recv_slice) */
     oi_grpc_client_call_t *calls;
     /* The write batch: frames nghttp2 produced, written with sendmsg. */
     oi_sbuf_t wbuf;
@@ -295,6 +296,7 @@ static void conn_fail(oi_grpc_client_t *c, const char *fmt, ...)
     if (c->fd >= 0)
         close(c->fd);
     c->fd = -1;
+    c->rcvtimeo_ms = 0;
     c->reused = 0;
     c->fh_have = 0;
     c->f_left = 0;
@@ -344,7 +346,7 @@ static int batch_write(oi_grpc_client_t *c)
         struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
         ssize_t w = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w < 0) {
-            if (errno == EINTR)
+            if (errno == EINTR && !oi_client_interrupted())
                 continue;
             return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
         }
@@ -612,7 +614,7 @@ static ssize_t conn_read(oi_grpc_client_t *c, int block)
         char *dst = recv_target(c, &room);
         ssize_t n = recv(c->fd, dst, room, k == 0 && block ? 0 : MSG_DONTWAIT);
         if (n < 0) {
-            if (errno == EINTR)
+            if (errno == EINTR && !oi_client_interrupted())
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK)
                 return total;
@@ -738,10 +740,16 @@ static int pump(oi_grpc_client_t *c, int64_t deadline, int nowait, int (*done)(v
             conn_fail(c, "%s:%d closed the connection (GOAWAY)", c->host, c->port);
             continue;
         }
-        if (!nowait && deadline <= 0 && !batch_pending(c)) {
-            /* Nothing to write and no deadline: wait in recv itself. */
-            if (conn_read(c, 1) < 0)
+        if (!nowait && !batch_pending(c)) {
+            /* Nothing to write: wait in recv itself, a slice at a time (SO_RCVTIMEO) when
+             * there is a deadline or Ctrl-C to look at between slices. */
+            if (oi_client_recv_slice(c->fd, deadline, &c->rcvtimeo_ms) != 0)
+                return OI_GRPC_CLIENT_TIMEOUT;
+            ssize_t n = conn_read(c, 1);
+            if (n < 0)
                 conn_fail(c, "%s", c->error);
+            else if (n == 0 && oi_client_interrupted())
+                conn_fail(c, "interrupted");
             continue;
         }
         short events = POLLIN | (batch_pending(c) ? POLLOUT : 0);
@@ -758,8 +766,9 @@ static int pump(oi_grpc_client_t *c, int64_t deadline, int nowait, int (*done)(v
             ms = left > INT_MAX ? INT_MAX : (int)left;
         }
         struct pollfd p = {c->fd, events, 0};
-        int n = poll(&p, 1, ms);
-        if (n < 0 && errno != EINTR) {
+        int slice = oi_client_poll_ms(ms);
+        int n = poll(&p, 1, slice);
+        if ((n < 0 && errno != EINTR) || (n <= 0 && slice != ms && oi_client_interrupted())) {
             conn_fail(c, "waiting on %s:%d: %s", c->host, c->port, strerror(errno));
             continue;
         }

@@ -27,6 +27,7 @@ struct oi_http_client_s {
     int port;
     int fd; /* -1 when not connected */
     int reused; /* the connection served a request before: a failure may be a stale socket */
+    int rcvtimeo_ms; /* the socket's SO_RCVTIMEO (oi_client_recv_slice) */
     llhttp_t parser;
     /* The response being read. */
     oi_http_client_response_t resp;
@@ -48,6 +49,7 @@ static void close_fd(oi_http_client_t *c)
         close(c->fd);
     c->fd = -1;
     c->reused = 0;
+    c->rcvtimeo_ms = 0;
 }
 
 static int connect_to(oi_http_client_t *c, int64_t deadline, char *err, size_t errlen)
@@ -62,10 +64,12 @@ static int send_all(oi_http_client_t *c, struct iovec *iov, int n, int64_t deadl
         struct msghdr msg = {0};
         msg.msg_iov = iov;
         msg.msg_iovlen = (size_t)(n > IOV_MAX ? IOV_MAX : n);
-        ssize_t w = sendmsg(c->fd, &msg, MSG_NOSIGNAL | (deadline > 0 ? MSG_DONTWAIT : 0));
+        ssize_t w = sendmsg(c->fd, &msg, MSG_NOSIGNAL | (deadline > 0 || oi_client_interruptible() ? MSG_DONTWAIT : 0));
         if (w < 0) {
-            if (errno == EINTR)
+            if (errno == EINTR && !oi_client_interrupted())
                 continue;
+            if (errno == EINTR)
+                return -1;
             if (errno != EAGAIN && errno != EWOULDBLOCK)
                 return -1;
             int rc = oi_client_wait_fd(c->fd, POLLOUT, deadline);
@@ -219,18 +223,19 @@ static int read_response(oi_http_client_t *c, int64_t deadline, char *err, size_
             dst = b->data + b->len;
             room = b->cap - b->len;
         }
-        ssize_t n = recv(c->fd, dst, room, deadline > 0 ? MSG_DONTWAIT : 0);
+        /* One blocking recv waits a slice at most (SO_RCVTIMEO): deadline and Ctrl-C are
+         * looked at between slices, at no cost to a response that comes in time. */
+        if (oi_client_recv_slice(c->fd, deadline, &c->rcvtimeo_ms) != 0) {
+            snprintf(err, errlen, "timed out waiting for the response from %s:%d", c->host, c->port);
+            return -2;
+        }
+        ssize_t n = recv(c->fd, dst, room, 0);
         if (n < 0) {
-            if (errno == EINTR)
+            if ((errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) && !oi_client_interrupted())
                 continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                int rc = oi_client_wait_fd(c->fd, POLLIN, deadline);
-                if (rc == -2) {
-                    snprintf(err, errlen, "timed out waiting for the response from %s:%d", c->host, c->port);
-                    return -2;
-                }
-                if (rc == 0)
-                    continue;
+            if (errno == EINTR) {
+                snprintf(err, errlen, "interrupted waiting for the response from %s:%d", c->host, c->port);
+                return -1;
             }
             if (got == 0 && c->reused && (errno == ECONNRESET || errno == EPIPE))
                 return -3;
@@ -311,6 +316,10 @@ int oi_http_client_request(oi_http_client_t *c, const char *method, const char *
         }
         if (rc == -2) {
             snprintf(err, errlen, "timed out sending the request to %s:%d", c->host, c->port);
+            break;
+        }
+        if (rc != 0 && errno == EINTR) {
+            snprintf(err, errlen, "interrupted sending to %s:%d", c->host, c->port);
             break;
         }
         if (rc != 0) {

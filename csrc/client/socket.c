@@ -20,6 +20,53 @@ int64_t oi_client_now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+static _Thread_local int (*interrupt_check)(void *);
+static _Thread_local void *interrupt_arg;
+
+void oi_client_set_interrupt(int (*check)(void *arg), void *arg)
+{
+    interrupt_check = check;
+    interrupt_arg = arg;
+}
+
+int oi_client_interruptible(void)
+{
+    return interrupt_check != NULL;
+}
+
+int oi_client_poll_ms(int ms)
+{
+    return interrupt_check != NULL && (ms < 0 || ms > OI_CLIENT_INTERRUPT_MS) ? OI_CLIENT_INTERRUPT_MS : ms;
+}
+
+int oi_client_recv_slice(int fd, int64_t deadline, int *set_ms)
+{
+    int ms = -1;
+    if (deadline > 0) {
+        int64_t left = deadline - oi_client_now_ms();
+        if (left <= 0)
+            return -2;
+        ms = left > INT_MAX ? INT_MAX : (int)left;
+    }
+    ms = oi_client_poll_ms(ms);
+    if (ms < 0)
+        ms = 0; /* SO_RCVTIMEO's "forever" */
+    if (ms != *set_ms) {
+        struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+        if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) == 0)
+            *set_ms = ms;
+    }
+    return 0;
+}
+
+int oi_client_interrupted(void)
+{
+    if (interrupt_check == NULL || !interrupt_check(interrupt_arg))
+        return 0;
+    errno = EINTR;
+    return 1;
+}
+
 int oi_client_wait_fd(int fd, short events, int64_t deadline)
 {
     for (;;) {
@@ -31,12 +78,13 @@ int oi_client_wait_fd(int fd, short events, int64_t deadline)
             ms = left > INT_MAX ? INT_MAX : (int)left;
         }
         struct pollfd p = {fd, events, 0};
-        int n = poll(&p, 1, ms);
+        int slice = oi_client_poll_ms(ms);
+        int n = poll(&p, 1, slice);
         if (n > 0)
             return 0;
-        if (n == 0)
+        if (n == 0 && slice == ms)
             return -2;
-        if (errno != EINTR)
+        if ((n < 0 && errno != EINTR) || oi_client_interrupted())
             return -1;
     }
 }

@@ -799,8 +799,8 @@ typedef struct decoder_s {
     size_t bin_used; /* bytes after the JSON taken by binary inputs so far */
 } decoder_t;
 
-/* A "parameters" object: its raw text is kept, and the one parameter the codec acts on is
- * read from it. */
+/* A "parameters" object: its raw text is kept, and the parameters the codec acts on are read
+ * from it. */
 typedef struct param_s {
     const char *key;
     int is_bool;   /* a boolean, else a non-negative integer */
@@ -822,10 +822,11 @@ static int read_param(cursor_t *c, const char *group, uint32_t index, param_t *w
     return literal(c, ch == 't' ? "true" : "false");
 }
 
-/* Reads a "parameters" object into *span and `want`; *shm (when not NULL) is set when the
- * object names a "shared_memory_region", whose value the server checks later. */
-static int parse_params(cursor_t *c, const char *group, uint32_t index, oi_slice_t *span,
-                        param_t *want, uint8_t *shm)
+/* Reads a "parameters" object into *span and the `n_want` parameters of `want`; *shm (when
+ * not NULL) is set when the object names a "shared_memory_region", whose value the server
+ * checks later. */
+static int parse_params(cursor_t *c, const char *group, uint32_t index, oi_slice_t *span, param_t *want, size_t n_want,
+                        uint8_t *shm)
 {
     char path[64];
     short_str_t key;
@@ -840,7 +841,11 @@ static int parse_params(cursor_t *c, const char *group, uint32_t index, oi_slice
     while ((r = next_member(c, &n, &key)) == 1) {
         if (shm != NULL && str_is(&key, "shared_memory_region"))
             *shm = 1;
-        r = str_is(&key, want->key) ? read_param(c, group, index, want) : skip_value(c);
+        param_t *p = NULL;
+        for (size_t i = 0; i < n_want && p == NULL; i++)
+            if (str_is(&key, want[i].key))
+                p = &want[i];
+        r = p != NULL ? read_param(c, group, index, p) : skip_value(c);
         if (r != 0)
             return -1;
     }
@@ -1311,7 +1316,7 @@ static int parse_input(decoder_t *d, input_t *in)
             break;
         case IN_PARAMETERS: {
             param_t want = {"binary_data_size", 0, -1};
-            r = parse_params(c, in->group, in->index, &in->t->parameters, &want, &in->t->shm);
+            r = parse_params(c, in->group, in->index, &in->t->parameters, &want, 1, &in->t->shm);
             in->binary_size = want.value;
             break;
         }
@@ -1400,7 +1405,7 @@ static int parse_output(decoder_t *d, uint32_t index)
             r = parse_name(c, &o->name, "outputs", index);
         } else if (k == OUT_PARAMETERS) {
             param_t want = {"binary_data", 1, -1};
-            r = parse_params(c, "outputs", index, &o->parameters, &want, NULL);
+            r = parse_params(c, "outputs", index, &o->parameters, &want, 1, NULL);
             o->binary_data = (int)want.value;
         } else {
             r = skip_value(c);
@@ -1483,9 +1488,11 @@ static int parse_request(decoder_t *d)
             r = parse_top_string(c, "model_version", &d->resp->model_version, NULL);
             break;
         case REQ_PARAMETERS: {
-            param_t want = {"binary_data_output", 1, -1};
-            r = parse_params(c, NULL, 0, &req->parameters, &want, NULL);
-            req->binary_data_output = (int)want.value;
+            /* Triton's per-request queue timeout, in microseconds (0: none). */
+            param_t want[2] = {{"binary_data_output", 1, -1}, {"timeout", 0, -1}};
+            r = parse_params(c, NULL, 0, &req->parameters, want, 2, NULL);
+            req->binary_data_output = (int)want[0].value;
+            req->timeout_us = want[1].value > 0 ? (uint64_t)want[1].value : 0;
             break;
         }
         case REQ_INPUTS:

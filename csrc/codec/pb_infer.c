@@ -283,6 +283,34 @@ static oi_status_t *render_params(dec_t *d, const oi_slice_t *entries, uint32_t 
     return NULL;
 }
 
+/* Triton's per-request queue timeout: the "timeout" entry among a request's parameters
+ * (already checked by render_params), which must be an int64_param in microseconds, as Triton
+ * reads it. A negative one is no limit (Triton takes it as a huge unsigned value). */
+static oi_status_t *request_timeout(const oi_slice_t *entries, uint32_t n, uint64_t *timeout_us)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        rd_t r = {(const uint8_t *)entries[i].ptr, (const uint8_t *)entries[i].ptr + entries[i].len};
+        oi_slice_t key = {"", 0}, value = {"", 0};
+        field_t f;
+        while (r.p < r.end && rd_field(&r, &f) == RD_OK)
+            if (f.num == 1)
+                key = f.s;
+            else if (f.num == 2)
+                value = f.s;
+        if (key.len != 7 || memcmp(key.ptr, "timeout", 7) != 0)
+            continue;
+        rd_t v = {(const uint8_t *)value.ptr, (const uint8_t *)value.ptr + value.len};
+        field_t last = {0};
+        while (v.p < v.end && rd_field(&v, &f) == RD_OK)
+            if (f.num >= 1 && f.num <= 5)
+                last = f;
+        if (last.num != 2)
+            return bad("invalid value type for 'timeout' parameter, expected int64_param.");
+        *timeout_us = (int64_t)last.v > 0 ? last.v : 0;
+    }
+    return NULL;
+}
+
 /* ---- typed contents ------------------------------------------------------------------------ */
 
 /* The InferTensorContents field that carries each datatype; 0 for none (raw only). */
@@ -722,6 +750,8 @@ static oi_status_t *decode(dec_t *d, oi_slice_t *model_name, oi_slice_t *model_v
         char params_path[64];
         snprintf(params_path, sizeof(params_path), "%s.parameters", d->msg_name);
         if ((st = render_params(d, d->params.v, d->params.n, params_path, &d->params_off, &d->params_len, NULL)) != NULL)
+            return st;
+        if (!d->response && (st = request_timeout(d->params.v, d->params.n, &req->timeout_us)) != NULL)
             return st;
     }
 

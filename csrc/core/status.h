@@ -14,6 +14,7 @@ enum {
     OI_TOO_LARGE = 413,
     OI_UNSUPPORTED_MEDIA = 415,
     OI_HEADERS_TOO_LARGE = 431,
+    OI_CLIENT_CLOSED = 499, /* the client went away or cancelled (gRPC CANCELLED); nothing is sent */
     OI_INTERNAL = 500,
     OI_UNIMPLEMENTED = 501,
     OI_UNAVAILABLE = 503,

@@ -73,6 +73,13 @@ typedef struct oi_request_s {
     oi_output_request_t *outputs; /* none: every output of the model */
     uint32_t n_outputs;
     int binary_data_output; /* -1 unset, 0 or 1 */
+    uint64_t timeout_us;    /* Triton's "timeout" parameter: the longest the request may wait in
+                             * the queue before it is refused unrun; 0: no limit */
+    /* Set by the scheduler for the backend's run: returns nonzero once every client waiting
+     * for this request (or batch) has gone, so that a long-running model may stop early.
+     * Callable from the executor thread during execute only; NULL: never cancelled. */
+    int (*cancelled)(const void *arg);
+    const void *cancelled_arg;
 } oi_request_t;
 
 /* What a backend produced. Owns each output's owner reference. */

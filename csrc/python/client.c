@@ -4,6 +4,7 @@
 #include "python/client.h"
 
 #include "client/http_client.h"
+#include "client/socket.h"
 #include "codec/json.h"
 #include "python/bridge.h"
 
@@ -81,6 +82,30 @@ int64_t oi__py_timeout_ms(PyObject *timeout)
 
 static int acquire(ConnObject *self) { return oi__py_conn_acquire(self->lock, self->conn != NULL); }
 
+/* The interrupt check of oi__py_io_begin: runs with the GIL taken back for the moment. */
+static int io_check_signals(void *arg)
+{
+    oi_py_io_t *io = arg;
+    PyEval_RestoreThread(io->ts);
+    if (PyErr_CheckSignals() != 0)
+        io->raised = 1;
+    io->ts = PyEval_SaveThread();
+    return io->raised;
+}
+
+void oi__py_io_begin(oi_py_io_t *io)
+{
+    io->raised = 0;
+    io->ts = PyEval_SaveThread();
+    oi_client_set_interrupt(io_check_signals, io);
+}
+
+void oi__py_io_end(oi_py_io_t *io)
+{
+    oi_client_set_interrupt(NULL, NULL);
+    PyEval_RestoreThread(io->ts);
+}
+
 /* Sends one request without the GIL. Returns 0 with *resp filled, or -1 with OSError or
  * TimeoutError set. */
 static int send_request(ConnObject *self, const char *method, const char *path, const char *headers,
@@ -88,9 +113,15 @@ static int send_request(ConnObject *self, const char *method, const char *path, 
 {
     char err[512];
     int rc;
-    Py_BEGIN_ALLOW_THREADS
+    oi_py_io_t io;
+    oi__py_io_begin(&io);
     rc = oi_http_client_request(self->conn, method, path, headers, parts, nparts, tmo, resp, err, sizeof(err));
-    Py_END_ALLOW_THREADS
+    oi__py_io_end(&io);
+    if (io.raised) { /* KeyboardInterrupt (say) is set; the connection is closed */
+        if (rc == 0)
+            oi_buf_unref(resp->body);
+        return -1;
+    }
     if (rc == -2)
         PyErr_SetString(PyExc_TimeoutError, err);
     else if (rc != 0)

@@ -24,6 +24,18 @@ int oi__py_conn_args(PyObject *args, PyObject *kw, const char **host, int *port)
  * is closed. 0, or -1 with RuntimeError set. */
 int oi__py_conn_acquire(PyThread_type_lock lock, int open);
 
+/* Blocking client I/O without the GIL that Ctrl-C interrupts: between begin and end, a wait
+ * that a signal interrupts runs Python's signal handlers (taking the GIL for that), and one
+ * that raises (KeyboardInterrupt) makes the I/O fail at once with its connection closed, so
+ * that the server drops the request. After end, `raised` says so and the exception is set:
+ * the caller returns NULL with it, whatever the I/O returned. */
+typedef struct oi_py_io_s {
+    PyThreadState *ts;
+    int raised;
+} oi_py_io_t;
+void oi__py_io_begin(oi_py_io_t *io);
+void oi__py_io_end(oi_py_io_t *io);
+
 /* A call's `timeout` argument (seconds, None) as milliseconds: 0 for none, at least 1
  * otherwise; -1 with a Python error set when it is not a positive number. */
 int64_t oi__py_timeout_ms(PyObject *timeout);

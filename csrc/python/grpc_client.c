@@ -98,12 +98,18 @@ static int unary(ConnObject *self, const char *method, const ProtobufCMessage *r
     char err[512];
     int rc = -1;
     if (conn_acquire(self) == 0) {
-        Py_BEGIN_ALLOW_THREADS
+        oi_py_io_t io;
+        oi__py_io_begin(&io);
         rc = oi_grpc_client_unary(self->conn, method, &part, 1, tmo, resp, status, message, err, sizeof(err));
-        Py_END_ALLOW_THREADS
+        oi__py_io_end(&io);
         PyThread_release_lock(self->lock);
-        if (rc != 0)
+        if (io.raised && rc == 0) { /* the exception stands */
+            oi_buf_unref(*resp);
+            free(*message);
+            rc = -1;
+        } else if (rc != 0 && !io.raised) {
             conn_error(rc, err);
+        }
     }
     if (buf != small)
         free(buf);
@@ -294,11 +300,17 @@ static PyObject *Conn_unary(ConnObject *self, PyObject *args, PyObject *kw)
         oi_buf_t *resp = NULL;
         int status = 0, rc;
         char *message = NULL, err[512];
-        Py_BEGIN_ALLOW_THREADS
+        oi_py_io_t io;
+        oi__py_io_begin(&io);
         rc = oi_grpc_client_unary(self->conn, method, &part, 1, tmo, &resp, &status, &message, err, sizeof(err));
-        Py_END_ALLOW_THREADS
+        oi__py_io_end(&io);
         PyThread_release_lock(self->lock);
-        if (rc != 0) {
+        if (io.raised) { /* the exception stands */
+            if (rc == 0) {
+                oi_buf_unref(resp);
+                free(message);
+            }
+        } else if (rc != 0) {
             conn_error(rc, err);
         } else if (status != OI_GRPC_OK) {
             ret = failed(status, message);
@@ -494,7 +506,8 @@ static PyObject *Conn_infer(ConnObject *self, PyObject *args, PyObject *kw)
     oi_pb_response_t decoded;
     int rc = 0, status = 0;
     char *message = NULL, err[512];
-    Py_BEGIN_ALLOW_THREADS
+    oi_py_io_t io;
+    oi__py_io_begin(&io);
     st = encode(&h, tensors, n_in, &e);
     if (st == NULL) {
         rc = oi_grpc_client_unary(self->conn, SERVICE "ModelInfer", e.iov, (int)e.n, tmo, &resp, &status, &message, err,
@@ -505,9 +518,17 @@ static PyObject *Conn_infer(ConnObject *self, PyObject *args, PyObject *kw)
             oi_buf_unref(resp); /* the decoded outputs hold their own references */
         }
     }
-    Py_END_ALLOW_THREADS
+    oi__py_io_end(&io);
     PyThread_release_lock(self->lock);
-    if (st != NULL) {
+    if (io.raised) { /* the exception stands */
+        if (st == NULL && rc == 0) {
+            free(message);
+            if (status == OI_GRPC_OK && dst == NULL)
+                oi_request_clear(&decoded.result);
+            oi_status_free(dst);
+        }
+        oi_status_free(st);
+    } else if (st != NULL) {
         PyErr_SetString(st->code == OI_BAD_REQUEST ? PyExc_ValueError : PyExc_MemoryError, st->message);
         oi_status_free(st);
     } else if (rc != 0) {
@@ -701,14 +722,21 @@ static PyObject *Stream_recv(StreamObject *s, PyObject *args, PyObject *kw)
     oi_buf_t *msg = NULL;
     oi_status_t *st = NULL;
     oi_pb_response_t decoded;
-    Py_BEGIN_ALLOW_THREADS
+    oi_py_io_t io;
+    oi__py_io_begin(&io);
     rc = oi_grpc_client_call_recv(s->call, nowait, &msg, err, sizeof(err));
     if (rc == 0) {
         st = oi_pb_decode_infer_response(msg, 1, &decoded);
         oi_buf_unref(msg);
     }
-    Py_END_ALLOW_THREADS
+    oi__py_io_end(&io);
     PyThread_release_lock(s->conn->lock);
+    if (io.raised) { /* the exception stands */
+        if (rc == 0 && st == NULL)
+            oi_request_clear(&decoded.result);
+        oi_status_free(st);
+        return NULL;
+    }
     if (rc == OI_GRPC_CLIENT_ENDED)
         Py_RETURN_NONE;
     if (rc == OI_GRPC_CLIENT_AGAIN)

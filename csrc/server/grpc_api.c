@@ -906,6 +906,14 @@ static void finish_infer(oi_infer_t *inf)
     oi_grpc_call_t *call = inf->ctx;
     oi_server_t *s = call->data;
     call->pending--;
+    if (inf->prev)
+        inf->prev->next = inf->next;
+    else
+        call->work = inf->next;
+    if (inf->next)
+        inf->next->prev = inf->prev;
+    if (inf->cancelled)
+        atomic_fetch_sub(&s->grpc_orphans, 1);
     if (oi_grpc_call_open(call)) {
         oi_status_t *st = inf->job.status;
         inf->job.status = NULL;
@@ -993,7 +1001,12 @@ static void handle_infer(oi_server_t *s, oi_grpc_call_t *call, oi_buf_t *msg)
         infer_failed(call, st, m, &inf->req);
         oi_infer_free(inf);
         oi_grpc_call_unref(call);
+        return;
     }
+    inf->next = call->work; /* for on_gone */
+    if (inf->next)
+        inf->next->prev = inf;
+    call->work = inf;
 }
 
 /* ---- the handler ------------------------------------------------------------------------ */
@@ -1104,4 +1117,16 @@ static void on_half_close(void *ctx, oi_grpc_call_t *call)
         oi_grpc_finish(call, OI_GRPC_INVALID_ARGUMENT, "the call ended without a request message");
 }
 
-const oi_grpc_handler_t oi__grpc_api_handler = {on_call, on_message, on_half_close};
+/* The client reset the stream, closed its connection or ran out of time: what the call has
+ * queued is dropped, a running model is told. Each request still comes to finish_infer. */
+static void on_gone(void *ctx, oi_grpc_call_t *call)
+{
+    oi_server_t *s = ctx;
+    for (oi_infer_t *inf = call->work; inf != NULL; inf = inf->next)
+        if (!inf->cancelled) {
+            atomic_fetch_add(&s->grpc_orphans, 1);
+            oi_infer_cancel(inf);
+        }
+}
+
+const oi_grpc_handler_t oi__grpc_api_handler = {on_call, on_message, on_half_close, on_gone};

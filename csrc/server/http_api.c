@@ -106,6 +106,11 @@ static void respond_parts(oi_http_request_t *r, const char *headers, oi_iov_t *p
 static void finish_infer(oi_infer_t *c)
 {
     oi_http_request_t *r = c->ctx;
+    if (c->cancelled) { /* the connection is gone: nothing to encode */
+        oi_http_respond(r, OI_CLIENT_CLOSED, "", NULL, 0);
+        oi_infer_free(c);
+        return;
+    }
     const oi_response_t *resp = &c->job.resp;
     oi_status_t *st = c->job.status;
     c->job.status = NULL;
@@ -225,6 +230,13 @@ static oi_status_t *request_body(oi_server_t *s, oi_http_request_t *r, oi_encodi
 
 static const oi_peer_t *request_peer(void *r) { return oi_http_request_peer(r); }
 
+/* The connection closed before the answer: the request is dropped from the queue, or its
+ * model told; finish_infer still comes, and its answer goes nowhere. */
+static void infer_gone(oi_http_request_t *r)
+{
+    oi_infer_cancel(r->gone_arg);
+}
+
 static void handle_infer(oi_server_t *s, oi_http_request_t *r, oi_model_t *m)
 {
     oi_encoding_t enc = oi_content_encoding(r->content_encoding);
@@ -252,6 +264,10 @@ static void handle_infer(oi_server_t *s, oi_http_request_t *r, oi_model_t *m)
         c->count_stats = s->cfg.statistics;
         st = oi_infer_submit(c, m, r->loop, finish_infer, r); /* takes m */
         m = NULL;
+        if (st == NULL) {
+            r->on_gone = infer_gone;
+            r->gone_arg = c;
+        }
     }
     if (st != NULL) {
         oi_model_unref(m);

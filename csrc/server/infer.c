@@ -48,7 +48,10 @@ static void job_done(oi_job_t *j)
         j->status = oi_shm_check_request(&inf->req, &j->resp);
     if (j->counted && j->slot != NULL)
         oi_stats_request(j->slot, &j->times, oi_now_ns(), j->status == NULL,
-                         j->times.compute_start ? OI_FAIL_BACKEND : OI_FAIL_REJECTED, j->rows);
+                         j->times.compute_start       ? OI_FAIL_BACKEND
+                         : atomic_load(&j->cancelled) ? OI_FAIL_CANCELED
+                                                      : OI_FAIL_REJECTED,
+                         j->rows);
     inf->task.run = run_done;
     oi_loop_post(inf->loop, &inf->task);
 }
@@ -99,7 +102,15 @@ oi_status_t *oi_infer_submit(oi_infer_t *inf, oi_model_t *m, oi_loop_t *loop, oi
     inf->job.done = job_done;
     inf->job.counted = inf->count_stats;
     inf->job.rows = request_rows(m, &inf->req);
+    inf->req.cancelled = oi_job_cancelled;
+    inf->req.cancelled_arg = &inf->job;
     if (oi_scheduler_submit(m->sched, &inf->job) != 0)
         return oi_status_new(OI_UNAVAILABLE, "the server is shutting down");
     return NULL;
+}
+
+void oi_infer_cancel(oi_infer_t *inf)
+{
+    inf->cancelled = 1;
+    oi_job_cancel(&inf->job);
 }

@@ -28,6 +28,8 @@ struct oi_infer_s {
     oi_shm_target_t *shm_out;   /* where requested outputs go (NULL: none in shared memory) */
     int count_stats;            /* count it in the model's statistics; set by the transport
                                  * from the server's config before submit */
+    int cancelled;              /* oi_infer_cancel was called (loop thread only) */
+    oi_infer_t *prev, *next;    /* the transport's list of the requests of one call */
 };
 
 /* Returns a zeroed inference ready for decoding into `req`, or NULL (out of memory). */
@@ -43,6 +45,13 @@ oi_status_t *oi_model_check_ready(const oi_model_t *m);
  * reach the model, not those refused before. Takes the reference to `m` in every case.
  * Returns NULL when queued (`done` runs later on `loop`) or a status when nothing was queued. */
 oi_status_t *oi_infer_submit(oi_infer_t *inf, oi_model_t *m, oi_loop_t *loop, oi_infer_done_cb done, void *ctx);
+
+/* The client of a submitted inference has gone (its connection closed, its stream was reset,
+ * its deadline passed): a queued request is dropped unrun when an executor reaches it (with a
+ * 499 status), a running one is marked so that its model may stop early. `done` still comes
+ * exactly once and the caller still frees the inference there; it should write nothing.
+ * Loop thread, between a successful submit and `done`'s call. */
+void oi_infer_cancel(oi_infer_t *inf);
 
 /* Frees the inference, its request, response, status and model reference. */
 void oi_infer_free(oi_infer_t *inf);

@@ -48,11 +48,70 @@ static oi_job_t *pop_locked(oi_scheduler_t *s)
     return j;
 }
 
+int oi_job_cancelled(const void *job)
+{
+    return atomic_load(&((const oi_job_t *)job)->cancelled);
+}
+
+void oi_job_cancel(oi_job_t *job)
+{
+    atomic_store(&job->cancelled, 1);
+}
+
+/* Whether a job must not run: its clients have gone, or it waited past its timeout. */
+static int unwanted(const oi_job_t *j)
+{
+    return atomic_load(&j->cancelled) || (j->expires_ns != 0 && now_ns() >= j->expires_ns);
+}
+
+/* Puts a job that will not run on the list `finish_dropped` completes. */
+static void drop(oi_job_t **dropped, oi_job_t *j)
+{
+    j->next = *dropped;
+    *dropped = j;
+}
+
+static int list_len(const oi_job_t *j)
+{
+    int n = 0;
+    for (; j != NULL; j = j->next)
+        n++;
+    return n;
+}
+
+/* Completes jobs taken off the queue unrun, with Triton's status for a queue timeout or ours
+ * for a cancellation, counted in `slot` (the executor's). Outside the lock: `done` hands each
+ * back to its owner. */
+static void finish_dropped(oi_stats_slot_t *slot, oi_job_t *j)
+{
+    for (oi_job_t *next; j != NULL; j = next) {
+        next = j->next;
+        j->next = NULL;
+        j->status = atomic_load(&j->cancelled) ? oi_status_new(OI_CLIENT_CLOSED, "the request was cancelled")
+                                               : oi_status_new(OI_UNAVAILABLE, "Request timeout expired");
+        j->slot = slot;
+        j->done(j);
+    }
+}
+
+/* The oldest job that is still wanted; the unwanted ones before it go to `dropped`. */
+static oi_job_t *pop_wanted_locked(oi_scheduler_t *s, oi_job_t **dropped)
+{
+    oi_job_t *j;
+    while ((j = pop_locked(s)) != NULL && unwanted(j))
+        drop(dropped, j);
+    return j;
+}
+
 /* Runs one job alone. `went_on_at` is when the executor's previous request ended if it went
  * straight on to this one without waiting (0 otherwise): under load the job then starts
  * there (or when it was queued, if later), which saves a clock read per request. */
 static void run_one(oi_scheduler_t *s, oi_stats_slot_t *slot, oi_job_t *j, uint64_t went_on_at)
 {
+    if (atomic_load(&j->cancelled)) { /* cancelled between the queue and here */
+        finish_dropped(slot, j);
+        return;
+    }
     int counted = j->counted;
     uint64_t rows = j->rows, start = 0;
     if (counted)
@@ -116,18 +175,19 @@ static int compatible(const oi_job_t *a, const oi_job_t *b)
 /* Moves queued jobs that fit into the batch, oldest first. A compatible job that does not
  * fit ends the scan, so a large request is never overtaken by later small ones forever;
  * incompatible jobs are passed over and stay queued in order. Caller holds the lock. */
-static void gather_locked(oi_scheduler_t *s, batch_t *b)
+static void gather_locked(oi_scheduler_t *s, batch_t *b, oi_job_t **dropped)
 {
     oi_job_t *prev = NULL, *j = s->head;
     while (j != NULL && b->rows < s->batching.max_batch_size) {
         oi_job_t *next = j->next;
         int64_t rows = job_rows(j);
-        if (rows < 0 || !compatible(b->first, j)) {
+        int gone = unwanted(j);
+        if (!gone && (rows < 0 || !compatible(b->first, j))) {
             prev = j;
             j = next;
             continue;
         }
-        if (b->rows + rows > s->batching.max_batch_size)
+        if (!gone && b->rows + rows > s->batching.max_batch_size)
             break;
         if (prev)
             prev->next = next;
@@ -136,6 +196,11 @@ static void gather_locked(oi_scheduler_t *s, batch_t *b)
         if (s->tail == j)
             s->tail = prev;
         j->next = NULL;
+        if (gone) {
+            drop(dropped, j);
+            j = next;
+            continue;
+        }
         b->last->next = j;
         b->last = j;
         b->n_jobs++;
@@ -208,6 +273,15 @@ static oi_status_t *split_output(batch_t *b, const oi_tensor_t *t, uint32_t i)
     return NULL;
 }
 
+/* A batch is cancelled once every job in it is. */
+static int batch_cancelled(const void *arg)
+{
+    for (const oi_job_t *j = ((const batch_t *)arg)->first; j; j = j->next)
+        if (!atomic_load(&j->cancelled))
+            return 0;
+    return 1;
+}
+
 /* Concatenates the jobs' inputs along dimension 0 (the one copy batching costs), runs the
  * batch once and splits the outputs back. Sets every job's status; does not call done. When
  * `times` is given, fills in when the inputs were ready and when the model returned; returns
@@ -221,6 +295,8 @@ static int run_batched(oi_scheduler_t *s, batch_t *b, oi_stats_times_t *times)
     oi_status_t *st = NULL;
     breq.binary_data_output = -1;
     breq.parameters = r0->parameters;
+    breq.cancelled = batch_cancelled;
+    breq.cancelled_arg = b;
     breq.inputs = calloc(r0->n_inputs, sizeof(oi_tensor_t));
     if (breq.inputs == NULL) {
         st = oi_status_new(OI_INTERNAL, "out of memory");
@@ -282,8 +358,34 @@ done:
     return ran;
 }
 
+/* Takes the jobs cancelled while the batch formed out of it (they complete unrun). */
+static void drop_cancelled(oi_stats_slot_t *slot, batch_t *b)
+{
+    oi_job_t *dropped = NULL, **link = &b->first;
+    b->last = NULL;
+    b->n_jobs = 0;
+    b->rows = 0;
+    while (*link != NULL) {
+        oi_job_t *j = *link;
+        if (atomic_load(&j->cancelled)) {
+            *link = j->next;
+            drop(&dropped, j);
+            continue;
+        }
+        b->last = j;
+        b->n_jobs++;
+        b->rows += job_rows(j);
+        link = &j->next;
+    }
+    finish_dropped(slot, dropped);
+}
+
 static void run_batch(oi_scheduler_t *s, oi_stats_slot_t *slot, batch_t *b)
 {
+    if (b->n_jobs > 1)
+        drop_cancelled(slot, b);
+    if (b->n_jobs == 0)
+        return;
     if (b->n_jobs == 1) {
         run_one(s, slot, b->first, 0);
         return;
@@ -316,16 +418,20 @@ static void run_batch(oi_scheduler_t *s, oi_stats_slot_t *slot, batch_t *b)
 /* Forms the next batch from the queue head: takes what fits now, then waits for more until
  * the batch is full or of a preferred size, or the oldest job's delay is spent. Called with
  * the lock held and the queue non-empty; returns with the lock held. */
-static void gather_batch(oi_scheduler_t *s, batch_t *b)
+static void gather_batch(oi_scheduler_t *s, batch_t *b, oi_job_t **dropped)
 {
-    oi_job_t *first = pop_locked(s);
+    oi_job_t *first = pop_wanted_locked(s, dropped);
+    if (first == NULL) {
+        *b = (batch_t){0};
+        return;
+    }
     *b = (batch_t){first, first, 1, job_rows(first)};
     if (b->rows < 0) /* cannot batch: runs alone */
         return;
     s->gathering = 1;
     uint64_t deadline = first->enqueued_ns + s->batching.max_queue_delay_us * 1000u;
     for (;;) {
-        gather_locked(s, b);
+        gather_locked(s, b, dropped);
         if (batch_ready(s, b) || s->stopping)
             break;
         uint64_t now = now_ns();
@@ -356,17 +462,21 @@ static void *executor(void *arg)
             pthread_mutex_unlock(&s->mu);
             return NULL;
         }
+        oi_job_t *dropped = NULL;
         if (!batching) {
-            oi_job_t *j = pop_locked(s);
-            add_queued(s, -1);
+            oi_job_t *j = pop_wanted_locked(s, &dropped);
+            add_queued(s, -(list_len(dropped) + (j != NULL)));
             pthread_mutex_unlock(&s->mu);
-            run_one(s, slot, j, waited ? 0 : slot->last_end);
+            finish_dropped(slot, dropped);
+            if (j != NULL)
+                run_one(s, slot, j, waited || dropped ? 0 : slot->last_end);
             continue;
         }
         batch_t b;
-        gather_batch(s, &b);
-        add_queued(s, -b.n_jobs);
+        gather_batch(s, &b, &dropped);
+        add_queued(s, -(b.n_jobs + list_len(dropped)));
         pthread_mutex_unlock(&s->mu);
+        finish_dropped(slot, dropped);
         run_batch(s, slot, &b);
     }
 }
@@ -428,8 +538,14 @@ int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job)
     job->next = NULL;
     job->status = NULL;
     job->slot = NULL;
-    job->enqueued_ns = s->batching.max_batch_size > 0 || job->counted ? now_ns() : 0;
+    uint64_t timeout_us = job->req->timeout_us;
+    int timed = s->batching.max_batch_size > 0 || job->counted;
+    uint64_t now = timed || timeout_us ? now_ns() : 0;
+    job->enqueued_ns = timed ? now : 0;
     job->times = (oi_stats_times_t){job->enqueued_ns, 0, 0, 0};
+    /* A timeout too long to represent is no limit. */
+    job->expires_ns = timeout_us && timeout_us < (UINT64_MAX - now) / 1000u ? now + timeout_us * 1000u : 0;
+    atomic_store(&job->cancelled, 0);
     pthread_mutex_lock(&s->mu);
     if (s->stopping) {
         pthread_mutex_unlock(&s->mu);

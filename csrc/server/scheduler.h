@@ -5,6 +5,7 @@
 #define OI_SERVER_SCHEDULER_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -24,6 +25,9 @@ struct oi_job_s {
     oi_status_t *status; /* NULL on success; the job's owner frees it */
     void (*done)(oi_job_t *job);
     uint64_t enqueued_ns; /* set by submit when batching or counting: when the queue starts */
+    uint64_t expires_ns;  /* set by submit from req->timeout_us: past it, the job is refused
+                           * unrun when an executor reaches it; 0: never */
+    atomic_int cancelled; /* set by oi_job_cancel, from any thread */
     /* Statistics. The submitter sets `counted` (and `rows`, the inferences it counts for:
      * dimension 0 of a batching model's request, else 1); the scheduler fills the rest
      * before `done`, which records the outcome in `slot`. */
@@ -32,6 +36,9 @@ struct oi_job_s {
     oi_stats_times_t times; /* times.start is enqueued_ns; compute_start 0: it never ran */
     oi_stats_slot_t *slot;  /* where `done` counts it; valid during `done` */
 };
+
+/* Whether the job (an oi_job_t) was cancelled: what a request's `cancelled` poll points at. */
+int oi_job_cancelled(const void *job);
 
 /* Dynamic batching (Triton's dynamic_batching): requests queued for the model are gathered
  * into one call of up to max_batch_size rows (dimension 0), preferring the sizes listed,
@@ -67,6 +74,13 @@ int oi_scheduler_pending(const oi_scheduler_t *s);
 /* Queues a job; its `done` runs later on an executor thread. Returns 0, or -1 when the
  * scheduler is stopping (then `done` is never called). */
 int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job);
+
+/* The job's clients have gone: marks it cancelled. An executor that reaches it in the queue,
+ * or in a batch being formed, completes it with a 499 status without running it; a backend
+ * already running it sees the flag through the request's `cancelled` poll. Only sets the
+ * flag, so it is safe from any thread until the job's owner frees it, whatever became of the
+ * scheduler. */
+void oi_job_cancel(oi_job_t *job);
 
 /* Takes no more jobs and fails the queued ones with 503 now (calling their `done` on this
  * thread); executors finish the job they are running, then end. Does not wait for them: for

@@ -250,9 +250,19 @@ static void wait_inflight(oi_server_t *s, uint64_t deadline)
     }
 }
 
+int oi_server_inflight(oi_server_t *s)
+{
+    return oi_http_server_inflight(s->http) + atomic_load(&s->grpc_inflight);
+}
+
 static int inflight(oi_server_t *s) { return oi_server_inflight(s) > 0; }
 
-int oi_server_inflight(oi_server_t *s) { return oi_http_server_inflight(s->http) + atomic_load(&s->grpc_inflight); }
+/* Requests in flight whose clients still wait for them (a cancelled one may still run). */
+static int awaited(oi_server_t *s)
+{
+    return oi_http_server_inflight(s->http) - oi_http_server_orphans(s->http) > 0 ||
+           atomic_load(&s->grpc_inflight) - atomic_load(&s->grpc_orphans) > 0;
+}
 
 static void finish_stop(oi_server_t *s);
 
@@ -284,11 +294,17 @@ void oi_server_stop(oi_server_t *s, uint64_t timeout_ms)
     if (s->grpc)
         oi_h2_server_stop_accepting(s->grpc); /* GOAWAY: calls under way go on */
     oi__health_stop(s);                       /* health watchers hear NOT_SERVING now, not when the loops end */
-    wait_inflight(s, now_ms() + timeout_ms);
+    /* Only for requests whose clients are still there: one whose client has gone is dropped
+     * from its queue, and one its model still runs is left to the reaper below. */
+    for (uint64_t deadline = now_ms() + timeout_ms; awaited(s) && now_ms() < deadline;) {
+        struct timespec ts = {0, 2 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
     if (inflight(s)) {
-        /* Time is up. Queued requests fail with 503 through the usual path (their answers
-         * are posted to the loops ahead of what follows); the transports then answer the
-         * ones a model is still running with 503 / UNAVAILABLE themselves, and close. A
+        /* Time is up, or only requests whose clients have gone remain. Queued requests
+         * fail with 503 through the usual path (their answers are posted to the loops ahead
+         * of what follows); the transports then answer the ones a model is still running
+         * with 503 / UNAVAILABLE themselves, and close. A
          * running model cannot be stopped, and its completion will touch the loops and the
          * registry: those stay until it is back, freed by a detached thread, so that the
          * caller returns now. */

@@ -20,6 +20,7 @@ struct oi_server_s {
     oi_http_server_t *http;
     oi_h2_server_t *grpc;     /* NULL without gRPC */
     atomic_int grpc_inflight; /* gRPC inferences submitted and not yet answered */
+    atomic_int grpc_orphans;  /* of those, the ones whose call ended first (cancelled) */
     oi_buf_t *metadata;
     oi_shm_t shm; /* registered shared-memory regions */
     /* Model repository control: the application's handler, and the calls it is running

@@ -38,6 +38,7 @@ struct oi_http_server_s {
     listener_t *loops;
     int port;
     atomic_int inflight;
+    atomic_int orphans; /* of those, requests whose connection has closed */
     atomic_int connections;
     oi_peers_t peers; /* connections per client address, across the loops */
 };
@@ -73,6 +74,7 @@ struct oi_http_conn_s {
 
     int busy;      /* a request is with the handler */
     int abandoned; /* answered by oi_http_server_abandon: the handler's answer is dropped */
+    int orphaned;  /* closed while a request was with the handler: counted in `orphans` */
     int served;    /* a request was read in full: from now on the idle timeout applies */
     int reading;   /* uv_read_start is in effect */
     int in_feed;   /* llhttp_execute is on the stack */
@@ -137,6 +139,15 @@ static void conn_close(oi_http_conn_t *c)
         c->next->prev = c->prev;
     uv_close((uv_handle_t *)&c->timer, on_handle_closed);
     uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
+    /* The client of a request still with the handler is gone: the handler may drop it. */
+    void (*gone)(oi_http_request_t *) = c->req.on_gone;
+    c->req.on_gone = NULL;
+    if (c->busy && !c->abandoned) {
+        c->orphaned = 1;
+        atomic_fetch_add(&lis->server->orphans, 1);
+        if (gone != NULL)
+            gone(&c->req);
+    }
 }
 
 /* ---- writing ------------------------------------------------------------------------------ */
@@ -692,6 +703,8 @@ static int on_message_complete(llhttp_t *p)
     c->body_direct = 0;
     r->loop = &c->lis->loop;
     r->conn = c;
+    r->on_gone = NULL;
+    r->gone_arg = NULL;
 
     c->busy = 1;
     atomic_fetch_add(&s->inflight, 1);
@@ -734,6 +747,7 @@ void oi_http_respond(oi_http_request_t *req, int status, const char *headers, co
     }
     oi_buf_unref(req->body);
     req->body = NULL;
+    req->on_gone = NULL; /* answered: a close from here on cancels nothing */
     if (!c->keep_alive)
         c->close_after_write = 1;
     if (c->abandoned) { /* the 503 of a shutdown went instead */
@@ -744,6 +758,10 @@ void oi_http_respond(oi_http_request_t *req, int status, const char *headers, co
     }
     c->busy = 0;
     atomic_fetch_sub(&s->inflight, 1);
+    if (c->orphaned) {
+        c->orphaned = 0;
+        atomic_fetch_sub(&s->orphans, 1);
+    }
     if (c->closing)
         conn_maybe_free(c);
     else
@@ -983,6 +1001,11 @@ int oi_http_server_nloops(const oi_http_server_t *s) { return s->nloops; }
 oi_loop_t *oi_http_server_loop(oi_http_server_t *s, int i) { return &s->loops[i].loop; }
 
 int oi_http_server_inflight(const oi_http_server_t *s) { return atomic_load(&((oi_http_server_t *)s)->inflight); }
+
+int oi_http_server_orphans(const oi_http_server_t *s)
+{
+    return atomic_load(&((oi_http_server_t *)s)->orphans);
+}
 
 typedef struct loop_task_s {
     oi_task_t task;

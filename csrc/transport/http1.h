@@ -66,6 +66,11 @@ struct oi_http_request_s {
     char content_encoding[32];       /* lower-cased, "" when absent */
     char accept_encoding[128];       /* lower-cased, "" when absent */
     oi_loop_t *loop;                 /* post completions here: oi_http_respond runs on it */
+    /* Set by a handler that answers later: called once (loop thread) when the connection
+     * closes before oi_http_respond, so that the work can be dropped. oi_http_respond must
+     * still follow; what it sends goes nowhere. Cleared for each request. */
+    void (*on_gone)(struct oi_http_request_s *req);
+    void *gone_arg;
     oi_http_conn_t *conn;            /* private to the transport */
 };
 
@@ -115,6 +120,9 @@ oi_loop_t *oi_http_server_loop(oi_http_server_t *s, int i);
 
 /* Requests handed to the handler and not yet answered. */
 int oi_http_server_inflight(const oi_http_server_t *s);
+
+/* Of those, the ones whose connection has closed: nobody waits for their answer. */
+int oi_http_server_orphans(const oi_http_server_t *s);
 
 /* Closes the listeners (no new connections); existing connections go on. */
 void oi_http_server_stop_accepting(oi_http_server_t *s);

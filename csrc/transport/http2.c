@@ -181,12 +181,24 @@ static void stop_timer(oi_grpc_call_t *call)
     }
 }
 
+/* Tells the handler, once, that nobody waits for the call's answer any more. */
+static void call_gone(oi_h2_server_t *s, oi_grpc_call_t *call)
+{
+    if (call->gone_told)
+        return;
+    call->gone_told = 1;
+    if (s->handler.on_gone != NULL)
+        s->handler.on_gone(s->ctx, call);
+}
+
 /* The stream is gone (closed, reset, or its connection died): no more I/O for this call. */
 static void call_detach(oi_grpc_call_t *call)
 {
     h2_conn_t *c = call->conn;
     if (c == NULL)
         return;
+    if (!call->finished) /* cut before the handler answered */
+        call_gone(c->lp->server, call);
     if (call->prev)
         call->prev->next = call->next;
     else
@@ -449,7 +461,12 @@ static void on_deadline(uv_timer_t *t)
     char msg[96];
     snprintf(msg, sizeof(msg), "deadline exceeded: the call's grpc-timeout of %llu ms passed",
              (unsigned long long)call->timeout_ms);
+    oi_h2_server_t *s = call->conn ? call->conn->lp->server : NULL;
+    oi_grpc_call_ref(call); /* finishing may close the stream */
     oi_grpc_finish(call, OI_GRPC_DEADLINE_EXCEEDED, msg);
+    if (s != NULL)
+        call_gone(s, call);
+    oi_grpc_call_unref(call);
 }
 
 static int on_begin_headers(nghttp2_session *session, const nghttp2_frame *frame, void *user_data)

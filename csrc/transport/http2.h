@@ -54,6 +54,11 @@ typedef struct oi_grpc_handler_s {
     void (*on_message)(void *ctx, oi_grpc_call_t *call, oi_buf_t *msg);
     /* The client has sent its last message (END_STREAM). */
     void (*on_half_close)(void *ctx, oi_grpc_call_t *call);
+    /* The call ended before the handler finished it: the client reset the stream, its
+     * connection closed, or its grpc-timeout passed (the transport has answered
+     * DEADLINE_EXCEEDED). Work for it may be dropped; sends and finishes are dropped from now
+     * on. At most once per call; NULL: not told. */
+    void (*on_gone)(void *ctx, oi_grpc_call_t *call);
 } oi_grpc_handler_t;
 
 /* One RPC. Refcounted on its loop thread only: the transport holds one reference while the
@@ -69,6 +74,7 @@ struct oi_grpc_call_s {
     uint64_t bytes_sent; /* response message bytes queued, prefixes included */
     /* The handler's own. */
     void *data;
+    void *work;         /* e.g. the requests it has in flight */
     char log_model[96]; /* the model the RPC names, for the access log ("" when none) */
     char log_version[24];
     int kind;
@@ -76,6 +82,7 @@ struct oi_grpc_call_s {
     /* Private to the transport. */
     int refs;
     int finished;        /* our side is done: trailers submitted */
+    int gone_told;       /* the handler's on_gone was called */
     int headers_sent;
     struct oi_h2_conn_s *conn; /* NULL once the stream is gone */
     struct oi_grpc_call_s *prev, *next;

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .errors import InferenceServerError
-from .model import Model, Tensor, model
+from .model import Model, Request, Tensor, model
 from .repository import examples_path
 
 if TYPE_CHECKING:
@@ -29,6 +29,7 @@ __all__ = [
     "Client",
     "InferenceServerError",
     "Model",
+    "Request",
     "Server",
     "SharedMemoryRegion",
     "Tensor",

@@ -13,13 +13,17 @@ __version__: str
 IOSpec = tuple[str, str, Sequence[int] | None]
 
 # Called on an executor thread with the GIL held:
-#   handler(inputs, parameters, outputs) -> {name: array-like}
+#   handler(inputs, parameters, outputs, cancelled) -> {name: array-like}
 # inputs: {name: read-only numpy array viewing the request memory} (BYTES: object array of bytes)
 # parameters: the raw JSON text of the request's "parameters" object, or None
 # outputs: the names of the outputs to produce, in response order
+# cancelled: called with no arguments, True once every client of the request (or batch) has
+#   gone (connection closed, stream reset, deadline passed); valid while the handler runs
 # A raised exception becomes a 500 response with its message. Returned values are converted
 # with numpy to the declared datatype (C-contiguous); BYTES accept bytes or str elements.
-Handler = Callable[[dict[str, np.ndarray], bytes | None, tuple[str, ...]], Mapping[str, object]]
+Handler = Callable[
+    [dict[str, np.ndarray], bytes | None, tuple[str, ...], Callable[[], bool]], Mapping[str, object]
+]
 
 # add_model(torch=...): how a TorchScript module serves the declared inputs and outputs
 # (python/openinfer/torch_model.py builds it).

@@ -76,18 +76,25 @@ _GRPC_DEADLINE_EXCEEDED = 4
 # A ModelStreamInferResponse error carries a message and no code.
 STREAM_ERROR_STATUS = 500
 
+# Seconds a call may take when neither the Client nor the call says: tritonclient.http's
+# network timeout. A call never waits forever on a server that does not answer.
+DEFAULT_TIMEOUT = 60.0
+
 
 class Client:
     """A V2 client. `url` is ``http://host:port`` (port 8000 when absent) or
-    ``grpc://host:port`` (port 8001 when absent; h2c). `timeout` (seconds) applies to each call
-    unless the call gives its own; `max_connections` bounds the pool and the threads of
+    ``grpc://host:port`` (port 8001 when absent; h2c). `timeout` (seconds, `DEFAULT_TIMEOUT` =
+    60 unless given; None for no limit) applies to each call unless the call gives its own: a
+    call that runs out of time raises TimeoutError and closes its connection, which cancels the
+    request on the server (dropped from the queue, or the model told). Ctrl-C in a blocking
+    call raises KeyboardInterrupt at once and cancels the request the same way. `max_connections` bounds the pool and the threads of
     `infer_async`. Every call works the same over both transports; gRPC statuses become the
     HTTP statuses of InferenceServerError (NOT_FOUND 404, INVALID_ARGUMENT 400, UNAVAILABLE 503,
     INTERNAL 500, UNIMPLEMENTED 501) and DEADLINE_EXCEEDED a TimeoutError. `shared_memory`: None
     (the default) uses system shared memory when the URL's host is a loopback address and the
     server offers it; True tries it whatever the host; False never does."""
 
-    def __init__(self, url: str = "http://127.0.0.1:8000", *, timeout: float | None = None,
+    def __init__(self, url: str = "http://127.0.0.1:8000", *, timeout: float | None = DEFAULT_TIMEOUT,
                  max_connections: int = 32, shared_memory: bool | None = None) -> None:
         parts = urlsplit(url if "://" in url else "http://" + url)
         if parts.scheme not in ("http", "grpc"):
@@ -285,7 +292,7 @@ class Client:
         ahead of the results taken; `requests` is read lazily. A request that failed raises
         InferenceServerError (status STREAM_ERROR_STATUS: the stream carries only a message)
         from ``next()`` at its position, and iteration can go on with the next one. `timeout`
-        bounds the whole stream. Use the iterator as a context manager, or call its close(), to
+        bounds the whole stream (no limit unless given here: a stream may live long). Use the iterator as a context manager, or call its close(), to
         end the stream early. gRPC only."""
         if not self._grpc:
             raise NotImplementedError(
@@ -296,7 +303,7 @@ class Client:
         conn = self._acquire()
         try:
             stream = conn.stream(model, _version(version), list(outputs) if outputs is not None else None,
-                                 dict(parameters) if parameters else None, self._timeout_for(timeout))
+                                 dict(parameters) if parameters else None, timeout)
         except BaseException:
             self._release(conn, False)
             raise

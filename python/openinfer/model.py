@@ -27,8 +27,9 @@ try:
 except ImportError:
     _bfloat16 = None
 
-# Request parameters that steer the protocol (binary tensor data extension), not the model.
-_PROTOCOL_PARAMETERS = ("binary_data_output",)
+# Request parameters that steer the protocol (binary tensor data extension, Triton's queue
+# timeout), not the model.
+_PROTOCOL_PARAMETERS = ("binary_data_output", "timeout")
 
 DATATYPES: tuple[str, ...] = (
     "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
@@ -130,6 +131,31 @@ def _dimension(tensor: str, shape: tuple[SupportsIndex, ...], dim: SupportsIndex
     return value
 
 
+class Request:
+    """What a running model can ask about the request it is serving: given to a model function
+    that has a parameter named ``request`` (``fn(inputs, request=...)``).
+
+    A client that closes its HTTP connection, resets its gRPC stream or whose gRPC deadline
+    passes cancels its request. A queued request is then dropped before it reaches the model;
+    one already running goes on, and a long model can poll `is_cancelled` between steps and
+    stop early: what it returns or raises after that is discarded. With dynamic batching, the
+    model serves a batch, which counts as cancelled once every request in it is.
+    """
+
+    __slots__ = ("_flag",)
+
+    def __init__(self, flag: Callable[[], bool]) -> None:
+        self._flag = flag
+
+    def is_cancelled(self) -> bool:
+        """True once every client waiting for this request (or batch) has gone. Cheap: one
+        atomic load, no lock and no I/O. Meaningful only while the model function runs."""
+        return self._flag()
+
+    def __repr__(self) -> str:
+        return f"<openinfer.Request cancelled={self._flag()}>"
+
+
 TensorLike = Tensor | tuple[str, str, Iterable[SupportsIndex] | None]
 ModelFn = Callable[..., Mapping[str, Any]]
 
@@ -142,7 +168,8 @@ class Model:
     of bytes) and returns a dict of output name -> array-like, converted by the server to the
     declared datatype. If `fn` has a parameter named ``parameters`` it is called as
     ``fn(inputs, parameters=...)`` with the request's parameters as a dict ({} when none), so
-    models that ignore parameters pay no JSON decoding.
+    models that ignore parameters pay no JSON decoding. If it has one named ``request`` it gets
+    a `Request`, whose ``is_cancelled()`` tells a long-running model that its client has gone.
 
     Shapes are full shapes. With ``max_batch_size > 0`` the first dimension is the batch,
     which must therefore be declared -1; with `dynamic_batching` as well, the server gathers
@@ -161,6 +188,7 @@ class Model:
     platform: str
     dynamic_batching: DynamicBatching | None
     _wants_parameters: bool = field(repr=False)
+    _wants_request: bool = field(repr=False)
     _bf16_outputs: frozenset[str] = field(repr=False)
 
     def __init__(
@@ -198,25 +226,36 @@ class Model:
             "instances": instances,
             "platform": platform,
             "dynamic_batching": DynamicBatching() if dynamic_batching is True else dynamic_batching or None,
-            "_wants_parameters": _accepts_parameters(fn),
+            "_wants_parameters": _accepts_keyword(fn, "parameters"),
+            "_wants_request": _accepts_keyword(fn, "request"),
             "_bf16_outputs": frozenset(t.name for t in declared_outputs if t.datatype == "BF16"),
         }
         for key, value in fields.items():
             object.__setattr__(self, key, value)
 
     def handler(
-        self, inputs: dict[str, np.ndarray], parameters: bytes | None, outputs: tuple[str, ...]
+        self,
+        inputs: dict[str, np.ndarray],
+        parameters: bytes | None,
+        outputs: tuple[str, ...],
+        cancelled: Callable[[], bool] = lambda: False,
     ) -> dict[str, object]:
         """The `_core.Handler` for this model: runs `fn` and returns the requested outputs, in
-        the requested order. Raised errors name the model, since the server sends them to the
-        client as the 500 message."""
-        if self._wants_parameters:
-            params = json.loads(parameters) if parameters else {}
-            for key in _PROTOCOL_PARAMETERS:  # the transport's business, not the model's
-                params.pop(key, None)
-            result = self.fn(inputs, parameters=params)
-        else:
+        the requested order. `cancelled` tells whether the request's clients have gone.
+        Raised errors name the model, since the server sends them to the client as the 500
+        message."""
+        if not (self._wants_parameters or self._wants_request):
             result = self.fn(inputs)
+        else:
+            kwargs: dict[str, Any] = {}
+            if self._wants_parameters:
+                params = json.loads(parameters) if parameters else {}
+                for key in _PROTOCOL_PARAMETERS:  # the transport's business, not the model's
+                    params.pop(key, None)
+                kwargs["parameters"] = params
+            if self._wants_request:
+                kwargs["request"] = Request(cancelled)
+            result = self.fn(inputs, **kwargs)
         if not isinstance(result, Mapping):
             raise TypeError(
                 f"model {self.name!r} returned {type(result).__name__}; "
@@ -294,10 +333,10 @@ def _require_int(model_name: str, what: str, value: object, minimum: int) -> Non
         raise ValueError(f"model {model_name!r}: {what} must be an int >= {minimum}, got {value!r}")
 
 
-def _accepts_parameters(fn: ModelFn) -> bool:
-    """Whether `fn` can be called with ``parameters=``; decided once, not per request."""
+def _accepts_keyword(fn: ModelFn, name: str) -> bool:
+    """Whether `fn` can be called with keyword `name`; decided once, not per request."""
     try:
-        parameter = inspect.signature(fn).parameters.get("parameters")
+        parameter = inspect.signature(fn).parameters.get(name)
     except (TypeError, ValueError):  # builtins and C callables without a signature
         return False
     return parameter is not None and parameter.kind in (

@@ -5,7 +5,8 @@ A scan never raises for a broken model: every model or version that cannot load 
 failed `LoadedModel` with its reason, so one bad model.py does not take the others down, and
 the server can answer "not ready" with that reason.
 
-Python models: ``<N>/model.py`` defines ``infer(inputs)`` or ``infer(inputs, parameters)``.
+Python models: ``<N>/model.py`` defines ``infer(inputs)``, optionally with ``parameters`` and
+``request`` (an `openinfer.Request`) parameters.
 Their inputs and outputs come from config.pbtxt (whose dims exclude the batch dimension when
 max_batch_size > 0, as in Triton) or, when config.pbtxt declares none, from model.py's
 module-level ``INPUTS`` and ``OUTPUTS`` lists of `openinfer.Tensor` (full shapes) and optional
