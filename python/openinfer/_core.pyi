@@ -53,7 +53,7 @@ def torch_describe(path: str) -> str:
 
 RepositoryHandler = Callable[
     [str, str | None, bytes | None, dict[str, bool | int | str | bytes] | None, bool],
-    list[tuple[str | None, str | None, str | None, str | None]] | None,
+    list[tuple[str | None, str | None, str | None, str | None]] | list[tuple[str, bool | int | str]] | None,
 ]
 
 class ModelVersion:
@@ -92,6 +92,7 @@ class Server:
         metrics_histogram_latencies: bool = False,  # nv_inference_first_response_histogram_ms
         metrics_cpu: bool = True,  # nv_cpu_utilization, nv_cpu_memory_*_bytes
         metrics_gpu: bool = True,  # nv_gpu_* through NVML, when it finds a GPU
+        access_log: str | None = None,  # a path, or "-" for standard output; None: no access log
     ) -> None: ...
     def set_metadata(self, metadata_json: bytes) -> None:
         """Sets the body of GET /v2 (server metadata)."""
@@ -137,10 +138,11 @@ class Server:
     def set_repository(self, handler: RepositoryHandler) -> None:
         """Serves the model repository extension (POST /v2/repository/..., gRPC Repository*)
         through handler(op, model, body, params, ready), called on a control thread per
-        request: op "index", "load" or "unload"; body the HTTP request body (None over gRPC
-        or when empty); params the gRPC parameters (None over HTTP); ready the gRPC index flag.
-        It returns the index as (name, version, state, reason) tuples (None: left out), or
-        None; an exception with `status` and `message` (InferenceServerError) answers with
+        request: op "index", "load" or "unload", or "logging" (GET/POST /v2/logging, gRPC
+        LogSettings); body the HTTP request body (None over gRPC or when empty); params the
+        gRPC parameters (None over HTTP); ready the gRPC index flag. It returns the index as
+        (name, version, state, reason) tuples (None: left out), for "logging" every setting
+        as (name, bool | int | str), or None; an exception with `status` and `message` (InferenceServerError) answers with
         them, any other with 500. Before start()."""
     def start(self) -> None:
         """Binds and starts the loop threads; returns at once. Raises OSError when binding fails."""
