@@ -20,6 +20,7 @@ typedef struct {
     oi_server_config_t cfg;
     char host[256];
     char http_unix[108], grpc_unix[108]; /* "" when not served */
+    char access_log[4096]; /* the access log's path, "" for none */
     oi_server_t *server; /* NULL once stopped */
     int started;
 } ServerObject;
@@ -52,6 +53,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                              "grpc_unix",
                              "unix_socket_mode",
                              "grpc_infer_compression_level",
+                             "access_log",
                              NULL};
     const char *host = "127.0.0.1";
     int port = 8000, threads = 0, max_conn = 4096, grpc_port = 8001, max_per_peer = 0;
@@ -61,15 +63,21 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
     unsigned int depth = 64;
     PyObject *allow_shm = Py_None;
     int statistics = 1, metrics_port = -1, counter_lat = 1, histogram_lat = 0, metrics_cpu = 1, metrics_gpu = 1;
-    const char *http_unix = NULL, *grpc_unix = NULL;
+    const char *http_unix = NULL, *grpc_unix = NULL, *access_log = NULL;
     unsigned int unix_mode = 0660;
     int compression_level = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|si$iKKiKKIiKOiKKKpippppzzIi", kwlist, &host, &port, &threads,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|si$iKKiKKIiKOiKKKpippppzzIiz", kwlist, &host, &port, &threads,
                                      &max_body, &max_header, &max_conn, &header_to, &idle_to, &depth, &grpc_port,
                                      &grpc_max, &allow_shm, &max_per_peer, &first_byte_to, &body_to, &grpc_queued,
                                      &statistics, &metrics_port, &counter_lat, &histogram_lat, &metrics_cpu,
-                                     &metrics_gpu, &http_unix, &grpc_unix, &unix_mode, &compression_level))
+                                     &metrics_gpu, &http_unix, &grpc_unix, &unix_mode, &compression_level,
+                                     &access_log))
         return -1;
+    if (access_log != NULL && (access_log[0] == '\0' || strlen(access_log) >= sizeof(self->access_log))) {
+        PyErr_Format(PyExc_ValueError, "access_log must be a path of 1 to %zu bytes, or \"-\" for standard output",
+                     sizeof(self->access_log) - 1);
+        return -1;
+    }
     if (metrics_port < -1 || metrics_port > 65535) {
         PyErr_Format(PyExc_ValueError, "metrics_port must be 0 to 65535, or -1 for no metrics, got %d", metrics_port);
         return -1;
@@ -128,6 +136,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
     snprintf(self->host, sizeof(self->host), "%s", host);
     snprintf(self->http_unix, sizeof(self->http_unix), "%s", http_unix ? http_unix : "");
     snprintf(self->grpc_unix, sizeof(self->grpc_unix), "%s", grpc_unix ? grpc_unix : "");
+    snprintf(self->access_log, sizeof(self->access_log), "%s", access_log ? access_log : "");
     self->cfg = (oi_server_config_t){
         .http = {.host = self->host,
                  .port = port,
@@ -155,6 +164,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                     .histogram_latencies = histogram_lat,
                     .cpu = metrics_cpu,
                     .gpu = metrics_gpu},
+        .access_log = self->access_log[0] ? self->access_log : NULL,
     };
     self->server = oi_server_new(&self->cfg);
     if (self->server == NULL) {
@@ -409,7 +419,7 @@ done:
 
 /* ---- the model repository handler ------------------------------------------------------- */
 
-static const char *const repo_ops[] = {"index", "load", "unload"};
+static const char *const repo_ops[] = {"index", "load", "unload", "logging"};
 
 /* The call's gRPC parameters as a dict of bool, int, str or bytes; None over HTTP. */
 static PyObject *repo_params(const oi_repo_call_t *call)
@@ -492,6 +502,47 @@ static int repo_entries(oi_repo_call_t *call, PyObject *result)
     return rc;
 }
 
+/* A settings answer: (name, value) pairs, each value a bool, an int (0 to 2**32-1) or a str. */
+static int repo_results(oi_repo_call_t *call, PyObject *result)
+{
+    PyObject *fast = PySequence_Fast(result, "the logging handler returns a list of (name, value)");
+    if (fast == NULL)
+        return -1;
+    int rc = 0;
+    for (Py_ssize_t i = 0; rc == 0 && i < PySequence_Fast_GET_SIZE(fast); i++) {
+        const char *name;
+        PyObject *v;
+        Py_ssize_t len = 0;
+        const char *text = NULL;
+        long long number = 0;
+        oi_repo_param_kind_t kind = OI_REPO_PARAM_STRING;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "sO", &name, &v)) {
+            rc = -1;
+        } else if (PyBool_Check(v)) {
+            kind = OI_REPO_PARAM_BOOL;
+            number = v == Py_True;
+        } else if (PyLong_Check(v)) {
+            kind = OI_REPO_PARAM_INT;
+            number = PyLong_AsLongLong(v);
+            if (PyErr_Occurred() || number < 0 || number > UINT32_MAX) {
+                PyErr_Clear();
+                PyErr_SetString(PyExc_ValueError, "a setting's int is 0 to 2**32-1");
+                rc = -1;
+            }
+        } else if ((text = PyUnicode_Check(v) ? PyUnicode_AsUTF8AndSize(v, &len) : NULL) == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "a setting is a bool, an int or a str");
+            rc = -1;
+        }
+        if (rc == 0 && oi_repo_call_add_result(call, name, kind, number, text, (size_t)len) != 0) {
+            PyErr_NoMemory();
+            rc = -1;
+        }
+    }
+    Py_DECREF(fast);
+    return rc;
+}
+
 /* Runs on a control thread: handler(op, model, body, params, ready). */
 static void repo_call(void *ctx, oi_repo_call_t *call)
 {
@@ -505,6 +556,8 @@ static void repo_call(void *ctx, oi_repo_call_t *call)
         result = PyObject_CallFunction(handler, "szOOO", repo_ops[call->op], call->model, body, params,
                                        call->ready ? Py_True : Py_False);
     if (result != NULL && call->op == OI_REPO_INDEX && repo_entries(call, result) != 0)
+        Py_CLEAR(result);
+    if (result != NULL && call->op == OI_REPO_LOGGING && repo_results(call, result) != 0)
         Py_CLEAR(result);
     if (result == NULL)
         call->status = repo_error();

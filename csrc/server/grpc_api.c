@@ -39,6 +39,7 @@ enum {
     RPC_HEALTH_CHECK,
     RPC_HEALTH_WATCH,
     RPC_MODEL_STATISTICS,
+    RPC_LOG_SETTINGS,
 };
 
 static const struct {
@@ -63,7 +64,26 @@ static const struct {
     {"RepositoryModelLoad", RPC_REPO_LOAD},
     {"RepositoryModelUnload", RPC_REPO_UNLOAD},
     {"ModelStatistics", RPC_MODEL_STATISTICS},
+    {"LogSettings", RPC_LOG_SETTINGS},
 };
+
+/* ---- the access log ----------------------------------------------------------------------- */
+
+static void copy_cut(char *dst, size_t cap, const char *src)
+{
+    size_t n = src ? strnlen(src, cap - 1) : 0;
+    memcpy(dst, src ? src : "", n);
+    dst[n] = '\0';
+}
+
+/* Names the model an RPC asked for in its access log line (a stream's last request's). */
+static void note_model(const oi_server_t *s, oi_grpc_call_t *call, const char *name, const char *version)
+{
+    if (s->access_log == NULL)
+        return;
+    copy_cut(call->log_model, sizeof(call->log_model), name);
+    copy_cut(call->log_version, sizeof(call->log_version), version);
+}
 
 /* ---- answering ---------------------------------------------------------------------------- */
 
@@ -332,6 +352,7 @@ static void model_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg)
         return;
     }
     oi_status_t *err = NULL;
+    note_model(s, call, req->name, req->version);
     oi_model_t *m = req->name[0] ? oi_registry_find(&s->registry, req->name, req->version, &err) : NULL;
     if (m == NULL && call->kind == RPC_MODEL_READY && (err == NULL || err->code == OI_NOT_FOUND)) {
         /* As Triton: a model or version that is not served is simply not ready. */
@@ -738,6 +759,107 @@ static void repo_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg)
     }
 }
 
+/* ---- logging ------------------------------------------------------------------------------ */
+
+/* On the call's loop thread: every setting as LogSettingsResponse. */
+static void finish_logging(oi_repo_call_t *rc)
+{
+    oi_grpc_call_t *call = rc->ctx;
+    oi_server_t *s = call->data;
+    if (oi_grpc_call_open(call)) {
+        size_t n = rc->n_results;
+        Inference__LogSettingsResponse__SettingValue *vals = calloc(n + 1, sizeof(*vals));
+        Inference__LogSettingsResponse__SettingsEntry *ents = calloc(n + 1, sizeof(*ents));
+        Inference__LogSettingsResponse__SettingsEntry **ptrs = calloc(n + 1, sizeof(*ptrs));
+        if (rc->status != NULL) {
+            oi_status_t *st = rc->status;
+            rc->status = NULL;
+            finish_status(call, st);
+        } else if (vals == NULL || ents == NULL || ptrs == NULL) {
+            oi_grpc_finish(call, OI_GRPC_INTERNAL, "out of memory");
+        } else {
+            for (size_t i = 0; i < n; i++) {
+                const oi_repo_param_t *p = &rc->results[i];
+                inference__log_settings_response__setting_value__init(&vals[i]);
+                if (p->kind == OI_REPO_PARAM_BOOL) {
+                    vals[i].parameter_choice_case =
+                        INFERENCE__LOG_SETTINGS_RESPONSE__SETTING_VALUE__PARAMETER_CHOICE_BOOL_PARAM;
+                    vals[i].bool_param = p->number != 0;
+                } else if (p->kind == OI_REPO_PARAM_INT) {
+                    vals[i].parameter_choice_case =
+                        INFERENCE__LOG_SETTINGS_RESPONSE__SETTING_VALUE__PARAMETER_CHOICE_UINT32_PARAM;
+                    vals[i].uint32_param = (uint32_t)p->number;
+                } else {
+                    vals[i].parameter_choice_case =
+                        INFERENCE__LOG_SETTINGS_RESPONSE__SETTING_VALUE__PARAMETER_CHOICE_STRING_PARAM;
+                    vals[i].string_param = p->data;
+                }
+                inference__log_settings_response__settings_entry__init(&ents[i]);
+                ents[i].key = p->name;
+                ents[i].value = &vals[i];
+                ptrs[i] = &ents[i];
+            }
+            Inference__LogSettingsResponse r = INFERENCE__LOG_SETTINGS_RESPONSE__INIT;
+            r.n_settings = n;
+            r.settings = ptrs;
+            reply(call, &r.base);
+        }
+        free(vals);
+        free(ents);
+        free(ptrs);
+    }
+    oi_repo_call_free(rc);
+    oi_grpc_call_unref(call);
+    atomic_fetch_sub(&s->grpc_inflight, 1);
+}
+
+/* LogSettings: the settings to change go to the application's handler as typed parameters (a
+ * value left unset as an empty string, which fails the handler's type check). */
+static void log_settings_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg)
+{
+    Inference__LogSettingsRequest *q =
+        inference__log_settings_request__unpack(NULL, msg->len, (const uint8_t *)msg->data);
+    if (q == NULL) {
+        oi_grpc_finish(call, OI_GRPC_INVALID_ARGUMENT, "malformed LogSettingsRequest");
+        return;
+    }
+    oi_repo_call_t *rc = oi_repo_call_new(OI_REPO_LOGGING);
+    int bad = rc == NULL;
+    for (size_t i = 0; !bad && i < q->n_settings; i++) {
+        const Inference__LogSettingsRequest__SettingValue *v = q->settings[i]->value;
+        const char *key = q->settings[i]->key;
+        switch (v ? v->parameter_choice_case
+                  : INFERENCE__LOG_SETTINGS_REQUEST__SETTING_VALUE__PARAMETER_CHOICE__NOT_SET) {
+        case INFERENCE__LOG_SETTINGS_REQUEST__SETTING_VALUE__PARAMETER_CHOICE_BOOL_PARAM:
+            bad = oi_repo_call_add_param(rc, key, OI_REPO_PARAM_BOOL, v->bool_param != 0, NULL, 0);
+            break;
+        case INFERENCE__LOG_SETTINGS_REQUEST__SETTING_VALUE__PARAMETER_CHOICE_UINT32_PARAM:
+            bad = oi_repo_call_add_param(rc, key, OI_REPO_PARAM_INT, v->uint32_param, NULL, 0);
+            break;
+        case INFERENCE__LOG_SETTINGS_REQUEST__SETTING_VALUE__PARAMETER_CHOICE_STRING_PARAM:
+            bad = oi_repo_call_add_param(rc, key, OI_REPO_PARAM_STRING, 0, v->string_param, strlen(v->string_param));
+            break;
+        default: bad = oi_repo_call_add_param(rc, key, OI_REPO_PARAM_STRING, 0, "", 0); break;
+        }
+    }
+    inference__log_settings_request__free_unpacked(q, NULL);
+    oi_status_t *st = bad ? oi_status_new(OI_INTERNAL, "out of memory") : NULL;
+    if (st == NULL) {
+        rc->grpc = 1;
+        oi_grpc_call_ref(call);
+        atomic_fetch_add(&s->grpc_inflight, 1);
+        st = oi__repo_submit(s, rc, call->loop, finish_logging, call);
+        if (st != NULL) {
+            atomic_fetch_sub(&s->grpc_inflight, 1);
+            oi_grpc_call_unref(call);
+        }
+    }
+    if (st != NULL) {
+        oi_repo_call_free(rc);
+        finish_status(call, st);
+    }
+}
+
 /* ---- inference ---------------------------------------------------------------------------- */
 
 /* A streamed request failed: one ModelStreamInferResponse with error_message, and the
@@ -859,6 +981,7 @@ static void handle_infer(oi_server_t *s, oi_grpc_call_t *call, oi_buf_t *msg)
         return;
     }
     oi_buf_unref(msg); /* the request holds its own reference */
+    note_model(s, call, name.ptr, version.ptr);
     oi_model_t *m = oi_registry_find(&s->registry, name.ptr, version.ptr, &st);
     if (st != NULL) {
         infer_failed(call, st, NULL, &inf->req);
@@ -978,6 +1101,7 @@ static void on_message(void *ctx, oi_grpc_call_t *call, oi_buf_t *msg)
     case RPC_REPO_INDEX:
     case RPC_REPO_LOAD:
     case RPC_REPO_UNLOAD: repo_rpc(s, call, msg); break;
+    case RPC_LOG_SETTINGS: log_settings_rpc(s, call, msg); break;
     case RPC_MODEL_STATISTICS:
         model_statistics(s, call, msg);
         break;

@@ -714,6 +714,17 @@ static void finish_repository(oi_repo_call_t *call)
     oi_repo_call_free(call);
 }
 
+/* Hands a control call the request's body as it came (when there is one): the control thread
+ * inflates it, off this loop. */
+static void attach_body(oi_server_t *s, oi_http_request_t *r, oi_encoding_t enc, oi_repo_call_t *call)
+{
+    if (r->body == NULL || r->body->len == 0)
+        return;
+    call->body = oi_buf_ref(r->body);
+    call->body_encoding = enc;
+    call->max_body_bytes = s->cfg.http.max_body_bytes;
+}
+
 /* /v2/repository[/{repository}]/index and /v2/repository[/{repository}]/models/{name}/{load,unload},
  * as Triton routes them; the body goes to the repository handler as sent. */
 static void route_repository(oi_server_t *s, oi_http_request_t *r, const char *p)
@@ -775,13 +786,76 @@ static void route_repository(oi_server_t *s, oi_http_request_t *r, const char *p
     oi_status_t *st = NULL;
     if (call == NULL || (op != OI_REPO_INDEX && (call->model = strdup(name)) == NULL))
         st = oi_status_new(OI_INTERNAL, "out of memory");
-    if (st == NULL && r->body != NULL && r->body->len > 0) {
-        call->body = oi_buf_ref(r->body);
-        call->body_encoding = enc;
-        call->max_body_bytes = s->cfg.http.max_body_bytes;
-    }
+    if (st == NULL)
+        attach_body(s, r, enc, call);
     if (st == NULL)
         st = oi__repo_submit(s, call, r->loop, finish_repository, r);
+    if (st != NULL) {
+        oi_repo_call_free(call);
+        respond_status(r, st);
+    }
+}
+
+/* ---- logging ------------------------------------------------------------------------------- */
+
+/* The settings as one JSON object, in the handler's order. */
+static void finish_logging(oi_repo_call_t *call)
+{
+    oi_http_request_t *r = call->ctx;
+    if (call->status != NULL) {
+        oi_status_t *st = call->status;
+        call->status = NULL;
+        respond_status(r, st);
+        oi_repo_call_free(call);
+        return;
+    }
+    oi_sbuf_t body = {0};
+    int bad = oi_sbuf_append(&body, "{", 1);
+    for (size_t i = 0; i < call->n_results && bad == 0; i++) {
+        const oi_repo_param_t *p = &call->results[i];
+        if (i > 0)
+            bad |= oi_sbuf_append(&body, ",", 1);
+        bad |= oi_json_write_string(&body, p->name, strlen(p->name));
+        bad |= oi_sbuf_append(&body, ":", 1);
+        if (p->kind == OI_REPO_PARAM_BOOL)
+            bad |= oi_sbuf_printf(&body, "%s", p->number ? "true" : "false");
+        else if (p->kind == OI_REPO_PARAM_INT)
+            bad |= oi_sbuf_printf(&body, "%lld", (long long)p->number);
+        else
+            bad |= oi_json_write_string(&body, p->data, p->len);
+    }
+    bad |= oi_sbuf_append(&body, "}", 1);
+    if (bad != 0) {
+        oi_sbuf_free(&body);
+        respond_error(r, OI_INTERNAL, "out of memory");
+    } else {
+        respond_sbuf(r, 200, JSON_HEADERS, &body);
+    }
+    oi_repo_call_free(call);
+}
+
+/* GET /v2/logging reads the log settings, POST changes those its JSON body names; the
+ * application's handler judges the body. */
+static void route_logging(oi_server_t *s, oi_http_request_t *r)
+{
+    if (r->method != HTTP_GET && r->method != HTTP_POST) {
+        method_not_allowed(r, "GET or POST");
+        return;
+    }
+    oi_encoding_t enc = oi_content_encoding(r->content_encoding);
+    if (enc == OI_ENCODING_UNKNOWN) {
+        char msg[160];
+        snprintf(msg, sizeof(msg), "unsupported Content-Encoding '%s'; expected gzip, deflate or identity",
+                 r->content_encoding);
+        respond_error(r, OI_UNSUPPORTED_MEDIA, msg);
+        return;
+    }
+    oi_repo_call_t *call = oi_repo_call_new(OI_REPO_LOGGING);
+    oi_status_t *st = call == NULL ? oi_status_new(OI_INTERNAL, "out of memory") : NULL;
+    if (st == NULL && r->method == HTTP_POST)
+        attach_body(s, r, enc, call);
+    if (st == NULL)
+        st = oi__repo_submit(s, call, r->loop, finish_logging, r);
     if (st != NULL) {
         oi_repo_call_free(call);
         respond_status(r, st);
@@ -831,6 +905,10 @@ void oi__http_api_handle(void *ctx, oi_http_request_t *r)
     }
     if (strncmp(p, "repository/", 11) == 0) {
         route_repository(s, r, p + 11);
+        return;
+    }
+    if (strcmp(p, "logging") == 0) {
+        route_logging(s, r);
         return;
     }
     if (strncmp(p, "systemsharedmemory/", 19) == 0) {

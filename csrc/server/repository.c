@@ -18,14 +18,14 @@ oi_repo_call_t *oi_repo_call_new(oi_repo_op_t op)
     return c;
 }
 
-int oi_repo_call_add_param(oi_repo_call_t *call, const char *name, oi_repo_param_kind_t kind, int64_t number,
-                           const void *data, size_t len)
+static int add_param(oi_repo_param_t **list, size_t *n, const char *name, oi_repo_param_kind_t kind, int64_t number,
+                     const void *data, size_t len)
 {
-    oi_repo_param_t *grown = realloc(call->params, (call->n_params + 1) * sizeof(*grown));
+    oi_repo_param_t *grown = realloc(*list, (*n + 1) * sizeof(*grown));
     if (grown == NULL)
         return -1;
-    call->params = grown;
-    oi_repo_param_t *p = &grown[call->n_params];
+    *list = grown;
+    oi_repo_param_t *p = &grown[*n];
     *p = (oi_repo_param_t){.kind = kind, .number = number, .len = len};
     p->name = strdup(name);
     p->data = malloc(len + 1); /* NUL-terminated: a STRING reads as a C string */
@@ -37,8 +37,20 @@ int oi_repo_call_add_param(oi_repo_call_t *call, const char *name, oi_repo_param
     if (len > 0)
         memcpy(p->data, data, len);
     p->data[len] = '\0';
-    call->n_params++;
+    (*n)++;
     return 0;
+}
+
+int oi_repo_call_add_param(oi_repo_call_t *call, const char *name, oi_repo_param_kind_t kind, int64_t number,
+                           const void *data, size_t len)
+{
+    return add_param(&call->params, &call->n_params, name, kind, number, data, len);
+}
+
+int oi_repo_call_add_result(oi_repo_call_t *call, const char *name, oi_repo_param_kind_t kind, int64_t number,
+                            const void *data, size_t len)
+{
+    return add_param(&call->results, &call->n_results, name, kind, number, data, len);
 }
 
 static int dup_field(char **dst, const char *src)
@@ -79,6 +91,11 @@ void oi_repo_call_free(oi_repo_call_t *call)
         free(call->params[i].data);
     }
     free(call->params);
+    for (size_t i = 0; i < call->n_results; i++) {
+        free(call->results[i].name);
+        free(call->results[i].data);
+    }
+    free(call->results);
     for (size_t i = 0; i < call->n_entries; i++) {
         free(call->entries[i].name);
         free(call->entries[i].version);

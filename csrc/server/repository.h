@@ -14,7 +14,9 @@
 #include "core/status.h"
 #include "transport/loop.h"
 
-typedef enum { OI_REPO_INDEX, OI_REPO_LOAD, OI_REPO_UNLOAD } oi_repo_op_t;
+/* LOGGING reads or changes the log settings (the logging extension): not a repository
+ * operation, but it too belongs to the application and runs its handler, so it rides here. */
+typedef enum { OI_REPO_INDEX, OI_REPO_LOAD, OI_REPO_UNLOAD, OI_REPO_LOGGING } oi_repo_op_t;
 
 typedef enum {
     OI_REPO_PARAM_BOOL,
@@ -61,6 +63,8 @@ struct oi_repo_call_s {
     oi_status_t *status;      /* NULL: done */
     oi_repo_entry_t *entries; /* index: the lines, each field owned (oi_repo_call_free frees) */
     size_t n_entries;
+    oi_repo_param_t *results; /* LOGGING: every setting as it now is (BOOL, INT or STRING) */
+    size_t n_results;
     /* The submitter's. */
     oi_task_t task;
     oi_loop_t *loop;
@@ -79,6 +83,10 @@ oi_repo_call_t *oi_repo_call_new(oi_repo_op_t op);
 /* Appends a parameter, copying name and data; 0 or -1 (out of memory). */
 int oi_repo_call_add_param(oi_repo_call_t *call, const char *name, oi_repo_param_kind_t kind, int64_t number,
                            const void *data, size_t len);
+
+/* Appends a setting to call->results, as oi_repo_call_add_param does to params. */
+int oi_repo_call_add_result(oi_repo_call_t *call, const char *name, oi_repo_param_kind_t kind, int64_t number,
+                            const void *data, size_t len);
 
 /* Appends an index line, copying each field (NULL stays absent); 0 or -1 (out of memory). */
 int oi_repo_call_add_entry(oi_repo_call_t *call, const char *name, const char *version, const char *state,

@@ -6,10 +6,59 @@
 #include <time.h>
 
 #include "core/thread.h"
+#include "llhttp.h"
 #include "server/statistics.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+
+/* ---- the access log ---------------------------------------------------------------------- */
+
+static void copy_text(char *dst, size_t cap, const char *src)
+{
+    size_t n = strlen(src);
+    if (n >= cap)
+        n = cap - 1;
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+/* The transports' hooks, on loop threads: a record per answer, formatted by the writer. */
+static void http_answered(void *ctx, const oi_http_request_t *req, const oi_http_answer_t *a)
+{
+    oi_server_t *s = ctx;
+    if (s->access_log == NULL)
+        return;
+    oi_access_rec_t rec = {.status = a->status, .bytes_in = a->bytes_in, .bytes_out = a->bytes_out};
+    if (a->peer != NULL) {
+        rec.peer = *a->peer;
+        rec.has_peer = 1;
+    }
+    if (req->method >= 0) /* -1: the request line never got that far */
+        copy_text(rec.method, sizeof(rec.method), llhttp_method_name((llhttp_method_t)req->method));
+    copy_text(rec.target, sizeof(rec.target), req->path);
+    oi_access_rec_stamp(&rec, a->start_ns);
+    oi_access_log_push(s->access_log, &rec);
+}
+
+static void grpc_finished(void *ctx, oi_grpc_call_t *call, int grpc_status)
+{
+    oi_server_t *s = ctx;
+    if (s->access_log == NULL)
+        return;
+    oi_access_rec_t rec = {.grpc = 1, .status = grpc_status, .bytes_in = call->bytes_in, .bytes_out = call->bytes_sent};
+    const oi_peer_addr_t *peer = oi_grpc_call_addr(call);
+    if (peer != NULL) {
+        rec.peer = *peer;
+        rec.has_peer = 1;
+    }
+    const char *rpc = strrchr(call->method, '/');
+    copy_text(rec.method, sizeof(rec.method), rpc ? rpc + 1 : call->method);
+    copy_text(rec.target, sizeof(rec.target), call->log_model);
+    copy_text(rec.version, sizeof(rec.version), call->log_version);
+    oi_access_rec_stamp(&rec, call->start_ns);
+    oi_access_log_push(s->access_log, &rec);
+}
 
 /* ---- life cycle --------------------------------------------------------------------------- */
 
@@ -36,6 +85,8 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
     pthread_mutex_init(&s->health_mu, NULL);
     oi_registry_init(&s->registry);
     oi_shm_init(&s->shm, cfg->allow_shared_memory < 0 ? is_loopback(cfg->http.host) : cfg->allow_shared_memory != 0);
+    if (cfg->access_log != NULL)
+        s->cfg.http.on_answered = http_answered;
     s->http = oi_http_server_new(&s->cfg.http, oi__http_api_handle, s);
     int grpc = s->cfg.grpc_port >= 0 || s->cfg.grpc_unix_path != NULL;
     if (grpc) {
@@ -50,6 +101,7 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
             .preface_timeout_ms = s->cfg.http.first_byte_timeout_ms,
             .idle_timeout_ms = s->cfg.http.idle_timeout_ms,
             .max_queued_bytes = s->cfg.grpc_max_queued_bytes,
+            .on_finished = cfg->access_log != NULL ? grpc_finished : NULL,
         };
         s->grpc = oi_h2_server_new(&h2, &oi__grpc_api_handler, s);
     }
@@ -60,6 +112,7 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
         mcfg.port = s->cfg.metrics_port;
         mcfg.unix_path = NULL;
         mcfg.threads = 1;
+        mcfg.on_answered = NULL; /* scrapes are not API requests */
         s->metrics = oi_metrics_new(&s->cfg.metrics);
         s->metrics_http = s->metrics ? oi_http_server_new(&mcfg, oi__metrics_api_handle, s) : NULL;
     }
@@ -117,6 +170,10 @@ int oi_server_swap_models(oi_server_t *s, oi_model_t **add, size_t n_add, const 
 
 int oi_server_start(oi_server_t *s, char *err, size_t errlen)
 {
+    if (s->cfg.access_log != NULL && s->access_log == NULL &&
+        (s->access_log = oi_access_log_open(s->cfg.access_log, err, errlen)) == NULL)
+        return UV_EINVAL;
+    s->cfg.access_log = NULL; /* the caller's string is not ours to keep */
     int rc = oi_http_server_start(s->http, err, errlen);
     if (rc == 0 && s->metrics_http != NULL) {
         char merr[400];
@@ -287,6 +344,7 @@ static void finish_stop(oi_server_t *s)
     oi_http_server_free(s->http);
     oi_h2_server_free(s->grpc);
     oi_metrics_free(s->metrics);
+    oi_access_log_close(s->access_log); /* the loops are gone: nothing pushes now */
     oi_buf_unref(s->metadata);
     if (s->repo_release) /* every call is answered: the loops are gone */
         s->repo_release(s->repo_ctx);

@@ -30,6 +30,9 @@ typedef struct oi_server_config_s {
     int metrics_port;            /* Prometheus /metrics on its own listener (0 picks a free
                                   * port), on http.host; -1: none */
     oi_metrics_config_t metrics; /* what /metrics shows */
+    /* The access log's file ("-": standard output), opened by oi_server_start, which is the
+     * last to read this pointer; NULL: no access log, and requests take no timestamps. */
+    const char *access_log;
 } oi_server_config_t;
 
 typedef struct oi_server_s oi_server_t;

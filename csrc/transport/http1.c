@@ -69,6 +69,7 @@ struct oi_http_conn_s {
     oi_sbuf_t hfield;
     oi_sbuf_t hvalue;
     size_t header_bytes;
+    uint64_t start_ns; /* uv_hrtime of the first byte, with cfg.on_answered only */
     int in_message;
     int in_body; /* headers done, body bytes expected: reads push the body deadline back */
     int expect_continue;
@@ -304,6 +305,20 @@ static void conn_reject(oi_http_conn_t *c, int status, const char *message)
     oi_buf_t *b = oi_sbuf_detach(&body);
     c->close_after_write = 1;
     oi_iov_t part = {b ? b->data : "", b ? b->len : 0, b};
+    oi_http_server_t *s = c->lis->server;
+    if (s->cfg.on_answered != NULL) { /* a request the handler never saw is still one answered */
+        char path[256];
+        size_t n = c->url.len < sizeof(path) ? c->url.len : sizeof(path) - 1;
+        memcpy(path, n ? c->url.data : "", n);
+        path[n] = '\0';
+        oi_http_request_t r = {.method = n ? (int)llhttp_get_method(&c->parser) : -1, .path = path, .path_len = n};
+        oi_http_answer_t a = {.status = status,
+                              .start_ns = c->in_message ? c->start_ns : uv_hrtime(),
+                              .bytes_in = c->header_bytes,
+                              .bytes_out = part.len,
+                              .peer = c->peer_counted ? &c->peer : NULL};
+        s->cfg.on_answered(s->ctx, &r, &a);
+    }
     conn_write(c, status, "Content-Type: application/json\r\n", &part, 1, 0); /* then closes */
 }
 
@@ -528,6 +543,8 @@ static int on_message_begin(llhttp_t *p)
     c->req.inference_header_length = -1;
     c->req.content_encoding[0] = '\0';
     c->req.accept_encoding[0] = '\0';
+    if (c->lis->server->cfg.on_answered != NULL)
+        c->start_ns = uv_hrtime();
     arm_timer(c, c->lis->server->cfg.header_timeout_ms);
     return 0;
 }
@@ -731,6 +748,13 @@ void oi_http_respond(oi_http_request_t *req, int status, const char *headers, co
 {
     oi_http_conn_t *c = req->conn;
     oi_http_server_t *s = c->lis->server;
+    if (s->cfg.on_answered != NULL) {
+        oi_http_answer_t a = {.status = status, .start_ns = c->start_ns, .peer = c->peer_counted ? &c->peer : NULL};
+        a.bytes_in = c->header_bytes + (req->body ? req->body->len : 0);
+        for (size_t i = 0; i < nparts; i++)
+            a.bytes_out += parts[i].len;
+        s->cfg.on_answered(s->ctx, req, &a);
+    }
     oi_buf_unref(req->body);
     req->body = NULL;
     req->on_gone = NULL; /* answered: a close from here on cancels nothing */

@@ -12,9 +12,12 @@
 #include "core/buf.h"
 #include "transport/loop.h"
 #include "transport/peer.h"
+#include "transport/peers.h"
 
 typedef struct oi_http_server_s oi_http_server_t;
 typedef struct oi_http_conn_s oi_http_conn_t;
+typedef struct oi_http_request_s oi_http_request_t;
+typedef struct oi_http_answer_s oi_http_answer_t;
 
 typedef struct oi_http_config_s {
     const char *host; /* numeric IPv4/IPv6 address or a name; "127.0.0.1" by default */
@@ -34,14 +37,28 @@ typedef struct oi_http_config_s {
     uint64_t body_timeout_ms;       /* a request body with no bytes for this long: 408 (a slow
                                      * upload that keeps sending is never cut) */
     uint64_t idle_timeout_ms;       /* a keep-alive connection with no request */
+    /* When set, called on the loop thread for each answer (the access log), with the
+     * handler's ctx: by oi_http_respond, and for requests the transport refuses itself (then
+     * req->method is -1 when the request line was not read); requests then note when their
+     * first byte came. */
+    void (*on_answered)(void *ctx, const oi_http_request_t *req, const oi_http_answer_t *a);
     int inline_loop; /* for tests and fuzz targets: start sets up one loop that neither listens
                       * nor runs a thread; the caller runs it (uv_run on oi_http_server_loop(s,
                       * 0)->uv) and brings its connections with oi_http_server_adopt */
 } oi_http_config_t;
 
+/* What on_answered hears of one answer. */
+struct oi_http_answer_s {
+    int status;
+    uint64_t start_ns;          /* uv_hrtime of the request's first byte */
+    uint64_t bytes_in;          /* request line, headers and body as received */
+    uint64_t bytes_out;         /* response body */
+    const oi_peer_addr_t *peer; /* NULL when the socket has no IP peer */
+};
+
 /* One request, valid from the handler call until oi_http_respond. Lives inside its
  * connection, which serves one request at a time (pipelined requests wait, in order). */
-typedef struct oi_http_request_s {
+struct oi_http_request_s {
     int method;       /* llhttp_method_t: HTTP_GET, HTTP_POST, ... */
     const char *path; /* NUL-terminated URL path, query stripped, not percent-decoded */
     size_t path_len;
@@ -57,7 +74,7 @@ typedef struct oi_http_request_s {
     void (*on_gone)(struct oi_http_request_s *req);
     void *gone_arg;
     oi_http_conn_t *conn;            /* private to the transport */
-} oi_http_request_t;
+};
 
 /* Called on a loop thread for each complete request; must lead to exactly one
  * oi_http_respond on the same loop thread, now or later. */

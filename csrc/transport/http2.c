@@ -165,6 +165,11 @@ void oi_grpc_call_unref(oi_grpc_call_t *call)
 
 int oi_grpc_call_open(const oi_grpc_call_t *call) { return call->conn != NULL && !call->finished; }
 
+const oi_peer_addr_t *oi_grpc_call_addr(const oi_grpc_call_t *call)
+{
+    return call->conn != NULL && call->conn->peer_counted ? &call->conn->peer : NULL;
+}
+
 const oi_peer_t *oi_grpc_call_peer(oi_grpc_call_t *call)
 {
     static const oi_peer_t gone = {.error = ENOTCONN};
@@ -498,6 +503,7 @@ static void compress_done(oi_work_t *w)
     m->pending = 0;
     call->pending_bytes -= m->raw_total;
     call->out_bytes += 5 + out->len;
+    call->bytes_sent += 5 + out->len;
     h2_conn_t *c = call->conn;
     if (c != NULL)
         c->queued = c->queued - (m->raw_total < c->queued ? m->raw_total : c->queued) + 5 + out->len;
@@ -551,6 +557,7 @@ void oi_grpc_send(oi_grpc_call_t *call, const oi_iov_t *parts, size_t nparts, si
         c->queued += total;
     } else {
         call->out_bytes += 5 + total;
+        call->bytes_sent += 5 + total;
         c->queued += 5 + total;
     }
     if (c->queued > c->lp->server->cfg.max_queued_bytes)
@@ -609,6 +616,9 @@ void oi_grpc_finish(oi_grpc_call_t *call, int grpc_status, const char *message)
         return;
     call->finished = 1;
     stop_timer(call);
+    oi_h2_server_t *s = call->conn->lp->server;
+    if (s->cfg.on_finished != NULL)
+        s->cfg.on_finished(s->ctx, call, grpc_status);
     /* A message still arriving is of no use now. */
     oi_buf_unref(call->msg);
     call->msg = NULL;
@@ -659,6 +669,8 @@ static int on_begin_headers(nghttp2_session *session, const nghttp2_frame *frame
     call->loop = c->lp->loop;
     call->stream_id = frame->hd.stream_id;
     call->method = "";
+    if (c->lp->server->cfg.on_finished != NULL)
+        call->start_ns = uv_hrtime();
     call->next = c->calls;
     if (c->calls)
         c->calls->prev = call;
@@ -912,6 +924,7 @@ static void call_feed(h2_conn_t *c, oi_grpc_call_t *call, const uint8_t *data, s
             call->msg = NULL;
             call->prefix_have = 0;
             call->received++;
+            call->bytes_in += 5 + m->len;
             if (c->throttled || call->held_head != NULL || call->inflating) {
                 held_msg_t *h = malloc(sizeof(*h));
                 if (h == NULL) {

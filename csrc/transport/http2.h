@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "core/buf.h"
+#include "transport/peers.h"
 #include "transport/http1.h" /* oi_iov_t */
 #include "transport/loop.h"
 #include "transport/peer.h"
@@ -45,6 +46,9 @@ typedef struct oi_h2_config_s {
     size_t max_queued_bytes;         /* response bytes a connection may have waiting for the client's
                                       * flow-control window before its request messages are held back
                                       * and no more window is granted to it; 0: 64 MiB */
+    /* When set, called by oi_grpc_finish on the loop thread with the handler's ctx and the
+     * status sent (the access log); calls then note when their headers came. */
+    void (*on_finished)(void *ctx, struct oi_grpc_call_s *call, int grpc_status);
 } oi_h2_config_t;
 
 /* Called on the call's loop thread. A handler may answer from inside any of them. */
@@ -70,9 +74,14 @@ struct oi_grpc_call_s {
     oi_loop_t *loop;     /* the call's loop thread */
     uint32_t received;   /* request messages so far */
     int half_closed;     /* the client sent END_STREAM */
+    uint64_t start_ns;   /* uv_hrtime when the headers came, with cfg.on_finished only */
+    uint64_t bytes_in;   /* request message bytes, prefixes included */
+    uint64_t bytes_sent; /* response message bytes queued, prefixes included */
     /* The handler's own. */
     void *data;
-    void *work; /* e.g. the requests it has in flight */
+    void *work;         /* e.g. the requests it has in flight */
+    char log_model[96]; /* the model the RPC names, for the access log ("" when none) */
+    char log_version[24];
     int kind;
     uint32_t pending;
     /* Private to the transport. */
@@ -113,6 +122,9 @@ struct oi_grpc_call_s {
     int status;
     char *status_message;
 };
+
+/* The client's IP address, or NULL when the socket has none or the stream is gone. */
+const oi_peer_addr_t *oi_grpc_call_addr(const oi_grpc_call_t *call);
 
 /* Takes and drops a reference (loop thread only). The last drop frees the call. */
 void oi_grpc_call_ref(oi_grpc_call_t *call);

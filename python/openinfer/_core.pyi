@@ -59,7 +59,7 @@ def torch_describe(path: str) -> str:
 
 RepositoryHandler = Callable[
     [str, str | None, bytes | None, dict[str, bool | int | str | bytes] | None, bool],
-    list[tuple[str | None, str | None, str | None, str | None]] | None,
+    list[tuple[str | None, str | None, str | None, str | None]] | list[tuple[str, bool | int | str]] | None,
 ]
 
 class ModelVersion:
@@ -102,6 +102,7 @@ class Server:
         grpc_unix: str | None = None,  # also serve gRPC on this Unix socket path
         unix_socket_mode: int = 0o660,  # the socket files' permission bits
         grpc_infer_compression_level: int = 0,  # 0 none, 1 low, 2 medium, 3 high (as tritonserver)
+        access_log: str | None = None,  # a path, or "-" for standard output; None: no access log
     ) -> None: ...
     def set_metadata(self, metadata_json: bytes) -> None:
         """Sets the body of GET /v2 (server metadata)."""
@@ -147,10 +148,11 @@ class Server:
     def set_repository(self, handler: RepositoryHandler) -> None:
         """Serves the model repository extension (POST /v2/repository/..., gRPC Repository*)
         through handler(op, model, body, params, ready), called on a control thread per
-        request: op "index", "load" or "unload"; body the HTTP request body (None over gRPC
-        or when empty); params the gRPC parameters (None over HTTP); ready the gRPC index flag.
-        It returns the index as (name, version, state, reason) tuples (None: left out), or
-        None; an exception with `status` and `message` (InferenceServerError) answers with
+        request: op "index", "load" or "unload", or "logging" (GET/POST /v2/logging, gRPC
+        LogSettings); body the HTTP request body (None over gRPC or when empty); params the
+        gRPC parameters (None over HTTP); ready the gRPC index flag. It returns the index as
+        (name, version, state, reason) tuples (None: left out), for "logging" every setting
+        as (name, bool | int | str), or None; an exception with `status` and `message` (InferenceServerError) answers with
         them, any other with 500. Before start()."""
     def start(self) -> None:
         """Binds and starts the loop threads; returns at once. Raises OSError when binding fails."""

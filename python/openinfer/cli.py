@@ -218,6 +218,27 @@ def _parser() -> argparse.ArgumentParser:
         "answered 503 and the server exits (default 30)",
     )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument(
+        "--access-log",
+        nargs="?",
+        const="-",
+        metavar="PATH",
+        help="one line per request to PATH, or to standard output without one (default: off)",
+    )
+    serve.add_argument(
+        "--log-file",
+        metavar="PATH",
+        help="write the server's log to PATH instead of stderr (clients cannot change it)",
+    )
+    serve.add_argument(
+        "--log-verbose", type=int, default=0, metavar="LEVEL", help="above 0, verbose lines too"
+    )
+    serve.add_argument(
+        "--log-format",
+        default="default",
+        choices=["default", "ISO8601"],
+        help="the layout of --log-file's lines (tritonserver's)",
+    )
     return parser
 
 
@@ -290,6 +311,10 @@ def _serve(args: argparse.Namespace) -> int:
             grpc_unix=args.grpc_unix,
             unix_socket_mode=args.unix_socket_mode,
             grpc_infer_response_compression_level=args.grpc_infer_response_compression_level,
+            log_file=args.log_file,
+            log_verbose=args.log_verbose,
+            log_format=args.log_format,
+            access_log=args.access_log,
             **grpc,
             **metrics,  # type: ignore[arg-type]
             **limits,

@@ -18,6 +18,7 @@ from typing import Any
 
 from . import __version__, _core
 from .control import DEFAULT_POLL_SECS, IndexEntry, ModelControl
+from .logsettings import LogSettings
 from .errors import InferenceServerError
 from .model import Model
 from .repository import examples_path
@@ -26,7 +27,13 @@ logger = logging.getLogger("openinfer")
 
 # What GET /v2 lists: exactly the protocol extensions this server implements. The
 # shared-memory ones are listed only where clients may register regions (see serve()).
-EXTENSIONS = ("binary_tensor_data", "model_configuration", "model_repository", "statistics")
+EXTENSIONS = (
+    "binary_tensor_data",
+    "logging",
+    "model_configuration",
+    "model_repository",
+    "statistics",
+)
 SHM_EXTENSIONS = ("system_shared_memory", "cuda_shared_memory")
 
 class _Default:
@@ -76,6 +83,10 @@ def serve(
     grpc_unix: str | os.PathLike[str] | None = None,
     unix_socket_mode: int = 0o660,
     grpc_infer_response_compression_level: str = "none",
+    log_file: str | None = None,
+    log_verbose: int = 0,
+    log_format: str = "default",
+    access_log: str | os.PathLike[str] | None = None,
     **limits: int,
 ) -> Server:
     """Serves the models of repository `repo` and the given `models`, and returns the running
@@ -108,8 +119,20 @@ def serve(
     tritonserver's flag) compresses ModelInfer and ModelStreamInfer responses for clients that
     accept gzip or deflate (grpc-accept-encoding); the level picks among the algorithms the
     client accepts the way gRPC does (low: gzip first; medium and high: deflate where accepted).
-    Compressed requests (grpc-encoding gzip or deflate) are always accepted. `limits` go to the
-    core:
+    Compressed requests (grpc-encoding gzip or deflate) are always accepted.
+
+    `log_file` (records of the
+    ``openinfer`` logger go there instead of to the application's handlers), `log_verbose`
+    and `log_format` ("default" or "ISO8601", for `log_file`) are tritonserver's
+    ``--log-file`` / ``--log-verbose`` / ``--log-format``; clients read and change them
+    through the logging extension (see `openinfer.logsettings`). `access_log` (a path, or
+    "-" for standard output; off by default) gets one line per answered request::
+
+        TIME PEER PROTOCOL METHOD|RPC PATH|MODEL VERSION STATUS BYTES_IN BYTES_OUT DURATIONus
+
+    (UTC time; "-" for a field that does not apply), written by a thread of its own: when it
+    falls behind, lines are dropped and counted in a "# access log: N lines dropped" line
+    rather than slowing requests. `limits` go to the core:
     max_body_bytes, max_header_bytes, max_connections, max_connections_per_peer,
     first_byte_timeout_ms, header_timeout_ms, body_timeout_ms, idle_timeout_ms, max_json_depth,
     grpc_max_message_bytes, grpc_max_queued_bytes."""
@@ -134,6 +157,10 @@ def serve(
         grpc_unix=grpc_unix,
         unix_socket_mode=unix_socket_mode,
         grpc_infer_response_compression_level=grpc_infer_response_compression_level,
+        log_file=log_file,
+        log_verbose=log_verbose,
+        log_format=log_format,
+        access_log=access_log,
         **limits,
     )
     server.start()
@@ -167,6 +194,10 @@ class Server:
         grpc_unix: str | os.PathLike[str] | None = None,
         unix_socket_mode: int = 0o660,
         grpc_infer_response_compression_level: str = "none",
+        log_file: str | None = None,
+        log_verbose: int = 0,
+        log_format: str = "default",
+        access_log: str | os.PathLike[str] | None = None,
         **limits: int,
     ) -> None:
         level = _COMPRESSION_LEVELS.get(grpc_infer_response_compression_level)
@@ -203,6 +234,7 @@ class Server:
             metrics_port=-1 if metrics_port is None else metrics_port,
             metrics_cpu=allow_cpu_metrics,
             metrics_gpu=allow_gpu_metrics,
+            access_log=None if access_log is None else os.fspath(access_log),
             **_metrics_settings(metrics_config),
             http_unix=self._http_unix,
             grpc_unix=self._grpc_unix,
@@ -225,16 +257,34 @@ class Server:
                 poll_secs=repository_poll_secs,
                 optional_torch=repo_path is not None and _is_examples(repo_path),
             )
+            self._logging = LogSettings(
+                log_file=log_file, log_verbose_level=log_verbose, log_format=log_format
+            )
         except BaseException:
             self._core.stop(0)
             raise
-        self._core.set_repository(self._control.handle)
+        self._core.set_repository(self._handle)
+
+    def _handle(
+        self,
+        op: str,
+        model: str | None,
+        body: bytes | None,
+        params: dict[str, Any] | None,
+        ready: bool,
+    ) -> Any:
+        """The core's control handler: the logging extension here, the rest is the
+        repository's."""
+        if op == "logging":
+            return self._logging.handle(body, params)
+        return self._control.handle(op, model, body, params, ready)
 
     def start(self) -> Server:
         """Binds and starts the event loops; returns at once. Raises OSError when the port
         cannot be bound."""
         self._core.start()
         self._started = True
+        self._logging.install()
         self._control.start()
         if self._port is not None:
             self._port = self._core.port
@@ -276,6 +326,8 @@ class Server:
         finally:  # wait() must return even if stopping failed
             if self._started and not self._stopped.is_set() and self._log:
                 logger.info("openinfer on %s stopped", self.url)
+            if self._started:
+                self._logging.uninstall()
             self._stopped.set()
 
     def wait(self, timeout: float | None = None) -> bool:

@@ -1,0 +1,200 @@
+#include "server/access_log.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "core/thread.h"
+
+/* Queued records: a power of two. At ~300 bytes each, 4096 is about 1.2 MiB. */
+#define CAPACITY 4096
+/* How long the writer sleeps when the queue is empty. */
+#define IDLE_NS 5000000L
+
+/* A bounded multi-producer queue (Vyukov's): each slot's sequence number says whether it is
+ * free for the producer at that position or full for the consumer at it. */
+typedef struct {
+    atomic_size_t seq;
+    oi_access_rec_t rec;
+} slot_t;
+
+struct oi_access_log_s {
+    slot_t *slots;
+    atomic_size_t head; /* next position to fill (producers) */
+    size_t tail;        /* next position to read (the writer only) */
+    atomic_uint_fast64_t dropped;
+    atomic_int stop;
+    FILE *out;
+    pthread_t writer;
+};
+
+void oi_access_rec_stamp(oi_access_rec_t *rec, uint64_t start_ns)
+{
+    uint64_t now = uv_hrtime();
+    rec->micros = now > start_ns ? (now - start_ns) / 1000 : 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    rec->wall_ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+void oi_access_log_push(oi_access_log_t *log, const oi_access_rec_t *rec)
+{
+    size_t pos = atomic_load_explicit(&log->head, memory_order_relaxed);
+    for (;;) {
+        slot_t *s = &log->slots[pos & (CAPACITY - 1)];
+        size_t seq = atomic_load_explicit(&s->seq, memory_order_acquire);
+        intptr_t diff = (intptr_t)seq - (intptr_t)pos;
+        if (diff == 0) {
+            if (atomic_compare_exchange_weak_explicit(&log->head, &pos, pos + 1, memory_order_relaxed,
+                                                      memory_order_relaxed)) {
+                s->rec = *rec;
+                atomic_store_explicit(&s->seq, pos + 1, memory_order_release);
+                return;
+            }
+        } else if (diff < 0) { /* full: the writer has not read this slot's last record yet */
+            atomic_fetch_add_explicit(&log->dropped, 1, memory_order_relaxed);
+            return;
+        } else {
+            pos = atomic_load_explicit(&log->head, memory_order_relaxed);
+        }
+    }
+}
+
+uint64_t oi_access_log_dropped(const oi_access_log_t *log)
+{
+    return atomic_load_explicit(&((oi_access_log_t *)log)->dropped, memory_order_relaxed);
+}
+
+/* A field as one word: empty becomes "-", spaces and control bytes become '?' (a client's
+ * path must not forge a line or a column). */
+static void put_word(FILE *f, const char *s)
+{
+    if (*s == '\0') {
+        fputc('-', f);
+        return;
+    }
+    for (; *s; s++)
+        fputc((unsigned char)*s <= ' ' || *s == 0x7f ? '?' : *s, f);
+}
+
+static void write_line(FILE *f, const oi_access_rec_t *r)
+{
+    time_t secs = (time_t)(r->wall_ns / 1000000000);
+    struct tm tm;
+    gmtime_r(&secs, &tm);
+    char when[32];
+    strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
+    char peer[INET6_ADDRSTRLEN] = "-";
+    if (r->has_peer) {
+        static const uint8_t v4_prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+        if (memcmp(r->peer.bytes, v4_prefix, 12) == 0)
+            inet_ntop(AF_INET, r->peer.bytes + 12, peer, sizeof(peer));
+        else
+            inet_ntop(AF_INET6, r->peer.bytes, peer, sizeof(peer));
+    }
+    fprintf(f, "%s.%06ldZ %s %s ", when, (long)(r->wall_ns % 1000000000 / 1000), peer, r->grpc ? "gRPC" : "HTTP/1.1");
+    put_word(f, r->method);
+    fputc(' ', f);
+    put_word(f, r->target);
+    fputc(' ', f);
+    put_word(f, r->version);
+    fprintf(f, " %d %llu %llu %lluus\n", r->status, (unsigned long long)r->bytes_in, (unsigned long long)r->bytes_out,
+            (unsigned long long)r->micros);
+}
+
+/* Writes every queued record; returns how many. */
+static size_t drain(oi_access_log_t *log)
+{
+    size_t n = 0;
+    for (;;) {
+        slot_t *s = &log->slots[log->tail & (CAPACITY - 1)];
+        size_t seq = atomic_load_explicit(&s->seq, memory_order_acquire);
+        if (seq != log->tail + 1)
+            break;
+        write_line(log->out, &s->rec);
+        atomic_store_explicit(&s->seq, log->tail + CAPACITY, memory_order_release);
+        log->tail++;
+        n++;
+    }
+    return n;
+}
+
+static void *writer_main(void *arg)
+{
+    oi_access_log_t *log = arg;
+    uint64_t noted = 0;
+    for (;;) {
+        int stopping = atomic_load(&log->stop);
+        size_t n = drain(log);
+        uint64_t dropped = oi_access_log_dropped(log);
+        if (dropped != noted) {
+            fprintf(log->out, "# access log: %llu lines dropped so far (the writer fell behind)\n",
+                    (unsigned long long)dropped);
+            noted = dropped;
+        }
+        if (n > 0 || dropped != 0)
+            fflush(log->out);
+        if (stopping)
+            break;
+        if (n == 0) {
+            struct timespec idle = {0, IDLE_NS};
+            nanosleep(&idle, NULL);
+        }
+    }
+    return NULL;
+}
+
+oi_access_log_t *oi_access_log_open(const char *path, char *err, size_t errlen)
+{
+    oi_access_log_t *log = calloc(1, sizeof(*log));
+    if (log != NULL)
+        log->slots = calloc(CAPACITY, sizeof(*log->slots));
+    if (log == NULL || log->slots == NULL) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    for (size_t i = 0; i < CAPACITY; i++)
+        atomic_init(&log->slots[i].seq, i);
+    if (strcmp(path, "-") == 0) {
+        int fd = dup(STDOUT_FILENO);
+        log->out = fd >= 0 ? fdopen(fd, "a") : NULL;
+        if (log->out == NULL && fd >= 0)
+            close(fd);
+    } else {
+        log->out = fopen(path, "ae");
+    }
+    if (log->out == NULL) {
+        snprintf(err, errlen, "cannot open the access log %s: %s", path, strerror(errno));
+        goto fail;
+    }
+    int rc = oi_thread_create(&log->writer, writer_main, log, 0);
+    if (rc != 0) {
+        snprintf(err, errlen, "cannot start the access log writer: %s", strerror(rc));
+        fclose(log->out);
+        goto fail;
+    }
+    return log;
+fail:
+    if (log != NULL)
+        free(log->slots);
+    free(log);
+    return NULL;
+}
+
+void oi_access_log_close(oi_access_log_t *log)
+{
+    if (log == NULL)
+        return;
+    atomic_store(&log->stop, 1);
+    pthread_join(log->writer, NULL);
+    fclose(log->out);
+    free(log->slots);
+    free(log);
+}
