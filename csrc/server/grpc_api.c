@@ -644,6 +644,21 @@ static void repo_index_reply(oi_grpc_call_t *call, const oi_repo_call_t *rc)
     free(ptrs);
 }
 
+/* Runs a control call (repository, logging) for gRPC `call` on a control thread; `done` comes
+ * back on the call's loop. The call counts as in flight until then. NULL, or why not. */
+static oi_status_t *submit_control(oi_server_t *s, oi_grpc_call_t *call, oi_repo_call_t *rc, oi_repo_done_cb done)
+{
+    rc->grpc = 1;
+    oi_grpc_call_ref(call);
+    atomic_fetch_add(&s->grpc_inflight, 1);
+    oi_status_t *st = oi__repo_submit(s, rc, call->loop, done, call);
+    if (st != NULL) {
+        atomic_fetch_sub(&s->grpc_inflight, 1);
+        oi_grpc_call_unref(call);
+    }
+    return st;
+}
+
 /* On the call's loop thread, with the handler's outcome. */
 static void finish_repo(oi_repo_call_t *rc)
 {
@@ -743,16 +758,8 @@ static void repo_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg)
         inference__repository_index_request__free_unpacked(iq, NULL);
     if (lq)
         inference__repository_model_load_request__free_unpacked(lq, NULL);
-    if (st == NULL) {
-        rc->grpc = 1;
-        oi_grpc_call_ref(call);
-        atomic_fetch_add(&s->grpc_inflight, 1);
-        st = oi__repo_submit(s, rc, call->loop, finish_repo, call);
-        if (st != NULL) {
-            atomic_fetch_sub(&s->grpc_inflight, 1);
-            oi_grpc_call_unref(call);
-        }
-    }
+    if (st == NULL)
+        st = submit_control(s, call, rc, finish_repo);
     if (st != NULL) {
         oi_repo_call_free(rc);
         finish_status(call, st);
@@ -844,16 +851,8 @@ static void log_settings_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_
     }
     inference__log_settings_request__free_unpacked(q, NULL);
     oi_status_t *st = bad ? oi_status_new(OI_INTERNAL, "out of memory") : NULL;
-    if (st == NULL) {
-        rc->grpc = 1;
-        oi_grpc_call_ref(call);
-        atomic_fetch_add(&s->grpc_inflight, 1);
-        st = oi__repo_submit(s, rc, call->loop, finish_logging, call);
-        if (st != NULL) {
-            atomic_fetch_sub(&s->grpc_inflight, 1);
-            oi_grpc_call_unref(call);
-        }
-    }
+    if (st == NULL)
+        st = submit_control(s, call, rc, finish_logging);
     if (st != NULL) {
         oi_repo_call_free(rc);
         finish_status(call, st);

@@ -242,6 +242,12 @@ static oi_status_t *decode_raw(const oi_model_t *m, oi_buf_t *body, oi_request_t
     return oi_tensor_check_size(t, "raw binary body of input", spec->name);
 }
 
+static oi_status_t *unsupported_encoding(const oi_http_request_t *r)
+{
+    return oi_status_new(OI_UNSUPPORTED_MEDIA, "unsupported Content-Encoding '%s'; expected gzip, deflate or identity",
+                         r->content_encoding);
+}
+
 /* What makes an HTTP inference request unservable before its body is even decoded. */
 static oi_status_t *check_infer(const oi_http_request_t *r, const oi_model_t *m, oi_encoding_t enc)
 {
@@ -249,8 +255,7 @@ static oi_status_t *check_infer(const oi_http_request_t *r, const oi_model_t *m,
     if (st != NULL)
         return st;
     if (enc == OI_ENCODING_UNKNOWN)
-        return oi_status_new(OI_UNSUPPORTED_MEDIA, "unsupported Content-Encoding '%s'; expected gzip, deflate or identity",
-                             r->content_encoding);
+        return unsupported_encoding(r);
     if (r->body == NULL)
         return oi_status_new(OI_BAD_REQUEST, "inference request has no body; expected a JSON inference request");
     return NULL;
@@ -715,14 +720,18 @@ static void finish_repository(oi_repo_call_t *call)
 }
 
 /* Hands a control call the request's body as it came (when there is one): the control thread
- * inflates it, off this loop. */
-static void attach_body(oi_server_t *s, oi_http_request_t *r, oi_encoding_t enc, oi_repo_call_t *call)
+ * inflates it, off this loop. NULL, or a 415 for an encoding it cannot inflate. */
+static oi_status_t *attach_body(oi_server_t *s, oi_http_request_t *r, oi_repo_call_t *call)
 {
+    oi_encoding_t enc = oi_content_encoding(r->content_encoding);
+    if (enc == OI_ENCODING_UNKNOWN)
+        return unsupported_encoding(r);
     if (r->body == NULL || r->body->len == 0)
-        return;
+        return NULL;
     call->body = oi_buf_ref(r->body);
     call->body_encoding = enc;
     call->max_body_bytes = s->cfg.http.max_body_bytes;
+    return NULL;
 }
 
 /* /v2/repository[/{repository}]/index and /v2/repository[/{repository}]/models/{name}/{load,unload},
@@ -774,20 +783,12 @@ static void route_repository(oi_server_t *s, oi_http_request_t *r, const char *p
         respond_error(r, OI_UNIMPLEMENTED, "'repository_name' specification is not supported");
         return;
     }
-    oi_encoding_t enc = oi_content_encoding(r->content_encoding);
-    if (enc == OI_ENCODING_UNKNOWN) {
-        char msg[160];
-        snprintf(msg, sizeof(msg), "unsupported Content-Encoding '%s'; expected gzip, deflate or identity",
-                 r->content_encoding);
-        respond_error(r, OI_UNSUPPORTED_MEDIA, msg);
-        return;
-    }
     oi_repo_call_t *call = oi_repo_call_new(op);
     oi_status_t *st = NULL;
     if (call == NULL || (op != OI_REPO_INDEX && (call->model = strdup(name)) == NULL))
         st = oi_status_new(OI_INTERNAL, "out of memory");
     if (st == NULL)
-        attach_body(s, r, enc, call);
+        st = attach_body(s, r, call);
     if (st == NULL)
         st = oi__repo_submit(s, call, r->loop, finish_repository, r);
     if (st != NULL) {
@@ -842,18 +843,10 @@ static void route_logging(oi_server_t *s, oi_http_request_t *r)
         method_not_allowed(r, "GET or POST");
         return;
     }
-    oi_encoding_t enc = oi_content_encoding(r->content_encoding);
-    if (enc == OI_ENCODING_UNKNOWN) {
-        char msg[160];
-        snprintf(msg, sizeof(msg), "unsupported Content-Encoding '%s'; expected gzip, deflate or identity",
-                 r->content_encoding);
-        respond_error(r, OI_UNSUPPORTED_MEDIA, msg);
-        return;
-    }
     oi_repo_call_t *call = oi_repo_call_new(OI_REPO_LOGGING);
     oi_status_t *st = call == NULL ? oi_status_new(OI_INTERNAL, "out of memory") : NULL;
     if (st == NULL && r->method == HTTP_POST)
-        attach_body(s, r, enc, call);
+        st = attach_body(s, r, call);
     if (st == NULL)
         st = oi__repo_submit(s, call, r->loop, finish_logging, r);
     if (st != NULL) {

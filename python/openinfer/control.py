@@ -379,23 +379,9 @@ class ModelControl:
         """One version as an unpublished core model (ModelVersion); its `error` says why it
         cannot serve."""
         model = entry.model
-        if isinstance(model, TorchModel):
-            return self._core.add_model(
-                entry.name,
-                model.version,
-                inputs=_specs(model.inputs),
-                outputs=_specs(model.outputs),
-                max_batch_size=model.max_batch_size,
-                metadata_json=_model_metadata(
-                    entry.name, versions, model.platform, model.inputs, model.outputs
-                ),
-                instances=model.instances,
-                torch=model.spec,
-                dynamic_batching=_batching(model.max_batch_size, model.dynamic_batching),
-                **_model_config(entry),
-                publish=False,
-            )
         if model is not None:
+            # A TorchScript module runs through the shim (torch=spec); a Python model is a handler.
+            runs = {"torch": model.spec} if isinstance(model, TorchModel) else {"handler": model.handler}
             return self._core.add_model(
                 entry.name,
                 model.version,
@@ -405,9 +391,9 @@ class ModelControl:
                 metadata_json=_model_metadata(
                     entry.name, versions, model.platform, model.inputs, model.outputs
                 ),
-                handler=model.handler,
                 instances=model.instances,
                 dynamic_batching=_batching(model.max_batch_size, model.dynamic_batching),
+                **runs,
                 **_model_config(entry),
                 publish=False,
             )
