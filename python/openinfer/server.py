@@ -98,10 +98,9 @@ def _other_handlers(mine: logging.Handler | None) -> bool:
 
 def _ensure_log_handler() -> None:
     """Installs the fallback handler once, where logging has no handler for our records."""
-    if any(isinstance(h, _FallbackHandler) for h in logger.handlers):
-        return
-    if not _other_handlers(None):
-        logger.addHandler(_FallbackHandler())
+    with _running_lock:  # two servers starting at once install one
+        if not any(isinstance(h, _FallbackHandler) for h in logger.handlers) and not _other_handlers(None):
+            logger.addHandler(_FallbackHandler())
 
 
 class _Default:
