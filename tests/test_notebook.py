@@ -259,7 +259,7 @@ def test_module_and_session_fixtures_serve_one_server_each(
         assert all(len(set(map(id, servers))) == 1 for servers in _seen.values()), _seen
 
 
-def test_module_fixtures_stopped_after_their_module(pytester: pytest.Pytester) -> None:
+def test_module_fixtures_stopped_after_their_module(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two modules using one module-scoped fixture: each gets its own server, stopped after
     the module's last test; the session-scoped one lives through both."""
     pytester.makeconftest("""
@@ -293,11 +293,9 @@ def test_module_fixtures_stopped_after_their_module(pytester: pytest.Pytester) -
                 json.dump({"record": RECORD, "running": [s.url for s in openinfer.servers()]}, f)
     """)
     out = pytester.path / "record.json"
-    os.environ["OI_RECORD"] = str(out)
-    try:
-        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:xdist")
-    finally:
-        del os.environ["OI_RECORD"]
+    monkeypatch.setenv("OI_RECORD", str(out))
+    monkeypatch.setenv("PYTHONPATH", _env()["PYTHONPATH"])  # absolute: the run has another cwd
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:xdist")
     result.assert_outcomes(passed=5)
     data = json.loads(out.read_text())
     record = data["record"]
@@ -309,7 +307,7 @@ def test_module_fixtures_stopped_after_their_module(pytester: pytest.Pytester) -
     assert data["running"] == [record[0][2]]  # in test_z: the session server only
 
 
-def test_session_fixtures_under_xdist(pytester: pytest.Pytester) -> None:
+def test_session_fixtures_under_xdist(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     """Under ``-n 2`` every worker serves the repository itself, on free ports, once for
     all its tests."""
     _own_repo(pytester.path / "models")
@@ -342,11 +340,9 @@ def test_session_fixtures_under_xdist(pytester: pytest.Pytester) -> None:
     """)
     record_dir = pytester.path / "record"
     record_dir.mkdir()
-    os.environ["OI_RECORD_DIR"] = str(record_dir)
-    try:
-        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "xdist", "-n", "2")
-    finally:
-        del os.environ["OI_RECORD_DIR"]
+    monkeypatch.setenv("OI_RECORD_DIR", str(record_dir))
+    monkeypatch.setenv("PYTHONPATH", _env()["PYTHONPATH"])
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "xdist", "-n", "2")
     result.assert_outcomes(passed=8)
     rows = [json.loads(p.read_text()) for p in sorted(record_dir.iterdir())]
     assert len(rows) == 8

@@ -10,8 +10,8 @@ from __future__ import annotations
 import atexit
 import json
 import logging
-import sys
 import os
+import sys
 import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -552,7 +552,7 @@ class Server:
         self.stop()
 
     def _urls(self) -> list[tuple[str, str]]:
-        """(label, URL) of every listener: what the start message and displays show."""
+        """(label, URL) of every listener, for displays."""
         urls = [("HTTP", self.url)]
         if self._http_unix is not None and self._port is not None:
             urls.append(("HTTP", f"unix://{self._http_unix}"))
