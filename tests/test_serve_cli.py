@@ -39,7 +39,7 @@ def test_serve_returns_running_server_at_once() -> None:
     try:  # back on this thread while the server runs: the request below is answered
         assert server.running and server.http_port > 0
         assert server.url == f"http://127.0.0.1:{server.http_port}"
-        assert repr(server) == f"<openinfer.Server {server.url} models=[double]>"
+        assert repr(server) == f"<openinfer.Server {server.url} {server.grpc_url} models=[double]>"
         r = requests.post(server.url + "/v2/models/double/infer", timeout=10, json={
             "inputs": [{"name": "X", "shape": [3], "datatype": "FP64", "data": [1, 2.5, -3]}]})
         assert r.json()["outputs"][0]["data"] == [2.0, 5.0, -6.0]

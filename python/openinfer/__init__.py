@@ -3,7 +3,7 @@ and TorchScript.
 
     import openinfer
     server = openinfer.serve("models/")   # returns at once; the server runs on native threads
-    print(server.url)
+    print(server.url)                     # it runs until server.stop(), kept or not
 
 This module is the whole public API. `serve` and `Server` load the C extension on first use,
 so ``import openinfer`` (and the pytest plugin) stay cheap and work where it is not built.
@@ -19,7 +19,7 @@ from .repository import examples_path
 
 if TYPE_CHECKING:
     from .client import AsyncClient, Client
-    from .server import Server, serve
+    from .server import Server, serve, servers
     from .shm import SharedMemoryRegion
 
 __version__ = "0.1.0"
@@ -37,11 +37,12 @@ __all__ = [
     "examples_path",
     "model",
     "serve",
+    "servers",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("serve", "Server"):
+    if name in ("serve", "Server", "servers"):
         from . import server
 
         return getattr(server, name)

@@ -38,7 +38,7 @@ from urllib.parse import quote, urlsplit
 
 import numpy as np
 
-from . import _core
+from . import _core, _display
 from . import shm as _shm
 from .errors import InferenceServerError
 from .model import datatype_of, numpy_dtype
@@ -79,6 +79,8 @@ STREAM_ERROR_STATUS = 500
 # Seconds a call may take when neither the Client nor the call says: tritonclient.http's
 # network timeout. A call never waits forever on a server that does not answer.
 DEFAULT_TIMEOUT = 60.0
+# How long `Client._repr_html_` waits for the server: a notebook cell must not hang on one.
+_DISPLAY_TIMEOUT = 2.0
 
 
 class Client:
@@ -232,6 +234,22 @@ class Client:
         if self._grpc:
             return _grpc_value(*self._rpc("model_metadata", model, _version(version), timeout=timeout))
         return _json_or_raise(*self._get(_model_path(model, version), timeout))
+
+    def repository_index(self, ready: bool = False, *, timeout: float | None = None) -> list[dict[str, str]]:
+        """The server's model repository index (``POST /v2/repository/index``, gRPC
+        RepositoryIndex): one dict per model version with name, version, state and reason (a
+        model with no version loaded: name only); `ready` keeps only READY versions."""
+        if self._grpc:
+            value = _grpc_value(*self._rpc("unary", _shm.GRPC_SERVICE + "RepositoryIndex",
+                                           b"\x10\x01" if ready else b"", timeout=timeout))
+            return _decode_index(value)
+        body = json.dumps({"ready": ready}).encode()
+        status, reply = self._call("request", "POST", self._prefix + "/v2/repository/index", body,
+                                   "Content-Type: application/json\r\n", timeout=self._timeout_for(timeout))
+        if status != 200:
+            raise InferenceServerError(status, _error_message(reply))
+        result: list[dict[str, str]] = json.loads(reply)
+        return result
 
     # ---- inference ------------------------------------------------------------------------
 
@@ -765,7 +783,22 @@ class Client:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<openinfer.Client {self.url}>"
+        return f"<openinfer.Client {self.url}{' (closed)' if self._closed else ''}>"
+
+    def _repr_html_(self) -> str:
+        """The URL and the server's models with their state, asked with a short timeout; the
+        error instead where the server cannot answer."""
+        title = f"openinfer.Client{' (closed)' if self._closed else ''}"
+        urls = [("URL", self.url)]
+        if self._closed:
+            return _display.html(title, urls, None)
+        timeout = min(self._timeout, _DISPLAY_TIMEOUT) if self._timeout is not None else _DISPLAY_TIMEOUT
+        try:
+            meta = self.server_metadata(timeout=timeout)
+            urls.append(("server", f"{meta.get('name', '?')} {meta.get('version', '')}".strip()))
+            return _display.html(title, urls, self.repository_index(timeout=timeout))
+        except Exception as e:  # shown, not raised: a display must not fail
+            return _display.html(title, urls, None, f"{type(e).__name__}: {e}")
 
 
 class AsyncClient:
@@ -982,6 +1015,18 @@ def _grpc_error(status: int, message: str) -> BaseException:
 
 def _raise_grpc(status: int, message: str) -> None:
     raise _grpc_error(status, message)
+
+
+def _decode_index(data: bytes) -> list[dict[str, str]]:
+    """RepositoryIndexResponse as the HTTP index body: repeated ModelIndex (1) of name (1),
+    version (2), state (3), reason (4); empty strings left out, as Triton's HTTP index does."""
+    out = []
+    for num, _, entry in _shm._fields(data):
+        if num == 1:
+            keys = {1: "name", 2: "version", 3: "state", 4: "reason"}
+            fields = {keys[k]: v.decode() for k, _, v in _shm._fields(entry) if k in keys}
+            out.append({k: v for k, v in fields.items() if v})
+    return out
 
 
 def _grpc_value(status: int, value: Any) -> Any:

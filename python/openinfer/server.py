@@ -7,16 +7,18 @@ why `serve()` returns a running server at once, also in a notebook cell.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
+import sys
 import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from . import __version__, _core
+from . import __version__, _core, _display
 from .control import DEFAULT_POLL_SECS, IndexEntry, ModelControl
 from .logsettings import LogSettings
 from .errors import InferenceServerError
@@ -35,6 +37,71 @@ EXTENSIONS = (
     "statistics",
 )
 SHM_EXTENSIONS = ("system_shared_memory", "cuda_shared_memory")
+
+# Every started server until its stop(): a server stays up while unreferenced (a notebook's
+# `openinfer.serve(...)` whose result is not kept), and one still running at interpreter
+# exit is stopped then. Insertion order is start order.
+_running: dict[int, Server] = {}
+_running_lock = threading.Lock()
+
+
+def servers() -> list[Server]:
+    """The servers started in this process and not yet stopped, oldest first."""
+    with _running_lock:
+        return list(_running.values())
+
+
+@atexit.register
+def _stop_running() -> None:
+    for server in reversed(servers()):
+        server.stop(_EXIT_STOP_TIMEOUT)
+
+
+# Seconds a server still running at interpreter exit gives in-flight requests.
+_EXIT_STOP_TIMEOUT = 5.0
+
+
+class _FallbackHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes the ``openinfer`` logger's records to the current standard error (a notebook's
+    cell output) when nothing else would: installed by the first serve() of a process whose
+    logging is not configured, it stays quiet once the application adds handlers of its own
+    (on the logger or an ancestor it propagates to), so no line appears twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setFormatter(logging.Formatter("%(name)s %(levelname)s: %(message)s"))
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:  # StreamHandler.__init__ sets it; sys.stderr is read at emit
+        pass
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not _other_handlers(self):
+            super().emit(record)
+
+
+def _other_handlers(mine: logging.Handler | None) -> bool:
+    """Whether a record of the ``openinfer`` logger reaches a handler other than `mine`."""
+    current: logging.Logger | None = logger
+    while current is not None:
+        if any(h is not mine for h in current.handlers):
+            return True
+        if not current.propagate:
+            return False
+        current = current.parent
+    return False
+
+
+def _ensure_log_handler() -> None:
+    """Installs the fallback handler once, where logging has no handler for our records."""
+    with _running_lock:  # two servers starting at once install one
+        if not any(isinstance(h, _FallbackHandler) for h in logger.handlers) and not _other_handlers(None):
+            logger.addHandler(_FallbackHandler())
+
 
 class _Default:
     """The type of `_DEFAULT`: "grpc_port not given"."""
@@ -284,6 +351,8 @@ class Server:
         cannot be bound."""
         self._core.start()
         self._started = True
+        with _running_lock:
+            _running[id(self)] = self
         self._logging.install()
         self._control.start()
         if self._port is not None:
@@ -293,6 +362,7 @@ class Server:
         if self._metrics_port is not None:
             self._metrics_port = self._core.metrics_port
         if self._log:
+            _ensure_log_handler()
             urls = [u for u in (self.url, self.grpc_url) if u is not None]
             if self._http_unix is not None and self._port is not None:
                 urls.append(f"unix://{self._http_unix}")
@@ -329,6 +399,8 @@ class Server:
             if self._started:
                 self._logging.uninstall()
             self._stopped.set()
+            with _running_lock:
+                _running.pop(id(self), None)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Blocks until the server is stopped (from another thread or a signal handler), or
@@ -479,9 +551,29 @@ class Server:
     ) -> None:
         self.stop()
 
+    def _urls(self) -> list[tuple[str, str]]:
+        """(label, URL) of every listener, for displays."""
+        urls = [("HTTP", self.url)]
+        if self._http_unix is not None and self._port is not None:
+            urls.append(("HTTP", f"unix://{self._http_unix}"))
+        if self.grpc_url is not None:
+            urls.append(("gRPC", self.grpc_url))
+        if self._grpc_unix is not None and self._grpc_port is not None:
+            urls.append(("gRPC", f"grpc+unix://{self._grpc_unix}"))
+        if self.metrics_url is not None:
+            urls.append(("metrics", self.metrics_url))
+        return urls
+
     def __repr__(self) -> str:
         state = "" if self._started and not self._stopped.is_set() else " (not running)"
-        return f"<openinfer.Server {self.url}{state} models=[{', '.join(self.models)}]>"
+        grpc = f" {self.grpc_url}" if self.grpc_url is not None else ""
+        return f"<openinfer.Server {self.url}{grpc}{state} models=[{', '.join(self.models)}]>"
+
+    def _repr_html_(self) -> str:
+        """The URLs and every model version with its state (the repository index)."""
+        running = self._started and not self._stopped.is_set()
+        title = f"openinfer {__version__} server{'' if running else ' (not running)'}"
+        return _display.html(title, self._urls(), self.repository_index())
 
 
 def _sources(
