@@ -419,9 +419,24 @@ done:
 
 /* ---- the model repository handler ------------------------------------------------------- */
 
-static const char *const repo_ops[] = {"index", "load", "unload", "logging"};
+static const char *const repo_ops[] = {"index", "load", "unload", "logging", "trace"};
 
-/* The call's gRPC parameters as a dict of bool, int, str or bytes; None over HTTP. */
+/* A LIST parameter's strings as a Python list. */
+static PyObject *param_list(const oi_repo_param_t *p)
+{
+    PyObject *list = PyList_New(0);
+    for (size_t at = 0; list != NULL && at < p->len;) {
+        size_t n = strlen(p->data + at);
+        PyObject *item = PyUnicode_DecodeUTF8(p->data + at, (Py_ssize_t)n, "replace");
+        if (item == NULL || PyList_Append(list, item) != 0)
+            Py_CLEAR(list);
+        Py_XDECREF(item);
+        at += n + 1;
+    }
+    return list;
+}
+
+/* The call's gRPC parameters as a dict of bool, int, str, bytes or list of str; None over HTTP. */
 static PyObject *repo_params(const oi_repo_call_t *call)
 {
     if (!call->grpc)
@@ -432,6 +447,7 @@ static PyObject *repo_params(const oi_repo_call_t *call)
         PyObject *v = p->kind == OI_REPO_PARAM_BOOL     ? PyBool_FromLong((long)p->number)
                       : p->kind == OI_REPO_PARAM_INT    ? PyLong_FromLongLong(p->number)
                       : p->kind == OI_REPO_PARAM_STRING ? PyUnicode_DecodeUTF8(p->data, (Py_ssize_t)p->len, "replace")
+                      : p->kind == OI_REPO_PARAM_LIST   ? param_list(p)
                                                         : PyBytes_FromStringAndSize(p->data, (Py_ssize_t)p->len);
         if (v == NULL || PyDict_SetItemString(d, p->name, v) != 0)
             Py_CLEAR(d);
@@ -502,10 +518,35 @@ static int repo_entries(oi_repo_call_t *call, PyObject *result)
     return rc;
 }
 
-/* A settings answer: (name, value) pairs, each value a bool, an int (0 to 2**32-1) or a str. */
+/* A list of str as a LIST parameter's bytes (each string NUL-terminated, back to back). */
+static int list_bytes(PyObject *v, oi_sbuf_t *out)
+{
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(v); i++) {
+        Py_ssize_t n = 0;
+        PyObject *item = PyList_GET_ITEM(v, i);
+        const char *text = PyUnicode_Check(item) ? PyUnicode_AsUTF8AndSize(item, &n) : NULL;
+        if (text == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "a setting's list holds str");
+            return -1;
+        }
+        if (memchr(text, '\0', (size_t)n) != NULL) {
+            PyErr_SetString(PyExc_ValueError, "a setting's str holds no NUL");
+            return -1;
+        }
+        if (oi_sbuf_append(out, text, (size_t)n + 1) != 0) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* A settings answer: (name, value) pairs, each value a bool, an int (0 to 2**32-1), a str or a
+ * list of str. */
 static int repo_results(oi_repo_call_t *call, PyObject *result)
 {
-    PyObject *fast = PySequence_Fast(result, "the logging handler returns a list of (name, value)");
+    PyObject *fast = PySequence_Fast(result, "a settings handler returns a list of (name, value)");
     if (fast == NULL)
         return -1;
     int rc = 0;
@@ -516,8 +557,14 @@ static int repo_results(oi_repo_call_t *call, PyObject *result)
         const char *text = NULL;
         long long number = 0;
         oi_repo_param_kind_t kind = OI_REPO_PARAM_STRING;
+        oi_sbuf_t list = {0};
         if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "sO", &name, &v)) {
             rc = -1;
+        } else if (PyList_Check(v)) {
+            kind = OI_REPO_PARAM_LIST;
+            rc = list_bytes(v, &list);
+            text = list.data;
+            len = (Py_ssize_t)list.len;
         } else if (PyBool_Check(v)) {
             kind = OI_REPO_PARAM_BOOL;
             number = v == Py_True;
@@ -538,6 +585,7 @@ static int repo_results(oi_repo_call_t *call, PyObject *result)
             PyErr_NoMemory();
             rc = -1;
         }
+        oi_sbuf_free(&list);
     }
     Py_DECREF(fast);
     return rc;
@@ -557,7 +605,7 @@ static void repo_call(void *ctx, oi_repo_call_t *call)
                                        call->ready ? Py_True : Py_False);
     if (result != NULL && call->op == OI_REPO_INDEX && repo_entries(call, result) != 0)
         Py_CLEAR(result);
-    if (result != NULL && call->op == OI_REPO_LOGGING && repo_results(call, result) != 0)
+    if (result != NULL && (call->op == OI_REPO_LOGGING || call->op == OI_REPO_TRACE) && repo_results(call, result) != 0)
         Py_CLEAR(result);
     if (result == NULL)
         call->status = repo_error();

@@ -19,6 +19,7 @@ from typing import Any
 from . import __version__, _core
 from .control import DEFAULT_POLL_SECS, IndexEntry, ModelControl
 from .logsettings import LogSettings
+from .tracesettings import TraceSettings
 from .errors import InferenceServerError
 from .model import Model
 from .repository import examples_path
@@ -87,6 +88,7 @@ def serve(
     log_verbose: int = 0,
     log_format: str = "default",
     access_log: str | os.PathLike[str] | None = None,
+    trace_file: str | os.PathLike[str] | None = None,
     **limits: int,
 ) -> Server:
     """Serves the models of repository `repo` and the given `models`, and returns the running
@@ -132,7 +134,10 @@ def serve(
 
     (UTC time; "-" for a field that does not apply), written by a thread of its own: when it
     falls behind, lines are dropped and counted in a "# access log: N lines dropped" line
-    rather than slowing requests. `limits` go to the core:
+    rather than slowing requests. `trace_file` is tritonserver's ``--trace-file``: where the
+    trace extension writes the traces of sampled requests (Triton's JSON); clients turn tracing
+    on and tune it with ``/v2/trace/setting`` (see `openinfer.tracesettings`). `limits` go to
+    the core:
     max_body_bytes, max_header_bytes, max_connections, max_connections_per_peer,
     first_byte_timeout_ms, header_timeout_ms, body_timeout_ms, idle_timeout_ms, max_json_depth,
     grpc_max_message_bytes, grpc_max_queued_bytes."""
@@ -161,6 +166,7 @@ def serve(
         log_verbose=log_verbose,
         log_format=log_format,
         access_log=access_log,
+        trace_file=trace_file,
         **limits,
     )
     server.start()
@@ -198,6 +204,7 @@ class Server:
         log_verbose: int = 0,
         log_format: str = "default",
         access_log: str | os.PathLike[str] | None = None,
+        trace_file: str | os.PathLike[str] | None = None,
         **limits: int,
     ) -> None:
         level = _COMPRESSION_LEVELS.get(grpc_infer_response_compression_level)
@@ -260,6 +267,9 @@ class Server:
             self._logging = LogSettings(
                 log_file=log_file, log_verbose_level=log_verbose, log_format=log_format
             )
+            self._tracing = TraceSettings(
+                trace_file=os.fspath(trace_file) if trace_file is not None else None
+            )
         except BaseException:
             self._core.stop(0)
             raise
@@ -273,10 +283,12 @@ class Server:
         params: dict[str, Any] | None,
         ready: bool,
     ) -> Any:
-        """The core's control handler: the logging extension here, the rest is the
-        repository's."""
+        """The core's control handler: the logging and trace extensions here, the rest is
+        the repository's."""
         if op == "logging":
             return self._logging.handle(body, params)
+        if op == "trace":
+            return self._tracing.handle(model, body, params)
         return self._control.handle(op, model, body, params, ready)
 
     def start(self) -> Server:
