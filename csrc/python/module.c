@@ -21,6 +21,7 @@ typedef struct {
     char host[256];
     char http_unix[108], grpc_unix[108]; /* "" when not served */
     char access_log[4096]; /* the access log's path, "" for none */
+    char trace_file[4096]; /* the trace extension's file, "" for none */
     oi_server_t *server; /* NULL once stopped */
     int started;
 } ServerObject;
@@ -54,6 +55,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                              "unix_socket_mode",
                              "grpc_infer_compression_level",
                              "access_log",
+                             "trace_file",
                              NULL};
     const char *host = "127.0.0.1";
     int port = 8000, threads = 0, max_conn = 4096, grpc_port = 8001, max_per_peer = 0;
@@ -63,16 +65,20 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
     unsigned int depth = 64;
     PyObject *allow_shm = Py_None;
     int statistics = 1, metrics_port = -1, counter_lat = 1, histogram_lat = 0, metrics_cpu = 1, metrics_gpu = 1;
-    const char *http_unix = NULL, *grpc_unix = NULL, *access_log = NULL;
+    const char *http_unix = NULL, *grpc_unix = NULL, *access_log = NULL, *trace_file = NULL;
     unsigned int unix_mode = 0660;
     int compression_level = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|si$iKKiKKIiKOiKKKpippppzzIiz", kwlist, &host, &port, &threads,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|si$iKKiKKIiKOiKKKpippppzzIizz", kwlist, &host, &port, &threads,
                                      &max_body, &max_header, &max_conn, &header_to, &idle_to, &depth, &grpc_port,
                                      &grpc_max, &allow_shm, &max_per_peer, &first_byte_to, &body_to, &grpc_queued,
                                      &statistics, &metrics_port, &counter_lat, &histogram_lat, &metrics_cpu,
                                      &metrics_gpu, &http_unix, &grpc_unix, &unix_mode, &compression_level,
-                                     &access_log))
+                                     &access_log, &trace_file))
         return -1;
+    if (trace_file != NULL && (trace_file[0] == '\0' || strlen(trace_file) >= sizeof(self->trace_file) - 16)) {
+        PyErr_Format(PyExc_ValueError, "trace_file must be a path of 1 to %zu bytes", sizeof(self->trace_file) - 17);
+        return -1;
+    }
     if (access_log != NULL && (access_log[0] == '\0' || strlen(access_log) >= sizeof(self->access_log))) {
         PyErr_Format(PyExc_ValueError, "access_log must be a path of 1 to %zu bytes, or \"-\" for standard output",
                      sizeof(self->access_log) - 1);
@@ -137,6 +143,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
     snprintf(self->http_unix, sizeof(self->http_unix), "%s", http_unix ? http_unix : "");
     snprintf(self->grpc_unix, sizeof(self->grpc_unix), "%s", grpc_unix ? grpc_unix : "");
     snprintf(self->access_log, sizeof(self->access_log), "%s", access_log ? access_log : "");
+    snprintf(self->trace_file, sizeof(self->trace_file), "%s", trace_file ? trace_file : "");
     self->cfg = (oi_server_config_t){
         .http = {.host = self->host,
                  .port = port,
@@ -165,6 +172,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                     .cpu = metrics_cpu,
                     .gpu = metrics_gpu},
         .access_log = self->access_log[0] ? self->access_log : NULL,
+        .trace_file = self->trace_file[0] ? self->trace_file : NULL,
     };
     self->server = oi_server_new(&self->cfg);
     if (self->server == NULL) {
@@ -861,6 +869,37 @@ static PyObject *Server_get_metrics_port(ServerObject *self, void *closure)
     return PyLong_FromLong(self->server && self->started ? oi_server_metrics_port(self->server) : 0);
 }
 
+/* trace_set(model, clear, level, rate, count, log_frequency): the trace extension's sampling
+ * settings of `model` (None: the global ones). */
+static PyObject *Server_trace_set(ServerObject *self, PyObject *args)
+{
+    const char *model = NULL;
+    int clear = 0, level = 0, count = -1;
+    unsigned int rate = 0, log_frequency = 0;
+    if (!PyArg_ParseTuple(args, "zpiIiI", &model, &clear, &level, &rate, &count, &log_frequency))
+        return NULL;
+    oi_server_t *s = live_server(self);
+    if (s == NULL)
+        return NULL;
+    if (oi_server_trace_set(s, model, clear, level, rate, count, log_frequency) != 0) {
+        PyErr_SetString(PyExc_RuntimeError, "no trace file, or too many models with trace settings of their own");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* trace_count(model) -> the traces `model` (None: globally) may still take, -1: no limit. */
+static PyObject *Server_trace_count(ServerObject *self, PyObject *args)
+{
+    const char *model = NULL;
+    if (!PyArg_ParseTuple(args, "z", &model))
+        return NULL;
+    oi_server_t *s = live_server(self);
+    if (s == NULL)
+        return NULL;
+    return PyLong_FromLong(oi_server_trace_count(s, model));
+}
+
 /* statistics(name, version) -> (200, JSON bytes) or (status code, message): Triton's
  * statistics body, as GET /v2/models[/name[/versions/v]]/stats answers it. */
 static PyObject *Server_statistics(ServerObject *self, PyObject *args)
@@ -906,6 +945,10 @@ static PyMethodDef Server_methods[] = {
     {"start", (PyCFunction)Server_start, METH_NOARGS, "Binds and starts the loop threads."},
     {"stop", (PyCFunction)(void (*)(void))Server_stop, METH_VARARGS | METH_KEYWORDS,
      "Drains in-flight requests and stops."},
+    {"trace_set", (PyCFunction)Server_trace_set, METH_VARARGS,
+     "trace_set(model, clear, level, rate, count, log_frequency): a model's (None: the global) trace settings."},
+    {"trace_count", (PyCFunction)Server_trace_count, METH_VARARGS,
+     "trace_count(model) -> the traces still to take (-1: no limit)."},
     {"statistics", (PyCFunction)Server_statistics, METH_VARARGS,
      "statistics(name='', version='') -> (200, JSON bytes) or (status, message)."},
     {NULL, NULL, 0, NULL},

@@ -1028,6 +1028,7 @@ static void finish_infer(oi_infer_t *inf)
         inf->next->prev = inf->prev;
     if (inf->cancelled)
         atomic_fetch_sub(&s->grpc_orphans, 1);
+    uint64_t send_start = inf->trace != NULL ? oi_now_ns() : 0;
     if (oi_grpc_call_open(call)) {
         oi_status_t *st = inf->job.status;
         inf->job.status = NULL;
@@ -1063,6 +1064,7 @@ static void finish_infer(oi_infer_t *inf)
         if (parts != small)
             free(parts);
         maybe_end_stream(call);
+        oi_infer_trace_end(inf, send_start);
     }
     oi_infer_free(inf);
     oi_grpc_call_unref(call);
@@ -1073,6 +1075,7 @@ static const oi_peer_t *call_peer(void *call) { return oi_grpc_call_peer(call); 
 
 static void handle_infer(oi_server_t *s, oi_grpc_call_t *call, oi_buf_t *msg)
 {
+    uint64_t read_end = s->tracer != NULL ? oi_now_ns() : 0;
     oi_infer_t *inf = oi_infer_new();
     if (inf == NULL) {
         oi_buf_unref(msg);
@@ -1108,6 +1111,9 @@ static void handle_infer(oi_server_t *s, oi_grpc_call_t *call, oi_buf_t *msg)
     inf->shm = &s->shm;
     inf->shm_caller = (oi_shm_caller_t){call_peer, call};
     inf->count_stats = s->cfg.statistics;
+    if (s->tracer != NULL) /* a stream's message: read when it came (the call began long before) */
+        (void)oi_infer_trace_begin(inf, s->tracer, m, 1, call->kind == RPC_MODEL_INFER ? call->start_ns : read_end,
+                                   read_end); /* no memory: untraced */
     st = oi_infer_submit(inf, m, call->loop, finish_infer, call); /* takes the model reference */
     if (st != NULL) {
         call->pending--;

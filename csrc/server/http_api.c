@@ -150,6 +150,7 @@ static void finish_infer(oi_infer_t *c)
         oi_infer_free(c);
         return;
     }
+    uint64_t send_start = c->trace != NULL ? oi_now_ns() : 0;
     const oi_response_t *resp = &c->job.resp;
     oi_status_t *st = c->job.status;
     c->job.status = NULL;
@@ -187,6 +188,7 @@ static void finish_infer(oi_infer_t *c)
     }
     free(binary);
     free(parts);
+    oi_infer_trace_end(c, send_start);
     oi_infer_free(c);
 }
 
@@ -288,6 +290,8 @@ static void infer_body(oi_server_t *s, oi_http_request_t *r, oi_model_t *m, oi_b
         c->shm = &s->shm;
         c->shm_caller = (oi_shm_caller_t){request_peer, r};
         c->count_stats = s->cfg.statistics;
+        if (s->tracer != NULL)
+            (void)oi_infer_trace_begin(c, s->tracer, m, 0, r->start_ns, oi_now_ns()); /* no memory: untraced */
         st = oi_infer_submit(c, m, r->loop, finish_infer, r); /* takes m */
         m = NULL;
         if (st == NULL) {

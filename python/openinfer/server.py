@@ -242,6 +242,7 @@ class Server:
             metrics_cpu=allow_cpu_metrics,
             metrics_gpu=allow_gpu_metrics,
             access_log=None if access_log is None else os.fspath(access_log),
+            trace_file=None if trace_file is None else os.fspath(trace_file),
             **_metrics_settings(metrics_config),
             http_unix=self._http_unix,
             grpc_unix=self._grpc_unix,
@@ -268,7 +269,9 @@ class Server:
                 log_file=log_file, log_verbose_level=log_verbose, log_format=log_format
             )
             self._tracing = TraceSettings(
-                trace_file=os.fspath(trace_file) if trace_file is not None else None
+                trace_file=os.fspath(trace_file) if trace_file is not None else None,
+                on_change=self._trace_changed if trace_file is not None else None,
+                count_of=self._core.trace_count if trace_file is not None else None,
             )
         except BaseException:
             self._core.stop(0)
@@ -291,12 +294,29 @@ class Server:
             return self._tracing.handle(model, body, params)
         return self._control.handle(op, model, body, params, ready)
 
+    def _trace_changed(self, model: str | None, values: dict[str, Any]) -> None:
+        """The trace settings' hook: the core samples with `values` (none: the model's own
+        settings are cleared)."""
+        if not values:
+            self._core.trace_set(model, True, 0, 0, -1, 0)
+            return
+        level = 0 if values["trace_level"] == ["OFF"] else 1
+        self._core.trace_set(
+            model,
+            False,
+            level,
+            values["trace_rate"],
+            values["trace_count"],
+            values["log_frequency"],
+        )
+
     def start(self) -> Server:
         """Binds and starts the event loops; returns at once. Raises OSError when the port
         cannot be bound."""
         self._core.start()
         self._started = True
         self._logging.install()
+        self._tracing.push()
         self._control.start()
         if self._port is not None:
             self._port = self._core.port

@@ -95,7 +95,9 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
 class TraceSettings:
     """The global trace settings and each model's own. `on_change(model, effective)` is called,
     under the settings' lock, with a model's (None: the global) effective settings after each
-    change, so the core samples with them."""
+    change ({} when a model's own are all cleared), so the core samples with them;
+    `count_of(model)` reads back how many traces the core may still take (trace_count goes
+    down as requests are traced)."""
 
     def __init__(
         self,
@@ -106,6 +108,7 @@ class TraceSettings:
         trace_count: int = -1,
         log_frequency: int = 0,
         on_change: Callable[[str | None, dict[str, Any]], None] | None = None,
+        count_of: Callable[[str | None], int] | None = None,
     ) -> None:
         self._lock = threading.Lock()
         self._defaults: dict[str, Any] = {
@@ -120,10 +123,27 @@ class TraceSettings:
         self._global = dict(self._defaults)
         self._models: dict[str, dict[str, Any]] = {}
         self._on_change = on_change
+        self._count_of = count_of
+
+    def push(self) -> None:
+        """Hands the global settings to the core (at start)."""
+        if self._on_change is not None:
+            with self._lock:
+                self._on_change(None, self._effective(None))
+
+    def _sync_counts(self) -> None:
+        """Under the lock: the counts as the core has spent them."""
+        if self._count_of is None:
+            return
+        self._global["trace_count"] = self._count_of(None)
+        for name, own in self._models.items():
+            if "trace_count" in own:
+                own["trace_count"] = self._count_of(name)
 
     def settings(self, model: str | None = None) -> dict[str, Any]:
         """The effective settings of `model` (None: the global ones)."""
         with self._lock:
+            self._sync_counts()
             return self._effective(model)
 
     def _effective(self, model: str | None) -> dict[str, Any]:
@@ -151,6 +171,7 @@ class TraceSettings:
                 )
             new[name] = value if value is _CLEAR else _PARSERS[name](value)
         with self._lock:
+            self._sync_counts()
             if self._defaults["trace_file"] == "" and any(
                 n == "trace_level" and v is not _CLEAR and v != ["OFF"] for n, v in new.items()
             ):
