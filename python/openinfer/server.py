@@ -34,6 +34,7 @@ EXTENSIONS = (
     "model_configuration",
     "model_repository",
     "statistics",
+    "trace",
 )
 SHM_EXTENSIONS = ("system_shared_memory", "cuda_shared_memory")
 
