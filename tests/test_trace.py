@@ -32,9 +32,22 @@ def traced(tmp_path: Path) -> Iterator[tuple[openinfer.Server, Path]]:
         yield s, path
 
 
+_OPEN: list[Any] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
+
+
 def clients(s: openinfer.Server) -> tuple[thttp.InferenceServerClient, tgrpc.InferenceServerClient]:
-    return (thttp.InferenceServerClient(f"127.0.0.1:{s.http_port}"),
+    """Both clients of `s`, closed after the test."""
+    pair = (thttp.InferenceServerClient(f"127.0.0.1:{s.http_port}"),
             tgrpc.InferenceServerClient(f"127.0.0.1:{s.grpc_port}"))
+    _OPEN.extend(pair)
+    return pair
 
 
 def grpc_settings(g: tgrpc.InferenceServerClient, model: str = "", **update: Any) -> dict[str, Any]:
