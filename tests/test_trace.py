@@ -297,3 +297,33 @@ def test_log_frequency_writes_index_files(traced: tuple[openinfer.Server, Path])
     for p in parts:
         for t in p.values():
             check_trace(t, HTTP_POINTS)
+
+
+def test_trace_file_that_cannot_be_opened(tmp_path: Path) -> None:
+    with pytest.raises(OSError, match="cannot open the trace file .*missing"):
+        openinfer.serve(http_port=0, log=False, trace_file=tmp_path / "missing" / "trace.json")
+
+
+def test_cli_trace_file(tmp_path: Path) -> None:
+    import signal
+
+    from test_serve_cli import Cli
+
+    path = tmp_path / "trace.json"
+    cli = Cli("--trace-file", str(path))
+    try:
+        base = f"http://127.0.0.1:{cli.port}/v2"
+        r = requests.post(base + "/trace/setting", timeout=10,
+                          json={"trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
+        assert r.status_code == 200 and r.json()["trace_file"] == str(path)
+        body = {"inputs": [{"name": n, "shape": [1, 16], "datatype": "INT32", "data": list(range(16))}
+                           for n in ("INPUT0", "INPUT1")]}
+        assert requests.post(base + "/models/simple/infer", json=body, timeout=10).status_code == 200
+        cli.proc.send_signal(signal.SIGTERM)
+        rc, out = cli.wait()
+        assert rc == 0, out
+    finally:
+        cli.kill()
+    traces = read_traces(path)
+    assert len(traces) == 1
+    check_trace(traces[1], HTTP_POINTS)
