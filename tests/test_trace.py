@@ -327,3 +327,17 @@ def test_cli_trace_file(tmp_path: Path) -> None:
     traces = read_traces(path)
     assert len(traces) == 1
     check_trace(traces[1], HTTP_POINTS)
+
+
+def test_count_read_back_per_model(traced: tuple[openinfer.Server, Path]) -> None:
+    """A model with settings of its own spends its own count; the others spend the global one."""
+    s, path = traced
+    h, _ = clients(s)
+    h.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "5"})
+    h.update_trace_settings(model_name="simple", settings={"trace_rate": "2"})
+    infer_http(h, 4)  # the 2nd and 4th
+    assert h.get_trace_settings(model_name="simple")["trace_count"] == "3"
+    assert h.get_trace_settings()["trace_count"] == "5"
+    assert h.get_trace_settings(model_name="simple_string")["trace_count"] == "5"
+    s.stop()
+    assert len(read_traces(path)) == 2

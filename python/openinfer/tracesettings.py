@@ -226,6 +226,8 @@ class TraceSettings:
             values = self.update(model, changes)
         else:
             values = self.settings(model)
+        if self._count_of is not None:  # what the core has left, also where a model inherits it
+            values["trace_count"] = self._count_of(model)
         return [
             ("trace_level", list(values["trace_level"])),
             ("trace_rate", str(values["trace_rate"])),
