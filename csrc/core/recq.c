@@ -20,7 +20,10 @@ static atomic_size_t *slot_seq(const oi_recq_t *q, size_t pos)
     return (atomic_size_t *)(q->slots + (pos & (q->capacity - 1)) * q->stride);
 }
 
-static void *slot_rec(const oi_recq_t *q, size_t pos) { return (unsigned char *)slot_seq(q, pos) + sizeof(atomic_size_t); }
+static void *slot_rec(const oi_recq_t *q, size_t pos)
+{
+    return (unsigned char *)slot_seq(q, pos) + sizeof(atomic_size_t);
+}
 
 oi_recq_t *oi_recq_new(size_t capacity, size_t rec_size)
 {

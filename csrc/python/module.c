@@ -68,12 +68,11 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
     const char *http_unix = NULL, *grpc_unix = NULL, *access_log = NULL, *trace_file = NULL;
     unsigned int unix_mode = 0660;
     int compression_level = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|si$iKKiKKIiKOiKKKpippppzzIizz", kwlist, &host, &port, &threads,
-                                     &max_body, &max_header, &max_conn, &header_to, &idle_to, &depth, &grpc_port,
-                                     &grpc_max, &allow_shm, &max_per_peer, &first_byte_to, &body_to, &grpc_queued,
-                                     &statistics, &metrics_port, &counter_lat, &histogram_lat, &metrics_cpu,
-                                     &metrics_gpu, &http_unix, &grpc_unix, &unix_mode, &compression_level,
-                                     &access_log, &trace_file))
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kw, "|si$iKKiKKIiKOiKKKpippppzzIizz", kwlist, &host, &port, &threads, &max_body, &max_header,
+            &max_conn, &header_to, &idle_to, &depth, &grpc_port, &grpc_max, &allow_shm, &max_per_peer, &first_byte_to,
+            &body_to, &grpc_queued, &statistics, &metrics_port, &counter_lat, &histogram_lat, &metrics_cpu,
+            &metrics_gpu, &http_unix, &grpc_unix, &unix_mode, &compression_level, &access_log, &trace_file))
         return -1;
     if (trace_file != NULL && (trace_file[0] == '\0' || strlen(trace_file) >= sizeof(self->trace_file) - 16)) {
         PyErr_Format(PyExc_ValueError, "trace_file must be a path of 1 to %zu bytes", sizeof(self->trace_file) - 17);

@@ -35,9 +35,15 @@ void oi_access_rec_stamp(oi_access_rec_t *rec, uint64_t start_ns)
     rec->wall_ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-void oi_access_log_push(oi_access_log_t *log, const oi_access_rec_t *rec) { oi_recq_push(log->queue, rec); }
+void oi_access_log_push(oi_access_log_t *log, const oi_access_rec_t *rec)
+{
+    oi_recq_push(log->queue, rec);
+}
 
-uint64_t oi_access_log_dropped(const oi_access_log_t *log) { return oi_recq_dropped(log->queue); }
+uint64_t oi_access_log_dropped(const oi_access_log_t *log)
+{
+    return oi_recq_dropped(log->queue);
+}
 
 /* A field as one word: empty becomes "-", spaces and control bytes become '?' (a client's
  * path must not forge a line or a column). */

@@ -1111,9 +1111,11 @@ static void handle_infer(oi_server_t *s, oi_grpc_call_t *call, oi_buf_t *msg)
     inf->shm = &s->shm;
     inf->shm_caller = (oi_shm_caller_t){call_peer, call};
     inf->count_stats = s->cfg.statistics;
-    if (s->tracer != NULL) /* a stream's message: read when it came (the call began long before) */
-        (void)oi_infer_trace_begin(inf, s->tracer, m, 1, call->kind == RPC_MODEL_INFER ? call->start_ns : read_end,
-                                   read_end); /* no memory: untraced */
+    /* A stream's message was read when it came (the call began long before); out of memory,
+     * the request goes untraced. */
+    uint64_t read_start = call->kind == RPC_MODEL_INFER ? call->start_ns : read_end;
+    if (s->tracer != NULL)
+        (void)oi_infer_trace_begin(inf, s->tracer, m, 1, read_start, read_end);
     st = oi_infer_submit(inf, m, call->loop, finish_infer, call); /* takes the model reference */
     if (st != NULL) {
         call->pending--;

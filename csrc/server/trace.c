@@ -23,7 +23,7 @@
 typedef struct {
     atomic_int level;
     atomic_uint rate;
-    atomic_int count;         /* traces still to take; -1: no limit */
+    atomic_int count;          /* traces still to take; -1: no limit */
     atomic_uint_fast64_t seen; /* requests sampled against `rate` */
 } setting_t;
 
@@ -47,9 +47,9 @@ struct oi_tracer_s {
     oi_recq_t *queue;
     /* The writer's. */
     char path[4096];
-    FILE *main;            /* path (log_frequency 0) */
-    int main_started;      /* "[" written to main */
-    FILE *part;            /* path.<index> (log_frequency > 0) */
+    FILE *main;       /* path (log_frequency 0) */
+    int main_started; /* "[" written to main */
+    FILE *part;       /* path.<index> (log_frequency > 0) */
     unsigned index, in_part;
     pthread_t writer;
 };
@@ -107,7 +107,10 @@ int oi_tracer_set(oi_tracer_t *t, const char *model, int clear, int level, uint3
     return rc;
 }
 
-int32_t oi_tracer_count(oi_tracer_t *t, const char *model) { return atomic_load(&setting_for(t, model)->count); }
+int32_t oi_tracer_count(oi_tracer_t *t, const char *model)
+{
+    return atomic_load(&setting_for(t, model)->count);
+}
 
 uint64_t oi_tracer_sample(oi_tracer_t *t, const char *model)
 {
@@ -129,14 +132,16 @@ uint64_t oi_tracer_sample(oi_tracer_t *t, const char *model)
     return atomic_fetch_add_explicit(&t->next_id, 1, memory_order_relaxed) + 1;
 }
 
-void oi_tracer_push(oi_tracer_t *t, const oi_trace_rec_t *rec) { oi_recq_push(t->queue, rec); }
+void oi_tracer_push(oi_tracer_t *t, const oi_trace_rec_t *rec)
+{
+    oi_recq_push(t->queue, rec);
+}
 
 /* ---- the writer ------------------------------------------------------------------------- */
 
 static const char *const http_names[OI_TS_COUNT] = {
-    "HTTP_RECV_START",      "HTTP_RECV_END", "REQUEST_START",   "QUEUE_START",
-    "COMPUTE_START",        "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END",
-    "REQUEST_END",          "HTTP_SEND_START",   "HTTP_SEND_END",
+    "HTTP_RECV_START",      "HTTP_RECV_END", "REQUEST_START", "QUEUE_START",     "COMPUTE_START", "COMPUTE_INPUT_END",
+    "COMPUTE_OUTPUT_START", "COMPUTE_END",   "REQUEST_END",   "HTTP_SEND_START", "HTTP_SEND_END",
 };
 
 static const char *point_name(const oi_trace_rec_t *r, int i)
