@@ -265,13 +265,14 @@ def test_bad_version_string(server: openinfer.Server, stub: Any, grpc_stubs: Any
 def test_extensions_are_exactly_those_served(server: openinfer.Server) -> None:
     meta = requests.get(server.url + "/v2", timeout=10).json()
     assert meta["extensions"] == ["binary_tensor_data", "logging", "model_configuration", "model_repository",
-                                  "statistics", "system_shared_memory", "cuda_shared_memory"]
+                                  "statistics", "trace", "system_shared_memory", "cuda_shared_memory"]
     # Each listed extension answers (shared memory: its status endpoint).
     assert requests.get(server.url + "/v2/models/simple/config", timeout=10).status_code == 200
     assert requests.get(server.url + "/v2/models/simple/stats", timeout=10).status_code == 200
     assert requests.post(server.url + "/v2/repository/index", timeout=10).status_code == 200
     assert requests.get(server.url + "/v2/systemsharedmemory/status", timeout=10).status_code == 200
     assert requests.get(server.url + "/v2/logging", timeout=10).status_code == 200
+    assert requests.get(server.url + "/v2/trace/setting", timeout=10).status_code == 200
     g = tgrpc.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
     try:
         assert list(g.get_server_metadata().extensions) == meta["extensions"]
@@ -283,7 +284,7 @@ def test_extensions_without_shared_memory() -> None:
     with openinfer.serve(models=identity_model(), http_port=0, log=False, allow_shared_memory=False) as s:
         meta = requests.get(s.url + "/v2", timeout=10).json()
         assert meta["extensions"] == ["binary_tensor_data", "logging", "model_configuration", "model_repository",
-                                      "statistics"]
+                                      "statistics", "trace"]
         assert_alive(s.http_port)
 
 

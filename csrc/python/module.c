@@ -21,6 +21,7 @@ typedef struct {
     char host[256];
     char http_unix[108], grpc_unix[108]; /* "" when not served */
     char access_log[4096]; /* the access log's path, "" for none */
+    char trace_file[4096]; /* the trace extension's file, "" for none */
     oi_server_t *server; /* NULL once stopped */
     int started;
 } ServerObject;
@@ -54,6 +55,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                              "unix_socket_mode",
                              "grpc_infer_compression_level",
                              "access_log",
+                             "trace_file",
                              NULL};
     const char *host = "127.0.0.1";
     int port = 8000, threads = 0, max_conn = 4096, grpc_port = 8001, max_per_peer = 0;
@@ -63,16 +65,19 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
     unsigned int depth = 64;
     PyObject *allow_shm = Py_None;
     int statistics = 1, metrics_port = -1, counter_lat = 1, histogram_lat = 0, metrics_cpu = 1, metrics_gpu = 1;
-    const char *http_unix = NULL, *grpc_unix = NULL, *access_log = NULL;
+    const char *http_unix = NULL, *grpc_unix = NULL, *access_log = NULL, *trace_file = NULL;
     unsigned int unix_mode = 0660;
     int compression_level = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|si$iKKiKKIiKOiKKKpippppzzIiz", kwlist, &host, &port, &threads,
-                                     &max_body, &max_header, &max_conn, &header_to, &idle_to, &depth, &grpc_port,
-                                     &grpc_max, &allow_shm, &max_per_peer, &first_byte_to, &body_to, &grpc_queued,
-                                     &statistics, &metrics_port, &counter_lat, &histogram_lat, &metrics_cpu,
-                                     &metrics_gpu, &http_unix, &grpc_unix, &unix_mode, &compression_level,
-                                     &access_log))
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kw, "|si$iKKiKKIiKOiKKKpippppzzIizz", kwlist, &host, &port, &threads, &max_body, &max_header,
+            &max_conn, &header_to, &idle_to, &depth, &grpc_port, &grpc_max, &allow_shm, &max_per_peer, &first_byte_to,
+            &body_to, &grpc_queued, &statistics, &metrics_port, &counter_lat, &histogram_lat, &metrics_cpu,
+            &metrics_gpu, &http_unix, &grpc_unix, &unix_mode, &compression_level, &access_log, &trace_file))
         return -1;
+    if (trace_file != NULL && (trace_file[0] == '\0' || strlen(trace_file) >= sizeof(self->trace_file) - 16)) {
+        PyErr_Format(PyExc_ValueError, "trace_file must be a path of 1 to %zu bytes", sizeof(self->trace_file) - 17);
+        return -1;
+    }
     if (access_log != NULL && (access_log[0] == '\0' || strlen(access_log) >= sizeof(self->access_log))) {
         PyErr_Format(PyExc_ValueError, "access_log must be a path of 1 to %zu bytes, or \"-\" for standard output",
                      sizeof(self->access_log) - 1);
@@ -137,6 +142,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
     snprintf(self->http_unix, sizeof(self->http_unix), "%s", http_unix ? http_unix : "");
     snprintf(self->grpc_unix, sizeof(self->grpc_unix), "%s", grpc_unix ? grpc_unix : "");
     snprintf(self->access_log, sizeof(self->access_log), "%s", access_log ? access_log : "");
+    snprintf(self->trace_file, sizeof(self->trace_file), "%s", trace_file ? trace_file : "");
     self->cfg = (oi_server_config_t){
         .http = {.host = self->host,
                  .port = port,
@@ -165,6 +171,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                     .cpu = metrics_cpu,
                     .gpu = metrics_gpu},
         .access_log = self->access_log[0] ? self->access_log : NULL,
+        .trace_file = self->trace_file[0] ? self->trace_file : NULL,
     };
     self->server = oi_server_new(&self->cfg);
     if (self->server == NULL) {
@@ -419,9 +426,24 @@ done:
 
 /* ---- the model repository handler ------------------------------------------------------- */
 
-static const char *const repo_ops[] = {"index", "load", "unload", "logging"};
+static const char *const repo_ops[] = {"index", "load", "unload", "logging", "trace"};
 
-/* The call's gRPC parameters as a dict of bool, int, str or bytes; None over HTTP. */
+/* A LIST parameter's strings as a Python list. */
+static PyObject *param_list(const oi_repo_param_t *p)
+{
+    PyObject *list = PyList_New(0);
+    for (size_t at = 0; list != NULL && at < p->len;) {
+        size_t n = strlen(p->data + at);
+        PyObject *item = PyUnicode_DecodeUTF8(p->data + at, (Py_ssize_t)n, "replace");
+        if (item == NULL || PyList_Append(list, item) != 0)
+            Py_CLEAR(list);
+        Py_XDECREF(item);
+        at += n + 1;
+    }
+    return list;
+}
+
+/* The call's gRPC parameters as a dict of bool, int, str, bytes or list of str; None over HTTP. */
 static PyObject *repo_params(const oi_repo_call_t *call)
 {
     if (!call->grpc)
@@ -432,6 +454,7 @@ static PyObject *repo_params(const oi_repo_call_t *call)
         PyObject *v = p->kind == OI_REPO_PARAM_BOOL     ? PyBool_FromLong((long)p->number)
                       : p->kind == OI_REPO_PARAM_INT    ? PyLong_FromLongLong(p->number)
                       : p->kind == OI_REPO_PARAM_STRING ? PyUnicode_DecodeUTF8(p->data, (Py_ssize_t)p->len, "replace")
+                      : p->kind == OI_REPO_PARAM_LIST   ? param_list(p)
                                                         : PyBytes_FromStringAndSize(p->data, (Py_ssize_t)p->len);
         if (v == NULL || PyDict_SetItemString(d, p->name, v) != 0)
             Py_CLEAR(d);
@@ -502,10 +525,35 @@ static int repo_entries(oi_repo_call_t *call, PyObject *result)
     return rc;
 }
 
-/* A settings answer: (name, value) pairs, each value a bool, an int (0 to 2**32-1) or a str. */
+/* A list of str as a LIST parameter's bytes (each string NUL-terminated, back to back). */
+static int list_bytes(PyObject *v, oi_sbuf_t *out)
+{
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(v); i++) {
+        Py_ssize_t n = 0;
+        PyObject *item = PyList_GET_ITEM(v, i);
+        const char *text = PyUnicode_Check(item) ? PyUnicode_AsUTF8AndSize(item, &n) : NULL;
+        if (text == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "a setting's list holds str");
+            return -1;
+        }
+        if (memchr(text, '\0', (size_t)n) != NULL) {
+            PyErr_SetString(PyExc_ValueError, "a setting's str holds no NUL");
+            return -1;
+        }
+        if (oi_sbuf_append(out, text, (size_t)n + 1) != 0) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* A settings answer: (name, value) pairs, each value a bool, an int (0 to 2**32-1), a str or a
+ * list of str. */
 static int repo_results(oi_repo_call_t *call, PyObject *result)
 {
-    PyObject *fast = PySequence_Fast(result, "the logging handler returns a list of (name, value)");
+    PyObject *fast = PySequence_Fast(result, "a settings handler returns a list of (name, value)");
     if (fast == NULL)
         return -1;
     int rc = 0;
@@ -516,8 +564,14 @@ static int repo_results(oi_repo_call_t *call, PyObject *result)
         const char *text = NULL;
         long long number = 0;
         oi_repo_param_kind_t kind = OI_REPO_PARAM_STRING;
+        oi_sbuf_t list = {0};
         if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "sO", &name, &v)) {
             rc = -1;
+        } else if (PyList_Check(v)) {
+            kind = OI_REPO_PARAM_LIST;
+            rc = list_bytes(v, &list);
+            text = list.data;
+            len = (Py_ssize_t)list.len;
         } else if (PyBool_Check(v)) {
             kind = OI_REPO_PARAM_BOOL;
             number = v == Py_True;
@@ -538,6 +592,7 @@ static int repo_results(oi_repo_call_t *call, PyObject *result)
             PyErr_NoMemory();
             rc = -1;
         }
+        oi_sbuf_free(&list);
     }
     Py_DECREF(fast);
     return rc;
@@ -557,7 +612,7 @@ static void repo_call(void *ctx, oi_repo_call_t *call)
                                        call->ready ? Py_True : Py_False);
     if (result != NULL && call->op == OI_REPO_INDEX && repo_entries(call, result) != 0)
         Py_CLEAR(result);
-    if (result != NULL && call->op == OI_REPO_LOGGING && repo_results(call, result) != 0)
+    if (result != NULL && (call->op == OI_REPO_LOGGING || call->op == OI_REPO_TRACE) && repo_results(call, result) != 0)
         Py_CLEAR(result);
     if (result == NULL)
         call->status = repo_error();
@@ -813,6 +868,37 @@ static PyObject *Server_get_metrics_port(ServerObject *self, void *closure)
     return PyLong_FromLong(self->server && self->started ? oi_server_metrics_port(self->server) : 0);
 }
 
+/* trace_set(model, clear, level, rate, count, log_frequency): the trace extension's sampling
+ * settings of `model` (None: the global ones). */
+static PyObject *Server_trace_set(ServerObject *self, PyObject *args)
+{
+    const char *model = NULL;
+    int clear = 0, level = 0, count = -1;
+    unsigned int rate = 0, log_frequency = 0;
+    if (!PyArg_ParseTuple(args, "zpiIiI", &model, &clear, &level, &rate, &count, &log_frequency))
+        return NULL;
+    oi_server_t *s = live_server(self);
+    if (s == NULL)
+        return NULL;
+    if (oi_server_trace_set(s, model, clear, level, rate, count, log_frequency) != 0) {
+        PyErr_SetString(PyExc_RuntimeError, "no trace file, or too many models with trace settings of their own");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* trace_count(model) -> the traces `model` (None: globally) may still take, -1: no limit. */
+static PyObject *Server_trace_count(ServerObject *self, PyObject *args)
+{
+    const char *model = NULL;
+    if (!PyArg_ParseTuple(args, "z", &model))
+        return NULL;
+    oi_server_t *s = live_server(self);
+    if (s == NULL)
+        return NULL;
+    return PyLong_FromLong(oi_server_trace_count(s, model));
+}
+
 /* statistics(name, version) -> (200, JSON bytes) or (status code, message): Triton's
  * statistics body, as GET /v2/models[/name[/versions/v]]/stats answers it. */
 static PyObject *Server_statistics(ServerObject *self, PyObject *args)
@@ -858,6 +944,10 @@ static PyMethodDef Server_methods[] = {
     {"start", (PyCFunction)Server_start, METH_NOARGS, "Binds and starts the loop threads."},
     {"stop", (PyCFunction)(void (*)(void))Server_stop, METH_VARARGS | METH_KEYWORDS,
      "Drains in-flight requests and stops."},
+    {"trace_set", (PyCFunction)Server_trace_set, METH_VARARGS,
+     "trace_set(model, clear, level, rate, count, log_frequency): a model's (None: the global) trace settings."},
+    {"trace_count", (PyCFunction)Server_trace_count, METH_VARARGS,
+     "trace_count(model) -> the traces still to take (-1: no limit)."},
     {"statistics", (PyCFunction)Server_statistics, METH_VARARGS,
      "statistics(name='', version='') -> (200, JSON bytes) or (status, message)."},
     {NULL, NULL, 0, NULL},

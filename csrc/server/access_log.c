@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "core/recq.h"
 #include "core/thread.h"
 
 /* Queued records: a power of two. At ~300 bytes each, 4096 is about 1.2 MiB. */
@@ -18,18 +19,8 @@
 /* How long the writer sleeps when the queue is empty. */
 #define IDLE_NS 5000000L
 
-/* A bounded multi-producer queue (Vyukov's): each slot's sequence number says whether it is
- * free for the producer at that position or full for the consumer at it. */
-typedef struct {
-    atomic_size_t seq;
-    oi_access_rec_t rec;
-} slot_t;
-
 struct oi_access_log_s {
-    slot_t *slots;
-    atomic_size_t head; /* next position to fill (producers) */
-    size_t tail;        /* next position to read (the writer only) */
-    atomic_uint_fast64_t dropped;
+    oi_recq_t *queue; /* loop threads push, the writer pops */
     atomic_int stop;
     FILE *out;
     pthread_t writer;
@@ -46,30 +37,12 @@ void oi_access_rec_stamp(oi_access_rec_t *rec, uint64_t start_ns)
 
 void oi_access_log_push(oi_access_log_t *log, const oi_access_rec_t *rec)
 {
-    size_t pos = atomic_load_explicit(&log->head, memory_order_relaxed);
-    for (;;) {
-        slot_t *s = &log->slots[pos & (CAPACITY - 1)];
-        size_t seq = atomic_load_explicit(&s->seq, memory_order_acquire);
-        intptr_t diff = (intptr_t)seq - (intptr_t)pos;
-        if (diff == 0) {
-            if (atomic_compare_exchange_weak_explicit(&log->head, &pos, pos + 1, memory_order_relaxed,
-                                                      memory_order_relaxed)) {
-                s->rec = *rec;
-                atomic_store_explicit(&s->seq, pos + 1, memory_order_release);
-                return;
-            }
-        } else if (diff < 0) { /* full: the writer has not read this slot's last record yet */
-            atomic_fetch_add_explicit(&log->dropped, 1, memory_order_relaxed);
-            return;
-        } else {
-            pos = atomic_load_explicit(&log->head, memory_order_relaxed);
-        }
-    }
+    oi_recq_push(log->queue, rec);
 }
 
 uint64_t oi_access_log_dropped(const oi_access_log_t *log)
 {
-    return atomic_load_explicit(&((oi_access_log_t *)log)->dropped, memory_order_relaxed);
+    return oi_recq_dropped(log->queue);
 }
 
 /* A field as one word: empty becomes "-", spaces and control bytes become '?' (a client's
@@ -113,16 +86,9 @@ static void write_line(FILE *f, const oi_access_rec_t *r)
 static size_t drain(oi_access_log_t *log)
 {
     size_t n = 0;
-    for (;;) {
-        slot_t *s = &log->slots[log->tail & (CAPACITY - 1)];
-        size_t seq = atomic_load_explicit(&s->seq, memory_order_acquire);
-        if (seq != log->tail + 1)
-            break;
-        write_line(log->out, &s->rec);
-        atomic_store_explicit(&s->seq, log->tail + CAPACITY, memory_order_release);
-        log->tail++;
-        n++;
-    }
+    oi_access_rec_t rec;
+    for (; oi_recq_pop(log->queue, &rec); n++)
+        write_line(log->out, &rec);
     return n;
 }
 
@@ -155,13 +121,11 @@ oi_access_log_t *oi_access_log_open(const char *path, char *err, size_t errlen)
 {
     oi_access_log_t *log = calloc(1, sizeof(*log));
     if (log != NULL)
-        log->slots = calloc(CAPACITY, sizeof(*log->slots));
-    if (log == NULL || log->slots == NULL) {
+        log->queue = oi_recq_new(CAPACITY, sizeof(oi_access_rec_t));
+    if (log == NULL || log->queue == NULL) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
-    for (size_t i = 0; i < CAPACITY; i++)
-        atomic_init(&log->slots[i].seq, i);
     if (strcmp(path, "-") == 0) {
         int fd = dup(STDOUT_FILENO);
         log->out = fd >= 0 ? fdopen(fd, "a") : NULL;
@@ -183,7 +147,7 @@ oi_access_log_t *oi_access_log_open(const char *path, char *err, size_t errlen)
     return log;
 fail:
     if (log != NULL)
-        free(log->slots);
+        oi_recq_free(log->queue);
     free(log);
     return NULL;
 }
@@ -195,6 +159,6 @@ void oi_access_log_close(oi_access_log_t *log)
     atomic_store(&log->stop, 1);
     pthread_join(log->writer, NULL);
     fclose(log->out);
-    free(log->slots);
+    oi_recq_free(log->queue);
     free(log);
 }

@@ -40,6 +40,7 @@ enum {
     RPC_HEALTH_WATCH,
     RPC_MODEL_STATISTICS,
     RPC_LOG_SETTINGS,
+    RPC_TRACE_SETTING,
 };
 
 static const struct {
@@ -65,6 +66,7 @@ static const struct {
     {"RepositoryModelUnload", RPC_REPO_UNLOAD},
     {"ModelStatistics", RPC_MODEL_STATISTICS},
     {"LogSettings", RPC_LOG_SETTINGS},
+    {"TraceSetting", RPC_TRACE_SETTING},
 };
 
 /* ---- the access log ----------------------------------------------------------------------- */
@@ -859,6 +861,118 @@ static void log_settings_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_
     }
 }
 
+/* ---- trace ------------------------------------------------------------------------------- */
+
+/* On the call's loop thread: every setting as TraceSettingResponse, each value a list of
+ * strings (a STRING result is a list of one). */
+static void finish_trace(oi_repo_call_t *rc)
+{
+    oi_grpc_call_t *call = rc->ctx;
+    oi_server_t *s = call->data;
+    if (oi_grpc_call_open(call)) {
+        size_t n = rc->n_results, n_strings = 0;
+        for (size_t i = 0; i < n; i++) {
+            const oi_repo_param_t *p = &rc->results[i];
+            for (size_t at = 0; p->kind == OI_REPO_PARAM_LIST && at < p->len; at += strlen(p->data + at) + 1)
+                n_strings++;
+            n_strings += p->kind != OI_REPO_PARAM_LIST;
+        }
+        Inference__TraceSettingResponse__SettingValue *vals = calloc(n + 1, sizeof(*vals));
+        Inference__TraceSettingResponse__SettingsEntry *ents = calloc(n + 1, sizeof(*ents));
+        Inference__TraceSettingResponse__SettingsEntry **ptrs = calloc(n + 1, sizeof(*ptrs));
+        char **strings = calloc(n_strings + 1, sizeof(*strings));
+        if (rc->status != NULL) {
+            oi_status_t *st = rc->status;
+            rc->status = NULL;
+            finish_status(call, st);
+        } else if (vals == NULL || ents == NULL || ptrs == NULL || strings == NULL) {
+            oi_grpc_finish(call, OI_GRPC_INTERNAL, "out of memory");
+        } else {
+            char **next = strings;
+            for (size_t i = 0; i < n; i++) {
+                oi_repo_param_t *p = &rc->results[i];
+                inference__trace_setting_response__setting_value__init(&vals[i]);
+                vals[i].value = next;
+                if (p->kind == OI_REPO_PARAM_LIST) {
+                    for (size_t at = 0; at < p->len; at += strlen(p->data + at) + 1)
+                        *next++ = p->data + at;
+                } else {
+                    *next++ = p->data; /* a STRING (the handler answers every trace setting as text) */
+                }
+                vals[i].n_value = (size_t)(next - vals[i].value);
+                inference__trace_setting_response__settings_entry__init(&ents[i]);
+                ents[i].key = p->name;
+                ents[i].value = &vals[i];
+                ptrs[i] = &ents[i];
+            }
+            Inference__TraceSettingResponse r = INFERENCE__TRACE_SETTING_RESPONSE__INIT;
+            r.n_settings = n;
+            r.settings = ptrs;
+            reply(call, &r.base);
+        }
+        free(vals);
+        free(ents);
+        free(ptrs);
+        free(strings);
+    }
+    oi_repo_call_free(rc);
+    oi_grpc_call_unref(call);
+    atomic_fetch_sub(&s->grpc_inflight, 1);
+}
+
+/* TraceSetting: each setting goes to the application's handler as a LIST parameter (its
+ * values; none clears a model's own setting), with the model, which must be ready. */
+static void trace_setting_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg)
+{
+    Inference__TraceSettingRequest *q =
+        inference__trace_setting_request__unpack(NULL, msg->len, (const uint8_t *)msg->data);
+    if (q == NULL) {
+        oi_grpc_finish(call, OI_GRPC_INVALID_ARGUMENT, "malformed TraceSettingRequest");
+        return;
+    }
+    oi_status_t *st = NULL;
+    if (q->model_name[0] != '\0') {
+        oi_model_t *m = oi_registry_find(&s->registry, q->model_name, NULL, &st);
+        if (m != NULL && m->error != NULL)
+            st = oi_status_new(OI_BAD_REQUEST, "Request for unknown model : %s", q->model_name);
+        else if (m == NULL) {
+            oi_status_free(st);
+            st = oi_status_new(OI_BAD_REQUEST, "Request for unknown model : %s", q->model_name);
+        }
+        oi_model_unref(m);
+    }
+    oi_repo_call_t *rc = st == NULL ? oi_repo_call_new(OI_REPO_TRACE) : NULL;
+    int bad = st == NULL && rc == NULL;
+    if (!bad && rc != NULL && q->model_name[0] != '\0')
+        bad = (rc->model = strdup(q->model_name)) == NULL;
+    for (size_t i = 0; !bad && rc != NULL && i < q->n_settings; i++) {
+        const Inference__TraceSettingRequest__SettingValue *v = q->settings[i]->value;
+        oi_sbuf_t list = {0};
+        for (size_t k = 0; !bad && v != NULL && k < v->n_value; k++)
+            bad = oi_sbuf_append(&list, v->value[k], strlen(v->value[k]) + 1);
+        if (!bad)
+            bad = oi_repo_call_add_param(rc, q->settings[i]->key, OI_REPO_PARAM_LIST, 0, list.data, list.len);
+        oi_sbuf_free(&list);
+    }
+    inference__trace_setting_request__free_unpacked(q, NULL);
+    if (bad)
+        st = oi_status_new(OI_INTERNAL, "out of memory");
+    if (st == NULL) {
+        rc->grpc = 1;
+        oi_grpc_call_ref(call);
+        atomic_fetch_add(&s->grpc_inflight, 1);
+        st = oi__repo_submit(s, rc, call->loop, finish_trace, call);
+        if (st != NULL) {
+            atomic_fetch_sub(&s->grpc_inflight, 1);
+            oi_grpc_call_unref(call);
+        }
+    }
+    if (st != NULL) {
+        oi_repo_call_free(rc);
+        finish_status(call, st);
+    }
+}
+
 /* ---- inference ---------------------------------------------------------------------------- */
 
 /* A streamed request failed: one ModelStreamInferResponse with error_message, and the
@@ -913,6 +1027,7 @@ static void finish_infer(oi_infer_t *inf)
         inf->next->prev = inf->prev;
     if (inf->cancelled)
         atomic_fetch_sub(&s->grpc_orphans, 1);
+    uint64_t send_start = inf->trace != NULL ? oi_now_ns() : 0;
     if (oi_grpc_call_open(call)) {
         oi_status_t *st = inf->job.status;
         inf->job.status = NULL;
@@ -948,6 +1063,7 @@ static void finish_infer(oi_infer_t *inf)
         if (parts != small)
             free(parts);
         maybe_end_stream(call);
+        oi_infer_trace_end(inf, send_start);
     }
     oi_infer_free(inf);
     oi_grpc_call_unref(call);
@@ -958,6 +1074,7 @@ static const oi_peer_t *call_peer(void *call) { return oi_grpc_call_peer(call); 
 
 static void handle_infer(oi_server_t *s, oi_grpc_call_t *call, oi_buf_t *msg)
 {
+    uint64_t read_end = s->tracer != NULL ? oi_now_ns() : 0;
     oi_infer_t *inf = oi_infer_new();
     if (inf == NULL) {
         oi_buf_unref(msg);
@@ -993,6 +1110,11 @@ static void handle_infer(oi_server_t *s, oi_grpc_call_t *call, oi_buf_t *msg)
     inf->shm = &s->shm;
     inf->shm_caller = (oi_shm_caller_t){call_peer, call};
     inf->count_stats = s->cfg.statistics;
+    /* A stream's message was read when it came (the call began long before); out of memory,
+     * the request goes untraced. */
+    uint64_t read_start = call->kind == RPC_MODEL_INFER ? call->start_ns : read_end;
+    if (s->tracer != NULL)
+        (void)oi_infer_trace_begin(inf, s->tracer, m, 1, read_start, read_end);
     st = oi_infer_submit(inf, m, call->loop, finish_infer, call); /* takes the model reference */
     if (st != NULL) {
         call->pending--;
@@ -1101,6 +1223,7 @@ static void on_message(void *ctx, oi_grpc_call_t *call, oi_buf_t *msg)
     case RPC_REPO_LOAD:
     case RPC_REPO_UNLOAD: repo_rpc(s, call, msg); break;
     case RPC_LOG_SETTINGS: log_settings_rpc(s, call, msg); break;
+    case RPC_TRACE_SETTING: trace_setting_rpc(s, call, msg); break;
     case RPC_MODEL_STATISTICS:
         model_statistics(s, call, msg);
         break;

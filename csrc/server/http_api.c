@@ -150,6 +150,7 @@ static void finish_infer(oi_infer_t *c)
         oi_infer_free(c);
         return;
     }
+    uint64_t send_start = c->trace != NULL ? oi_now_ns() : 0;
     const oi_response_t *resp = &c->job.resp;
     oi_status_t *st = c->job.status;
     c->job.status = NULL;
@@ -187,6 +188,7 @@ static void finish_infer(oi_infer_t *c)
     }
     free(binary);
     free(parts);
+    oi_infer_trace_end(c, send_start);
     oi_infer_free(c);
 }
 
@@ -293,6 +295,8 @@ static void infer_body(oi_server_t *s, oi_http_request_t *r, oi_model_t *m, oi_b
         c->shm = &s->shm;
         c->shm_caller = (oi_shm_caller_t){request_peer, r};
         c->count_stats = s->cfg.statistics;
+        if (s->tracer != NULL)
+            (void)oi_infer_trace_begin(c, s->tracer, m, 0, r->start_ns, oi_now_ns()); /* no memory: untraced */
         st = oi_infer_submit(c, m, r->loop, finish_infer, r); /* takes m */
         m = NULL;
         if (st == NULL) {
@@ -493,6 +497,8 @@ static void respond_model_config(oi_http_request_t *r, oi_model_t *m)
 }
 
 /* /v2/models/{name}[/versions/{v}][/ready|/infer|/config|/stats] */
+static void route_settings(oi_server_t *s, oi_http_request_t *r, oi_repo_op_t op, const char *model);
+
 static void route_model(oi_server_t *s, oi_http_request_t *r, const char *p)
 {
     if (strcmp(p, "stats") == 0) { /* every model's; as in Triton, it shadows a model named "stats" */
@@ -519,6 +525,10 @@ static void route_model(oi_server_t *s, oi_http_request_t *r, const char *p)
     }
     if (seg_is(p, e, "stats") && *e == '\0') {
         model_stats(s, r, name, version);
+        return;
+    }
+    if (version[0] == '\0' && strcmp(p, "trace/setting") == 0) {
+        route_settings(s, r, OI_REPO_TRACE, name);
         return;
     }
     enum { METADATA, READY, INFER, CONFIG } what;
@@ -799,8 +809,8 @@ static void route_repository(oi_server_t *s, oi_http_request_t *r, const char *p
 
 /* ---- logging ------------------------------------------------------------------------------- */
 
-/* The settings as one JSON object, in the handler's order. */
-static void finish_logging(oi_repo_call_t *call)
+/* The settings as one JSON object, in the handler's order; a LIST is an array of strings. */
+static void finish_settings(oi_repo_call_t *call)
 {
     oi_http_request_t *r = call->ctx;
     if (call->status != NULL) {
@@ -822,7 +832,15 @@ static void finish_logging(oi_repo_call_t *call)
             bad |= oi_sbuf_printf(&body, "%s", p->number ? "true" : "false");
         else if (p->kind == OI_REPO_PARAM_INT)
             bad |= oi_sbuf_printf(&body, "%lld", (long long)p->number);
-        else
+        else if (p->kind == OI_REPO_PARAM_LIST) {
+            bad |= oi_sbuf_append(&body, "[", 1);
+            for (size_t at = 0; at < p->len; at += strlen(p->data + at) + 1) {
+                if (at > 0)
+                    bad |= oi_sbuf_append(&body, ",", 1);
+                bad |= oi_json_write_string(&body, p->data + at, strlen(p->data + at));
+            }
+            bad |= oi_sbuf_append(&body, "]", 1);
+        } else
             bad |= oi_json_write_string(&body, p->data, p->len);
     }
     bad |= oi_sbuf_append(&body, "}", 1);
@@ -835,20 +853,34 @@ static void finish_logging(oi_repo_call_t *call)
     oi_repo_call_free(call);
 }
 
-/* GET /v2/logging reads the log settings, POST changes those its JSON body names; the
- * application's handler judges the body. */
-static void route_logging(oi_server_t *s, oi_http_request_t *r)
+/* GET /v2/logging and /v2/[models/{model}/]trace/setting read the log or trace settings, POST
+ * changes those its JSON body names; the application's handler judges the body. `model` (trace
+ * only; NULL: the global settings) must be ready, as Triton checks. */
+static void route_settings(oi_server_t *s, oi_http_request_t *r, oi_repo_op_t op, const char *model)
 {
     if (r->method != HTTP_GET && r->method != HTTP_POST) {
         method_not_allowed(r, "GET or POST");
         return;
     }
-    oi_repo_call_t *call = oi_repo_call_new(OI_REPO_LOGGING);
+    if (model != NULL) {
+        oi_status_t *err = NULL;
+        oi_model_t *m = oi_registry_find(&s->registry, model, NULL, &err);
+        int ready = m != NULL && m->error == NULL;
+        oi_model_unref(m);
+        oi_status_free(err);
+        if (!ready) {
+            respond_status(r, oi_status_new(OI_BAD_REQUEST, "Request for unknown model : %s", model));
+            return;
+        }
+    }
+    oi_repo_call_t *call = oi_repo_call_new(op);
     oi_status_t *st = call == NULL ? oi_status_new(OI_INTERNAL, "out of memory") : NULL;
+    if (st == NULL && model != NULL && (call->model = strdup(model)) == NULL)
+        st = oi_status_new(OI_INTERNAL, "out of memory");
     if (st == NULL && r->method == HTTP_POST)
         st = attach_body(s, r, call);
     if (st == NULL)
-        st = oi__repo_submit(s, call, r->loop, finish_logging, r);
+        st = oi__repo_submit(s, call, r->loop, finish_settings, r);
     if (st != NULL) {
         oi_repo_call_free(call);
         respond_status(r, st);
@@ -901,7 +933,11 @@ void oi__http_api_handle(void *ctx, oi_http_request_t *r)
         return;
     }
     if (strcmp(p, "logging") == 0) {
-        route_logging(s, r);
+        route_settings(s, r, OI_REPO_LOGGING, NULL);
+        return;
+    }
+    if (strcmp(p, "trace/setting") == 0) {
+        route_settings(s, r, OI_REPO_TRACE, NULL);
         return;
     }
     if (strncmp(p, "systemsharedmemory/", 19) == 0) {

@@ -1,5 +1,6 @@
 #include "server/infer.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "server/validate.h"
@@ -22,13 +23,53 @@ void oi_infer_free(oi_infer_t *inf)
     oi_request_clear(&inf->req);
     free(inf->output_names);
     oi_model_unref(inf->model);
+    free(inf->trace);
     free(inf);
+}
+
+int oi_infer_trace_begin(oi_infer_t *inf, oi_tracer_t *t, const oi_model_t *m, int grpc, uint64_t recv_start,
+                         uint64_t recv_end)
+{
+    uint64_t id = oi_tracer_sample(t, m->name);
+    if (id == 0)
+        return 0;
+    oi_trace_rec_t *r = calloc(1, sizeof(*r));
+    if (r == NULL)
+        return -1;
+    r->id = id;
+    r->grpc = grpc;
+    r->model_version = m->version;
+    snprintf(r->model_name, sizeof(r->model_name), "%s", m->name);
+    r->ns[OI_TS_RECV_START] = recv_start;
+    r->ns[OI_TS_RECV_END] = recv_end;
+    inf->tracer = t;
+    inf->trace = r;
+    return 0;
+}
+
+void oi_infer_trace_end(oi_infer_t *inf, uint64_t send_start)
+{
+    if (inf->trace == NULL)
+        return;
+    inf->trace->ns[OI_TS_SEND_START] = send_start;
+    inf->trace->ns[OI_TS_SEND_END] = oi_now_ns();
+    oi_tracer_push(inf->tracer, inf->trace);
 }
 
 /* On the loop thread again. */
 static void run_done(oi_task_t *t)
 {
     oi_infer_t *inf = (oi_infer_t *)((char *)t - offsetof(oi_infer_t, task));
+    if (inf->trace != NULL) { /* the scheduler's times (taken when the request is counted) */
+        uint64_t *ns = inf->trace->ns;
+        ns[OI_TS_QUEUE_START] = inf->job.times.start;
+        ns[OI_TS_COMPUTE_START] = inf->job.times.compute_start;
+        ns[OI_TS_COMPUTE_INPUT_END] = inf->job.times.input_end;
+        ns[OI_TS_COMPUTE_OUTPUT_START] = inf->job.times.output_start;
+        if (inf->job.times.compute_start == 0)
+            ns[OI_TS_COMPUTE_END] = 0; /* it never ran */
+        ns[OI_TS_REQUEST_END] = oi_now_ns();
+    }
     inf->done(inf);
 }
 
@@ -46,8 +87,11 @@ static void job_done(oi_job_t *j)
      * lost, and the request says so rather than answer with zeros. */
     if (j->status == NULL && inf->shm != NULL)
         j->status = oi_shm_check_request(&inf->req, &j->resp);
+    uint64_t end = j->counted || inf->trace != NULL ? oi_now_ns() : 0;
+    if (inf->trace != NULL)
+        inf->trace->ns[OI_TS_COMPUTE_END] = end;
     if (j->counted && j->slot != NULL)
-        oi_stats_request(j->slot, &j->times, oi_now_ns(), j->status == NULL,
+        oi_stats_request(j->slot, &j->times, end, j->status == NULL,
                          j->times.compute_start       ? OI_FAIL_BACKEND
                          : atomic_load(&j->cancelled) ? OI_FAIL_CANCELED
                                                       : OI_FAIL_REJECTED,
@@ -104,6 +148,8 @@ oi_status_t *oi_infer_submit(oi_infer_t *inf, oi_model_t *m, oi_loop_t *loop, oi
     inf->job.rows = request_rows(m, &inf->req);
     inf->req.cancelled = oi_job_cancelled;
     inf->req.cancelled_arg = &inf->job;
+    if (inf->trace != NULL)
+        inf->trace->ns[OI_TS_REQUEST_START] = oi_now_ns();
     if (oi_scheduler_submit(m->sched, &inf->job) != 0)
         return oi_status_new(OI_UNAVAILABLE, "the server is shutting down");
     return NULL;

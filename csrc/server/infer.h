@@ -6,6 +6,7 @@
 
 #include "server/registry.h"
 #include "server/shm.h"
+#include "server/trace.h"
 #include "transport/loop.h"
 
 typedef struct oi_infer_s oi_infer_t;
@@ -30,6 +31,8 @@ struct oi_infer_s {
                                  * from the server's config before submit */
     int cancelled;              /* oi_infer_cancel was called (loop thread only) */
     oi_infer_t *prev, *next;    /* the transport's list of the requests of one call */
+    oi_tracer_t *tracer;        /* with `trace`: where the record goes */
+    oi_trace_rec_t *trace;      /* a sampled request's timestamps (owned); NULL: not traced */
 };
 
 /* Returns a zeroed inference ready for decoding into `req`, or NULL (out of memory). */
@@ -52,6 +55,16 @@ oi_status_t *oi_infer_submit(oi_infer_t *inf, oi_model_t *m, oi_loop_t *loop, oi
  * exactly once and the caller still frees the inference there; it should write nothing.
  * Loop thread, between a successful submit and `done`'s call. */
 void oi_infer_cancel(oi_infer_t *inf);
+
+/* Before submit: samples the request for tracing (oi_tracer_sample) and, when it is traced,
+ * notes that it was received from `recv_start` to `recv_end` (monotonic ns). `t` NULL: no
+ * tracing. Returns -1 when out of memory (the request then goes untraced), else 0. */
+int oi_infer_trace_begin(oi_infer_t *inf, oi_tracer_t *t, const oi_model_t *m, int grpc, uint64_t recv_start,
+                         uint64_t recv_end);
+
+/* In `done`, for a traced request: its response was handed to the transport between
+ * `send_start` and now; the record goes to the tracer. */
+void oi_infer_trace_end(oi_infer_t *inf, uint64_t send_start);
 
 /* Frees the inference, its request, response, status and model reference. */
 void oi_infer_free(oi_infer_t *inf);

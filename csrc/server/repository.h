@@ -14,15 +14,17 @@
 #include "core/status.h"
 #include "transport/loop.h"
 
-/* LOGGING reads or changes the log settings (the logging extension): not a repository
- * operation, but it too belongs to the application and runs its handler, so it rides here. */
-typedef enum { OI_REPO_INDEX, OI_REPO_LOAD, OI_REPO_UNLOAD, OI_REPO_LOGGING } oi_repo_op_t;
+/* LOGGING reads or changes the log settings (the logging extension), TRACE the trace settings
+ * (the trace extension; `model` names the model, NULL: the global ones): not repository
+ * operations, but they too belong to the application and run its handler, so they ride here. */
+typedef enum { OI_REPO_INDEX, OI_REPO_LOAD, OI_REPO_UNLOAD, OI_REPO_LOGGING, OI_REPO_TRACE } oi_repo_op_t;
 
 typedef enum {
     OI_REPO_PARAM_BOOL,
     OI_REPO_PARAM_INT,
     OI_REPO_PARAM_STRING,
     OI_REPO_PARAM_BYTES,
+    OI_REPO_PARAM_LIST, /* strings, each NUL-terminated, back to back in data (len: all bytes) */
 } oi_repo_param_kind_t;
 
 /* One request parameter of a gRPC load or unload (ModelRepositoryParameter). */
@@ -63,7 +65,7 @@ struct oi_repo_call_s {
     oi_status_t *status;      /* NULL: done */
     oi_repo_entry_t *entries; /* index: the lines, each field owned (oi_repo_call_free frees) */
     size_t n_entries;
-    oi_repo_param_t *results; /* LOGGING: every setting as it now is (BOOL, INT or STRING) */
+    oi_repo_param_t *results; /* LOGGING, TRACE: every setting as it now is (BOOL, INT, STRING or LIST) */
     size_t n_results;
     /* The submitter's. */
     oi_task_t task;

@@ -60,6 +60,21 @@ static void grpc_finished(void *ctx, oi_grpc_call_t *call, int grpc_status)
     oi_access_log_push(s->access_log, &rec);
 }
 
+/* ---- the trace extension ------------------------------------------------------------------ */
+
+int oi_server_trace_set(oi_server_t *s, const char *model, int clear, int level, uint32_t rate, int32_t count,
+                        uint32_t log_frequency)
+{
+    if (s->tracer == NULL)
+        return -1;
+    return oi_tracer_set(s->tracer, model, clear, level, rate, count, log_frequency);
+}
+
+int32_t oi_server_trace_count(oi_server_t *s, const char *model)
+{
+    return s->tracer != NULL ? oi_tracer_count(s->tracer, model) : -1;
+}
+
 /* ---- life cycle --------------------------------------------------------------------------- */
 
 /* Whether `host` names only this machine: 127.0.0.0/8, ::1, or localhost. */
@@ -85,7 +100,7 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
     pthread_mutex_init(&s->health_mu, NULL);
     oi_registry_init(&s->registry);
     oi_shm_init(&s->shm, cfg->allow_shared_memory < 0 ? is_loopback(cfg->http.host) : cfg->allow_shared_memory != 0);
-    if (cfg->access_log != NULL)
+    if (cfg->access_log != NULL || cfg->trace_file != NULL) /* both need the requests' start */
         s->cfg.http.on_answered = http_answered;
     s->http = oi_http_server_new(&s->cfg.http, oi__http_api_handle, s);
     int grpc = s->cfg.grpc_port >= 0 || s->cfg.grpc_unix_path != NULL;
@@ -101,7 +116,7 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
             .preface_timeout_ms = s->cfg.http.first_byte_timeout_ms,
             .idle_timeout_ms = s->cfg.http.idle_timeout_ms,
             .max_queued_bytes = s->cfg.grpc_max_queued_bytes,
-            .on_finished = cfg->access_log != NULL ? grpc_finished : NULL,
+            .on_finished = cfg->access_log != NULL || cfg->trace_file != NULL ? grpc_finished : NULL,
         };
         s->grpc = oi_h2_server_new(&h2, &oi__grpc_api_handler, s);
     }
@@ -174,6 +189,10 @@ int oi_server_start(oi_server_t *s, char *err, size_t errlen)
         (s->access_log = oi_access_log_open(s->cfg.access_log, err, errlen)) == NULL)
         return UV_EINVAL;
     s->cfg.access_log = NULL; /* the caller's string is not ours to keep */
+    if (s->cfg.trace_file != NULL && s->tracer == NULL &&
+        (s->tracer = oi_tracer_open(s->cfg.trace_file, err, errlen)) == NULL)
+        return UV_EINVAL;
+    s->cfg.trace_file = NULL;
     int rc = oi_http_server_start(s->http, err, errlen);
     if (rc == 0 && s->metrics_http != NULL) {
         char merr[400];
@@ -345,6 +364,7 @@ static void finish_stop(oi_server_t *s)
     oi_h2_server_free(s->grpc);
     oi_metrics_free(s->metrics);
     oi_access_log_close(s->access_log); /* the loops are gone: nothing pushes now */
+    oi_tracer_close(s->tracer);
     oi_buf_unref(s->metadata);
     if (s->repo_release) /* every call is answered: the loops are gone */
         s->repo_release(s->repo_ctx);

@@ -33,6 +33,7 @@ typedef struct oi_server_config_s {
     /* The access log's file ("-": standard output), opened by oi_server_start, which is the
      * last to read this pointer; NULL: no access log, and requests take no timestamps. */
     const char *access_log;
+    const char *trace_file; /* the trace extension's file (NULL: no tracing); copied at start */
 } oi_server_config_t;
 
 typedef struct oi_server_s oi_server_t;
@@ -66,6 +67,15 @@ void oi_server_health_changed(oi_server_t *s);
 
 /* Listens and starts the loops. 0, or an error with a message in `err`. */
 int oi_server_start(oi_server_t *s, char *err, size_t errlen);
+
+/* The trace extension's sampling settings of `model` (NULL: the global ones), as
+ * oi_tracer_set takes them; after start, from the application's control thread. -1 without a
+ * trace file or when out of room. */
+int oi_server_trace_set(oi_server_t *s, const char *model, int clear, int level, uint32_t rate, int32_t count,
+                        uint32_t log_frequency);
+
+/* The traces `model` (NULL: globally) may still take; -1: no limit (or no trace file). */
+int32_t oi_server_trace_count(oi_server_t *s, const char *model);
 
 /* For tests and fuzz targets, on a server whose config sets http.inline_loop: the one loop,
  * which the caller runs on its own thread after oi_server_start (nothing listens), and the

@@ -7,6 +7,7 @@
 #include <stdatomic.h>
 
 #include "server/access_log.h"
+#include "server/trace.h"
 #include "server/repository.h"
 #include "server/server.h"
 #include "server/shm.h"
@@ -34,6 +35,7 @@ struct oi_server_s {
     oi_http_server_t *metrics_http; /* the /metrics listener, one loop thread; NULL without */
     oi_metrics_t *metrics;          /* touched on that loop thread only, after start */
     oi_access_log_t *access_log;    /* set by start before any loop runs; NULL without */
+    oi_tracer_t *tracer;            /* the trace file's: set by start before any loop runs; NULL without */
 };
 
 /* The HTTP/1.1 handler: routes the V2 REST API (http_api.c). */

@@ -545,6 +545,7 @@ static int on_message_begin(llhttp_t *p)
     c->req.accept_encoding[0] = '\0';
     if (c->lis->server->cfg.on_answered != NULL)
         c->start_ns = uv_hrtime();
+    c->req.start_ns = c->start_ns;
     arm_timer(c, c->lis->server->cfg.header_timeout_ms);
     return 0;
 }

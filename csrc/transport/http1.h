@@ -68,6 +68,7 @@ struct oi_http_request_s {
     char content_encoding[32];       /* lower-cased, "" when absent */
     char accept_encoding[128];       /* lower-cased, "" when absent */
     oi_loop_t *loop;                 /* post completions here: oi_http_respond runs on it */
+    uint64_t start_ns;               /* uv_hrtime of the first byte, with cfg.on_answered only (else 0) */
     /* Set by a handler that answers later: called once (loop thread) when the connection
      * closes before oi_http_respond, so that the work can be dropped. oi_http_respond must
      * still follow; what it sends goes nowhere. Cleared for each request. */

@@ -103,6 +103,7 @@ class Server:
         unix_socket_mode: int = 0o660,  # the socket files' permission bits
         grpc_infer_compression_level: int = 0,  # 0 none, 1 low, 2 medium, 3 high (as tritonserver)
         access_log: str | None = None,  # a path, or "-" for standard output; None: no access log
+        trace_file: str | None = None,  # the trace extension's file; None: no tracing
     ) -> None: ...
     def set_metadata(self, metadata_json: bytes) -> None:
         """Sets the body of GET /v2 (server metadata)."""
@@ -148,11 +149,13 @@ class Server:
     def set_repository(self, handler: RepositoryHandler) -> None:
         """Serves the model repository extension (POST /v2/repository/..., gRPC Repository*)
         through handler(op, model, body, params, ready), called on a control thread per
-        request: op "index", "load" or "unload", or "logging" (GET/POST /v2/logging, gRPC
-        LogSettings); body the HTTP request body (None over gRPC or when empty); params the
-        gRPC parameters (None over HTTP); ready the gRPC index flag. It returns the index as
-        (name, version, state, reason) tuples (None: left out), for "logging" every setting
-        as (name, bool | int | str), or None; an exception with `status` and `message` (InferenceServerError) answers with
+        request: op "index", "load" or "unload", "logging" (GET/POST /v2/logging, gRPC
+        LogSettings) or "trace" (GET/POST /v2/[models/{model}/]trace/setting, gRPC TraceSetting;
+        model None for the global settings); body the HTTP request body (None over gRPC or when
+        empty); params the gRPC parameters (None over HTTP; for "trace" each a list of str);
+        ready the gRPC index flag. It returns the index as (name, version, state, reason) tuples
+        (None: left out), for "logging" and "trace" every setting as (name, bool | int | str |
+        list of str), or None; an exception with `status` and `message` (InferenceServerError) answers with
         them, any other with 500. Before start()."""
     def start(self) -> None:
         """Binds and starts the loop threads; returns at once. Raises OSError when binding fails."""
@@ -165,6 +168,15 @@ class Server:
     @property
     def metrics_port(self) -> int:
         """The bound metrics port; 0 before start() or without metrics."""
+    def trace_set(
+        self, model: str | None, clear: bool, level: int, rate: int, count: int, log_frequency: int
+    ) -> None:
+        """The trace sampling settings of `model` (None: the global ones): level 0 off, 1
+        TIMESTAMPS; one request in `rate`; `count` traces more (-1: no limit); the file flushed
+        every `log_frequency` traces (0: at the end). `clear` drops the model's own settings.
+        RuntimeError without a trace file."""
+    def trace_count(self, model: str | None) -> int:
+        """The traces `model` (None: globally) may still take; -1: no limit."""
     def statistics(self, name: str = "", version: str = "") -> tuple[int, bytes | str]:
         """Triton's statistics body for every model (name ""), every ready version of one
         (version ""), or one version: (200, JSON bytes), else (status code, message) — 400 for

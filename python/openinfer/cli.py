@@ -226,6 +226,12 @@ def _parser() -> argparse.ArgumentParser:
         help="one line per request to PATH, or to standard output without one (default: off)",
     )
     serve.add_argument(
+        "--trace-file",
+        metavar="PATH",
+        help="where the trace extension writes traces (Triton's JSON); clients turn tracing on "
+        "with /v2/trace/setting (default: no tracing)",
+    )
+    serve.add_argument(
         "--log-file",
         metavar="PATH",
         help="write the server's log to PATH instead of stderr (clients cannot change it)",
@@ -315,6 +321,7 @@ def _serve(args: argparse.Namespace) -> int:
             log_verbose=args.log_verbose,
             log_format=args.log_format,
             access_log=args.access_log,
+            trace_file=args.trace_file,
             **grpc,
             **metrics,  # type: ignore[arg-type]
             **limits,

@@ -21,6 +21,7 @@ from typing import Any
 from . import __version__, _core, _display
 from .control import DEFAULT_POLL_SECS, IndexEntry, ModelControl
 from .logsettings import LogSettings
+from .tracesettings import TraceSettings
 from .errors import InferenceServerError
 from .model import Model
 from .repository import examples_path
@@ -35,6 +36,7 @@ EXTENSIONS = (
     "model_configuration",
     "model_repository",
     "statistics",
+    "trace",
 )
 SHM_EXTENSIONS = ("system_shared_memory", "cuda_shared_memory")
 
@@ -154,6 +156,7 @@ def serve(
     log_verbose: int = 0,
     log_format: str = "default",
     access_log: str | os.PathLike[str] | None = None,
+    trace_file: str | os.PathLike[str] | None = None,
     **limits: int,
 ) -> Server:
     """Serves the models of repository `repo` and the given `models`, and returns the running
@@ -199,7 +202,10 @@ def serve(
 
     (UTC time; "-" for a field that does not apply), written by a thread of its own: when it
     falls behind, lines are dropped and counted in a "# access log: N lines dropped" line
-    rather than slowing requests. `limits` go to the core:
+    rather than slowing requests. `trace_file` is tritonserver's ``--trace-file``: where the
+    trace extension writes the traces of sampled requests (Triton's JSON); clients turn tracing
+    on and tune it with ``/v2/trace/setting`` (see `openinfer.tracesettings`). `limits` go to
+    the core:
     max_body_bytes, max_header_bytes, max_connections, max_connections_per_peer,
     first_byte_timeout_ms, header_timeout_ms, body_timeout_ms, idle_timeout_ms, max_json_depth,
     grpc_max_message_bytes, grpc_max_queued_bytes."""
@@ -228,6 +234,7 @@ def serve(
         log_verbose=log_verbose,
         log_format=log_format,
         access_log=access_log,
+        trace_file=trace_file,
         **limits,
     )
     server.start()
@@ -265,6 +272,7 @@ class Server:
         log_verbose: int = 0,
         log_format: str = "default",
         access_log: str | os.PathLike[str] | None = None,
+        trace_file: str | os.PathLike[str] | None = None,
         **limits: int,
     ) -> None:
         level = _COMPRESSION_LEVELS.get(grpc_infer_response_compression_level)
@@ -302,6 +310,7 @@ class Server:
             metrics_cpu=allow_cpu_metrics,
             metrics_gpu=allow_gpu_metrics,
             access_log=None if access_log is None else os.fspath(access_log),
+            trace_file=None if trace_file is None else os.fspath(trace_file),
             **_metrics_settings(metrics_config),
             http_unix=self._http_unix,
             grpc_unix=self._grpc_unix,
@@ -327,6 +336,11 @@ class Server:
             self._logging = LogSettings(
                 log_file=log_file, log_verbose_level=log_verbose, log_format=log_format
             )
+            self._tracing = TraceSettings(
+                trace_file=os.fspath(trace_file) if trace_file is not None else None,
+                on_change=self._trace_changed if trace_file is not None else None,
+                count_of=self._core.trace_count if trace_file is not None else None,
+            )
         except BaseException:
             self._core.stop(0)
             raise
@@ -340,11 +354,29 @@ class Server:
         params: dict[str, Any] | None,
         ready: bool,
     ) -> Any:
-        """The core's control handler: the logging extension here, the rest is the
-        repository's."""
+        """The core's control handler: the logging and trace extensions here, the rest is
+        the repository's."""
         if op == "logging":
             return self._logging.handle(body, params)
+        if op == "trace":
+            return self._tracing.handle(model, body, params)
         return self._control.handle(op, model, body, params, ready)
+
+    def _trace_changed(self, model: str | None, values: dict[str, Any]) -> None:
+        """The trace settings' hook: the core samples with `values` (none: the model's own
+        settings are cleared)."""
+        if not values:
+            self._core.trace_set(model, True, 0, 0, -1, 0)
+            return
+        level = 0 if values["trace_level"] == ["OFF"] else 1
+        self._core.trace_set(
+            model,
+            False,
+            level,
+            values["trace_rate"],
+            values["trace_count"],
+            values["log_frequency"],
+        )
 
     def start(self) -> Server:
         """Binds and starts the event loops; returns at once. Raises OSError when the port
@@ -354,6 +386,7 @@ class Server:
         with _running_lock:
             _running[id(self)] = self
         self._logging.install()
+        self._tracing.push()
         self._control.start()
         if self._port is not None:
             self._port = self._core.port

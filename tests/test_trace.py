@@ -1,0 +1,343 @@
+"""Triton's trace extension: settings read and changed with tritonclient over HTTP and gRPC
+(global and per model, cleared, bad values refused with nothing changed), and the trace file
+that level TIMESTAMPS writes (Triton's JSON), with trace_rate and trace_count honoured."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.grpc as tgrpc
+import tritonclient.http as thttp
+from tritonclient.utils import InferenceServerException
+
+import openinfer
+from conftest import assert_alive, assert_grpc_alive
+
+HTTP_POINTS = ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "QUEUE_START", "COMPUTE_START",
+               "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END", "HTTP_SEND_START",
+               "HTTP_SEND_END"]
+GRPC_POINTS = ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END"] + HTTP_POINTS[2:9] + ["GRPC_SEND_START", "GRPC_SEND_END"]
+
+
+@pytest.fixture
+def traced(tmp_path: Path) -> Iterator[tuple[openinfer.Server, Path]]:
+    path = tmp_path / "trace.json"
+    with openinfer.serve(http_port=0, log=False, trace_file=path) as s:
+        yield s, path
+
+
+_OPEN: list[Any] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
+
+
+def clients(s: openinfer.Server) -> tuple[thttp.InferenceServerClient, tgrpc.InferenceServerClient]:
+    """Both clients of `s`, closed after the test."""
+    pair = (thttp.InferenceServerClient(f"127.0.0.1:{s.http_port}"),
+            tgrpc.InferenceServerClient(f"127.0.0.1:{s.grpc_port}"))
+    _OPEN.extend(pair)
+    return pair
+
+
+def grpc_settings(g: tgrpc.InferenceServerClient, model: str = "", **update: Any) -> dict[str, Any]:
+    """The settings as the HTTP client shows them (trace_level a list, the rest strings)."""
+    if update:
+        got = g.update_trace_settings(model_name=model, settings=update, as_json=True)
+    else:
+        got = g.get_trace_settings(model_name=model, as_json=True)
+    return {k: v.get("value", []) if k == "trace_level" else v.get("value", [""])[0]
+            for k, v in got["settings"].items()}
+
+
+def infer_http(h: thttp.InferenceServerClient, n: int) -> None:
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    for _ in range(n):
+        ins = [thttp.InferInput("INPUT0", [1, 16], "INT32"), thttp.InferInput("INPUT1", [1, 16], "INT32")]
+        for i in ins:
+            i.set_data_from_numpy(a)
+        out = h.infer("simple", ins).as_numpy("OUTPUT0")
+        assert (out == a + a).all()
+
+
+def infer_grpc(g: tgrpc.InferenceServerClient, n: int) -> None:
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    for _ in range(n):
+        ins = [tgrpc.InferInput("INPUT0", [1, 16], "INT32"), tgrpc.InferInput("INPUT1", [1, 16], "INT32")]
+        for i in ins:
+            i.set_data_from_numpy(a)
+        out = g.infer("simple", ins).as_numpy("OUTPUT0")
+        assert (out == a + a).all()
+
+
+def read_traces(path: Path) -> dict[int, dict[str, Any]]:
+    """The trace file parsed: id -> {model_name, model_version, points: [(name, ns)]}."""
+    entries = json.loads(path.read_text())
+    assert isinstance(entries, list)
+    traces: dict[int, dict[str, Any]] = {}
+    for e in entries:
+        t = traces.setdefault(e["id"], {"points": []})
+        if "timestamps" in e:
+            assert set(e) == {"id", "timestamps"}
+            t["points"] += [(ts["name"], ts["ns"]) for ts in e["timestamps"]]
+        else:
+            assert set(e) == {"id", "model_name", "model_version"}
+            t.update(model_name=e["model_name"], model_version=e["model_version"])
+    return traces
+
+
+# ---- settings ----------------------------------------------------------------------------------
+
+
+def test_defaults_on_both_protocols(traced: tuple[openinfer.Server, Path]) -> None:
+    s, path = traced
+    h, g = clients(s)
+    expected = {"trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1", "log_frequency": "0",
+                "trace_file": str(path), "trace_mode": "triton"}
+    assert h.get_trace_settings() == expected
+    assert h.get_trace_settings(model_name="simple") == expected
+    assert grpc_settings(g) == expected
+    assert grpc_settings(g, "simple") == expected
+    assert requests.get(f"http://127.0.0.1:{s.http_port}/v2", timeout=10).json()["extensions"].count("trace") == 1
+
+
+def test_global_and_model_settings_http(traced: tuple[openinfer.Server, Path]) -> None:
+    s, _ = traced
+    h, _ = clients(s)
+    got = h.update_trace_settings(settings={"trace_rate": "7", "log_frequency": "5"})
+    assert (got["trace_rate"], got["log_frequency"]) == ("7", "5")
+    got = h.update_trace_settings(model_name="simple", settings={"trace_rate": "3", "trace_count": "9"})
+    assert (got["trace_rate"], got["trace_count"], got["log_frequency"]) == ("3", "9", "5")
+    # The global settings, and another model's, are untouched.
+    assert h.get_trace_settings()["trace_rate"] == "7"
+    assert h.get_trace_settings(model_name="simple_string")["trace_rate"] == "7"
+    # A global change reaches what the model did not set itself.
+    h.update_trace_settings(settings={"log_frequency": "6"})
+    assert h.get_trace_settings(model_name="simple")["log_frequency"] == "6"
+    assert h.get_trace_settings(model_name="simple")["trace_rate"] == "3"
+    # null clears the model's own setting: the global one applies again.
+    got = h.update_trace_settings(model_name="simple", settings={"trace_rate": None})
+    assert (got["trace_rate"], got["trace_count"]) == ("7", "9")
+    got = h.update_trace_settings(model_name="simple", settings={"trace_count": None})
+    assert got["trace_count"] == "-1"
+    # An empty body only reads.
+    r = requests.post(f"http://127.0.0.1:{s.http_port}/v2/trace/setting", timeout=10)
+    assert r.status_code == 200 and r.json()["trace_rate"] == "7"
+
+
+def test_global_and_model_settings_grpc(traced: tuple[openinfer.Server, Path]) -> None:
+    s, _ = traced
+    h, g = clients(s)
+    assert grpc_settings(g, trace_rate="11")["trace_rate"] == "11"
+    got = grpc_settings(g, "simple", trace_level=["TIMESTAMPS"], trace_count="4")
+    assert (got["trace_level"], got["trace_count"], got["trace_rate"]) == (["TIMESTAMPS"], "4", "11")
+    assert grpc_settings(g)["trace_level"] == ["OFF"]
+    assert h.get_trace_settings(model_name="simple")["trace_level"] == ["TIMESTAMPS"]
+    # No value clears the model's own setting.
+    got = grpc_settings(g, "simple", trace_level=None)
+    assert got["trace_level"] == ["OFF"] and got["trace_count"] == "4"
+    got = grpc_settings(g, "simple", trace_count=None)
+    assert got["trace_count"] == "-1"
+
+
+BAD = [
+    ({"trace_rate": "fast"}, "Unable to parse 'trace_rate', got: fast"),
+    ({"trace_rate": "-1"}, "Unable to parse 'trace_rate', value is out of range [ 0, 4294967295 ], got: -1"),
+    ({"trace_rate": "4294967296"}, "'trace_rate', value is out of range"),
+    ({"trace_count": "-2"}, "Unable to parse 'trace_count'. Expecting value >= -1, got: -2"),
+    ({"trace_count": "many"}, "Unable to parse 'trace_count', got: many"),
+    ({"log_frequency": "1.5"}, "Unable to parse 'log_frequency', got: 1.5"),
+    ({"trace_level": ["OFF", "TIMESTAMPS"]}, "Expect only one trace level 'OFF' is specified"),
+    ({"trace_level": ["LOUD"]}, "unknown value 'LOUD' for 'trace_level'"),
+    ({"trace_level": ["TENSORS"]}, "trace level 'TENSORS' is not supported"),
+    ({"trace_verbosity": "1"}, "unknown trace setting 'trace_verbosity'"),
+    # A valid setting beside a bad one is not applied either.
+    ({"trace_rate": "2", "trace_count": "x"}, "Unable to parse 'trace_count', got: x"),
+]
+
+
+@pytest.mark.parametrize("settings,message", BAD)
+def test_bad_values_change_nothing(traced: tuple[openinfer.Server, Path], settings: dict[str, Any],
+                                   message: str) -> None:
+    s, _ = traced
+    h, g = clients(s)
+    before = h.get_trace_settings(model_name="simple")
+    for model in ("", "simple"):
+        with pytest.raises(InferenceServerException) as e:
+            h.update_trace_settings(model_name=model, settings=settings)
+        assert e.value.status() == "400" and message in e.value.message()
+        with pytest.raises(InferenceServerException) as e:
+            g.update_trace_settings(model_name=model, settings=settings)
+        assert e.value.status() == "StatusCode.INVALID_ARGUMENT" and message in e.value.message()
+    assert h.get_trace_settings(model_name="simple") == before
+    assert h.get_trace_settings() == before
+    assert_alive(s.http_port)
+    assert_grpc_alive(s.grpc_port)
+
+
+def test_bad_requests(traced: tuple[openinfer.Server, Path]) -> None:
+    s, path = traced
+    h, g = clients(s)
+    base = f"http://127.0.0.1:{s.http_port}/v2"
+    with pytest.raises(InferenceServerException) as e:
+        h.update_trace_settings(settings={"trace_file": "/tmp/elsewhere.json"})
+    assert e.value.status() == "501" and "trace file location can not be updated" in e.value.message()
+    with pytest.raises(InferenceServerException) as e:
+        g.update_trace_settings(settings={"trace_file": "/tmp/elsewhere.json"})
+    assert e.value.status() == "StatusCode.UNIMPLEMENTED"
+    with pytest.raises(InferenceServerException) as e:
+        h.get_trace_settings(model_name="nope")
+    assert e.value.status() == "400" and e.value.message() == "Request for unknown model : nope"
+    with pytest.raises(InferenceServerException) as e:
+        g.update_trace_settings(model_name="nope", settings={"trace_rate": "1"})
+    assert e.value.status() == "StatusCode.INVALID_ARGUMENT" and "unknown model : nope" in e.value.message()
+    with pytest.raises(InferenceServerException) as e:
+        g.update_trace_settings(settings={"trace_rate": ["1", "2"]})
+    assert "expect only 1 value for 'trace_rate'" in e.value.message()
+    for body in (b"{", b"[1]", b'{"trace_level": "OFF", "trace_rate": 3}'):
+        r = requests.post(base + "/trace/setting", data=body, timeout=10)
+        if body.startswith(b'{"'):  # a lone level and a number are taken, as strings would be
+            assert r.status_code == 200 and r.json()["trace_rate"] == "3"
+        else:
+            assert r.status_code == 400 and "trace request" in r.json()["error"]
+    assert requests.put(base + "/trace/setting", timeout=10).status_code == 405
+    assert h.get_trace_settings()["trace_file"] == str(path)
+    assert_alive(s.http_port)
+
+
+def test_timestamps_need_a_trace_file() -> None:
+    with openinfer.serve(http_port=0, log=False) as s:
+        h, g = clients(s)
+        assert h.get_trace_settings()["trace_file"] == ""
+        with pytest.raises(InferenceServerException) as e:
+            h.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]})
+        assert e.value.status() == "400" and "needs a trace file" in e.value.message()
+        assert grpc_settings(g, trace_rate="5")["trace_rate"] == "5"  # the rest may change
+        assert h.get_trace_settings()["trace_level"] == ["OFF"]
+
+
+# ---- the trace file ----------------------------------------------------------------------------
+
+
+def check_trace(t: dict[str, Any], points: list[str]) -> None:
+    assert (t["model_name"], t["model_version"]) == ("simple", 1)
+    assert [name for name, _ in t["points"]] == points
+    stamps = [ns for _, ns in t["points"]]
+    assert stamps == sorted(stamps) and stamps[0] > 0
+
+
+def test_http_and_grpc_requests_traced(traced: tuple[openinfer.Server, Path]) -> None:
+    s, path = traced
+    h, g = clients(s)
+    h.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
+    infer_http(h, 3)
+    infer_grpc(g, 2)
+    s.stop()
+    traces = read_traces(path)
+    assert sorted(traces) == [1, 2, 3, 4, 5]
+    for i in (1, 2, 3):
+        check_trace(traces[i], HTTP_POINTS)
+    for i in (4, 5):
+        check_trace(traces[i], GRPC_POINTS)
+
+
+def test_rate_and_count_honoured(traced: tuple[openinfer.Server, Path]) -> None:
+    s, path = traced
+    h, g = clients(s)
+    h.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"], "trace_rate": "3", "trace_count": "2"})
+    infer_http(h, 5)  # the 3rd is traced
+    assert h.get_trace_settings()["trace_count"] == "1"
+    infer_grpc(g, 4)  # the 6th request is traced; the 9th finds the count spent
+    assert h.get_trace_settings()["trace_count"] == "0"
+    s.stop()
+    traces = read_traces(path)
+    assert len(traces) == 2
+    check_trace(traces[1], HTTP_POINTS)
+    check_trace(traces[2], GRPC_POINTS)
+
+
+def test_model_settings_drive_sampling(traced: tuple[openinfer.Server, Path]) -> None:
+    s, path = traced
+    h, g = clients(s)
+    # Tracing on for "simple" alone, every other request.
+    h.update_trace_settings(model_name="simple", settings={"trace_level": ["TIMESTAMPS"], "trace_rate": "2"})
+    r = requests.post(f"http://127.0.0.1:{s.http_port}/v2/models/simple_string/infer", timeout=10,
+                      json={"inputs": [{"name": n, "shape": [1, 16], "datatype": "BYTES", "data": ["1"] * 16}
+                                       for n in ("INPUT0", "INPUT1")]})
+    assert r.status_code == 200, r.text
+    infer_http(h, 4)
+    # Cleared: the global settings (off) apply again.
+    h.update_trace_settings(model_name="simple", settings={"trace_level": None})
+    infer_grpc(g, 2)
+    s.stop()
+    traces = read_traces(path)
+    assert len(traces) == 2
+    assert all(t["model_name"] == "simple" for t in traces.values())
+
+
+def test_log_frequency_writes_index_files(traced: tuple[openinfer.Server, Path]) -> None:
+    s, path = traced
+    h, _ = clients(s)
+    h.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "log_frequency": "2"})
+    infer_http(h, 5)
+    s.stop()
+    parts = [read_traces(Path(f"{path}.{i}")) for i in range(3)]
+    assert [len(p) for p in parts] == [2, 2, 1]
+    assert not Path(f"{path}.3").exists()
+    for p in parts:
+        for t in p.values():
+            check_trace(t, HTTP_POINTS)
+
+
+def test_trace_file_that_cannot_be_opened(tmp_path: Path) -> None:
+    with pytest.raises(OSError, match="cannot open the trace file .*missing"):
+        openinfer.serve(http_port=0, log=False, trace_file=tmp_path / "missing" / "trace.json")
+
+
+def test_cli_trace_file(tmp_path: Path) -> None:
+    import signal
+
+    from test_serve_cli import Cli
+
+    path = tmp_path / "trace.json"
+    cli = Cli("--trace-file", str(path))
+    try:
+        base = f"http://127.0.0.1:{cli.port}/v2"
+        r = requests.post(base + "/trace/setting", timeout=10,
+                          json={"trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
+        assert r.status_code == 200 and r.json()["trace_file"] == str(path)
+        body = {"inputs": [{"name": n, "shape": [1, 16], "datatype": "INT32", "data": list(range(16))}
+                           for n in ("INPUT0", "INPUT1")]}
+        assert requests.post(base + "/models/simple/infer", json=body, timeout=10).status_code == 200
+        cli.proc.send_signal(signal.SIGTERM)
+        rc, out = cli.wait()
+        assert rc == 0, out
+    finally:
+        cli.kill()
+    traces = read_traces(path)
+    assert len(traces) == 1
+    check_trace(traces[1], HTTP_POINTS)
+
+
+def test_count_read_back_per_model(traced: tuple[openinfer.Server, Path]) -> None:
+    """A model with settings of its own spends its own count; the others spend the global one."""
+    s, path = traced
+    h, _ = clients(s)
+    h.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "5"})
+    h.update_trace_settings(model_name="simple", settings={"trace_rate": "2"})
+    infer_http(h, 4)  # the 2nd and 4th
+    assert h.get_trace_settings(model_name="simple")["trace_count"] == "3"
+    assert h.get_trace_settings()["trace_count"] == "5"
+    assert h.get_trace_settings(model_name="simple_string")["trace_count"] == "5"
+    s.stop()
+    assert len(read_traces(path)) == 2
