@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import ast
 import itertools
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import openinfer
 from openinfer import triton_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,7 +109,10 @@ def test_getting_started_notebook_runs(tmp_path: Path) -> None:
     nb = nbformat.read(ROOT / "examples" / "notebooks" / "getting_started.ipynb", as_version=4)
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), "commit the notebook without outputs"
     client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
-    client.execute()
+    # The kernel imports the openinfer under test (the sanitizer run's PYTHONPATH is relative,
+    # and the kernel runs in tmp_path).
+    package_root = str(Path(openinfer.__file__).resolve().parent.parent)
+    client.execute(env={**os.environ, "PYTHONPATH": package_root})
 
     def text(cell: Any) -> str:
         return "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in cell.outputs)
