@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 # there on first use), so no run depends on what an earlier one, or ~/.cache, left behind.
 TEST_CACHE := $(CURDIR)/build/test-cache
 
-.PHONY: setup setup-serve build serve test test-plain test-asan wheel bench clean fuzz fuzz-build
+.PHONY: setup setup-serve build serve test test-plain test-asan wheel bench clean fuzz fuzz-build docs
 
 setup:
 	@scripts/setup.sh test
@@ -31,6 +31,11 @@ serve: setup-serve $(EXT)
 	$(PY) -m openinfer serve $(REPO)
 
 test: build test-plain test-asan
+
+# The documentation site into build/site (warnings, broken links and unresolved references
+# are errors); `.venv/bin/python -m mkdocs serve` previews it.
+docs: setup
+	$(PY) -m mkdocs build --strict -d build/site
 
 test-plain:
 	rm -rf $(TEST_CACHE)/plain

@@ -50,7 +50,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 if [ "$MODE" = test ]; then
   stamp=.venv/.requirements-test.sha
-  want=$(sha256sum requirements-test.txt | cut -d' ' -f1)
+  # requirements-test.txt includes requirements-docs.txt: a change to either reinstalls.
+  want=$(cat requirements-test.txt requirements-docs.txt | sha256sum | cut -d' ' -f1)
   if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     echo "setup: installing Python packages into .venv"
     .venv/bin/python -m pip install -q --upgrade pip
