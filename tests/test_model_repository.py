@@ -677,3 +677,13 @@ def test_a_compressed_load_body_is_inflated_off_the_loop(explicit: openinfer.Ser
     r = requests.post(url, data=body[:-8], headers={"Content-Encoding": "gzip"}, timeout=60)
     assert r.status_code == 400 and "error" in r.json(), r.text
     assert http.get_model_metadata("add_one")["inputs"][0]["name"] == "X"
+
+
+@pytest.mark.parametrize("path", ["/v2/repository/index", "/v2/repository/models/add_one/load",
+                                  "/v2/logging", "/v2/trace/setting"])
+def test_control_bodies_in_an_unknown_encoding_are_refused(explicit: openinfer.Server, path: str) -> None:
+    """A control request compressed with an encoding the server cannot inflate gets 415 naming
+    it, before anything runs; the server goes on."""
+    r = requests.post(explicit.url + path, data=b"\x00\x01", headers={"Content-Encoding": "br"}, timeout=60)
+    assert r.status_code == 415 and "'br'" in r.json()["error"], r.text
+    assert requests.post(explicit.url + "/v2/repository/index", timeout=60).status_code == 200

@@ -646,7 +646,15 @@ static void repo_index_reply(oi_grpc_call_t *call, const oi_repo_call_t *rc)
     free(ptrs);
 }
 
-/* Runs a control call (repository, logging) for gRPC `call` on a control thread; `done` comes
+/* Ends what submit_control began, once the call's answer is written. */
+static void end_control(oi_server_t *s, oi_grpc_call_t *call, oi_repo_call_t *rc)
+{
+    oi_repo_call_free(rc);
+    oi_grpc_call_unref(call);
+    atomic_fetch_sub(&s->grpc_inflight, 1);
+}
+
+/* Runs a control call (repository, logging, trace) for gRPC `call` on a control thread; `done` comes
  * back on the call's loop. The call counts as in flight until then. NULL, or why not. */
 static oi_status_t *submit_control(oi_server_t *s, oi_grpc_call_t *call, oi_repo_call_t *rc, oi_repo_done_cb done)
 {
@@ -681,9 +689,7 @@ static void finish_repo(oi_repo_call_t *rc)
             reply(call, &r.base);
         }
     }
-    oi_repo_call_free(rc);
-    oi_grpc_call_unref(call);
-    atomic_fetch_sub(&s->grpc_inflight, 1);
+    end_control(s, call, rc);
 }
 
 /* Copies a load or unload request's parameters into the call, values as the client typed them
@@ -817,9 +823,7 @@ static void finish_logging(oi_repo_call_t *rc)
         free(ents);
         free(ptrs);
     }
-    oi_repo_call_free(rc);
-    oi_grpc_call_unref(call);
-    atomic_fetch_sub(&s->grpc_inflight, 1);
+    end_control(s, call, rc);
 }
 
 /* LogSettings: the settings to change go to the application's handler as typed parameters (a
@@ -915,9 +919,7 @@ static void finish_trace(oi_repo_call_t *rc)
         free(ptrs);
         free(strings);
     }
-    oi_repo_call_free(rc);
-    oi_grpc_call_unref(call);
-    atomic_fetch_sub(&s->grpc_inflight, 1);
+    end_control(s, call, rc);
 }
 
 /* TraceSetting: each setting goes to the application's handler as a LIST parameter (its
@@ -957,16 +959,8 @@ static void trace_setting_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf
     inference__trace_setting_request__free_unpacked(q, NULL);
     if (bad)
         st = oi_status_new(OI_INTERNAL, "out of memory");
-    if (st == NULL) {
-        rc->grpc = 1;
-        oi_grpc_call_ref(call);
-        atomic_fetch_add(&s->grpc_inflight, 1);
-        st = oi__repo_submit(s, rc, call->loop, finish_trace, call);
-        if (st != NULL) {
-            atomic_fetch_sub(&s->grpc_inflight, 1);
-            oi_grpc_call_unref(call);
-        }
-    }
+    if (st == NULL)
+        st = submit_control(s, call, rc, finish_trace);
     if (st != NULL) {
         oi_repo_call_free(rc);
         finish_status(call, st);
