@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import openinfer
-from openinfer import Model, Tensor
+from openinfer import Model, Tensor, _core
 
 V2_TYPES = [
     "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
@@ -274,3 +274,22 @@ def assert_grpc_alive(port: int) -> None:
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         live = channel.unary_unary("/inference.GRPCInferenceService/ServerLive")(b"", timeout=10)
     assert live == b"\x08\x01"
+
+
+@pytest.fixture
+def hold() -> Iterator[None]:
+    """Work sent to the worker pool (decompression, compression) waits on a hold until the test
+    ends, so a test can show the event loop serving meanwhile."""
+    _core._hold_work(True)
+    try:
+        yield
+    finally:
+        _core._hold_work(False)
+
+
+def wait_until_held(n: int = 1, bound: float = 60.0) -> None:
+    """Waits (bounded) for `n` pieces of work to be waiting on the hold."""
+    end = time.monotonic() + bound
+    while _core._held_work() < n:
+        assert time.monotonic() < end, f"{_core._held_work()} of {n} pieces of work reached the hold"
+        time.sleep(0.005)

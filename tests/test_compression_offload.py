@@ -20,6 +20,8 @@ import requests
 import openinfer
 from openinfer import Model, Tensor, _core
 
+from conftest import wait_until_held
+
 LIMIT = 8 << 20
 
 
@@ -39,23 +41,6 @@ def server() -> Iterator[openinfer.Server]:
         yield srv
     finally:
         srv.stop()
-
-
-@pytest.fixture
-def hold() -> Iterator[None]:
-    _core._hold_work(True)
-    try:
-        yield
-    finally:
-        _core._hold_work(False)
-
-
-def wait_until_held(n: int = 1, bound: float = 60.0) -> None:
-    """Waits (bounded) for `n` pieces of work to be waiting on the hold."""
-    end = time.monotonic() + bound
-    while _core._held_work() < n:
-        assert time.monotonic() < end, f"{_core._held_work()} of {n} pieces of work reached the hold"
-        time.sleep(0.005)
 
 
 def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:

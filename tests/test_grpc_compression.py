@@ -24,6 +24,8 @@ from test_grpc_transport import H2, SERVICE, frame, status_of
 import openinfer
 from openinfer import Model, Tensor, _core
 
+from conftest import wait_until_held
+
 LIMIT = 4 << 20
 ACCEPTED = "identity,deflate,gzip"
 
@@ -302,22 +304,6 @@ def test_bad_level_is_refused() -> None:
 
 
 # ---- off the loop ----------------------------------------------------------------------------
-
-
-@pytest.fixture
-def hold() -> Iterator[None]:
-    _core._hold_work(True)
-    try:
-        yield
-    finally:
-        _core._hold_work(False)
-
-
-def wait_until_held(n: int = 1, bound: float = 60.0) -> None:
-    end = time.monotonic() + bound
-    while _core._held_work() < n:
-        assert time.monotonic() < end, f"{_core._held_work()} of {n} pieces of work reached the hold"
-        time.sleep(0.005)
 
 
 @pytest.mark.parametrize("side", ["request", "response"])
