@@ -81,13 +81,20 @@ def infer_grpc(g: tgrpc.InferenceServerClient, n: int) -> None:
 
 
 def read_traces(path: Path) -> dict[int, dict[str, Any]]:
-    """The trace file parsed: id -> {model_name, model_version, points: [(name, ns)]}."""
-    entries = json.loads(path.read_text())
+    """The trace file parsed: id -> {model_name, model_version, points: [(name, ns)], tensors:
+    [(activity, tensor)], events: names in file order (timestamps and tensor activities)}."""
+    entries = json.loads(path.read_text(encoding="utf-8"))
     assert isinstance(entries, list)
     traces: dict[int, dict[str, Any]] = {}
     for e in entries:
-        t = traces.setdefault(e["id"], {"points": []})
-        if "timestamps" in e:
+        t = traces.setdefault(e["id"], {"points": [], "tensors": [], "events": []})
+        if "activity" in e:
+            assert set(e) == {"id", "activity", "tensor"}
+            assert set(e["tensor"]) == {"name", "data", "shape", "dtype"}
+            t["tensors"].append((e["activity"], e["tensor"]))
+            t["events"].append(e["activity"])
+        elif "timestamps" in e:
+            t["events"] += [ts["name"] for ts in e["timestamps"]]
             assert set(e) == {"id", "timestamps"}
             t["points"] += [(ts["name"], ts["ns"]) for ts in e["timestamps"]]
         else:
@@ -159,7 +166,6 @@ BAD = [
     ({"log_frequency": "1.5"}, "Unable to parse 'log_frequency', got: 1.5"),
     ({"trace_level": ["OFF", "TIMESTAMPS"]}, "Expect only one trace level 'OFF' is specified"),
     ({"trace_level": ["LOUD"]}, "unknown value 'LOUD' for 'trace_level'"),
-    ({"trace_level": ["TENSORS"]}, "trace level 'TENSORS' is not supported"),
     ({"trace_verbosity": "1"}, "unknown trace setting 'trace_verbosity'"),
     # A valid setting beside a bad one is not applied either.
     ({"trace_rate": "2", "trace_count": "x"}, "Unable to parse 'trace_count', got: x"),
@@ -341,3 +347,107 @@ def test_count_read_back_per_model(traced: tuple[openinfer.Server, Path]) -> Non
     assert h.get_trace_settings(model_name="simple_string")["trace_count"] == "5"
     s.stop()
     assert len(read_traces(path)) == 2
+
+
+# ---- level TENSORS -------------------------------------------------------------------------------
+
+
+def tensor_value(tensor: dict[str, Any]) -> np.ndarray:
+    """A traced tensor's data as an array of its shape ("data" and "shape" are Triton's
+    comma-separated strings)."""
+    shape = [int(d) for d in tensor["shape"].split(",")] if tensor["shape"] else []
+    if tensor["dtype"] == "BYTES":
+        items = json.loads("[" + tensor["data"] + "]")
+        return np.array([i.encode() for i in items], dtype=object).reshape(shape)
+    kind = {"BOOL": np.int8, "FP32": np.float32, "FP64": np.float64}.get(tensor["dtype"], np.int64)
+    return np.array(tensor["data"].split(",") if tensor["data"] else [], dtype=np.float64).astype(kind).reshape(shape)
+
+
+def test_tensors_level_alone(traced: tuple[openinfer.Server, Path]) -> None:
+    s, path = traced
+    h, g = clients(s)
+    h.update_trace_settings(settings={"trace_level": ["TENSORS"], "trace_rate": "1"})
+    assert h.get_trace_settings()["trace_level"] == ["TENSORS"]
+    infer_http(h, 1)
+    infer_grpc(g, 1)
+    s.stop()
+    traces = read_traces(path)
+    assert sorted(traces) == [1, 2]
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    for t in traces.values():
+        # No timestamps and no request details at TENSORS alone, as in Triton.
+        assert t["points"] == [] and "model_name" not in t
+        assert [(act, x["name"]) for act, x in t["tensors"]] == [
+            ("TENSOR_QUEUE_INPUT", "INPUT0"), ("TENSOR_QUEUE_INPUT", "INPUT1"),
+            ("TENSOR_BACKEND_OUTPUT", "OUTPUT0"), ("TENSOR_BACKEND_OUTPUT", "OUTPUT1")]
+        for act, x in t["tensors"]:
+            assert (x["dtype"], x["shape"]) == ("INT32", "1,16")
+            expected = {"INPUT0": a, "INPUT1": a, "OUTPUT0": a + a, "OUTPUT1": a - a}[x["name"]]
+            assert (tensor_value(x) == expected).all()
+        assert t["tensors"][0][1]["data"] == ",".join(str(i) for i in range(16))
+
+
+def test_timestamps_and_tensors_together(traced: tuple[openinfer.Server, Path]) -> None:
+    s, path = traced
+    h, g = clients(s)
+    got = grpc_settings(g, trace_level=["TENSORS", "TIMESTAMPS"], trace_rate="1")
+    assert got["trace_level"] == ["TIMESTAMPS", "TENSORS"]
+    infer_grpc(g, 1)
+    s.stop()
+    traces = read_traces(path)
+    assert list(traces) == [1]
+    t = traces[1]
+    check_trace(t, GRPC_POINTS)
+    # The inputs follow QUEUE_START, the outputs COMPUTE_OUTPUT_START, as Triton reports them.
+    ins, outs = ["TENSOR_QUEUE_INPUT"] * 2, ["TENSOR_BACKEND_OUTPUT"] * 2
+    expected = GRPC_POINTS[:4] + ins + GRPC_POINTS[4:7] + outs + GRPC_POINTS[7:]
+    assert t["events"] == expected
+
+
+KINDS = [("B", "BOOL"), ("U8", "UINT8"), ("I8", "INT8"), ("U64", "UINT64"), ("I64", "INT64"),
+         ("F32", "FP32"), ("F64", "FP64"), ("H", "FP16"), ("S", "BYTES")]
+
+
+def test_tensor_data_of_every_kind(tmp_path: Path) -> None:
+    """Booleans as 0/1, integers of each width, floats with 6 significant digits, FP16 empty as
+    Triton leaves it, and BYTES elements (quotes, backslashes, control bytes, UTF-8 and bytes
+    that are not UTF-8) written so that the file stays valid JSON and each element reads back."""
+    path = tmp_path / "trace.json"
+    model = openinfer.Model(
+        "echo_all", lambda x: {"Y_" + k: v for k, v in x.items()},
+        inputs=[openinfer.Tensor(n, d, [-1]) for n, d in KINDS],
+        outputs=[openinfer.Tensor("Y_" + n, d, [-1]) for n, d in KINDS])
+    strings = [b'say "hi"', b"back\\slash", b"tab\tnew\nline\x00", "héllo ✓".encode(), b"\xff\xc3",
+               b"\xed\xa0\x80"]
+    with openinfer.serve(models=[model], http_port=0, log=False, trace_file=path) as s:
+        h, _ = clients(s)
+        h.update_trace_settings(settings={"trace_level": ["TENSORS"], "trace_rate": "1"})
+        values = {
+            "B": np.array([True, False, True]), "U8": np.array([0, 255], np.uint8),
+            "I8": np.array([-128, 7], np.int8), "U64": np.array([2**64 - 1], np.uint64),
+            "I64": np.array([-2**63], np.int64), "F32": np.array([0.1, -2.5, 1e20], np.float32),
+            "F64": np.array([3.141592653589793, 0.0]), "H": np.array([1.5], np.float16),
+            "S": np.array(strings, dtype=object),
+        }
+        ins = []
+        for n, d in KINDS:
+            i = thttp.InferInput(n, list(values[n].shape), d)
+            i.set_data_from_numpy(values[n], binary_data=True)
+            ins.append(i)
+        h.infer("echo_all", ins)
+    (t,) = read_traces(path).values()
+    got = {(act, x["name"]): x for act, x in t["tensors"]}
+    assert len(got) == 2 * len(KINDS)
+    data = {n: got[("TENSOR_QUEUE_INPUT", n)]["data"] for n, _ in KINDS}
+    assert data["B"] == "1,0,1"
+    assert data["U8"] == "0,255" and data["I8"] == "-128,7"
+    assert data["U64"] == str(2**64 - 1) and data["I64"] == str(-2**63)
+    assert data["F32"] == "0.1,-2.5,1e+20" and data["F64"] == "3.14159,0"
+    assert data["H"] == ""
+    elems = json.loads("[" + data["S"] + "]")
+    assert [e.encode("utf-8") for e in elems[:4]] == strings[:4]
+    # Bytes that are not UTF-8 (a stray byte, a cut sequence, a surrogate), one escape each.
+    assert elems[4:] == ["\u00ff\u00c3", "\u00ed\u00a0\u0080"]
+    for n, d in KINDS:
+        out = got[("TENSOR_BACKEND_OUTPUT", "Y_" + n)]
+        assert (out["dtype"], out["shape"], out["data"]) == (d, str(len(values[n])), data[n])

@@ -23,6 +23,8 @@ void oi_infer_free(oi_infer_t *inf)
     oi_request_clear(&inf->req);
     free(inf->output_names);
     oi_model_unref(inf->model);
+    if (inf->trace != NULL)
+        oi_trace_tensors_free(inf->trace->tensors);
     free(inf->trace);
     free(inf);
 }
@@ -30,13 +32,15 @@ void oi_infer_free(oi_infer_t *inf)
 int oi_infer_trace_begin(oi_infer_t *inf, oi_tracer_t *t, const oi_model_t *m, int grpc, uint64_t recv_start,
                          uint64_t recv_end)
 {
-    uint64_t id = oi_tracer_sample(t, m->name);
+    int level = 0;
+    uint64_t id = oi_tracer_sample(t, m->name, &level);
     if (id == 0)
         return 0;
     oi_trace_rec_t *r = calloc(1, sizeof(*r));
     if (r == NULL)
         return -1;
     r->id = id;
+    r->level = level;
     r->grpc = grpc;
     r->model_version = m->version;
     snprintf(r->model_name, sizeof(r->model_name), "%s", m->name);
@@ -79,6 +83,9 @@ static void job_done(oi_job_t *j)
     oi_infer_t *inf = (oi_infer_t *)j;
     if (j->status == NULL)
         j->status = oi_validate_response(inf->model, j->output_names, j->n_outputs, &j->resp);
+    /* Level TENSORS: the outputs as the model gave them, copied here off the loop thread. */
+    if (j->status == NULL && inf->trace != NULL && (inf->trace->level & OI_TRACE_TENSORS))
+        (void)oi_trace_add_tensors(inf->trace, OI_TRACE_BACKEND_OUTPUT, j->resp.outputs, j->resp.n_outputs);
     /* Outputs asked in shared memory are copied there here, off the loop thread. Requested
      * outputs and response outputs are in the same order (see oi_validate_request). */
     if (j->status == NULL && inf->shm_out != NULL)
@@ -148,8 +155,12 @@ oi_status_t *oi_infer_submit(oi_infer_t *inf, oi_model_t *m, oi_loop_t *loop, oi
     inf->job.rows = request_rows(m, &inf->req);
     inf->req.cancelled = oi_job_cancelled;
     inf->req.cancelled_arg = &inf->job;
-    if (inf->trace != NULL)
+    if (inf->trace != NULL) {
         inf->trace->ns[OI_TS_REQUEST_START] = oi_now_ns();
+        /* Level TENSORS: the inputs as queued (no memory: the trace goes without them). */
+        if (inf->trace->level & OI_TRACE_TENSORS)
+            (void)oi_trace_add_tensors(inf->trace, OI_TRACE_QUEUE_INPUT, inf->req.inputs, inf->req.n_inputs);
+    }
     if (oi_scheduler_submit(m->sched, &inf->job) != 0)
         return oi_status_new(OI_UNAVAILABLE, "the server is shutting down");
     return NULL;

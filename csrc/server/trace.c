@@ -50,6 +50,7 @@ struct oi_tracer_s {
     FILE *main;       /* path (log_frequency 0) */
     int main_started; /* "[" written to main */
     FILE *part;       /* path.<index> (log_frequency > 0) */
+    int part_started; /* "[" written to part */
     unsigned index, in_part;
     pthread_t writer;
 };
@@ -112,12 +113,13 @@ int32_t oi_tracer_count(oi_tracer_t *t, const char *model)
     return atomic_load(&setting_for(t, model)->count);
 }
 
-uint64_t oi_tracer_sample(oi_tracer_t *t, const char *model)
+uint64_t oi_tracer_sample(oi_tracer_t *t, const char *model, int *level)
 {
     if (t == NULL)
         return 0;
     setting_t *s = setting_for(t, model);
-    if (!atomic_load_explicit(&s->level, memory_order_relaxed))
+    int lv = atomic_load_explicit(&s->level, memory_order_relaxed);
+    if (!lv)
         return 0;
     uint32_t rate = atomic_load_explicit(&s->rate, memory_order_relaxed);
     if (rate == 0 || (atomic_fetch_add_explicit(&s->seen, 1, memory_order_relaxed) + 1) % rate != 0)
@@ -129,12 +131,51 @@ uint64_t oi_tracer_sample(oi_tracer_t *t, const char *model)
         if (atomic_compare_exchange_weak_explicit(&s->count, &c, c - 1, memory_order_relaxed, memory_order_relaxed))
             break;
     }
+    *level = lv;
     return atomic_fetch_add_explicit(&t->next_id, 1, memory_order_relaxed) + 1;
 }
 
-void oi_tracer_push(oi_tracer_t *t, const oi_trace_rec_t *rec)
+void oi_trace_tensors_free(oi_trace_tensor_t *list)
 {
-    oi_recq_push(t->queue, rec);
+    while (list != NULL) {
+        oi_trace_tensor_t *next = list->next;
+        free(list);
+        list = next;
+    }
+}
+
+int oi_trace_add_tensors(oi_trace_rec_t *rec, oi_trace_activity_t activity, const oi_tensor_t *tensors, uint32_t n)
+{
+    oi_trace_tensor_t **tail = &rec->tensors;
+    while (*tail != NULL)
+        tail = &(*tail)->next;
+    for (uint32_t i = 0; i < n; i++) {
+        const oi_tensor_t *src = &tensors[i];
+        size_t name_len = strlen(src->name);
+        oi_trace_tensor_t *c = malloc(sizeof(*c) + src->byte_size + name_len + 1);
+        if (c == NULL)
+            return -1;
+        c->next = NULL;
+        c->activity = activity;
+        c->dtype = src->dtype;
+        c->ndim = src->ndim;
+        memcpy(c->shape, src->shape, sizeof(c->shape));
+        c->byte_size = src->byte_size;
+        if (src->byte_size)
+            memcpy(c->data, src->data, src->byte_size);
+        c->name = c->data + src->byte_size;
+        memcpy(c->name, src->name, name_len + 1);
+        *tail = c;
+        tail = &c->next;
+    }
+    return 0;
+}
+
+void oi_tracer_push(oi_tracer_t *t, oi_trace_rec_t *rec)
+{
+    if (oi_recq_push(t->queue, rec) != 0)
+        oi_trace_tensors_free(rec->tensors);
+    rec->tensors = NULL;
 }
 
 /* ---- the writer ------------------------------------------------------------------------- */
@@ -170,16 +211,171 @@ static void put_json_text(FILE *f, const char *s)
     }
 }
 
-/* Triton's layout: the request's details, then one object per timestamp. */
-static void write_rec(FILE *f, const oi_trace_rec_t *r)
+/* The length of the well-formed UTF-8 sequence (no overlong forms, surrogates or code points
+ * past U+10FFFF) that starts `p`, or 0. */
+static size_t utf8_length(const unsigned char *p, size_t avail)
 {
-    fprintf(f, "{\"id\":%" PRIu64 ",\"model_name\":\"", r->id);
-    put_json_text(f, r->model_name);
-    fprintf(f, "\",\"model_version\":%" PRId64 "}", r->model_version);
-    for (int i = 0; i < OI_TS_COUNT; i++)
-        if (r->ns[i] != 0)
-            fprintf(f, ",{\"id\":%" PRIu64 ",\"timestamps\":[{\"name\":\"%s\",\"ns\":%" PRIu64 "}]}", r->id,
+    unsigned char c = p[0];
+    size_t n = c >= 0xC2 && c < 0xE0 ? 2 : c >= 0xE0 && c < 0xF0 ? 3 : c >= 0xF0 && c < 0xF5 ? 4 : 0;
+    if (n == 0 || n > avail)
+        return 0;
+    for (size_t k = 1; k < n; k++)
+        if ((p[k] & 0xC0) != 0x80)
+            return 0;
+    if ((c == 0xE0 && p[1] < 0xA0) || (c == 0xED && p[1] > 0x9F) || (c == 0xF0 && p[1] < 0x90) ||
+        (c == 0xF4 && p[1] > 0x8F))
+        return 0;
+    return n;
+}
+
+/* A BYTES element as a JSON string inside the "data" string: Triton writes \"elem\"; the
+ * element's own quotes, backslashes, control bytes and bytes that are not UTF-8 are escaped
+ * twice over (Triton writes them raw, which can break the file), so that the data string
+ * decodes to a comma-separated list of JSON strings. */
+static void put_bytes_elem(FILE *f, const unsigned char *p, size_t len)
+{
+    fputs("\\\"", f);
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = p[i];
+        if (c == '"' || c == '\\') {
+            fputs(c == '"' ? "\\\\\\\"" : "\\\\\\\\", f); /* \" or \\ inside, escaped again */
+            continue;
+        }
+        if (c >= 0x20 && c < 0x80) {
+            fputc(c, f);
+            continue;
+        }
+        /* A whole UTF-8 sequence passes as it is; any other byte becomes \u00XX. */
+        size_t n = utf8_length(p + i, len - i);
+        if (n != 0) {
+            fwrite(p + i, 1, n, f);
+            i += n - 1;
+        } else {
+            fprintf(f, "\\\\u%04x", c);
+        }
+    }
+    fputs("\\\"", f);
+}
+
+/* One element of a fixed-width type, as a C++ stream prints it (floats with 6 significant
+ * digits, booleans as 0/1), except INT8 and UINT8 written as numbers (Triton streams them as
+ * characters). */
+static void put_number(FILE *f, oi_dtype_t dtype, const void *v)
+{
+    union {
+        uint8_t u8;
+        int8_t i8;
+        uint16_t u16;
+        int16_t i16;
+        uint32_t u32;
+        int32_t i32;
+        uint64_t u64;
+        int64_t i64;
+        float f32;
+        double f64;
+    } x;
+    memcpy(&x, v, oi_dtype_size(dtype));
+    switch (dtype) {
+    case OI_TYPE_BOOL: fputc(x.u8 ? '1' : '0', f); break;
+    case OI_TYPE_UINT8: fprintf(f, "%u", x.u8); break;
+    case OI_TYPE_UINT16: fprintf(f, "%u", x.u16); break;
+    case OI_TYPE_UINT32: fprintf(f, "%" PRIu32, x.u32); break;
+    case OI_TYPE_UINT64: fprintf(f, "%" PRIu64, x.u64); break;
+    case OI_TYPE_INT8: fprintf(f, "%d", x.i8); break;
+    case OI_TYPE_INT16: fprintf(f, "%d", x.i16); break;
+    case OI_TYPE_INT32: fprintf(f, "%" PRId32, x.i32); break;
+    case OI_TYPE_INT64: fprintf(f, "%" PRId64, x.i64); break;
+    case OI_TYPE_FP32: fprintf(f, "%g", (double)x.f32); break;
+    case OI_TYPE_FP64: fprintf(f, "%g", x.f64); break;
+    default: break;
+    }
+}
+
+/* Triton's "data" text: the elements joined by commas; FP16 and BF16 left empty as Triton
+ * leaves them. */
+static void put_tensor_data(FILE *f, const oi_trace_tensor_t *t)
+{
+    int64_t count = 0;
+    if (oi_shape_elements(t->shape, t->ndim, &count) != 0)
+        return;
+    size_t width = oi_dtype_size(t->dtype);
+    if (t->dtype == OI_TYPE_FP16 || t->dtype == OI_TYPE_BF16 || (width != 0 && (uint64_t)count * width > t->byte_size))
+        return;
+    const unsigned char *p = (const unsigned char *)t->data;
+    size_t off = 0;
+    for (int64_t e = 0; e < count; e++) {
+        if (e)
+            fputc(',', f);
+        if (t->dtype != OI_TYPE_BYTES) {
+            put_number(f, t->dtype, p + (size_t)e * width);
+            continue;
+        }
+        uint32_t len;
+        if (off + 4 > t->byte_size)
+            return;
+        memcpy(&len, p + off, 4);
+        off += 4;
+        if (len > t->byte_size - off)
+            return;
+        put_bytes_elem(f, p + off, len);
+        off += len;
+    }
+}
+
+/* Starts the next object of the file: `*sep` ('[' for the file's first, else ',') first. */
+static void open_object(FILE *f, char *sep)
+{
+    fputc(*sep, f);
+    *sep = ',';
+}
+
+/* Triton's tensor record: {"id":N,"activity":"TENSOR_QUEUE_INPUT","tensor":{"name":..,
+ * "data":"1,2,3","shape":"1,3","dtype":"INT32"}}. */
+static void write_tensor(FILE *f, char *sep, uint64_t id, const oi_trace_tensor_t *t)
+{
+    open_object(f, sep);
+    fprintf(f, "{\"id\":%" PRIu64 ",\"activity\":\"%s\",\"tensor\":{\"name\":\"", id,
+            t->activity == OI_TRACE_QUEUE_INPUT ? "TENSOR_QUEUE_INPUT" : "TENSOR_BACKEND_OUTPUT");
+    put_json_text(f, t->name);
+    fputs("\",\"data\":\"", f);
+    put_tensor_data(f, t);
+    fputs("\",\"shape\":\"", f);
+    for (int i = 0; i < t->ndim; i++)
+        fprintf(f, i ? ",%" PRId64 : "%" PRId64, t->shape[i]);
+    fprintf(f, "\",\"dtype\":\"%s\"}}", oi_dtype_name(t->dtype));
+}
+
+/* The tensors of `activity`, in the order they were taken. */
+static void write_tensors(FILE *f, char *sep, const oi_trace_rec_t *r, oi_trace_activity_t activity)
+{
+    for (const oi_trace_tensor_t *t = r->tensors; t != NULL; t = t->next)
+        if (t->activity == activity)
+            write_tensor(f, sep, r->id, t);
+}
+
+/* Triton's layout: with TIMESTAMPS, the request's details, then one object per timestamp;
+ * with TENSORS, one object per tensor where Triton reports it (the inputs as the request is
+ * queued, the outputs as the response is sent). */
+static void write_rec(FILE *f, char *sep, const oi_trace_rec_t *r)
+{
+    int stamps = r->level & OI_TRACE_TIMESTAMPS;
+    if (stamps) {
+        open_object(f, sep);
+        fprintf(f, "{\"id\":%" PRIu64 ",\"model_name\":\"", r->id);
+        put_json_text(f, r->model_name);
+        fprintf(f, "\",\"model_version\":%" PRId64 "}", r->model_version);
+    }
+    for (int i = 0; i < OI_TS_COUNT; i++) {
+        if (stamps && r->ns[i] != 0) {
+            open_object(f, sep);
+            fprintf(f, "{\"id\":%" PRIu64 ",\"timestamps\":[{\"name\":\"%s\",\"ns\":%" PRIu64 "}]}", r->id,
                     point_name(r, i), r->ns[i]);
+        }
+        if (i == OI_TS_QUEUE_START)
+            write_tensors(f, sep, r, OI_TRACE_QUEUE_INPUT);
+        else if (i == OI_TS_COMPUTE_OUTPUT_START)
+            write_tensors(f, sep, r, OI_TRACE_BACKEND_OUTPUT);
+    }
 }
 
 /* Appends a record to the file the log frequency picks: the one file, or the current index
@@ -187,25 +383,26 @@ static void write_rec(FILE *f, const oi_trace_rec_t *r)
 static void save(oi_tracer_t *t, const oi_trace_rec_t *r)
 {
     unsigned freq = atomic_load(&t->log_frequency);
-    FILE *f = t->main;
     if (freq == 0) {
-        fputc(t->main_started ? ',' : '[', f);
-        t->main_started = 1;
-    } else {
-        if (t->part == NULL) {
-            char name[sizeof(t->path) + 16];
-            snprintf(name, sizeof(name), "%s.%u", t->path, t->index);
-            t->part = fopen(name, "we");
-            if (t->part == NULL)
-                return; /* the index file cannot be written: the trace is lost */
-            t->in_part = 0;
-        }
-        f = t->part;
-        fputc(t->in_part == 0 ? '[' : ',', f);
+        char sep = t->main_started ? ',' : '[';
+        write_rec(t->main, &sep, r);
+        t->main_started |= sep == ',';
+        return;
     }
-    write_rec(f, r);
-    if (freq != 0 && ++t->in_part >= freq) {
-        fputc(']', t->part);
+    if (t->part == NULL) {
+        char name[sizeof(t->path) + 16];
+        snprintf(name, sizeof(name), "%s.%u", t->path, t->index);
+        t->part = fopen(name, "we");
+        if (t->part == NULL)
+            return; /* the index file cannot be written: the trace is lost */
+        t->in_part = 0;
+        t->part_started = 0;
+    }
+    char sep = t->part_started ? ',' : '[';
+    write_rec(t->part, &sep, r);
+    t->part_started |= sep == ',';
+    if (++t->in_part >= freq) {
+        fputs(t->part_started ? "]" : "[]", t->part);
         fclose(t->part);
         t->part = NULL;
         t->index++;
@@ -219,8 +416,10 @@ static void *writer_main(void *arg)
     for (;;) {
         int stopping = atomic_load(&t->stop);
         size_t n = 0;
-        for (; oi_recq_pop(t->queue, &rec); n++)
+        for (; oi_recq_pop(t->queue, &rec); n++) {
             save(t, &rec);
+            oi_trace_tensors_free(rec.tensors);
+        }
         if (atomic_exchange(&t->flush, 0)) {
             fflush(t->main);
             if (t->part != NULL)
@@ -280,7 +479,7 @@ void oi_tracer_close(oi_tracer_t *t)
     atomic_store(&t->stop, 1);
     pthread_join(t->writer, NULL);
     if (t->part != NULL) {
-        fputc(']', t->part);
+        fputs(t->part_started ? "]" : "[]", t->part);
         fclose(t->part);
     }
     if (t->main_started)

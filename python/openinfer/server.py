@@ -21,7 +21,7 @@ from typing import Any
 from . import __version__, _core, _display
 from .control import DEFAULT_POLL_SECS, IndexEntry, ModelControl
 from .logsettings import LogSettings
-from .tracesettings import TraceSettings
+from .tracesettings import TraceSettings, level_mask
 from .errors import InferenceServerError
 from .model import Model
 from .repository import examples_path
@@ -368,11 +368,10 @@ class Server:
         if not values:
             self._core.trace_set(model, True, 0, 0, -1, 0)
             return
-        level = 0 if values["trace_level"] == ["OFF"] else 1
         self._core.trace_set(
             model,
             False,
-            level,
+            level_mask(values["trace_level"]),
             values["trace_rate"],
             values["trace_count"],
             values["log_frequency"],

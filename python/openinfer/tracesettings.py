@@ -51,11 +51,12 @@ def parse_level(value: Any) -> list[str]:
             raise InferenceServerError(400, "Expect only one trace level 'OFF' is specified")
         return ["OFF"]
     levels = [lv for lv in LEVELS[1:] if lv in value]
-    if "TENSORS" in levels:
-        raise InferenceServerError(
-            400, "trace level 'TENSORS' is not supported; openinfer traces TIMESTAMPS only"
-        )
     return levels or ["OFF"]
+
+
+def level_mask(levels: list[str]) -> int:
+    """The core's level: a mask of 1 (TIMESTAMPS) and 2 (TENSORS); 0 when OFF."""
+    return (1 if "TIMESTAMPS" in levels else 0) | (2 if "TENSORS" in levels else 0)
 
 
 def _parse_int(name: str, value: Any, low: int, high: int) -> int:
@@ -119,7 +120,10 @@ class TraceSettings:
             "trace_file": trace_file or "",
         }
         if self._defaults["trace_level"] != ["OFF"] and not trace_file:
-            raise ValueError("tracing at level TIMESTAMPS needs a trace file (--trace-file)")
+            raise ValueError(
+                "tracing at level TIMESTAMPS or TENSORS needs a trace file "
+                "(--trace-config triton,file=PATH or --trace-file)"
+            )
         self._global = dict(self._defaults)
         self._models: dict[str, dict[str, Any]] = {}
         self._on_change = on_change
@@ -176,7 +180,8 @@ class TraceSettings:
                 n == "trace_level" and v is not _CLEAR and v != ["OFF"] for n, v in new.items()
             ):
                 raise InferenceServerError(
-                    400, "trace_level TIMESTAMPS needs a trace file; start the server with one"
+                    400,
+                    "trace_level TIMESTAMPS or TENSORS needs a trace file; start the server with one",
                 )
             if model is None:
                 for name, value in new.items():
