@@ -451,3 +451,97 @@ def test_tensor_data_of_every_kind(tmp_path: Path) -> None:
     for n, d in KINDS:
         out = got[("TENSOR_BACKEND_OUTPUT", "Y_" + n)]
         assert (out["dtype"], out["shape"], out["data"]) == (d, str(len(values[n])), data[n])
+
+
+# ---- tritonserver's start-up flags -------------------------------------------------------------
+
+
+def test_trace_config_starts_tracing(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    config = [f"triton,file={path}", "level=TIMESTAMPS", "level=tensors", "rate=1", "count=2",
+              "mode=triton", "triton,log-frequency=0"]
+    with openinfer.serve(http_port=0, log=False, trace_config=config) as s:
+        h, g = clients(s)
+        assert h.get_trace_settings() == {
+            "trace_level": ["TIMESTAMPS", "TENSORS"], "trace_rate": "1", "trace_count": "2",
+            "log_frequency": "0", "trace_file": str(path), "trace_mode": "triton"}
+        infer_http(h, 3)
+    traces = read_traces(path)
+    assert sorted(traces) == [1, 2]
+    check_trace(traces[1], HTTP_POINTS)
+    assert len(traces[1]["tensors"]) == 4
+
+
+def test_older_flags_and_their_precedence(tmp_path: Path) -> None:
+    """--trace-config wins over --trace-rate and the like; levels add up; OFF anywhere wins."""
+    path = tmp_path / "t.json"
+    with openinfer.serve(http_port=0, log=False, trace_file=path, trace_level=["TIMESTAMPS"], trace_rate=5,
+                         trace_count=7, trace_log_frequency=3,
+                         trace_config={"rate": 2, "level": "TENSORS"}) as s:
+        h, _ = clients(s)
+        assert h.get_trace_settings() == {
+            "trace_level": ["TIMESTAMPS", "TENSORS"], "trace_rate": "2", "trace_count": "7",
+            "log_frequency": "3", "trace_file": str(path), "trace_mode": "triton"}
+    with openinfer.serve(http_port=0, log=False, trace_file=path, trace_level="TIMESTAMPS",
+                         trace_config=["level=OFF"]) as s:
+        h, _ = clients(s)
+        assert h.get_trace_settings()["trace_level"] == ["OFF"]
+
+
+BAD_CONFIG = [
+    (["foo=1"], 'Bad option: "--trace-config foo".\nunknown trace setting \'foo\''),
+    (["file=/tmp/x.json"], "it is a triton mode setting: --trace-config triton,file=<value>"),
+    (["log_frequency=2"], "triton mode setting"),
+    (["triton,rate=1"], "unknown triton trace setting 'rate'; expected one of file, log-frequency"),
+    (["rate=x"], 'Bad option: "--trace-config rate".\nInvalid option value. Got x'),
+    (["count=-2"], "Provided option value is out of bound. Got -2"),
+    (["level=LOUD"], "invalid value for trace level option: loud"),
+    ([",rate=1"], "No trace mode specified."),
+    (["rate"], "--trace-config option format is '<trace mode>,<setting>=<value>'. Got rate"),
+    (["rate="], "Got rate="),
+    (["jaeger,rate=1"], 'invalid value for trace mode option: jaeger. Available options are "triton"'),
+    (["mode=opentelemetry"], "trace mode 'opentelemetry' is not supported"),
+    (["opentelemetry,url=x"], "trace mode 'opentelemetry' is not supported"),
+    (["level=TIMESTAMPS"], "needs a trace file"),
+]
+
+
+@pytest.mark.parametrize("config,message", BAD_CONFIG)
+def test_bad_trace_config_refused(config: list[str], message: str) -> None:
+    with pytest.raises(ValueError) as e:
+        openinfer.serve(http_port=0, log=False, trace_config=config)
+    assert message in str(e.value)
+
+
+def test_bad_older_flags_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match='Bad option: "--trace-rate".\nInvalid option value. Got fast'):
+        openinfer.serve(http_port=0, log=False, trace_file=tmp_path / "t", trace_rate="fast")
+    with pytest.raises(ValueError, match="invalid value for trace level option: loud"):
+        openinfer.serve(http_port=0, log=False, trace_file=tmp_path / "t", trace_level=["LOUD"])
+
+
+def test_cli_trace_config(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    from test_serve_cli import Cli
+
+    path = tmp_path / "trace.json"
+    cli = Cli("--trace-config", f"triton,file={path}", "--trace-config", "level=TENSORS", "--trace-rate", "1")
+    try:
+        base = f"http://127.0.0.1:{cli.port}/v2"
+        assert requests.get(base + "/trace/setting", timeout=10).json()["trace_level"] == ["TENSORS"]
+        body = {"inputs": [{"name": n, "shape": [1, 16], "datatype": "INT32", "data": list(range(16))}
+                           for n in ("INPUT0", "INPUT1")]}
+        assert requests.post(base + "/models/simple/infer", json=body, timeout=10).status_code == 200
+        cli.proc.send_signal(signal.SIGTERM)
+        rc, out = cli.wait()
+        assert rc == 0, out
+    finally:
+        cli.kill()
+    (t,) = read_traces(path).values()
+    assert [x["name"] for _, x in t["tensors"]] == ["INPUT0", "INPUT1", "OUTPUT0", "OUTPUT1"]
+    bad = subprocess.run([sys.executable, "-m", "openinfer", "serve", "--http-port", "0", "--trace-config",
+                          "colour=blue"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and 'Bad option: "--trace-config colour"' in bad.stderr

@@ -226,10 +226,29 @@ def _parser() -> argparse.ArgumentParser:
         help="one line per request to PATH, or to standard output without one (default: off)",
     )
     serve.add_argument(
+        "--trace-config",
+        action="append",
+        default=[],
+        metavar="[triton,]SETTING=VALUE",
+        help="tritonserver's trace settings: level=OFF|TIMESTAMPS|TENSORS (repeatable), rate=N, "
+        "count=N, mode=triton, triton,file=PATH, triton,log-frequency=N (repeatable)",
+    )
+    serve.add_argument(
         "--trace-file",
         metavar="PATH",
         help="where the trace extension writes traces (Triton's JSON); clients turn tracing on "
-        "with /v2/trace/setting (default: no tracing)",
+        "with /v2/trace/setting (default: no tracing); as --trace-config triton,file=PATH",
+    )
+    serve.add_argument(
+        "--trace-level",
+        action="append",
+        metavar="LEVEL",
+        help="as --trace-config level=LEVEL (tritonserver's older flag; repeatable)",
+    )
+    serve.add_argument("--trace-rate", metavar="N", help="as --trace-config rate=N")
+    serve.add_argument("--trace-count", metavar="N", help="as --trace-config count=N")
+    serve.add_argument(
+        "--trace-log-frequency", metavar="N", help="as --trace-config triton,log-frequency=N"
     )
     serve.add_argument(
         "--log-file",
@@ -322,6 +341,11 @@ def _serve(args: argparse.Namespace) -> int:
             log_format=args.log_format,
             access_log=args.access_log,
             trace_file=args.trace_file,
+            trace_config=args.trace_config,
+            trace_level=args.trace_level,
+            trace_rate=args.trace_rate,
+            trace_count=args.trace_count,
+            trace_log_frequency=args.trace_log_frequency,
             **grpc,
             **metrics,  # type: ignore[arg-type]
             **limits,

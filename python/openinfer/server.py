@@ -21,7 +21,7 @@ from typing import Any
 from . import __version__, _core, _display
 from .control import DEFAULT_POLL_SECS, IndexEntry, ModelControl
 from .logsettings import LogSettings
-from .tracesettings import TraceSettings, level_mask
+from .tracesettings import TraceSettings, level_mask, trace_options
 from .errors import InferenceServerError
 from .model import Model
 from .repository import examples_path
@@ -157,6 +157,11 @@ def serve(
     log_format: str = "default",
     access_log: str | os.PathLike[str] | None = None,
     trace_file: str | os.PathLike[str] | None = None,
+    trace_config: Mapping[str, object] | Iterable[str] | None = None,
+    trace_level: str | Iterable[str] | None = None,
+    trace_rate: int | str | None = None,
+    trace_count: int | str | None = None,
+    trace_log_frequency: int | str | None = None,
     **limits: int,
 ) -> Server:
     """Serves the models of repository `repo` and the given `models`, and returns the running
@@ -204,7 +209,13 @@ def serve(
     falls behind, lines are dropped and counted in a "# access log: N lines dropped" line
     rather than slowing requests. `trace_file` is tritonserver's ``--trace-file``: where the
     trace extension writes the traces of sampled requests (Triton's JSON); clients turn tracing
-    on and tune it with ``/v2/trace/setting`` (see `openinfer.tracesettings`). `limits` go to
+    on and tune it with ``/v2/trace/setting`` (see `openinfer.tracesettings`). Tracing can also
+    start on: `trace_config` takes tritonserver's ``--trace-config`` entries
+    (``["level=TIMESTAMPS", "rate=1", "count=100", "triton,file=/tmp/t.json",
+    "triton,log-frequency=50"]``, or a mapping such as ``{"level": ["TIMESTAMPS", "TENSORS"],
+    "triton,file": path}``), and `trace_level` / `trace_rate` / `trace_count` /
+    `trace_log_frequency` its older ``--trace-level`` ... flags, which ``--trace-config``
+    overrides as in tritonserver. `limits` go to
     the core:
     max_body_bytes, max_header_bytes, max_connections, max_connections_per_peer,
     first_byte_timeout_ms, header_timeout_ms, body_timeout_ms, idle_timeout_ms, max_json_depth,
@@ -235,6 +246,11 @@ def serve(
         log_format=log_format,
         access_log=access_log,
         trace_file=trace_file,
+        trace_config=trace_config,
+        trace_level=trace_level,
+        trace_rate=trace_rate,
+        trace_count=trace_count,
+        trace_log_frequency=trace_log_frequency,
         **limits,
     )
     server.start()
@@ -273,6 +289,11 @@ class Server:
         log_format: str = "default",
         access_log: str | os.PathLike[str] | None = None,
         trace_file: str | os.PathLike[str] | None = None,
+        trace_config: Mapping[str, object] | Iterable[str] | None = None,
+        trace_level: str | Iterable[str] | None = None,
+        trace_rate: int | str | None = None,
+        trace_count: int | str | None = None,
+        trace_log_frequency: int | str | None = None,
         **limits: int,
     ) -> None:
         level = _COMPRESSION_LEVELS.get(grpc_infer_response_compression_level)
@@ -299,6 +320,15 @@ class Server:
         self._started = False
         self._stopped = threading.Event()
         repo_path, given = _sources(repo, models)
+        tracing = trace_options(
+            trace_config,
+            trace_file=None if trace_file is None else os.fspath(trace_file),
+            trace_level=trace_level,
+            trace_rate=trace_rate,
+            trace_count=trace_count,
+            trace_log_frequency=trace_log_frequency,
+        )
+        trace_path: str | None = tracing.pop("trace_file")
         self._core = _core.Server(
             host,
             -1 if http_port is None else http_port,
@@ -310,7 +340,7 @@ class Server:
             metrics_cpu=allow_cpu_metrics,
             metrics_gpu=allow_gpu_metrics,
             access_log=None if access_log is None else os.fspath(access_log),
-            trace_file=None if trace_file is None else os.fspath(trace_file),
+            trace_file=trace_path,
             **_metrics_settings(metrics_config),
             http_unix=self._http_unix,
             grpc_unix=self._grpc_unix,
@@ -337,9 +367,10 @@ class Server:
                 log_file=log_file, log_verbose_level=log_verbose, log_format=log_format
             )
             self._tracing = TraceSettings(
-                trace_file=os.fspath(trace_file) if trace_file is not None else None,
-                on_change=self._trace_changed if trace_file is not None else None,
-                count_of=self._core.trace_count if trace_file is not None else None,
+                trace_file=trace_path,
+                on_change=self._trace_changed if trace_path is not None else None,
+                count_of=self._core.trace_count if trace_path is not None else None,
+                **tracing,
             )
         except BaseException:
             self._core.stop(0)

@@ -241,3 +241,148 @@ class TraceSettings:
             ("trace_file", values["trace_file"]),
             ("trace_mode", "triton"),
         ]
+
+
+# ---- tritonserver's start-up flags -----------------------------------------------------------
+
+# --trace-config settings: global ones (``<setting>=<value>``) and the triton mode's
+# (``triton,<setting>=<value>``), as tritonserver's command line parser reads them.
+_GLOBAL_SETTINGS = ("level", "rate", "count", "mode")
+_TRITON_SETTINGS = ("file", "log-frequency")
+
+
+def _cli_level(text: str) -> str:
+    """A trace level as tritonserver's ParseTraceLevelOption reads it (case-insensitive;
+    false/off, true/on/min/max/timestamps, tensors)."""
+    value = text.lower()
+    if value in ("false", "off"):
+        return "OFF"
+    if value in ("true", "on", "min", "max", "timestamps"):
+        return "TIMESTAMPS"
+    if value == "tensors":
+        return "TENSORS"
+    raise ValueError(f"invalid value for trace level option: {value}")
+
+
+def _cli_int(text: object, low: int, high: int) -> int:
+    """An integer option with tritonserver's wording (ParseOption<int>)."""
+    try:
+        number = int(str(text).strip(), 10)
+    except ValueError:
+        raise ValueError(f"Invalid option value. Got {text}") from None
+    if not low <= number <= high:
+        raise ValueError(f"Provided option value is out of bound. Got {text}")
+    return number
+
+
+def _config_items(config: Mapping[str, object] | Iterable[str]) -> list[tuple[str, str, str]]:
+    """--trace-config entries as (mode, setting, value); mode "" for a global setting. A
+    mapping's keys are "<setting>" or "<mode>,<setting>"; a list value (levels) gives one
+    entry per item."""
+    if isinstance(config, Mapping):
+        entries: list[str] = []
+        for key, value in config.items():
+            values = value if isinstance(value, (list, tuple)) else [value]
+            entries += [f"{key}={v}" for v in values]
+    elif isinstance(config, str):
+        entries = [config]
+    else:
+        entries = [str(e) for e in config]
+    items = []
+    for arg in entries:
+        mode, comma, rest = arg.partition(",")
+        if not comma:
+            mode, rest = "", arg
+        elif mode == "":
+            raise ValueError(
+                "No trace mode specified. --trace-config option format is "
+                f"<trace mode>,<setting>=<value> or <setting>=<value>. Got {arg}"
+            )
+        setting, eq, value = rest.partition("=")
+        if not eq or not setting or not value:
+            raise ValueError(f"--trace-config option format is '<trace mode>,<setting>=<value>'. Got {arg}")
+        mode = mode.lower()
+        if mode and mode not in ("triton", "opentelemetry"):
+            raise ValueError(
+                f'invalid value for trace mode option: {mode}. Available options are "triton" and '
+                '"opentelemetry"'
+            )
+        items.append((mode, setting, value))
+    return items
+
+
+def trace_options(
+    config: Mapping[str, object] | Iterable[str] | None = None,
+    *,
+    trace_file: str | None = None,
+    trace_level: str | Iterable[str] | None = None,
+    trace_rate: int | str | None = None,
+    trace_count: int | str | None = None,
+    trace_log_frequency: int | str | None = None,
+) -> dict[str, Any]:
+    """The start-up trace settings from tritonserver's flags: ``--trace-config`` entries
+    (`config`) over the older ``--trace-file``, ``--trace-level`` (repeatable),
+    ``--trace-rate``, ``--trace-count`` and ``--trace-log-frequency``, as tritonserver merges
+    them: levels add up, and an explicit OFF anywhere turns tracing off. Returns TraceSettings'
+    keywords (trace_file, trace_level, trace_rate, trace_count, log_frequency). Raises
+    ValueError with tritonserver's wording; a setting tritonserver would silently ignore (an
+    unknown one, or a triton-mode setting given as a global one) is refused too, and so is the
+    opentelemetry mode, which openinfer does not implement."""
+    levels: list[str] = []
+    if trace_level is not None:
+        for lv in [trace_level] if isinstance(trace_level, str) else trace_level:
+            try:
+                levels.append(_cli_level(str(lv)))
+            except ValueError as e:
+                raise ValueError(f'Bad option: "--trace-level".\n{e}') from None
+    out: dict[str, Any] = {"trace_file": trace_file}
+    for key, value, low, high in (
+        ("trace_rate", trace_rate, 0, _UINT32_MAX),
+        ("trace_count", trace_count, MIN_TRACE_COUNT, _INT32_MAX),
+        ("log_frequency", trace_log_frequency, 0, _UINT32_MAX),
+    ):
+        if value is not None:
+            try:
+                out[key] = _cli_int(value, low, high)
+            except ValueError as e:
+                flag = "--trace-log-frequency" if key == "log_frequency" else "--" + key.replace("_", "-")
+                raise ValueError(f'Bad option: "{flag}".\n{e}') from None
+    for mode, setting, value in _config_items(config or []):
+        flag = f"--trace-config {mode + ',' if mode else ''}{setting}"
+        try:
+            if mode == "opentelemetry" or (setting == "mode" and value.lower() == "opentelemetry"):
+                raise ValueError("trace mode 'opentelemetry' is not supported; openinfer writes Triton's trace files only")
+            if mode == "" and setting not in _GLOBAL_SETTINGS:
+                hint = (
+                    f"; it is a triton mode setting: --trace-config triton,{setting}=<value>"
+                    if setting in _TRITON_SETTINGS or setting == "log_frequency"
+                    else ""
+                )
+                raise ValueError(
+                    f"unknown trace setting '{setting}'; expected one of {', '.join(_GLOBAL_SETTINGS)}{hint}"
+                )
+            if mode == "triton" and setting not in _TRITON_SETTINGS:
+                raise ValueError(
+                    f"unknown triton trace setting '{setting}'; expected one of {', '.join(_TRITON_SETTINGS)}"
+                )
+            if setting == "level":
+                levels.append(_cli_level(value))
+            elif setting == "mode":
+                if value.lower() != "triton":
+                    raise ValueError(
+                        f'invalid value for trace mode option: {value.lower()}. Available options are '
+                        '"triton" and "opentelemetry"'
+                    )
+            elif setting == "rate":
+                out["trace_rate"] = _cli_int(value, 0, _UINT32_MAX)
+            elif setting == "count":
+                out["trace_count"] = _cli_int(value, MIN_TRACE_COUNT, _INT32_MAX)
+            elif setting == "file":
+                out["trace_file"] = value
+            else:  # log-frequency
+                out["log_frequency"] = _cli_int(value, 0, _UINT32_MAX)
+        except ValueError as e:
+            raise ValueError(f'Bad option: "{flag}".\n{e}') from None
+    if levels:
+        out["trace_level"] = ["OFF"] if "OFF" in levels else [lv for lv in LEVELS[1:] if lv in levels]
+    return out
