@@ -19,6 +19,7 @@ typedef struct {
     PyObject_HEAD
     oi_server_config_t cfg;
     char host[256];
+    char metrics_host[256];              /* --metrics-address; "" for host */
     char http_unix[108], grpc_unix[108]; /* "" when not served */
     char access_log[4096]; /* the access log's path, "" for none */
     char trace_file[4096]; /* the trace extension's file, "" for none */
@@ -56,6 +57,10 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                              "grpc_infer_compression_level",
                              "access_log",
                              "trace_file",
+                             "metrics_address",
+                             "metrics_interval_ms",
+                             "metrics_summary_latencies",
+                             "metrics_summary_quantiles",
                              NULL};
     const char *host = "127.0.0.1";
     int port = 8000, threads = 0, max_conn = 4096, grpc_port = 8001, max_per_peer = 0;
@@ -65,14 +70,18 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
     unsigned int depth = 64;
     PyObject *allow_shm = Py_None;
     int statistics = 1, metrics_port = -1, counter_lat = 1, histogram_lat = 0, metrics_cpu = 1, metrics_gpu = 1;
-    const char *http_unix = NULL, *grpc_unix = NULL, *access_log = NULL, *trace_file = NULL;
+    const char *http_unix = NULL, *grpc_unix = NULL, *access_log = NULL, *trace_file = NULL, *metrics_host = NULL;
+    unsigned int metrics_interval = 2000;
+    int summary_lat = 0;
+    PyObject *quantiles = Py_None;
     unsigned int unix_mode = 0660;
     int compression_level = 0;
-    if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "|si$iKKiKKIiKOiKKKpippppzzIizz", kwlist, &host, &port, &threads, &max_body, &max_header,
-            &max_conn, &header_to, &idle_to, &depth, &grpc_port, &grpc_max, &allow_shm, &max_per_peer, &first_byte_to,
-            &body_to, &grpc_queued, &statistics, &metrics_port, &counter_lat, &histogram_lat, &metrics_cpu,
-            &metrics_gpu, &http_unix, &grpc_unix, &unix_mode, &compression_level, &access_log, &trace_file))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|si$iKKiKKIiKOiKKKpippppzzIizzzIpO", kwlist, &host, &port, &threads,
+                                     &max_body, &max_header, &max_conn, &header_to, &idle_to, &depth, &grpc_port,
+                                     &grpc_max, &allow_shm, &max_per_peer, &first_byte_to, &body_to, &grpc_queued,
+                                     &statistics, &metrics_port, &counter_lat, &histogram_lat, &metrics_cpu,
+                                     &metrics_gpu, &http_unix, &grpc_unix, &unix_mode, &compression_level, &access_log,
+                                     &trace_file, &metrics_host, &metrics_interval, &summary_lat, &quantiles))
         return -1;
     if (trace_file != NULL && (trace_file[0] == '\0' || strlen(trace_file) >= sizeof(self->trace_file) - 16)) {
         PyErr_Format(PyExc_ValueError, "trace_file must be a path of 1 to %zu bytes", sizeof(self->trace_file) - 17);
@@ -81,6 +90,38 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
     if (access_log != NULL && (access_log[0] == '\0' || strlen(access_log) >= sizeof(self->access_log))) {
         PyErr_Format(PyExc_ValueError, "access_log must be a path of 1 to %zu bytes, or \"-\" for standard output",
                      sizeof(self->access_log) - 1);
+        return -1;
+    }
+    if (metrics_host != NULL && (metrics_host[0] == '\0' || strlen(metrics_host) >= sizeof(self->metrics_host))) {
+        PyErr_Format(PyExc_ValueError, "metrics_address must be a host of 1 to %zu bytes",
+                     sizeof(self->metrics_host) - 1);
+        return -1;
+    }
+    double qs[16];
+    int nq = 0;
+    if (quantiles != Py_None) {
+        PyObject *fast = PySequence_Fast(quantiles, "metrics_summary_quantiles must be a sequence of floats");
+        if (fast == NULL)
+            return -1;
+        Py_ssize_t len = PySequence_Fast_GET_SIZE(fast);
+        for (Py_ssize_t i = 0; i < len && nq < 16; i++) {
+            qs[nq] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(fast, i));
+            if (!(qs[nq] >= 0 && qs[nq] <= 1)) {
+                Py_DECREF(fast);
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_ValueError, "metrics_summary_quantiles: each quantile is 0 to 1");
+                return -1;
+            }
+            nq++;
+        }
+        Py_DECREF(fast);
+        if (len > 16) {
+            PyErr_SetString(PyExc_ValueError, "metrics_summary_quantiles: at most 16 quantiles");
+            return -1;
+        }
+    }
+    if (metrics_interval == 0) {
+        PyErr_SetString(PyExc_ValueError, "metrics_interval_ms must be at least 1");
         return -1;
     }
     if (metrics_port < -1 || metrics_port > 65535) {
@@ -139,6 +180,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
         return -1;
     }
     snprintf(self->host, sizeof(self->host), "%s", host);
+    snprintf(self->metrics_host, sizeof(self->metrics_host), "%s", metrics_host ? metrics_host : "");
     snprintf(self->http_unix, sizeof(self->http_unix), "%s", http_unix ? http_unix : "");
     snprintf(self->grpc_unix, sizeof(self->grpc_unix), "%s", grpc_unix ? grpc_unix : "");
     snprintf(self->access_log, sizeof(self->access_log), "%s", access_log ? access_log : "");
@@ -166,13 +208,18 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
         .allow_shared_memory = allow,
         .statistics = statistics,
         .metrics_port = metrics_port,
+        .metrics_host = self->metrics_host[0] ? self->metrics_host : NULL,
         .metrics = {.counter_latencies = counter_lat,
                     .histogram_latencies = histogram_lat,
                     .cpu = metrics_cpu,
-                    .gpu = metrics_gpu},
+                    .gpu = metrics_gpu,
+                    .interval_ms = metrics_interval,
+                    .summary_latencies = summary_lat,
+                    .n_quantiles = nq},
         .access_log = self->access_log[0] ? self->access_log : NULL,
         .trace_file = self->trace_file[0] ? self->trace_file : NULL,
     };
+    memcpy(self->cfg.metrics.quantiles, qs, (size_t)nq * sizeof(double));
     self->server = oi_server_new(&self->cfg);
     if (self->server == NULL) {
         PyErr_NoMemory();
@@ -325,8 +372,31 @@ static PyObject *ModelVersion_get_version(ModelVersionObject *self, void *closur
     return self->model ? PyLong_FromLongLong(self->model->version) : Py_NewRef(Py_None);
 }
 
+/* load_seconds = x: how long loading took, for nv_model_load_duration_secs. */
+static int ModelVersion_set_load_seconds(ModelVersionObject *self, PyObject *value, void *closure)
+{
+    (void)closure;
+    double secs = value ? PyFloat_AsDouble(value) : -1.0;
+    if (secs == -1.0 && PyErr_Occurred())
+        return -1;
+    if (self->model == NULL || !(secs >= 0 && secs < 1e9)) {
+        PyErr_SetString(PyExc_ValueError, "load_seconds: 0 to 1e9 seconds, on a version not yet swapped in");
+        return -1;
+    }
+    self->model->load_ns = (uint64_t)(secs * 1e9);
+    return 0;
+}
+
+static PyObject *ModelVersion_get_load_seconds(ModelVersionObject *self, void *closure)
+{
+    (void)closure;
+    return self->model ? PyFloat_FromDouble((double)self->model->load_ns / 1e9) : Py_NewRef(Py_None);
+}
+
 static PyGetSetDef ModelVersion_getset[] = {
     {"error", (getter)ModelVersion_get_error, NULL, "Why the version cannot serve, or None.", NULL},
+    {"load_seconds", (getter)ModelVersion_get_load_seconds, (setter)ModelVersion_set_load_seconds,
+     "How long loading took (nv_model_load_duration_secs).", NULL},
     {"version", (getter)ModelVersion_get_version, NULL, "The version number (None once swapped in).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
@@ -670,6 +740,19 @@ static oi_buf_t *buf_copy(const Py_buffer *b)
     return out;
 }
 
+/* Latency summaries for a new model's statistics when the server reports them. 0, or -1
+ * with MemoryError set. */
+static int summaries_for(ServerObject *self, oi_model_t *m)
+{
+    if (!self->cfg.metrics.summary_latencies || !self->cfg.statistics || self->cfg.metrics_port < 0)
+        return 0;
+    if (oi_stats_enable_summaries(oi_scheduler_stats(m->sched)) != 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"name",      "version",   "inputs", "outputs", "max_batch_size",   "metadata_json",
@@ -769,6 +852,8 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
                 PyErr_Format(PyExc_RuntimeError, "model '%s': %s", name, err);
                 goto done;
             }
+            if (summaries_for(self, m) != 0)
+                goto done;
         }
     } else if (handler == Py_None) {
         m->error = strdup(error);
@@ -785,6 +870,8 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
             PyErr_Format(PyExc_RuntimeError, "model '%s': %s", name, err);
             goto done;
         }
+        if (summaries_for(self, m) != 0)
+            goto done;
     }
     if (!publish) {
         ret = model_version_new(m); /* takes m */

@@ -1,22 +1,45 @@
 #include "server/metrics.h"
 
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "core/thread.h"
 #include "server/nvml.h"
 #include "server/statistics.h"
+
+/* tritonserver's default --metrics-interval-ms. */
+#define DEFAULT_INTERVAL_MS 2000
 
 typedef struct cpu_sample_s {
     unsigned long long busy, idle;
     int ok;
 } cpu_sample_t;
 
+/* What the poller read last: the gauges a scrape shows. */
+typedef struct polled_s {
+    double cpu_util, mem_total, mem_used;
+    oi_gpu_sample_t *gpus; /* nvml count entries */
+} polled_t;
+
 struct oi_metrics_s {
     oi_metrics_config_t cfg;
-    oi_nvml_t *nvml;   /* NULL: no GPU metrics */
-    cpu_sample_t last; /* the previous /proc/stat reading */
+    oi_nvml_t *nvml; /* NULL: no GPU metrics; the poller's */
+    int ngpu;
+    cpu_sample_t last; /* the poller's previous /proc/stat reading */
+    /* The poller thread reads the machine every interval_ms / 2, as Triton's metrics thread
+     * does, and publishes under `mu`; a scrape copies what it finds. */
+    pthread_mutex_t mu;
+    pthread_cond_t wake;
+    int stop;        /* under mu */
+    polled_t polled; /* under mu */
+    int polling;     /* the thread runs */
+    pthread_t poller;
 };
 
 /* ---- the machine ---------------------------------------------------------------------------- */
@@ -66,16 +89,95 @@ static int read_memory(double *total, double *used)
     return 0;
 }
 
+/* One reading of the machine into mx->polled. The poller's (or oi_metrics_new's, before it
+ * starts). */
+static void poll_once(oi_metrics_t *mx, oi_gpu_sample_t *scratch)
+{
+    double util = 0, total = 0, used = 0;
+    if (mx->cfg.cpu) {
+        cpu_sample_t now = read_cpu();
+        if (now.ok && mx->last.ok) {
+            unsigned long long busy = now.busy > mx->last.busy ? now.busy - mx->last.busy : 0;
+            unsigned long long idle = now.idle > mx->last.idle ? now.idle - mx->last.idle : 0;
+            util = busy + idle ? (double)busy / (double)(busy + idle) : 0;
+        }
+        if (now.ok)
+            mx->last = now;
+        read_memory(&total, &used);
+    }
+    for (int i = 0; i < mx->ngpu; i++)
+        oi_nvml_read(mx->nvml, i, &scratch[i]);
+    pthread_mutex_lock(&mx->mu);
+    mx->polled.cpu_util = util;
+    mx->polled.mem_total = total;
+    mx->polled.mem_used = used;
+    if (mx->ngpu)
+        memcpy(mx->polled.gpus, scratch, (size_t)mx->ngpu * sizeof(*scratch));
+    pthread_mutex_unlock(&mx->mu);
+}
+
+static void *poller_main(void *arg)
+{
+    oi_metrics_t *mx = arg;
+    oi_gpu_sample_t *scratch = mx->ngpu ? calloc((size_t)mx->ngpu, sizeof(*scratch)) : NULL;
+    unsigned half = mx->cfg.interval_ms / 2 ? mx->cfg.interval_ms / 2 : 1;
+    pthread_mutex_lock(&mx->mu);
+    while (!mx->stop && !(mx->ngpu && scratch == NULL)) {
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        until.tv_sec += half / 1000;
+        until.tv_nsec += (long)(half % 1000) * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        int rc = 0;
+        while (!mx->stop && rc != ETIMEDOUT)
+            rc = pthread_cond_timedwait(&mx->wake, &mx->mu, &until);
+        if (mx->stop)
+            break;
+        pthread_mutex_unlock(&mx->mu);
+        poll_once(mx, scratch);
+        pthread_mutex_lock(&mx->mu);
+    }
+    pthread_mutex_unlock(&mx->mu);
+    free(scratch);
+    return NULL;
+}
+
 oi_metrics_t *oi_metrics_new(const oi_metrics_config_t *cfg)
 {
     oi_metrics_t *mx = calloc(1, sizeof(*mx));
     if (mx == NULL)
         return NULL;
     mx->cfg = *cfg;
+    if (mx->cfg.interval_ms == 0)
+        mx->cfg.interval_ms = DEFAULT_INTERVAL_MS;
     if (cfg->gpu)
         mx->nvml = oi_nvml_open();
+    mx->ngpu = oi_nvml_count(mx->nvml);
+    mx->polled.gpus = mx->ngpu ? calloc((size_t)mx->ngpu, sizeof(oi_gpu_sample_t)) : NULL;
+    oi_gpu_sample_t *scratch = mx->ngpu ? calloc((size_t)mx->ngpu, sizeof(oi_gpu_sample_t)) : NULL;
+    if (mx->ngpu && (mx->polled.gpus == NULL || scratch == NULL)) {
+        free(scratch);
+        oi_nvml_close(mx->nvml);
+        free(mx->polled.gpus);
+        free(mx);
+        return NULL;
+    }
+    pthread_mutex_init(&mx->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&mx->wake, &ca);
+    pthread_condattr_destroy(&ca);
     if (cfg->cpu)
         mx->last = read_cpu();
+    poll_once(mx, scratch); /* the gauges have values from the start */
+    free(scratch);
+    /* Nothing to poll, no thread; a thread that cannot start leaves the first reading. */
+    if (cfg->cpu || mx->ngpu)
+        mx->polling = oi_thread_create(&mx->poller, poller_main, mx, 0) == 0;
     return mx;
 }
 
@@ -83,11 +185,24 @@ void oi_metrics_free(oi_metrics_t *mx)
 {
     if (mx == NULL)
         return;
+    if (mx->polling) {
+        pthread_mutex_lock(&mx->mu);
+        mx->stop = 1;
+        pthread_cond_signal(&mx->wake);
+        pthread_mutex_unlock(&mx->mu);
+        pthread_join(mx->poller, NULL);
+    }
+    pthread_cond_destroy(&mx->wake);
+    pthread_mutex_destroy(&mx->mu);
     oi_nvml_close(mx->nvml);
+    free(mx->polled.gpus);
     free(mx);
 }
 
-int oi_metrics_gpus(const oi_metrics_t *mx) { return oi_nvml_count(mx->nvml); }
+int oi_metrics_gpus(const oi_metrics_t *mx)
+{
+    return mx->ngpu;
+}
 
 /* ---- text ------------------------------------------------------------------------------------ */
 
@@ -139,6 +254,10 @@ static double g_input_us(const oi_model_stats_t *s) { return (double)(s->snap.co
 static double g_infer_us(const oi_model_stats_t *s) { return (double)(s->snap.compute_infer.ns / 1000); }
 static double g_output_us(const oi_model_stats_t *s) { return (double)(s->snap.compute_output.ns / 1000); }
 static double g_pending(const oi_model_stats_t *s) { return (double)s->pending; }
+static double g_load_secs(const oi_model_stats_t *s)
+{
+    return (double)s->model->load_ns / 1e9;
+}
 
 static const struct {
     const char *name, *help;
@@ -209,6 +328,63 @@ static int histograms(oi_sbuf_t *o, const oi_model_stats_t *items, size_t n)
     return rc;
 }
 
+static const struct {
+    const char *name, *help;
+} summaries[OI_SUM_KINDS] = {
+    {"nv_inference_request_summary_us", "Summary of inference request duration in microseconds (includes cached "
+                                        "requests)"},
+    {"nv_inference_queue_summary_us", "Summary of inference queuing duration in microseconds (includes cached "
+                                      "requests)"},
+    {"nv_inference_compute_input_summary_us", "Cumulative compute input duration in microseconds (does not include "
+                                              "cached requests)"},
+    {"nv_inference_compute_infer_summary_us", "Cumulative compute inference duration in microseconds (does not "
+                                              "include cached requests)"},
+    {"nv_inference_compute_output_summary_us", "Cumulative inference compute output duration in microseconds (does "
+                                               "not include cached requests)"},
+};
+
+/* A summary as prometheus-cpp writes one: _count and _sum (all time), then one series per
+ * quantile of the last minute, labelled quantile (NaN when the minute saw no request). */
+static int summary_families(oi_sbuf_t *o, const oi_metrics_config_t *cfg, const oi_model_stats_t *items, size_t n)
+{
+    static const double defaults[] = {0.5, 0.9, 0.95, 0.99, 0.999};
+    const double *qs = cfg->n_quantiles ? cfg->quantiles : defaults;
+    int nq = cfg->n_quantiles ? cfg->n_quantiles : (int)(sizeof(defaults) / sizeof(defaults[0]));
+    uint64_t *counts = malloc(OI_SUMMARY_BUCKETS * sizeof(uint64_t));
+    if (counts == NULL)
+        return -1;
+    uint64_t now = oi_now_ns();
+    int rc = 0;
+    for (int k = 0; k < OI_SUM_KINDS; k++) {
+        char key[64];
+        rc |= family(o, summaries[k].name, summaries[k].help, "summary");
+        for (size_t i = 0; i < n; i++) {
+            const oi_stats_snapshot_t *snap = &items[i].snap;
+            const oi_stat_duration_t *d[OI_SUM_KINDS] = {&snap->success, &snap->queue, &snap->compute_input,
+                                                         &snap->compute_infer, &snap->compute_output};
+            snprintf(key, sizeof(key), "%s_count", summaries[k].name);
+            rc |= model_series(o, key, items[i].model, NULL, NULL) | value(o, (double)d[k]->count);
+            snprintf(key, sizeof(key), "%s_sum", summaries[k].name);
+            rc |= model_series(o, key, items[i].model, NULL, NULL) | value(o, (double)(d[k]->ns / 1000));
+            memset(counts, 0, OI_SUMMARY_BUCKETS * sizeof(uint64_t));
+            const oi_stats_t *st = oi_scheduler_stats(items[i].model->sched);
+            for (int sl = 0; sl < st->nslots; sl++)
+                if (st->slots[sl].summary != NULL)
+                    oi_summary_merge(st->slots[sl].summary, (oi_summary_kind_t)k, now, counts);
+            for (int q = 0; q < nq; q++) {
+                char label[40];
+                snprintf(label, sizeof(label), "%.16g", qs[q]);
+                rc |= oi_sbuf_printf(o, "%s{model=\"", summaries[k].name) | label_value(o, items[i].model->name);
+                rc |= oi_sbuf_printf(o, "\",version=\"%s\",quantile=\"%s\"}", items[i].model->version_str, label);
+                double v = oi_summary_quantile(counts, qs[q]);
+                rc |= isnan(v) ? oi_sbuf_append(o, " NaN\n", 5) : value(o, v);
+            }
+        }
+    }
+    free(counts);
+    return rc;
+}
+
 /* The GPU families: one series per GPU that NVML read, labelled gpu_uuid. */
 static int gpu_family(oi_sbuf_t *o, const char *name, const char *help, const char *type, const oi_gpu_sample_t *g,
                       int n, size_t offset)
@@ -240,14 +416,17 @@ int oi_metrics_render(oi_metrics_t *mx, oi_registry_t *r, int per_model, oi_sbuf
             return -1;
         }
     }
-    int ngpu = oi_nvml_count(mx->nvml);
+    int ngpu = mx->ngpu;
     oi_gpu_sample_t *gpus = ngpu ? calloc((size_t)ngpu, sizeof(*gpus)) : NULL;
     if (ngpu && gpus == NULL) {
         oi_statistics_release(items, n);
         return -1;
     }
-    for (int i = 0; i < ngpu; i++)
-        oi_nvml_read(mx->nvml, i, &gpus[i]);
+    pthread_mutex_lock(&mx->mu);
+    polled_t now = mx->polled;
+    if (ngpu)
+        memcpy(gpus, mx->polled.gpus, (size_t)ngpu * sizeof(*gpus));
+    pthread_mutex_unlock(&mx->mu);
     int rc = 0;
     /* prometheus-cpp writes counters, then gauges, then histograms, each in the order Triton
      * registers them; families without a series are left out. */
@@ -262,6 +441,15 @@ int oi_metrics_render(oi_metrics_t *mx, oi_registry_t *r, int per_model, oi_sbuf
         rc |= model_family(o, "nv_inference_pending_request_count",
                            "Instantaneous number of pending requests awaiting execution per-model.", "gauge", g_pending,
                            items, n);
+    if (n)
+        rc |= model_family(o, "nv_model_load_duration_secs", "Model load time in seconds", "gauge", g_load_secs, items,
+                           n);
+    /* openinfer keeps no pinned memory pool: 0 bytes, as tritonserver reports with
+     * --pinned-memory-pool-byte-size 0. */
+    rc |= family(o, "nv_pinned_memory_pool_total_bytes", "Pinned memory pool total memory size, in bytes", "gauge");
+    rc |= oi_sbuf_append(o, "nv_pinned_memory_pool_total_bytes", 33) | value(o, 0);
+    rc |= family(o, "nv_pinned_memory_pool_used_bytes", "Pinned memory pool used memory size, in bytes", "gauge");
+    rc |= oi_sbuf_append(o, "nv_pinned_memory_pool_used_bytes", 32) | value(o, 0);
     GPU("nv_gpu_utilization", "GPU utilization rate [0.0 - 1.0)", "gauge", utilization);
     GPU("nv_gpu_memory_total_bytes", "GPU total memory, in bytes", "gauge", memory_total);
     GPU("nv_gpu_memory_used_bytes", "GPU used memory, in bytes", "gauge", memory_used);
@@ -269,25 +457,17 @@ int oi_metrics_render(oi_metrics_t *mx, oi_registry_t *r, int per_model, oi_sbuf
     GPU("nv_gpu_power_limit", "GPU power management limit in watts", "gauge", power_limit);
 #undef GPU
     if (mx->cfg.cpu) {
-        cpu_sample_t now = read_cpu();
-        double util = 0, total = 0, used = 0;
-        if (now.ok && mx->last.ok) {
-            unsigned long long busy = now.busy > mx->last.busy ? now.busy - mx->last.busy : 0;
-            unsigned long long idle = now.idle > mx->last.idle ? now.idle - mx->last.idle : 0;
-            util = busy + idle ? (double)busy / (double)(busy + idle) : 0;
-        }
-        if (now.ok)
-            mx->last = now;
-        read_memory(&total, &used);
         rc |= family(o, "nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]", "gauge");
-        rc |= oi_sbuf_append(o, "nv_cpu_utilization", 18) | value(o, util);
+        rc |= oi_sbuf_append(o, "nv_cpu_utilization", 18) | value(o, now.cpu_util);
         rc |= family(o, "nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes", "gauge");
-        rc |= oi_sbuf_append(o, "nv_cpu_memory_total_bytes", 25) | value(o, total);
+        rc |= oi_sbuf_append(o, "nv_cpu_memory_total_bytes", 25) | value(o, now.mem_total);
         rc |= family(o, "nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes", "gauge");
-        rc |= oi_sbuf_append(o, "nv_cpu_memory_used_bytes", 24) | value(o, used);
+        rc |= oi_sbuf_append(o, "nv_cpu_memory_used_bytes", 24) | value(o, now.mem_used);
     }
     if (n && mx->cfg.histogram_latencies)
         rc |= histograms(o, items, n);
+    if (n && mx->cfg.summary_latencies)
+        rc |= summary_families(o, &mx->cfg, items, n);
     free(gpus);
     oi_statistics_release(items, n);
     return rc ? -1 : 0;

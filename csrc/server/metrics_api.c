@@ -1,5 +1,6 @@
-/* The metrics listener's one route: GET /metrics (also /metrics/, as Triton answers it). It
- * runs on its own loop thread, so rendering never holds up an inference connection. */
+/* The metrics listener's one route: GET /metrics (also /metrics/, as Triton answers it); other
+ * paths answer as Triton's metrics listener does. It runs on its own loop thread, so
+ * rendering never holds up an inference connection. */
 #include <stdio.h>
 #include <string.h>
 
@@ -28,17 +29,14 @@ static void respond_error(oi_http_request_t *r, int status, const char *message,
 void oi__metrics_api_handle(void *ctx, oi_http_request_t *r)
 {
     oi_server_t *s = ctx;
-    if (strcmp(r->path, "/metrics") != 0 && strcmp(r->path, "/metrics/") != 0) {
-        char msg[400];
-        snprintf(msg, sizeof(msg), "no endpoint at %.300s; metrics are at /metrics", r->path);
-        respond_error(r, OI_NOT_FOUND, msg, "");
+    /* Triton's HTTPMetricsServer: any method but GET is refused on every path, and a GET of
+     * any other path is answered 200 with an empty text body. */
+    if (r->method != HTTP_GET) {
+        respond_error(r, OI_METHOD_NOT_ALLOWED, "Method Not Allowed", "Allow: GET\r\n");
         return;
     }
-    if (r->method != HTTP_GET) {
-        char msg[100];
-        snprintf(msg, sizeof(msg), "method %s is not allowed for /metrics; use GET",
-                 llhttp_method_name((llhttp_method_t)r->method));
-        respond_error(r, OI_METHOD_NOT_ALLOWED, msg, "Allow: GET\r\n");
+    if (strcmp(r->path, "/metrics") != 0 && strcmp(r->path, "/metrics/") != 0) {
+        oi_http_respond(r, 200, "Content-Type: text/plain; charset=utf-8\r\n", NULL, 0);
         return;
     }
     if (atomic_load(&s->stopping)) {

@@ -30,6 +30,8 @@ typedef struct oi_model_s {
     const oi_backend_t *backend;
     void *state;
     oi_scheduler_t *sched; /* NULL when not ready */
+    uint64_t load_ns;      /* how long loading it took (nv_model_load_duration_secs); set before
+                            * it is published, 0 when unknown */
     struct oi_model_s *next;
 } oi_model_t;
 

@@ -125,6 +125,8 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
          * and they never wait behind it. Connection limits as for the API. */
         oi_http_config_t mcfg = s->cfg.http;
         mcfg.port = s->cfg.metrics_port;
+        if (s->cfg.metrics_host != NULL)
+            mcfg.host = s->cfg.metrics_host;
         mcfg.unix_path = NULL;
         mcfg.threads = 1;
         mcfg.on_answered = NULL; /* scrapes are not API requests */

@@ -28,7 +28,8 @@ typedef struct oi_server_config_s {
      * 0 leaves the request path without counters or clock reads. */
     int statistics;
     int metrics_port;            /* Prometheus /metrics on its own listener (0 picks a free
-                                  * port), on http.host; -1: none */
+                                  * port), on metrics_host; -1: none */
+    const char *metrics_host;    /* --metrics-address; NULL: http.host, as tritonserver defaults it */
     oi_metrics_config_t metrics; /* what /metrics shows */
     /* The access log's file ("-": standard output), opened by oi_server_start, which is the
      * last to read this pointer; NULL: no access log, and requests take no timestamps. */

@@ -116,6 +116,12 @@ void oi_stats_request(oi_stats_slot_t *slot, const oi_stats_times_t *t, uint64_t
         add(slot, &slot->infer_ns, since(t->input_end, t->output_start));
         add(slot, &slot->output_ns, since(t->output_start, end));
         add(slot, &slot->inferences, rows ? rows : 1);
+        if (slot->summary != NULL && !slot->shared) {
+            uint64_t us[OI_SUM_KINDS] = {
+                total / 1000, since(t->start, t->compute_start) / 1000, since(t->compute_start, t->input_end) / 1000,
+                since(t->input_end, t->output_start) / 1000, since(t->output_start, end) / 1000};
+            oi_summary_observe(slot->summary, us, end);
+        }
     } else {
         add(slot, &slot->fail[(unsigned)reason < OI_FAIL_REASONS ? reason : OI_FAIL_OTHER], 1);
         add(slot, &slot->fail_ns, total);
@@ -173,9 +179,19 @@ void oi_stats_free(oi_stats_t *s)
     if (s == NULL)
         return;
     free_tables(atomic_load(&s->shared.batches));
-    for (int i = 0; i < s->nslots; i++)
+    for (int i = 0; i < s->nslots; i++) {
         free_tables(atomic_load(&s->slots[i].batches));
+        free(s->slots[i].summary);
+    }
     free(s);
+}
+
+int oi_stats_enable_summaries(oi_stats_t *s)
+{
+    for (int i = 0; i < s->nslots; i++)
+        if (s->slots[i].summary == NULL && (s->slots[i].summary = oi_summary_new()) == NULL)
+            return -1;
+    return 0;
 }
 
 #define LOAD(x) atomic_load_explicit(&(x), memory_order_relaxed)

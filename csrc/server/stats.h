@@ -11,6 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "server/summary.h"
+
 /* Why a request that reached the model failed: Triton's label values of
  * nv_inference_request_failure{reason}. */
 typedef enum {
@@ -39,6 +41,7 @@ typedef struct oi_stats_slot_s {
     _Atomic uint64_t executions, last_execution; /* last_execution: when one last ended (monotonic) */
     _Atomic uint64_t hist[OI_HIST_BUCKETS + 1], hist_sum_ms;
     _Atomic(oi_batch_table_t *) batches; /* per batch size; grown by the writer */
+    oi_summary_t *summary;               /* latency summaries; NULL: off (set before serving) */
     int shared;                          /* written by several threads: atomic adds */
     uint64_t last_end;                   /* the writer's own: when its last request (its batch) ended */
 } __attribute__((aligned(64))) oi_stats_slot_t;
@@ -55,6 +58,10 @@ typedef struct oi_stats_s {
 oi_stats_t *oi_stats_new(int nslots);
 
 void oi_stats_free(oi_stats_t *s);
+
+/* Gives every executor slot latency summaries (--metrics-config summary_latencies=true).
+ * Before the statistics are written. 0, or -1 when out of memory. */
+int oi_stats_enable_summaries(oi_stats_t *s);
 
 /* One request's trip, as its job recorded it (CLOCK_MONOTONIC ns). */
 typedef struct oi_stats_times_s {

@@ -69,6 +69,10 @@ class ModelVersion:
     def error(self) -> str | None: ...
     @property
     def version(self) -> int | None: ...
+    @property
+    def load_seconds(self) -> float | None: ...
+    @load_seconds.setter
+    def load_seconds(self, value: float) -> None: ...
 
 class Server:
     """A V2 server, HTTP/1.1 and gRPC (h2c on its own port), on native event-loop threads."""
@@ -104,6 +108,10 @@ class Server:
         grpc_infer_compression_level: int = 0,  # 0 none, 1 low, 2 medium, 3 high (as tritonserver)
         access_log: str | None = None,  # a path, or "-" for standard output; None: no access log
         trace_file: str | None = None,  # the trace extension's file; None: no tracing
+        metrics_address: str | None = None,  # the metrics listener's host; None: host
+        metrics_interval_ms: int = 2000,  # CPU/GPU readings every half of it
+        metrics_summary_latencies: bool = False,  # nv_inference_*_summary_us
+        metrics_summary_quantiles: Sequence[float] | None = None,  # None: 0.5 .. 0.999
     ) -> None: ...
     def set_metadata(self, metadata_json: bytes) -> None:
         """Sets the body of GET /v2 (server metadata)."""

@@ -200,12 +200,26 @@ def _parser() -> argparse.ArgumentParser:
         help="port of /metrics; 0 serves none (default 8002, or a free one with --http-port 0)",
     )
     serve.add_argument(
+        "--metrics-address",
+        metavar="HOST",
+        help="address the metrics listener binds (default: --host)",
+    )
+    serve.add_argument(
+        "--metrics-interval-ms",
+        type=int,
+        default=2000,
+        metavar="MS",
+        help="how often CPU and GPU metrics are read: every half of it, as tritonserver "
+        "(default 2000)",
+    )
+    serve.add_argument(
         "--metrics-config",
         action="append",
         default=[],
         metavar="SETTING=VALUE",
         help="tritonserver's metrics settings: counter_latencies=true|false, "
-        "histogram_latencies=true|false (repeatable)",
+        "histogram_latencies=true|false, summary_latencies=true|false, "
+        "summary_quantiles=Q:ERR,... (repeatable)",
     )
     for limit, text in _LIMITS.items():
         serve.add_argument("--" + limit.replace("_", "-"), type=int, metavar="N", help=text)
@@ -299,6 +313,8 @@ def _serve(args: argparse.Namespace) -> int:
         "metrics_config": args.metrics_config,
         "allow_cpu_metrics": args.allow_cpu_metrics,
         "allow_gpu_metrics": args.allow_gpu_metrics,
+        "metrics_address": args.metrics_address,
+        "metrics_interval_ms": args.metrics_interval_ms,
     }
     if not args.allow_metrics:
         metrics["metrics_port"] = None

@@ -29,6 +29,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -268,6 +269,7 @@ class ModelControl:
     ) -> None:
         """Finds, builds and publishes model `name`. At start-up failures stay in the tables
         (the server starts with the model not ready); later they also raise."""
+        started = time.monotonic()
         model_dir = self._repo / name if self._repo is not None and not name.startswith(".") else None
         with self._lock:
             before = dict(self._states.get(name, {}))
@@ -306,7 +308,7 @@ class ModelControl:
                 if m.version not in versions
             ]
         try:
-            entries = self._publish(name, entries, temp, before, startup)
+            entries = self._publish(name, entries, temp, before, startup, started)
         except BaseException:
             if temp is not None:
                 shutil.rmtree(temp.parent, ignore_errors=True)
@@ -324,6 +326,7 @@ class ModelControl:
         temp: Path | None,
         before: dict[int | None, tuple[str, str]],
         startup: bool,
+        started: float,
     ) -> list[LoadedModel]:
         """Builds every version of `entries` in the core, then swaps them in for the versions
         now registered under `name` in one step. When a version fails while the model has
@@ -343,6 +346,8 @@ class ModelControl:
                 handle = self._build(entry, metadata_versions)
             if handle.error is not None and entry.error is None:
                 entry = LoadedModel(entry.name, entry.version, None, handle.error, entry.config)
+            if handle.error is None:  # nv_model_load_duration_secs: from the load's start
+                handle.load_seconds = time.monotonic() - started
             built.append((entry, handle))
         with self._lock:
             previous = dict(self._registered.get(name, {}))

@@ -118,12 +118,12 @@ _DEFAULT = _Default()
 _GRPC_PORT = 8001
 _METRICS_PORT = 8002
 
-# tritonserver's --metrics-config settings: name -> the core's keyword (None: accepted only
-# with the value that leaves it off, since this server has no latency summaries).
-_METRICS_SETTINGS: dict[str, str | None] = {
+# tritonserver's --metrics-config settings: name -> the core's keyword.
+_METRICS_SETTINGS: dict[str, str] = {
     "counter_latencies": "metrics_counter_latencies",
     "histogram_latencies": "metrics_histogram_latencies",
-    "summary_latencies": None,
+    "summary_latencies": "metrics_summary_latencies",
+    "summary_quantiles": "metrics_summary_quantiles",
 }
 
 # --grpc-infer-response-compression-level, as tritonserver spells it, to the core's number.
@@ -148,6 +148,8 @@ def serve(
     metrics_config: Mapping[str, object] | Iterable[str] | None = None,
     allow_cpu_metrics: bool = True,
     allow_gpu_metrics: bool = True,
+    metrics_address: str | None = None,
+    metrics_interval_ms: int = 2000,
     http_unix: str | os.PathLike[str] | None = None,
     grpc_unix: str | os.PathLike[str] | None = None,
     unix_socket_mode: int = 0o660,
@@ -179,8 +181,12 @@ def serve(
     ``/metrics`` on `metrics_port` (default 8002, a free port when ``http_port=0``; 0 or None:
     no metrics listener) with Triton's metric names; `metrics_config` takes tritonserver's
     ``--metrics-config`` settings (``{"histogram_latencies": True}`` or
-    ``["histogram_latencies=true"]``), and `allow_cpu_metrics` / `allow_gpu_metrics` its
-    ``--allow-cpu-metrics`` / ``--allow-gpu-metrics``.
+    ``["histogram_latencies=true"]``; also ``summary_latencies=true`` with
+    ``summary_quantiles=0.5:0.05,0.9:0.01``), and `allow_cpu_metrics` / `allow_gpu_metrics` its
+    ``--allow-cpu-metrics`` / ``--allow-gpu-metrics``. `metrics_address` is
+    ``--metrics-address`` (the metrics listener's host; default `host`) and
+    `metrics_interval_ms` ``--metrics-interval-ms`` (how often CPU and GPU readings are
+    refreshed: every half of it, as in tritonserver; default 2000).
 
     `http_unix` and `grpc_unix` also serve HTTP and gRPC on Unix-domain sockets at those paths,
     the recommended transport on one host: each request acts with the connecting process's own
@@ -237,6 +243,8 @@ def serve(
         metrics_config=metrics_config,
         allow_cpu_metrics=allow_cpu_metrics,
         allow_gpu_metrics=allow_gpu_metrics,
+        metrics_address=metrics_address,
+        metrics_interval_ms=metrics_interval_ms,
         http_unix=http_unix,
         grpc_unix=grpc_unix,
         unix_socket_mode=unix_socket_mode,
@@ -280,6 +288,8 @@ class Server:
         metrics_config: Mapping[str, object] | Iterable[str] | None = None,
         allow_cpu_metrics: bool = True,
         allow_gpu_metrics: bool = True,
+        metrics_address: str | None = None,
+        metrics_interval_ms: int = 2000,
         http_unix: str | os.PathLike[str] | None = None,
         grpc_unix: str | os.PathLike[str] | None = None,
         unix_socket_mode: int = 0o660,
@@ -316,6 +326,7 @@ class Server:
         self._port = http_port
         self._grpc_port = grpc_port
         self._metrics_port = metrics_port
+        self._metrics_host = host if metrics_address is None else metrics_address
         self._log = log
         self._started = False
         self._stopped = threading.Event()
@@ -339,6 +350,8 @@ class Server:
             metrics_port=-1 if metrics_port is None else metrics_port,
             metrics_cpu=allow_cpu_metrics,
             metrics_gpu=allow_gpu_metrics,
+            metrics_address=metrics_address,
+            metrics_interval_ms=metrics_interval_ms,
             access_log=None if access_log is None else os.fspath(access_log),
             trace_file=trace_path,
             **_metrics_settings(metrics_config),
@@ -518,7 +531,7 @@ class Server:
         """``http://host:port/metrics`` reaching the metrics from this machine; None without."""
         if self._metrics_port is None:
             return None
-        host = self._reach_host()
+        host = self._reach_host(self._metrics_host)
         host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{self._metrics_port}/metrics"
 
@@ -537,8 +550,9 @@ class Server:
         result: dict[str, Any] = json.loads(body)
         return result
 
-    def _reach_host(self) -> str:
-        return {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(self._host, self._host)
+    def _reach_host(self, host: str | None = None) -> str:
+        host = self._host if host is None else host
+        return {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
 
     @property
     def url(self) -> str:
@@ -662,11 +676,12 @@ def _sources(
     return root, given
 
 
-def _metrics_settings(config: Mapping[str, object] | Iterable[str] | None) -> dict[str, bool]:
+def _metrics_settings(config: Mapping[str, object] | Iterable[str] | None) -> dict[str, object]:
     """The core's keywords for tritonserver's --metrics-config settings: a mapping, or
     "setting=value" strings. Booleans are true/on/1 or false/off/0 as tritonserver reads
-    them. Raises ValueError for a malformed or unknown setting, and for latency summaries,
-    which this server does not produce."""
+    them; summary_quantiles is "<quantile>:<error>,..." (the error is Triton's precision
+    target; see the core's summaries for how close openinfer's estimate is). Raises ValueError
+    for a malformed or unknown setting."""
     if config is None:
         return {}
     if isinstance(config, Mapping):
@@ -678,22 +693,36 @@ def _metrics_settings(config: Mapping[str, object] | Iterable[str] | None) -> di
             if not sep or not name or not value or "," in name:
                 raise ValueError(f"metrics config: expected <setting>=<value>, got {item!r}")
             pairs.append((name, value))
-    out: dict[str, bool] = {}
+    out: dict[str, object] = {}
     for name, value in pairs:
         if name not in _METRICS_SETTINGS:
             known = ", ".join(_METRICS_SETTINGS)
             raise ValueError(f"metrics config: unknown setting {name!r}; expected one of {known}")
-        flag = _bool_setting(name, value)
         keyword = _METRICS_SETTINGS[name]
-        if keyword is None:
-            if flag:
-                raise ValueError(
-                    f"metrics config: {name}=true is not supported (this server has no latency "
-                    "summaries; use histogram_latencies or the *_duration_us counters)"
-                )
-            continue
-        out[keyword] = flag
+        out[keyword] = _quantiles(value) if name == "summary_quantiles" else _bool_setting(name, value)
     return out
+
+
+def _quantiles(value: object) -> list[float]:
+    """summary_quantiles: "<quantile>:<error>" pairs split by commas, with Triton's wording."""
+    quantiles = []
+    for pair in str(value).split(","):
+        q, colon, err = pair.strip().partition(":")
+        if not colon:
+            raise ValueError(
+                f"metrics config: Invalid option: [{pair}]. No ':' delimiter found. Expected format "
+                "is <quantile>:<error>"
+            )
+        try:
+            quantile, error = float(q), float(err)
+        except ValueError:
+            raise ValueError(f"metrics config: Invalid option: [{pair}]. Expected numbers") from None
+        if not (0 <= quantile <= 1 and 0 <= error <= 1):
+            raise ValueError(f"metrics config: Invalid option: [{pair}]. Quantile and error must be 0 to 1")
+        quantiles.append(quantile)
+    if len(quantiles) > 16:
+        raise ValueError("metrics config: summary_quantiles takes at most 16 quantiles")
+    return quantiles
 
 
 def _bool_setting(name: str, value: object) -> bool:
