@@ -12,6 +12,7 @@
 #include "python/client.h"
 #include "python/torch_module.h"
 #include "server/server.h"
+#include "server/warmup.h"
 #include "transport/loop.h"
 #include "transport/peer.h"
 
@@ -393,6 +394,108 @@ static PyObject *ModelVersion_get_load_seconds(ModelVersionObject *self, void *c
     return self->model ? PyFloat_FromDouble((double)self->model->load_ns / 1e9) : Py_NewRef(Py_None);
 }
 
+/* Builds request `i` of a warm-up sample: a list of (name, datatype, shape, bytes). Each input
+ * gets its own buffer (data, then the name). 0, or -1 with an exception set. */
+static int warmup_request(PyObject *spec, oi_request_t *r)
+{
+    PyObject *fast = PySequence_Fast(spec, "a warm-up request is a list of (name, datatype, shape, bytes)");
+    if (fast == NULL)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    int rc = -1;
+    r->binary_data_output = -1;
+    r->inputs = calloc(n ? (size_t)n : 1, sizeof(*r->inputs));
+    if (r->inputs == NULL) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const char *name, *dtype;
+        PyObject *shape;
+        Py_buffer data;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i),
+                              "ssOy*;a warm-up input is (name, datatype, shape, bytes)", &name, &dtype, &shape, &data))
+            goto out;
+        oi_tensor_t *t = &r->inputs[r->n_inputs];
+        size_t name_len = strlen(name);
+        t->owner = oi_buf_new((size_t)data.len + name_len + 1);
+        if (t->owner == NULL) {
+            PyBuffer_Release(&data);
+            PyErr_NoMemory();
+            goto out;
+        }
+        r->n_inputs++;
+        memcpy(t->owner->data, data.buf, (size_t)data.len);
+        memcpy(t->owner->data + data.len, name, name_len + 1);
+        t->owner->len = (size_t)data.len + name_len + 1;
+        t->data = t->owner->data;
+        t->byte_size = (size_t)data.len;
+        t->name = t->owner->data + data.len;
+        PyBuffer_Release(&data);
+        t->dtype = oi_dtype_from_name(dtype, strlen(dtype));
+        PyObject *dims = PySequence_Fast(shape, "a warm-up input's shape is a sequence of ints");
+        if (dims == NULL)
+            goto out;
+        Py_ssize_t nd = PySequence_Fast_GET_SIZE(dims);
+        if (t->dtype == OI_TYPE_INVALID || nd > OI_MAX_DIMS) {
+            PyErr_Format(PyExc_ValueError, "warm-up input '%s': datatype %s, %zd dimensions", name, dtype, nd);
+            Py_DECREF(dims);
+            goto out;
+        }
+        for (Py_ssize_t d = 0; d < nd; d++)
+            t->shape[d] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(dims, d));
+        t->ndim = (int)nd;
+        Py_DECREF(dims);
+        if (PyErr_Occurred())
+            goto out;
+    }
+    rc = 0;
+out:
+    Py_DECREF(fast);
+    return rc;
+}
+
+/* warmup(requests) -> None, or the failures joined: runs one warm-up iteration (a list of
+ * requests, each a list of inputs) through the version's scheduler and waits for it. */
+static PyObject *ModelVersion_warmup(ModelVersionObject *self, PyObject *requests)
+{
+    oi_model_t *m = self->model;
+    if (m == NULL || m->sched == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "warmup: the version is served already, or cannot serve");
+        return NULL;
+    }
+    PyObject *fast = PySequence_Fast(requests, "warmup() takes a list of requests");
+    if (fast == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    oi_request_t *reqs = calloc(n ? (size_t)n : 1, sizeof(*reqs));
+    PyObject *ret = NULL;
+    if (reqs == NULL) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (warmup_request(PySequence_Fast_GET_ITEM(fast, i), &reqs[i]) != 0)
+            goto out;
+    oi_status_t *st;
+    Py_BEGIN_ALLOW_THREADS /* a Python model's executors need the GIL */
+        st = oi_warmup_run(m, reqs, (size_t)n);
+    Py_END_ALLOW_THREADS ret = st == NULL ? Py_NewRef(Py_None) : PyUnicode_FromString(st->message);
+    oi_status_free(st);
+out:
+    for (Py_ssize_t i = 0; reqs != NULL && i < n; i++)
+        oi_request_clear(&reqs[i]);
+    free(reqs);
+    Py_DECREF(fast);
+    return ret;
+}
+
+static PyMethodDef ModelVersion_methods[] = {
+    {"warmup", (PyCFunction)ModelVersion_warmup, METH_O,
+     "warmup(requests) -> None or the failures: one warm-up iteration through the scheduler."},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyGetSetDef ModelVersion_getset[] = {
     {"error", (getter)ModelVersion_get_error, NULL, "Why the version cannot serve, or None.", NULL},
     {"load_seconds", (getter)ModelVersion_get_load_seconds, (setter)ModelVersion_set_load_seconds,
@@ -408,6 +511,7 @@ static PyTypeObject ModelVersionType = {
     .tp_doc = "A model version built by Server.add_model(publish=False), not yet served.",
     .tp_dealloc = (destructor)ModelVersion_dealloc,
     .tp_getset = ModelVersion_getset,
+    .tp_methods = ModelVersion_methods,
 };
 
 /* Wraps `m` (taking its reference) in a new ModelVersion; on failure `m` is retired. */

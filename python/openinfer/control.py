@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import triton_config
+from . import triton_config, warmup
 from .config import ConfigError, DynamicBatching, ModelConfig, parse_json_config
 from .errors import InferenceServerError
 from .model import Model, Tensor
@@ -308,7 +308,7 @@ class ModelControl:
                 if m.version not in versions
             ]
         try:
-            entries = self._publish(name, entries, temp, before, startup, started)
+            entries = self._publish(name, entries, temp, before, startup, started, model_dir)
         except BaseException:
             if temp is not None:
                 shutil.rmtree(temp.parent, ignore_errors=True)
@@ -327,6 +327,7 @@ class ModelControl:
         before: dict[int | None, tuple[str, str]],
         startup: bool,
         started: float,
+        model_dir: Path | None = None,
     ) -> list[LoadedModel]:
         """Builds every version of `entries` in the core, then swaps them in for the versions
         now registered under `name` in one step. When a version fails while the model has
@@ -346,6 +347,11 @@ class ModelControl:
                 handle = self._build(entry, metadata_versions)
             if handle.error is not None and entry.error is None:
                 entry = LoadedModel(entry.name, entry.version, None, handle.error, entry.config)
+            if handle.error is None and entry.model is not None and entry.config.get("model_warmup"):
+                failure = _warm_up(entry, handle, model_dir)
+                if failure is not None:  # the version is served as UNAVAILABLE, with the reason
+                    entry = LoadedModel(entry.name, entry.version, None, failure, entry.config)
+                    handle = self._build(entry, metadata_versions)
             if handle.error is None:  # nv_model_load_duration_secs: from the load's start
                 handle.load_seconds = time.monotonic() - started
             built.append((entry, handle))
@@ -514,6 +520,20 @@ class ModelControl:
 
 
 # ---- request parameters ---------------------------------------------------------------------
+
+
+def _warm_up(entry: LoadedModel, handle: Any, model_dir: Path | None) -> str | None:
+    """Runs the version's model_warmup samples (see `openinfer.warmup`) before it is served;
+    returns why it failed, or None."""
+    assert entry.model is not None
+    try:
+        config = triton_config.normalize(entry.config, "config.pbtxt")
+        built = warmup.samples(config, entry.model.max_batch_size, model_dir)
+        warmup.run(handle, built)
+    except (warmup.WarmupError, ConfigError) as e:
+        logger.warning("model %s version %s: warm-up failed: %s", entry.name, entry.version, e)
+        return f"model warm-up failed: {e}"
+    return None
 
 
 def _check_name(name: str) -> None:

@@ -632,8 +632,6 @@ def unsupported(config: Message, source: str) -> tuple[list[str], list[str]]:
         refuse("sequence_batching", "no sequence batcher: stateful models need one")
     if "ensemble_scheduling" in config:
         refuse("ensemble_scheduling", "ensembles are not served")
-    if config.get("model_warmup"):
-        refuse("model_warmup", "no warm-up requests are run")
     if config.get("model_transaction_policy", {}).get("decoupled"):
         refuse("model_transaction_policy { decoupled: true }", "decoupled models are not served")
     if config.get("response_cache", {}).get("enable"):
