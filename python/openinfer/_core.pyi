@@ -73,6 +73,8 @@ class ModelVersion:
     def load_seconds(self) -> float | None: ...
     @load_seconds.setter
     def load_seconds(self, value: float) -> None: ...
+    def warmup(self, requests: Sequence[Sequence[tuple[str, str, Sequence[int], bytes]]]) -> str | None:
+        """One warm-up iteration through the version's scheduler: the failures joined, or None."""
 
 class Server:
     """A V2 server, HTTP/1.1 and gRPC (h2c on its own port), on native event-loop threads."""
