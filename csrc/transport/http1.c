@@ -269,7 +269,8 @@ static void conn_write(oi_http_conn_t *c, int status, const char *headers, const
     wr->conn = c;
     wr->nparts = nparts;
     wr->parts = (oi_iov_t *)(wr->head + head_cap);
-    memcpy(wr->parts, parts, nparts * sizeof(oi_iov_t));
+    if (nparts) /* a body-less answer may pass no parts at all */
+        memcpy(wr->parts, parts, nparts * sizeof(oi_iov_t));
 
     uv_buf_t stackbufs[8];
     uv_buf_t *bufs = nparts + 1 <= 8 ? stackbufs : malloc((nparts + 1) * sizeof(uv_buf_t));
