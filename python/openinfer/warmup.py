@@ -14,7 +14,9 @@ is skipped, as in Triton. Data:
   each followed by the bytes). A path leaving ``warmup/`` is refused.
 
 Any failure (a sample that cannot be built, or a request the model fails) makes the version
-UNAVAILABLE with the reason naming the sample and the input.
+UNAVAILABLE with the reason naming the sample and the input. The samples run once per model
+version, where Triton runs them once per instance: openinfer's instances share the version's
+model (one Python handler, one TorchScript module), so one warm-up warms them all.
 """
 
 from __future__ import annotations
