@@ -99,7 +99,7 @@ def test_latency_summaries() -> None:
                      if s.name == name and s.labels["model"] == "timed"}
         assert list(quantiles) == ["0.5", "0.9", "0.99"]
         assert quantiles["0.5"] <= quantiles["0.9"] <= quantiles["0.99"]
-        # A model with no request in the last minute: NaN, as prometheus-cpp's empty summary.
+        # A model with no request in the last minute: Nan, as prometheus-cpp writes an empty summary.
         idle = [s.value for s in f[name].samples if s.name == name and s.labels["model"] == "idle"]
         assert len(idle) == 3 and all(math.isnan(v) for v in idle)
     # _sum is the same total as the *_duration_us counter.

@@ -344,7 +344,8 @@ static const struct {
 };
 
 /* A summary as prometheus-cpp writes one: _count and _sum (all time), then one series per
- * quantile of the last minute, labelled quantile (NaN when the minute saw no request). */
+ * quantile of the last minute, labelled quantile; "Nan" (prometheus-cpp's spelling) when the
+ * minute saw no request. */
 static int summary_families(oi_sbuf_t *o, const oi_metrics_config_t *cfg, const oi_model_stats_t *items, size_t n)
 {
     static const double defaults[] = {0.5, 0.9, 0.95, 0.99, 0.999};
@@ -377,7 +378,7 @@ static int summary_families(oi_sbuf_t *o, const oi_metrics_config_t *cfg, const 
                 rc |= oi_sbuf_printf(o, "%s{model=\"", summaries[k].name) | label_value(o, items[i].model->name);
                 rc |= oi_sbuf_printf(o, "\",version=\"%s\",quantile=\"%s\"}", items[i].model->version_str, label);
                 double v = oi_summary_quantile(counts, qs[q]);
-                rc |= isnan(v) ? oi_sbuf_append(o, " NaN\n", 5) : value(o, v);
+                rc |= isnan(v) ? oi_sbuf_append(o, " Nan\n", 5) : value(o, v);
             }
         }
     }
