@@ -2,9 +2,10 @@
  * when statistics are on and the executor goes straight from one request to the next (queue
  * start on the loop thread, model returned, end; the compute start is the previous end), one
  * oi_stats_request and one oi_stats_execution, as the scheduler and infer.c call them. Prints
- * nanoseconds per request, the best of `rounds`.
+ * nanoseconds per request, the best of `rounds`. With `summaries` 1, the slot also keeps latency
+ * summaries (--metrics-config summary_latencies=true).
  *
- *     stats_bench [requests_per_round] [rounds]
+ *     stats_bench [requests_per_round] [rounds] [summaries]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,8 +16,9 @@ int main(int argc, char **argv)
 {
     long n = argc > 1 ? atol(argv[1]) : 2000000;
     int rounds = argc > 2 ? atoi(argv[2]) : 5;
+    int summaries = argc > 3 && atoi(argv[3]);
     oi_stats_t *s = oi_stats_new(1);
-    if (s == NULL || n <= 0 || rounds <= 0)
+    if (s == NULL || n <= 0 || rounds <= 0 || (summaries && oi_stats_enable_summaries(s) != 0))
         return 1;
     oi_stats_slot_t *slot = &s->slots[0];
     double best = 1e30;
