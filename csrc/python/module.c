@@ -850,6 +850,16 @@ static PyObject *Server_stop(ServerObject *self, PyObject *args, PyObject *kw)
     Py_RETURN_NONE;
 }
 
+static PyObject *Server_drain(ServerObject *self, PyObject *unused)
+{
+    (void)unused;
+    oi_server_t *s = live_server(self);
+    if (s == NULL)
+        return NULL;
+    oi_server_drain(s);
+    Py_RETURN_NONE;
+}
+
 static PyObject *Server_get_port(ServerObject *self, void *closure)
 {
     (void)closure;
@@ -944,6 +954,8 @@ static PyMethodDef Server_methods[] = {
     {"start", (PyCFunction)Server_start, METH_NOARGS, "Binds and starts the loop threads."},
     {"stop", (PyCFunction)(void (*)(void))Server_stop, METH_VARARGS | METH_KEYWORDS,
      "Drains in-flight requests and stops."},
+    {"drain", (PyCFunction)Server_drain, METH_NOARGS,
+     "Turns server readiness false while every request is still served (before stop)."},
     {"trace_set", (PyCFunction)Server_trace_set, METH_VARARGS,
      "trace_set(model, clear, level, rate, count, log_frequency): a model's (None: the global) trace settings."},
     {"trace_count", (PyCFunction)Server_trace_count, METH_VARARGS,

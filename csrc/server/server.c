@@ -305,6 +305,17 @@ static void *reap(void *arg)
     return NULL;
 }
 
+int oi__server_ready(oi_server_t *s)
+{
+    return !atomic_load(&s->stopping) && !atomic_load(&s->draining) && oi_registry_all_ready(&s->registry);
+}
+
+void oi_server_drain(oi_server_t *s)
+{
+    if (s != NULL && !atomic_exchange(&s->draining, 1))
+        oi_server_health_changed(s); /* Watch calls hear NOT_SERVING now */
+}
+
 void oi_server_stop(oi_server_t *s, uint64_t timeout_ms)
 {
     if (s == NULL)

@@ -65,6 +65,12 @@ int oi_server_swap_models(oi_server_t *s, oi_model_t **add, size_t n_add, const 
  * Safe from any thread, loop threads included; returns at once. */
 void oi_server_health_changed(oi_server_t *s);
 
+/* Starts a drain, for a rolling update: from now on server readiness (HTTP, gRPC ServerReady,
+ * grpc.health.v1) is false, so load balancers stop sending new work, while connections are
+ * still accepted and every request is served as before until oi_server_stop. Safe from any
+ * thread; idempotent. */
+void oi_server_drain(oi_server_t *s);
+
 /* Listens and starts the loops. 0, or an error with a message in `err`. */
 int oi_server_start(oi_server_t *s, char *err, size_t errlen);
 

@@ -6,7 +6,8 @@
                     [--repository-poll-secs N] [--max-body-bytes N] ...
 
 It logs where it listens and which models are ready or failed (and why), then blocks until
-SIGINT or SIGTERM, which drain in-flight requests through `Server.stop` and exit 0.
+SIGINT or SIGTERM, which drain in-flight requests through `Server.stop` and exit 0; with
+--drain-grace-secs, SIGTERM first turns readiness false and serves on for that long (`Server.drain`).
 """
 
 from __future__ import annotations
@@ -217,6 +218,15 @@ def _parser() -> argparse.ArgumentParser:
         help="on SIGINT/SIGTERM, how long in-flight requests may take; then the rest are "
         "answered 503 and the server exits (default 30)",
     )
+    serve.add_argument(
+        "--drain-grace-secs",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="on SIGTERM, first turn readiness false and go on serving new connections and "
+        "requests for SECONDS (the time a load balancer takes to notice), then stop as "
+        "--shutdown-timeout says; a second signal cuts it short (default 0: stop at once)",
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument(
         "--access-log",
@@ -293,13 +303,22 @@ def _serve(args: argparse.Namespace) -> int:
         # and the handler returns at once; the main thread wakes from wait() when it is done.
         # Installed before serve() returns: a signal that arrives while models load or just
         # after the port opens still stops the server cleanly.
-        if not stopping.is_set():
-            stopping.set()
-            logger.info("%s: stopping after in-flight requests", signal.Signals(signum).name)
-            for srv in started:
-                threading.Thread(
-                    target=srv.stop, args=(args.shutdown_timeout,), name="openinfer-stop"
-                ).start()
+        # SIGTERM is how orchestrators start a rolling update: it drains first when asked to.
+        # A second signal (or SIGINT, a person at a terminal) stops without the grace period.
+        drain = signum == signal.SIGTERM and args.drain_grace_secs > 0 and not stopping.is_set()
+        name = signal.Signals(signum).name
+        if drain:
+            logger.info("%s: draining for %gs, then stopping after in-flight requests", name, args.drain_grace_secs)
+        elif stopping.is_set():
+            logger.info("%s: stopping now", name)
+        else:
+            logger.info("%s: stopping after in-flight requests", name)
+        stopping.set()
+        for srv in started:
+            target, extra = (srv.drain, (args.drain_grace_secs,)) if drain else (srv.stop, ())
+            threading.Thread(
+                target=target, args=(*extra, args.shutdown_timeout), name="openinfer-stop"
+            ).start()
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
@@ -330,7 +349,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"openinfer: error: {e}", file=sys.stderr)
         return 1
     started.append(server)
-    if stopping.is_set():
+    if stopping.is_set():  # a signal came while the models loaded: nobody relies on us yet
         server.stop(args.shutdown_timeout)
     # Wake up now and then: Python runs signal handlers between bytecodes of the main thread.
     while not server.wait(0.5):

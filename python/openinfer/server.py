@@ -298,6 +298,8 @@ class Server:
         self._log = log
         self._started = False
         self._stopped = threading.Event()
+        self._stop_lock = threading.Lock()  # one stop at a time: the second waits for the first
+        self._drain_cut = threading.Event()  # ends a drain's grace period early
         repo_path, given = _sources(repo, models)
         self._core = _core.Server(
             host,
@@ -422,18 +424,39 @@ class Server:
         """Stops accepting connections, lets in-flight requests finish for up to `timeout`
         seconds, then closes everything. Requests still in flight after `timeout` are
         answered with 503 (gRPC UNAVAILABLE) and this returns, even while a model still
-        runs (it finishes in the background and its answer is dropped). Idempotent."""
-        try:
-            self._control.close(timeout)
-            self._core.stop(timeout)
-        finally:  # wait() must return even if stopping failed
-            if self._started and not self._stopped.is_set() and self._log:
-                logger.info("openinfer on %s stopped", self.url)
-            if self._started:
-                self._logging.uninstall()
-            self._stopped.set()
-            with _running_lock:
-                _running.pop(id(self), None)
+        runs (it finishes in the background and its answer is dropped). Idempotent and safe
+        from any thread: a second call returns once the first is done."""
+        self._drain_cut.set()
+        with self._stop_lock:
+            try:
+                self._control.close(timeout)
+                self._core.stop(timeout)
+            finally:  # wait() must return even if stopping failed
+                if self._started and not self._stopped.is_set() and self._log:
+                    logger.info("openinfer on %s stopped", self.url)
+                if self._started:
+                    self._logging.uninstall()
+                self._stopped.set()
+                with _running_lock:
+                    _running.pop(id(self), None)
+
+    def drain(self, grace: float, timeout: float = 30.0) -> None:
+        """Stops the server the way a rolling update needs: readiness turns false at once
+        (`/v2/health/ready` answers 400, gRPC ServerReady false, grpc.health.v1 NOT_SERVING) so
+        load balancers take this replica out, while new connections are still accepted and
+        every request served for `grace` seconds (the time endpoints take to notice); then
+        `stop(timeout)`. A `stop()` from another thread ends the grace early. Returns once
+        stopped."""
+        if self._started and not self._stopped.is_set():
+            try:
+                self._core.drain()
+            except RuntimeError:  # stopped meanwhile
+                pass
+            else:
+                if self._log:
+                    logger.info("openinfer on %s draining: not ready, serving for %gs more", self.url, grace)
+                self._drain_cut.wait(max(grace, 0.0))
+        self.stop(timeout)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Blocks until the server is stopped (from another thread or a signal handler), or
