@@ -56,6 +56,9 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                              "grpc_infer_compression_level",
                              "access_log",
                              "trace_file",
+                             "http_listen_fd",
+                             "grpc_listen_fd",
+                             "metrics_listen_fd",
                              NULL};
     const char *host = "127.0.0.1";
     int port = 8000, threads = 0, max_conn = 4096, grpc_port = 8001, max_per_peer = 0;
@@ -67,13 +70,18 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
     int statistics = 1, metrics_port = -1, counter_lat = 1, histogram_lat = 0, metrics_cpu = 1, metrics_gpu = 1;
     const char *http_unix = NULL, *grpc_unix = NULL, *access_log = NULL, *trace_file = NULL;
     unsigned int unix_mode = 0660;
-    int compression_level = 0;
+    int compression_level = 0, http_fd = 0, grpc_fd = 0, metrics_fd = 0;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "|si$iKKiKKIiKOiKKKpippppzzIizz", kwlist, &host, &port, &threads, &max_body, &max_header,
+            args, kw, "|si$iKKiKKIiKOiKKKpippppzzIizziii", kwlist, &host, &port, &threads, &max_body, &max_header,
             &max_conn, &header_to, &idle_to, &depth, &grpc_port, &grpc_max, &allow_shm, &max_per_peer, &first_byte_to,
             &body_to, &grpc_queued, &statistics, &metrics_port, &counter_lat, &histogram_lat, &metrics_cpu,
-            &metrics_gpu, &http_unix, &grpc_unix, &unix_mode, &compression_level, &access_log, &trace_file))
+            &metrics_gpu, &http_unix, &grpc_unix, &unix_mode, &compression_level, &access_log, &trace_file, &http_fd,
+            &grpc_fd, &metrics_fd))
         return -1;
+    if (http_fd < 0 || grpc_fd < 0 || metrics_fd < 0) {
+        PyErr_SetString(PyExc_ValueError, "a listen_fd must be a listening socket's descriptor (> 0), or 0");
+        return -1;
+    }
     if (trace_file != NULL && (trace_file[0] == '\0' || strlen(trace_file) >= sizeof(self->trace_file) - 16)) {
         PyErr_Format(PyExc_ValueError, "trace_file must be a path of 1 to %zu bytes", sizeof(self->trace_file) - 17);
         return -1;
@@ -146,6 +154,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
     self->cfg = (oi_server_config_t){
         .http = {.host = self->host,
                  .port = port,
+                 .listen_fd = http_fd,
                  .unix_path = http_unix ? self->http_unix : NULL,
                  .unix_mode = unix_mode,
                  .threads = threads,
@@ -159,6 +168,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                  .idle_timeout_ms = idle_to},
         .max_json_depth = depth,
         .grpc_port = grpc_port,
+        .grpc_listen_fd = grpc_fd,
         .grpc_unix_path = grpc_unix ? self->grpc_unix : NULL,
         .grpc_infer_compression_level = compression_level,
         .grpc_max_message_bytes = (size_t)grpc_max,
@@ -166,6 +176,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
         .allow_shared_memory = allow,
         .statistics = statistics,
         .metrics_port = metrics_port,
+        .metrics_listen_fd = metrics_fd,
         .metrics = {.counter_latencies = counter_lat,
                     .histogram_latencies = histogram_lat,
                     .cpu = metrics_cpu,

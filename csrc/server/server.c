@@ -108,6 +108,7 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
         oi_h2_config_t h2 = {
             .host = s->cfg.http.host,
             .port = s->cfg.http.inline_loop ? -1 : s->cfg.grpc_port,
+            .listen_fd = s->cfg.grpc_listen_fd,
             .unix_path = s->cfg.http.inline_loop ? NULL : s->cfg.grpc_unix_path,
             .unix_mode = s->cfg.http.unix_mode,
             .max_message_bytes = s->cfg.grpc_max_message_bytes ? s->cfg.grpc_max_message_bytes : (size_t)2 << 30,
@@ -125,6 +126,7 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
          * and they never wait behind it. Connection limits as for the API. */
         oi_http_config_t mcfg = s->cfg.http;
         mcfg.port = s->cfg.metrics_port;
+        mcfg.listen_fd = s->cfg.metrics_listen_fd;
         mcfg.unix_path = NULL;
         mcfg.threads = 1;
         mcfg.on_answered = NULL; /* scrapes are not API requests */

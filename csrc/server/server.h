@@ -13,6 +13,7 @@ typedef struct oi_server_config_s {
     oi_http_config_t http;
     uint32_t max_json_depth;
     int grpc_port;                 /* gRPC on its own port, on the HTTP loops; -1: none over TCP */
+    int grpc_listen_fd;            /* > 0: gRPC on this listening socket (see http.listen_fd) */
     const char *grpc_unix_path;    /* gRPC on this Unix-domain socket too (mode http.unix_mode); NULL: none.
                                     * With neither a port nor a path, no gRPC at all */
     size_t grpc_max_message_bytes; /* largest gRPC request message; 0: 2 GiB */
@@ -29,6 +30,7 @@ typedef struct oi_server_config_s {
     int statistics;
     int metrics_port;            /* Prometheus /metrics on its own listener (0 picks a free
                                   * port), on http.host; -1: none */
+    int metrics_listen_fd;       /* > 0: /metrics on this listening socket (see http.listen_fd) */
     oi_metrics_config_t metrics; /* what /metrics shows */
     /* The access log's file ("-": standard output), opened by oi_server_start, which is the
      * last to read this pointer; NULL: no access log, and requests take no timestamps. */
