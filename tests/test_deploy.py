@@ -21,9 +21,8 @@ import os
 import re
 import signal
 import socket
-import subprocess
 import sys
-import threading
+import time
 import types
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ import yaml
 from referencing import Registry, Resource
 
 import helm_render
+from conftest import Cli
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -290,20 +290,8 @@ def test_container_command_line_serves_and_drains(name: str, tmp_path: Path) -> 
                      else str(ports[prev]) if prev in ports else a)
     assert "--drain-grace-secs" in local
     env = dict(os.environ, OPENINFER_CACHE_DIR=str(tmp_path / "cache"))
-    proc = subprocess.Popen(local, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    lines: list[str] = []
-    up = threading.Event()
-
-    def read() -> None:
-        for line in proc.stdout:
-            lines.append(line)
-            if "listening on" in line:
-                up.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    cli = Cli(argv=local, env=env)
     try:
-        assert up.wait(60), "".join(lines)
         http = f"http://127.0.0.1:{ports['--http-port']}"
         assert requests.get(http + "/v2/health/ready", timeout=10).status_code == 200
         assert requests.get(http + "/v2/models/simple/ready", timeout=10).status_code == 200
@@ -316,17 +304,14 @@ def test_container_command_line_serves_and_drains(name: str, tmp_path: Path) -> 
         client.close()
         metrics = requests.get(f"http://127.0.0.1:{ports['--metrics-port']}/metrics", timeout=10).text
         assert 'nv_inference_request_success{model="simple",version="1"} 1' in metrics
-        proc.send_signal(signal.SIGTERM)  # what the kubelet sends
-        deadline = 0
+        cli.proc.send_signal(signal.SIGTERM)  # what the kubelet sends
+        deadline = time.monotonic() + 60
         while requests.get(http + "/v2/health/ready", timeout=10).status_code == 200:
-            deadline += 1
-            assert deadline < 1500, "readiness never turned false"
-            threading.Event().wait(0.02)
+            assert time.monotonic() < deadline, "readiness never turned false"
+            time.sleep(0.02)
         assert requests.get(http + "/v2/models/simple/ready", timeout=10).status_code == 200  # still serving
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0, "".join(lines)
+        cli.proc.send_signal(signal.SIGTERM)
+        rc, out = cli.wait()
+        assert rc == 0, out
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        reader.join(10)
+        cli.kill()

@@ -20,7 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 import openinfer
 from openinfer import Model, Tensor
 
-from test_serve_cli import Cli, port_is_closed
+from conftest import Cli, port_is_closed
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
