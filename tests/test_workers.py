@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -51,12 +52,13 @@ def answering_pid(port: int) -> int:
     return r.json()["outputs"][0]["data"][0]
 
 
-def pids_until(port: int, want: int, exclude: set[int] = frozenset(), bound: int = 2000) -> set[int]:
+def pids_until(port: int, want: int, exclude: set[int] = frozenset(), bound: float = 120.0) -> set[int]:
     """Asks on new connections until `want` distinct workers (outside `exclude`) answered. The
     kernel hands each connection to whichever worker accepts first, so this is a matter of
-    asking often enough; `bound` only stops a hang."""
+    asking often enough; `bound` (seconds) only stops a hang."""
     seen: set[int] = set()
-    for _ in range(bound):
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
         try:
             pid = answering_pid(port)
         except requests.ConnectionError:  # a worker killed with this connection in its queue
@@ -65,7 +67,22 @@ def pids_until(port: int, want: int, exclude: set[int] = frozenset(), bound: int
             seen.add(pid)
         if len(seen) >= want:
             return seen
-    raise AssertionError(f"only {len(seen)} distinct workers answered in {bound} requests")
+    raise AssertionError(f"only {len(seen)} distinct workers answered in {bound}s")
+
+
+def wait_for_line(cli: Cli, pattern: str, after: str = "", bound: float = 60.0) -> re.Match[str]:
+    """The first match of `pattern` in the output lines that follow the first line containing
+    `after`; waits for it (`bound` only stops a hang)."""
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
+        lines = cli.lines[:]
+        start = next((i for i, line in enumerate(lines) if after in line), None) if after else 0
+        for line in lines[start + 1 if after else 0:] if start is not None else []:
+            m = re.search(pattern, line)
+            if m:
+                return m
+        time.sleep(0.02)
+    raise AssertionError(f"no line matching {pattern!r}: {cli.output()}")
 
 
 def metrics_port_of(cli: Cli) -> int:
@@ -105,9 +122,11 @@ def test_workers_share_the_ports_restart_and_stop(pid_repo: Path) -> None:
         victim = min(workers)
         os.kill(victim, signal.SIGKILL)
         survivor = (workers - {victim}).pop()
+        assert answering_pid(port) != victim  # served meanwhile
+        wait_for_line(cli, "exited with signal 9; restarting")
+        new = int(wait_for_line(cli, r"worker \d started \(pid (\d+)\)", after="exited with signal 9").group(1))
         replacement = pids_until(port, 1, exclude={victim, survivor})
-        assert victim not in replacement
-        assert "exited with signal 9; restarting" in cli.output()
+        assert replacement == {new}
 
         # SIGTERM drains every worker at once: unready on every connection, both still serving.
         cli.proc.send_signal(signal.SIGTERM)
