@@ -247,20 +247,14 @@ def triton_dist() -> TritonDist:
 
 
 def triton_argv(dist: TritonDist, repo: Path, http_port: int, grpc_port: int,
-                models: list[str] | tuple[str, ...] | None = None,
                 extra: list[str] | tuple[str, ...] = ()) -> list[str]:
-    """tritonserver's command line: `repo` served on 127.0.0.1 only (HTTP and gRPC; metrics,
-    SageMaker and Vertex AI off), every model of it or, with `models`, just those (explicit
-    model control), no verbose logging."""
+    """tritonserver's command line: every model of `repo` served on 127.0.0.1 only (HTTP and
+    gRPC; metrics, SageMaker and Vertex AI off), no verbose logging; `extra` flags last."""
     argv = [str(dist.server), "--model-repository", str(repo),
             "--backend-directory", str(dist.backends),
             "--http-address", "127.0.0.1", "--http-port", str(http_port),
             "--allow-grpc", "true", "--grpc-address", "127.0.0.1", "--grpc-port", str(grpc_port),
             "--allow-metrics", "false", "--log-verbose", "0", "--exit-timeout-secs", "10"]
-    if models:
-        argv += ["--model-control-mode", "explicit"]
-        for m in models:
-            argv += ["--load-model", m]
     return argv + list(extra)
 
 
@@ -284,9 +278,10 @@ def start_triton(cpus: str | None, log_dir: Path, repo: Path = TRITON_MODELS,
                  models: list[str] | tuple[str, ...] | None = None, timeout: float = 240,
                  extra: list[str] | tuple[str, ...] = ()) -> "Peer":
     """Start native Triton (tritonserver from the wheel, pinned to `cpus`) on a Triton-format
-    `repo` whose models use the Python backend, and wait until it and `models` (or, without
-    `models`, every model of `repo`) are ready. For scenarios with their own repository (e.g.
-    decoupled models for streaming); the caller stops it with Peer.stop(). Raises
+    `repo` whose models use the Python backend (all of them loaded), and wait until the server
+    is ready (which, with Triton's strict readiness, means every model loaded) and each of
+    `models` answers ready. For scenarios with their own repository (e.g. decoupled models for
+    streaming); `extra` adds tritonserver flags. The caller stops it with Peer.stop(). Raises
     PeerUnavailable with the server log's last lines."""
     return start_peer("triton", cpus, log_dir, timeout=timeout, models=models,
                       triton_repo=repo, triton_extra=extra)
@@ -309,6 +304,8 @@ class Peer:
     command: str = ""
     started_s: float = float("nan")  # spawn -> all models ready
     notes: list[str] = field(default_factory=list)
+    # Models whose answers must equal openinfer's for the same request (same_as_openinfer).
+    same_models: tuple[str, ...] = ()
 
     def alive(self) -> bool:
         return self.proc.alive()
@@ -324,15 +321,15 @@ def _pkg_version(py: Path, dist: str) -> str:
 
 
 def peer_argv(name: str, http_port: int, grpc_port: int, workdir: Path,
-              torch_repo: Path | None = None, models=None, triton_repo: Path = TRITON_MODELS,
+              torch_repo: Path | None = None, triton_repo: Path = TRITON_MODELS,
               triton_extra=()) -> tuple[list[str], dict[str, str], Path, Path]:
-    """(argv, env, cwd, python) to start peer `name` (installing it first). `models` narrows
-    what native Triton loads (default: all of `triton_repo`)."""
+    """(argv, env, cwd, python) to start peer `name` (installing it first). Native Triton
+    serves every model of `triton_repo`."""
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     if name == "triton":
         dist = triton_dist()
-        return (triton_argv(dist, triton_repo, http_port, grpc_port, models, triton_extra),
+        return (triton_argv(dist, triton_repo, http_port, grpc_port, triton_extra),
                 dist.env(env), workdir, dist.python)
     if name == "pytriton":
         py = ensure_venv(VENV_OF["pytriton"], REQUIREMENTS["triton"])
@@ -389,7 +386,7 @@ def start_peer(name: str, cpus: str | None, log_dir: Path, timeout: float = 240,
     http_port, grpc_port = C.free_port(), C.free_port()
     workdir = log_dir / f"{name}-work"
     workdir.mkdir(parents=True, exist_ok=True)
-    argv, env, cwd, py = peer_argv(name, http_port, grpc_port, workdir, torch_repo, models,
+    argv, env, cwd, py = peer_argv(name, http_port, grpc_port, workdir, torch_repo,
                                    triton_repo, triton_extra)
     proc = C.ServerProcess(name, argv, cpus, log_dir / f"{name}.log", cwd=cwd, env=env,
                            stop_signal=2)
@@ -414,6 +411,16 @@ def start_peer(name: str, cpus: str | None, log_dir: Path, timeout: float = 240,
                 started_s=started_s)
     peer.command = (triton_command_text(argv, env, cpus) if name == "triton"
                     else " ".join(_rel_arg(a) for a in argv))
+    if name == "triton":
+        peer.notes.append(f"The wheel ships Triton's {', '.join(f'`{b}`' for b in triton_dist().backend_names())} "
+                          "backend(s) only; the models are Python-backend `model.py` files")
+        if triton_repo == TRITON_MODELS:
+            peer.same_models = tuple(SAME_REQUESTS)
+            peer.notes[-1] += (f" in `{C.rel(TRITON_MODELS)}` with the inputs, outputs, dims and "
+                               "batching of openinfer's examples; the answers of "
+                               f"{', '.join(peer.same_models)} to the same requests were checked "
+                               "equal to openinfer's before and after the load")
+        peer.notes[-1] += "."
     return peer
 
 
@@ -424,6 +431,91 @@ def _server_version(url: str) -> str:
         return json.loads(raw).get("version", "?") if status == 200 else "?"
     except (OSError, ValueError):
         return "?"
+
+
+# --------------------------------------------------------------------------
+# The same answers as openinfer
+# --------------------------------------------------------------------------
+
+
+def _same_requests() -> dict[str, dict]:
+    """One V2 JSON request per model of peers/triton_models, with values at the edges:
+    INT32 sums and differences that wrap, negative decimals, a batch of 2, FP32 signed zero,
+    subnormals and the extremes."""
+    import numpy as np
+    ints = np.array([0, 1, -1, 7, 2**31 - 1, -2**31, 123456789, -987654321, 42, 16, -16, 255,
+                     65536, 2**30, -2**30, 3], dtype=np.int32)
+    a = np.stack([ints, ints[::-1]])
+    b = np.stack([np.ones(16, np.int32), ints])
+    f = np.concatenate([np.array([0.0, -0.0, 1e-45, -1.17549435e-38, 3.4028235e38, 0.1],
+                                 np.float32),
+                        np.random.default_rng(19).standard_normal(250).astype(np.float32)])
+
+    def t(name, dtype, arr, data):
+        return {"name": name, "datatype": dtype, "shape": list(arr.shape), "data": data}
+    return {
+        "simple": {"inputs": [t("INPUT0", "INT32", a, a.ravel().tolist()),
+                              t("INPUT1", "INT32", b, b.ravel().tolist())]},
+        "simple_string": {"inputs": [t("INPUT0", "BYTES", a, [str(v) for v in a.ravel().tolist()]),
+                                     t("INPUT1", "BYTES", b, [str(v) for v in b.ravel().tolist()])]},
+        "identity_fp32": {"inputs": [t("INPUT0", "FP32", f, [float(v) for v in f])]},
+    }
+
+
+SAME_REQUESTS = _same_requests()
+
+
+def _outputs(answer: dict) -> dict:
+    """name -> (datatype, shape, data); FP32 data as bit patterns, so -0.0 differs from 0.0."""
+    import numpy as np
+    out = {}
+    for o in answer.get("outputs", []):
+        data = o.get("data")
+        if o.get("datatype") == "FP32" and isinstance(data, list):
+            data = np.asarray(data, np.float32).view(np.uint32).tolist()
+        out[o.get("name")] = (o.get("datatype"), o.get("shape"), data)
+    return out
+
+
+def same_as_openinfer(peer: Peer, openinfer_url: str) -> str | None:
+    """Send each of `peer.same_models` the request of SAME_REQUESTS, and the same bytes to
+    openinfer (its bundled examples); None when every answer (output names, datatypes,
+    shapes, values) is the same, else what differed."""
+    for model in peer.same_models:
+        body = json.dumps(SAME_REQUESTS[model]).encode()
+        got = {}
+        for who, base in (("openinfer", openinfer_url), (peer.label, peer.http_url)):
+            try:
+                status, raw = C.http_request(f"{base}/v2/models/{model}/infer", body, "POST",
+                                             {"Content-Type": "application/json"}, timeout=30)
+            except OSError as e:
+                return f"{model}: {who} did not answer: {e}"
+            if status != 200:
+                return f"{model}: {who} answered HTTP {status}: {raw[:200]!r}"
+            got[who] = _outputs(json.loads(raw))
+        if got["openinfer"] != got[peer.label]:
+            return (f"{model}: answers differ — openinfer {str(got['openinfer'])[:300]}, "
+                    f"{peer.label} {str(got[peer.label])[:300]}")
+    return None
+
+
+def check_same_answers(peers: dict[str, Peer], openinfer_url: str, problems: list[str],
+                       after_load: bool = False) -> None:
+    """same_as_openinfer() for every peer that has `same_models`. Before the load a peer that
+    differs is stopped and removed from `peers`; after it, the difference is reported (its
+    numbers are already taken). Either way the reason goes to `problems`."""
+    for n, p in list(peers.items()):
+        if not p.same_models or not p.alive():
+            continue
+        why = same_as_openinfer(p, openinfer_url)
+        if why is None:
+            continue
+        if after_load:
+            problems.append(f"{p.label} answered differently from openinfer after the load: {why}")
+        else:
+            problems.append(f"{p.label} left out: its answers differ from openinfer's: {why}")
+            p.stop()
+            del peers[n]
 
 
 def start_peers(names, cpus: str | None, log_dir: Path, problems: list[str],
