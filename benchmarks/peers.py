@@ -412,8 +412,10 @@ def start_peer(name: str, cpus: str | None, log_dir: Path, timeout: float = 240,
     peer.command = (triton_command_text(argv, env, cpus) if name == "triton"
                     else " ".join(_rel_arg(a) for a in argv))
     if name == "triton":
-        peer.notes.append(f"The wheel ships Triton's {', '.join(f'`{b}`' for b in triton_dist().backend_names())} "
-                          "backend(s) only; the models are Python-backend `model.py` files")
+        shipped = triton_dist().backend_names()
+        peer.notes.append(f"The wheel ships {len(shipped)} Triton backend"
+                          f"{'s' if len(shipped) != 1 else ''}, {', '.join(f'`{x}`' for x in shipped)}; "
+                          "the models are Python-backend `model.py` files")
         if triton_repo == TRITON_MODELS:
             peer.same_models = tuple(SAME_REQUESTS)
             peer.notes[-1] += (f" in `{C.rel(TRITON_MODELS)}` with the inputs, outputs, dims and "

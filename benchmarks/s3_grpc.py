@@ -435,7 +435,7 @@ def main() -> int:
         f"Load: `taskset -c {args.client_cpu} h2load -c 1 -m <concurrency> -D {args.duration} "
         "-d <framed ModelInferRequest> -H 'content-type: application/grpc' -H 'te: trailers'`; "
         "p50/p99 from h2load's per-request log. Every answer's DATA length is checked against the verified "
-        "response of that server; answers verified with grpcio before the load. A 1 s h2load run warms up each "
+        "response of that server; answers verified with grpcio before and after the load. A 1 s h2load run warms up each "
         f"server at each point; then {args.rounds} rounds of the servers in turn.\n"
         f"- Triton's perf_analyzer: not used — {pa_note} h2load (C, nghttp2) is the nearest real "
         "alternative: an outside load generator speaking gRPC over HTTP/2 with the same request bytes.\n"
