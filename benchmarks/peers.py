@@ -495,9 +495,18 @@ def same_as_openinfer(peer: Peer, openinfer_url: str) -> str | None:
             if status != 200:
                 return f"{model}: {who} answered HTTP {status}: {raw[:200]!r}"
             got[who] = _outputs(json.loads(raw))
-        if got["openinfer"] != got[peer.label]:
-            return (f"{model}: answers differ — openinfer {str(got['openinfer'])[:300]}, "
-                    f"{peer.label} {str(got[peer.label])[:300]}")
+        ours, theirs = got["openinfer"], got[peer.label]
+        if ours.keys() != theirs.keys():
+            return f"{model}: outputs {sorted(theirs)} where openinfer gives {sorted(ours)}"
+        for name in ours:
+            (dt, shape, data), (dt2, shape2, data2) = ours[name], theirs[name]
+            if (dt, shape) != (dt2, shape2):
+                return (f"{model} {name}: {dt2} {shape2} where openinfer gives {dt} {shape}")
+            if data != data2:
+                i = next((k for k, (x, y) in enumerate(zip(data, data2)) if x != y),
+                         min(len(data), len(data2)))
+                return (f"{model} {name}: element {i} is {data2[i:i + 1]} where openinfer gives "
+                        f"{data[i:i + 1]}" + (" (FP32 bit patterns)" if dt == "FP32" else ""))
     return None
 
 
