@@ -185,3 +185,24 @@ def test_cli_metrics_flags() -> None:
                                      "--metrics-config", "summary_quantiles=0.5:0.05"])
     assert (args.metrics_address, args.metrics_interval_ms) == ("127.0.0.2", 500)
     assert args.metrics_config == ["summary_latencies=true", "summary_quantiles=0.5:0.05"]
+
+
+def test_workers_metrics_listener_answers_as_triton(tmp_path: Path) -> None:
+    """`openinfer serve --workers 2 --metrics-address`: the parent's merged /metrics binds
+    that address and answers off /metrics as each worker (and tritonserver) does."""
+    from conftest import Cli
+
+    metrics_port = socket.create_server(("127.0.0.2", 0))
+    port = metrics_port.getsockname()[1]
+    metrics_port.close()
+    cli = Cli("--workers", "2", "--metrics-port", str(port), "--metrics-address", "127.0.0.2")
+    try:
+        base = f"http://127.0.0.2:{port}"
+        wait_until(lambda: "nv_pinned_memory_pool_total_bytes" in requests.get(base + "/metrics", timeout=10).text,
+                   "the workers' metrics")
+        r = requests.get(base + "/foo", timeout=10)
+        assert (r.status_code, r.content) == (200, b"")
+        r = requests.post(base + "/metrics", timeout=10)
+        assert r.status_code == 405 and r.json() == {"error": "Method Not Allowed"}
+    finally:
+        cli.kill()

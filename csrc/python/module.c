@@ -62,6 +62,9 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                              "metrics_interval_ms",
                              "metrics_summary_latencies",
                              "metrics_summary_quantiles",
+                             "http_listen_fd",
+                             "grpc_listen_fd",
+                             "metrics_listen_fd",
                              NULL};
     const char *host = "127.0.0.1";
     int port = 8000, threads = 0, max_conn = 4096, grpc_port = 8001, max_per_peer = 0;
@@ -76,14 +79,18 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
     int summary_lat = 0;
     PyObject *quantiles = Py_None;
     unsigned int unix_mode = 0660;
-    int compression_level = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|si$iKKiKKIiKOiKKKpippppzzIizzzIpO", kwlist, &host, &port, &threads,
-                                     &max_body, &max_header, &max_conn, &header_to, &idle_to, &depth, &grpc_port,
-                                     &grpc_max, &allow_shm, &max_per_peer, &first_byte_to, &body_to, &grpc_queued,
-                                     &statistics, &metrics_port, &counter_lat, &histogram_lat, &metrics_cpu,
-                                     &metrics_gpu, &http_unix, &grpc_unix, &unix_mode, &compression_level, &access_log,
-                                     &trace_file, &metrics_host, &metrics_interval, &summary_lat, &quantiles))
+    int compression_level = 0, http_fd = 0, grpc_fd = 0, metrics_fd = 0;
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kw, "|si$iKKiKKIiKOiKKKpippppzzIizzzIpOiii", kwlist, &host, &port, &threads, &max_body, &max_header,
+            &max_conn, &header_to, &idle_to, &depth, &grpc_port, &grpc_max, &allow_shm, &max_per_peer, &first_byte_to,
+            &body_to, &grpc_queued, &statistics, &metrics_port, &counter_lat, &histogram_lat, &metrics_cpu,
+            &metrics_gpu, &http_unix, &grpc_unix, &unix_mode, &compression_level, &access_log, &trace_file,
+            &metrics_host, &metrics_interval, &summary_lat, &quantiles, &http_fd, &grpc_fd, &metrics_fd))
         return -1;
+    if (http_fd < 0 || grpc_fd < 0 || metrics_fd < 0) {
+        PyErr_SetString(PyExc_ValueError, "a listen_fd must be a listening socket's descriptor (> 0), or 0");
+        return -1;
+    }
     if (trace_file != NULL && (trace_file[0] == '\0' || strlen(trace_file) >= sizeof(self->trace_file) - 16)) {
         PyErr_Format(PyExc_ValueError, "trace_file must be a path of 1 to %zu bytes", sizeof(self->trace_file) - 17);
         return -1;
@@ -189,6 +196,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
     self->cfg = (oi_server_config_t){
         .http = {.host = self->host,
                  .port = port,
+                 .listen_fd = http_fd,
                  .unix_path = http_unix ? self->http_unix : NULL,
                  .unix_mode = unix_mode,
                  .threads = threads,
@@ -202,6 +210,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                  .idle_timeout_ms = idle_to},
         .max_json_depth = depth,
         .grpc_port = grpc_port,
+        .grpc_listen_fd = grpc_fd,
         .grpc_unix_path = grpc_unix ? self->grpc_unix : NULL,
         .grpc_infer_compression_level = compression_level,
         .grpc_max_message_bytes = (size_t)grpc_max,
@@ -210,6 +219,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
         .statistics = statistics,
         .metrics_port = metrics_port,
         .metrics_host = self->metrics_host[0] ? self->metrics_host : NULL,
+        .metrics_listen_fd = metrics_fd,
         .metrics = {.counter_latencies = counter_lat,
                     .histogram_latencies = histogram_lat,
                     .cpu = metrics_cpu,
@@ -1041,6 +1051,16 @@ static PyObject *Server_stop(ServerObject *self, PyObject *args, PyObject *kw)
     Py_RETURN_NONE;
 }
 
+static PyObject *Server_drain(ServerObject *self, PyObject *unused)
+{
+    (void)unused;
+    oi_server_t *s = live_server(self);
+    if (s == NULL)
+        return NULL;
+    oi_server_drain(s);
+    Py_RETURN_NONE;
+}
+
 static PyObject *Server_get_port(ServerObject *self, void *closure)
 {
     (void)closure;
@@ -1135,6 +1155,8 @@ static PyMethodDef Server_methods[] = {
     {"start", (PyCFunction)Server_start, METH_NOARGS, "Binds and starts the loop threads."},
     {"stop", (PyCFunction)(void (*)(void))Server_stop, METH_VARARGS | METH_KEYWORDS,
      "Drains in-flight requests and stops."},
+    {"drain", (PyCFunction)Server_drain, METH_NOARGS,
+     "Turns server readiness false while every request is still served (before stop)."},
     {"trace_set", (PyCFunction)Server_trace_set, METH_VARARGS,
      "trace_set(model, clear, level, rate, count, log_frequency): a model's (None: the global) trace settings."},
     {"trace_count", (PyCFunction)Server_trace_count, METH_VARARGS,

@@ -110,6 +110,9 @@ class Server:
         grpc_infer_compression_level: int = 0,  # 0 none, 1 low, 2 medium, 3 high (as tritonserver)
         access_log: str | None = None,  # a path, or "-" for standard output; None: no access log
         trace_file: str | None = None,  # the trace extension's file; None: no tracing
+        http_listen_fd: int = 0,  # > 0: serve this listening socket (on http_port) instead of binding
+        grpc_listen_fd: int = 0,  # > 0: the same for gRPC (on grpc_port)
+        metrics_listen_fd: int = 0,  # > 0: the same for /metrics (on metrics_port)
         metrics_address: str | None = None,  # the metrics listener's host; None: host
         metrics_interval_ms: int = 2000,  # CPU/GPU readings every half of it
         metrics_summary_latencies: bool = False,  # nv_inference_*_summary_us
@@ -196,6 +199,7 @@ class Server:
     @property
     def shared_memory(self) -> bool:
         """Whether clients may register shared-memory regions (system and CUDA)."""
+    def drain(self) -> None: ...
     def stop(self, timeout: float = 30.0) -> None:
         """Stops accepting, waits up to `timeout` seconds for in-flight requests, then closes
         every connection and joins the threads. Idempotent."""
