@@ -198,11 +198,17 @@ def test_workers_metrics_listener_answers_as_triton(tmp_path: Path) -> None:
     cli = Cli("--workers", "2", "--metrics-port", str(port), "--metrics-address", "127.0.0.2")
     try:
         base = f"http://127.0.0.2:{port}"
-        wait_until(lambda: "nv_pinned_memory_pool_total_bytes" in requests.get(base + "/metrics", timeout=10).text,
-                   "the workers' metrics")
-        r = requests.get(base + "/foo", timeout=10)
+
+        def merged() -> bool:  # the workers may still be starting (slowly, under a sanitizer)
+            try:
+                return "nv_pinned_memory_pool_total_bytes" in requests.get(base + "/metrics", timeout=30).text
+            except requests.RequestException:
+                return False
+
+        wait_until(merged, "the workers' metrics", timeout=120)
+        r = requests.get(base + "/foo", timeout=30)
         assert (r.status_code, r.content) == (200, b"")
-        r = requests.post(base + "/metrics", timeout=10)
+        r = requests.post(base + "/metrics", timeout=30)
         assert r.status_code == 405 and r.json() == {"error": "Method Not Allowed"}
     finally:
         cli.kill()
