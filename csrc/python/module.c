@@ -732,6 +732,42 @@ done:
     return q;
 }
 
+/* The declared outputs followed by the state outputs of a sequence_batching tuple (names
+ * borrowed from both); a new array, or NULL with an exception set. */
+static oi_io_spec_t *with_state_outputs(PyObject *sequence, const oi_io_spec_t *outputs, uint32_t n)
+{
+    PyObject *states = NULL;
+    if (sequence != Py_None) {
+        if (!PyTuple_Check(sequence) || PyTuple_GET_SIZE(sequence) != 4 || !PyList_Check(PyTuple_GET_ITEM(sequence, 3))) {
+            PyErr_SetString(PyExc_TypeError, "sequence_batching is (slots, idle_us, controls, states)");
+            return NULL;
+        }
+        states = PyTuple_GET_ITEM(sequence, 3);
+    }
+    Py_ssize_t ns = states ? PyList_GET_SIZE(states) : 0;
+    oi_io_spec_t *out = calloc(n + (size_t)ns + 1, sizeof(*out));
+    if (out == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    memcpy(out, outputs, n * sizeof(*out));
+    for (Py_ssize_t i = 0; i < ns; i++) {
+        PyObject *st = PyList_GET_ITEM(states, i);
+        const char *dtype;
+        if (!PyTuple_Check(st) || PyTuple_GET_SIZE(st) < 3 ||
+            (out[n + i].name = (char *)PyUnicode_AsUTF8(PyTuple_GET_ITEM(st, 1))) == NULL ||
+            (dtype = PyUnicode_AsUTF8(PyTuple_GET_ITEM(st, 2))) == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "a state is (input, output, datatype, dims, initial)");
+            free(out);
+            return NULL;
+        }
+        out[n + i].dtype = oi_dtype_from_name(dtype, strlen(dtype));
+        out[n + i].ndim = -1;
+    }
+    return out;
+}
+
 static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"name",      "version",   "inputs", "outputs", "max_batch_size",   "metadata_json",
@@ -838,7 +874,13 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         m->error = strdup(error);
     } else {
         char err[256];
-        m->state = oi_python_backend_state(handler, name, m->outputs, m->n_outputs);
+        /* The model's state outputs are outputs too, converted to the state's datatype. */
+        oi_io_spec_t *outs = with_state_outputs(sequence, m->outputs, m->n_outputs);
+        uint32_t n_outs = m->n_outputs + (sequence != Py_None ? (uint32_t)PyList_GET_SIZE(PyTuple_GET_ITEM(sequence, 3)) : 0);
+        if (outs == NULL)
+            goto done;
+        m->state = oi_python_backend_state(handler, name, outs, n_outs);
+        free(outs);
         if (m->state == NULL) {
             PyErr_NoMemory();
             goto done;

@@ -28,9 +28,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from . import triton_config
+from . import sequence, triton_config
 from .config import ConfigError, ModelConfig, VersionPolicy, load_config
 from .model import Model, Tensor
+from .sequence import SequenceBatching
 from .torch_model import TorchLoadError, TorchModel, TorchUnavailable, load_torchscript
 
 _VERSION_DIR = re.compile(r"[0-9]+")
@@ -54,6 +55,7 @@ class LoadedModel:
     model: Model | TorchModel | None
     error: str | None
     config: dict[str, Any] = field(default_factory=dict)
+    sequence: SequenceBatching | None = None  # the config's sequence_batching, checked
 
 
 class _LoadError(Exception):
@@ -127,15 +129,18 @@ def scan_model(
             raise ConfigError(
                 f"{config_path}: name {config.name!r} differs from the directory name {name!r}"
             )
+        seq = None
         if config is not None:
             source = "the config override" if overridden else str(config_path)
-            refused, warnings = triton_config.unsupported(
-                triton_config.normalize(config.raw, source), source
-            )
+            normalized = triton_config.normalize(config.raw, source)
+            refused, warnings = triton_config.unsupported(normalized, source)
             for warning in warnings:
                 logger.warning("model %s: %s", name, warning)
             if refused:
                 raise ConfigError("; ".join(refused))
+            seq = sequence.parse(
+                normalized, source, model_dir, tuple(t.name for t in config.inputs)
+            )
     except ConfigError as e:
         return [LoadedModel(name, None, None, str(e))]
     raw = config.raw if config else {}
@@ -165,7 +170,10 @@ def scan_model(
         except _LoadError as e:
             loaded.append(failed(version, str(e)))
         else:
-            loaded.append(LoadedModel(name, version, model, None, raw))
+            if seq is not None and not isinstance(model, Model):
+                loaded.append(failed(version, f"{name}: sequence_batching is served for Python models only"))
+                continue
+            loaded.append(LoadedModel(name, version, model, None, raw, seq))
     return sorted(loaded, key=lambda m: m.version or 0)
 
 

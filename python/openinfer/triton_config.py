@@ -20,6 +20,7 @@ import struct
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from . import sequence
 from .config import TRITON_DATATYPES, ConfigError
 
 
@@ -476,6 +477,8 @@ def complete(name: str, config: Message, model: Any, *, torch: bool, gpus: tuple
         }
     if "dynamic_batching" in c and not c["dynamic_batching"].get("preferred_batch_size") and model.max_batch_size > 0:
         c["dynamic_batching"] = {**c["dynamic_batching"], "preferred_batch_size": [model.max_batch_size]}
+    if "sequence_batching" in c:
+        c["sequence_batching"] = sequence.complete(c, model.max_batch_size)
     optimization = dict(c.get("optimization", {}))
     optimization.setdefault("input_pinned_memory", {"enable": True})
     optimization.setdefault("output_pinned_memory", {"enable": True})
@@ -628,8 +631,8 @@ def unsupported(config: Message, source: str) -> tuple[list[str], list[str]]:
     def warn(field: str, why: str) -> None:
         warned.append(f"{source}: {field} is ignored ({why})")
 
-    if "sequence_batching" in config:
-        refuse("sequence_batching", "no sequence batcher: stateful models need one")
+    for field, why in sequence.unsupported(config):
+        refuse(field, why)
     if "ensemble_scheduling" in config:
         refuse("ensemble_scheduling", "ensembles are not served")
     if config.get("model_warmup"):
