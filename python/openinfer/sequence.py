@@ -61,22 +61,6 @@ class SequenceBatching:
         return (self.preferred_batch_size, self.max_queue_delay_us)
 
 
-def unsupported(config: dict[str, Any]) -> list[tuple[str, str]]:
-    """The (field, why) pairs of a normalized config's sequence_batching that openinfer does
-    not act on and that change answers: the model is refused naming them."""
-    sb = config.get("sequence_batching")
-    if sb is None:
-        return []
-    refused = []
-    if sb.get("iterative_sequence"):
-        refused.append(("sequence_batching.iterative_sequence", "no iterative sequences"))
-    if sb.get("oldest", {}).get("preserve_ordering"):
-        refused.append(("sequence_batching.oldest.preserve_ordering", "answers of different sequences leave as they are ready"))
-    if config.get("dynamic_batching") is not None:
-        refused.append(("dynamic_batching", "a model has sequence_batching or dynamic_batching, not both"))
-    return refused
-
-
 def parse(
     config: dict[str, Any], source: str, model_dir: Path | None, declared: tuple[str, ...]
 ) -> SequenceBatching | None:

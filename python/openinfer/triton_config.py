@@ -631,8 +631,17 @@ def unsupported(config: Message, source: str) -> tuple[list[str], list[str]]:
     def warn(field: str, why: str) -> None:
         warned.append(f"{source}: {field} is ignored ({why})")
 
-    for field, why in sequence.unsupported(config):
-        refuse(field, why)
+    sb = config.get("sequence_batching", {})
+    if sb.get("iterative_sequence"):
+        refuse("sequence_batching.iterative_sequence", "no iterative sequences")
+    if sb.get("oldest", {}).get("preserve_ordering"):
+        refuse("sequence_batching.oldest.preserve_ordering", "answers of different sequences leave when ready")
+    if sb.get("direct", {}).get("minimum_slot_utilization"):
+        warn("sequence_batching.direct.minimum_slot_utilization", "it only tunes performance")
+    for i, state in enumerate(sb.get("state", [])):
+        for key in ("use_same_buffer_for_input_output", "use_growable_memory"):
+            if state.get(key):
+                warn(f"sequence_batching.state[{i}].{key}", "it only tunes performance")
     if "ensemble_scheduling" in config:
         refuse("ensemble_scheduling", "ensembles are not served")
     if config.get("model_warmup"):
