@@ -159,12 +159,27 @@ def examples() -> Iterator[openinfer.Server]:
         srv.stop()
 
 
+_clients: list[Any] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    """Closes the test's clients: a gRPC channel left open keeps threads running at exit."""
+    yield
+    while _clients:
+        _clients.pop().close()
+
+
 def _http(srv: openinfer.Server) -> httpclient.InferenceServerClient:
-    return httpclient.InferenceServerClient(f"127.0.0.1:{srv.http_port}", network_timeout=BOUND)
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{srv.http_port}", network_timeout=BOUND)
+    _clients.append(client)
+    return client
 
 
 def _grpc(srv: openinfer.Server) -> grpcclient.InferenceServerClient:
-    return grpcclient.InferenceServerClient(f"127.0.0.1:{srv.grpc_port}")
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.grpc_port}")
+    _clients.append(client)
+    return client
 
 
 def _int_input(module: Any, value: int, shape: tuple[int, ...] = (1, 1), name: str = "INPUT") -> Any:
