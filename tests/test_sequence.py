@@ -547,3 +547,23 @@ def test_config_reports_triton_defaults(server: openinfer.Server) -> None:
     assert sb["control_input"][0]["control"][0]["kind"] == "CONTROL_SEQUENCE_START"
     grpc_cfg = _grpc(server).get_model_config("acc", as_json=True)["config"]
     assert grpc_cfg["sequence_batching"]["state"][0]["input_name"] == "SUM_IN"
+
+
+def test_stop_answers_requests_waiting_for_a_slot(tmp_path: Path) -> None:
+    """A sequence in the backlog (no slot frees before the stop) is answered 503 at stop, not
+    left hanging, and stop returns."""
+    _write(tmp_path, "acc_one_slot", _acc("acc_one_slot", strategy=ONE_SLOT), ACC_MODEL)
+    srv = openinfer.serve(tmp_path, http_port=0, grpc_port=0, threads=1, log=False)
+    try:
+        client = _grpc(srv)
+        _step(client, grpcclient, "acc_one_slot", 1, 1, start=True)
+        done: queue.Queue[Any] = queue.Queue()
+        client.async_infer("acc_one_slot", [_int_input(grpcclient, 5)], lambda result, error: done.put(error or result),
+                           sequence_id=2, sequence_start=True)  # fmt: skip
+        assert _step(client, grpcclient, "acc_one_slot", 1, 1).as_numpy("OUTPUT")[0][0] == 2  # 1 still runs
+        assert done.empty()
+    finally:
+        srv.stop(timeout=0.5)
+    error = done.get(timeout=BOUND)
+    assert isinstance(error, InferenceServerException), error
+    assert error.status() == "StatusCode.UNAVAILABLE" and "shutting down" in error.message()
