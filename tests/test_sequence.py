@@ -567,3 +567,49 @@ def test_stop_answers_requests_waiting_for_a_slot(tmp_path: Path) -> None:
     error = done.get(timeout=BOUND)
     assert isinstance(error, InferenceServerException), error
     assert error.status() == "StatusCode.UNAVAILABLE" and "shutting down" in error.message()
+
+
+TORCH_ACC = '''
+from typing import Dict
+
+import torch
+
+
+class Acc(torch.nn.Module):
+    def forward(self, INPUT: torch.Tensor, START: torch.Tensor, SUM_IN: torch.Tensor) -> Dict[str, torch.Tensor]:
+        total = torch.where(START != 0, INPUT, SUM_IN + INPUT)
+        return {"OUTPUT": total * 10, "SUM_OUT": total}
+'''
+
+
+def test_torchscript_model_with_state(tmp_path: Path) -> None:
+    """A TorchScript model takes the START control and the state as forward() arguments and
+    returns the state output, matched by name as the pytorch backend matches them."""
+    torch = pytest.importorskip("torch")
+    import importlib.util
+
+    source = tmp_path / "torch_acc.py"  # torch.jit.script reads the class's source file
+    source.write_text(TORCH_ACC)
+    spec = importlib.util.spec_from_file_location("torch_acc", source)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    (tmp_path / "repo" / "tacc" / "1").mkdir(parents=True)
+    torch.jit.script(module.Acc()).save(str(tmp_path / "repo" / "tacc" / "1" / "model.pt"))
+    config = _acc("tacc", strategy="oldest { max_candidate_sequences: 4 }")
+    config = config.replace('backend: "python"', 'platform: "pytorch_libtorch"')
+    outputs = config[config.index("output ["):config.index("instance_group")]
+    config = config.replace(outputs, 'output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n')
+    (tmp_path / "repo" / "tacc" / "config.pbtxt").write_text(config)
+    srv = openinfer.serve(tmp_path / "repo", http_port=0, grpc_port=0, threads=1, log=False)
+    try:
+        assert srv.failed == {}, srv.failed
+        client = _http(srv)
+        outs = {seq: [] for seq in (1, 2)}
+        for i in range(3):
+            for seq in outs:
+                r = _step(client, httpclient, "tacc", seq * (i + 1), seq, start=i == 0, end=i == 2)
+                outs[seq].append(int(r.as_numpy("OUTPUT")[0][0]))
+        assert outs == {1: [10, 30, 60], 2: [20, 60, 120]}
+    finally:
+        srv.stop()

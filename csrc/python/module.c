@@ -732,39 +732,58 @@ done:
     return q;
 }
 
-/* The declared outputs followed by the state outputs of a sequence_batching tuple (names
- * borrowed from both); a new array, or NULL with an exception set. */
-static oi_io_spec_t *with_state_outputs(PyObject *sequence, const oi_io_spec_t *outputs, uint32_t n)
+/* The tensors a sequence model's backend sees beyond the declared ones: `specs` followed by,
+ * for inputs (`outputs` 0), each control and each state input of a sequence_batching tuple,
+ * and for outputs each state output not already declared, in that order (the order
+ * openinfer.torch_model maps forward() with). Names are borrowed; *n becomes the new count.
+ * Returns a new array, or NULL with an exception set. */
+static oi_io_spec_t *with_sequence_tensors(PyObject *sequence, const oi_io_spec_t *specs, uint32_t *n, int outputs)
 {
-    PyObject *states = NULL;
+    PyObject *lists[2] = {NULL, NULL}; /* controls, states */
     if (sequence != Py_None) {
-        if (!PyTuple_Check(sequence) || PyTuple_GET_SIZE(sequence) != 4 || !PyList_Check(PyTuple_GET_ITEM(sequence, 3))) {
+        if (!PyTuple_Check(sequence) || PyTuple_GET_SIZE(sequence) != 4 || !PyList_Check(PyTuple_GET_ITEM(sequence, 2)) ||
+            !PyList_Check(PyTuple_GET_ITEM(sequence, 3))) {
             PyErr_SetString(PyExc_TypeError, "sequence_batching is (slots, idle_us, controls, states)");
             return NULL;
         }
-        states = PyTuple_GET_ITEM(sequence, 3);
+        lists[0] = outputs ? NULL : PyTuple_GET_ITEM(sequence, 2);
+        lists[1] = PyTuple_GET_ITEM(sequence, 3);
     }
-    Py_ssize_t ns = states ? PyList_GET_SIZE(states) : 0;
-    oi_io_spec_t *out = calloc(n + (size_t)ns + 1, sizeof(*out));
+    size_t cap = *n + 1;
+    for (int l = 0; l < 2; l++)
+        cap += lists[l] ? (size_t)PyList_GET_SIZE(lists[l]) : 0;
+    oi_io_spec_t *out = calloc(cap, sizeof(*out));
     if (out == NULL) {
         PyErr_NoMemory();
         return NULL;
     }
-    memcpy(out, outputs, n * sizeof(*out));
-    for (Py_ssize_t i = 0; i < ns; i++) {
-        PyObject *st = PyList_GET_ITEM(states, i);
-        const char *dtype;
-        if (!PyTuple_Check(st) || PyTuple_GET_SIZE(st) < 3 ||
-            (out[n + i].name = (char *)PyUnicode_AsUTF8(PyTuple_GET_ITEM(st, 1))) == NULL ||
-            (dtype = PyUnicode_AsUTF8(PyTuple_GET_ITEM(st, 2))) == NULL) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_TypeError, "a state is (input, output, datatype, dims, initial)");
-            free(out);
-            return NULL;
+    memcpy(out, specs, *n * sizeof(*out));
+    uint32_t k = *n;
+    for (int l = 0; l < 2; l++)
+        for (Py_ssize_t i = 0; lists[l] != NULL && i < PyList_GET_SIZE(lists[l]); i++) {
+            PyObject *item = PyList_GET_ITEM(lists[l], i);
+            /* A control is (name, kind, datatype, ...); a state (input, output, datatype, ...). */
+            Py_ssize_t name_at = l == 1 && outputs ? 1 : 0, type_at = 2;
+            const char *name, *dtype;
+            if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) < 3 ||
+                (name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(item, name_at))) == NULL ||
+                (dtype = PyUnicode_AsUTF8(PyTuple_GET_ITEM(item, type_at))) == NULL) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_TypeError, "a control or state is a tuple (name, ..., datatype, ...)");
+                free(out);
+                return NULL;
+            }
+            int declared = 0;
+            for (uint32_t j = 0; outputs && j < *n && !declared; j++)
+                declared = strcmp(specs[j].name, name) == 0;
+            if (declared)
+                continue;
+            out[k].name = (char *)name;
+            out[k].dtype = oi_dtype_from_name(dtype, strlen(dtype));
+            out[k].ndim = -1;
+            k++;
         }
-        out[n + i].dtype = oi_dtype_from_name(dtype, strlen(dtype));
-        out[n + i].ndim = -1;
-    }
+    *n = k;
     return out;
 }
 
@@ -854,7 +873,20 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
     }
     if (torch != Py_None && error == NULL) {
         char *terr = NULL, err[256];
-        m->state = oi_py_torch_state(m, torch, &terr);
+        /* forward() also takes the sequence batcher's controls and states: the backend is
+         * made for a copy of the model that declares them. */
+        oi_model_t seen = *m;
+        oi_io_spec_t *ins = with_sequence_tensors(sequence, m->inputs, &seen.n_inputs, 0);
+        oi_io_spec_t *outs = ins ? with_sequence_tensors(sequence, m->outputs, &seen.n_outputs, 1) : NULL;
+        if (outs == NULL) {
+            free(ins);
+            goto done;
+        }
+        seen.inputs = ins;
+        seen.outputs = outs;
+        m->state = oi_py_torch_state(&seen, torch, &terr);
+        free(ins);
+        free(outs);
         if (m->state == NULL && terr == NULL)
             goto done; /* a malformed spec: the exception is set */
         if (m->state == NULL) {
@@ -875,8 +907,8 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
     } else {
         char err[256];
         /* The model's state outputs are outputs too, converted to the state's datatype. */
-        oi_io_spec_t *outs = with_state_outputs(sequence, m->outputs, m->n_outputs);
-        uint32_t n_outs = m->n_outputs + (sequence != Py_None ? (uint32_t)PyList_GET_SIZE(PyTuple_GET_ITEM(sequence, 3)) : 0);
+        uint32_t n_outs = m->n_outputs;
+        oi_io_spec_t *outs = with_sequence_tensors(sequence, m->outputs, &n_outs, 1);
         if (outs == NULL)
             goto done;
         m->state = oi_python_backend_state(handler, name, outs, n_outs);

@@ -166,19 +166,17 @@ def scan_model(
         loading(selected)
     for version in selected:
         try:
-            model = _load_version(name, version, versions[version], config, allow_python)
+            model = _load_version(name, version, versions[version], config, allow_python, seq)
         except _LoadError as e:
             loaded.append(failed(version, str(e)))
         else:
-            if seq is not None and not isinstance(model, Model):
-                loaded.append(failed(version, f"{name}: sequence_batching is served for Python models only"))
-                continue
             loaded.append(LoadedModel(name, version, model, None, raw, seq))
     return sorted(loaded, key=lambda m: m.version or 0)
 
 
 def _load_version(
-    name: str, version: int, version_dir: Path, config: ModelConfig | None, allow_python: bool = True
+    name: str, version: int, version_dir: Path, config: ModelConfig | None, allow_python: bool = True,
+    sequence: SequenceBatching | None = None,
 ) -> Model | TorchModel:
     """Dispatches on the backend the config names, else on the model file present."""
     backend = (config.backend or config.platform) if config else None
@@ -204,15 +202,15 @@ def _load_version(
             )
         return _load_python(name, version, path, config)
     if path.suffix in (".pt", ".pth"):
-        return _load_torchscript(name, version, path, config)
+        return _load_torchscript(name, version, path, config, sequence)
     raise _LoadError(f"{path.name}: unsupported model file (expected model.py or model.pt)")
 
 
 def _load_torchscript(
-    name: str, version: int, path: Path, config: ModelConfig | None
+    name: str, version: int, path: Path, config: ModelConfig | None, sequence: SequenceBatching | None = None
 ) -> TorchModel:
     try:
-        return load_torchscript(name, version, path, config)
+        return load_torchscript(name, version, path, config, sequence)
     except TorchUnavailable as e:
         raise _LoadError(f"{_NO_TORCH}{e}") from None
     except TorchLoadError as e:
