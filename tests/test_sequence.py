@@ -613,3 +613,21 @@ def test_torchscript_model_with_state(tmp_path: Path) -> None:
         assert outs == {1: [10, 30, 60], 2: [20, 60, 120]}
     finally:
         srv.stop()
+
+
+def test_timeout_counts_the_wait_for_a_slot(server: openinfer.Server) -> None:
+    """Triton's `timeout` parameter bounds a request's wait in the backlog too: a START whose
+    timeout passed while another sequence held the only slot is refused unrun."""
+    client = _grpc(server)
+    _step(client, grpcclient, "acc_one_slot", 1, 601, start=True)
+    done: queue.Queue[Any] = queue.Queue()
+    client.async_infer("acc_one_slot", [_int_input(grpcclient, 9)], lambda result, error: done.put(error or result),
+                       sequence_id=602, sequence_start=True, timeout=1000)  # 1 ms  # fmt: skip
+    time.sleep(0.2)  # a wait well past the timeout, not a measurement
+    assert done.empty()  # still waiting for the slot
+    _step(client, grpcclient, "acc_one_slot", 1, 601, end=True)
+    error = done.get(timeout=BOUND)
+    assert isinstance(error, InferenceServerException), error
+    assert error.status() == "StatusCode.UNAVAILABLE" and error.message() == "Request timeout expired"
+    # The sequence exists (its START arrived) but never ran: its next request is its first.
+    assert _step(client, grpcclient, "acc_one_slot", 4, 602, end=True).as_numpy("OUTPUT")[0][0] == 4

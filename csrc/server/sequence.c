@@ -246,6 +246,10 @@ static oi_status_t *build_request(oi_seq_t *q, sequence_t *s, item_t *it)
     const oi_request_t *r = outer->req;
     uint32_t n = r->n_inputs + q->n_controls + q->n_states;
     it->req = *r;
+    if (r->timeout_us != 0) { /* what is left of it after the wait behind the sequence */
+        uint64_t waited_us = (oi_now_ns() - it->arrived_ns) / 1000u;
+        it->req.timeout_us = r->timeout_us > waited_us ? r->timeout_us - waited_us : 1;
+    }
     it->req.inputs = calloc(n, sizeof(oi_tensor_t));
     it->out_names = calloc((size_t)outer->n_outputs + q->n_states + 1, sizeof(char *));
     if (it->req.inputs == NULL || it->out_names == NULL)
@@ -353,6 +357,12 @@ static void pump_locked(oi_seq_t *q, sequence_t *s, item_t **failed)
         }
         if (atomic_load(&it->outer->cancelled)) {
             fail_later(failed, it, oi_status_new(OI_CLIENT_CLOSED, "the request was cancelled"));
+            continue;
+        }
+        /* Triton's "timeout" bounds the whole wait, behind the sequence's earlier requests too. */
+        uint64_t timeout_us = it->outer->req->timeout_us;
+        if (timeout_us != 0 && timeout_us < UINT64_MAX / 1000u && oi_now_ns() - it->arrived_ns >= timeout_us * 1000u) {
+            fail_later(failed, it, oi_status_new(OI_UNAVAILABLE, "Request timeout expired"));
             continue;
         }
         oi_status_t *st = build_request(q, s, it);
