@@ -741,8 +741,8 @@ static oi_io_spec_t *with_sequence_tensors(PyObject *sequence, const oi_io_spec_
 {
     PyObject *lists[2] = {NULL, NULL}; /* controls, states */
     if (sequence != Py_None) {
-        if (!PyTuple_Check(sequence) || PyTuple_GET_SIZE(sequence) != 4 || !PyList_Check(PyTuple_GET_ITEM(sequence, 2)) ||
-            !PyList_Check(PyTuple_GET_ITEM(sequence, 3))) {
+        if (!PyTuple_Check(sequence) || PyTuple_GET_SIZE(sequence) != 4 ||
+            !PyList_Check(PyTuple_GET_ITEM(sequence, 2)) || !PyList_Check(PyTuple_GET_ITEM(sequence, 3))) {
             PyErr_SetString(PyExc_TypeError, "sequence_batching is (slots, idle_us, controls, states)");
             return NULL;
         }
@@ -789,9 +789,12 @@ static oi_io_spec_t *with_sequence_tensors(PyObject *sequence, const oi_io_spec_
 
 static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"name",      "version",   "inputs", "outputs", "max_batch_size",   "metadata_json",
-                             "handler",   "instances", "error",  "torch",   "dynamic_batching", "config_json",
-                             "config_pb", "publish",   "sequence_batching", NULL};
+    static char *kwlist[] = {"name",      "version",          "inputs",
+                             "outputs",   "max_batch_size",   "metadata_json",
+                             "handler",   "instances",        "error",
+                             "torch",     "dynamic_batching", "config_json",
+                             "config_pb", "publish",          "sequence_batching",
+                             NULL};
     const char *name, *error = NULL;
     long long version;
     PyObject *inputs = NULL, *outputs = NULL, *handler = NULL, *torch = Py_None, *batching = Py_None,

@@ -213,9 +213,7 @@ static size_t put_control(const oi_seq_control_t *c, const item_t *it, char *p)
             memcpy(p, &x, 4);
             return 4;
         }
-        default: /* UINT64, INT64 */
-            memcpy(p, &v, 8);
-            return 8;
+        default: /* UINT64, INT64 */ memcpy(p, &v, 8); return 8;
         }
     }
     int on = c->kind == OI_SEQ_CONTROL_START ? it->start : c->kind == OI_SEQ_CONTROL_END ? it->end : 1;
@@ -226,9 +224,7 @@ static size_t put_control(const oi_seq_control_t *c, const item_t *it, char *p)
         memcpy(p, &x, 4);
         return 4;
     }
-    case OI_TYPE_BOOL:
-        *p = v != 0;
-        return 1;
+    case OI_TYPE_BOOL: *p = v != 0; return 1;
     default: { /* INT32 */
         int32_t x = (int32_t)v;
         memcpy(p, &x, 4);
