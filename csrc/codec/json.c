@@ -828,14 +828,12 @@ static int read_param(cursor_t *c, const char *group, uint32_t index, param_t *w
 static int read_seq_param(cursor_t *c, oi_request_t *req, const short_str_t *key)
 {
     int ch = peek(c);
-    if (str_is(key, "sequence_start") || str_is(key, "sequence_end")) {
-        const char *name = str_is(key, "sequence_start") ? "sequence_start" : "sequence_end";
+    int is_start = str_is(key, "sequence_start");
+    if (is_start || str_is(key, "sequence_end")) {
         if ((ch != 't' && ch != 'f') || !at_literal(c, ch == 't' ? "true" : "false"))
-            return bad(c, "Unable to parse '%s': attempt to access JSON non-boolean as boolean", name);
-        if (name[9] == 's')
-            req->seq.start = ch == 't';
-        else
-            req->seq.end = ch == 't';
+            return bad(c, "Unable to parse '%s': attempt to access JSON non-boolean as boolean",
+                       is_start ? "sequence_start" : "sequence_end");
+        *(is_start ? &req->seq.start : &req->seq.end) = ch == 't';
         return literal(c, ch == 't' ? "true" : "false");
     }
     req->seq.id = 0;
