@@ -631,3 +631,19 @@ def test_timeout_counts_the_wait_for_a_slot(server: openinfer.Server) -> None:
     assert error.status() == "StatusCode.UNAVAILABLE" and error.message() == "Request timeout expired"
     # The sequence exists (its START arrived) but never ran: its next request is its first.
     assert _step(client, grpcclient, "acc_one_slot", 4, 602, end=True).as_numpy("OUTPUT")[0][0] == 4
+
+
+@pytest.mark.parametrize("scheme", ["http", "grpc"])
+def test_openinfer_client_sends_sequence_parameters(server: openinfer.Server, scheme: str) -> None:
+    """openinfer.Client passes Triton's sequence parameters through `parameters`."""
+    url = server.url if scheme == "http" else server.grpc_url
+    seq: int | str = 31 if scheme == "http" else "grpc-31"
+    with openinfer.Client(url, timeout=BOUND, shared_memory=False) as c:
+        sums = []
+        for i, v in enumerate([4, 5, 6]):
+            params = {"sequence_id": seq, "sequence_start": i == 0, "sequence_end": i == 2}
+            out = c.infer("acc", {"INPUT": np.array([[v]], dtype=np.int32)}, ["OUTPUT"], parameters=params)
+            sums.append(int(out["OUTPUT"][0][0]))
+        assert sums == [4, 9, 15]
+        with pytest.raises(openinfer.InferenceServerError, match="must specify the START flag"):
+            c.infer("acc", {"INPUT": np.array([[1]], dtype=np.int32)}, parameters={"sequence_id": seq})
