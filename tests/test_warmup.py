@@ -352,3 +352,20 @@ def test_warmup_of_a_model_sent_with_the_load(tmp_path: Path) -> None:
             h.load_model("sent2", config=json.dumps(config), files=files)
         assert "cannot read input_data_file" in str(e.value)
         h.close()
+
+
+def test_warmup_of_a_sequence_model_is_refused(tmp_path: Path) -> None:
+    """A sequence model needs its control inputs on every request; openinfer's warm-up does not
+    give them (Triton's does): the model is UNAVAILABLE saying so, not served unwarmed."""
+    import shutil
+
+    from openinfer.repository import examples_path
+
+    shutil.copytree(examples_path() / "simple_sequence", tmp_path / "simple_sequence")
+    with open(tmp_path / "simple_sequence" / "config.pbtxt", "a") as f:
+        f.write('model_warmup [ { name: "w" batch_size: 1 inputs { key: "INPUT" value { data_type: TYPE_INT32 '
+                "dims: [ 1 ] zero_data: true } } } ]\n")
+    with openinfer.serve(tmp_path, http_port=0, log=False) as s:
+        entry = index_of(s, "simple_sequence")
+        assert entry["state"] == "UNAVAILABLE"
+        assert "model_warmup with sequence_batching is not supported" in entry["reason"]

@@ -161,6 +161,8 @@ oi_status_t *oi_infer_submit(oi_infer_t *inf, oi_model_t *m, oi_loop_t *loop, oi
         if (inf->trace->level & OI_TRACE_TENSORS)
             (void)oi_trace_add_tensors(inf->trace, OI_TRACE_QUEUE_INPUT, inf->req.inputs, inf->req.n_inputs);
     }
+    if (m->seq != NULL)
+        return oi_seq_submit(m->seq, &inf->job);
     if (oi_scheduler_submit(m->sched, &inf->job) != 0)
         return oi_status_new(OI_UNAVAILABLE, "the server is shutting down");
     return NULL;

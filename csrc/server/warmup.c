@@ -51,6 +51,8 @@ static char *join(char *acc, const char *msg)
 
 oi_status_t *oi_warmup_run(oi_model_t *m, oi_request_t *reqs, size_t n)
 {
+    if (m->seq != NULL) /* its requests need a sequence's controls, which warm-up does not give */
+        return oi_status_new(OI_BAD_REQUEST, "warm-up of a sequence model is not supported");
     warm_job_t *jobs = calloc(n ? n : 1, sizeof(*jobs));
     if (jobs == NULL)
         return oi_status_new(OI_INTERNAL, "out of memory");

@@ -137,6 +137,8 @@ class Server:
         config_json: bytes | None = None,
         config_pb: bytes | None = None,
         publish: bool = True,
+        sequence_batching: tuple[int, int, list[tuple[str, int, str, float, float]],
+                                 list[tuple[str, str, str, tuple[int, ...], bytes]]] | None = None,
     ) -> str | None | ModelVersion:
         """Registers one model version. handler=None with error=reason registers a version that
         failed to load: it answers not ready, and infer answers 503 with the reason. The
@@ -154,7 +156,13 @@ class Server:
         404).
 
         publish=False builds the version without registering it and returns it as a
-        ModelVersion (its `error` says why it cannot serve), for swap_models."""
+        ModelVersion (its `error` says why it cannot serve), for swap_models.
+
+        sequence_batching=(slots, idle_us, controls, states) puts a sequence batcher in front
+        of the executors (openinfer.sequence.SequenceBatching.core builds it): requests then
+        need a sequence_id, run in order per sequence with each control (name, kind,
+        datatype, false, true) and state (input, output, datatype, dims, initial bytes) added,
+        and dynamic_batching says how ready requests of different sequences batch."""
     def swap_models(self, add: Sequence[ModelVersion], remove: Sequence[tuple[str, int]]) -> None:
         """In one registry step, each of `add` replaces the entry of its name and version and
         each (name, version) of `remove` leaves; then waits (without the GIL) until the

@@ -49,6 +49,9 @@ class Sample:
 def samples(config: dict[str, Any], max_batch_size: int, model_dir: Path | None) -> list[Sample]:
     """The warm-up samples of a normalized config (triton_config.normalize), built. Raises
     WarmupError naming the sample and the input."""
+    if config.get("model_warmup") and "sequence_batching" in config:
+        # Triton feeds a sequence model's warm-up the control inputs itself; openinfer does not.
+        raise WarmupError("model_warmup with sequence_batching is not supported by openinfer; remove one")
     out = []
     for index, sample in enumerate(config.get("model_warmup") or []):
         name = str(sample.get("name", ""))
