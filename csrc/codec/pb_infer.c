@@ -285,8 +285,10 @@ static oi_status_t *render_params(dec_t *d, const oi_slice_t *entries, uint32_t 
 
 /* Triton's per-request queue timeout: the "timeout" entry among a request's parameters
  * (already checked by render_params), which must be an int64_param in microseconds, as Triton
- * reads it. A negative one is no limit (Triton takes it as a huge unsigned value). */
-static oi_status_t *request_timeout(const oi_slice_t *entries, uint32_t n, uint64_t *timeout_us)
+ * reads it. A negative one is no limit (Triton takes it as a huge unsigned value). Also
+ * "triton_enable_empty_final_response", a bool_param (decoupled models' streams). */
+static oi_status_t *request_timeout(const oi_slice_t *entries, uint32_t n, uint64_t *timeout_us,
+                                    uint8_t *empty_final_out)
 {
     for (uint32_t i = 0; i < n; i++) {
         rd_t r = {(const uint8_t *)entries[i].ptr, (const uint8_t *)entries[i].ptr + entries[i].len};
@@ -297,13 +299,23 @@ static oi_status_t *request_timeout(const oi_slice_t *entries, uint32_t n, uint6
                 key = f.s;
             else if (f.num == 2)
                 value = f.s;
-        if (key.len != 7 || memcmp(key.ptr, "timeout", 7) != 0)
+        static const char empty_final[] = "triton_enable_empty_final_response";
+        int is_timeout = key.len == 7 && memcmp(key.ptr, "timeout", 7) == 0;
+        int is_empty_final = key.len == sizeof(empty_final) - 1 && memcmp(key.ptr, empty_final, key.len) == 0;
+        if (!is_timeout && !is_empty_final)
             continue;
         rd_t v = {(const uint8_t *)value.ptr, (const uint8_t *)value.ptr + value.len};
         field_t last = {0};
         while (v.p < v.end && rd_field(&v, &f) == RD_OK)
             if (f.num >= 1 && f.num <= 5)
                 last = f;
+        if (is_empty_final) { /* Triton's wording */
+            if (last.num != 1)
+                return bad("invalid value type for 'triton_enable_empty_final_response' parameter, expected "
+                           "bool_param.");
+            *empty_final_out = last.v != 0;
+            continue;
+        }
         if (last.num != 2)
             return bad("invalid value type for 'timeout' parameter, expected int64_param.");
         *timeout_us = (int64_t)last.v > 0 ? last.v : 0;
@@ -751,7 +763,7 @@ static oi_status_t *decode(dec_t *d, oi_slice_t *model_name, oi_slice_t *model_v
         snprintf(params_path, sizeof(params_path), "%s.parameters", d->msg_name);
         if ((st = render_params(d, d->params.v, d->params.n, params_path, &d->params_off, &d->params_len, NULL)) != NULL)
             return st;
-        if (!d->response && (st = request_timeout(d->params.v, d->params.n, &req->timeout_us)) != NULL)
+        if (!d->response && (st = request_timeout(d->params.v, d->params.n, &req->timeout_us, &req->empty_final)) != NULL)
             return st;
     }
 
@@ -1025,6 +1037,20 @@ static size_t output_tensor_size(const oi_tensor_t *t)
     return s + shm_params_size(t);
 }
 
+/* ModelInferResponse.parameters {"triton_final_response": bool_param}: field 4, one map
+ * entry (key, then an InferParameter whose bool_param is the last byte). */
+#define FINAL_KEY "triton_final_response"
+#define FINAL_PARAM_LEN (2 + 2 + (sizeof(FINAL_KEY) - 1) + 4)
+
+static void w_final_param(oi_sbuf_t *o, int final)
+{
+    w_varint(o, 4 << 3 | WT_LEN);
+    w_varint(o, FINAL_PARAM_LEN - 2);
+    w_bytes_field(o, 1, FINAL_KEY, sizeof(FINAL_KEY) - 1);
+    static const char value[2][4] = {{2 << 3 | WT_LEN, 2, 1 << 3, 0}, {2 << 3 | WT_LEN, 2, 1 << 3, 1}};
+    oi_sbuf_append(o, value[final != 0], 4); /* reserved by the caller */
+}
+
 oi_status_t *oi_pb_encode_infer_response(const char *model_name, const char *model_version,
                                          const oi_request_t *req, const oi_response_t *resp, int stream,
                                          oi_pb_iov_t *parts, size_t *nparts, size_t *total)
@@ -1033,6 +1059,8 @@ oi_status_t *oi_pb_encode_infer_response(const char *model_name, const char *mod
     size_t name_len = strlen(model_name), ver_len = model_version ? strlen(model_version) : 0;
     int with_id = req != NULL && req->id != NULL;
     size_t head = ld_size(name_len) + (model_version ? ld_size(ver_len) : 0) + (with_id ? ld_size(req->id_len) : 0);
+    if (stream)
+        head += FINAL_PARAM_LEN;
     uint64_t body = 0;
     for (uint32_t i = 0; i < resp->n_outputs; i++) {
         const oi_tensor_t *t = &resp->outputs[i];
@@ -1057,6 +1085,8 @@ oi_status_t *oi_pb_encode_infer_response(const char *model_name, const char *mod
         w_bytes_field(&o, 2, model_version, ver_len);
     if (with_id)
         w_bytes_field(&o, 3, req->id, req->id_len);
+    if (stream)
+        w_final_param(&o, stream == OI_PB_STREAM_FINAL);
     for (uint32_t i = 0; i < resp->n_outputs; i++) {
         const oi_tensor_t *t = &resp->outputs[i];
         w_varint(&o, 5 << 3 | WT_LEN);
@@ -1113,22 +1143,22 @@ int oi_pb_encode_stream_error(oi_sbuf_t *out, const char *error_message, const c
     size_t nlen = model_name ? strlen(model_name) : 0, vlen = model_version ? strlen(model_version) : 0;
     if (id == NULL)
         id_len = 0;
-    size_t inner = (nlen ? ld_size(nlen) : 0) + (vlen ? ld_size(vlen) : 0) + (id_len ? ld_size(id_len) : 0);
+    size_t inner = (nlen ? ld_size(nlen) : 0) + (vlen ? ld_size(vlen) : 0) + (id_len ? ld_size(id_len) : 0) +
+                   FINAL_PARAM_LEN;
     if (oi_sbuf_reserve(out, ld_size(mlen) + ld_size(inner)) != 0) {
         out->len = start;
         return -1;
     }
     w_bytes_field(out, 1, error_message, mlen);
-    if (inner > 0) {
-        w_varint(out, 2 << 3 | WT_LEN);
-        w_varint(out, inner);
-        if (nlen)
-            w_bytes_field(out, 1, model_name, nlen);
-        if (vlen)
-            w_bytes_field(out, 2, model_version, vlen);
-        if (id_len)
-            w_bytes_field(out, 3, id, id_len);
-    }
+    w_varint(out, 2 << 3 | WT_LEN);
+    w_varint(out, inner);
+    if (nlen)
+        w_bytes_field(out, 1, model_name, nlen);
+    if (vlen)
+        w_bytes_field(out, 2, model_version, vlen);
+    if (id_len)
+        w_bytes_field(out, 3, id, id_len);
+    w_final_param(out, 1);
     return 0;
 }
 

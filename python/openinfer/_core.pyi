@@ -124,6 +124,7 @@ class Server:
         config_json: bytes | None = None,
         config_pb: bytes | None = None,
         publish: bool = True,
+        decoupled: bool = False,  # handler returns an iterator of 0..N responses per request
     ) -> str | None | ModelVersion:
         """Registers one model version. handler=None with error=reason registers a version that
         failed to load: it answers not ready, and infer answers 503 with the reason. The
