@@ -1,43 +1,33 @@
-"""A character-level text generator small enough to need no download: a fixed bigram table
-(built at import from a short public-domain text) continues the prompt one character at a time,
-and each word goes out as one token (TEXT, with INDEX its position) as soon as it is complete,
+"""A tiny text generator that needs no download: it continues the prompt from a short
+public-domain text it carries (after the last word of the prompt it knows, else from the
+start), one word per token, each sent as soon as it is ready (TEXT, with INDEX its position),
 DELAY_MS milliseconds apart. Deterministic: the same prompt gives the same answer."""
 
 from __future__ import annotations
 
 import time
-from collections import Counter, defaultdict
 from collections.abc import Iterator
 
 import numpy as np
 
-_CORPUS = (
+_WORDS = (
     "it was the best of times it was the worst of times it was the age of wisdom it was the age "
     "of foolishness it was the epoch of belief it was the epoch of incredulity it was the season "
     "of light it was the season of darkness it was the spring of hope it was the winter of despair "
     "we had everything before us we had nothing before us we were all going direct to heaven we "
-    "were all going direct the other way "
-)
-
-_NEXT: dict[str, str] = {}
-_counts: dict[str, Counter[str]] = defaultdict(Counter)
-for _a, _b in zip(_CORPUS, _CORPUS[1:]):
-    _counts[_a][_b] += 1
-for _a, _c in _counts.items():
-    # The two likeliest followers alternate with the position, so the text does not loop at once.
-    _NEXT[_a] = "".join(ch for ch, _ in _c.most_common(2))
+    "were all going direct the other way"
+).split()
 
 
-def _characters(prompt: str) -> Iterator[str]:
-    last = prompt[-1:].lower() if prompt else " "
-    if last not in _NEXT:
-        last = " "
-    step = 0
+def _continuation(prompt: str) -> Iterator[str]:
+    words = prompt.lower().split()
+    start = 0
+    if words and words[-1] in _WORDS:
+        start = _WORDS.index(words[-1]) + 1
+    i = start
     while True:
-        choices = _NEXT[last]
-        last = choices[(step // 3) % len(choices)]
-        step += 1
-        yield last
+        yield _WORDS[i % len(_WORDS)]
+        i += 1
 
 
 def infer(inputs: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
@@ -47,15 +37,9 @@ def infer(inputs: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
     delay = int(inputs["DELAY_MS"].reshape(-1)[0]) / 1000
     if max_tokens < 0:
         raise ValueError(f"MAX_TOKENS must be >= 0, got {max_tokens}")
-    word, index = "", 0
-    for ch in _characters(prompt):
-        if index >= max_tokens:
-            return
-        word += ch
-        if ch == " " and word.strip():
-            if delay:
-                time.sleep(delay)
-            yield {"TEXT": np.array([word.encode()], dtype=object), "INDEX": np.array([index], dtype=np.int32)}
-            word, index = "", index + 1
-        elif ch == " ":
-            word = ""
+    words = _continuation(prompt)
+    for index in range(max_tokens):
+        if delay:
+            time.sleep(delay)
+        token = next(words) + " "
+        yield {"TEXT": np.array([token.encode()], dtype=object), "INDEX": np.array([index], dtype=np.int32)}
