@@ -305,3 +305,65 @@ def test_model_config_reports_the_transaction_policy(served: openinfer.Server) -
         assert status == 200 and b'"model_transaction_policy":{"decoupled":true}' in body
         status, body = client._get("/v2/models/plain/config", None)
         assert b'"decoupled":true' not in body
+
+
+# ---- shutdown ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("transport", ["grpc", "sse"])
+def test_stop_closes_a_generator_whose_client_still_reads(grpc_stubs: Any, transport: str) -> None:
+    """stop() waits its timeout for a stream that would run for minutes, answers UNAVAILABLE
+    (gRPC) or cuts the event stream (SSE), and the model's generator is closed rather than left
+    running in the background."""
+    import socket
+
+    import grpc
+
+    seen = Observed()
+
+    def endless(inputs: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
+        try:
+            for i in range(100_000):
+                seen.note(produced=i + 1)
+                yield {"OUTPUT0": np.array([i], dtype=np.int32)}
+                seen.gate.wait(0.005)
+        except GeneratorExit:
+            seen.note(closed=True)
+            raise
+
+    srv = openinfer.serve(models=[Model("endless", endless, **ONE_INT)], http_port=0, log=False, threads=2)
+    reader_done = threading.Event()
+    try:
+        if transport == "grpc":
+            pb = grpc_stubs.pb
+            req = pb.ModelInferRequest(model_name="endless")
+            req.inputs.add(name="INPUT0", datatype="INT32", shape=[1])
+            req.raw_input_contents.append(np.array([1], dtype=np.int32).tobytes())
+            channel = grpc.insecure_channel(f"127.0.0.1:{srv.grpc_port}")
+            call = grpc_stubs.rpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(iter([req]), timeout=BOUND)
+
+            def read() -> None:
+                try:
+                    for _ in call:
+                        pass
+                except grpc.RpcError:
+                    pass
+                reader_done.set()
+        else:
+            body = b'{"INPUT0": [1]}'
+            sock = socket.create_connection(("127.0.0.1", srv.http_port), timeout=BOUND)
+            sock.sendall(b"POST /v2/models/endless/generate_stream HTTP/1.1\r\nHost: x\r\nContent-Length: "
+                         + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+            def read() -> None:
+                while sock.recv(65536):
+                    pass
+                reader_done.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        seen.wait_for(lambda: seen.produced > 3, "streaming")
+    finally:
+        srv.stop(0.2)
+    seen.wait_for(lambda: seen.closed, "closed")
+    assert reader_done.wait(BOUND)
+    assert seen.produced < 100_000
