@@ -771,7 +771,8 @@ static void write_pieces(oi_http_conn_t *c, const char *pre, size_t plen, const 
     wr->conn = c;
     wr->nparts = nparts;
     wr->parts = (oi_iov_t *)(wr->head + head_cap);
-    memcpy(wr->parts, parts, nparts * sizeof(oi_iov_t));
+    if (nparts > 0)
+        memcpy(wr->parts, parts, nparts * sizeof(oi_iov_t));
     unsigned nb = 0;
     if (plen > 0)
         bufs[nb++] = uv_buf_init(wr->head, (unsigned)plen);
