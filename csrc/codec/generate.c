@@ -132,15 +132,18 @@ static const oi_io_spec_t *find_input(const gen_t *g, const char *k, size_t n)
     return NULL;
 }
 
-static oi_status_t *oom(void) { return oi_status_new(OI_INTERNAL, "out of memory"); }
+static oi_status_t *oom(void)
+{
+    return oi_status_new(OI_INTERNAL, "out of memory");
+}
 
 /* One input from its value: the shape spread over the declaration as Triton spreads it. */
 static oi_status_t *add_input(gen_t *g, const oi_io_spec_t *spec, const char *v, const char *ve, int kind)
 {
     int64_t count = 1;
     if (kind == J_ARRAY && (count = flat_count(v, ve)) < 0)
-        return oi_status_new(OI_BAD_REQUEST, "input '%s': expected a value or a flat array of values, got a nested array",
-                             spec->name);
+        return oi_status_new(OI_BAD_REQUEST,
+                             "input '%s': expected a value or a flat array of values, got a nested array", spec->name);
     if (kind == J_OBJECT || kind == J_NULL)
         return oi_status_new(OI_BAD_REQUEST, "input '%s': expected a value or a flat array of values, got %s",
                              spec->name, kind_name(kind));
@@ -151,8 +154,8 @@ static oi_status_t *add_input(gen_t *g, const oi_io_spec_t *spec, const char *v,
         shape[i] = spec->ndim < 0 ? -1 : spec->dims[i];
         if (shape[i] != -1) {
             if (shape[i] == 0 ? left != 0 : left % shape[i] != 0)
-                return oi_status_new(OI_BAD_REQUEST, "The schema can not convert input '%s' to tensor with proper shape",
-                                     spec->name);
+                return oi_status_new(OI_BAD_REQUEST,
+                                     "The schema can not convert input '%s' to tensor with proper shape", spec->name);
             left = shape[i] == 0 ? 0 : left / shape[i];
         }
     }
@@ -259,8 +262,8 @@ oi_status_t *oi_generate_request(const char *json, size_t len, const oi_io_spec_
         if (!bad && g.params.len > 0)
             bad = oi_sbuf_append(out, "\"parameters\":{", 14) || oi_sbuf_append(out, g.params.data, g.params.len) ||
                   oi_sbuf_append(out, "},", 2);
-        bad = bad || oi_sbuf_append(out, "\"inputs\":[", 10) || (g.in.len && oi_sbuf_append(out, g.in.data, g.in.len)) ||
-              oi_sbuf_append(out, "]}", 2);
+        bad = bad || oi_sbuf_append(out, "\"inputs\":[", 10) ||
+              (g.in.len && oi_sbuf_append(out, g.in.data, g.in.len)) || oi_sbuf_append(out, "]}", 2);
         if (bad)
             st = oom();
     }

@@ -763,7 +763,8 @@ static oi_status_t *decode(dec_t *d, oi_slice_t *model_name, oi_slice_t *model_v
         snprintf(params_path, sizeof(params_path), "%s.parameters", d->msg_name);
         if ((st = render_params(d, d->params.v, d->params.n, params_path, &d->params_off, &d->params_len, NULL)) != NULL)
             return st;
-        if (!d->response && (st = request_timeout(d->params.v, d->params.n, &req->timeout_us, &req->empty_final)) != NULL)
+        if (!d->response &&
+            (st = request_timeout(d->params.v, d->params.n, &req->timeout_us, &req->empty_final)) != NULL)
             return st;
     }
 
@@ -1143,8 +1144,8 @@ int oi_pb_encode_stream_error(oi_sbuf_t *out, const char *error_message, const c
     size_t nlen = model_name ? strlen(model_name) : 0, vlen = model_version ? strlen(model_version) : 0;
     if (id == NULL)
         id_len = 0;
-    size_t inner = (nlen ? ld_size(nlen) : 0) + (vlen ? ld_size(vlen) : 0) + (id_len ? ld_size(id_len) : 0) +
-                   FINAL_PARAM_LEN;
+    size_t inner =
+        (nlen ? ld_size(nlen) : 0) + (vlen ? ld_size(vlen) : 0) + (id_len ? ld_size(id_len) : 0) + FINAL_PARAM_LEN;
     if (oi_sbuf_reserve(out, ld_size(mlen) + ld_size(inner)) != 0) {
         out->len = start;
         return -1;

@@ -79,7 +79,8 @@ oi_status_t *oi_pb_encode_infer_response(const char *model_name, const char *mod
 
 /* Appends a ModelStreamInferResponse carrying `error_message` and an infer_response with the
  * model name, version and request id of the failed request (each left out when NULL or
- * empty) and triton_final_response true (an error ends its request), as Triton sends it. Returns 0 or -1 (out of memory; `out` is then back at its length on entry). */
+ * empty) and triton_final_response true (an error ends its request), as Triton sends it.
+ * Returns 0 or -1 (out of memory; `out` is then back at its length on entry). */
 int oi_pb_encode_stream_error(oi_sbuf_t *out, const char *error_message, const char *model_name,
                               const char *model_version, const char *id, size_t id_len);
 

@@ -672,8 +672,8 @@ static oi_buf_t *buf_copy(const Py_buffer *b)
 
 static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"name",      "version",   "inputs", "outputs", "max_batch_size",   "metadata_json",
-                             "handler",   "instances", "error",  "torch",   "dynamic_batching", "config_json",
+    static char *kwlist[] = {"name",      "version",   "inputs",    "outputs", "max_batch_size",   "metadata_json",
+                             "handler",   "instances", "error",     "torch",   "dynamic_batching", "config_json",
                              "config_pb", "publish",   "decoupled", NULL};
     const char *name, *error = NULL;
     long long version;
@@ -746,7 +746,8 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         goto done;
     }
     if (decoupled && (torch != Py_None || batching != Py_None)) {
-        PyErr_Format(PyExc_ValueError, "model '%s': only a Python model without dynamic batching can be decoupled", name);
+        PyErr_Format(PyExc_ValueError, "model '%s': only a Python model without dynamic batching can be decoupled",
+                     name);
         goto done;
     }
     m->decoupled = decoupled;

@@ -26,7 +26,10 @@ static void ds_unref(oi_dstream_t *ds)
     }
 }
 
-void oi__dstream_unref(oi_dstream_t *ds) { ds_unref(ds); }
+void oi__dstream_unref(oi_dstream_t *ds)
+{
+    ds_unref(ds);
+}
 
 static void give_back(oi_dstream_t *ds, size_t credit)
 {
@@ -96,7 +99,10 @@ static void run_part(oi_task_t *t)
     free(p);
 }
 
-static int gone(const oi_infer_t *inf) { return inf->ds->cancelled || atomic_load(&inf->job.cancelled); }
+static int gone(const oi_infer_t *inf)
+{
+    return inf->ds->cancelled || atomic_load(&inf->job.cancelled);
+}
 
 /* The request's `send`: checks the response, waits while the client is behind, and posts it
  * to the loop. */

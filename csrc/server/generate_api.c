@@ -107,7 +107,10 @@ static void on_response(gen_t *g, oi_infer_t *inf, const oi_response_t *resp, oi
         oi_buf_unref(b);
 }
 
-static void on_part(oi_infer_t *inf, oi_infer_part_t *part) { on_response(inf->ctx, inf, &part->resp, part); }
+static void on_part(oi_infer_t *inf, oi_infer_part_t *part)
+{
+    on_response(inf->ctx, inf, &part->resp, part);
+}
 
 static void gen_free(gen_t *g)
 {
@@ -156,7 +159,10 @@ static void on_done(oi_infer_t *inf)
     oi_infer_free(inf);
 }
 
-static void on_gone(oi_http_request_t *r) { oi_infer_cancel(r->gone_arg); }
+static void on_gone(oi_http_request_t *r)
+{
+    oi_infer_cancel(r->gone_arg);
+}
 
 void oi__http_generate(oi_server_t *s, oi_http_request_t *r, oi_model_t *m, int stream)
 {
@@ -165,8 +171,7 @@ void oi__http_generate(oi_server_t *s, oi_http_request_t *r, oi_model_t *m, int 
         st = oi_status_new(OI_BAD_REQUEST, "Unsupported content-encoding, only 'identity' is supported.");
     oi_sbuf_t v2 = {0};
     if (st == NULL)
-        st = oi_generate_request(r->body ? r->body->data : "", r->body ? r->body->len : 0, m->inputs, m->n_inputs,
-                                 &v2);
+        st = oi_generate_request(r->body ? r->body->data : "", r->body ? r->body->len : 0, m->inputs, m->n_inputs, &v2);
     oi_buf_t *body = st == NULL ? oi_sbuf_detach(&v2) : NULL;
     oi_sbuf_free(&v2);
     oi_infer_t *inf = st == NULL ? oi_infer_new() : NULL;

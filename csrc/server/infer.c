@@ -136,7 +136,8 @@ oi_status_t *oi_infer_submit(oi_infer_t *inf, oi_model_t *m, oi_loop_t *loop, oi
     if (st == NULL)
         st = resolve_shm(inf);
     if (st == NULL && m->decoupled && inf->part == NULL)
-        st = oi_status_new(OI_UNIMPLEMENTED, "this end point does not support models with decoupled transaction policy");
+        st =
+            oi_status_new(OI_UNIMPLEMENTED, "this end point does not support models with decoupled transaction policy");
     if (st == NULL)
         st = oi_validate_request(m, &inf->req, &inf->output_names, &inf->job.n_outputs);
     if (st != NULL)

@@ -824,7 +824,9 @@ void oi_http_stream_end(oi_http_request_t *req)
     oi_http_conn_t *c = req->conn;
     oi_http_server_t *s = c->lis->server;
     if (s->cfg.on_answered != NULL) {
-        oi_http_answer_t a = {.status = c->stream_status, .start_ns = c->start_ns, .bytes_out = c->stream_bytes,
+        oi_http_answer_t a = {.status = c->stream_status,
+                              .start_ns = c->start_ns,
+                              .bytes_out = c->stream_bytes,
                               .peer = c->peer_counted ? &c->peer : NULL};
         a.bytes_in = c->header_bytes + (req->body ? req->body->len : 0);
         s->cfg.on_answered(s->ctx, req, &a);
