@@ -86,6 +86,9 @@ def decoupled_models() -> list[Model]:
         Model("async_counter", _async_counter, **ONE_INT),
         Model("wrong_output", _wrong_output, **ONE_INT),
         Model("plain", lambda inputs: {"OUTPUT0": inputs["INPUT0"]}, **ONE_INT),
+        Model("listed", lambda inputs: [{"OUTPUT0": np.array([i], dtype=np.int32)} for i in range(inputs["INPUT0"][0])],
+              decoupled=True, **ONE_INT),
+        Model("one_dict", lambda inputs: {"OUTPUT0": inputs["INPUT0"] * 2}, decoupled=True, **ONE_INT),
     ]
 
 
@@ -255,6 +258,21 @@ def test_async_generator_models_stream_too(served: openinfer.Server) -> None:
         client.stop_stream()
     assert [g.as_numpy("OUTPUT0").tolist() for g in got[:3]] == [[0], [10], [20]]
     assert _final(got[3])
+
+
+@pytest.mark.parametrize("model, n, expected", [("listed", 3, [[0], [1], [2]]), ("listed", 0, []),
+                                                ("one_dict", 4, [[8]])])
+def test_decoupled_models_may_return_a_list_or_one_dict(served: openinfer.Server, model: str, n: int,
+                                                        expected: list[list[int]]) -> None:
+    grpcclient, client, results = _stream(served)
+    with client:
+        inp = grpcclient.InferInput("INPUT0", [1], "INT32")
+        inp.set_data_from_numpy(np.array([n], dtype=np.int32))
+        client.async_stream_infer(model, [inp], enable_empty_final_response=True)
+        got = [results.get(timeout=BOUND) for _ in range(len(expected) + 1)]
+        client.stop_stream()
+    assert [g.as_numpy("OUTPUT0").tolist() for g in got[:-1]] == expected
+    assert _final(got[-1]) and not any(_final(g) for g in got[:-1])
 
 
 def test_a_stream_reset_closes_the_running_generator(served: openinfer.Server, grpc_stubs: Any) -> None:

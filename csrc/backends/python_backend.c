@@ -152,6 +152,7 @@ static oi_status_t *stream_responses(const py_state_t *s, PyObject *it, const oi
         PyThreadState *ts = PyEval_SaveThread();
         st = req->send(req->send_arg, &one);
         PyEval_RestoreThread(ts);
+        oi_py_owner_flush(); /* the responses written meanwhile: their arrays go now */
     }
     if (st == NULL && PyErr_Occurred())
         return model_error(s);

@@ -296,7 +296,9 @@ class Model:
             return
         if isinstance(result, AsyncIterator):
             result = _drive(result)
-        elif not isinstance(result, Iterator):
+        elif isinstance(result, Iterable) and not isinstance(result, (str, bytes)):
+            result = iter(result)  # a list of responses, say
+        else:
             raise TypeError(
                 f"model {self.name!r} is decoupled and returned {type(result).__name__}; "
                 "expected a generator of dicts of output name -> array"
