@@ -183,8 +183,10 @@ class Model:
     of outputs per response, each sent as soon as it is yielded (gRPC ``ModelStreamInfer``,
     HTTP ``generate_stream``). A generator `fn` makes the model decoupled unless
     ``decoupled=False`` says otherwise, which is an error. When the client goes away, the
-    generator is closed (``GeneratorExit`` at its ``yield``); a generator that produces faster
-    than its client reads is held at its ``yield`` until the client catches up.
+    generator is closed (``GeneratorExit`` at its next ``yield``; an async generator's pending
+    ``await`` is cancelled at once, so long waits belong in ``await`` or should poll
+    ``request.is_cancelled()``); a generator that produces faster than its client reads is held
+    at its ``yield`` until the client catches up.
     """
 
     name: str
@@ -270,7 +272,7 @@ class Model:
         model, since the server sends them to the client as the 500 message."""
         result = self._call(inputs, parameters, cancelled)
         if self.decoupled:
-            return self._responses(result, outputs)
+            return self._responses(result, outputs, cancelled)
         return self._select(result, outputs)
 
     def _call(self, inputs: dict[str, np.ndarray], parameters: bytes | None, cancelled: Callable[[], bool]) -> Any:
@@ -288,14 +290,16 @@ class Model:
             result = self.fn(inputs, **kwargs)
         return result
 
-    def _responses(self, result: Any, outputs: tuple[str, ...]) -> Iterator[dict[str, object]]:
+    def _responses(
+        self, result: Any, outputs: tuple[str, ...], cancelled: Callable[[], bool]
+    ) -> Iterator[dict[str, object]]:
         """A decoupled model's responses: what `fn` yields (a dict it returns is one response),
         each narrowed to the requested outputs. Closing this closes `fn`'s generator."""
         if isinstance(result, Mapping):
             yield self._select(result, outputs)
             return
         if isinstance(result, AsyncIterator):
-            result = _drive(result)
+            result = _drive(result, cancelled)
         elif isinstance(result, Iterable) and not isinstance(result, (str, bytes)):
             result = iter(result)  # a list of responses, say
         else:
@@ -364,14 +368,30 @@ def model(
     return wrap
 
 
-def _drive(agen: AsyncIterator[Any]) -> Iterator[Any]:
+# How often an async generator's pending step checks whether its client has gone.
+_CANCEL_POLL_S = 0.02
+
+
+def _drive(agen: AsyncIterator[Any], cancelled: Callable[[], bool]) -> Iterator[Any]:
     """Runs an async generator on an event loop of its own, one item per step, so that the
-    executor can iterate it like a generator; closing this closes it (``aclose``)."""
+    executor can iterate it like a generator; closing this closes it (``aclose``). While a step
+    awaits, the client's departure cancels it (``CancelledError`` at the generator's ``await``)
+    within `_CANCEL_POLL_S`, rather than at its next ``yield``."""
     loop = asyncio.new_event_loop()
     try:
         while True:
+            step = asyncio.ensure_future(agen.__anext__(), loop=loop)
+            while not step.done():
+                loop.run_until_complete(asyncio.wait([step], timeout=_CANCEL_POLL_S))
+                if not step.done() and cancelled():
+                    step.cancel()
+                    try:
+                        loop.run_until_complete(step)
+                    except (asyncio.CancelledError, StopAsyncIteration):
+                        pass
+                    return
             try:
-                item = loop.run_until_complete(agen.__anext__())
+                item = step.result()
             except StopAsyncIteration:
                 return
             yield item
