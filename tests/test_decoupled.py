@@ -45,6 +45,20 @@ class Observed:
 ticks = Observed()
 halfway = Observed()
 sleeper = Observed()
+flood = Observed()
+
+
+def _flood(inputs: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
+    """64 KiB responses as fast as it may, up to 20000 (1.25 GiB)."""
+    block = np.zeros(16384, dtype=np.int32)
+    try:
+        for i in range(20_000):
+            flood.note(produced=i + 1)
+            yield {"OUTPUT0": block}
+        flood.note(finished=True)
+    except GeneratorExit:
+        flood.note(closed=True)
+        raise
 
 
 def _ticker(inputs: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
@@ -100,6 +114,7 @@ def decoupled_models() -> list[Model]:
         Model("halfway", _halfway, **ONE_INT),
         Model("async_counter", _async_counter, **ONE_INT),
         Model("async_sleeper", _async_sleeper, **ONE_INT),
+        Model("flood", _flood, **ONE_INT),
         Model("wrong_output", _wrong_output, **ONE_INT),
         Model("plain", lambda inputs: {"OUTPUT0": inputs["INPUT0"]}, **ONE_INT),
         Model("listed", lambda inputs: [{"OUTPUT0": np.array([i], dtype=np.int32)} for i in range(inputs["INPUT0"][0])],
@@ -434,3 +449,33 @@ def test_a_reset_cancels_an_async_generator_while_it_awaits(served: openinfer.Se
         sleeper.wait_for(lambda: sleeper.closed, "cancelled")
         stop.set()
     assert sleeper.produced == 1 and not sleeper.finished
+
+
+def test_a_grpc_client_that_never_reads_holds_the_generator_back(served: openinfer.Server,
+                                                                  grpc_stubs: Any) -> None:
+    """A client whose HTTP/2 window is 0 receives nothing: the model's generator is paused at
+    its yield once the server's bound of unsent responses is reached, instead of queueing
+    20000 x 64 KiB; when the client goes, the generator is closed."""
+    import time
+
+    import h2.settings
+    from test_grpc_transport import H2, SERVICE, frame
+
+    flood.note(produced=0, closed=False, finished=False)
+    conn = H2(served.grpc_port)
+    conn.conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+    conn.flush()
+    req = grpc_stubs.pb.ModelInferRequest(model_name="flood")
+    req.inputs.add(name="INPUT0", datatype="INT32", shape=[1])
+    req.raw_input_contents.append(np.array([1], dtype=np.int32).tobytes())
+    sid = conn.start(SERVICE + "ModelStreamInfer")
+    conn.send(sid, frame(req.SerializeToString()))
+    deadline, last, still = time.monotonic() + BOUND, -1, 0
+    while time.monotonic() < deadline and still < 4 and not flood.finished:
+        time.sleep(0.25)
+        still = still + 1 if flood.produced == last else 0
+        last = flood.produced
+    assert not flood.finished and still >= 4, f"the generator never paused: {flood.produced} produced"
+    assert flood.produced < 100, flood.produced  # 1 MiB of 64 KiB responses, and no socket buffer
+    conn.sock.close()
+    flood.wait_for(lambda: flood.closed, "closed")
