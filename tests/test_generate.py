@@ -353,3 +353,18 @@ def test_missing_inputs_and_wrong_methods(served: openinfer.Server) -> None:
 def test_a_grpc_client_cannot_generate(served: openinfer.Server) -> None:
     with openinfer.Client(f"grpc://127.0.0.1:{served.grpc_port}") as client, pytest.raises(ValueError, match="HTTP"):
         client.generate("simple", {})
+
+
+def test_an_http10_client_gets_the_events_until_the_connection_closes(served: openinfer.Server) -> None:
+    payload = body(IN=[3, 4], DELAY=[0, 0], WAIT=0)
+    sock = socket.create_connection(("127.0.0.1", served.http_port), timeout=BOUND)
+    with sock:
+        sock.sendall(b"POST /v2/models/repeat_int32/generate_stream HTTP/1.0\r\nContent-Length: "
+                     + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"Connection: close" in head and b"chunked" not in head
+    events = [json.loads(e[6:]) for e in rest.split(b"\n\n") if e]
+    assert [(e["IDX"], e["OUT"]) for e in events] == [(0, 3), (1, 4)]

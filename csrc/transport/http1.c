@@ -814,9 +814,18 @@ void oi_http_stream_send(oi_http_request_t *req, const oi_iov_t *parts, size_t n
     for (size_t i = 0; i < nparts; i++)
         total += parts[i].len;
     c->stream_bytes += total;
-    char size[24];
-    int n = c->http10 || total == 0 ? 0 : snprintf(size, sizeof(size), "%zx\r\n", total);
-    write_pieces(c, size, (size_t)n, parts, nparts, "\r\n", n > 0 ? 2 : 0);
+    char size[24]; /* the chunk-size line, in hex, by hand: this runs for every event */
+    size_t n = 0;
+    if (!c->http10 && total > 0) {
+        char tmp[16], *p = tmp + sizeof(tmp);
+        for (size_t v = total; v != 0; v >>= 4)
+            *--p = "0123456789abcdef"[v & 15];
+        n = (size_t)(tmp + sizeof(tmp) - p);
+        memcpy(size, p, n);
+        memcpy(size + n, "\r\n", 2);
+        n += 2;
+    }
+    write_pieces(c, size, n, parts, nparts, "\r\n", n > 0 ? 2 : 0);
 }
 
 void oi_http_stream_end(oi_http_request_t *req)
