@@ -270,7 +270,7 @@ def test_config_errors(server: openinfer.Server, stub: Any, grpc_stubs: Any, grp
 REFUSED = [
     ("sequence_batching { iterative_sequence: true }", "sequence_batching.iterative_sequence"),
     ("model_warmup [ { name: \"w\" batch_size: 1 } ]", "model_warmup"),
-    ("model_transaction_policy { decoupled: true }", "model_transaction_policy { decoupled: true }"),
+    ("model_transaction_policy { decoupled: true } dynamic_batching { }", "model_transaction_policy { decoupled: true }"),
     ("response_cache { enable: true }", "response_cache { enable: true }"),
     ("instance_group [ { count: 1 rate_limiter { resources [ { name: \"R\" count: 1 } ] } } ]",
      "instance_group[0].rate_limiter"),

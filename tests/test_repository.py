@@ -257,13 +257,16 @@ def test_example_repository() -> None:
     loaded = [m for m in scan(examples_path(), optional_torch=True) if m.name not in ("cnn", "mlp")]
     assert [(m.name, m.version, m.error) for m in loaded] == [
         ("identity_fp32", 1, None),
+        ("repeat_int32", 1, None),
         ("simple", 1, None),
         ("simple_dyna_sequence", 1, None),
         ("simple_sequence", 1, None),
         ("simple_string", 1, None),
         ("simple_string_dyna_sequence", 1, None),
+        ("tiny_gen", 1, None),
     ]
     models = {m.name: m.model for m in loaded if m.model}
+    assert [name for name, m in models.items() if m.decoupled] == ["repeat_int32", "tiny_gen"]
     assert models["identity_fp32"].inputs == (Tensor("INPUT0", "FP32", None),)  # any shape
     assert models["simple"].inputs[0] == Tensor("INPUT0", "INT32", (-1, 16))
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
@@ -309,8 +312,8 @@ from openinfer.repository import scan
 (entry,) = scan({str(tmp_path)!r})
 assert entry.model is None and entry.error.startswith("torch unavailable: serving TorchScript models needs torch"), entry
 with openinfer.serve(http_port=0, log=False) as server:
-    assert set(server.models) == {{"identity_fp32", "simple", "simple_string", "simple_sequence", "simple_dyna_sequence",
-                                  "simple_string_dyna_sequence"}}, server.models
+    assert set(server.models) == {{"identity_fp32", "repeat_int32", "simple", "simple_string", "simple_sequence",
+                                  "simple_dyna_sequence", "simple_string_dyna_sequence", "tiny_gen"}}, server.models
     assert server.failed == {{}}, server.failed
 """
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}

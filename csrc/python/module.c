@@ -805,16 +805,16 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
                              "handler",   "instances",        "error",
                              "torch",     "dynamic_batching", "config_json",
                              "config_pb", "publish",          "sequence_batching",
-                             NULL};
+                             "decoupled", NULL};
     const char *name, *error = NULL;
     long long version;
     PyObject *inputs = NULL, *outputs = NULL, *handler = NULL, *torch = Py_None, *batching = Py_None,
              *sequence = Py_None;
-    int max_batch = 0, instances = 1, publish = 1;
+    int max_batch = 0, instances = 1, publish = 1, decoupled = 0;
     Py_buffer meta = {0}, cfg_json = {0}, cfg_pb = {0};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOOy*y*pO", kwlist, &name, &version, &inputs, &outputs,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOOy*y*pOp", kwlist, &name, &version, &inputs, &outputs,
                                      &max_batch, &meta, &handler, &instances, &error, &torch, &batching, &cfg_json,
-                                     &cfg_pb, &publish, &sequence))
+                                     &cfg_pb, &publish, &sequence, &decoupled))
         return NULL;
     if (handler == NULL && torch != Py_None)
         handler = Py_None;
@@ -878,6 +878,12 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         PyErr_NoMemory();
         goto done;
     }
+    if (decoupled && (torch != Py_None || batching != Py_None)) {
+        PyErr_Format(PyExc_ValueError, "model '%s': only a Python model without dynamic batching can be decoupled",
+                     name);
+        goto done;
+    }
+    m->decoupled = decoupled;
     memcpy(m->metadata->data, meta.buf, (size_t)meta.len);
     m->metadata->len = (size_t)meta.len;
     if ((cfg_json.buf != NULL && (m->config_json = buf_copy(&cfg_json)) == NULL) ||

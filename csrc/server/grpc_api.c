@@ -1007,6 +1007,55 @@ static void maybe_end_stream(oi_grpc_call_t *call)
         oi_grpc_finish(call, OI_GRPC_OK, NULL);
 }
 
+/* Encodes `resp` (one of `inf`'s responses) as `mode` asks (OI_PB_*) and queues it; with
+ * `part`, the part's credit rides on the message's last slice. A failure to encode answers
+ * the error instead. */
+static void send_response(oi_grpc_call_t *call, oi_infer_t *inf, const oi_response_t *resp, int mode,
+                          oi_infer_part_t *part)
+{
+    oi_pb_iov_t small[9];
+    size_t cap = OI_PB_RESPONSE_PARTS(resp->n_outputs), n = 0, total = 0;
+    oi_pb_iov_t *parts = cap <= 9 ? small : malloc(cap * sizeof(*parts));
+    oi_status_t *st = parts == NULL ? oi_status_new(OI_INTERNAL, "out of memory") : NULL;
+    if (st == NULL)
+        st = oi_pb_encode_infer_response(inf->model->name, inf->model->version_str, &inf->req, resp, mode, parts, &n,
+                                         &total);
+    if (st != NULL) {
+        infer_failed(call, st, inf->model, &inf->req);
+    } else {
+        /* oi_pb_iov_t and oi_iov_t have one layout; the copy keeps the codec free of the
+         * transport's types. */
+        oi_iov_t iov_small[9];
+        oi_iov_t *iov = n <= 9 ? iov_small : malloc(n * sizeof(*iov));
+        if (iov == NULL) {
+            for (size_t i = 0; i < n; i++)
+                oi_buf_unref(parts[i].owner);
+            oi_grpc_finish(call, OI_GRPC_INTERNAL, "out of memory");
+        } else {
+            for (size_t i = 0; i < n; i++)
+                iov[i] = (oi_iov_t){parts[i].base, parts[i].len, parts[i].owner};
+            size_t last = n;
+            while (last > 0 && iov[last - 1].len == 0)
+                last--;
+            if (part != NULL && last > 0)
+                oi_infer_part_hold(part, &iov[last - 1]);
+            oi_grpc_send(call, iov, n, total);
+            if (iov != iov_small)
+                free(iov);
+        }
+    }
+    if (parts != small)
+        free(parts);
+}
+
+/* One response of a decoupled model, as it comes: more will follow. */
+static void stream_part(oi_infer_t *inf, oi_infer_part_t *part)
+{
+    oi_grpc_call_t *call = inf->ctx;
+    if (oi_grpc_call_open(call))
+        send_response(call, inf, &part->resp, OI_PB_STREAM_MORE, part);
+}
+
 /* On the call's loop thread once the backend has run: encode and send. */
 static void finish_infer(oi_infer_t *inf)
 {
@@ -1025,37 +1074,16 @@ static void finish_infer(oi_infer_t *inf)
     if (oi_grpc_call_open(call)) {
         oi_status_t *st = inf->job.status;
         inf->job.status = NULL;
-        oi_pb_iov_t small[9];
-        size_t cap = OI_PB_RESPONSE_PARTS(inf->job.resp.n_outputs), n = 0, total = 0;
-        oi_pb_iov_t *parts = cap <= 9 ? small : malloc(cap * sizeof(*parts));
-        if (st == NULL && parts == NULL)
-            st = oi_status_new(OI_INTERNAL, "out of memory");
-        if (st == NULL)
-            st = oi_pb_encode_infer_response(inf->model->name, inf->model->version_str, &inf->req, &inf->job.resp,
-                                             call->kind == RPC_MODEL_STREAM_INFER, parts, &n, &total);
         if (st != NULL) {
             infer_failed(call, st, inf->model, &inf->req);
-        } else {
-            /* oi_pb_iov_t and oi_iov_t have one layout; the copy keeps the codec free of the
-             * transport's types. */
-            oi_iov_t iov_small[9];
-            oi_iov_t *iov = n <= 9 ? iov_small : malloc(n * sizeof(*iov));
-            if (iov == NULL) {
-                for (size_t i = 0; i < n; i++)
-                    oi_buf_unref(parts[i].owner);
-                oi_grpc_finish(call, OI_GRPC_INTERNAL, "out of memory");
-            } else {
-                for (size_t i = 0; i < n; i++)
-                    iov[i] = (oi_iov_t){parts[i].base, parts[i].len, parts[i].owner};
-                oi_grpc_send(call, iov, n, total);
-                if (call->kind == RPC_MODEL_INFER)
-                    oi_grpc_finish(call, OI_GRPC_OK, NULL);
-                if (iov != iov_small)
-                    free(iov);
-            }
+        } else if (inf->ds == NULL || inf->req.empty_final) {
+            /* A decoupled model's responses went as they came: its end is an empty response
+             * flagged final, only when the client asked for one (as Triton). */
+            int mode = call->kind == RPC_MODEL_INFER ? OI_PB_UNARY : OI_PB_STREAM_FINAL;
+            send_response(call, inf, &inf->job.resp, mode, NULL);
+            if (call->kind == RPC_MODEL_INFER && oi_grpc_call_open(call))
+                oi_grpc_finish(call, OI_GRPC_OK, NULL);
         }
-        if (parts != small)
-            free(parts);
         maybe_end_stream(call);
         oi_infer_trace_end(inf, send_start);
     }
@@ -1093,11 +1121,16 @@ static void handle_infer(oi_server_t *s, oi_grpc_call_t *call, oi_buf_t *msg)
     oi_buf_unref(msg); /* the request holds its own reference */
     note_model(s, call, name.ptr, version.ptr);
     oi_model_t *m = oi_registry_find(&s->registry, name.ptr, version.ptr, &st);
+    if (st == NULL && m->decoupled && call->kind == RPC_MODEL_INFER) /* Triton's status and words */
+        st = oi_status_new(OI_UNIMPLEMENTED, "ModelInfer RPC doesn't support models with decoupled transaction policy");
     if (st != NULL) {
         infer_failed(call, st, NULL, &inf->req);
+        oi_model_unref(m);
         oi_infer_free(inf);
         return;
     }
+    if (m->decoupled)
+        inf->part = stream_part;
     oi_grpc_call_ref(call);
     call->pending++;
     atomic_fetch_add(&s->grpc_inflight, 1);

@@ -22,6 +22,7 @@ void oi_infer_free(oi_infer_t *inf)
     oi_shm_targets_free(inf->shm_out, inf->req.n_outputs);
     oi_request_clear(&inf->req);
     free(inf->output_names);
+    oi__dstream_unref(inf->ds);
     oi_model_unref(inf->model);
     free(inf->trace);
     free(inf);
@@ -77,15 +78,15 @@ static void run_done(oi_task_t *t)
 static void job_done(oi_job_t *j)
 {
     oi_infer_t *inf = (oi_infer_t *)j;
-    if (j->status == NULL)
+    if (j->status == NULL && inf->ds == NULL) /* a decoupled request's responses went one by one */
         j->status = oi_validate_response(inf->model, j->output_names, j->n_outputs, &j->resp);
     /* Outputs asked in shared memory are copied there here, off the loop thread. Requested
      * outputs and response outputs are in the same order (see oi_validate_request). */
-    if (j->status == NULL && inf->shm_out != NULL)
+    if (j->status == NULL && inf->shm_out != NULL && inf->ds == NULL)
         j->status = oi_shm_place_outputs(&j->resp, inf->shm_out);
     /* A client may have shrunk an object under the model: what was read or written there is
      * lost, and the request says so rather than answer with zeros. */
-    if (j->status == NULL && inf->shm != NULL)
+    if (j->status == NULL && inf->shm != NULL && inf->ds == NULL)
         j->status = oi_shm_check_request(&inf->req, &j->resp);
     uint64_t end = j->counted || inf->trace != NULL ? oi_now_ns() : 0;
     if (inf->trace != NULL)
@@ -134,6 +135,9 @@ oi_status_t *oi_infer_submit(oi_infer_t *inf, oi_model_t *m, oi_loop_t *loop, oi
     oi_status_t *st = oi_model_check_ready(m);
     if (st == NULL)
         st = resolve_shm(inf);
+    if (st == NULL && m->decoupled && inf->part == NULL)
+        st =
+            oi_status_new(OI_UNIMPLEMENTED, "this end point does not support models with decoupled transaction policy");
     if (st == NULL)
         st = oi_validate_request(m, &inf->req, &inf->output_names, &inf->job.n_outputs);
     if (st != NULL)
@@ -148,6 +152,8 @@ oi_status_t *oi_infer_submit(oi_infer_t *inf, oi_model_t *m, oi_loop_t *loop, oi
     inf->job.rows = request_rows(m, &inf->req);
     inf->req.cancelled = oi_job_cancelled;
     inf->req.cancelled_arg = &inf->job;
+    if (m->decoupled && oi__dstream_attach(inf) != 0)
+        return oi_status_new(OI_INTERNAL, "out of memory");
     if (inf->trace != NULL)
         inf->trace->ns[OI_TS_REQUEST_START] = oi_now_ns();
     if (m->seq != NULL)
@@ -161,4 +167,5 @@ void oi_infer_cancel(oi_infer_t *inf)
 {
     inf->cancelled = 1;
     oi_job_cancel(&inf->job);
+    oi__dstream_cancel(inf->ds);
 }

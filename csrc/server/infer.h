@@ -4,6 +4,7 @@
 #ifndef OI_SERVER_INFER_H
 #define OI_SERVER_INFER_H
 
+#include "server/decoupled.h"
 #include "server/registry.h"
 #include "server/shm.h"
 #include "server/trace.h"
@@ -33,6 +34,10 @@ struct oi_infer_s {
     oi_infer_t *prev, *next;    /* the transport's list of the requests of one call */
     oi_tracer_t *tracer;        /* with `trace`: where the record goes */
     oi_trace_rec_t *trace;      /* a sampled request's timestamps (owned); NULL: not traced */
+    /* Decoupled models: the transport sets `part` before submit to take each response as it
+     * comes (`done` then ends the request, its own response empty); NULL refuses such models. */
+    oi_infer_part_cb part;
+    oi_dstream_t *ds; /* their flow control (one reference), set by submit */
 };
 
 /* Returns a zeroed inference ready for decoding into `req`, or NULL (out of memory). */

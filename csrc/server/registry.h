@@ -19,6 +19,7 @@ typedef struct oi_model_s {
     int64_t version;
     char version_str[24];
     int max_batch_size;
+    int decoupled; /* 0..N responses per request (Triton's model_transaction_policy) */
     oi_io_spec_t *inputs;
     uint32_t n_inputs;
     oi_io_spec_t *outputs;

@@ -68,4 +68,9 @@ void oi__health_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg, i
  * to every Watch and ends it with UNAVAILABLE, one loop at a time (from outside the loops). */
 void oi__health_stop(oi_server_t *s);
 
+/* POST /v2/models/{m}[/versions/{v}]/generate (`stream` 0) or /generate_stream (1), Triton's
+ * generate extension, on the request's loop thread (generate_api.c). Takes the reference to
+ * `m`. */
+void oi__http_generate(oi_server_t *s, oi_http_request_t *r, oi_model_t *m, int stream);
+
 #endif

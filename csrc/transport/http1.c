@@ -84,6 +84,9 @@ struct oi_http_conn_s {
     char rbuf[READ_BUF_SIZE];
 
     int busy;      /* a request is with the handler */
+    int streaming; /* its answer is being streamed (oi_http_stream_start) */
+    int stream_status;
+    uint64_t stream_bytes;
     int abandoned; /* answered by oi_http_server_abandon: the handler's answer is dropped */
     int orphaned;  /* closed while a request was with the handler: counted in `orphans` */
     int served;    /* a request was read in full: from now on the idle timeout applies */
@@ -745,6 +748,109 @@ const oi_peer_t *oi_http_request_peer(oi_http_request_t *req)
     return oi_peer_cached(&c->creds, fd);
 }
 
+static void request_done(oi_http_conn_t *c);
+
+/* Queues `pre`, the parts and `post` as one write (copies of pre and post; takes the parts'
+ * owner references). */
+static void write_pieces(oi_http_conn_t *c, const char *pre, size_t plen, const oi_iov_t *parts, size_t nparts,
+                         const char *post, size_t postlen)
+{
+    size_t head_cap = (plen + postlen + _Alignof(oi_iov_t)) & ~(_Alignof(oi_iov_t) - 1);
+    write_req_t *wr = c->closing || c->abandoned ? NULL : malloc(sizeof(*wr) + head_cap + nparts * sizeof(oi_iov_t));
+    uv_buf_t stackbufs[8];
+    uv_buf_t *bufs = wr == NULL ? NULL : nparts + 2 <= 8 ? stackbufs : malloc((nparts + 2) * sizeof(uv_buf_t));
+    if (bufs == NULL) {
+        for (size_t i = 0; i < nparts; i++)
+            oi_buf_unref(parts[i].owner);
+        free(wr);
+        if (!c->closing && !c->abandoned)
+            conn_close(c); /* out of memory: the answer cannot be whole */
+        return;
+    }
+    memcpy(wr->head, pre, plen);
+    memcpy(wr->head + plen, post, postlen);
+    wr->conn = c;
+    wr->nparts = nparts;
+    wr->parts = (oi_iov_t *)(wr->head + head_cap);
+    if (nparts > 0)
+        memcpy(wr->parts, parts, nparts * sizeof(oi_iov_t));
+    unsigned nb = 0;
+    if (plen > 0)
+        bufs[nb++] = uv_buf_init(wr->head, (unsigned)plen);
+    for (size_t i = 0; i < nparts; i++)
+        if (parts[i].len > 0)
+            bufs[nb++] = uv_buf_init((char *)parts[i].base, (unsigned)parts[i].len);
+    if (postlen > 0)
+        bufs[nb++] = uv_buf_init(wr->head + plen, (unsigned)postlen);
+    c->writes++;
+    int rc = uv_write(&wr->w, &c->sock.stream, bufs, nb, after_write);
+    if (bufs != stackbufs)
+        free(bufs);
+    if (rc != 0)
+        after_write(&wr->w, rc);
+}
+
+void oi_http_stream_start(oi_http_request_t *req, int status, const char *headers)
+{
+    oi_http_conn_t *c = req->conn;
+    c->streaming = 1;
+    c->stream_status = status;
+    c->stream_bytes = 0;
+    if (c->http10)
+        c->keep_alive = 0; /* no chunked coding: the body ends with the connection */
+    char head[512];
+    int n = snprintf(head, sizeof(head), "HTTP/1.1 %d %s\r\n%s%s\r\n", status, reason_phrase(status),
+                     c->http10 ? "Connection: close\r\n" : "Transfer-Encoding: chunked\r\n", headers);
+    if (n < 0 || (size_t)n >= sizeof(head)) {
+        conn_close(c);
+        return;
+    }
+    write_pieces(c, head, (size_t)n, NULL, 0, "", 0);
+}
+
+void oi_http_stream_send(oi_http_request_t *req, const oi_iov_t *parts, size_t nparts)
+{
+    oi_http_conn_t *c = req->conn;
+    size_t total = 0;
+    for (size_t i = 0; i < nparts; i++)
+        total += parts[i].len;
+    c->stream_bytes += total;
+    char size[24]; /* the chunk-size line, in hex, by hand: this runs for every event */
+    size_t n = 0;
+    if (!c->http10 && total > 0) {
+        char tmp[16], *p = tmp + sizeof(tmp);
+        for (size_t v = total; v != 0; v >>= 4)
+            *--p = "0123456789abcdef"[v & 15];
+        n = (size_t)(tmp + sizeof(tmp) - p);
+        memcpy(size, p, n);
+        memcpy(size + n, "\r\n", 2);
+        n += 2;
+    }
+    write_pieces(c, size, n, parts, nparts, "\r\n", n > 0 ? 2 : 0);
+}
+
+void oi_http_stream_end(oi_http_request_t *req)
+{
+    oi_http_conn_t *c = req->conn;
+    oi_http_server_t *s = c->lis->server;
+    if (s->cfg.on_answered != NULL) {
+        oi_http_answer_t a = {.status = c->stream_status,
+                              .start_ns = c->start_ns,
+                              .bytes_out = c->stream_bytes,
+                              .peer = c->peer_counted ? &c->peer : NULL};
+        a.bytes_in = c->header_bytes + (req->body ? req->body->len : 0);
+        s->cfg.on_answered(s->ctx, req, &a);
+    }
+    oi_buf_unref(req->body);
+    req->body = NULL;
+    req->on_gone = NULL;
+    if (!c->http10)
+        write_pieces(c, "0\r\n\r\n", 5, NULL, 0, "", 0);
+    if (!c->keep_alive)
+        c->close_after_write = 1;
+    request_done(c);
+}
+
 void oi_http_respond(oi_http_request_t *req, int status, const char *headers, const oi_iov_t *parts,
                      size_t nparts)
 {
@@ -768,7 +874,15 @@ void oi_http_respond(oi_http_request_t *req, int status, const char *headers, co
     } else {
         conn_write(c, status, headers, parts, nparts, req->method == HTTP_HEAD);
     }
+    request_done(c);
+}
+
+/* The request is answered: the connection goes on with the next one. */
+static void request_done(oi_http_conn_t *c)
+{
+    oi_http_server_t *s = c->lis->server;
     c->busy = 0;
+    c->streaming = 0;
     atomic_fetch_sub(&s->inflight, 1);
     if (c->orphaned) {
         c->orphaned = 0;
@@ -1111,7 +1225,11 @@ static void abandon_loop(void *arg)
         next = c->next; /* closing unlinks c */
         stop_reading(c);
         c->keep_alive = 0;
-        if (c->busy && !c->abandoned) {
+        if (c->busy && !c->abandoned && c->streaming) {
+            /* An answer half streamed cannot take another: the client sees it cut. */
+            conn_close(c);
+            c->abandoned = 1;
+        } else if (c->busy && !c->abandoned) {
             /* The request stays counted (and the connection alive) until the handler
              * answers; the client gets its answer now. */
             conn_reject(c, a->status, a->message);

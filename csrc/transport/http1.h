@@ -98,6 +98,16 @@ typedef struct oi_iov_s {
 void oi_http_respond(oi_http_request_t *req, int status, const char *headers, const oi_iov_t *parts,
                      size_t nparts);
 
+/* A streamed answer instead of oi_http_respond (Server-Sent Events, say): the status line and
+ * `headers` (each line ending in "\r\n") go now with Transfer-Encoding: chunked (an HTTP/1.0
+ * client gets a body that ends with the connection), each oi_http_stream_send is one chunk
+ * written from the parts' memory (owner references taken, also when the connection is gone),
+ * and oi_http_stream_end closes the body and answers the request as oi_http_respond would.
+ * The request's on_gone still tells of a client that closes meanwhile. Loop thread. */
+void oi_http_stream_start(oi_http_request_t *req, int status, const char *headers);
+void oi_http_stream_send(oi_http_request_t *req, const oi_iov_t *parts, size_t nparts);
+void oi_http_stream_end(oi_http_request_t *req);
+
 /* The credentials of the client on the other end of the request's connection (see
  * transport/peer.h), looked up on first use and kept for the connection's life. Valid until
  * oi_http_respond; loop thread only. */

@@ -129,6 +129,7 @@ class Server:
         publish: bool = True,
         sequence_batching: tuple[int, int, list[tuple[str, int, str, float, float]],
                                  list[tuple[str, str, str, tuple[int, ...], bytes]]] | None = None,
+        decoupled: bool = False,  # handler returns an iterator of 0..N responses per request
     ) -> str | None | ModelVersion:
         """Registers one model version. handler=None with error=reason registers a version that
         failed to load: it answers not ready, and infer answers 503 with the reason. The

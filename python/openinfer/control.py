@@ -382,7 +382,11 @@ class ModelControl:
         model = entry.model
         if model is not None:
             # A TorchScript module runs through the shim (torch=spec); a Python model is a handler.
-            runs = {"torch": model.spec} if isinstance(model, TorchModel) else {"handler": model.handler}
+            runs = (
+                {"torch": model.spec}
+                if isinstance(model, TorchModel)
+                else {"handler": model.handler, "decoupled": model.decoupled}
+            )
             return self._core.add_model(
                 entry.name,
                 model.version,

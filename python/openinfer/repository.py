@@ -6,7 +6,8 @@ failed `LoadedModel` with its reason, so one bad model.py does not take the othe
 the server can answer "not ready" with that reason.
 
 Python models: ``<N>/model.py`` defines ``infer(inputs)``, optionally with ``parameters`` and
-``request`` (an `openinfer.Request`) parameters.
+``request`` (an `openinfer.Request`) parameters. A generator ``infer`` (or one declared
+``model_transaction_policy { decoupled: true }``) yields 0..N responses per request.
 Their inputs and outputs come from config.pbtxt (whose dims exclude the batch dimension when
 max_batch_size > 0, as in Triton) or, when config.pbtxt declares none, from model.py's
 module-level ``INPUTS`` and ``OUTPUTS`` lists of `openinfer.Tensor` (full shapes) and optional
@@ -248,9 +249,19 @@ def _load_python(name: str, version: int, path: Path, config: ModelConfig | None
             instances=config.instances if config else 1,
             platform=(config.platform or config.backend or "python") if config else "python",
             dynamic_batching=config.dynamic_batching if config else None,
+            decoupled=_decoupled(config),
         )
     except (TypeError, ValueError) as e:
         raise _LoadError(f"{path}: {e}") from None
+
+
+def _decoupled(config: ModelConfig | None) -> bool | None:
+    """What config.pbtxt says of model_transaction_policy.decoupled; None when it says nothing
+    (then a generator infer makes the model decoupled)."""
+    policy = config.raw.get("model_transaction_policy") if config else None
+    if not isinstance(policy, dict) or "decoupled" not in policy:
+        return None
+    return bool(policy["decoupled"])
 
 
 def _import_file(name: str, version: int, path: Path) -> ModuleType:

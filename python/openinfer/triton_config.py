@@ -469,6 +469,8 @@ def complete(name: str, config: Message, model: Any, *, torch: bool, gpus: tuple
         c["input"] = [_tensor(t, batch) for t in model.inputs]
         c["output"] = [_tensor(t, batch) for t in model.outputs]
     c.setdefault("version_policy", {"latest": {"num_versions": 1}})
+    if getattr(model, "decoupled", False):  # a generator infer, or declared so
+        c["model_transaction_policy"] = {**c.get("model_transaction_policy", {}), "decoupled": True}
     if model.dynamic_batching is not None and "dynamic_batching" not in c and model.max_batch_size > 0:
         db = model.dynamic_batching
         c["dynamic_batching"] = {
@@ -646,8 +648,12 @@ def unsupported(config: Message, source: str) -> tuple[list[str], list[str]]:
         refuse("ensemble_scheduling", "ensembles are not served")
     if config.get("model_warmup"):
         refuse("model_warmup", "no warm-up requests are run")
-    if config.get("model_transaction_policy", {}).get("decoupled"):
-        refuse("model_transaction_policy { decoupled: true }", "decoupled models are not served")
+    torch = config.get("backend") == "pytorch" or config.get("platform") == "pytorch_libtorch"
+    if config.get("model_transaction_policy", {}).get("decoupled") and (torch or "dynamic_batching" in config):
+        refuse(
+            "model_transaction_policy { decoupled: true }",
+            "only Python models without dynamic_batching can be decoupled",
+        )
     if config.get("response_cache", {}).get("enable"):
         refuse("response_cache { enable: true }", "no response cache")
     db = config.get("dynamic_batching", {})
