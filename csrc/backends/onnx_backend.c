@@ -146,6 +146,11 @@ typedef struct ox_io_s {
     ONNXTensorElementDataType type;
     int ndim; /* -1: unknown rank */
     int64_t dims[OI_MAX_DIMS];
+    /* Set by oi_onnx_backend_state from the declaration. An input's reshape: the shape past
+     * the batch that the session is given (ndim -1: as sent). An output's `declared` shape,
+     * reported instead of the produced one when the config reshapes it (ndim -1: as produced). */
+    oi_io_spec_t reshape;
+    oi_io_spec_t declared;
 } ox_io_t;
 
 static void io_free(ox_io_t *io, size_t n)
@@ -507,6 +512,17 @@ void *oi_onnx_backend_state(const char *model_name, const oi_onnx_spec_t *spec, 
             *err = errorf("model '%s': the ONNX model's input '%s' is not declared", model_name, s->inputs[k].name);
             goto fail;
         }
+        s->inputs[k].reshape = spec->input_reshape ? spec->input_reshape[i] : (oi_io_spec_t){.ndim = -1};
+        s->inputs[k].reshape.name = NULL;
+    }
+    for (size_t k = 0; k < s->n_outputs; k++) {
+        s->outputs[k].declared = (oi_io_spec_t){.ndim = -1};
+        for (uint32_t i = 0; i < n_outputs; i++)
+            if (strcmp(outputs[i].name, s->outputs[k].name) == 0 && spec->output_reshape &&
+                spec->output_reshape[i].ndim >= 0) {
+                s->outputs[k].declared = outputs[i];
+                s->outputs[k].declared.name = NULL;
+            }
     }
     return s;
 fail:
@@ -590,8 +606,9 @@ static char *bytes_output(const OrtValue *v, size_t count, oi_tensor_t *t)
         oi_buf_unref(b);
         return msg;
     }
+    /* Element i moves from content + offsets[i] down to 4 * (i + 1) + offsets[i]: never onto
+     * the bytes of a later element, which start at or past 4 * count + offsets[i + 1]. */
     char *w = b->data;
-    size_t src = 0;
     for (size_t i = 0; i < count; i++) {
         size_t end = i + 1 < count ? offsets[i + 1] : total;
         size_t len = end - offsets[i];
@@ -599,10 +616,8 @@ static char *bytes_output(const OrtValue *v, size_t count, oi_tensor_t *t)
         w[1] = (char)(len >> 8 & 0xff);
         w[2] = (char)(len >> 16 & 0xff);
         w[3] = (char)(len >> 24 & 0xff);
-        memmove(w + 4, content + src, len);
+        memmove(w + 4, content + offsets[i], len);
         w += 4 + len;
-        src += len;
-        content += 4; /* the next element's bytes moved no further than here yet */
     }
     free(offsets);
     b->len = (size_t)(w - b->data);
@@ -658,6 +673,28 @@ static oi_buf_t *preallocate(const ox_state_t *s, const ox_io_t *o, int64_t batc
         return NULL;
     }
     return b;
+}
+
+/* The shape a reshaped input has for the session: the batch dimension as sent, then the
+ * reshape; the element count must stay the same. */
+static oi_status_t *reshape_input(const ox_state_t *s, const oi_io_spec_t *reshape, const oi_tensor_t *t,
+                                  oi_tensor_t *view)
+{
+    int nd = 0;
+    if (s->max_batch_size > 0 && t->ndim > 0)
+        view->shape[nd++] = t->shape[0];
+    for (int d = 0; d < reshape->ndim && nd < OI_MAX_DIMS; d++)
+        view->shape[nd++] = reshape->dims[d];
+    view->ndim = nd;
+    int64_t sent = 0, seen = 0;
+    if (oi_shape_elements(t->shape, t->ndim, &sent) != 0 || oi_shape_elements(view->shape, nd, &seen) != 0 ||
+        sent != seen) {
+        char got[24 * OI_MAX_DIMS], want[24 * OI_MAX_DIMS];
+        return oi_status_new(OI_BAD_REQUEST, "input '%s': shape %s cannot be reshaped to %s", t->name,
+                             oi_shape_format(t->shape, t->ndim, got, sizeof(got)),
+                             oi_shape_format(view->shape, nd, want, sizeof(want)));
+    }
+    return NULL;
 }
 
 /* Describes the run's failure on `what` as a status of `code` and frees `msg`. */
@@ -743,10 +780,13 @@ static oi_status_t *ox_execute(void *state, const oi_request_t *req, const char 
             break;
         }
         in_names[k] = s->inputs[k].name;
+        oi_tensor_t view = *t; /* the tensor as the session sees it */
+        if (s->inputs[k].reshape.ndim >= 0 && (st = reshape_input(s, &s->inputs[k].reshape, t, &view)) != NULL)
+            break;
         char *msg = t->dtype == OI_TYPE_BYTES
-                        ? bytes_value(t, &in_values[k])
+                        ? bytes_value(&view, &in_values[k])
                         : take_status(api->CreateTensorWithDataAsOrtValue(
-                              ort.cpu, t->byte_size ? t->data : empty, t->byte_size, t->shape, (size_t)t->ndim,
+                              ort.cpu, t->byte_size ? t->data : empty, t->byte_size, view.shape, (size_t)view.ndim,
                               s->inputs[k].type, &in_values[k]));
         if (msg != NULL)
             st = run_error(s, OI_BAD_REQUEST, "input", t->name, msg);
@@ -800,6 +840,17 @@ static oi_status_t *ox_execute(void *state, const oi_request_t *req, const char 
         t->dtype = from_onnx(run_io[r]->type);
         char *msg = run_values[r] == NULL ? strdup("no value produced")
                                           : take_output(&run_values[r], run_bufs[r], &owners[r], t);
+        const oi_io_spec_t *d = &run_io[r]->declared;
+        int fixed = d->ndim >= 0;
+        for (int j = s->max_batch_size > 0 ? 1 : 0; j < d->ndim; j++)
+            fixed &= d->dims[j] >= 0;
+        if (msg == NULL && fixed) { /* reported as declared, with the batch as produced */
+            int64_t batch0 = t->ndim > 0 ? t->shape[0] : 1;
+            memcpy(t->shape, d->dims, (size_t)d->ndim * sizeof(int64_t));
+            t->ndim = d->ndim;
+            if (s->max_batch_size > 0 && d->ndim > 0)
+                t->shape[0] = batch0;
+        }
         if (msg != NULL) {
             st = run_error(s, OI_INTERNAL, "output", names[i], msg);
             break;

@@ -51,6 +51,11 @@ typedef struct oi_onnx_spec_s {
     size_t n_gpu_accels;
     const oi_onnx_accel_t *cpu_accels; /* appended on CPU instances */
     size_t n_cpu_accels;
+    /* Per declared input: the shape the session sees past the batch (ndim -1: as sent); per
+     * declared output: the session's shape differs from the declared one (ndim -1: it does
+     * not), and the output is reported in the declared shape. NULL: none. */
+    const oi_io_spec_t *input_reshape;
+    const oi_io_spec_t *output_reshape;
 } oi_onnx_spec_t;
 
 /* Creates one session per instance and returns the state for oi_onnx_backend (which owns

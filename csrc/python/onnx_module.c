@@ -133,6 +133,44 @@ fail:
     return NULL;
 }
 
+/* spec[key]: a list of `n` reshapes (None or a sequence of ints) as a new array (free() it),
+ * or NULL with an exception. */
+static oi_io_spec_t *parse_reshapes(PyObject *spec, const char *key, uint32_t n)
+{
+    PyObject *v = PyDict_GetItemString(spec, key); /* borrowed */
+    oi_io_spec_t *out = calloc(n + 1, sizeof(*out));
+    if (out == NULL)
+        return (oi_io_spec_t *)PyErr_NoMemory();
+    for (uint32_t i = 0; i < n; i++)
+        out[i].ndim = -1;
+    if (v == NULL || v == Py_None)
+        return out;
+    PyObject *fast = PySequence_Fast(v, "onnx spec: reshapes must be a sequence");
+    if (fast != NULL && PySequence_Fast_GET_SIZE(fast) != (Py_ssize_t)n)
+        PyErr_Format(PyExc_ValueError, "onnx spec: '%s' must have %u items", key, n);
+    for (uint32_t i = 0; fast != NULL && !PyErr_Occurred() && i < n; i++) {
+        PyObject *r = PySequence_Fast_GET_ITEM(fast, i);
+        if (r == Py_None)
+            continue;
+        PyObject *dims = PySequence_Fast(r, "onnx spec: a reshape is a sequence of ints or None");
+        if (dims == NULL)
+            break;
+        Py_ssize_t nd = PySequence_Fast_GET_SIZE(dims);
+        if (nd > OI_MAX_DIMS)
+            PyErr_SetString(PyExc_ValueError, "onnx spec: too many dimensions in a reshape");
+        for (Py_ssize_t d = 0; d < nd && !PyErr_Occurred(); d++)
+            out[i].dims[d] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(dims, d));
+        out[i].ndim = (int)nd;
+        Py_DECREF(dims);
+    }
+    Py_XDECREF(fast);
+    if (PyErr_Occurred()) {
+        free(out);
+        return NULL;
+    }
+    return out;
+}
+
 static void free_accels(oi_onnx_accel_t *a, size_t n)
 {
     for (size_t i = 0; a && i < n; i++) {
@@ -153,6 +191,7 @@ void *oi_py_onnx_state(oi_model_t *m, PyObject *spec, char **load_error)
     int *devices = NULL;
     size_t n_gpu = 0, n_cpu = 0;
     oi_onnx_accel_t *gpu = NULL, *cpu = NULL;
+    oi_io_spec_t *in_reshape = NULL, *out_reshape = NULL;
     PyObject *path_o = PyDict_GetItemString(spec, "path");
     const char *path = path_o ? PyUnicode_AsUTF8(path_o) : NULL;
     PyObject *devs = PyDict_GetItemString(spec, "devices");
@@ -174,7 +213,9 @@ void *oi_py_onnx_state(oi_model_t *m, PyObject *spec, char **load_error)
     for (Py_ssize_t i = 0; i < n_dev; i++)
         devices[i] = (int)PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
     if (PyErr_Occurred() || (gpu = parse_accels(spec, "gpu_accelerators", &n_gpu)) == NULL ||
-        (cpu = parse_accels(spec, "cpu_accelerators", &n_cpu)) == NULL)
+        (cpu = parse_accels(spec, "cpu_accelerators", &n_cpu)) == NULL ||
+        (in_reshape = parse_reshapes(spec, "input_reshape", m->n_inputs)) == NULL ||
+        (out_reshape = parse_reshapes(spec, "output_reshape", m->n_outputs)) == NULL)
         goto done;
     oi_onnx_spec_t os = {
         .path = path,
@@ -188,6 +229,8 @@ void *oi_py_onnx_state(oi_model_t *m, PyObject *spec, char **load_error)
         .n_gpu_accels = n_gpu,
         .cpu_accels = cpu,
         .n_cpu_accels = n_cpu,
+        .input_reshape = in_reshape,
+        .output_reshape = out_reshape,
     };
     if (PyErr_Occurred())
         goto done;
@@ -202,5 +245,7 @@ done:
     free(devices);
     free_accels(gpu, n_gpu);
     free_accels(cpu, n_cpu);
+    free(in_reshape);
+    free(out_reshape);
     return state;
 }
