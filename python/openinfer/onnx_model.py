@@ -78,7 +78,10 @@ def library_path() -> str:
     given = os.environ.get(LIBRARY_ENV)
     if given:
         return given
-    spec = importlib.util.find_spec("onnxruntime")
+    try:
+        spec = importlib.util.find_spec("onnxruntime")
+    except (ImportError, ValueError):  # a broken or deliberately hidden package
+        spec = None
     locations = list(spec.submodule_search_locations or []) if spec else []
     found: list[Path] = []
     for location in locations:
@@ -150,14 +153,14 @@ def load_onnx(name: str, version: int, path: Path, config: ModelConfig | None) -
         inputs = [Tensor(t.name, t.datatype, [*batch, *t.dims]) for t in config.inputs]
         input_reshape = [_reshape(t, model_in[t.name]) for t in config.inputs]
     else:
-        inputs = [_auto_tensor(t, max_batch_size) for t in described["inputs"]]
+        inputs = [_auto_tensor(t) for t in described["inputs"]]
         input_reshape = [None] * len(inputs)
     if config.outputs:
         _check_tensors(name, "output", config.outputs, model_out, max_batch_size)
         outputs = [Tensor(t.name, t.datatype, [*batch, *t.dims]) for t in config.outputs]
         output_reshape = [_reshape(t, model_out[t.name]) for t in config.outputs]
     else:
-        outputs = [_auto_tensor(t, max_batch_size) for t in described["outputs"]]
+        outputs = [_auto_tensor(t) for t in described["outputs"]]
         output_reshape = [None] * len(outputs)
     missing = [n for n in model_in if n not in {t.name for t in inputs}]
     if missing:
@@ -203,7 +206,7 @@ def _complete_max_batch(name: str, config: ModelConfig, described: dict[str, Any
     return max_batch_size, max_batch_size > 1
 
 
-def _auto_tensor(t: dict[str, Any], max_batch_size: int) -> Tensor:
+def _auto_tensor(t: dict[str, Any]) -> Tensor:
     shape = t["shape"]
     return Tensor(t["name"], t["datatype"], None if shape is None else list(shape))
 

@@ -192,7 +192,8 @@ def _load_version(
         names = ["model.onnx"] if backend in _ONNX_BACKENDS else [*names, "model.onnx"]
         found = [version_dir / n for n in names if (version_dir / n).is_file()]
         if not found:
-            raise _LoadError(f"{version_dir} holds no {' or '.join(names)}")
+            listed = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+            raise _LoadError(f"{version_dir} holds no {listed}")
         path = found[0]
     if path.suffix == ".py":
         if not allow_python:
