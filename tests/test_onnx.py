@@ -244,13 +244,14 @@ def _close_clients() -> Iterator[None]:
 def infer(server: openinfer.Server, protocol: str, model: str, inputs: dict[str, tuple[str, np.ndarray]],
           outputs: list[str] | None = None, *, fresh: bool = False) -> Any:  # fmt: skip
     """tritonclient's infer over `protocol`; BF16 goes as float32 (tritonclient's convention).
-    One client per server and protocol, kept for the module (tritonclient.http's gevent pool
-    must be used and closed on the thread that made it); `fresh`: a gRPC client of its own,
-    for other threads."""
+    The module's server gets one client per protocol, kept for the module (tritonclient.http's
+    gevent pool must be used and closed on the thread that made it); `fresh`: a client of its
+    own, closed at once (for other servers, and gRPC from other threads)."""
     mod = httpclient if protocol == "http" else grpcclient
-    client = grpc_client(server) if fresh else _clients.get((id(server), protocol))
+    make = http_client if protocol == "http" else grpc_client
+    client = make(server) if fresh else _clients.get((id(server), protocol))
     if client is None:
-        client = _clients[id(server), protocol] = http_client(server) if protocol == "http" else grpc_client(server)
+        client = _clients[id(server), protocol] = make(server)
     ins = []
     for name, (datatype, x) in inputs.items():
         i = mod.InferInput(name, list(x.shape), datatype)
@@ -521,7 +522,7 @@ def test_kind_gpu_runs_on_cuda(tmp_path: Path) -> None:
     save(tmp_path, "add_sub", add_sub("N"), ADD_SUB_CONFIG.format(dims=16, extra="").replace("KIND_CPU", "KIND_GPU"))
     with openinfer.serve(tmp_path, http_port=0, grpc_port=None, log=False) as srv:
         a = np.arange(32, dtype=np.int32).reshape(2, 16)
-        result = infer(srv, "http", "add_sub", {"INPUT0": ("INT32", a), "INPUT1": ("INT32", a)})
+        result = infer(srv, "http", "add_sub", {"INPUT0": ("INT32", a), "INPUT1": ("INT32", a)}, fresh=True)
         np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a * 2)
         config = requests.get(f"{srv.url}/v2/models/add_sub/config", timeout=10).json()
         assert config["instance_group"][0]["kind"] == "KIND_GPU"
@@ -541,6 +542,55 @@ def test_kind_gpu_without_cuda_is_unavailable(tmp_path: Path) -> None:
         assert "pip install onnxruntime-gpu" in index[0]["reason"]
 
 
+# ---- models sent with a load request -------------------------------------------------------------
+
+
+def external_weights(location: str) -> Any:
+    """Y = Identity(W) where W's 4 bytes are external data at `location`."""
+    w = T()
+    w.name, w.data_type = "W", T.UINT8
+    w.dims.extend([4])
+    w.data_location = T.EXTERNAL
+    for key, value in (("location", location), ("offset", "0"), ("length", "4")):
+        entry = w.external_data.add()
+        entry.key, entry.value = key, value
+    return helper.make_graph([helper.make_node("Identity", ["W"], ["Y"])], "ext", [], [io("Y", T.UINT8, [4])], [w])
+
+
+def test_load_from_files_over_http_and_grpc(tmp_path: Path) -> None:
+    made = tmp_path / "made"
+    save(made, "add_sub", add_sub("N"))
+    save(made, "weights", external_weights("w.bin"))
+    save(made, "escape", external_weights("../../../../../../etc/hostname"))
+    model = (made / "add_sub" / "1" / "model.onnx").read_bytes()
+    config = json.dumps({"platform": "onnxruntime_onnx", "max_batch_size": 2})
+    (tmp_path / "repo").mkdir()
+    with openinfer.serve(tmp_path / "repo", http_port=0, grpc_port=0, model_control_mode="explicit", log=False) as srv:
+        http, grpc = http_client(srv), grpc_client(srv)
+        try:
+            a = np.arange(32, dtype=np.int32).reshape(2, 16)
+            http.load_model("add_sub", config=config, files={"file:1/model.onnx": model})
+            result = infer(srv, "http", "add_sub", {"INPUT0": ("INT32", a), "INPUT1": ("INT32", a)}, fresh=True)
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a * 2)
+            assert http.get_model_config("add_sub")["max_batch_size"] == 2
+            grpc.load_model("add_sub", config=config, files={"file:2/model.onnx": model})
+            assert http.is_model_ready("add_sub", "2") and not http.is_model_ready("add_sub", "1")
+            # External data beside the model is read; a path out of the model's directory is not.
+            weights = (made / "weights" / "1" / "model.onnx").read_bytes()
+            http.load_model("weights", config="{}", files={"file:1/model.onnx": weights, "file:1/w.bin": b"abcd"})
+            got = infer(srv, "grpc", "weights", {}, fresh=True).as_numpy("Y")
+            np.testing.assert_array_equal(got, np.frombuffer(b"abcd", np.uint8))
+            escape = (made / "escape" / "1" / "model.onnx").read_bytes()
+            with pytest.raises(Exception, match="(?i)external data"):
+                http.load_model("escape", config="{}", files={"file:1/model.onnx": escape})
+            assert not http.is_model_ready("escape")
+            http.unload_model("add_sub")
+            assert not http.is_model_ready("add_sub")
+        finally:
+            http.close()
+            grpc.close()
+
+
 # ---- the example model ----------------------------------------------------------------------------
 
 
@@ -549,7 +599,7 @@ def test_example_model_equals_onnxruntime_and_the_torchscript_mlp() -> None:
     x = np.random.default_rng(7).standard_normal((6, 16)).astype(np.float32)
     with openinfer.serve(openinfer.examples_path(), http_port=0, grpc_port=0, log=False) as srv:
         for protocol in ("http", "grpc"):
-            got = infer(srv, protocol, "mlp_onnx", {"INPUT__0": ("FP32", x)}).as_numpy("OUTPUT__0")
+            got = infer(srv, protocol, "mlp_onnx", {"INPUT__0": ("FP32", x)}, fresh=True).as_numpy("OUTPUT__0")
             np.testing.assert_array_equal(got, reference(str(path), {"INPUT__0": x}, "FP32")["OUTPUT__0"])
             torch = pytest.importorskip("torch")
         scripted = torch.jit.load(str(openinfer.examples_path() / "mlp" / "1" / "model.pt"))
