@@ -303,6 +303,10 @@ def test_json_requests_and_responses(server: openinfer.Server) -> None:
     r = requests.post(f"{server.url}/v2/models/rev_bytes/infer", json=body, timeout=30)
     assert r.status_code == 200, r.text
     assert {o["name"]: o["data"] for o in r.json()["outputs"]}["OUTPUT0"] == words[::-1]
+    body = {"inputs": [{"name": "INPUT0", "datatype": "BYTES", "shape": [2, 4], "data": [""] * 8}]}
+    r = requests.post(f"{server.url}/v2/models/rev_bytes/infer", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    assert [o["data"] for o in r.json()["outputs"]] == [[""] * 8, [""] * 8]
 
 
 def test_requested_outputs_only(server: openinfer.Server) -> None:

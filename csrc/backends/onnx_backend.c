@@ -23,12 +23,18 @@ static struct {
     unsigned api_version;
     const char *version;
     OrtEnv *env;
-    OrtMemoryInfo *cpu;       /* where request inputs and preallocated outputs live */
-    OrtAllocator *allocator;  /* ONNX Runtime's default CPU allocator (string tensors) */
+    OrtMemoryInfo *cpu;      /* where request inputs and preallocated outputs live */
+    OrtAllocator *allocator; /* ONNX Runtime's default CPU allocator (string tensors) */
 } ort;
 
-const char *oi_onnx_version(void) { return ort.version; }
-unsigned oi_onnx_api_version(void) { return ort.api_version; }
+const char *oi_onnx_version(void)
+{
+    return ort.version;
+}
+unsigned oi_onnx_api_version(void)
+{
+    return ort.api_version;
+}
 
 /* Takes an OrtStatus: a new malloc'd message, or NULL when there was none (success). */
 static char *take_status(OrtStatus *st)
@@ -279,8 +285,7 @@ static OrtSession *session_new(const oi_onnx_spec_t *spec, int device, char **er
     if (*err == NULL)
         *err = take_status(api->SetSessionGraphOptimizationLevel(so, (GraphOptimizationLevel)spec->graph_level));
     if (*err == NULL)
-        *err = take_status(
-            api->SetSessionExecutionMode(so, spec->execution_mode ? ORT_PARALLEL : ORT_SEQUENTIAL));
+        *err = take_status(api->SetSessionExecutionMode(so, spec->execution_mode ? ORT_PARALLEL : ORT_SEQUENTIAL));
     if (*err == NULL && spec->intra_op_threads > 0)
         *err = take_status(api->SetIntraOpNumThreads(so, spec->intra_op_threads));
     if (*err == NULL && spec->inter_op_threads > 0)
@@ -322,10 +327,10 @@ static int describe_io(oi_sbuf_t *b, const char *key, const ox_io_t *io, size_t 
     int ok = oi_sbuf_printf(b, "\"%s\":[", key) == 0;
     for (size_t i = 0; ok && i < n; i++) {
         oi_dtype_t dt = io[i].kind == ONNX_TYPE_TENSOR ? from_onnx(io[i].type) : OI_TYPE_INVALID;
-        ok = oi_sbuf_printf(b, "%s{\"name\":", i ? "," : "") == 0 && append_json_string(b, io[i].name) == 0 &&
-             oi_sbuf_printf(b, ",\"datatype\":\"%s\",\"onnx_type\":%d,\"kind\":\"%s\",\"shape\":",
-                            dt == OI_TYPE_INVALID ? "" : oi_dtype_name(dt), (int)io[i].type,
-                            kind_name(io[i].kind)) == 0;
+        ok =
+            oi_sbuf_printf(b, "%s{\"name\":", i ? "," : "") == 0 && append_json_string(b, io[i].name) == 0 &&
+            oi_sbuf_printf(b, ",\"datatype\":\"%s\",\"onnx_type\":%d,\"kind\":\"%s\",\"shape\":",
+                           dt == OI_TYPE_INVALID ? "" : oi_dtype_name(dt), (int)io[i].type, kind_name(io[i].kind)) == 0;
         if (ok && io[i].ndim < 0) {
             ok = oi_sbuf_printf(b, "null}") == 0;
             continue;
@@ -569,8 +574,8 @@ static char *bytes_value(const oi_tensor_t *t, OrtValue **out)
     int64_t count = 0;
     if (oi_shape_elements(t->shape, t->ndim, &count) != 0)
         return strdup("bad shape");
-    char *msg = take_status(
-        api->CreateTensorAsOrtValue(ort.allocator, t->shape, (size_t)t->ndim, ONNX_TENSOR_ELEMENT_DATA_TYPE_STRING, out));
+    char *msg = take_status(api->CreateTensorAsOrtValue(ort.allocator, t->shape, (size_t)t->ndim,
+                                                        ONNX_TENSOR_ELEMENT_DATA_TYPE_STRING, out));
     const unsigned char *p = (const unsigned char *)t->data;
     for (int64_t i = 0; i < count && msg == NULL; i++) {
         uint32_t len = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
@@ -664,8 +669,8 @@ static oi_buf_t *preallocate(const ox_state_t *s, const ox_io_t *o, int64_t batc
     if (b == NULL)
         return NULL;
     b->len = bytes;
-    OrtStatus *st = ort.api->CreateTensorWithDataAsOrtValue(ort.cpu, b->data, bytes, shape, (size_t)o->ndim, o->type,
-                                                            value);
+    OrtStatus *st =
+        ort.api->CreateTensorWithDataAsOrtValue(ort.cpu, b->data, bytes, shape, (size_t)o->ndim, o->type, value);
     if (st != NULL) {
         ort.api->ReleaseStatus(st);
         *value = NULL;
@@ -785,9 +790,9 @@ static oi_status_t *ox_execute(void *state, const oi_request_t *req, const char 
             break;
         char *msg = t->dtype == OI_TYPE_BYTES
                         ? bytes_value(&view, &in_values[k])
-                        : take_status(api->CreateTensorWithDataAsOrtValue(
-                              ort.cpu, t->byte_size ? t->data : empty, t->byte_size, view.shape, (size_t)view.ndim,
-                              s->inputs[k].type, &in_values[k]));
+                        : take_status(api->CreateTensorWithDataAsOrtValue(ort.cpu, t->byte_size ? t->data : empty,
+                                                                          t->byte_size, view.shape, (size_t)view.ndim,
+                                                                          s->inputs[k].type, &in_values[k]));
         if (msg != NULL)
             st = run_error(s, OI_BAD_REQUEST, "input", t->name, msg);
     }

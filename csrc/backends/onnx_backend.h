@@ -45,8 +45,8 @@ typedef struct oi_onnx_spec_s {
     int instances;
     int intra_op_threads; /* 0: ONNX Runtime's default */
     int inter_op_threads;
-    int graph_level;      /* a GraphOptimizationLevel */
-    int execution_mode;   /* 0 sequential, 1 parallel */
+    int graph_level;                   /* a GraphOptimizationLevel */
+    int execution_mode;                /* 0 sequential, 1 parallel */
     const oi_onnx_accel_t *gpu_accels; /* appended, in order, before CUDA on GPU instances */
     size_t n_gpu_accels;
     const oi_onnx_accel_t *cpu_accels; /* appended on CPU instances */

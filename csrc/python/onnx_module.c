@@ -39,10 +39,8 @@ static PyObject *onnx_describe(PyObject *self, PyObject *arg)
     if (path == NULL)
         return NULL;
     char *err = NULL, *json;
-    Py_BEGIN_ALLOW_THREADS
-    json = oi_onnx_describe(path, &err);
-    Py_END_ALLOW_THREADS
-    return json_result(json, err);
+    Py_BEGIN_ALLOW_THREADS json = oi_onnx_describe(path, &err);
+    Py_END_ALLOW_THREADS return json_result(json, err);
 }
 
 static PyObject *onnx_providers(PyObject *self, PyObject *noargs)
@@ -89,8 +87,7 @@ static oi_onnx_accel_t *parse_accels(PyObject *spec, const char *key, size_t *n)
     }
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *name = NULL, *params = NULL;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "UO;an accelerator is (name, params)", &name,
-                              &params))
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "UO;an accelerator is (name, params)", &name, &params))
             goto fail;
         out[i].name = PyUnicode_AsUTF8(name);
         PyObject *pf = PySequence_Fast(params, "onnx spec: accelerator parameters must be a sequence");
@@ -234,12 +231,9 @@ void *oi_py_onnx_state(oi_model_t *m, PyObject *spec, char **load_error)
     };
     if (PyErr_Occurred())
         goto done;
-    Py_BEGIN_ALLOW_THREADS
-    state = oi_onnx_backend_state(m->name, &os, m->max_batch_size, m->inputs, m->n_inputs, m->outputs, m->n_outputs,
-                                  load_error);
-    Py_END_ALLOW_THREADS
-    if (state == NULL && *load_error == NULL)
-        PyErr_NoMemory();
+    Py_BEGIN_ALLOW_THREADS state = oi_onnx_backend_state(m->name, &os, m->max_batch_size, m->inputs, m->n_inputs,
+                                                         m->outputs, m->n_outputs, load_error);
+    Py_END_ALLOW_THREADS if (state == NULL && *load_error == NULL) PyErr_NoMemory();
 done:
     Py_XDECREF(fast);
     free(devices);
