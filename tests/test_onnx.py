@@ -159,6 +159,9 @@ def build_repo(repo: Path) -> None:
          'parameters { key: "execution_mode" value: { string_value: "3" } }\n')  # fmt: skip
     save(repo, "bad_accelerator", add_sub("N"), 'platform: "onnxruntime_onnx"\n'
          'optimization { execution_accelerators { cpu_execution_accelerator [ { name: "warp_drive" } ] } }\n')  # fmt: skip
+    save(repo, "no_openvino", add_sub("N"), 'platform: "onnxruntime_onnx"\n'
+         'optimization { execution_accelerators { cpu_execution_accelerator [ { name: "openvino" '
+         'parameters { key: "device_type" value: "CPU" } } ] } }\n')  # fmt: skip
     save(repo, "no_file", add_sub("N"), 'backend: "onnxruntime"\ndefault_model_filename: "absent.onnx"\n')
 
 
@@ -489,6 +492,8 @@ BROKEN = {
     "bad_mode": ["execution_mode are 0 or 1 but got 3"],
     "bad_accelerator": ["unknown accelerator 'warp_drive'"],
     "no_file": ["absent.onnx (default_model_filename) does not exist"],
+    # The accelerator is passed to ONNX Runtime, whose CPU wheel has no OpenVINO provider.
+    "no_openvino": ["execution accelerator 'openvino': OpenVINO execution provider is not supported"],
 }
 
 
