@@ -143,9 +143,11 @@ static oi_io_spec_t *parse_reshapes(PyObject *spec, const char *key, uint32_t n)
     if (v == NULL || v == Py_None)
         return out;
     PyObject *fast = PySequence_Fast(v, "onnx spec: reshapes must be a sequence");
-    if (fast != NULL && PySequence_Fast_GET_SIZE(fast) != (Py_ssize_t)n)
-        PyErr_Format(PyExc_ValueError, "onnx spec: '%s' must have %u items", key, n);
-    for (uint32_t i = 0; fast != NULL && !PyErr_Occurred() && i < n; i++) {
+    /* Tensors past the list (a sequence batcher's controls and states) are not reshaped. */
+    Py_ssize_t given = fast != NULL ? PySequence_Fast_GET_SIZE(fast) : 0;
+    if (given > (Py_ssize_t)n)
+        PyErr_Format(PyExc_ValueError, "onnx spec: '%s' has %zd items for %u tensors", key, given, n);
+    for (uint32_t i = 0; fast != NULL && !PyErr_Occurred() && i < (uint32_t)given; i++) {
         PyObject *r = PySequence_Fast_GET_ITEM(fast, i);
         if (r == Py_None)
             continue;

@@ -28,10 +28,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from . import triton_config
+from . import sequence, triton_config
 from .config import ConfigError, ModelConfig, VersionPolicy, load_config
 from .model import Model, Tensor
 from .onnx_model import ONNX_BACKEND, ONNX_PLATFORM, OnnxLoadError, OnnxModel, OnnxUnavailable, load_onnx
+from .sequence import SequenceBatching
 from .torch_model import TorchLoadError, TorchModel, TorchUnavailable, load_torchscript
 
 _VERSION_DIR = re.compile(r"[0-9]+")
@@ -58,6 +59,7 @@ class LoadedModel:
     model: Model | TorchModel | OnnxModel | None
     error: str | None
     config: dict[str, Any] = field(default_factory=dict)
+    sequence: SequenceBatching | None = None  # the config's sequence_batching, checked
 
 
 class _LoadError(Exception):
@@ -131,15 +133,18 @@ def scan_model(
             raise ConfigError(
                 f"{config_path}: name {config.name!r} differs from the directory name {name!r}"
             )
+        seq = None
         if config is not None:
             source = "the config override" if overridden else str(config_path)
-            refused, warnings = triton_config.unsupported(
-                triton_config.normalize(config.raw, source), source
-            )
+            normalized = triton_config.normalize(config.raw, source)
+            refused, warnings = triton_config.unsupported(normalized, source)
             for warning in warnings:
                 logger.warning("model %s: %s", name, warning)
             if refused:
                 raise ConfigError("; ".join(refused))
+            seq = sequence.parse(
+                normalized, source, model_dir, tuple(t.name for t in config.inputs)
+            )
     except ConfigError as e:
         return [LoadedModel(name, None, None, str(e))]
     raw = config.raw if config else {}
@@ -165,16 +170,17 @@ def scan_model(
         loading(selected)
     for version in selected:
         try:
-            model = _load_version(name, version, versions[version], config, allow_python)
+            model = _load_version(name, version, versions[version], config, allow_python, seq)
         except _LoadError as e:
             loaded.append(failed(version, str(e)))
         else:
-            loaded.append(LoadedModel(name, version, model, None, raw))
+            loaded.append(LoadedModel(name, version, model, None, raw, seq))
     return sorted(loaded, key=lambda m: m.version or 0)
 
 
 def _load_version(
-    name: str, version: int, version_dir: Path, config: ModelConfig | None, allow_python: bool = True
+    name: str, version: int, version_dir: Path, config: ModelConfig | None, allow_python: bool = True,
+    sequence: SequenceBatching | None = None,
 ) -> Model | TorchModel | OnnxModel:
     """Dispatches on the backend the config names, else on the model file present."""
     backend = (config.backend or config.platform) if config else None
@@ -205,15 +211,15 @@ def _load_version(
     if backend in _ONNX_BACKENDS or path.suffix == ".onnx":
         return _load_onnx(name, version, path, config)
     if path.suffix in (".pt", ".pth"):
-        return _load_torchscript(name, version, path, config)
+        return _load_torchscript(name, version, path, config, sequence)
     raise _LoadError(f"{path.name}: unsupported model file (expected model.py or model.pt)")
 
 
 def _load_torchscript(
-    name: str, version: int, path: Path, config: ModelConfig | None
+    name: str, version: int, path: Path, config: ModelConfig | None, sequence: SequenceBatching | None = None
 ) -> TorchModel:
     try:
-        return load_torchscript(name, version, path, config)
+        return load_torchscript(name, version, path, config, sequence)
     except TorchUnavailable as e:
         raise _LoadError(f"{_NO_TORCH}{e}") from None
     except TorchLoadError as e:
