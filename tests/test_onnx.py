@@ -551,6 +551,66 @@ def test_kind_gpu_without_cuda_is_unavailable(tmp_path: Path) -> None:
         assert "pip install onnxruntime-gpu" in index[0]["reason"]
 
 
+# ---- sequence batching ------------------------------------------------------------------------------
+
+
+def accumulator() -> Any:
+    """OUTPUT = INPUT + SUM_IN (0 at START); SUM_OUT = OUTPUT: a running sum kept by the
+    sequence batcher's implicit state."""
+    return helper.make_graph(
+        [
+            helper.make_node("Sub", ["one", "START"], ["carry"]),
+            helper.make_node("Mul", ["SUM_IN", "carry"], ["kept"]),
+            helper.make_node("Add", ["INPUT", "kept"], ["OUTPUT"]),
+            helper.make_node("Identity", ["OUTPUT"], ["SUM_OUT"]),
+        ],
+        "acc",
+        [io(n, T.INT32, ["N", 1]) for n in ("INPUT", "START", "SUM_IN")],
+        [io("OUTPUT", T.INT32, ["N", 1]), io("SUM_OUT", T.INT32, ["N", 1])],
+        [numpy_helper.from_array(np.array([[1]], np.int32), "one")],
+    )
+
+
+def test_sequence_batching_with_implicit_state(tmp_path: Path) -> None:
+    save(tmp_path, "acc", accumulator(), """\
+        platform: "onnxruntime_onnx"
+        max_batch_size: 8
+        sequence_batching {
+          control_input [ { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] } ]
+          state [ { input_name: "SUM_IN" output_name: "SUM_OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        }
+        input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+    """)  # fmt: skip
+    with openinfer.serve(tmp_path, http_port=0, grpc_port=0, log=False) as srv:
+        client = grpc_client(srv)
+        try:
+            sums = {7: 0, 8: 0}
+            for step, (seq, value) in enumerate([(7, 1), (8, 10), (7, 2), (8, 20), (7, 3)]):
+                i = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+                i.set_data_from_numpy(np.array([[value]], np.int32))
+                first = step < 2
+                result = client.infer("acc", [i], sequence_id=seq, sequence_start=first, sequence_end=step >= 3)
+                sums[seq] += value
+                assert int(result.as_numpy("OUTPUT")[0, 0]) == sums[seq]
+        finally:
+            client.close()
+
+
+def test_sequence_batching_needs_declared_tensors(tmp_path: Path) -> None:
+    save(tmp_path, "acc", accumulator(), """\
+        platform: "onnxruntime_onnx"
+        max_batch_size: 8
+        sequence_batching {
+          control_input [ { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] } ]
+        }
+    """)  # fmt: skip
+    with openinfer.serve(tmp_path, http_port=0, grpc_port=None, log=False) as srv:
+        (entry,) = requests.post(f"{srv.url}/v2/repository/index", timeout=10).json()
+        assert entry["state"] == "UNAVAILABLE"
+        assert "sequence_batching needs input and output in config.pbtxt" in entry["reason"]
+
+
 # ---- models sent with a load request -------------------------------------------------------------
 
 

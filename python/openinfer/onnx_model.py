@@ -127,9 +127,11 @@ def describe(path: Path) -> dict[str, Any]:
         raise OnnxLoadError(f"{path}: {e}") from None
 
 
-def load_onnx(name: str, version: int, path: Path, config: ModelConfig | None) -> OnnxModel:
+def load_onnx(name: str, version: int, path: Path, config: ModelConfig | None, sequence: Any = None) -> OnnxModel:
     """Reads the model's metadata (opening it once on the CPU), checks the config against it
-    or completes the config from it, and makes the spec. Raises OnnxLoadError."""
+    or completes the config from it, and makes the spec. With `sequence` (a
+    sequence.SequenceBatching) the model also takes its control and state inputs and gives its
+    state outputs, which the core declares and checks against the model. Raises OnnxLoadError."""
     ensure_runtime()
     described = describe(path)
     model_in = {t["name"]: t for t in described["inputs"]}
@@ -141,6 +143,8 @@ def load_onnx(name: str, version: int, path: Path, config: ModelConfig | None) -
                 "which has no V2 datatype"
             )
     config = config or ModelConfig()
+    if sequence is not None and not (config.inputs and config.outputs):
+        raise OnnxLoadError(f"{path}: sequence_batching needs input and output in config.pbtxt")
     max_batch_size = config.max_batch_size
     dynamic_batching = config.dynamic_batching
     if not config.inputs or not config.outputs:
@@ -162,7 +166,8 @@ def load_onnx(name: str, version: int, path: Path, config: ModelConfig | None) -
     else:
         outputs = [_auto_tensor(t) for t in described["outputs"]]
         output_reshape = [None] * len(outputs)
-    missing = [n for n in model_in if n not in {t.name for t in inputs}]
+    batcher_in = {c[0] for c in sequence.controls} | {s[0] for s in sequence.states} if sequence else set()
+    missing = [n for n in model_in if n not in {t.name for t in inputs} | batcher_in]
     if missing:
         raise OnnxLoadError(
             f"unable to load model '{name}', configuration expects {len(inputs)} inputs, model "

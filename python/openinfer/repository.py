@@ -209,7 +209,7 @@ def _load_version(
             )
         return _load_python(name, version, path, config)
     if backend in _ONNX_BACKENDS or path.suffix == ".onnx":
-        return _load_onnx(name, version, path, config)
+        return _load_onnx(name, version, path, config, sequence)
     if path.suffix in (".pt", ".pth"):
         return _load_torchscript(name, version, path, config, sequence)
     raise _LoadError(f"{path.name}: unsupported model file (expected model.py or model.pt)")
@@ -228,9 +228,11 @@ def _load_torchscript(
         raise _LoadError(f"{path}: {e}") from None
 
 
-def _load_onnx(name: str, version: int, path: Path, config: ModelConfig | None) -> OnnxModel:
+def _load_onnx(
+    name: str, version: int, path: Path, config: ModelConfig | None, sequence: SequenceBatching | None = None
+) -> OnnxModel:
     try:
-        return load_onnx(name, version, path, config)
+        return load_onnx(name, version, path, config, sequence)
     except OnnxUnavailable as e:
         raise _LoadError(f"{_NO_ONNX}{e}") from None
     except OnnxLoadError as e:
