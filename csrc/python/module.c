@@ -7,9 +7,11 @@
 #include <structmember.h>
 
 #include "backends/python_backend.h"
+#include "backends/onnx_backend.h"
 #include "backends/torch_backend.h"
 #include "python/bridge.h"
 #include "python/client.h"
+#include "python/onnx_module.h"
 #include "python/torch_module.h"
 #include "server/server.h"
 #include "transport/loop.h"
@@ -805,18 +807,18 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
                              "handler",   "instances",        "error",
                              "torch",     "dynamic_batching", "config_json",
                              "config_pb", "publish",          "sequence_batching",
-                             "decoupled", NULL};
+                             "decoupled", "onnx",             NULL};
     const char *name, *error = NULL;
     long long version;
     PyObject *inputs = NULL, *outputs = NULL, *handler = NULL, *torch = Py_None, *batching = Py_None,
-             *sequence = Py_None;
+             *sequence = Py_None, *onnx = Py_None;
     int max_batch = 0, instances = 1, publish = 1, decoupled = 0;
     Py_buffer meta = {0}, cfg_json = {0}, cfg_pb = {0};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOOy*y*pOp", kwlist, &name, &version, &inputs, &outputs,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOOy*y*pOpO", kwlist, &name, &version, &inputs, &outputs,
                                      &max_batch, &meta, &handler, &instances, &error, &torch, &batching, &cfg_json,
-                                     &cfg_pb, &publish, &sequence, &decoupled))
+                                     &cfg_pb, &publish, &sequence, &decoupled, &onnx))
         return NULL;
-    if (handler == NULL && torch != Py_None)
+    if (handler == NULL && (torch != Py_None || onnx != Py_None))
         handler = Py_None;
     if (inputs == NULL || outputs == NULL || handler == NULL || meta.buf == NULL) {
         PyErr_SetString(PyExc_TypeError, "add_model() needs inputs, outputs, metadata_json and handler");
@@ -860,7 +862,7 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         batch.max_queue_delay_us = delay;
     }
     batch.ignore_parameters = sequence != Py_None; /* each request names its own sequence */
-    if (handler == Py_None && error == NULL && torch == Py_None) {
+    if (handler == Py_None && error == NULL && torch == Py_None && onnx == Py_None) {
         PyErr_Format(PyExc_ValueError, "model '%s': a model without a handler needs an error reason", name);
         goto done;
     }
@@ -878,7 +880,7 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         PyErr_NoMemory();
         goto done;
     }
-    if (decoupled && (torch != Py_None || batching != Py_None)) {
+    if (decoupled && (torch != Py_None || onnx != Py_None || batching != Py_None)) {
         PyErr_Format(PyExc_ValueError, "model '%s': only a Python model without dynamic batching can be decoupled",
                      name);
         goto done;
@@ -891,9 +893,11 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         PyErr_NoMemory();
         goto done;
     }
-    if (torch != Py_None && error == NULL) {
+    if ((torch != Py_None || onnx != Py_None) && error == NULL) {
+        /* A native backend: TorchScript through the shim, or ONNX Runtime. */
+        const oi_backend_t *backend = torch != Py_None ? &oi_torch_backend : &oi_onnx_backend;
         char *terr = NULL, err[256];
-        /* forward() also takes the sequence batcher's controls and states: the backend is
+        /* The model also takes the sequence batcher's controls and states: the backend is
          * made for a copy of the model that declares them. */
         oi_model_t seen = *m;
         oi_io_spec_t *ins = with_sequence_tensors(sequence, m->inputs, &seen.n_inputs, 0);
@@ -904,7 +908,7 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         }
         seen.inputs = ins;
         seen.outputs = outs;
-        m->state = oi_py_torch_state(&seen, torch, &terr);
+        m->state = torch != Py_None ? oi_py_torch_state(&seen, torch, &terr) : oi_py_onnx_state(&seen, onnx, &terr);
         free(ins);
         free(outs);
         if (m->state == NULL && terr == NULL)
@@ -915,8 +919,8 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
             if (load_error == NULL)
                 goto done;
         } else {
-            m->backend = &oi_torch_backend;
-            m->sched = oi_scheduler_new_batching(&oi_torch_backend, m->state, instances, &batch, err, sizeof(err));
+            m->backend = backend;
+            m->sched = oi_scheduler_new_batching(backend, m->state, instances, &batch, err, sizeof(err));
             if (m->sched == NULL) {
                 PyErr_Format(PyExc_RuntimeError, "model '%s': %s", name, err);
                 goto done;
@@ -1220,7 +1224,8 @@ PyMODINIT_FUNC PyInit__core(void)
         PyModule_AddObjectRef(m, "HttpConnection", (PyObject *)&oi_py_conn_type) < 0 ||
         PyModule_AddObjectRef(m, "GrpcConnection", (PyObject *)&oi_py_grpc_conn_type) < 0 ||
         PyModule_AddObjectRef(m, "GrpcStream", (PyObject *)&oi_py_grpc_stream_type) < 0 ||
-        PyModule_AddFunctions(m, peer_functions) < 0 || PyModule_AddStringConstant(m, "__version__", OI_VERSION) < 0) {
+        PyModule_AddFunctions(m, peer_functions) < 0 || PyModule_AddFunctions(m, oi_py_onnx_functions) < 0 ||
+        PyModule_AddStringConstant(m, "__version__", OI_VERSION) < 0) {
         Py_DECREF(m);
         return NULL;
     }

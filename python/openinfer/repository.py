@@ -32,14 +32,18 @@ from typing import Any
 from . import sequence, triton_config
 from .config import ConfigError, ModelConfig, VersionPolicy, load_config
 from .model import Model, Tensor
+from .onnx_model import ONNX_BACKEND, ONNX_PLATFORM, OnnxLoadError, OnnxModel, OnnxUnavailable, load_onnx
 from .sequence import SequenceBatching
 from .torch_model import TorchLoadError, TorchModel, TorchUnavailable, load_torchscript
 
 _VERSION_DIR = re.compile(r"[0-9]+")
 _PYTHON_BACKENDS = {"python"}
 _TORCH_BACKENDS = {"pytorch", "pytorch_libtorch"}
+_ONNX_BACKENDS = {ONNX_BACKEND, ONNX_PLATFORM}
 _module_ids = itertools.count()
 _NO_TORCH = "torch unavailable: "
+_NO_ONNX = "onnxruntime unavailable: "
+_NOT_INSTALLED = (_NO_TORCH, _NO_ONNX)  # reasons the bundled examples leave a model out for
 logger = logging.getLogger("openinfer")
 
 
@@ -53,7 +57,7 @@ class LoadedModel:
 
     name: str
     version: int | None
-    model: Model | TorchModel | None
+    model: Model | TorchModel | OnnxModel | None
     error: str | None
     config: dict[str, Any] = field(default_factory=dict)
     sequence: SequenceBatching | None = None  # the config's sequence_batching, checked
@@ -91,7 +95,7 @@ def scan(repo: str | os.PathLike[str], *, optional_torch: bool = False) -> list[
             try:
                 found = _scan_model(model_dir)
                 if optional_torch:
-                    found = [m for m in found if m.error is None or not m.error.startswith(_NO_TORCH)]
+                    found = [m for m in found if m.error is None or not m.error.startswith(_NOT_INSTALLED)]
                 loaded.extend(found)
             except OSError as e:  # an unreadable directory fails its model only
                 loaded.append(LoadedModel(model_dir.name, None, None, f"{model_dir}: {e}"))
@@ -178,12 +182,13 @@ def scan_model(
 def _load_version(
     name: str, version: int, version_dir: Path, config: ModelConfig | None, allow_python: bool = True,
     sequence: SequenceBatching | None = None,
-) -> Model | TorchModel:
+) -> Model | TorchModel | OnnxModel:
     """Dispatches on the backend the config names, else on the model file present."""
     backend = (config.backend or config.platform) if config else None
-    if backend and backend not in _PYTHON_BACKENDS | _TORCH_BACKENDS:
+    if backend and backend not in _PYTHON_BACKENDS | _TORCH_BACKENDS | _ONNX_BACKENDS:
         raise _LoadError(
-            f"backend {backend!r} is not supported (openinfer serves python and pytorch models)"
+            f"backend {backend!r} is not supported (openinfer serves python, pytorch and "
+            "onnxruntime models)"
         )
     if config and config.default_model_filename:
         path = version_dir / config.default_model_filename
@@ -191,9 +196,11 @@ def _load_version(
             raise _LoadError(f"{path} (default_model_filename) does not exist")
     else:
         names = ["model.pt", "model.py"] if backend in _TORCH_BACKENDS else ["model.py", "model.pt"]
+        names = ["model.onnx"] if backend in _ONNX_BACKENDS else [*names, "model.onnx"]
         found = [version_dir / n for n in names if (version_dir / n).is_file()]
         if not found:
-            raise _LoadError(f"{version_dir} holds no model.py or model.pt")
+            listed = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+            raise _LoadError(f"{version_dir} holds no {listed}")
         path = found[0]
     if path.suffix == ".py":
         if not allow_python:
@@ -202,6 +209,8 @@ def _load_version(
                 "execute as the server's own code); put Python models in the model repository"
             )
         return _load_python(name, version, path, config)
+    if backend in _ONNX_BACKENDS or path.suffix == ".onnx":
+        return _load_onnx(name, version, path, config, sequence)
     if path.suffix in (".pt", ".pth"):
         return _load_torchscript(name, version, path, config, sequence)
     raise _LoadError(f"{path.name}: unsupported model file (expected model.py or model.pt)")
@@ -216,6 +225,19 @@ def _load_torchscript(
         raise _LoadError(f"{_NO_TORCH}{e}") from None
     except TorchLoadError as e:
         raise _LoadError(f"{path}: {e}" if str(path) not in str(e) else str(e)) from None
+    except (TypeError, ValueError) as e:
+        raise _LoadError(f"{path}: {e}") from None
+
+
+def _load_onnx(
+    name: str, version: int, path: Path, config: ModelConfig | None, sequence: SequenceBatching | None = None
+) -> OnnxModel:
+    try:
+        return load_onnx(name, version, path, config, sequence)
+    except OnnxUnavailable as e:
+        raise _LoadError(f"{_NO_ONNX}{e}") from None
+    except OnnxLoadError as e:
+        raise _LoadError(str(e)) from None
     except (TypeError, ValueError) as e:
         raise _LoadError(f"{path}: {e}") from None
 
