@@ -11,6 +11,7 @@
 #include "python/bridge.h"
 #include "python/client.h"
 #include "python/torch_module.h"
+#include "server/classify.h"
 #include "server/server.h"
 #include "transport/loop.h"
 #include "transport/peer.h"
@@ -670,19 +671,51 @@ static oi_buf_t *buf_copy(const Py_buffer *b)
     return out;
 }
 
+/* add_model's labels: {output name: the bytes of its label file}. Returns 0, or -1 with an
+ * exception set. */
+static int set_labels(oi_model_t *m, PyObject *labels)
+{
+    if (!PyDict_Check(labels)) {
+        PyErr_SetString(PyExc_TypeError, "labels must be a dict of output name to bytes");
+        return -1;
+    }
+    if (PyDict_Size(labels) == 0)
+        return 0;
+    if ((m->labels = calloc(m->n_outputs ? m->n_outputs : 1, sizeof(*m->labels))) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (uint32_t i = 0; i < m->n_outputs; i++) {
+        PyObject *text = PyDict_GetItemString(labels, m->outputs[i].name); /* borrowed */
+        if (text == NULL)
+            continue;
+        if (!PyBytes_Check(text)) {
+            PyErr_Format(PyExc_TypeError, "labels of output '%s' must be bytes", m->outputs[i].name);
+            return -1;
+        }
+        m->labels[i] = oi_labels_parse(PyBytes_AS_STRING(text), (size_t)PyBytes_GET_SIZE(text));
+        if (m->labels[i] == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"name",      "version",   "inputs", "outputs", "max_batch_size",   "metadata_json",
                              "handler",   "instances", "error",  "torch",   "dynamic_batching", "config_json",
-                             "config_pb", "publish",   NULL};
+                             "config_pb", "publish",   "labels", NULL};
     const char *name, *error = NULL;
     long long version;
     PyObject *inputs = NULL, *outputs = NULL, *handler = NULL, *torch = Py_None, *batching = Py_None;
+    PyObject *labels = Py_None;
     int max_batch = 0, instances = 1, publish = 1;
     Py_buffer meta = {0}, cfg_json = {0}, cfg_pb = {0};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOOy*y*p", kwlist, &name, &version, &inputs, &outputs,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOOy*y*pO", kwlist, &name, &version, &inputs, &outputs,
                                      &max_batch, &meta, &handler, &instances, &error, &torch, &batching, &cfg_json,
-                                     &cfg_pb, &publish))
+                                     &cfg_pb, &publish, &labels))
         return NULL;
     if (handler == NULL && torch != Py_None)
         handler = Py_None;
@@ -752,6 +785,8 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         PyErr_NoMemory();
         goto done;
     }
+    if (labels != Py_None && set_labels(m, labels) != 0)
+        goto done;
     if (torch != Py_None && error == NULL) {
         char *terr = NULL, err[256];
         m->state = oi_py_torch_state(m, torch, &terr);

@@ -21,6 +21,8 @@ struct oi_infer_s {
     oi_model_t *model;         /* one reference, from submit on */
     oi_request_t req;          /* the transport's decoded request */
     const char **output_names; /* what to produce, in response order */
+    uint32_t *class_counts;    /* per output: its top-k classes instead of the tensor when > 0
+                                * (the classification extension); NULL: none asked */
     oi_infer_done_cb done;
     void *ctx;                  /* the transport's */
     oi_shm_t *shm;              /* borrowed: the server's regions; set by the transport before

@@ -1,5 +1,7 @@
 #include "server/registry.h"
 
+#include "server/classify.h"
+
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,6 +65,9 @@ void oi_model_unref(oi_model_t *m)
     free_specs(m->inputs, m->n_inputs);
     free_specs(m->outputs, m->n_outputs);
     free(m->output_names);
+    for (uint32_t i = 0; m->labels != NULL && i < m->n_outputs; i++)
+        oi_labels_free(m->labels[i]);
+    free(m->labels);
     oi_buf_unref(m->metadata);
     oi_buf_unref(m->config_json);
     oi_buf_unref(m->config_pb);

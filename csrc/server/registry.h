@@ -23,6 +23,8 @@ typedef struct oi_model_s {
     oi_io_spec_t *outputs;
     uint32_t n_outputs;
     const char **output_names; /* outputs[i].name, for requests that name none */
+    struct oi_labels_s **labels; /* per output, its label file's lines (NULL: none); NULL when no
+                                  * output has one. Owned; immutable once published */
     oi_buf_t *metadata;        /* the model metadata JSON body */
     oi_buf_t *config_json;     /* the model configuration in Triton's JSON; NULL when unknown */
     oi_buf_t *config_pb;       /* the same as a serialized inference.ModelConfig; NULL likewise */

@@ -395,6 +395,7 @@ class ModelControl:
                 dynamic_batching=_batching(model.max_batch_size, model.dynamic_batching),
                 **runs,
                 **_model_config(entry),
+                labels=entry.labels,
                 publish=False,
             )
         platform = entry.config.get("platform") or entry.config.get("backend")
