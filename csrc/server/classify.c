@@ -133,8 +133,6 @@ static void sort_indices(uint32_t *idx, uint32_t *tmp, uint32_t n, before_fn bef
         uint32_t *swap = src;
         src = dst;
         dst = swap;
-        if (width > UINT32_MAX / 2)
-            break;
     }
     if (src != idx)
         memcpy(idx, src, (size_t)n * sizeof(*idx));
@@ -172,55 +170,121 @@ static int append_class(oi_sbuf_t *out, oi_dtype_t dt, const char *elem, uint32_
     char text[400];
     int n = format_score(text, sizeof(text), dt, elem);
     n += snprintf(text + n, sizeof(text) - (size_t)n, ":%u", index);
-    uint32_t label_len = labels != NULL && index < labels->n ? labels->len[index] : 0;
+    uint32_t label_len;
+    const char *label = oi_labels_get(labels, index, &label_len);
     uint32_t total = (uint32_t)n + (label_len ? label_len + 1 : 0);
     uint8_t prefix[4] = {(uint8_t)total, (uint8_t)(total >> 8), (uint8_t)(total >> 16), (uint8_t)(total >> 24)};
     if (oi_sbuf_append(out, prefix, 4) != 0 || oi_sbuf_append(out, text, (size_t)n) != 0)
         return -1;
-    if (label_len && (oi_sbuf_append(out, ":", 1) != 0 || oi_sbuf_append(out, labels->line[index], label_len) != 0))
+    if (label_len && (oi_sbuf_append(out, ":", 1) != 0 || oi_sbuf_append(out, label, label_len) != 0))
         return -1;
     return 0;
 }
 
-oi_status_t *oi_classify(oi_tensor_t *t, int batched, uint32_t k, const oi_labels_t *labels)
+oi_status_t *oi_classify_rank(const oi_tensor_t *t, int batched, uint32_t k, oi_topk_t *out)
 {
+    memset(out, 0, sizeof(*out));
     oi_status_t *st = oi_classify_check_dtype(t->dtype, t->name);
     if (st != NULL)
         return st;
     size_t esize = oi_dtype_size(t->dtype);
     /* Triton takes dimension 0 as the batch of a batching model's output, and the whole
-     * tensor as one row otherwise. */
-    int64_t rows = batched && t->ndim > 0 ? t->shape[0] : 0;
+     * tensor as one row otherwise (or when that dimension is 0). */
+    int64_t batch = batched && t->ndim > 0 ? t->shape[0] : 0;
     uint64_t row_elems = 1;
-    for (int d = rows > 0 ? 1 : 0; d < t->ndim; d++)
+    for (int d = batch > 0 ? 1 : 0; d < t->ndim; d++)
         row_elems *= (uint64_t)t->shape[d];
     if (row_elems > OI_CLASSIFY_MAX_ELEMENTS)
         return oi_status_new(OI_BAD_REQUEST, "output '%s': classification output tensor too large", t->name);
     uint32_t n = (uint32_t)row_elems;
-    uint32_t kept = k < n ? k : n;
-    uint32_t *idx = malloc(((size_t)n ? n : 1) * 2 * sizeof(uint32_t));
-    if (idx == NULL)
+    int64_t rows = batch > 0 ? batch : 1;
+    if ((uint64_t)rows * n * esize > t->byte_size)
+        return oi_status_new(OI_INTERNAL, "output '%s': %zu bytes, fewer than its shape needs", t->name,
+                             t->byte_size);
+    out->batch = batch;
+    out->rows = rows;
+    out->kept = k < n ? k : n;
+    uint32_t *scratch = malloc(((size_t)n ? n : 1) * 2 * sizeof(uint32_t));
+    out->idx = malloc(((size_t)rows * out->kept + 1) * sizeof(uint32_t));
+    if (scratch == NULL || out->idx == NULL) {
+        free(scratch);
+        oi_topk_free(out);
         return oi_status_new(OI_INTERNAL, "out of memory");
+    }
     before_fn before = before_of(t->dtype);
+    for (int64_t r = 0; r < rows; r++) {
+        const char *base = t->data + (size_t)r * n * esize;
+        for (uint32_t i = 0; i < n; i++)
+            scratch[i] = i;
+        sort_indices(scratch, scratch + n, n, before, base);
+        memcpy(out->idx + (size_t)r * out->kept, scratch, (size_t)out->kept * sizeof(uint32_t));
+    }
+    free(scratch);
+    return NULL;
+}
+
+void oi_topk_free(oi_topk_t *r)
+{
+    free(r->idx);
+    r->idx = NULL;
+}
+
+const char *oi_classify_elem(const oi_tensor_t *t, const oi_topk_t *r, int64_t row, uint32_t rank)
+{
+    size_t esize = oi_dtype_size(t->dtype);
+    size_t row_elems = r->rows ? t->byte_size / esize / (size_t)r->rows : 0;
+    return t->data + ((size_t)row * row_elems + r->idx[(size_t)row * r->kept + rank]) * esize;
+}
+
+double oi_classify_score(const oi_tensor_t *t, const char *elem)
+{
+    switch (t->dtype) {
+#define SCORE_CASE(TYPE, T)                                                                                            \
+    case TYPE: {                                                                                                       \
+        T v;                                                                                                           \
+        memcpy(&v, elem, sizeof(v));                                                                                   \
+        return (double)v;                                                                                              \
+    }
+        SCORE_CASE(OI_TYPE_UINT8, uint8_t)
+        SCORE_CASE(OI_TYPE_UINT16, uint16_t)
+        SCORE_CASE(OI_TYPE_UINT32, uint32_t)
+        SCORE_CASE(OI_TYPE_UINT64, uint64_t)
+        SCORE_CASE(OI_TYPE_INT8, int8_t)
+        SCORE_CASE(OI_TYPE_INT16, int16_t)
+        SCORE_CASE(OI_TYPE_INT32, int32_t)
+        SCORE_CASE(OI_TYPE_INT64, int64_t)
+        SCORE_CASE(OI_TYPE_FP32, float)
+        SCORE_CASE(OI_TYPE_FP64, double)
+#undef SCORE_CASE
+    default: return 0;
+    }
+}
+
+const char *oi_labels_get(const oi_labels_t *l, uint32_t index, uint32_t *len)
+{
+    *len = l != NULL && index < l->n ? l->len[index] : 0;
+    return *len ? l->line[index] : NULL;
+}
+
+oi_status_t *oi_classify(oi_tensor_t *t, int batched, uint32_t k, const oi_labels_t *labels)
+{
+    oi_topk_t r;
+    oi_status_t *st = oi_classify_rank(t, batched, k, &r);
+    if (st != NULL)
+        return st;
     oi_sbuf_t out = {0};
-    size_t row_bytes = (size_t)n * esize;
-    for (int64_t r = 0; r < (rows > 0 ? rows : 1); r++) {
-        const char *base = t->data + (size_t)r * row_bytes;
-        /* A row past the data (a short tensor) has no classes, as in Triton. */
-        uint32_t m = (size_t)(r + 1) * row_bytes <= t->byte_size ? n : 0;
-        for (uint32_t i = 0; i < m; i++)
-            idx[i] = i;
-        sort_indices(idx, idx + n, m, before, base);
-        for (uint32_t i = 0; i < (kept < m ? kept : m); i++)
-            if (append_class(&out, t->dtype, base + (size_t)idx[i] * esize, idx[i], labels) != 0) {
-                free(idx);
+    for (int64_t row = 0; row < r.rows; row++)
+        for (uint32_t i = 0; i < r.kept; i++) {
+            uint32_t index = r.idx[(size_t)row * r.kept + i];
+            if (append_class(&out, t->dtype, oi_classify_elem(t, &r, row, i), index, labels) != 0) {
+                oi_topk_free(&r);
                 oi_sbuf_free(&out);
                 return oi_status_new(OI_INTERNAL, "out of memory");
             }
-    }
-    free(idx);
+        }
     oi_buf_t *owner = oi_sbuf_detach(&out);
     if (owner == NULL) {
+        oi_topk_free(&r);
         oi_sbuf_free(&out);
         return oi_status_new(OI_INTERNAL, "out of memory");
     }
@@ -229,13 +293,14 @@ oi_status_t *oi_classify(oi_tensor_t *t, int batched, uint32_t k, const oi_label
     t->data = owner->data;
     t->byte_size = owner->len;
     t->dtype = OI_TYPE_BYTES;
-    if (rows > 0) {
+    if (r.batch > 0) {
         t->ndim = 2;
-        t->shape[0] = rows;
-        t->shape[1] = kept;
+        t->shape[0] = r.batch;
+        t->shape[1] = r.kept;
     } else {
         t->ndim = 1;
-        t->shape[0] = kept;
+        t->shape[0] = r.kept;
     }
+    oi_topk_free(&r);
     return NULL;
 }
