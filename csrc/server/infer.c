@@ -112,6 +112,8 @@ static void job_done(oi_job_t *j)
         j->status = oi_shm_check_request(&inf->req, &j->resp);
     if (j->status == NULL && inf->class_counts != NULL)
         j->status = classify_outputs(inf);
+    if (j->status == NULL && inf->post != NULL)
+        j->status = inf->post(inf);
     uint64_t end = j->counted || inf->trace != NULL ? oi_now_ns() : 0;
     if (inf->trace != NULL)
         inf->trace->ns[OI_TS_COMPUTE_END] = end;

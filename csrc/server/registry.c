@@ -234,6 +234,17 @@ int oi_registry_visit_ready(oi_registry_t *r, const char *name, int (*fn)(void *
     return rc;
 }
 
+int oi_registry_visit(oi_registry_t *r, const char *name, int (*fn)(void *ctx, oi_model_t *m), void *ctx)
+{
+    int rc = 0;
+    pthread_rwlock_rdlock(&r->lock);
+    for (oi_model_t *x = r->models; x && rc == 0; x = x->next)
+        if (name == NULL || strcmp(x->name, name) == 0)
+            rc = fn(ctx, x);
+    pthread_rwlock_unlock(&r->lock);
+    return rc;
+}
+
 int oi_registry_all_ready(oi_registry_t *r)
 {
     int ready = 1;

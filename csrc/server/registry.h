@@ -68,6 +68,10 @@ oi_model_t *oi_registry_find(oi_registry_t *r, const char *name, const char *ver
  * must not call back into the registry; a non-zero return stops the walk and is returned. */
 int oi_registry_visit_ready(oi_registry_t *r, const char *name, int (*fn)(void *ctx, oi_model_t *m), void *ctx);
 
+/* As oi_registry_visit_ready, for every registered version, ready or not (a version that
+ * failed to load has `error` set and may have no scheduler). */
+int oi_registry_visit(oi_registry_t *r, const char *name, int (*fn)(void *ctx, oi_model_t *m), void *ctx);
+
 /* 1 when every model's default version is ready (and there is at least one model or none
  * failed), else 0. */
 int oi_registry_all_ready(oi_registry_t *r);

@@ -36,10 +36,16 @@ struct oi_server_s {
     oi_metrics_t *metrics;          /* touched on that loop thread only, after start */
     oi_access_log_t *access_log;    /* set by start before any loop runs; NULL without */
     oi_tracer_t *tracer;            /* the trace file's: set by start before any loop runs; NULL without */
+    uint64_t start_ns;              /* oi_now_ns() when made: the legacy API's uptime */
+    atomic_uint_fast64_t legacy_ids; /* the last RequestStatus id the legacy API gave */
 };
 
 /* The HTTP/1.1 handler: routes the V2 REST API (http_api.c). */
 void oi__http_api_handle(void *server, oi_http_request_t *req);
+
+/* The legacy v1 API's routes (/api/..., legacy_http.c): answers and returns 1 for a path
+ * under /api, else returns 0 and leaves the request alone. */
+int oi__legacy_http_handle(oi_server_t *s, oi_http_request_t *req);
 
 /* The metrics listener's handler: GET /metrics (metrics_api.c). */
 void oi__metrics_api_handle(void *server, oi_http_request_t *req);
