@@ -47,6 +47,15 @@ void oi__http_api_handle(void *server, oi_http_request_t *req);
  * under /api, else returns 0 and leaves the request alone. */
 int oi__legacy_http_handle(oi_server_t *s, oi_http_request_t *req);
 
+/* The legacy GRPCService (legacy_grpc.c), on the V2 gRPC port. oi__legacy_grpc_call returns 1
+ * when the call is one of its methods (setting call->kind to OI__LEGACY_RPC_BASE or more), and
+ * grpc_api.c then hands that call's events to the other three (message: takes msg). */
+#define OI__LEGACY_RPC_BASE 1000
+int oi__legacy_grpc_call(oi_server_t *s, oi_grpc_call_t *call);
+void oi__legacy_grpc_message(oi_server_t *s, oi_grpc_call_t *call, oi_buf_t *msg);
+void oi__legacy_grpc_half_close(oi_server_t *s, oi_grpc_call_t *call);
+void oi__legacy_grpc_gone(oi_server_t *s, oi_grpc_call_t *call);
+
 /* The metrics listener's handler: GET /metrics (metrics_api.c). */
 void oi__metrics_api_handle(void *server, oi_http_request_t *req);
 
