@@ -14,6 +14,7 @@ static int put_escaped(oi_sbuf_t *o, const uint8_t *s, size_t n)
 {
     if (oi_sbuf_append(o, "\"", 1) != 0)
         return -1;
+    size_t run = 0; /* plain bytes not yet appended, ending at s + i */
     for (size_t i = 0; i < n; i++) {
         uint8_t c = s[i];
         const char *e = NULL;
@@ -26,17 +27,39 @@ static int put_escaped(oi_sbuf_t *o, const uint8_t *s, size_t n)
         case '\\': e = "\\\\"; break;
         default: break;
         }
-        int rc;
-        if (e != NULL)
-            rc = oi_sbuf_append(o, e, 2);
-        else if (c < 0x20 || c >= 0x7f)
-            rc = oi_sbuf_printf(o, "\\%03o", c);
-        else
-            rc = oi_sbuf_append(o, &c, 1);
+        if (e == NULL && c >= 0x20 && c < 0x7f) {
+            run++;
+            continue;
+        }
+        if (oi_sbuf_append(o, s + i - run, run) != 0)
+            return -1;
+        run = 0;
+        int rc = e != NULL ? oi_sbuf_append(o, e, 2) : oi_sbuf_printf(o, "\\%03o", c);
         if (rc != 0)
             return -1;
     }
+    if (oi_sbuf_append(o, s + n - run, run) != 0)
+        return -1;
     return oi_sbuf_append(o, "\"", 1);
+}
+
+/* Decimal digits of v (with a '-' when `neg`), without printf. */
+static int put_uint(oi_sbuf_t *o, uint64_t v, int neg)
+{
+    char buf[24];
+    char *p = buf + sizeof(buf);
+    do {
+        *--p = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    if (neg)
+        *--p = '-';
+    return oi_sbuf_append(o, p, (size_t)(buf + sizeof(buf) - p));
+}
+
+static int put_int(oi_sbuf_t *o, int64_t v)
+{
+    return v < 0 ? put_uint(o, (uint64_t)0 - (uint64_t)v, 1) : put_uint(o, (uint64_t)v, 0);
 }
 
 /* Floating point as protobuf's SimpleFtoa / SimpleDtoa: the shorter of the type's digits and
@@ -140,23 +163,23 @@ static int write_value(oi_sbuf_t *o, const ProtobufCFieldDescriptor *f, const vo
     case PROTOBUF_C_TYPE_SINT32:
     case PROTOBUF_C_TYPE_SFIXED32:
         memcpy(&i32, v, 4);
-        rc = oi_sbuf_printf(o, "%" PRId32, i32);
+        rc = put_int(o, i32);
         break;
     case PROTOBUF_C_TYPE_UINT32:
     case PROTOBUF_C_TYPE_FIXED32:
         memcpy(&u32, v, 4);
-        rc = oi_sbuf_printf(o, "%" PRIu32, u32);
+        rc = put_uint(o, u32, 0);
         break;
     case PROTOBUF_C_TYPE_INT64:
     case PROTOBUF_C_TYPE_SINT64:
     case PROTOBUF_C_TYPE_SFIXED64:
         memcpy(&i64, v, 8);
-        rc = oi_sbuf_printf(o, "%" PRId64, i64);
+        rc = put_int(o, i64);
         break;
     case PROTOBUF_C_TYPE_UINT64:
     case PROTOBUF_C_TYPE_FIXED64:
         memcpy(&u64, v, 8);
-        rc = oi_sbuf_printf(o, "%" PRIu64, u64);
+        rc = put_uint(o, u64, 0);
         break;
     case PROTOBUF_C_TYPE_FLOAT:
         memcpy(&fl, v, 4);

@@ -17,18 +17,35 @@ typedef struct block_s {
     max_align_t data[];
 } block_t;
 
+/* A bump allocator: the messages of an answer are many and small, and all die together. The
+ * first 4 KiB live in the arena itself (on the caller's stack). */
 typedef struct arena_s {
     block_t *head;
+    size_t used, cap;
+    char *cur;
+    max_align_t first[4096 / sizeof(max_align_t)];
 } arena_t;
+
+#define ARENA_INIT(a) ((a).head = NULL, (a).used = 0, (a).cap = sizeof((a).first), (a).cur = (char *)(a).first)
 
 static void *arena_new(arena_t *a, size_t n)
 {
-    block_t *b = calloc(1, sizeof(*b) + n);
-    if (b == NULL)
-        return NULL;
-    b->next = a->head;
-    a->head = b;
-    return b->data;
+    n = (n + sizeof(max_align_t) - 1) & ~(sizeof(max_align_t) - 1);
+    if (a->cap - a->used < n) {
+        size_t cap = n > 8192 ? n : 8192;
+        block_t *b = malloc(sizeof(*b) + cap);
+        if (b == NULL)
+            return NULL;
+        b->next = a->head;
+        a->head = b;
+        a->cur = (char *)b->data;
+        a->used = 0;
+        a->cap = cap;
+    }
+    void *p = a->cur + a->used;
+    a->used += n;
+    memset(p, 0, n);
+    return p;
 }
 
 static void arena_free(arena_t *a)
@@ -253,7 +270,8 @@ oi_status_t *oi_legacy_server_status(oi_server_t *s, const char *model, oi_legac
     }
     if (c.n > 1)
         qsort(c.models, c.n, sizeof(*c.models), by_name_version);
-    arena_t a = {0};
+    arena_t a;
+    ARENA_INIT(a);
     PB(ModelConfig) **unpacked = calloc(c.n + 1, sizeof(*unpacked));
     PB(ServerStatus) ss = NVIDIA__INFERENCESERVER__SERVER_STATUS__INIT;
     ss.id = OI_LEGACY_SERVER_ID;
@@ -520,12 +538,13 @@ static const oi_labels_t *labels_of(const oi_model_t *m, const char *name)
     return NULL;
 }
 
-int oi_legacy_response_header(const oi_legacy_infer_t *li, oi_legacy_format_t fmt, int one_line, oi_sbuf_t *out)
+int oi_legacy_response_header(const oi_legacy_infer_t *li, oi_legacy_format_t fmt, oi_sbuf_t *out, oi_sbuf_t *line)
 {
     const oi_model_t *m = li->inf->model;
     const oi_response_t *resp = &li->inf->job.resp;
     int batching = m->max_batch_size > 0;
-    arena_t a = {0};
+    arena_t a;
+    ARENA_INIT(a);
     oi_legacy_resp_header_t rh = NVIDIA__INFERENCESERVER__INFER_RESPONSE_HEADER__INIT;
     rh.id = li->hdr->id;
     rh.model_name = m->name;
@@ -563,8 +582,10 @@ int oi_legacy_response_header(const oi_legacy_infer_t *li, oi_legacy_format_t fm
         }
         rh.output[rh.n_output++] = o;
     }
+    if (ok && line != NULL)
+        ok = oi_pbtext_write(line, &rh.base, 1) == 0;
     if (ok)
-        ok = oi_legacy_write(out, &rh.base, fmt, one_line) == 0;
+        ok = oi_legacy_write(out, &rh.base, fmt, 0) == 0;
     arena_free(&a);
     return ok ? 0 : -1;
 }

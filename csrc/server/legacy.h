@@ -58,10 +58,11 @@ oi_legacy_infer_t *oi_legacy_infer_new(oi_legacy_req_header_t *hdr, uint64_t req
 oi_status_t *oi_legacy_decode(oi_legacy_infer_t *li, const oi_model_t *m, oi_buf_t *owner, const char *data,
                               size_t len, const ProtobufCBinaryData *raw, size_t n_raw);
 
-/* After a successful inference: the InferResponseHeader of li's response, as text (one line
- * when `one_line`) or binary. Raw outputs' bytes are the response tensors', in requested
- * order (those with li->cls[i] == 0). 0 or -1 (out of memory). */
-int oi_legacy_response_header(const oi_legacy_infer_t *li, oi_legacy_format_t fmt, int one_line, oi_sbuf_t *out);
+/* After a successful inference: the InferResponseHeader of li's response appended to `out` in
+ * `fmt`, and, when `line` is not NULL, to `line` as one text line too (the HTTP header). Raw
+ * outputs' bytes are the response tensors', in requested order (those with li->cls[i] == 0).
+ * 0 or -1 (out of memory). */
+int oi_legacy_response_header(const oi_legacy_infer_t *li, oi_legacy_format_t fmt, oi_sbuf_t *out, oi_sbuf_t *line);
 
 /* An InferResponseHeader holding only the request's id (what 1.x sends with an error), as
  * one text line. 0 or -1. */

@@ -195,7 +195,7 @@ static void infer_done(oi_infer_t *inf)
             oi_legacy_status_t rs;
             oi_legacy_status_fill(&rs, NULL, li->request_id);
             put_message(&o, 1, &rs.base, &rc);
-            rc |= oi_legacy_response_header(li, OI_LEGACY_BINARY, 0, &head);
+            rc |= oi_legacy_response_header(li, OI_LEGACY_BINARY, &head, NULL);
             put_field(&o, 2, head.data ? head.data : "", head.len, &rc);
         }
         if (st == NULL && rc)

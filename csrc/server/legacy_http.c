@@ -167,9 +167,8 @@ static void infer_done(oi_infer_t *inf)
     oi_iov_t *parts = st == NULL ? malloc((resp->n_outputs + 1) * sizeof(*parts)) : NULL;
     if (st == NULL &&
         (parts == NULL || oi_sbuf_append(&head, "NV-InferResponse: ", 18) != 0 ||
-         oi_legacy_response_header(li, OI_LEGACY_TEXT, 1, &head) != 0 ||
-         oi_sbuf_append(&head, "\r\n" OCTET, 2 + sizeof(OCTET) - 1) != 0 || oi_sbuf_append(&head, "", 1) != 0 ||
-         oi_legacy_response_header(li, h->binary ? OI_LEGACY_BINARY : OI_LEGACY_TEXT, 0, &tail) != 0))
+         oi_legacy_response_header(li, h->binary ? OI_LEGACY_BINARY : OI_LEGACY_TEXT, &tail, &head) != 0 ||
+         oi_sbuf_append(&head, "\r\n" OCTET, 2 + sizeof(OCTET) - 1) != 0 || oi_sbuf_append(&head, "", 1) != 0))
         st = oi_status_new(OI_INTERNAL, "out of memory");
     oi_buf_t *tail_buf = st == NULL ? oi_sbuf_detach(&tail) : NULL;
     if (st == NULL && tail_buf == NULL)
