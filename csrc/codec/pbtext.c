@@ -486,7 +486,7 @@ static int parse_value(parser_t *p, const ProtobufCFieldDescriptor *f, oi_sbuf_t
         if (f->type == PROTOBUF_C_TYPE_SFIXED32)
             rc = put_tag(w, f->id, 5) || put_fixed(w, (uint32_t)(int32_t)u, 4);
         else if (f->type == PROTOBUF_C_TYPE_SINT32)
-            rc = put_tag(w, f->id, 0) || put_varint(w, (uint32_t)(((int32_t)u << 1) ^ ((int32_t)u >> 31)));
+            rc = put_tag(w, f->id, 0) || put_varint(w, ((uint32_t)(int32_t)u << 1) ^ (uint32_t)((int32_t)u >> 31));
         else
             rc = put_tag(w, f->id, 0) || put_varint(w, (uint64_t)(int64_t)(int32_t)u);
         break;

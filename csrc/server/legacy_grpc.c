@@ -70,7 +70,8 @@ static void send_message(oi_grpc_call_t *call, oi_sbuf_t *o, oi_iov_t *extra, si
         return;
     }
     parts[0] = (oi_iov_t){b->data, b->len, b};
-    memcpy(parts + 1, extra, n_extra * sizeof(*parts));
+    if (n_extra > 0)
+        memcpy(parts + 1, extra, n_extra * sizeof(*parts));
     oi_grpc_send(call, parts, n_extra + 1, total);
     if (parts != small)
         free(parts);
