@@ -512,3 +512,82 @@ def test_grpc_unsupported_and_unknown(stub, pb, server) -> None:
         call(b"")
     assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
     channel.close()
+
+
+# ---- shared memory (1.11's sharedmemorycontrol and InferSharedMemory) -----------------------
+
+
+@pytest.fixture
+def region():
+    from multiprocessing import shared_memory
+
+    shm = shared_memory.SharedMemory(create=True, size=256, name=f"oi_legacy_{os.getpid()}")
+    try:
+        shm.buf[:64] = np.arange(16, dtype=np.int32).tobytes()
+        shm.buf[64:128] = np.full(16, 5, dtype=np.int32).tobytes()
+        yield shm
+    finally:
+        shm.close()
+        shm.unlink()
+
+
+def test_http_shared_memory(server, pb, region) -> None:
+    from google.protobuf import text_format
+
+    conn = Http(server.http_port)
+    key = "/" + region.name
+    status, got, _ = conn.request("POST", f"/api/sharedmemorycontrol/register/r1/{key}/0/256")
+    assert status == 200 and _status(pb, got).code == pb.request_status.SUCCESS, got
+    status, got, _ = conn.request("POST", f"/api/sharedmemorycontrol/register/r1/{key}/0/256")
+    assert status == 400 and _status(pb, got).code == pb.request_status.ALREADY_EXISTS
+    status, _, body = conn.request("POST", "/api/sharedmemorycontrol/status")
+    st = text_format.Parse(body.decode(), pb.server_status.SharedMemoryStatus())
+    assert [(r.name, r.system_shared_memory.shared_memory_key, r.byte_size) for r in st.shared_memory_region] == [
+        ("r1", key, 256)]
+    header = ('batch_size: 1 input { name: "INPUT0" shared_memory { name: "r1" offset: 0 byte_size: 64 } } '
+              'input { name: "INPUT1" } '
+              'output { name: "OUTPUT0" shared_memory { name: "r1" offset: 128 byte_size: 64 } } '
+              'output { name: "OUTPUT1" }')
+    ones = np.ones(16, dtype=np.int32).tobytes()
+    status, got, body = conn.request("POST", "/api/infer/simple", ones, {"NV-InferRequest": header})
+    assert status == 200, got
+    rh = text_format.Parse(got["nv-inferresponse"], pb.api.InferResponseHeader())
+    assert [o.raw.batch_byte_size for o in rh.output] == [64, 64]
+    # OUTPUT0 went into the region; only OUTPUT1's bytes are in the body.
+    assert np.array_equal(np.frombuffer(region.buf[128:192], np.int32), np.arange(16) + 1)
+    assert np.array_equal(np.frombuffer(body[:64], np.int32), np.arange(16) - 1)
+    bad = header.replace("offset: 128", "offset: 250")  # past the region's end
+    status, got, _ = conn.request("POST", "/api/infer/simple", ones, {"NV-InferRequest": bad})
+    assert status == 400 and "OUTPUT0" in _status(pb, got).msg
+    status, got, _ = conn.request("POST", "/api/sharedmemorycontrol/unregister/r1")
+    assert status == 200
+    status, got, _ = conn.request("POST", "/api/infer/simple", ones, {"NV-InferRequest": header})
+    assert status == 400 and "r1" in _status(pb, got).msg
+    status, got, _ = conn.request("POST", "/api/sharedmemorycontrol/register/r2/no-slash/0/8")
+    assert status == 400 and "register" in _status(pb, got).msg
+    status, _, body = conn.request("POST", "/api/sharedmemorycontrol/status?format=binary")
+    assert pb.server_status.SharedMemoryStatus.FromString(body).shared_memory_region == []
+    conn.close()
+
+
+def test_grpc_shared_memory(stub, pb, region) -> None:
+    g = pb.grpc_service
+    reg = g.SharedMemoryControlRequest.Register(
+        name="g1", byte_size=256,
+        system_shared_memory=g.SharedMemoryControlRequest.Register.SystemSharedMemoryIdentifier(
+            shared_memory_key="/" + region.name, offset=0))
+    r = stub.SharedMemoryControl(g.SharedMemoryControlRequest(register=reg))
+    assert r.request_status.code == pb.request_status.SUCCESS, r.request_status.msg
+    r = stub.SharedMemoryControl(g.SharedMemoryControlRequest(status=g.SharedMemoryControlRequest.Status()))
+    assert [x.name for x in r.shared_memory_status.shared_memory_region] == ["g1"]
+    header = ('batch_size: 1 input { name: "INPUT0" shared_memory { name: "g1" offset: 0 byte_size: 64 } } '
+              'input { name: "INPUT1" shared_memory { name: "g1" offset: 64 byte_size: 64 } } '
+              'output { name: "OUTPUT1" shared_memory { name: "g1" offset: 192 byte_size: 64 } }')
+    r = stub.Infer(_infer_request(pb, "simple", header, [b"", b""]))
+    assert r.request_status.code == pb.request_status.SUCCESS, r.request_status.msg
+    assert list(r.raw_output) == []
+    assert np.array_equal(np.frombuffer(region.buf[192:256], np.int32), np.arange(16) - 5)
+    r = stub.SharedMemoryControl(g.SharedMemoryControlRequest(unregister_all=g.SharedMemoryControlRequest.UnregisterAll()))
+    assert r.request_status.code == pb.request_status.SUCCESS
+    r = stub.SharedMemoryControl(g.SharedMemoryControlRequest(status=g.SharedMemoryControlRequest.Status()))
+    assert list(r.shared_memory_status.shared_memory_region) == []

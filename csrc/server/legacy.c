@@ -5,10 +5,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codec/json.h"
 #include "codec/pbtext.h"
 #include "server/scheduler.h"
 
 #define PB(x) Nvidia__Inferenceserver__##x
+
+/* The package's version, which setup.py defines (builds outside it, such as the fuzz targets',
+ * have none). */
+#ifndef OI_VERSION
+#define OI_VERSION ""
+#endif
 
 /* ---- an arena for the messages of one answer ---------------------------------------------- */
 
@@ -89,6 +96,8 @@ void oi_legacy_status_fill(oi_legacy_status_t *rs, const oi_status_t *st, uint64
     case OI_UNIMPLEMENTED:
     case OI_METHOD_NOT_ALLOWED: rs->code = NVIDIA__INFERENCESERVER__REQUEST_STATUS_CODE__UNSUPPORTED; break;
     case OI_INTERNAL: rs->code = NVIDIA__INFERENCESERVER__REQUEST_STATUS_CODE__INTERNAL; break;
+    case 409: rs->code = NVIDIA__INFERENCESERVER__REQUEST_STATUS_CODE__ALREADY_EXISTS; break;
+    case 429: rs->code = NVIDIA__INFERENCESERVER__REQUEST_STATUS_CODE__UNAVAILABLE; break;
     default: rs->code = NVIDIA__INFERENCESERVER__REQUEST_STATUS_CODE__UNKNOWN; break;
     }
 }
@@ -397,12 +406,61 @@ static oi_status_t *rank_classes(oi_infer_t *inf)
     return NULL;
 }
 
+/* The shared_memory of the header's inputs (flagged in `shm_in`) and outputs, as the V2
+ * parameters oi_shm_resolve reads ("shared_memory_region", "_offset", "_byte_size"), written
+ * into the request's aux buffer. */
+static oi_status_t *shm_parameters(oi_legacy_infer_t *li, const uint8_t *shm_in)
+{
+    const oi_legacy_req_header_t *h = li->hdr;
+    oi_request_t *req = &li->inf->req;
+    size_t n = h->n_input + h->n_output;
+    size_t *off = calloc(n + 1, sizeof(*off)), *len = calloc(n + 1, sizeof(*len));
+    oi_sbuf_t aux = {0};
+    int rc = off == NULL || len == NULL, any = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        const PB(InferSharedMemory) *sm =
+            i < h->n_input ? (shm_in[i] ? h->input[i]->shared_memory : NULL) : h->output[i - h->n_input]->shared_memory;
+        if (sm == NULL)
+            continue;
+        any = 1;
+        off[i] = aux.len;
+        rc |= oi_sbuf_append(&aux, "{\"shared_memory_region\":", 24);
+        rc |= oi_json_write_string(&aux, sm->name, strlen(sm->name));
+        rc |= oi_sbuf_printf(&aux, ",\"shared_memory_offset\":%" PRIu64 ",\"shared_memory_byte_size\":%" PRIu64 "}",
+                             sm->offset, sm->byte_size);
+        len[i] = aux.len - off[i];
+        rc |= oi_sbuf_append(&aux, "", 1);
+    }
+    oi_buf_t *b = !rc && any ? oi_sbuf_detach(&aux) : NULL;
+    if (!rc && any && b == NULL)
+        rc = 1;
+    if (b != NULL) {
+        req->aux = b;
+        uint32_t k = 0;
+        for (size_t i = 0; i < h->n_input; i++) {
+            /* req->inputs follow the header's inputs one for one. */
+            if (shm_in[i])
+                req->inputs[k].parameters = (oi_slice_t){b->data + off[i], len[i]};
+            k++;
+        }
+        for (size_t i = 0; i < h->n_output; i++)
+            if (h->output[i]->shared_memory != NULL)
+                req->outputs[i].parameters = (oi_slice_t){b->data + off[h->n_input + i], len[h->n_input + i]};
+    }
+    oi_sbuf_free(&aux);
+    free(off);
+    free(len);
+    return rc ? oi_status_new(OI_INTERNAL, "out of memory") : NULL;
+}
+
 oi_status_t *oi_legacy_decode(oi_legacy_infer_t *li, const oi_model_t *m, oi_buf_t *owner, const char *data,
                               size_t len, const ProtobufCBinaryData *raw, size_t n_raw)
 {
     const oi_legacy_req_header_t *h = li->hdr;
     oi_request_t *req = &li->inf->req;
     int batching = m->max_batch_size > 0;
+    uint8_t shm_slots[h->n_input + 1];
+    memset(shm_slots, 0, sizeof(shm_slots));
     if (batching ? (h->batch_size < 1 || h->batch_size > (uint32_t)m->max_batch_size) : h->batch_size > 1)
         return oi_status_new(OI_BAD_REQUEST, "batch_size: expected 1 to %d for model '%s', got %" PRIu32,
                              batching ? m->max_batch_size : 1, m->name, h->batch_size);
@@ -415,9 +473,6 @@ oi_status_t *oi_legacy_decode(oi_legacy_infer_t *li, const oi_model_t *m, oi_buf
         const oi_io_spec_t *spec = find_spec(m->inputs, m->n_inputs, in->name);
         if (spec == NULL)
             return oi_status_new(OI_BAD_REQUEST, "unexpected inference input '%s' for model '%s'", in->name, m->name);
-        if (in->shared_memory != NULL)
-            return oi_status_new(OI_BAD_REQUEST, "input '%s': shared_memory is not supported by this server's legacy "
-                                 "API; send the bytes in the body", in->name);
         oi_tensor_t *t = oi_tensor_push(&req->inputs, &req->n_inputs);
         if (t == NULL)
             return oi_status_new(OI_INTERNAL, "out of memory");
@@ -441,6 +496,11 @@ oi_status_t *oi_legacy_decode(oi_legacy_infer_t *li, const oi_model_t *m, oi_buf
         int64_t count;
         if (oi_shape_elements(t->shape, t->ndim, &count) != 0)
             return oi_status_new(OI_BAD_REQUEST, "input '%s': shape too large", in->name);
+        if (in->shared_memory != NULL) { /* its bytes are in a registered region, not the body */
+            t->shm = 1;
+            shm_slots[i] = 1;
+            continue;
+        }
         const char *at = raw ? (const char *)raw[i].data : data != NULL ? data + off : NULL;
         size_t avail = raw ? raw[i].len : len - off;
         int64_t size;
@@ -483,10 +543,9 @@ oi_status_t *oi_legacy_decode(oi_legacy_infer_t *li, const oi_model_t *m, oi_buf
         const oi_io_spec_t *spec = find_spec(m->outputs, m->n_outputs, o->name);
         if (spec == NULL)
             return oi_status_new(OI_BAD_REQUEST, "unexpected inference output '%s' for model '%s'", o->name, m->name);
-        if (o->shared_memory != NULL)
-            return oi_status_new(OI_BAD_REQUEST, "output '%s': shared_memory is not supported by this server's legacy "
-                                 "API", o->name);
-        req->outputs[i] = (oi_output_request_t){.name = o->name, .binary_data = 1};
+        req->outputs[i] = (oi_output_request_t){.name = o->name, .binary_data = -1};
+        if (o->shared_memory != NULL && o->cls != NULL && o->cls->count > 0)
+            return oi_status_new(OI_BAD_REQUEST, "output '%s': cls and shared_memory exclude each other", o->name);
         if (o->cls != NULL && o->cls->count > 0) {
             oi_status_t *st = oi_classify_check_dtype(spec->dtype, o->name);
             if (st != NULL)
@@ -498,7 +557,8 @@ oi_status_t *oi_legacy_decode(oi_legacy_infer_t *li, const oi_model_t *m, oi_buf
     req->n_outputs = (uint32_t)n_out;
     if (any_cls)
         li->inf->post = rank_classes;
-    return oi_request_check_unique(req, "input");
+    oi_status_t *st = shm_parameters(li, shm_slots);
+    return st != NULL ? st : oi_request_check_unique(req, "input");
 }
 
 /* The classes of one row of a cls output. */
@@ -595,4 +655,47 @@ int oi_legacy_error_header(const oi_legacy_infer_t *li, oi_sbuf_t *out)
     oi_legacy_resp_header_t rh = NVIDIA__INFERENCESERVER__INFER_RESPONSE_HEADER__INIT;
     rh.id = li != NULL ? li->hdr->id : 0;
     return oi_pbtext_write(out, &rh.base, 1);
+}
+
+/* ---- shared memory ------------------------------------------------------------------------ */
+
+oi_status_t *oi_legacy_shm_status(oi_server_t *s, const oi_peer_t *peer, oi_legacy_format_t fmt, oi_sbuf_t *out,
+                                  int wrap)
+{
+    oi_shm_region_t **regions = NULL;
+    size_t n = 0;
+    oi_status_t *st = oi_shm_list(&s->shm, peer, OI_SHM_SYSTEM, NULL, &regions, &n);
+    if (st != NULL)
+        return st;
+    arena_t a;
+    ARENA_INIT(a);
+    PB(SharedMemoryStatus) ss = NVIDIA__INFERENCESERVER__SHARED_MEMORY_STATUS__INIT;
+    ss.shared_memory_region = arena_new(&a, (n + 1) * sizeof(*ss.shared_memory_region));
+    int ok = ss.shared_memory_region != NULL;
+    for (size_t i = 0; i < n && ok; i++) {
+        PB(SharedMemoryRegion) *r = NEW(&a, PB(SharedMemoryRegion), NVIDIA__INFERENCESERVER__SHARED_MEMORY_REGION__INIT);
+        PB(SharedMemoryRegion__SystemSharedMemory) *sys =
+            NEW(&a, PB(SharedMemoryRegion__SystemSharedMemory),
+                NVIDIA__INFERENCESERVER__SHARED_MEMORY_REGION__SYSTEM_SHARED_MEMORY__INIT);
+        if ((ok = r != NULL && sys != NULL) == 0)
+            break;
+        r->name = regions[i]->name;
+        r->byte_size = regions[i]->byte_size;
+        sys->shared_memory_key = regions[i]->key;
+        sys->offset = regions[i]->offset;
+        r->shared_memory_types_case = NVIDIA__INFERENCESERVER__SHARED_MEMORY_REGION__SHARED_MEMORY_TYPES_SYSTEM_SHARED_MEMORY;
+        r->system_shared_memory = sys;
+        ss.shared_memory_region[ss.n_shared_memory_region++] = r;
+    }
+    if (ok && wrap) { /* SharedMemoryControlResponse.shared_memory_status (2): Status, field 1 as here */
+        PB(SharedMemoryControlResponse__Status) cs = NVIDIA__INFERENCESERVER__SHARED_MEMORY_CONTROL_RESPONSE__STATUS__INIT;
+        cs.n_shared_memory_region = ss.n_shared_memory_region;
+        cs.shared_memory_region = ss.shared_memory_region;
+        ok = oi_legacy_write(out, &cs.base, fmt, 0) == 0;
+    } else if (ok) {
+        ok = oi_legacy_write(out, &ss.base, fmt, 0) == 0;
+    }
+    arena_free(&a);
+    oi_shm_release_all(regions, n);
+    return ok ? NULL : oi_status_new(OI_INTERNAL, "out of memory");
 }

@@ -68,6 +68,11 @@ int oi_legacy_response_header(const oi_legacy_infer_t *li, oi_legacy_format_t fm
  * one text line. 0 or -1. */
 int oi_legacy_error_header(const oi_legacy_infer_t *li, oi_sbuf_t *out);
 
+/* The peer's registered system shared-memory regions as a SharedMemoryStatus in `fmt` (with
+ * `wrap`, as SharedMemoryControlResponse.Status, the gRPC form). NULL or a status. */
+oi_status_t *oi_legacy_shm_status(oi_server_t *s, const oi_peer_t *peer, oi_legacy_format_t fmt, oi_sbuf_t *out,
+                                  int wrap);
+
 /* Frees the inference, its header and rankings. */
 void oi_legacy_infer_free(oi_legacy_infer_t *li);
 

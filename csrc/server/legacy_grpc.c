@@ -17,7 +17,8 @@ enum {
     RPC_HEALTH,
     RPC_INFER,
     RPC_STREAM_INFER,
-    RPC_UNSUPPORTED, /* ModelControl, SharedMemoryControl, Repository */
+    RPC_SHM_CONTROL,
+    RPC_UNSUPPORTED, /* ModelControl, Repository */
 };
 
 static void put_varint(oi_sbuf_t *o, uint64_t v, int *rc)
@@ -140,6 +141,59 @@ static void health_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg
     oi_sbuf_free(&more);
 }
 
+static void shm_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg)
+{
+    PB(SharedMemoryControlRequest) *req =
+        nvidia__inferenceserver__shared_memory_control_request__unpack(NULL, msg->len, (const uint8_t *)msg->data);
+    if (req == NULL) {
+        reply_status(s, call, oi_status_new(OI_BAD_REQUEST, "malformed SharedMemoryControlRequest"), 0, NULL);
+        return;
+    }
+    const oi_peer_t *peer = oi_grpc_call_peer(call);
+    oi_status_t *st = NULL;
+    oi_sbuf_t more = {0}, status = {0};
+    int rc = 0;
+    switch (req->shared_memory_control_case) {
+    case NVIDIA__INFERENCESERVER__SHARED_MEMORY_CONTROL_REQUEST__SHARED_MEMORY_CONTROL_REGISTER: {
+        const PB(SharedMemoryControlRequest__Register) *reg = req->register_;
+        if (reg->shared_memory_types_case ==
+            NVIDIA__INFERENCESERVER__SHARED_MEMORY_CONTROL_REQUEST__REGISTER__SHARED_MEMORY_TYPES_SYSTEM_SHARED_MEMORY)
+            st = oi_shm_register_system(&s->shm, peer, reg->name, reg->system_shared_memory->shared_memory_key,
+                                        reg->system_shared_memory->offset, reg->byte_size);
+        else if (reg->shared_memory_types_case ==
+                 NVIDIA__INFERENCESERVER__SHARED_MEMORY_CONTROL_REQUEST__REGISTER__SHARED_MEMORY_TYPES_CUDA_SHARED_MEMORY)
+            st = oi_shm_register_cuda(&s->shm, peer, reg->name, reg->cuda_shared_memory->raw_handle.data,
+                                      reg->cuda_shared_memory->raw_handle.len, reg->cuda_shared_memory->device_id,
+                                      reg->byte_size);
+        else
+            st = oi_status_new(OI_BAD_REQUEST, "register: expected system_shared_memory or cuda_shared_memory");
+        break;
+    }
+    case NVIDIA__INFERENCESERVER__SHARED_MEMORY_CONTROL_REQUEST__SHARED_MEMORY_CONTROL_UNREGISTER:
+        st = oi_shm_unregister(&s->shm, peer, OI_SHM_SYSTEM, req->unregister->name);
+        if (st == NULL)
+            st = oi_shm_unregister(&s->shm, peer, OI_SHM_CUDA, req->unregister->name);
+        break;
+    case NVIDIA__INFERENCESERVER__SHARED_MEMORY_CONTROL_REQUEST__SHARED_MEMORY_CONTROL_UNREGISTER_ALL:
+        st = oi_shm_unregister(&s->shm, peer, OI_SHM_SYSTEM, NULL);
+        if (st == NULL)
+            st = oi_shm_unregister(&s->shm, peer, OI_SHM_CUDA, NULL);
+        break;
+    case NVIDIA__INFERENCESERVER__SHARED_MEMORY_CONTROL_REQUEST__SHARED_MEMORY_CONTROL_STATUS:
+        st = oi_legacy_shm_status(s, peer, OI_LEGACY_BINARY, &status, 1);
+        if (st == NULL)
+            put_field(&more, 2, status.data ? status.data : "", status.len, &rc);
+        break;
+    default: st = oi_status_new(OI_BAD_REQUEST, "expected register, unregister, unregister_all or status"); break;
+    }
+    nvidia__inferenceserver__shared_memory_control_request__free_unpacked(req, NULL);
+    if (rc != 0 && st == NULL)
+        st = oi_status_new(OI_INTERNAL, "out of memory");
+    reply_status(s, call, st, 0, &more);
+    oi_sbuf_free(&more);
+    oi_sbuf_free(&status);
+}
+
 /* ---- inference ---------------------------------------------------------------------------- */
 
 static void maybe_end_stream(oi_grpc_call_t *call)
@@ -212,7 +266,7 @@ static void infer_done(oi_infer_t *inf)
             size_t offs[resp->n_outputs + 1];
             for (uint32_t i = 0; i < resp->n_outputs && i < li->hdr->n_output; i++) {
                 const oi_tensor_t *t = &resp->outputs[i];
-                if (li->cls[i] != 0)
+                if (li->cls[i] != 0 || t->shm) /* shared-memory outputs are in their region */
                     continue;
                 put_field(&tags, 3, NULL, t->byte_size, &rc);
                 offs[n] = tags.len;
@@ -258,6 +312,8 @@ static void infer_done(oi_infer_t *inf)
     atomic_fetch_sub(&s->grpc_inflight, 1);
 }
 
+static const oi_peer_t *call_peer(void *call) { return oi_grpc_call_peer(call); }
+
 static void infer_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg)
 {
     PB(InferRequest) *req = nvidia__inferenceserver__infer_request__unpack(NULL, msg->len, (const uint8_t *)msg->data);
@@ -293,6 +349,8 @@ static void infer_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg)
     oi_buf_unref(owner); /* the tensors hold their own references */
     if (st == NULL) {
         oi_infer_t *inf = li->inf;
+        inf->shm = &s->shm;
+        inf->shm_caller = (oi_shm_caller_t){call_peer, call};
         inf->count_stats = s->cfg.statistics;
         oi_grpc_call_ref(call);
         call->pending++;
@@ -331,7 +389,7 @@ int oi__legacy_grpc_call(oi_server_t *s, oi_grpc_call_t *call)
                 {"Infer", RPC_INFER},
                 {"StreamInfer", RPC_STREAM_INFER},
                 {"ModelControl", RPC_UNSUPPORTED},
-                {"SharedMemoryControl", RPC_UNSUPPORTED},
+                {"SharedMemoryControl", RPC_SHM_CONTROL},
                 {"Repository", RPC_UNSUPPORTED}};
     call->kind = 0;
     for (size_t i = 0; i < sizeof(rpcs) / sizeof(rpcs[0]); i++)
@@ -358,10 +416,11 @@ void oi__legacy_grpc_message(oi_server_t *s, oi_grpc_call_t *call, oi_buf_t *msg
         case RPC_HEALTH: health_rpc(s, call, msg); break;
         case RPC_INFER:
         case RPC_STREAM_INFER: infer_rpc(s, call, msg); break;
+        case RPC_SHM_CONTROL: shm_rpc(s, call, msg); break;
         case RPC_UNSUPPORTED:
             reply_status(s, call,
                          oi_status_new(OI_UNIMPLEMENTED, "%s is not supported by this server's legacy API; use the V2 "
-                                       "API's repository and shared-memory extensions",
+                                       "API's repository extension",
                                        call->method + sizeof(LEGACY_SERVICE) - 1),
                          0, NULL);
             break;

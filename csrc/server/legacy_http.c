@@ -183,7 +183,7 @@ static void infer_done(oi_infer_t *inf)
     size_t n = 0;
     for (uint32_t i = 0; i < resp->n_outputs && i < li->hdr->n_output; i++) {
         const oi_tensor_t *o = &resp->outputs[i];
-        if (li->cls[i] == 0 && o->byte_size > 0)
+        if (li->cls[i] == 0 && !o->shm && o->byte_size > 0) /* shared-memory outputs: in their region */
             parts[n++] = (oi_iov_t){o->data, o->byte_size, o->owner ? oi_buf_ref(o->owner) : NULL};
     }
     parts[n++] = (oi_iov_t){tail_buf->data, tail_buf->len, tail_buf};
@@ -202,6 +202,8 @@ out:
     oi_legacy_infer_free(li);
     free(h);
 }
+
+static const oi_peer_t *peer_of(void *r) { return oi_http_request_peer(r); }
 
 static void infer_gone(oi_http_request_t *r)
 {
@@ -283,6 +285,8 @@ static void handle_infer(oi_server_t *s, oi_http_request_t *r, const char *rest)
         st = oi_legacy_decode(li, m, r->body, r->body ? r->body->data : NULL, r->body ? r->body->len : 0, NULL, 0);
     if (st == NULL) {
         oi_infer_t *inf = li->inf;
+        inf->shm = &s->shm;
+        inf->shm_caller = (oi_shm_caller_t){peer_of, r};
         inf->count_stats = s->cfg.statistics;
         if (s->tracer != NULL)
             (void)oi_infer_trace_begin(inf, s->tracer, m, 0, r->start_ns, oi_now_ns());
@@ -300,6 +304,74 @@ static void handle_infer(oi_server_t *s, oi_http_request_t *r, const char *rest)
     free(h);
 }
 
+/* Copies the path segment at p (up to '/' or the end) into out; returns its end, or NULL when
+ * it is empty or too long. */
+static const char *segment(const char *p, char *out, size_t cap)
+{
+    size_t n = strcspn(p, "/");
+    if (n == 0 || n >= cap)
+        return NULL;
+    memcpy(out, p, n);
+    out[n] = '\0';
+    return p + n;
+}
+
+static int parse_u64(const char *p, uint64_t *v)
+{
+    if (*p == '\0' || strspn(p, "0123456789") != strlen(p) || strlen(p) > 19)
+        return -1;
+    *v = strtoull(p, NULL, 10);
+    return 0;
+}
+
+/* /api/sharedmemorycontrol/register/<name>/<key>/<offset>/<byte_size> (the key with its
+ * leading '/', as 1.x's client sends it), unregister/<name>, unregisterall, status. */
+static void handle_shm(oi_server_t *s, oi_http_request_t *r, const char *rest)
+{
+    if (r->method != HTTP_POST && !(is_get(r) && strcmp(rest, "status") == 0)) {
+        respond(r, s, oi_status_new(OI_METHOD_NOT_ALLOWED, "sharedmemorycontrol: use POST"), "Allow: POST\r\n",
+                NULL);
+        return;
+    }
+    const oi_peer_t *peer = oi_http_request_peer(r);
+    char name[256], key[256], off[32], size[32];
+    const char *p;
+    oi_status_t *st;
+    if (strncmp(rest, "register/", 9) == 0) {
+        uint64_t offset, byte_size;
+        key[0] = '/';
+        if ((p = segment(rest + 9, name, sizeof(name))) == NULL || strncmp(p, "//", 2) != 0 ||
+            (p = segment(p + 2, key + 1, sizeof(key) - 1)) == NULL || *p++ != '/' ||
+            (p = segment(p, off, sizeof(off))) == NULL || *p++ != '/' || (p = segment(p, size, sizeof(size))) == NULL ||
+            *p != '\0' || parse_u64(off, &offset) != 0 || parse_u64(size, &byte_size) != 0)
+            st = oi_status_new(OI_BAD_REQUEST, "expected /api/sharedmemorycontrol/register/<name>/<key>/<offset>/"
+                                               "<byte size>, the key with its leading '/'");
+        else
+            st = oi_shm_register_system(&s->shm, peer, name, key, offset, byte_size);
+    } else if (strncmp(rest, "unregister/", 11) == 0) {
+        if ((p = segment(rest + 11, name, sizeof(name))) == NULL || *p != '\0')
+            st = oi_status_new(OI_BAD_REQUEST, "expected /api/sharedmemorycontrol/unregister/<name>");
+        else
+            st = oi_shm_unregister(&s->shm, peer, OI_SHM_SYSTEM, name);
+    } else if (strcmp(rest, "unregisterall") == 0) {
+        st = oi_shm_unregister(&s->shm, peer, OI_SHM_SYSTEM, NULL);
+    } else if (strcmp(rest, "status") == 0) {
+        int fmt = format_of(r, 1);
+        oi_sbuf_t body = {0};
+        st = fmt < 0 ? oi_status_new(OI_BAD_REQUEST, "format: expected text, binary or json")
+                     : oi_legacy_shm_status(s, peer, (oi_legacy_format_t)fmt, &body, 0);
+        if (st == NULL) {
+            respond(r, s, NULL, fmt == OI_LEGACY_BINARY ? OCTET : "Content-Type: text/plain\r\n", &body);
+            return;
+        }
+        oi_sbuf_free(&body);
+    } else {
+        st = oi_status_new(OI_BAD_REQUEST, "unknown shared memory action in %.200s; expected register, unregister, "
+                                           "unregisterall or status", r->path);
+    }
+    respond(r, s, st, NULL, NULL);
+}
+
 int oi__legacy_http_handle(oi_server_t *s, oi_http_request_t *r)
 {
     const char *p = r->path;
@@ -314,6 +386,8 @@ int oi__legacy_http_handle(oi_server_t *s, oi_http_request_t *r)
         handle_status(s, r, p + 7);
     else if (strncmp(p, "infer/", 6) == 0)
         handle_infer(s, r, p + 6);
+    else if (strncmp(p, "sharedmemorycontrol/", 20) == 0)
+        handle_shm(s, r, p + 20);
     else
         respond(r, s, oi_status_new(OI_BAD_REQUEST, "no legacy endpoint at %.200s", r->path), NULL, NULL);
     return 1;
