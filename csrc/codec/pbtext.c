@@ -362,7 +362,10 @@ static int put_fixed(oi_sbuf_t *w, uint64_t v, size_t n)
     return oi_sbuf_append(w, b, n);
 }
 
-static int oom(parser_t *p) { return fail(p, "out of memory"); }
+static int oom(parser_t *p)
+{
+    return fail(p, "out of memory");
+}
 
 /* One or more adjacent quoted strings, unescaped into s. */
 static int quoted(parser_t *p, oi_sbuf_t *s, const char *field)
@@ -395,7 +398,10 @@ static int quoted(parser_t *p, oi_sbuf_t *s, const char *field)
             case 'b': v = '\b'; break;
             case 'f': v = '\f'; break;
             case 'v': v = '\v'; break;
-            case '\\': case '\'': case '"': case '?': v = (unsigned char)c; break;
+            case '\\':
+            case '\'':
+            case '"':
+            case '?': v = (unsigned char)c; break;
             case 'x':
                 v = 0;
                 for (int k = 0; k < 2 && p->p < p->end && strchr("0123456789abcdefABCDEF", *p->p) && *p->p; k++) {
@@ -456,8 +462,8 @@ static int parse_value(parser_t *p, const ProtobufCFieldDescriptor *f, oi_sbuf_t
         oi_sbuf_t sub = {0};
         int rc = parse_fields(p, f->descriptor, &sub, open == '{' ? '}' : '>');
         p->depth--;
-        if (rc == 0 && (put_tag(w, f->id, 2) != 0 || put_varint(w, sub.len) != 0 ||
-                        oi_sbuf_append(w, sub.data, sub.len) != 0))
+        if (rc == 0 &&
+            (put_tag(w, f->id, 2) != 0 || put_varint(w, sub.len) != 0 || oi_sbuf_append(w, sub.data, sub.len) != 0))
             rc = oom(p);
         oi_sbuf_free(&sub);
         return rc;
@@ -465,7 +471,8 @@ static int parse_value(parser_t *p, const ProtobufCFieldDescriptor *f, oi_sbuf_t
     if (f->type == PROTOBUF_C_TYPE_STRING || f->type == PROTOBUF_C_TYPE_BYTES) {
         oi_sbuf_t s = {0};
         int rc = quoted(p, &s, f->name);
-        if (rc == 0 && (put_tag(w, f->id, 2) != 0 || put_varint(w, s.len) != 0 || oi_sbuf_append(w, s.data, s.len) != 0))
+        if (rc == 0 &&
+            (put_tag(w, f->id, 2) != 0 || put_varint(w, s.len) != 0 || oi_sbuf_append(w, s.data, s.len) != 0))
             rc = oom(p);
         oi_sbuf_free(&s);
         return rc;
@@ -679,8 +686,8 @@ static int json_string(oi_sbuf_t *o, const char *s, size_t n)
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
         int rc = c == '"' || c == '\\' ? oi_sbuf_printf(o, "\\%c", c)
-                 : c < 0x20           ? oi_sbuf_printf(o, "\\u%04x", c)
-                                      : oi_sbuf_append(o, &s[i], 1);
+                 : c < 0x20            ? oi_sbuf_printf(o, "\\u%04x", c)
+                                       : oi_sbuf_append(o, &s[i], 1);
         if (rc != 0)
             return -1;
     }
@@ -694,7 +701,8 @@ static int json_base64(oi_sbuf_t *o, const uint8_t *p, size_t n)
         return -1;
     for (size_t i = 0; i < n; i += 3) {
         uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) | (i + 2 < n ? p[i + 2] : 0);
-        char q[4] = {tab[v >> 18], tab[(v >> 12) & 63], i + 1 < n ? tab[(v >> 6) & 63] : '=', i + 2 < n ? tab[v & 63] : '='};
+        char q[4] = {tab[v >> 18], tab[(v >> 12) & 63], i + 1 < n ? tab[(v >> 6) & 63] : '=',
+                     i + 2 < n ? tab[v & 63] : '='};
         if (oi_sbuf_append(o, q, 4) != 0)
             return -1;
     }
@@ -739,7 +747,8 @@ static int json_value(oi_sbuf_t *o, const ProtobufCFieldDescriptor *f, const voi
         return put_real(o, db, f->type == PROTOBUF_C_TYPE_FLOAT);
     case PROTOBUF_C_TYPE_BOOL:
         memcpy(&i32, v, 4);
-        return key ? oi_sbuf_printf(o, "\"%s\"", i32 ? "true" : "false") : oi_sbuf_printf(o, "%s", i32 ? "true" : "false");
+        return key ? oi_sbuf_printf(o, "\"%s\"", i32 ? "true" : "false")
+                   : oi_sbuf_printf(o, "%s", i32 ? "true" : "false");
     case PROTOBUF_C_TYPE_ENUM: {
         memcpy(&i32, v, 4);
         const ProtobufCEnumValue *ev = protobuf_c_enum_descriptor_get_value(f->descriptor, i32);

@@ -199,8 +199,7 @@ oi_status_t *oi_classify_rank(const oi_tensor_t *t, int batched, uint32_t k, oi_
     uint32_t n = (uint32_t)row_elems;
     int64_t rows = batch > 0 ? batch : 1;
     if ((uint64_t)rows * n * esize > t->byte_size)
-        return oi_status_new(OI_INTERNAL, "output '%s': %zu bytes, fewer than its shape needs", t->name,
-                             t->byte_size);
+        return oi_status_new(OI_INTERNAL, "output '%s': %zu bytes, fewer than its shape needs", t->name, t->byte_size);
     out->batch = batch;
     out->rows = rows;
     out->kept = k < n ? k : n;

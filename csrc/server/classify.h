@@ -33,10 +33,10 @@ oi_status_t *oi_classify_check_dtype(oi_dtype_t dt, const char *name);
 
 /* The top-k classes of each row of an output, by rank. */
 typedef struct oi_topk_s {
-    int64_t batch;  /* the batch size the rows came from; 0: the tensor was one row */
-    int64_t rows;   /* rows ranked: batch, or 1 */
-    uint32_t kept;  /* classes per row: min(k, row elements) */
-    uint32_t *idx;  /* rows * kept class indices, row by row, best first (owned) */
+    int64_t batch; /* the batch size the rows came from; 0: the tensor was one row */
+    int64_t rows;  /* rows ranked: batch, or 1 */
+    uint32_t kept; /* classes per row: min(k, row elements) */
+    uint32_t *idx; /* rows * kept class indices, row by row, best first (owned) */
 } oi_topk_t;
 
 /* Ranks the classes of each row of `t` (per row when `batched` and dimension 0 is not 0, else
@@ -61,8 +61,8 @@ const char *oi_labels_get(const oi_labels_t *l, uint32_t index, uint32_t *len);
  * `batched` (the model batches: dimension 0 is the batch), else over the whole tensor: a BYTES
  * tensor of shape [rows, min(k, row elements)] (or [min(k, elements)] unbatched), classes by
  * descending score, ties by ascending index; `labels` (may be NULL) add the class's label
- * where its line is not empty. Drops `t`'s owner reference and gives `t` a new one. Returns NULL, or a status (400 unsupported type or a row
- * too large, 500 out of memory) with `t` untouched. Runs on an executor thread. */
+ * where its line is not empty. Drops `t`'s owner reference and gives `t` a new one. Returns NULL, or a status (400
+ * unsupported type or a row too large, 500 out of memory) with `t` untouched. Runs on an executor thread. */
 oi_status_t *oi_classify(oi_tensor_t *t, int batched, uint32_t k, const oi_labels_t *labels);
 
 #endif

@@ -75,7 +75,10 @@ static void *init_msg(void *p, const void *init, size_t n)
 
 /* ---- status ------------------------------------------------------------------------------- */
 
-uint64_t oi_legacy_next_id(oi_server_t *s) { return atomic_fetch_add(&s->legacy_ids, 1) + 1; }
+uint64_t oi_legacy_next_id(oi_server_t *s)
+{
+    return atomic_fetch_add(&s->legacy_ids, 1) + 1;
+}
 
 void oi_legacy_status_fill(oi_legacy_status_t *rs, const oi_status_t *st, uint64_t request_id)
 {
@@ -152,7 +155,7 @@ static int by_name_version(const void *a, const void *b)
     return c ? c : (x->version > y->version) - (x->version < y->version);
 }
 
-static PB(StatDuration) *duration(arena_t *a, uint64_t count, uint64_t ns)
+static PB(StatDuration) * duration(arena_t *a, uint64_t count, uint64_t ns)
 {
     PB(StatDuration) *d = NEW(a, PB(StatDuration), NVIDIA__INFERENCESERVER__STAT_DURATION__INIT);
     if (d != NULL) {
@@ -167,7 +170,7 @@ static PB(StatDuration) *duration(arena_t *a, uint64_t count, uint64_t ns)
  * but not per batch size, so they go with the entry of batch size 0 ("any"), or of 1 on a
  * model that does not batch (where every request is batch 1). */
 static PB(ModelVersionStatus__InferStatsEntry) *
-stats_entry(arena_t *a, uint32_t key, const oi_stats_snapshot_t *s, const oi_batch_stats_t *b)
+    stats_entry(arena_t *a, uint32_t key, const oi_stats_snapshot_t *s, const oi_batch_stats_t *b)
 {
     PB(ModelVersionStatus__InferStatsEntry) *e =
         NEW(a, PB(ModelVersionStatus__InferStatsEntry),
@@ -178,8 +181,8 @@ stats_entry(arena_t *a, uint32_t key, const oi_stats_snapshot_t *s, const oi_bat
     e->key = key;
     e->value = v;
     if (b != NULL) {
-        v->compute = duration(a, b->compute_infer.count,
-                              b->compute_input.ns + b->compute_infer.ns + b->compute_output.ns);
+        v->compute =
+            duration(a, b->compute_infer.count, b->compute_input.ns + b->compute_infer.ns + b->compute_output.ns);
         if (v->compute == NULL)
             return NULL;
     }
@@ -188,15 +191,15 @@ stats_entry(arena_t *a, uint32_t key, const oi_stats_snapshot_t *s, const oi_bat
         v->failed = duration(a, s->fail.count, s->fail.ns);
         v->queue = duration(a, s->queue.count, s->queue.ns);
         if (b == NULL)
-            v->compute = duration(a, s->compute_infer.count,
-                                  s->compute_input.ns + s->compute_infer.ns + s->compute_output.ns);
+            v->compute =
+                duration(a, s->compute_infer.count, s->compute_input.ns + s->compute_infer.ns + s->compute_output.ns);
         if (v->success == NULL || v->failed == NULL || v->queue == NULL || v->compute == NULL)
             return NULL;
     }
     return e;
 }
 
-static PB(ModelVersionStatus) *version_status(arena_t *a, const oi_model_t *m)
+static PB(ModelVersionStatus) * version_status(arena_t *a, const oi_model_t *m)
 {
     PB(ModelVersionStatus) *vs = NEW(a, PB(ModelVersionStatus), NVIDIA__INFERENCESERVER__MODEL_VERSION_STATUS__INIT);
     if (vs == NULL)
@@ -247,11 +250,11 @@ static PB(ModelVersionStatus) *version_status(arena_t *a, const oi_model_t *m)
 
 /* The configuration as 1.x's ModelConfig: V2's ModelConfig kept every 1.x field number and
  * type, so the V2 bytes read as the 1.x message (fields 1.x lacks are left aside). */
-static PB(ModelConfig) *legacy_config(arena_t *a, const oi_model_t *m, PB(ModelConfig) **unpacked)
+static PB(ModelConfig) * legacy_config(arena_t *a, const oi_model_t *m, PB(ModelConfig) * *unpacked)
 {
     if (m->config_pb != NULL) {
-        *unpacked = nvidia__inferenceserver__model_config__unpack(NULL, m->config_pb->len,
-                                                                  (const uint8_t *)m->config_pb->data);
+        *unpacked =
+            nvidia__inferenceserver__model_config__unpack(NULL, m->config_pb->len, (const uint8_t *)m->config_pb->data);
         if (*unpacked != NULL)
             return *unpacked;
     }
@@ -453,8 +456,8 @@ static oi_status_t *shm_parameters(oi_legacy_infer_t *li, const uint8_t *shm_in)
     return rc ? oi_status_new(OI_INTERNAL, "out of memory") : NULL;
 }
 
-oi_status_t *oi_legacy_decode(oi_legacy_infer_t *li, const oi_model_t *m, oi_buf_t *owner, const char *data,
-                              size_t len, const ProtobufCBinaryData *raw, size_t n_raw)
+oi_status_t *oi_legacy_decode(oi_legacy_infer_t *li, const oi_model_t *m, oi_buf_t *owner, const char *data, size_t len,
+                              const ProtobufCBinaryData *raw, size_t n_raw)
 {
     const oi_legacy_req_header_t *h = li->hdr;
     oi_request_t *req = &li->inf->req;
@@ -562,16 +565,18 @@ oi_status_t *oi_legacy_decode(oi_legacy_infer_t *li, const oi_model_t *m, oi_buf
 }
 
 /* The classes of one row of a cls output. */
-static PB(InferResponseHeader__Output__Classes) *row_classes(arena_t *a, const oi_tensor_t *t, const oi_topk_t *r,
-                                                             int64_t row, const oi_labels_t *labels)
+static PB(InferResponseHeader__Output__Classes) *
+    row_classes(arena_t *a, const oi_tensor_t *t, const oi_topk_t *r, int64_t row, const oi_labels_t *labels)
 {
-    PB(InferResponseHeader__Output__Classes) *c = NEW(a, PB(InferResponseHeader__Output__Classes),
-                                                      NVIDIA__INFERENCESERVER__INFER_RESPONSE_HEADER__OUTPUT__CLASSES__INIT);
+    PB(InferResponseHeader__Output__Classes) *c =
+        NEW(a, PB(InferResponseHeader__Output__Classes),
+            NVIDIA__INFERENCESERVER__INFER_RESPONSE_HEADER__OUTPUT__CLASSES__INIT);
     if (c == NULL || (c->cls = arena_new(a, (r->kept + 1) * sizeof(*c->cls))) == NULL)
         return NULL;
     for (uint32_t k = 0; k < r->kept; k++) {
-        PB(InferResponseHeader__Output__Class) *cl = NEW(a, PB(InferResponseHeader__Output__Class),
-                                                         NVIDIA__INFERENCESERVER__INFER_RESPONSE_HEADER__OUTPUT__CLASS__INIT);
+        PB(InferResponseHeader__Output__Class) *cl =
+            NEW(a, PB(InferResponseHeader__Output__Class),
+                NVIDIA__INFERENCESERVER__INFER_RESPONSE_HEADER__OUTPUT__CLASS__INIT);
         if (cl == NULL)
             return NULL;
         uint32_t index = r->idx[(size_t)row * r->kept + k], label_len;
@@ -615,14 +620,15 @@ int oi_legacy_response_header(const oi_legacy_infer_t *li, oi_legacy_format_t fm
     int ok = rh.output != NULL;
     for (size_t i = 0; i < n && ok; i++) {
         const oi_tensor_t *t = &resp->outputs[i];
-        PB(InferResponseHeader__Output) *o = NEW(&a, PB(InferResponseHeader__Output),
-                                                 NVIDIA__INFERENCESERVER__INFER_RESPONSE_HEADER__OUTPUT__INIT);
+        PB(InferResponseHeader__Output) *o =
+            NEW(&a, PB(InferResponseHeader__Output), NVIDIA__INFERENCESERVER__INFER_RESPONSE_HEADER__OUTPUT__INIT);
         if ((ok = o != NULL) == 0)
             break;
         o->name = (char *)t->name;
         if (li->cls[i] == 0) {
-            PB(InferResponseHeader__Output__Raw) *r = NEW(&a, PB(InferResponseHeader__Output__Raw),
-                                                          NVIDIA__INFERENCESERVER__INFER_RESPONSE_HEADER__OUTPUT__RAW__INIT);
+            PB(InferResponseHeader__Output__Raw) *r =
+                NEW(&a, PB(InferResponseHeader__Output__Raw),
+                    NVIDIA__INFERENCESERVER__INFER_RESPONSE_HEADER__OUTPUT__RAW__INIT);
             ok = r != NULL;
             if (ok && t->ndim > batching) {
                 /* 1.x gives the dims of one batch entry and the whole batch's byte size. */
@@ -673,7 +679,8 @@ oi_status_t *oi_legacy_shm_status(oi_server_t *s, const oi_peer_t *peer, oi_lega
     ss.shared_memory_region = arena_new(&a, (n + 1) * sizeof(*ss.shared_memory_region));
     int ok = ss.shared_memory_region != NULL;
     for (size_t i = 0; i < n && ok; i++) {
-        PB(SharedMemoryRegion) *r = NEW(&a, PB(SharedMemoryRegion), NVIDIA__INFERENCESERVER__SHARED_MEMORY_REGION__INIT);
+        PB(SharedMemoryRegion) *r =
+            NEW(&a, PB(SharedMemoryRegion), NVIDIA__INFERENCESERVER__SHARED_MEMORY_REGION__INIT);
         PB(SharedMemoryRegion__SystemSharedMemory) *sys =
             NEW(&a, PB(SharedMemoryRegion__SystemSharedMemory),
                 NVIDIA__INFERENCESERVER__SHARED_MEMORY_REGION__SYSTEM_SHARED_MEMORY__INIT);
@@ -683,12 +690,14 @@ oi_status_t *oi_legacy_shm_status(oi_server_t *s, const oi_peer_t *peer, oi_lega
         r->byte_size = regions[i]->byte_size;
         sys->shared_memory_key = regions[i]->key;
         sys->offset = regions[i]->offset;
-        r->shared_memory_types_case = NVIDIA__INFERENCESERVER__SHARED_MEMORY_REGION__SHARED_MEMORY_TYPES_SYSTEM_SHARED_MEMORY;
+        r->shared_memory_types_case =
+            NVIDIA__INFERENCESERVER__SHARED_MEMORY_REGION__SHARED_MEMORY_TYPES_SYSTEM_SHARED_MEMORY;
         r->system_shared_memory = sys;
         ss.shared_memory_region[ss.n_shared_memory_region++] = r;
     }
     if (ok && wrap) { /* SharedMemoryControlResponse.shared_memory_status (2): Status, field 1 as here */
-        PB(SharedMemoryControlResponse__Status) cs = NVIDIA__INFERENCESERVER__SHARED_MEMORY_CONTROL_RESPONSE__STATUS__INIT;
+        PB(SharedMemoryControlResponse__Status)
+        cs = NVIDIA__INFERENCESERVER__SHARED_MEMORY_CONTROL_RESPONSE__STATUS__INIT;
         cs.n_shared_memory_region = ss.n_shared_memory_region;
         cs.shared_memory_region = ss.shared_memory_region;
         ok = oi_legacy_write(out, &cs.base, fmt, 0) == 0;

@@ -55,8 +55,8 @@ oi_legacy_infer_t *oi_legacy_infer_new(oi_legacy_req_header_t *hdr, uint64_t req
  * the model, BYTES elements walked), gRPC one span per input in `raw` (n_raw). Tensors point
  * into the bytes, which `owner` keeps (a reference is taken per tensor). Returns NULL or a
  * 400 status naming the problem (batch_size, an input, a size, an output). */
-oi_status_t *oi_legacy_decode(oi_legacy_infer_t *li, const oi_model_t *m, oi_buf_t *owner, const char *data,
-                              size_t len, const ProtobufCBinaryData *raw, size_t n_raw);
+oi_status_t *oi_legacy_decode(oi_legacy_infer_t *li, const oi_model_t *m, oi_buf_t *owner, const char *data, size_t len,
+                              const ProtobufCBinaryData *raw, size_t n_raw);
 
 /* After a successful inference: the InferResponseHeader of li's response appended to `out` in
  * `fmt`, and, when `line` is not NULL, to `line` as one text line too (the HTTP header). Raw

@@ -102,7 +102,8 @@ static void reply_status(oi_server_t *s, oi_grpc_call_t *call, oi_status_t *st, 
 
 static void status_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg)
 {
-    PB(StatusRequest) *req = nvidia__inferenceserver__status_request__unpack(NULL, msg->len, (const uint8_t *)msg->data);
+    PB(StatusRequest) *req =
+        nvidia__inferenceserver__status_request__unpack(NULL, msg->len, (const uint8_t *)msg->data);
     if (req == NULL) {
         reply_status(s, call, oi_status_new(OI_BAD_REQUEST, "malformed StatusRequest"), 0, NULL);
         return;
@@ -122,7 +123,8 @@ static void status_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg
 
 static void health_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg)
 {
-    PB(HealthRequest) *req = nvidia__inferenceserver__health_request__unpack(NULL, msg->len, (const uint8_t *)msg->data);
+    PB(HealthRequest) *req =
+        nvidia__inferenceserver__health_request__unpack(NULL, msg->len, (const uint8_t *)msg->data);
     if (req == NULL) {
         reply_status(s, call, oi_status_new(OI_BAD_REQUEST, "malformed HealthRequest"), 0, NULL);
         return;
@@ -160,8 +162,9 @@ static void shm_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg)
             NVIDIA__INFERENCESERVER__SHARED_MEMORY_CONTROL_REQUEST__REGISTER__SHARED_MEMORY_TYPES_SYSTEM_SHARED_MEMORY)
             st = oi_shm_register_system(&s->shm, peer, reg->name, reg->system_shared_memory->shared_memory_key,
                                         reg->system_shared_memory->offset, reg->byte_size);
-        else if (reg->shared_memory_types_case ==
-                 NVIDIA__INFERENCESERVER__SHARED_MEMORY_CONTROL_REQUEST__REGISTER__SHARED_MEMORY_TYPES_CUDA_SHARED_MEMORY)
+        else if (
+            reg->shared_memory_types_case ==
+            NVIDIA__INFERENCESERVER__SHARED_MEMORY_CONTROL_REQUEST__REGISTER__SHARED_MEMORY_TYPES_CUDA_SHARED_MEMORY)
             st = oi_shm_register_cuda(&s->shm, peer, reg->name, reg->cuda_shared_memory->raw_handle.data,
                                       reg->cuda_shared_memory->raw_handle.len, reg->cuda_shared_memory->device_id,
                                       reg->byte_size);
@@ -312,7 +315,10 @@ static void infer_done(oi_infer_t *inf)
     atomic_fetch_sub(&s->grpc_inflight, 1);
 }
 
-static const oi_peer_t *call_peer(void *call) { return oi_grpc_call_peer(call); }
+static const oi_peer_t *call_peer(void *call)
+{
+    return oi_grpc_call_peer(call);
+}
 
 static void infer_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg)
 {
@@ -419,7 +425,8 @@ void oi__legacy_grpc_message(oi_server_t *s, oi_grpc_call_t *call, oi_buf_t *msg
         case RPC_SHM_CONTROL: shm_rpc(s, call, msg); break;
         case RPC_UNSUPPORTED:
             reply_status(s, call,
-                         oi_status_new(OI_UNIMPLEMENTED, "%s is not supported by this server's legacy API; use the V2 "
+                         oi_status_new(OI_UNIMPLEMENTED,
+                                       "%s is not supported by this server's legacy API; use the V2 "
                                        "API's repository extension",
                                        call->method + sizeof(LEGACY_SERVICE) - 1),
                          0, NULL);

@@ -80,7 +80,10 @@ static int format_of(const oi_http_request_t *r, int json_ok)
     return -1;
 }
 
-static int is_get(const oi_http_request_t *r) { return r->method == HTTP_GET || r->method == HTTP_HEAD; }
+static int is_get(const oi_http_request_t *r)
+{
+    return r->method == HTTP_GET || r->method == HTTP_HEAD;
+}
 
 static void handle_health(oi_server_t *s, oi_http_request_t *r, const char *mode)
 {
@@ -90,8 +93,8 @@ static void handle_health(oi_server_t *s, oi_http_request_t *r, const char *mode
     }
     int ready = strcmp(mode, "ready") == 0;
     if (!ready && strcmp(mode, "live") != 0) {
-        respond(r, s, oi_status_new(OI_BAD_REQUEST, "unknown health mode '%.64s'; expected live or ready", mode),
-                NULL, NULL);
+        respond(r, s, oi_status_new(OI_BAD_REQUEST, "unknown health mode '%.64s'; expected live or ready", mode), NULL,
+                NULL);
         return;
     }
     if (oi_legacy_health(s, ready))
@@ -137,8 +140,7 @@ typedef struct http_infer_s {
     int binary; /* ?format=binary: the response header at the end of the body serialized */
 } http_infer_t;
 
-static void respond_infer_error(oi_http_request_t *r, oi_server_t *s, const oi_legacy_infer_t *li,
-                                oi_status_t *st)
+static void respond_infer_error(oi_http_request_t *r, oi_server_t *s, const oi_legacy_infer_t *li, oi_status_t *st)
 {
     oi_sbuf_t extra = {0};
     if (oi_sbuf_append(&extra, "NV-InferResponse: ", 18) != 0 || oi_legacy_error_header(li, &extra) != 0 ||
@@ -203,7 +205,10 @@ out:
     free(h);
 }
 
-static const oi_peer_t *peer_of(void *r) { return oi_http_request_peer(r); }
+static const oi_peer_t *peer_of(void *r)
+{
+    return oi_http_request_peer(r);
+}
 
 static void infer_gone(oi_http_request_t *r)
 {
@@ -240,8 +245,8 @@ static void handle_infer(oi_server_t *s, oi_http_request_t *r, const char *rest)
     char name[256], version[24];
     if (split_model(rest, name, sizeof(name), version, sizeof(version)) != 0) {
         respond(r, s,
-                oi_status_new(OI_BAD_REQUEST, "expected /api/infer/<model name>[/<version number>], got /api/infer/%.200s",
-                              rest),
+                oi_status_new(OI_BAD_REQUEST,
+                              "expected /api/infer/<model name>[/<version number>], got /api/infer/%.200s", rest),
                 NULL, NULL);
         return;
     }
@@ -329,8 +334,7 @@ static int parse_u64(const char *p, uint64_t *v)
 static void handle_shm(oi_server_t *s, oi_http_request_t *r, const char *rest)
 {
     if (r->method != HTTP_POST && !(is_get(r) && strcmp(rest, "status") == 0)) {
-        respond(r, s, oi_status_new(OI_METHOD_NOT_ALLOWED, "sharedmemorycontrol: use POST"), "Allow: POST\r\n",
-                NULL);
+        respond(r, s, oi_status_new(OI_METHOD_NOT_ALLOWED, "sharedmemorycontrol: use POST"), "Allow: POST\r\n", NULL);
         return;
     }
     const oi_peer_t *peer = oi_http_request_peer(r);
@@ -366,8 +370,10 @@ static void handle_shm(oi_server_t *s, oi_http_request_t *r, const char *rest)
         }
         oi_sbuf_free(&body);
     } else {
-        st = oi_status_new(OI_BAD_REQUEST, "unknown shared memory action in %.200s; expected register, unregister, "
-                                           "unregisterall or status", r->path);
+        st = oi_status_new(OI_BAD_REQUEST,
+                           "unknown shared memory action in %.200s; expected register, unregister, "
+                           "unregisterall or status",
+                           r->path);
     }
     respond(r, s, st, NULL, NULL);
 }
