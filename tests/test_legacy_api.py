@@ -132,7 +132,7 @@ def test_protos_match_the_wheel_descriptors(pb) -> None:
 def test_the_stored_descriptors_are_the_installed_wheels() -> None:
     """tests/data holds what scripts/legacy_protos.py read from the wheel; where the wheel is
     installed, it still says the same."""
-    api = pytest.importorskip("importlib.util").find_spec("tensorrtserver")
+    api = importlib.util.find_spec("tensorrtserver")
     if api is None:
         pytest.skip("tensorrtserver 1.11.0 is not installed (requirements-test.txt)")
     from google.protobuf import descriptor_pb2
