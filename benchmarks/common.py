@@ -870,6 +870,7 @@ def run_wrk_vs_nginx(sc: WrkScenario, args) -> int:
             sc.check_nginx(urls["nginx"])
             peers = PEERS.start_peers(peer_list(args.peers, sc.peers), args.server_cpu,
                                       raw_dir, peer_problems)
+            PEERS.check_same_answers(peers, urls["openinfer"], peer_problems)
             for n, p in list(peers.items()):
                 try:
                     sc.check_openinfer(p.http_url)
@@ -925,6 +926,7 @@ def run_wrk_vs_nginx(sc: WrkScenario, args) -> int:
                     sc.check_openinfer(urls["openinfer"])
                 except (RuntimeError, SystemExit) as e:
                     fatal.append(f"openinfer failed the check after load: {e}")
+                PEERS.check_same_answers(peers, urls["openinfer"], notes, after_load=True)
             for n, p in peers.items():
                 if not p.alive():
                     notes.append(f"{p.label} exited during the run (rc={p.proc.returncode()}); "
@@ -1014,7 +1016,8 @@ def _wrk_report(sc: WrkScenario, args, names, peers, results, warm_errors, peer_
             print(f"[{sc.tag}] note: {plot_note}", flush=True)
 
     peer_lines = [f"- {p.label}: {p.version}, `{p.command}` (ready {p.started_s:.1f} s after "
-                  "start); access/latency logging off." for p in peers.values()]
+                  f"start); access/latency logging off. {' '.join(p.notes)}".rstrip()
+                  for p in peers.values()]
     lines = report_header(sc.title, args.quick, elapsed) + [
         "**Claim: openinfer/X** = median of per-round ratios of req/s (min–max), X being "
         "each peer and the nginx limit; other cells are median (min–max) over rounds. "

@@ -1,18 +1,24 @@
 """The peers: other inference servers serving openinfer's example model semantics, each
-installed by this module into its own virtual environment under benchmarks/.venvs/<peer>
+installed by this module into its own virtual environment under benchmarks/.venvs/<venv>
 (git-ignored; pip from PyPI), started pinned on 127.0.0.1 and stopped with the run.
 
-    triton    Triton Inference Server: the `tritonserver` binary that the nvidia-pytriton wheel
-              ships, serving Python functions through PyTriton (HTTP + gRPC); with torch in the
-              same venv for S6 (peers/pytriton_serve.py)
+    triton    Triton Inference Server itself: the `tritonserver` binary that the nvidia-pytriton
+              wheel ships, run directly on a Triton-format model repository
+              (peers/triton_models: Python-backend model.py for simple, simple_string,
+              identity_fp32) with the wheel's Python backend (HTTP + gRPC); see start_triton()
+    pytriton  the same binary driven by PyTriton, which forwards every request over ZeroMQ to
+              Python functions in another process (peers/pytriton_serve.py); with torch in the
+              same venv for S6. Labelled "Triton (PyTriton)": a proxy, not Triton's own speed
     mlserver  MLServer with custom runtimes (HTTP JSON + gRPC; peers/mlserver_models.py)
     kserve    KServe's Python model server with custom Models (HTTP JSON/binary + gRPC;
               peers/kserve_serve.py)
     tools     not a server: matplotlib (the plots), orjson and numpy (S5's Python codecs)
 
-`python benchmarks/peers.py [setup|status] [peer ...]` installs / reports them. A peer that
-cannot be installed or started is reported with the exact error (PeerUnavailable), never
-replaced by a number from elsewhere.
+`triton` and `pytriton` share one venv (.venvs/triton, the nvidia-pytriton wheel).
+`python benchmarks/peers.py [setup|status|triton-command] [name ...]` installs them / reports
+them / prints the native Triton command line and environment. A peer that cannot be installed
+or started is reported with the exact error (PeerUnavailable), never replaced by a number from
+elsewhere.
 """
 
 from __future__ import annotations
@@ -35,15 +41,22 @@ VENVS = C.BENCH_DIR / ".venvs"
 PEER_DIR = C.BENCH_DIR / "peers"
 TORCH = "torch==2.13.0"  # the same pin as requirements-test.txt (a local CPU wheel here)
 
-# Pinned so that a rerun measures the same peer; bump deliberately.
+TRITON_MODELS = PEER_DIR / "triton_models"  # the native Triton peer's model repository
+
+# Pinned so that a rerun measures the same peer; bump deliberately. Keys are venv names.
 REQUIREMENTS = {
-    "triton": ["nvidia-pytriton==0.7.0"],
+    "triton": ["nvidia-pytriton==0.7.0"],  # both the `triton` and the `pytriton` peer
     "triton-torch": [TORCH],  # added to the triton venv only for S6
     "mlserver": ["mlserver==1.7.1"],
     "kserve": ["kserve==0.21.0"],
     "tools": ["matplotlib", "orjson", "numpy"],
 }
-LABELS = {"triton": "Triton (PyTriton)", "mlserver": "MLServer", "kserve": "KServe"}
+VENV_OF = {"triton": "triton", "pytriton": "triton", "mlserver": "mlserver", "kserve": "kserve",
+           "tools": "tools"}
+DIST_OF = {"triton": "nvidia-pytriton", "pytriton": "nvidia-pytriton", "mlserver": "mlserver",
+           "kserve": "kserve"}
+LABELS = {"triton": "Triton", "pytriton": "Triton (PyTriton)", "mlserver": "MLServer",
+          "kserve": "KServe"}
 
 
 class PeerUnavailable(RuntimeError):
@@ -166,6 +179,115 @@ def perf_analyzer_status() -> tuple[str | None, str]:
 
 
 # --------------------------------------------------------------------------
+# Native Triton: the tritonserver binary inside the nvidia-pytriton wheel
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TritonDist:
+    """Where the installed nvidia-pytriton wheel keeps Triton's own pieces."""
+    python: Path         # the venv's interpreter; its bin/ goes first on PATH for the stub
+    server: Path         # pytriton/tritonserver/bin/tritonserver
+    backends: Path       # pytriton/tritonserver/backends (--backend-directory)
+    libs: Path           # nvidia_pytriton.libs: libtritonserver and the libraries it bundles
+    libpython_dir: Path  # LIBDIR of the venv's interpreter: libpython3.X.so.1.0 for the stub
+    wheel: str           # "nvidia-pytriton 0.7.0"
+
+    def backend_names(self) -> list[str]:
+        """The Triton backends the wheel ships (0.7.0: only `python`)."""
+        return sorted(d.name for d in self.backends.iterdir() if d.is_dir()
+                      and any(d.glob("libtriton_*.so")))
+
+    def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """The environment tritonserver needs: the wheel's libraries and the interpreter's
+        libpython on the loader path (without the latter the stub picks up Debian's
+        libpython3.11 and runs it on this interpreter's standard library, which fails), and
+        the venv's bin/ first on PATH (the stub's embedded Python finds its prefix, and so
+        the venv's site-packages and numpy, from the `python3` it finds on PATH)."""
+        env = dict(os.environ if base is None else base)
+        env.pop("PYTHONPATH", None)
+        env.pop("PYTHONHOME", None)
+        env["LD_LIBRARY_PATH"] = ":".join(
+            [str(self.libs), str(self.libpython_dir)]
+            + ([env["LD_LIBRARY_PATH"]] if env.get("LD_LIBRARY_PATH") else []))
+        env["PATH"] = f"{self.python.parent}:{env.get('PATH', os.defpath)}"
+        return env
+
+
+def triton_dist() -> TritonDist:
+    """Install the wheel (first time) and find Triton in it. The wheel keeps one Python
+    backend stub per Python version (python_backend_stubs/3.X/); the backend runs
+    `<backend-directory>/python/triton_python_backend_stub` (or one in the model's directory),
+    so the stub for the venv's Python is copied there once, as PyTriton does into its own copy
+    of the tree. Raises PeerUnavailable when a piece is missing."""
+    py = ensure_venv(VENV_OF["triton"], REQUIREMENTS["triton"])
+    r = subprocess.run(
+        [str(py), "-c", "import importlib.util as u, json, sys, sysconfig; "
+         "print(json.dumps([u.find_spec('pytriton').submodule_search_locations[0], "
+         "sysconfig.get_config_var('LIBDIR'), '%d.%d' % sys.version_info[:2]]))"],
+        capture_output=True, text=True)
+    if r.returncode != 0:
+        raise PeerUnavailable(f"cannot locate pytriton in {py}: {r.stderr.strip()[-300:]}")
+    pkg, libdir, pyver = json.loads(r.stdout)
+    root = Path(pkg) / "tritonserver"
+    dist = TritonDist(python=py, server=root / "bin" / "tritonserver",
+                      backends=root / "backends", libs=Path(pkg).parent / "nvidia_pytriton.libs",
+                      libpython_dir=Path(libdir),
+                      wheel=f"nvidia-pytriton {_pkg_version(py, 'nvidia-pytriton')}")
+    stub_src = root / "python_backend_stubs" / pyver / "triton_python_backend_stub"
+    stub = dist.backends / "python" / "triton_python_backend_stub"
+    for need in (dist.server, dist.libs, dist.backends / "python" / "libtriton_python.so",
+                 stub_src):
+        if not need.exists():
+            raise PeerUnavailable(f"the nvidia-pytriton wheel in {C.rel(py.parent.parent)} has "
+                                  f"no {need}")
+    if not stub.exists() or stub.stat().st_size != stub_src.stat().st_size:
+        shutil.copy2(stub_src, stub)
+    return dist
+
+
+def triton_argv(dist: TritonDist, repo: Path, http_port: int, grpc_port: int,
+                extra: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """tritonserver's command line: every model of `repo` served on 127.0.0.1 only (HTTP and
+    gRPC; metrics, SageMaker and Vertex AI off), no verbose logging; `extra` flags last."""
+    argv = [str(dist.server), "--model-repository", str(repo),
+            "--backend-directory", str(dist.backends),
+            "--http-address", "127.0.0.1", "--http-port", str(http_port),
+            "--allow-grpc", "true", "--grpc-address", "127.0.0.1", "--grpc-port", str(grpc_port),
+            "--allow-metrics", "false", "--log-verbose", "0", "--exit-timeout-secs", "10"]
+    return argv + list(extra)
+
+
+def triton_command_text(argv: list[str], env: dict[str, str], cpus: str | None) -> str:
+    """The command line as a person would type it, with the environment it needs."""
+    def absolute(d: str) -> str:  # typed from the repository root, still absolute
+        return "$PWD/" + _rel_arg(d) if d.startswith(str(C.REPO_ROOT)) else d
+    venv_bin = env["PATH"].split(":", 1)[0]
+    libs = ":".join(absolute(d) for d in env["LD_LIBRARY_PATH"].split(":")[:2])
+    parts = [f"LD_LIBRARY_PATH={libs}", f"PATH={absolute(venv_bin)}:$PATH"]
+    if cpus is not None:
+        parts += ["taskset", "-c", cpus]
+    return " ".join(parts + [_rel_arg(a) for a in argv])
+
+
+def _rel_arg(a: str) -> str:
+    return os.path.relpath(a, C.REPO_ROOT) if a.startswith(str(C.REPO_ROOT)) else a
+
+
+def start_triton(cpus: str | None, log_dir: Path, repo: Path = TRITON_MODELS,
+                 models: list[str] | tuple[str, ...] | None = None, timeout: float = 240,
+                 extra: list[str] | tuple[str, ...] = ()) -> "Peer":
+    """Start native Triton (tritonserver from the wheel, pinned to `cpus`) on a Triton-format
+    `repo` whose models use the Python backend (all of them loaded), and wait until the server
+    is ready (which, with Triton's strict readiness, means every model loaded) and each of
+    `models` answers ready. For scenarios with their own repository (e.g. decoupled models for
+    streaming); `extra` adds tritonserver flags. The caller stops it with Peer.stop(). Raises
+    PeerUnavailable with the server log's last lines."""
+    return start_peer("triton", cpus, log_dir, timeout=timeout, models=models,
+                      triton_repo=repo, triton_extra=extra)
+
+
+# --------------------------------------------------------------------------
 # Starting peers
 # --------------------------------------------------------------------------
 
@@ -182,6 +304,8 @@ class Peer:
     command: str = ""
     started_s: float = float("nan")  # spawn -> all models ready
     notes: list[str] = field(default_factory=list)
+    # Models whose answers must equal openinfer's for the same request (same_as_openinfer).
+    same_models: tuple[str, ...] = ()
 
     def alive(self) -> bool:
         return self.proc.alive()
@@ -197,12 +321,18 @@ def _pkg_version(py: Path, dist: str) -> str:
 
 
 def peer_argv(name: str, http_port: int, grpc_port: int, workdir: Path,
-              torch_repo: Path | None = None) -> tuple[list[str], dict[str, str], Path, Path]:
-    """(argv, env, cwd, python) to start peer `name` (installing it first)."""
+              torch_repo: Path | None = None, triton_repo: Path = TRITON_MODELS,
+              triton_extra=()) -> tuple[list[str], dict[str, str], Path, Path]:
+    """(argv, env, cwd, python) to start peer `name` (installing it first). Native Triton
+    serves every model of `triton_repo`."""
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     if name == "triton":
-        py = ensure_venv("triton", REQUIREMENTS["triton"])
+        dist = triton_dist()
+        return (triton_argv(dist, triton_repo, http_port, grpc_port, triton_extra),
+                dist.env(env), workdir, dist.python)
+    if name == "pytriton":
+        py = ensure_venv(VENV_OF["pytriton"], REQUIREMENTS["triton"])
         if torch_repo is not None:
             ensure_venv("triton", REQUIREMENTS["triton"] + REQUIREMENTS["triton-torch"])
         # The wheel's Python backend stub links libpython3.11.so.1.0 and the loader finds
@@ -249,13 +379,15 @@ def peer_argv(name: str, http_port: int, grpc_port: int, workdir: Path,
 
 
 def start_peer(name: str, cpus: str | None, log_dir: Path, timeout: float = 240,
-               torch_repo: Path | None = None, models=("simple", "identity_fp32")) -> Peer:
+               torch_repo: Path | None = None, models=("simple", "identity_fp32"),
+               triton_repo: Path = TRITON_MODELS, triton_extra=()) -> Peer:
     """Install (first time), start pinned, wait until every model is ready. Raises
     PeerUnavailable with the exact error (pip's, or the server log's last lines)."""
     http_port, grpc_port = C.free_port(), C.free_port()
     workdir = log_dir / f"{name}-work"
     workdir.mkdir(parents=True, exist_ok=True)
-    argv, env, cwd, py = peer_argv(name, http_port, grpc_port, workdir, torch_repo)
+    argv, env, cwd, py = peer_argv(name, http_port, grpc_port, workdir, torch_repo,
+                                   triton_repo, triton_extra)
     proc = C.ServerProcess(name, argv, cpus, log_dir / f"{name}.log", cwd=cwd, env=env,
                            stop_signal=2)
     url = f"http://127.0.0.1:{http_port}"
@@ -263,19 +395,142 @@ def start_peer(name: str, cpus: str | None, log_dir: Path, timeout: float = 240,
     proc.start()
     try:
         C.wait_http_ready(url + "/v2/health/ready", timeout=timeout, proc=proc)
-        for m in models:
+        for m in models or ():
             C.wait_http_ready(f"{url}/v2/models/{m}/ready", timeout=timeout, proc=proc)
     except RuntimeError as e:
         tail = proc.log_tail(15)
         proc.stop(timeout=30)
         raise PeerUnavailable(f"{name} did not become ready: {str(e).splitlines()[0]}; "
                               f"log tail:\n{tail}") from None
-    dist = {"triton": "nvidia-pytriton", "mlserver": "mlserver", "kserve": "kserve"}[name]
-    peer = Peer(name, LABELS[name], proc, http_port, grpc_port, url,
-                version=f"{dist} {_pkg_version(py, dist)}", started_s=time.monotonic() - t0)
-    peer.command = " ".join(os.path.relpath(a, C.REPO_ROOT) if a.startswith(str(C.REPO_ROOT))
-                            else a for a in argv)
+    started_s = time.monotonic() - t0
+    dist = DIST_OF[name]
+    version = f"{dist} {_pkg_version(py, dist)}"
+    if name == "triton":
+        version = f"tritonserver {_server_version(url)} from {version}"
+    peer = Peer(name, LABELS[name], proc, http_port, grpc_port, url, version=version,
+                started_s=started_s)
+    peer.command = (triton_command_text(argv, env, cpus) if name == "triton"
+                    else " ".join(_rel_arg(a) for a in argv))
+    if name == "triton":
+        shipped = triton_dist().backend_names()
+        peer.notes.append(f"The wheel ships {len(shipped)} Triton backend"
+                          f"{'s' if len(shipped) != 1 else ''}, {', '.join(f'`{x}`' for x in shipped)}; "
+                          "the models are Python-backend `model.py` files")
+        if triton_repo == TRITON_MODELS:
+            peer.same_models = tuple(SAME_REQUESTS)
+            peer.notes[-1] += (f" in `{C.rel(TRITON_MODELS)}` with the inputs, outputs, dims and "
+                               "batching of openinfer's examples")
+        peer.notes[-1] += "."
     return peer
+
+
+def _server_version(url: str) -> str:
+    """The `version` of GET /v2 (server metadata), or '?'."""
+    try:
+        status, raw = C.http_request(url + "/v2")
+        return json.loads(raw).get("version", "?") if status == 200 else "?"
+    except (OSError, ValueError):
+        return "?"
+
+
+# --------------------------------------------------------------------------
+# The same answers as openinfer
+# --------------------------------------------------------------------------
+
+
+def _same_requests() -> dict[str, dict]:
+    """One V2 JSON request per model of peers/triton_models, with values at the edges:
+    INT32 sums and differences that wrap, negative decimals, a batch of 2, FP32 signed zero,
+    subnormals and the extremes."""
+    import numpy as np
+    ints = np.array([0, 1, -1, 7, 2**31 - 1, -2**31, 123456789, -987654321, 42, 16, -16, 255,
+                     65536, 2**30, -2**30, 3], dtype=np.int32)
+    a = np.stack([ints, ints[::-1]])
+    b = np.stack([np.ones(16, np.int32), ints])
+    f = np.concatenate([np.array([0.0, -0.0, 1e-45, -1.17549435e-38, 3.4028235e38, 0.1],
+                                 np.float32),
+                        np.random.default_rng(19).standard_normal(250).astype(np.float32)])
+
+    def t(name, dtype, arr, data):
+        return {"name": name, "datatype": dtype, "shape": list(arr.shape), "data": data}
+    return {
+        "simple": {"inputs": [t("INPUT0", "INT32", a, a.ravel().tolist()),
+                              t("INPUT1", "INT32", b, b.ravel().tolist())]},
+        "simple_string": {"inputs": [t("INPUT0", "BYTES", a, [str(v) for v in a.ravel().tolist()]),
+                                     t("INPUT1", "BYTES", b, [str(v) for v in b.ravel().tolist()])]},
+        "identity_fp32": {"inputs": [t("INPUT0", "FP32", f, [float(v) for v in f])]},
+    }
+
+
+SAME_REQUESTS = _same_requests()
+
+
+def _outputs(answer: dict) -> dict:
+    """name -> (datatype, shape, data); FP32 data as bit patterns, so -0.0 differs from 0.0."""
+    import numpy as np
+    out = {}
+    for o in answer.get("outputs", []):
+        data = o.get("data")
+        if o.get("datatype") == "FP32" and isinstance(data, list):
+            data = np.asarray(data, np.float32).view(np.uint32).tolist()
+        out[o.get("name")] = (o.get("datatype"), o.get("shape"), data)
+    return out
+
+
+def same_as_openinfer(peer: Peer, openinfer_url: str) -> str | None:
+    """Send each of `peer.same_models` the request of SAME_REQUESTS, and the same bytes to
+    openinfer (its bundled examples); None when every answer (output names, datatypes,
+    shapes, values) is the same, else what differed."""
+    for model in peer.same_models:
+        body = json.dumps(SAME_REQUESTS[model]).encode()
+        got = {}
+        for who, base in (("openinfer", openinfer_url), (peer.label, peer.http_url)):
+            try:
+                status, raw = C.http_request(f"{base}/v2/models/{model}/infer", body, "POST",
+                                             {"Content-Type": "application/json"}, timeout=30)
+            except OSError as e:
+                return f"{model}: {who} did not answer: {e}"
+            if status != 200:
+                return f"{model}: {who} answered HTTP {status}: {raw[:200]!r}"
+            got[who] = _outputs(json.loads(raw))
+        ours, theirs = got["openinfer"], got[peer.label]
+        if ours.keys() != theirs.keys():
+            return f"{model}: outputs {sorted(theirs)} where openinfer gives {sorted(ours)}"
+        for name in ours:
+            (dt, shape, data), (dt2, shape2, data2) = ours[name], theirs[name]
+            if (dt, shape) != (dt2, shape2):
+                return (f"{model} {name}: {dt2} {shape2} where openinfer gives {dt} {shape}")
+            if data != data2:
+                i = next((k for k, (x, y) in enumerate(zip(data, data2)) if x != y),
+                         min(len(data), len(data2)))
+                return (f"{model} {name}: element {i} is {data2[i:i + 1]} where openinfer gives "
+                        f"{data[i:i + 1]}" + (" (FP32 bit patterns)" if dt == "FP32" else ""))
+    return None
+
+
+def check_same_answers(peers: dict[str, Peer], openinfer_url: str, problems: list[str],
+                       after_load: bool = False) -> None:
+    """same_as_openinfer() for every peer that has `same_models`. Before the load a peer that
+    differs is stopped and removed from `peers`; after it, the difference is reported (its
+    numbers are already taken). Either way the reason goes to `problems`."""
+    for n, p in list(peers.items()):
+        if not p.same_models or not p.alive():
+            continue
+        why = same_as_openinfer(p, openinfer_url)
+        if why is None:
+            said = (f"Its answers for {', '.join(p.same_models)} equal openinfer's for the same "
+                    "requests (INT32 wrap-around, BYTES, FP32 signed zero and subnormals) before the load")
+            if not after_load:
+                p.notes.append(said + ".")
+            elif said + "." in p.notes:
+                p.notes[p.notes.index(said + ".")] = said + " and after it."
+            continue
+        if after_load:
+            problems.append(f"{p.label} answered differently from openinfer after the load: {why}")
+        else:
+            problems.append(f"{p.label} left out: its answers differ from openinfer's: {why}")
+            p.stop()
+            del peers[n]
 
 
 def start_peers(names, cpus: str | None, log_dir: Path, problems: list[str],
@@ -302,18 +557,29 @@ def libdir() -> str:
 
 def main(argv: list[str]) -> int:
     what = argv[0] if argv else "status"
+    if what == "triton-command":
+        # What the `triton` peer runs (ports are examples), for a person to try by hand.
+        dist = triton_dist()
+        env = dist.env()
+        print(triton_command_text(triton_argv(dist, TRITON_MODELS, 8000, 8001), env, "0"))
+        print(f"# {dist.wheel}; backends shipped: {', '.join(dist.backend_names())}")
+        return 0
     names = argv[1:] or ["triton", "mlserver", "kserve", "tools"]
     if what == "setup":
         for n in names:
             try:
-                ensure_venv(n, REQUIREMENTS[n])
+                if n == "triton":
+                    triton_dist()
+                else:
+                    ensure_venv(VENV_OF[n], REQUIREMENTS[VENV_OF[n]])
             except PeerUnavailable as e:
                 print(f"{n}: {e}")
         path, note = perf_analyzer_status()
         print(f"perf_analyzer: {path or 'not usable'} — {note}")
         return 0
     for n in names:
-        print(f"{n}: {'installed' if (VENVS / n / '.installed').exists() else 'not installed'}")
+        have = (VENVS / VENV_OF.get(n, n) / ".installed").exists()
+        print(f"{n}: {'installed' if have else 'not installed'}")
     return 0
 
 

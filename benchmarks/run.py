@@ -6,8 +6,8 @@ they pin to the same cores).
 
 With no scenario named, runs all of them (S1-S8, S10). Each scenario is its own script
 (benchmarks/<id>_*.py) started in a child process with this Python; --quick
-and --out are passed on. The peers (Triton through PyTriton, MLServer, KServe) are
-installed on first use into benchmarks/.venvs/ by benchmarks/peers.py. At the end,
+and --out are passed on. The peers (Triton run directly, Triton through PyTriton,
+MLServer, KServe) are installed on first use into benchmarks/.venvs/ by benchmarks/peers.py. At the end,
 benchmarks/summary.py writes the table of ratios (summary.md; after a full run of
 every scenario, also README.md's Benchmarks section). Exit status: 0 when every
 scenario succeeded.

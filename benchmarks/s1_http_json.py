@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         plot_title="S1: simple, HTTP JSON (median, min–max)",
         path=INFER_PATH, script=LUA_SCRIPT,
         check_openinfer=check_openinfer_answer, check_nginx=check_nginx_answer,
-        peers=("triton", "mlserver", "kserve"),
+        peers=("triton", "pytriton", "mlserver", "kserve"),
         work=[f"- Work: `POST {INFER_PATH}`, V2 JSON body ({len(BODY)} bytes: INPUT0 = "
               "0..15, INPUT1 = ones, INT32 [1,16]), `Content-Type: application/json`, "
               f"sent by wrk with `{LUA_SCRIPT.relative_to(C.REPO_ROOT)}`. The openinfer "

@@ -2,8 +2,8 @@
 """S2: model `simple` (INT32 [1,16] add/sub) over HTTP with the binary tensor
 data extension, against the physical limit (a static nginx `return 200` under
 the same wrk load) and the peers
-(benchmarks/peers.py: Triton through PyTriton, KServe; MLServer is tried and left out
-with its answer when it does not speak the extension), side by side.
+(benchmarks/peers.py: Triton run directly, Triton through PyTriton, KServe; MLServer is
+tried and left out with its answer when it does not speak the extension), side by side.
 
     .venv/bin/python benchmarks/s2_http_binary.py [--quick] [--concurrency 1,8,64]
                                                    [--duration S] [--rounds N]
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         plot_title="S2: simple, HTTP binary tensors (median, min–max)",
         path=INFER_PATH, script=LUA_SCRIPT,
         check_openinfer=check_openinfer_answer, check_nginx=check_nginx_answer,
-        peers=("triton", "kserve", "mlserver"),
+        peers=("triton", "pytriton", "kserve", "mlserver"),
         work=[f"- Work: `POST {INFER_PATH}`, {len(BODY)}-byte body = {JSON_SIZE}-byte "
               "JSON header (inputs with `binary_data_size` 64, outputs with "
               "`binary_data: true`) + 2 × 64 bytes of raw INT32 (INPUT0 = 0..15, "

@@ -16,8 +16,8 @@ every answer's DATA bytes are checked against the exact length of the verified r
 the answer itself is verified with grpcio before and after the load. Streaming at concurrency c:
 one ModelStreamInfer call at a time, each carrying c messages sent at once (so c messages are in
 flight, as in unary); the rate counted is messages answered per second. Peers (benchmarks/peers.py:
-Triton through PyTriton, MLServer, KServe) run side by side on the same core; a peer or a part of one
-(streaming, 16 MiB) that does not work is reported with the error it gave.
+Triton run directly, Triton through PyTriton, MLServer, KServe) run side by side on the same core; a
+peer or a part of one (streaming, 16 MiB) that does not work is reported with the error it gave.
 
 Protocol (../shared/BENCHMARKS.md): server pinned to CPU 0, load to CPU 1; warm-up, then
 rounds with the servers in turn (A B C A B C); for S4 the gRPC servers and raw TCP alternate likewise; the
@@ -239,7 +239,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--concurrency", type=C.parse_int_list, default=None, help="default 1,8,64 (quick 8)")
     ap.add_argument("--duration", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--peers", default=None, help="comma-separated peers (default triton,mlserver,kserve; 'none')")
+    ap.add_argument("--peers", default=None, help="comma-separated peers (default triton,pytriton,mlserver,kserve; 'none')")
     ap.add_argument("--server-cpu", default="0")
     ap.add_argument("--client-cpu", default="1")
     ap.add_argument("--out", type=Path, default=None)
@@ -291,8 +291,10 @@ def main() -> int:
             wait_port(grpc_port, oi)
             wait_port(tcp_port, tcp)
             lens["openinfer"] = verify(pb, grpc_port, simple, big, x)
-            peers = PEERS.start_peers(C.peer_list(args.peers, ["triton", "mlserver", "kserve"]),
+            peers = PEERS.start_peers(C.peer_list(args.peers, ["triton", "pytriton", "mlserver",
+                                                               "kserve"]),
                                       args.server_cpu, raw_dir, peer_problems)
+            PEERS.check_same_answers(peers, f"http://127.0.0.1:{http_port}", peer_problems)
             for n, p in list(peers.items()):
                 try:
                     wait_port(p.grpc_port, p.proc)
@@ -360,6 +362,13 @@ def main() -> int:
             verify(pb, grpc_port, simple, big, x)
             if not oi.alive():
                 failures.append("openinfer exited during the run")
+            for n in names:
+                if n != "openinfer" and procs[n].alive():
+                    try:  # each peer's gRPC answers, as before the load
+                        verify(pb, ports[n], simple, big, x)
+                    except (SystemExit, Exception) as e:  # noqa: BLE001 - reported
+                        notes.append(f"{labels[n]} failed the gRPC check after the load: {e}")
+            PEERS.check_same_answers(peers, f"http://127.0.0.1:{http_port}", notes, after_load=True)
             for n, p in peers.items():
                 if not p.alive():
                     notes.append(f"{p.label} exited during the run (rc={p.proc.returncode()})")
@@ -404,7 +413,8 @@ def main() -> int:
         csv_rows += [["S4", f"{n}_16MiB", 1, n, i, r["rps"], "", "", r.get("error") or ""]
                      for i, r in enumerate(runs)]
     status = "FAILED: " + "; ".join(failures) if failures else "all answers verified"
-    peer_lines = "".join(f"- {p.label}: {p.version}, `{p.command}`.\n" for p in peers.values())
+    peer_lines = "".join(f"- {p.label}: {p.version}, `{p.command}`. {' '.join(p.notes)}".rstrip() + "\n"
+                         for p in peers.values())
     pa_path, pa_note = PEERS.perf_analyzer_status()
     md = [
         f"# S3/S4 — gRPC{' (quick check)' if args.quick else ''}\n\nRun {C.now_utc()}, openinfer commit "
@@ -425,7 +435,7 @@ def main() -> int:
         f"Load: `taskset -c {args.client_cpu} h2load -c 1 -m <concurrency> -D {args.duration} "
         "-d <framed ModelInferRequest> -H 'content-type: application/grpc' -H 'te: trailers'`; "
         "p50/p99 from h2load's per-request log. Every answer's DATA length is checked against the verified "
-        "response of that server; answers verified with grpcio before the load. A 1 s h2load run warms up each "
+        "response of that server; answers verified with grpcio before and after the load. A 1 s h2load run warms up each "
         f"server at each point; then {args.rounds} rounds of the servers in turn.\n"
         f"- Triton's perf_analyzer: not used — {pa_note} h2load (C, nghttp2) is the nearest real "
         "alternative: an outside load generator speaking gRPC over HTTP/2 with the same request bytes.\n"

@@ -56,7 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--client-cpu", default="1", help="taskset CPU list for the clients (1)")
     ap.add_argument("--no-iperf3", action="store_true", help="skip the iperf3 cross-check")
     ap.add_argument("--peers", default=None, help="comma-separated peers (default "
-                    "triton,kserve,mlserver; 'none')")
+                    "triton,pytriton,kserve,mlserver; 'none')")
     ap.add_argument("--out", type=Path, help="results directory (default "
                     "benchmarks/results; quick: benchmarks/results/raw)")
     a = ap.parse_args(argv)
@@ -114,6 +114,7 @@ def main(argv=None) -> int:
     iperf: list[float] = []
     problems: list[str] = []
     peer_problems: list[str] = []
+    peer_after: list[str] = []  # a peer's failed check after the load: reported, not fatal
     peers: dict = {}
     peer_workers: dict[str, C.Worker] = {}
     procs = [p for p in (oi, echo, ip) if p is not None]
@@ -124,8 +125,10 @@ def main(argv=None) -> int:
         w_oi.start()
         w_raw.start()
         w_oi.call("verify")
-        peers = PEERS.start_peers(C.peer_list(args.peers, ["triton", "kserve", "mlserver"]),
+        peers = PEERS.start_peers(C.peer_list(args.peers, ["triton", "pytriton", "kserve",
+                                                           "mlserver"]),
                                   args.server_cpu, raw_dir, peer_problems)
+        PEERS.check_same_answers(peers, url, peer_problems)
         for n, p in list(peers.items()):
             w = C.Worker(f"{n} client", "openinfer", [p.http_url], args.client_cpu,
                          raw_dir / f"worker-{n}.log")
@@ -133,7 +136,7 @@ def main(argv=None) -> int:
                 w.start()
                 # op_tensor checks the answer equals the input before timing (the
                 # worker's `verify` also sends a [3,1000] tensor, which a peer whose
-                # identity is declared 1-D, like PyTriton's, refuses).
+                # identity is declared 1-D, like Triton's, refuses).
                 w.call("tensor", seconds=0, nbytes=min(args.sizes), min_iters=1, timeout=300)
             except C.WorkerError as e:
                 peer_problems.append(f"{p.label} left out: the same openinfer.Client request "
@@ -191,6 +194,13 @@ def main(argv=None) -> int:
                 w_oi.call("verify")
             except C.WorkerError as e:
                 problems.append(f"openinfer failed the check after load: {e}")
+            PEERS.check_same_answers(peers, url, peer_after, after_load=True)
+        for n, w in peer_workers.items():
+            if peers[n].alive():
+                try:  # the same tensor check as before the load
+                    w.call("tensor", seconds=0, nbytes=min(args.sizes), min_iters=1, timeout=300)
+                except C.WorkerError as e:
+                    peer_after.append(f"{peers[n].label} failed the check after load: {e}")
     except (C.WorkerError, RuntimeError) as e:
         problems.append(f"run aborted: {e}")
         print(f"[{T}] ERROR: {e}", flush=True)
@@ -201,7 +211,7 @@ def main(argv=None) -> int:
             p.stop()
         for p in procs:
             p.stop()
-    notes = []
+    notes = list(peer_after)
     oi_log = oi.log_tail(40).strip()
     if oi_log:
         notes.append("openinfer log (level warning) was not empty:\n\n```\n"
@@ -272,7 +282,7 @@ def report(args, results, iperf, problems, notes, raw_dir, elapsed, load,
         {label[k]: plot[k] for k in names}, logy=True) if table else "no data"
     ip_sum = C.summarize(iperf)
     peer_lines = [f"- {p.label}: {p.version}, `{p.command}`, the same `openinfer.Client` "
-                  "worker as for openinfer." for p in peers.values()]
+                  f"worker as for openinfer. {' '.join(p.notes)}".rstrip() for p in peers.values()]
     lines = C.report_header("S4 — identity_fp32 tensors over HTTP binary", args.quick,
                             elapsed) + [
         "**Claim: openinfer/X** = median of per-round ratios of GB/s (min–max), X a peer "
@@ -312,8 +322,8 @@ def report(args, results, iperf, problems, notes, raw_dir, elapsed, load,
         f"- Servers (openinfer, peers, echo, iperf3 -s) pinned with `taskset -c "
         f"{args.server_cpu}`, all started at once; clients (`benchmarks/loadgen.py` "
         f"workers, iperf3 -c) with `taskset -c {args.client_cpu}`. Server CPU % = server "
-        "process CPU over the loop / wall time (100 = one core; PyTriton's work in its "
-        "child processes is not counted).",
+        "process CPU over the loop / wall time (100 = one core; the work of Triton's Python "
+        "backend stub and of PyTriton in their child processes is not counted).",
         f"- Per size: {args.warmup:g} s warm-up of each contender (discarded), then "
         f"{args.rounds} rounds of the contenders in turn, each loop "
         f"≥ {args.seconds:g} s and ≥ 3 requests (peers: ≥ 1 request, as one can take seconds). A failed request or a server "

@@ -112,6 +112,19 @@ def in_process(model: str, batch: int, seconds: float, cpu: str) -> dict[str, fl
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def triton_backends_line(PEERS) -> str:
+    """Why Triton itself is not a row here: which backends the wheel that ships it has."""
+    try:
+        dist = PEERS.triton_dist()
+        have = ", ".join(f"`{b}`" for b in dist.backend_names())
+        what = f"{dist.wheel} ships Triton's {have} backend only"
+    except PEERS.PeerUnavailable as e:
+        what = f"the nvidia-pytriton wheel could not be inspected ({e})"
+    return (f"- Triton's PyTorch backend is not compared: {what} (the Triton server that pip installs here), so the "
+            "TorchScript claim is against the in-process limit, and Triton appears only as PyTriton "
+            "calling the module from Python.")
+
+
 def main() -> int:
     import peers as PEERS
 
@@ -122,7 +135,7 @@ def main() -> int:
     ap.add_argument("--connections", type=int, default=32, help="wrk connections for batching")
     ap.add_argument("--max-batch", type=int, default=32)
     ap.add_argument("--models", default=None, help="default mlp,cnn (quick: mlp)")
-    ap.add_argument("--peers", default=None, help="'triton' (default) or 'none'")
+    ap.add_argument("--peers", default=None, help="'pytriton' (default) or 'none'")
     ap.add_argument("--server-cpu", default="0")
     ap.add_argument("--client-cpu", default="1")
     ap.add_argument("--out", type=Path, default=None)
@@ -156,7 +169,7 @@ def main() -> int:
             C.wait_http_ready(f"http://127.0.0.1:{port}/v2/health/ready", timeout=180, proc=server)
             bases = {"openinfer": f"http://127.0.0.1:{port}"}
             procs = {"openinfer": server}
-            peers = PEERS.start_peers(C.peer_list(args.peers, ["triton"]), args.server_cpu, raw_dir,
+            peers = PEERS.start_peers(C.peer_list(args.peers, ["pytriton"]), args.server_cpu, raw_dir,
                                       peer_problems, torch_repo=EXAMPLES, timeout=300,
                                       models=("simple", "mlp", "mlp_batched", "cnn", "cnn_batched"))
             for n, p in peers.items():
@@ -266,6 +279,7 @@ def main() -> int:
                   "each model bound twice (`<model>` with no queue delay, `<model>_batched` with "
                   f"max_queue_delay 1000 µs), max_batch_size {args.max_batch}, the PyTriton function calling the "
                   "same TorchScript file under torch.inference_mode with one intra-op thread." for p in peers.values()]
+    peer_lines.append(triton_backends_line(PEERS))
     lines = C.report_header("S6 — TorchScript serving: overhead and dynamic batching", args.quick,
                             time.monotonic() - started) + [
         "**openinfer/X** = median of per-round ratios (min–max); other cells median (min–max) over rounds. "

@@ -2,7 +2,7 @@
 """S8: start-up. `openinfer serve` from spawn to ready, `import openinfer`, and idle memory,
 against Triton (PyTriton), MLServer and KServe serving the same two models.
 
-    .venv/bin/python benchmarks/s8_startup.py [--quick] [--rounds N] [--peers triton,mlserver,kserve]
+    .venv/bin/python benchmarks/s8_startup.py [--quick] [--rounds N] [--peers pytriton,mlserver,kserve]
 
 Per round, each server in turn (A B C D A B C D): spawn it pinned to --server-cpu, poll
 (every 5 ms, from --client-cpu) until /v2/health/ready answers 200 and both models
@@ -37,7 +37,7 @@ import peers as PEERS  # noqa: E402
 NAME = "s8_startup"
 T = "s8"
 MODELS = ("simple", "identity_fp32")
-IMPORTS = {"openinfer": "openinfer", "triton": "pytriton.triton", "mlserver": "mlserver",
+IMPORTS = {"openinfer": "openinfer", "pytriton": "pytriton.triton", "mlserver": "mlserver",
            "kserve": "kserve"}
 
 
@@ -49,7 +49,7 @@ def parse_args():
     ap.add_argument("--imports", type=int, help="import timings per package (default 7; quick 3)")
     ap.add_argument("--idle", type=float, default=2.0, help="seconds idle before reading memory")
     ap.add_argument("--peers", default=None, help="comma-separated peers (default "
-                    "triton,mlserver,kserve; 'none')")
+                    "pytriton,mlserver,kserve; 'none')")
     ap.add_argument("--server-cpu", default="0")
     ap.add_argument("--client-cpu", default="1")
     ap.add_argument("--out", type=Path)
@@ -194,10 +194,12 @@ def main() -> int:
     names = ["openinfer"]
     problems: list[str] = []
     versions = {"openinfer": "openinfer (this checkout)"}
-    for n in C.peer_list(args.peers, ["triton", "mlserver", "kserve"]):
+    for n in C.peer_list(args.peers, ["pytriton", "mlserver", "kserve"]):
+        if n not in IMPORTS:
+            raise SystemExit(f"error: S8 runs openinfer and {', '.join(list(IMPORTS)[1:])}, not {n!r}")
         try:
-            py = PEERS.ensure_venv(n, PEERS.REQUIREMENTS[n])
-            dist = {"triton": "nvidia-pytriton"}.get(n, n)
+            py = PEERS.ensure_venv(PEERS.VENV_OF[n], PEERS.REQUIREMENTS[PEERS.VENV_OF[n]])
+            dist = PEERS.DIST_OF[n]
             versions[n] = f"{dist} {PEERS._pkg_version(py, dist)}"
             names.append(n)
         except PEERS.PeerUnavailable as e:
@@ -212,7 +214,7 @@ def main() -> int:
                   f"{r['rss_mb']:>7.1f} MB  PSS {r['pss_mb']:>7.1f} MB  ({r['procs']} processes)"
                   f"  {r['error'] or 'ok'}", flush=True)
     pythons = {"openinfer": sys.executable,
-               **{n: str(PEERS.venv_python(n)) for n in names if n != "openinfer"}}
+               **{n: str(PEERS.venv_python(PEERS.VENV_OF[n])) for n in names if n != "openinfer"}}
     try:
         imp = import_times(pythons, args.imports, args.server_cpu)
     except RuntimeError as e:

@@ -73,8 +73,8 @@ def build(out: Path) -> str:
     import peers as PEERS
     data = load(out)
     lines = ["## Benchmarks", "",
-             "openinfer against the servers its users would pick instead (Triton through "
-             "PyTriton, MLServer, KServe) and against the physical limits, from one run of "
+             "openinfer against the servers its users would pick instead (Triton run directly, "
+             "Triton through PyTriton, MLServer, KServe) and against the physical limits, from one run of "
              "`benchmarks/run.py` on this machine (2 cores, shared: server pinned to CPU 0, "
              "load to CPU 1; contenders alternated round by round). Each cell is "
              "**openinfer/X**, the median of per-round ratios (min–max). For rates (req/s, "

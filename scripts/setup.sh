@@ -50,12 +50,13 @@ if [ ! -x .venv/bin/python ]; then
 fi
 if [ "$MODE" = test ]; then
   stamp=.venv/.requirements-test.sha
-  # requirements-test.txt includes requirements-docs.txt: a change to either reinstalls.
-  want=$(cat requirements-test.txt requirements-docs.txt | sha256sum | cut -d' ' -f1)
+  # requirements-test.txt includes requirements-docs.txt: a change to any of them reinstalls.
+  want=$(cat requirements-test.txt requirements-docs.txt requirements-schemas.txt | sha256sum | cut -d' ' -f1)
   if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     echo "setup: installing Python packages into .venv"
     .venv/bin/python -m pip install -q --upgrade pip
     .venv/bin/python -m pip install -q -r requirements-test.txt
+    .venv/bin/python -m pip install -q --no-deps -r requirements-schemas.txt
     echo "$want" > "$stamp"
   fi
 elif ! .venv/bin/python -c "import numpy, setuptools; assert int(setuptools.__version__.split('.')[0]) >= 77" 2>/dev/null; then

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -293,3 +297,54 @@ def wait_until_held(n: int = 1, bound: float = 60.0) -> None:
     while _core._held_work() < n:
         assert time.monotonic() < end, f"{_core._held_work()} of {n} pieces of work reached the hold"
         time.sleep(0.005)
+
+
+def port_is_closed(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return False
+    except OSError:
+        return True
+
+
+class Cli:
+    """`openinfer serve ARGS` (on a free HTTP port, one loop thread), or any command line given
+    whole as `argv`, in a subprocess that has started once it logs "listening on"; its output
+    is collected by a thread (reading the pipe from two places would lose lines). `port` is
+    the HTTP port of the first "listening on http://127.0.0.1:PORT", when there is one."""
+
+    def __init__(self, *args: str, argv: list[str] | None = None, env: dict[str, str] | None = None) -> None:
+        if argv is None:
+            argv = [sys.executable, "-m", "openinfer", "serve", "--http-port", "0", "--threads", "1", *args]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        self.lines: list[str] = []
+        self.listening = threading.Event()
+        self.port = 0
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        if not self.listening.wait(60):
+            self.kill()
+            raise AssertionError("no 'listening on' line: " + self.output())
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            m = re.search(r"listening on (?:http://127\.0\.0\.1:(\d+))?", line)
+            if m and not self.listening.is_set():
+                self.port = int(m.group(1) or 0)
+                self.listening.set()
+
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait(self, timeout: float = 30) -> tuple[int, str]:
+        rc = self.proc.wait(timeout=timeout)
+        self.reader.join(10)
+        return rc, self.output()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.reader.join(10)

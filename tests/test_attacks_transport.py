@@ -523,7 +523,7 @@ def test_sigterm_honours_the_shutdown_timeout(tmp_path: Any) -> None:
     import threading
 
     import requests
-    from test_serve_cli import Cli
+    from conftest import Cli
 
     repo = tmp_path / "repo"
     (repo / "stuck" / "1").mkdir(parents=True)

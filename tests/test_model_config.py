@@ -268,7 +268,7 @@ def test_config_errors(server: openinfer.Server, stub: Any, grpc_stubs: Any, grp
 # ---- config.pbtxt features refused or accepted with a warning ----------------------------------
 
 REFUSED = [
-    ("sequence_batching { max_sequence_idle_microseconds: 5000000 }", "sequence_batching"),
+    ("sequence_batching { iterative_sequence: true }", "sequence_batching.iterative_sequence"),
     ("model_warmup [ { name: \"w\" batch_size: 1 } ]", "model_warmup"),
     ("model_transaction_policy { decoupled: true }", "model_transaction_policy { decoupled: true }"),
     ("response_cache { enable: true }", "response_cache { enable: true }"),

@@ -3,7 +3,6 @@ its signal handling, through real sockets."""
 
 from __future__ import annotations
 
-import re
 import signal
 import socket
 import subprocess
@@ -18,20 +17,14 @@ import requests
 import openinfer
 from openinfer import Model, Tensor
 
+from conftest import Cli, port_is_closed
+
 
 def double(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {"Y": inputs["X"] * 2}
 
 
 DOUBLE = Model("double", double, inputs=[Tensor("X", "FP64", [-1])], outputs=[Tensor("Y", "FP64", [-1])])
-
-
-def port_is_closed(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return False
-    except OSError:
-        return True
 
 
 def test_serve_returns_running_server_at_once() -> None:
@@ -109,46 +102,6 @@ def test_plugin_fixture(openinfer_server) -> None:
 def test_plugin_example_fixture(openinfer_example_server) -> None:
     names = requests.get(openinfer_example_server.url + "/v2/models/simple", timeout=10).json()["name"]
     assert names == "simple"
-
-
-class Cli:
-    """`openinfer serve` in a subprocess, its output collected by a thread (reading the pipe
-    from two places would lose lines)."""
-
-    def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "openinfer", "serve", "--http-port", "0", "--threads", "1", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
-        self.lines: list[str] = []
-        self.port_found = threading.Event()
-        self.port = 0
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-        if not self.port_found.wait(30):
-            self.proc.kill()
-            raise AssertionError("no 'listening on' line: " + self.output())
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-            if m:
-                self.port = int(m.group(1))
-                self.port_found.set()
-
-    def output(self) -> str:
-        return "".join(self.lines)
-
-    def wait(self) -> tuple[int, str]:
-        rc = self.proc.wait(timeout=20)
-        self.reader.join(10)
-        return rc, self.output()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 def test_cli_serves_examples_and_sigterm_drains(tmp_path) -> None:

@@ -16,7 +16,6 @@ import socket
 import stat
 import subprocess
 import sys
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +26,8 @@ import pytest
 
 import openinfer
 from openinfer import Model, Tensor
+
+from conftest import Cli
 
 NOBODY = 65534
 CURL = shutil.which("curl")
@@ -334,36 +335,19 @@ def test_socket_permissions_keep_other_users_out(sockdir: Path) -> None:
 
 def test_cli_unix_only(sockdir: Path) -> None:
     h, g = sockdir / "h.sock", sockdir / "g.sock"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "openinfer", "serve", "--http-port", "-1", "--http-unix", str(h), "--grpc-unix", str(g),
-         "--unix-socket-mode", "640", "--threads", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    listening = threading.Event()
-
-    def read() -> None:
-        for line in proc.stdout:  # type: ignore[union-attr]
-            lines.append(line)
-            if "listening on" in line:
-                listening.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    cli = Cli(argv=[sys.executable, "-m", "openinfer", "serve", "--http-port", "-1", "--http-unix", str(h),
+                    "--grpc-unix", str(g), "--unix-socket-mode", "640", "--threads", "1"])
     try:
-        assert listening.wait(60), "".join(lines)
-        assert f"unix://{h}" in "".join(lines) and f"grpc+unix://{g}" in "".join(lines)
+        assert f"unix://{h}" in cli.output() and f"grpc+unix://{g}" in cli.output()
         assert stat.S_IMODE(os.stat(h).st_mode) == 0o640
         assert curl(h, "/v2/health/live") == (200, {"live": True})
         with openinfer.Client(f"grpc+unix:{g}") as client:
             assert client.is_server_live()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-        reader.join(10)
+        cli.proc.send_signal(signal.SIGTERM)
+        assert cli.wait()[0] == 0
         assert not h.exists() and not g.exists()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        cli.kill()
 
 
 def test_cli_bad_socket_mode() -> None:

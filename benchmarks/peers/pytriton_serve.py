@@ -1,7 +1,7 @@
 """Peer: Triton Inference Server (the `tritonserver` binary that the nvidia-pytriton wheel
 ships) serving Python functions through PyTriton, on 127.0.0.1 only.
 
-    benchmarks/.venvs/pytriton/bin/python benchmarks/peers/pytriton_serve.py \
+    benchmarks/.venvs/triton/bin/python benchmarks/peers/pytriton_serve.py \
         --http-port P --grpc-port G --metrics-port M [--torch DIR]
 
 Models, with openinfer's example semantics:

@@ -822,11 +822,61 @@ static int read_param(cursor_t *c, const char *group, uint32_t index, param_t *w
     return literal(c, ch == 't' ? "true" : "false");
 }
 
+/* Reads one of Triton's sequence parameters into `req->seq`, worded as Triton's HTTP frontend
+ * words a wrong type. A string id is copied (unescaped) into the request's aux buffer: the
+ * body's text stays untouched, since the model gets the parameters object as it came. */
+static int read_seq_param(cursor_t *c, oi_request_t *req, const short_str_t *key)
+{
+    int ch = peek(c);
+    int is_start = str_is(key, "sequence_start");
+    if (is_start || str_is(key, "sequence_end")) {
+        if ((ch != 't' && ch != 'f') || !at_literal(c, ch == 't' ? "true" : "false"))
+            return bad(c, "Unable to parse '%s': attempt to access JSON non-boolean as boolean",
+                       is_start ? "sequence_start" : "sequence_end");
+        *(is_start ? &req->seq.start : &req->seq.end) = ch == 't';
+        return literal(c, ch == 't' ? "true" : "false");
+    }
+    req->seq.id = 0;
+    req->seq.id_str = NULL;
+    req->seq.id_str_len = 0;
+    if (ch == '"') {
+        char *raw;
+        size_t len;
+        int escaped;
+        if (scan_string(c, &raw, &len, &escaped) != 0)
+            return -1;
+        if (len > OI_MAX_ID_BYTES)
+            return bad(c, "Unable to parse 'sequence_id': %zu bytes; at most %d are accepted", len, OI_MAX_ID_BYTES);
+        oi_buf_unref(req->aux); /* a repeated key: the last one counts */
+        if ((req->aux = oi_buf_new(len + 1)) == NULL)
+            return out_of_memory(c);
+        len = escaped ? unescape(req->aux->data, raw, len) : (memcpy(req->aux->data, raw, len), len);
+        req->aux->data[len] = '\0';
+        req->aux->len = len + 1;
+        req->seq.id_str = req->aux->data;
+        req->seq.id_str_len = len;
+        return 0;
+    }
+    if (is_number_start(ch)) {
+        num_t num;
+        if (scan_number(c, &num) != 0)
+            return -1;
+        if (num.is_int && !num.overflow && (!num.neg || num.mant == 0)) {
+            req->seq.id = num.mant;
+            return 0;
+        }
+    } else if (skip_value(c) != 0) {
+        return -1;
+    }
+    /* Triton reads it as an unsigned integer, then as a string, and reports the second. */
+    return bad(c, "Unable to parse 'sequence_id': attempt to access JSON non-string as string");
+}
+
 /* Reads a "parameters" object into *span and the `n_want` parameters of `want`; *shm (when
  * not NULL) is set when the object names a "shared_memory_region", whose value the server
- * checks later. */
+ * checks later; `req` (when not NULL) gets the sequence parameters. */
 static int parse_params(cursor_t *c, const char *group, uint32_t index, oi_slice_t *span, param_t *want, size_t n_want,
-                        uint8_t *shm)
+                        uint8_t *shm, oi_request_t *req)
 {
     char path[64];
     short_str_t key;
@@ -845,7 +895,11 @@ static int parse_params(cursor_t *c, const char *group, uint32_t index, oi_slice
         for (size_t i = 0; i < n_want && p == NULL; i++)
             if (str_is(&key, want[i].key))
                 p = &want[i];
-        r = p != NULL ? read_param(c, group, index, p) : skip_value(c);
+        if (req != NULL && p == NULL &&
+            (str_is(&key, "sequence_id") || str_is(&key, "sequence_start") || str_is(&key, "sequence_end")))
+            r = read_seq_param(c, req, &key);
+        else
+            r = p != NULL ? read_param(c, group, index, p) : skip_value(c);
         if (r != 0)
             return -1;
     }
@@ -1316,7 +1370,7 @@ static int parse_input(decoder_t *d, input_t *in)
             break;
         case IN_PARAMETERS: {
             param_t want = {"binary_data_size", 0, -1};
-            r = parse_params(c, in->group, in->index, &in->t->parameters, &want, 1, &in->t->shm);
+            r = parse_params(c, in->group, in->index, &in->t->parameters, &want, 1, &in->t->shm, NULL);
             in->binary_size = want.value;
             break;
         }
@@ -1405,7 +1459,7 @@ static int parse_output(decoder_t *d, uint32_t index)
             r = parse_name(c, &o->name, "outputs", index);
         } else if (k == OUT_PARAMETERS) {
             param_t want = {"binary_data", 1, -1};
-            r = parse_params(c, "outputs", index, &o->parameters, &want, 1, NULL);
+            r = parse_params(c, "outputs", index, &o->parameters, &want, 1, NULL, NULL);
             o->binary_data = (int)want.value;
         } else {
             r = skip_value(c);
@@ -1490,7 +1544,7 @@ static int parse_request(decoder_t *d)
         case REQ_PARAMETERS: {
             /* Triton's per-request queue timeout, in microseconds (0: none). */
             param_t want[2] = {{"binary_data_output", 1, -1}, {"timeout", 0, -1}};
-            r = parse_params(c, NULL, 0, &req->parameters, want, 2, NULL);
+            r = parse_params(c, NULL, 0, &req->parameters, want, 2, NULL, d->resp ? NULL : req);
             req->binary_data_output = (int)want[0].value;
             req->timeout_us = want[1].value > 0 ? (uint64_t)want[1].value : 0;
             break;

@@ -148,9 +148,10 @@ typedef struct dec_s {
     oi_status_t *err;
     slices_t params, inputs, outputs, raw;
     oi_slice_t model_name, model_version, id, error_message;
-    int have_id, have_error;
+    int have_id, have_error, have_seq_str;
+    size_t seq_id_len;
     /* Offsets into aux, kept until aux is final. */
-    size_t name_off, version_off, id_off, params_off, params_len, error_off;
+    size_t name_off, version_off, id_off, params_off, params_len, error_off, seq_id_off;
     size_t *in_name_off, *in_params_off, *in_params_len, *out_name_off, *out_params_off, *out_params_len;
 } dec_t;
 
@@ -283,11 +284,14 @@ static oi_status_t *render_params(dec_t *d, const oi_slice_t *entries, uint32_t 
     return NULL;
 }
 
-/* Triton's per-request queue timeout: the "timeout" entry among a request's parameters
- * (already checked by render_params), which must be an int64_param in microseconds, as Triton
- * reads it. A negative one is no limit (Triton takes it as a huge unsigned value). */
-static oi_status_t *request_timeout(const oi_slice_t *entries, uint32_t n, uint64_t *timeout_us)
+/* The request parameters the server acts on (already checked by render_params), typed and
+ * worded as Triton's gRPC frontend has them: "timeout", an int64_param in microseconds (a
+ * negative one is no limit: Triton takes it as a huge unsigned value); "sequence_id", an
+ * int64_param or string_param (a string is copied into aux, its offset in d->seq_id_off);
+ * "sequence_start" and "sequence_end", bool_params. */
+static oi_status_t *request_params(dec_t *d, const oi_slice_t *entries, uint32_t n, oi_request_t *req)
 {
+    static const char *const names[] = {"timeout", "sequence_id", "sequence_start", "sequence_end"};
     for (uint32_t i = 0; i < n; i++) {
         rd_t r = {(const uint8_t *)entries[i].ptr, (const uint8_t *)entries[i].ptr + entries[i].len};
         oi_slice_t key = {"", 0}, value = {"", 0};
@@ -297,16 +301,44 @@ static oi_status_t *request_timeout(const oi_slice_t *entries, uint32_t n, uint6
                 key = f.s;
             else if (f.num == 2)
                 value = f.s;
-        if (key.len != 7 || memcmp(key.ptr, "timeout", 7) != 0)
+        int k = 0;
+        while (k < 4 && !(key.len == strlen(names[k]) && memcmp(key.ptr, names[k], key.len) == 0))
+            k++;
+        if (k == 4)
             continue;
         rd_t v = {(const uint8_t *)value.ptr, (const uint8_t *)value.ptr + value.len};
         field_t last = {0};
         while (v.p < v.end && rd_field(&v, &f) == RD_OK)
             if (f.num >= 1 && f.num <= 5)
                 last = f;
-        if (last.num != 2)
-            return bad("invalid value type for 'timeout' parameter, expected int64_param.");
-        *timeout_us = (int64_t)last.v > 0 ? last.v : 0;
+        if (k == 0) {
+            if (last.num != 2)
+                return bad("invalid value type for 'timeout' parameter, expected int64_param.");
+            req->timeout_us = (int64_t)last.v > 0 ? last.v : 0;
+        } else if (k == 1) {
+            req->seq.id = 0;
+            d->have_seq_str = 0;
+            if (last.num == 2) {
+                req->seq.id = last.v;
+            } else if (last.num == 3) {
+                if (last.s.len > OI_MAX_ID_BYTES)
+                    return bad("'sequence_id' parameter: %zu bytes; at most %d are accepted", last.s.len,
+                               OI_MAX_ID_BYTES);
+                if ((d->seq_id_off = aux_str(d, last.s)) == (size_t)-1)
+                    return oom();
+                d->have_seq_str = 1;
+                d->seq_id_len = last.s.len;
+            } else {
+                return bad("invalid value type for 'sequence_id' parameter, expected int64_param or string_param.");
+            }
+        } else {
+            if (last.num != 1)
+                return bad("invalid value type for '%s' parameter, expected bool_param.", names[k]);
+            if (k == 2)
+                req->seq.start = last.v != 0;
+            else
+                req->seq.end = last.v != 0;
+        }
     }
     return NULL;
 }
@@ -751,7 +783,7 @@ static oi_status_t *decode(dec_t *d, oi_slice_t *model_name, oi_slice_t *model_v
         snprintf(params_path, sizeof(params_path), "%s.parameters", d->msg_name);
         if ((st = render_params(d, d->params.v, d->params.n, params_path, &d->params_off, &d->params_len, NULL)) != NULL)
             return st;
-        if (!d->response && (st = request_timeout(d->params.v, d->params.n, &req->timeout_us)) != NULL)
+        if (!d->response && (st = request_params(d, d->params.v, d->params.n, req)) != NULL)
             return st;
     }
 
@@ -798,6 +830,10 @@ static oi_status_t *decode(dec_t *d, oi_slice_t *model_name, oi_slice_t *model_v
         }
         if (d->params.n > 0)
             req->parameters = (oi_slice_t){base + d->params_off, d->params_len};
+        if (d->have_seq_str) {
+            req->seq.id_str = base + d->seq_id_off;
+            req->seq.id_str_len = d->seq_id_len;
+        }
         if (d->have_error)
             d->error_message = (oi_slice_t){base + d->error_off, d->error_message.len};
         for (uint32_t i = 0; i < ni; i++) {

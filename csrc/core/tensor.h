@@ -59,6 +59,18 @@ typedef struct oi_io_spec_s {
     int64_t dims[OI_MAX_DIMS];
 } oi_io_spec_t;
 
+/* Triton's sequence parameters of a request ("sequence_id", "sequence_start",
+ * "sequence_end"), read by the codecs and acted on by a model's sequence batcher. A
+ * correlation id is numeric or a string, never both; 0 and "" mean none. */
+typedef struct oi_seq_params_s {
+    uint64_t id;        /* the numeric id; 0 when none or when the id is a string */
+    const char *id_str; /* the string id (NUL-terminated, borrowed from the request's body or
+                         * aux); NULL when none or numeric */
+    size_t id_str_len;
+    uint8_t start; /* sequence_start: true */
+    uint8_t end;   /* sequence_end: true */
+} oi_seq_params_t;
+
 /* A decoded inference request. Owns `body` and `aux` (one reference each), the arrays and each
  * input's owner reference. */
 typedef struct oi_request_s {
@@ -75,6 +87,7 @@ typedef struct oi_request_s {
     int binary_data_output; /* -1 unset, 0 or 1 */
     uint64_t timeout_us;    /* Triton's "timeout" parameter: the longest the request may wait in
                              * the queue before it is refused unrun; 0: no limit */
+    oi_seq_params_t seq;
     /* Set by the scheduler for the backend's run: returns nonzero once every client waiting
      * for this request (or batch) has gone, so that a long-running model may stop early.
      * Callable from the executor thread during execute only; NULL: never cancelled. */

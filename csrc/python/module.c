@@ -57,6 +57,9 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                              "grpc_infer_compression_level",
                              "access_log",
                              "trace_file",
+                             "http_listen_fd",
+                             "grpc_listen_fd",
+                             "metrics_listen_fd",
                              NULL};
     const char *host = "127.0.0.1";
     int port = 8000, threads = 0, max_conn = 4096, grpc_port = 8001, max_per_peer = 0;
@@ -68,13 +71,18 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
     int statistics = 1, metrics_port = -1, counter_lat = 1, histogram_lat = 0, metrics_cpu = 1, metrics_gpu = 1;
     const char *http_unix = NULL, *grpc_unix = NULL, *access_log = NULL, *trace_file = NULL;
     unsigned int unix_mode = 0660;
-    int compression_level = 0;
+    int compression_level = 0, http_fd = 0, grpc_fd = 0, metrics_fd = 0;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "|si$iKKiKKIiKOiKKKpippppzzIizz", kwlist, &host, &port, &threads, &max_body, &max_header,
+            args, kw, "|si$iKKiKKIiKOiKKKpippppzzIizziii", kwlist, &host, &port, &threads, &max_body, &max_header,
             &max_conn, &header_to, &idle_to, &depth, &grpc_port, &grpc_max, &allow_shm, &max_per_peer, &first_byte_to,
             &body_to, &grpc_queued, &statistics, &metrics_port, &counter_lat, &histogram_lat, &metrics_cpu,
-            &metrics_gpu, &http_unix, &grpc_unix, &unix_mode, &compression_level, &access_log, &trace_file))
+            &metrics_gpu, &http_unix, &grpc_unix, &unix_mode, &compression_level, &access_log, &trace_file, &http_fd,
+            &grpc_fd, &metrics_fd))
         return -1;
+    if (http_fd < 0 || grpc_fd < 0 || metrics_fd < 0) {
+        PyErr_SetString(PyExc_ValueError, "a listen_fd must be a listening socket's descriptor (> 0), or 0");
+        return -1;
+    }
     if (trace_file != NULL && (trace_file[0] == '\0' || strlen(trace_file) >= sizeof(self->trace_file) - 16)) {
         PyErr_Format(PyExc_ValueError, "trace_file must be a path of 1 to %zu bytes", sizeof(self->trace_file) - 17);
         return -1;
@@ -147,6 +155,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
     self->cfg = (oi_server_config_t){
         .http = {.host = self->host,
                  .port = port,
+                 .listen_fd = http_fd,
                  .unix_path = http_unix ? self->http_unix : NULL,
                  .unix_mode = unix_mode,
                  .threads = threads,
@@ -160,6 +169,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                  .idle_timeout_ms = idle_to},
         .max_json_depth = depth,
         .grpc_port = grpc_port,
+        .grpc_listen_fd = grpc_fd,
         .grpc_unix_path = grpc_unix ? self->grpc_unix : NULL,
         .grpc_infer_compression_level = compression_level,
         .grpc_max_message_bytes = (size_t)grpc_max,
@@ -167,6 +177,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
         .allow_shared_memory = allow,
         .statistics = statistics,
         .metrics_port = metrics_port,
+        .metrics_listen_fd = metrics_fd,
         .metrics = {.counter_latencies = counter_lat,
                     .histogram_latencies = histogram_lat,
                     .cpu = metrics_cpu,
@@ -702,20 +713,140 @@ static int set_labels(oi_model_t *m, PyObject *labels)
     return 0;
 }
 
+/* add_model's sequence_batching: (slots, idle_us, controls, states), where a control is
+ * (name, kind, datatype, false_value, true_value) and a state is (input_name, output_name,
+ * datatype, dims, initial_bytes); the repository has checked them against the model. Returns
+ * the batcher in front of `sched`, or NULL with an exception set. */
+static oi_seq_t *make_sequence_batcher(PyObject *spec, const char *name, int max_batch, oi_scheduler_t *sched)
+{
+    int slots;
+    unsigned long long idle;
+    PyObject *controls, *states;
+    if (!PyArg_ParseTuple(spec, "iKO!O!;sequence_batching is (slots, idle_us, controls, states)", &slots, &idle,
+                          &PyList_Type, &controls, &PyList_Type, &states))
+        return NULL;
+    Py_ssize_t nc = PyList_GET_SIZE(controls), ns = PyList_GET_SIZE(states);
+    oi_seq_control_t *c = calloc((size_t)nc + 1, sizeof(*c));
+    oi_seq_state_t *st = calloc((size_t)ns + 1, sizeof(*st));
+    oi_seq_t *q = NULL;
+    if (c == NULL || st == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < nc; i++) {
+        const char *dtype;
+        int kind;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(controls, i), "sisdd;a control is (name, kind, datatype, false, true)",
+                              &c[i].name, &kind, &dtype, &c[i].false_true[0], &c[i].false_true[1]))
+            goto done;
+        c[i].kind = (oi_seq_control_kind_t)kind;
+        c[i].dtype = oi_dtype_from_name(dtype, strlen(dtype));
+    }
+    for (Py_ssize_t i = 0; i < ns; i++) {
+        const char *dtype;
+        PyObject *dims;
+        Py_buffer init;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(states, i), "sssOy*;a state is (input, output, datatype, dims, initial)",
+                              &st[i].input_name, &st[i].output_name, &dtype, &dims, &init))
+            goto done;
+        st[i].initial = init.buf; /* the bytes object lives in `states` */
+        st[i].initial_size = (size_t)init.len;
+        PyBuffer_Release(&init);
+        st[i].dtype = oi_dtype_from_name(dtype, strlen(dtype));
+        PyObject *fast = PySequence_Fast(dims, "state dims must be a sequence of ints");
+        if (fast == NULL)
+            goto done;
+        Py_ssize_t nd = PySequence_Fast_GET_SIZE(fast);
+        for (Py_ssize_t d = 0; d < nd && d < OI_MAX_DIMS; d++)
+            st[i].dims[d] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, d));
+        st[i].ndim = (int)(nd < OI_MAX_DIMS ? nd : OI_MAX_DIMS);
+        Py_DECREF(fast);
+        if (PyErr_Occurred())
+            goto done;
+    }
+    oi_seq_config_t cfg = {name, max_batch, slots, idle, c, (uint32_t)nc, st, (uint32_t)ns};
+    char err[256];
+    q = oi_seq_new(&cfg, sched, err, sizeof(err));
+    if (q == NULL)
+        PyErr_Format(PyExc_RuntimeError, "model '%s': %s", name, err);
+done:
+    free(c);
+    free(st);
+    return q;
+}
+
+/* The tensors a sequence model's backend sees beyond the declared ones: `specs` followed by,
+ * for inputs (`outputs` 0), each control and each state input of a sequence_batching tuple,
+ * and for outputs each state output not already declared, in that order (the order
+ * openinfer.torch_model maps forward() with). Names are borrowed; *n becomes the new count.
+ * Returns a new array, or NULL with an exception set. */
+static oi_io_spec_t *with_sequence_tensors(PyObject *sequence, const oi_io_spec_t *specs, uint32_t *n, int outputs)
+{
+    PyObject *lists[2] = {NULL, NULL}; /* controls, states */
+    if (sequence != Py_None) {
+        if (!PyTuple_Check(sequence) || PyTuple_GET_SIZE(sequence) != 4 ||
+            !PyList_Check(PyTuple_GET_ITEM(sequence, 2)) || !PyList_Check(PyTuple_GET_ITEM(sequence, 3))) {
+            PyErr_SetString(PyExc_TypeError, "sequence_batching is (slots, idle_us, controls, states)");
+            return NULL;
+        }
+        lists[0] = outputs ? NULL : PyTuple_GET_ITEM(sequence, 2);
+        lists[1] = PyTuple_GET_ITEM(sequence, 3);
+    }
+    size_t cap = *n + 1;
+    for (int l = 0; l < 2; l++)
+        cap += lists[l] ? (size_t)PyList_GET_SIZE(lists[l]) : 0;
+    oi_io_spec_t *out = calloc(cap, sizeof(*out));
+    if (out == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    memcpy(out, specs, *n * sizeof(*out));
+    uint32_t k = *n;
+    for (int l = 0; l < 2; l++)
+        for (Py_ssize_t i = 0; lists[l] != NULL && i < PyList_GET_SIZE(lists[l]); i++) {
+            PyObject *item = PyList_GET_ITEM(lists[l], i);
+            /* A control is (name, kind, datatype, ...); a state (input, output, datatype, ...). */
+            Py_ssize_t name_at = l == 1 && outputs ? 1 : 0, type_at = 2;
+            const char *name, *dtype;
+            if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) < 3 ||
+                (name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(item, name_at))) == NULL ||
+                (dtype = PyUnicode_AsUTF8(PyTuple_GET_ITEM(item, type_at))) == NULL) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_TypeError, "a control or state is a tuple (name, ..., datatype, ...)");
+                free(out);
+                return NULL;
+            }
+            int declared = 0;
+            for (uint32_t j = 0; outputs && j < *n && !declared; j++)
+                declared = strcmp(specs[j].name, name) == 0;
+            if (declared)
+                continue;
+            out[k].name = (char *)name;
+            out[k].dtype = oi_dtype_from_name(dtype, strlen(dtype));
+            out[k].ndim = -1;
+            k++;
+        }
+    *n = k;
+    return out;
+}
+
 static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"name",      "version",   "inputs", "outputs", "max_batch_size",   "metadata_json",
-                             "handler",   "instances", "error",  "torch",   "dynamic_batching", "config_json",
-                             "config_pb", "publish",   "labels", NULL};
+    static char *kwlist[] = {"name",      "version",          "inputs",
+                             "outputs",   "max_batch_size",   "metadata_json",
+                             "handler",   "instances",        "error",
+                             "torch",     "dynamic_batching", "config_json",
+                             "config_pb", "publish",          "sequence_batching",
+                             "labels",    NULL};
     const char *name, *error = NULL;
     long long version;
-    PyObject *inputs = NULL, *outputs = NULL, *handler = NULL, *torch = Py_None, *batching = Py_None;
-    PyObject *labels = Py_None;
+    PyObject *inputs = NULL, *outputs = NULL, *handler = NULL, *torch = Py_None, *batching = Py_None,
+             *sequence = Py_None, *labels = Py_None;
     int max_batch = 0, instances = 1, publish = 1;
     Py_buffer meta = {0}, cfg_json = {0}, cfg_pb = {0};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOOy*y*pO", kwlist, &name, &version, &inputs, &outputs,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOOy*y*pOO", kwlist, &name, &version, &inputs, &outputs,
                                      &max_batch, &meta, &handler, &instances, &error, &torch, &batching, &cfg_json,
-                                     &cfg_pb, &publish, &labels))
+                                     &cfg_pb, &publish, &sequence, &labels))
         return NULL;
     if (handler == NULL && torch != Py_None)
         handler = Py_None;
@@ -760,6 +891,7 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         batch.max_batch_size = max_batch;
         batch.max_queue_delay_us = delay;
     }
+    batch.ignore_parameters = sequence != Py_None; /* each request names its own sequence */
     if (handler == Py_None && error == NULL && torch == Py_None) {
         PyErr_Format(PyExc_ValueError, "model '%s': a model without a handler needs an error reason", name);
         goto done;
@@ -789,7 +921,20 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         goto done;
     if (torch != Py_None && error == NULL) {
         char *terr = NULL, err[256];
-        m->state = oi_py_torch_state(m, torch, &terr);
+        /* forward() also takes the sequence batcher's controls and states: the backend is
+         * made for a copy of the model that declares them. */
+        oi_model_t seen = *m;
+        oi_io_spec_t *ins = with_sequence_tensors(sequence, m->inputs, &seen.n_inputs, 0);
+        oi_io_spec_t *outs = ins ? with_sequence_tensors(sequence, m->outputs, &seen.n_outputs, 1) : NULL;
+        if (outs == NULL) {
+            free(ins);
+            goto done;
+        }
+        seen.inputs = ins;
+        seen.outputs = outs;
+        m->state = oi_py_torch_state(&seen, torch, &terr);
+        free(ins);
+        free(outs);
         if (m->state == NULL && terr == NULL)
             goto done; /* a malformed spec: the exception is set */
         if (m->state == NULL) {
@@ -809,7 +954,13 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         m->error = strdup(error);
     } else {
         char err[256];
-        m->state = oi_python_backend_state(handler, name, m->outputs, m->n_outputs);
+        /* The model's state outputs are outputs too, converted to the state's datatype. */
+        uint32_t n_outs = m->n_outputs;
+        oi_io_spec_t *outs = with_sequence_tensors(sequence, m->outputs, &n_outs, 1);
+        if (outs == NULL)
+            goto done;
+        m->state = oi_python_backend_state(handler, name, outs, n_outs);
+        free(outs);
         if (m->state == NULL) {
             PyErr_NoMemory();
             goto done;
@@ -821,6 +972,9 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
             goto done;
         }
     }
+    if (sequence != Py_None && m->sched != NULL &&
+        (m->seq = make_sequence_batcher(sequence, name, max_batch, m->sched)) == NULL)
+        goto done;
     if (!publish) {
         ret = model_version_new(m); /* takes m */
         m = NULL;
@@ -882,6 +1036,16 @@ static PyObject *Server_stop(ServerObject *self, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "|d", kwlist, &timeout))
         return NULL;
     stop_server(self, timeout);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Server_drain(ServerObject *self, PyObject *unused)
+{
+    (void)unused;
+    oi_server_t *s = live_server(self);
+    if (s == NULL)
+        return NULL;
+    oi_server_drain(s);
     Py_RETURN_NONE;
 }
 
@@ -979,6 +1143,8 @@ static PyMethodDef Server_methods[] = {
     {"start", (PyCFunction)Server_start, METH_NOARGS, "Binds and starts the loop threads."},
     {"stop", (PyCFunction)(void (*)(void))Server_stop, METH_VARARGS | METH_KEYWORDS,
      "Drains in-flight requests and stops."},
+    {"drain", (PyCFunction)Server_drain, METH_NOARGS,
+     "Turns server readiness false while every request is still served (before stop)."},
     {"trace_set", (PyCFunction)Server_trace_set, METH_VARARGS,
      "trace_set(model, clear, level, rate, count, log_frequency): a model's (None: the global) trace settings."},
     {"trace_count", (PyCFunction)Server_trace_count, METH_VARARGS,

@@ -1191,7 +1191,7 @@ static void on_message(void *ctx, oi_grpc_call_t *call, oi_buf_t *msg)
     }
     case RPC_SERVER_READY: {
         Inference__ServerReadyResponse r = INFERENCE__SERVER_READY_RESPONSE__INIT;
-        r.ready = oi_registry_all_ready(&s->registry) != 0;
+        r.ready = oi__server_ready(s) != 0;
         reply(call, &r.base);
         break;
     }

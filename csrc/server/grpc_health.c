@@ -20,13 +20,11 @@ struct oi_health_watch_s {
     struct oi_health_watch_s *next;
 };
 
-/* The status every service name gets: SERVING when every model's default version is ready. */
+/* The status every service name gets: SERVING while the server is ready (oi__server_ready). */
 static int current_status(oi_server_t *s)
 {
-    if (atomic_load(&s->stopping))
-        return GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
-    return oi_registry_all_ready(&s->registry) ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
-                                               : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
+    return oi__server_ready(s) ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
+                               : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
 }
 
 /* Queues one HealthCheckResponse; 0, or -1 when out of memory (the call is then ended). */

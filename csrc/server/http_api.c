@@ -920,7 +920,7 @@ void oi__http_api_handle(void *ctx, oi_http_request_t *r)
         }
         if (p[7] == 'l')
             respond_static(r, 200, "{\"live\":true}");
-        else if (oi_registry_all_ready(&s->registry))
+        else if (oi__server_ready(s))
             respond_static(r, 200, "{\"ready\":true}");
         else
             respond_static(r, 400, "{\"ready\":false}");

@@ -177,6 +177,8 @@ oi_status_t *oi_infer_submit(oi_infer_t *inf, oi_model_t *m, oi_loop_t *loop, oi
     inf->req.cancelled_arg = &inf->job;
     if (inf->trace != NULL)
         inf->trace->ns[OI_TS_REQUEST_START] = oi_now_ns();
+    if (m->seq != NULL)
+        return oi_seq_submit(m->seq, &inf->job);
     if (oi_scheduler_submit(m->sched, &inf->job) != 0)
         return oi_status_new(OI_UNAVAILABLE, "the server is shutting down");
     return NULL;

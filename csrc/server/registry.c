@@ -149,8 +149,11 @@ void oi_model_retire(oi_model_t *m)
         struct timespec ts = {0, 1000 * 1000};
         nanosleep(&ts, NULL);
     }
+    oi_seq_stop(m->seq);
     oi_scheduler_free(m->sched);
     m->sched = NULL;
+    oi_seq_free(m->seq);
+    m->seq = NULL;
     if (m->backend && m->backend->release)
         m->backend->release(m->state);
     m->backend = NULL;
@@ -259,8 +262,10 @@ int oi_registry_all_ready(oi_registry_t *r)
 void oi_registry_cancel_queued(oi_registry_t *r)
 {
     pthread_rwlock_rdlock(&r->lock);
-    for (oi_model_t *m = r->models; m != NULL; m = m->next)
+    for (oi_model_t *m = r->models; m != NULL; m = m->next) {
+        oi_seq_stop(m->seq); /* before the scheduler: its requests go on to it until stopped */
         oi_scheduler_cancel_queued(m->sched);
+    }
     pthread_rwlock_unlock(&r->lock);
 }
 
@@ -272,8 +277,11 @@ void oi_registry_destroy(oi_registry_t *r)
     pthread_rwlock_unlock(&r->lock);
     while (m) {
         oi_model_t *next = m->next;
+        oi_seq_stop(m->seq);
         oi_scheduler_free(m->sched);
         m->sched = NULL;
+        oi_seq_free(m->seq);
+        m->seq = NULL;
         if (m->backend && m->backend->release)
             m->backend->release(m->state);
         m->backend = NULL;

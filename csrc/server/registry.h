@@ -9,6 +9,7 @@
 
 #include "core/tensor.h"
 #include "server/scheduler.h"
+#include "server/sequence.h"
 
 /* One version of one model. Refcounted: the registry holds one reference and each request
  * in flight another. */
@@ -32,6 +33,7 @@ typedef struct oi_model_s {
     const oi_backend_t *backend;
     void *state;
     oi_scheduler_t *sched; /* NULL when not ready */
+    oi_seq_t *seq;         /* the sequence batcher in front of sched; NULL: none */
     struct oi_model_s *next;
 } oi_model_t;
 

@@ -150,7 +150,7 @@ static int64_t job_rows(const oi_job_t *j)
     return r->inputs[0].shape[0];
 }
 
-static int compatible(const oi_job_t *a, const oi_job_t *b)
+static int compatible(const oi_scheduler_t *sched, const oi_job_t *a, const oi_job_t *b)
 {
     const oi_request_t *x = a->req, *y = b->req;
     if (x->n_inputs != y->n_inputs || a->n_outputs != b->n_outputs)
@@ -166,6 +166,8 @@ static int compatible(const oi_job_t *a, const oi_job_t *b)
     for (uint32_t i = 0; i < a->n_outputs; i++)
         if (strcmp(a->output_names[i], b->output_names[i]) != 0)
             return 0;
+    if (sched->batching.ignore_parameters)
+        return 1;
     if ((x->parameters.ptr == NULL) != (y->parameters.ptr == NULL))
         return 0;
     return x->parameters.ptr == NULL ||
@@ -182,7 +184,7 @@ static void gather_locked(oi_scheduler_t *s, batch_t *b, oi_job_t **dropped)
         oi_job_t *next = j->next;
         int64_t rows = job_rows(j);
         int gone = unwanted(j);
-        if (!gone && (rows < 0 || !compatible(b->first, j))) {
+        if (!gone && (rows < 0 || !compatible(s, b->first, j))) {
             prev = j;
             j = next;
             continue;

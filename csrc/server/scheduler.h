@@ -51,6 +51,8 @@ typedef struct oi_batching_s {
     uint64_t max_queue_delay_us;
     int preferred[16];          /* preferred batch sizes, ascending or not; the first n count */
     int n_preferred;
+    int ignore_parameters; /* requests with different parameters go together too (a sequence
+                            * model's: each carries its own sequence_id) */
 } oi_batching_t;
 
 typedef struct oi_scheduler_s oi_scheduler_t;

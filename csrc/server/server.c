@@ -109,6 +109,7 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
         oi_h2_config_t h2 = {
             .host = s->cfg.http.host,
             .port = s->cfg.http.inline_loop ? -1 : s->cfg.grpc_port,
+            .listen_fd = s->cfg.grpc_listen_fd,
             .unix_path = s->cfg.http.inline_loop ? NULL : s->cfg.grpc_unix_path,
             .unix_mode = s->cfg.http.unix_mode,
             .max_message_bytes = s->cfg.grpc_max_message_bytes ? s->cfg.grpc_max_message_bytes : (size_t)2 << 30,
@@ -126,6 +127,7 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
          * and they never wait behind it. Connection limits as for the API. */
         oi_http_config_t mcfg = s->cfg.http;
         mcfg.port = s->cfg.metrics_port;
+        mcfg.listen_fd = s->cfg.metrics_listen_fd;
         mcfg.unix_path = NULL;
         mcfg.threads = 1;
         mcfg.on_answered = NULL; /* scrapes are not API requests */
@@ -304,6 +306,17 @@ static void *reap(void *arg)
     }
     finish_stop(s);
     return NULL;
+}
+
+int oi__server_ready(oi_server_t *s)
+{
+    return !atomic_load(&s->stopping) && !atomic_load(&s->draining) && oi_registry_all_ready(&s->registry);
+}
+
+void oi_server_drain(oi_server_t *s)
+{
+    if (s != NULL && !atomic_exchange(&s->draining, 1))
+        oi_server_health_changed(s); /* Watch calls hear NOT_SERVING now */
 }
 
 void oi_server_stop(oi_server_t *s, uint64_t timeout_ms)

@@ -13,6 +13,7 @@ typedef struct oi_server_config_s {
     oi_http_config_t http;
     uint32_t max_json_depth;
     int grpc_port;                 /* gRPC on its own port, on the HTTP loops; -1: none over TCP */
+    int grpc_listen_fd;            /* > 0: gRPC on this listening socket (see http.listen_fd) */
     const char *grpc_unix_path;    /* gRPC on this Unix-domain socket too (mode http.unix_mode); NULL: none.
                                     * With neither a port nor a path, no gRPC at all */
     size_t grpc_max_message_bytes; /* largest gRPC request message; 0: 2 GiB */
@@ -29,6 +30,7 @@ typedef struct oi_server_config_s {
     int statistics;
     int metrics_port;            /* Prometheus /metrics on its own listener (0 picks a free
                                   * port), on http.host; -1: none */
+    int metrics_listen_fd;       /* > 0: /metrics on this listening socket (see http.listen_fd) */
     oi_metrics_config_t metrics; /* what /metrics shows */
     /* The access log's file ("-": standard output), opened by oi_server_start, which is the
      * last to read this pointer; NULL: no access log, and requests take no timestamps. */
@@ -64,6 +66,12 @@ int oi_server_swap_models(oi_server_t *s, oi_model_t **add, size_t n_add, const 
  * loaded, unloaded or failed): each gets the new status if it differs from what it last got.
  * Safe from any thread, loop threads included; returns at once. */
 void oi_server_health_changed(oi_server_t *s);
+
+/* Starts a drain, for a rolling update: from now on server readiness (HTTP, gRPC ServerReady,
+ * grpc.health.v1) is false, so load balancers stop sending new work, while connections are
+ * still accepted and every request is served as before until oi_server_stop. Safe from any
+ * thread; idempotent. */
+void oi_server_drain(oi_server_t *s);
 
 /* Listens and starts the loops. 0, or an error with a message in `err`. */
 int oi_server_start(oi_server_t *s, char *err, size_t errlen);

@@ -17,6 +17,7 @@ typedef struct oi_health_watch_s oi_health_watch_t;
 struct oi_server_s {
     oi_server_config_t cfg;
     atomic_int stopping; /* set before the loops' barrier in oi_server_stop */
+    atomic_int draining; /* set by oi_server_drain: not ready, still serving */
     oi_registry_t registry;
     oi_http_server_t *http;
     oi_h2_server_t *grpc;     /* NULL without gRPC */
@@ -39,6 +40,10 @@ struct oi_server_s {
     uint64_t start_ns;              /* oi_now_ns() when made: the legacy API's uptime */
     atomic_uint_fast64_t legacy_ids; /* the last RequestStatus id the legacy API gave */
 };
+
+/* Server readiness as health endpoints report it: every model's default version ready, and
+ * the server neither draining nor stopping. */
+int oi__server_ready(oi_server_t *s);
 
 /* The HTTP/1.1 handler: routes the V2 REST API (http_api.c). */
 void oi__http_api_handle(void *server, oi_http_request_t *req);

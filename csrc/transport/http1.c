@@ -13,6 +13,7 @@
 #include <llhttp.h>
 
 #include "transport/peers.h"
+#include "transport/tcp_listen.h"
 #include "transport/unix_listen.h"
 
 #define READ_BUF_SIZE 16384
@@ -930,34 +931,20 @@ static int listen_error(listener_t *lis, int rc, char *err, size_t errlen)
     return rc;
 }
 
-/* The first loop binds and listens; the others listen on duplicates of its socket, so the
- * loops share one accept queue (a busy loop simply accepts less) and the port stays
- * exclusive to this server, unlike SO_REUSEPORT, which would let a second server share it. */
+/* The first loop binds and listens (or takes the socket it was given); the others listen on
+ * duplicates of its socket, so the loops share one accept queue (a busy loop simply accepts
+ * less). */
 static int open_listener(listener_t *lis, const struct sockaddr_storage *addr, const listener_t *first,
                          char *err, size_t errlen)
 {
-    int rc;
-    if (first == NULL) {
-        rc = uv_tcp_init_ex(&lis->loop.uv, &lis->tcp, addr->ss_family);
-        if (rc != 0)
-            return listen_error(lis, rc, err, errlen);
-        lis->listening = 1;
-        rc = uv_tcp_bind(&lis->tcp, (const struct sockaddr *)addr, 0);
-    } else {
+    int share_fd = lis->server->cfg.listen_fd > 0 ? lis->server->cfg.listen_fd : -1;
+    if (first != NULL) {
         uv_os_fd_t fd;
         uv_fileno((const uv_handle_t *)&first->tcp, &fd);
-        int dup_fd = dup(fd);
-        if (dup_fd < 0)
-            return listen_error(lis, uv_translate_sys_error(errno), err, errlen);
-        uv_tcp_init(&lis->loop.uv, &lis->tcp);
-        lis->listening = 1;
-        rc = uv_tcp_open(&lis->tcp, dup_fd);
-        if (rc != 0)
-            close(dup_fd);
+        share_fd = fd;
     }
+    int rc = oi_tcp_listen(&lis->loop.uv, &lis->tcp, addr, share_fd, on_connection, &lis->listening);
     lis->tcp.data = lis;
-    if (rc == 0)
-        rc = uv_listen((uv_stream_t *)&lis->tcp, 1024, on_connection);
     return rc == 0 ? 0 : listen_error(lis, rc, err, errlen);
 }
 
@@ -1032,13 +1019,8 @@ int oi_http_server_start(oi_http_server_t *s, char *err, size_t errlen)
         if (s->cfg.unix_path && (rc = open_unix_listener(lis, i ? &s->loops[0] : NULL, err, errlen)) != 0)
             return rc;
     }
-    if (tcp) {
-        struct sockaddr_storage bound;
-        int len = sizeof(bound);
-        uv_tcp_getsockname(&s->loops[0].tcp, (struct sockaddr *)&bound, &len);
-        s->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
-                                                    : ((struct sockaddr_in *)&bound)->sin_port);
-    }
+    if (tcp)
+        s->port = oi_tcp_bound_port(&s->loops[0].tcp);
     for (int i = 0; i < s->nloops; i++)
         if ((rc = oi_loop_start(&s->loops[i].loop)) != 0) {
             snprintf(err, errlen, "cannot start a loop thread: %s", uv_strerror(rc));

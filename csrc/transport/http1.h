@@ -22,6 +22,9 @@ typedef struct oi_http_answer_s oi_http_answer_t;
 typedef struct oi_http_config_s {
     const char *host; /* numeric IPv4/IPv6 address or a name; "127.0.0.1" by default */
     int port;         /* 0 picks a free port; -1: no TCP listener (unix_path only) */
+    int listen_fd;    /* > 0: serve this listening TCP socket (on `port`), made by another process
+                       * (`openinfer serve --workers`), instead of binding; the server uses a
+                       * duplicate and the caller keeps its own. 0: bind */
     const char *unix_path; /* also (or only) listen on this Unix-domain socket; NULL: none */
     unsigned unix_mode;    /* the socket file's permission bits, e.g. 0660 */
     int threads;      /* event-loop threads; <= 0: one per core */

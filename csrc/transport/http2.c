@@ -14,6 +14,7 @@
 #include "codec/compress.h"
 #include "transport/grpc.h"
 #include "transport/peers.h"
+#include "transport/tcp_listen.h"
 #include "transport/unix_listen.h"
 
 #define READ_BUF_SIZE (256u << 10)
@@ -1469,39 +1470,20 @@ typedef struct listen_arg_s {
     int rc;
 } listen_arg_t;
 
-/* On the loop's thread: the first loop binds, the others listen on duplicates of its socket
- * (the pattern of http1.c: one accept queue, the port exclusive to this server). */
+/* On the loop's thread: the first loop binds (or takes the socket it was given), the others
+ * listen on duplicates of its socket (as in http1.c: one accept queue). */
 static void open_listener(void *arg)
 {
     listen_arg_t *a = arg;
     h2_loop_t *lp = a->lp;
-    int rc;
-    if (a->first == NULL) {
-        rc = uv_tcp_init_ex(&lp->loop->uv, &lp->tcp, a->addr->ss_family);
-        if (rc != 0) {
-            a->rc = rc;
-            return;
-        }
-        lp->listening = 1;
-        rc = uv_tcp_bind(&lp->tcp, (const struct sockaddr *)a->addr, 0);
-    } else {
+    int share_fd = lp->server->cfg.listen_fd > 0 ? lp->server->cfg.listen_fd : -1;
+    if (a->first != NULL) {
         uv_os_fd_t fd;
         uv_fileno((const uv_handle_t *)&a->first->tcp, &fd);
-        int dup_fd = dup(fd);
-        if (dup_fd < 0) {
-            a->rc = uv_translate_sys_error(errno);
-            return;
-        }
-        uv_tcp_init(&lp->loop->uv, &lp->tcp);
-        lp->listening = 1;
-        rc = uv_tcp_open(&lp->tcp, dup_fd);
-        if (rc != 0)
-            close(dup_fd);
+        share_fd = fd;
     }
+    a->rc = oi_tcp_listen(&lp->loop->uv, &lp->tcp, a->addr, share_fd, on_connection, &lp->listening);
     lp->tcp.data = lp;
-    if (rc == 0)
-        rc = uv_listen((uv_stream_t *)&lp->tcp, 1024, on_connection);
-    a->rc = rc;
 }
 
 typedef struct unix_arg_s {
@@ -1579,13 +1561,8 @@ int oi_h2_server_start(oi_h2_server_t *s, oi_loop_t **loops, int nloops, char *e
         if (u.rc != 0)
             return u.rc;
     }
-    if (tcp) {
-        struct sockaddr_storage bound;
-        int len = sizeof(bound);
-        uv_tcp_getsockname(&s->loops[0].tcp, (struct sockaddr *)&bound, &len);
-        s->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
-                                                    : ((struct sockaddr_in *)&bound)->sin_port);
-    }
+    if (tcp)
+        s->port = oi_tcp_bound_port(&s->loops[0].tcp);
     return 0;
 }
 

@@ -31,6 +31,8 @@ typedef struct oi_h2_config_s {
     const char *host; /* numeric address or a name; "127.0.0.1" by default */
     int port;         /* 0 picks a free port; -1: no TCP listener (unix_path only, or none:
                        * oi_h2_server_adopt brings connections) */
+    int listen_fd;    /* > 0: serve this listening TCP socket instead of binding (see
+                       * oi_http_config_t.listen_fd); 0: bind */
     const char *unix_path;           /* also (or only) listen on this Unix-domain socket; NULL: none */
     unsigned unix_mode;              /* the socket file's permission bits, e.g. 0660 */
     size_t max_message_bytes;        /* largest request message (at most 4 GiB - 1) */

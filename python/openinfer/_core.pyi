@@ -104,6 +104,9 @@ class Server:
         grpc_infer_compression_level: int = 0,  # 0 none, 1 low, 2 medium, 3 high (as tritonserver)
         access_log: str | None = None,  # a path, or "-" for standard output; None: no access log
         trace_file: str | None = None,  # the trace extension's file; None: no tracing
+        http_listen_fd: int = 0,  # > 0: serve this listening socket (on http_port) instead of binding
+        grpc_listen_fd: int = 0,  # > 0: the same for gRPC (on grpc_port)
+        metrics_listen_fd: int = 0,  # > 0: the same for /metrics (on metrics_port)
     ) -> None: ...
     def set_metadata(self, metadata_json: bytes) -> None:
         """Sets the body of GET /v2 (server metadata)."""
@@ -124,6 +127,8 @@ class Server:
         config_json: bytes | None = None,
         config_pb: bytes | None = None,
         publish: bool = True,
+        sequence_batching: tuple[int, int, list[tuple[str, int, str, float, float]],
+                                 list[tuple[str, str, str, tuple[int, ...], bytes]]] | None = None,
         labels: dict[str, bytes] | None = None,
     ) -> str | None | ModelVersion:
         """Registers one model version. `labels` maps an output name to its label file's bytes
@@ -143,7 +148,13 @@ class Server:
         404).
 
         publish=False builds the version without registering it and returns it as a
-        ModelVersion (its `error` says why it cannot serve), for swap_models."""
+        ModelVersion (its `error` says why it cannot serve), for swap_models.
+
+        sequence_batching=(slots, idle_us, controls, states) puts a sequence batcher in front
+        of the executors (openinfer.sequence.SequenceBatching.core builds it): requests then
+        need a sequence_id, run in order per sequence with each control (name, kind,
+        datatype, false, true) and state (input, output, datatype, dims, initial bytes) added,
+        and dynamic_batching says how ready requests of different sequences batch."""
     def swap_models(self, add: Sequence[ModelVersion], remove: Sequence[tuple[str, int]]) -> None:
         """In one registry step, each of `add` replaces the entry of its name and version and
         each (name, version) of `remove` leaves; then waits (without the GIL) until the
@@ -188,6 +199,7 @@ class Server:
     @property
     def shared_memory(self) -> bool:
         """Whether clients may register shared-memory regions (system and CUDA)."""
+    def drain(self) -> None: ...
     def stop(self, timeout: float = 30.0) -> None:
         """Stops accepting, waits up to `timeout` seconds for in-flight requests, then closes
         every connection and joins the threads. Idempotent."""

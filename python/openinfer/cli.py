@@ -3,16 +3,18 @@
     openinfer serve [REPO] [--host H] [--http-port P] [--grpc-port P] [--metrics-port P]
                     [--http-unix PATH] [--grpc-unix PATH] [--threads N]
                     [--model-control-mode none|poll|explicit] [--load-model NAME]...
-                    [--repository-poll-secs N] [--max-body-bytes N] ...
+                    [--repository-poll-secs N] [--workers N] [--max-body-bytes N] ...
 
 It logs where it listens and which models are ready or failed (and why), then blocks until
-SIGINT or SIGTERM, which drain in-flight requests through `Server.stop` and exit 0.
+SIGINT or SIGTERM, which drain in-flight requests through `Server.stop` and exit 0; with
+--drain-grace-secs, SIGTERM first turns readiness false and serves on for that long (`Server.drain`).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -62,10 +64,15 @@ def _octal_mode(value: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit status."""
     parser = _parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     if args.command != "serve":
         parser.print_help(sys.stderr)
         return 2
+    if args.workers < 1:
+        parser.error(f"--workers must be at least 1, got {args.workers}")
+    if args.workers > 1:
+        return _supervise(args, argv[argv.index("serve") + 1 :])
     return _serve(args)
 
 
@@ -126,6 +133,17 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="event-loop threads (default 0: one per core)",
     )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="server processes sharing the ports, each loading the repository (default 1); "
+        "--threads then counts per worker (default: the cores divided among them)",
+    )
+    # A worker of --workers: the parent's sockets (NAME=FD,...) and its index, never typed by hand.
+    serve.add_argument("--inherit-sockets", help=argparse.SUPPRESS)
+    serve.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
     serve.add_argument(
         "--allow-shared-memory",
         action=argparse.BooleanOptionalAction,
@@ -217,6 +235,15 @@ def _parser() -> argparse.ArgumentParser:
         help="on SIGINT/SIGTERM, how long in-flight requests may take; then the rest are "
         "answered 503 and the server exits (default 30)",
     )
+    serve.add_argument(
+        "--drain-grace-secs",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="on SIGTERM, first turn readiness false and go on serving new connections and "
+        "requests for SECONDS (the time a load balancer takes to notice), then stop as "
+        "--shutdown-timeout says; a second signal cuts it short (default 0: stop at once)",
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument(
         "--access-log",
@@ -248,6 +275,58 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _supervise(args: argparse.Namespace, serve_argv: list[str]) -> int:
+    """--workers N: the parent binds the ports and runs the workers (see openinfer.workers)."""
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    refusals = [
+        (args.model_control_mode == "explicit", "--model-control-mode explicit: a load or unload request "
+         "would reach one worker only (use none or poll: each worker then loads the same models)"),
+        (args.http_unix or args.grpc_unix, "--http-unix / --grpc-unix: workers share TCP ports only"),
+        (args.http_port < 0, "--http-port -1: workers share TCP ports only"),
+        (args.trace_file, "--trace-file: every worker would write the same file"),
+    ]
+    for refused, why in refusals:
+        if refused:
+            print(f"openinfer: error: --workers {args.workers} cannot be combined with {why}", file=sys.stderr)
+            return 2
+    from .workers import Supervisor, listen
+
+    def port(given: int | None, default: int) -> int:
+        return given if given is not None else 0 if args.http_port == 0 else default
+
+    try:
+        sockets = {"http": listen(args.host, args.http_port)}
+        if port(args.grpc_port, 8001) >= 0:
+            sockets["grpc"] = listen(args.host, port(args.grpc_port, 8001))
+        # --metrics-port 0 serves none; unset, it is 8002, or a free one with --http-port 0.
+        metrics = None
+        if args.allow_metrics and args.metrics_port != 0:
+            metrics = listen(args.host, port(args.metrics_port, 8002))
+    except OSError as e:
+        print(f"openinfer: error: cannot listen on {args.host}: {e.strerror}", file=sys.stderr)
+        return 1
+    if args.threads == 0:  # the cores, shared among the workers
+        serve_argv = [*serve_argv, "--threads", str(max(1, len(os.sched_getaffinity(0)) // args.workers))]
+    supervisor = Supervisor(serve_argv, args.workers, sockets, metrics)
+    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(args.host, args.host)
+    host = f"[{host}]" if ":" in host else host
+    logger.info(
+        "%d workers listening on http://%s:%d%s%s", args.workers, host, sockets["http"].getsockname()[1],
+        f", grpc://{host}:{sockets['grpc'].getsockname()[1]}" if "grpc" in sockets else "",
+        f", metrics http://{host}:{metrics.getsockname()[1]}/metrics" if metrics else "",
+    )
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        logger.info("%s: stopping the workers", signal.Signals(signum).name)
+        supervisor.signal(signum)
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    return supervisor.run()
+
+
 def _triton_bool(text: str) -> bool:
     """A boolean option value as tritonserver reads one: true/on/1 or false/off/0."""
     value = text.lower()
@@ -259,8 +338,9 @@ def _triton_bool(text: str) -> bool:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    worker = "" if args.worker_index is None else f"[worker {args.worker_index}]"
     logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=args.log_level.upper(), format=f"%(asctime)s %(levelname)s %(name)s{worker}: %(message)s"
     )
     try:
         from .server import serve  # the extension loads here, not for --help or --version
@@ -285,6 +365,14 @@ def _serve(args: argparse.Namespace) -> int:
         metrics["metrics_port"] = None
     elif args.metrics_port is not None:
         metrics["metrics_port"] = args.metrics_port
+    sockets: dict[str, int] = {}
+    if args.inherit_sockets:  # a worker of --workers: the parent's sockets, nothing else
+        from .workers import watch_parent
+
+        sockets = {k: int(v) for k, v in (kv.split("=") for kv in args.inherit_sockets.split(","))}
+        grpc["grpc_port"] = None if "grpc" not in sockets else 0
+        metrics["metrics_port"] = None if "metrics" not in sockets else 0
+        watch_parent()
     stopping = threading.Event()
     started: list[Server] = []
 
@@ -293,13 +381,22 @@ def _serve(args: argparse.Namespace) -> int:
         # and the handler returns at once; the main thread wakes from wait() when it is done.
         # Installed before serve() returns: a signal that arrives while models load or just
         # after the port opens still stops the server cleanly.
-        if not stopping.is_set():
-            stopping.set()
-            logger.info("%s: stopping after in-flight requests", signal.Signals(signum).name)
-            for srv in started:
-                threading.Thread(
-                    target=srv.stop, args=(args.shutdown_timeout,), name="openinfer-stop"
-                ).start()
+        # SIGTERM is how orchestrators start a rolling update: it drains first when asked to.
+        # A second signal (or SIGINT, a person at a terminal) stops without the grace period.
+        drain = signum == signal.SIGTERM and args.drain_grace_secs > 0 and not stopping.is_set()
+        name = signal.Signals(signum).name
+        if drain:
+            logger.info("%s: draining for %gs, then stopping after in-flight requests", name, args.drain_grace_secs)
+        elif stopping.is_set():
+            logger.info("%s: stopping now", name)
+        else:
+            logger.info("%s: stopping after in-flight requests", name)
+        stopping.set()
+        for srv in started:
+            target, extra = (srv.drain, (args.drain_grace_secs,)) if drain else (srv.stop, ())
+            threading.Thread(
+                target=target, args=(*extra, args.shutdown_timeout), name="openinfer-stop"
+            ).start()
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
@@ -322,6 +419,7 @@ def _serve(args: argparse.Namespace) -> int:
             log_format=args.log_format,
             access_log=args.access_log,
             trace_file=args.trace_file,
+            sockets=sockets,
             **grpc,
             **metrics,  # type: ignore[arg-type]
             **limits,
@@ -330,7 +428,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"openinfer: error: {e}", file=sys.stderr)
         return 1
     started.append(server)
-    if stopping.is_set():
+    if stopping.is_set():  # a signal came while the models loaded: nobody relies on us yet
         server.stop(args.shutdown_timeout)
     # Wake up now and then: Python runs signal handlers between bytecodes of the main thread.
     while not server.wait(0.5):

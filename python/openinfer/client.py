@@ -507,7 +507,7 @@ class Client:
         names = list(outputs) if outputs is not None else [o["name"] for o in meta.get("outputs", [])]
         types = {o["name"]: o.get("datatype") for o in meta.get("outputs", [])}
         requested: list[dict[str, Any]] = []
-        placed: dict[str, int] = {}  # outputs in the pool slot: name -> offset
+        placed: dict[str, tuple[int, int]] = {}  # outputs in the pool slot: name -> (offset, bytes)
         want: list[tuple[dict[str, Any], str, int]] = []
         total_in = sum(n for _, _, n in staged)
         for name in names:
@@ -552,7 +552,7 @@ class Client:
             for o, name, n in want:
                 assert slot is not None
                 o["parameters"] = _shm_params(slot.region.name, n, off)
-                placed[name] = off
+                placed[name] = (off, n)
                 off += _align(n)
             body: dict[str, Any] = {"inputs": tensors, "outputs": requested}
             if request_id is not None:
@@ -597,17 +597,21 @@ class Client:
                 pool.release(slot)
 
     def _shm_outputs(self, reply: dict[str, Any], model: str, version: str | int | None, pool: _shm.Pool | None,
-                     slot: _shm.Slot | None, placed: dict[str, int], out: Mapping[str, np.ndarray],
+                     slot: _shm.Slot | None, placed: dict[str, tuple[int, int]], out: Mapping[str, np.ndarray],
                      types: dict[str, Any]) -> dict[str, np.ndarray]:
         result: dict[str, np.ndarray] = {}
         for o in reply.get("outputs", []):
             name, datatype, shape = o["name"], o["datatype"], tuple(o["shape"])
             params = o.get("parameters") or {}
-            nbytes = int(params.get("shared_memory_byte_size", 0))
+            count = math.prod(shape)
+            # What was written into shared memory: openinfer echoes its size; Triton names only
+            # the datatype and shape, which give it, except for BYTES (then the space set aside).
+            reserved = out[name].nbytes if name in out else placed[name][1] if name in placed else 0
+            nbytes = int(params.get("shared_memory_byte_size", 0)) or (
+                reserved if datatype == "BYTES" else count * numpy_dtype(datatype).itemsize)
             key = (model, str(version or ""), name)
             self._out_bytes[key] = max(self._out_bytes.get(key, 0), nbytes)
-            count = math.prod(shape)
-            if "shared_memory_region" not in params:  # not asked in shm: the data came in the reply
+            if (name not in out and name not in placed) or "raw" in o or "data" in o:  # in the reply
                 if datatype == "BYTES":
                     arr = (_shm.deserialize_bytes(o["raw"], count) if "raw" in o
                            else np.array([x.encode() if isinstance(x, str) else x for x in o.get("data", [])],
@@ -624,7 +628,7 @@ class Client:
                 src_region, src_off, src_pool = region, off, None
             else:
                 assert slot is not None and pool is not None
-                src_region, src_off, src_pool = slot.region, placed[name], pool
+                src_region, src_off, src_pool = slot.region, placed[name][0], pool
             if datatype == "BYTES":
                 view = src_region.array((nbytes,), np.uint8, src_off)
                 result[name] = _shm.deserialize_bytes(view, count).reshape(shape)

@@ -39,6 +39,7 @@ from .config import ConfigError, DynamicBatching, ModelConfig, parse_json_config
 from .errors import InferenceServerError
 from .model import Model, Tensor
 from .repository import _NO_TORCH, LoadedModel, scan_model
+from .sequence import SequenceBatching
 from .torch_model import TorchModel
 
 logger = logging.getLogger("openinfer")
@@ -392,7 +393,8 @@ class ModelControl:
                     entry.name, versions, model.platform, model.inputs, model.outputs
                 ),
                 instances=model.instances,
-                dynamic_batching=_batching(model.max_batch_size, model.dynamic_batching),
+                dynamic_batching=_batching(model.max_batch_size, model.dynamic_batching, entry.sequence),
+                sequence_batching=entry.sequence.core(model.instances) if entry.sequence else None,
                 **runs,
                 **_model_config(entry),
                 labels=entry.labels,
@@ -720,9 +722,12 @@ def _version(entry: LoadedModel) -> int:
 
 
 def _batching(
-    max_batch_size: int, batching: DynamicBatching | None
+    max_batch_size: int, batching: DynamicBatching | None, sequence: SequenceBatching | None = None
 ) -> tuple[tuple[int, ...], int] | None:
-    """add_model's dynamic_batching: (preferred sizes, max queue delay in µs), or None."""
+    """add_model's dynamic_batching: (preferred sizes, max queue delay in µs), or None. A
+    sequence model batches the ready requests of its sequences as its strategy says."""
+    if max_batch_size > 0 and sequence is not None:
+        return sequence.batching()
     if max_batch_size <= 0 or batching is None:
         return None
     return (batching.preferred_batch_size, batching.max_queue_delay_microseconds)

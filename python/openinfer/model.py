@@ -28,8 +28,8 @@ except ImportError:
     _bfloat16 = None
 
 # Request parameters that steer the protocol (binary tensor data extension, Triton's queue
-# timeout), not the model.
-_PROTOCOL_PARAMETERS = ("binary_data_output", "timeout")
+# timeout, sequence batching), not the model.
+_PROTOCOL_PARAMETERS = ("binary_data_output", "timeout", "sequence_id", "sequence_start", "sequence_end")
 
 DATATYPES: tuple[str, ...] = (
     "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",

@@ -28,9 +28,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from . import triton_config
+from . import sequence, triton_config
 from .config import ConfigError, ModelConfig, VersionPolicy, load_config
 from .model import Model, Tensor
+from .sequence import SequenceBatching
 from .torch_model import TorchLoadError, TorchModel, TorchUnavailable, load_torchscript
 
 _VERSION_DIR = re.compile(r"[0-9]+")
@@ -54,6 +55,7 @@ class LoadedModel:
     model: Model | TorchModel | None
     error: str | None
     config: dict[str, Any] = field(default_factory=dict)
+    sequence: SequenceBatching | None = None  # the config's sequence_batching, checked
     labels: dict[str, bytes] = field(default_factory=dict)  # output name -> its label file
 
 
@@ -128,15 +130,18 @@ def scan_model(
             raise ConfigError(
                 f"{config_path}: name {config.name!r} differs from the directory name {name!r}"
             )
+        seq = None
         if config is not None:
             source = "the config override" if overridden else str(config_path)
-            refused, warnings = triton_config.unsupported(
-                triton_config.normalize(config.raw, source), source
-            )
+            normalized = triton_config.normalize(config.raw, source)
+            refused, warnings = triton_config.unsupported(normalized, source)
             for warning in warnings:
                 logger.warning("model %s: %s", name, warning)
             if refused:
                 raise ConfigError("; ".join(refused))
+            seq = sequence.parse(
+                normalized, source, model_dir, tuple(t.name for t in config.inputs)
+            )
         labels = read_labels(model_dir, config) if config is not None else {}
     except ConfigError as e:
         return [LoadedModel(name, None, None, str(e))]
@@ -163,11 +168,11 @@ def scan_model(
         loading(selected)
     for version in selected:
         try:
-            model = _load_version(name, version, versions[version], config, allow_python)
+            model = _load_version(name, version, versions[version], config, allow_python, seq)
         except _LoadError as e:
             loaded.append(failed(version, str(e)))
         else:
-            loaded.append(LoadedModel(name, version, model, None, raw, labels))
+            loaded.append(LoadedModel(name, version, model, None, raw, seq, labels))
     return sorted(loaded, key=lambda m: m.version or 0)
 
 
@@ -193,7 +198,8 @@ def read_labels(model_dir: Path, config: ModelConfig) -> dict[str, bytes]:
 
 
 def _load_version(
-    name: str, version: int, version_dir: Path, config: ModelConfig | None, allow_python: bool = True
+    name: str, version: int, version_dir: Path, config: ModelConfig | None, allow_python: bool = True,
+    sequence: SequenceBatching | None = None,
 ) -> Model | TorchModel:
     """Dispatches on the backend the config names, else on the model file present."""
     backend = (config.backend or config.platform) if config else None
@@ -219,15 +225,15 @@ def _load_version(
             )
         return _load_python(name, version, path, config)
     if path.suffix in (".pt", ".pth"):
-        return _load_torchscript(name, version, path, config)
+        return _load_torchscript(name, version, path, config, sequence)
     raise _LoadError(f"{path.name}: unsupported model file (expected model.py or model.pt)")
 
 
 def _load_torchscript(
-    name: str, version: int, path: Path, config: ModelConfig | None
+    name: str, version: int, path: Path, config: ModelConfig | None, sequence: SequenceBatching | None = None
 ) -> TorchModel:
     try:
-        return load_torchscript(name, version, path, config)
+        return load_torchscript(name, version, path, config, sequence)
     except TorchUnavailable as e:
         raise _LoadError(f"{_NO_TORCH}{e}") from None
     except TorchLoadError as e:

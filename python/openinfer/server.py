@@ -11,6 +11,7 @@ import atexit
 import json
 import logging
 import os
+import socket
 import sys
 import threading
 from collections.abc import Iterable, Mapping
@@ -158,6 +159,7 @@ def serve(
     log_format: str = "default",
     access_log: str | os.PathLike[str] | None = None,
     trace_file: str | os.PathLike[str] | None = None,
+    sockets: Mapping[str, socket.socket | int] | None = None,
     **limits: int,
 ) -> Server:
     """Serves the models of repository `repo` and the given `models`, and returns the running
@@ -205,8 +207,13 @@ def serve(
     falls behind, lines are dropped and counted in a "# access log: N lines dropped" line
     rather than slowing requests. `trace_file` is tritonserver's ``--trace-file``: where the
     trace extension writes the traces of sampled requests (Triton's JSON); clients turn tracing
-    on and tune it with ``/v2/trace/setting`` (see `openinfer.tracesettings`). `limits` go to
-    the core:
+    on and tune it with ``/v2/trace/setting`` (see `openinfer.tracesettings`).
+
+    `sockets` maps "http", "grpc" and "metrics" to listening TCP sockets (socket objects or
+    descriptors) to serve instead of binding `host` and the port: the server listens on
+    duplicates, so the caller may close its own once this returns. It is how the worker
+    processes of ``openinfer serve --workers`` share their parent's ports, and how a caller
+    that must own the port (a supervisor, a test) hands it over. `limits` go to the core:
     max_body_bytes, max_header_bytes, max_connections, max_connections_per_peer,
     first_byte_timeout_ms, header_timeout_ms, body_timeout_ms, idle_timeout_ms, max_json_depth,
     grpc_max_message_bytes, grpc_max_queued_bytes."""
@@ -236,6 +243,7 @@ def serve(
         log_format=log_format,
         access_log=access_log,
         trace_file=trace_file,
+        sockets=sockets,
         **limits,
     )
     server.start()
@@ -274,6 +282,7 @@ class Server:
         log_format: str = "default",
         access_log: str | os.PathLike[str] | None = None,
         trace_file: str | os.PathLike[str] | None = None,
+        sockets: Mapping[str, socket.socket | int] | None = None,
         **limits: int,
     ) -> None:
         level = _COMPRESSION_LEVELS.get(grpc_infer_response_compression_level)
@@ -290,6 +299,11 @@ class Server:
             metrics_port = 0 if http_port == 0 else _METRICS_PORT
         elif metrics_port == 0:
             metrics_port = None
+        listen_fds = _listening_sockets(sockets or {})
+        ports = {k: port for k, (_, port) in listen_fds.items()}
+        http_port = ports.get("http", http_port)
+        grpc_port = ports.get("grpc", grpc_port)
+        metrics_port = ports.get("metrics", metrics_port)
         self._http_unix = None if http_unix is None else os.path.abspath(os.fspath(http_unix))
         self._grpc_unix = None if grpc_unix is None else os.path.abspath(os.fspath(grpc_unix))
         self._host = host
@@ -299,6 +313,8 @@ class Server:
         self._log = log
         self._started = False
         self._stopped = threading.Event()
+        self._stop_lock = threading.Lock()  # one stop at a time: the second waits for the first
+        self._drain_cut = threading.Event()  # ends a drain's grace period early
         repo_path, given = _sources(repo, models)
         self._core = _core.Server(
             host,
@@ -317,6 +333,7 @@ class Server:
             grpc_unix=self._grpc_unix,
             unix_socket_mode=unix_socket_mode,
             grpc_infer_compression_level=level,
+            **{f"{k}_listen_fd": fd for k, (fd, _) in listen_fds.items()},
             **limits,
         )
         extensions = tuple(e for e in EXTENSIONS if statistics or e != "statistics")
@@ -423,18 +440,39 @@ class Server:
         """Stops accepting connections, lets in-flight requests finish for up to `timeout`
         seconds, then closes everything. Requests still in flight after `timeout` are
         answered with 503 (gRPC UNAVAILABLE) and this returns, even while a model still
-        runs (it finishes in the background and its answer is dropped). Idempotent."""
-        try:
-            self._control.close(timeout)
-            self._core.stop(timeout)
-        finally:  # wait() must return even if stopping failed
-            if self._started and not self._stopped.is_set() and self._log:
-                logger.info("openinfer on %s stopped", self.url)
-            if self._started:
-                self._logging.uninstall()
-            self._stopped.set()
-            with _running_lock:
-                _running.pop(id(self), None)
+        runs (it finishes in the background and its answer is dropped). Idempotent and safe
+        from any thread: a second call returns once the first is done."""
+        self._drain_cut.set()
+        with self._stop_lock:
+            try:
+                self._control.close(timeout)
+                self._core.stop(timeout)
+            finally:  # wait() must return even if stopping failed
+                if self._started and not self._stopped.is_set() and self._log:
+                    logger.info("openinfer on %s stopped", self.url)
+                if self._started:
+                    self._logging.uninstall()
+                self._stopped.set()
+                with _running_lock:
+                    _running.pop(id(self), None)
+
+    def drain(self, grace: float, timeout: float = 30.0) -> None:
+        """Stops the server the way a rolling update needs: readiness turns false at once
+        (`/v2/health/ready` answers 400, gRPC ServerReady false, grpc.health.v1 NOT_SERVING) so
+        load balancers take this replica out, while new connections are still accepted and
+        every request served for `grace` seconds (the time endpoints take to notice); then
+        `stop(timeout)`. A `stop()` from another thread ends the grace early. Returns once
+        stopped."""
+        if self._started and not self._stopped.is_set():
+            try:
+                self._core.drain()
+            except RuntimeError:  # stopped meanwhile
+                pass
+            else:
+                if self._log:
+                    logger.info("openinfer on %s draining: not ready, serving for %gs more", self.url, grace)
+                self._drain_cut.wait(max(grace, 0.0))
+        self.stop(timeout)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Blocks until the server is stopped (from another thread or a signal handler), or
@@ -676,6 +714,28 @@ def _bool_setting(name: str, value: object) -> bool:
     if text in ("false", "off", "0"):
         return False
     raise ValueError(f"metrics config: {name} must be true or false, got {value!r}")
+
+
+def _listening_sockets(sockets: Mapping[str, socket.socket | int]) -> dict[str, tuple[int, int]]:
+    """`serve()`'s `sockets`, checked: name -> (descriptor, port) of a listening TCP socket."""
+    out: dict[str, tuple[int, int]] = {}
+    for name, sock in sockets.items():
+        if name not in ("http", "grpc", "metrics"):
+            raise ValueError(f"sockets: expected the keys http, grpc and metrics; got {name!r}")
+        fd = sock if isinstance(sock, int) else sock.fileno()
+        try:
+            probe = socket.socket(fileno=os.dup(fd))  # a look at it, without taking it over
+        except OSError as e:
+            raise ValueError(f"sockets[{name!r}]: descriptor {fd} is not a socket ({e.strerror})") from None
+        with probe:
+            listening = probe.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+            if probe.family not in (socket.AF_INET, socket.AF_INET6) or probe.type != socket.SOCK_STREAM or not listening:
+                raise ValueError(
+                    f"sockets[{name!r}] must be a listening TCP socket; got a "
+                    f"{probe.family.name} {probe.type.name} socket{'' if listening else ' that is not listening'}"
+                )
+            out[name] = (fd, probe.getsockname()[1])
+    return out
 
 
 def _is_examples(repo: str | os.PathLike[str]) -> bool:

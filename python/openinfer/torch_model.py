@@ -64,9 +64,13 @@ class TorchModel:
         return len(self.devices)
 
 
-def load_torchscript(name: str, version: int, path: Path, config: ModelConfig | None) -> TorchModel:
+def load_torchscript(
+    name: str, version: int, path: Path, config: ModelConfig | None, sequence: Any = None
+) -> TorchModel:
     """Describes the module (loading it once on the CPU) and checks the config against it.
-    Raises TorchLoadError with the reason."""
+    With `sequence` (a sequence.SequenceBatching), forward() also takes the control inputs and
+    state inputs and returns the state outputs, matched like the declared ones. Raises
+    TorchLoadError with the reason."""
     _ensure_shim()
     from . import _core
 
@@ -84,8 +88,10 @@ def load_torchscript(name: str, version: int, path: Path, config: ModelConfig | 
     arg_names = [a["name"] for a in args]
     max_batch_size = config.max_batch_size if config else 0
     if config and (config.inputs or config.outputs):
-        inputs, outputs, spec = _from_config(path, config, arg_names, described)
+        inputs, outputs, spec = _from_config(path, config, arg_names, described, sequence)
         platform = config.platform or TORCH_PLATFORM
+    elif sequence is not None:
+        raise TorchLoadError(f"{path}: sequence_batching needs input and output in config.pbtxt")
     else:
         inputs, outputs, spec = _from_signature(path, arg_names, described, max_batch_size)
         platform = CONFIGLESS_PLATFORM
@@ -133,7 +139,8 @@ def _ensure_shim() -> None:
 
 
 def _from_config(
-    path: Path, config: ModelConfig, arg_names: list[str], described: dict[str, Any]
+    path: Path, config: ModelConfig, arg_names: list[str], described: dict[str, Any],
+    sequence: Any = None,
 ) -> tuple[list[Tensor], list[Tensor], dict[str, Any]]:
     batch = [-1] if config.max_batch_size > 0 else []
     for t in (*config.inputs, *config.outputs):
@@ -142,7 +149,16 @@ def _from_config(
                 f"{t.name!r} is TYPE_STRING: the torch backend serves numeric and BOOL "
                 "tensors, not strings"
             )
-    names = [t.name for t in config.inputs]
+    # What the sequence batcher adds: control and state inputs, then the state outputs the
+    # config does not declare (in the order add_model's core appends them).
+    extra_in = [] if sequence is None else [c[0] for c in sequence.controls] + [s[0] for s in sequence.states]
+    declared_out = {t.name for t in config.outputs}
+    extra_out = [] if sequence is None else [s[1] for s in sequence.states if s[1] not in declared_out]
+    if sequence is not None and any(c[2] == "BYTES" for c in sequence.controls):
+        raise TorchLoadError("a CORRID control of TYPE_STRING: the torch backend serves numeric and BOOL "
+                             "tensors, not strings")  # fmt: skip
+    names = [t.name for t in config.inputs] + extra_in
+    out_names = [t.name for t in config.outputs] + extra_out
     # Triton's rule: forward()'s argument names, else NAME__index (index = argument position).
     if set(names) <= set(arg_names):
         missing = [a for a in arg_names if a not in names]
@@ -172,20 +188,20 @@ def _from_config(
     is_dict = returns.startswith("Dict[")
     output_index: list[int] = []
     output_key: list[str | None] = []
-    for i, t in enumerate(config.outputs):
-        match = _INDEXED.fullmatch(t.name)
+    for out_name in out_names:
+        match = _INDEXED.fullmatch(out_name)
         if is_dict:
             output_index.append(-1)
-            output_key.append(t.name)
+            output_key.append(out_name)
         elif match:
             output_index.append(int(match.group(2)))
             output_key.append(None)
-        elif returns == "Tensor" and len(config.outputs) == 1:
+        elif returns == "Tensor" and len(out_names) == 1:
             output_index.append(0)
             output_key.append(None)
         else:
             raise TorchLoadError(
-                f"output {t.name!r} does not follow the NAME__index convention and forward() "
+                f"output {out_name!r} does not follow the NAME__index convention and forward() "
                 f"returns {returns or 'an unknown type'}, not a dict to look it up in"
             )
 
@@ -196,8 +212,8 @@ def _from_config(
         "arg_inputs": arg_inputs,
         "output_index": output_index,
         "output_key": output_key,
-        "input_reshape": [reshape(t.reshape) for t in config.inputs],
-        "output_reshape": [reshape(t.reshape) for t in config.outputs],
+        "input_reshape": [reshape(t.reshape) for t in config.inputs] + [None] * len(extra_in),
+        "output_reshape": [reshape(t.reshape) for t in config.outputs] + [None] * len(extra_out),
     }
     inputs = [Tensor(t.name, t.datatype, [*batch, *t.dims]) for t in config.inputs]
     outputs = [Tensor(t.name, t.datatype, [*batch, *t.dims]) for t in config.outputs]

@@ -20,6 +20,7 @@ import struct
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from . import sequence
 from .config import TRITON_DATATYPES, ConfigError
 
 
@@ -476,6 +477,8 @@ def complete(name: str, config: Message, model: Any, *, torch: bool, gpus: tuple
         }
     if "dynamic_batching" in c and not c["dynamic_batching"].get("preferred_batch_size") and model.max_batch_size > 0:
         c["dynamic_batching"] = {**c["dynamic_batching"], "preferred_batch_size": [model.max_batch_size]}
+    if "sequence_batching" in c:
+        c["sequence_batching"] = sequence.complete(c, model.max_batch_size)
     optimization = dict(c.get("optimization", {}))
     optimization.setdefault("input_pinned_memory", {"enable": True})
     optimization.setdefault("output_pinned_memory", {"enable": True})
@@ -628,8 +631,17 @@ def unsupported(config: Message, source: str) -> tuple[list[str], list[str]]:
     def warn(field: str, why: str) -> None:
         warned.append(f"{source}: {field} is ignored ({why})")
 
-    if "sequence_batching" in config:
-        refuse("sequence_batching", "no sequence batcher: stateful models need one")
+    sb = config.get("sequence_batching", {})
+    if sb.get("iterative_sequence"):
+        refuse("sequence_batching.iterative_sequence", "no iterative sequences")
+    if sb.get("oldest", {}).get("preserve_ordering"):
+        refuse("sequence_batching.oldest.preserve_ordering", "answers of different sequences leave when ready")
+    if sb.get("direct", {}).get("minimum_slot_utilization"):
+        warn("sequence_batching.direct.minimum_slot_utilization", "it only tunes performance")
+    for i, state in enumerate(sb.get("state", [])):
+        for key in ("use_same_buffer_for_input_output", "use_growable_memory"):
+            if state.get(key):
+                warn(f"sequence_batching.state[{i}].{key}", "it only tunes performance")
     if "ensemble_scheduling" in config:
         refuse("ensemble_scheduling", "ensembles are not served")
     if config.get("model_warmup"):

@@ -271,6 +271,17 @@ def codec_seeds() -> None:
         "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 16, "shared_memory_offset": 8}}],
         "outputs": [{"name": "y", "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 16}}]}).encode())
 
+    write("fuzz_json", "sequence.json", json.dumps({"parameters": {
+        "sequence_id": "s\u00e9q\n", "sequence_start": True, "sequence_end": False, "sequence_id ": 5},
+        "inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "INT32", "data": [1]}]}).encode())
+    seq = pb.ModelInferRequest(model_name="simple_sequence")
+    seq.parameters["sequence_id"].string_param = "abc"
+    seq.parameters["sequence_start"].bool_param = True
+    seq.parameters["sequence_end"].bool_param = False
+    seq.inputs.add(name="INPUT", datatype="INT32", shape=[1, 1])
+    seq.raw_input_contents.append(np.arange(1, dtype=np.int32).tobytes())
+    write("fuzz_pb_infer", "sequence.pb", seq.SerializeToString())
+
     req = pb.ModelInferRequest(model_name="simple", model_version="1", id="7")
     req.parameters["priority"].int64_param = 1
     req.parameters["tag"].string_param = "t"

@@ -1,0 +1,735 @@
+#include "server/sequence.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/thread.h"
+
+typedef struct sequence_s sequence_t;
+
+/* One request of a sequence, from oi_seq_submit until its job's `done`. Owned by the batcher;
+ * `inner` is what the scheduler runs: the transport's request plus controls and state. */
+typedef struct item_s {
+    oi_job_t inner;
+    oi_job_t *outer; /* the transport's job; borrowed until its done is called */
+    oi_seq_t *q;
+    struct item_s *next;
+    sequence_t *seq;
+    oi_request_t req;        /* a shallow copy of the outer request with more inputs */
+    const char **out_names;  /* the outer job's outputs, then state outputs it did not ask for */
+    uint32_t n_outer_inputs; /* inputs past these are the item's own (one reference each) */
+    uint64_t arrived_ns;
+    uint8_t start, end;
+} item_t;
+
+/* A sequence: one correlation id from its START until its END ran or it was released. */
+struct sequence_s {
+    sequence_t *hnext; /* in the id table, while `mapped` */
+    sequence_t *bnext; /* in the backlog, while waiting for a slot */
+    uint64_t id;
+    char *id_str; /* NULL: numeric id */
+    size_t id_str_len;
+    uint64_t hash;
+    int mapped;   /* requests for its id come here (until its END is queued, or idle release) */
+    int has_slot; /* may run; else it waits in the backlog */
+    int busy;     /* one of its requests is in the scheduler */
+    item_t *head, *tail;
+    uint64_t last_ns;    /* when it was last active (a request arrived or ended) */
+    oi_tensor_t *states; /* the current state tensors (n_states); none before the first output */
+    int have_states;
+};
+
+struct oi_seq_s {
+    pthread_mutex_t mu;
+    pthread_cond_t reaper_cv; /* monotonic clock */
+    pthread_t reaper;
+    int reaper_started;
+    int stopping;
+    oi_scheduler_t *sched;
+    char *model_name;
+    int max_batch_size;
+    int free_slots;
+    uint64_t idle_ns;
+    oi_seq_control_t *controls;
+    uint32_t n_controls;
+    oi_seq_state_t *states;
+    uint32_t n_states;
+    int corrid; /* index of the CORRID control, or -1 */
+    sequence_t **table;
+    size_t n_buckets, n_mapped;
+    sequence_t *backlog_head, *backlog_tail;
+};
+
+/* ---- id table ------------------------------------------------------------------------------ */
+
+static uint64_t hash_id(uint64_t id, const char *s, size_t n)
+{
+    uint64_t h;
+    if (s == NULL) {
+        h = id + 0x9e3779b97f4a7c15u;
+        h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9u;
+        h = (h ^ (h >> 27)) * 0x94d049bb133111ebu;
+        return h ^ (h >> 31);
+    }
+    h = 1469598103934665603u;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (uint8_t)s[i]) * 1099511628211u;
+    return h;
+}
+
+static int same_id(const sequence_t *s, uint64_t id, const char *str, size_t n)
+{
+    if (str == NULL)
+        return s->id_str == NULL && s->id == id;
+    return s->id_str != NULL && s->id_str_len == n && memcmp(s->id_str, str, n) == 0;
+}
+
+static sequence_t *find_locked(oi_seq_t *q, uint64_t h, uint64_t id, const char *str, size_t n)
+{
+    for (sequence_t *s = q->table[h & (q->n_buckets - 1)]; s != NULL; s = s->hnext)
+        if (s->hash == h && same_id(s, id, str, n))
+            return s;
+    return NULL;
+}
+
+static void unmap_locked(oi_seq_t *q, sequence_t *s)
+{
+    if (!s->mapped)
+        return;
+    for (sequence_t **p = &q->table[s->hash & (q->n_buckets - 1)]; *p != NULL; p = &(*p)->hnext)
+        if (*p == s) {
+            *p = s->hnext;
+            break;
+        }
+    s->hnext = NULL;
+    s->mapped = 0;
+    q->n_mapped--;
+}
+
+/* Doubles the table when it is full; a failed allocation only leaves the chains longer. */
+static void map_locked(oi_seq_t *q, sequence_t *s)
+{
+    if (q->n_mapped >= q->n_buckets) {
+        size_t n = q->n_buckets * 2;
+        sequence_t **t = calloc(n, sizeof(*t));
+        if (t != NULL) {
+            for (size_t b = 0; b < q->n_buckets; b++)
+                for (sequence_t *x = q->table[b], *next; x != NULL; x = next) {
+                    next = x->hnext;
+                    x->hnext = t[x->hash & (n - 1)];
+                    t[x->hash & (n - 1)] = x;
+                }
+            free(q->table);
+            q->table = t;
+            q->n_buckets = n;
+        }
+    }
+    sequence_t **b = &q->table[s->hash & (q->n_buckets - 1)];
+    s->hnext = *b;
+    *b = s;
+    s->mapped = 1;
+    q->n_mapped++;
+}
+
+/* ---- sequences ------------------------------------------------------------------------------ */
+
+static void clear_states(oi_seq_t *q, sequence_t *s)
+{
+    if (s->have_states)
+        for (uint32_t k = 0; k < q->n_states; k++)
+            oi_tensor_clear(&s->states[k]);
+    s->have_states = 0;
+}
+
+static void free_sequence(oi_seq_t *q, sequence_t *s)
+{
+    clear_states(q, s);
+    free(s->states);
+    free(s->id_str);
+    free(s);
+}
+
+static void free_item(item_t *it)
+{
+    for (uint32_t i = it->n_outer_inputs; i < it->req.n_inputs; i++)
+        oi_tensor_clear(&it->req.inputs[i]);
+    free(it->req.inputs);
+    free(it->out_names);
+    oi_response_clear(&it->inner.resp);
+    oi_status_free(it->inner.status);
+    free(it);
+}
+
+/* Completes an item that never ran (its outer job gets `st`) and frees it. Outside the lock. */
+static void fail_item(item_t *it, oi_status_t *st)
+{
+    oi_job_t *outer = it->outer;
+    outer->status = st;
+    outer->slot = NULL;
+    free_item(it);
+    outer->done(outer);
+}
+
+static void append_backlog(oi_seq_t *q, sequence_t *s)
+{
+    s->bnext = NULL;
+    if (q->backlog_tail)
+        q->backlog_tail->bnext = s;
+    else
+        q->backlog_head = s;
+    q->backlog_tail = s;
+}
+
+/* ---- dispatch ------------------------------------------------------------------------------- */
+
+static void item_done(oi_job_t *j);
+
+/* Writes one control value (the flag's false or true value, or the correlation id) into `p`;
+ * returns the bytes written. */
+static size_t put_control(const oi_seq_control_t *c, const item_t *it, char *p)
+{
+    const oi_seq_params_t *sp = &it->outer->req->seq;
+    if (c->kind == OI_SEQ_CONTROL_CORRID) {
+        if (c->dtype == OI_TYPE_BYTES) {
+            uint32_t n = (uint32_t)sp->id_str_len;
+            memcpy(p, &n, 4);
+            memcpy(p + 4, sp->id_str, n);
+            return 4 + (size_t)n;
+        }
+        uint64_t v = sp->id;
+        switch (c->dtype) {
+        case OI_TYPE_UINT32: {
+            uint32_t x = (uint32_t)v;
+            memcpy(p, &x, 4);
+            return 4;
+        }
+        case OI_TYPE_INT32: {
+            int32_t x = (int32_t)v;
+            memcpy(p, &x, 4);
+            return 4;
+        }
+        default: /* UINT64, INT64 */ memcpy(p, &v, 8); return 8;
+        }
+    }
+    int on = c->kind == OI_SEQ_CONTROL_START ? it->start : c->kind == OI_SEQ_CONTROL_END ? it->end : 1;
+    double v = c->false_true[on];
+    switch (c->dtype) {
+    case OI_TYPE_FP32: {
+        float x = (float)v;
+        memcpy(p, &x, 4);
+        return 4;
+    }
+    case OI_TYPE_BOOL: *p = v != 0; return 1;
+    default: { /* INT32 */
+        int32_t x = (int32_t)v;
+        memcpy(p, &x, 4);
+        return 4;
+    }
+    }
+}
+
+/* Builds the item's request: the outer inputs, then a tensor per control, then the state
+ * inputs (the sequence's last state output, or the initial state at START). Caller holds the
+ * lock (the sequence's state is read). Returns NULL or a status. */
+static oi_status_t *build_request(oi_seq_t *q, sequence_t *s, item_t *it)
+{
+    const oi_job_t *outer = it->outer;
+    const oi_request_t *r = outer->req;
+    uint32_t n = r->n_inputs + q->n_controls + q->n_states;
+    it->req = *r;
+    if (r->timeout_us != 0) { /* what is left of it after the wait behind the sequence */
+        uint64_t waited_us = (oi_now_ns() - it->arrived_ns) / 1000u;
+        it->req.timeout_us = r->timeout_us > waited_us ? r->timeout_us - waited_us : 1;
+    }
+    it->req.inputs = calloc(n, sizeof(oi_tensor_t));
+    it->out_names = calloc((size_t)outer->n_outputs + q->n_states + 1, sizeof(char *));
+    if (it->req.inputs == NULL || it->out_names == NULL)
+        return oi_status_new(OI_INTERNAL, "out of memory");
+    memcpy(it->req.inputs, r->inputs, r->n_inputs * sizeof(oi_tensor_t));
+    it->req.n_inputs = it->n_outer_inputs = r->n_inputs;
+    int batching = q->max_batch_size > 0;
+    for (uint32_t k = 0; k < q->n_controls; k++) {
+        const oi_seq_control_t *c = &q->controls[k];
+        size_t cap = c->dtype == OI_TYPE_BYTES ? 4 + r->seq.id_str_len : 8;
+        oi_tensor_t *t = &it->req.inputs[it->req.n_inputs];
+        if ((t->owner = oi_buf_new(cap)) == NULL)
+            return oi_status_new(OI_INTERNAL, "out of memory");
+        it->req.n_inputs++;
+        t->name = c->name;
+        t->dtype = c->dtype;
+        t->ndim = batching ? 2 : 1;
+        t->shape[0] = t->shape[1] = 1;
+        t->data = t->owner->data;
+        t->byte_size = t->owner->len = put_control(c, it, t->data);
+    }
+    if (it->start)
+        clear_states(q, s);
+    for (uint32_t k = 0; k < q->n_states; k++) {
+        const oi_seq_state_t *st = &q->states[k];
+        oi_tensor_t *t = &it->req.inputs[it->req.n_inputs];
+        if (s->have_states) {
+            *t = s->states[k];
+            if (t->owner != NULL)
+                oi_buf_ref(t->owner);
+        } else {
+            t->dtype = st->dtype;
+            t->ndim = st->ndim;
+            memcpy(t->shape, st->dims, sizeof(t->shape));
+            if (st->initial_size > 0) {
+                if ((t->owner = oi_buf_new(st->initial_size)) == NULL)
+                    return oi_status_new(OI_INTERNAL, "out of memory");
+                memcpy(t->owner->data, st->initial, st->initial_size);
+                t->data = t->owner->data;
+                t->byte_size = t->owner->len = st->initial_size;
+            }
+        }
+        t->name = st->input_name;
+        t->parameters = (oi_slice_t){NULL, 0};
+        t->shm = 0;
+        it->req.n_inputs++;
+    }
+    uint32_t no = outer->n_outputs;
+    memcpy(it->out_names, outer->output_names, no * sizeof(char *));
+    for (uint32_t k = 0; k < q->n_states; k++) {
+        uint32_t i = 0;
+        while (i < outer->n_outputs && strcmp(outer->output_names[i], q->states[k].output_name) != 0)
+            i++;
+        if (i == outer->n_outputs)
+            it->out_names[no++] = q->states[k].output_name;
+    }
+    it->inner.req = &it->req;
+    it->inner.output_names = it->out_names;
+    it->inner.n_outputs = no;
+    it->inner.done = item_done;
+    it->inner.counted = outer->counted;
+    it->inner.rows = outer->rows;
+    return NULL;
+}
+
+/* Sends the sequence's next request to the scheduler while it has a slot and none running;
+ * requests that cannot run go to `failed` (with their status in outer->status) for the caller
+ * to complete outside the lock. Then releases the sequence if it is over: its END ran (it is
+ * no longer mapped) or it was released, and nothing is left. Caller holds the lock. */
+static void pump_locked(oi_seq_t *q, sequence_t *s, item_t **failed);
+
+static void fail_later(item_t **failed, item_t *it, oi_status_t *st)
+{
+    it->outer->status = st;
+    it->next = *failed;
+    *failed = it;
+}
+
+static void release_slot_locked(oi_seq_t *q, item_t **failed)
+{
+    sequence_t *b = q->backlog_head;
+    if (b == NULL) {
+        q->free_slots++;
+        return;
+    }
+    q->backlog_head = b->bnext;
+    if (q->backlog_head == NULL)
+        q->backlog_tail = NULL;
+    b->bnext = NULL;
+    b->has_slot = 1;
+    pump_locked(q, b, failed);
+}
+
+static void pump_locked(oi_seq_t *q, sequence_t *s, item_t **failed)
+{
+    while (s->has_slot && !s->busy && s->head != NULL) {
+        item_t *it = s->head;
+        s->head = it->next;
+        if (s->head == NULL)
+            s->tail = NULL;
+        it->next = NULL;
+        if (q->stopping) {
+            fail_later(failed, it, oi_status_new(OI_UNAVAILABLE, "the server is shutting down"));
+            continue;
+        }
+        if (atomic_load(&it->outer->cancelled)) {
+            fail_later(failed, it, oi_status_new(OI_CLIENT_CLOSED, "the request was cancelled"));
+            continue;
+        }
+        /* Triton's "timeout" bounds the whole wait, behind the sequence's earlier requests too. */
+        uint64_t timeout_us = it->outer->req->timeout_us;
+        if (timeout_us != 0 && timeout_us < UINT64_MAX / 1000u && oi_now_ns() - it->arrived_ns >= timeout_us * 1000u) {
+            fail_later(failed, it, oi_status_new(OI_UNAVAILABLE, "Request timeout expired"));
+            continue;
+        }
+        oi_status_t *st = build_request(q, s, it);
+        if (st != NULL) {
+            fail_later(failed, it, st);
+            continue;
+        }
+        s->busy = 1;
+        if (oi_scheduler_submit(q->sched, &it->inner) != 0) {
+            s->busy = 0;
+            fail_later(failed, it, oi_status_new(OI_UNAVAILABLE, "the server is shutting down"));
+        }
+    }
+    if (!s->mapped && !s->busy && s->head == NULL) {
+        if (s->has_slot) {
+            s->has_slot = 0;
+            release_slot_locked(q, failed);
+        }
+        free_sequence(q, s);
+    }
+}
+
+static void finish_failed(item_t *failed)
+{
+    for (item_t *it = failed, *next; it != NULL; it = next) {
+        next = it->next;
+        fail_item(it, it->outer->status);
+    }
+}
+
+/* Keeps the state outputs the model produced as the sequence's next state inputs, and hands
+ * the outer job the outputs it asked for. */
+static void take_outputs(oi_seq_t *q, sequence_t *s, item_t *it)
+{
+    oi_job_t *outer = it->outer;
+    oi_response_t *r = &it->inner.resp;
+    if (it->inner.status == NULL && r->n_outputs == it->inner.n_outputs) {
+        clear_states(q, s);
+        for (uint32_t k = 0; k < q->n_states; k++) {
+            uint32_t i = 0;
+            while (i < r->n_outputs && strcmp(it->out_names[i], q->states[k].output_name) != 0)
+                i++;
+            s->states[k] = r->outputs[i];
+            s->states[k].name = q->states[k].input_name;
+            s->states[k].shm = 0;
+            if (s->states[k].owner != NULL)
+                oi_buf_ref(s->states[k].owner);
+        }
+        s->have_states = 1;
+        for (uint32_t i = outer->n_outputs; i < r->n_outputs; i++)
+            oi_tensor_clear(&r->outputs[i]);
+        r->n_outputs = outer->n_outputs;
+    }
+    outer->resp = *r;
+    *r = (oi_response_t){0};
+    outer->status = it->inner.status;
+    it->inner.status = NULL;
+    outer->times = it->inner.times;
+    outer->times.start = it->arrived_ns;
+    outer->slot = it->inner.slot;
+}
+
+/* The scheduler ran (or dropped) an item: on its executor thread. The outer job is completed
+ * before the sequence's next request is sent, so that its answers leave in order. */
+static void item_done(oi_job_t *j)
+{
+    item_t *it = (item_t *)j;
+    sequence_t *s = it->seq; /* stays while busy: nothing releases a busy sequence */
+    oi_seq_t *q = it->q;
+    oi_job_t *outer = it->outer;
+    item_t *failed = NULL;
+    pthread_mutex_lock(&q->mu);
+    take_outputs(q, s, it);
+    pthread_mutex_unlock(&q->mu);
+    free_item(it);
+    outer->done(outer);
+    pthread_mutex_lock(&q->mu);
+    s->busy = 0;
+    s->last_ns = oi_now_ns();
+    pump_locked(q, s, &failed);
+    pthread_mutex_unlock(&q->mu);
+    finish_failed(failed);
+}
+
+/* ---- submit --------------------------------------------------------------------------------- */
+
+/* Triton prefixes some request errors with the request's id. */
+static const char *log_request(const oi_request_t *r, char *buf, size_t cap)
+{
+    if (r->id == NULL || r->id_len == 0)
+        return "";
+    snprintf(buf, cap, "[request id: %.*s] ", (int)(r->id_len < 256 ? r->id_len : 256), r->id);
+    return buf;
+}
+
+oi_status_t *oi_seq_submit(oi_seq_t *q, oi_job_t *job)
+{
+    const oi_request_t *r = job->req;
+    const oi_seq_params_t *sp = &r->seq;
+    int is_str = sp->id_str != NULL;
+    if (q->corrid >= 0) {
+        oi_dtype_t want = q->controls[q->corrid].dtype;
+        if (is_str != (want == OI_TYPE_BYTES)) {
+            char buf[300];
+            return oi_status_new(OI_BAD_REQUEST,
+                                 "%ssequence batching control '%s' data-type is '%s', but model '%s' expects '%s'",
+                                 log_request(r, buf, sizeof(buf)), q->controls[q->corrid].name,
+                                 is_str ? "BYTES" : "UINT64", q->model_name, oi_dtype_name(want));
+        }
+    }
+    if (q->max_batch_size > 0 && r->n_inputs > 0 && r->inputs[0].ndim > 0 && r->inputs[0].shape[0] > 1)
+        return oi_status_new(OI_BAD_REQUEST,
+                             "inference request to model '%s' must specify batch-size 1 due to requirements of "
+                             "sequence batcher",
+                             q->model_name);
+    if (is_str ? sp->id_str_len == 0 : sp->id == 0)
+        return oi_status_new(OI_BAD_REQUEST,
+                             "inference request to model '%s' must specify a non-zero or non-empty correlation ID",
+                             q->model_name);
+    item_t *it = calloc(1, sizeof(*it));
+    if (it == NULL)
+        return oi_status_new(OI_INTERNAL, "out of memory");
+    it->outer = job;
+    it->q = q;
+    it->start = sp->start;
+    it->end = sp->end;
+    it->arrived_ns = oi_now_ns();
+    job->status = NULL;
+    job->slot = NULL;
+    job->enqueued_ns = it->arrived_ns;
+    atomic_store(&job->cancelled, 0);
+    uint64_t h = hash_id(sp->id, sp->id_str, sp->id_str_len);
+    item_t *failed = NULL;
+    oi_status_t *st = NULL;
+    pthread_mutex_lock(&q->mu);
+    sequence_t *s = find_locked(q, h, sp->id, sp->id_str, sp->id_str_len);
+    if (q->stopping && (sp->start || s == NULL)) {
+        st = oi_status_new(OI_UNAVAILABLE,
+                           "Server is stopping, scheduler for model has stopped accepting new inference requests");
+    } else if (s == NULL && !sp->start) {
+        if (is_str)
+            st = oi_status_new(OI_BAD_REQUEST,
+                               "inference request for sequence %.*s to model '%s' must specify the START flag on "
+                               "the first request of the sequence",
+                               (int)(sp->id_str_len < 256 ? sp->id_str_len : 256), sp->id_str, q->model_name);
+        else
+            st = oi_status_new(OI_BAD_REQUEST,
+                               "inference request for sequence %" PRIu64 " to model '%s' must specify the START "
+                               "flag on the first request of the sequence",
+                               sp->id, q->model_name);
+    } else if (s == NULL) {
+        s = calloc(1, sizeof(*s));
+        if (s != NULL && q->n_states > 0 && (s->states = calloc(q->n_states, sizeof(oi_tensor_t))) == NULL) {
+            free(s);
+            s = NULL;
+        }
+        if (s != NULL && is_str && (s->id_str = malloc(sp->id_str_len + 1)) == NULL) {
+            free(s->states);
+            free(s);
+            s = NULL;
+        }
+        if (s == NULL) {
+            st = oi_status_new(OI_INTERNAL, "out of memory");
+        } else {
+            s->id = sp->id;
+            if (is_str) {
+                memcpy(s->id_str, sp->id_str, sp->id_str_len);
+                s->id_str[sp->id_str_len] = '\0';
+                s->id_str_len = sp->id_str_len;
+            }
+            s->hash = h;
+            map_locked(q, s);
+            if (q->free_slots > 0) {
+                q->free_slots--;
+                s->has_slot = 1;
+            } else {
+                append_backlog(q, s);
+            }
+        }
+    }
+    /* A START for a sequence already running continues in its slot, as Triton does: the
+     * model sees START and the state starts again. */
+    if (st == NULL) {
+        it->seq = s;
+        if (s->tail)
+            s->tail->next = it;
+        else
+            s->head = it;
+        s->tail = it;
+        s->last_ns = it->arrived_ns;
+        if (sp->end) /* the id is free for a new sequence from now on */
+            unmap_locked(q, s);
+        pump_locked(q, s, &failed);
+    }
+    pthread_mutex_unlock(&q->mu);
+    if (st != NULL) {
+        free(it);
+        return st;
+    }
+    finish_failed(failed);
+    return NULL;
+}
+
+/* ---- idle release --------------------------------------------------------------------------- */
+
+/* Releases the sequences idle past idle_ns (with a slot, nothing queued or running) and
+ * returns when the next one may become due. Caller holds the lock. */
+static uint64_t reap_locked(oi_seq_t *q, uint64_t now, item_t **failed)
+{
+    uint64_t next = now + q->idle_ns;
+    for (size_t b = 0; b < q->n_buckets; b++) {
+        sequence_t **p = &q->table[b];
+        while (*p != NULL) {
+            sequence_t *s = *p;
+            uint64_t due = s->last_ns + q->idle_ns;
+            if (!s->has_slot || s->busy || s->head != NULL || due > now) {
+                if (s->has_slot && !s->busy && s->head == NULL && due < next)
+                    next = due;
+                p = &s->hnext;
+                continue;
+            }
+            unmap_locked(q, s); /* unlinks *p */
+            s->has_slot = 0;
+            release_slot_locked(q, failed);
+            free_sequence(q, s);
+        }
+    }
+    return next;
+}
+
+static void *reaper(void *arg)
+{
+    oi_seq_t *q = arg;
+    pthread_mutex_lock(&q->mu);
+    while (!q->stopping) {
+        item_t *failed = NULL;
+        uint64_t next = reap_locked(q, oi_now_ns(), &failed);
+        if (failed != NULL) {
+            pthread_mutex_unlock(&q->mu);
+            finish_failed(failed);
+            pthread_mutex_lock(&q->mu);
+            continue;
+        }
+        struct timespec ts = {(time_t)(next / 1000000000u), (long)(next % 1000000000u)};
+        pthread_cond_timedwait(&q->reaper_cv, &q->mu, &ts);
+    }
+    pthread_mutex_unlock(&q->mu);
+    return NULL;
+}
+
+/* ---- life cycle ----------------------------------------------------------------------------- */
+
+oi_seq_t *oi_seq_new(const oi_seq_config_t *cfg, oi_scheduler_t *sched, char *err, size_t errlen)
+{
+    oi_seq_t *q = calloc(1, sizeof(*q));
+    if (q == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    pthread_mutex_init(&q->mu, NULL);
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&q->reaper_cv, &attr);
+    pthread_condattr_destroy(&attr);
+    q->sched = sched;
+    q->max_batch_size = cfg->max_batch_size;
+    q->free_slots = cfg->slots > 0 ? cfg->slots : 1;
+    q->idle_ns = (cfg->idle_us > 0 ? cfg->idle_us : 1000000u) * 1000u;
+    q->corrid = -1;
+    q->n_buckets = 64;
+    q->table = calloc(q->n_buckets, sizeof(*q->table));
+    q->model_name = strdup(cfg->model_name);
+    q->controls = calloc(cfg->n_controls + 1, sizeof(*q->controls));
+    q->states = calloc(cfg->n_states + 1, sizeof(*q->states));
+    int ok = q->table != NULL && q->model_name != NULL && q->controls != NULL && q->states != NULL;
+    for (uint32_t i = 0; ok && i < cfg->n_controls; i++) {
+        q->controls[i] = cfg->controls[i];
+        ok = (q->controls[i].name = strdup(cfg->controls[i].name)) != NULL;
+        q->n_controls = i + 1;
+        if (cfg->controls[i].kind == OI_SEQ_CONTROL_CORRID)
+            q->corrid = (int)i;
+    }
+    for (uint32_t i = 0; ok && i < cfg->n_states; i++) {
+        oi_seq_state_t *st = &q->states[i];
+        *st = cfg->states[i];
+        st->input_name = strdup(cfg->states[i].input_name);
+        st->output_name = strdup(cfg->states[i].output_name);
+        void *init = malloc(st->initial_size ? st->initial_size : 1);
+        if (init != NULL && st->initial_size)
+            memcpy(init, cfg->states[i].initial, st->initial_size);
+        st->initial = init;
+        q->n_states = i + 1;
+        ok = st->input_name != NULL && st->output_name != NULL && init != NULL;
+    }
+    if (!ok) {
+        snprintf(err, errlen, "out of memory");
+        oi_seq_free(q);
+        return NULL;
+    }
+    int rc = oi_thread_create(&q->reaper, reaper, q, 0);
+    if (rc != 0) {
+        snprintf(err, errlen, "cannot start the sequence batcher's thread: %s", strerror(rc));
+        oi_seq_free(q);
+        return NULL;
+    }
+    q->reaper_started = 1;
+    return q;
+}
+
+static void drain_locked(sequence_t *s, item_t **failed)
+{
+    while (s->head != NULL) {
+        item_t *it = s->head;
+        s->head = it->next;
+        fail_later(failed, it, oi_status_new(OI_UNAVAILABLE, "the server is shutting down"));
+    }
+    s->tail = NULL;
+}
+
+void oi_seq_stop(oi_seq_t *q)
+{
+    if (q == NULL)
+        return;
+    item_t *failed = NULL;
+    pthread_mutex_lock(&q->mu);
+    q->stopping = 1;
+    /* A sequence with a slot and requests waiting has one running, whose completion fails the
+     * rest; those in the backlog (mapped or not) have none. */
+    for (sequence_t *s = q->backlog_head; s != NULL; s = s->bnext)
+        drain_locked(s, &failed);
+    for (size_t b = 0; q->table != NULL && b < q->n_buckets; b++)
+        for (sequence_t *s = q->table[b]; s != NULL; s = s->hnext)
+            if (!s->busy)
+                drain_locked(s, &failed);
+    pthread_cond_broadcast(&q->reaper_cv);
+    pthread_mutex_unlock(&q->mu);
+    finish_failed(failed);
+}
+
+void oi_seq_free(oi_seq_t *q)
+{
+    if (q == NULL)
+        return;
+    oi_seq_stop(q);
+    if (q->reaper_started)
+        pthread_join(q->reaper, NULL);
+    /* Every request has completed: what is left are sequences and their states. */
+    for (size_t b = 0; q->table != NULL && b < q->n_buckets; b++)
+        for (sequence_t *s = q->table[b], *next; s != NULL; s = next) {
+            next = s->hnext;
+            if (!s->has_slot) /* also in the backlog: freed below */
+                continue;
+            free_sequence(q, s);
+        }
+    for (sequence_t *s = q->backlog_head, *next; s != NULL; s = next) {
+        next = s->bnext;
+        free_sequence(q, s);
+    }
+    for (uint32_t i = 0; i < q->n_controls; i++)
+        free((char *)q->controls[i].name);
+    for (uint32_t i = 0; i < q->n_states; i++) {
+        free((char *)q->states[i].input_name);
+        free((char *)q->states[i].output_name);
+        free((void *)q->states[i].initial);
+    }
+    free(q->controls);
+    free(q->states);
+    free(q->table);
+    free(q->model_name);
+    pthread_cond_destroy(&q->reaper_cv);
+    pthread_mutex_destroy(&q->mu);
+    free(q);
+}

@@ -1,0 +1,195 @@
+"""`openinfer serve --workers N`: N server processes on the same ports, for hosts where one
+process's C core (its event loops, or the GIL of its Python models) is the bottleneck.
+
+The parent binds the HTTP and gRPC sockets once and hands them to every worker, which serves
+them through `serve(sockets=...)`: the workers share each socket's accept queue, and the ports
+stay this server's alone (SO_REUSEPORT would let any process of the same user join the group).
+Each worker loads the repository itself and has its own registry, statistics and settings.
+The parent only supervises: it restarts a worker that dies, forwards SIGTERM and SIGINT (so
+a drain happens in every worker at once) and serves ``/metrics``, the workers' own metrics
+merged, every sample labelled ``worker="i"``. Worker logs go to the parent's stdout/stderr,
+each line naming its worker.
+"""
+
+from __future__ import annotations
+
+import http.server
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Sequence
+
+logger = logging.getLogger("openinfer")
+
+# Sample names that belong to the family named before them (histograms, summaries, counters).
+_SUFFIXES = ("_bucket", "_sum", "_count", "_total", "_created")
+
+# A worker that keeps dying is restarted after a growing pause, up to this many seconds.
+_MAX_BACKOFF = 5.0
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port (0: a free port), as the core would bind it."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    return socket.create_server((host, port), family=family, backlog=1024)
+
+
+def merge_metrics(texts: Sequence[tuple[int, str]]) -> str:
+    """Prometheus text expositions of several workers as one: each family's HELP and TYPE once,
+    then the samples of every worker, each with a ``worker`` label first."""
+    families: dict[str, list[str]] = {}  # name -> [help, type, samples...]
+    for worker, text in texts:
+        family = ""
+        for line in text.splitlines():
+            if line.startswith("# HELP ") or line.startswith("# TYPE "):
+                family = line.split(" ", 3)[2]
+                head = families.setdefault(family, ["", ""])
+                head[0 if line.startswith("# HELP ") else 1] = line
+            elif line and not line.startswith("#"):
+                name, brace, rest = line.partition("{")
+                labelled = (
+                    f'{name}{{worker="{worker}",{rest}' if brace and not rest.startswith("}")
+                    else f'{name}{{worker="{worker}"}}{rest}' if brace
+                    else f'{line.split(" ", 1)[0]}{{worker="{worker}"}} {line.split(" ", 1)[1]}'
+                )
+                base = line.split("{", 1)[0].split(" ", 1)[0]
+                owner = family if base == family or base.removeprefix(family) in _SUFFIXES else base
+                families.setdefault(owner, ["", ""]).append(labelled)
+    out = []
+    for lines in families.values():
+        out += [line for line in lines if line]
+    return "\n".join(out) + "\n"
+
+
+class _MetricsHandler(http.server.BaseHTTPRequestHandler):
+    server: _MetricsServer
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        if self.path.split("?", 1)[0] != "/metrics":
+            self.send_error(404, "metrics are served at /metrics")
+            return
+        body = merge_metrics(self.server.supervisor.scrape()).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:  # scrapes are not worth a line
+        pass
+
+
+class _MetricsServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, sock: socket.socket, supervisor: Supervisor) -> None:
+        super().__init__(sock.getsockname()[:2], _MetricsHandler, bind_and_activate=False)
+        self.socket.close()
+        self.socket = sock
+        self.supervisor = supervisor
+
+
+class Supervisor:
+    """Runs `n` workers of `openinfer serve` (`argv`: this command's own arguments, after
+    ``serve``) on the sockets given, until stopped by a signal; `run` returns the exit status."""
+
+    def __init__(self, argv: Sequence[str], n: int, sockets: dict[str, socket.socket],
+                 metrics: socket.socket | None) -> None:
+        self.argv = list(argv)
+        self.sockets = sockets
+        self.metrics = metrics
+        # Each worker's own /metrics listener, on loopback: the parent scrapes it.
+        self.worker_metrics = [listen("127.0.0.1", 0) for _ in range(n)] if metrics else []
+        self.procs: list[subprocess.Popen[bytes] | None] = [None] * n
+        self.started = [0.0] * n
+        self.backoff = [0.1] * n
+        self.stopping = threading.Event()
+        self.lock = threading.Lock()
+
+    def spawn(self, i: int) -> None:
+        socks = dict(self.sockets)
+        if self.metrics:
+            socks["metrics"] = self.worker_metrics[i]
+        inherit = ",".join(f"{name}={s.fileno()}" for name, s in socks.items())
+        argv = [sys.executable, "-m", "openinfer", "serve", *self.argv,
+                "--workers", "1", "--worker-index", str(i), "--inherit-sockets", inherit]
+        # Its own process group: a terminal's Ctrl-C reaches the parent only, which forwards it.
+        self.procs[i] = subprocess.Popen(argv, pass_fds=[s.fileno() for s in socks.values()], process_group=0)
+        self.started[i] = time.monotonic()
+        logger.info("worker %d started (pid %d)", i, self.procs[i].pid)
+
+    def scrape(self) -> list[tuple[int, str]]:
+        texts = []
+        for i, s in enumerate(self.worker_metrics):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{s.getsockname()[1]}/metrics", timeout=5) as r:
+                    texts.append((i, r.read().decode()))
+            except OSError:  # restarting: its samples are missing from this scrape
+                pass
+        return texts
+
+    def signal(self, signum: int) -> None:
+        """A stop signal for every worker (a second one cuts their drain short)."""
+        self.stopping.set()
+        with self.lock:
+            for p in self.procs:
+                if p is not None and p.poll() is None:
+                    p.send_signal(signal.SIGTERM if signum == signal.SIGTERM else signal.SIGINT)
+
+    def run(self) -> int:
+        metrics_server = None
+        if self.metrics:
+            metrics_server = _MetricsServer(self.metrics, self)
+            threading.Thread(target=metrics_server.serve_forever, name="openinfer-metrics", daemon=True).start()
+        with self.lock:
+            for i in range(len(self.procs)):
+                self.spawn(i)
+        status = 0
+        while True:
+            time.sleep(0.05)
+            with self.lock:
+                for i, p in enumerate(self.procs):
+                    if p is None or p.poll() is None:
+                        continue
+                    if self.stopping.is_set():
+                        status = status or (p.returncode != 0)
+                        self.procs[i] = None
+                        continue
+                    lived = time.monotonic() - self.started[i]
+                    self.backoff[i] = 0.1 if lived > 10 else min(self.backoff[i] * 2, _MAX_BACKOFF)
+                    logger.warning("worker %d (pid %d) exited with %s; restarting in %.1fs", i, p.pid,
+                                   f"signal {-p.returncode}" if p.returncode < 0 else f"status {p.returncode}",
+                                   self.backoff[i])
+                    self.procs[i] = None
+                    threading.Timer(self.backoff[i], self._respawn, args=(i,)).start()
+                if self.stopping.is_set() and all(p is None for p in self.procs):
+                    break
+        if metrics_server:
+            metrics_server.shutdown()
+        for s in [*self.sockets.values(), *self.worker_metrics, *([self.metrics] if self.metrics else [])]:
+            s.close()
+        return int(status)
+
+    def _respawn(self, i: int) -> None:
+        with self.lock:
+            if not self.stopping.is_set() and self.procs[i] is None:
+                self.spawn(i)
+
+
+def watch_parent() -> None:
+    """In a worker: stops it (SIGTERM to itself) when the supervisor is gone, so that a killed
+    parent leaves no workers serving its ports."""
+    parent = os.getppid()
+
+    def poll() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=poll, name="openinfer-parent-watch", daemon=True).start()
