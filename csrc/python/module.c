@@ -13,6 +13,7 @@
 #include "python/client.h"
 #include "python/onnx_module.h"
 #include "python/torch_module.h"
+#include "server/classify.h"
 #include "server/server.h"
 #include "transport/loop.h"
 #include "transport/peer.h"
@@ -683,6 +684,37 @@ static oi_buf_t *buf_copy(const Py_buffer *b)
     return out;
 }
 
+/* add_model's labels: {output name: the bytes of its label file}. Returns 0, or -1 with an
+ * exception set. */
+static int set_labels(oi_model_t *m, PyObject *labels)
+{
+    if (!PyDict_Check(labels)) {
+        PyErr_SetString(PyExc_TypeError, "labels must be a dict of output name to bytes");
+        return -1;
+    }
+    if (PyDict_Size(labels) == 0)
+        return 0;
+    if ((m->labels = calloc(m->n_outputs ? m->n_outputs : 1, sizeof(*m->labels))) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (uint32_t i = 0; i < m->n_outputs; i++) {
+        PyObject *text = PyDict_GetItemString(labels, m->outputs[i].name); /* borrowed */
+        if (text == NULL)
+            continue;
+        if (!PyBytes_Check(text)) {
+            PyErr_Format(PyExc_TypeError, "labels of output '%s' must be bytes", m->outputs[i].name);
+            return -1;
+        }
+        m->labels[i] = oi_labels_parse(PyBytes_AS_STRING(text), (size_t)PyBytes_GET_SIZE(text));
+        if (m->labels[i] == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* add_model's sequence_batching: (slots, idle_us, controls, states), where a control is
  * (name, kind, datatype, false_value, true_value) and a state is (input_name, output_name,
  * datatype, dims, initial_bytes); the repository has checked them against the model. Returns
@@ -807,16 +839,17 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
                              "handler",   "instances",        "error",
                              "torch",     "dynamic_batching", "config_json",
                              "config_pb", "publish",          "sequence_batching",
-                             "decoupled", "onnx",             NULL};
+                             "decoupled", "onnx",             "labels",
+                             NULL};
     const char *name, *error = NULL;
     long long version;
     PyObject *inputs = NULL, *outputs = NULL, *handler = NULL, *torch = Py_None, *batching = Py_None,
-             *sequence = Py_None, *onnx = Py_None;
+             *sequence = Py_None, *onnx = Py_None, *labels = Py_None;
     int max_batch = 0, instances = 1, publish = 1, decoupled = 0;
     Py_buffer meta = {0}, cfg_json = {0}, cfg_pb = {0};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOOy*y*pOpO", kwlist, &name, &version, &inputs, &outputs,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOOy*y*pOpOO", kwlist, &name, &version, &inputs, &outputs,
                                      &max_batch, &meta, &handler, &instances, &error, &torch, &batching, &cfg_json,
-                                     &cfg_pb, &publish, &sequence, &decoupled, &onnx))
+                                     &cfg_pb, &publish, &sequence, &decoupled, &onnx, &labels))
         return NULL;
     if (handler == NULL && (torch != Py_None || onnx != Py_None))
         handler = Py_None;
@@ -893,6 +926,8 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         PyErr_NoMemory();
         goto done;
     }
+    if (labels != Py_None && set_labels(m, labels) != 0)
+        goto done;
     if ((torch != Py_None || onnx != Py_None) && error == NULL) {
         /* A native backend: TorchScript through the shim, or ONNX Runtime. */
         const oi_backend_t *backend = torch != Py_None ? &oi_torch_backend : &oi_onnx_backend;

@@ -1165,6 +1165,8 @@ static void on_call(void *ctx, oi_grpc_call_t *call)
     call->data = s;
     const char *m = call->method;
     const char *rpc;
+    if (oi__legacy_grpc_call(s, call)) /* nvidia.inferenceserver.GRPCService, the legacy v1 API */
+        return;
     if (strncmp(m, HEALTH_SERVICE, sizeof(HEALTH_SERVICE) - 1) == 0) {
         rpc = m + sizeof(HEALTH_SERVICE) - 1;
         call->kind = strcmp(rpc, "Check") == 0   ? RPC_HEALTH_CHECK
@@ -1199,6 +1201,10 @@ static void on_call(void *ctx, oi_grpc_call_t *call)
 static void on_message(void *ctx, oi_grpc_call_t *call, oi_buf_t *msg)
 {
     oi_server_t *s = ctx;
+    if (call->kind >= OI__LEGACY_RPC_BASE) {
+        oi__legacy_grpc_message(s, call, msg);
+        return;
+    }
     if (call->kind != RPC_MODEL_STREAM_INFER && call->received > 1) {
         oi_buf_unref(msg);
         oi_grpc_finish(call, OI_GRPC_INVALID_ARGUMENT, "a unary call carries one request message; got a second");
@@ -1262,8 +1268,9 @@ static void on_message(void *ctx, oi_grpc_call_t *call, oi_buf_t *msg)
 
 static void on_half_close(void *ctx, oi_grpc_call_t *call)
 {
-    (void)ctx;
-    if (call->kind == RPC_MODEL_STREAM_INFER)
+    if (call->kind >= OI__LEGACY_RPC_BASE)
+        oi__legacy_grpc_half_close(ctx, call);
+    else if (call->kind == RPC_MODEL_STREAM_INFER)
         maybe_end_stream(call);
     else if (call->received == 0)
         oi_grpc_finish(call, OI_GRPC_INVALID_ARGUMENT, "the call ended without a request message");
@@ -1274,6 +1281,10 @@ static void on_half_close(void *ctx, oi_grpc_call_t *call)
 static void on_gone(void *ctx, oi_grpc_call_t *call)
 {
     oi_server_t *s = ctx;
+    if (call->kind >= OI__LEGACY_RPC_BASE) {
+        oi__legacy_grpc_gone(s, call);
+        return;
+    }
     for (oi_infer_t *inf = call->work; inf != NULL; inf = inf->next)
         if (!inf->cancelled) {
             atomic_fetch_add(&s->grpc_orphans, 1);

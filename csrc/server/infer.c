@@ -2,7 +2,9 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "server/classify.h"
 #include "server/validate.h"
 
 oi_infer_t *oi_infer_new(void)
@@ -23,6 +25,7 @@ void oi_infer_free(oi_infer_t *inf)
     oi_request_clear(&inf->req);
     free(inf->output_names);
     oi__dstream_unref(inf->ds);
+    free(inf->class_counts);
     oi_model_unref(inf->model);
     free(inf->trace);
     free(inf);
@@ -74,6 +77,26 @@ static void run_done(oi_task_t *t)
     inf->done(inf);
 }
 
+/* Replaces the outputs asked as classifications by their top-k (executor thread: sorting is
+ * not the loop's work). */
+static oi_status_t *classify_outputs(oi_infer_t *inf)
+{
+    const oi_model_t *m = inf->model;
+    for (uint32_t i = 0; i < inf->job.resp.n_outputs; i++) {
+        if (inf->class_counts[i] == 0)
+            continue;
+        oi_tensor_t *t = &inf->job.resp.outputs[i];
+        const oi_labels_t *labels = NULL;
+        for (uint32_t o = 0; m->labels != NULL && o < m->n_outputs; o++)
+            if (strcmp(m->outputs[o].name, t->name) == 0)
+                labels = m->labels[o];
+        oi_status_t *st = oi_classify(t, m->max_batch_size > 0, inf->class_counts[i], labels);
+        if (st != NULL)
+            return st;
+    }
+    return NULL;
+}
+
 /* On the executor thread, right after the backend ran. */
 static void job_done(oi_job_t *j)
 {
@@ -88,6 +111,10 @@ static void job_done(oi_job_t *j)
      * lost, and the request says so rather than answer with zeros. */
     if (j->status == NULL && inf->shm != NULL && inf->ds == NULL)
         j->status = oi_shm_check_request(&inf->req, &j->resp);
+    if (j->status == NULL && inf->class_counts != NULL)
+        j->status = classify_outputs(inf);
+    if (j->status == NULL && inf->post != NULL)
+        j->status = inf->post(inf);
     uint64_t end = j->counted || inf->trace != NULL ? oi_now_ns() : 0;
     if (inf->trace != NULL)
         inf->trace->ns[OI_TS_COMPUTE_END] = end;
@@ -139,7 +166,7 @@ oi_status_t *oi_infer_submit(oi_infer_t *inf, oi_model_t *m, oi_loop_t *loop, oi
         st =
             oi_status_new(OI_UNIMPLEMENTED, "this end point does not support models with decoupled transaction policy");
     if (st == NULL)
-        st = oi_validate_request(m, &inf->req, &inf->output_names, &inf->job.n_outputs);
+        st = oi_validate_request(m, &inf->req, &inf->output_names, &inf->job.n_outputs, &inf->class_counts);
     if (st != NULL)
         return st;
     inf->loop = loop;

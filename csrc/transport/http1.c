@@ -69,6 +69,7 @@ struct oi_http_conn_s {
     oi_sbuf_t url;
     oi_sbuf_t hfield;
     oi_sbuf_t hvalue;
+    oi_sbuf_t nv_request; /* the NV-InferRequest header's value (the legacy v1 API), NUL-terminated */
     size_t header_bytes;
     uint64_t start_ns; /* uv_hrtime of the first byte, with cfg.on_answered only */
     int in_message;
@@ -124,6 +125,7 @@ static void conn_maybe_free(oi_http_conn_t *c)
     oi_sbuf_free(&c->url);
     oi_sbuf_free(&c->hfield);
     oi_sbuf_free(&c->hvalue);
+    oi_sbuf_free(&c->nv_request);
     oi_sbuf_free(&c->pending);
     if (c->peer_counted)
         oi_peers_release(&c->lis->server->peers, &c->peer);
@@ -547,6 +549,8 @@ static int on_message_begin(llhttp_t *p)
     c->req.inference_header_length = -1;
     c->req.content_encoding[0] = '\0';
     c->req.accept_encoding[0] = '\0';
+    c->req.nv_infer_request = NULL;
+    c->nv_request.len = 0;
     if (c->lis->server->cfg.on_answered != NULL)
         c->start_ns = uv_hrtime();
     c->req.start_ns = c->start_ns;
@@ -609,6 +613,11 @@ static int on_header_value_complete(llhttp_t *p)
         copy_lower(c->req.content_encoding, sizeof(c->req.content_encoding), v);
     } else if (header_is(f, "accept-encoding")) {
         copy_lower(c->req.accept_encoding, sizeof(c->req.accept_encoding), v);
+    } else if (header_is(f, "nv-inferrequest")) {
+        c->nv_request.len = 0;
+        if (oi_sbuf_append(&c->nv_request, v->data, v->len) != 0 || oi_sbuf_append(&c->nv_request, "", 1) != 0)
+            return reject_in_parser(c, 500, "out of memory");
+        c->req.nv_infer_request_len = v->len;
     }
     f->len = 0;
     v->len = 0;
@@ -712,6 +721,8 @@ static int on_message_complete(llhttp_t *p)
     r->method = p->method;
     r->path = c->url.data;
     r->path_len = path_len;
+    r->query = q ? q + 1 : "";
+    r->nv_infer_request = c->nv_request.len ? c->nv_request.data : NULL;
     oi_buf_unref(r->body);
     r->body = c->body;
     c->body = NULL;

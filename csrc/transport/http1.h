@@ -65,6 +65,10 @@ struct oi_http_request_s {
     int method;       /* llhttp_method_t: HTTP_GET, HTTP_POST, ... */
     const char *path; /* NUL-terminated URL path, query stripped, not percent-decoded */
     size_t path_len;
+    const char *query;            /* NUL-terminated, what follows '?' in the URL (not decoded); "" when none */
+    const char *nv_infer_request; /* the NV-InferRequest header's value (the legacy v1 API),
+                                   * NUL-terminated, nv_infer_request_len bytes; NULL when absent */
+    size_t nv_infer_request_len;
     oi_buf_t *body;   /* the whole body in one buffer (len bytes) or NULL; the request owns one
                        * reference: take your own with oi_buf_ref to keep it */
     int64_t inference_header_length; /* Inference-Header-Content-Length, -1 when absent */

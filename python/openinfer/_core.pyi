@@ -154,8 +154,10 @@ class Server:
                                  list[tuple[str, str, str, tuple[int, ...], bytes]]] | None = None,
         decoupled: bool = False,  # handler returns an iterator of 0..N responses per request
         onnx: OnnxSpec | None = None,
+        labels: dict[str, bytes] | None = None,
     ) -> str | None | ModelVersion:
-        """Registers one model version. handler=None with error=reason registers a version that
+        """Registers one model version. `labels` maps an output name to its label file's bytes
+        (one label a line) for the classification extension. handler=None with error=reason registers a version that
         failed to load: it answers not ready, and infer answers 503 with the reason. The
         request without a version goes to the highest ready version. Raises ValueError on a
         bad spec and RuntimeError when the version is already registered.

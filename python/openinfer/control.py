@@ -403,6 +403,7 @@ class ModelControl:
                 sequence_batching=entry.sequence.core(model.instances) if entry.sequence else None,
                 **runs,
                 **_model_config(entry),
+                labels=entry.labels,
                 publish=False,
             )
         platform = entry.config.get("platform") or entry.config.get("backend")

@@ -61,6 +61,7 @@ class LoadedModel:
     error: str | None
     config: dict[str, Any] = field(default_factory=dict)
     sequence: SequenceBatching | None = None  # the config's sequence_batching, checked
+    labels: dict[str, bytes] = field(default_factory=dict)  # output name -> its label file
 
 
 class _LoadError(Exception):
@@ -146,6 +147,7 @@ def scan_model(
             seq = sequence.parse(
                 normalized, source, model_dir, tuple(t.name for t in config.inputs)
             )
+        labels = read_labels(model_dir, config) if config is not None else {}
     except ConfigError as e:
         return [LoadedModel(name, None, None, str(e))]
     raw = config.raw if config else {}
@@ -175,8 +177,29 @@ def scan_model(
         except _LoadError as e:
             loaded.append(failed(version, str(e)))
         else:
-            loaded.append(LoadedModel(name, version, model, None, raw, seq))
+            loaded.append(LoadedModel(name, version, model, None, raw, seq, labels))
     return sorted(loaded, key=lambda m: m.version or 0)
+
+
+def read_labels(model_dir: Path, config: ModelConfig) -> dict[str, bytes]:
+    """The label files of the outputs that name one (`label_filename`, relative to the model
+    directory as in Triton), for the classification extension. A file that cannot be read
+    fails the model, naming the field. A label file must lie inside the model directory: a
+    configuration sent with a load request cannot make the server read other files."""
+    labels = {}
+    root = model_dir.resolve()
+    for i, tensor in enumerate(config.outputs):
+        if not tensor.label_filename:
+            continue
+        where = f"output[{i}] {tensor.name!r}: label_filename {tensor.label_filename!r}"
+        path = (model_dir / tensor.label_filename).resolve()
+        if not path.is_relative_to(root):
+            raise ConfigError(f"{where}: the label file must be inside the model directory {model_dir}")
+        try:
+            labels[tensor.name] = path.read_bytes()
+        except OSError as e:
+            raise ConfigError(f"{where}: cannot read {path}: {e.strerror or e}") from None
+    return labels
 
 
 def _load_version(

@@ -685,8 +685,6 @@ def unsupported(config: Message, source: str) -> tuple[list[str], list[str]]:
             for key in ("allow_ragged_batch", "optional", "is_shape_tensor", "is_non_linear_format_io"):
                 if tensor.get(key):
                     refuse(f"{kind}[{i}].{key}", "tensors are dense, required and plain")
-            if tensor.get("label_filename"):
-                warn(f"output[{i}].label_filename", "classification requests are refused")
     if config.get("model_repository_agents", {}).get("agents"):
         refuse("model_repository_agents", "no repository agents")
     if config.get("model_operations", {}).get("op_library_filename"):
