@@ -39,8 +39,8 @@ def _clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in drop}
 
 
-def _build(out: Path, main_source: str, *defines: str) -> Path:
-    cmd = [CC, *CFLAGS, *defines, main_source, *CODEC_SOURCES, "-o", str(out)]
+def _build(out: Path, main_source: str, *defines: str, sources: list[str] = CODEC_SOURCES) -> Path:
+    cmd = [CC, *CFLAGS, *defines, main_source, *sources, "-o", str(out)]
     r = subprocess.run(cmd, cwd=ROOT, env=_clean_env(), capture_output=True, text=True)
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr}"
     return out

@@ -24,7 +24,7 @@ static const char digit_pairs[201] = "00010203040506070809"
                                      "80818283848586878889"
                                      "90919293949596979899";
 
-static int count_digits(uint64_t v)
+static inline int count_digits(uint64_t v)
 {
     static const uint64_t pow10[20] = {UINT64_C(1),
                                        UINT64_C(10),
@@ -53,29 +53,35 @@ static int count_digits(uint64_t v)
     return t + (v >= pow10[t]);
 }
 
-/* Writes the n digits of v (n = count_digits(v) or more, zero-padded) ending at end. */
-static void put_digits(char *end, uint64_t v, int n)
+/* Writes the count_digits(v) digits of v ending at end: eight digits at a time in 32-bit
+ * arithmetic, whose pairs are independent, then pairs from the right. */
+static inline __attribute__((always_inline)) void put_digits(char *end, uint64_t v)
 {
-    char *q = end;
-    while (v >= 100) {
-        q -= 2;
-        memcpy(q, digit_pairs + 2 * (v % 100), 2);
-        v /= 100;
+    while (v >= 100000000) {
+        uint32_t lo = (uint32_t)(v % 100000000), hi4 = lo / 10000, lo4 = lo % 10000;
+        v /= 100000000;
+        end -= 8;
+        memcpy(end, digit_pairs + 2 * (hi4 / 100), 2);
+        memcpy(end + 2, digit_pairs + 2 * (hi4 % 100), 2);
+        memcpy(end + 4, digit_pairs + 2 * (lo4 / 100), 2);
+        memcpy(end + 6, digit_pairs + 2 * (lo4 % 100), 2);
     }
-    if (v >= 10) {
-        q -= 2;
-        memcpy(q, digit_pairs + 2 * v, 2);
-    } else {
-        *--q = (char)('0' + v);
+    uint32_t u = (uint32_t)v;
+    while (u >= 100) {
+        end -= 2;
+        memcpy(end, digit_pairs + 2 * (u % 100), 2);
+        u /= 100;
     }
-    while (q > end - n)
-        *--q = '0';
+    if (u >= 10)
+        memcpy(end - 2, digit_pairs + 2 * u, 2);
+    else
+        end[-1] = (char)('0' + u);
 }
 
 char *oi_num_write_u64(char *w, uint64_t v)
 {
     int n = count_digits(v);
-    put_digits(w + n, v, n);
+    put_digits(w + n, v);
     return w + n;
 }
 
@@ -162,7 +168,7 @@ static uint64_t rop_narrow(uint64_t g, uint64_t cp)
     return (x1 >> 31) | (((x1 & mask32) + mask32) >> 32);
 }
 
-static dec_t schubfach(uint64_t c, int q, int lower_closer, int wide)
+static inline __attribute__((always_inline)) dec_t schubfach(uint64_t c, int q, int lower_closer, int wide)
 {
     uint64_t out = c & 1, cb = c << 2, cbr = cb + 2, cbl;
     int k;
@@ -208,7 +214,7 @@ static dec_t schubfach(uint64_t c, int q, int lower_closer, int wide)
 }
 
 /* Writes digits * 10^exp10 (digits != 0) the way repr lays a float out. */
-static char *put_decimal(char *w, uint64_t digits, int exp10)
+static inline __attribute__((always_inline)) char *put_decimal(char *w, uint64_t digits, int exp10)
 {
     while (digits % 10 == 0) {
         digits /= 10;
@@ -217,7 +223,7 @@ static char *put_decimal(char *w, uint64_t digits, int exp10)
     int n = count_digits(digits);
     int x = exp10 + n - 1; /* the exponent in scientific notation */
     if (x < -4 || x >= 16) {
-        put_digits(w + n + 1, digits, n);
+        put_digits(w + n + 1, digits);
         w[0] = w[1]; /* d.ddd: the first digit moves left over the point's place */
         if (n > 1) {
             w[1] = '.';
@@ -236,26 +242,28 @@ static char *put_decimal(char *w, uint64_t digits, int exp10)
         return w + 2;
     }
     if (x < 0) { /* 0.000ddd */
-        memcpy(w, "0.0000", (size_t)(1 - x));
+        memcpy(w, "0.00000", 6); /* a fixed length copies inline; the digits overwrite the rest */
         w += 1 - x;
-        put_digits(w + n, digits, n);
+        put_digits(w + n, digits);
         return w + n;
     }
     if (x >= n - 1) { /* ddd000.0 */
-        put_digits(w + n, digits, n);
-        memset(w + n, '0', (size_t)(x + 1 - n));
+        put_digits(w + n, digits);
+        for (int i = n; i <= x; i++)
+            w[i] = '0';
         w += x + 1;
         memcpy(w, ".0", 2);
         return w + 2;
     }
     /* ddd.ddd: the digits one place right, then the integer part moved back over it. */
-    put_digits(w + n + 1, digits, n);
-    memmove(w, w + 1, (size_t)x + 1);
+    put_digits(w + n + 1, digits);
+    for (int i = 0; i <= x; i++)
+        w[i] = w[i + 1];
     w[x + 1] = '.';
     return w + n + 1;
 }
 
-static char *put_float(char *w, uint64_t bits, const fmt_t *f, int wide)
+static inline __attribute__((always_inline)) char *put_float(char *w, uint64_t bits, const fmt_t *f, int wide)
 {
     uint64_t frac = bits & ((UINT64_C(1) << f->m) - 1);
     int be = (int)((bits >> f->m) & ((UINT64_C(1) << f->ebits) - 1));
