@@ -87,11 +87,9 @@ char *oi_num_write_u64(char *w, uint64_t v)
 
 char *oi_num_write_i64(char *w, int64_t v)
 {
-    if (v < 0) {
-        *w++ = '-';
-        return oi_num_write_u64(w, 0 - (uint64_t)v);
-    }
-    return oi_num_write_u64(w, (uint64_t)v);
+    uint64_t neg = v < 0, mag = neg ? 0 - (uint64_t)v : (uint64_t)v;
+    *w = '-'; /* overwritten by the first digit when v >= 0 */
+    return oi_num_write_u64(w + neg, mag);
 }
 
 /* ---- Binary formats -------------------------------------------------------------------------- */
@@ -195,25 +193,33 @@ static inline __attribute__((always_inline)) dec_t schubfach(uint64_t c, int q, 
         vbl = rop_narrow(g32, cbl << h);
         vbr = rop_narrow(g32, cbr << h);
     }
-    uint64_t s = vb >> 2;
-    if (s >= 10) {
-        /* The interval is less than 10 units wide: at most one multiple of 10 lies in it. */
-        uint64_t sp10 = s / 10 * 10, tp10 = sp10 + 10;
-        int upin = vbl + out <= sp10 << 2;
-        int wpin = (tp10 << 2) + out <= vbr;
-        if (upin != wpin)
-            return (dec_t){upin ? sp10 : tp10, k};
-    }
-    uint64_t t = s + 1;
-    int uin = vbl + out <= s << 2;
-    int win = (t << 2) + out <= vbr;
-    if (uin != win)
-        return (dec_t){uin ? s : t, k};
+    /* Every candidate is computed and one is selected without branches: which one wins
+     * depends on the value's digits, which branch predictors cannot guess. */
+    uint64_t s = vb >> 2, t = s + 1, sp = s / 10, sp10 = sp * 10, tp10 = sp10 + 10;
+    /* The interval is less than 10 units wide: at most one multiple of 10 lies in it. */
+    int upin = vbl + out <= sp10 << 2, wpin = (tp10 << 2) + out <= vbr;
+    int uin = vbl + out <= s << 2, win = (t << 2) + out <= vbr;
     int64_t cmp = (int64_t)(vb - ((s + t) << 1));
-    return (dec_t){cmp < 0 || (cmp == 0 && (s & 1) == 0) ? s : t, k};
+    /* s or t = s + 1: the one in the interval, else the nearer (ties to even). */
+    uint64_t nearer_t = (uint64_t)((cmp > 0) | ((cmp == 0) & (int)(s & 1)));
+    uint64_t pick_t = ((uint64_t)(uin ^ win) & (uint64_t)!uin) | ((uint64_t) !(uin ^ win) & nearer_t);
+    uint64_t shorter = (uint64_t)((s >= 10) & (upin ^ wpin)), mask = 0 - shorter;
+    return (dec_t){((sp + (uint64_t)!upin) & mask) | ((s + pick_t) & ~mask), k + (int)shorter};
 }
 
-/* Writes digits * 10^exp10 (digits != 0) the way repr lays a float out. */
+/* Writes the 8 digits of v < 10^8, zero-padded, at p: four independent pairs. */
+static inline void put8(char *p, uint32_t v)
+{
+    uint32_t hi = v / 10000, lo = v % 10000;
+    memcpy(p, digit_pairs + 2 * (hi / 100), 2);
+    memcpy(p + 2, digit_pairs + 2 * (hi % 100), 2);
+    memcpy(p + 4, digit_pairs + 2 * (lo / 100), 2);
+    memcpy(p + 6, digit_pairs + 2 * (lo % 100), 2);
+}
+
+/* Writes digits * 10^exp10 (digits != 0) the way repr lays a float out. Up to 16 digits
+ * are formatted zero-padded into a scratch buffer and moved with fixed-size copies, which
+ * may write past the text's end into the room OI_NUM_FLOAT_ROOM promises. */
 static inline __attribute__((always_inline)) char *put_decimal(char *w, uint64_t digits, int exp10)
 {
     while (digits % 10 == 0) {
@@ -222,6 +228,29 @@ static inline __attribute__((always_inline)) char *put_decimal(char *w, uint64_t
     }
     int n = count_digits(digits);
     int x = exp10 + n - 1; /* the exponent in scientific notation */
+    if (n <= 16 && x >= -4 && x < 16) {
+        char tmp[40];
+        memset(tmp + 16, 0, sizeof(tmp) - 16); /* copied as scratch past the text */
+        put8(tmp, (uint32_t)(digits / 100000000));
+        put8(tmp + 8, (uint32_t)(digits % 100000000));
+        /* "0.000ddd" and "ddd.ddd" alike: the digits with z zeros before them (the zero
+         * padding of tmp), a point after the first ip of those. No branch on the layout. */
+        int z = x < 0 ? -x : 0, ip = (x < 0 ? 0 : x) + 1;
+        if (x < n - 1 && n + z <= 16) {
+            const char *from = tmp + 16 - n - z;
+            memcpy(w, from, 16);
+            memcpy(w + ip + 1, from + ip, 16);
+            w[ip] = '.';
+            return w + n + z + 1;
+        }
+        if (x >= n - 1) { /* ddd000.0 */
+            memcpy(w, tmp + 16 - n, 16);
+            for (int i = n; i <= x; i++)
+                w[i] = '0';
+            memcpy(w + x + 1, ".0", 2);
+            return w + x + 3;
+        }
+    }
     if (x < -4 || x >= 16) {
         put_digits(w + n + 1, digits);
         w[0] = w[1]; /* d.ddd: the first digit moves left over the point's place */
@@ -242,7 +271,7 @@ static inline __attribute__((always_inline)) char *put_decimal(char *w, uint64_t
         return w + 2;
     }
     if (x < 0) { /* 0.000ddd */
-        memcpy(w, "0.00000", 6); /* a fixed length copies inline; the digits overwrite the rest */
+        memcpy(w, "0.00000", 6);
         w += 1 - x;
         put_digits(w + n, digits);
         return w + n;
@@ -275,8 +304,8 @@ static inline __attribute__((always_inline)) char *put_float(char *w, uint64_t b
             return memcpy(w, "-Infinity", 9), w + 9;
         return memcpy(w, "Infinity", 8), w + 8;
     }
-    if (neg)
-        *w++ = '-';
+    *w = '-';
+    w += neg;
     if (be == 0 && frac == 0)
         return memcpy(w, "0.0", 3), w + 3;
     uint64_t c;
@@ -290,9 +319,11 @@ static inline __attribute__((always_inline)) char *put_float(char *w, uint64_t b
         q = be - 1 + f->emin - f->m;
         lower_closer = frac == 0 && be > 1;
         /* An integer below 2^(m+1) is its own shortest decimal: no other decimal with as
-         * few significant digits lies within half a unit of it. */
-        if (q < 0 && q > -f->m - 1 && (c & ((UINT64_C(1) << -q) - 1)) == 0)
-            return put_decimal(w, c >> -q, 0);
+         * few significant digits lies within half a unit of it. (Tested without branches
+         * on q: for random data whether q is in range is random.) */
+        unsigned sh = (unsigned)-q & 63;
+        if ((q < 0) & (q > -f->m - 1) & ((c & ((UINT64_C(1) << sh) - 1)) == 0))
+            return put_decimal(w, c >> sh, 0);
     }
     dec_t d = schubfach(c, q, lower_closer, wide);
     return put_decimal(w, d.digits, d.exp10);
@@ -363,7 +394,29 @@ int oi_num_parse_fast(uint64_t mant, int32_t exp10, oi_dtype_t t, uint64_t *bits
     u128 a = (u128)w * oi_pow5_table[exp10 - OI_POW5_MIN].hi;
     u128 b = (u128)w * oi_pow5_table[exp10 - OI_POW5_MIN].lo;
     u128 u = a + (b >> 64);
-    return round_to(u, exp10 + e - 63 - lz, f, bits);
+    int base = exp10 + e - 63 - lz;
+    uint64_t hi = (uint64_t)(u >> 64), lo = (uint64_t)u;
+    int top = 126 + (int)(hi >> 63); /* w and F both have their top bit set */
+    if (base + top < f->emin)
+        return round_to(u, base, f, bits); /* subnormal or zero: the general path */
+    /* A normal result: round_to's steps with the dropped bits (top - m >= 74 of them)
+     * split into the low bits of hi and all of lo. */
+    int sh = top - f->m - 64;
+    uint64_t sig = hi >> sh, rest = hi & ((UINT64_C(1) << sh) - 1), half = UINT64_C(1) << (sh - 1);
+    if ((rest == half && lo == 0) || (rest == half - 1 && lo == UINT64_MAX))
+        return 0; /* within 2^64 of halfway: undecided */
+    int lsb = base + top - f->m;
+    if (rest > half || (rest == half && lo != 0)) {
+        if (++sig >> (f->m + 1)) {
+            sig >>= 1;
+            lsb++;
+        }
+    }
+    if (lsb + f->m > f->emax)
+        *bits = inf_bits(f);
+    else
+        *bits = ((uint64_t)(lsb + f->m - f->emin + 1) << f->m) | (sig - (UINT64_C(1) << f->m));
+    return 1;
 }
 
 uint64_t oi_num_parse_exact(const char *text, oi_dtype_t t)

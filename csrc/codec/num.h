@@ -9,8 +9,11 @@
 
 #include "core/dtype.h"
 
-/* Most characters any oi_num_write_* call writes (e.g. "-2.2250738585072014e-308"). */
-#define OI_NUM_MAX_CHARS 26
+/* The room a caller leaves at w for any oi_num_write_* call. Float text is at most 24
+ * characters ("-2.2250738585072014e-308"), integers at most 20 and a sign; the float writers
+ * move digits with fixed-size copies that may write scratch bytes past the text's end, within
+ * this room. */
+#define OI_NUM_ROOM 40
 
 /* Write the value at w and return the end; nothing is NUL-terminated. */
 char *oi_num_write_u64(char *w, uint64_t v);
