@@ -175,3 +175,35 @@ def test_fp32_and_fp16_text_is_shortest(test_json_bin: Path) -> None:
         longer = [(t, np.format_float_scientific(v, unique=True)) for t, v in zip(texts, values)
                   if digits(t) > digits(np.format_float_scientific(v, unique=True))]
         assert not longer, longer[:10]
+
+
+def test_integers_of_every_length_round_trip(test_json_bin: Path) -> None:
+    """Integer elements of 1 to 20 digits (read eight digits at a time where they fit) come
+    back as the same text; one past each type's range is refused."""
+    rng = random.Random(5)
+    for dtype, lo, hi in (("INT64", -2**63, 2**63 - 1), ("UINT64", 0, 2**64 - 1), ("INT32", -2**31, 2**31 - 1),
+                          ("UINT8", 0, 255), ("INT8", -128, 127), ("UINT16", 0, 65535)):
+        values = [lo, hi, 0]
+        for digits in range(1, 21):
+            for _ in range(20):
+                v = rng.randrange(10 ** (digits - 1), 10 ** digits) * rng.choice((1, -1))
+                if lo <= v <= hi:
+                    values.append(v)
+        texts, parsed = _echo(test_json_bin, dtype, [str(v) for v in values])
+        assert texts == [str(v) for v in values] and parsed == values
+        for bad in (lo - 1, hi + 1):
+            request = ('{"inputs":[{"name":"x","datatype":"%s","shape":[1],"data":[%d]}]}' % (dtype, bad))
+            r = _run([str(test_json_bin), "--echo"], input=request.encode())
+            assert r.returncode != 0 and b"out of range" in r.stdout + r.stderr, (dtype, bad, r.stdout)
+
+
+def test_fractions_of_every_length_parse_like_python(test_json_bin: Path) -> None:
+    rng = random.Random(6)
+    texts = []
+    for int_digits in range(0, 12):
+        for frac_digits in range(1, 26):
+            ip = str(rng.randrange(10 ** max(int_digits - 1, 0), 10 ** int_digits)) if int_digits else "0"
+            fp = "".join(rng.choice("0123456789") for _ in range(frac_digits))
+            texts.append(("-" if rng.random() < 0.5 else "") + ip + "." + fp + rng.choice(("", "e-7", "e12", "E+3")))
+    _, parsed = _echo(test_json_bin, "FP64", texts)
+    assert parsed == [float(t) for t in texts]

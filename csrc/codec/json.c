@@ -455,6 +455,49 @@ static inline void add_digit(num_t *n, int d)
         n->mant = n->mant * 10 + (uint64_t)d;
 }
 
+/* The value of the eight ASCII digits at p, or -1 when they are not all digits. On
+ * little-endian targets all eight at once in one 64-bit word: a digit byte is 0x30..0x39, so
+ * its high nibble is 3 both as is and plus 6; then pairs, then quads, combined by multiplies
+ * (the SWAR method of Lemire's fast_float). */
+static inline int64_t eight_digits(const char *p)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    uint64_t v;
+    memcpy(&v, p, 8);
+    const uint64_t high = UINT64_C(0xF0F0F0F0F0F0F0F0);
+    if (((v & high) | (((v + UINT64_C(0x0606060606060606)) & high) >> 4)) != UINT64_C(0x3333333333333333))
+        return -1;
+    v -= UINT64_C(0x3030303030303030);
+    v = v * 10 + (v >> 8); /* bytes 0, 2, 4, 6: two-digit numbers */
+    const uint64_t pairs = UINT64_C(0x000000FF000000FF);
+    v = ((v & pairs) * UINT64_C(0x000F424000000064) + ((v >> 16) & pairs) * UINT64_C(0x0000271000000001)) >> 32;
+    return (int64_t)(uint32_t)v;
+#else
+    int64_t v = 0;
+    for (int i = 0; i < 8; i++) {
+        if (!is_digit(p[i]))
+            return -1;
+        v = v * 10 + (p[i] - '0');
+    }
+    return v;
+#endif
+}
+
+/* Adds digits at p to n eight at a time while eight more cannot overflow it; returns where
+ * it stopped and adds the count taken to *taken. The rest go one by one. */
+static char *add_eight_digits(num_t *n, char *p, const char *end, int64_t *taken)
+{
+    while (end - p >= 8 && n->mant <= (UINT64_MAX - 99999999) / 100000000) {
+        int64_t v = eight_digits(p);
+        if (v < 0)
+            break;
+        n->mant = n->mant * 100000000 + (uint64_t)v;
+        p += 8;
+        *taken += 8;
+    }
+    return p;
+}
+
 /* Ends a number token at p. A number always has a byte after it in a well-formed request
  * (a ',' or a closing bracket), and the conversions below borrow that byte for a NUL. */
 static int end_number(cursor_t *c, num_t *n, char *p)
@@ -495,7 +538,8 @@ static int scan_number(cursor_t *c, num_t *n)
         if (++p < end && is_digit(*p))
             return bad_at(c, p, "leading zeros are not allowed in numbers");
     } else {
-        for (; p < end && is_digit(*p); p++)
+        int64_t taken = 0;
+        for (p = add_eight_digits(n, p, end, &taken); p < end && is_digit(*p); p++)
             add_digit(n, *p - '0');
     }
     int64_t exp10 = 0;
@@ -504,6 +548,9 @@ static int scan_number(cursor_t *c, num_t *n)
         n->is_int = 0;
         if (++p >= end || !is_digit(*p))
             return bad_at(c, p, "expected a digit after '.'");
+        int64_t taken = 0;
+        p = add_eight_digits(n, p, end, &taken);
+        exp10 -= taken;
         for (; p < end && is_digit(*p); p++) {
             add_digit(n, *p - '0');
             if (!n->overflow) /* past an overflow only the slow path reads the text */
