@@ -104,11 +104,9 @@ def _thread_names(pid: int) -> list[str]:
 
 @pytest.mark.skipif(TASKSET is None or not Path("/proc/self/task").exists(), reason="needs taskset and /proc")
 def test_server_pinned_to_one_cpu_starts_one_loop(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "python"), os.environ.get("PYTHONPATH", "")])}
-    env.pop("LD_PRELOAD", None)
     proc = subprocess.Popen([TASKSET, "-c", "0", sys.executable, "-m", "openinfer", "serve", str(tmp_path),
                              "--http-port", "0"],  # gRPC and metrics on free ports
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         lines = []
         for line in proc.stdout:

@@ -293,3 +293,16 @@ def test_parse_random_decimals(num_bin: Path) -> None:
     # Both paths were taken: the halfway cases need the exact one, the rest mostly not.
     for fast, total in paths:
         assert total // 2 < fast < total, paths
+
+
+def test_pow5_table_is_what_the_script_generates() -> None:
+    """csrc/codec/pow5_table.h is reproducible: the generator (which also checks num.c's
+    log estimates exactly) writes it byte for byte."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, str(root / "scripts" / "gen_pow5_table.py")], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == (root / "csrc" / "codec" / "pow5_table.h").read_text()
