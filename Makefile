@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 # there on first use), so no run depends on what an earlier one, or ~/.cache, left behind.
 TEST_CACHE := $(CURDIR)/build/test-cache
 
-.PHONY: setup setup-serve build serve test test-plain test-asan wheel bench clean fuzz fuzz-build docs
+.PHONY: setup setup-serve build serve test test-plain test-asan test-floats-exhaustive wheel bench clean fuzz fuzz-build docs
 
 setup:
 	@scripts/setup.sh test
@@ -62,6 +62,16 @@ test-asan: setup
 	ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 \
 	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	$(PY) -m pytest -q -p no:cacheprovider --capture=sys $(PYTEST_ARGS)
+
+# Every FP32 encoding (and every FP16 and BF16 one) printed by the JSON codec's number module
+# and read back, by its own parser and by strtof, to the same value; minutes, so not part of
+# `make test` (which checks every FP16 value and samples of FP32 and FP64). FLOATS_THREADS
+# threads share the 2^32 encodings.
+FLOATS_THREADS ?= 2
+test-floats-exhaustive:
+	mkdir -p build
+	cc -std=c11 -O2 -Wall -Wextra -Werror -D_GNU_SOURCE -pthread -Icsrc tests/c/test_num.c csrc/codec/num.c -o build/test_num
+	build/test_num --exhaustive 0 ffffffff $(FLOATS_THREADS)
 
 # Self-contained manylinux wheels for every CPython 3.10+ found here, and the sdist, in
 # dist/ (scripts/build_wheels.py says how; WHEEL_ARGS="--python EXE" picks interpreters).

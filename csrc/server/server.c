@@ -130,6 +130,7 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
         mcfg.listen_fd = s->cfg.metrics_listen_fd;
         mcfg.unix_path = NULL;
         mcfg.threads = 1;
+        mcfg.thread_name = "oi-metrics";
         mcfg.on_answered = NULL; /* scrapes are not API requests */
         s->metrics = oi_metrics_new(&s->cfg.metrics);
         s->metrics_http = s->metrics ? oi_http_server_new(&mcfg, oi__metrics_api_handle, s) : NULL;

@@ -12,6 +12,7 @@
 
 #include <llhttp.h>
 
+#include "core/cpus.h"
 #include "transport/peers.h"
 #include "transport/tcp_listen.h"
 #include "transport/unix_listen.h"
@@ -1094,8 +1095,7 @@ oi_http_server_t *oi_http_server_new(const oi_http_config_t *cfg, oi_http_handle
     snprintf(s->unix_path, sizeof(s->unix_path), "%s", cfg->unix_path ? cfg->unix_path : "");
     s->cfg.unix_path = s->unix_path[0] ? s->unix_path : NULL;
     if (s->cfg.threads <= 0) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        s->cfg.threads = n > 0 ? (int)n : 1;
+        s->cfg.threads = oi_usable_cpus(); /* what affinity and the cgroup quota allow */
     }
     if (s->cfg.inline_loop)
         s->cfg.threads = 1;
@@ -1136,7 +1136,7 @@ int oi_http_server_start(oi_http_server_t *s, char *err, size_t errlen)
     if (tcp)
         s->port = oi_tcp_bound_port(&s->loops[0].tcp);
     for (int i = 0; i < s->nloops; i++)
-        if ((rc = oi_loop_start(&s->loops[i].loop)) != 0) {
+        if ((rc = oi_loop_start(&s->loops[i].loop, s->cfg.thread_name ? s->cfg.thread_name : "oi-loop")) != 0) {
             snprintf(err, errlen, "cannot start a loop thread: %s", uv_strerror(rc));
             return rc;
         }

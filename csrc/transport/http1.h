@@ -27,7 +27,8 @@ typedef struct oi_http_config_s {
                        * duplicate and the caller keeps its own. 0: bind */
     const char *unix_path; /* also (or only) listen on this Unix-domain socket; NULL: none */
     unsigned unix_mode;    /* the socket file's permission bits, e.g. 0660 */
-    int threads;      /* event-loop threads; <= 0: one per core */
+    int threads;           /* event-loop threads; <= 0: one per usable CPU (oi_usable_cpus) */
+    const char *thread_name; /* the loop threads' name; NULL: "oi-loop" */
     size_t max_body_bytes;
     size_t max_header_bytes; /* request line and headers together */
     int max_connections;     /* when reached, the oldest idle connection of the accepting loop is

@@ -101,7 +101,7 @@ class Server:
         host: str = "127.0.0.1",
         http_port: int = 8000,  # -1: HTTP on http_unix only
         *,
-        threads: int = 0,  # event-loop threads; 0: one per core
+        threads: int = 0,  # event-loop threads; 0: one per usable CPU (affinity, cgroup quota)
         max_body_bytes: int = 1 << 30,
         max_header_bytes: int = 64 << 10,
         max_connections: int = 4096,  # when full, the oldest idle connection makes room
