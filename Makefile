@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 # there on first use), so no run depends on what an earlier one, or ~/.cache, left behind.
 TEST_CACHE := $(CURDIR)/build/test-cache
 
-.PHONY: setup setup-serve build serve test test-plain test-asan wheel bench clean fuzz fuzz-build docs
+.PHONY: setup setup-serve build serve test test-plain test-asan test-floats-exhaustive wheel bench clean fuzz fuzz-build docs
 
 setup:
 	@scripts/setup.sh test
@@ -22,7 +22,7 @@ setup-serve:
 	@scripts/setup.sh serve
 
 # The extension, in place, with warnings as errors; rebuilt when a C source changes.
-$(EXT): $(CSRC) $(wildcard proto/*.proto) setup.py python/openinfer/__init__.py
+$(EXT): $(CSRC) $(wildcard proto/*.proto proto/legacy/*.proto) setup.py python/openinfer/__init__.py
 	OI_WERROR=1 $(PY) setup.py -q build_ext --inplace --force
 
 build: setup $(EXT)
@@ -63,6 +63,16 @@ test-asan: setup
 	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	$(PY) -m pytest -q -p no:cacheprovider --capture=sys $(PYTEST_ARGS)
 
+# Every FP32 encoding (and every FP16 and BF16 one) printed by the JSON codec's number module
+# and read back, by its own parser and by strtof, to the same value; minutes, so not part of
+# `make test` (which checks every FP16 value and samples of FP32 and FP64). FLOATS_THREADS
+# threads share the 2^32 encodings.
+FLOATS_THREADS ?= 2
+test-floats-exhaustive:
+	mkdir -p build
+	cc -std=c11 -O2 -Wall -Wextra -Werror -D_GNU_SOURCE -pthread -Icsrc tests/c/test_num.c csrc/codec/num.c -o build/test_num
+	build/test_num --exhaustive 0 ffffffff $(FLOATS_THREADS)
+
 # Self-contained manylinux wheels for every CPython 3.10+ found here, and the sdist, in
 # dist/ (scripts/build_wheels.py says how; WHEEL_ARGS="--python EXE" picks interpreters).
 wheel: setup
@@ -77,7 +87,7 @@ wheel: setup
 # FUZZ_CC (default cc) and -DOI_FUZZ_MAIN instead: no libFuzzer, they replay files
 # (tests/test_fuzz_corpus.py does that with the whole corpus).
 FUZZ_SECONDS ?= 60
-FUZZ_C_TARGETS := fuzz_json fuzz_pb_infer fuzz_pb_response fuzz_http1 fuzz_grpc fuzz_shm_register
+FUZZ_C_TARGETS := fuzz_json fuzz_pb_infer fuzz_pb_response fuzz_http1 fuzz_grpc fuzz_shm_register fuzz_pbtext
 FUZZ_TARGETS ?= $(FUZZ_C_TARGETS) fuzz_config
 FUZZ_MODE ?= libfuzzer
 ifeq ($(FUZZ_MODE),replay)
@@ -99,6 +109,10 @@ FUZZ_LIBS := -luv -lnghttp2 -lprotobuf-c -lz -lpthread -ldl -lm
 FUZZ_PROTOS := $(notdir $(basename $(wildcard proto/*.proto)))
 FUZZ_PROTO_H := $(FUZZ_PROTOS:%=$(FUZZ_OUT)/proto/%.pb-c.h)
 FUZZ_PROTO_OBJ := $(FUZZ_PROTOS:%=$(FUZZ_OUT)/obj/proto/%.pb-c.o)
+# The legacy v1 protos (proto/legacy, their own include root: their names repeat V2's).
+FUZZ_LEGACY := $(notdir $(basename $(wildcard proto/legacy/*.proto)))
+FUZZ_PROTO_H += $(FUZZ_LEGACY:%=$(FUZZ_OUT)/proto/legacy/%.pb-c.h)
+FUZZ_PROTO_OBJ += $(FUZZ_LEGACY:%=$(FUZZ_OUT)/obj/proto/legacy/%.pb-c.o)
 .SECONDARY: $(FUZZ_PROTO_H) $(FUZZ_PROTO_H:.h=.c)
 # Everything below the Python bindings and the backends, as one archive: each target links
 # only what it uses (a codec target gets no transport).
@@ -107,6 +121,11 @@ FUZZ_LIB_OBJ := $(patsubst csrc/%.c,$(FUZZ_OUT)/obj/%.o,$(FUZZ_LIB_SRC)) \
 	$(FUZZ_PROTO_OBJ) $(FUZZ_OUT)/obj/llhttp/api.o \
 	$(FUZZ_OUT)/obj/llhttp/http.o $(FUZZ_OUT)/obj/llhttp/llhttp.o
 
+$(FUZZ_OUT)/proto/legacy/%.pb-c.c: proto/legacy/%.proto
+	mkdir -p $(@D) && protoc-c --c_out=$(@D) -Iproto/legacy $<
+$(FUZZ_OUT)/proto/legacy/%.pb-c.h: $(FUZZ_OUT)/proto/legacy/%.pb-c.c ;
+$(FUZZ_OUT)/obj/proto/legacy/%.pb-c.o: $(FUZZ_OUT)/proto/legacy/%.pb-c.c $(FUZZ_PROTO_H)
+	mkdir -p $(@D) && $(FUZZ_CC) -g -O1 $(FUZZ_SAN) -I$(FUZZ_OUT)/proto/legacy -c $< -o $@
 $(FUZZ_OUT)/proto/%.pb-c.c: proto/%.proto
 	mkdir -p $(@D) && protoc-c --c_out=$(@D) -Iproto $<
 $(FUZZ_OUT)/proto/%.pb-c.h: $(FUZZ_OUT)/proto/%.pb-c.c ;

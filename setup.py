@@ -42,6 +42,9 @@ LLHTTP_INC = Path(os.environ.get("OI_LLHTTP_INCLUDE", "/usr/share/include/llhttp
 LLHTTP_FILES = ("api.c", "http.c", "llhttp.c")
 # Every .proto in proto/ is compiled in: adding one needs no edit here.
 PROTOS = tuple(sorted(p.name for p in (ROOT / "proto").glob("*.proto")))
+# TensorRT Inference Server 1.x (package nvidia.inferenceserver): a folder of their own, since
+# their file names repeat V2's; generated into <build>/proto/legacy and included as "legacy/...".
+LEGACY_PROTOS = tuple(sorted("legacy/" + p.name for p in (ROOT / "proto" / "legacy").glob("*.proto")))
 # The C libraries the extension links: pkg-config name, a header it provides, the library to
 # link when pkg-config cannot say, and the Debian package with the headers.
 LIBRARIES = (
@@ -150,11 +153,12 @@ def generate_protobuf_c(out_dir: Path) -> list[str]:
     .proto is newer than its output; returns the generated C sources."""
     out_dir.mkdir(parents=True, exist_ok=True)
     sources = []
-    for proto in PROTOS:
+    for proto in PROTOS + LEGACY_PROTOS:
         src = ROOT / "proto" / proto
         c_file = out_dir / proto.replace(".proto", ".pb-c.c")
         if not c_file.is_file() or c_file.stat().st_mtime < src.stat().st_mtime:
-            cmd = ["protoc-c", f"--c_out={out_dir}", f"-I{ROOT / 'proto'}", str(src)]
+            c_file.parent.mkdir(parents=True, exist_ok=True)
+            cmd = ["protoc-c", f"--c_out={c_file.parent}", f"-I{src.parent}", str(src)]
             r = subprocess.run(cmd, capture_output=True, text=True)
             if r.returncode != 0:
                 fail(f"protoc-c failed on proto/{proto}:\n{r.stderr}")

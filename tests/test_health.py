@@ -264,7 +264,7 @@ def test_bad_version_string(server: openinfer.Server, stub: Any, grpc_stubs: Any
 
 def test_extensions_are_exactly_those_served(server: openinfer.Server) -> None:
     meta = requests.get(server.url + "/v2", timeout=10).json()
-    assert meta["extensions"] == ["binary_tensor_data", "logging", "model_configuration", "model_repository",
+    assert meta["extensions"] == ["binary_tensor_data", "classification", "logging", "model_configuration", "model_repository",
                                   "statistics", "trace", "system_shared_memory", "cuda_shared_memory"]
     # Each listed extension answers (shared memory: its status endpoint).
     assert requests.get(server.url + "/v2/models/simple/config", timeout=10).status_code == 200
@@ -283,7 +283,7 @@ def test_extensions_are_exactly_those_served(server: openinfer.Server) -> None:
 def test_extensions_without_shared_memory() -> None:
     with openinfer.serve(models=identity_model(), http_port=0, log=False, allow_shared_memory=False) as s:
         meta = requests.get(s.url + "/v2", timeout=10).json()
-        assert meta["extensions"] == ["binary_tensor_data", "logging", "model_configuration", "model_repository",
+        assert meta["extensions"] == ["binary_tensor_data", "classification", "logging", "model_configuration", "model_repository",
                                       "statistics", "trace"]
         assert_alive(s.http_port)
 

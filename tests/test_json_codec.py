@@ -22,7 +22,7 @@ CFLAGS = [
 # The codec and the core modules it uses (not all of csrc/core: the codec needs no threads).
 CODEC_SOURCES = [
     "csrc/core/buf.c", "csrc/core/dtype.c", "csrc/core/status.c", "csrc/core/tensor.c",
-    "csrc/codec/json.c",
+    "csrc/codec/json.c", "csrc/codec/num.c",
 ]
 SANITIZER_ENV = {
     "ASAN_OPTIONS": "detect_leaks=1:halt_on_error=1",
@@ -39,8 +39,8 @@ def _clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in drop}
 
 
-def _build(out: Path, main_source: str, *defines: str) -> Path:
-    cmd = [CC, *CFLAGS, *defines, main_source, *CODEC_SOURCES, "-o", str(out)]
+def _build(out: Path, main_source: str, *defines: str, sources: list[str] = CODEC_SOURCES) -> Path:
+    cmd = [CC, *CFLAGS, *defines, main_source, *sources, "-o", str(out)]
     r = subprocess.run(cmd, cwd=ROOT, env=_clean_env(), capture_output=True, text=True)
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr}"
     return out
@@ -175,3 +175,35 @@ def test_fp32_and_fp16_text_is_shortest(test_json_bin: Path) -> None:
         longer = [(t, np.format_float_scientific(v, unique=True)) for t, v in zip(texts, values)
                   if digits(t) > digits(np.format_float_scientific(v, unique=True))]
         assert not longer, longer[:10]
+
+
+def test_integers_of_every_length_round_trip(test_json_bin: Path) -> None:
+    """Integer elements of 1 to 20 digits (read eight digits at a time where they fit) come
+    back as the same text; one past each type's range is refused."""
+    rng = random.Random(5)
+    for dtype, lo, hi in (("INT64", -2**63, 2**63 - 1), ("UINT64", 0, 2**64 - 1), ("INT32", -2**31, 2**31 - 1),
+                          ("UINT8", 0, 255), ("INT8", -128, 127), ("UINT16", 0, 65535)):
+        values = [lo, hi, 0]
+        for digits in range(1, 21):
+            for _ in range(20):
+                v = rng.randrange(10 ** (digits - 1), 10 ** digits) * rng.choice((1, -1))
+                if lo <= v <= hi:
+                    values.append(v)
+        texts, parsed = _echo(test_json_bin, dtype, [str(v) for v in values])
+        assert texts == [str(v) for v in values] and parsed == values
+        for bad in (lo - 1, hi + 1):
+            request = ('{"inputs":[{"name":"x","datatype":"%s","shape":[1],"data":[%d]}]}' % (dtype, bad))
+            r = _run([str(test_json_bin), "--echo"], input=request.encode())
+            assert r.returncode != 0 and b"out of range" in r.stdout + r.stderr, (dtype, bad, r.stdout)
+
+
+def test_fractions_of_every_length_parse_like_python(test_json_bin: Path) -> None:
+    rng = random.Random(6)
+    texts = []
+    for int_digits in range(0, 12):
+        for frac_digits in range(1, 26):
+            ip = str(rng.randrange(10 ** max(int_digits - 1, 0), 10 ** int_digits)) if int_digits else "0"
+            fp = "".join(rng.choice("0123456789") for _ in range(frac_digits))
+            texts.append(("-" if rng.random() < 0.5 else "") + ip + "." + fp + rng.choice(("", "e-7", "e12", "E+3")))
+    _, parsed = _echo(test_json_bin, "FP64", texts)
+    assert parsed == [float(t) for t in texts]

@@ -143,8 +143,8 @@ def test_broken_models_fail_alone(tmp_path: Path) -> None:
     write(tmp_path / "badconfig" / "config.pbtxt", "max_batch_size: 8\ninput [ { name: 'x' }")
     add_model(tmp_path, "misnamed", ["1"])
     write(tmp_path / "misnamed" / "config.pbtxt", 'name: "other"')
-    add_model(tmp_path, "onnx", ["1"], extra="")
-    write(tmp_path / "onnx" / "config.pbtxt", 'platform: "onnxruntime_onnx"')
+    add_model(tmp_path, "plan", ["1"], extra="")
+    write(tmp_path / "plan" / "config.pbtxt", 'platform: "tensorrt_plan"')
     (tmp_path / "noversions").mkdir()
     add_model(tmp_path, "empty", [])
     (tmp_path / "empty" / "1").mkdir()
@@ -160,11 +160,11 @@ def test_broken_models_fail_alone(tmp_path: Path) -> None:
         "badconfig/config.pbtxt:2:22: expected ',' or ']' in the list of 'input', got end of file"
     )
     assert "name 'other' differs from the directory name 'misnamed'" in errors["misnamed", None]
-    assert errors["onnx", 1].startswith("backend 'onnxruntime_onnx' is not supported")
+    assert errors["plan", 1].startswith("backend 'tensorrt_plan' is not supported")
     assert errors["noversions", None].endswith(
         "noversions has no numeric version directory (e.g. noversions/1/)"
     )
-    assert errors["empty", 1].endswith("empty/1 holds no model.py or model.pt")
+    assert errors["empty", 1].endswith("empty/1 holds no model.py, model.pt or model.onnx")
     assert len(loaded) == 10
     assert "_openinfer_model_raises_v1_" not in " ".join(sys.modules)  # failed imports are dropped
 
@@ -254,16 +254,19 @@ def test_scan_rejects_a_missing_repository(tmp_path: Path) -> None:
 
 
 def test_example_repository() -> None:
-    loaded = [m for m in scan(examples_path(), optional_torch=True) if m.name not in ("cnn", "mlp")]
+    loaded = [m for m in scan(examples_path(), optional_torch=True) if m.name not in ("cnn", "mlp", "mlp_onnx")]
     assert [(m.name, m.version, m.error) for m in loaded] == [
         ("identity_fp32", 1, None),
+        ("repeat_int32", 1, None),
         ("simple", 1, None),
         ("simple_dyna_sequence", 1, None),
         ("simple_sequence", 1, None),
         ("simple_string", 1, None),
         ("simple_string_dyna_sequence", 1, None),
+        ("tiny_gen", 1, None),
     ]
     models = {m.name: m.model for m in loaded if m.model}
+    assert [name for name, m in models.items() if m.decoupled] == ["repeat_int32", "tiny_gen"]
     assert models["identity_fp32"].inputs == (Tensor("INPUT0", "FP32", None),)  # any shape
     assert models["simple"].inputs[0] == Tensor("INPUT0", "INT32", (-1, 16))
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
@@ -309,8 +312,9 @@ from openinfer.repository import scan
 (entry,) = scan({str(tmp_path)!r})
 assert entry.model is None and entry.error.startswith("torch unavailable: serving TorchScript models needs torch"), entry
 with openinfer.serve(http_port=0, log=False) as server:
-    assert set(server.models) == {{"identity_fp32", "simple", "simple_string", "simple_sequence", "simple_dyna_sequence",
-                                  "simple_string_dyna_sequence"}}, server.models
+    assert set(server.models) - {{"mlp_onnx"}} == {{"identity_fp32", "repeat_int32", "simple", "simple_string",
+                                                 "simple_sequence", "simple_dyna_sequence",
+                                                 "simple_string_dyna_sequence", "tiny_gen"}}, server.models
     assert server.failed == {{}}, server.failed
 """
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}

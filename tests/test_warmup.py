@@ -369,3 +369,18 @@ def test_warmup_of_a_sequence_model_is_refused(tmp_path: Path) -> None:
         entry = index_of(s, "simple_sequence")
         assert entry["state"] == "UNAVAILABLE"
         assert "model_warmup with sequence_batching is not supported" in entry["reason"]
+
+
+def test_warmup_of_a_decoupled_model_is_refused(tmp_path: Path) -> None:
+    """A decoupled model's responses go to a stream that warm-up does not open: UNAVAILABLE,
+    saying so, rather than served unwarmed."""
+    (tmp_path / "gen" / "1").mkdir(parents=True)
+    (tmp_path / "gen" / "1" / "model.py").write_text(
+        "def infer(inputs):\n    yield {'Y': inputs['X']}\n")
+    (tmp_path / "gen" / "config.pbtxt").write_text(CONFIG.format(name="gen", extra=(
+        "model_transaction_policy { decoupled: true }\n"
+        f"model_warmup [ {sample('w')} ]")).replace("max_batch_size: 4", "max_batch_size: 0"))
+    with openinfer.serve(tmp_path, http_port=0, log=False) as s:
+        entry = index_of(s, "gen")
+        assert entry["state"] == "UNAVAILABLE"
+        assert "model_warmup of a decoupled model is not supported" in entry["reason"]

@@ -128,6 +128,43 @@ static oi_status_t *collect_outputs(const py_state_t *s, PyObject *result, const
     return NULL;
 }
 
+/* A decoupled model's handler returns an iterator of responses: each goes to the client
+ * through the request's `send` as soon as it is produced, without the GIL (send may wait for
+ * a slow client, which holds the model back). When the client has gone, or a response is
+ * wrong, the iterator is closed (a generator sees GeneratorExit) and its status ends the
+ * request; an error the model raises ends it after the responses already sent. */
+static oi_status_t *stream_responses(const py_state_t *s, PyObject *it, const oi_request_t *req,
+                                     const char *const *names, uint32_t n)
+{
+    if (!PyIter_Check(it))
+        return oi_status_new(OI_INTERNAL, "model '%s' is decoupled but returned %s; expected an iterator of responses",
+                             s->model_name, Py_TYPE(it)->tp_name);
+    oi_status_t *st = NULL;
+    PyObject *item;
+    while (st == NULL && (item = PyIter_Next(it)) != NULL) {
+        oi_response_t one = {0};
+        st = collect_outputs(s, item, names, n, &one);
+        Py_DECREF(item);
+        if (st != NULL) {
+            oi_response_clear(&one);
+            break;
+        }
+        PyThreadState *ts = PyEval_SaveThread();
+        st = req->send(req->send_arg, &one);
+        PyEval_RestoreThread(ts);
+        oi_py_owner_flush(); /* the responses written meanwhile: their arrays go now */
+    }
+    if (st == NULL && PyErr_Occurred())
+        return model_error(s);
+    if (st != NULL) { /* stopped early: the model's own clean-up runs now */
+        PyObject *r = PyObject_CallMethod(it, "close", NULL);
+        if (r == NULL)
+            PyErr_Clear();
+        Py_XDECREF(r);
+    }
+    return st;
+}
+
 /* Each executor thread keeps one Python thread state for its whole life: PyGILState_Ensure /
  * Release around every call would create and destroy one (and its frame stack) per request. */
 static pthread_key_t tstate_key;
@@ -184,15 +221,16 @@ static oi_status_t *py_execute(void *state, const oi_request_t *req, const char 
         st = model_error(s);
     } else {
         PyObject *result = PyObject_CallFunctionObjArgs(s->handler, inputs, params, out_names, flag, NULL);
-        if (req->cancelled != NULL)
-            flag->last = req->cancelled(req->cancelled_arg) != 0;
-        flag->req = NULL; /* the request is not the model's to keep */
         if (result == NULL)
             st = model_error(s);
         else {
-            st = collect_outputs(s, result, names, n, resp);
+            st = req->send != NULL ? stream_responses(s, result, req, names, n)
+                                   : collect_outputs(s, result, names, n, resp);
             Py_DECREF(result);
         }
+        if (req->cancelled != NULL)
+            flag->last = req->cancelled(req->cancelled_arg) != 0;
+        flag->req = NULL; /* the request is not the model's to keep */
     }
     Py_XDECREF(inputs);
     Py_XDECREF(params);

@@ -6,11 +6,14 @@
  * place. Only an input whose "data" comes before its "shape" or "datatype" is walked twice:
  * once to skip it, once, when the input object has closed, to convert it.
  *
- * Decimal text means the "C" locale whatever the process set, so strtod, strtof and snprintf
- * run under a "C" locale installed on the calling thread for the length of each call. */
+ * Numbers are converted by num.c. Its rare exact path reads decimal text with strtod and
+ * strtof, which must see the "C" locale whatever the process set: decoding installs one on
+ * the calling thread for the length of each call. */
 #define _POSIX_C_SOURCE 200809L
 
 #include "json.h"
+
+#include "num.h"
 
 #include <float.h>
 #include <inttypes.h>
@@ -70,36 +73,6 @@ static uint64_t get_le(const char *src, size_t size)
     for (size_t i = 0; i < size; i++)
         v |= (uint64_t)(unsigned char)src[i] << (8 * i);
     return v;
-}
-
-static uint32_t float_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof(u));
-    return u;
-}
-
-static float bits_float(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof(f));
-    return f;
-}
-
-/* Narrows a double to float rounding to odd: truncate, then set the last bit if anything was
- * lost. Rounding that float to nearest at 11 or 8 significant bits (FP16, BF16) then gives
- * exactly what one correct rounding of the double would: the sticky bit keeps a value just
- * off a halfway point from looking like a tie. */
-static float float_round_odd(double d)
-{
-    float f = (float)d;
-    if ((double)f == d || d != d)
-        return f;
-    uint32_t u = float_bits(f);
-    double af = f < 0 ? -(double)f : (double)f, ad = d < 0 ? -d : d;
-    if (af > ad)
-        u -= 1; /* one step toward zero; turns infinity into the largest float */
-    return bits_float(u | 1);
 }
 
 /* Length of the valid UTF-8 sequence (RFC 3629: shortest form, no surrogates, at most
@@ -472,12 +445,57 @@ typedef struct num_s {
     uint8_t special;  /* NUM_NAN or NUM_INF */
 } num_t;
 
-static void add_digit(num_t *n, int d)
+static inline void add_digit(num_t *n, int d)
 {
-    if (n->mant > (UINT64_MAX - (uint64_t)d) / 10)
+    if (n->mant <= (UINT64_MAX - 9) / 10) /* the common case: no digit can overflow it */
+        n->mant = n->mant * 10 + (uint64_t)d;
+    else if (n->mant > (UINT64_MAX - (uint64_t)d) / 10)
         n->overflow = 1;
     else
         n->mant = n->mant * 10 + (uint64_t)d;
+}
+
+/* The value of the eight ASCII digits at p, or -1 when they are not all digits. On
+ * little-endian targets all eight at once in one 64-bit word: a digit byte is 0x30..0x39, so
+ * its high nibble is 3 both as is and plus 6; then pairs, then quads, combined by multiplies
+ * (the SWAR method of Lemire's fast_float). */
+static inline int64_t eight_digits(const char *p)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    uint64_t v;
+    memcpy(&v, p, 8);
+    const uint64_t high = UINT64_C(0xF0F0F0F0F0F0F0F0);
+    if (((v & high) | (((v + UINT64_C(0x0606060606060606)) & high) >> 4)) != UINT64_C(0x3333333333333333))
+        return -1;
+    v -= UINT64_C(0x3030303030303030);
+    v = v * 10 + (v >> 8); /* bytes 0, 2, 4, 6: two-digit numbers */
+    const uint64_t pairs = UINT64_C(0x000000FF000000FF);
+    v = ((v & pairs) * UINT64_C(0x000F424000000064) + ((v >> 16) & pairs) * UINT64_C(0x0000271000000001)) >> 32;
+    return (int64_t)(uint32_t)v;
+#else
+    int64_t v = 0;
+    for (int i = 0; i < 8; i++) {
+        if (!is_digit(p[i]))
+            return -1;
+        v = v * 10 + (p[i] - '0');
+    }
+    return v;
+#endif
+}
+
+/* Adds digits at p to n eight at a time while eight more cannot overflow it; returns where
+ * it stopped and adds the count taken to *taken. The rest go one by one. */
+static char *add_eight_digits(num_t *n, char *p, const char *end, int64_t *taken)
+{
+    while (end - p >= 8 && n->mant <= (UINT64_MAX - 99999999) / 100000000) {
+        int64_t v = eight_digits(p);
+        if (v < 0)
+            break;
+        n->mant = n->mant * 100000000 + (uint64_t)v;
+        p += 8;
+        *taken += 8;
+    }
+    return p;
 }
 
 /* Ends a number token at p. A number always has a byte after it in a well-formed request
@@ -520,7 +538,8 @@ static int scan_number(cursor_t *c, num_t *n)
         if (++p < end && is_digit(*p))
             return bad_at(c, p, "leading zeros are not allowed in numbers");
     } else {
-        for (; p < end && is_digit(*p); p++)
+        int64_t taken = 0;
+        for (p = add_eight_digits(n, p, end, &taken); p < end && is_digit(*p); p++)
             add_digit(n, *p - '0');
     }
     int64_t exp10 = 0;
@@ -529,6 +548,9 @@ static int scan_number(cursor_t *c, num_t *n)
         n->is_int = 0;
         if (++p >= end || !is_digit(*p))
             return bad_at(c, p, "expected a digit after '.'");
+        int64_t taken = 0;
+        p = add_eight_digits(n, p, end, &taken);
+        exp10 -= taken;
         for (; p < end && is_digit(*p); p++) {
             add_digit(n, *p - '0');
             if (!n->overflow) /* past an overflow only the slow path reads the text */
@@ -552,64 +574,38 @@ static int scan_number(cursor_t *c, num_t *n)
     return end_number(c, n, p);
 }
 
-#if FLT_EVAL_METHOD == 0
-/* Powers of ten that doubles and floats hold exactly. */
-static const double pow10_d[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
-                                 1e8,  1e9,  1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
-                                 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
-static const float pow10_f[] = {1e0f, 1e1f, 1e2f, 1e3f, 1e4f, 1e5f,
-                                1e6f, 1e7f, 1e8f, 1e9f, 1e10f};
-#endif
-
-/* Converts a token that the fast paths cannot take. strtod and strtof need a terminated
- * string: the byte after the token is lent for the NUL. */
-static double strto_token(num_t *n, int single)
+/* The encoding of a number token in float type t: FP64 and FP32 correctly rounded
+ * (Eisel-Lemire when the digits fit 64 bits and it decides, else the exact path, which needs a
+ * terminated string: the byte after the token is lent for the NUL); FP16 and BF16 through the
+ * nearest double. */
+static uint64_t num_to_bits(num_t *n, oi_dtype_t t)
 {
+    if (t == OI_TYPE_FP16 || t == OI_TYPE_BF16)
+        return oi_num_narrow_f64(num_to_bits(n, OI_TYPE_FP64), t);
+    uint64_t sign = n->neg ? UINT64_C(1) << (8 * oi_dtype_size(t) - 1) : 0, bits;
+    if (n->special) {
+        if (n->special == NUM_NAN)
+            return t == OI_TYPE_FP32 ? 0x7fc00000 : UINT64_C(0x7ff8000000000000);
+        return sign | (t == OI_TYPE_FP32 ? 0x7f800000 : UINT64_C(0x7ff0000000000000));
+    }
+    if (!n->overflow && oi_num_parse_fast(n->mant, n->exp10, t, &bits))
+        return sign | bits;
     char saved = n->text[n->len];
     n->text[n->len] = '\0';
-    double v = single ? (double)strtof(n->text, NULL) : strtod(n->text, NULL);
+    bits = oi_num_parse_exact(n->text, t);
     n->text[n->len] = saved;
-    return v;
+    return bits;
 }
 
-static double special_value(const num_t *n)
+/* 1 when bits encode an infinity of float type t. */
+static int is_inf_bits(uint64_t bits, oi_dtype_t t)
 {
-    return n->special == NUM_NAN ? (double)NAN : n->neg ? -(double)INFINITY : (double)INFINITY;
-}
-
-/* Correctly rounded double of a number token. Clinger's fast path: when the decimal
- * significand and the power of ten are both exact doubles, one IEEE multiply or divide
- * rounds once, correctly; anything else goes to strtod. */
-static double num_to_double(num_t *n)
-{
-    double v;
-    if (n->special)
-        return special_value(n);
-#if FLT_EVAL_METHOD == 0
-    if (!n->overflow && n->mant <= (UINT64_C(1) << 53) && n->exp10 >= -22 && n->exp10 <= 22) {
-        v = (double)n->mant;
-        v = n->exp10 < 0 ? v / pow10_d[-n->exp10] : v * pow10_d[n->exp10];
-        return n->neg ? -v : v;
+    switch (t) {
+    case OI_TYPE_FP16: return (bits & 0x7fff) == 0x7c00;
+    case OI_TYPE_BF16: return (bits & 0x7fff) == 0x7f80;
+    case OI_TYPE_FP32: return (bits & 0x7fffffff) == 0x7f800000;
+    default: return (bits & ~(UINT64_C(1) << 63)) == UINT64_C(0x7ff0000000000000);
     }
-#endif
-    return strto_token(n, 0);
-}
-
-/* Correctly rounded float of a number token; the same fast path in float arithmetic, since
- * rounding to double first and then to float could round twice. */
-static float num_to_float(num_t *n)
-{
-    float v;
-    if (n->special)
-        return (float)special_value(n);
-#if FLT_EVAL_METHOD == 0
-    if (!n->overflow && n->mant <= (UINT64_C(1) << 24) && n->exp10 >= -10 && n->exp10 <= 10) {
-        v = (float)n->mant;
-        v = n->exp10 < 0 ? v / pow10_f[-n->exp10] : v * pow10_f[n->exp10];
-        return n->neg ? -v : v;
-    }
-#endif
-    return (float)strto_token(n, 1);
 }
 
 /* Reads a non-negative integer that fits int64 (a dimension or a byte count). Returns 0; 1
@@ -1057,35 +1053,9 @@ static int store_integer(cursor_t *c, const input_t *in, int64_t i, const num_t 
 static int store_float(cursor_t *c, const input_t *in, int64_t i, num_t *num, char *dst)
 {
     oi_dtype_t t = in->t->dtype;
-    double v;
-    switch (t) {
-    case OI_TYPE_FP64: {
-        uint64_t u;
-        v = num_to_double(num);
-        memcpy(&u, &v, sizeof(u));
-        put_le(dst, u, 8);
-        break;
-    }
-    case OI_TYPE_FP32: {
-        float f = num_to_float(num);
-        v = f;
-        put_le(dst, float_bits(f), 4);
-        break;
-    }
-    case OI_TYPE_FP16: {
-        uint16_t h = oi_float_to_half(float_round_odd(num_to_double(num)));
-        v = oi_half_to_float(h);
-        put_le(dst, h, 2);
-        break;
-    }
-    default: { /* BF16 */
-        uint16_t h = oi_float_to_bf16(float_round_odd(num_to_double(num)));
-        v = oi_bf16_to_float(h);
-        put_le(dst, h, 2);
-        break;
-    }
-    }
-    if (isinf(v) && !num->special)
+    uint64_t bits = num_to_bits(num, t);
+    put_le(dst, bits, oi_dtype_size(t));
+    if (!num->special && is_inf_bits(bits, t))
         return element_error(c, in, i, "%.*s is out of range for %s",
                              (int)(num->len < 40 ? num->len : 40), num->text, oi_dtype_name(t));
     return 0;
@@ -1649,189 +1619,6 @@ static char *put_lit(char *w, const char *s)
 
 static int append_lit(oi_sbuf_t *out, const char *s) { return oi_sbuf_append(out, s, strlen(s)); }
 
-static const char digit_pairs[201] = "00010203040506070809"
-                                     "10111213141516171819"
-                                     "20212223242526272829"
-                                     "30313233343536373839"
-                                     "40414243444546474849"
-                                     "50515253545556575859"
-                                     "60616263646566676869"
-                                     "70717273747576777879"
-                                     "80818283848586878889"
-                                     "90919293949596979899";
-
-/* Writes v in decimal, two digits a step, from the right. */
-static char *put_u64(char *w, uint64_t v)
-{
-    char tmp[20], *q = tmp + sizeof(tmp);
-    while (v >= 100) {
-        q -= 2;
-        memcpy(q, digit_pairs + 2 * (v % 100), 2);
-        v /= 100;
-    }
-    if (v >= 10) {
-        q -= 2;
-        memcpy(q, digit_pairs + 2 * v, 2);
-    } else {
-        *--q = (char)('0' + v);
-    }
-    size_t n = (size_t)(tmp + sizeof(tmp) - q);
-    memcpy(w, q, n);
-    return w + n;
-}
-
-static char *put_i64(char *w, int64_t v)
-{
-    if (v < 0) {
-        *w++ = '-';
-        return put_u64(w, 0 - (uint64_t)v);
-    }
-    return put_u64(w, (uint64_t)v);
-}
-
-/* Per float type: significant digits that always read back (digits10, so trying fewer can
- * only help for subnormals), digits that always suffice (max_digits10), below which
- * magnitude values are subnormal, and below which every integer is exact. */
-typedef struct float_format_s {
-    int min_digits;
-    int max_digits;
-    double min_normal;
-    double exact_ints;
-} float_format_t;
-
-static const float_format_t *float_format(oi_dtype_t t)
-{
-    static const float_format_t fp16 = {3, 5, 0x1p-14, 0x1p11};
-    static const float_format_t bf16 = {2, 4, 0x1p-126, 0x1p8};
-    static const float_format_t fp32 = {6, 9, 0x1p-126, 0x1p24};
-    static const float_format_t fp64 = {15, 17, 0x1p-1022, 0x1p53};
-    switch (t) {
-    case OI_TYPE_FP16: return &fp16;
-    case OI_TYPE_BF16: return &bf16;
-    case OI_TYPE_FP32: return &fp32;
-    default: return &fp64;
-    }
-}
-
-/* Reads decimal text back into type t the way the decoder does. */
-static double reread(const char *s, oi_dtype_t t)
-{
-    switch (t) {
-    case OI_TYPE_FP16:
-        return oi_half_to_float(oi_float_to_half(float_round_odd(strtod(s, NULL))));
-    case OI_TYPE_BF16:
-        return oi_bf16_to_float(oi_float_to_bf16(float_round_odd(strtod(s, NULL))));
-    case OI_TYPE_FP32:
-        return strtof(s, NULL);
-    default:
-        return strtod(s, NULL);
-    }
-}
-
-/* Rewrites printf's "%.Ne" text of a positive number (digits around a '.', exponent) the way
- * Python's repr writes a float: positional for decimal exponents -4..15 ("0.0001", "123.5", "1.0"), else
- * "1.5e-05" / "1e+16"; trailing zeros dropped. */
-static char *put_repr(char *w, const char *s)
-{
-    char digits[24];
-    int nd = 0;
-    for (; *s != 'e'; s++)
-        if (*s != '.')
-            digits[nd++] = *s;
-    int exp = atoi(s + 1);
-    while (nd > 1 && digits[nd - 1] == '0')
-        nd--;
-    if (exp < -4 || exp >= 16) {
-        *w++ = digits[0];
-        if (nd > 1) {
-            *w++ = '.';
-            memcpy(w, digits + 1, (size_t)nd - 1);
-            w += nd - 1;
-        }
-        *w++ = 'e';
-        *w++ = exp < 0 ? '-' : '+';
-        if (exp > -10 && exp < 10)
-            *w++ = '0';
-        return put_u64(w, (uint64_t)(exp < 0 ? -exp : exp));
-    }
-    if (exp < 0) {
-        w = put_lit(w, "0.");
-        for (int i = -1; i > exp; i--)
-            *w++ = '0';
-        memcpy(w, digits, (size_t)nd);
-        return w + nd;
-    }
-    for (int i = 0; i <= exp; i++)
-        *w++ = i < nd ? digits[i] : '0';
-    *w++ = '.';
-    if (nd <= exp + 1)
-        return put_lit(w, "0");
-    memcpy(w, digits + exp + 1, (size_t)(nd - exp - 1));
-    return w + (nd - exp - 1);
-}
-
-/* Turns printf's "%.Ne" text of a positive number into the next decimal with as many
- * digits: "1.562e-02" -> "1.563e-02", "9.99e+00" -> "1.00e+01". */
-static void decimal_up(char *s)
-{
-    char *e = strchr(s, 'e');
-    for (char *p = e - 1; p >= s; p--) {
-        if (*p == '.')
-            continue;
-        if (*p != '9') {
-            (*p)++;
-            return;
-        }
-        *p = '0';
-    }
-    *s = '1'; /* all nines rolled over: one more in the exponent, printed as printf does */
-    int exp = atoi(e + 1) + 1;
-    char *w = e + 1;
-    *w++ = exp < 0 ? '-' : '+';
-    if (exp > -10 && exp < 10)
-        *w++ = '0';
-    *put_u64(w, (uint64_t)(exp < 0 ? -exp : exp)) = '\0';
-}
-
-/* Writes v, a value of float type t, as the shortest decimal that reads back to it. Values
- * that are small integers take a fast path; the rest try increasing precision. */
-static char *put_float(char *w, double v, oi_dtype_t t)
-{
-    if (v != v)
-        return put_lit(w, "NaN");
-    if (isinf(v))
-        return put_lit(w, v < 0 ? "-Infinity" : "Infinity");
-    const float_format_t *f = float_format(t);
-    double a = v < 0 ? -v : v;
-    if (signbit(v))
-        *w++ = '-';
-    if (a < f->exact_ints && a == (double)(int64_t)a) {
-        w = put_u64(w, (uint64_t)a);
-        return put_lit(w, ".0");
-    }
-    /* Past a power of two the gap below is half the gap above, so the nearest decimal of a
-     * precision can fall just below the values that read back while the next one up does
-     * not; only there the next one up is worth a try. */
-    uint64_t bits;
-    memcpy(&bits, &a, sizeof(bits));
-    int power_of_two = (bits & ((UINT64_C(1) << 52) - 1)) == 0 && a > f->min_normal;
-    char buf[40], up[40];
-    for (int digits = a < f->min_normal ? 1 : f->min_digits; digits < f->max_digits; digits++) {
-        snprintf(buf, sizeof(buf), "%.*e", digits - 1, a);
-        double back = reread(buf, t);
-        if (back == a)
-            return put_repr(w, buf);
-        if (power_of_two && back < a) {
-            memcpy(up, buf, sizeof(up));
-            decimal_up(up);
-            if (reread(up, t) == a)
-                return put_repr(w, up);
-        }
-    }
-    snprintf(buf, sizeof(buf), "%.*e", f->max_digits - 1, a);
-    return put_repr(w, buf);
-}
-
 /* Writes one fixed-size element read from p. */
 static char *put_element(char *w, const char *p, oi_dtype_t t)
 {
@@ -1839,33 +1626,29 @@ static char *put_element(char *w, const char *p, oi_dtype_t t)
     case OI_TYPE_BOOL:
         return put_lit(w, *p ? "true" : "false");
     case OI_TYPE_FP16:
-        return put_float(w, oi_half_to_float((uint16_t)get_le(p, 2)), t);
+        return oi_num_write_f16(w, (uint16_t)get_le(p, 2));
     case OI_TYPE_BF16:
-        return put_float(w, oi_bf16_to_float((uint16_t)get_le(p, 2)), t);
+        return oi_num_write_bf16(w, (uint16_t)get_le(p, 2));
     case OI_TYPE_FP32:
-        return put_float(w, bits_float((uint32_t)get_le(p, 4)), t);
-    case OI_TYPE_FP64: {
-        uint64_t u = get_le(p, 8);
-        double d;
-        memcpy(&d, &u, sizeof(d));
-        return put_float(w, d, t);
-    }
+        return oi_num_write_f32(w, (uint32_t)get_le(p, 4));
+    case OI_TYPE_FP64:
+        return oi_num_write_f64(w, get_le(p, 8));
     default: {
         size_t size = oi_dtype_size(t);
         uint64_t v = get_le(p, size);
         uint64_t sign = UINT64_C(1) << (8 * size - 1);
         if (!is_signed_int(t) || !(v & sign))
-            return put_u64(w, v);
+            return oi_num_write_u64(w, v);
         v |= ~(sign | (sign - 1)); /* sign-extend, then write the magnitude */
         *w++ = '-';
-        return put_u64(w, 0 - v);
+        return oi_num_write_u64(w, 0 - v);
     }
     }
 }
 
-/* Characters one element may take, its ',' included: the longest are doubles such as
- * -2.2250738585072014e-308 and 20-digit integers with a sign. */
-#define ELEMENT_MAX 32
+/* Room per element, its ',' included: what the number writers ask for (the longest text
+ * are doubles such as -2.2250738585072014e-308 and 20-digit integers with a sign). */
+#define ELEMENT_MAX (OI_NUM_ROOM + 1)
 #define ELEMENT_BATCH 256
 
 static oi_status_t *out_of_memory_status(void)
@@ -1873,21 +1656,38 @@ static oi_status_t *out_of_memory_status(void)
     return oi_status_new(OI_INTERNAL, "out of memory while encoding the response");
 }
 
+/* Writes elements [i, end) of t at w, each but element 0 after a ','. One switch per batch:
+ * the common types get a loop of their own (the integers sign-extended by the conversion,
+ * which GCC and Clang define as modular). */
+#define EACH_ELEMENT(size, put)                                                                                        \
+    for (int64_t j = i; j < end; j++) {                                                                                \
+        const char *p = t->data + (size_t)j * (size);                                                                  \
+        if (j > 0)                                                                                                     \
+            *w++ = ',';                                                                                                \
+        w = (put);                                                                                                     \
+    }                                                                                                                  \
+    break
+static char *put_elements(char *w, const oi_tensor_t *t, int64_t i, int64_t end)
+{
+    switch (t->dtype) {
+    case OI_TYPE_FP32: EACH_ELEMENT(4, oi_num_write_f32(w, (uint32_t)get_le(p, 4)));
+    case OI_TYPE_FP64: EACH_ELEMENT(8, oi_num_write_f64(w, get_le(p, 8)));
+    case OI_TYPE_INT64: EACH_ELEMENT(8, oi_num_write_i64(w, (int64_t)get_le(p, 8)));
+    case OI_TYPE_INT32: EACH_ELEMENT(4, oi_num_write_i64(w, (int32_t)(uint32_t)get_le(p, 4)));
+    default: EACH_ELEMENT(oi_dtype_size(t->dtype), put_element(w, p, t->dtype));
+    }
+    return w;
+}
+#undef EACH_ELEMENT
+
 static oi_status_t *write_fixed_data(oi_sbuf_t *out, const oi_tensor_t *t, int64_t count)
 {
-    size_t esize = oi_dtype_size(t->dtype);
-    for (int64_t i = 0; i < count; i++) {
-        /* One reservation per batch keeps the per-element work to formatting. */
-        if (i % ELEMENT_BATCH == 0) {
-            int64_t batch = count - i < ELEMENT_BATCH ? count - i : ELEMENT_BATCH;
-            if (oi_sbuf_reserve(out, (size_t)batch * ELEMENT_MAX) != 0)
-                return out_of_memory_status();
-        }
-        char *w = out->data + out->len;
-        if (i > 0)
-            *w++ = ',';
-        w = put_element(w, t->data + (size_t)i * esize, t->dtype);
-        out->len = (size_t)(w - out->data);
+    /* One reservation per batch keeps the per-element work to formatting. */
+    for (int64_t i = 0; i < count; i += ELEMENT_BATCH) {
+        int64_t end = count - i < ELEMENT_BATCH ? count : i + ELEMENT_BATCH;
+        if (oi_sbuf_reserve(out, (size_t)(end - i) * ELEMENT_MAX) != 0)
+            return out_of_memory_status();
+        out->len = (size_t)(put_elements(out->data + out->len, t, i, end) - out->data);
     }
     return NULL;
 }
@@ -1920,14 +1720,14 @@ static oi_status_t *write_shm_output(oi_sbuf_t *out, const oi_tensor_t *t, const
             append_lit(out, "\",\"shape\":[");
     for (int i = 0; r == 0 && i < t->ndim; i++)
         r = (i && append_lit(out, ",")) ||
-            oi_sbuf_append(out, num, (size_t)(put_i64(num, t->shape[i]) - num));
+            oi_sbuf_append(out, num, (size_t)(oi_num_write_i64(num, t->shape[i]) - num));
     r = r || append_lit(out, "],\"parameters\":{\"shared_memory_region\":") ||
         oi_json_write_string(out, region, strlen(region)) ||
         append_lit(out, ",\"shared_memory_byte_size\":") ||
-        oi_sbuf_append(out, num, (size_t)(put_u64(num, t->byte_size) - num));
+        oi_sbuf_append(out, num, (size_t)(oi_num_write_u64(num, t->byte_size) - num));
     if (r == 0 && t->shm_offset != 0)
         r = append_lit(out, ",\"shared_memory_offset\":") ||
-            oi_sbuf_append(out, num, (size_t)(put_u64(num, t->shm_offset) - num));
+            oi_sbuf_append(out, num, (size_t)(oi_num_write_u64(num, t->shm_offset) - num));
     r = r || append_lit(out, "}}");
     return r ? out_of_memory_status() : NULL;
 }
@@ -1955,12 +1755,12 @@ static oi_status_t *write_output(oi_sbuf_t *out, const oi_tensor_t *t, int binar
     for (int i = 0; i < t->ndim; i++) {
         if (i > 0)
             *w++ = ',';
-        w = put_i64(w, t->shape[i]);
+        w = oi_num_write_i64(w, t->shape[i]);
     }
     *w++ = ']';
     if (binary) {
         w = put_lit(w, ",\"parameters\":{\"binary_data_size\":");
-        w = put_u64(w, t->byte_size);
+        w = oi_num_write_u64(w, t->byte_size);
         w = put_lit(w, "}}");
         out->len = (size_t)(w - out->data);
         return NULL;
@@ -2004,9 +1804,7 @@ oi_status_t *oi_json_encode_infer_response(oi_sbuf_t *out, const char *model_nam
                                            const oi_response_t *resp, const uint8_t *binary)
 {
     size_t mark = out->len;
-    locale_t old = enter_c_locale();
     oi_status_t *st = write_response(out, model_name, model_version, req, resp, binary);
-    leave_c_locale(old);
     if (st != NULL)
         out->len = mark;
     return st;
@@ -2022,7 +1820,7 @@ static int write_tensor_head(oi_sbuf_t *out, const oi_tensor_t *t)
         return -1;
     for (int i = 0; i < t->ndim; i++)
         if ((i && append_lit(out, ",") != 0) ||
-            oi_sbuf_append(out, num, (size_t)(put_u64(num, (uint64_t)t->shape[i]) - num)) != 0)
+            oi_sbuf_append(out, num, (size_t)(oi_num_write_u64(num, (uint64_t)t->shape[i]) - num)) != 0)
             return -1;
     return append_lit(out, "]");
 }
@@ -2044,7 +1842,7 @@ int oi_json_encode_infer_request(oi_sbuf_t *out, const oi_tensor_t *inputs, uint
     for (uint32_t i = 0; r == 0 && i < n_inputs; i++)
         r = (i && append_lit(out, ",")) || write_tensor_head(out, &inputs[i]) ||
             append_lit(out, ",\"parameters\":{\"binary_data_size\":") ||
-            oi_sbuf_append(out, num, (size_t)(put_u64(num, inputs[i].byte_size) - num)) || append_lit(out, "}}");
+            oi_sbuf_append(out, num, (size_t)(oi_num_write_u64(num, inputs[i].byte_size) - num)) || append_lit(out, "}}");
     if (r == 0)
         r = append_lit(out, "]");
     if (r == 0 && n_outputs > 0) {

@@ -288,10 +288,12 @@ static oi_status_t *render_params(dec_t *d, const oi_slice_t *entries, uint32_t 
  * worded as Triton's gRPC frontend has them: "timeout", an int64_param in microseconds (a
  * negative one is no limit: Triton takes it as a huge unsigned value); "sequence_id", an
  * int64_param or string_param (a string is copied into aux, its offset in d->seq_id_off);
- * "sequence_start" and "sequence_end", bool_params. */
+ * "sequence_start" and "sequence_end", bool_params; "triton_enable_empty_final_response", a
+ * bool_param (decoupled models' streams). */
 static oi_status_t *request_params(dec_t *d, const oi_slice_t *entries, uint32_t n, oi_request_t *req)
 {
-    static const char *const names[] = {"timeout", "sequence_id", "sequence_start", "sequence_end"};
+    static const char *const names[] = {"timeout", "sequence_id", "sequence_start", "sequence_end",
+                                        "triton_enable_empty_final_response"};
     for (uint32_t i = 0; i < n; i++) {
         rd_t r = {(const uint8_t *)entries[i].ptr, (const uint8_t *)entries[i].ptr + entries[i].len};
         oi_slice_t key = {"", 0}, value = {"", 0};
@@ -302,9 +304,9 @@ static oi_status_t *request_params(dec_t *d, const oi_slice_t *entries, uint32_t
             else if (f.num == 2)
                 value = f.s;
         int k = 0;
-        while (k < 4 && !(key.len == strlen(names[k]) && memcmp(key.ptr, names[k], key.len) == 0))
+        while (k < 5 && !(key.len == strlen(names[k]) && memcmp(key.ptr, names[k], key.len) == 0))
             k++;
-        if (k == 4)
+        if (k == 5)
             continue;
         rd_t v = {(const uint8_t *)value.ptr, (const uint8_t *)value.ptr + value.len};
         field_t last = {0};
@@ -336,8 +338,10 @@ static oi_status_t *request_params(dec_t *d, const oi_slice_t *entries, uint32_t
                 return bad("invalid value type for '%s' parameter, expected bool_param.", names[k]);
             if (k == 2)
                 req->seq.start = last.v != 0;
-            else
+            else if (k == 3)
                 req->seq.end = last.v != 0;
+            else
+                req->empty_final = last.v != 0;
         }
     }
     return NULL;
@@ -1061,6 +1065,20 @@ static size_t output_tensor_size(const oi_tensor_t *t)
     return s + shm_params_size(t);
 }
 
+/* ModelInferResponse.parameters {"triton_final_response": bool_param}: field 4, one map
+ * entry (key, then an InferParameter whose bool_param is the last byte). */
+#define FINAL_KEY "triton_final_response"
+#define FINAL_PARAM_LEN (2 + 2 + (sizeof(FINAL_KEY) - 1) + 4)
+
+static void w_final_param(oi_sbuf_t *o, int final)
+{
+    w_varint(o, 4 << 3 | WT_LEN);
+    w_varint(o, FINAL_PARAM_LEN - 2);
+    w_bytes_field(o, 1, FINAL_KEY, sizeof(FINAL_KEY) - 1);
+    static const char value[2][4] = {{2 << 3 | WT_LEN, 2, 1 << 3, 0}, {2 << 3 | WT_LEN, 2, 1 << 3, 1}};
+    oi_sbuf_append(o, value[final != 0], 4); /* reserved by the caller */
+}
+
 oi_status_t *oi_pb_encode_infer_response(const char *model_name, const char *model_version,
                                          const oi_request_t *req, const oi_response_t *resp, int stream,
                                          oi_pb_iov_t *parts, size_t *nparts, size_t *total)
@@ -1069,6 +1087,8 @@ oi_status_t *oi_pb_encode_infer_response(const char *model_name, const char *mod
     size_t name_len = strlen(model_name), ver_len = model_version ? strlen(model_version) : 0;
     int with_id = req != NULL && req->id != NULL;
     size_t head = ld_size(name_len) + (model_version ? ld_size(ver_len) : 0) + (with_id ? ld_size(req->id_len) : 0);
+    if (stream)
+        head += FINAL_PARAM_LEN;
     uint64_t body = 0;
     for (uint32_t i = 0; i < resp->n_outputs; i++) {
         const oi_tensor_t *t = &resp->outputs[i];
@@ -1093,6 +1113,8 @@ oi_status_t *oi_pb_encode_infer_response(const char *model_name, const char *mod
         w_bytes_field(&o, 2, model_version, ver_len);
     if (with_id)
         w_bytes_field(&o, 3, req->id, req->id_len);
+    if (stream)
+        w_final_param(&o, stream == OI_PB_STREAM_FINAL);
     for (uint32_t i = 0; i < resp->n_outputs; i++) {
         const oi_tensor_t *t = &resp->outputs[i];
         w_varint(&o, 5 << 3 | WT_LEN);
@@ -1149,22 +1171,22 @@ int oi_pb_encode_stream_error(oi_sbuf_t *out, const char *error_message, const c
     size_t nlen = model_name ? strlen(model_name) : 0, vlen = model_version ? strlen(model_version) : 0;
     if (id == NULL)
         id_len = 0;
-    size_t inner = (nlen ? ld_size(nlen) : 0) + (vlen ? ld_size(vlen) : 0) + (id_len ? ld_size(id_len) : 0);
+    size_t inner =
+        (nlen ? ld_size(nlen) : 0) + (vlen ? ld_size(vlen) : 0) + (id_len ? ld_size(id_len) : 0) + FINAL_PARAM_LEN;
     if (oi_sbuf_reserve(out, ld_size(mlen) + ld_size(inner)) != 0) {
         out->len = start;
         return -1;
     }
     w_bytes_field(out, 1, error_message, mlen);
-    if (inner > 0) {
-        w_varint(out, 2 << 3 | WT_LEN);
-        w_varint(out, inner);
-        if (nlen)
-            w_bytes_field(out, 1, model_name, nlen);
-        if (vlen)
-            w_bytes_field(out, 2, model_version, vlen);
-        if (id_len)
-            w_bytes_field(out, 3, id, id_len);
-    }
+    w_varint(out, 2 << 3 | WT_LEN);
+    w_varint(out, inner);
+    if (nlen)
+        w_bytes_field(out, 1, model_name, nlen);
+    if (vlen)
+        w_bytes_field(out, 2, model_version, vlen);
+    if (id_len)
+        w_bytes_field(out, 3, id, id_len);
+    w_final_param(out, 1);
     return 0;
 }
 

@@ -51,6 +51,11 @@ oi_status_t *oi_pb_decode_infer_request(oi_buf_t *msg, oi_request_t *req, oi_sli
  * before it. */
 int oi_pb_peek_request_id(const char *data, size_t len, oi_slice_t *id);
 
+/* What oi_pb_encode_infer_response's `stream` asks for: a ModelInferResponse alone, or wrapped
+ * in a ModelStreamInferResponse whose infer_response carries Triton's response parameter
+ * triton_final_response (true: the request's last response; false: more will follow). */
+enum { OI_PB_UNARY = 0, OI_PB_STREAM_FINAL = 1, OI_PB_STREAM_MORE = 2 };
+
 /* The most slices oi_pb_encode_infer_response writes for `n_outputs` outputs. */
 #define OI_PB_RESPONSE_PARTS(n_outputs) (2 * (size_t)(n_outputs) + 1)
 
@@ -60,8 +65,8 @@ int oi_pb_peek_request_id(const char *data, size_t len, oi_slice_t *id);
  * An output with `shm` set (written into shared memory) gets the parameters
  * shared_memory_region, shared_memory_byte_size and (when not 0) shared_memory_offset, and an
  * empty raw_output_contents entry, as Triton sends it.
- * With `stream` set, the message is wrapped as the infer_response of a
- * ModelStreamInferResponse. The field headers and lengths go into one new small buffer and
+ * With `stream` (OI_PB_STREAM_*), the message is wrapped as the infer_response of a
+ * ModelStreamInferResponse and flagged final or not. The field headers and lengths go into one new small buffer and
  * each output's bytes are referenced where the backend left them, so the message is the
  * concatenation of parts[0 .. *nparts): `parts` must have room for
  * OI_PB_RESPONSE_PARTS(resp->n_outputs) entries, and each written part holds a new reference
@@ -74,7 +79,8 @@ oi_status_t *oi_pb_encode_infer_response(const char *model_name, const char *mod
 
 /* Appends a ModelStreamInferResponse carrying `error_message` and an infer_response with the
  * model name, version and request id of the failed request (each left out when NULL or
- * empty). Returns 0 or -1 (out of memory; `out` is then back at its length on entry). */
+ * empty) and triton_final_response true (an error ends its request), as Triton sends it.
+ * Returns 0 or -1 (out of memory; `out` is then back at its length on entry). */
 int oi_pb_encode_stream_error(oi_sbuf_t *out, const char *error_message, const char *model_name,
                               const char *model_version, const char *id, size_t id_len);
 

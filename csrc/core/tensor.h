@@ -71,6 +71,12 @@ typedef struct oi_seq_params_s {
     uint8_t end;   /* sequence_end: true */
 } oi_seq_params_t;
 
+/* What a backend produced. Owns each output's owner reference. */
+typedef struct oi_response_s {
+    oi_tensor_t *outputs;
+    uint32_t n_outputs;
+} oi_response_t;
+
 /* A decoded inference request. Owns `body` and `aux` (one reference each), the arrays and each
  * input's owner reference. */
 typedef struct oi_request_s {
@@ -93,13 +99,17 @@ typedef struct oi_request_s {
      * Callable from the executor thread during execute only; NULL: never cancelled. */
     int (*cancelled)(const void *arg);
     const void *cancelled_arg;
+    /* Set by the server when the model is decoupled (many responses per request): hands one
+     * response on to the client as soon as it is produced, taking what `resp` owns (left
+     * zeroed). May block while the client reads slowly (back-pressure). Returns NULL, or a
+     * status that the backend returns after stopping the model: the request was cancelled, or
+     * the response was not what the model declares. Executor thread, during execute only. */
+    oi_status_t *(*send)(void *arg, oi_response_t *resp);
+    void *send_arg;
+    /* Triton's "triton_enable_empty_final_response" request parameter: a decoupled model's
+     * stream ends with an empty response flagged final. */
+    uint8_t empty_final;
 } oi_request_t;
-
-/* What a backend produced. Owns each output's owner reference. */
-typedef struct oi_response_s {
-    oi_tensor_t *outputs;
-    uint32_t n_outputs;
-} oi_response_t;
 
 /* Element count of a shape with overflow and sign checks: 0 and *count set, or -1 when a
  * dimension is negative or the shape is too large to lay out: the product of its non-zero

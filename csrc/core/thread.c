@@ -1,8 +1,11 @@
-#define _POSIX_C_SOURCE 200809L /* pthread_sigmask under plain -std=c11 */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* pthread_sigmask under plain -std=c11, pthread_setname_np */
+#endif
 
 #include "core/thread.h"
 
 #include <signal.h>
+#include <stdio.h>
 
 int oi_thread_create(pthread_t *t, void *(*fn)(void *), void *arg, int detached)
 {
@@ -23,4 +26,17 @@ int oi_thread_create(pthread_t *t, void *(*fn)(void *), void *arg, int detached)
     pthread_attr_destroy(&attr);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     return rc;
+}
+
+void oi_thread_set_name(const char *name)
+{
+    char short_name[16];
+    snprintf(short_name, sizeof(short_name), "%s", name);
+#if defined(__APPLE__)
+    pthread_setname_np(short_name);
+#elif defined(__linux__)
+    pthread_setname_np(pthread_self(), short_name);
+#else
+    (void)short_name;
+#endif
 }

@@ -9,4 +9,8 @@
 /* pthread_create with every signal blocked in the new thread. Returns 0 or an errno. */
 int oi_thread_create(pthread_t *t, void *(*fn)(void *), void *arg, int detached);
 
+/* Names the calling thread for ps, top and /proc/PID/task/TID/comm (at most 15 characters
+ * are kept); does nothing where the system has no thread names. */
+void oi_thread_set_name(const char *name);
+
 #endif

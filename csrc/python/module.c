@@ -7,10 +7,13 @@
 #include <structmember.h>
 
 #include "backends/python_backend.h"
+#include "backends/onnx_backend.h"
 #include "backends/torch_backend.h"
 #include "python/bridge.h"
 #include "python/client.h"
+#include "python/onnx_module.h"
 #include "python/torch_module.h"
+#include "server/classify.h"
 #include "server/server.h"
 #include "server/warmup.h"
 #include "transport/loop.h"
@@ -867,6 +870,37 @@ static int summaries_for(ServerObject *self, oi_model_t *m)
     return 0;
 }
 
+/* add_model's labels: {output name: the bytes of its label file}. Returns 0, or -1 with an
+ * exception set. */
+static int set_labels(oi_model_t *m, PyObject *labels)
+{
+    if (!PyDict_Check(labels)) {
+        PyErr_SetString(PyExc_TypeError, "labels must be a dict of output name to bytes");
+        return -1;
+    }
+    if (PyDict_Size(labels) == 0)
+        return 0;
+    if ((m->labels = calloc(m->n_outputs ? m->n_outputs : 1, sizeof(*m->labels))) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (uint32_t i = 0; i < m->n_outputs; i++) {
+        PyObject *text = PyDict_GetItemString(labels, m->outputs[i].name); /* borrowed */
+        if (text == NULL)
+            continue;
+        if (!PyBytes_Check(text)) {
+            PyErr_Format(PyExc_TypeError, "labels of output '%s' must be bytes", m->outputs[i].name);
+            return -1;
+        }
+        m->labels[i] = oi_labels_parse(PyBytes_AS_STRING(text), (size_t)PyBytes_GET_SIZE(text));
+        if (m->labels[i] == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* add_model's sequence_batching: (slots, idle_us, controls, states), where a control is
  * (name, kind, datatype, false_value, true_value) and a state is (input_name, output_name,
  * datatype, dims, initial_bytes); the repository has checked them against the model. Returns
@@ -991,18 +1025,19 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
                              "handler",   "instances",        "error",
                              "torch",     "dynamic_batching", "config_json",
                              "config_pb", "publish",          "sequence_batching",
+                             "decoupled", "onnx",             "labels",
                              NULL};
     const char *name, *error = NULL;
     long long version;
     PyObject *inputs = NULL, *outputs = NULL, *handler = NULL, *torch = Py_None, *batching = Py_None,
-             *sequence = Py_None;
-    int max_batch = 0, instances = 1, publish = 1;
+             *sequence = Py_None, *onnx = Py_None, *labels = Py_None;
+    int max_batch = 0, instances = 1, publish = 1, decoupled = 0;
     Py_buffer meta = {0}, cfg_json = {0}, cfg_pb = {0};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOOy*y*pO", kwlist, &name, &version, &inputs, &outputs,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOOy*y*pOpOO", kwlist, &name, &version, &inputs, &outputs,
                                      &max_batch, &meta, &handler, &instances, &error, &torch, &batching, &cfg_json,
-                                     &cfg_pb, &publish, &sequence))
+                                     &cfg_pb, &publish, &sequence, &decoupled, &onnx, &labels))
         return NULL;
-    if (handler == NULL && torch != Py_None)
+    if (handler == NULL && (torch != Py_None || onnx != Py_None))
         handler = Py_None;
     if (inputs == NULL || outputs == NULL || handler == NULL || meta.buf == NULL) {
         PyErr_SetString(PyExc_TypeError, "add_model() needs inputs, outputs, metadata_json and handler");
@@ -1046,7 +1081,7 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         batch.max_queue_delay_us = delay;
     }
     batch.ignore_parameters = sequence != Py_None; /* each request names its own sequence */
-    if (handler == Py_None && error == NULL && torch == Py_None) {
+    if (handler == Py_None && error == NULL && torch == Py_None && onnx == Py_None) {
         PyErr_Format(PyExc_ValueError, "model '%s': a model without a handler needs an error reason", name);
         goto done;
     }
@@ -1064,6 +1099,12 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         PyErr_NoMemory();
         goto done;
     }
+    if (decoupled && (torch != Py_None || onnx != Py_None || batching != Py_None)) {
+        PyErr_Format(PyExc_ValueError, "model '%s': only a Python model without dynamic batching can be decoupled",
+                     name);
+        goto done;
+    }
+    m->decoupled = decoupled;
     memcpy(m->metadata->data, meta.buf, (size_t)meta.len);
     m->metadata->len = (size_t)meta.len;
     if ((cfg_json.buf != NULL && (m->config_json = buf_copy(&cfg_json)) == NULL) ||
@@ -1071,9 +1112,13 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         PyErr_NoMemory();
         goto done;
     }
-    if (torch != Py_None && error == NULL) {
+    if (labels != Py_None && set_labels(m, labels) != 0)
+        goto done;
+    if ((torch != Py_None || onnx != Py_None) && error == NULL) {
+        /* A native backend: TorchScript through the shim, or ONNX Runtime. */
+        const oi_backend_t *backend = torch != Py_None ? &oi_torch_backend : &oi_onnx_backend;
         char *terr = NULL, err[256];
-        /* forward() also takes the sequence batcher's controls and states: the backend is
+        /* The model also takes the sequence batcher's controls and states: the backend is
          * made for a copy of the model that declares them. */
         oi_model_t seen = *m;
         oi_io_spec_t *ins = with_sequence_tensors(sequence, m->inputs, &seen.n_inputs, 0);
@@ -1084,7 +1129,7 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         }
         seen.inputs = ins;
         seen.outputs = outs;
-        m->state = oi_py_torch_state(&seen, torch, &terr);
+        m->state = torch != Py_None ? oi_py_torch_state(&seen, torch, &terr) : oi_py_onnx_state(&seen, onnx, &terr);
         free(ins);
         free(outs);
         if (m->state == NULL && terr == NULL)
@@ -1095,8 +1140,8 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
             if (load_error == NULL)
                 goto done;
         } else {
-            m->backend = &oi_torch_backend;
-            m->sched = oi_scheduler_new_batching(&oi_torch_backend, m->state, instances, &batch, err, sizeof(err));
+            m->backend = backend;
+            m->sched = oi_scheduler_new_batching(backend, m->state, instances, &batch, err, sizeof(err));
             if (m->sched == NULL) {
                 PyErr_Format(PyExc_RuntimeError, "model '%s': %s", name, err);
                 goto done;
@@ -1404,7 +1449,8 @@ PyMODINIT_FUNC PyInit__core(void)
         PyModule_AddObjectRef(m, "HttpConnection", (PyObject *)&oi_py_conn_type) < 0 ||
         PyModule_AddObjectRef(m, "GrpcConnection", (PyObject *)&oi_py_grpc_conn_type) < 0 ||
         PyModule_AddObjectRef(m, "GrpcStream", (PyObject *)&oi_py_grpc_stream_type) < 0 ||
-        PyModule_AddFunctions(m, peer_functions) < 0 || PyModule_AddStringConstant(m, "__version__", OI_VERSION) < 0) {
+        PyModule_AddFunctions(m, peer_functions) < 0 || PyModule_AddFunctions(m, oi_py_onnx_functions) < 0 ||
+        PyModule_AddStringConstant(m, "__version__", OI_VERSION) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -1007,6 +1007,55 @@ static void maybe_end_stream(oi_grpc_call_t *call)
         oi_grpc_finish(call, OI_GRPC_OK, NULL);
 }
 
+/* Encodes `resp` (one of `inf`'s responses) as `mode` asks (OI_PB_*) and queues it; with
+ * `part`, the part's credit rides on the message's last slice. A failure to encode answers
+ * the error instead. */
+static void send_response(oi_grpc_call_t *call, oi_infer_t *inf, const oi_response_t *resp, int mode,
+                          oi_infer_part_t *part)
+{
+    oi_pb_iov_t small[9];
+    size_t cap = OI_PB_RESPONSE_PARTS(resp->n_outputs), n = 0, total = 0;
+    oi_pb_iov_t *parts = cap <= 9 ? small : malloc(cap * sizeof(*parts));
+    oi_status_t *st = parts == NULL ? oi_status_new(OI_INTERNAL, "out of memory") : NULL;
+    if (st == NULL)
+        st = oi_pb_encode_infer_response(inf->model->name, inf->model->version_str, &inf->req, resp, mode, parts, &n,
+                                         &total);
+    if (st != NULL) {
+        infer_failed(call, st, inf->model, &inf->req);
+    } else {
+        /* oi_pb_iov_t and oi_iov_t have one layout; the copy keeps the codec free of the
+         * transport's types. */
+        oi_iov_t iov_small[9];
+        oi_iov_t *iov = n <= 9 ? iov_small : malloc(n * sizeof(*iov));
+        if (iov == NULL) {
+            for (size_t i = 0; i < n; i++)
+                oi_buf_unref(parts[i].owner);
+            oi_grpc_finish(call, OI_GRPC_INTERNAL, "out of memory");
+        } else {
+            for (size_t i = 0; i < n; i++)
+                iov[i] = (oi_iov_t){parts[i].base, parts[i].len, parts[i].owner};
+            size_t last = n;
+            while (last > 0 && iov[last - 1].len == 0)
+                last--;
+            if (part != NULL && last > 0)
+                oi_infer_part_hold(part, &iov[last - 1]);
+            oi_grpc_send(call, iov, n, total);
+            if (iov != iov_small)
+                free(iov);
+        }
+    }
+    if (parts != small)
+        free(parts);
+}
+
+/* One response of a decoupled model, as it comes: more will follow. */
+static void stream_part(oi_infer_t *inf, oi_infer_part_t *part)
+{
+    oi_grpc_call_t *call = inf->ctx;
+    if (oi_grpc_call_open(call))
+        send_response(call, inf, &part->resp, OI_PB_STREAM_MORE, part);
+}
+
 /* On the call's loop thread once the backend has run: encode and send. */
 static void finish_infer(oi_infer_t *inf)
 {
@@ -1025,37 +1074,16 @@ static void finish_infer(oi_infer_t *inf)
     if (oi_grpc_call_open(call)) {
         oi_status_t *st = inf->job.status;
         inf->job.status = NULL;
-        oi_pb_iov_t small[9];
-        size_t cap = OI_PB_RESPONSE_PARTS(inf->job.resp.n_outputs), n = 0, total = 0;
-        oi_pb_iov_t *parts = cap <= 9 ? small : malloc(cap * sizeof(*parts));
-        if (st == NULL && parts == NULL)
-            st = oi_status_new(OI_INTERNAL, "out of memory");
-        if (st == NULL)
-            st = oi_pb_encode_infer_response(inf->model->name, inf->model->version_str, &inf->req, &inf->job.resp,
-                                             call->kind == RPC_MODEL_STREAM_INFER, parts, &n, &total);
         if (st != NULL) {
             infer_failed(call, st, inf->model, &inf->req);
-        } else {
-            /* oi_pb_iov_t and oi_iov_t have one layout; the copy keeps the codec free of the
-             * transport's types. */
-            oi_iov_t iov_small[9];
-            oi_iov_t *iov = n <= 9 ? iov_small : malloc(n * sizeof(*iov));
-            if (iov == NULL) {
-                for (size_t i = 0; i < n; i++)
-                    oi_buf_unref(parts[i].owner);
-                oi_grpc_finish(call, OI_GRPC_INTERNAL, "out of memory");
-            } else {
-                for (size_t i = 0; i < n; i++)
-                    iov[i] = (oi_iov_t){parts[i].base, parts[i].len, parts[i].owner};
-                oi_grpc_send(call, iov, n, total);
-                if (call->kind == RPC_MODEL_INFER)
-                    oi_grpc_finish(call, OI_GRPC_OK, NULL);
-                if (iov != iov_small)
-                    free(iov);
-            }
+        } else if (inf->ds == NULL || inf->req.empty_final) {
+            /* A decoupled model's responses went as they came: its end is an empty response
+             * flagged final, only when the client asked for one (as Triton). */
+            int mode = call->kind == RPC_MODEL_INFER ? OI_PB_UNARY : OI_PB_STREAM_FINAL;
+            send_response(call, inf, &inf->job.resp, mode, NULL);
+            if (call->kind == RPC_MODEL_INFER && oi_grpc_call_open(call))
+                oi_grpc_finish(call, OI_GRPC_OK, NULL);
         }
-        if (parts != small)
-            free(parts);
         maybe_end_stream(call);
         oi_infer_trace_end(inf, send_start);
     }
@@ -1093,11 +1121,16 @@ static void handle_infer(oi_server_t *s, oi_grpc_call_t *call, oi_buf_t *msg)
     oi_buf_unref(msg); /* the request holds its own reference */
     note_model(s, call, name.ptr, version.ptr);
     oi_model_t *m = oi_registry_find(&s->registry, name.ptr, version.ptr, &st);
+    if (st == NULL && m->decoupled && call->kind == RPC_MODEL_INFER) /* Triton's status and words */
+        st = oi_status_new(OI_UNIMPLEMENTED, "ModelInfer RPC doesn't support models with decoupled transaction policy");
     if (st != NULL) {
         infer_failed(call, st, NULL, &inf->req);
+        oi_model_unref(m);
         oi_infer_free(inf);
         return;
     }
+    if (m->decoupled)
+        inf->part = stream_part;
     oi_grpc_call_ref(call);
     call->pending++;
     atomic_fetch_add(&s->grpc_inflight, 1);
@@ -1132,6 +1165,8 @@ static void on_call(void *ctx, oi_grpc_call_t *call)
     call->data = s;
     const char *m = call->method;
     const char *rpc;
+    if (oi__legacy_grpc_call(s, call)) /* nvidia.inferenceserver.GRPCService, the legacy v1 API */
+        return;
     if (strncmp(m, HEALTH_SERVICE, sizeof(HEALTH_SERVICE) - 1) == 0) {
         rpc = m + sizeof(HEALTH_SERVICE) - 1;
         call->kind = strcmp(rpc, "Check") == 0   ? RPC_HEALTH_CHECK
@@ -1166,6 +1201,10 @@ static void on_call(void *ctx, oi_grpc_call_t *call)
 static void on_message(void *ctx, oi_grpc_call_t *call, oi_buf_t *msg)
 {
     oi_server_t *s = ctx;
+    if (call->kind >= OI__LEGACY_RPC_BASE) {
+        oi__legacy_grpc_message(s, call, msg);
+        return;
+    }
     if (call->kind != RPC_MODEL_STREAM_INFER && call->received > 1) {
         oi_buf_unref(msg);
         oi_grpc_finish(call, OI_GRPC_INVALID_ARGUMENT, "a unary call carries one request message; got a second");
@@ -1229,8 +1268,9 @@ static void on_message(void *ctx, oi_grpc_call_t *call, oi_buf_t *msg)
 
 static void on_half_close(void *ctx, oi_grpc_call_t *call)
 {
-    (void)ctx;
-    if (call->kind == RPC_MODEL_STREAM_INFER)
+    if (call->kind >= OI__LEGACY_RPC_BASE)
+        oi__legacy_grpc_half_close(ctx, call);
+    else if (call->kind == RPC_MODEL_STREAM_INFER)
         maybe_end_stream(call);
     else if (call->received == 0)
         oi_grpc_finish(call, OI_GRPC_INVALID_ARGUMENT, "the call ended without a request message");
@@ -1241,6 +1281,10 @@ static void on_half_close(void *ctx, oi_grpc_call_t *call)
 static void on_gone(void *ctx, oi_grpc_call_t *call)
 {
     oi_server_t *s = ctx;
+    if (call->kind >= OI__LEGACY_RPC_BASE) {
+        oi__legacy_grpc_gone(s, call);
+        return;
+    }
     for (oi_infer_t *inf = call->work; inf != NULL; inf = inf->next)
         if (!inf->cancelled) {
             atomic_fetch_add(&s->grpc_orphans, 1);

@@ -496,7 +496,7 @@ static void respond_model_config(oi_http_request_t *r, oi_model_t *m)
         respond_buf(r, m->config_json);
 }
 
-/* /v2/models/{name}[/versions/{v}][/ready|/infer|/config|/stats] */
+/* /v2/models/{name}[/versions/{v}][/ready|/infer|/generate|/generate_stream|/config|/stats] */
 static void route_settings(oi_server_t *s, oi_http_request_t *r, oi_repo_op_t op, const char *model);
 
 static void route_model(oi_server_t *s, oi_http_request_t *r, const char *p)
@@ -531,7 +531,7 @@ static void route_model(oi_server_t *s, oi_http_request_t *r, const char *p)
         route_settings(s, r, OI_REPO_TRACE, name);
         return;
     }
-    enum { METADATA, READY, INFER, CONFIG } what;
+    enum { METADATA, READY, INFER, CONFIG, GENERATE, GENERATE_STREAM } what;
     if (p == e && *e == '\0')
         what = METADATA;
     else if (seg_is(p, e, "ready") && *e == '\0')
@@ -540,17 +540,22 @@ static void route_model(oi_server_t *s, oi_http_request_t *r, const char *p)
         what = CONFIG;
     else if (seg_is(p, e, "infer") && *e == '\0')
         what = INFER;
+    else if (seg_is(p, e, "generate") && *e == '\0')
+        what = GENERATE;
+    else if (seg_is(p, e, "generate_stream") && *e == '\0')
+        what = GENERATE_STREAM;
     else {
         char msg[MAX_NAME * 2];
         snprintf(msg, sizeof(msg), "no endpoint at %s", r->path);
         respond_error(r, OI_NOT_FOUND, msg);
         return;
     }
-    if (what == INFER && r->method != HTTP_POST) {
+    int post = what == INFER || what == GENERATE || what == GENERATE_STREAM;
+    if (post && r->method != HTTP_POST) {
         method_not_allowed(r, "POST");
         return;
     }
-    if (what != INFER && !is_get(r)) {
+    if (!post && !is_get(r)) {
         method_not_allowed(r, "GET or HEAD");
         return;
     }
@@ -584,7 +589,17 @@ static void route_model(oi_server_t *s, oi_http_request_t *r, const char *p)
         oi_model_unref(m);
         break;
     case INFER:
+        if (m->decoupled) { /* Triton's status and words */
+            oi_model_unref(m);
+            respond_error(r, OI_UNIMPLEMENTED,
+                          "HTTP end point doesn't support models with decoupled transaction policy");
+            break;
+        }
         handle_infer(s, r, m); /* takes the reference */
+        break;
+    case GENERATE:
+    case GENERATE_STREAM:
+        oi__http_generate(s, r, m, what == GENERATE_STREAM); /* takes the reference */
         break;
     }
 }
@@ -895,6 +910,8 @@ void oi__http_api_handle(void *ctx, oi_http_request_t *r)
         respond_error(r, OI_UNAVAILABLE, "the server is shutting down");
         return;
     }
+    if (oi__legacy_http_handle(s, r)) /* the legacy v1 API under /api */
+        return;
     if (strncmp(path, "/v2", 3) != 0 || (path[3] != '\0' && path[3] != '/')) {
         char msg[MAX_NAME * 2];
         snprintf(msg, sizeof(msg), "no endpoint at %.300s; the V2 API lives under /v2", path);

@@ -2,7 +2,9 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "server/classify.h"
 #include "server/validate.h"
 
 oi_infer_t *oi_infer_new(void)
@@ -22,6 +24,8 @@ void oi_infer_free(oi_infer_t *inf)
     oi_shm_targets_free(inf->shm_out, inf->req.n_outputs);
     oi_request_clear(&inf->req);
     free(inf->output_names);
+    oi__dstream_unref(inf->ds);
+    free(inf->class_counts);
     oi_model_unref(inf->model);
     if (inf->trace != NULL)
         oi_trace_tensors_free(inf->trace->tensors);
@@ -77,23 +81,47 @@ static void run_done(oi_task_t *t)
     inf->done(inf);
 }
 
+/* Replaces the outputs asked as classifications by their top-k (executor thread: sorting is
+ * not the loop's work). */
+static oi_status_t *classify_outputs(oi_infer_t *inf)
+{
+    const oi_model_t *m = inf->model;
+    for (uint32_t i = 0; i < inf->job.resp.n_outputs; i++) {
+        if (inf->class_counts[i] == 0)
+            continue;
+        oi_tensor_t *t = &inf->job.resp.outputs[i];
+        const oi_labels_t *labels = NULL;
+        for (uint32_t o = 0; m->labels != NULL && o < m->n_outputs; o++)
+            if (strcmp(m->outputs[o].name, t->name) == 0)
+                labels = m->labels[o];
+        oi_status_t *st = oi_classify(t, m->max_batch_size > 0, inf->class_counts[i], labels);
+        if (st != NULL)
+            return st;
+    }
+    return NULL;
+}
+
 /* On the executor thread, right after the backend ran. */
 static void job_done(oi_job_t *j)
 {
     oi_infer_t *inf = (oi_infer_t *)j;
-    if (j->status == NULL)
+    if (j->status == NULL && inf->ds == NULL) /* a decoupled request's responses went one by one */
         j->status = oi_validate_response(inf->model, j->output_names, j->n_outputs, &j->resp);
     /* Level TENSORS: the outputs as the model gave them, copied here off the loop thread. */
     if (j->status == NULL && inf->trace != NULL && (inf->trace->level & OI_TRACE_TENSORS))
         (void)oi_trace_add_tensors(inf->trace, OI_TRACE_BACKEND_OUTPUT, j->resp.outputs, j->resp.n_outputs);
     /* Outputs asked in shared memory are copied there here, off the loop thread. Requested
      * outputs and response outputs are in the same order (see oi_validate_request). */
-    if (j->status == NULL && inf->shm_out != NULL)
+    if (j->status == NULL && inf->shm_out != NULL && inf->ds == NULL)
         j->status = oi_shm_place_outputs(&j->resp, inf->shm_out);
     /* A client may have shrunk an object under the model: what was read or written there is
      * lost, and the request says so rather than answer with zeros. */
-    if (j->status == NULL && inf->shm != NULL)
+    if (j->status == NULL && inf->shm != NULL && inf->ds == NULL)
         j->status = oi_shm_check_request(&inf->req, &j->resp);
+    if (j->status == NULL && inf->class_counts != NULL)
+        j->status = classify_outputs(inf);
+    if (j->status == NULL && inf->post != NULL)
+        j->status = inf->post(inf);
     uint64_t end = j->counted || inf->trace != NULL ? oi_now_ns() : 0;
     if (inf->trace != NULL)
         inf->trace->ns[OI_TS_COMPUTE_END] = end;
@@ -141,8 +169,11 @@ oi_status_t *oi_infer_submit(oi_infer_t *inf, oi_model_t *m, oi_loop_t *loop, oi
     oi_status_t *st = oi_model_check_ready(m);
     if (st == NULL)
         st = resolve_shm(inf);
+    if (st == NULL && m->decoupled && inf->part == NULL)
+        st =
+            oi_status_new(OI_UNIMPLEMENTED, "this end point does not support models with decoupled transaction policy");
     if (st == NULL)
-        st = oi_validate_request(m, &inf->req, &inf->output_names, &inf->job.n_outputs);
+        st = oi_validate_request(m, &inf->req, &inf->output_names, &inf->job.n_outputs, &inf->class_counts);
     if (st != NULL)
         return st;
     inf->loop = loop;
@@ -155,6 +186,8 @@ oi_status_t *oi_infer_submit(oi_infer_t *inf, oi_model_t *m, oi_loop_t *loop, oi
     inf->job.rows = request_rows(m, &inf->req);
     inf->req.cancelled = oi_job_cancelled;
     inf->req.cancelled_arg = &inf->job;
+    if (m->decoupled && oi__dstream_attach(inf) != 0)
+        return oi_status_new(OI_INTERNAL, "out of memory");
     if (inf->trace != NULL) {
         inf->trace->ns[OI_TS_REQUEST_START] = oi_now_ns();
         /* Level TENSORS: the inputs as queued (no memory: the trace goes without them). */
@@ -172,4 +205,5 @@ void oi_infer_cancel(oi_infer_t *inf)
 {
     inf->cancelled = 1;
     oi_job_cancel(&inf->job);
+    oi__dstream_cancel(inf->ds);
 }

@@ -4,6 +4,7 @@
 #ifndef OI_SERVER_INFER_H
 #define OI_SERVER_INFER_H
 
+#include "server/decoupled.h"
 #include "server/registry.h"
 #include "server/shm.h"
 #include "server/trace.h"
@@ -21,8 +22,13 @@ struct oi_infer_s {
     oi_model_t *model;         /* one reference, from submit on */
     oi_request_t req;          /* the transport's decoded request */
     const char **output_names; /* what to produce, in response order */
+    uint32_t *class_counts;    /* per output: its top-k classes instead of the tensor when > 0
+                                * (the classification extension); NULL: none asked */
     oi_infer_done_cb done;
     void *ctx;                  /* the transport's */
+    /* The transport's own work on the executor thread once the response has been checked
+     * (the legacy API ranks its classes there); its status fails the request. NULL: none. */
+    oi_status_t *(*post)(oi_infer_t *inf);
     oi_shm_t *shm;              /* borrowed: the server's regions; set by the transport before
                                  * submit (NULL: shared-memory tensors are refused) */
     oi_shm_caller_t shm_caller; /* who asks, valid until submit returns; set with `shm` */
@@ -33,6 +39,10 @@ struct oi_infer_s {
     oi_infer_t *prev, *next;    /* the transport's list of the requests of one call */
     oi_tracer_t *tracer;        /* with `trace`: where the record goes */
     oi_trace_rec_t *trace;      /* a sampled request's timestamps (owned); NULL: not traced */
+    /* Decoupled models: the transport sets `part` before submit to take each response as it
+     * comes (`done` then ends the request, its own response empty); NULL refuses such models. */
+    oi_infer_part_cb part;
+    oi_dstream_t *ds; /* their flow control (one reference), set by submit */
 };
 
 /* Returns a zeroed inference ready for decoding into `req`, or NULL (out of memory). */

@@ -1,5 +1,7 @@
 #include "server/registry.h"
 
+#include "server/classify.h"
+
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,6 +65,9 @@ void oi_model_unref(oi_model_t *m)
     free_specs(m->inputs, m->n_inputs);
     free_specs(m->outputs, m->n_outputs);
     free(m->output_names);
+    for (uint32_t i = 0; m->labels != NULL && i < m->n_outputs; i++)
+        oi_labels_free(m->labels[i]);
+    free(m->labels);
     oi_buf_unref(m->metadata);
     oi_buf_unref(m->config_json);
     oi_buf_unref(m->config_pb);
@@ -227,6 +232,17 @@ int oi_registry_visit_ready(oi_registry_t *r, const char *name, int (*fn)(void *
     pthread_rwlock_rdlock(&r->lock);
     for (oi_model_t *x = r->models; x && rc == 0; x = x->next)
         if (x->error == NULL && x->sched != NULL && (name == NULL || strcmp(x->name, name) == 0))
+            rc = fn(ctx, x);
+    pthread_rwlock_unlock(&r->lock);
+    return rc;
+}
+
+int oi_registry_visit(oi_registry_t *r, const char *name, int (*fn)(void *ctx, oi_model_t *m), void *ctx)
+{
+    int rc = 0;
+    pthread_rwlock_rdlock(&r->lock);
+    for (oi_model_t *x = r->models; x && rc == 0; x = x->next)
+        if (name == NULL || strcmp(x->name, name) == 0)
             rc = fn(ctx, x);
     pthread_rwlock_unlock(&r->lock);
     return rc;

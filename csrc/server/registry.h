@@ -19,11 +19,14 @@ typedef struct oi_model_s {
     int64_t version;
     char version_str[24];
     int max_batch_size;
+    int decoupled; /* 0..N responses per request (Triton's model_transaction_policy) */
     oi_io_spec_t *inputs;
     uint32_t n_inputs;
     oi_io_spec_t *outputs;
     uint32_t n_outputs;
     const char **output_names; /* outputs[i].name, for requests that name none */
+    struct oi_labels_s **labels; /* per output, its label file's lines (NULL: none); NULL when no
+                                  * output has one. Owned; immutable once published */
     oi_buf_t *metadata;        /* the model metadata JSON body */
     oi_buf_t *config_json;     /* the model configuration in Triton's JSON; NULL when unknown */
     oi_buf_t *config_pb;       /* the same as a serialized inference.ModelConfig; NULL likewise */
@@ -69,6 +72,10 @@ oi_model_t *oi_registry_find(oi_registry_t *r, const char *name, const char *ver
  * stays registered and its scheduler (with its statistics) alive. `fn` must be quick and
  * must not call back into the registry; a non-zero return stops the walk and is returned. */
 int oi_registry_visit_ready(oi_registry_t *r, const char *name, int (*fn)(void *ctx, oi_model_t *m), void *ctx);
+
+/* As oi_registry_visit_ready, for every registered version, ready or not (a version that
+ * failed to load has `error` set and may have no scheduler). */
+int oi_registry_visit(oi_registry_t *r, const char *name, int (*fn)(void *ctx, oi_model_t *m), void *ctx);
 
 /* 1 when every model's default version is ready (and there is at least one model or none
  * failed), else 0. */

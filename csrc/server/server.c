@@ -97,6 +97,7 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
     if (s == NULL)
         return NULL;
     s->cfg = *cfg;
+    s->start_ns = oi_now_ns();
     pthread_mutex_init(&s->health_mu, NULL);
     oi_registry_init(&s->registry);
     oi_shm_init(&s->shm, cfg->allow_shared_memory < 0 ? is_loopback(cfg->http.host) : cfg->allow_shared_memory != 0);
@@ -131,6 +132,7 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
         mcfg.listen_fd = s->cfg.metrics_listen_fd;
         mcfg.unix_path = NULL;
         mcfg.threads = 1;
+        mcfg.thread_name = "oi-metrics";
         mcfg.on_answered = NULL; /* scrapes are not API requests */
         s->metrics = oi_metrics_new(&s->cfg.metrics);
         s->metrics_http = s->metrics ? oi_http_server_new(&mcfg, oi__metrics_api_handle, s) : NULL;

@@ -37,6 +37,8 @@ struct oi_server_s {
     oi_metrics_t *metrics;          /* touched on that loop thread only, after start */
     oi_access_log_t *access_log;    /* set by start before any loop runs; NULL without */
     oi_tracer_t *tracer;            /* the trace file's: set by start before any loop runs; NULL without */
+    uint64_t start_ns;              /* oi_now_ns() when made: the legacy API's uptime */
+    atomic_uint_fast64_t legacy_ids; /* the last RequestStatus id the legacy API gave */
 };
 
 /* Server readiness as health endpoints report it: every model's default version ready, and
@@ -45,6 +47,19 @@ int oi__server_ready(oi_server_t *s);
 
 /* The HTTP/1.1 handler: routes the V2 REST API (http_api.c). */
 void oi__http_api_handle(void *server, oi_http_request_t *req);
+
+/* The legacy v1 API's routes (/api/..., legacy_http.c): answers and returns 1 for a path
+ * under /api, else returns 0 and leaves the request alone. */
+int oi__legacy_http_handle(oi_server_t *s, oi_http_request_t *req);
+
+/* The legacy GRPCService (legacy_grpc.c), on the V2 gRPC port. oi__legacy_grpc_call returns 1
+ * when the call is one of its methods (setting call->kind to OI__LEGACY_RPC_BASE or more), and
+ * grpc_api.c then hands that call's events to the other three (message: takes msg). */
+#define OI__LEGACY_RPC_BASE 1000
+int oi__legacy_grpc_call(oi_server_t *s, oi_grpc_call_t *call);
+void oi__legacy_grpc_message(oi_server_t *s, oi_grpc_call_t *call, oi_buf_t *msg);
+void oi__legacy_grpc_half_close(oi_server_t *s, oi_grpc_call_t *call);
+void oi__legacy_grpc_gone(oi_server_t *s, oi_grpc_call_t *call);
 
 /* The metrics listener's handler: GET /metrics (metrics_api.c). */
 void oi__metrics_api_handle(void *server, oi_http_request_t *req);
@@ -67,5 +82,10 @@ void oi__health_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg, i
 /* For oi_server_stop, once `stopping` is set and the listeners are closed: sends NOT_SERVING
  * to every Watch and ends it with UNAVAILABLE, one loop at a time (from outside the loops). */
 void oi__health_stop(oi_server_t *s);
+
+/* POST /v2/models/{m}[/versions/{v}]/generate (`stream` 0) or /generate_stream (1), Triton's
+ * generate extension, on the request's loop thread (generate_api.c). Takes the reference to
+ * `m`. */
+void oi__http_generate(oi_server_t *s, oi_http_request_t *r, oi_model_t *m, int stream);
 
 #endif

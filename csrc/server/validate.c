@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "codec/json.h"
+#include "server/classify.h"
 
 static const oi_io_spec_t *find_spec(const oi_io_spec_t *specs, uint32_t n, const char *name)
 {
@@ -36,7 +37,35 @@ static int shape_matches(const oi_io_spec_t *spec, const int64_t *shape, int ndi
     return 1;
 }
 
-oi_status_t *oi_validate_request(const oi_model_t *m, const oi_request_t *req, const char ***names, uint32_t *n)
+/* The classification extension's "classification" parameter of a requested output: *k set to
+ * the class count, 0 when absent or 0 (a plain tensor, as Triton reads 0). */
+static oi_status_t *class_count(const oi_io_spec_t *spec, const oi_output_request_t *o, uint32_t *k)
+{
+    oi_json_param_t cls, shm;
+    char none[1];
+    *k = 0;
+    if (oi_json_param(o->parameters, "classification", &cls, none, sizeof(none)) != 0 ||
+        cls.kind == OI_JSON_PARAM_ABSENT)
+        return NULL;
+    if (cls.kind != OI_JSON_PARAM_COUNT || cls.count > UINT32_MAX)
+        return oi_status_new(OI_BAD_REQUEST,
+                             "output '%s': parameter 'classification' must be a class count, an integer from 0 to "
+                             "%u, got %.*s",
+                             o->name, UINT32_MAX, (int)(cls.raw.len > 64 ? 64 : cls.raw.len), cls.raw.ptr);
+    if (cls.count == 0)
+        return NULL;
+    oi_json_param(o->parameters, "shared_memory_region", &shm, none, sizeof(none));
+    if (shm.kind != OI_JSON_PARAM_ABSENT)
+        return oi_status_new(OI_BAD_REQUEST,
+                             "output '%s': Output can't set both 'shared_memory_region' and "
+                             "'classification'",
+                             o->name);
+    *k = (uint32_t)cls.count;
+    return oi_classify_check_dtype(spec->dtype, o->name);
+}
+
+oi_status_t *oi_validate_request(const oi_model_t *m, const oi_request_t *req, const char ***names, uint32_t *n,
+                                 uint32_t **classes)
 {
     char list[512], got[24 * OI_MAX_DIMS], want[24 * OI_MAX_DIMS];
     for (uint32_t i = 0; i < req->n_inputs; i++) {
@@ -74,31 +103,40 @@ oi_status_t *oi_validate_request(const oi_model_t *m, const oi_request_t *req, c
     }
     uint32_t count = req->n_outputs ? req->n_outputs : m->n_outputs;
     const char **out = malloc((count ? count : 1) * sizeof(*out));
-    if (out == NULL)
+    uint32_t *counts = calloc(count ? count : 1, sizeof(*counts));
+    int any = 0;
+    if (out == NULL || counts == NULL) {
+        free(out);
+        free(counts);
         return oi_status_new(OI_INTERNAL, "out of memory");
+    }
     for (uint32_t i = 0; i < count; i++) {
         if (req->n_outputs == 0) {
             out[i] = m->output_names[i];
             continue;
         }
         const char *name = req->outputs[i].name;
-        if (find_spec(m->outputs, m->n_outputs, name) == NULL) {
+        const oi_io_spec_t *spec = find_spec(m->outputs, m->n_outputs, name);
+        if (spec == NULL) {
             free(out);
+            free(counts);
             return oi_status_new(OI_BAD_REQUEST, "unknown output '%s' for model '%s'; its outputs are: %s", name,
                                  m->name, list_names(m->outputs, m->n_outputs, list, sizeof(list)));
         }
         out[i] = name;
-        oi_json_param_t cls;
-        char none[1];
-        oi_json_param(req->outputs[i].parameters, "classification", &cls, none, sizeof(none));
-        if (cls.kind != OI_JSON_PARAM_ABSENT && !(cls.kind == OI_JSON_PARAM_COUNT && cls.count == 0)) {
+        oi_status_t *st = class_count(spec, &req->outputs[i], &counts[i]);
+        if (st != NULL) {
             free(out);
-            return oi_status_new(OI_BAD_REQUEST,
-                                 "output '%s': parameter 'classification' asks for the classification extension, "
-                                 "which this server does not support; request the output's tensor without it",
-                                 name);
+            free(counts);
+            return st;
         }
+        any |= counts[i] > 0;
     }
+    if (!any) {
+        free(counts);
+        counts = NULL;
+    }
+    *classes = counts;
     *names = out;
     *n = count;
     return NULL;

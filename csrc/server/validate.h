@@ -7,8 +7,11 @@
 
 /* Checks inputs (names, datatypes, shapes, batch size) and requested outputs. On success
  * sets *names to a new array (free() it) of the outputs to produce, in response order, and
- * *n to its length. Returns NULL or a 400 status. */
-oi_status_t *oi_validate_request(const oi_model_t *m, const oi_request_t *req, const char ***names, uint32_t *n);
+ * *n to its length, and *classes to NULL, or, when some output asks for the classification
+ * extension, to a new array (free() it) of each output's class count (0: the plain tensor).
+ * Returns NULL or a 400 status. */
+oi_status_t *oi_validate_request(const oi_model_t *m, const oi_request_t *req, const char ***names, uint32_t *n,
+                                 uint32_t **classes);
 
 /* Checks that a backend produced the asked outputs with declared datatypes and shapes and
  * consistent sizes. Returns NULL or a 500 status. */

@@ -53,6 +53,8 @@ oi_status_t *oi_warmup_run(oi_model_t *m, oi_request_t *reqs, size_t n)
 {
     if (m->seq != NULL) /* its requests need a sequence's controls, which warm-up does not give */
         return oi_status_new(OI_BAD_REQUEST, "warm-up of a sequence model is not supported");
+    if (m->decoupled) /* its responses go to a stream, which warm-up does not open */
+        return oi_status_new(OI_BAD_REQUEST, "warm-up of a decoupled model is not supported");
     warm_job_t *jobs = calloc(n ? n : 1, sizeof(*jobs));
     if (jobs == NULL)
         return oi_status_new(OI_INTERNAL, "out of memory");
@@ -65,10 +67,12 @@ oi_status_t *oi_warmup_run(oi_model_t *m, oi_request_t *reqs, size_t n)
     for (size_t i = 0; i < n; i++) {
         warm_job_t *w = &jobs[i];
         oi_status_t *st = NULL;
+        uint32_t *classes = NULL; /* warm-up asks for no output, so for no classification */
         for (uint32_t k = 0; k < reqs[i].n_inputs && st == NULL; k++)
             st = oi_tensor_check_size(&reqs[i].inputs[k], "input", reqs[i].inputs[k].name);
         if (st == NULL)
-            st = oi_validate_request(m, &reqs[i], &w->names, &w->job.n_outputs);
+            st = oi_validate_request(m, &reqs[i], &w->names, &w->job.n_outputs, &classes);
+        free(classes);
         if (st != NULL) {
             errors = join(errors, st->message);
             oi_status_free(st);

@@ -12,6 +12,7 @@
 
 #include <llhttp.h>
 
+#include "core/cpus.h"
 #include "transport/peers.h"
 #include "transport/tcp_listen.h"
 #include "transport/unix_listen.h"
@@ -69,6 +70,7 @@ struct oi_http_conn_s {
     oi_sbuf_t url;
     oi_sbuf_t hfield;
     oi_sbuf_t hvalue;
+    oi_sbuf_t nv_request; /* the NV-InferRequest header's value (the legacy v1 API), NUL-terminated */
     size_t header_bytes;
     uint64_t start_ns; /* uv_hrtime of the first byte, with cfg.on_answered only */
     int in_message;
@@ -84,6 +86,9 @@ struct oi_http_conn_s {
     char rbuf[READ_BUF_SIZE];
 
     int busy;      /* a request is with the handler */
+    int streaming; /* its answer is being streamed (oi_http_stream_start) */
+    int stream_status;
+    uint64_t stream_bytes;
     int abandoned; /* answered by oi_http_server_abandon: the handler's answer is dropped */
     int orphaned;  /* closed while a request was with the handler: counted in `orphans` */
     int served;    /* a request was read in full: from now on the idle timeout applies */
@@ -121,6 +126,7 @@ static void conn_maybe_free(oi_http_conn_t *c)
     oi_sbuf_free(&c->url);
     oi_sbuf_free(&c->hfield);
     oi_sbuf_free(&c->hvalue);
+    oi_sbuf_free(&c->nv_request);
     oi_sbuf_free(&c->pending);
     if (c->peer_counted)
         oi_peers_release(&c->lis->server->peers, &c->peer);
@@ -545,6 +551,8 @@ static int on_message_begin(llhttp_t *p)
     c->req.inference_header_length = -1;
     c->req.content_encoding[0] = '\0';
     c->req.accept_encoding[0] = '\0';
+    c->req.nv_infer_request = NULL;
+    c->nv_request.len = 0;
     if (c->lis->server->cfg.on_answered != NULL)
         c->start_ns = uv_hrtime();
     c->req.start_ns = c->start_ns;
@@ -607,6 +615,11 @@ static int on_header_value_complete(llhttp_t *p)
         copy_lower(c->req.content_encoding, sizeof(c->req.content_encoding), v);
     } else if (header_is(f, "accept-encoding")) {
         copy_lower(c->req.accept_encoding, sizeof(c->req.accept_encoding), v);
+    } else if (header_is(f, "nv-inferrequest")) {
+        c->nv_request.len = 0;
+        if (oi_sbuf_append(&c->nv_request, v->data, v->len) != 0 || oi_sbuf_append(&c->nv_request, "", 1) != 0)
+            return reject_in_parser(c, 500, "out of memory");
+        c->req.nv_infer_request_len = v->len;
     }
     f->len = 0;
     v->len = 0;
@@ -710,6 +723,8 @@ static int on_message_complete(llhttp_t *p)
     r->method = p->method;
     r->path = c->url.data;
     r->path_len = path_len;
+    r->query = q ? q + 1 : "";
+    r->nv_infer_request = c->nv_request.len ? c->nv_request.data : NULL;
     oi_buf_unref(r->body);
     r->body = c->body;
     c->body = NULL;
@@ -746,6 +761,109 @@ const oi_peer_t *oi_http_request_peer(oi_http_request_t *req)
     return oi_peer_cached(&c->creds, fd);
 }
 
+static void request_done(oi_http_conn_t *c);
+
+/* Queues `pre`, the parts and `post` as one write (copies of pre and post; takes the parts'
+ * owner references). */
+static void write_pieces(oi_http_conn_t *c, const char *pre, size_t plen, const oi_iov_t *parts, size_t nparts,
+                         const char *post, size_t postlen)
+{
+    size_t head_cap = (plen + postlen + _Alignof(oi_iov_t)) & ~(_Alignof(oi_iov_t) - 1);
+    write_req_t *wr = c->closing || c->abandoned ? NULL : malloc(sizeof(*wr) + head_cap + nparts * sizeof(oi_iov_t));
+    uv_buf_t stackbufs[8];
+    uv_buf_t *bufs = wr == NULL ? NULL : nparts + 2 <= 8 ? stackbufs : malloc((nparts + 2) * sizeof(uv_buf_t));
+    if (bufs == NULL) {
+        for (size_t i = 0; i < nparts; i++)
+            oi_buf_unref(parts[i].owner);
+        free(wr);
+        if (!c->closing && !c->abandoned)
+            conn_close(c); /* out of memory: the answer cannot be whole */
+        return;
+    }
+    memcpy(wr->head, pre, plen);
+    memcpy(wr->head + plen, post, postlen);
+    wr->conn = c;
+    wr->nparts = nparts;
+    wr->parts = (oi_iov_t *)(wr->head + head_cap);
+    if (nparts > 0)
+        memcpy(wr->parts, parts, nparts * sizeof(oi_iov_t));
+    unsigned nb = 0;
+    if (plen > 0)
+        bufs[nb++] = uv_buf_init(wr->head, (unsigned)plen);
+    for (size_t i = 0; i < nparts; i++)
+        if (parts[i].len > 0)
+            bufs[nb++] = uv_buf_init((char *)parts[i].base, (unsigned)parts[i].len);
+    if (postlen > 0)
+        bufs[nb++] = uv_buf_init(wr->head + plen, (unsigned)postlen);
+    c->writes++;
+    int rc = uv_write(&wr->w, &c->sock.stream, bufs, nb, after_write);
+    if (bufs != stackbufs)
+        free(bufs);
+    if (rc != 0)
+        after_write(&wr->w, rc);
+}
+
+void oi_http_stream_start(oi_http_request_t *req, int status, const char *headers)
+{
+    oi_http_conn_t *c = req->conn;
+    c->streaming = 1;
+    c->stream_status = status;
+    c->stream_bytes = 0;
+    if (c->http10)
+        c->keep_alive = 0; /* no chunked coding: the body ends with the connection */
+    char head[512];
+    int n = snprintf(head, sizeof(head), "HTTP/1.1 %d %s\r\n%s%s\r\n", status, reason_phrase(status),
+                     c->http10 ? "Connection: close\r\n" : "Transfer-Encoding: chunked\r\n", headers);
+    if (n < 0 || (size_t)n >= sizeof(head)) {
+        conn_close(c);
+        return;
+    }
+    write_pieces(c, head, (size_t)n, NULL, 0, "", 0);
+}
+
+void oi_http_stream_send(oi_http_request_t *req, const oi_iov_t *parts, size_t nparts)
+{
+    oi_http_conn_t *c = req->conn;
+    size_t total = 0;
+    for (size_t i = 0; i < nparts; i++)
+        total += parts[i].len;
+    c->stream_bytes += total;
+    char size[24]; /* the chunk-size line, in hex, by hand: this runs for every event */
+    size_t n = 0;
+    if (!c->http10 && total > 0) {
+        char tmp[16], *p = tmp + sizeof(tmp);
+        for (size_t v = total; v != 0; v >>= 4)
+            *--p = "0123456789abcdef"[v & 15];
+        n = (size_t)(tmp + sizeof(tmp) - p);
+        memcpy(size, p, n);
+        memcpy(size + n, "\r\n", 2);
+        n += 2;
+    }
+    write_pieces(c, size, n, parts, nparts, "\r\n", n > 0 ? 2 : 0);
+}
+
+void oi_http_stream_end(oi_http_request_t *req)
+{
+    oi_http_conn_t *c = req->conn;
+    oi_http_server_t *s = c->lis->server;
+    if (s->cfg.on_answered != NULL) {
+        oi_http_answer_t a = {.status = c->stream_status,
+                              .start_ns = c->start_ns,
+                              .bytes_out = c->stream_bytes,
+                              .peer = c->peer_counted ? &c->peer : NULL};
+        a.bytes_in = c->header_bytes + (req->body ? req->body->len : 0);
+        s->cfg.on_answered(s->ctx, req, &a);
+    }
+    oi_buf_unref(req->body);
+    req->body = NULL;
+    req->on_gone = NULL;
+    if (!c->http10)
+        write_pieces(c, "0\r\n\r\n", 5, NULL, 0, "", 0);
+    if (!c->keep_alive)
+        c->close_after_write = 1;
+    request_done(c);
+}
+
 void oi_http_respond(oi_http_request_t *req, int status, const char *headers, const oi_iov_t *parts,
                      size_t nparts)
 {
@@ -769,7 +887,15 @@ void oi_http_respond(oi_http_request_t *req, int status, const char *headers, co
     } else {
         conn_write(c, status, headers, parts, nparts, req->method == HTTP_HEAD);
     }
+    request_done(c);
+}
+
+/* The request is answered: the connection goes on with the next one. */
+static void request_done(oi_http_conn_t *c)
+{
+    oi_http_server_t *s = c->lis->server;
     c->busy = 0;
+    c->streaming = 0;
     atomic_fetch_sub(&s->inflight, 1);
     if (c->orphaned) {
         c->orphaned = 0;
@@ -970,8 +1096,7 @@ oi_http_server_t *oi_http_server_new(const oi_http_config_t *cfg, oi_http_handle
     snprintf(s->unix_path, sizeof(s->unix_path), "%s", cfg->unix_path ? cfg->unix_path : "");
     s->cfg.unix_path = s->unix_path[0] ? s->unix_path : NULL;
     if (s->cfg.threads <= 0) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        s->cfg.threads = n > 0 ? (int)n : 1;
+        s->cfg.threads = oi_usable_cpus(); /* what affinity and the cgroup quota allow */
     }
     if (s->cfg.inline_loop)
         s->cfg.threads = 1;
@@ -1012,7 +1137,7 @@ int oi_http_server_start(oi_http_server_t *s, char *err, size_t errlen)
     if (tcp)
         s->port = oi_tcp_bound_port(&s->loops[0].tcp);
     for (int i = 0; i < s->nloops; i++)
-        if ((rc = oi_loop_start(&s->loops[i].loop)) != 0) {
+        if ((rc = oi_loop_start(&s->loops[i].loop, s->cfg.thread_name ? s->cfg.thread_name : "oi-loop")) != 0) {
             snprintf(err, errlen, "cannot start a loop thread: %s", uv_strerror(rc));
             return rc;
         }
@@ -1112,7 +1237,11 @@ static void abandon_loop(void *arg)
         next = c->next; /* closing unlinks c */
         stop_reading(c);
         c->keep_alive = 0;
-        if (c->busy && !c->abandoned) {
+        if (c->busy && !c->abandoned && c->streaming) {
+            /* An answer half streamed cannot take another: the client sees it cut. */
+            conn_close(c);
+            c->abandoned = 1;
+        } else if (c->busy && !c->abandoned) {
             /* The request stays counted (and the connection alive) until the handler
              * answers; the client gets its answer now. */
             conn_reject(c, a->status, a->message);

@@ -27,7 +27,8 @@ typedef struct oi_http_config_s {
                        * duplicate and the caller keeps its own. 0: bind */
     const char *unix_path; /* also (or only) listen on this Unix-domain socket; NULL: none */
     unsigned unix_mode;    /* the socket file's permission bits, e.g. 0660 */
-    int threads;      /* event-loop threads; <= 0: one per core */
+    int threads;           /* event-loop threads; <= 0: one per usable CPU (oi_usable_cpus) */
+    const char *thread_name; /* the loop threads' name; NULL: "oi-loop" */
     size_t max_body_bytes;
     size_t max_header_bytes; /* request line and headers together */
     int max_connections;     /* when reached, the oldest idle connection of the accepting loop is
@@ -65,6 +66,10 @@ struct oi_http_request_s {
     int method;       /* llhttp_method_t: HTTP_GET, HTTP_POST, ... */
     const char *path; /* NUL-terminated URL path, query stripped, not percent-decoded */
     size_t path_len;
+    const char *query;            /* NUL-terminated, what follows '?' in the URL (not decoded); "" when none */
+    const char *nv_infer_request; /* the NV-InferRequest header's value (the legacy v1 API),
+                                   * NUL-terminated, nv_infer_request_len bytes; NULL when absent */
+    size_t nv_infer_request_len;
     oi_buf_t *body;   /* the whole body in one buffer (len bytes) or NULL; the request owns one
                        * reference: take your own with oi_buf_ref to keep it */
     int64_t inference_header_length; /* Inference-Header-Content-Length, -1 when absent */
@@ -97,6 +102,16 @@ typedef struct oi_iov_s {
  * part's owner reference, also when the connection is already gone. */
 void oi_http_respond(oi_http_request_t *req, int status, const char *headers, const oi_iov_t *parts,
                      size_t nparts);
+
+/* A streamed answer instead of oi_http_respond (Server-Sent Events, say): the status line and
+ * `headers` (each line ending in "\r\n") go now with Transfer-Encoding: chunked (an HTTP/1.0
+ * client gets a body that ends with the connection), each oi_http_stream_send is one chunk
+ * written from the parts' memory (owner references taken, also when the connection is gone),
+ * and oi_http_stream_end closes the body and answers the request as oi_http_respond would.
+ * The request's on_gone still tells of a client that closes meanwhile. Loop thread. */
+void oi_http_stream_start(oi_http_request_t *req, int status, const char *headers);
+void oi_http_stream_send(oi_http_request_t *req, const oi_iov_t *parts, size_t nparts);
+void oi_http_stream_end(oi_http_request_t *req);
 
 /* The credentials of the client on the other end of the request's connection (see
  * transport/peer.h), looked up on first use and kept for the connection's life. Valid until

@@ -1623,6 +1623,9 @@ static void abandon_loop(void *arg)
         c->in_recv = 1; /* finish only queues: one flush below */
         for (oi_grpc_call_t *call = c->calls; call != NULL; call = call->next) {
             if (!call->finished || !call->compressing) {
+                /* Its work is told to stop (a streaming model would otherwise run on). */
+                if (!call->finished)
+                    call_gone(c->lp->server, call);
                 oi_grpc_finish(call, OI_GRPC_UNAVAILABLE, a->message);
                 continue;
             }

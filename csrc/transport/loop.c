@@ -1,6 +1,7 @@
 #include "transport/loop.h"
 
 #include <stdatomic.h>
+#include <stdio.h>
 
 #include "core/thread.h"
 
@@ -39,12 +40,14 @@ int oi_loop_init(oi_loop_t *l)
 static void *run_loop(void *arg)
 {
     oi_loop_t *l = arg;
+    oi_thread_set_name(l->name);
     uv_run(&l->uv, UV_RUN_DEFAULT);
     return NULL;
 }
 
-int oi_loop_start(oi_loop_t *l)
+int oi_loop_start(oi_loop_t *l, const char *name)
 {
+    snprintf(l->name, sizeof(l->name), "%s", name);
     int rc = oi_thread_create(&l->thread, run_loop, l, 0);
     if (rc != 0)
         return uv_translate_sys_error(rc);

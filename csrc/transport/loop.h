@@ -22,6 +22,7 @@ typedef struct oi_loop_s {
     oi_task_t *tail;
     pthread_t thread;
     int started;
+    char name[16]; /* the thread's name (ps -L, /proc/PID/task/TID/comm), set by oi_loop_start */
 } oi_loop_t;
 
 typedef struct oi_work_s oi_work_t;
@@ -48,8 +49,9 @@ int oi__work_held(void);
 /* Initializes the loop on the calling thread; 0 or a libuv error code. */
 int oi_loop_init(oi_loop_t *l);
 
-/* Starts the loop's thread, which runs until every handle is closed. 0 or a libuv error. */
-int oi_loop_start(oi_loop_t *l);
+/* Starts the loop's thread, named `name` (at most 15 characters are kept), which runs until
+ * every handle is closed. 0 or a libuv error. */
+int oi_loop_start(oi_loop_t *l, const char *name);
 
 /* Queues `t` to run on the loop's thread. Safe from any thread, the loop's own included. */
 void oi_loop_post(oi_loop_t *l, oi_task_t *t);

@@ -37,6 +37,17 @@ Handler = Callable[
 #     inter_op_threads (0: torch's default)
 TorchSpec = dict[str, object]
 
+# add_model(onnx=...): how ONNX Runtime sessions serve the declared inputs and outputs
+# (python/openinfer/onnx_model.py builds it).
+#   path: the .onnx file; devices: one per instance, -1 the CPU or a CUDA device id
+#   graph_level (a GraphOptimizationLevel), execution_mode (0 sequential, 1 parallel),
+#     intra_op_threads, inter_op_threads (0: ONNX Runtime's default)
+#   gpu_accelerators / cpu_accelerators: [(name, [(key, value), ...])], appended on GPU
+#     ("cuda", "tensorrt") or CPU ("openvino") instances
+#   input_reshape / output_reshape: per declared tensor, the session's shape past the batch
+#     dimension (Triton's reshape), or None
+OnnxSpec = dict[str, object]
+
 def _hold_work(on: bool) -> None:
     """For tests: while on, work sent off the event loops ((de)compression) waits to start."""
 
@@ -56,6 +67,18 @@ def torch_describe(path: str) -> str:
     "has_default"}], "returns": annotation, "example_inputs": [{"dtype", "shape"}] | null,
     "example_outputs": [{"name", "dtype", "shape"}] | null} (outputs from one forward() on
     the module's example_inputs attribute). Raises RuntimeError when it cannot load."""
+
+def onnx_open(path: str) -> tuple[str, int]:
+    """Loads libonnxruntime (dlopen RTLD_NOW | RTLD_LOCAL) once per process and returns its
+    (version, API version in use). Raises OSError (also for a library too old)."""
+
+def onnx_describe(path: str) -> str:
+    """JSON of an ONNX file's tensors: {"inputs": [...], "outputs": [...]}, each {"name",
+    "datatype" ("" without a V2 one), "onnx_type", "kind", "shape" (-1 where variable; null
+    when the rank is unknown)}. Raises RuntimeError when it cannot load."""
+
+def onnx_providers() -> str:
+    """JSON list of the loaded ONNX Runtime's execution providers."""
 
 RepositoryHandler = Callable[
     [str, str | None, bytes | None, dict[str, bool | int | str | bytes] | None, bool],
@@ -84,7 +107,7 @@ class Server:
         host: str = "127.0.0.1",
         http_port: int = 8000,  # -1: HTTP on http_unix only
         *,
-        threads: int = 0,  # event-loop threads; 0: one per core
+        threads: int = 0,  # event-loop threads; 0: one per usable CPU (affinity, cgroup quota)
         max_body_bytes: int = 1 << 30,
         max_header_bytes: int = 64 << 10,
         max_connections: int = 4096,  # when full, the oldest idle connection makes room
@@ -139,8 +162,12 @@ class Server:
         publish: bool = True,
         sequence_batching: tuple[int, int, list[tuple[str, int, str, float, float]],
                                  list[tuple[str, str, str, tuple[int, ...], bytes]]] | None = None,
+        decoupled: bool = False,  # handler returns an iterator of 0..N responses per request
+        onnx: OnnxSpec | None = None,
+        labels: dict[str, bytes] | None = None,
     ) -> str | None | ModelVersion:
-        """Registers one model version. handler=None with error=reason registers a version that
+        """Registers one model version. `labels` maps an output name to its label file's bytes
+        (one label a line) for the classification extension. handler=None with error=reason registers a version that
         failed to load: it answers not ready, and infer answers 503 with the reason. The
         request without a version goes to the highest ready version. Raises ValueError on a
         bad spec and RuntimeError when the version is already registered.
@@ -148,7 +175,8 @@ class Server:
         torch=spec (no handler) serves a TorchScript module through the libtorch shim (load
         it first with torch_open_shim), one module per instance on spec["devices"]; when
         the module cannot load, the version is registered as failed and the reason is
-        returned (otherwise None). dynamic_batching=(preferred_batch_sizes,
+        returned (otherwise None). onnx=spec does the same with one ONNX Runtime session per
+        instance (load the library first with onnx_open). dynamic_batching=(preferred_batch_sizes,
         max_queue_delay_us) with max_batch_size > 0 gathers concurrent requests into one
         call (Python handlers then see the concatenated batch). config_json and config_pb are
         the version's configuration in Triton's JSON and as a serialized inference.ModelConfig,

@@ -131,7 +131,7 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         metavar="N",
-        help="event-loop threads (default 0: one per core)",
+        help="event-loop threads (default 0: one per CPU the process may use: its affinity mask and cgroup CPU quota)",
     )
     serve.add_argument(
         "--workers",

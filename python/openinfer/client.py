@@ -39,6 +39,7 @@ from urllib.parse import quote, urlsplit
 import numpy as np
 
 from . import _core, _display
+from . import generate as _gen
 from . import shm as _shm
 from .errors import InferenceServerError
 from .model import datatype_of, numpy_dtype
@@ -339,6 +340,32 @@ class Client:
         return StreamResults(self, conn, stream, iter(requests), datatypes, max_in_flight)
 
     # ---- shared memory --------------------------------------------------------------------
+
+    def generate(self, model: str, inputs: Mapping[str, Any], *, version: str | int | None = None,
+                 parameters: Mapping[str, Any] | None = None, request_id: str | None = None,
+                 timeout: float | None = None) -> dict[str, Any]:
+        """Triton's generate extension: `inputs` maps input names to values (scalars, lists or
+        numpy arrays; the server shapes them from the model's declaration), `parameters` go to
+        the model as request parameters. Returns the flat answer: each output by name (a
+        single element as a value, else a list) with model_name and model_version. HTTP only."""
+        conn = self._generate_connection(timeout)
+        return _gen.generate(conn, _gen.path(self._prefix, model, _version(version), "generate"),
+                             _gen.request_body(inputs, parameters, request_id))
+
+    def generate_stream(self, model: str, inputs: Mapping[str, Any], *, version: str | int | None = None,
+                        parameters: Mapping[str, Any] | None = None, request_id: str | None = None,
+                        timeout: float | None = None) -> _gen.GenerateStream:
+        """`generate` over ``generate_stream``: an iterator of the answers, each as soon as the
+        model (a decoupled one: many answers per request) produces it. Close it, or leave its
+        ``with`` block, to stop early: the server then closes the model's generator."""
+        conn = self._generate_connection(timeout)
+        return _gen.GenerateStream(conn, _gen.path(self._prefix, model, _version(version), "generate_stream"),
+                                   _gen.request_body(inputs, parameters, request_id))
+
+    def _generate_connection(self, timeout: float | None) -> Any:
+        if self._grpc:
+            raise ValueError(f"generate is an HTTP extension; this client speaks gRPC ({self.url})")
+        return _gen.connect(self._host, self._port, self._port == 0, self._timeout_for(timeout))
 
     def register(self, region: SharedMemoryRegion) -> SharedMemoryRegion:
         """Registers `region` with the server under region.name; arrays viewing it are then
@@ -853,6 +880,15 @@ class AsyncClient:
         results = await self._run(self._client.stream_infer, model, requests, outputs, **kwargs)
         return _AsyncStreamResults(self, results)
 
+    async def generate(self, model: str, inputs: Mapping[str, Any], **kwargs: Any) -> dict[str, Any]:
+        return await self._run(self._client.generate, model, inputs, **kwargs)
+
+    async def generate_stream(self, model: str, inputs: Mapping[str, Any], **kwargs: Any) -> Any:
+        """`Client.generate_stream` as an async iterator: ``async for event in await
+        client.generate_stream(...)``; each event is awaited on the client's threads."""
+        stream = await self._run(self._client.generate_stream, model, inputs, **kwargs)
+        return _AsyncStreamResults(self, stream)
+
     async def __aenter__(self) -> AsyncClient:
         return self
 
@@ -983,7 +1019,7 @@ class StreamResults(Iterator[dict[str, np.ndarray]]):
 
 
 class _AsyncStreamResults:
-    def __init__(self, client: AsyncClient, results: StreamResults) -> None:
+    def __init__(self, client: AsyncClient, results: StreamResults | _gen.GenerateStream) -> None:
         self._client = client
         self._results = results
 

@@ -279,6 +279,7 @@ class TensorConfig:
     datatype: str  # V2 name: TYPE_STRING becomes BYTES
     dims: tuple[int, ...]
     reshape: tuple[int, ...] | None = None
+    label_filename: str | None = None  # outputs: class labels, one a line, for classification
 
 
 @dataclass(frozen=True)
@@ -448,6 +449,7 @@ def _tensor(raw: dict[str, Value], source: str, kind: str) -> TensorConfig:
         reshape=None
         if reshape is None
         else _Fields(reshape, f"{f.where}: reshape").integers("shape"),
+        label_filename=f.string("label_filename") or None,
     )
 
 

@@ -39,7 +39,8 @@ from . import triton_config, warmup
 from .config import ConfigError, DynamicBatching, ModelConfig, parse_json_config
 from .errors import InferenceServerError
 from .model import Model, Tensor
-from .repository import _NO_TORCH, LoadedModel, scan_model
+from .onnx_model import OnnxModel
+from .repository import _NOT_INSTALLED, LoadedModel, scan_model
 from .sequence import SequenceBatching
 from .torch_model import TorchModel
 
@@ -287,7 +288,7 @@ class ModelControl:
             fingerprint = _fingerprint(model_dir)
             entries = scan_model(model_dir, name=name, config=override, loading=loading)
             if self._optional_torch:
-                entries = [e for e in entries if e.error is None or not e.error.startswith(_NO_TORCH)]
+                entries = [e for e in entries if e.error is None or not e.error.startswith(_NOT_INSTALLED)]
         elif files is not None and model_dir is not None:
             entries = scan_model(
                 model_dir, name=name, config=override, allow_python=False, loading=loading
@@ -393,7 +394,12 @@ class ModelControl:
         model = entry.model
         if model is not None:
             # A TorchScript module runs through the shim (torch=spec); a Python model is a handler.
-            runs = {"torch": model.spec} if isinstance(model, TorchModel) else {"handler": model.handler}
+            runs: dict[str, Any] = {"handler": getattr(model, "handler", None),
+                                    "decoupled": getattr(model, "decoupled", False)}
+            if isinstance(model, TorchModel):
+                runs = {"torch": model.spec}
+            elif isinstance(model, OnnxModel):
+                runs = {"onnx": model.spec}
             return self._core.add_model(
                 entry.name,
                 model.version,
@@ -408,6 +414,7 @@ class ModelControl:
                 sequence_batching=entry.sequence.core(model.instances) if entry.sequence else None,
                 **runs,
                 **_model_config(entry),
+                labels=entry.labels,
                 publish=False,
             )
         platform = entry.config.get("platform") or entry.config.get("backend")
@@ -762,9 +769,11 @@ def _model_config(entry: LoadedModel) -> dict[str, bytes]:
     it (config.pbtxt, or what was inferred without one, completed as Triton completes it)."""
     model = entry.model
     torch = isinstance(model, TorchModel)
-    gpus = sorted({int(d[5:]) for d in model.devices if d.startswith("cuda:")}) if torch else []
+    native = torch or isinstance(model, OnnxModel)
+    gpus = sorted({int(d[5:]) for d in model.devices if d.startswith("cuda:")}) if native else []
     config = triton_config.normalize(entry.config) if entry.config else {}
-    full = triton_config.complete(entry.name, config, model, torch=torch, gpus=tuple(gpus))
+    backend = "pytorch" if torch else "onnxruntime" if native else "python"
+    full = triton_config.complete(entry.name, config, model, backend=backend, gpus=tuple(gpus))
     rendered = json.dumps(triton_config.to_json(full), separators=(",", ":"), ensure_ascii=False)
     return {"config_json": rendered.encode(), "config_pb": triton_config.to_protobuf(full)}
 

@@ -11,10 +11,11 @@ so a model behaves the same everywhere.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import operator
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, SupportsIndex
 
@@ -176,6 +177,16 @@ class Model:
     concurrent requests into one call of up to max_batch_size rows (``True`` for no delay, or
     a `config.DynamicBatching` with preferred sizes and a queue delay) and splits the outputs
     back. `inputs` and `outputs` take `Tensor`s or ``(name, datatype, shape)`` tuples.
+
+    A `decoupled` model (Triton's ``model_transaction_policy { decoupled: true }``) answers a
+    request with 0..N responses: `fn` is a generator (or async generator) that yields one dict
+    of outputs per response, each sent as soon as it is yielded (gRPC ``ModelStreamInfer``,
+    HTTP ``generate_stream``). A generator `fn` makes the model decoupled unless
+    ``decoupled=False`` says otherwise, which is an error. When the client goes away, the
+    generator is closed (``GeneratorExit`` at its next ``yield``; an async generator's pending
+    ``await`` is cancelled at once, so long waits belong in ``await`` or should poll
+    ``request.is_cancelled()``); a generator that produces faster than its client reads is held
+    at its ``yield`` until the client catches up.
     """
 
     name: str
@@ -187,6 +198,7 @@ class Model:
     instances: int
     platform: str
     dynamic_batching: DynamicBatching | None
+    decoupled: bool
     _wants_parameters: bool = field(repr=False)
     _wants_request: bool = field(repr=False)
     _bf16_outputs: frozenset[str] = field(repr=False)
@@ -203,6 +215,7 @@ class Model:
         instances: int = 1,
         platform: str = "python",
         dynamic_batching: DynamicBatching | bool | None = None,
+        decoupled: bool | None = None,
     ) -> None:
         if not isinstance(name, str) or not name or "/" in name:
             raise ValueError(f"model name must be a non-empty string without '/', got {name!r}")
@@ -213,6 +226,18 @@ class Model:
         _require_int(name, "instances", instances, 1)
         if not isinstance(platform, str):
             raise TypeError(f"model {name!r}: platform must be a string, got {platform!r}")
+        generator = inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn)
+        if decoupled is None:
+            decoupled = generator
+        elif not isinstance(decoupled, bool):
+            raise TypeError(f"model {name!r}: decoupled must be a bool or None, got {decoupled!r}")
+        elif generator and not decoupled:
+            raise ValueError(
+                f"model {name!r}: fn is a generator, which yields many responses per request: "
+                "serve it with decoupled=True (model_transaction_policy { decoupled: true })"
+            )
+        if decoupled and dynamic_batching:
+            raise ValueError(f"model {name!r}: a decoupled model cannot use dynamic batching")
         declared_outputs = _tensors(name, "output", outputs, max_batch_size)
         if not declared_outputs:
             raise ValueError(f"model {name!r}: declare at least one output")
@@ -226,6 +251,7 @@ class Model:
             "instances": instances,
             "platform": platform,
             "dynamic_batching": DynamicBatching() if dynamic_batching is True else dynamic_batching or None,
+            "decoupled": decoupled,
             "_wants_parameters": _accepts_keyword(fn, "parameters"),
             "_wants_request": _accepts_keyword(fn, "request"),
             "_bf16_outputs": frozenset(t.name for t in declared_outputs if t.datatype == "BF16"),
@@ -239,11 +265,17 @@ class Model:
         parameters: bytes | None,
         outputs: tuple[str, ...],
         cancelled: Callable[[], bool] = lambda: False,
-    ) -> dict[str, object]:
+    ) -> dict[str, object] | Iterator[dict[str, object]]:
         """The `_core.Handler` for this model: runs `fn` and returns the requested outputs, in
-        the requested order. `cancelled` tells whether the request's clients have gone.
-        Raised errors name the model, since the server sends them to the client as the 500
-        message."""
+        the requested order (a decoupled model: an iterator of them, one per response).
+        `cancelled` tells whether the request's clients have gone. Raised errors name the
+        model, since the server sends them to the client as the 500 message."""
+        result = self._call(inputs, parameters, cancelled)
+        if self.decoupled:
+            return self._responses(result, outputs, cancelled)
+        return self._select(result, outputs)
+
+    def _call(self, inputs: dict[str, np.ndarray], parameters: bytes | None, cancelled: Callable[[], bool]) -> Any:
         if not (self._wants_parameters or self._wants_request):
             result = self.fn(inputs)
         else:
@@ -256,6 +288,34 @@ class Model:
             if self._wants_request:
                 kwargs["request"] = Request(cancelled)
             result = self.fn(inputs, **kwargs)
+        return result
+
+    def _responses(
+        self, result: Any, outputs: tuple[str, ...], cancelled: Callable[[], bool]
+    ) -> Iterator[dict[str, object]]:
+        """A decoupled model's responses: what `fn` yields (a dict it returns is one response),
+        each narrowed to the requested outputs. Closing this closes `fn`'s generator."""
+        if isinstance(result, Mapping):
+            yield self._select(result, outputs)
+            return
+        if isinstance(result, AsyncIterator):
+            result = _drive(result, cancelled)
+        elif isinstance(result, Iterable) and not isinstance(result, (str, bytes)):
+            result = iter(result)  # a list of responses, say
+        else:
+            raise TypeError(
+                f"model {self.name!r} is decoupled and returned {type(result).__name__}; "
+                "expected a generator of dicts of output name -> array"
+            )
+        try:
+            for item in result:
+                yield self._select(item, outputs)
+        finally:
+            close = getattr(result, "close", None)
+            if close is not None:
+                close()
+
+    def _select(self, result: Any, outputs: tuple[str, ...]) -> dict[str, object]:
         if not isinstance(result, Mapping):
             raise TypeError(
                 f"model {self.name!r} returned {type(result).__name__}; "
@@ -286,6 +346,7 @@ def model(
     instances: int = 1,
     platform: str = "python",
     dynamic_batching: DynamicBatching | bool | None = None,
+    decoupled: bool | None = None,
 ) -> Callable[[ModelFn], Model]:
     """Decorator form of `Model`: ``@openinfer.model(inputs=[...], outputs=[...])`` turns a
     function into a Model named `name`, or after the function when no name is given."""
@@ -301,9 +362,46 @@ def model(
             instances=instances,
             platform=platform,
             dynamic_batching=dynamic_batching,
+            decoupled=decoupled,
         )
 
     return wrap
+
+
+# How often an async generator's pending step checks whether its client has gone.
+_CANCEL_POLL_S = 0.02
+
+
+def _drive(agen: AsyncIterator[Any], cancelled: Callable[[], bool]) -> Iterator[Any]:
+    """Runs an async generator on an event loop of its own, one item per step, so that the
+    executor can iterate it like a generator; closing this closes it (``aclose``). While a step
+    awaits, the client's departure cancels it (``CancelledError`` at the generator's ``await``)
+    within `_CANCEL_POLL_S`, rather than at its next ``yield``."""
+    loop = asyncio.new_event_loop()
+    try:
+        while True:
+            step = asyncio.ensure_future(agen.__anext__(), loop=loop)
+            while not step.done():
+                loop.run_until_complete(asyncio.wait([step], timeout=_CANCEL_POLL_S))
+                if not step.done() and cancelled():
+                    step.cancel()
+                    try:
+                        loop.run_until_complete(step)
+                    except (asyncio.CancelledError, StopAsyncIteration):
+                        pass
+                    return
+            try:
+                item = step.result()
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        try:
+            aclose = getattr(agen, "aclose", None)
+            if aclose is not None:
+                loop.run_until_complete(aclose())
+        finally:
+            loop.close()
 
 
 def _tensors(

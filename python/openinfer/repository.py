@@ -6,7 +6,8 @@ failed `LoadedModel` with its reason, so one bad model.py does not take the othe
 the server can answer "not ready" with that reason.
 
 Python models: ``<N>/model.py`` defines ``infer(inputs)``, optionally with ``parameters`` and
-``request`` (an `openinfer.Request`) parameters.
+``request`` (an `openinfer.Request`) parameters. A generator ``infer`` (or one declared
+``model_transaction_policy { decoupled: true }``) yields 0..N responses per request.
 Their inputs and outputs come from config.pbtxt (whose dims exclude the batch dimension when
 max_batch_size > 0, as in Triton) or, when config.pbtxt declares none, from model.py's
 module-level ``INPUTS`` and ``OUTPUTS`` lists of `openinfer.Tensor` (full shapes) and optional
@@ -31,14 +32,18 @@ from typing import Any
 from . import sequence, triton_config
 from .config import ConfigError, ModelConfig, VersionPolicy, load_config
 from .model import Model, Tensor
+from .onnx_model import ONNX_BACKEND, ONNX_PLATFORM, OnnxLoadError, OnnxModel, OnnxUnavailable, load_onnx
 from .sequence import SequenceBatching
 from .torch_model import TorchLoadError, TorchModel, TorchUnavailable, load_torchscript
 
 _VERSION_DIR = re.compile(r"[0-9]+")
 _PYTHON_BACKENDS = {"python"}
 _TORCH_BACKENDS = {"pytorch", "pytorch_libtorch"}
+_ONNX_BACKENDS = {ONNX_BACKEND, ONNX_PLATFORM}
 _module_ids = itertools.count()
 _NO_TORCH = "torch unavailable: "
+_NO_ONNX = "onnxruntime unavailable: "
+_NOT_INSTALLED = (_NO_TORCH, _NO_ONNX)  # reasons the bundled examples leave a model out for
 logger = logging.getLogger("openinfer")
 
 
@@ -52,10 +57,11 @@ class LoadedModel:
 
     name: str
     version: int | None
-    model: Model | TorchModel | None
+    model: Model | TorchModel | OnnxModel | None
     error: str | None
     config: dict[str, Any] = field(default_factory=dict)
     sequence: SequenceBatching | None = None  # the config's sequence_batching, checked
+    labels: dict[str, bytes] = field(default_factory=dict)  # output name -> its label file
 
 
 class _LoadError(Exception):
@@ -90,7 +96,7 @@ def scan(repo: str | os.PathLike[str], *, optional_torch: bool = False) -> list[
             try:
                 found = _scan_model(model_dir)
                 if optional_torch:
-                    found = [m for m in found if m.error is None or not m.error.startswith(_NO_TORCH)]
+                    found = [m for m in found if m.error is None or not m.error.startswith(_NOT_INSTALLED)]
                 loaded.extend(found)
             except OSError as e:  # an unreadable directory fails its model only
                 loaded.append(LoadedModel(model_dir.name, None, None, f"{model_dir}: {e}"))
@@ -141,6 +147,7 @@ def scan_model(
             seq = sequence.parse(
                 normalized, source, model_dir, tuple(t.name for t in config.inputs)
             )
+        labels = read_labels(model_dir, config) if config is not None else {}
     except ConfigError as e:
         return [LoadedModel(name, None, None, str(e))]
     raw = config.raw if config else {}
@@ -170,19 +177,41 @@ def scan_model(
         except _LoadError as e:
             loaded.append(failed(version, str(e)))
         else:
-            loaded.append(LoadedModel(name, version, model, None, raw, seq))
+            loaded.append(LoadedModel(name, version, model, None, raw, seq, labels))
     return sorted(loaded, key=lambda m: m.version or 0)
+
+
+def read_labels(model_dir: Path, config: ModelConfig) -> dict[str, bytes]:
+    """The label files of the outputs that name one (`label_filename`, relative to the model
+    directory as in Triton), for the classification extension. A file that cannot be read
+    fails the model, naming the field. A label file must lie inside the model directory: a
+    configuration sent with a load request cannot make the server read other files."""
+    labels = {}
+    root = model_dir.resolve()
+    for i, tensor in enumerate(config.outputs):
+        if not tensor.label_filename:
+            continue
+        where = f"output[{i}] {tensor.name!r}: label_filename {tensor.label_filename!r}"
+        path = (model_dir / tensor.label_filename).resolve()
+        if not path.is_relative_to(root):
+            raise ConfigError(f"{where}: the label file must be inside the model directory {model_dir}")
+        try:
+            labels[tensor.name] = path.read_bytes()
+        except OSError as e:
+            raise ConfigError(f"{where}: cannot read {path}: {e.strerror or e}") from None
+    return labels
 
 
 def _load_version(
     name: str, version: int, version_dir: Path, config: ModelConfig | None, allow_python: bool = True,
     sequence: SequenceBatching | None = None,
-) -> Model | TorchModel:
+) -> Model | TorchModel | OnnxModel:
     """Dispatches on the backend the config names, else on the model file present."""
     backend = (config.backend or config.platform) if config else None
-    if backend and backend not in _PYTHON_BACKENDS | _TORCH_BACKENDS:
+    if backend and backend not in _PYTHON_BACKENDS | _TORCH_BACKENDS | _ONNX_BACKENDS:
         raise _LoadError(
-            f"backend {backend!r} is not supported (openinfer serves python and pytorch models)"
+            f"backend {backend!r} is not supported (openinfer serves python, pytorch and "
+            "onnxruntime models)"
         )
     if config and config.default_model_filename:
         path = version_dir / config.default_model_filename
@@ -190,9 +219,11 @@ def _load_version(
             raise _LoadError(f"{path} (default_model_filename) does not exist")
     else:
         names = ["model.pt", "model.py"] if backend in _TORCH_BACKENDS else ["model.py", "model.pt"]
+        names = ["model.onnx"] if backend in _ONNX_BACKENDS else [*names, "model.onnx"]
         found = [version_dir / n for n in names if (version_dir / n).is_file()]
         if not found:
-            raise _LoadError(f"{version_dir} holds no model.py or model.pt")
+            listed = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+            raise _LoadError(f"{version_dir} holds no {listed}")
         path = found[0]
     if path.suffix == ".py":
         if not allow_python:
@@ -201,6 +232,8 @@ def _load_version(
                 "execute as the server's own code); put Python models in the model repository"
             )
         return _load_python(name, version, path, config)
+    if backend in _ONNX_BACKENDS or path.suffix == ".onnx":
+        return _load_onnx(name, version, path, config, sequence)
     if path.suffix in (".pt", ".pth"):
         return _load_torchscript(name, version, path, config, sequence)
     raise _LoadError(f"{path.name}: unsupported model file (expected model.py or model.pt)")
@@ -215,6 +248,19 @@ def _load_torchscript(
         raise _LoadError(f"{_NO_TORCH}{e}") from None
     except TorchLoadError as e:
         raise _LoadError(f"{path}: {e}" if str(path) not in str(e) else str(e)) from None
+    except (TypeError, ValueError) as e:
+        raise _LoadError(f"{path}: {e}") from None
+
+
+def _load_onnx(
+    name: str, version: int, path: Path, config: ModelConfig | None, sequence: SequenceBatching | None = None
+) -> OnnxModel:
+    try:
+        return load_onnx(name, version, path, config, sequence)
+    except OnnxUnavailable as e:
+        raise _LoadError(f"{_NO_ONNX}{e}") from None
+    except OnnxLoadError as e:
+        raise _LoadError(str(e)) from None
     except (TypeError, ValueError) as e:
         raise _LoadError(f"{path}: {e}") from None
 
@@ -248,9 +294,19 @@ def _load_python(name: str, version: int, path: Path, config: ModelConfig | None
             instances=config.instances if config else 1,
             platform=(config.platform or config.backend or "python") if config else "python",
             dynamic_batching=config.dynamic_batching if config else None,
+            decoupled=_decoupled(config),
         )
     except (TypeError, ValueError) as e:
         raise _LoadError(f"{path}: {e}") from None
+
+
+def _decoupled(config: ModelConfig | None) -> bool | None:
+    """What config.pbtxt says of model_transaction_policy.decoupled; None when it says nothing
+    (then a generator infer makes the model decoupled)."""
+    policy = config.raw.get("model_transaction_policy") if config else None
+    if not isinstance(policy, dict) or "decoupled" not in policy:
+        return None
+    return bool(policy["decoupled"])
 
 
 def _import_file(name: str, version: int, path: Path) -> ModuleType:

@@ -33,6 +33,7 @@ logger = logging.getLogger("openinfer")
 # shared-memory ones are listed only where clients may register regions (see serve()).
 EXTENSIONS = (
     "binary_tensor_data",
+    "classification",
     "logging",
     "model_configuration",
     "model_repository",

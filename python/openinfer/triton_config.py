@@ -444,20 +444,26 @@ def _default(f: _F) -> Any:
 # Completing it for a served model version
 
 
-def complete(name: str, config: Message, model: Any, *, torch: bool, gpus: tuple[int, ...] = ()) -> Message:
+def complete(name: str, config: Message, model: Any, *, backend: str, gpus: tuple[int, ...] = ()) -> Message:
     """The configuration a served version reports, as Triton's auto-complete and normalization
     leave it: `config` (normalized; {} without config.pbtxt) plus the model's name, backend and
     platform, max_batch_size, inputs and outputs when the config declares none, a default
     version policy, pinned-memory defaults and named instance groups. `model` is the loaded
-    TorchModel (`torch`) or Model; `gpus` the CUDA devices its instances run on."""
+    TorchModel, OnnxModel or Model, which `backend` names ("pytorch", "onnxruntime", "python");
+    `gpus` the CUDA devices its instances run on."""
     c = dict(config)
     c["name"] = c.get("name") or name
-    if torch:
+    if backend == "pytorch":
         c.setdefault("backend", "pytorch")
         if c["backend"] == "pytorch" and not c.get("platform"):
             c["platform"] = "pytorch_libtorch"
             if not c.get("default_model_filename"):
                 c["default_model_filename"] = "model.pt"
+    elif backend == "onnxruntime":
+        c["backend"] = "onnxruntime"
+        c["platform"] = "onnxruntime_onnx"
+        if not c.get("default_model_filename"):
+            c["default_model_filename"] = "model.onnx"
     else:
         if not c.get("backend") and not c.get("platform"):
             c["backend"] = "python"
@@ -469,6 +475,8 @@ def complete(name: str, config: Message, model: Any, *, torch: bool, gpus: tuple
         c["input"] = [_tensor(t, batch) for t in model.inputs]
         c["output"] = [_tensor(t, batch) for t in model.outputs]
     c.setdefault("version_policy", {"latest": {"num_versions": 1}})
+    if getattr(model, "decoupled", False):  # a generator infer, or declared so
+        c["model_transaction_policy"] = {**c.get("model_transaction_policy", {}), "decoupled": True}
     if model.dynamic_batching is not None and "dynamic_batching" not in c and model.max_batch_size > 0:
         db = model.dynamic_batching
         c["dynamic_batching"] = {
@@ -485,6 +493,11 @@ def complete(name: str, config: Message, model: Any, *, torch: bool, gpus: tuple
     c["optimization"] = optimization
     c["instance_group"] = _instance_groups(c["name"], c.get("instance_group", []), model.instances, gpus)
     return c
+
+
+def v2_to_triton(datatype: str) -> str:
+    """A V2 datatype's config name: "FP32" -> "TYPE_FP32", "BYTES" -> "TYPE_STRING"."""
+    return _V2_TO_TRITON[datatype]
 
 
 def _tensor(t: Any, batch: int) -> Message:
@@ -644,8 +657,12 @@ def unsupported(config: Message, source: str) -> tuple[list[str], list[str]]:
                 warn(f"sequence_batching.state[{i}].{key}", "it only tunes performance")
     if "ensemble_scheduling" in config:
         refuse("ensemble_scheduling", "ensembles are not served")
-    if config.get("model_transaction_policy", {}).get("decoupled"):
-        refuse("model_transaction_policy { decoupled: true }", "decoupled models are not served")
+    python = config.get("backend", "python") == "python" and not config.get("platform")
+    if config.get("model_transaction_policy", {}).get("decoupled") and (not python or "dynamic_batching" in config):
+        refuse(
+            "model_transaction_policy { decoupled: true }",
+            "only Python models without dynamic_batching can be decoupled",
+        )
     if config.get("response_cache", {}).get("enable"):
         refuse("response_cache { enable: true }", "no response cache")
     db = config.get("dynamic_batching", {})
@@ -666,13 +683,13 @@ def unsupported(config: Message, source: str) -> tuple[list[str], list[str]]:
             for key in ("allow_ragged_batch", "optional", "is_shape_tensor", "is_non_linear_format_io"):
                 if tensor.get(key):
                     refuse(f"{kind}[{i}].{key}", "tensors are dense, required and plain")
-            if tensor.get("label_filename"):
-                warn(f"output[{i}].label_filename", "classification requests are refused")
     if config.get("model_repository_agents", {}).get("agents"):
         refuse("model_repository_agents", "no repository agents")
     if config.get("model_operations", {}).get("op_library_filename"):
         refuse("model_operations", "custom operation libraries are not loaded")
-    if "optimization" in config:
+    onnx = config.get("backend") == "onnxruntime" or config.get("platform") == "onnxruntime_onnx"
+    tuned = {k for k in config.get("optimization", {}) if not (onnx and k in ("graph", "execution_accelerators"))}
+    if tuned:
         warn("optimization", "it only tunes performance")
     for key in ("cc_model_filenames", "metric_tags", "model_metrics"):
         if config.get(key):

@@ -52,6 +52,8 @@ def samples(config: dict[str, Any], max_batch_size: int, model_dir: Path | None)
     if config.get("model_warmup") and "sequence_batching" in config:
         # Triton feeds a sequence model's warm-up the control inputs itself; openinfer does not.
         raise WarmupError("model_warmup with sequence_batching is not supported by openinfer; remove one")
+    if config.get("model_warmup") and config.get("model_transaction_policy", {}).get("decoupled"):
+        raise WarmupError("model_warmup of a decoupled model is not supported by openinfer; remove one")
     out = []
     for index, sample in enumerate(config.get("model_warmup") or []):
         name = str(sample.get("name", ""))

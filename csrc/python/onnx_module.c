@@ -1,0 +1,247 @@
+#include "python/onnx_module.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/onnx_backend.h"
+
+static PyObject *onnx_open(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    const char *path = PyUnicode_AsUTF8(arg);
+    if (path == NULL)
+        return NULL;
+    char err[1024];
+    if (oi_onnx_open(path, err, sizeof(err)) != 0) {
+        PyErr_SetString(PyExc_OSError, err);
+        return NULL;
+    }
+    return Py_BuildValue("(sI)", oi_onnx_version(), oi_onnx_api_version());
+}
+
+/* A JSON-returning backend call as a str, or a RuntimeError with its message. */
+static PyObject *json_result(char *json, char *err)
+{
+    if (json == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, err ? err : "out of memory");
+        free(err);
+        return NULL;
+    }
+    PyObject *r = PyUnicode_FromString(json);
+    free(json);
+    return r;
+}
+
+static PyObject *onnx_describe(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    const char *path = PyUnicode_AsUTF8(arg);
+    if (path == NULL)
+        return NULL;
+    char *err = NULL, *json;
+    Py_BEGIN_ALLOW_THREADS json = oi_onnx_describe(path, &err);
+    Py_END_ALLOW_THREADS return json_result(json, err);
+}
+
+static PyObject *onnx_providers(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    char *err = NULL;
+    char *json = oi_onnx_providers(&err);
+    return json_result(json, err);
+}
+
+PyMethodDef oi_py_onnx_functions[] = {
+    {"onnx_open", onnx_open, METH_O, "Loads libonnxruntime (once); returns (version, api_version)."},
+    {"onnx_describe", onnx_describe, METH_O, "JSON describing an ONNX file's inputs and outputs."},
+    {"onnx_providers", onnx_providers, METH_NOARGS, "JSON list of the loaded ONNX Runtime's providers."},
+    {NULL, NULL, 0, NULL},
+};
+
+/* ---- add_model(onnx=...) ---------------------------------------------------------------- */
+
+static int int_item(PyObject *spec, const char *key, int dflt)
+{
+    PyObject *v = PyDict_GetItemString(spec, key);
+    return v == NULL || v == Py_None ? dflt : (int)PyLong_AsLong(v);
+}
+
+/* Accelerators from spec[key], a sequence of (name, ((key, value), ...)) whose strings stay
+ * owned by `spec`. The arrays are new (free_accels); NULL with an exception on error. */
+static oi_onnx_accel_t *parse_accels(PyObject *spec, const char *key, size_t *n)
+{
+    *n = 0;
+    PyObject *v = PyDict_GetItemString(spec, key); /* borrowed */
+    if (v == NULL)
+        return calloc(1, sizeof(oi_onnx_accel_t));
+    PyObject *fast = PySequence_Fast(v, "onnx spec: accelerators must be a sequence");
+    if (fast == NULL)
+        return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(fast);
+    oi_onnx_accel_t *out = calloc((size_t)count + 1, sizeof(*out));
+    if (out == NULL) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *name = NULL, *params = NULL;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "UO;an accelerator is (name, params)", &name, &params))
+            goto fail;
+        out[i].name = PyUnicode_AsUTF8(name);
+        PyObject *pf = PySequence_Fast(params, "onnx spec: accelerator parameters must be a sequence");
+        if (out[i].name == NULL || pf == NULL) {
+            Py_XDECREF(pf);
+            goto fail;
+        }
+        Py_ssize_t np = PySequence_Fast_GET_SIZE(pf);
+        const char **keys = calloc((size_t)np + 1, sizeof(char *)), **values = calloc((size_t)np + 1, sizeof(char *));
+        out[i].keys = keys;
+        out[i].values = values;
+        *n = (size_t)i + 1;
+        if (keys == NULL || values == NULL) {
+            Py_DECREF(pf);
+            PyErr_NoMemory();
+            goto fail;
+        }
+        for (Py_ssize_t k = 0; k < np; k++) {
+            PyObject *pk = NULL, *pv = NULL;
+            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(pf, k), "UU;a parameter is (key, value)", &pk, &pv) ||
+                (keys[k] = PyUnicode_AsUTF8(pk)) == NULL || (values[k] = PyUnicode_AsUTF8(pv)) == NULL) {
+                Py_DECREF(pf);
+                goto fail;
+            }
+            out[i].n = (size_t)k + 1;
+        }
+        Py_DECREF(pf);
+    }
+    Py_DECREF(fast);
+    *n = (size_t)count;
+    return out;
+fail:
+    for (size_t i = 0; i < *n; i++) {
+        free((void *)out[i].keys);
+        free((void *)out[i].values);
+    }
+    free(out);
+    Py_DECREF(fast);
+    *n = 0;
+    return NULL;
+}
+
+/* spec[key]: a list of `n` reshapes (None or a sequence of ints) as a new array (free() it),
+ * or NULL with an exception. */
+static oi_io_spec_t *parse_reshapes(PyObject *spec, const char *key, uint32_t n)
+{
+    PyObject *v = PyDict_GetItemString(spec, key); /* borrowed */
+    oi_io_spec_t *out = calloc(n + 1, sizeof(*out));
+    if (out == NULL)
+        return (oi_io_spec_t *)PyErr_NoMemory();
+    for (uint32_t i = 0; i < n; i++)
+        out[i].ndim = -1;
+    if (v == NULL || v == Py_None)
+        return out;
+    PyObject *fast = PySequence_Fast(v, "onnx spec: reshapes must be a sequence");
+    /* Tensors past the list (a sequence batcher's controls and states) are not reshaped. */
+    Py_ssize_t given = fast != NULL ? PySequence_Fast_GET_SIZE(fast) : 0;
+    if (given > (Py_ssize_t)n)
+        PyErr_Format(PyExc_ValueError, "onnx spec: '%s' has %zd items for %u tensors", key, given, n);
+    for (uint32_t i = 0; fast != NULL && !PyErr_Occurred() && i < (uint32_t)given; i++) {
+        PyObject *r = PySequence_Fast_GET_ITEM(fast, i);
+        if (r == Py_None)
+            continue;
+        PyObject *dims = PySequence_Fast(r, "onnx spec: a reshape is a sequence of ints or None");
+        if (dims == NULL)
+            break;
+        Py_ssize_t nd = PySequence_Fast_GET_SIZE(dims);
+        if (nd > OI_MAX_DIMS)
+            PyErr_SetString(PyExc_ValueError, "onnx spec: too many dimensions in a reshape");
+        for (Py_ssize_t d = 0; d < nd && !PyErr_Occurred(); d++)
+            out[i].dims[d] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(dims, d));
+        out[i].ndim = (int)nd;
+        Py_DECREF(dims);
+    }
+    Py_XDECREF(fast);
+    if (PyErr_Occurred()) {
+        free(out);
+        return NULL;
+    }
+    return out;
+}
+
+static void free_accels(oi_onnx_accel_t *a, size_t n)
+{
+    for (size_t i = 0; a && i < n; i++) {
+        free((void *)a[i].keys);
+        free((void *)a[i].values);
+    }
+    free(a);
+}
+
+void *oi_py_onnx_state(oi_model_t *m, PyObject *spec, char **load_error)
+{
+    *load_error = NULL;
+    if (!PyDict_Check(spec)) {
+        PyErr_SetString(PyExc_TypeError, "onnx spec must be a dict");
+        return NULL;
+    }
+    void *state = NULL;
+    int *devices = NULL;
+    size_t n_gpu = 0, n_cpu = 0;
+    oi_onnx_accel_t *gpu = NULL, *cpu = NULL;
+    oi_io_spec_t *in_reshape = NULL, *out_reshape = NULL;
+    PyObject *path_o = PyDict_GetItemString(spec, "path");
+    const char *path = path_o ? PyUnicode_AsUTF8(path_o) : NULL;
+    PyObject *devs = PyDict_GetItemString(spec, "devices");
+    PyObject *fast = devs ? PySequence_Fast(devs, "onnx spec: devices must be a sequence of ints") : NULL;
+    if (path == NULL || fast == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_KeyError, "onnx spec: needs 'path' and 'devices'");
+        goto done;
+    }
+    Py_ssize_t n_dev = PySequence_Fast_GET_SIZE(fast);
+    if (n_dev < 1) {
+        PyErr_SetString(PyExc_ValueError, "onnx spec: at least one device");
+        goto done;
+    }
+    if ((devices = calloc((size_t)n_dev, sizeof(int))) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n_dev; i++)
+        devices[i] = (int)PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
+    if (PyErr_Occurred() || (gpu = parse_accels(spec, "gpu_accelerators", &n_gpu)) == NULL ||
+        (cpu = parse_accels(spec, "cpu_accelerators", &n_cpu)) == NULL ||
+        (in_reshape = parse_reshapes(spec, "input_reshape", m->n_inputs)) == NULL ||
+        (out_reshape = parse_reshapes(spec, "output_reshape", m->n_outputs)) == NULL)
+        goto done;
+    oi_onnx_spec_t os = {
+        .path = path,
+        .devices = devices,
+        .instances = (int)n_dev,
+        .intra_op_threads = int_item(spec, "intra_op_threads", 0),
+        .inter_op_threads = int_item(spec, "inter_op_threads", 0),
+        .graph_level = int_item(spec, "graph_level", 99),
+        .execution_mode = int_item(spec, "execution_mode", 0),
+        .gpu_accels = gpu,
+        .n_gpu_accels = n_gpu,
+        .cpu_accels = cpu,
+        .n_cpu_accels = n_cpu,
+        .input_reshape = in_reshape,
+        .output_reshape = out_reshape,
+    };
+    if (PyErr_Occurred())
+        goto done;
+    Py_BEGIN_ALLOW_THREADS state = oi_onnx_backend_state(m->name, &os, m->max_batch_size, m->inputs, m->n_inputs,
+                                                         m->outputs, m->n_outputs, load_error);
+    Py_END_ALLOW_THREADS if (state == NULL && *load_error == NULL) PyErr_NoMemory();
+done:
+    Py_XDECREF(fast);
+    free(devices);
+    free_accels(gpu, n_gpu);
+    free_accels(cpu, n_cpu);
+    free(in_reshape);
+    free(out_reshape);
+    return state;
+}

@@ -1,0 +1,126 @@
+"""Thread counts follow the CPUs the process may use: its affinity mask and the cgroup CPU
+quota (csrc/core/cpus.c), not the CPUs online."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CC = shutil.which("cc")
+TASKSET = shutil.which("taskset")
+
+
+@pytest.fixture(scope="module")
+def cpus_bin(tmp_path_factory) -> Path:
+    if CC is None:
+        pytest.skip("no C compiler (cc) on PATH")
+    out = tmp_path_factory.mktemp("cpus") / "test_cpus"
+    cmd = [CC, "-std=c11", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-fsanitize=address,undefined",
+           "-Icsrc", "tests/c/test_cpus.c", "csrc/core/cpus.c", "-o", str(out)]
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "ASAN_OPTIONS", "LSAN_OPTIONS")}
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def _run(binary: Path, *args: str, prefix: tuple[str, ...] = ()) -> int:
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "PYTHONMALLOC")}
+    r = subprocess.run([*prefix, str(binary), *args], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    return int(r.stdout)
+
+
+def _tree(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+
+
+def _limit(binary: Path, tmp_path: Path, proc_cgroup: str, files: dict[str, str]) -> int:
+    root = tmp_path / "cg"
+    root.mkdir()
+    _tree(root, files)
+    (tmp_path / "cgroup").write_text(proc_cgroup)
+    return _run(binary, str(tmp_path / "cgroup"), str(root))
+
+
+@pytest.mark.parametrize("proc_cgroup, files, want", [
+    # cgroup v2: quota / period, rounded up; "max" means none.
+    ("0::/\n", {"cpu.max": "150000 100000\n"}, 2),
+    ("0::/\n", {"cpu.max": "100000 100000\n"}, 1),
+    ("0::/\n", {"cpu.max": "max 100000\n"}, 0),
+    ("0::/\n", {"cpu.max": "50000 100000\n"}, 1),
+    # The process's own cgroup and its parents: the smallest quota binds.
+    ("0::/a/b\n", {"a/b/cpu.max": "max 100000\n", "a/cpu.max": "300000 100000\n",
+                   "cpu.max": "800000 100000\n"}, 3),
+    ("0::/a/b\n", {"a/b/cpu.max": "200000 100000\n", "a/cpu.max": "max 100000\n"}, 2),
+    # A path that does not exist under the mount (a container's namespace): its root counts.
+    ("0::/docker/abc\n", {"cpu.max": "400000 100000\n"}, 4),
+    # cgroup v1: cfs quota and period under the cpu controller's mount; -1 means none.
+    ("4:memory:/x\n3:cpu,cpuacct:/x\n0::/\n",
+     {"cpu,cpuacct/x/cpu.cfs_quota_us": "250000\n", "cpu,cpuacct/x/cpu.cfs_period_us": "100000\n"}, 3),
+    ("1:cpu:/\n", {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, 0),
+    ("2:cpuacct:/\n1:cpu:/\n", {"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1),
+    # Only the cpu controller counts, and unreadable or malformed files mean no limit.
+    ("2:cpuacct:/\n", {"cpuacct/cpu.cfs_quota_us": "100000\n", "cpuacct/cpu.cfs_period_us": "100000\n"}, 0),
+    ("0::/\n", {"cpu.max": "garbage\n"}, 0),
+    ("0::/\n", {"cpu.max": "0 100000\n"}, 0),
+    ("0::/\n", {}, 0),
+    ("", {"cpu.max": "100000 100000\n"}, 0),
+])
+def test_cgroup_quota_parsing(cpus_bin: Path, tmp_path: Path, proc_cgroup, files, want) -> None:
+    assert _limit(cpus_bin, tmp_path, proc_cgroup, files) == want
+
+
+def test_missing_proc_file_means_no_limit(cpus_bin: Path, tmp_path: Path) -> None:
+    assert _run(cpus_bin, str(tmp_path / "absent"), str(tmp_path)) == 0
+
+
+@pytest.mark.skipif(TASKSET is None, reason="no taskset")
+def test_affinity_mask_is_counted(cpus_bin: Path) -> None:
+    assert _run(cpus_bin, prefix=(TASKSET, "-c", "0")) == 1
+    assert 1 <= _run(cpus_bin) <= (os.cpu_count() or 1)
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert _run(cpus_bin, prefix=(TASKSET, "-c", "0,1")) == 2
+
+
+def _thread_names(pid: int) -> list[str]:
+    names = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            names.append((task / "comm").read_text().strip())
+        except OSError:  # the thread ended meanwhile
+            pass
+    return names
+
+
+@pytest.mark.skipif(TASKSET is None or not Path("/proc/self/task").exists(), reason="needs taskset and /proc")
+def test_server_pinned_to_one_cpu_starts_one_loop(tmp_path: Path) -> None:
+    proc = subprocess.Popen([TASKSET, "-c", "0", sys.executable, "-m", "openinfer", "serve", str(tmp_path),
+                             "--http-port", "0"],  # gRPC and metrics on free ports
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if "listening on" in line:
+                break
+        assert "listening on" in "".join(lines), "".join(lines)
+        deadline = time.monotonic() + 10
+        names = _thread_names(proc.pid)
+        while "oi-metrics" not in names and time.monotonic() < deadline:  # started after the API
+            time.sleep(0.05)
+            names = _thread_names(proc.pid)
+        assert names.count("oi-loop") == 1, names
+        assert names.count("oi-metrics") == 1, names
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
