@@ -260,6 +260,8 @@ def test_example_repository() -> None:
         ("repeat_int32", 1, None),
         ("simple", 1, None),
         ("simple_dyna_sequence", 1, None),
+        ("simple_identity", 1, None),
+        ("simple_int8", 1, None),
         ("simple_sequence", 1, None),
         ("simple_string", 1, None),
         ("simple_string_dyna_sequence", 1, None),
@@ -313,6 +315,7 @@ from openinfer.repository import scan
 assert entry.model is None and entry.error.startswith("torch unavailable: serving TorchScript models needs torch"), entry
 with openinfer.serve(http_port=0, log=False) as server:
     assert set(server.models) - {{"mlp_onnx"}} == {{"identity_fp32", "repeat_int32", "simple", "simple_string",
+                                                 "simple_identity", "simple_int8",
                                                  "simple_sequence", "simple_dyna_sequence",
                                                  "simple_string_dyna_sequence", "tiny_gen"}}, server.models
     assert server.failed == {{}}, server.failed
