@@ -13,8 +13,9 @@ side by side in one run, the server in its own process (pinned to CPU 0 where th
     .venv/bin/python benchmarks/s11_streaming.py [--quick] [--responses N] [--rounds R]
 
 Time to first response is the median over 50 requests of one response each (from the request's
-send to its first response read). Peers: `peer_hook` is where Triton's Python backend can run the
-same model (see the lead's peers.py); it reports "not run" until then.
+send to its first response read). Peer: native tritonserver (benchmarks/peers.py, the binary in the
+nvidia-pytriton wheel) serving the same decoupled model with its Python backend, over gRPC
+ModelStreamInfer read by the same grpcio client (--no-triton leaves it out).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -163,10 +164,38 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / 100.0  # utime, stime in clock ticks (USER_HZ 100)
 
 
-def peer_hook(name: str) -> Callable[[], float] | None:
-    """Where a peer serving the same model plugs in (Triton's Python backend through
-    benchmarks/peers.py); None: not run in this environment."""
-    return None
+TRITON_MODEL_PY = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            n = int(pb_utils.get_input_tensor_by_name(request, "N").as_numpy()[0])
+            for i in range(n):
+                out = pb_utils.Tensor("OUT", np.array([i], dtype=np.int32))
+                sender.send(pb_utils.InferenceResponse(output_tensors=[out]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
+
+def triton_peer(tmp: Path, cpus: str | None) -> tuple[Any, str]:
+    """Native tritonserver (benchmarks/peers.py) serving the same decoupled `count` model with
+    its Python backend (a response sender instead of a generator), or (None, why not)."""
+    import peers
+
+    d = tmp / "triton_repo" / "count"
+    (d / "1").mkdir(parents=True)
+    (d / "config.pbtxt").write_text(CONFIG)
+    (d / "1" / "model.py").write_text(TRITON_MODEL_PY)
+    try:
+        peer = peers.start_triton(cpus, tmp / "triton-logs", repo=tmp / "triton_repo", models=["count"])
+    except peers.PeerUnavailable as e:
+        return None, str(e).splitlines()[0]
+    return peer, peer.command
 
 
 def main() -> None:
@@ -174,6 +203,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--responses", type=int, default=20000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--no-triton", action="store_true", help="leave out native Triton")
     args = ap.parse_args()
     n = 2000 if args.quick else args.responses
     rounds = 1 if args.quick else args.rounds
@@ -204,6 +234,19 @@ def main() -> None:
         channel.close()
     finally:
         server.stop()
+    triton, triton_note = (None, "skipped (--no-triton)") if args.no_triton else triton_peer(tmp, cpus)
+    if triton is not None:
+        try:
+            tchannel = grpc.insecure_channel(f"127.0.0.1:{triton.grpc_port}")
+            tstub = rpc.GRPCInferenceServiceStub(tchannel)
+            grpc_rate(tstub, pb, 100)  # warm-up
+            rows["Triton gRPC stream (native tritonserver, Python backend)"] = []
+            for _ in range(rounds):
+                rows["Triton gRPC stream (native tritonserver, Python backend)"].append(grpc_rate(tstub, pb, n))
+            ttfr["Triton gRPC stream (native tritonserver, Python backend)"] = grpc_ttfr(tstub, pb)
+            tchannel.close()
+        finally:
+            triton.stop()
     limit = statistics.median(rows["in-process"])
     print(f"## S11 streaming: {n} responses of INT32[1] from one request, median of {rounds} round(s)\n")
     print("| path | responses/s | vs in-process | time to first response | server CPU µs / response |")
@@ -213,8 +256,13 @@ def main() -> None:
         first = f"{ttfr[name] * 1e3:.2f} ms" if name in ttfr else "-"
         per = f"{cpu[name] / (n * rounds) * 1e6:.1f}" if name in cpu else "-"
         print(f"| {name} | {rate:,.0f} | {rate / limit:.2f} | {first} | {per} |")
-    peer = peer_hook("triton-python")
-    print(f"| Triton Python backend | {'not run' if peer is None else f'{peer():,.0f}'} | | | |")
+    if triton is not None:
+        t = statistics.median(rows["Triton gRPC stream (native tritonserver, Python backend)"])
+        print(f"\nopeninfer gRPC / Triton gRPC: {statistics.median(rows['gRPC']) / t:.2f}x responses/s; "
+              f"time to first response {ttfr['gRPC'] * 1e3:.2f} ms vs "
+              f"{ttfr['Triton gRPC stream (native tritonserver, Python backend)'] * 1e3:.2f} ms "
+              "(Triton's stub process CPU is not in its server CPU column, so that column is left out)")
+    print(f"\nTriton: {triton_note}")
 
 
 if __name__ == "__main__":
