@@ -9,8 +9,8 @@
  * on a duplicate of the listening socket `share_fd` when it is >= 0, else on a new socket bound
  * to `addr`. Sharing is how a server's loops listen (one accept queue; the port stays exclusive
  * to the server, unlike SO_REUSEPORT, which would let any process of the same user join it),
- * and how the worker processes of `openinfer serve --workers` serve the socket their parent
- * made. Sets *initialised once `tcp` must be closed, whatever the result. 0 or a libuv error. */
+ * and how each worker process of `openinfer serve --workers` serves the socket its parent made
+ * for it. Sets *initialised once `tcp` must be closed, whatever the result. 0 or a libuv error. */
 int oi_tcp_listen(uv_loop_t *loop, uv_tcp_t *tcp, const struct sockaddr_storage *addr, int share_fd,
                   uv_connection_cb cb, int *initialised);
 

@@ -326,15 +326,15 @@ def _supervise(args: argparse.Namespace, serve_argv: list[str]) -> int:
         if refused:
             print(f"openinfer: error: --workers {args.workers} cannot be combined with {why}", file=sys.stderr)
             return 2
-    from .workers import Supervisor, listen
+    from .workers import Supervisor, listen, listen_group
 
     def port(given: int | None, default: int) -> int:
         return given if given is not None else 0 if args.http_port == 0 else default
 
     try:
-        sockets = {"http": listen(args.host, args.http_port)}
+        sockets = {"http": listen_group(args.host, args.http_port, args.workers)}
         if port(args.grpc_port, 8001) >= 0:
-            sockets["grpc"] = listen(args.host, port(args.grpc_port, 8001))
+            sockets["grpc"] = listen_group(args.host, port(args.grpc_port, 8001), args.workers)
         # --metrics-port 0 serves none; unset, it is 8002, or a free one with --http-port 0.
         metrics = None
         if args.allow_metrics and args.metrics_port != 0:
@@ -348,8 +348,8 @@ def _supervise(args: argparse.Namespace, serve_argv: list[str]) -> int:
     host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(args.host, args.host)
     host = f"[{host}]" if ":" in host else host
     logger.info(
-        "%d workers listening on http://%s:%d%s%s", args.workers, host, sockets["http"].getsockname()[1],
-        f", grpc://{host}:{sockets['grpc'].getsockname()[1]}" if "grpc" in sockets else "",
+        "%d workers listening on http://%s:%d%s%s", args.workers, host, sockets["http"][0].getsockname()[1],
+        f", grpc://{host}:{sockets['grpc'][0].getsockname()[1]}" if "grpc" in sockets else "",
         f", metrics http://{host}:{metrics.getsockname()[1]}/metrics" if metrics else "",
     )
 

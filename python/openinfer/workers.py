@@ -1,10 +1,14 @@
 """`openinfer serve --workers N`: N server processes on the same ports, for hosts where one
 process's C core (its event loops, or the GIL of its Python models) is the bottleneck.
 
-The parent binds the HTTP and gRPC sockets once and hands them to every worker, which serves
-them through `serve(sockets=...)`: the workers share each socket's accept queue, and the ports
-stay this server's alone (SO_REUSEPORT would let any process of the same user join the group).
-Each worker loads the repository itself and has its own registry, statistics and settings.
+The parent binds the ports: for each of HTTP and gRPC one listening socket per worker, all in
+one SO_REUSEPORT group, and hands each worker its own, which it serves through
+`serve(sockets=...)`. The kernel spreads new connections over the group by their addresses (a
+shared accept queue would not: libuv accepts every pending connection at once, so the worker
+that woke first took whole bursts). The parent keeps every socket open, so while a worker
+restarts the connections sent its way wait in its queue instead of being refused. Any process
+of the same user could join the group by binding the port with SO_REUSEPORT too: give the
+server a user of its own where that matters. Each worker loads the repository itself and has its own registry, statistics and settings.
 The parent only supervises: it restarts a worker that dies, forwards SIGTERM and SIGINT (so
 a drain happens in every worker at once) and serves ``/metrics``, the workers' own metrics
 merged, every sample labelled ``worker="i"``. Worker logs go to the parent's stdout/stderr,
@@ -38,6 +42,22 @@ def listen(host: str, port: int) -> socket.socket:
     """A listening TCP socket on host:port (0: a free port), as the core would bind it."""
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
     return socket.create_server((host, port), family=family, backlog=1024)
+
+
+def listen_group(host: str, port: int, n: int) -> list[socket.socket]:
+    """`n` listening sockets on host:port (0: a free port) in one SO_REUSEPORT group."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    first = socket.create_server((host, port), family=family, backlog=1024, reuse_port=True)
+    group = [first]
+    try:
+        for _ in range(n - 1):
+            group.append(socket.create_server((host, first.getsockname()[1]), family=family, backlog=1024,
+                                              reuse_port=True))
+    except OSError:
+        for s in group:
+            s.close()
+        raise
+    return group
 
 
 def merge_metrics(texts: Sequence[tuple[int, str]]) -> str:
@@ -110,7 +130,7 @@ class Supervisor:
     """Runs `n` workers of `openinfer serve` (`argv`: this command's own arguments, after
     ``serve``) on the sockets given, until stopped by a signal; `run` returns the exit status."""
 
-    def __init__(self, argv: Sequence[str], n: int, sockets: dict[str, socket.socket],
+    def __init__(self, argv: Sequence[str], n: int, sockets: dict[str, list[socket.socket]],
                  metrics: socket.socket | None) -> None:
         self.argv = list(argv)
         self.sockets = sockets
@@ -124,7 +144,7 @@ class Supervisor:
         self.lock = threading.Lock()
 
     def spawn(self, i: int) -> None:
-        socks = dict(self.sockets)
+        socks = {name: group[i] for name, group in self.sockets.items()}
         if self.metrics:
             socks["metrics"] = self.worker_metrics[i]
         inherit = ",".join(f"{name}={s.fileno()}" for name, s in socks.items())
@@ -183,7 +203,8 @@ class Supervisor:
                     break
         if metrics_server:
             metrics_server.shutdown()
-        for s in [*self.sockets.values(), *self.worker_metrics, *([self.metrics] if self.metrics else [])]:
+        for s in [*(s for group in self.sockets.values() for s in group), *self.worker_metrics,
+                  *([self.metrics] if self.metrics else [])]:
             s.close()
         return int(status)
 
