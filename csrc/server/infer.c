@@ -205,5 +205,7 @@ void oi_infer_cancel(oi_infer_t *inf)
 {
     inf->cancelled = 1;
     oi_job_cancel(&inf->job);
+    if (inf->model != NULL && inf->model->seq != NULL)
+        oi_seq_cancel(inf->model->seq, &inf->job);
     oi__dstream_cancel(inf->ds);
 }

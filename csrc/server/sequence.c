@@ -19,12 +19,14 @@ typedef struct item_s {
     oi_job_t *outer; /* the transport's job; borrowed until its done is called */
     oi_seq_t *q;
     struct item_s *next;
+    struct item_s *live_prev, *live_next; /* in q->live from submit until it leaves the batcher */
     sequence_t *seq;
     oi_request_t req;        /* a shallow copy of the outer request with more inputs */
     const char **out_names;  /* the outer job's outputs, then state outputs it did not ask for */
     uint32_t n_outer_inputs; /* inputs past these are the item's own (one reference each) */
     uint64_t arrived_ns;
     uint8_t start, end;
+    uint8_t in_sched; /* `inner` is in the scheduler: cancelled there, not here */
 } item_t;
 
 /* A sequence: one correlation id from its START until its END ran or it was released. */
@@ -63,6 +65,7 @@ struct oi_seq_s {
     sequence_t **table;
     size_t n_buckets, n_mapped;
     sequence_t *backlog_head, *backlog_tail;
+    item_t *live; /* every item not yet completed: what oi_seq_cancel looks a job up in */
 };
 
 /* ---- id table ------------------------------------------------------------------------------ */
@@ -317,8 +320,30 @@ static oi_status_t *build_request(oi_seq_t *q, sequence_t *s, item_t *it)
  * no longer mapped) or it was released, and nothing is left. Caller holds the lock. */
 static void pump_locked(oi_seq_t *q, sequence_t *s, item_t **failed);
 
-static void fail_later(item_t **failed, item_t *it, oi_status_t *st)
+static void live_add_locked(oi_seq_t *q, item_t *it)
 {
+    it->live_prev = NULL;
+    it->live_next = q->live;
+    if (q->live != NULL)
+        q->live->live_prev = it;
+    q->live = it;
+}
+
+static void live_remove_locked(oi_seq_t *q, item_t *it)
+{
+    if (it->live_prev != NULL)
+        it->live_prev->live_next = it->live_next;
+    else if (q->live == it)
+        q->live = it->live_next;
+    if (it->live_next != NULL)
+        it->live_next->live_prev = it->live_prev;
+    it->live_prev = it->live_next = NULL;
+}
+
+/* Caller holds the lock: the item leaves the batcher (its sequence's queue and q->live). */
+static void fail_later(oi_seq_t *q, item_t **failed, item_t *it, oi_status_t *st)
+{
+    live_remove_locked(q, it);
     it->outer->status = st;
     it->next = *failed;
     *failed = it;
@@ -348,28 +373,30 @@ static void pump_locked(oi_seq_t *q, sequence_t *s, item_t **failed)
             s->tail = NULL;
         it->next = NULL;
         if (q->stopping) {
-            fail_later(failed, it, oi_status_new(OI_UNAVAILABLE, "the server is shutting down"));
+            fail_later(q, failed, it, oi_status_new(OI_UNAVAILABLE, "the server is shutting down"));
             continue;
         }
         if (atomic_load(&it->outer->cancelled)) {
-            fail_later(failed, it, oi_status_new(OI_CLIENT_CLOSED, "the request was cancelled"));
+            fail_later(q, failed, it, oi_status_new(OI_CLIENT_CLOSED, "the request was cancelled"));
             continue;
         }
         /* Triton's "timeout" bounds the whole wait, behind the sequence's earlier requests too. */
         uint64_t timeout_us = it->outer->req->timeout_us;
         if (timeout_us != 0 && timeout_us < UINT64_MAX / 1000u && oi_now_ns() - it->arrived_ns >= timeout_us * 1000u) {
-            fail_later(failed, it, oi_status_new(OI_UNAVAILABLE, "Request timeout expired"));
+            fail_later(q, failed, it, oi_status_new(OI_UNAVAILABLE, "Request timeout expired"));
             continue;
         }
         oi_status_t *st = build_request(q, s, it);
         if (st != NULL) {
-            fail_later(failed, it, st);
+            fail_later(q, failed, it, st);
             continue;
         }
         s->busy = 1;
+        it->in_sched = 1;
         if (oi_scheduler_submit(q->sched, &it->inner) != 0) {
             s->busy = 0;
-            fail_later(failed, it, oi_status_new(OI_UNAVAILABLE, "the server is shutting down"));
+            it->in_sched = 0;
+            fail_later(q, failed, it, oi_status_new(OI_UNAVAILABLE, "the server is shutting down"));
         }
     }
     if (!s->mapped && !s->busy && s->head == NULL) {
@@ -431,6 +458,7 @@ static void item_done(oi_job_t *j)
     oi_job_t *outer = it->outer;
     item_t *failed = NULL;
     pthread_mutex_lock(&q->mu);
+    live_remove_locked(q, it);
     take_outputs(q, s, it);
     pthread_mutex_unlock(&q->mu);
     free_item(it);
@@ -543,6 +571,7 @@ oi_status_t *oi_seq_submit(oi_seq_t *q, oi_job_t *job)
      * model sees START and the state starts again. */
     if (st == NULL) {
         it->seq = s;
+        live_add_locked(q, it);
         if (s->tail)
             s->tail->next = it;
         else
@@ -560,6 +589,49 @@ oi_status_t *oi_seq_submit(oi_seq_t *q, oi_job_t *job)
     }
     finish_failed(failed);
     return NULL;
+}
+
+void oi_seq_cancel(oi_seq_t *q, oi_job_t *job)
+{
+    if (q == NULL)
+        return;
+    item_t *failed = NULL;
+    pthread_mutex_lock(&q->mu);
+    item_t *it = q->live;
+    while (it != NULL && it->outer != job)
+        it = it->live_next;
+    if (it != NULL && it->in_sched) {
+        oi_job_cancel(&it->inner); /* the scheduler drops it if it has not started */
+    } else if (it != NULL) {
+        /* Waiting behind its sequence's earlier requests, or in the backlog: out now. The
+         * sequence's order and state are untouched; its next request runs as if this one had
+         * never come, and a dropped END still ends the sequence. */
+        sequence_t *s = it->seq;
+        item_t **p = &s->head, *prev = NULL;
+        while (*p != it) {
+            prev = *p;
+            p = &(*p)->next;
+        }
+        *p = it->next;
+        if (s->tail == it)
+            s->tail = prev;
+        it->next = NULL;
+        fail_later(q, &failed, it, oi_status_new(OI_CLIENT_CLOSED, "the request was cancelled"));
+        if (!s->has_slot && !s->mapped && s->head == NULL) {
+            /* Its END was dropped while it waited in the backlog: it leaves the backlog. */
+            sequence_t **b = &q->backlog_head, *bprev = NULL;
+            while (*b != s) {
+                bprev = *b;
+                b = &(*b)->bnext;
+            }
+            *b = s->bnext;
+            if (q->backlog_tail == s)
+                q->backlog_tail = bprev;
+        }
+        pump_locked(q, s, &failed); /* frees the sequence if it was its last request after END */
+    }
+    pthread_mutex_unlock(&q->mu);
+    finish_failed(failed);
 }
 
 /* ---- idle release --------------------------------------------------------------------------- */
@@ -669,12 +741,12 @@ oi_seq_t *oi_seq_new(const oi_seq_config_t *cfg, oi_scheduler_t *sched, char *er
     return q;
 }
 
-static void drain_locked(sequence_t *s, item_t **failed)
+static void drain_locked(oi_seq_t *q, sequence_t *s, item_t **failed)
 {
     while (s->head != NULL) {
         item_t *it = s->head;
         s->head = it->next;
-        fail_later(failed, it, oi_status_new(OI_UNAVAILABLE, "the server is shutting down"));
+        fail_later(q, failed, it, oi_status_new(OI_UNAVAILABLE, "the server is shutting down"));
     }
     s->tail = NULL;
 }
@@ -689,11 +761,11 @@ void oi_seq_stop(oi_seq_t *q)
     /* A sequence with a slot and requests waiting has one running, whose completion fails the
      * rest; those in the backlog (mapped or not) have none. */
     for (sequence_t *s = q->backlog_head; s != NULL; s = s->bnext)
-        drain_locked(s, &failed);
+        drain_locked(q, s, &failed);
     for (size_t b = 0; q->table != NULL && b < q->n_buckets; b++)
         for (sequence_t *s = q->table[b]; s != NULL; s = s->hnext)
             if (!s->busy)
-                drain_locked(s, &failed);
+                drain_locked(q, s, &failed);
     pthread_cond_broadcast(&q->reaper_cv);
     pthread_mutex_unlock(&q->mu);
     finish_failed(failed);

@@ -72,6 +72,13 @@ oi_seq_t *oi_seq_new(const oi_seq_config_t *cfg, oi_scheduler_t *sched, char *er
  * wrong type) and nothing was queued. */
 oi_status_t *oi_seq_submit(oi_seq_t *q, oi_job_t *job);
 
+/* The job's clients have gone (after oi_job_cancel(job)): a request still waiting in its
+ * sequence or in the backlog is dropped now (its `done` runs on this thread with a 499
+ * status) and never reaches the model; one handed to the scheduler is cancelled there through
+ * oi_job_cancel. Does nothing when the job is no longer the batcher's. The sequence goes on:
+ * its next request runs with the state its last completed request left. Any thread. */
+void oi_seq_cancel(oi_seq_t *q, oi_job_t *job);
+
 /* Takes no more requests and fails those waiting in sequences (not yet in the scheduler)
  * with 503 now, calling their `done` on this thread. Requests already in the scheduler finish
  * there. Safe to call more than once. */

@@ -294,7 +294,7 @@ class ModelControl:
                 model_dir, name=name, config=override, allow_python=False, loading=loading
             )
         elif name in self._given:
-            entries = [LoadedModel(name, m.version, m, None) for m in self._given[name]]
+            entries = [_given_entry(name, m) for m in self._given[name]]
         else:  # hidden directories are no models, as in the index
             where = f" in {self._repo}" if self._repo is not None else ""
             raise InferenceServerError(
@@ -305,7 +305,7 @@ class ModelControl:
         if name in self._given and files is None:  # models= given beside the repository's
             versions = {e.version for e in entries}
             entries += [
-                LoadedModel(name, m.version, m, None)
+                _given_entry(name, m)
                 for m in self._given[name]
                 if m.version not in versions
             ]
@@ -746,6 +746,11 @@ def _fingerprint(model_dir: Path) -> object:
 
 
 # ---- what the core is told ----------------------------------------------------------------
+
+
+def _given_entry(name: str, model: Model) -> LoadedModel:
+    """A model given in Python, with its sequence_batching as a config.pbtxt's would carry it."""
+    return LoadedModel(name, model.version, model, None, sequence=model.sequence_batching)
 
 
 def _version(entry: LoadedModel) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import logging
 import operator
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -21,7 +22,9 @@ from typing import Any, SupportsIndex
 
 import numpy as np
 
-from .config import DynamicBatching
+from . import sequence, triton_config
+from .config import ConfigError, DynamicBatching
+from .sequence import SequenceBatching
 
 try:
     from ml_dtypes import bfloat16 as _bfloat16  # type: ignore[import-not-found, unused-ignore]
@@ -30,6 +33,8 @@ except ImportError:
 
 # Request parameters that steer the protocol (binary tensor data extension, Triton's queue
 # timeout, sequence batching), not the model.
+logger = logging.getLogger("openinfer")
+
 _PROTOCOL_PARAMETERS = ("binary_data_output", "timeout", "sequence_id", "sequence_start", "sequence_end")
 
 DATATYPES: tuple[str, ...] = (
@@ -118,6 +123,33 @@ class Tensor:
         object.__setattr__(self, "shape", tuple(_dimension(name, given, d) for d in given))
 
 
+def _sequence(
+    name: str, given: Mapping[str, Any] | None, max_batch_size: int, inputs: tuple[Tensor, ...]
+) -> tuple[SequenceBatching | None, dict[str, Any] | None]:
+    """A Python model's `sequence_batching`: a dict in the shape of Triton's JSON config
+    (``{"oldest": {...}, "control_input": [...], "state": [...]}``), checked by the same code as a
+    config.pbtxt's, so a mistake names the field the same way. Initial state comes from
+    ``zero_data`` only: a Python model has no directory to hold ``data_file``s."""
+    if given is None:
+        return None, None
+    if not isinstance(given, Mapping):
+        raise TypeError(
+            f"model {name!r}: sequence_batching must be a dict (Triton's JSON config shape) or None, "
+            f"got {given!r}"
+        )
+    source = f"model {name!r}"
+    normalized = triton_config.normalize(
+        {"max_batch_size": max_batch_size, "sequence_batching": dict(given)}, source
+    )
+    refused, warnings = triton_config.unsupported(normalized, source)
+    for warning in warnings:
+        logger.warning("%s", warning)
+    if refused:
+        raise ConfigError("; ".join(refused))
+    parsed = sequence.parse(normalized, source, None, tuple(t.name for t in inputs))
+    return parsed, normalized["sequence_batching"]
+
+
 def _dimension(tensor: str, shape: tuple[SupportsIndex, ...], dim: SupportsIndex) -> int:
     """One dimension: an int or numpy integer >= -1. Bools and floats are mistakes."""
     try:
@@ -199,6 +231,8 @@ class Model:
     platform: str
     dynamic_batching: DynamicBatching | None
     decoupled: bool
+    sequence_batching: SequenceBatching | None
+    _sequence_config: dict[str, Any] | None = field(repr=False)  # as the model's config reports it
     _wants_parameters: bool = field(repr=False)
     _wants_request: bool = field(repr=False)
     _bf16_outputs: frozenset[str] = field(repr=False)
@@ -216,6 +250,7 @@ class Model:
         platform: str = "python",
         dynamic_batching: DynamicBatching | bool | None = None,
         decoupled: bool | None = None,
+        sequence_batching: Mapping[str, Any] | None = None,
     ) -> None:
         if not isinstance(name, str) or not name or "/" in name:
             raise ValueError(f"model name must be a non-empty string without '/', got {name!r}")
@@ -241,10 +276,19 @@ class Model:
         declared_outputs = _tensors(name, "output", outputs, max_batch_size)
         if not declared_outputs:
             raise ValueError(f"model {name!r}: declare at least one output")
+        declared_inputs = _tensors(name, "input", inputs, max_batch_size)
+        if decoupled and sequence_batching is not None:
+            raise ValueError(f"model {name!r}: a decoupled model cannot use sequence_batching")
+        if dynamic_batching and sequence_batching is not None:
+            raise ValueError(
+                f"model {name!r}: dynamic_batching and sequence_batching cannot both be given "
+                "(a sequence model batches its sequences as sequence_batching's strategy says)"
+            )
+        sequence, sequence_config = _sequence(name, sequence_batching, max_batch_size, declared_inputs)
         fields = {
             "name": name,
             "fn": fn,
-            "inputs": _tensors(name, "input", inputs, max_batch_size),
+            "inputs": declared_inputs,
             "outputs": declared_outputs,
             "max_batch_size": max_batch_size,
             "version": version,
@@ -252,6 +296,8 @@ class Model:
             "platform": platform,
             "dynamic_batching": DynamicBatching() if dynamic_batching is True else dynamic_batching or None,
             "decoupled": decoupled,
+            "sequence_batching": sequence,
+            "_sequence_config": sequence_config,
             "_wants_parameters": _accepts_keyword(fn, "parameters"),
             "_wants_request": _accepts_keyword(fn, "request"),
             "_bf16_outputs": frozenset(t.name for t in declared_outputs if t.datatype == "BF16"),

@@ -485,6 +485,8 @@ def complete(name: str, config: Message, model: Any, *, backend: str, gpus: tupl
         }
     if "dynamic_batching" in c and not c["dynamic_batching"].get("preferred_batch_size") and model.max_batch_size > 0:
         c["dynamic_batching"] = {**c["dynamic_batching"], "preferred_batch_size": [model.max_batch_size]}
+    if "sequence_batching" not in c and getattr(model, "_sequence_config", None) is not None:
+        c["sequence_batching"] = model._sequence_config  # given in Python, not in a config.pbtxt
     if "sequence_batching" in c:
         c["sequence_batching"] = sequence.complete(c, model.max_batch_size)
     optimization = dict(c.get("optimization", {}))

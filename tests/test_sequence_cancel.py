@@ -1,0 +1,181 @@
+"""Cancellation of sequence requests (issue 12 items 1 and 4): a client that goes away while its
+sequence request waits behind the sequence's earlier requests, in the backlog, or in the
+scheduler's queue is dropped and never reaches the model; the sequence goes on with the state
+its last completed request left. Proven by what a gate model received (every wait bounded)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from conftest import encode_request, infer_body
+from test_cancellation import BOUND, read_response, settle
+
+import openinfer
+
+BLOCK = 100  # the value whose call waits for the gate
+
+
+class SeqGate:
+    """A running sum as implicit state; records (value, state in) of every call and holds the
+    call for BLOCK until the test opens the gate."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.calls: list[tuple[int, int]] = []
+        self.gate = threading.Event()
+
+    def fn(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        value, state = int(inputs["INPUT0"][0]), int(inputs["SUM_IN"][0])
+        with self.cond:
+            self.calls.append((value, state))
+            self.cond.notify_all()
+        if value == BLOCK:
+            assert self.gate.wait(BOUND)
+        total = np.where(inputs["START"] != 0, inputs["INPUT0"], inputs["SUM_IN"] + inputs["INPUT0"])
+        return {"OUTPUT0": total, "SUM_OUT": total}
+
+    def wait_called(self, value: int) -> None:
+        with self.cond:
+            assert self.cond.wait_for(lambda: any(v == value for v, _ in self.calls), BOUND), self.calls
+
+    def values(self) -> list[int]:
+        return [v for v, _ in self.calls]
+
+
+def _model(name: str, gate: SeqGate, candidates: int) -> openinfer.Model:
+    return openinfer.Model(
+        name, gate.fn, inputs=[("INPUT0", "INT32", [1])], outputs=[("OUTPUT0", "INT32", [1])],
+        sequence_batching={
+            "oldest": {"max_candidate_sequences": candidates},
+            "control_input": [{"name": "START", "control": [
+                {"kind": "CONTROL_SEQUENCE_START", "int32_false_true": [0, 1]}]}],
+            "state": [{"input_name": "SUM_IN", "output_name": "SUM_OUT", "data_type": "TYPE_INT32",
+                       "dims": [1]}],
+        },
+    )  # fmt: skip
+
+
+@pytest.fixture
+def gate() -> SeqGate:
+    return SeqGate()
+
+
+@pytest.fixture
+def served(gate: SeqGate) -> Iterator[openinfer.Server]:
+    # "two": two sequences at once on one instance, so a second sequence's request waits in the
+    # scheduler's queue; "one": one sequence at once, the next waits in the backlog.
+    srv = openinfer.serve(models=[_model("two", gate, 2), _model("one", gate, 1)], http_port=0,
+                          grpc_port=0, log=False, threads=2)  # fmt: skip
+    try:
+        yield srv
+    finally:
+        gate.gate.set()
+        srv.stop()
+
+
+def _request(model: str, value: int, **parameters: Any) -> bytes:
+    return encode_request("POST", f"/v2/models/{model}/infer", infer_body(
+        [{"name": "INPUT0", "shape": [1], "datatype": "INT32", "data": [value]}], parameters=parameters))
+
+
+def _send(srv: openinfer.Server, model: str, value: int, **parameters: Any) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", srv.http_port), timeout=BOUND)
+    sock.sendall(_request(model, value, **parameters))
+    return sock
+
+
+def _answer(srv: openinfer.Server, model: str, value: int, **parameters: Any) -> int:
+    sock = _send(srv, model, value, **parameters)
+    try:
+        status, body = read_response(sock)
+    finally:
+        sock.close()
+    assert status == 200, body
+    return int(json.loads(body)["outputs"][0]["data"][0])
+
+
+def _running(srv: openinfer.Server, gate: SeqGate, model: str, **parameters: Any) -> tuple[threading.Thread, list[Any]]:
+    result: list[Any] = []
+
+    def run() -> None:
+        sock = _send(srv, model, BLOCK, **parameters)
+        result.append(read_response(sock))
+        sock.close()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    gate.wait_called(BLOCK)
+    return t, result
+
+
+def test_http_close_drops_requests_behind_the_sequence_and_in_the_scheduler(
+    served: openinfer.Server, gate: SeqGate
+) -> None:
+    runner, result = _running(served, gate, "two", sequence_id=1, sequence_start=True)
+    behind = _send(served, "two", 5, sequence_id=1)  # waits behind BLOCK in sequence 1
+    queued = _send(served, "two", 7, sequence_id=2, sequence_start=True)  # in the scheduler's queue
+    settle()
+    behind.close()
+    queued.close()
+    settle()
+    gate.gate.set()
+    runner.join(BOUND)
+    assert result and result[0][0] == 200
+    # Both sequences go on: 1 with the state BLOCK left, 2 from its initial state.
+    assert _answer(served, "two", 3, sequence_id=1, sequence_end=True) == BLOCK + 3
+    assert _answer(served, "two", 9, sequence_id=2, sequence_end=True) == 9
+    assert gate.values() == [BLOCK, 3, 9]
+    assert gate.calls[2] == (9, 0)
+
+
+def test_http_close_drops_a_sequence_waiting_in_the_backlog(served: openinfer.Server, gate: SeqGate) -> None:
+    runner, result = _running(served, gate, "one", sequence_id=10, sequence_start=True)
+    waiting = _send(served, "one", 5, sequence_id=11, sequence_start=True, sequence_end=True)
+    settle()
+    waiting.close()
+    settle()
+    gate.gate.set()
+    runner.join(BOUND)
+    assert result and result[0][0] == 200
+    assert _answer(served, "one", 1, sequence_id=10, sequence_end=True) == BLOCK + 1
+    # Sequence 11 ended (its END was dropped): its id starts afresh, and the slot is free.
+    assert _answer(served, "one", 6, sequence_id=11, sequence_start=True, sequence_end=True) == 6
+    assert gate.values() == [BLOCK, 1, 6]
+
+
+def test_grpc_stream_reset_drops_its_sequence_requests(served: openinfer.Server, gate: SeqGate) -> None:
+    def req(value: int, seq: int, start: bool = False) -> Any:
+        r = service_pb2.ModelInferRequest(model_name="two")
+        r.inputs.add(name="INPUT0", datatype="INT32", shape=[1])
+        r.raw_input_contents.append(np.array([value], dtype=np.int32).tobytes())
+        r.parameters["sequence_id"].int64_param = seq
+        r.parameters["sequence_start"].bool_param = start
+        return r
+
+    opened = threading.Event()
+
+    def stream() -> Iterator[Any]:
+        yield req(BLOCK, 20, start=True)
+        yield req(5, 20)  # behind BLOCK in its sequence
+        yield req(7, 21, start=True)  # in the scheduler's queue
+        opened.wait(BOUND)  # the stream stays open until the test resets it
+
+    with grpc.insecure_channel(f"127.0.0.1:{served.grpc_port}") as channel:
+        call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(stream(), timeout=BOUND)
+        gate.wait_called(BLOCK)
+        settle()
+        call.cancel()
+        settle()
+        opened.set()
+    gate.gate.set()
+    assert _answer(served, "two", 3, sequence_id=20, sequence_end=True) == BLOCK + 3
+    assert _answer(served, "two", 9, sequence_id=21, sequence_end=True) == 9
+    assert gate.values() == [BLOCK, 3, 9]
