@@ -1065,9 +1065,12 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
     if (batching != Py_None) {
         PyObject *pref = NULL;
         unsigned long long delay = 0;
-        if (!PyArg_ParseTuple(batching, "OK;dynamic_batching is (preferred_batch_sizes, max_queue_delay_us)", &pref,
-                              &delay))
+        unsigned int max_queue = 0;
+        if (!PyArg_ParseTuple(batching,
+                              "OK|I;dynamic_batching is (preferred_batch_sizes, max_queue_delay_us[, max_queue_size])",
+                              &pref, &delay, &max_queue))
             goto done;
+        batch.max_queue_size = max_queue;
         PyObject *fast = PySequence_Fast(pref, "preferred_batch_sizes must be a sequence of ints");
         if (fast == NULL)
             goto done;

@@ -553,6 +553,15 @@ int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job)
         pthread_mutex_unlock(&s->mu);
         return -1;
     }
+    uint32_t limit = s->batching.max_queue_size;
+    if (limit != 0 && atomic_load_explicit(&s->queued, memory_order_relaxed) >= (int)limit) {
+        pthread_mutex_unlock(&s->mu);
+        /* Outside the lock: `done` hands the job back to its owner. */
+        job->status = oi_status_new(OI_UNAVAILABLE, "Exceeds maximum queue size");
+        job->slot = &s->stats->shared;
+        job->done(job);
+        return 0;
+    }
     add_queued(s, 1);
     if (s->tail)
         s->tail->next = job;

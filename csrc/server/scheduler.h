@@ -53,6 +53,8 @@ typedef struct oi_batching_s {
     int n_preferred;
     int ignore_parameters; /* requests with different parameters go together too (a sequence
                             * model's: each carries its own sequence_id) */
+    uint32_t max_queue_size; /* default_queue_policy.max_queue_size: a request finding this many
+                              * queued is refused at once with 503, as Triton; 0: no limit */
 } oi_batching_t;
 
 typedef struct oi_scheduler_s oi_scheduler_t;
@@ -73,8 +75,9 @@ oi_stats_t *oi_scheduler_stats(const oi_scheduler_t *s);
 /* Jobs queued and not yet taken by an executor (Triton's pending request count). */
 int oi_scheduler_pending(const oi_scheduler_t *s);
 
-/* Queues a job; its `done` runs later on an executor thread. Returns 0, or -1 when the
- * scheduler is stopping (then `done` is never called). */
+/* Queues a job; its `done` runs later on an executor thread, or at once on this thread when
+ * the queue holds max_queue_size jobs already (refused with Triton's 503 "Exceeds maximum
+ * queue size"). Returns 0, or -1 when the scheduler is stopping (then `done` is never called). */
 int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job);
 
 /* The job's clients have gone: marks it cancelled. An executor that reaches it in the queue,

@@ -293,6 +293,7 @@ class InstanceGroup:
 class DynamicBatching:
     preferred_batch_size: tuple[int, ...] = ()
     max_queue_delay_microseconds: int = 0
+    max_queue_size: int = 0  # default_queue_policy.max_queue_size; 0: no limit
 
 
 @dataclass(frozen=True)
@@ -470,9 +471,17 @@ def _dynamic_batching(raw: dict[str, Value] | None, source: str) -> DynamicBatch
     if raw is None:
         return None
     f = _Fields(raw, f"{source}: dynamic_batching")
+    policy = _Fields(f.message("default_queue_policy") or {}, f"{source}: dynamic_batching.default_queue_policy")
+    max_queue = policy.integer("max_queue_size", 0)
+    if not 0 <= max_queue < 1 << 32:
+        raise ConfigError(
+            f"{source}: dynamic_batching.default_queue_policy.max_queue_size must be an unsigned 32-bit "
+            f"integer, got {max_queue}"
+        )
     return DynamicBatching(
         preferred_batch_size=f.integers("preferred_batch_size"),
         max_queue_delay_microseconds=f.integer("max_queue_delay_microseconds", 0),
+        max_queue_size=max_queue,
     )
 
 
