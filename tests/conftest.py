@@ -348,3 +348,31 @@ class Cli:
             self.proc.kill()
             self.proc.wait()
         self.reader.join(10)
+
+
+class Observed:
+    """What a test model (a generator) saw, shared with the test: items produced, whether it was
+    closed (GeneratorExit) or ran to its end, and a gate the test opens. Waits end after 30 s
+    at most: a bound against hanging, not a timing claim."""
+
+    BOUND = 30.0
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.reset()
+
+    def reset(self) -> None:
+        self.produced = 0
+        self.closed = False
+        self.finished = False
+        self.gate = threading.Event()
+
+    def note(self, **changes: Any) -> None:
+        with self.cond:
+            for key, value in changes.items():
+                setattr(self, key, value)
+            self.cond.notify_all()
+
+    def wait_for(self, predicate: Any, what: str) -> None:
+        with self.cond:
+            assert self.cond.wait_for(predicate, self.BOUND), f"never {what}: produced {self.produced}"

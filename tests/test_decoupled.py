@@ -8,7 +8,6 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Iterator
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -17,29 +16,9 @@ import pytest
 import openinfer
 from openinfer import Model, Tensor
 
+from conftest import Observed
+
 BOUND = 30.0  # every wait in this file ends by then
-
-
-class Observed:
-    """What a test model saw, shared with the test: items produced, whether its generator was
-    closed (GeneratorExit) or ran to its end, and a gate the test opens."""
-
-    def __init__(self) -> None:
-        self.cond = threading.Condition()
-        self.produced = 0
-        self.closed = False
-        self.finished = False
-        self.gate = threading.Event()
-
-    def note(self, **changes: Any) -> None:
-        with self.cond:
-            for key, value in changes.items():
-                setattr(self, key, value)
-            self.cond.notify_all()
-
-    def wait_for(self, predicate: Any, what: str) -> None:
-        with self.cond:
-            assert self.cond.wait_for(predicate, BOUND), f"never {what}: produced {self.produced}"
 
 
 ticks = Observed()

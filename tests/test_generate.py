@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -18,29 +17,9 @@ import pytest
 import openinfer
 from openinfer import Model, Tensor
 
+from conftest import Observed
+
 BOUND = 30.0
-
-
-class Observed:
-    def __init__(self) -> None:
-        self.cond = threading.Condition()
-        self.reset()
-
-    def reset(self) -> None:
-        self.produced = 0
-        self.closed = False
-        self.finished = False
-        self.gate = threading.Event()
-
-    def note(self, **changes: Any) -> None:
-        with self.cond:
-            for key, value in changes.items():
-                setattr(self, key, value)
-            self.cond.notify_all()
-
-    def wait_for(self, predicate: Any, what: str) -> None:
-        with self.cond:
-            assert self.cond.wait_for(predicate, BOUND), f"never {what}: produced {self.produced}"
 
 
 gated = Observed()
