@@ -16,6 +16,7 @@ import argparse
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Sequence
@@ -326,6 +327,7 @@ def _supervise(args: argparse.Namespace, serve_argv: list[str]) -> int:
         if refused:
             print(f"openinfer: error: --workers {args.workers} cannot be combined with {why}", file=sys.stderr)
             return 2
+    from ._net import reachable
     from .workers import Supervisor, listen, listen_group
 
     def port(given: int | None, default: int) -> int:
@@ -345,12 +347,13 @@ def _supervise(args: argparse.Namespace, serve_argv: list[str]) -> int:
     if args.threads == 0:  # the cores, shared among the workers
         serve_argv = [*serve_argv, "--threads", str(max(1, len(os.sched_getaffinity(0)) // args.workers))]
     supervisor = Supervisor(serve_argv, args.workers, sockets, metrics)
-    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(args.host, args.host)
-    host = f"[{host}]" if ":" in host else host
+    def url(scheme: str, sock: socket.socket) -> str:
+        return f"{scheme}://{reachable(sock.getsockname()[0], sock.getsockname()[1])}"
+
     logger.info(
-        "%d workers listening on http://%s:%d%s%s", args.workers, host, sockets["http"][0].getsockname()[1],
-        f", grpc://{host}:{sockets['grpc'][0].getsockname()[1]}" if "grpc" in sockets else "",
-        f", metrics http://{host}:{metrics.getsockname()[1]}/metrics" if metrics else "",
+        "%d workers listening on %s%s%s", args.workers, url("http", sockets["http"][0]),
+        f", {url('grpc', sockets['grpc'][0])}" if "grpc" in sockets else "",
+        f", metrics {url('http', metrics)}/metrics" if metrics else "",
     )
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

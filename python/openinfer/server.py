@@ -20,6 +20,7 @@ from types import TracebackType
 from typing import Any
 
 from . import __version__, _core, _display
+from ._net import reachable
 from .control import DEFAULT_POLL_SECS, IndexEntry, ModelControl
 from .logsettings import LogSettings
 from .tracesettings import TraceSettings, level_mask, trace_options
@@ -556,8 +557,7 @@ class Server:
         without gRPC."""
         if self._grpc_port is None:
             return None if self._grpc_unix is None else f"grpc+unix://{self._grpc_unix}"
-        host = self._reach_host()
-        return f"grpc://[{host}]:{self._grpc_port}" if ":" in host else f"grpc://{host}:{self._grpc_port}"
+        return f"grpc://{reachable(self._host, self._grpc_port)}"
 
     @property
     def metrics_port(self) -> int | None:
@@ -570,9 +570,7 @@ class Server:
         """``http://host:port/metrics`` reaching the metrics from this machine; None without."""
         if self._metrics_port is None:
             return None
-        host = self._reach_host(self._metrics_host)
-        host = f"[{host}]" if ":" in host else host
-        return f"http://{host}:{self._metrics_port}/metrics"
+        return f"http://{reachable(self._metrics_host, self._metrics_port)}/metrics"
 
     def statistics(self, model: str | None = None, version: int | str | None = None) -> dict[str, Any]:
         """Inference statistics in Triton's shape, as ``GET /v2/models[/{model}[/versions/
@@ -589,18 +587,13 @@ class Server:
         result: dict[str, Any] = json.loads(body)
         return result
 
-    def _reach_host(self, host: str | None = None) -> str:
-        host = self._host if host is None else host
-        return {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
-
     @property
     def url(self) -> str:
         """A URL that reaches the server from this machine, also when bound to a wildcard;
         ``unix:///path`` when HTTP is served on a Unix socket only (`Client` takes either)."""
         if self._port is None:
             return f"unix://{self._http_unix}"
-        host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(self._host, self._host)
-        return f"http://[{host}]:{self._port}" if ":" in host else f"http://{host}:{self._port}"
+        return f"http://{reachable(self._host, self._port)}"
 
     @property
     def running(self) -> bool:
