@@ -38,21 +38,17 @@ _SUFFIXES = ("_bucket", "_sum", "_count", "_total", "_created")
 _MAX_BACKOFF = 5.0
 
 
-def listen(host: str, port: int) -> socket.socket:
+def listen(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     """A listening TCP socket on host:port (0: a free port), as the core would bind it."""
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-    return socket.create_server((host, port), family=family, backlog=1024)
+    return socket.create_server((host, port), family=family, backlog=1024, reuse_port=reuse_port)
 
 
 def listen_group(host: str, port: int, n: int) -> list[socket.socket]:
     """`n` listening sockets on host:port (0: a free port) in one SO_REUSEPORT group."""
-    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-    first = socket.create_server((host, port), family=family, backlog=1024, reuse_port=True)
-    group = [first]
+    group = [listen(host, port, reuse_port=True)]
     try:
-        for _ in range(n - 1):
-            group.append(socket.create_server((host, first.getsockname()[1]), family=family, backlog=1024,
-                                              reuse_port=True))
+        group += [listen(host, group[0].getsockname()[1], reuse_port=True) for _ in range(n - 1)]
     except OSError:
         for s in group:
             s.close()
@@ -73,14 +69,12 @@ def merge_metrics(texts: Sequence[tuple[int, str]]) -> str:
                 head[0 if line.startswith("# HELP ") else 1] = line
             elif line and not line.startswith("#"):
                 name, brace, rest = line.partition("{")
-                labelled = (
-                    f'{name}{{worker="{worker}",{rest}' if brace and not rest.startswith("}")
-                    else f'{name}{{worker="{worker}"}}{rest}' if brace
-                    else f'{line.split(" ", 1)[0]}{{worker="{worker}"}} {line.split(" ", 1)[1]}'
-                )
-                base = line.split("{", 1)[0].split(" ", 1)[0]
-                owner = family if base == family or base.removeprefix(family) in _SUFFIXES else base
-                families.setdefault(owner, ["", ""]).append(labelled)
+                if not brace:  # "name value": as "name{} value"
+                    name, _, value = line.partition(" ")
+                    rest = "} " + value
+                sep = "" if rest.startswith("}") else ","
+                owner = family if name == family or name.removeprefix(family) in _SUFFIXES else name
+                families.setdefault(owner, ["", ""]).append(f'{name}{{worker="{worker}"{sep}{rest}')
     out = []
     for lines in families.values():
         out += [line for line in lines if line]
