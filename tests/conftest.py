@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -289,6 +289,14 @@ def hold() -> Iterator[None]:
         yield
     finally:
         _core._hold_work(False)
+
+
+def wait_for(cond: Callable[[], bool], what: str, bound: float = 30.0) -> None:
+    """Polls `cond` until it holds; `bound` seconds only stop a hang, they are not a timing claim."""
+    end = time.monotonic() + bound
+    while not cond():
+        assert time.monotonic() < end, f"still not {what} after {bound}s"
+        time.sleep(0.01)
 
 
 def wait_until_held(n: int = 1, bound: float = 60.0) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Callable
 
 import grpc
 import numpy as np
@@ -20,19 +19,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 import openinfer
 from openinfer import Model, Tensor
 
-from conftest import Cli, port_is_closed
+from conftest import Cli, port_is_closed, wait_for
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-
-
-def wait_for(cond: Callable[[], bool], what: str, bound: float = 30.0) -> None:
-    """Polls `cond` until it holds; a bound only against hanging forever, not a timing claim."""
-    end = time.monotonic() + bound
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"still not {what} after {bound}s")
-        time.sleep(0.02)
 
 
 def http_ready(port: int) -> int:

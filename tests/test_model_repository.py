@@ -14,7 +14,7 @@ import stat
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,8 @@ import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
 import openinfer
+
+from conftest import wait_for
 
 # A Python model whose answer is the value in value.txt beside the repository's model
 # directory, read at load time: each load can be told from the others. INPUT0 holds a delay in
@@ -499,14 +501,6 @@ def test_explicit_mode_loads_only_what_it_is_told(repo: Path) -> None:
         openinfer.serve(repo, http_port=0, model_control_mode="explicit", load_models=["nope"], log=False)
     with pytest.raises(ValueError, match="explicit"):
         openinfer.serve(repo, http_port=0, load_models=["value"], log=False)
-
-
-def wait_for(condition: Callable[[], bool], what: str, limit: float = 30.0) -> None:
-    """Polls `condition` until it holds; fails after `limit` seconds (a bound, not a timing)."""
-    deadline = time.monotonic() + limit
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def test_poll_mode_follows_new_versions_changes_and_removals(repo: Path) -> None:

@@ -9,7 +9,7 @@ import ctypes
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -20,6 +20,8 @@ import requests
 import openinfer
 from openinfer import Model, Tensor
 from openinfer.config import DynamicBatching
+
+from conftest import wait_for
 
 prometheus_parser = pytest.importorskip("prometheus_client.parser")
 
@@ -101,13 +103,6 @@ def sample(families: dict[str, Any], family: str, name: str | None = None, **lab
               if s.name == (name or family) and all(s.labels.get(k) == v for k, v in labels.items())]
     assert len(values) == 1, (family, labels, families[family].samples)
     return values[0]
-
-
-def wait_until(cond: Callable[[], bool], what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.01)
 
 
 # ---- the statistics extension ------------------------------------------------------------------
@@ -397,7 +392,7 @@ def test_pending_request_count() -> None:
             running = pool.submit(infer, srv, "gated", [0])
             assert gate.entered.wait(30)
             queued = [pool.submit(infer, srv, "gated", [i]) for i in (1, 2, 3)]
-            wait_until(lambda: sample(scrape(srv), "nv_inference_pending_request_count", **labels) == 3,
+            wait_for(lambda: sample(scrape(srv), "nv_inference_pending_request_count", **labels) == 3,
                        "three queued requests")
         finally:
             gate.open.set()
@@ -542,7 +537,7 @@ def test_pending_includes_a_forming_batch(server: openinfer.Server) -> None:
     labels = {"model": "batched", "version": "1"}
     with ThreadPoolExecutor(4) as pool:
         first = [pool.submit(infer, server, "batched", [i, i], shape=[1, 2]) for i in (0, 1)]
-        wait_until(lambda: sample(scrape(server), "nv_inference_pending_request_count", **labels) == 2,
+        wait_for(lambda: sample(scrape(server), "nv_inference_pending_request_count", **labels) == 2,
                    "two requests in the forming batch")
         assert not any(f.done() for f in first)
         rest = [pool.submit(infer, server, "batched", [i, i], shape=[1, 2]) for i in (2, 3)]

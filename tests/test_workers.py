@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import openinfer
 from openinfer.workers import merge_metrics
 
-from conftest import Cli, port_is_closed
+from conftest import Cli, port_is_closed, wait_for
 
 PID_MODEL = """\
 import os
@@ -163,10 +162,7 @@ def test_workers_die_with_their_parent(pid_repo: Path) -> None:
         workers = pids_until(cli.port, 2)
         cli.proc.kill()  # SIGKILL: the parent cannot tell them
         cli.proc.wait()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(alive(p) for p in workers):
-            time.sleep(0.05)
-        assert not any(alive(p) for p in workers)
+        wait_for(lambda: not any(alive(p) for p in workers), "gone with their parent")
     finally:
         cli.kill()
 
