@@ -1,5 +1,5 @@
 """Triton's simple_int8 and simple_identity examples as its clients call them (tritonclient
-HTTP and gRPC against the bundled example repository)."""
+HTTP and gRPC against the example repository the session server serves)."""
 
 from __future__ import annotations
 
@@ -10,22 +10,18 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 import openinfer
 
 
-@pytest.fixture(scope="module")
-def examples() -> Iterator[openinfer.Server]:
-    with openinfer.serve(http_port=0, log=False, threads=1) as server:
-        yield server
-
-
 @pytest.fixture(params=["http", "grpc"])
-def client(request: pytest.FixtureRequest, examples: openinfer.Server) -> Iterator[Any]:
+def client(request: pytest.FixtureRequest, server: openinfer.Server) -> Iterator[Any]:
+    """tritonclient on the session server, which serves the example repository."""
     if request.param == "http":
-        c: Any = httpclient.InferenceServerClient(f"127.0.0.1:{examples.http_port}")
+        c: Any = httpclient.InferenceServerClient(f"127.0.0.1:{server.http_port}")
     else:
-        c = grpcclient.InferenceServerClient(f"127.0.0.1:{examples.grpc_port}")
+        c = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
     yield request.param, c
     c.close()
 
@@ -59,6 +55,6 @@ def test_simple_identity_answers_bytes_unchanged(client: tuple[str, Any]) -> Non
 
 def test_simple_int8_refuses_another_datatype(client: tuple[str, Any]) -> None:
     a = np.zeros((1, 16), dtype=np.int32)
-    with pytest.raises(Exception, match="INPUT0") as e:
+    with pytest.raises(InferenceServerException, match="INPUT0") as e:
         infer(client, "simple_int8", {"INPUT0": a, "INPUT1": a}, "INT32")
     assert "INT8" in str(e.value)
