@@ -1053,13 +1053,8 @@ static int listen_error(listener_t *lis, int rc, char *err, size_t errlen)
 static int open_listener(listener_t *lis, const struct sockaddr_storage *addr, const listener_t *first,
                          char *err, size_t errlen)
 {
-    int share_fd = lis->server->cfg.listen_fd > 0 ? lis->server->cfg.listen_fd : -1;
-    if (first != NULL) {
-        uv_os_fd_t fd;
-        uv_fileno((const uv_handle_t *)&first->tcp, &fd);
-        share_fd = fd;
-    }
-    int rc = oi_tcp_listen(&lis->loop.uv, &lis->tcp, addr, share_fd, on_connection, &lis->listening);
+    int rc = oi_tcp_listen(&lis->loop.uv, &lis->tcp, addr, first ? &first->tcp : NULL, lis->server->cfg.listen_fd,
+                           on_connection, &lis->listening);
     lis->tcp.data = lis;
     return rc == 0 ? 0 : listen_error(lis, rc, err, errlen);
 }

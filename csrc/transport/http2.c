@@ -1476,13 +1476,8 @@ static void open_listener(void *arg)
 {
     listen_arg_t *a = arg;
     h2_loop_t *lp = a->lp;
-    int share_fd = lp->server->cfg.listen_fd > 0 ? lp->server->cfg.listen_fd : -1;
-    if (a->first != NULL) {
-        uv_os_fd_t fd;
-        uv_fileno((const uv_handle_t *)&a->first->tcp, &fd);
-        share_fd = fd;
-    }
-    a->rc = oi_tcp_listen(&lp->loop->uv, &lp->tcp, a->addr, share_fd, on_connection, &lp->listening);
+    a->rc = oi_tcp_listen(&lp->loop->uv, &lp->tcp, a->addr, a->first ? &a->first->tcp : NULL, lp->server->cfg.listen_fd,
+                          on_connection, &lp->listening);
     lp->tcp.data = lp;
 }
 

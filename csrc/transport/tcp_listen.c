@@ -4,10 +4,16 @@
 #include <netinet/in.h>
 #include <unistd.h>
 
-int oi_tcp_listen(uv_loop_t *loop, uv_tcp_t *tcp, const struct sockaddr_storage *addr, int share_fd,
-                  uv_connection_cb cb, int *initialised)
+int oi_tcp_listen(uv_loop_t *loop, uv_tcp_t *tcp, const struct sockaddr_storage *addr, const uv_tcp_t *first,
+                  int inherited, uv_connection_cb cb, int *initialised)
 {
-    int rc;
+    int rc, share_fd = inherited > 0 ? inherited : -1;
+    if (first != NULL) {
+        uv_os_fd_t fd;
+        if ((rc = uv_fileno((const uv_handle_t *)first, &fd)) != 0)
+            return rc;
+        share_fd = fd;
+    }
     if (share_fd >= 0) {
         int fd = dup(share_fd);
         if (fd < 0)
