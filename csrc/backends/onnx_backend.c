@@ -2,12 +2,12 @@
 
 #include <dlfcn.h>
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/instances.h"
 #include "core/buf.h"
 #include "third_party/onnxruntime/onnxruntime_c_api.h"
 
@@ -404,11 +404,6 @@ char *oi_onnx_providers(char **err)
 
 /* ---- state ------------------------------------------------------------------------------ */
 
-typedef struct ox_instance_s {
-    OrtSession *session;
-    int busy;
-} ox_instance_t;
-
 typedef struct ox_state_s {
     char *model_name;
     int max_batch_size;
@@ -416,12 +411,11 @@ typedef struct ox_state_s {
     ox_io_t *inputs;
     size_t n_outputs; /* the session's outputs */
     ox_io_t *outputs;
-    /* A pool: executors take a free instance for each call, so each session (and its device)
-     * runs one request at a time. There are as many instances as executors. */
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
+    /* Executors take a free session for each call, so each session (and its device) runs one
+     * request at a time. There are as many sessions as executors. */
+    oi__instances_t pool;
     int n_instances;
-    ox_instance_t instances[];
+    OrtSession *sessions[];
 } ox_state_t;
 
 static void ox_release(void *state)
@@ -430,13 +424,12 @@ static void ox_release(void *state)
     if (s == NULL)
         return;
     for (int i = 0; i < s->n_instances; i++)
-        if (s->instances[i].session)
-            ort.api->ReleaseSession(s->instances[i].session);
+        if (s->sessions[i])
+            ort.api->ReleaseSession(s->sessions[i]);
     io_free(s->inputs, s->n_inputs);
     io_free(s->outputs, s->n_outputs);
     free(s->model_name);
-    pthread_cond_destroy(&s->cv);
-    pthread_mutex_destroy(&s->mu);
+    oi__instances_destroy(&s->pool);
     free(s);
 }
 
@@ -488,23 +481,21 @@ void *oi_onnx_backend_state(const char *model_name, const oi_onnx_spec_t *spec, 
         return NULL;
     }
     int n_inst = spec->instances < 1 ? 1 : spec->instances;
-    ox_state_t *s = calloc(1, sizeof(*s) + (size_t)n_inst * sizeof(ox_instance_t));
-    if (s == NULL || (s->model_name = strdup(model_name)) == NULL) {
-        free(s);
+    ox_state_t *s = calloc(1, sizeof(*s) + (size_t)n_inst * sizeof(OrtSession *));
+    if (s == NULL || oi__instances_init(&s->pool, n_inst) != 0 || (s->model_name = strdup(model_name)) == NULL) {
+        ox_release(s);
         *err = strdup("out of memory");
         return NULL;
     }
-    pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
     s->n_instances = n_inst;
     s->max_batch_size = max_batch_size;
     for (int i = 0; i < n_inst; i++) {
-        s->instances[i].session = session_new(spec, spec->devices ? spec->devices[i] : -1, err);
-        if (s->instances[i].session == NULL)
+        s->sessions[i] = session_new(spec, spec->devices ? spec->devices[i] : -1, err);
+        if (s->sessions[i] == NULL)
             goto fail;
     }
-    if ((s->inputs = session_io(s->instances[0].session, 0, &s->n_inputs, err)) == NULL ||
-        (s->outputs = session_io(s->instances[0].session, 1, &s->n_outputs, err)) == NULL)
+    if ((s->inputs = session_io(s->sessions[0], 0, &s->n_inputs, err)) == NULL ||
+        (s->outputs = session_io(s->sessions[0], 1, &s->n_outputs, err)) == NULL)
         goto fail;
     if ((*err = check_declared(s, inputs, n_inputs, s->inputs, s->n_inputs, "input")) != NULL ||
         (*err = check_declared(s, outputs, n_outputs, s->outputs, s->n_outputs, "output")) != NULL)
@@ -536,28 +527,6 @@ fail:
 }
 
 /* ---- execution -------------------------------------------------------------------------- */
-
-static ox_instance_t *acquire(ox_state_t *s)
-{
-    pthread_mutex_lock(&s->mu);
-    for (;;) {
-        for (int i = 0; i < s->n_instances; i++)
-            if (!s->instances[i].busy) {
-                s->instances[i].busy = 1;
-                pthread_mutex_unlock(&s->mu);
-                return &s->instances[i];
-            }
-        pthread_cond_wait(&s->cv, &s->mu);
-    }
-}
-
-static void release_instance(ox_state_t *s, ox_instance_t *inst)
-{
-    pthread_mutex_lock(&s->mu);
-    inst->busy = 0;
-    pthread_cond_signal(&s->cv);
-    pthread_mutex_unlock(&s->mu);
-}
 
 /* A response buffer that owns one OrtValue ONNX Runtime allocated: released once sent. */
 static void free_value(oi_buf_t *b)
@@ -815,10 +784,10 @@ static oi_status_t *ox_execute(void *state, const oi_request_t *req, const char 
         run_index[i] = r;
     }
     if (st == NULL) {
-        ox_instance_t *inst = acquire(s);
-        char *msg = take_status(api->Run(inst->session, NULL, in_names, (const OrtValue *const *)in_values, n_in,
+        int inst = oi__instances_acquire(&s->pool);
+        char *msg = take_status(api->Run(s->sessions[inst], NULL, in_names, (const OrtValue *const *)in_values, n_in,
                                          run_names, n_run, run_values));
-        release_instance(s, inst);
+        oi__instances_release(&s->pool, inst);
         if (msg != NULL) {
             st = oi_status_new(OI_INTERNAL, "model '%s': %s", s->model_name, msg);
             free(msg);

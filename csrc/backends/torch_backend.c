@@ -2,11 +2,11 @@
 
 #include <dlfcn.h>
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/instances.h"
 #include "core/buf.h"
 
 /* The shim's entry points, resolved once by oi_torch_shim_open. */
@@ -75,11 +75,6 @@ static char *take_message(char *msg)
 
 /* ---- state ------------------------------------------------------------------------------ */
 
-typedef struct ts_instance_s {
-    oits_module_t *module;
-    int busy;
-} ts_instance_t;
-
 typedef struct ts_state_s {
     char *model_name;
     int max_batch_size;
@@ -95,12 +90,11 @@ typedef struct ts_state_s {
         oi_io_spec_t reshape; /* ndim -1: the produced shape is the reported one */
         oi_io_spec_t declared;
     } *outputs;
-    /* A pool: executors take a free instance for each call, so each module (and CUDA
-     * stream) runs one forward at a time. There are as many instances as executors. */
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
+    /* Executors take a free module for each call, so each module (and CUDA stream) runs one
+     * forward at a time. There are as many modules as executors. */
+    oi__instances_t pool;
     int n_instances;
-    ts_instance_t instances[];
+    oits_module_t *modules[];
 } ts_state_t;
 
 static void ts_release(void *state)
@@ -109,8 +103,8 @@ static void ts_release(void *state)
     if (s == NULL)
         return;
     for (int i = 0; i < s->n_instances; i++)
-        if (s->instances[i].module)
-            shim.module_free(s->instances[i].module);
+        if (s->modules[i])
+            shim.module_free(s->modules[i]);
     for (uint32_t i = 0; i < s->n_args && s->arg_names; i++)
         free(s->arg_names[i]);
     free(s->arg_names);
@@ -121,8 +115,7 @@ static void ts_release(void *state)
     }
     free(s->outputs);
     free(s->model_name);
-    pthread_cond_destroy(&s->cv);
-    pthread_mutex_destroy(&s->mu);
+    oi__instances_destroy(&s->pool);
     free(s);
 }
 
@@ -145,16 +138,14 @@ void *oi_torch_backend_state(const char *model_name, const oi_torch_spec_t *spec
         return NULL;
     }
     int n_inst = spec->instances < 1 ? 1 : spec->instances;
-    ts_state_t *s = calloc(1, sizeof(*s) + (size_t)n_inst * sizeof(ts_instance_t));
+    ts_state_t *s = calloc(1, sizeof(*s) + (size_t)n_inst * sizeof(oits_module_t *));
     if (s == NULL)
         goto oom;
-    pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
     s->n_instances = n_inst;
     s->max_batch_size = max_batch_size;
     s->n_args = spec->n_args;
     s->n_outputs = n_outputs;
-    if ((s->model_name = strdup(model_name)) == NULL ||
+    if (oi__instances_init(&s->pool, n_inst) != 0 || (s->model_name = strdup(model_name)) == NULL ||
         (s->arg_names = calloc(spec->n_args ? spec->n_args : 1, sizeof(char *))) == NULL ||
         (s->arg_shape = calloc(spec->n_args ? spec->n_args : 1, sizeof(oi_io_spec_t))) == NULL ||
         (s->outputs = calloc(n_outputs ? n_outputs : 1, sizeof(*s->outputs))) == NULL)
@@ -196,8 +187,8 @@ void *oi_torch_backend_state(const char *model_name, const oi_torch_spec_t *spec
         oits_options_t o = spec->options;
         o.device = spec->devices ? spec->devices[i] : "cpu";
         char *msg = NULL;
-        s->instances[i].module = shim.module_load(spec->path, &o, &msg);
-        if (s->instances[i].module == NULL) {
+        s->modules[i] = shim.module_load(spec->path, &o, &msg);
+        if (s->modules[i] == NULL) {
             *err = take_message(msg);
             goto fail;
         }
@@ -212,28 +203,6 @@ fail:
 }
 
 /* ---- execution -------------------------------------------------------------------------- */
-
-static ts_instance_t *acquire(ts_state_t *s)
-{
-    pthread_mutex_lock(&s->mu);
-    for (;;) {
-        for (int i = 0; i < s->n_instances; i++)
-            if (!s->instances[i].busy) {
-                s->instances[i].busy = 1;
-                pthread_mutex_unlock(&s->mu);
-                return &s->instances[i];
-            }
-        pthread_cond_wait(&s->cv, &s->mu);
-    }
-}
-
-static void release_instance(ts_state_t *s, ts_instance_t *inst)
-{
-    pthread_mutex_lock(&s->mu);
-    inst->busy = 0;
-    pthread_cond_signal(&s->cv);
-    pthread_mutex_unlock(&s->mu);
-}
 
 /* A response buffer that owns one shim output tensor: freed when the socket write is done. */
 static void free_shim_tensor(oi_buf_t *b)
@@ -299,9 +268,9 @@ static oi_status_t *ts_execute(void *state, const oi_request_t *req, const char 
     oits_output_t *outs = NULL;
     size_t n_outs = 0;
     char *msg = NULL;
-    ts_instance_t *inst = acquire(s);
-    int rc = shim.module_forward(inst->module, in, s->n_args, &outs, &n_outs, &msg);
-    release_instance(s, inst);
+    int inst = oi__instances_acquire(&s->pool);
+    int rc = shim.module_forward(s->modules[inst], in, s->n_args, &outs, &n_outs, &msg);
+    oi__instances_release(&s->pool, inst);
     if (rc != 0) {
         oi_status_t *st = oi_status_new(OI_INTERNAL, "model '%s': %s", s->model_name, msg ? msg : "unknown error");
         shim.free_str(msg);
