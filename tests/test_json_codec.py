@@ -68,6 +68,21 @@ def test_c_unit_tests(test_json_bin: Path) -> None:
     assert re.search(r"^\d+ passed, 0 failed$", r.stdout, re.M), r.stdout
 
 
+def test_decimal_text_ignores_a_comma_locale(test_json_bin: Path, tmp_path: Path) -> None:
+    """JSON numbers are read and written with '.' while the process runs under de_DE, whose
+    decimal point is ','. The locale is compiled here (the `locales` package, installed by
+    scripts/setup.sh, carries its source), so the test runs on any machine."""
+    localedef = shutil.which("localedef")
+    assert localedef and Path("/usr/share/i18n/locales/de_DE").exists(), "apt package locales is missing"
+    r = subprocess.run([localedef, "-i", "de_DE", "-f", "UTF-8", str(tmp_path / "de_DE.UTF-8")],
+                       capture_output=True, text=True)
+    assert r.returncode in (0, 1), r.stderr  # 1: warnings only
+    r = subprocess.run([str(test_json_bin), "--locale", "de_DE.UTF-8"], text=True, capture_output=True,
+                       env={**_clean_env(), **SANITIZER_ENV, "LOCPATH": str(tmp_path)}, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"^[1-9]\d* passed, 0 failed$", r.stdout, re.M), r.stdout
+
+
 def _valid_bodies() -> list[bytes]:
     def body(inputs, **top):
         return json.dumps({**top, "inputs": inputs}).encode()

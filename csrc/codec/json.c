@@ -6,48 +6,18 @@
  * place. Only an input whose "data" comes before its "shape" or "datatype" is walked twice:
  * once to skip it, once, when the input object has closed, to convert it.
  *
- * Numbers are converted by num.c. Its rare exact path reads decimal text with strtod and
- * strtof, which must see the "C" locale whatever the process set: decoding installs one on
- * the calling thread for the length of each call. */
+ * Numbers are converted by num.c, in the "C" locale whatever the process set. */
 #define _POSIX_C_SOURCE 200809L
 
 #include "json.h"
 
 #include "num.h"
 
-#include <float.h>
 #include <inttypes.h>
-#include <locale.h>
-#include <math.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef __APPLE__
-#include <xlocale.h>
-#endif
-
-/* ---- "C" locale ------------------------------------------------------------------------ */
-
-static locale_t c_locale;
-static pthread_once_t c_locale_once = PTHREAD_ONCE_INIT;
-
-static void c_locale_init(void) { c_locale = newlocale(LC_ALL_MASK, "C", (locale_t)0); }
-
-/* Installs the "C" locale on this thread; returns what to restore, or 0 when it could not be
- * made (then the process locale is used, which is "C" unless the program changed it). */
-static locale_t enter_c_locale(void)
-{
-    pthread_once(&c_locale_once, c_locale_init);
-    return c_locale ? uselocale(c_locale) : (locale_t)0;
-}
-
-static void leave_c_locale(locale_t old)
-{
-    if (old)
-        uselocale(old);
-}
 
 /* ---- Small shared helpers ---------------------------------------------------------------- */
 
@@ -1578,11 +1548,9 @@ static oi_status_t *decode(oi_buf_t *body, size_t json_len, oi_request_t *req, o
         .group = resp ? "outputs" : "inputs",
         .kind = resp ? "output" : "input",
     };
-    locale_t old = enter_c_locale();
     int r = parse_request(&d);
     if (r == 0)
         r = finish_request(&d);
-    leave_c_locale(old);
     if (r != 0) {
         oi_request_clear(req);
         return d.c.err != NULL ? d.c.err : oi_status_new(OI_INTERNAL, "%s decoding failed", what);

@@ -1,6 +1,7 @@
 /* Numbers as JSON text: shortest round-trip printing of FP64, FP32, FP16 and BF16 values,
- * integer printing, and correctly rounded decimal-to-binary conversion. Pure functions, no
- * state, no locale: the JSON codec (json.c) is their user. */
+ * integer printing, and correctly rounded decimal-to-binary conversion. Pure functions that
+ * read and write "C"-locale text whatever locale the process set: the JSON codec (json.c) is
+ * their user. */
 #ifndef OI_CODEC_NUM_H
 #define OI_CODEC_NUM_H
 
@@ -41,8 +42,8 @@ int oi_num_parse_fast(uint64_t mant, int32_t exp10, oi_dtype_t t, uint64_t *bits
 
 /* The exact path: the encoding in type t (FP64 or FP32) of the JSON number `text`
  * (NUL-terminated, an optional '-' included), correctly rounded at any length: the C
- * library's strtod and strtof, which glibc rounds correctly with big-number arithmetic. The
- * caller provides the "C" locale. */
+ * library's strtod and strtof, which glibc rounds correctly with big-number arithmetic, run
+ * under the "C" locale installed on the calling thread for the length of the call. */
 uint64_t oi_num_parse_exact(const char *text, oi_dtype_t t);
 
 /* The FP16 or BF16 encoding nearest the double with encoding `bits` (ties to even; NaN stays
