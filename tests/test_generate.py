@@ -72,6 +72,14 @@ def _params(inputs: dict[str, np.ndarray], parameters: dict[str, Any]) -> dict[s
     return {"OUTPUT0": np.array([json.dumps(parameters, sort_keys=True).encode()], dtype=object)}
 
 
+def _not_utf8(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"OUTPUT0": np.array([b"\xff"], dtype=object)}
+
+
+def _not_utf8_gen(inputs: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
+    yield _not_utf8(inputs)
+
+
 ONE_INT = dict(inputs=[Tensor("INPUT0", "INT32", [-1])], outputs=[Tensor("OUTPUT0", "INT32", [-1])])
 
 
@@ -83,6 +91,10 @@ def served() -> Iterator[openinfer.Server]:
         Model("gen_halfway", _halfway, **ONE_INT),
         Model("gen_fails", _fails_at_once, **ONE_INT),
         Model("gen_params", _params, inputs=[Tensor("INPUT0", "INT32", [-1])],
+              outputs=[Tensor("OUTPUT0", "BYTES", [1])]),
+        Model("not_utf8", _not_utf8, inputs=[Tensor("INPUT0", "INT32", [-1])],
+              outputs=[Tensor("OUTPUT0", "BYTES", [1])]),
+        Model("not_utf8_gen", _not_utf8_gen, inputs=[Tensor("INPUT0", "INT32", [-1])],
               outputs=[Tensor("OUTPUT0", "BYTES", [1])]),
     ]
     srv = openinfer.serve(openinfer.examples_path(), models=models, http_port=0, log=False, threads=2)
@@ -273,6 +285,24 @@ def test_generate_on_a_decoupled_model_needs_exactly_one_response(served: openin
     assert err.value.status == 500
     assert err.value.message == ("generate expects model to produce exactly 1 response, use generate stream for "
                                  "model that generates various number of responses")
+
+
+NOT_UTF8 = ("output 'OUTPUT0': BYTES element 0 is not valid UTF-8 and cannot be sent as JSON; request the output "
+            "with \"binary_data\": true")
+
+
+@pytest.mark.parametrize("model", ["not_utf8", "not_utf8_gen"])
+def test_a_response_that_cannot_be_json_is_answered_with_why(served: openinfer.Server, model: str) -> None:
+    """The one response of /generate fails to encode: the client gets that error, not a
+    complaint about the number of responses."""
+    with openinfer.Client(served.url) as client, pytest.raises(openinfer.InferenceServerError) as err:
+        client.generate(model, {"INPUT0": [1]})
+    assert (err.value.status, err.value.message) == (400, NOT_UTF8)
+    with post(served.http_port, f"/v2/models/{model}/generate_stream", body(INPUT0=[1])) as sock:
+        sse = SseReader(sock)
+        assert sse.status == 400
+        assert sse.event() == {"error": NOT_UTF8}
+        assert sse.event() is None
 
 
 @pytest.mark.parametrize("payload, status, message", [

@@ -14,7 +14,6 @@ struct oi_dstream_s {
     pthread_mutex_t mu;
     pthread_cond_t cv; /* the executor waits here while `unsent` is over the bound */
     size_t unsent;     /* credits of the responses sent and not yet written */
-    int cancelled;
 };
 
 static void ds_unref(oi_dstream_t *ds)
@@ -43,8 +42,9 @@ void oi__dstream_cancel(oi_dstream_t *ds)
 {
     if (ds == NULL)
         return;
+    /* The job is marked cancelled already; taking the lock orders that before a waiter's
+     * check, so the wake-up cannot be lost. */
     pthread_mutex_lock(&ds->mu);
-    ds->cancelled = 1;
     pthread_cond_broadcast(&ds->cv);
     pthread_mutex_unlock(&ds->mu);
 }
@@ -101,7 +101,7 @@ static void run_part(oi_task_t *t)
 
 static int gone(const oi_infer_t *inf)
 {
-    return inf->ds->cancelled || atomic_load(&inf->job.cancelled);
+    return atomic_load(&inf->job.cancelled);
 }
 
 /* The request's `send`: checks the response, waits while the client is behind, and posts it

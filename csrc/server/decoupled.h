@@ -41,8 +41,8 @@ void oi_infer_part_hold(oi_infer_part_t *part, oi_iov_t *iov);
  * request's `send` hands responses to `part`. Returns -1 when out of memory. */
 int oi__dstream_attach(oi_infer_t *inf);
 
-/* The request's client has gone: a model held in `send` returns at once (with 499). Any
- * thread. */
+/* The request's client has gone (its job is marked cancelled, oi_job_cancel): a model held in
+ * `send` wakes and returns at once (with 499). Any thread. */
 void oi__dstream_cancel(oi_dstream_t *ds);
 
 /* Drops the inference's reference to its stream. */

@@ -20,6 +20,7 @@ typedef struct gen_s {
     int started;    /* the streamed answer's head is out */
     int responses;  /* produced so far */
     oi_buf_t *only; /* /generate: the first response's answer */
+    oi_status_t *failed; /* /generate: why the first response could not be answered */
 } gen_t;
 
 static void respond_error(oi_http_request_t *r, oi_status_t *st)
@@ -95,6 +96,8 @@ static void on_response(gen_t *g, oi_infer_t *inf, const oi_response_t *resp, oi
     if (st != NULL) {
         if (g->stream)
             send_error_event(g, st);
+        else if (g->responses == 1)
+            g->failed = st;
         else
             oi_status_free(st);
         return;
@@ -115,6 +118,7 @@ static void on_part(oi_infer_t *inf, oi_infer_part_t *part)
 static void gen_free(gen_t *g)
 {
     oi_buf_unref(g->only);
+    oi_status_free(g->failed);
     free(g);
 }
 
@@ -144,6 +148,10 @@ static void on_done(oi_infer_t *inf)
     } else {
         if (st == NULL && inf->ds == NULL)
             on_response(g, inf, &inf->job.resp, NULL);
+        if (st == NULL && g->responses == 1 && g->failed != NULL) { /* its own error, not a count */
+            st = g->failed;
+            g->failed = NULL;
+        }
         if (st == NULL && (g->responses != 1 || g->only == NULL))
             st = oi_status_new(OI_INTERNAL, "generate expects model to produce exactly 1 response, use generate "
                                             "stream for model that generates various number of responses");
