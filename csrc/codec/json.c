@@ -1587,33 +1587,6 @@ static char *put_lit(char *w, const char *s)
 
 static int append_lit(oi_sbuf_t *out, const char *s) { return oi_sbuf_append(out, s, strlen(s)); }
 
-/* Writes one fixed-size element read from p. */
-static char *put_element(char *w, const char *p, oi_dtype_t t)
-{
-    switch (t) {
-    case OI_TYPE_BOOL:
-        return put_lit(w, *p ? "true" : "false");
-    case OI_TYPE_FP16:
-        return oi_num_write_f16(w, (uint16_t)get_le(p, 2));
-    case OI_TYPE_BF16:
-        return oi_num_write_bf16(w, (uint16_t)get_le(p, 2));
-    case OI_TYPE_FP32:
-        return oi_num_write_f32(w, (uint32_t)get_le(p, 4));
-    case OI_TYPE_FP64:
-        return oi_num_write_f64(w, get_le(p, 8));
-    default: {
-        size_t size = oi_dtype_size(t);
-        uint64_t v = get_le(p, size);
-        uint64_t sign = UINT64_C(1) << (8 * size - 1);
-        if (!is_signed_int(t) || !(v & sign))
-            return oi_num_write_u64(w, v);
-        v |= ~(sign | (sign - 1)); /* sign-extend, then write the magnitude */
-        *w++ = '-';
-        return oi_num_write_u64(w, 0 - v);
-    }
-    }
-}
-
 /* Room per element, its ',' included: what the number writers ask for (the longest text
  * are doubles such as -2.2250738585072014e-308 and 20-digit integers with a sign). */
 #define ELEMENT_MAX (OI_NUM_ROOM + 1)
@@ -1624,29 +1597,20 @@ static oi_status_t *out_of_memory_status(void)
     return oi_status_new(OI_INTERNAL, "out of memory while encoding the response");
 }
 
-/* Writes elements [i, end) of t at w, each but element 0 after a ','. One switch per batch:
- * the common types get a loop of their own (the integers sign-extended by the conversion,
- * which GCC and Clang define as modular). */
-#define EACH_ELEMENT(size, put)                                                                                        \
-    for (int64_t j = i; j < end; j++) {                                                                                \
-        const char *p = t->data + (size_t)j * (size);                                                                  \
-        if (j > 0)                                                                                                     \
-            *w++ = ',';                                                                                                \
-        w = (put);                                                                                                     \
-    }                                                                                                                  \
-    break
+/* Writes elements [i, end) of t at w, each but element 0 after a ','. */
 static char *put_elements(char *w, const oi_tensor_t *t, int64_t i, int64_t end)
 {
-    switch (t->dtype) {
-    case OI_TYPE_FP32: EACH_ELEMENT(4, oi_num_write_f32(w, (uint32_t)get_le(p, 4)));
-    case OI_TYPE_FP64: EACH_ELEMENT(8, oi_num_write_f64(w, get_le(p, 8)));
-    case OI_TYPE_INT64: EACH_ELEMENT(8, oi_num_write_i64(w, (int64_t)get_le(p, 8)));
-    case OI_TYPE_INT32: EACH_ELEMENT(4, oi_num_write_i64(w, (int32_t)(uint32_t)get_le(p, 4)));
-    default: EACH_ELEMENT(oi_dtype_size(t->dtype), put_element(w, p, t->dtype));
+    if (i > 0)
+        *w++ = ',';
+    if (t->dtype != OI_TYPE_BOOL)
+        return oi_num_write_list(w, t->data + (size_t)i * oi_dtype_size(t->dtype), (size_t)(end - i), t->dtype, ',');
+    for (int64_t j = i; j < end; j++) {
+        if (j > i)
+            *w++ = ',';
+        w = put_lit(w, t->data[j] ? "true" : "false");
     }
     return w;
 }
-#undef EACH_ELEMENT
 
 static oi_status_t *write_fixed_data(oi_sbuf_t *out, const oi_tensor_t *t, int64_t count)
 {

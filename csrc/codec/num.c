@@ -18,6 +18,12 @@
 
 typedef unsigned __int128 u128;
 
+/* Lists are read with memcpy, which gives the tensors' little-endian values only on a
+ * little-endian machine. */
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "codec/num.c assumes a little-endian target"
+#endif
+
 /* ---- Integers ------------------------------------------------------------------------------ */
 
 static const char digit_pairs[201] = "00010203040506070809"
@@ -340,6 +346,37 @@ char *oi_num_write_f64(char *w, uint64_t bits) { return put_float(w, bits, &fmt6
 char *oi_num_write_f32(char *w, uint32_t bits) { return put_float(w, bits, &fmt32, 0); }
 char *oi_num_write_f16(char *w, uint16_t bits) { return put_float(w, bits, &fmt16, 0); }
 char *oi_num_write_bf16(char *w, uint16_t bits) { return put_float(w, bits, &fmtbf, 0); }
+
+/* The numbers of a list, read with memcpy (little-endian, as the tensors are). */
+#define WRITE_EACH(type, write)                                                                                        \
+    for (size_t i = 0; i < n; i++) {                                                                                   \
+        type v;                                                                                                        \
+        memcpy(&v, (const char *)data + i * sizeof(type), sizeof(type));                                               \
+        if (i > 0)                                                                                                     \
+            *w++ = sep;                                                                                                \
+        w = write;                                                                                                     \
+    }                                                                                                                  \
+    return w
+
+char *oi_num_write_list(char *w, const void *data, size_t n, oi_dtype_t t, char sep)
+{
+    switch (t) {
+    case OI_TYPE_FP32: WRITE_EACH(uint32_t, put_float(w, v, &fmt32, 0));
+    case OI_TYPE_FP64: WRITE_EACH(uint64_t, put_float(w, v, &fmt64, 1));
+    case OI_TYPE_FP16: WRITE_EACH(uint16_t, put_float(w, v, &fmt16, 0));
+    case OI_TYPE_BF16: WRITE_EACH(uint16_t, put_float(w, v, &fmtbf, 0));
+    case OI_TYPE_INT64: WRITE_EACH(int64_t, oi_num_write_i64(w, v));
+    case OI_TYPE_INT32: WRITE_EACH(int32_t, oi_num_write_i64(w, v));
+    case OI_TYPE_INT16: WRITE_EACH(int16_t, oi_num_write_i64(w, v));
+    case OI_TYPE_INT8: WRITE_EACH(int8_t, oi_num_write_i64(w, v));
+    case OI_TYPE_UINT64: WRITE_EACH(uint64_t, oi_num_write_u64(w, v));
+    case OI_TYPE_UINT32: WRITE_EACH(uint32_t, oi_num_write_u64(w, v));
+    case OI_TYPE_UINT16: WRITE_EACH(uint16_t, oi_num_write_u64(w, v));
+    case OI_TYPE_UINT8: WRITE_EACH(uint8_t, oi_num_write_u64(w, v));
+    default: return NULL;
+    }
+}
+#undef WRITE_EACH
 
 /* ---- Parsing -------------------------------------------------------------------------------- */
 
