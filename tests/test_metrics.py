@@ -18,7 +18,8 @@ import requests
 import openinfer
 from openinfer import Model, Tensor
 
-from test_statistics import ONE_INT, echo, infer, models, sample, scrape, wait_until
+from conftest import wait_for
+from test_statistics import ONE_INT, echo, infer, models, sample, scrape
 
 prometheus_parser = pytest.importorskip("prometheus_client.parser")
 
@@ -71,7 +72,7 @@ def test_load_duration_follows_loads(tmp_path: Path) -> None:
         assert r.status_code == 200, r.text
         assert sample(scrape(srv), "nv_model_load_duration_secs", model="slow", version="1") >= 0.4
         assert requests.post(f"{srv.url}/v2/repository/models/slow/unload", timeout=60).status_code == 200
-        wait_until(lambda: "nv_model_load_duration_secs" not in scrape(srv), "the unloaded model's series to go")
+        wait_for(lambda: "nv_model_load_duration_secs" not in scrape(srv), "the unloaded model's series to go")
 
 
 class Durations:
@@ -157,7 +158,7 @@ def test_metrics_interval() -> None:
     with openinfer.serve(models=models(), http_port=0, log=False, metrics_interval_ms=20) as srv:
         first = sample(scrape(srv), "nv_cpu_memory_used_bytes")
         ballast = np.ones(64 << 20, np.uint8)
-        wait_until(lambda: sample(scrape(srv), "nv_cpu_memory_used_bytes") != first, "a new CPU reading")
+        wait_for(lambda: sample(scrape(srv), "nv_cpu_memory_used_bytes") != first, "a new CPU reading")
         del ballast
     with pytest.raises(ValueError, match="metrics_interval_ms must be at least 1"):
         openinfer.serve(models=models(), http_port=0, log=False, metrics_interval_ms=0)
@@ -205,7 +206,7 @@ def test_workers_metrics_listener_answers_as_triton(tmp_path: Path) -> None:
             except requests.RequestException:
                 return False
 
-        wait_until(merged, "the workers' metrics", timeout=120)
+        wait_for(merged, "the workers' metrics", bound=120)
         r = requests.get(base + "/foo", timeout=30)
         assert (r.status_code, r.content) == (200, b"")
         r = requests.post(base + "/metrics", timeout=30)
