@@ -101,7 +101,8 @@ def srv(tmp_path_factory: pytest.TempPathFactory, branches: Branches) -> Iterato
         _step("double", {"X": "IN"}, {"Y": "d"}),
         _step("incr", {"X": "IN"}, {"Y": "i"}),
     ])
-    _ensemble(repo, "nested", [_step("chain", {"IN": "IN"}, {"OUT": "c"}), _step("double", {"X": "c"}, {"Y": "OUT"})])
+    # "a_nested" sorts before "chain", its step: start-up loads it after.
+    _ensemble(repo, "a_nested", [_step("chain", {"IN": "IN"}, {"OUT": "c"}), _step("double", {"X": "c"}, {"Y": "OUT"})])
     _ensemble(repo, "failing", [_step("double", {"X": "IN"}, {"Y": "t"}), _step("fail", {"X": "t"}, {"Y": "OUT"})])
     # Broken ones.
     _ensemble(repo, "bad_cycle", [
@@ -121,6 +122,13 @@ def srv(tmp_path_factory: pytest.TempPathFactory, branches: Branches) -> Iterato
     _ensemble(repo, "bad_twice", [_step("double", {"X": "IN"}, {"Y": "OUT"}), _step("incr", {"X": "IN"}, {"Y": "OUT"})])
     _ensemble(repo, "bad_instances", [_step("double", {"X": "IN"}, {"Y": "OUT"})], extra="instance_group [ { count: 2 } ]")
     _ensemble(repo, "bad_no_steps", [])
+    for name, text in (("bad_platform", 'backend: "python" ensemble_scheduling { step [ %s ] }'),
+                       ("bad_no_scheduling", 'platform: "ensemble"')):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "model.py").write_text("def infer(inputs):\n    return {'OUT': inputs['IN']}\n")
+        (repo / name / "config.pbtxt").write_text(
+            'input { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } output { name: "OUT" data_type: TYPE_FP32 '
+            'dims: [ 4 ] } ' + text.replace("%s", _step("double", {"X": "IN"}, {"Y": "OUT"})))
     s = openinfer.serve(repo, models=models, http_port=0, grpc_port=0, log=False, threads=2)
     try:
         yield s
@@ -188,7 +196,7 @@ def test_chain_grpc(grpc: tgrpc.InferenceServerClient) -> None:
 
 def test_nested_ensemble(http: thttp.InferenceServerClient, grpc: tgrpc.InferenceServerClient) -> None:
     for client in (http, grpc):
-        np.testing.assert_array_equal(_infer(client, "nested", X).as_numpy("OUT"), (X * 2 + 1) * 2)
+        np.testing.assert_array_equal(_infer(client, "a_nested", X).as_numpy("OUT"), (X * 2 + 1) * 2)
 
 
 def test_statistics_count_each_step(http: thttp.InferenceServerClient, grpc: tgrpc.InferenceServerClient) -> None:
@@ -244,6 +252,10 @@ def _index(http: thttp.InferenceServerClient) -> dict[str, dict[str, str]]:
                       "map only once for ensemble 'bad_twice' step 1"),
         ("bad_instances", "instance_group: instance group should not be specified for ensemble 'bad_instances'"),
         ("bad_no_steps", "ensemble_scheduling.step: must specify 'step' for ensemble 'bad_no_steps'"),
+        ("bad_platform", "ensemble_scheduling: ensemble scheduling cannot be set for model 'bad_platform' whose "
+                         "platform is not ensemble"),
+        ("bad_no_scheduling", "ensemble_scheduling: ensemble scheduling must be set for ensemble "
+                              "bad_no_scheduling whose platform is ensemble"),
     ],
 )
 def test_bad_config_unavailable(http: thttp.InferenceServerClient, grpc: tgrpc.InferenceServerClient,

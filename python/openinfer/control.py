@@ -118,7 +118,7 @@ class ModelControl:
         elif repo is not None:
             names |= set(load)
         # Ensembles after the models they run: their steps are checked against those.
-        for name in sorted(names, key=lambda n: (self._is_ensemble(n), n)):
+        for name in ensemble.load_order(list(names), self._ensemble_steps):
             try:
                 self._load(name, None, None, startup=True)
             except InferenceServerError as e:  # --load-model of a model that is not there
@@ -290,6 +290,7 @@ class ModelControl:
             entries = scan_model(model_dir, name=name, config=override, loading=loading)
             if self._optional_torch:
                 entries = [e for e in entries if e.error is None or not e.error.startswith(_NOT_INSTALLED)]
+                entries = [e for e in entries if not self._steps_left_out(e)]
         elif files is not None and model_dir is not None:
             entries = scan_model(
                 model_dir, name=name, config=override, allow_python=False, loading=loading
@@ -389,8 +390,17 @@ class ModelControl:
         self._drop_unused_temps([*previous.values(), _Version(False, temp)])
         return [e for e, _ in built]
 
-    def _is_ensemble(self, name: str) -> bool:
-        return self._repo is not None and ensemble.declared_in(self._repo / name)
+    def _steps_left_out(self, entry: LoadedModel) -> bool:
+        """Whether `entry` is an ensemble with a step model that the repository has and that
+        was left out (a TorchScript example without torch): left out with it."""
+        if not isinstance(entry.model, ensemble.EnsembleModel) or self._repo is None:
+            return False
+        with self._lock:
+            loaded = {n for n, entries in self._loaded.items() if entries}
+        return any(s.model_name not in loaded and (self._repo / s.model_name).is_dir() for s in entry.model.steps)
+
+    def _ensemble_steps(self, name: str) -> list[str] | None:
+        return ensemble.steps_in(self._repo / name) if self._repo is not None else None
 
     def _served(self, name: str, version: int) -> tuple[Any, str | None]:
         """For an ensemble's step: the loaded model of `name` at `version` (-1: its highest

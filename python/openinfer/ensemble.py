@@ -59,22 +59,50 @@ def is_ensemble(config: Mapping[str, Any]) -> bool:
     return config.get("platform") == PLATFORM or "ensemble_scheduling" in config
 
 
-def declared_in(model_dir: Path) -> bool:
-    """Whether the model directory's config.pbtxt declares an ensemble (False when it cannot be
-    read: its load reports why). Start-up loads such models after the others."""
+def steps_in(model_dir: Path) -> list[str] | None:
+    """The step model names of the ensemble that the model directory's config.pbtxt declares,
+    or None when it declares none (or cannot be read: its load reports why)."""
     try:
         config = load_config(model_dir / "config.pbtxt")
     except (ConfigError, OSError):
-        return False
-    return is_ensemble({**config.raw, "platform": config.platform})
+        return None
+    if not is_ensemble({**config.raw, "platform": config.platform}):
+        return None
+    steps = config.raw.get("ensemble_scheduling", {})
+    steps = steps.get("step", []) if isinstance(steps, dict) else []
+    steps = steps if isinstance(steps, list) else [steps]
+    return [s["model_name"] for s in steps if isinstance(s, dict) and isinstance(s.get("model_name"), str)]
 
 
-def parse(config: Mapping[str, Any], source: str) -> tuple[Step, ...]:
+def load_order(names: list[str], steps_of: Callable[[str], list[str] | None]) -> list[str]:
+    """`names` with every ensemble after the models its steps use (ensembles of ensembles
+    included), else in name order; a cycle between ensembles keeps name order (their load then
+    says which step model is missing)."""
+    plain = [n for n in sorted(names) if steps_of(n) is None]
+    ensembles = {n: steps_of(n) or [] for n in sorted(names) if n not in plain}
+    ordered: list[str] = []
+    seen: set[str] = set()
+
+    def visit(n: str, path: set[str]) -> None:
+        if n in seen or n in path:
+            return
+        path.add(n)
+        for dep in ensembles[n]:
+            if dep in ensembles:
+                visit(dep, path)
+        seen.add(n)
+        ordered.append(n)
+
+    for n in ensembles:
+        visit(n, set())
+    return plain + ordered
+
+
+def parse(config: Mapping[str, Any], source: str, name: str) -> tuple[Step, ...]:
     """The steps of a normalized ensemble config, after Triton's checks of the configuration on
     its own: the platform, the fields an ensemble cannot have, every step complete, every
     tensor connected, no cycle, every ensemble output written and every tensor used. Raises
-    ConfigError naming `source` and the field."""
-    name = config.get("name", "")
+    ConfigError naming `source` and the field; `name` is the model's."""
 
     def error(field: str, message: str) -> ConfigError:
         return ConfigError(f"{source}: {field}: {message}")
@@ -86,7 +114,7 @@ def parse(config: Mapping[str, Any], source: str) -> tuple[Step, ...]:
         )
     if config.get("platform") != PLATFORM:
         raise error(
-            "platform",
+            "ensemble_scheduling",
             f"ensemble scheduling cannot be set for model '{name}' whose platform is not {PLATFORM}",
         )
     if config.get("backend"):

@@ -149,7 +149,7 @@ def scan_model(
                 normalized, source, model_dir, tuple(t.name for t in config.inputs)
             )
             if ensemble.is_ensemble(normalized):
-                steps = ensemble.parse(normalized, source)
+                steps = ensemble.parse(normalized, source, name)
         labels = read_labels(model_dir, config) if config is not None else {}
     except ConfigError as e:
         return [LoadedModel(name, None, None, str(e))]
