@@ -63,6 +63,28 @@ class Branches:
             self.barrier.wait()
 
 
+class Held:
+    """A step model that records its calls and runs until its request is cancelled (or BOUND)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.calls = 0
+        self.saw_cancel = 0
+
+    def fn(self, inputs: dict[str, np.ndarray], request: openinfer.Request) -> dict[str, np.ndarray]:
+        with self.cond:
+            self.calls += 1
+            self.cond.notify_all()
+        for _ in range(int(BOUND / 0.005)):
+            if request.is_cancelled():
+                with self.cond:
+                    self.saw_cancel += 1
+                    self.cond.notify_all()
+                break
+            threading.Event().wait(0.005)
+        return {"Y": inputs["X"]}
+
+
 def _fail(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     if inputs["X"][0] < 0:
         raise ValueError("the step refuses negative numbers")
@@ -75,7 +97,12 @@ def branches() -> Branches:
 
 
 @pytest.fixture(scope="module")
-def srv(tmp_path_factory: pytest.TempPathFactory, branches: Branches) -> Iterator[openinfer.Server]:
+def held() -> Held:
+    return Held()
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory, branches: Branches, held: Held) -> Iterator[openinfer.Server]:
     def double(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         branches.wait()
         return {"Y": inputs["X"] * 2}
@@ -89,6 +116,7 @@ def srv(tmp_path_factory: pytest.TempPathFactory, branches: Branches) -> Iterato
         Model("incr", incr, inputs=[_f32("X")], outputs=[_f32("Y")]),
         Model("add", lambda i: {"SUM": i["A"] + i["B"]}, inputs=[_f32("A"), _f32("B")], outputs=[_f32("SUM")]),
         Model("fail", _fail, inputs=[_f32("X")], outputs=[_f32("Y")]),
+        Model("held", held.fn, inputs=[_f32("X")], outputs=[_f32("Y")]),
         Model("ints", lambda i: {"Y": i["X"]}, inputs=[Tensor("X", "INT32", VEC)], outputs=[Tensor("Y", "INT32", VEC)]),
     ]
     repo = tmp_path_factory.mktemp("ensembles")
@@ -103,6 +131,7 @@ def srv(tmp_path_factory: pytest.TempPathFactory, branches: Branches) -> Iterato
     ])
     # "a_nested" sorts before "chain", its step: start-up loads it after.
     _ensemble(repo, "a_nested", [_step("chain", {"IN": "IN"}, {"OUT": "c"}), _step("double", {"X": "c"}, {"Y": "OUT"})])
+    _ensemble(repo, "held_chain", [_step("held", {"X": "IN"}, {"Y": "t"}), _step("incr", {"X": "t"}, {"Y": "OUT"})])
     _ensemble(repo, "failing", [_step("double", {"X": "IN"}, {"Y": "t"}), _step("fail", {"X": "t"}, {"Y": "OUT"})])
     # Broken ones.
     _ensemble(repo, "bad_cycle", [
@@ -292,6 +321,32 @@ def test_failing_step_names_the_step(http: thttp.InferenceServerClient, grpc: tg
     good = np.array([1, 2, 3, 4], dtype=np.float32)
     np.testing.assert_array_equal(_infer(http, "failing", good).as_numpy("OUT"), good * 2)
     np.testing.assert_array_equal(_infer(grpc, "failing", good).as_numpy("OUT"), good * 2)
+
+
+def test_cancel_reaches_the_running_step(srv: openinfer.Server, http: thttp.InferenceServerClient,
+                                         held: Held) -> None:
+    """A gRPC deadline that passes while a step runs: the step's model sees its request
+    cancelled, and the next step is never sent."""
+    before = _count(http, "incr")
+    client = tgrpc.InferenceServerClient(f"127.0.0.1:{srv.grpc_port}")
+    try:
+        i = tgrpc.InferInput("IN", [4], "FP32")
+        i.set_data_from_numpy(X)
+        with pytest.raises(InferenceServerException) as e:
+            client.infer("held_chain", [i], client_timeout=1.0)
+        assert "Deadline" in str(e.value), e.value
+    finally:
+        client.close()
+    with held.cond:
+        assert held.cond.wait_for(lambda: held.saw_cancel == 1, BOUND), (held.calls, held.saw_cancel)
+    fails = 0
+    for _ in range(int(BOUND / 0.01)):  # until the ensemble's request is over
+        fails = http.get_inference_statistics("held_chain")["model_stats"][0]["inference_stats"]["fail"]["count"]
+        if fails == 1:
+            break
+        threading.Event().wait(0.01)
+    assert fails == 1
+    assert held.calls == 1 and _count(http, "incr") == before
 
 
 def test_bad_request_to_ensemble(srv: openinfer.Server, http: thttp.InferenceServerClient,
