@@ -1064,8 +1064,9 @@ static oi_ensemble_t *make_ensemble(oi_server_t *s, const char *name, PyObject *
             specs[i / 2].n_outputs = (uint32_t)k;
         }
         for (Py_ssize_t j = 0; j < k; j++, p++)
-            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(maps[i], j), "ss;a map entry is (model tensor, ensemble tensor)",
-                                  &p->model_tensor, &p->ensemble_tensor))
+            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(maps[i], j),
+                                  "ss;a map entry is (model tensor, ensemble tensor)", &p->model_tensor,
+                                  &p->ensemble_tensor))
                 goto done;
     }
     e = oi_ensemble_new(oi_server_registry(s), name, oi_server_counts_statistics(s), specs, (uint32_t)n);

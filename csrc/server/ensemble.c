@@ -136,11 +136,11 @@ typedef struct {
     oi_job_t job; /* first: the scheduler hands back &job */
     run_t *run;
     uint32_t idx;
-    int state;             /* under run->mu: 0 waiting for inputs, 1 sent (or being sent), 2 done */
-    uint32_t launch_next;  /* the next step to send in a list built under run->mu (UINT32_MAX: end) */
-    oi_model_t *model;     /* one reference once looked up */
-    oi_request_t req;      /* inputs reference the ensemble tensors' buffers */
-    const char **names;    /* the outputs asked of the model (validated) */
+    int state;            /* under run->mu: 0 waiting for inputs, 1 sent (or being sent), 2 done */
+    uint32_t launch_next; /* the next step to send in a list built under run->mu (UINT32_MAX: end) */
+    oi_model_t *model;    /* one reference once looked up */
+    oi_request_t req;     /* inputs reference the ensemble tensors' buffers */
+    const char **names;   /* the outputs asked of the model (validated) */
 } step_run_t;
 
 /* Lives on the stack of the ensemble's executor, which returns only once `inflight` is 0: no
@@ -445,7 +445,10 @@ out:
     return st;
 }
 
-static void ensemble_release(void *state) { ensemble_free(state); }
+static void ensemble_release(void *state)
+{
+    ensemble_free(state);
+}
 
 const oi_backend_t oi_ensemble_backend = {
     .name = "ensemble",

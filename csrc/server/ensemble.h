@@ -30,7 +30,7 @@ typedef struct oi_ensemble_map_s {
 /* One step as configured (borrowed strings; oi_ensemble_new copies them). */
 typedef struct oi_ensemble_step_spec_s {
     const char *model_name;
-    int64_t model_version; /* -1: the model's default version */
+    int64_t model_version;           /* -1: the model's default version */
     const oi_ensemble_map_t *inputs; /* step input <- ensemble tensor */
     uint32_t n_inputs;
     const oi_ensemble_map_t *outputs; /* step output -> ensemble tensor */

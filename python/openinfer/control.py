@@ -439,6 +439,7 @@ class ModelControl:
                     outputs=_specs(model.outputs),
                     max_batch_size=model.max_batch_size,
                     metadata_json=_model_metadata(entry.name, versions, model.platform, model.inputs, model.outputs),
+                    handler=None,
                     ensemble=model.core(),
                     **_model_config(entry),
                     publish=False,
