@@ -392,3 +392,38 @@ def test_example_ensemble(server: openinfer.Server) -> None:
     j.set_data_from_numpy(features)
     np.testing.assert_array_equal(scores, c.infer("mlp", [j]).as_numpy("OUTPUT__0"))
     c.close()
+
+
+def test_model_control(tmp_path: Path) -> None:
+    """Explicit model control: an ensemble loaded before its steps fails naming the step model;
+    loaded after them it serves; a step model unloaded under it fails its requests naming the
+    step, and loading the step again brings the ensemble back."""
+    for name, expr in (("double", "inputs['X'] * 2"), ("incr", "inputs['X'] + 1")):
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "1" / "model.py").write_text(f"def infer(inputs):\n    return {{'Y': {expr}}}\n")
+        (tmp_path / name / "config.pbtxt").write_text(
+            'backend: "python" input { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } '
+            'output { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] }'
+        )
+    _ensemble(tmp_path, "chain", [_step("double", {"X": "IN"}, {"Y": "t"}), _step("incr", {"X": "t"}, {"Y": "OUT"})])
+    with openinfer.serve(tmp_path, http_port=0, grpc_port=0, log=False, model_control_mode="explicit") as s:
+        c = thttp.InferenceServerClient(s.url.split("//")[1])
+        g = tgrpc.InferenceServerClient(f"127.0.0.1:{s.grpc_port}")
+        try:
+            with pytest.raises(InferenceServerException) as e:
+                c.load_model("chain")
+            assert "ensemble 'chain' depends on 'double' which has no loaded version." in e.value.message()
+            c.load_model("double")
+            g.load_model("incr")
+            c.load_model("chain")
+            np.testing.assert_array_equal(_infer(c, "chain", X).as_numpy("OUT"), X * 2 + 1)
+            c.unload_model("incr")
+            with pytest.raises(InferenceServerException) as e:
+                _infer(g, "chain", X)
+            assert e.value.message() == ("in ensemble 'chain', step 1 (model 'incr'): Request for unknown model: "
+                                         "'incr' is not found"), e.value
+            g.load_model("incr")
+            np.testing.assert_array_equal(_infer(g, "chain", X).as_numpy("OUT"), X * 2 + 1)
+        finally:
+            c.close()
+            g.close()
