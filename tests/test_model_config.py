@@ -280,7 +280,6 @@ REFUSED = [
     ("dynamic_batching { priority_levels: 2 default_priority_level: 1 }", "dynamic_batching.priority_levels"),
     ("dynamic_batching { priority_queue_policy { key: 1 value { timeout_action: DELAY } } }",
      "dynamic_batching.priority_queue_policy"),
-    ("ensemble_scheduling { step [ { model_name: \"a\" model_version: -1 } ] }", "ensemble_scheduling"),
     ("batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: \"N\" data_type: TYPE_INT32 source_input: \"X\" } ]",
      "batch_input"),
     ("model_operations { op_library_filename: \"libops.so\" }", "model_operations"),

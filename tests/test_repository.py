@@ -257,6 +257,8 @@ def test_example_repository() -> None:
     loaded = [m for m in scan(examples_path(), optional_torch=True) if m.name not in ("cnn", "mlp", "mlp_onnx")]
     assert [(m.name, m.version, m.error) for m in loaded] == [
         ("identity_fp32", 1, None),
+        ("mlp_ensemble", 1, None),
+        ("mlp_preprocess", 1, None),
         ("repeat_int32", 1, None),
         ("simple", 1, None),
         ("simple_dyna_sequence", 1, None),
@@ -314,7 +316,7 @@ from openinfer.repository import scan
 (entry,) = scan({str(tmp_path)!r})
 assert entry.model is None and entry.error.startswith("torch unavailable: serving TorchScript models needs torch"), entry
 with openinfer.serve(http_port=0, log=False) as server:
-    assert set(server.models) - {{"mlp_onnx"}} == {{"identity_fp32", "repeat_int32", "simple", "simple_string",
+    assert set(server.models) - {{"mlp_onnx"}} == {{"identity_fp32", "mlp_preprocess", "repeat_int32", "simple", "simple_string",
                                                  "simple_identity", "simple_int8",
                                                  "simple_sequence", "simple_dyna_sequence",
                                                  "simple_string_dyna_sequence", "tiny_gen"}}, server.models

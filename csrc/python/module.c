@@ -14,6 +14,7 @@
 #include "python/onnx_module.h"
 #include "python/torch_module.h"
 #include "server/classify.h"
+#include "server/ensemble.h"
 #include "server/server.h"
 #include "server/warmup.h"
 #include "transport/loop.h"
@@ -1018,6 +1019,69 @@ static oi_io_spec_t *with_sequence_tensors(PyObject *sequence, const oi_io_spec_
     return out;
 }
 
+/* add_model's ensemble: a sequence of steps (model_name, model_version, input_map, output_map),
+ * each map a sequence of (model tensor, ensemble tensor) pairs, as python/openinfer/ensemble.py
+ * checked them. Returns the ensemble's backend state, or NULL with an exception set. */
+static oi_ensemble_t *make_ensemble(oi_server_t *s, const char *name, PyObject *ensemble)
+{
+    oi_ensemble_t *e = NULL;
+    PyObject *steps = PySequence_Fast(ensemble, "ensemble must be a sequence of steps");
+    if (steps == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(steps), total = 0;
+    oi_ensemble_step_spec_t *specs = calloc(n ? (size_t)n : 1, sizeof(*specs));
+    PyObject **maps = calloc(n ? (size_t)n * 2 : 1, sizeof(*maps)); /* the Fast sequences, kept */
+    oi_ensemble_map_t *pairs = NULL;
+    if (specs == NULL || maps == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *in, *out;
+        long long version;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(steps, i),
+                              "sLOO;an ensemble step is (model_name, model_version, input_map, output_map)",
+                              &specs[i].model_name, &version, &in, &out))
+            goto done;
+        specs[i].model_version = version;
+        if ((maps[2 * i] = PySequence_Fast(in, "input_map must be a sequence of pairs")) == NULL ||
+            (maps[2 * i + 1] = PySequence_Fast(out, "output_map must be a sequence of pairs")) == NULL)
+            goto done;
+        total += PySequence_Fast_GET_SIZE(maps[2 * i]) + PySequence_Fast_GET_SIZE(maps[2 * i + 1]);
+    }
+    if ((pairs = calloc(total ? (size_t)total : 1, sizeof(*pairs))) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    oi_ensemble_map_t *p = pairs;
+    for (Py_ssize_t i = 0; i < 2 * n; i++) {
+        Py_ssize_t k = PySequence_Fast_GET_SIZE(maps[i]);
+        if (i % 2 == 0) {
+            specs[i / 2].inputs = p;
+            specs[i / 2].n_inputs = (uint32_t)k;
+        } else {
+            specs[i / 2].outputs = p;
+            specs[i / 2].n_outputs = (uint32_t)k;
+        }
+        for (Py_ssize_t j = 0; j < k; j++, p++)
+            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(maps[i], j),
+                                  "ss;a map entry is (model tensor, ensemble tensor)", &p->model_tensor,
+                                  &p->ensemble_tensor))
+                goto done;
+    }
+    e = oi_ensemble_new(oi_server_registry(s), name, oi_server_counts_statistics(s), specs, (uint32_t)n);
+    if (e == NULL)
+        PyErr_NoMemory();
+done:
+    for (Py_ssize_t i = 0; maps != NULL && i < 2 * n; i++)
+        Py_XDECREF(maps[i]);
+    free(maps);
+    free(pairs);
+    free(specs);
+    Py_DECREF(steps);
+    return e;
+}
+
 static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"name",      "version",          "inputs",
@@ -1026,18 +1090,18 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
                              "torch",     "dynamic_batching", "config_json",
                              "config_pb", "publish",          "sequence_batching",
                              "decoupled", "onnx",             "labels",
-                             NULL};
+                             "ensemble",  NULL};
     const char *name, *error = NULL;
     long long version;
     PyObject *inputs = NULL, *outputs = NULL, *handler = NULL, *torch = Py_None, *batching = Py_None,
-             *sequence = Py_None, *onnx = Py_None, *labels = Py_None;
+             *sequence = Py_None, *onnx = Py_None, *labels = Py_None, *ensemble = Py_None;
     int max_batch = 0, instances = 1, publish = 1, decoupled = 0;
     Py_buffer meta = {0}, cfg_json = {0}, cfg_pb = {0};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOOy*y*pOpOO", kwlist, &name, &version, &inputs, &outputs,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOOy*y*pOpOOO", kwlist, &name, &version, &inputs, &outputs,
                                      &max_batch, &meta, &handler, &instances, &error, &torch, &batching, &cfg_json,
-                                     &cfg_pb, &publish, &sequence, &decoupled, &onnx, &labels))
+                                     &cfg_pb, &publish, &sequence, &decoupled, &onnx, &labels, &ensemble))
         return NULL;
-    if (handler == NULL && (torch != Py_None || onnx != Py_None))
+    if (handler == NULL && (torch != Py_None || onnx != Py_None || ensemble != Py_None))
         handler = Py_None;
     if (inputs == NULL || outputs == NULL || handler == NULL || meta.buf == NULL) {
         PyErr_SetString(PyExc_TypeError, "add_model() needs inputs, outputs, metadata_json and handler");
@@ -1084,7 +1148,7 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         batch.max_queue_delay_us = delay;
     }
     batch.ignore_parameters = sequence != Py_None; /* each request names its own sequence */
-    if (handler == Py_None && error == NULL && torch == Py_None && onnx == Py_None) {
+    if (handler == Py_None && error == NULL && torch == Py_None && onnx == Py_None && ensemble == Py_None) {
         PyErr_Format(PyExc_ValueError, "model '%s': a model without a handler needs an error reason", name);
         goto done;
     }
@@ -1152,6 +1216,23 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
             if (summaries_for(self, m) != 0)
                 goto done;
         }
+    } else if (ensemble != Py_None && error == NULL) {
+        char err[256];
+        if (sequence != Py_None || decoupled || batching != Py_None) {
+            PyErr_Format(PyExc_ValueError, "model '%s': an ensemble has no batcher of its own and is not decoupled",
+                         name);
+            goto done;
+        }
+        if ((m->state = make_ensemble(s, name, ensemble)) == NULL)
+            goto done;
+        m->backend = &oi_ensemble_backend;
+        m->sched = oi_scheduler_new(&oi_ensemble_backend, m->state, OI_ENSEMBLE_EXECUTORS, err, sizeof(err));
+        if (m->sched == NULL) {
+            PyErr_Format(PyExc_RuntimeError, "model '%s': %s", name, err);
+            goto done;
+        }
+        if (summaries_for(self, m) != 0)
+            goto done;
     } else if (handler == Py_None) {
         m->error = strdup(error);
     } else {

@@ -1,6 +1,7 @@
 #include "server/registry.h"
 
 #include "server/classify.h"
+#include "server/ensemble.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -275,6 +276,13 @@ void oi_registry_destroy(oi_registry_t *r)
     oi_model_t *m = r->models;
     r->models = NULL;
     pthread_rwlock_unlock(&r->lock);
+    /* Ensembles first: their requests send steps to the other models' schedulers, which must
+     * outlive them. */
+    for (oi_model_t *x = m; x != NULL; x = x->next)
+        if (x->backend == &oi_ensemble_backend) {
+            oi_scheduler_free(x->sched);
+            x->sched = NULL;
+        }
     while (m) {
         oi_model_t *next = m->next;
         oi_seq_stop(m->seq);

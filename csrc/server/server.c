@@ -233,6 +233,10 @@ oi_loop_t *oi_server_inline_loop(oi_server_t *s) { return oi_http_server_loop(s-
 
 int oi_server_shm_allowed(const oi_server_t *s) { return s->shm.allowed; }
 
+oi_registry_t *oi_server_registry(oi_server_t *s) { return &s->registry; }
+
+int oi_server_counts_statistics(const oi_server_t *s) { return s->cfg.statistics; }
+
 int oi_server_port(const oi_server_t *s) { return oi_http_server_port(s->http); }
 
 int oi_server_grpc_port(const oi_server_t *s) { return s->grpc ? oi_h2_server_port(s->grpc) : 0; }

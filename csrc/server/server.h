@@ -99,6 +99,11 @@ int oi_server_inflight(oi_server_t *s);
 /* Whether this server accepts shared-memory registrations (the config, resolved). */
 int oi_server_shm_allowed(const oi_server_t *s);
 
+/* For backends that run the server's other models (ensembles): its registry (borrowed; it
+ * outlives every model in it) and whether inferences are counted (config.statistics). */
+oi_registry_t *oi_server_registry(oi_server_t *s);
+int oi_server_counts_statistics(const oi_server_t *s);
+
 /* The bound HTTP port, 0 before start. */
 int oi_server_port(const oi_server_t *s);
 

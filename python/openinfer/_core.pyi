@@ -165,6 +165,9 @@ class Server:
         decoupled: bool = False,  # handler returns an iterator of 0..N responses per request
         onnx: OnnxSpec | None = None,
         labels: dict[str, bytes] | None = None,
+        # an ensemble's steps: (model_name, model_version, input_map, output_map), each map a
+        # list of (step model tensor, ensemble tensor); with handler=None
+        ensemble: Sequence[tuple[str, int, Sequence[tuple[str, str]], Sequence[tuple[str, str]]]] | None = None,
     ) -> str | None | ModelVersion:
         """Registers one model version. `labels` maps an output name to its label file's bytes
         (one label a line) for the classification extension. handler=None with error=reason registers a version that

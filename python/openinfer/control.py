@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import triton_config, warmup
+from . import ensemble, triton_config, warmup
 from .config import ConfigError, DynamicBatching, ModelConfig, parse_json_config
 from .errors import InferenceServerError
 from .model import Model, Tensor
@@ -117,7 +117,8 @@ class ModelControl:
             names |= set(self._repository_names())
         elif repo is not None:
             names |= set(load)
-        for name in sorted(names):
+        # Ensembles after the models they run: their steps are checked against those.
+        for name in ensemble.load_order(list(names), self._ensemble_steps):
             try:
                 self._load(name, None, None, startup=True)
             except InferenceServerError as e:  # --load-model of a model that is not there
@@ -289,6 +290,7 @@ class ModelControl:
             entries = scan_model(model_dir, name=name, config=override, loading=loading)
             if self._optional_torch:
                 entries = [e for e in entries if e.error is None or not e.error.startswith(_NOT_INSTALLED)]
+                entries = [e for e in entries if not self._steps_left_out(e)]
         elif files is not None and model_dir is not None:
             entries = scan_model(
                 model_dir, name=name, config=override, allow_python=False, loading=loading
@@ -388,10 +390,62 @@ class ModelControl:
         self._drop_unused_temps([*previous.values(), _Version(False, temp)])
         return [e for e, _ in built]
 
+    def _steps_left_out(self, entry: LoadedModel) -> bool:
+        """Whether `entry` is an ensemble with a step model that the repository has and that
+        was left out (a TorchScript example without torch): left out with it."""
+        if not isinstance(entry.model, ensemble.EnsembleModel) or self._repo is None:
+            return False
+        with self._lock:
+            loaded = {n for n, entries in self._loaded.items() if entries}
+        return any(s.model_name not in loaded and (self._repo / s.model_name).is_dir() for s in entry.model.steps)
+
+    def _ensemble_steps(self, name: str) -> list[str] | None:
+        return ensemble.steps_in(self._repo / name) if self._repo is not None else None
+
+    def _served(self, name: str, version: int) -> tuple[Any, str | None]:
+        """For an ensemble's step: the loaded model of `name` at `version` (-1: its highest
+        ready version), or None and why not, worded as Triton's model manager words it."""
+        with self._lock:
+            entries = list(self._loaded.get(name, []))
+            registered = dict(self._registered.get(name, {}))
+        ready = [
+            e for e in entries
+            if e.error is None and e.model is not None and registered.get(_version(e), _Version(False, None)).ready
+        ]
+        if version >= 0:
+            ready = [e for e in ready if e.version == version]
+            if not ready and any(e.error is None for e in entries):
+                return None, f"whose required version {version} is not loaded."
+        if not ready:
+            failed = next((e.error for e in entries if e.error is not None), None)
+            why = "which has no loaded version."
+            return None, why if failed is None else f"{why} Model '{name}' loading failed with error: {failed}"
+        entry = max(ready, key=_version)
+        if entry.sequence is not None:
+            return None, "which is a sequence model: openinfer does not run sequence models as ensemble steps."
+        return entry.model, None
+
     def _build(self, entry: LoadedModel, versions: list[str]) -> Any:
         """One version as an unpublished core model (ModelVersion); its `error` says why it
         cannot serve."""
         model = entry.model
+        if isinstance(model, ensemble.EnsembleModel):
+            reason = ensemble.check_steps(entry.name, model.steps, model.inputs, model.outputs, self._served)
+            if reason is None:
+                return self._core.add_model(
+                    entry.name,
+                    model.version,
+                    inputs=_specs(model.inputs),
+                    outputs=_specs(model.outputs),
+                    max_batch_size=model.max_batch_size,
+                    metadata_json=_model_metadata(entry.name, versions, model.platform, model.inputs, model.outputs),
+                    handler=None,
+                    ensemble=model.core(),
+                    **_model_config(entry),
+                    publish=False,
+                )
+            entry = LoadedModel(entry.name, entry.version, None, reason, entry.config)
+            model = None
         if model is not None:
             # A TorchScript module runs through the shim (torch=spec); a Python model is a handler.
             runs: dict[str, Any] = {"handler": getattr(model, "handler", None),
@@ -778,6 +832,8 @@ def _model_config(entry: LoadedModel) -> dict[str, bytes]:
     gpus = sorted({int(d[5:]) for d in model.devices if d.startswith("cuda:")}) if native else []
     config = triton_config.normalize(entry.config) if entry.config else {}
     backend = "pytorch" if torch else "onnxruntime" if native else "python"
+    if isinstance(model, ensemble.EnsembleModel):
+        backend = ensemble.PLATFORM
     full = triton_config.complete(entry.name, config, model, backend=backend, gpus=tuple(gpus))
     rendered = json.dumps(triton_config.to_json(full), separators=(",", ":"), ensure_ascii=False)
     return {"config_json": rendered.encode(), "config_pb": triton_config.to_protobuf(full)}

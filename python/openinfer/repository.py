@@ -29,7 +29,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from . import sequence, triton_config
+from . import ensemble, sequence, triton_config
 from .config import ConfigError, ModelConfig, VersionPolicy, load_config
 from .model import Model, Tensor
 from .onnx_model import ONNX_BACKEND, ONNX_PLATFORM, OnnxLoadError, OnnxModel, OnnxUnavailable, load_onnx
@@ -57,7 +57,7 @@ class LoadedModel:
 
     name: str
     version: int | None
-    model: Model | TorchModel | OnnxModel | None
+    model: Model | TorchModel | OnnxModel | ensemble.EnsembleModel | None
     error: str | None
     config: dict[str, Any] = field(default_factory=dict)
     sequence: SequenceBatching | None = None  # the config's sequence_batching, checked
@@ -136,6 +136,7 @@ def scan_model(
                 f"{config_path}: name {config.name!r} differs from the directory name {name!r}"
             )
         seq = None
+        steps = None
         if config is not None:
             source = "the config override" if overridden else str(config_path)
             normalized = triton_config.normalize(config.raw, source)
@@ -147,6 +148,8 @@ def scan_model(
             seq = sequence.parse(
                 normalized, source, model_dir, tuple(t.name for t in config.inputs)
             )
+            if ensemble.is_ensemble(normalized):
+                steps = ensemble.parse(normalized, source, name)
         labels = read_labels(model_dir, config) if config is not None else {}
     except ConfigError as e:
         return [LoadedModel(name, None, None, str(e))]
@@ -172,6 +175,9 @@ def scan_model(
     if loading is not None:
         loading(selected)
     for version in selected:
+        if steps is not None and config is not None:  # a graph of other models: no file to load
+            loaded.append(LoadedModel(name, version, _ensemble(name, version, config, steps), None, raw))
+            continue
         try:
             model = _load_version(name, version, versions[version], config, allow_python, seq)
         except _LoadError as e:
@@ -179,6 +185,18 @@ def scan_model(
         else:
             loaded.append(LoadedModel(name, version, model, None, raw, seq, labels))
     return sorted(loaded, key=lambda m: m.version or 0)
+
+
+def _ensemble(name: str, version: int, config: ModelConfig, steps: tuple[ensemble.Step, ...]) -> ensemble.EnsembleModel:
+    batch = [-1] if config.max_batch_size > 0 else []
+    return ensemble.EnsembleModel(
+        name,
+        version,
+        tuple(Tensor(t.name, t.datatype, [*batch, *t.dims]) for t in config.inputs),
+        tuple(Tensor(t.name, t.datatype, [*batch, *t.dims]) for t in config.outputs),
+        config.max_batch_size,
+        steps,
+    )
 
 
 def read_labels(model_dir: Path, config: ModelConfig) -> dict[str, bytes]:

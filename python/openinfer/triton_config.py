@@ -464,7 +464,7 @@ def complete(name: str, config: Message, model: Any, *, backend: str, gpus: tupl
         c["platform"] = "onnxruntime_onnx"
         if not c.get("default_model_filename"):
             c["default_model_filename"] = "model.onnx"
-    else:
+    elif backend != "ensemble":  # an ensemble has its platform and no backend
         if not c.get("backend") and not c.get("platform"):
             c["backend"] = "python"
         if c.get("backend") == "python" and not c.get("default_model_filename"):
@@ -489,6 +489,8 @@ def complete(name: str, config: Message, model: Any, *, backend: str, gpus: tupl
         c["sequence_batching"] = model._sequence_config  # given in Python, not in a config.pbtxt
     if "sequence_batching" in c:
         c["sequence_batching"] = sequence.complete(c, model.max_batch_size)
+    if backend == "ensemble":  # no instances and no optimization of its own
+        return c
     optimization = dict(c.get("optimization", {}))
     optimization.setdefault("input_pinned_memory", {"enable": True})
     optimization.setdefault("output_pinned_memory", {"enable": True})
@@ -657,8 +659,6 @@ def unsupported(config: Message, source: str) -> tuple[list[str], list[str]]:
         for key in ("use_same_buffer_for_input_output", "use_growable_memory"):
             if state.get(key):
                 warn(f"sequence_batching.state[{i}].{key}", "it only tunes performance")
-    if "ensemble_scheduling" in config:
-        refuse("ensemble_scheduling", "ensembles are not served")
     python = config.get("backend", "python") == "python" and not config.get("platform")
     if config.get("model_transaction_policy", {}).get("decoupled") and (not python or "dynamic_batching" in config):
         refuse(
