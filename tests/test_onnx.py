@@ -163,6 +163,9 @@ def build_repo(repo: Path) -> None:
          'optimization { execution_accelerators { cpu_execution_accelerator [ { name: "openvino" '
          'parameters { key: "device_type" value: "CPU" } } ] } }\n')  # fmt: skip
     save(repo, "no_file", add_sub("N"), 'backend: "onnxruntime"\ndefault_model_filename: "absent.onnx"\n')
+    save(repo, "bad_threads", add_sub("N"), 'platform: "onnxruntime_onnx"\n'
+         'parameters { key: "intra_op_thread_count" value: { string_value: "two" } }\n')  # fmt: skip
+    save(repo, "bad_kind", add_sub("N"), 'platform: "onnxruntime_onnx"\ninstance_group [ { kind: KIND_MODEL } ]\n')
 
 
 @pytest.fixture(scope="module")
@@ -492,6 +495,8 @@ BROKEN = {
     "bad_mode": ["execution_mode are 0 or 1 but got 3"],
     "bad_accelerator": ["unknown accelerator 'warp_drive'"],
     "no_file": ["absent.onnx (default_model_filename) does not exist"],
+    "bad_threads": ["parameter intra_op_thread_count must be a non-negative integer, got 'two'"],
+    "bad_kind": ["instance_group kind KIND_MODEL is not supported by the onnxruntime backend"],
     # The accelerator is passed to ONNX Runtime, whose CPU wheel has no OpenVINO provider.
     "no_openvino": ["execution accelerator 'openvino': OpenVINO execution provider is not supported"],
 }

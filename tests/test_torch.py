@@ -153,6 +153,11 @@ def build_repo(repo: Path) -> None:
         tensor_cfg("input", "INPUT__0", "FP32", [-1]) + tensor_cfg("output", "OUTPUT__0", "FP32", [-1])
         + "instance_group [ { kind: KIND_GPU gpus: [ 7 ] } ]\n",
     )  # fmt: skip
+    save(
+        repo, "bad_threads", Double(),
+        tensor_cfg("input", "INPUT__0", "FP32", [-1]) + tensor_cfg("output", "OUTPUT__0", "FP32", [-1])
+        + 'parameters [ { key: "INTER_OP_THREAD_COUNT" value: { string_value: "-1" } } ]\n',
+    )  # fmt: skip
 
 
 def batch_probe(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -321,6 +326,7 @@ def test_model_errors_are_500_and_the_server_stays_up(server: openinfer.Server) 
         ("bad_names", "input name(s) 'x', 'y' match no forward() argument (a, b)"),
         ("bad_strings", "TYPE_STRING: the torch backend serves numeric and BOOL tensors"),
         ("bad_gpu", "KIND_GPU"),
+        ("bad_threads", "parameter INTER_OP_THREAD_COUNT must be a non-negative integer, got '-1'"),
     ],
 )
 def test_broken_models_are_unavailable_with_reason(server: openinfer.Server, model: str, reason: str) -> None:
