@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "backends/onnx_backend.h"
+#include "python/spec.h"
 
 static PyObject *onnx_open(PyObject *self, PyObject *arg)
 {
@@ -19,19 +20,6 @@ static PyObject *onnx_open(PyObject *self, PyObject *arg)
     return Py_BuildValue("(sI)", oi_onnx_version(), oi_onnx_api_version());
 }
 
-/* A JSON-returning backend call as a str, or a RuntimeError with its message. */
-static PyObject *json_result(char *json, char *err)
-{
-    if (json == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, err ? err : "out of memory");
-        free(err);
-        return NULL;
-    }
-    PyObject *r = PyUnicode_FromString(json);
-    free(json);
-    return r;
-}
-
 static PyObject *onnx_describe(PyObject *self, PyObject *arg)
 {
     (void)self;
@@ -40,7 +28,7 @@ static PyObject *onnx_describe(PyObject *self, PyObject *arg)
         return NULL;
     char *err = NULL, *json;
     Py_BEGIN_ALLOW_THREADS json = oi_onnx_describe(path, &err);
-    Py_END_ALLOW_THREADS return json_result(json, err);
+    Py_END_ALLOW_THREADS return oi__py_json_str(json, err);
 }
 
 static PyObject *onnx_providers(PyObject *self, PyObject *noargs)
@@ -49,7 +37,7 @@ static PyObject *onnx_providers(PyObject *self, PyObject *noargs)
     (void)noargs;
     char *err = NULL;
     char *json = oi_onnx_providers(&err);
-    return json_result(json, err);
+    return oi__py_json_str(json, err);
 }
 
 PyMethodDef oi_py_onnx_functions[] = {
@@ -60,12 +48,6 @@ PyMethodDef oi_py_onnx_functions[] = {
 };
 
 /* ---- add_model(onnx=...) ---------------------------------------------------------------- */
-
-static int int_item(PyObject *spec, const char *key, int dflt)
-{
-    PyObject *v = PyDict_GetItemString(spec, key);
-    return v == NULL || v == Py_None ? dflt : (int)PyLong_AsLong(v);
-}
 
 /* Accelerators from spec[key], a sequence of (name, ((key, value), ...)) whose strings stay
  * owned by `spec`. The arrays are new (free_accels); NULL with an exception on error. */
@@ -147,21 +129,8 @@ static oi_io_spec_t *parse_reshapes(PyObject *spec, const char *key, uint32_t n)
     Py_ssize_t given = fast != NULL ? PySequence_Fast_GET_SIZE(fast) : 0;
     if (given > (Py_ssize_t)n)
         PyErr_Format(PyExc_ValueError, "onnx spec: '%s' has %zd items for %u tensors", key, given, n);
-    for (uint32_t i = 0; fast != NULL && !PyErr_Occurred() && i < (uint32_t)given; i++) {
-        PyObject *r = PySequence_Fast_GET_ITEM(fast, i);
-        if (r == Py_None)
-            continue;
-        PyObject *dims = PySequence_Fast(r, "onnx spec: a reshape is a sequence of ints or None");
-        if (dims == NULL)
-            break;
-        Py_ssize_t nd = PySequence_Fast_GET_SIZE(dims);
-        if (nd > OI_MAX_DIMS)
-            PyErr_SetString(PyExc_ValueError, "onnx spec: too many dimensions in a reshape");
-        for (Py_ssize_t d = 0; d < nd && !PyErr_Occurred(); d++)
-            out[i].dims[d] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(dims, d));
-        out[i].ndim = (int)nd;
-        Py_DECREF(dims);
-    }
+    for (uint32_t i = 0; fast != NULL && !PyErr_Occurred() && i < (uint32_t)given; i++)
+        oi__py_spec_reshape(PySequence_Fast_GET_ITEM(fast, i), "onnx spec", &out[i]);
     Py_XDECREF(fast);
     if (PyErr_Occurred()) {
         free(out);
@@ -220,10 +189,10 @@ void *oi_py_onnx_state(oi_model_t *m, PyObject *spec, char **load_error)
         .path = path,
         .devices = devices,
         .instances = (int)n_dev,
-        .intra_op_threads = int_item(spec, "intra_op_threads", 0),
-        .inter_op_threads = int_item(spec, "inter_op_threads", 0),
-        .graph_level = int_item(spec, "graph_level", 99),
-        .execution_mode = int_item(spec, "execution_mode", 0),
+        .intra_op_threads = oi__py_spec_int(spec, "intra_op_threads", 0),
+        .inter_op_threads = oi__py_spec_int(spec, "inter_op_threads", 0),
+        .graph_level = oi__py_spec_int(spec, "graph_level", 99),
+        .execution_mode = oi__py_spec_int(spec, "execution_mode", 0),
         .gpu_accels = gpu,
         .n_gpu_accels = n_gpu,
         .cpu_accels = cpu,
