@@ -101,23 +101,31 @@ def providers() -> list[str]:
     return list(json.loads(_core.onnx_providers()))
 
 
-def describe(path: Path) -> dict[str, Any]:
-    """The model's inputs and outputs as ONNX Runtime reads them (see _core.onnx_describe)."""
+def describe(spec: dict[str, Any]) -> dict[str, Any]:
+    """The model's inputs and outputs as ONNX Runtime reads them (see _core.onnx_describe),
+    from the first instance's session, which `spec` then carries to add_model."""
     from . import _core
 
     try:
-        return dict(json.loads(_core.onnx_describe(str(path))))
+        text, spec["session"] = _core.onnx_describe(spec)
     except RuntimeError as e:
-        raise OnnxLoadError(f"{path}: {e}") from None
+        raise OnnxLoadError(f"{spec['path']}: {e}") from None
+    return dict(json.loads(text))
 
 
 def load_onnx(name: str, version: int, path: Path, config: ModelConfig | None, sequence: Any = None) -> OnnxModel:
-    """Reads the model's metadata (opening it once on the CPU), checks the config against it
-    or completes the config from it, and makes the spec. With `sequence` (a
-    sequence.SequenceBatching) the model also takes its control and state inputs and gives its
-    state outputs, which the core declares and checks against the model. Raises OnnxLoadError."""
+    """Makes the first instance's session (which the spec carries to add_model: the file is
+    read once for it), checks the config against the model's metadata or completes the config
+    from it, and makes the spec. With `sequence` (a sequence.SequenceBatching) the model also
+    takes its control and state inputs and gives its state outputs, which the core declares
+    and checks against the model. Raises OnnxLoadError."""
     ensure_runtime()
-    described = describe(path)
+    config = config or ModelConfig()
+    devices = _devices(config.instance_groups)
+    normalized = triton_config.normalize(config.raw, str(path)) if config.raw else {}
+    spec = _options(normalized, config.parameters)
+    spec.update(path=str(path), devices=[-1 if d == "cpu" else int(d[5:]) for d in devices])
+    described = describe(spec)
     model_in = {t["name"]: t for t in described["inputs"]}
     model_out = {t["name"]: t for t in described["outputs"]}
     for t in (*described["inputs"], *described["outputs"]):
@@ -126,7 +134,6 @@ def load_onnx(name: str, version: int, path: Path, config: ModelConfig | None, s
                 f"{path}: {t['name']!r} is an ONNX {t['kind']} of element type {t['onnx_type']}, "
                 "which has no V2 datatype"
             )
-    config = config or ModelConfig()
     if sequence is not None and not (config.inputs and config.outputs):
         raise OnnxLoadError(f"{path}: sequence_batching needs input and output in config.pbtxt")
     max_batch_size = config.max_batch_size
@@ -157,15 +164,7 @@ def load_onnx(name: str, version: int, path: Path, config: ModelConfig | None, s
             f"unable to load model '{name}', configuration expects {len(inputs)} inputs, model "
             f"provides {len(model_in)} (no input for {', '.join(map(repr, missing))})"
         )
-    devices = _devices(config.instance_groups)
-    normalized = triton_config.normalize(config.raw, str(path)) if config.raw else {}
-    spec = _options(normalized, config.parameters)
-    spec.update(
-        path=str(path),
-        devices=[-1 if d == "cpu" else int(d[5:]) for d in devices],
-        input_reshape=input_reshape,
-        output_reshape=output_reshape,
-    )
+    spec.update(input_reshape=input_reshape, output_reshape=output_reshape)
     return OnnxModel(
         name=name,
         version=version,
