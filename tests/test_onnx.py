@@ -12,8 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,8 @@ import pytest
 import requests
 
 import openinfer
+
+from conftest import concurrent
 
 onnx = pytest.importorskip("onnx", reason="onnx is not installed (requirements-test.txt has it)")
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (requirements-test.txt has it)")
@@ -428,25 +429,6 @@ def test_bad_requests_name_the_input(server: openinfer.Server) -> None:
 
 
 # ---- dynamic batching ---------------------------------------------------------------------------
-
-
-def concurrent(n: int, fn: Callable[[int], Any]) -> list[Any]:
-    results: list[Any] = [None] * n
-    errors: list[BaseException] = []
-
-    def run(i: int) -> None:
-        try:
-            results[i] = fn(i)
-        except BaseException as e:  # reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
-    return results
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

@@ -11,7 +11,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,8 @@ import requests
 import openinfer
 from openinfer import Model, Tensor
 from openinfer.config import DynamicBatching
+
+from conftest import concurrent
 
 torch = pytest.importorskip("torch", reason="torch is not installed (make test installs it)")
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.*` is deprecated:DeprecationWarning")
@@ -339,27 +340,6 @@ def test_broken_models_are_unavailable_with_reason(server: openinfer.Server, mod
     assert model in server.failed and reason in server.failed[model][1]
     assert "mlp" in server.models  # the others stay up
     assert requests.get(f"{server.url}/v2/models/mlp/ready", timeout=10).status_code == 200
-
-
-def concurrent(n: int, fn: Any) -> list[Any]:
-    results: list[Any] = [None] * n
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(n)
-
-    def run(i: int) -> None:
-        try:
-            barrier.wait()
-            results[i] = fn(i)
-        except BaseException as e:  # reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
-    return results
 
 
 @pytest.mark.parametrize("model", ["batched", "py_batched"])
