@@ -136,6 +136,13 @@ def build_repo(repo: Path) -> None:
         input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] reshape: { shape: [ ] } } ]
         output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] reshape: { shape: [ ] } } ]
     """)  # fmt: skip
+    save(repo, "reshaped_any", helper.make_graph(
+        [helper.make_node("Neg", ["X"], ["Y"])], "neg", [io("X", T.FLOAT, ["N", 2, 2])], [io("Y", T.FLOAT, ["N", 2, 2])]), """\
+        platform: "onnxruntime_onnx"
+        max_batch_size: 8
+        input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] reshape: { shape: [ 2, 2 ] } } ]
+        output [ { name: "Y" data_type: TYPE_FP32 dims: [ 2, 2 ] } ]
+    """)  # fmt: skip
     # NonZero's output size depends on the data: ONNX Runtime allocates it, openinfer takes it.
     save(repo, "nonzero", helper.make_graph(
         [helper.make_node("NonZero", ["X"], ["Y"])], "nz", [io("X", T.INT64, [6])], [io("Y", T.INT64, [1, "K"])]))  # fmt: skip
@@ -398,6 +405,14 @@ def test_reshape(server: openinfer.Server) -> None:
         result = infer(server, protocol, "reshaped", {"X": ("FP32", x)})
         assert result.as_numpy("Y").shape == (5, 1)
         np.testing.assert_array_equal(result.as_numpy("Y"), -x)
+    # A variable dimension reshaped to a fixed one: a request whose size does not fit is the
+    # client's mistake.
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    result = infer(server, "http", "reshaped_any", {"X": ("FP32", x)})
+    np.testing.assert_array_equal(result.as_numpy("Y"), -x.reshape(2, 2, 2))
+    body = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [2, 3], "data": [0] * 6}]}
+    r = requests.post(f"{server.url}/v2/models/reshaped_any/infer", json=body, timeout=30)
+    assert r.status_code == 400 and "input 'X': shape [2,3] cannot be reshaped to [2,2,2]" in r.json()["error"], r.text
 
 
 def test_run_failure_is_500_and_the_server_stays_up(server: openinfer.Server) -> None:

@@ -123,6 +123,12 @@ def build_repo(repo: Path) -> None:
         + tensor_cfg("output", "OUTPUT__0", "FP32", [2]),
     )  # fmt: skip
     save(
+        repo, "reshaped_any", RowSum(),
+        'platform: "pytorch_libtorch"\nmax_batch_size: 4\n'
+        + tensor_cfg("input", "INPUT__0", "FP32", [-1], "reshape: { shape: [ 2, 2 ] }")
+        + tensor_cfg("output", "OUTPUT__0", "FP32", [2]),
+    )  # fmt: skip
+    save(
         repo, "batched", BatchProbe(),
         'platform: "pytorch_libtorch"\nmax_batch_size: 8\n'
         + tensor_cfg("input", "INPUT__0", "FP32", [-1])
@@ -291,6 +297,13 @@ def test_dict_outputs_and_reshape(server: openinfer.Server) -> None:
     status, body = infer(server.url, "reshaped", [v2_input("INPUT__0", "FP32", x)])
     assert status == 200, body
     np.testing.assert_array_equal(output(body, "OUTPUT__0", np.float32), x.reshape(3, 2, 2).sum(-1))
+    # A variable dimension reshaped to a fixed one: a request whose size does not fit is the
+    # client's mistake.
+    status, body = infer(server.url, "reshaped_any", [v2_input("INPUT__0", "FP32", x)])
+    assert status == 200, body
+    np.testing.assert_array_equal(output(body, "OUTPUT__0", np.float32), x.reshape(3, 2, 2).sum(-1))
+    status, body = infer(server.url, "reshaped_any", [v2_input("INPUT__0", "FP32", x[:, :3])])
+    assert status == 400 and "input 'INPUT__0': shape [3,3] cannot be reshaped to [3,2,2]" in body["error"], body
 
 
 def test_configless(server: openinfer.Server) -> None:

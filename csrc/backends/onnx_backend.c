@@ -663,28 +663,6 @@ static oi_buf_t *preallocate(const ox_state_t *s, const ox_io_t *o, int64_t batc
     return b;
 }
 
-/* The shape a reshaped input has for the session: the batch dimension as sent, then the
- * reshape; the element count must stay the same. */
-static oi_status_t *reshape_input(const ox_state_t *s, const oi_io_spec_t *reshape, const oi_tensor_t *t,
-                                  oi_tensor_t *view)
-{
-    int nd = 0;
-    if (s->max_batch_size > 0 && t->ndim > 0)
-        view->shape[nd++] = t->shape[0];
-    for (int d = 0; d < reshape->ndim && nd < OI_MAX_DIMS; d++)
-        view->shape[nd++] = reshape->dims[d];
-    view->ndim = nd;
-    int64_t sent = 0, seen = 0;
-    if (oi_shape_elements(t->shape, t->ndim, &sent) != 0 || oi_shape_elements(view->shape, nd, &seen) != 0 ||
-        sent != seen) {
-        char got[24 * OI_MAX_DIMS], want[24 * OI_MAX_DIMS];
-        return oi_status_new(OI_BAD_REQUEST, "input '%s': shape %s cannot be reshaped to %s", t->name,
-                             oi_shape_format(t->shape, t->ndim, got, sizeof(got)),
-                             oi_shape_format(view->shape, nd, want, sizeof(want)));
-    }
-    return NULL;
-}
-
 /* Describes the run's failure on `what` as a status of `code` and frees `msg`. */
 static oi_status_t *run_error(const ox_state_t *s, int code, const char *kind, const char *what, char *msg)
 {
@@ -769,7 +747,8 @@ static oi_status_t *ox_execute(void *state, const oi_request_t *req, const char 
         }
         in_names[k] = s->inputs[k].name;
         oi_tensor_t view = *t; /* the tensor as the session sees it */
-        if (s->inputs[k].reshape.ndim >= 0 && (st = reshape_input(s, &s->inputs[k].reshape, t, &view)) != NULL)
+        if (s->inputs[k].reshape.ndim >= 0 &&
+            (st = oi_tensor_reshape(t, &s->inputs[k].reshape, s->max_batch_size > 0, view.shape, &view.ndim)) != NULL)
             break;
         char *msg = t->dtype == OI_TYPE_BYTES
                         ? bytes_value(&view, &in_values[k])
