@@ -299,6 +299,30 @@ def wait_for(cond: Callable[[], bool], what: str, bound: float = 30.0) -> None:
         time.sleep(0.01)
 
 
+def concurrent(n: int, fn: Callable[[int], Any]) -> list[Any]:
+    """fn(0) .. fn(n - 1) on n threads that start together; their results, in order. Fails if
+    a call raised or a thread has not ended after 120 s (a bound on a hang, not a timing)."""
+    results: list[Any] = [None] * n
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(n)
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait()
+            results[i] = fn(i)
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert not any(t.is_alive() for t in threads), "a call still runs after 120 s"
+    return results
+
+
 def wait_until_held(n: int = 1, bound: float = 60.0) -> None:
     """Waits (bounded) for `n` pieces of work to be waiting on the hold."""
     end = time.monotonic() + bound

@@ -12,8 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,8 @@ import pytest
 import requests
 
 import openinfer
+
+from conftest import concurrent
 
 onnx = pytest.importorskip("onnx", reason="onnx is not installed (requirements-test.txt has it)")
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (requirements-test.txt has it)")
@@ -135,6 +136,13 @@ def build_repo(repo: Path) -> None:
         input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] reshape: { shape: [ ] } } ]
         output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] reshape: { shape: [ ] } } ]
     """)  # fmt: skip
+    save(repo, "reshaped_any", helper.make_graph(
+        [helper.make_node("Neg", ["X"], ["Y"])], "neg", [io("X", T.FLOAT, ["N", 2, 2])], [io("Y", T.FLOAT, ["N", 2, 2])]), """\
+        platform: "onnxruntime_onnx"
+        max_batch_size: 8
+        input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] reshape: { shape: [ 2, 2 ] } } ]
+        output [ { name: "Y" data_type: TYPE_FP32 dims: [ 2, 2 ] } ]
+    """)  # fmt: skip
     # NonZero's output size depends on the data: ONNX Runtime allocates it, openinfer takes it.
     save(repo, "nonzero", helper.make_graph(
         [helper.make_node("NonZero", ["X"], ["Y"])], "nz", [io("X", T.INT64, [6])], [io("Y", T.INT64, [1, "K"])]))  # fmt: skip
@@ -163,6 +171,9 @@ def build_repo(repo: Path) -> None:
          'optimization { execution_accelerators { cpu_execution_accelerator [ { name: "openvino" '
          'parameters { key: "device_type" value: "CPU" } } ] } }\n')  # fmt: skip
     save(repo, "no_file", add_sub("N"), 'backend: "onnxruntime"\ndefault_model_filename: "absent.onnx"\n')
+    save(repo, "bad_threads", add_sub("N"), 'platform: "onnxruntime_onnx"\n'
+         'parameters { key: "intra_op_thread_count" value: { string_value: "two" } }\n')  # fmt: skip
+    save(repo, "bad_kind", add_sub("N"), 'platform: "onnxruntime_onnx"\ninstance_group [ { kind: KIND_MODEL } ]\n')
 
 
 @pytest.fixture(scope="module")
@@ -394,6 +405,14 @@ def test_reshape(server: openinfer.Server) -> None:
         result = infer(server, protocol, "reshaped", {"X": ("FP32", x)})
         assert result.as_numpy("Y").shape == (5, 1)
         np.testing.assert_array_equal(result.as_numpy("Y"), -x)
+    # A variable dimension reshaped to a fixed one: a request whose size does not fit is the
+    # client's mistake.
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    result = infer(server, "http", "reshaped_any", {"X": ("FP32", x)})
+    np.testing.assert_array_equal(result.as_numpy("Y"), -x.reshape(2, 2, 2))
+    body = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [2, 3], "data": [0] * 6}]}
+    r = requests.post(f"{server.url}/v2/models/reshaped_any/infer", json=body, timeout=30)
+    assert r.status_code == 400 and "input 'X': shape [2,3] cannot be reshaped to [2,2,2]" in r.json()["error"], r.text
 
 
 def test_run_failure_is_500_and_the_server_stays_up(server: openinfer.Server) -> None:
@@ -425,25 +444,6 @@ def test_bad_requests_name_the_input(server: openinfer.Server) -> None:
 
 
 # ---- dynamic batching ---------------------------------------------------------------------------
-
-
-def concurrent(n: int, fn: Callable[[int], Any]) -> list[Any]:
-    results: list[Any] = [None] * n
-    errors: list[BaseException] = []
-
-    def run(i: int) -> None:
-        try:
-            results[i] = fn(i)
-        except BaseException as e:  # reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
-    return results
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
@@ -492,6 +492,8 @@ BROKEN = {
     "bad_mode": ["execution_mode are 0 or 1 but got 3"],
     "bad_accelerator": ["unknown accelerator 'warp_drive'"],
     "no_file": ["absent.onnx (default_model_filename) does not exist"],
+    "bad_threads": ["parameter intra_op_thread_count must be a non-negative integer, got 'two'"],
+    "bad_kind": ["instance_group kind KIND_MODEL is not supported by the onnxruntime backend"],
     # The accelerator is passed to ONNX Runtime, whose CPU wheel has no OpenVINO provider.
     "no_openvino": ["execution accelerator 'openvino': OpenVINO execution provider is not supported"],
 }
@@ -549,6 +551,32 @@ def test_kind_gpu_without_cuda_is_unavailable(tmp_path: Path) -> None:
         assert index[0]["state"] == "UNAVAILABLE"
         assert "KIND_GPU needs ONNX Runtime's CUDA execution provider" in index[0]["reason"]
         assert "pip install onnxruntime-gpu" in index[0]["reason"]
+
+
+def test_the_describing_session_serves_the_first_instance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model file is read once for the first instance: the session that describes the
+    model serves it. With the file gone once the model is described, a model of one instance
+    serves, and one of two cannot make its second session."""
+    from openinfer import onnx_model
+
+    for name, count in (("one", 1), ("two", 2)):
+        config = f'platform: "onnxruntime_onnx"\ninstance_group [ {{ count: {count} kind: KIND_CPU }} ]\n'
+        save(tmp_path, name, add_sub("N"), config)
+    describe = onnx_model.describe
+
+    def describe_and_remove(spec: dict[str, Any]) -> dict[str, Any]:
+        described = describe(spec)
+        Path(spec["path"]).unlink()
+        return described
+
+    monkeypatch.setattr(onnx_model, "describe", describe_and_remove)
+    with openinfer.serve(tmp_path, http_port=0, grpc_port=None, log=False) as srv:
+        index = {m["name"]: m for m in requests.post(f"{srv.url}/v2/repository/index", timeout=10).json()}
+        assert index["one"]["state"] == "READY", index["one"]
+        assert index["two"]["state"] == "UNAVAILABLE" and "model.onnx" in index["two"]["reason"], index["two"]
+        a = np.arange(32, dtype=np.int32).reshape(2, 16)
+        result = infer(srv, "http", "one", {"INPUT0": ("INT32", a), "INPUT1": ("INT32", a)}, fresh=True)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a * 2)
 
 
 # ---- sequence batching ------------------------------------------------------------------------------

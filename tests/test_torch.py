@@ -11,7 +11,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,8 @@ import requests
 import openinfer
 from openinfer import Model, Tensor
 from openinfer.config import DynamicBatching
+
+from conftest import concurrent
 
 torch = pytest.importorskip("torch", reason="torch is not installed (make test installs it)")
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.*` is deprecated:DeprecationWarning")
@@ -122,6 +123,12 @@ def build_repo(repo: Path) -> None:
         + tensor_cfg("output", "OUTPUT__0", "FP32", [2]),
     )  # fmt: skip
     save(
+        repo, "reshaped_any", RowSum(),
+        'platform: "pytorch_libtorch"\nmax_batch_size: 4\n'
+        + tensor_cfg("input", "INPUT__0", "FP32", [-1], "reshape: { shape: [ 2, 2 ] }")
+        + tensor_cfg("output", "OUTPUT__0", "FP32", [2]),
+    )  # fmt: skip
+    save(
         repo, "batched", BatchProbe(),
         'platform: "pytorch_libtorch"\nmax_batch_size: 8\n'
         + tensor_cfg("input", "INPUT__0", "FP32", [-1])
@@ -152,6 +159,11 @@ def build_repo(repo: Path) -> None:
         repo, "bad_gpu", Double(),
         tensor_cfg("input", "INPUT__0", "FP32", [-1]) + tensor_cfg("output", "OUTPUT__0", "FP32", [-1])
         + "instance_group [ { kind: KIND_GPU gpus: [ 7 ] } ]\n",
+    )  # fmt: skip
+    save(
+        repo, "bad_threads", Double(),
+        tensor_cfg("input", "INPUT__0", "FP32", [-1]) + tensor_cfg("output", "OUTPUT__0", "FP32", [-1])
+        + 'parameters [ { key: "INTER_OP_THREAD_COUNT" value: { string_value: "-1" } } ]\n',
     )  # fmt: skip
 
 
@@ -285,6 +297,13 @@ def test_dict_outputs_and_reshape(server: openinfer.Server) -> None:
     status, body = infer(server.url, "reshaped", [v2_input("INPUT__0", "FP32", x)])
     assert status == 200, body
     np.testing.assert_array_equal(output(body, "OUTPUT__0", np.float32), x.reshape(3, 2, 2).sum(-1))
+    # A variable dimension reshaped to a fixed one: a request whose size does not fit is the
+    # client's mistake.
+    status, body = infer(server.url, "reshaped_any", [v2_input("INPUT__0", "FP32", x)])
+    assert status == 200, body
+    np.testing.assert_array_equal(output(body, "OUTPUT__0", np.float32), x.reshape(3, 2, 2).sum(-1))
+    status, body = infer(server.url, "reshaped_any", [v2_input("INPUT__0", "FP32", x[:, :3])])
+    assert status == 400 and "input 'INPUT__0': shape [3,3] cannot be reshaped to [3,2,2]" in body["error"], body
 
 
 def test_configless(server: openinfer.Server) -> None:
@@ -321,6 +340,7 @@ def test_model_errors_are_500_and_the_server_stays_up(server: openinfer.Server) 
         ("bad_names", "input name(s) 'x', 'y' match no forward() argument (a, b)"),
         ("bad_strings", "TYPE_STRING: the torch backend serves numeric and BOOL tensors"),
         ("bad_gpu", "KIND_GPU"),
+        ("bad_threads", "parameter INTER_OP_THREAD_COUNT must be a non-negative integer, got '-1'"),
     ],
 )
 def test_broken_models_are_unavailable_with_reason(server: openinfer.Server, model: str, reason: str) -> None:
@@ -333,27 +353,6 @@ def test_broken_models_are_unavailable_with_reason(server: openinfer.Server, mod
     assert model in server.failed and reason in server.failed[model][1]
     assert "mlp" in server.models  # the others stay up
     assert requests.get(f"{server.url}/v2/models/mlp/ready", timeout=10).status_code == 200
-
-
-def concurrent(n: int, fn: Any) -> list[Any]:
-    results: list[Any] = [None] * n
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(n)
-
-    def run(i: int) -> None:
-        try:
-            barrier.wait()
-            results[i] = fn(i)
-        except BaseException as e:  # reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
-    return results
 
 
 @pytest.mark.parametrize("model", ["batched", "py_batched"])

@@ -343,23 +343,23 @@ static int describe_io(oi_sbuf_t *b, const char *key, const ox_io_t *io, size_t 
     return ok && oi_sbuf_append(b, "]", 1) == 0 ? 0 : -1;
 }
 
-char *oi_onnx_describe(const char *path, char **err)
+char *oi_onnx_describe(const oi_onnx_spec_t *spec, void **session_out, char **err)
 {
     *err = NULL;
+    *session_out = NULL;
     if (ort.handle == NULL) {
         *err = strdup("ONNX Runtime is not loaded");
         return NULL;
     }
-    oi_onnx_spec_t spec = {.path = path, .graph_level = ORT_DISABLE_ALL, .intra_op_threads = 1};
-    OrtSession *session = session_new(&spec, -1, err);
+    OrtSession *session = session_new(spec, spec->devices ? spec->devices[0] : -1, err);
     if (session == NULL)
         return NULL;
     size_t n_in = 0, n_out = 0;
     ox_io_t *in = session_io(session, 0, &n_in, err), *out = NULL;
     if (in != NULL)
         out = session_io(session, 1, &n_out, err);
-    ort.api->ReleaseSession(session);
     if (out == NULL) {
+        ort.api->ReleaseSession(session);
         io_free(in, n_in);
         return NULL;
     }
@@ -370,11 +370,19 @@ char *oi_onnx_describe(const char *path, char **err)
     io_free(in, n_in);
     io_free(out, n_out);
     if (!ok) {
+        ort.api->ReleaseSession(session);
         oi_sbuf_free(&b);
         *err = strdup("out of memory");
         return NULL;
     }
+    *session_out = session;
     return b.data;
+}
+
+void oi_onnx_session_release(void *session)
+{
+    if (session != NULL)
+        ort.api->ReleaseSession(session);
 }
 
 char *oi_onnx_providers(char **err)
@@ -476,20 +484,26 @@ void *oi_onnx_backend_state(const char *model_name, const oi_onnx_spec_t *spec, 
                             uint32_t n_outputs, char **err)
 {
     *err = NULL;
-    if (ort.handle == NULL) {
+    if (ort.handle == NULL) { /* then no session can have been made */
         *err = strdup("ONNX Runtime is not loaded");
         return NULL;
     }
     int n_inst = spec->instances < 1 ? 1 : spec->instances;
     ox_state_t *s = calloc(1, sizeof(*s) + (size_t)n_inst * sizeof(OrtSession *));
-    if (s == NULL || oi__instances_init(&s->pool, n_inst) != 0 || (s->model_name = strdup(model_name)) == NULL) {
-        ox_release(s);
+    if (s == NULL) {
+        oi_onnx_session_release(spec->session);
         *err = strdup("out of memory");
         return NULL;
     }
     s->n_instances = n_inst;
+    s->sessions[0] = spec->session;
+    if (oi__instances_init(&s->pool, n_inst) != 0 || (s->model_name = strdup(model_name)) == NULL) {
+        ox_release(s);
+        *err = strdup("out of memory");
+        return NULL;
+    }
     s->max_batch_size = max_batch_size;
-    for (int i = 0; i < n_inst; i++) {
+    for (int i = spec->session != NULL; i < n_inst; i++) {
         s->sessions[i] = session_new(spec, spec->devices ? spec->devices[i] : -1, err);
         if (s->sessions[i] == NULL)
             goto fail;
@@ -649,28 +663,6 @@ static oi_buf_t *preallocate(const ox_state_t *s, const ox_io_t *o, int64_t batc
     return b;
 }
 
-/* The shape a reshaped input has for the session: the batch dimension as sent, then the
- * reshape; the element count must stay the same. */
-static oi_status_t *reshape_input(const ox_state_t *s, const oi_io_spec_t *reshape, const oi_tensor_t *t,
-                                  oi_tensor_t *view)
-{
-    int nd = 0;
-    if (s->max_batch_size > 0 && t->ndim > 0)
-        view->shape[nd++] = t->shape[0];
-    for (int d = 0; d < reshape->ndim && nd < OI_MAX_DIMS; d++)
-        view->shape[nd++] = reshape->dims[d];
-    view->ndim = nd;
-    int64_t sent = 0, seen = 0;
-    if (oi_shape_elements(t->shape, t->ndim, &sent) != 0 || oi_shape_elements(view->shape, nd, &seen) != 0 ||
-        sent != seen) {
-        char got[24 * OI_MAX_DIMS], want[24 * OI_MAX_DIMS];
-        return oi_status_new(OI_BAD_REQUEST, "input '%s': shape %s cannot be reshaped to %s", t->name,
-                             oi_shape_format(t->shape, t->ndim, got, sizeof(got)),
-                             oi_shape_format(view->shape, nd, want, sizeof(want)));
-    }
-    return NULL;
-}
-
 /* Describes the run's failure on `what` as a status of `code` and frees `msg`. */
 static oi_status_t *run_error(const ox_state_t *s, int code, const char *kind, const char *what, char *msg)
 {
@@ -755,7 +747,8 @@ static oi_status_t *ox_execute(void *state, const oi_request_t *req, const char 
         }
         in_names[k] = s->inputs[k].name;
         oi_tensor_t view = *t; /* the tensor as the session sees it */
-        if (s->inputs[k].reshape.ndim >= 0 && (st = reshape_input(s, &s->inputs[k].reshape, t, &view)) != NULL)
+        if (s->inputs[k].reshape.ndim >= 0 &&
+            (st = oi_tensor_reshape(t, &s->inputs[k].reshape, s->max_batch_size > 0, view.shape, &view.ndim)) != NULL)
             break;
         char *msg = t->dtype == OI_TYPE_BYTES
                         ? bytes_value(&view, &in_values[k])

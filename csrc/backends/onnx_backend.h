@@ -23,13 +23,6 @@ unsigned oi_onnx_api_version(void);
  * new JSON text (a list of strings; free() it), or NULL with a new message in *err. */
 char *oi_onnx_providers(char **err);
 
-/* Opens `path` once on the CPU without graph optimisation and returns new JSON text (free()
- * it): {"inputs": [...], "outputs": [...]}, each tensor {"name": str, "datatype": "FP32"
- * (""  when it has no V2 datatype), "onnx_type": int, "kind": "tensor"|"sequence"|"map"|...,
- * "shape": [dims, -1 where symbolic or unknown]}; "shape" is null when the rank is unknown.
- * NULL with a new message in *err (free() it). */
-char *oi_onnx_describe(const char *path, char **err);
-
 /* An execution provider to append to a session, with its options (borrowed for the call). */
 typedef struct oi_onnx_accel_s {
     const char *name; /* "cuda", "tensorrt" (GPU instances) or "openvino" (CPU instances) */
@@ -56,10 +49,26 @@ typedef struct oi_onnx_spec_s {
      * not), and the output is reported in the declared shape. NULL: none. */
     const oi_io_spec_t *input_reshape;
     const oi_io_spec_t *output_reshape;
+    /* The first instance's session, from oi_onnx_describe on this spec, which
+     * oi_onnx_backend_state takes (NULL: it makes the session). */
+    void *session;
 } oi_onnx_spec_t;
 
-/* Creates one session per instance and returns the state for oi_onnx_backend (which owns
- * it), or NULL with a new message in *err (free() it). `inputs` and `outputs` are the
+/* Makes the first instance's session of `spec` (the model file is read here, and only here
+ * for that instance) and describes it as new JSON text (free() it): {"inputs": [...],
+ * "outputs": [...]}, each tensor {"name": str, "datatype": "FP32" ("" when it has no V2
+ * datatype), "onnx_type": int, "kind": "tensor"|"sequence"|"map"|..., "shape": [dims, -1
+ * where symbolic or unknown]}; "shape" is null when the rank is unknown. The session is
+ * handed to *session, for spec->session or oi_onnx_session_release. NULL with a new message
+ * in *err (free() it), and no session. */
+char *oi_onnx_describe(const oi_onnx_spec_t *spec, void **session, char **err);
+
+/* Releases a session from oi_onnx_describe that no model took. */
+void oi_onnx_session_release(void *session);
+
+/* Creates one session per instance (taking spec->session, when given, as the first one, even
+ * when it fails) and returns the state for oi_onnx_backend (which owns it), or NULL with a
+ * new message in *err (free() it). `inputs` and `outputs` are the
  * model's declaration (names and datatypes are copied), which must name tensors of the model
  * with the same datatypes; max_batch_size > 0 means dimension 0 is the batch. */
 void *oi_onnx_backend_state(const char *model_name, const oi_onnx_spec_t *spec, int max_batch_size,

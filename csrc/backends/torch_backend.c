@@ -211,22 +211,6 @@ static void free_shim_tensor(oi_buf_t *b)
     free(b);
 }
 
-/* The shape the model sees: the batch dimension as sent, then the reshape, if any. */
-static int model_shape(const ts_state_t *s, const oi_io_spec_t *reshape, const int64_t *sent, int sent_ndim,
-                       int64_t *out)
-{
-    if (reshape->ndim < 0) {
-        memcpy(out, sent, (size_t)sent_ndim * sizeof(int64_t));
-        return sent_ndim;
-    }
-    int nd = 0;
-    if (s->max_batch_size > 0)
-        out[nd++] = sent[0];
-    for (int d = 0; d < reshape->ndim && nd < OI_MAX_DIMS; d++)
-        out[nd++] = reshape->dims[d];
-    return nd;
-}
-
 static const oits_output_t *find_output(const ts_state_t *s, uint32_t i, const oits_output_t *outs, size_t n)
 {
     if (s->outputs[i].key != NULL) {
@@ -254,16 +238,14 @@ static oi_status_t *ts_execute(void *state, const oi_request_t *req, const char 
             return oi_status_new(OI_BAD_REQUEST, "missing input '%s' for model '%s'", s->arg_names[k], s->model_name);
         in[k].data = t->byte_size ? t->data : NULL;
         in[k].dtype = t->dtype;
-        in[k].ndim = model_shape(s, &s->arg_shape[k], t->shape, t->ndim, shapes[k]);
         in[k].shape = shapes[k];
-        int64_t count;
-        if (oi_shape_elements(shapes[k], in[k].ndim, &count) != 0 ||
-            (uint64_t)count * oi_dtype_size(t->dtype) != t->byte_size) {
-            char got[24 * OI_MAX_DIMS], want[24 * OI_MAX_DIMS];
-            return oi_status_new(OI_BAD_REQUEST, "input '%s': shape %s cannot be reshaped to %s", t->name,
-                                 oi_shape_format(t->shape, t->ndim, got, sizeof(got)),
-                                 oi_shape_format(shapes[k], in[k].ndim, want, sizeof(want)));
-        }
+        in[k].ndim = t->ndim;
+        memcpy(shapes[k], t->shape, (size_t)t->ndim * sizeof(int64_t));
+        oi_status_t *st = s->arg_shape[k].ndim >= 0
+                              ? oi_tensor_reshape(t, &s->arg_shape[k], s->max_batch_size > 0, shapes[k], &in[k].ndim)
+                              : NULL;
+        if (st != NULL)
+            return st;
     }
     oits_output_t *outs = NULL;
     size_t n_outs = 0;

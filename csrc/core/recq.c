@@ -1,9 +1,16 @@
 #include "core/recq.h"
 
+#include <errno.h>
 #include <stdalign.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#include "core/thread.h"
+
+/* How long the consuming thread sleeps after a pass that found the queue empty. */
+#define IDLE_NS 5000000L
 
 /* Each slot is its sequence number then the record: the sequence says whether the slot is
  * free for the producer at that position or full for the consumer at it. */
@@ -13,6 +20,13 @@ struct oi_recq_s {
     size_t tail;        /* next position to read (the consumer only) */
     atomic_uint_fast64_t dropped;
     unsigned char *slots;
+    /* The consuming thread (oi_recq_consume), and the record it pops into. */
+    void (*each)(void *ctx, void *rec);
+    void (*pass)(void *ctx, size_t n);
+    void *ctx;
+    void *rec;
+    atomic_int stop;
+    pthread_t thread;
 };
 
 static atomic_size_t *slot_seq(const oi_recq_t *q, size_t pos)
@@ -79,6 +93,46 @@ int oi_recq_pop(oi_recq_t *q, void *out)
     return 1;
 }
 
+static void *consumer_main(void *arg)
+{
+    oi_recq_t *q = arg;
+    for (;;) {
+        int stopping = atomic_load(&q->stop);
+        size_t n = 0;
+        for (; oi_recq_pop(q, q->rec); n++)
+            q->each(q->ctx, q->rec);
+        if (q->pass != NULL)
+            q->pass(q->ctx, n);
+        if (stopping)
+            return NULL;
+        if (n == 0) {
+            struct timespec idle = {0, IDLE_NS};
+            nanosleep(&idle, NULL);
+        }
+    }
+}
+
+int oi_recq_consume(oi_recq_t *q, void (*each)(void *ctx, void *rec), void (*pass)(void *ctx, size_t n), void *ctx)
+{
+    if ((q->rec = malloc(q->rec_size ? q->rec_size : 1)) == NULL)
+        return ENOMEM;
+    q->each = each;
+    q->pass = pass;
+    q->ctx = ctx;
+    int rc = oi_thread_create(&q->thread, consumer_main, q, 0);
+    if (rc != 0) {
+        free(q->rec);
+        q->rec = NULL;
+    }
+    return rc;
+}
+
+void oi_recq_stop(oi_recq_t *q)
+{
+    atomic_store(&q->stop, 1);
+    pthread_join(q->thread, NULL);
+}
+
 uint64_t oi_recq_dropped(const oi_recq_t *q)
 {
     return atomic_load_explicit(&((oi_recq_t *)q)->dropped, memory_order_relaxed);
@@ -88,6 +142,7 @@ void oi_recq_free(oi_recq_t *q)
 {
     if (q == NULL)
         return;
+    free(q->rec);
     free(q->slots);
     free(q);
 }

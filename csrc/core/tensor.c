@@ -71,6 +71,25 @@ char *oi_shape_format(const int64_t *shape, int ndim, char *out, size_t cap)
     return out;
 }
 
+oi_status_t *oi_tensor_reshape(const oi_tensor_t *t, const oi_io_spec_t *reshape, int batched, int64_t *shape,
+                               int *ndim)
+{
+    int nd = 0;
+    if (batched && t->ndim > 0)
+        shape[nd++] = t->shape[0];
+    for (int d = 0; d < reshape->ndim && nd < OI_MAX_DIMS; d++)
+        shape[nd++] = reshape->dims[d];
+    *ndim = nd;
+    int64_t sent = 0, seen = 0;
+    if (oi_shape_elements(t->shape, t->ndim, &sent) != 0 || oi_shape_elements(shape, nd, &seen) != 0 || sent != seen) {
+        char got[24 * OI_MAX_DIMS], want[24 * OI_MAX_DIMS];
+        return oi_status_new(OI_BAD_REQUEST, "input '%s': shape %s cannot be reshaped to %s", t->name,
+                             oi_shape_format(t->shape, t->ndim, got, sizeof(got)),
+                             oi_shape_format(shape, nd, want, sizeof(want)));
+    }
+    return NULL;
+}
+
 oi_tensor_t *oi_tensor_push(oi_tensor_t **arr, uint32_t *n)
 {
     /* Capacity is implied by the count: 4, then doubled each time the count reaches a power

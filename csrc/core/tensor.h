@@ -121,6 +121,13 @@ int oi_shape_elements(const int64_t *shape, int ndim, int64_t *count);
 /* Writes "[2,16]" into `out` (at least 24*OI_MAX_DIMS bytes for any shape); returns out. */
 char *oi_shape_format(const int64_t *shape, int ndim, char *out, size_t cap);
 
+/* The shape that input `t` has for a model declaring `reshape` (Triton's reshape, ndim >= 0):
+ * dimension 0 as sent when the model batches, then the reshape's dims, into `shape`
+ * (OI_MAX_DIMS) and *ndim. NULL, or a 400 naming the input when the element count would
+ * change. */
+oi_status_t *oi_tensor_reshape(const oi_tensor_t *t, const oi_io_spec_t *reshape, int batched, int64_t *shape,
+                               int *ndim);
+
 /* Appends a zeroed tensor to a growable array; returns it or NULL (out of memory). */
 oi_tensor_t *oi_tensor_push(oi_tensor_t **arr, uint32_t *n);
 

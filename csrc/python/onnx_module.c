@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "backends/onnx_backend.h"
+#include "python/spec.h"
 
 static PyObject *onnx_open(PyObject *self, PyObject *arg)
 {
@@ -19,53 +20,25 @@ static PyObject *onnx_open(PyObject *self, PyObject *arg)
     return Py_BuildValue("(sI)", oi_onnx_version(), oi_onnx_api_version());
 }
 
-/* A JSON-returning backend call as a str, or a RuntimeError with its message. */
-static PyObject *json_result(char *json, char *err)
-{
-    if (json == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, err ? err : "out of memory");
-        free(err);
-        return NULL;
-    }
-    PyObject *r = PyUnicode_FromString(json);
-    free(json);
-    return r;
-}
-
-static PyObject *onnx_describe(PyObject *self, PyObject *arg)
-{
-    (void)self;
-    const char *path = PyUnicode_AsUTF8(arg);
-    if (path == NULL)
-        return NULL;
-    char *err = NULL, *json;
-    Py_BEGIN_ALLOW_THREADS json = oi_onnx_describe(path, &err);
-    Py_END_ALLOW_THREADS return json_result(json, err);
-}
-
 static PyObject *onnx_providers(PyObject *self, PyObject *noargs)
 {
     (void)self;
     (void)noargs;
     char *err = NULL;
     char *json = oi_onnx_providers(&err);
-    return json_result(json, err);
+    return oi__py_json_str(json, err);
 }
+
+static PyObject *onnx_describe(PyObject *self, PyObject *spec);
 
 PyMethodDef oi_py_onnx_functions[] = {
     {"onnx_open", onnx_open, METH_O, "Loads libonnxruntime (once); returns (version, api_version)."},
-    {"onnx_describe", onnx_describe, METH_O, "JSON describing an ONNX file's inputs and outputs."},
+    {"onnx_describe", onnx_describe, METH_O, "(JSON of an ONNX model's inputs and outputs, its first session)."},
     {"onnx_providers", onnx_providers, METH_NOARGS, "JSON list of the loaded ONNX Runtime's providers."},
     {NULL, NULL, 0, NULL},
 };
 
 /* ---- add_model(onnx=...) ---------------------------------------------------------------- */
-
-static int int_item(PyObject *spec, const char *key, int dflt)
-{
-    PyObject *v = PyDict_GetItemString(spec, key);
-    return v == NULL || v == Py_None ? dflt : (int)PyLong_AsLong(v);
-}
 
 /* Accelerators from spec[key], a sequence of (name, ((key, value), ...)) whose strings stay
  * owned by `spec`. The arrays are new (free_accels); NULL with an exception on error. */
@@ -147,21 +120,8 @@ static oi_io_spec_t *parse_reshapes(PyObject *spec, const char *key, uint32_t n)
     Py_ssize_t given = fast != NULL ? PySequence_Fast_GET_SIZE(fast) : 0;
     if (given > (Py_ssize_t)n)
         PyErr_Format(PyExc_ValueError, "onnx spec: '%s' has %zd items for %u tensors", key, given, n);
-    for (uint32_t i = 0; fast != NULL && !PyErr_Occurred() && i < (uint32_t)given; i++) {
-        PyObject *r = PySequence_Fast_GET_ITEM(fast, i);
-        if (r == Py_None)
-            continue;
-        PyObject *dims = PySequence_Fast(r, "onnx spec: a reshape is a sequence of ints or None");
-        if (dims == NULL)
-            break;
-        Py_ssize_t nd = PySequence_Fast_GET_SIZE(dims);
-        if (nd > OI_MAX_DIMS)
-            PyErr_SetString(PyExc_ValueError, "onnx spec: too many dimensions in a reshape");
-        for (Py_ssize_t d = 0; d < nd && !PyErr_Occurred(); d++)
-            out[i].dims[d] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(dims, d));
-        out[i].ndim = (int)nd;
-        Py_DECREF(dims);
-    }
+    for (uint32_t i = 0; fast != NULL && !PyErr_Occurred() && i < (uint32_t)given; i++)
+        oi__py_spec_reshape(PySequence_Fast_GET_ITEM(fast, i), "onnx spec", &out[i]);
     Py_XDECREF(fast);
     if (PyErr_Occurred()) {
         free(out);
@@ -179,69 +139,141 @@ static void free_accels(oi_onnx_accel_t *a, size_t n)
     free(a);
 }
 
-void *oi_py_onnx_state(oi_model_t *m, PyObject *spec, char **load_error)
+/* An oi_onnx_spec_t read from a spec dict, and the arrays it owns (spec_free). Its strings
+ * stay owned by the dict. */
+typedef struct {
+    oi_onnx_spec_t os;
+    PyObject *devs; /* the devices as a fast sequence */
+    int *devices;
+    oi_onnx_accel_t *gpu, *cpu;
+    size_t n_gpu, n_cpu;
+    oi_io_spec_t *in_reshape, *out_reshape;
+} parsed_spec_t;
+
+static void spec_free(parsed_spec_t *p)
 {
-    *load_error = NULL;
+    Py_XDECREF(p->devs);
+    free(p->devices);
+    free_accels(p->gpu, p->n_gpu);
+    free_accels(p->cpu, p->n_cpu);
+    free(p->in_reshape);
+    free(p->out_reshape);
+}
+
+/* Reads `spec` into *p, with the reshapes of model `m` (NULL: none). 0, or -1 with an
+ * exception (spec_free either way). */
+static int spec_parse(PyObject *spec, const oi_model_t *m, parsed_spec_t *p)
+{
+    memset(p, 0, sizeof(*p));
     if (!PyDict_Check(spec)) {
         PyErr_SetString(PyExc_TypeError, "onnx spec must be a dict");
-        return NULL;
+        return -1;
     }
-    void *state = NULL;
-    int *devices = NULL;
-    size_t n_gpu = 0, n_cpu = 0;
-    oi_onnx_accel_t *gpu = NULL, *cpu = NULL;
-    oi_io_spec_t *in_reshape = NULL, *out_reshape = NULL;
     PyObject *path_o = PyDict_GetItemString(spec, "path");
     const char *path = path_o ? PyUnicode_AsUTF8(path_o) : NULL;
     PyObject *devs = PyDict_GetItemString(spec, "devices");
-    PyObject *fast = devs ? PySequence_Fast(devs, "onnx spec: devices must be a sequence of ints") : NULL;
-    if (path == NULL || fast == NULL) {
+    p->devs = devs ? PySequence_Fast(devs, "onnx spec: devices must be a sequence of ints") : NULL;
+    if (path == NULL || p->devs == NULL) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_KeyError, "onnx spec: needs 'path' and 'devices'");
-        goto done;
+        return -1;
     }
-    Py_ssize_t n_dev = PySequence_Fast_GET_SIZE(fast);
+    Py_ssize_t n_dev = PySequence_Fast_GET_SIZE(p->devs);
     if (n_dev < 1) {
         PyErr_SetString(PyExc_ValueError, "onnx spec: at least one device");
-        goto done;
+        return -1;
     }
-    if ((devices = calloc((size_t)n_dev, sizeof(int))) == NULL) {
+    if ((p->devices = calloc((size_t)n_dev, sizeof(int))) == NULL) {
         PyErr_NoMemory();
-        goto done;
+        return -1;
     }
     for (Py_ssize_t i = 0; i < n_dev; i++)
-        devices[i] = (int)PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
-    if (PyErr_Occurred() || (gpu = parse_accels(spec, "gpu_accelerators", &n_gpu)) == NULL ||
-        (cpu = parse_accels(spec, "cpu_accelerators", &n_cpu)) == NULL ||
-        (in_reshape = parse_reshapes(spec, "input_reshape", m->n_inputs)) == NULL ||
-        (out_reshape = parse_reshapes(spec, "output_reshape", m->n_outputs)) == NULL)
-        goto done;
-    oi_onnx_spec_t os = {
+        p->devices[i] = (int)PyLong_AsLong(PySequence_Fast_GET_ITEM(p->devs, i));
+    if (PyErr_Occurred() || (p->gpu = parse_accels(spec, "gpu_accelerators", &p->n_gpu)) == NULL ||
+        (p->cpu = parse_accels(spec, "cpu_accelerators", &p->n_cpu)) == NULL ||
+        (m != NULL && ((p->in_reshape = parse_reshapes(spec, "input_reshape", m->n_inputs)) == NULL ||
+                       (p->out_reshape = parse_reshapes(spec, "output_reshape", m->n_outputs)) == NULL)))
+        return -1;
+    p->os = (oi_onnx_spec_t){
         .path = path,
-        .devices = devices,
+        .devices = p->devices,
         .instances = (int)n_dev,
-        .intra_op_threads = int_item(spec, "intra_op_threads", 0),
-        .inter_op_threads = int_item(spec, "inter_op_threads", 0),
-        .graph_level = int_item(spec, "graph_level", 99),
-        .execution_mode = int_item(spec, "execution_mode", 0),
-        .gpu_accels = gpu,
-        .n_gpu_accels = n_gpu,
-        .cpu_accels = cpu,
-        .n_cpu_accels = n_cpu,
-        .input_reshape = in_reshape,
-        .output_reshape = out_reshape,
+        .intra_op_threads = oi__py_spec_int(spec, "intra_op_threads", 0),
+        .inter_op_threads = oi__py_spec_int(spec, "inter_op_threads", 0),
+        .graph_level = oi__py_spec_int(spec, "graph_level", 99),
+        .execution_mode = oi__py_spec_int(spec, "execution_mode", 0),
+        .gpu_accels = p->gpu,
+        .n_gpu_accels = p->n_gpu,
+        .cpu_accels = p->cpu,
+        .n_cpu_accels = p->n_cpu,
+        .input_reshape = p->in_reshape,
+        .output_reshape = p->out_reshape,
     };
-    if (PyErr_Occurred())
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* The capsule that carries the first instance's session from onnx_describe to add_model; its
+ * context is set once add_model has taken the session. */
+#define SESSION_CAPSULE "openinfer.onnx_session"
+
+static void session_capsule_free(PyObject *capsule)
+{
+    if (PyCapsule_GetContext(capsule) == NULL)
+        oi_onnx_session_release(PyCapsule_GetPointer(capsule, SESSION_CAPSULE));
+}
+
+static PyObject *onnx_describe(PyObject *self, PyObject *spec)
+{
+    (void)self;
+    parsed_spec_t p;
+    if (spec_parse(spec, NULL, &p) != 0) {
+        spec_free(&p);
+        return NULL;
+    }
+    char *err = NULL, *json;
+    void *session = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    json = oi_onnx_describe(&p.os, &session, &err);
+    Py_END_ALLOW_THREADS
+    spec_free(&p);
+    PyObject *text = oi__py_json_str(json, err);
+    PyObject *capsule = text ? PyCapsule_New(session, SESSION_CAPSULE, session_capsule_free) : NULL;
+    if (capsule == NULL) {
+        oi_onnx_session_release(session);
+        Py_XDECREF(text);
+        return NULL;
+    }
+    PyObject *r = PyTuple_Pack(2, text, capsule);
+    Py_DECREF(text);
+    Py_DECREF(capsule);
+    return r;
+}
+
+void *oi_py_onnx_state(oi_model_t *m, PyObject *spec, char **load_error)
+{
+    *load_error = NULL;
+    parsed_spec_t p;
+    void *state = NULL;
+    if (spec_parse(spec, m, &p) != 0)
         goto done;
-    Py_BEGIN_ALLOW_THREADS state = oi_onnx_backend_state(m->name, &os, m->max_batch_size, m->inputs, m->n_inputs,
-                                                         m->outputs, m->n_outputs, load_error);
-    Py_END_ALLOW_THREADS if (state == NULL && *load_error == NULL) PyErr_NoMemory();
+    PyObject *capsule = PyDict_GetItemString(spec, "session"); /* borrowed */
+    if (capsule != NULL && capsule != Py_None) {
+        if (!PyCapsule_IsValid(capsule, SESSION_CAPSULE)) {
+            PyErr_SetString(PyExc_TypeError, "onnx spec: 'session' must come from onnx_describe");
+            goto done;
+        }
+        if (PyCapsule_GetContext(capsule) == NULL) { /* not yet taken by another add_model */
+            p.os.session = PyCapsule_GetPointer(capsule, SESSION_CAPSULE);
+            PyCapsule_SetContext(capsule, capsule);
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    state = oi_onnx_backend_state(m->name, &p.os, m->max_batch_size, m->inputs, m->n_inputs, m->outputs,
+                                  m->n_outputs, load_error);
+    Py_END_ALLOW_THREADS
+    if (state == NULL && *load_error == NULL)
+        PyErr_NoMemory();
 done:
-    Py_XDECREF(fast);
-    free(devices);
-    free_accels(gpu, n_gpu);
-    free_accels(cpu, n_cpu);
-    free(in_reshape);
-    free(out_reshape);
+    spec_free(&p);
     return state;
 }

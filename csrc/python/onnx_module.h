@@ -8,7 +8,7 @@
 
 #include "server/registry.h"
 
-/* Module-level functions: onnx_open(path) -> (version, api_version), onnx_describe(path) and
+/* Module-level functions: onnx_open(path) -> (version, api_version), onnx_describe(spec) and
  * onnx_providers(), added to the module at init. */
 extern PyMethodDef oi_py_onnx_functions[];
 

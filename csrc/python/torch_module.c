@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "backends/torch_backend.h"
+#include "python/spec.h"
 
 static PyObject *torch_open_shim(PyObject *self, PyObject *arg)
 {
@@ -29,14 +30,7 @@ static PyObject *torch_describe(PyObject *self, PyObject *arg)
     Py_BEGIN_ALLOW_THREADS
     json = oi_torch_describe(path, &err);
     Py_END_ALLOW_THREADS
-    if (json == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, err ? err : "out of memory");
-        free(err);
-        return NULL;
-    }
-    PyObject *r = PyUnicode_FromString(json);
-    free(json);
-    return r;
+    return oi__py_json_str(json, err);
 }
 
 PyMethodDef oi_py_torch_functions[] = {
@@ -61,35 +55,6 @@ static PyObject *seq_item(PyObject *spec, const char *key, Py_ssize_t n)
         Py_CLEAR(fast);
     }
     return fast;
-}
-
-static int int_item(PyObject *spec, const char *key, int dflt)
-{
-    PyObject *v = PyDict_GetItemString(spec, key);
-    return v == NULL || v == Py_None ? dflt : (int)PyLong_AsLong(v);
-}
-
-/* None -> ndim -1; a sequence of ints -> that shape. */
-static int parse_shape(PyObject *v, oi_io_spec_t *out)
-{
-    memset(out, 0, sizeof(*out));
-    out->ndim = -1;
-    if (v == Py_None)
-        return 0;
-    PyObject *fast = PySequence_Fast(v, "torch spec: a reshape is a sequence of ints or None");
-    if (fast == NULL)
-        return -1;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-    if (n > OI_MAX_DIMS) {
-        Py_DECREF(fast);
-        PyErr_SetString(PyExc_ValueError, "torch spec: too many dimensions in a reshape");
-        return -1;
-    }
-    out->ndim = (int)n;
-    for (Py_ssize_t i = 0; i < n; i++)
-        out->dims[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
-    Py_DECREF(fast);
-    return PyErr_Occurred() ? -1 : 0;
 }
 
 void *oi_py_torch_state(oi_model_t *m, PyObject *spec, char **load_error)
@@ -143,20 +108,20 @@ void *oi_py_torch_state(oi_model_t *m, PyObject *spec, char **load_error)
         output_index[i] = (int)PyLong_AsLong(PySequence_Fast_GET_ITEM(oidx, i));
         PyObject *k = PySequence_Fast_GET_ITEM(okey, i);
         if (PyErr_Occurred() || (k != Py_None && (output_key[i] = PyUnicode_AsUTF8(k)) == NULL) ||
-            parse_shape(PySequence_Fast_GET_ITEM(ores, i), &output_reshape[i]) != 0)
+            oi__py_spec_reshape(PySequence_Fast_GET_ITEM(ores, i), "torch spec", &output_reshape[i]) != 0)
             goto done;
     }
     for (uint32_t i = 0; i < m->n_inputs; i++)
-        if (parse_shape(PySequence_Fast_GET_ITEM(ires, i), &input_reshape[i]) != 0)
+        if (oi__py_spec_reshape(PySequence_Fast_GET_ITEM(ires, i), "torch spec", &input_reshape[i]) != 0)
             goto done;
     oi_torch_spec_t ts = {
         .path = path,
         .devices = devices,
         .instances = (int)n_dev,
-        .options = {.inference_mode = int_item(spec, "inference_mode", 1),
-                    .disable_optimized = int_item(spec, "disable_optimized_execution", 0),
-                    .intra_op_threads = int_item(spec, "intra_op_threads", 0),
-                    .inter_op_threads = int_item(spec, "inter_op_threads", 0)},
+        .options = {.inference_mode = oi__py_spec_int(spec, "inference_mode", 1),
+                    .disable_optimized = oi__py_spec_int(spec, "disable_optimized_execution", 0),
+                    .intra_op_threads = oi__py_spec_int(spec, "intra_op_threads", 0),
+                    .inter_op_threads = oi__py_spec_int(spec, "inter_op_threads", 0)},
         .arg_inputs = arg_inputs,
         .n_args = (uint32_t)n_args,
         .output_index = output_index,

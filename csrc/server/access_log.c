@@ -2,8 +2,6 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,18 +10,14 @@
 #include <uv.h>
 
 #include "core/recq.h"
-#include "core/thread.h"
 
 /* Queued records: a power of two. At ~300 bytes each, 4096 is about 1.2 MiB. */
 #define CAPACITY 4096
-/* How long the writer sleeps when the queue is empty. */
-#define IDLE_NS 5000000L
 
 struct oi_access_log_s {
-    oi_recq_t *queue; /* loop threads push, the writer pops */
-    atomic_int stop;
+    oi_recq_t *queue; /* loop threads push, the queue's writer thread pops */
     FILE *out;
-    pthread_t writer;
+    uint64_t noted; /* the writer's: drops it has written a line about */
 };
 
 void oi_access_rec_stamp(oi_access_rec_t *rec, uint64_t start_ns)
@@ -82,39 +76,24 @@ static void write_line(FILE *f, const oi_access_rec_t *r)
             (unsigned long long)r->micros);
 }
 
-/* Writes every queued record; returns how many. */
-static size_t drain(oi_access_log_t *log)
+static void write_rec(void *ctx, void *rec)
 {
-    size_t n = 0;
-    oi_access_rec_t rec;
-    for (; oi_recq_pop(log->queue, &rec); n++)
-        write_line(log->out, &rec);
-    return n;
+    oi_access_log_t *log = ctx;
+    write_line(log->out, rec);
 }
 
-static void *writer_main(void *arg)
+/* After each pass of the writer: a line about new drops, and the pass's lines flushed. */
+static void after_pass(void *ctx, size_t n)
 {
-    oi_access_log_t *log = arg;
-    uint64_t noted = 0;
-    for (;;) {
-        int stopping = atomic_load(&log->stop);
-        size_t n = drain(log);
-        uint64_t dropped = oi_access_log_dropped(log);
-        if (dropped != noted) {
-            fprintf(log->out, "# access log: %llu lines dropped so far (the writer fell behind)\n",
-                    (unsigned long long)dropped);
-            noted = dropped;
-        }
-        if (n > 0 || dropped != 0)
-            fflush(log->out);
-        if (stopping)
-            break;
-        if (n == 0) {
-            struct timespec idle = {0, IDLE_NS};
-            nanosleep(&idle, NULL);
-        }
+    oi_access_log_t *log = ctx;
+    uint64_t dropped = oi_access_log_dropped(log);
+    if (dropped != log->noted) {
+        fprintf(log->out, "# access log: %llu lines dropped so far (the writer fell behind)\n",
+                (unsigned long long)dropped);
+        log->noted = dropped;
     }
-    return NULL;
+    if (n > 0 || dropped != 0)
+        fflush(log->out);
 }
 
 oi_access_log_t *oi_access_log_open(const char *path, char *err, size_t errlen)
@@ -138,7 +117,7 @@ oi_access_log_t *oi_access_log_open(const char *path, char *err, size_t errlen)
         snprintf(err, errlen, "cannot open the access log %s: %s", path, strerror(errno));
         goto fail;
     }
-    int rc = oi_thread_create(&log->writer, writer_main, log, 0);
+    int rc = oi_recq_consume(log->queue, write_rec, after_pass, log);
     if (rc != 0) {
         snprintf(err, errlen, "cannot start the access log writer: %s", strerror(rc));
         fclose(log->out);
@@ -156,8 +135,7 @@ void oi_access_log_close(oi_access_log_t *log)
 {
     if (log == NULL)
         return;
-    atomic_store(&log->stop, 1);
-    pthread_join(log->writer, NULL);
+    oi_recq_stop(log->queue);
     fclose(log->out);
     oi_recq_free(log->queue);
     free(log);

@@ -7,15 +7,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "core/recq.h"
-#include "core/thread.h"
 
 /* Queued records: a power of two; at ~240 bytes each, 4096 is about 1 MiB. */
 #define CAPACITY 4096
-/* How long the writer sleeps when the queue is empty. */
-#define IDLE_NS 5000000L
 /* Models that may have settings of their own over a server's life. */
 #define MAX_MODELS 256
 
@@ -43,8 +39,7 @@ struct oi_tracer_s {
     atomic_uint log_frequency;
     atomic_uint_fast64_t next_id;
     atomic_int flush; /* the settings changed: the writer flushes the file */
-    atomic_int stop;
-    oi_recq_t *queue;
+    oi_recq_t *queue; /* its thread is the writer */
     /* The writer's. */
     char path[4096];
     FILE *main;       /* path (log_frequency 0) */
@@ -52,7 +47,6 @@ struct oi_tracer_s {
     FILE *part;       /* path.<index> (log_frequency > 0) */
     int part_started; /* "[" written to part */
     unsigned index, in_part;
-    pthread_t writer;
 };
 
 static model_setting_t *find_model(oi_tracer_t *t, const char *model)
@@ -409,30 +403,23 @@ static void save(oi_tracer_t *t, const oi_trace_rec_t *r)
     }
 }
 
-static void *writer_main(void *arg)
+static void write_queued(void *ctx, void *rec)
 {
-    oi_tracer_t *t = arg;
-    oi_trace_rec_t rec;
-    for (;;) {
-        int stopping = atomic_load(&t->stop);
-        size_t n = 0;
-        for (; oi_recq_pop(t->queue, &rec); n++) {
-            save(t, &rec);
-            oi_trace_tensors_free(rec.tensors);
-        }
-        if (atomic_exchange(&t->flush, 0)) {
-            fflush(t->main);
-            if (t->part != NULL)
-                fflush(t->part);
-        }
-        if (stopping)
-            break;
-        if (n == 0) {
-            struct timespec idle = {0, IDLE_NS};
-            nanosleep(&idle, NULL);
-        }
+    oi_trace_rec_t *r = rec;
+    save(ctx, r);
+    oi_trace_tensors_free(r->tensors);
+}
+
+/* After each pass of the writer: the files flushed when the settings changed. */
+static void after_pass(void *ctx, size_t n)
+{
+    oi_tracer_t *t = ctx;
+    (void)n;
+    if (atomic_exchange(&t->flush, 0)) {
+        fflush(t->main);
+        if (t->part != NULL)
+            fflush(t->part);
     }
-    return NULL;
 }
 
 oi_tracer_t *oi_tracer_open(const char *path, char *err, size_t errlen)
@@ -457,7 +444,7 @@ oi_tracer_t *oi_tracer_open(const char *path, char *err, size_t errlen)
         pthread_mutex_destroy(&t->mu);
         goto fail;
     }
-    int rc = oi_thread_create(&t->writer, writer_main, t, 0);
+    int rc = oi_recq_consume(t->queue, write_queued, after_pass, t);
     if (rc != 0) {
         snprintf(err, errlen, "cannot start the trace writer: %s", strerror(rc));
         fclose(t->main);
@@ -476,8 +463,7 @@ void oi_tracer_close(oi_tracer_t *t)
 {
     if (t == NULL)
         return;
-    atomic_store(&t->stop, 1);
-    pthread_join(t->writer, NULL);
+    oi_recq_stop(t->queue);
     if (t->part != NULL) {
         fputs(t->part_started ? "]" : "[]", t->part);
         fclose(t->part);

@@ -46,6 +46,7 @@ TorchSpec = dict[str, object]
 #     ("cuda", "tensorrt") or CPU ("openvino") instances
 #   input_reshape / output_reshape: per declared tensor, the session's shape past the batch
 #     dimension (Triton's reshape), or None
+#   session: the first instance's session from onnx_describe on this spec (optional)
 OnnxSpec = dict[str, object]
 
 def _hold_work(on: bool) -> None:
@@ -72,10 +73,13 @@ def onnx_open(path: str) -> tuple[str, int]:
     """Loads libonnxruntime (dlopen RTLD_NOW | RTLD_LOCAL) once per process and returns its
     (version, API version in use). Raises OSError (also for a library too old)."""
 
-def onnx_describe(path: str) -> str:
-    """JSON of an ONNX file's tensors: {"inputs": [...], "outputs": [...]}, each {"name",
-    "datatype" ("" without a V2 one), "onnx_type", "kind", "shape" (-1 where variable; null
-    when the rank is unknown)}. Raises RuntimeError when it cannot load."""
+def onnx_describe(spec: OnnxSpec) -> tuple[str, object]:
+    """Makes the first instance's session of `spec` (an add_model onnx spec without the
+    reshapes) and returns JSON of the model's tensors: {"inputs": [...], "outputs": [...]},
+    each {"name", "datatype" ("" without a V2 one), "onnx_type", "kind", "shape" (-1 where
+    variable; null when the rank is unknown)}, and the session, for spec["session"]: the
+    add_model that takes it makes no session for that instance (released when none takes it).
+    Raises RuntimeError when it cannot load."""
 
 def onnx_providers() -> str:
     """JSON list of the loaded ONNX Runtime's execution providers."""

@@ -25,13 +25,13 @@ import importlib.util
 import json
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from . import triton_config
 from .config import DynamicBatching, InstanceGroup, ModelConfig, TensorConfig
 from .model import Tensor
+from .native_model import NativeModel, count_parameter, place_instances
 
 ONNX_PLATFORM = "onnxruntime_onnx"
 ONNX_BACKEND = "onnxruntime"
@@ -51,25 +51,9 @@ class OnnxUnavailable(OnnxLoadError):
     """ONNX Runtime is not installed (or cannot load): ONNX models cannot be served at all."""
 
 
-@dataclass(frozen=True, eq=False)
-class OnnxModel:
-    """An ONNX model version ready to register: its V2 declaration (full shapes) and `spec`,
-    the dict that `_core.Server.add_model(onnx=...)` takes."""
-
-    name: str
-    version: int
-    path: Path
-    inputs: tuple[Tensor, ...]
-    outputs: tuple[Tensor, ...]
-    max_batch_size: int
-    devices: tuple[str, ...]
-    platform: str
-    spec: dict[str, Any]
-    dynamic_batching: DynamicBatching | None = None
-
-    @property
-    def instances(self) -> int:
-        return len(self.devices)
+class OnnxModel(NativeModel):
+    """An ONNX model version ready to register; `spec` is what
+    `_core.Server.add_model(onnx=...)` takes."""
 
 
 def library_path() -> str:
@@ -117,23 +101,31 @@ def providers() -> list[str]:
     return list(json.loads(_core.onnx_providers()))
 
 
-def describe(path: Path) -> dict[str, Any]:
-    """The model's inputs and outputs as ONNX Runtime reads them (see _core.onnx_describe)."""
+def describe(spec: dict[str, Any]) -> dict[str, Any]:
+    """The model's inputs and outputs as ONNX Runtime reads them (see _core.onnx_describe),
+    from the first instance's session, which `spec` then carries to add_model."""
     from . import _core
 
     try:
-        return dict(json.loads(_core.onnx_describe(str(path))))
+        text, spec["session"] = _core.onnx_describe(spec)
     except RuntimeError as e:
-        raise OnnxLoadError(f"{path}: {e}") from None
+        raise OnnxLoadError(f"{spec['path']}: {e}") from None
+    return dict(json.loads(text))
 
 
 def load_onnx(name: str, version: int, path: Path, config: ModelConfig | None, sequence: Any = None) -> OnnxModel:
-    """Reads the model's metadata (opening it once on the CPU), checks the config against it
-    or completes the config from it, and makes the spec. With `sequence` (a
-    sequence.SequenceBatching) the model also takes its control and state inputs and gives its
-    state outputs, which the core declares and checks against the model. Raises OnnxLoadError."""
+    """Makes the first instance's session (which the spec carries to add_model: the file is
+    read once for it), checks the config against the model's metadata or completes the config
+    from it, and makes the spec. With `sequence` (a sequence.SequenceBatching) the model also
+    takes its control and state inputs and gives its state outputs, which the core declares
+    and checks against the model. Raises OnnxLoadError."""
     ensure_runtime()
-    described = describe(path)
+    config = config or ModelConfig()
+    devices = _devices(config.instance_groups)
+    normalized = triton_config.normalize(config.raw, str(path)) if config.raw else {}
+    spec = _options(normalized, config.parameters)
+    spec.update(path=str(path), devices=[-1 if d == "cpu" else int(d[5:]) for d in devices])
+    described = describe(spec)
     model_in = {t["name"]: t for t in described["inputs"]}
     model_out = {t["name"]: t for t in described["outputs"]}
     for t in (*described["inputs"], *described["outputs"]):
@@ -142,7 +134,6 @@ def load_onnx(name: str, version: int, path: Path, config: ModelConfig | None, s
                 f"{path}: {t['name']!r} is an ONNX {t['kind']} of element type {t['onnx_type']}, "
                 "which has no V2 datatype"
             )
-    config = config or ModelConfig()
     if sequence is not None and not (config.inputs and config.outputs):
         raise OnnxLoadError(f"{path}: sequence_batching needs input and output in config.pbtxt")
     max_batch_size = config.max_batch_size
@@ -173,15 +164,7 @@ def load_onnx(name: str, version: int, path: Path, config: ModelConfig | None, s
             f"unable to load model '{name}', configuration expects {len(inputs)} inputs, model "
             f"provides {len(model_in)} (no input for {', '.join(map(repr, missing))})"
         )
-    devices = _devices(config.instance_groups)
-    normalized = triton_config.normalize(config.raw, str(path)) if config.raw else {}
-    spec = _options(normalized, config.parameters)
-    spec.update(
-        path=str(path),
-        devices=[-1 if d == "cpu" else int(d[5:]) for d in devices],
-        input_reshape=input_reshape,
-        output_reshape=output_reshape,
-    )
+    spec.update(input_reshape=input_reshape, output_reshape=output_reshape)
     return OnnxModel(
         name=name,
         version=version,
@@ -304,7 +287,7 @@ def _options(config: dict[str, Any], params: dict[str, str]) -> dict[str, Any]:
             out.append((accel_name, [(str(k), str(v)) for k, v in a.get("parameters", {}).items()]))
         return out
 
-    execution_mode = _count(params, "execution_mode")
+    execution_mode = count_parameter(params, "execution_mode", OnnxLoadError)
     if execution_mode not in (0, 1):
         raise OnnxLoadError(
             f"Invalid configuration value provided. Expected values for execution_mode are 0 or 1 "
@@ -314,23 +297,10 @@ def _options(config: dict[str, Any], params: dict[str, str]) -> dict[str, Any]:
         "graph_level": _GRAPH_LEVELS.get(level, 99),
         "gpu_accelerators": accels("gpu_execution_accelerator", _GPU_ACCELERATORS),
         "cpu_accelerators": accels("cpu_execution_accelerator", _CPU_ACCELERATORS),
-        "intra_op_threads": _count(params, "intra_op_thread_count"),
-        "inter_op_threads": _count(params, "inter_op_thread_count"),
+        "intra_op_threads": count_parameter(params, "intra_op_thread_count", OnnxLoadError),
+        "inter_op_threads": count_parameter(params, "inter_op_thread_count", OnnxLoadError),
         "execution_mode": execution_mode,
     }
-
-
-def _count(params: dict[str, str], key: str) -> int:
-    value = params.get(key)
-    if value is None or value == "":
-        return 0
-    try:
-        count = int(value)
-    except ValueError:
-        count = -1
-    if count < 0:
-        raise OnnxLoadError(f"parameter {key} must be a non-negative integer, got {value!r}")
-    return count
 
 
 def _visible_gpus() -> int:
@@ -347,33 +317,18 @@ def _visible_gpus() -> int:
 
 
 def _devices(groups: tuple[InstanceGroup, ...]) -> tuple[str, ...]:
-    """One device per instance, as Triton places them: `count` sessions on each listed GPU
-    (every visible GPU when none is listed) through the CUDA execution provider, or on the
-    CPU. KIND_AUTO (and no instance_group) means a GPU where ONNX Runtime can use one."""
-    cuda = "CUDAExecutionProvider" in providers()
+    """One session per instance, on the CPU or, through the CUDA execution provider, on a GPU
+    (KIND_AUTO and no instance_group: a GPU where ONNX Runtime can use one)."""
+    available = providers()
+    cuda = "CUDAExecutionProvider" in available
     gpus = _visible_gpus() if cuda else 0
-    if not groups:
-        return ("cuda:0",) if gpus else ("cpu",)
-    devices: list[str] = []
-    for g in groups:
-        kind = g.kind
-        if kind == "KIND_AUTO":
-            kind = "KIND_GPU" if gpus else "KIND_CPU"
-        if kind == "KIND_GPU":
-            if not cuda:
-                raise OnnxLoadError(
-                    "instance_group kind KIND_GPU needs ONNX Runtime's CUDA execution provider, which "
-                    f"the installed onnxruntime lacks (it has {', '.join(providers())}); pip install "
-                    "onnxruntime-gpu, or use KIND_CPU"
-                )
-            if not gpus:
-                raise OnnxLoadError("instance_group kind KIND_GPU needs a CUDA GPU, and none is visible; use KIND_CPU")
-            for gpu in g.gpus or tuple(range(gpus)):
-                if gpu >= gpus:
-                    raise OnnxLoadError(f"instance_group names GPU {gpu}, but {gpus} GPU(s) are visible")
-                devices += [f"cuda:{gpu}"] * g.count
-        elif kind == "KIND_CPU":
-            devices += ["cpu"] * g.count
-        else:
-            raise OnnxLoadError(f"instance_group kind {kind} is not supported by the onnxruntime backend")
-    return tuple(devices)
+    no_gpu = (
+        "instance_group kind KIND_GPU needs a CUDA GPU, and none is visible; use KIND_CPU"
+        if cuda
+        else "instance_group kind KIND_GPU needs ONNX Runtime's CUDA execution provider, which the "
+        f"installed onnxruntime lacks (it has {', '.join(available)}); pip install onnxruntime-gpu, or use "
+        "KIND_CPU"
+    )
+    return place_instances(
+        groups, gpus, OnnxLoadError, no_gpu=no_gpu, seen=f"{gpus} GPU(s) are visible", backend=ONNX_BACKEND
+    )

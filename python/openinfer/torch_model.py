@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import DynamicBatching, InstanceGroup, ModelConfig
+from .config import InstanceGroup, ModelConfig
 from .model import Tensor
+from .native_model import NativeModel, count_parameter, place_instances
 
 TORCH_PLATFORM = "pytorch_libtorch"  # Triton's name, reported for configured models
 CONFIGLESS_PLATFORM = "pytorch_torchscript"  # reported for models served without config.pbtxt
@@ -42,26 +42,9 @@ class TorchUnavailable(TorchLoadError):
     """torch is not installed: TorchScript models cannot be served at all."""
 
 
-@dataclass(frozen=True, eq=False)
-class TorchModel:
-    """A TorchScript model version ready to register: its V2 declaration (full shapes, as
-    `openinfer.Model` has them) and `spec`, the dict that `_core.Server.add_model(torch=...)`
-    takes."""
-
-    name: str
-    version: int
-    path: Path
-    inputs: tuple[Tensor, ...]
-    outputs: tuple[Tensor, ...]
-    max_batch_size: int
-    devices: tuple[str, ...]
-    platform: str
-    spec: dict[str, Any]
-    dynamic_batching: DynamicBatching | None = None
-
-    @property
-    def instances(self) -> int:
-        return len(self.devices)
+class TorchModel(NativeModel):
+    """A TorchScript model version ready to register; `spec` is what
+    `_core.Server.add_model(torch=...)` takes."""
 
 
 def load_torchscript(
@@ -102,8 +85,8 @@ def load_torchscript(
         devices=list(devices),
         inference_mode=int(_flag(params, "INFERENCE_MODE", True)),
         disable_optimized_execution=int(_flag(params, "DISABLE_OPTIMIZED_EXECUTION", False)),
-        intra_op_threads=_count(params, "INTRA_OP_THREAD_COUNT"),
-        inter_op_threads=_count(params, "INTER_OP_THREAD_COUNT"),
+        intra_op_threads=count_parameter(params, "INTRA_OP_THREAD_COUNT", TorchLoadError),
+        inter_op_threads=count_parameter(params, "INTER_OP_THREAD_COUNT", TorchLoadError),
     )
     return TorchModel(
         name=name,
@@ -293,34 +276,19 @@ def _datatype(path: Path, dtype: str, what: str) -> str:
 
 
 def _devices(groups: tuple[InstanceGroup, ...]) -> tuple[str, ...]:
-    """One device per instance, as Triton places them: `count` instances on each listed GPU
-    (every visible GPU when none is listed), or on the CPU."""
+    """One device per instance, on the CPU or a GPU torch sees (kinds other than KIND_GPU and
+    KIND_AUTO run on the CPU)."""
     import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if not groups:
-        return ("cuda:0",) if gpus else ("cpu",)
-    devices: list[str] = []
-    for g in groups:
-        kind = g.kind
-        if kind == "KIND_AUTO":
-            kind = "KIND_GPU" if gpus else "KIND_CPU"
-        if kind == "KIND_GPU":
-            if not gpus:
-                raise TorchLoadError(
-                    "instance_group kind KIND_GPU needs a CUDA GPU, and torch sees none "
-                    f"(torch {torch.__version__}); use KIND_CPU"
-                )
-            listed = g.gpus or tuple(range(gpus))
-            for gpu in listed:
-                if gpu >= gpus:
-                    raise TorchLoadError(
-                        f"instance_group names GPU {gpu}, but torch sees {gpus} GPU(s)"
-                    )
-                devices += [f"cuda:{gpu}"] * g.count
-        else:
-            devices += ["cpu"] * g.count
-    return tuple(devices)
+    return place_instances(
+        groups,
+        gpus,
+        TorchLoadError,
+        no_gpu="instance_group kind KIND_GPU needs a CUDA GPU, and torch sees none "
+        f"(torch {torch.__version__}); use KIND_CPU",
+        seen=f"torch sees {gpus} GPU(s)",
+    )
 
 
 def _flag(params: dict[str, str], key: str, default: bool) -> bool:
@@ -332,16 +300,3 @@ def _flag(params: dict[str, str], key: str, default: bool) -> bool:
     if value.lower() in ("false", "0", "no", "off"):
         return False
     raise TorchLoadError(f"parameter {key} must be true or false, got {value!r}")
-
-
-def _count(params: dict[str, str], key: str) -> int:
-    value = params.get(key)
-    if value is None or value == "":
-        return 0
-    try:
-        count = int(value)
-    except ValueError:
-        count = -1
-    if count < 0:
-        raise TorchLoadError(f"parameter {key} must be a non-negative integer, got {value!r}")
-    return count
