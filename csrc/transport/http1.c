@@ -131,6 +131,7 @@ static void conn_maybe_free(oi_http_conn_t *c)
         oi_peers_release(&c->lis->server->peers, &c->peer);
     free(c->creds);
     atomic_fetch_sub(&c->lis->server->connections, 1);
+    oi_tcp_listener_count(&c->lis->tcp, -1);
     free(c);
 }
 
@@ -962,6 +963,7 @@ static oi_http_conn_t *conn_new(listener_t *lis, int pipe)
     c->keep_alive = 1;
     c->idle_since = uv_now(&lis->loop.uv);
     atomic_fetch_add(&lis->server->connections, 1);
+    oi_tcp_listener_count(&lis->tcp, 1);
     c->next = lis->conns;
     if (lis->conns)
         lis->conns->prev = c;

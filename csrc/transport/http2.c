@@ -1044,6 +1044,7 @@ static void conn_maybe_free(h2_conn_t *c)
         oi_peers_release(&c->lp->server->peers, &c->peer);
     free(c->creds);
     atomic_fetch_sub(&c->lp->server->connections, 1);
+    oi_tcp_listener_count(&c->lp->tcp, -1);
     free(c);
 }
 
@@ -1375,6 +1376,7 @@ static h2_conn_t *conn_new(h2_loop_t *lp, int pipe)
     c->handles = 2;
     c->idle_since = uv_now(&lp->loop->uv);
     atomic_fetch_add(&lp->server->connections, 1);
+    oi_tcp_listener_count(&lp->tcp, 1);
     c->next = lp->conns;
     if (lp->conns)
         lp->conns->prev = c;

@@ -3,26 +3,41 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <stdint.h>
 #include <unistd.h>
 
 #define BACKLOG 1024
 /* How long a loop stops accepting after the process ran out of descriptors or memory: the
  * socket stays readable, so retrying at once would spin; the connections wait in the queue. */
 #define ACCEPT_PAUSE_MS 100
+/* How long a loop with more connections than another leaves new ones to the others. */
+#define BALANCE_PAUSE_MS 1
 
 static void on_readable(uv_poll_t *poll, int status, int events);
 
 static void resume(uv_timer_t *t)
 {
     oi_tcp_listener_t *l = t->data;
+    l->grace = 1;
     if (l->handles)
         uv_poll_start(&l->poll, UV_READABLE, on_readable);
 }
 
-static void pause_accepting(oi_tcp_listener_t *l)
+static void pause_accepting(oi_tcp_listener_t *l, uint64_t ms)
 {
     uv_poll_stop(&l->poll);
-    uv_timer_start(&l->pause, resume, ACCEPT_PAUSE_MS, 0);
+    uv_timer_start(&l->pause, resume, ms, 0);
+}
+
+/* Whether another accepting loop of the server holds fewer connections than l's. */
+static int busier_than_another(const oi_tcp_listener_t *l)
+{
+    int mine = atomic_load_explicit(&l->conns, memory_order_relaxed);
+    for (oi_tcp_listener_t *o = l->head; o != NULL; o = atomic_load_explicit(&o->next, memory_order_acquire))
+        if (o != l && atomic_load_explicit(&o->accepting, memory_order_relaxed) &&
+            atomic_load_explicit(&o->conns, memory_order_relaxed) < mine)
+            return 1;
+    return 0;
 }
 
 static void on_readable(uv_poll_t *poll, int status, int events)
@@ -30,9 +45,14 @@ static void on_readable(uv_poll_t *poll, int status, int events)
     (void)events;
     oi_tcp_listener_t *l = poll->data;
     if (status < 0) {
-        pause_accepting(l);
+        pause_accepting(l, ACCEPT_PAUSE_MS);
         return;
     }
+    if (!l->grace && busier_than_another(l)) {
+        pause_accepting(l, BALANCE_PAUSE_MS);
+        return;
+    }
+    l->grace = 0;
     int fd = accept4(l->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd >= 0) {
         l->cb(l, fd);
@@ -55,10 +75,12 @@ static void on_readable(uv_poll_t *poll, int status, int events)
     case EHOSTUNREACH:
     case EOPNOTSUPP:
     case ENETUNREACH:
-    case EPERM: /* a firewall rule refused it */
+    /* and a firewall rule that refused it: */
+    case EPERM:
         return;
-    default: /* EMFILE, ENFILE, ENOBUFS, ENOMEM... */
-        pause_accepting(l);
+    default:
+        /* EMFILE, ENFILE, ENOBUFS, ENOMEM...: the socket stays readable, so wait a little. */
+        pause_accepting(l, ACCEPT_PAUSE_MS);
     }
 }
 
@@ -85,6 +107,7 @@ int oi_tcp_listen(uv_loop_t *loop, oi_tcp_listener_t *l, const struct sockaddr_s
 {
     l->cb = cb;
     l->data = data;
+    l->head = first != NULL ? first->head : l;
     int rc, fd;
     if (first != NULL)
         fd = fcntl(first->fd, F_DUPFD_CLOEXEC, 0);
@@ -111,11 +134,26 @@ int oi_tcp_listen(uv_loop_t *loop, oi_tcp_listener_t *l, const struct sockaddr_s
     }
     l->handles = 1;
     l->poll.data = l->pause.data = l;
-    return uv_poll_start(&l->poll, UV_READABLE, on_readable);
+    if ((rc = uv_poll_start(&l->poll, UV_READABLE, on_readable)) != 0)
+        return rc;
+    atomic_store(&l->accepting, 1);
+    if (first != NULL) { /* last in the chain: the loops open one after the other */
+        oi_tcp_listener_t *last = l->head;
+        while (atomic_load(&last->next) != NULL)
+            last = atomic_load(&last->next);
+        atomic_store_explicit(&last->next, l, memory_order_release);
+    }
+    return 0;
+}
+
+void oi_tcp_listener_count(oi_tcp_listener_t *l, int delta)
+{
+    atomic_fetch_add_explicit(&l->conns, delta, memory_order_relaxed);
 }
 
 void oi_tcp_listener_close(oi_tcp_listener_t *l)
 {
+    atomic_store(&l->accepting, 0);
     if (l->handles) {
         l->handles = 0;
         /* Closing the poll takes the descriptor out of the loop's epoll set at once, so the
