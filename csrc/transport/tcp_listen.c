@@ -40,6 +40,17 @@ static int busier_than_another(const oi_tcp_listener_t *l)
     return 0;
 }
 
+/* Whether a failed accept is one that the next wake-up simply retries: another loop took the
+ * connection, or its client left before we accepted (accept(2) lists the network errors that
+ * Linux passes on the same way), or a firewall rule refused it (EPERM). Not so EMFILE, ENFILE,
+ * ENOBUFS, ENOMEM... */
+static int accept_retries(int err)
+{
+    return err == EAGAIN || err == EWOULDBLOCK || err == EINTR || err == ECONNABORTED || err == EPROTO ||
+           err == ENETDOWN || err == ENOPROTOOPT || err == EHOSTDOWN || err == ENONET || err == EHOSTUNREACH ||
+           err == EOPNOTSUPP || err == ENETUNREACH || err == EPERM;
+}
+
 static void on_readable(uv_poll_t *poll, int status, int events)
 {
     (void)events;
@@ -58,30 +69,8 @@ static void on_readable(uv_poll_t *poll, int status, int events)
         l->cb(l, fd);
         return;
     }
-    switch (errno) {
-    case EAGAIN:
-#if EWOULDBLOCK != EAGAIN
-    case EWOULDBLOCK:
-#endif
-    case EINTR:
-    /* Another loop took it, or the client left before we accepted (accept(2) lists the
-     * network errors that Linux passes on the same way): the next wake-up tries again. */
-    case ECONNABORTED:
-    case EPROTO:
-    case ENETDOWN:
-    case ENOPROTOOPT:
-    case EHOSTDOWN:
-    case ENONET:
-    case EHOSTUNREACH:
-    case EOPNOTSUPP:
-    case ENETUNREACH:
-    /* and a firewall rule that refused it: */
-    case EPERM:
-        return;
-    default:
-        /* EMFILE, ENFILE, ENOBUFS, ENOMEM...: the socket stays readable, so wait a little. */
+    if (!accept_retries(errno)) /* the socket stays readable: wait a little */
         pause_accepting(l, ACCEPT_PAUSE_MS);
-    }
 }
 
 /* A new listening socket bound to `addr`, as libuv's uv_tcp_bind makes it (SO_REUSEADDR, and
