@@ -19,6 +19,12 @@ import openinfer
 
 CONNECTIONS = 8
 PAD = 64 << 10  # JSON whitespace per request: what marks a loop as having served one
+SIMPLE = json.dumps({
+    "inputs": [
+        {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": list(range(16))},
+        {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16},
+    ]
+}).encode()
 
 
 def loop_reads(skip: frozenset[int] = frozenset()) -> dict[int, int]:
@@ -99,12 +105,7 @@ def recv_http_response(s: socket.socket) -> tuple[int, bytes]:
 
 def test_http_burst_is_served_by_both_loops(server: tuple[openinfer.Server, frozenset[int]]) -> None:
     srv, others = server
-    body = json.dumps({
-        "inputs": [
-            {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": list(range(16))},
-            {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16},
-        ]
-    }).encode() + b" " * PAD
+    body = SIMPLE + b" " * PAD
     request = (
         f"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
@@ -163,3 +164,64 @@ def test_grpc_burst_is_served_by_both_loops(server: tuple[openinfer.Server, froz
     finally:
         for s in socks:
             s.close()
+
+
+SERVER_SHORT_OF_DESCRIPTORS = """
+import os, resource, sys, openinfer
+srv = openinfer.serve(openinfer.examples_path(), http_port=0, grpc_port=None, metrics_port=None,
+                      threads=2, log=False)
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 4, hard))
+print(srv.http_port, flush=True)
+sys.stdin.read()
+srv.stop()
+"""
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_out_of_descriptors_pauses_accepting_then_serves_the_waiting() -> None:
+    """A server that cannot accept (EMFILE) neither spins on its readable socket nor drops the
+    waiting connections: they stay in the queue and are served once descriptors are free."""
+    import select
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", SERVER_SHORT_OF_DESCRIPTORS], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        request = (f"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   f"Content-Length: {len(SIMPLE)}\r\n\r\n").encode() + SIMPLE
+        socks = []
+        for _ in range(12):  # three times what the server has descriptors for
+            s = socket.create_connection(("127.0.0.1", port), timeout=30)
+            s.sendall(request)
+            socks.append(s)
+        # Those it could not accept wait; the server meanwhile sleeps between tries (a spinning
+        # loop would burn a CPU second per second; these are far apart, whatever the machine).
+        cpu = cpu_seconds(proc.pid)
+        select.select([], [], [], 1.0)
+        assert cpu_seconds(proc.pid) - cpu < 0.5
+        waiting, served = list(socks), 0
+        while waiting:
+            ready, _, _ = select.select(waiting, [], [], 30)
+            assert ready, f"{len(waiting)} connections never answered"
+            for s in ready:
+                status, body = recv_http_response(s)
+                assert status == 200, body
+                served += 1
+                s.close()  # frees the server's descriptor for one that waits
+                waiting.remove(s)
+        assert served == 12
+        assert proc.poll() is None
+    finally:
+        for s in socks:
+            s.close()
+        proc.communicate("", timeout=30)
+    assert proc.returncode == 0
