@@ -25,11 +25,10 @@
 #define MAX_PENDING (1u << 20)
 
 typedef struct listener_s {
-    uv_tcp_t tcp;
+    oi_tcp_listener_t tcp;
     uv_pipe_t pipe; /* the Unix-domain listener, with cfg.unix_path */
     oi_loop_t loop;
     oi_http_server_t *server;
-    int listening;                /* tcp is open */
     int pipe_listening;           /* pipe is open */
     struct oi_http_conn_s *conns; /* every open connection of this loop, for shutdown */
 } listener_t;
@@ -132,6 +131,7 @@ static void conn_maybe_free(oi_http_conn_t *c)
         oi_peers_release(&c->lis->server->peers, &c->peer);
     free(c->creds);
     atomic_fetch_sub(&c->lis->server->connections, 1);
+    oi_tcp_listener_count(&c->lis->tcp, -1);
     free(c);
 }
 
@@ -963,6 +963,7 @@ static oi_http_conn_t *conn_new(listener_t *lis, int pipe)
     c->keep_alive = 1;
     c->idle_since = uv_now(&lis->loop.uv);
     atomic_fetch_add(&lis->server->connections, 1);
+    oi_tcp_listener_count(&lis->tcp, 1);
     c->next = lis->conns;
     if (lis->conns)
         lis->conns->prev = c;
@@ -982,23 +983,18 @@ static void conn_start(oi_http_conn_t *c)
     arm_timer(c, c->lis->server->cfg.first_byte_timeout_ms);
 }
 
-static void on_connection(uv_stream_t *server, int status)
+/* A connection that has its socket: admitted (or closed) and started. */
+static void conn_accepted(oi_http_conn_t *c)
 {
-    listener_t *lis = server->data;
-    oi_http_server_t *s = lis->server;
-    if (status < 0)
-        return;
-    oi_http_conn_t *c = conn_new(lis, server->type == UV_NAMED_PIPE);
-    if (c == NULL)
-        return;
-    if (uv_accept(server, &c->sock.stream) != 0 || admit_peer(c) != 0) {
+    oi_http_server_t *s = c->lis->server;
+    if (admit_peer(c) != 0) {
         conn_close(c);
         return;
     }
     if (atomic_load(&s->connections) > s->cfg.max_connections) {
         /* Full: a connection that waits for nothing gives way to one that just came, so
          * clients that open connections and stay silent cannot lock others out. */
-        oi_http_conn_t *victim = oldest_idle(lis, c, NULL);
+        oi_http_conn_t *victim = oldest_idle(c->lis, c, NULL);
         if (victim == NULL) {
             conn_close(c);
             return;
@@ -1006,6 +1002,35 @@ static void on_connection(uv_stream_t *server, int status)
         conn_close(victim);
     }
     conn_start(c);
+}
+
+static void on_unix_connection(uv_stream_t *server, int status)
+{
+    if (status < 0)
+        return;
+    oi_http_conn_t *c = conn_new(server->data, 1);
+    if (c == NULL)
+        return;
+    if (uv_accept(server, &c->sock.stream) != 0) {
+        conn_close(c);
+        return;
+    }
+    conn_accepted(c);
+}
+
+static void on_tcp_connection(oi_tcp_listener_t *l, int fd)
+{
+    oi_http_conn_t *c = conn_new(l->data, 0);
+    if (c == NULL) {
+        close(fd);
+        return;
+    }
+    if (uv_tcp_open(&c->sock.tcp, fd) != 0) {
+        close(fd);
+        conn_close(c);
+        return;
+    }
+    conn_accepted(c);
 }
 
 int oi_http_server_adopt(oi_http_server_t *s, int fd)
@@ -1047,15 +1072,13 @@ static int listen_error(listener_t *lis, int rc, char *err, size_t errlen)
     return rc;
 }
 
-/* The first loop binds and listens (or takes the socket it was given); the others listen on
- * duplicates of its socket, so the loops share one accept queue (a busy loop simply accepts
- * less). */
+/* The first loop binds and listens (or takes the socket it was given); the others watch
+ * duplicates of its socket, so the loops share one accept queue (see oi_tcp_listen). */
 static int open_listener(listener_t *lis, const struct sockaddr_storage *addr, const listener_t *first,
                          char *err, size_t errlen)
 {
     int rc = oi_tcp_listen(&lis->loop.uv, &lis->tcp, addr, first ? &first->tcp : NULL, lis->server->cfg.listen_fd,
-                           on_connection, &lis->listening);
-    lis->tcp.data = lis;
+                           on_tcp_connection, lis);
     return rc == 0 ? 0 : listen_error(lis, rc, err, errlen);
 }
 
@@ -1074,7 +1097,7 @@ static int open_unix_listener(listener_t *lis, const listener_t *first, char *er
     }
     lis->pipe_listening = 1;
     lis->pipe.data = lis;
-    rc = uv_listen((uv_stream_t *)&lis->pipe, 1024, on_connection);
+    rc = uv_listen((uv_stream_t *)&lis->pipe, 1024, on_unix_connection);
     if (rc != 0)
         snprintf(err, errlen, "cannot listen on %s: %s", s->unix_path, uv_strerror(rc));
     return rc;
@@ -1163,10 +1186,7 @@ typedef struct loop_task_s {
 
 static void close_listener(listener_t *lis)
 {
-    if (lis->listening) {
-        lis->listening = 0;
-        uv_close((uv_handle_t *)&lis->tcp, NULL);
-    }
+    oi_tcp_listener_close(&lis->tcp);
     if (lis->pipe_listening) {
         lis->pipe_listening = 0;
         uv_close((uv_handle_t *)&lis->pipe, NULL);

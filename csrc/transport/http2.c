@@ -27,9 +27,8 @@
 
 typedef struct h2_loop_s {
     oi_loop_t *loop;
-    uv_tcp_t tcp;
+    oi_tcp_listener_t tcp;
     uv_pipe_t pipe;     /* the Unix-domain listener, with cfg.unix_path */
-    int listening;      /* tcp is open */
     int pipe_listening; /* pipe is open */
     oi_h2_server_t *server;
     struct oi_h2_conn_s *conns; /* every open connection of this loop */
@@ -1045,6 +1044,7 @@ static void conn_maybe_free(h2_conn_t *c)
         oi_peers_release(&c->lp->server->peers, &c->peer);
     free(c->creds);
     atomic_fetch_sub(&c->lp->server->connections, 1);
+    oi_tcp_listener_count(&c->lp->tcp, -1);
     free(c);
 }
 
@@ -1376,6 +1376,7 @@ static h2_conn_t *conn_new(h2_loop_t *lp, int pipe)
     c->handles = 2;
     c->idle_since = uv_now(&lp->loop->uv);
     atomic_fetch_add(&lp->server->connections, 1);
+    oi_tcp_listener_count(&lp->tcp, 1);
     c->next = lp->conns;
     if (lp->conns)
         lp->conns->prev = c;
@@ -1398,22 +1399,17 @@ static void conn_start(h2_conn_t *c)
     conn_flush(c); /* our SETTINGS and connection WINDOW_UPDATE go first */
 }
 
-static void on_connection(uv_stream_t *server, int status)
+/* A connection that has its socket: admitted (or closed) and started. */
+static void conn_accepted(h2_conn_t *c)
 {
-    h2_loop_t *lp = server->data;
-    oi_h2_server_t *s = lp->server;
-    if (status < 0)
-        return;
-    h2_conn_t *c = conn_new(lp, server->type == UV_NAMED_PIPE);
-    if (c == NULL)
-        return;
-    if (uv_accept(server, &c->sock.stream) != 0 || admit_peer(c) != 0 || conn_init_session(c) != 0) {
+    oi_h2_server_t *s = c->lp->server;
+    if (admit_peer(c) != 0 || conn_init_session(c) != 0) {
         conn_close(c);
         return;
     }
     if (atomic_load(&s->connections) > s->cfg.max_connections) {
         /* Full: an idle connection gives way to the new one (see oldest_idle). */
-        h2_conn_t *victim = oldest_idle(lp, c, NULL);
+        h2_conn_t *victim = oldest_idle(c->lp, c, NULL);
         if (victim == NULL) {
             conn_close(c);
             return;
@@ -1421,6 +1417,35 @@ static void on_connection(uv_stream_t *server, int status)
         conn_close(victim);
     }
     conn_start(c);
+}
+
+static void on_unix_connection(uv_stream_t *server, int status)
+{
+    if (status < 0)
+        return;
+    h2_conn_t *c = conn_new(server->data, 1);
+    if (c == NULL)
+        return;
+    if (uv_accept(server, &c->sock.stream) != 0) {
+        conn_close(c);
+        return;
+    }
+    conn_accepted(c);
+}
+
+static void on_tcp_connection(oi_tcp_listener_t *l, int fd)
+{
+    h2_conn_t *c = conn_new(l->data, 0);
+    if (c == NULL) {
+        close(fd);
+        return;
+    }
+    if (uv_tcp_open(&c->sock.tcp, fd) != 0) {
+        close(fd);
+        conn_close(c);
+        return;
+    }
+    conn_accepted(c);
 }
 
 int oi_h2_server_adopt(oi_h2_server_t *s, int fd)
@@ -1471,14 +1496,13 @@ typedef struct listen_arg_s {
 } listen_arg_t;
 
 /* On the loop's thread: the first loop binds (or takes the socket it was given), the others
- * listen on duplicates of its socket (as in http1.c: one accept queue). */
+ * watch duplicates of its socket (as in http1.c: one accept queue, see oi_tcp_listen). */
 static void open_listener(void *arg)
 {
     listen_arg_t *a = arg;
     h2_loop_t *lp = a->lp;
     a->rc = oi_tcp_listen(&lp->loop->uv, &lp->tcp, a->addr, a->first ? &a->first->tcp : NULL, lp->server->cfg.listen_fd,
-                          on_connection, &lp->listening);
-    lp->tcp.data = lp;
+                          on_tcp_connection, lp);
 }
 
 typedef struct unix_arg_s {
@@ -1502,7 +1526,7 @@ static void open_unix_listener(void *arg)
     if (rc == 0) {
         lp->pipe_listening = 1;
         lp->pipe.data = lp;
-        rc = uv_listen((uv_stream_t *)&lp->pipe, 1024, on_connection);
+        rc = uv_listen((uv_stream_t *)&lp->pipe, 1024, on_unix_connection);
     }
     if (rc != 0 && (a->first != NULL || !a->err[0]))
         snprintf(a->err, a->errlen, "cannot listen for gRPC on %s: %s", s->unix_path, uv_strerror(rc));
@@ -1570,10 +1594,7 @@ int oi_h2_server_working(const oi_h2_server_t *s)
 
 static void close_listener(h2_loop_t *lp)
 {
-    if (lp->listening) {
-        lp->listening = 0;
-        uv_close((uv_handle_t *)&lp->tcp, NULL);
-    }
+    oi_tcp_listener_close(&lp->tcp);
     if (lp->pipe_listening) {
         lp->pipe_listening = 0;
         uv_close((uv_handle_t *)&lp->pipe, NULL);
