@@ -667,14 +667,6 @@ def unsupported(config: Message, source: str) -> tuple[list[str], list[str]]:
         )
     if config.get("response_cache", {}).get("enable"):
         refuse("response_cache { enable: true }", "no response cache")
-    db = config.get("dynamic_batching", {})
-    for key in ("priority_queue_policy", "priority_levels", "default_priority_level"):
-        if db.get(key):
-            refuse(f"dynamic_batching.{key}", "no priorities")
-    policy = db.get("default_queue_policy")
-    for key in ("timeout_action", "default_timeout_microseconds", "allow_timeout_override"):
-        if isinstance(policy, dict) and key in policy:
-            refuse(f"dynamic_batching.default_queue_policy.{key}", "only max_queue_size is supported")
     for i, group in enumerate(config.get("instance_group", [])):
         if "rate_limiter" in group:
             refuse(f"instance_group[{i}].rate_limiter", "no rate limiter")
