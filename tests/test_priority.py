@@ -304,3 +304,43 @@ def test_bad_python_model_batching_is_refused_naming_the_field(batching: Dynamic
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         Model("q", lambda inputs: inputs, inputs=[Tensor("INPUT0", "INT32", [-1, 1])],
               outputs=[Tensor("OUTPUT0", "INT32", [-1, 1])], max_batch_size=1, dynamic_batching=batching)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("preserve", [True, False])
+def test_preserve_ordering_holds_a_later_answer_behind_an_earlier_one(protocol: str, preserve: bool) -> None:
+    """Two instances: request 1 is held in one while request 2 runs and returns in the other.
+    With preserve_ordering, 2's answer leaves only after 1's; without it, 2 is answered first."""
+    started = {1: threading.Event(), 2: threading.Event()}
+    returned_2 = threading.Event()
+    release_1 = threading.Event()
+
+    def fn(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        value = int(inputs["INPUT0"].reshape(-1)[0])
+        started[value].set()
+        if value == 1:
+            release_1.wait(BOUND)
+        else:
+            returned_2.set()
+        return {"OUTPUT0": inputs["INPUT0"]}
+
+    model = Model("q", fn, inputs=[Tensor("INPUT0", "INT32", [-1, 1])], outputs=[Tensor("OUTPUT0", "INT32", [-1, 1])],
+                  max_batch_size=1, instances=2, dynamic_batching=DynamicBatching(preserve_ordering=preserve))
+    answered: list[int] = []
+    with openinfer.serve(models=[model], http_port=0, log=False, threads=2) as srv:
+        def run(value: int) -> None:
+            answered.append(int(INFER[protocol](srv, value).as_numpy("OUTPUT0")[0][0]))
+
+        threads = [threading.Thread(target=run, args=(v,)) for v in (1, 2)]
+        threads[0].start()
+        assert started[1].wait(BOUND)
+        threads[1].start()
+        assert returned_2.wait(BOUND)
+        if preserve:
+            time.sleep(0.5)  # room for a wrongly early answer to 2 to arrive first (not a measurement)
+        else:
+            threads[1].join(BOUND)  # 2 is answered while 1 is still held
+        release_1.set()
+        for t in threads:
+            t.join(BOUND)
+    assert answered == ([1, 2] if preserve else [2, 1])

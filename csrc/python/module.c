@@ -1106,12 +1106,14 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         PyObject *pref = NULL;
         unsigned long long delay = 0;
         unsigned int max_queue = 0, default_level = 0;
+        int preserve = 0;
         PyObject *levels = Py_None;
         if (!PyArg_ParseTuple(batching,
-                              "OK|IOI;dynamic_batching is (preferred_batch_sizes, max_queue_delay_us[, max_queue_size"
-                              "[, level_policies, default_priority_level]])",
-                              &pref, &delay, &max_queue, &levels, &default_level))
+                              "OK|IOIp;dynamic_batching is (preferred_batch_sizes, max_queue_delay_us[, max_queue_size"
+                              "[, level_policies, default_priority_level[, preserve_ordering]]])",
+                              &pref, &delay, &max_queue, &levels, &default_level, &preserve))
             goto done;
+        batch.preserve_ordering = preserve;
         batch.max_queue_size = max_queue;
         if (levels != Py_None && (policies = parse_queue_policies(levels, &batch.n_levels)) == NULL)
             goto done;

@@ -35,6 +35,12 @@ struct oi_scheduler_s {
     atomic_int queued;    /* jobs submitted and not yet executing (queued or in a forming batch);
                            * written under mu (a plain add), read by anyone */
     atomic_int next_slot; /* hands each executor its statistics slot */
+    /* preserve_ordering: each batch (or lone job) taken off the queue gets the next ticket
+     * (under mu); its responses leave only once every earlier ticket's have (under ord_mu). */
+    uint64_t next_ticket;
+    uint64_t released;
+    pthread_mutex_t ord_mu;
+    pthread_cond_t ord_cv;
     oi_stats_t *stats;
     int nthreads;
     pthread_t threads[];
@@ -173,10 +179,35 @@ static oi_job_t *pop_wanted_locked(oi_scheduler_t *s, oi_job_t **dropped)
     return NULL;
 }
 
+/* preserve_ordering: waits until the responses of every batch taken before ticket `t` have
+ * left. The executor that ran an earlier batch always reaches end_turn, so this ends. */
+static void await_turn(oi_scheduler_t *s, uint64_t t)
+{
+    if (!s->batching.preserve_ordering)
+        return;
+    pthread_mutex_lock(&s->ord_mu);
+    while (s->released != t)
+        pthread_cond_wait(&s->ord_cv, &s->ord_mu);
+    pthread_mutex_unlock(&s->ord_mu);
+}
+
+/* The responses of ticket `t` have left (or it had none): the next ticket's may. */
+static void end_turn(oi_scheduler_t *s, uint64_t t)
+{
+    if (!s->batching.preserve_ordering)
+        return;
+    pthread_mutex_lock(&s->ord_mu);
+    while (s->released != t)
+        pthread_cond_wait(&s->ord_cv, &s->ord_mu);
+    s->released++;
+    pthread_cond_broadcast(&s->ord_cv);
+    pthread_mutex_unlock(&s->ord_mu);
+}
+
 /* Runs one job alone. `went_on_at` is when the executor's previous request ended if it went
  * straight on to this one without waiting (0 otherwise): under load the job then starts
  * there (or when it was queued, if later), which saves a clock read per request. */
-static void run_one(oi_scheduler_t *s, oi_stats_slot_t *slot, oi_job_t *j, uint64_t went_on_at)
+static void run_one(oi_scheduler_t *s, oi_stats_slot_t *slot, oi_job_t *j, uint64_t went_on_at, uint64_t ticket)
 {
     if (atomic_load(&j->cancelled)) { /* cancelled between the queue and here */
         finish_dropped(slot, j);
@@ -189,6 +220,7 @@ static void run_one(oi_scheduler_t *s, oi_stats_slot_t *slot, oi_job_t *j, uint6
     j->status = s->backend->execute(s->state, j->req, j->output_names, j->n_outputs, &j->resp);
     int ran = j->status == NULL;
     if (!counted) {
+        await_turn(s, ticket);
         j->done(j);
         return;
     }
@@ -196,6 +228,7 @@ static void run_one(oi_scheduler_t *s, oi_stats_slot_t *slot, oi_job_t *j, uint6
     j->times.compute_start = j->times.input_end = start;
     j->times.output_start = out_start;
     j->slot = slot;
+    await_turn(s, ticket);
     j->done(j); /* the job may be gone now; it noted when it ended in the slot */
     if (ran)
         oi_stats_execution(slot, rows, start, start, out_start, slot->last_end);
@@ -458,14 +491,14 @@ static void drop_cancelled(oi_stats_slot_t *slot, batch_t *b)
     finish_dropped(slot, dropped);
 }
 
-static void run_batch(oi_scheduler_t *s, oi_stats_slot_t *slot, batch_t *b)
+static void run_batch(oi_scheduler_t *s, oi_stats_slot_t *slot, batch_t *b, uint64_t ticket)
 {
     if (b->n_jobs > 1)
         drop_cancelled(slot, b);
     if (b->n_jobs == 0)
         return;
     if (b->n_jobs == 1) {
-        run_one(s, slot, b->first, 0);
+        run_one(s, slot, b->first, 0, ticket);
         return;
     }
     /* A batch is counted when its first job is (the server counts all or none). */
@@ -478,6 +511,7 @@ static void run_batch(oi_scheduler_t *s, oi_stats_slot_t *slot, batch_t *b)
             rows += j->rows;
     }
     int ran = run_batched(s, b, counted ? &t : NULL);
+    await_turn(s, ticket);
     for (oi_job_t *j = b->first, *next; j; j = next) {
         next = j->next;
         j->next = NULL;
@@ -544,18 +578,25 @@ static void *executor(void *arg)
         if (!batching) {
             oi_job_t *j = pop_wanted_locked(s, &dropped);
             add_queued(s, -(list_len(dropped) + (j != NULL)));
+            uint64_t ticket = j != NULL ? s->next_ticket++ : 0;
             pthread_mutex_unlock(&s->mu);
             finish_dropped(slot, dropped);
-            if (j != NULL)
-                run_one(s, slot, j, waited || dropped ? 0 : slot->last_end);
+            if (j != NULL) {
+                run_one(s, slot, j, waited || dropped ? 0 : slot->last_end, ticket);
+                end_turn(s, ticket);
+            }
             continue;
         }
         batch_t b;
         gather_batch(s, &b, &dropped);
         add_queued(s, -(b.n_jobs + list_len(dropped)));
+        uint64_t ticket = b.n_jobs > 0 ? s->next_ticket++ : 0;
         pthread_mutex_unlock(&s->mu);
         finish_dropped(slot, dropped);
-        run_batch(s, slot, &b);
+        if (b.n_jobs > 0) {
+            run_batch(s, slot, &b, ticket);
+            end_turn(s, ticket);
+        }
     }
 }
 
@@ -570,6 +611,8 @@ oi_scheduler_t *oi_scheduler_new_batching(const oi_backend_t *backend, void *sta
         return NULL;
     }
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->ord_mu, NULL);
+    pthread_cond_init(&s->ord_cv, NULL);
     pthread_cond_init(&s->cv, NULL);
     pthread_condattr_t attr;
     pthread_condattr_init(&attr);
@@ -722,5 +765,7 @@ void oi_scheduler_free(oi_scheduler_t *s)
     pthread_cond_destroy(&s->gather_cv);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->ord_cv);
+    pthread_mutex_destroy(&s->ord_mu);
     free(s);
 }

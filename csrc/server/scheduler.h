@@ -80,6 +80,10 @@ typedef struct oi_batching_s {
     const struct oi_queue_policy_s *policies;
     uint32_t n_levels;
     uint32_t default_level;
+    /* Triton's preserve_ordering: responses leave in the order their requests were taken
+     * from the queue, even when several instances run batches at once. An instance whose
+     * batch ends before an earlier one waits for it before answering. */
+    int preserve_ordering;
 } oi_batching_t;
 
 typedef struct oi_scheduler_s oi_scheduler_t;

@@ -761,7 +761,7 @@ def _batching(
     max_batch_size: int, batching: DynamicBatching | None, sequence: SequenceBatching | None = None
 ) -> tuple[tuple[int, ...], int] | None:
     """add_model's dynamic_batching: (preferred sizes, max queue delay in µs, max queue size[, level
-    policies, default priority level]), or None. With max_batch_size 0 nothing is batched but the queue
+    policies or None, default priority level, preserve_ordering]), or None. With max_batch_size 0 nothing is batched but the queue
     policies and priorities still apply, as in Triton. A
     sequence model batches the ready requests of its sequences as its strategy says."""
     if max_batch_size > 0 and sequence is not None:
@@ -769,10 +769,10 @@ def _batching(
     if batching is None:
         return None
     levels = batching.level_policies()
-    if levels is None:
+    if levels is None and not batching.preserve_ordering:
         return (batching.preferred_batch_size, batching.max_queue_delay_microseconds, batching.max_queue_size)
     return (batching.preferred_batch_size, batching.max_queue_delay_microseconds, batching.max_queue_size, levels,
-            batching.default_priority_level)
+            batching.default_priority_level, batching.preserve_ordering)
 
 
 def _model_config(entry: LoadedModel) -> dict[str, bytes]:
