@@ -346,3 +346,21 @@ def test_preserve_ordering_holds_a_later_answer_behind_an_earlier_one(protocol: 
             t.join(BOUND)
     assert answered_while_1_held == ([] if preserve else [2])
     assert sorted(answered) == [1, 2]
+
+
+def test_python_model_reports_its_queue_policies_in_its_config() -> None:
+    batching = DynamicBatching(priority_levels=2, default_priority_level=1, preserve_ordering=True,
+                               default_queue_policy=QueuePolicy("REJECT", 5, True, 3),
+                               priority_queue_policy=((2, QueuePolicy(max_queue_size=1)),))
+    with gated(batching) as (srv, gate):
+        db = requests.get(srv.url + "/v2/models/q/config", timeout=BOUND).json()["dynamic_batching"]
+        assert db["priority_levels"] == 2 and db["default_priority_level"] == 1 and db["preserve_ordering"] is True
+        assert db["default_queue_policy"] == {"timeout_action": "REJECT", "default_timeout_microseconds": 5,
+                                              "allow_timeout_override": True, "max_queue_size": 3}
+        assert db["priority_queue_policy"]["2"]["max_queue_size"] == 1
+        c = tgrpc.InferenceServerClient(f"127.0.0.1:{srv.grpc_port}")
+        try:
+            pb = c.get_model_config("q").config.dynamic_batching
+        finally:
+            c.close()
+        assert pb.priority_levels == 2 and pb.priority_queue_policy[2].max_queue_size == 1

@@ -482,6 +482,11 @@ def complete(name: str, config: Message, model: Any, *, backend: str, gpus: tupl
         c["dynamic_batching"] = {
             "preferred_batch_size": list(db.preferred_batch_size),
             "max_queue_delay_microseconds": db.max_queue_delay_microseconds,
+            "preserve_ordering": db.preserve_ordering,
+            "priority_levels": db.priority_levels,
+            "default_priority_level": db.default_priority_level,
+            "default_queue_policy": vars(db.default_policy()),
+            "priority_queue_policy": {level: vars(p) for level, p in db.priority_queue_policy},
         }
     if "dynamic_batching" in c and not c["dynamic_batching"].get("preferred_batch_size") and model.max_batch_size > 0:
         c["dynamic_batching"] = {**c["dynamic_batching"], "preferred_batch_size": [model.max_batch_size]}
