@@ -292,8 +292,8 @@ static oi_status_t *render_params(dec_t *d, const oi_slice_t *entries, uint32_t 
  * bool_param (decoupled models' streams); "priority", an int64_param or uint64_param. */
 static oi_status_t *request_params(dec_t *d, const oi_slice_t *entries, uint32_t n, oi_request_t *req)
 {
-    static const char *const names[] = {"timeout", "sequence_id", "sequence_start", "sequence_end",
-                                        "triton_enable_empty_final_response", "priority"};
+    static const char *const names[] = {
+        "timeout", "sequence_id", "sequence_start", "sequence_end", "triton_enable_empty_final_response", "priority"};
     for (uint32_t i = 0; i < n; i++) {
         rd_t r = {(const uint8_t *)entries[i].ptr, (const uint8_t *)entries[i].ptr + entries[i].len};
         oi_slice_t key = {"", 0}, value = {"", 0};

@@ -77,7 +77,10 @@ static void unlink_job(job_list_t *l, oi_job_t *prev, oi_job_t *j)
     j->next = NULL;
 }
 
-static void uncount(oi_scheduler_t *s, const oi_job_t *j) { s->level_count[j->level]--; }
+static void uncount(oi_scheduler_t *s, const oi_job_t *j)
+{
+    s->level_count[j->level]--;
+}
 
 /* The first list holding a job, or -1 when the queue is empty. */
 static int first_list(const oi_scheduler_t *s)
@@ -110,7 +113,10 @@ void oi_job_cancel(oi_job_t *job)
     atomic_store(&job->cancelled, 1);
 }
 
-static int expired(const oi_job_t *j) { return j->expires_ns != 0 && now_ns() >= j->expires_ns; }
+static int expired(const oi_job_t *j)
+{
+    return j->expires_ns != 0 && now_ns() >= j->expires_ns;
+}
 
 /* Whether a job must not run: its clients have gone, or it waited past a REJECT timeout. */
 static int unwanted(const oi_job_t *j)
@@ -120,7 +126,10 @@ static int unwanted(const oi_job_t *j)
 
 /* Whether a job still in its level's first list has outwaited a DELAY timeout: it then moves
  * behind the level's timely jobs (Triton's delayed queue). */
-static int to_delay(const oi_job_t *j) { return j->delay && !j->delayed && expired(j); }
+static int to_delay(const oi_job_t *j)
+{
+    return j->delay && !j->delayed && expired(j);
+}
 
 /* Moves a job, already unlinked from its level's first list, to the level's delayed list. */
 static void delay_job(oi_scheduler_t *s, oi_job_t *j)
@@ -683,8 +692,8 @@ int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job)
     uint64_t prio = job->req->priority;
     uint32_t level = prio >= 1 && prio <= s->priority_levels ? (uint32_t)prio - 1 : s->default_level;
     const oi_queue_policy_t *policy = &s->policies[level];
-    uint64_t timeout_us = policy->allow_override && job->req->timeout_us ? job->req->timeout_us
-                                                                         : policy->default_timeout_us;
+    uint64_t timeout_us =
+        policy->allow_override && job->req->timeout_us ? job->req->timeout_us : policy->default_timeout_us;
     job->level = level;
     job->delay = (uint8_t)(policy->delay != 0);
     job->delayed = 0;
