@@ -364,3 +364,14 @@ def test_python_model_reports_its_queue_policies_in_its_config() -> None:
         finally:
             c.close()
         assert pb.priority_levels == 2 and pb.priority_queue_policy[2].max_queue_size == 1
+
+
+def test_many_priority_levels() -> None:
+    with gated(DynamicBatching(priority_levels=1000, default_priority_level=1000)) as (srv, gate):
+        b = hold(srv, gate, http_infer)
+        for value, priority in [(14, 1000), (13, 999), (15, 0), (12, 500), (11, 1)]:
+            b.send(value, priority=priority)
+        gate.gate.set()
+        results = b.join()
+    assert gate.calls == [1, 11, 12, 13, 14, 15]
+    assert results == {v: v for v in (1, 11, 12, 13, 14, 15)}

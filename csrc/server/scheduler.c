@@ -25,6 +25,7 @@ struct oi_scheduler_s {
     uint32_t n_levels;           /* >= 1 */
     uint32_t priority_levels;    /* as configured: 0, or n_levels */
     uint32_t default_level;      /* 0-based */
+    uint32_t first;              /* lists below this one are empty: scans start here */
     int stopping;
     /* At most one executor gathers a batch at a time, so concurrent instances do not split
      * the queue into small batches; the others run the batches already formed. */
@@ -54,8 +55,12 @@ static void add_queued(oi_scheduler_t *s, int d)
     atomic_store_explicit(&s->queued, atomic_load_explicit(&s->queued, memory_order_relaxed) + d, memory_order_relaxed);
 }
 
-static void append(job_list_t *l, oi_job_t *j)
+/* Appends to list k. */
+static void append(oi_scheduler_t *s, uint32_t k, oi_job_t *j)
 {
+    job_list_t *l = &s->lists[k];
+    if (k < s->first)
+        s->first = k;
     j->next = NULL;
     if (l->tail)
         l->tail->next = j;
@@ -82,12 +87,13 @@ static void uncount(oi_scheduler_t *s, const oi_job_t *j)
     s->level_count[j->level]--;
 }
 
-/* The first list holding a job, or -1 when the queue is empty. */
-static int first_list(const oi_scheduler_t *s)
+/* The first list holding a job, or -1 when the queue is empty. Starts at `first`, so a
+ * queue with many priority levels is not scanned from the top for every job. */
+static int first_list(oi_scheduler_t *s)
 {
-    for (uint32_t k = 0; k < 2 * s->n_levels; k++)
-        if (s->lists[k].head != NULL)
-            return (int)k;
+    for (; s->first < 2 * s->n_levels; s->first++)
+        if (s->lists[s->first].head != NULL)
+            return (int)s->first;
     return -1;
 }
 
@@ -135,7 +141,7 @@ static int to_delay(const oi_job_t *j)
 static void delay_job(oi_scheduler_t *s, oi_job_t *j)
 {
     j->delayed = 1;
-    append(&s->lists[2 * j->level + 1], j);
+    append(s, 2 * j->level + 1, j);
 }
 
 /* Puts a job that will not run on the list `finish_dropped` completes. */
@@ -292,7 +298,7 @@ static int compatible(const oi_scheduler_t *sched, const oi_job_t *a, const oi_j
  * Caller holds the lock. */
 static void gather_locked(oi_scheduler_t *s, batch_t *b, oi_job_t **dropped)
 {
-    for (uint32_t k = 0; k < 2 * s->n_levels; k++) {
+    for (uint32_t k = s->first; k < 2 * s->n_levels; k++) {
         job_list_t *l = &s->lists[k];
         oi_job_t *prev = NULL, *j = l->head;
         while (j != NULL) {
@@ -719,7 +725,7 @@ int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job)
     }
     add_queued(s, 1);
     s->level_count[level]++;
-    append(&s->lists[2 * level], job);
+    append(s, 2 * level, job);
     pthread_cond_signal(s->gathering ? &s->gather_cv : &s->cv);
     pthread_mutex_unlock(&s->mu);
     return 0;
