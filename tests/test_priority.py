@@ -221,9 +221,10 @@ def test_delay_runs_a_request_that_outwaited_its_timeout_after_the_timely_ones(p
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-@pytest.mark.parametrize("allow", [False, True])
-def test_request_timeout_applies_only_with_allow_timeout_override(protocol: str, allow: bool) -> None:
-    batching = DynamicBatching(default_queue_policy=QueuePolicy(allow_timeout_override=allow))
+@pytest.mark.parametrize("allow", [None, False, True])
+def test_request_timeout_applies_only_with_allow_timeout_override(protocol: str, allow: bool | None) -> None:
+    """None: dynamic_batching without a queue policy, whose default does not allow the override."""
+    batching = DynamicBatching(default_queue_policy=None if allow is None else QueuePolicy(allow_timeout_override=allow))
     with gated(batching) as (srv, gate):
         b = hold(srv, gate, INFER[protocol])
         b.send(2, timeout=100_000)  # 0.1 s of its own

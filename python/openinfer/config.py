@@ -365,11 +365,10 @@ class DynamicBatching:
     def default_policy(self) -> QueuePolicy:
         return self.default_queue_policy or QueuePolicy(max_queue_size=self.max_queue_size)
 
-    def level_policies(self) -> tuple[tuple[bool, int, bool, int], ...] | None:
-        """add_model's policies, one per level from 1; None without a queue policy or priorities
-        (the request's own timeout then always applies, as for models without dynamic_batching)."""
-        if self.default_queue_policy is None and not self.priority_levels and not self.priority_queue_policy:
-            return None
+    def level_policies(self) -> tuple[tuple[bool, int, bool, int], ...]:
+        """add_model's policies, one per level from 1. As in Triton, the request's "timeout" counts
+        only where allow_timeout_override says so (a model without dynamic_batching has no
+        policy: its requests' timeouts always apply)."""
         explicit = dict(self.priority_queue_policy) if self.priority_levels else {}
         default = self.default_policy()
         return tuple(explicit.get(level, default).as_tuple() for level in range(1, max(self.priority_levels, 1) + 1))

@@ -768,11 +768,8 @@ def _batching(
         return sequence.batching()
     if batching is None:
         return None
-    levels = batching.level_policies()
-    if levels is None and not batching.preserve_ordering:
-        return (batching.preferred_batch_size, batching.max_queue_delay_microseconds, batching.max_queue_size)
-    return (batching.preferred_batch_size, batching.max_queue_delay_microseconds, batching.max_queue_size, levels,
-            batching.default_priority_level, batching.preserve_ordering)
+    return (batching.preferred_batch_size, batching.max_queue_delay_microseconds, batching.max_queue_size,
+            batching.level_policies(), batching.default_priority_level, batching.preserve_ordering)
 
 
 def _model_config(entry: LoadedModel) -> dict[str, bytes]:
