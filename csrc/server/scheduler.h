@@ -25,8 +25,9 @@ struct oi_job_s {
     oi_status_t *status; /* NULL on success; the job's owner frees it */
     void (*done)(oi_job_t *job);
     uint64_t enqueued_ns; /* set by submit when batching or counting: when the queue starts */
-    uint64_t expires_ns;  /* set by submit from req->timeout_us: past it, the job is refused
-                           * unrun when an executor reaches it; 0: never */
+    uint64_t expires_ns;  /* set by submit from its level's queue policy (or req->timeout_us
+                           * where the policy allows): past it, the job is refused unrun when
+                           * an executor reaches it, or runs late (DELAY); 0: never */
     atomic_int cancelled; /* set by oi_job_cancel, from any thread */
     /* Set by submit, read under the scheduler's lock: the job's priority level (0-based),
      * whether its policy keeps it past expires_ns (DELAY) instead of refusing it, and whether
@@ -104,9 +105,10 @@ oi_stats_t *oi_scheduler_stats(const oi_scheduler_t *s);
 /* Jobs queued and not yet taken by an executor (Triton's pending request count). */
 int oi_scheduler_pending(const oi_scheduler_t *s);
 
-/* Queues a job; its `done` runs later on an executor thread, or at once on this thread when
- * the queue holds max_queue_size jobs already (refused with Triton's 503 "Exceeds maximum
- * queue size"). Returns 0, or -1 when the scheduler is stopping (then `done` is never called). */
+/* Queues a job at the priority level its request names; its `done` runs later on an executor
+ * thread, or at once on this thread when that level holds its policy's max_queue_size jobs
+ * already (refused with Triton's 503 "Exceeds maximum queue size"). Returns 0, or -1 when the
+ * scheduler is stopping (then `done` is never called). */
 int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job);
 
 /* The job's clients have gone: marks it cancelled. An executor that reaches it in the queue,
