@@ -1482,11 +1482,13 @@ static int parse_request(decoder_t *d)
             r = parse_top_string(c, "model_version", &d->resp->model_version, NULL);
             break;
         case REQ_PARAMETERS: {
-            /* Triton's per-request queue timeout, in microseconds (0: none). */
-            param_t want[2] = {{"binary_data_output", 1, -1}, {"timeout", 0, -1}};
-            r = parse_params(c, NULL, 0, &req->parameters, want, 2, NULL, d->resp ? NULL : req);
+            /* Triton's per-request queue timeout, in microseconds (0: none), and priority
+             * level (0: the model's default). */
+            param_t want[3] = {{"binary_data_output", 1, -1}, {"timeout", 0, -1}, {"priority", 0, -1}};
+            r = parse_params(c, NULL, 0, &req->parameters, want, 3, NULL, d->resp ? NULL : req);
             req->binary_data_output = (int)want[0].value;
             req->timeout_us = want[1].value > 0 ? (uint64_t)want[1].value : 0;
+            req->priority = want[2].value > 0 ? (uint64_t)want[2].value : 0;
             break;
         }
         case REQ_INPUTS:

@@ -289,11 +289,11 @@ static oi_status_t *render_params(dec_t *d, const oi_slice_t *entries, uint32_t 
  * negative one is no limit: Triton takes it as a huge unsigned value); "sequence_id", an
  * int64_param or string_param (a string is copied into aux, its offset in d->seq_id_off);
  * "sequence_start" and "sequence_end", bool_params; "triton_enable_empty_final_response", a
- * bool_param (decoupled models' streams). */
+ * bool_param (decoupled models' streams); "priority", an int64_param or uint64_param. */
 static oi_status_t *request_params(dec_t *d, const oi_slice_t *entries, uint32_t n, oi_request_t *req)
 {
-    static const char *const names[] = {"timeout", "sequence_id", "sequence_start", "sequence_end",
-                                        "triton_enable_empty_final_response"};
+    static const char *const names[] = {
+        "timeout", "sequence_id", "sequence_start", "sequence_end", "triton_enable_empty_final_response", "priority"};
     for (uint32_t i = 0; i < n; i++) {
         rd_t r = {(const uint8_t *)entries[i].ptr, (const uint8_t *)entries[i].ptr + entries[i].len};
         oi_slice_t key = {"", 0}, value = {"", 0};
@@ -304,16 +304,20 @@ static oi_status_t *request_params(dec_t *d, const oi_slice_t *entries, uint32_t
             else if (f.num == 2)
                 value = f.s;
         int k = 0;
-        while (k < 5 && !(key.len == strlen(names[k]) && memcmp(key.ptr, names[k], key.len) == 0))
+        while (k < 6 && !(key.len == strlen(names[k]) && memcmp(key.ptr, names[k], key.len) == 0))
             k++;
-        if (k == 5)
+        if (k == 6)
             continue;
         rd_t v = {(const uint8_t *)value.ptr, (const uint8_t *)value.ptr + value.len};
         field_t last = {0};
         while (v.p < v.end && rd_field(&v, &f) == RD_OK)
             if (f.num >= 1 && f.num <= 5)
                 last = f;
-        if (k == 0) {
+        if (k == 5) { /* a negative int64 is past every level: the default, as Triton casts it */
+            if (last.num != 2 && last.num != 5)
+                return bad("invalid value type for 'priority' parameter, expected int64_param or uint64_param.");
+            req->priority = last.v;
+        } else if (k == 0) {
             if (last.num != 2)
                 return bad("invalid value type for 'timeout' parameter, expected int64_param.");
             req->timeout_us = (int64_t)last.v > 0 ? last.v : 0;

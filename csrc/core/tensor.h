@@ -93,6 +93,8 @@ typedef struct oi_request_s {
     int binary_data_output; /* -1 unset, 0 or 1 */
     uint64_t timeout_us;    /* Triton's "timeout" parameter: the longest the request may wait in
                              * the queue before it is refused unrun; 0: no limit */
+    uint64_t priority;      /* Triton's "priority" parameter: 1 is the highest level; 0, or past the
+                             * model's priority_levels: the model's default level */
     oi_seq_params_t seq;
     /* Set by the scheduler for the backend's run: returns nonzero once every client waiting
      * for this request (or batch) has gone, so that a long-running model may stop early.

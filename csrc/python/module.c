@@ -1082,6 +1082,45 @@ done:
     return e;
 }
 
+/* add_model's level policies: one (timeout_action_delay, default_timeout_us,
+ * allow_timeout_override, max_queue_size) tuple per priority level, the highest first.
+ * Returns a malloc'd array (the caller frees it) and its length in *n, or NULL with an
+ * exception set. */
+static oi_queue_policy_t *parse_queue_policies(PyObject *levels, uint32_t *n)
+{
+    PyObject *fast = PySequence_Fast(levels, "level_policies must be a sequence of tuples");
+    if (fast == NULL)
+        return NULL;
+    Py_ssize_t len = PySequence_Fast_GET_SIZE(fast);
+    oi_queue_policy_t *p = NULL;
+    if (len < 1 || len > UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "level_policies must hold one policy per priority level");
+        goto fail;
+    }
+    if ((p = calloc((size_t)len, sizeof(*p))) == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < len; i++) {
+        int delay = 0, allow = 0;
+        unsigned long long timeout = 0;
+        unsigned int max_queue = 0;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i),
+                              "pKpI;a level policy is (delay, default_timeout_us, allow_timeout_override, "
+                              "max_queue_size)",
+                              &delay, &timeout, &allow, &max_queue))
+            goto fail;
+        p[i] = (oi_queue_policy_t){delay, timeout, allow, max_queue};
+    }
+    Py_DECREF(fast);
+    *n = (uint32_t)len;
+    return p;
+fail:
+    free(p);
+    Py_DECREF(fast);
+    return NULL;
+}
+
 static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"name",      "version",          "inputs",
@@ -1115,6 +1154,7 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
     oi_model_t *m = NULL;
     PyObject *ret = NULL, *load_error = Py_None;
     oi_batching_t batch = {0};
+    oi_queue_policy_t *policies = NULL; /* batch.policies: the scheduler copies them */
     oi_server_t *s = live_server(self);
     if (s == NULL)
         goto done;
@@ -1129,12 +1169,20 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
     if (batching != Py_None) {
         PyObject *pref = NULL;
         unsigned long long delay = 0;
-        unsigned int max_queue = 0;
+        unsigned int max_queue = 0, default_level = 0;
+        int preserve = 0;
+        PyObject *levels = Py_None;
         if (!PyArg_ParseTuple(batching,
-                              "OK|I;dynamic_batching is (preferred_batch_sizes, max_queue_delay_us[, max_queue_size])",
-                              &pref, &delay, &max_queue))
+                              "OK|IOIp;dynamic_batching is (preferred_batch_sizes, max_queue_delay_us[, max_queue_size"
+                              "[, level_policies, default_priority_level[, preserve_ordering]]])",
+                              &pref, &delay, &max_queue, &levels, &default_level, &preserve))
             goto done;
+        batch.preserve_ordering = preserve;
         batch.max_queue_size = max_queue;
+        if (levels != Py_None && (policies = parse_queue_policies(levels, &batch.n_levels)) == NULL)
+            goto done;
+        batch.policies = policies;
+        batch.default_level = default_level;
         PyObject *fast = PySequence_Fast(pref, "preferred_batch_sizes must be a sequence of ints");
         if (fast == NULL)
             goto done;
@@ -1284,6 +1332,7 @@ done:
     }
     free(in);
     free(out);
+    free(policies);
     PyBuffer_Release(&meta);
     PyBuffer_Release(&cfg_json);
     PyBuffer_Release(&cfg_pb);

@@ -7,12 +7,25 @@
 
 #include "core/thread.h"
 
+typedef struct job_list_s {
+    oi_job_t *head;
+    oi_job_t *tail;
+} job_list_t;
+
 struct oi_scheduler_s {
     pthread_mutex_t mu;
     pthread_cond_t cv;        /* idle executors wait here for a job */
     pthread_cond_t gather_cv; /* the gathering executor waits here for more jobs (monotonic) */
-    oi_job_t *head;
-    oi_job_t *tail;
+    /* The queue, under mu: two lists per priority level, the highest level first; each
+     * level's jobs in arrival order, then those that outwaited a DELAY timeout. Jobs are
+     * taken in list order, so list 0's head is the next to run. */
+    job_list_t *lists;
+    uint32_t *level_count;       /* jobs queued at each level (both its lists) */
+    oi_queue_policy_t *policies; /* one per level */
+    uint32_t n_levels;           /* >= 1 */
+    uint32_t priority_levels;    /* as configured: 0, or n_levels */
+    uint32_t default_level;      /* 0-based */
+    uint32_t first;              /* lists below this one are empty: scans start here */
     int stopping;
     /* At most one executor gathers a batch at a time, so concurrent instances do not split
      * the queue into small batches; the others run the batches already formed. */
@@ -23,6 +36,12 @@ struct oi_scheduler_s {
     atomic_int queued;    /* jobs submitted and not yet executing (queued or in a forming batch);
                            * written under mu (a plain add), read by anyone */
     atomic_int next_slot; /* hands each executor its statistics slot */
+    /* preserve_ordering: each batch (or lone job) taken off the queue gets the next ticket
+     * (under mu); its responses leave only once every earlier ticket's have (under ord_mu). */
+    uint64_t next_ticket;
+    uint64_t released;
+    pthread_mutex_t ord_mu;
+    pthread_cond_t ord_cv;
     oi_stats_t *stats;
     int nthreads;
     pthread_t threads[];
@@ -36,15 +55,57 @@ static void add_queued(oi_scheduler_t *s, int d)
     atomic_store_explicit(&s->queued, atomic_load_explicit(&s->queued, memory_order_relaxed) + d, memory_order_relaxed);
 }
 
+/* Appends to list k. */
+static void append(oi_scheduler_t *s, uint32_t k, oi_job_t *j)
+{
+    job_list_t *l = &s->lists[k];
+    if (k < s->first)
+        s->first = k;
+    j->next = NULL;
+    if (l->tail)
+        l->tail->next = j;
+    else
+        l->head = j;
+    l->tail = j;
+}
+
+/* Takes `j` (after `prev`, NULL for the head) out of list l. It stays counted at its level:
+ * callers moving it to the delayed list keep the count; the others call uncount. */
+static void unlink_job(job_list_t *l, oi_job_t *prev, oi_job_t *j)
+{
+    if (prev)
+        prev->next = j->next;
+    else
+        l->head = j->next;
+    if (l->tail == j)
+        l->tail = prev;
+    j->next = NULL;
+}
+
+static void uncount(oi_scheduler_t *s, const oi_job_t *j)
+{
+    s->level_count[j->level]--;
+}
+
+/* The first list holding a job, or -1 when the queue is empty. Starts at `first`, so a
+ * queue with many priority levels is not scanned from the top for every job. */
+static int first_list(oi_scheduler_t *s)
+{
+    for (; s->first < 2 * s->n_levels; s->first++)
+        if (s->lists[s->first].head != NULL)
+            return (int)s->first;
+    return -1;
+}
+
+/* Takes the next job in queue order, or NULL. */
 static oi_job_t *pop_locked(oi_scheduler_t *s)
 {
-    oi_job_t *j = s->head;
-    if (j != NULL) {
-        s->head = j->next;
-        if (s->head == NULL)
-            s->tail = NULL;
-        j->next = NULL;
-    }
+    int k = first_list(s);
+    if (k < 0)
+        return NULL;
+    oi_job_t *j = s->lists[k].head;
+    unlink_job(&s->lists[k], NULL, j);
+    uncount(s, j);
     return j;
 }
 
@@ -58,10 +119,29 @@ void oi_job_cancel(oi_job_t *job)
     atomic_store(&job->cancelled, 1);
 }
 
-/* Whether a job must not run: its clients have gone, or it waited past its timeout. */
+static int expired(const oi_job_t *j)
+{
+    return j->expires_ns != 0 && now_ns() >= j->expires_ns;
+}
+
+/* Whether a job must not run: its clients have gone, or it waited past a REJECT timeout. */
 static int unwanted(const oi_job_t *j)
 {
-    return atomic_load(&j->cancelled) || (j->expires_ns != 0 && now_ns() >= j->expires_ns);
+    return atomic_load(&j->cancelled) || (!j->delay && expired(j));
+}
+
+/* Whether a job still in its level's first list has outwaited a DELAY timeout: it then moves
+ * behind the level's timely jobs (Triton's delayed queue). */
+static int to_delay(const oi_job_t *j)
+{
+    return j->delay && !j->delayed && expired(j);
+}
+
+/* Moves a job, already unlinked from its level's first list, to the level's delayed list. */
+static void delay_job(oi_scheduler_t *s, oi_job_t *j)
+{
+    j->delayed = 1;
+    append(s, 2 * j->level + 1, j);
 }
 
 /* Puts a job that will not run on the list `finish_dropped` completes. */
@@ -94,19 +174,55 @@ static void finish_dropped(oi_stats_slot_t *slot, oi_job_t *j)
     }
 }
 
-/* The oldest job that is still wanted; the unwanted ones before it go to `dropped`. */
+/* The next job in queue order that is still wanted; the unwanted ones before it go to
+ * `dropped`, and those past a DELAY timeout move behind their level's timely jobs. */
 static oi_job_t *pop_wanted_locked(oi_scheduler_t *s, oi_job_t **dropped)
 {
-    oi_job_t *j;
-    while ((j = pop_locked(s)) != NULL && unwanted(j))
+    int k;
+    while ((k = first_list(s)) >= 0) {
+        oi_job_t *j = s->lists[k].head;
+        unlink_job(&s->lists[k], NULL, j);
+        if (to_delay(j)) {
+            delay_job(s, j);
+            continue;
+        }
+        uncount(s, j);
+        if (!unwanted(j))
+            return j;
         drop(dropped, j);
-    return j;
+    }
+    return NULL;
+}
+
+/* preserve_ordering: waits until the responses of every batch taken before ticket `t` have
+ * left. The executor that ran an earlier batch always reaches end_turn, so this ends. */
+static void await_turn(oi_scheduler_t *s, uint64_t t)
+{
+    if (!s->batching.preserve_ordering)
+        return;
+    pthread_mutex_lock(&s->ord_mu);
+    while (s->released != t)
+        pthread_cond_wait(&s->ord_cv, &s->ord_mu);
+    pthread_mutex_unlock(&s->ord_mu);
+}
+
+/* The responses of ticket `t` have left (or it had none): the next ticket's may. */
+static void end_turn(oi_scheduler_t *s, uint64_t t)
+{
+    if (!s->batching.preserve_ordering)
+        return;
+    pthread_mutex_lock(&s->ord_mu);
+    while (s->released != t)
+        pthread_cond_wait(&s->ord_cv, &s->ord_mu);
+    s->released++;
+    pthread_cond_broadcast(&s->ord_cv);
+    pthread_mutex_unlock(&s->ord_mu);
 }
 
 /* Runs one job alone. `went_on_at` is when the executor's previous request ended if it went
  * straight on to this one without waiting (0 otherwise): under load the job then starts
  * there (or when it was queued, if later), which saves a clock read per request. */
-static void run_one(oi_scheduler_t *s, oi_stats_slot_t *slot, oi_job_t *j, uint64_t went_on_at)
+static void run_one(oi_scheduler_t *s, oi_stats_slot_t *slot, oi_job_t *j, uint64_t went_on_at, uint64_t ticket)
 {
     if (atomic_load(&j->cancelled)) { /* cancelled between the queue and here */
         finish_dropped(slot, j);
@@ -119,6 +235,7 @@ static void run_one(oi_scheduler_t *s, oi_stats_slot_t *slot, oi_job_t *j, uint6
     j->status = s->backend->execute(s->state, j->req, j->output_names, j->n_outputs, &j->resp);
     int ran = j->status == NULL;
     if (!counted) {
+        await_turn(s, ticket);
         j->done(j);
         return;
     }
@@ -126,6 +243,7 @@ static void run_one(oi_scheduler_t *s, oi_stats_slot_t *slot, oi_job_t *j, uint6
     j->times.compute_start = j->times.input_end = start;
     j->times.output_start = out_start;
     j->slot = slot;
+    await_turn(s, ticket);
     j->done(j); /* the job may be gone now; it noted when it ended in the slot */
     if (ran)
         oi_stats_execution(slot, rows, start, start, out_start, slot->last_end);
@@ -174,40 +292,46 @@ static int compatible(const oi_scheduler_t *sched, const oi_job_t *a, const oi_j
            (x->parameters.len == y->parameters.len && memcmp(x->parameters.ptr, y->parameters.ptr, x->parameters.len) == 0);
 }
 
-/* Moves queued jobs that fit into the batch, oldest first. A compatible job that does not
- * fit ends the scan, so a large request is never overtaken by later small ones forever;
- * incompatible jobs are passed over and stay queued in order. Caller holds the lock. */
+/* Moves queued jobs that fit into the batch, in queue order (higher priority levels first).
+ * A compatible job that does not fit ends the scan, so a large request is never overtaken by
+ * later small ones forever; incompatible jobs are passed over and stay queued in order.
+ * Caller holds the lock. */
 static void gather_locked(oi_scheduler_t *s, batch_t *b, oi_job_t **dropped)
 {
-    oi_job_t *prev = NULL, *j = s->head;
-    while (j != NULL && b->rows < s->batching.max_batch_size) {
-        oi_job_t *next = j->next;
-        int64_t rows = job_rows(j);
-        int gone = unwanted(j);
-        if (!gone && (rows < 0 || !compatible(s, b->first, j))) {
-            prev = j;
+    for (uint32_t k = s->first; k < 2 * s->n_levels; k++) {
+        job_list_t *l = &s->lists[k];
+        oi_job_t *prev = NULL, *j = l->head;
+        while (j != NULL) {
+            if (b->rows >= s->batching.max_batch_size)
+                return;
+            oi_job_t *next = j->next;
+            if (to_delay(j)) { /* a later list of this scan reaches it again */
+                unlink_job(l, prev, j);
+                delay_job(s, j);
+                j = next;
+                continue;
+            }
+            int64_t rows = job_rows(j);
+            int gone = unwanted(j);
+            if (!gone && (rows < 0 || !compatible(s, b->first, j))) {
+                prev = j;
+                j = next;
+                continue;
+            }
+            if (!gone && b->rows + rows > s->batching.max_batch_size)
+                return;
+            unlink_job(l, prev, j);
+            uncount(s, j);
+            if (gone) {
+                drop(dropped, j);
+            } else {
+                b->last->next = j;
+                b->last = j;
+                b->n_jobs++;
+                b->rows += rows;
+            }
             j = next;
-            continue;
         }
-        if (!gone && b->rows + rows > s->batching.max_batch_size)
-            break;
-        if (prev)
-            prev->next = next;
-        else
-            s->head = next;
-        if (s->tail == j)
-            s->tail = prev;
-        j->next = NULL;
-        if (gone) {
-            drop(dropped, j);
-            j = next;
-            continue;
-        }
-        b->last->next = j;
-        b->last = j;
-        b->n_jobs++;
-        b->rows += rows;
-        j = next;
     }
 }
 
@@ -382,14 +506,14 @@ static void drop_cancelled(oi_stats_slot_t *slot, batch_t *b)
     finish_dropped(slot, dropped);
 }
 
-static void run_batch(oi_scheduler_t *s, oi_stats_slot_t *slot, batch_t *b)
+static void run_batch(oi_scheduler_t *s, oi_stats_slot_t *slot, batch_t *b, uint64_t ticket)
 {
     if (b->n_jobs > 1)
         drop_cancelled(slot, b);
     if (b->n_jobs == 0)
         return;
     if (b->n_jobs == 1) {
-        run_one(s, slot, b->first, 0);
+        run_one(s, slot, b->first, 0, ticket);
         return;
     }
     /* A batch is counted when its first job is (the server counts all or none). */
@@ -402,6 +526,7 @@ static void run_batch(oi_scheduler_t *s, oi_stats_slot_t *slot, batch_t *b)
             rows += j->rows;
     }
     int ran = run_batched(s, b, counted ? &t : NULL);
+    await_turn(s, ticket);
     for (oi_job_t *j = b->first, *next; j; j = next) {
         next = j->next;
         j->next = NULL;
@@ -443,7 +568,7 @@ static void gather_batch(oi_scheduler_t *s, batch_t *b, oi_job_t **dropped)
         pthread_cond_timedwait(&s->gather_cv, &s->mu, &ts);
     }
     s->gathering = 0;
-    if (s->head != NULL) /* the next batch can start forming on another executor */
+    if (first_list(s) >= 0) /* the next batch can start forming on another executor */
         pthread_cond_signal(&s->cv);
 }
 
@@ -456,7 +581,7 @@ static void *executor(void *arg)
     for (;;) {
         int waited = 0;
         pthread_mutex_lock(&s->mu);
-        while ((s->head == NULL || s->gathering) && !s->stopping) {
+        while ((first_list(s) < 0 || s->gathering) && !s->stopping) {
             pthread_cond_wait(&s->cv, &s->mu);
             waited = 1;
         }
@@ -468,18 +593,25 @@ static void *executor(void *arg)
         if (!batching) {
             oi_job_t *j = pop_wanted_locked(s, &dropped);
             add_queued(s, -(list_len(dropped) + (j != NULL)));
+            uint64_t ticket = j != NULL ? s->next_ticket++ : 0;
             pthread_mutex_unlock(&s->mu);
             finish_dropped(slot, dropped);
-            if (j != NULL)
-                run_one(s, slot, j, waited || dropped ? 0 : slot->last_end);
+            if (j != NULL) {
+                run_one(s, slot, j, waited || dropped ? 0 : slot->last_end, ticket);
+                end_turn(s, ticket);
+            }
             continue;
         }
         batch_t b;
         gather_batch(s, &b, &dropped);
         add_queued(s, -(b.n_jobs + list_len(dropped)));
+        uint64_t ticket = b.n_jobs > 0 ? s->next_ticket++ : 0;
         pthread_mutex_unlock(&s->mu);
         finish_dropped(slot, dropped);
-        run_batch(s, slot, &b);
+        if (b.n_jobs > 0) {
+            run_batch(s, slot, &b, ticket);
+            end_turn(s, ticket);
+        }
     }
 }
 
@@ -494,6 +626,8 @@ oi_scheduler_t *oi_scheduler_new_batching(const oi_backend_t *backend, void *sta
         return NULL;
     }
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->ord_mu, NULL);
+    pthread_cond_init(&s->ord_cv, NULL);
     pthread_cond_init(&s->cv, NULL);
     pthread_condattr_t attr;
     pthread_condattr_init(&attr);
@@ -505,6 +639,27 @@ oi_scheduler_t *oi_scheduler_new_batching(const oi_backend_t *backend, void *sta
         if (s->batching.n_preferred < 0 || s->batching.n_preferred > 16)
             s->batching.n_preferred = 0;
     }
+    s->batching.policies = NULL; /* borrowed: copied below */
+    if (batching != NULL && batching->n_levels > 0 && batching->policies != NULL) {
+        s->n_levels = s->priority_levels = batching->n_levels;
+        s->default_level = batching->default_level >= 1 && batching->default_level <= batching->n_levels
+                               ? batching->default_level - 1
+                               : 0;
+    } else {
+        s->n_levels = 1;
+    }
+    s->lists = calloc(2 * (size_t)s->n_levels, sizeof(job_list_t));
+    s->level_count = calloc(s->n_levels, sizeof(uint32_t));
+    s->policies = calloc(s->n_levels, sizeof(oi_queue_policy_t));
+    if (s->lists == NULL || s->level_count == NULL || s->policies == NULL) {
+        snprintf(err, errlen, "out of memory");
+        oi_scheduler_free(s);
+        return NULL;
+    }
+    if (s->priority_levels > 0)
+        memcpy(s->policies, batching->policies, s->n_levels * sizeof(oi_queue_policy_t));
+    else /* no queue policy: the request's own timeout applies, as it always has */
+        s->policies[0] = (oi_queue_policy_t){0, 0, 1, s->batching.max_queue_size};
     s->backend = backend;
     s->state = state;
     s->stats = oi_stats_new(instances);
@@ -540,7 +695,14 @@ int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job)
     job->next = NULL;
     job->status = NULL;
     job->slot = NULL;
-    uint64_t timeout_us = job->req->timeout_us;
+    uint64_t prio = job->req->priority;
+    uint32_t level = prio >= 1 && prio <= s->priority_levels ? (uint32_t)prio - 1 : s->default_level;
+    const oi_queue_policy_t *policy = &s->policies[level];
+    uint64_t timeout_us =
+        policy->allow_override && job->req->timeout_us ? job->req->timeout_us : policy->default_timeout_us;
+    job->level = level;
+    job->delay = (uint8_t)(policy->delay != 0);
+    job->delayed = 0;
     int timed = s->batching.max_batch_size > 0 || job->counted;
     uint64_t now = timed || timeout_us ? now_ns() : 0;
     job->enqueued_ns = timed ? now : 0;
@@ -553,8 +715,7 @@ int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job)
         pthread_mutex_unlock(&s->mu);
         return -1;
     }
-    uint32_t limit = s->batching.max_queue_size;
-    if (limit != 0 && atomic_load_explicit(&s->queued, memory_order_relaxed) >= (int)limit) {
+    if (policy->max_queue_size != 0 && s->level_count[level] >= policy->max_queue_size) {
         pthread_mutex_unlock(&s->mu);
         /* Outside the lock: `done` hands the job back to its owner. */
         job->status = oi_status_new(OI_UNAVAILABLE, "Exceeds maximum queue size");
@@ -563,11 +724,8 @@ int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job)
         return 0;
     }
     add_queued(s, 1);
-    if (s->tail)
-        s->tail->next = job;
-    else
-        s->head = job;
-    s->tail = job;
+    s->level_count[level]++;
+    append(s, 2 * level, job);
     pthread_cond_signal(s->gathering ? &s->gather_cv : &s->cv);
     pthread_mutex_unlock(&s->mu);
     return 0;
@@ -579,15 +737,16 @@ void oi_scheduler_cancel_queued(oi_scheduler_t *s)
         return;
     pthread_mutex_lock(&s->mu);
     s->stopping = 1;
-    oi_job_t *queued = s->head;
-    s->head = s->tail = NULL;
-    for (oi_job_t *j = queued; j != NULL; j = j->next)
+    oi_job_t *queued = NULL, *j;
+    while ((j = pop_locked(s)) != NULL) { /* reversed: all fail alike */
         add_queued(s, -1);
+        drop(&queued, j);
+    }
     pthread_cond_broadcast(&s->cv);
     pthread_cond_broadcast(&s->gather_cv);
     pthread_mutex_unlock(&s->mu);
     /* Outside the lock: `done` hands the job back to its owner, which may free it. */
-    for (oi_job_t *j = queued, *next; j != NULL; j = next) {
+    for (oi_job_t *next; (j = queued) != NULL; queued = next) {
         next = j->next;
         j->next = NULL;
         j->status = oi_status_new(OI_UNAVAILABLE, "the server is shutting down");
@@ -608,15 +767,20 @@ void oi_scheduler_free(oi_scheduler_t *s)
     for (int i = 0; i < s->nthreads; i++)
         pthread_join(s->threads[i], NULL);
     oi_job_t *j;
-    while ((j = pop_locked(s)) != NULL) {
+    while (s->lists != NULL && (j = pop_locked(s)) != NULL) {
         j->status = oi_status_new(OI_UNAVAILABLE, "the server is shutting down");
         j->slot = s->stats ? &s->stats->shared : NULL;
         add_queued(s, -1); /* the executors are gone: no lock needed */
         j->done(j);
     }
     oi_stats_free(s->stats);
+    free(s->lists);
+    free(s->level_count);
+    free(s->policies);
     pthread_cond_destroy(&s->gather_cv);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->ord_cv);
+    pthread_mutex_destroy(&s->ord_mu);
     free(s);
 }

@@ -25,9 +25,16 @@ struct oi_job_s {
     oi_status_t *status; /* NULL on success; the job's owner frees it */
     void (*done)(oi_job_t *job);
     uint64_t enqueued_ns; /* set by submit when batching or counting: when the queue starts */
-    uint64_t expires_ns;  /* set by submit from req->timeout_us: past it, the job is refused
-                           * unrun when an executor reaches it; 0: never */
+    uint64_t expires_ns;  /* set by submit from its level's queue policy (or req->timeout_us
+                           * where the policy allows): past it, the job is refused unrun when
+                           * an executor reaches it, or runs late (DELAY); 0: never */
     atomic_int cancelled; /* set by oi_job_cancel, from any thread */
+    /* Set by submit, read under the scheduler's lock: the job's priority level (0-based),
+     * whether its policy keeps it past expires_ns (DELAY) instead of refusing it, and whether
+     * it has outwaited that timeout already (it then runs after its level's timely jobs). */
+    uint32_t level;
+    uint8_t delay;
+    uint8_t delayed;
     /* Statistics. The submitter sets `counted` (and `rows`, the inferences it counts for:
      * dimension 0 of a batching model's request, else 1); the scheduler fills the rest
      * before `done`, which records the outcome in `slot`. */
@@ -39,6 +46,15 @@ struct oi_job_s {
 
 /* Whether the job (an oi_job_t) was cancelled: what a request's `cancelled` poll points at. */
 int oi_job_cancelled(const void *job);
+
+/* Triton's ModelQueuePolicy for one priority level. */
+typedef struct oi_queue_policy_s {
+    int delay;                   /* timeout_action DELAY: a request past its timeout still runs,
+                                  * after its level's timely ones; 0: REJECT (refused unrun) */
+    uint64_t default_timeout_us; /* 0: no timeout */
+    int allow_override;          /* the request's "timeout" parameter replaces the default */
+    uint32_t max_queue_size;     /* requests queued at this level; 0: no limit */
+} oi_queue_policy_t;
 
 /* Dynamic batching (Triton's dynamic_batching): requests queued for the model are gathered
  * into one call of up to max_batch_size rows (dimension 0), preferring the sizes listed,
@@ -54,7 +70,21 @@ typedef struct oi_batching_s {
     int ignore_parameters; /* requests with different parameters go together too (a sequence
                             * model's: each carries its own sequence_id) */
     uint32_t max_queue_size; /* default_queue_policy.max_queue_size: a request finding this many
-                              * queued is refused at once with 503, as Triton; 0: no limit */
+                              * queued is refused at once with 503, as Triton; 0: no limit.
+                              * Used only when n_levels is 0. */
+    /* Triton's priority levels and queue policies. n_levels 0: one queue whose policy is
+     * max_queue_size above, the request's own timeout always applying (what a model without
+     * dynamic_batching does, and a sequence model's resubmitted requests). Else `policies`
+     * holds one policy per level (level 1, the highest, first; borrowed, copied by
+     * oi_scheduler_new_batching) and a request's "priority" p picks level p when
+     * 1 <= p <= n_levels, else default_level (1-based), as Triton does. */
+    const struct oi_queue_policy_s *policies;
+    uint32_t n_levels;
+    uint32_t default_level;
+    /* Triton's preserve_ordering: responses leave in the order their requests were taken
+     * from the queue, even when several instances run batches at once. An instance whose
+     * batch ends before an earlier one waits for it before answering. */
+    int preserve_ordering;
 } oi_batching_t;
 
 typedef struct oi_scheduler_s oi_scheduler_t;
@@ -75,9 +105,10 @@ oi_stats_t *oi_scheduler_stats(const oi_scheduler_t *s);
 /* Jobs queued and not yet taken by an executor (Triton's pending request count). */
 int oi_scheduler_pending(const oi_scheduler_t *s);
 
-/* Queues a job; its `done` runs later on an executor thread, or at once on this thread when
- * the queue holds max_queue_size jobs already (refused with Triton's 503 "Exceeds maximum
- * queue size"). Returns 0, or -1 when the scheduler is stopping (then `done` is never called). */
+/* Queues a job at the priority level its request names; its `done` runs later on an executor
+ * thread, or at once on this thread when that level holds its policy's max_queue_size jobs
+ * already (refused with Triton's 503 "Exceeds maximum queue size"). Returns 0, or -1 when the
+ * scheduler is stopping (then `done` is never called). */
 int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job);
 
 /* The job's clients have gone: marks it cancelled. An executor that reaches it in the queue,

@@ -1,7 +1,7 @@
 """Type stub for the C extension `openinfer._core` (csrc/python/). The contract between the
 Python package and the C core: Python scans repositories and builds metadata; C serves."""
 
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -160,7 +160,7 @@ class Server:
         instances: int = 1,
         error: str | None = None,
         torch: TorchSpec | None = None,
-        dynamic_batching: tuple[Sequence[int], int] | None = None,
+        dynamic_batching: tuple[Any, ...] | None = None,
         config_json: bytes | None = None,
         config_pb: bytes | None = None,
         publish: bool = True,
@@ -185,7 +185,10 @@ class Server:
         returned (otherwise None). onnx=spec does the same with one ONNX Runtime session per
         instance (load the library first with onnx_open). dynamic_batching=(preferred_batch_sizes,
         max_queue_delay_us) with max_batch_size > 0 gathers concurrent requests into one
-        call (Python handlers then see the concatenated batch). config_json and config_pb are
+        call (Python handlers then see the concatenated batch); optional further items:
+        max_queue_size, level_policies (one (delay, default_timeout_us, allow_timeout_override,
+        max_queue_size) per priority level, or None), default_priority_level, preserve_ordering.
+        config_json and config_pb are
         the version's configuration in Triton's JSON and as a serialized inference.ModelConfig,
         served as they are by the model configuration endpoints (without them, those answer
         404).

@@ -290,10 +290,88 @@ class InstanceGroup:
 
 
 @dataclass(frozen=True)
+class QueuePolicy:
+    """Triton's ModelQueuePolicy: what a request that waits past its timeout gets (REJECT:
+    refused unrun with "Request timeout expired"; DELAY: it runs after the timely requests of
+    its priority level), the timeout (µs, 0: none), whether the request's own "timeout"
+    parameter replaces it, and how many requests the level may queue (0: no limit)."""
+
+    timeout_action: str = "REJECT"
+    default_timeout_microseconds: int = 0
+    allow_timeout_override: bool = False
+    max_queue_size: int = 0
+
+    def check(self, where: str) -> None:
+        if self.timeout_action not in ("REJECT", "DELAY"):
+            raise ConfigError(f"{where}.timeout_action must be REJECT or DELAY, got {self.timeout_action!r}")
+        if not 0 <= self.default_timeout_microseconds < 1 << 64:
+            raise ConfigError(
+                f"{where}.default_timeout_microseconds must be an unsigned 64-bit integer, "
+                f"got {self.default_timeout_microseconds}"
+            )
+        if not 0 <= self.max_queue_size < 1 << 32:
+            raise ConfigError(f"{where}.max_queue_size must be an unsigned 32-bit integer, got {self.max_queue_size}")
+
+    def as_tuple(self) -> tuple[bool, int, bool, int]:
+        """What add_model takes for a level."""
+        return (self.timeout_action == "DELAY", self.default_timeout_microseconds, self.allow_timeout_override,
+                self.max_queue_size)
+
+
+MAX_PRIORITY_LEVELS = 1 << 16  # the scheduler keeps two lists per level
+
+
+@dataclass(frozen=True)
 class DynamicBatching:
     preferred_batch_size: tuple[int, ...] = ()
     max_queue_delay_microseconds: int = 0
-    max_queue_size: int = 0  # default_queue_policy.max_queue_size; 0: no limit
+    max_queue_size: int = 0  # default_queue_policy.max_queue_size when that is not given; 0: no limit
+    # Triton's queue policies and priorities: a request's "priority" p (1 the highest) queues at
+    # level p when 1 <= p <= priority_levels, else at default_priority_level.
+    priority_levels: int = 0
+    default_priority_level: int = 0
+    default_queue_policy: QueuePolicy | None = None
+    priority_queue_policy: tuple[tuple[int, QueuePolicy], ...] = ()
+    preserve_ordering: bool = False
+
+    def check(self, where: str = "dynamic_batching") -> None:
+        """Raises ConfigError naming the field, with Triton's reason, for what Triton refuses."""
+        self.default_policy().check(f"{where}.default_queue_policy")
+        levels = self.priority_levels
+        if not 0 <= levels <= MAX_PRIORITY_LEVELS:
+            raise ConfigError(f"{where}.priority_levels must be in range [0, {MAX_PRIORITY_LEVELS}], got {levels}")
+        if levels and not 1 <= self.default_priority_level <= levels:
+            raise ConfigError(
+                f"{where}.default_priority_level: default priority level must be in range [1, {levels}], "
+                f"got {self.default_priority_level}"
+            )
+        for level, policy in self.priority_queue_policy:
+            if levels and not 1 <= level <= levels:  # without levels Triton ignores them
+                raise ConfigError(
+                    f"{where}.priority_queue_policy: priority queue policy must have priority level in range "
+                    f"[1, {levels}], got {level}"
+                )
+            policy.check(f"{where}.priority_queue_policy[{level}]")
+        if self.preserve_ordering:
+            for name, policy in [("default_queue_policy", self.default_policy())] + [
+                (f"priority_queue_policy[{k}]", p) for k, p in self.priority_queue_policy
+            ]:
+                if policy.timeout_action == "DELAY" and policy.default_timeout_microseconds:
+                    raise ConfigError(
+                        f"{where}.{name}.timeout_action: Queue policy can not have DELAY as timeout action "
+                        "when 'preserve_ordering' is true"
+                    )
+
+    def default_policy(self) -> QueuePolicy:
+        return self.default_queue_policy or QueuePolicy(max_queue_size=self.max_queue_size)
+
+    def level_policies(self) -> tuple[tuple[bool, int, bool, int], ...]:
+        """add_model's policies, one per level from 1. As in Triton, the request's "timeout" counts
+        only where allow_timeout_override says so (a model without dynamic_batching has no
+        policy: its requests' timeouts always apply)."""
+        explicit = dict(self.priority_queue_policy) if self.priority_levels else {}
+        default = self.default_policy()
+        return tuple(explicit.get(level, default).as_tuple() for level in range(1, max(self.priority_levels, 1) + 1))
 
 
 @dataclass(frozen=True)
@@ -471,17 +549,36 @@ def _dynamic_batching(raw: dict[str, Value] | None, source: str) -> DynamicBatch
     if raw is None:
         return None
     f = _Fields(raw, f"{source}: dynamic_batching")
-    policy = _Fields(f.message("default_queue_policy") or {}, f"{source}: dynamic_batching.default_queue_policy")
-    max_queue = policy.integer("max_queue_size", 0)
-    if not 0 <= max_queue < 1 << 32:
-        raise ConfigError(
-            f"{source}: dynamic_batching.default_queue_policy.max_queue_size must be an unsigned 32-bit "
-            f"integer, got {max_queue}"
-        )
-    return DynamicBatching(
+    default = f.message("default_queue_policy")
+    policies = raw.get("priority_queue_policy", [])
+    entries = policies if isinstance(policies, list) else [policies]
+    by_level: list[tuple[int, QueuePolicy]] = []
+    for entry in entries:  # a map entry is { key: LEVEL value { ... } }
+        e = _Fields(entry, f"{source}: dynamic_batching.priority_queue_policy")
+        level = e.integer("key", 0)
+        by_level.append((level, _queue_policy(e.message("value") or {}, f"{e.where}[{level}]")))
+    batching = DynamicBatching(
         preferred_batch_size=f.integers("preferred_batch_size"),
         max_queue_delay_microseconds=f.integer("max_queue_delay_microseconds", 0),
-        max_queue_size=max_queue,
+        priority_levels=f.integer("priority_levels", 0),
+        default_priority_level=f.integer("default_priority_level", 0),
+        default_queue_policy=None if default is None else _queue_policy(default, f"{f.where}.default_queue_policy"),
+        priority_queue_policy=tuple(by_level),
+        preserve_ordering=bool(raw.get("preserve_ordering", False)),
+    )
+    batching.check(f"{source}: dynamic_batching")
+    return batching
+
+
+def _queue_policy(raw: dict[str, Value], where: str) -> QueuePolicy:
+    f = _Fields(raw, where)
+    action = raw.get("timeout_action", "REJECT")
+    action = {0: "REJECT", 1: "DELAY"}.get(action, action) if isinstance(action, int) else action
+    return QueuePolicy(
+        timeout_action=action if isinstance(action, str) else repr(action),
+        default_timeout_microseconds=f.integer("default_timeout_microseconds", 0),
+        allow_timeout_override=bool(raw.get("allow_timeout_override", False)),
+        max_queue_size=f.integer("max_queue_size", 0),
     )
 
 

@@ -814,13 +814,16 @@ def _version(entry: LoadedModel) -> int:
 def _batching(
     max_batch_size: int, batching: DynamicBatching | None, sequence: SequenceBatching | None = None
 ) -> tuple[tuple[int, ...], int] | None:
-    """add_model's dynamic_batching: (preferred sizes, max queue delay in µs, max queue size), or None. A
+    """add_model's dynamic_batching: (preferred sizes, max queue delay in µs, max queue size[, level
+    policies or None, default priority level, preserve_ordering]), or None. With max_batch_size 0 nothing is batched but the queue
+    policies and priorities still apply, as in Triton. A
     sequence model batches the ready requests of its sequences as its strategy says."""
     if max_batch_size > 0 and sequence is not None:
         return sequence.batching()
-    if max_batch_size <= 0 or batching is None:
+    if batching is None:
         return None
-    return (batching.preferred_batch_size, batching.max_queue_delay_microseconds, batching.max_queue_size)
+    return (batching.preferred_batch_size, batching.max_queue_delay_microseconds, batching.max_queue_size,
+            batching.level_policies(), batching.default_priority_level, batching.preserve_ordering)
 
 
 def _model_config(entry: LoadedModel) -> dict[str, bytes]:

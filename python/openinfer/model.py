@@ -279,6 +279,8 @@ class Model:
         declared_inputs = _tensors(name, "input", inputs, max_batch_size)
         if decoupled and sequence_batching is not None:
             raise ValueError(f"model {name!r}: a decoupled model cannot use sequence_batching")
+        if isinstance(dynamic_batching, DynamicBatching):
+            dynamic_batching.check(f"model {name!r}: dynamic_batching")
         if dynamic_batching and sequence_batching is not None:
             raise ValueError(
                 f"model {name!r}: dynamic_batching and sequence_batching cannot both be given "

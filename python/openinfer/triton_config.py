@@ -482,6 +482,11 @@ def complete(name: str, config: Message, model: Any, *, backend: str, gpus: tupl
         c["dynamic_batching"] = {
             "preferred_batch_size": list(db.preferred_batch_size),
             "max_queue_delay_microseconds": db.max_queue_delay_microseconds,
+            "preserve_ordering": db.preserve_ordering,
+            "priority_levels": db.priority_levels,
+            "default_priority_level": db.default_priority_level,
+            "default_queue_policy": vars(db.default_policy()),
+            "priority_queue_policy": {level: vars(p) for level, p in db.priority_queue_policy},
         }
     if "dynamic_batching" in c and not c["dynamic_batching"].get("preferred_batch_size") and model.max_batch_size > 0:
         c["dynamic_batching"] = {**c["dynamic_batching"], "preferred_batch_size": [model.max_batch_size]}
@@ -667,14 +672,6 @@ def unsupported(config: Message, source: str) -> tuple[list[str], list[str]]:
         )
     if config.get("response_cache", {}).get("enable"):
         refuse("response_cache { enable: true }", "no response cache")
-    db = config.get("dynamic_batching", {})
-    for key in ("priority_queue_policy", "priority_levels", "default_priority_level"):
-        if db.get(key):
-            refuse(f"dynamic_batching.{key}", "no priorities")
-    policy = db.get("default_queue_policy")
-    for key in ("timeout_action", "default_timeout_microseconds", "allow_timeout_override"):
-        if isinstance(policy, dict) and key in policy:
-            refuse(f"dynamic_batching.default_queue_policy.{key}", "only max_queue_size is supported")
     for i, group in enumerate(config.get("instance_group", [])):
         if "rate_limiter" in group:
             refuse(f"instance_group[{i}].rate_limiter", "no rate limiter")
