@@ -26,6 +26,8 @@ import openinfer
 from openinfer import Model, Request, Tensor
 from openinfer.config import ConfigError, DynamicBatching, QueuePolicy
 
+from conftest import wait_for
+
 BOUND = 30.0  # a bound for a hung test, not a measurement
 OUTWAIT = 1.0  # seconds a request is left queued so that a 0.1 s queue timeout passes
 
@@ -180,9 +182,38 @@ def test_priorities_with_batching_take_the_highest_level_first(protocol: str) ->
             b.send(value, priority=priority)
         gate.set()
         results = b.join()
-    # Requests of different priorities carry different parameters, so never share a batch.
     assert seen == [[1], [11, 12], [21, 22]]
     assert results == {v: v for v in (1, 11, 12, 21, 22)}
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_requests_of_different_priorities_and_timeouts_share_a_batch(protocol: str) -> None:
+    """priority and timeout are the scheduler's own parameters: as in Triton, requests that
+    differ only in them go in one batch (highest level first); another parameter still parts them."""
+    seen: list[list[int]] = []
+    gate = threading.Event()
+
+    def batched(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        seen.append([int(v) for v in inputs["INPUT0"].reshape(-1)])
+        gate.wait(BOUND)
+        return {"OUTPUT0": inputs["INPUT0"]}
+
+    model = Model("q", batched, inputs=[Tensor("INPUT0", "INT32", [-1, 1])], outputs=[Tensor("OUTPUT0", "INT32", [-1, 1])],
+                  max_batch_size=8, dynamic_batching=DynamicBatching(
+                      priority_levels=2, default_priority_level=2,
+                      default_queue_policy=QueuePolicy(allow_timeout_override=True)))
+    with openinfer.serve(models=[model], http_port=0, log=False, threads=2) as srv:
+        b = Backlog(srv, INFER[protocol])
+        b.send(1, queued=False)
+        wait_for(lambda: bool(seen), "the first request at the model")
+        for value, kw in [(21, {"priority": 2}), (22, {"priority": 2, "timeout": 600_000_000}),
+                          (11, {"priority": 1}), (23, {"priority": 2, "parameters": {"tag": "x"}}),
+                          (12, {"priority": 1, "timeout": 500_000_000})]:
+            b.send(value, **kw)
+        gate.set()
+        results = b.join()
+    assert seen == [[1], [11, 12, 21, 22], [23]]
+    assert results == {v: v for v in (1, 11, 12, 21, 22, 23)}
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

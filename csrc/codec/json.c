@@ -1861,15 +1861,60 @@ int oi_json_write_string(oi_sbuf_t *out, const char *s, size_t n)
 
 /* ---- Parameters ------------------------------------------------------------------------- */
 
+/* The next member of the object at c whose key is not in `ignored`: its key and value text.
+ * 1, 0 at the object's end, -1 on malformed text. */
+static int next_kept_member(cursor_t *c, uint32_t *n, const char *const *ignored, short_str_t *k, oi_slice_t *value)
+{
+    int r;
+    while ((r = next_member(c, n, k)) == 1) {
+        int skip = 0;
+        for (const char *const *i = ignored; *i != NULL && !skip; i++)
+            skip = str_is(k, *i);
+        char *at = c->p;
+        if (skip_value(c) != 0)
+            return -1;
+        *value = (oi_slice_t){at, (size_t)(c->p - at)};
+        if (!skip)
+            return 1;
+    }
+    return r;
+}
+
+static cursor_t read_cursor(oi_slice_t text)
+{
+    /* The cursor's functions take mutable text but only read_string_in_place and the float
+     * conversions write, and neither is used by the readers below. */
+    return (cursor_t){.base = (char *)text.ptr, .p = (char *)text.ptr, .end = (char *)text.ptr + text.len,
+                      .max_depth = OI_JSON_MAX_DEPTH};
+}
+
+int oi_json_params_same(oi_slice_t a, oi_slice_t b, const char *const *ignored)
+{
+    static const char empty[] = "{}";
+    cursor_t ca = read_cursor(a.ptr ? a : (oi_slice_t){empty, 2}), cb = read_cursor(b.ptr ? b : (oi_slice_t){empty, 2});
+    short_str_t ka, kb;
+    oi_slice_t va, vb;
+    uint32_t na = 0, nb = 0;
+    int same = enter(&ca, '{') == 0 && enter(&cb, '{') == 0;
+    while (same) {
+        int ra = next_kept_member(&ca, &na, ignored, &ka, &va), rb = next_kept_member(&cb, &nb, ignored, &kb, &vb);
+        if (ra != rb || ra < 0 || ra == 0) {
+            same = ra == 0 && rb == 0 && peek(&ca) == -1 && peek(&cb) == -1;
+            break;
+        }
+        same = ka.n == kb.n && memcmp(ka.s, kb.s, ka.n) == 0 && va.len == vb.len && memcmp(va.ptr, vb.ptr, va.len) == 0;
+    }
+    oi_status_free(ca.err);
+    oi_status_free(cb.err);
+    return same;
+}
+
 int oi_json_param(oi_slice_t params, const char *key, oi_json_param_t *out, char *buf, size_t cap)
 {
     memset(out, 0, sizeof(*out));
     if (params.ptr == NULL)
         return 0;
-    /* The cursor's functions take mutable text but only read_string_in_place and the float
-     * conversions write, and neither is used here. */
-    cursor_t c = {.base = (char *)params.ptr, .p = (char *)params.ptr, .end = (char *)params.ptr + params.len,
-                  .max_depth = OI_JSON_MAX_DEPTH};
+    cursor_t c = read_cursor(params);
     short_str_t k;
     uint32_t n = 0;
     int r, found = 0;

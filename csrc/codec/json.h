@@ -112,6 +112,11 @@ typedef struct oi_json_param_s {
  * not there or params.ptr is NULL, or -1 when the text is not a well-formed JSON object. */
 int oi_json_param(oi_slice_t params, const char *key, oi_json_param_t *out, char *buf, size_t cap);
 
+/* Whether two "parameters" objects' texts hold the same members in the same order (keys and
+ * value texts byte for byte), members whose key is in `ignored` (NULL-terminated) left out
+ * of both; a NULL text is the empty object. Malformed text is never the same. */
+int oi_json_params_same(oi_slice_t a, oi_slice_t b, const char *const *ignored);
+
 /* Appends {"error":"<message, escaped>"}; returns 0 or -1 (out of memory). */
 int oi_json_encode_error(oi_sbuf_t *out, const char *message);
 

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "codec/json.h"
 #include "core/thread.h"
 
 typedef struct job_list_s {
@@ -286,10 +287,13 @@ static int compatible(const oi_scheduler_t *sched, const oi_job_t *a, const oi_j
             return 0;
     if (sched->batching.ignore_parameters)
         return 1;
-    if ((x->parameters.ptr == NULL) != (y->parameters.ptr == NULL))
-        return 0;
-    return x->parameters.ptr == NULL ||
-           (x->parameters.len == y->parameters.len && memcmp(x->parameters.ptr, y->parameters.ptr, x->parameters.len) == 0);
+    if (x->parameters.len == y->parameters.len &&
+        (x->parameters.len == 0 || memcmp(x->parameters.ptr, y->parameters.ptr, x->parameters.len) == 0))
+        return 1;
+    /* The parameters the scheduler itself acts on differ between requests that can share a
+     * batch, as in Triton: a batch runs with the first request's other parameters. */
+    static const char *const scheduling[] = {"priority", "timeout", NULL};
+    return oi_json_params_same(x->parameters, y->parameters, scheduling);
 }
 
 /* Moves queued jobs that fit into the batch, in queue order (higher priority levels first).

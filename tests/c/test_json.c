@@ -894,6 +894,25 @@ static void test_locale(const char *name)
     setlocale(LC_NUMERIC, "C");
 }
 
+/* Parameters compared member by member, the scheduler's own keys left out. */
+static void test_params_same(void)
+{
+    static const char *const ignored[] = {"priority", "timeout", NULL};
+#define SAME(a, b) oi_json_params_same((oi_slice_t){a, sizeof(a) - 1}, (oi_slice_t){b, sizeof(b) - 1}, ignored)
+    CHECK(SAME("{}", "{}"));
+    CHECK(SAME("{\"priority\":1}", "{}"));
+    CHECK(SAME("{\"a\":1,\"priority\":1}", "{\"timeout\":5, \"a\" : 1}"));
+    CHECK(SAME("{\"a\":{\"priority\":1}}", "{\"priority\":[1,2],\"a\":{\"priority\":1}}"));
+    CHECK(!SAME("{\"a\":1}", "{\"a\":2}"));
+    CHECK(!SAME("{\"a\":1}", "{\"a\":1,\"b\":1}"));
+    CHECK(!SAME("{\"a\":1,\"b\":1}", "{\"b\":1,\"a\":1}"));
+    CHECK(!SAME("{\"priority\":1", "{\"priority\":1"));
+    CHECK(!SAME("{\"a\":1}x", "{\"a\":1}"));
+#undef SAME
+    CHECK(oi_json_params_same((oi_slice_t){NULL, 0}, (oi_slice_t){"{\"timeout\":1}", 13}, ignored));
+    CHECK(!oi_json_params_same((oi_slice_t){NULL, 0}, (oi_slice_t){"{\"b\":1}", 7}, ignored));
+}
+
 /* The shared-memory extension: inputs that name a region carry no data; outputs written into
  * a region are encoded as metadata and parameters; oi_json_param reads parameters. */
 static void test_shared_memory(void)
@@ -1010,6 +1029,7 @@ int main(int argc, char **argv)
     test_truncations();
     test_encode();
     test_shared_memory();
+    test_params_same();
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
 }
