@@ -270,7 +270,8 @@ def test_config_errors(server: openinfer.Server, stub: Any, grpc_stubs: Any, grp
 REFUSED = [
     ("sequence_batching { iterative_sequence: true }", "sequence_batching.iterative_sequence"),
     ("model_transaction_policy { decoupled: true } dynamic_batching { }", "model_transaction_policy { decoupled: true }"),
-    ("response_cache { enable: true }", "response_cache { enable: true }"),
+    ("response_cache { enable: true }\nsequence_batching { }",
+     "Response Cache does not currently support model m with sequence batching scheduler"),
     ("instance_group [ { count: 1 rate_limiter { resources [ { name: \"R\" count: 1 } ] } } ]",
      "instance_group[0].rate_limiter"),
     ("max_batch_size: 4 dynamic_batching { default_queue_policy { max_queue_size: -1 } }",

@@ -1888,6 +1888,22 @@ static cursor_t read_cursor(oi_slice_t text)
                       .max_depth = OI_JSON_MAX_DEPTH};
 }
 
+int oi_json_params_each(oi_slice_t params, const char *const *ignored,
+                        void (*fn)(void *ctx, const char *key, size_t key_len, oi_slice_t value), void *ctx)
+{
+    if (params.ptr == NULL)
+        return 0;
+    cursor_t c = read_cursor(params);
+    short_str_t k;
+    oi_slice_t v;
+    uint32_t n = 0;
+    int r = enter(&c, '{') == 0 ? 1 : -1;
+    while (r == 1 && (r = next_kept_member(&c, &n, ignored, &k, &v)) == 1)
+        fn(ctx, k.s, k.n, v);
+    oi_status_free(c.err);
+    return r == 0 && peek(&c) == -1 ? 0 : -1;
+}
+
 int oi_json_params_same(oi_slice_t a, oi_slice_t b, const char *const *ignored)
 {
     static const char empty[] = "{}";

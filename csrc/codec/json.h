@@ -117,6 +117,12 @@ int oi_json_param(oi_slice_t params, const char *key, oi_json_param_t *out, char
  * of both; a NULL text is the empty object. Malformed text is never the same. */
 int oi_json_params_same(oi_slice_t a, oi_slice_t b, const char *const *ignored);
 
+/* Calls `fn` for each member of a "parameters" object's text in order, members whose key is in
+ * `ignored` (NULL-terminated) left out: the key (decoded) and the value's JSON text. A NULL
+ * text has no members. Returns 0, or -1 when the text is not a well-formed object. */
+int oi_json_params_each(oi_slice_t params, const char *const *ignored,
+                        void (*fn)(void *ctx, const char *key, size_t key_len, oi_slice_t value), void *ctx);
+
 /* Appends {"error":"<message, escaped>"}; returns 0 or -1 (out of memory). */
 int oi_json_encode_error(oi_sbuf_t *out, const char *message);
 

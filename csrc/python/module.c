@@ -69,6 +69,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                              "http_listen_fd",
                              "grpc_listen_fd",
                              "metrics_listen_fd",
+                             "response_cache_bytes",
                              NULL};
     const char *host = "127.0.0.1";
     int port = 8000, threads = 0, max_conn = 4096, grpc_port = 8001, max_per_peer = 0;
@@ -84,12 +85,13 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
     PyObject *quantiles = Py_None;
     unsigned int unix_mode = 0660;
     int compression_level = 0, http_fd = 0, grpc_fd = 0, metrics_fd = 0;
+    unsigned long long cache_bytes = 0;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "|si$iKKiKKIiKOiKKKpippppzzIizzzIpOiii", kwlist, &host, &port, &threads, &max_body, &max_header,
+            args, kw, "|si$iKKiKKIiKOiKKKpippppzzIizzzIpOiiiK", kwlist, &host, &port, &threads, &max_body, &max_header,
             &max_conn, &header_to, &idle_to, &depth, &grpc_port, &grpc_max, &allow_shm, &max_per_peer, &first_byte_to,
             &body_to, &grpc_queued, &statistics, &metrics_port, &counter_lat, &histogram_lat, &metrics_cpu,
             &metrics_gpu, &http_unix, &grpc_unix, &unix_mode, &compression_level, &access_log, &trace_file,
-            &metrics_host, &metrics_interval, &summary_lat, &quantiles, &http_fd, &grpc_fd, &metrics_fd))
+            &metrics_host, &metrics_interval, &summary_lat, &quantiles, &http_fd, &grpc_fd, &metrics_fd, &cache_bytes))
         return -1;
     if (http_fd < 0 || grpc_fd < 0 || metrics_fd < 0) {
         PyErr_SetString(PyExc_ValueError, "a listen_fd must be a listening socket's descriptor (> 0), or 0");
@@ -233,6 +235,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                     .n_quantiles = nq},
         .access_log = self->access_log[0] ? self->access_log : NULL,
         .trace_file = self->trace_file[0] ? self->trace_file : NULL,
+        .response_cache_bytes = (size_t)cache_bytes,
     };
     memcpy(self->cfg.metrics.quantiles, qs, (size_t)nq * sizeof(double));
     self->server = oi_server_new(&self->cfg);
@@ -1129,16 +1132,17 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
                              "torch",     "dynamic_batching", "config_json",
                              "config_pb", "publish",          "sequence_batching",
                              "decoupled", "onnx",             "labels",
-                             "ensemble",  NULL};
+                             "ensemble",  "response_cache", NULL};
     const char *name, *error = NULL;
     long long version;
     PyObject *inputs = NULL, *outputs = NULL, *handler = NULL, *torch = Py_None, *batching = Py_None,
              *sequence = Py_None, *onnx = Py_None, *labels = Py_None, *ensemble = Py_None;
-    int max_batch = 0, instances = 1, publish = 1, decoupled = 0;
+    int max_batch = 0, instances = 1, publish = 1, decoupled = 0, response_cache = 0;
     Py_buffer meta = {0}, cfg_json = {0}, cfg_pb = {0};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOOy*y*pOpOOO", kwlist, &name, &version, &inputs, &outputs,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOOy*y*pOpOOOp", kwlist, &name, &version, &inputs, &outputs,
                                      &max_batch, &meta, &handler, &instances, &error, &torch, &batching, &cfg_json,
-                                     &cfg_pb, &publish, &sequence, &decoupled, &onnx, &labels, &ensemble))
+                                     &cfg_pb, &publish, &sequence, &decoupled, &onnx, &labels, &ensemble,
+                                     &response_cache))
         return NULL;
     if (handler == NULL && (torch != Py_None || onnx != Py_None || ensemble != Py_None))
         handler = Py_None;
@@ -1220,6 +1224,8 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         goto done;
     }
     m->decoupled = decoupled;
+    /* Without a server cache the model runs uncached, as in Triton. */
+    m->cache = response_cache ? oi_server_response_cache(s) : NULL;
     memcpy(m->metadata->data, meta.buf, (size_t)meta.len);
     m->metadata->len = (size_t)meta.len;
     if ((cfg_json.buf != NULL && (m->config_json = buf_copy(&cfg_json)) == NULL) ||

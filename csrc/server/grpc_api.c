@@ -527,12 +527,11 @@ static void set_duration(Inference__StatisticDuration *d, const oi_stat_duration
 
 static int model_statistics_msg(stats_msg_t *m, const oi_model_stats_t *it)
 {
-    static const oi_stat_duration_t zero = {0, 0};
     const oi_stats_snapshot_t *s = &it->snap;
     inference__model_statistics__init(&m->ms);
     inference__infer_statistics__init(&m->is);
     const oi_stat_duration_t *v[8] = {&s->success,       &s->fail,           &s->queue, &s->compute_input,
-                                      &s->compute_infer, &s->compute_output, &zero,     &zero};
+                                      &s->compute_infer, &s->compute_output, &it->cache_hit, &it->cache_miss};
     for (int i = 0; i < 8; i++)
         set_duration(&m->d[i], v[i]);
     m->is.success = &m->d[0];

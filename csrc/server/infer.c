@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "server/classify.h"
+#include "server/response_cache.h"
 #include "server/validate.h"
 
 oi_infer_t *oi_infer_new(void)
@@ -101,6 +102,53 @@ static oi_status_t *classify_outputs(oi_infer_t *inf)
     return NULL;
 }
 
+static oi_rcache_request_t cache_request(const oi_infer_t *inf)
+{
+    const oi_model_t *m = inf->model;
+    return (oi_rcache_request_t){m->name, m->version, &inf->req, inf->output_names, inf->job.n_outputs,
+                                 inf->class_counts};
+}
+
+/* Whether a request may be answered from the model's response cache: not one whose outputs go
+ * to shared memory (their bytes are the client's), not a decoupled or sequence model's. */
+static int cacheable(const oi_infer_t *inf)
+{
+    const oi_model_t *m = inf->model;
+    return m->cache != NULL && !m->decoupled && m->seq == NULL && inf->shm_out == NULL && inf->post == NULL;
+}
+
+/* Executor thread: a missed request's answer goes into the cache (a failure keeps nothing). */
+static void keep_in_cache(oi_infer_t *inf)
+{
+    oi_model_t *m = inf->model;
+    uint64_t start = oi_now_ns();
+    if (inf->job.status == NULL) {
+        oi_rcache_request_t r = cache_request(inf);
+        (void)oi_rcache_insert(m->cache, &r, &inf->job.resp);
+    }
+    atomic_fetch_add_explicit(&m->cache_misses, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->cache_miss_ns, inf->cache_miss_ns + (oi_now_ns() - start), memory_order_relaxed);
+}
+
+/* Loop thread: answers from the cache when it holds the answer (1), else notes the miss (0). */
+static int answer_from_cache(oi_infer_t *inf)
+{
+    oi_model_t *m = inf->model;
+    uint64_t start = oi_now_ns();
+    oi_rcache_request_t r = cache_request(inf);
+    if (oi_rcache_lookup(m->cache, &r, &inf->job.resp) != 1) {
+        inf->cache_miss_ns = oi_now_ns() - start;
+        if (inf->cache_miss_ns == 0)
+            inf->cache_miss_ns = 1;
+        return 0;
+    }
+    atomic_fetch_add_explicit(&m->cache_hits, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->cache_hit_ns, oi_now_ns() - start, memory_order_relaxed);
+    inf->task.run = run_done;
+    oi_loop_post(inf->loop, &inf->task); /* `done` runs after submit has returned, as for a queued one */
+    return 1;
+}
+
 /* On the executor thread, right after the backend ran. */
 static void job_done(oi_job_t *j)
 {
@@ -122,6 +170,8 @@ static void job_done(oi_job_t *j)
         j->status = classify_outputs(inf);
     if (j->status == NULL && inf->post != NULL)
         j->status = inf->post(inf);
+    if (inf->cache_miss_ns != 0)
+        keep_in_cache(inf);
     uint64_t end = j->counted || inf->trace != NULL ? oi_now_ns() : 0;
     if (inf->trace != NULL)
         inf->trace->ns[OI_TS_COMPUTE_END] = end;
@@ -194,6 +244,8 @@ oi_status_t *oi_infer_submit(oi_infer_t *inf, oi_model_t *m, oi_loop_t *loop, oi
         if (inf->trace->level & OI_TRACE_TENSORS)
             (void)oi_trace_add_tensors(inf->trace, OI_TRACE_QUEUE_INPUT, inf->req.inputs, inf->req.n_inputs);
     }
+    if (cacheable(inf) && answer_from_cache(inf))
+        return NULL;
     if (m->seq != NULL)
         return oi_seq_submit(m->seq, &inf->job);
     if (oi_scheduler_submit(m->sched, &inf->job) != 0)

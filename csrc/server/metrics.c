@@ -281,6 +281,40 @@ static const struct {
        "Cumulative inference compute output duration in microseconds (does not include cached requests)", g_output_us},
 };
 
+static double g_cache_hits(const oi_model_stats_t *s) { return (double)s->cache_hit.count; }
+static double g_cache_hit_us(const oi_model_stats_t *s) { return (double)(s->cache_hit.ns / 1000); }
+static double g_cache_misses(const oi_model_stats_t *s) { return (double)s->cache_miss.count; }
+static double g_cache_miss_us(const oi_model_stats_t *s) { return (double)(s->cache_miss.ns / 1000); }
+
+/* Triton's per-model response cache counters, for the models that use the cache only. */
+static const struct {
+    const char *name, *help;
+    getter_t get;
+} cache_counters[] = {
+    {"nv_cache_num_hits_per_model", "Number of cache hits per model", g_cache_hits},
+    {"nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds", g_cache_hit_us},
+    {"nv_cache_num_misses_per_model", "Number of cache misses per model", g_cache_misses},
+    {"nv_cache_miss_duration_per_model", "Total cache miss (insert+lookup) duration per model, in microseconds",
+     g_cache_miss_us},
+};
+
+static int cache_families(oi_sbuf_t *o, const oi_model_stats_t *items, size_t n)
+{
+    int rc = 0, any = 0;
+    for (size_t i = 0; i < n; i++)
+        any |= items[i].model->cache != NULL;
+    for (size_t f = 0; any && f < sizeof(cache_counters) / sizeof(cache_counters[0]); f++) {
+        rc |= family(o, cache_counters[f].name, cache_counters[f].help, "counter");
+        for (size_t i = 0; i < n; i++) {
+            if (items[i].model->cache == NULL)
+                continue;
+            rc |= model_series(o, cache_counters[f].name, items[i].model, NULL, NULL);
+            rc |= value(o, cache_counters[f].get(&items[i]));
+        }
+    }
+    return rc;
+}
+
 static int model_family(oi_sbuf_t *o, const char *name, const char *help, const char *type, getter_t get,
                         const oi_model_stats_t *items, size_t n)
 {
@@ -435,6 +469,7 @@ int oi_metrics_render(oi_metrics_t *mx, oi_registry_t *r, int per_model, oi_sbuf
         rc |= model_family(o, counters[f].name, counters[f].help, "counter", counters[f].get, items, n);
     for (size_t f = 0; n && mx->cfg.counter_latencies && f < sizeof(latencies) / sizeof(latencies[0]); f++)
         rc |= model_family(o, latencies[f].name, latencies[f].help, "counter", latencies[f].get, items, n);
+    rc |= cache_families(o, items, n);
 #define GPU(name, help, type, field) rc |= gpu_family(o, name, help, type, gpus, ngpu, offsetof(oi_gpu_sample_t, field))
     GPU("nv_energy_consumption", "GPU energy consumption in joules since the Triton Server started", "counter",
         energy_joules);

@@ -37,6 +37,12 @@ typedef struct oi_model_s {
     oi_seq_t *seq;         /* the sequence batcher in front of sched; NULL: none */
     uint64_t load_ns;      /* how long loading it took (nv_model_load_duration_secs); set before
                             * it is published, 0 when unknown */
+    /* The server's response cache when the model enabled it (response_cache { enable: true })
+     * and the server has one; borrowed, set before the model is published. NULL: none. */
+    struct oi_rcache_s *cache;
+    /* Requests answered from the cache and requests that missed it, with the time spent
+     * looking up (and, for misses, keeping the answer): Triton's cache_hit and cache_miss. */
+    atomic_uint_fast64_t cache_hits, cache_hit_ns, cache_misses, cache_miss_ns;
     struct oi_model_s *next;
 } oi_model_t;
 

@@ -137,7 +137,11 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
         s->metrics = oi_metrics_new(&s->cfg.metrics);
         s->metrics_http = s->metrics ? oi_http_server_new(&mcfg, oi__metrics_api_handle, s) : NULL;
     }
-    if (s->http == NULL || (grpc && s->grpc == NULL) || (s->cfg.metrics_port >= 0 && s->metrics_http == NULL)) {
+    if (cfg->response_cache_bytes > 0)
+        s->cache = oi_rcache_new(cfg->response_cache_bytes);
+    if (s->http == NULL || (grpc && s->grpc == NULL) || (s->cfg.metrics_port >= 0 && s->metrics_http == NULL) ||
+        (cfg->response_cache_bytes > 0 && s->cache == NULL)) {
+        oi_rcache_free(s->cache);
         oi_http_server_free(s->metrics_http);
         oi_metrics_free(s->metrics);
         oi_http_server_free(s->http);
@@ -236,6 +240,8 @@ int oi_server_shm_allowed(const oi_server_t *s) { return s->shm.allowed; }
 oi_registry_t *oi_server_registry(oi_server_t *s) { return &s->registry; }
 
 int oi_server_counts_statistics(const oi_server_t *s) { return s->cfg.statistics; }
+
+struct oi_rcache_s *oi_server_response_cache(oi_server_t *s) { return s->cache; }
 
 int oi_server_port(const oi_server_t *s) { return oi_http_server_port(s->http); }
 
@@ -391,6 +397,7 @@ static void finish_stop(oi_server_t *s)
         s->repo_release(s->repo_ctx);
     /* After the loops: no request holds a region now, so each is unmapped here. */
     oi_shm_destroy(&s->shm);
+    oi_rcache_free(s->cache);
     pthread_mutex_destroy(&s->health_mu);
     free(s);
 }

@@ -37,6 +37,8 @@ typedef struct oi_server_config_s {
      * last to read this pointer; NULL: no access log, and requests take no timestamps. */
     const char *access_log;
     const char *trace_file; /* the trace extension's file (NULL: no tracing); copied at start */
+    size_t response_cache_bytes; /* --cache-config local,size=N: the response cache's capacity;
+                                  * 0: no cache (models that enable one run uncached, as Triton) */
 } oi_server_config_t;
 
 typedef struct oi_server_s oi_server_t;
@@ -103,6 +105,10 @@ int oi_server_shm_allowed(const oi_server_t *s);
  * outlives every model in it) and whether inferences are counted (config.statistics). */
 oi_registry_t *oi_server_registry(oi_server_t *s);
 int oi_server_counts_statistics(const oi_server_t *s);
+
+/* The response cache (config.response_cache_bytes > 0), borrowed: it outlives every model;
+ * NULL when the server has none. */
+struct oi_rcache_s *oi_server_response_cache(oi_server_t *s);
 
 /* The bound HTTP port, 0 before start. */
 int oi_server_port(const oi_server_t *s);

@@ -9,6 +9,7 @@
 #include "server/access_log.h"
 #include "server/trace.h"
 #include "server/repository.h"
+#include "server/response_cache.h"
 #include "server/server.h"
 #include "server/shm.h"
 
@@ -25,6 +26,7 @@ struct oi_server_s {
     atomic_int grpc_orphans;  /* of those, the ones whose call ended first (cancelled) */
     oi_buf_t *metadata;
     oi_shm_t shm; /* registered shared-memory regions */
+    struct oi_rcache_s *cache; /* the response cache; NULL: none */
     /* Model repository control: the application's handler, and the calls it is running
      * (each also counts as a request in flight of its transport until answered). */
     oi_repo_handler_fn repo_fn; /* NULL: the extension is not served */

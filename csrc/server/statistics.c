@@ -27,6 +27,13 @@ static int take(void *ctx, oi_model_t *m)
     if (oi_stats_read(oi_scheduler_stats(m->sched), &it->snap) != 0)
         return -1;
     it->pending = oi_scheduler_pending(m->sched);
+    it->cache_hit = (oi_stat_duration_t){atomic_load_explicit(&m->cache_hits, memory_order_relaxed),
+                                         atomic_load_explicit(&m->cache_hit_ns, memory_order_relaxed)};
+    it->cache_miss = (oi_stat_duration_t){atomic_load_explicit(&m->cache_misses, memory_order_relaxed),
+                                          atomic_load_explicit(&m->cache_miss_ns, memory_order_relaxed)};
+    /* Cache hits are successes that never reached the model. */
+    it->snap.success.count += it->cache_hit.count;
+    it->snap.success.ns += it->cache_hit.ns;
     oi_model_ref(m);
     it->model = m;
     c->n++;
@@ -108,7 +115,6 @@ static int duration(oi_sbuf_t *o, const char *key, const oi_stat_duration_t *d, 
 
 int oi_statistics_json(oi_sbuf_t *o, const oi_model_stats_t *items, size_t n)
 {
-    static const oi_stat_duration_t zero = {0, 0};
     int rc = oi_sbuf_append(o, "{\"model_stats\":[", 16);
     for (size_t i = 0; i < n && rc == 0; i++) {
         const oi_model_t *m = items[i].model;
@@ -125,9 +131,8 @@ int oi_statistics_json(oi_sbuf_t *o, const oi_model_stats_t *items, size_t n)
         rc |= duration(o, "compute_input", &s->compute_input, 1);
         rc |= duration(o, "compute_infer", &s->compute_infer, 1);
         rc |= duration(o, "compute_output", &s->compute_output, 1);
-        /* No response cache: never a hit or a miss. */
-        rc |= duration(o, "cache_hit", &zero, 1);
-        rc |= duration(o, "cache_miss", &zero, 1);
+        rc |= duration(o, "cache_hit", &items[i].cache_hit, 1);
+        rc |= duration(o, "cache_miss", &items[i].cache_miss, 1);
         /* Per-response statistics come from decoupled models only: none here. */
         rc |= oi_sbuf_append(o, "},\"response_stats\":{},\"batch_stats\":[", 37);
         for (size_t b = 0; b < s->n_batches; b++) {

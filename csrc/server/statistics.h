@@ -12,8 +12,9 @@
 /* One ready model version's statistics. */
 typedef struct oi_model_stats_s {
     oi_model_t *model; /* one reference: name and version_str stay valid */
-    oi_stats_snapshot_t snap;
-    int pending; /* requests queued, not yet executing */
+    oi_stats_snapshot_t snap; /* snap.success includes the cache hits, as Triton counts them */
+    int pending;              /* requests queued, not yet executing */
+    oi_stat_duration_t cache_hit, cache_miss; /* the response cache's (oi_model_t counters) */
 } oi_model_stats_t;
 
 /* Collects the ready versions that `name` and `version` name: every model's when `name` is

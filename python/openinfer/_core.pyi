@@ -140,6 +140,7 @@ class Server:
         http_listen_fd: int = 0,  # > 0: serve this listening socket (on http_port) instead of binding
         grpc_listen_fd: int = 0,  # > 0: the same for gRPC (on grpc_port)
         metrics_listen_fd: int = 0,  # > 0: the same for /metrics (on metrics_port)
+        response_cache_bytes: int = 0,  # the response cache's capacity; 0: no cache
         metrics_address: str | None = None,  # the metrics listener's host; None: host
         metrics_interval_ms: int = 2000,  # CPU/GPU readings every half of it
         metrics_summary_latencies: bool = False,  # nv_inference_*_summary_us
@@ -172,6 +173,7 @@ class Server:
         # an ensemble's steps: (model_name, model_version, input_map, output_map), each map a
         # list of (step model tensor, ensemble tensor); with handler=None
         ensemble: Sequence[tuple[str, int, Sequence[tuple[str, str]], Sequence[tuple[str, str]]]] | None = None,
+        response_cache: bool = False,  # use the server's response cache (if it has one)
     ) -> str | None | ModelVersion:
         """Registers one model version. `labels` maps an output name to its label file's bytes
         (one label a line) for the classification extension. handler=None with error=reason registers a version that

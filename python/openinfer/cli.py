@@ -232,6 +232,20 @@ def _parser() -> argparse.ArgumentParser:
         "(default 2000)",
     )
     serve.add_argument(
+        "--cache-config",
+        action="append",
+        default=[],
+        metavar="CACHE,SETTING=VALUE",
+        help="tritonserver's response cache: local,size=BYTES (the local cache only); models "
+        "opt in with response_cache { enable: true }",
+    )
+    serve.add_argument(
+        "--response-cache-byte-size",
+        type=int,
+        metavar="BYTES",
+        help="deprecated in tritonserver: --cache-config local,size=BYTES",
+    )
+    serve.add_argument(
         "--metrics-config",
         action="append",
         default=[],
@@ -465,6 +479,8 @@ def _serve(args: argparse.Namespace) -> int:
             trace_count=args.trace_count,
             trace_log_frequency=args.trace_log_frequency,
             sockets=sockets,
+            cache_config=args.cache_config,
+            response_cache_byte_size=args.response_cache_byte_size,
             **grpc,
             **metrics,  # type: ignore[arg-type]
             **limits,

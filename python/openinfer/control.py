@@ -466,6 +466,7 @@ class ModelControl:
                 instances=model.instances,
                 dynamic_batching=_batching(model.max_batch_size, model.dynamic_batching, entry.sequence),
                 sequence_batching=entry.sequence.core(model.instances) if entry.sequence else None,
+                response_cache=_response_cache(entry),
                 **runs,
                 **_model_config(entry),
                 labels=entry.labels,
@@ -840,6 +841,13 @@ def _model_config(entry: LoadedModel) -> dict[str, bytes]:
     full = triton_config.complete(entry.name, config, model, backend=backend, gpus=tuple(gpus))
     rendered = json.dumps(triton_config.to_json(full), separators=(",", ":"), ensure_ascii=False)
     return {"config_json": rendered.encode(), "config_pb": triton_config.to_protobuf(full)}
+
+
+def _response_cache(entry: LoadedModel) -> bool:
+    """Whether the version asked for the response cache: config.pbtxt's response_cache, or the
+    `Model`'s own flag for a model given in Python."""
+    enabled = (entry.config or {}).get("response_cache", {}).get("enable")
+    return bool(enabled) or bool(getattr(entry.model, "response_cache", False))
 
 
 def _specs(tensors: Sequence[Tensor]) -> list[tuple[str, str, tuple[int, ...] | None]]:

@@ -219,6 +219,11 @@ class Model:
     ``await`` is cancelled at once, so long waits belong in ``await`` or should poll
     ``request.is_cancelled()``); a generator that produces faster than its client reads is held
     at its ``yield`` until the client catches up.
+
+    With ``response_cache=True`` (Triton's ``response_cache { enable: true }``) and a server
+    started with a cache (``serve(cache_config=["local,size=BYTES"])``), a request identical to
+    an earlier one (inputs, requested outputs, parameters) is answered from the cache without
+    calling `fn`: only for models whose answers depend on nothing else.
     """
 
     name: str
@@ -232,6 +237,7 @@ class Model:
     dynamic_batching: DynamicBatching | None
     decoupled: bool
     sequence_batching: SequenceBatching | None
+    response_cache: bool
     _sequence_config: dict[str, Any] | None = field(repr=False)  # as the model's config reports it
     _wants_parameters: bool = field(repr=False)
     _wants_request: bool = field(repr=False)
@@ -251,6 +257,7 @@ class Model:
         dynamic_batching: DynamicBatching | bool | None = None,
         decoupled: bool | None = None,
         sequence_batching: Mapping[str, Any] | None = None,
+        response_cache: bool = False,
     ) -> None:
         if not isinstance(name, str) or not name or "/" in name:
             raise ValueError(f"model name must be a non-empty string without '/', got {name!r}")
@@ -286,6 +293,12 @@ class Model:
                 f"model {name!r}: dynamic_batching and sequence_batching cannot both be given "
                 "(a sequence model batches its sequences as sequence_batching's strategy says)"
             )
+        if not isinstance(response_cache, bool):
+            raise TypeError(f"model {name!r}: response_cache must be a bool, got {response_cache!r}")
+        if response_cache and (decoupled or sequence_batching is not None):
+            kind = "with 'decoupled' transaction policy" if decoupled else "with sequence batching scheduler"
+            raise ValueError(f"Response Cache does not currently support model {name} {kind}. "
+                             "Please disable the response cache.")
         sequence, sequence_config = _sequence(name, sequence_batching, max_batch_size, declared_inputs)
         fields = {
             "name": name,
@@ -299,6 +312,7 @@ class Model:
             "dynamic_batching": DynamicBatching() if dynamic_batching is True else dynamic_batching or None,
             "decoupled": decoupled,
             "sequence_batching": sequence,
+            "response_cache": response_cache,
             "_sequence_config": sequence_config,
             "_wants_parameters": _accepts_keyword(fn, "parameters"),
             "_wants_request": _accepts_keyword(fn, "request"),

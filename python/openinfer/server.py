@@ -21,6 +21,7 @@ from typing import Any
 
 from . import __version__, _core, _display
 from ._net import reachable
+from .cache import cache_bytes
 from .control import DEFAULT_POLL_SECS, IndexEntry, ModelControl
 from .logsettings import LogSettings
 from .tracesettings import TraceSettings, level_mask, trace_options
@@ -168,6 +169,8 @@ def serve(
     trace_count: int | str | None = None,
     trace_log_frequency: int | str | None = None,
     sockets: Mapping[str, socket.socket | int] | None = None,
+    cache_config: Mapping[str, object] | Iterable[str] | None = None,
+    response_cache_byte_size: int | None = None,
     **limits: int,
 ) -> Server:
     """Serves the models of repository `repo` and the given `models`, and returns the running
@@ -231,7 +234,13 @@ def serve(
     descriptors) to serve instead of binding `host` and the port: the server listens on
     duplicates, so the caller may close its own once this returns. It is how the worker
     processes of ``openinfer serve --workers`` share their parent's ports, and how a caller
-    that must own the port (a supervisor, a test) hands it over. `limits` go to the core:
+    that must own the port (a supervisor, a test) hands it over.
+
+    `cache_config` takes tritonserver's ``--cache-config`` entries for the response cache
+    (``["local,size=1048576"]``; only the ``local`` cache) and `response_cache_byte_size` its
+    deprecated ``--response-cache-byte-size``: models with ``response_cache { enable: true }``
+    (or ``Model(..., response_cache=True)``) then answer a request identical to an earlier one
+    from the cache, without running. `limits` go to the core:
     max_body_bytes, max_header_bytes, max_connections, max_connections_per_peer,
     first_byte_timeout_ms, header_timeout_ms, body_timeout_ms, idle_timeout_ms, max_json_depth,
     grpc_max_message_bytes, grpc_max_queued_bytes."""
@@ -269,6 +278,8 @@ def serve(
         trace_count=trace_count,
         trace_log_frequency=trace_log_frequency,
         sockets=sockets,
+        cache_config=cache_config,
+        response_cache_byte_size=response_cache_byte_size,
         **limits,
     )
     server.start()
@@ -315,6 +326,8 @@ class Server:
         trace_count: int | str | None = None,
         trace_log_frequency: int | str | None = None,
         sockets: Mapping[str, socket.socket | int] | None = None,
+        cache_config: Mapping[str, object] | Iterable[str] | None = None,
+        response_cache_byte_size: int | None = None,
         **limits: int,
     ) -> None:
         level = _COMPRESSION_LEVELS.get(grpc_infer_response_compression_level)
@@ -378,6 +391,7 @@ class Server:
             unix_socket_mode=unix_socket_mode,
             grpc_infer_compression_level=level,
             **{f"{k}_listen_fd": fd for k, (fd, _) in listen_fds.items()},
+            response_cache_bytes=cache_bytes(cache_config, response_cache_byte_size),
             **limits,
         )
         extensions = tuple(e for e in EXTENSIONS if statistics or e != "statistics")

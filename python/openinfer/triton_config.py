@@ -16,6 +16,7 @@ tritonclient's own copy, so a field added to one and not the other fails the tes
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -477,6 +478,8 @@ def complete(name: str, config: Message, model: Any, *, backend: str, gpus: tupl
     c.setdefault("version_policy", {"latest": {"num_versions": 1}})
     if getattr(model, "decoupled", False):  # a generator infer, or declared so
         c["model_transaction_policy"] = {**c.get("model_transaction_policy", {}), "decoupled": True}
+    if getattr(model, "response_cache", False):  # Model(..., response_cache=True)
+        c["response_cache"] = {"enable": True}
     if model.dynamic_batching is not None and "dynamic_batching" not in c and model.max_batch_size > 0:
         db = model.dynamic_batching
         c["dynamic_batching"] = {
@@ -671,7 +674,14 @@ def unsupported(config: Message, source: str) -> tuple[list[str], list[str]]:
             "only Python models without dynamic_batching can be decoupled",
         )
     if config.get("response_cache", {}).get("enable"):
-        refuse("response_cache { enable: true }", "no response cache")
+        # Triton's own checks (model_config_utils.cc), in its words.
+        name = config.get("name") or os.path.basename(os.path.dirname(source))
+        if "sequence_batching" in config:
+            refused.append(f"{source}: Response Cache does not currently support model {name} with sequence "
+                           "batching scheduler. Please disable the response cache.")
+        elif config.get("model_transaction_policy", {}).get("decoupled"):
+            refused.append(f"{source}: Response Cache does not currently support model {name} with 'decoupled' "
+                           "transaction policy. Please disable the response cache.")
     for i, group in enumerate(config.get("instance_group", [])):
         if "rate_limiter" in group:
             refuse(f"instance_group[{i}].rate_limiter", "no rate limiter")
