@@ -23,33 +23,28 @@ from prometheus_client import parser as prometheus_parser
 from tritonclient.utils import InferenceServerException
 
 import openinfer
-from openinfer import Model, Request, Tensor
+from openinfer import Model, Tensor
 from openinfer.config import ConfigError, DynamicBatching, QueuePolicy
 
 from conftest import wait_for
+from test_queue_policy import Gate
 
 BOUND = 30.0  # a bound for a hung test, not a measurement
 OUTWAIT = 1.0  # seconds a request is left queued so that a 0.1 s queue timeout passes
 
 
-class Gate:
-    """Records each call's INPUT0 value and holds every call until the test opens the gate."""
+class Batches:
+    """A batching model that records the INPUT0 values of each batch it runs and holds every
+    batch until the test opens the gate."""
 
     def __init__(self) -> None:
-        self.cond = threading.Condition()
-        self.calls: list[int] = []
+        self.seen: list[list[int]] = []
         self.gate = threading.Event()
 
-    def fn(self, inputs: dict[str, np.ndarray], request: Request) -> dict[str, np.ndarray]:
-        with self.cond:
-            self.calls.append(int(inputs["INPUT0"].reshape(-1)[0]))
-            self.cond.notify_all()
+    def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.seen.append([int(v) for v in inputs["INPUT0"].reshape(-1)])
         self.gate.wait(BOUND)
         return {"OUTPUT0": inputs["INPUT0"]}
-
-    def wait_call(self, value: int) -> None:
-        with self.cond:
-            assert self.cond.wait_for(lambda: value in self.calls, BOUND), self.calls
 
 
 @contextmanager
@@ -72,10 +67,7 @@ def pending(srv: openinfer.Server) -> float:
 
 
 def wait_pending(srv: openinfer.Server, n: int) -> None:
-    end = time.monotonic() + BOUND
-    while pending(srv) != n:
-        assert time.monotonic() < end, f"pending never reached {n}: {pending(srv)}"
-        time.sleep(0.01)
+    wait_for(lambda: pending(srv) == n, f"{n} requests pending")
 
 
 def http_infer(srv: openinfer.Server, value: int, **kw: Any) -> Any:
@@ -161,28 +153,18 @@ def test_priorities_reorder_a_queued_backlog(protocol: str) -> None:
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_priorities_with_batching_take_the_highest_level_first(protocol: str) -> None:
     """With batches of up to 2, the first batch after the held one is the two level-1 requests."""
-    seen: list[list[int]] = []
-    gate = threading.Event()
-
-    def batched(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        seen.append([int(v) for v in inputs["INPUT0"].reshape(-1)])
-        gate.wait(BOUND)
-        return {"OUTPUT0": inputs["INPUT0"]}
-
-    model = Model("q", batched, inputs=[Tensor("INPUT0", "INT32", [-1, 1])], outputs=[Tensor("OUTPUT0", "INT32", [-1, 1])],
+    batches = Batches()
+    model = Model("q", batches, inputs=[Tensor("INPUT0", "INT32", [-1, 1])], outputs=[Tensor("OUTPUT0", "INT32", [-1, 1])],
                   max_batch_size=2, dynamic_batching=DynamicBatching(priority_levels=2, default_priority_level=2))
     with openinfer.serve(models=[model], http_port=0, log=False, threads=2) as srv:
         b = Backlog(srv, INFER[protocol])
         b.send(1, queued=False)
-        end = time.monotonic() + BOUND
-        while not seen:
-            assert time.monotonic() < end
-            time.sleep(0.01)
+        wait_for(lambda: bool(batches.seen), "the first request at the model")
         for value, priority in [(21, 2), (22, 2), (11, 1), (12, 1)]:
             b.send(value, priority=priority)
-        gate.set()
+        batches.gate.set()
         results = b.join()
-    assert seen == [[1], [11, 12], [21, 22]]
+    assert batches.seen == [[1], [11, 12], [21, 22]]
     assert results == {v: v for v in (1, 11, 12, 21, 22)}
 
 
@@ -190,29 +172,22 @@ def test_priorities_with_batching_take_the_highest_level_first(protocol: str) ->
 def test_requests_of_different_priorities_and_timeouts_share_a_batch(protocol: str) -> None:
     """priority and timeout are the scheduler's own parameters: as in Triton, requests that
     differ only in them go in one batch (highest level first); another parameter still parts them."""
-    seen: list[list[int]] = []
-    gate = threading.Event()
-
-    def batched(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        seen.append([int(v) for v in inputs["INPUT0"].reshape(-1)])
-        gate.wait(BOUND)
-        return {"OUTPUT0": inputs["INPUT0"]}
-
-    model = Model("q", batched, inputs=[Tensor("INPUT0", "INT32", [-1, 1])], outputs=[Tensor("OUTPUT0", "INT32", [-1, 1])],
+    batches = Batches()
+    model = Model("q", batches, inputs=[Tensor("INPUT0", "INT32", [-1, 1])], outputs=[Tensor("OUTPUT0", "INT32", [-1, 1])],
                   max_batch_size=8, dynamic_batching=DynamicBatching(
                       priority_levels=2, default_priority_level=2,
                       default_queue_policy=QueuePolicy(allow_timeout_override=True)))
     with openinfer.serve(models=[model], http_port=0, log=False, threads=2) as srv:
         b = Backlog(srv, INFER[protocol])
         b.send(1, queued=False)
-        wait_for(lambda: bool(seen), "the first request at the model")
+        wait_for(lambda: bool(batches.seen), "the first request at the model")
         for value, kw in [(21, {"priority": 2}), (22, {"priority": 2, "timeout": 600_000_000}),
                           (11, {"priority": 1}), (23, {"priority": 2, "parameters": {"tag": "x"}}),
                           (12, {"priority": 1, "timeout": 500_000_000})]:
             b.send(value, **kw)
-        gate.set()
+        batches.gate.set()
         results = b.join()
-    assert seen == [[1], [11, 12, 21, 22], [23]]
+    assert batches.seen == [[1], [11, 12, 21, 22], [23]]
     assert results == {v: v for v in (1, 11, 12, 21, 22, 23)}
 
 
