@@ -17,6 +17,7 @@ import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
 import openinfer
+from openinfer import Model, Tensor
 from conftest import assert_alive, assert_grpc_alive
 
 HTTP_POINTS = ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "QUEUE_START", "COMPUTE_START",
@@ -255,6 +256,36 @@ def test_http_and_grpc_requests_traced(traced: tuple[openinfer.Server, Path]) ->
         check_trace(traces[i], HTTP_POINTS)
     for i in (4, 5):
         check_trace(traces[i], GRPC_POINTS)
+
+
+def test_generate_requests_traced(tmp_path: Path) -> None:
+    """/generate and /generate_stream are traced as /infer is: one record per request with the
+    HTTP points around the model's, a stream's send points at its end."""
+
+    def echo(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {"OUTPUT0": inputs["INPUT0"]}
+
+    def count(inputs: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
+        for i in range(3):
+            yield {"OUTPUT0": inputs["INPUT0"] + i}
+
+    io = dict(inputs=[Tensor("INPUT0", "INT32", [-1])], outputs=[Tensor("OUTPUT0", "INT32", [-1])])
+    path = tmp_path / "t.json"
+    with openinfer.serve(models=[Model("echo", echo, **io), Model("count", count, **io)], http_port=0, log=False,
+                         trace_file=path, trace_config=["level=TIMESTAMPS", "rate=1"]) as s:
+        r = requests.post(f"{s.url}/v2/models/echo/generate", json={"INPUT0": [1, 2]}, timeout=30)
+        assert r.status_code == 200 and r.json()["OUTPUT0"] == [1, 2]
+        r = requests.post(f"{s.url}/v2/models/count/generate_stream", json={"INPUT0": [5]}, timeout=30)
+        assert r.status_code == 200 and r.text.count("data:") == 3
+        r = requests.post(f"{s.url}/v2/models/echo/generate", json={"INPUT0": "x"}, timeout=30)
+        assert r.status_code == 400  # refused before it reached the model: not traced
+    traces = read_traces(path)
+    assert sorted(traces) == [1, 2]
+    assert [(traces[i]["model_name"], traces[i]["model_version"]) for i in (1, 2)] == [("echo", 1), ("count", 1)]
+    for i in (1, 2):
+        assert [name for name, _ in traces[i]["points"]] == HTTP_POINTS
+        stamps = [ns for _, ns in traces[i]["points"]]
+        assert stamps == sorted(stamps) and stamps[0] > 0
 
 
 def test_rate_and_count_honoured(traced: tuple[openinfer.Server, Path]) -> None:

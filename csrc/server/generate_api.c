@@ -127,6 +127,7 @@ static void on_done(oi_infer_t *inf)
 {
     gen_t *g = inf->ctx;
     oi_http_request_t *r = g->r;
+    uint64_t send_start = inf->trace != NULL ? oi_now_ns() : 0;
     oi_status_t *st = inf->job.status;
     inf->job.status = NULL;
     if (inf->cancelled) { /* the connection is gone: nothing more to say */
@@ -164,6 +165,7 @@ static void on_done(oi_infer_t *inf)
         }
     }
     gen_free(g);
+    oi_infer_trace_end(inf, send_start);
     oi_infer_free(inf);
 }
 
@@ -197,6 +199,9 @@ void oi__http_generate(oi_server_t *s, oi_http_request_t *r, oi_model_t *m, int 
         inf->count_stats = s->cfg.statistics;
         if (m->decoupled)
             inf->part = on_part;
+        /* Traced as /infer is (a stream's send points: its last response's). */
+        if (s->tracer != NULL)
+            (void)oi_infer_trace_begin(inf, s->tracer, m, 0, r->start_ns, oi_now_ns()); /* no memory: untraced */
         st = oi_infer_submit(inf, m, r->loop, on_done, g); /* takes m */
         m = NULL;
         if (st == NULL) {
