@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <structmember.h>
 
+#include "backends/process_backend.h"
 #include "backends/python_backend.h"
 #include "backends/onnx_backend.h"
 #include "backends/torch_backend.h"
@@ -13,6 +14,7 @@
 #include "python/client.h"
 #include "python/onnx_module.h"
 #include "python/torch_module.h"
+#include "python/worker.h"
 #include "server/classify.h"
 #include "server/ensemble.h"
 #include "server/server.h"
@@ -1124,6 +1126,55 @@ fail:
     return NULL;
 }
 
+/* The NULL-terminated copy of a list of str, borrowing their UTF-8; NULL with an exception. */
+static char **string_list(PyObject *list, const char *what)
+{
+    PyObject *fast = PySequence_Fast(list, what);
+    if (fast == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    char **v = calloc((size_t)n + 1, sizeof(char *));
+    for (Py_ssize_t i = 0; v != NULL && i < n; i++)
+        if ((v[i] = (char *)PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(fast, i))) == NULL) {
+            free(v);
+            v = NULL;
+        }
+    if (v == NULL && !PyErr_Occurred())
+        PyErr_NoMemory();
+    Py_DECREF(fast); /* the strings live on in `list`, which the caller holds */
+    return v;
+}
+
+/* add_model(workers=(argv, env, recipe, ring_bytes)): the model's instances as worker
+ * processes. Returns the backend's state; NULL with an exception set, or NULL with *err set
+ * (malloc'd) when a worker could not import the model. Waits for the imports without the GIL. */
+static void *start_workers(const char *name, int instances, PyObject *workers, char **err)
+{
+    PyObject *argv_list, *env_list;
+    Py_buffer recipe;
+    unsigned long long ring = 0;
+    if (!PyArg_ParseTuple(workers, "OOy*K;workers is (argv, env, recipe, ring_bytes)", &argv_list, &env_list, &recipe,
+                          &ring))
+        return NULL;
+    void *state = NULL;
+    char **argv = string_list(argv_list, "workers argv must be a list of str");
+    char **envp = argv ? string_list(env_list, "workers env must be a list of str") : NULL;
+    if (argv != NULL && argv[0] == NULL)
+        PyErr_SetString(PyExc_ValueError, "workers argv is empty");
+    else if (envp != NULL) {
+        oi_process_spec_t spec = {argv, envp, recipe.buf, (size_t)recipe.len, (size_t)ring};
+        char msg[1024];
+        Py_BEGIN_ALLOW_THREADS state = oi_process_backend_start(name, instances, &spec, msg, sizeof(msg));
+        Py_END_ALLOW_THREADS
+        if (state == NULL && (*err = strdup(msg)) == NULL)
+            PyErr_NoMemory();
+    }
+    free(argv);
+    free(envp);
+    PyBuffer_Release(&recipe);
+    return state;
+}
+
 static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"name",      "version",          "inputs",
@@ -1132,17 +1183,17 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
                              "torch",     "dynamic_batching", "config_json",
                              "config_pb", "publish",          "sequence_batching",
                              "decoupled", "onnx",             "labels",
-                             "ensemble",  "response_cache", NULL};
+                             "ensemble",  "response_cache",   "workers", NULL};
     const char *name, *error = NULL;
     long long version;
     PyObject *inputs = NULL, *outputs = NULL, *handler = NULL, *torch = Py_None, *batching = Py_None,
-             *sequence = Py_None, *onnx = Py_None, *labels = Py_None, *ensemble = Py_None;
+             *sequence = Py_None, *onnx = Py_None, *labels = Py_None, *ensemble = Py_None, *workers = Py_None;
     int max_batch = 0, instances = 1, publish = 1, decoupled = 0, response_cache = 0;
     Py_buffer meta = {0}, cfg_json = {0}, cfg_pb = {0};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOOy*y*pOpOOOp", kwlist, &name, &version, &inputs, &outputs,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOOy*y*pOpOOOpO", kwlist, &name, &version, &inputs, &outputs,
                                      &max_batch, &meta, &handler, &instances, &error, &torch, &batching, &cfg_json,
                                      &cfg_pb, &publish, &sequence, &decoupled, &onnx, &labels, &ensemble,
-                                     &response_cache))
+                                     &response_cache, &workers))
         return NULL;
     if (handler == NULL && (torch != Py_None || onnx != Py_None || ensemble != Py_None))
         handler = Py_None;
@@ -1296,19 +1347,35 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         oi_io_spec_t *outs = with_sequence_tensors(sequence, m->outputs, &n_outs, 1);
         if (outs == NULL)
             goto done;
-        m->state = oi_python_backend_state(handler, name, outs, n_outs);
-        free(outs);
-        if (m->state == NULL) {
-            PyErr_NoMemory();
-            goto done;
+        if (workers != Py_None) {
+            free(outs);
+            char *werr = NULL;
+            if ((m->state = start_workers(name, instances, workers, &werr)) == NULL && werr == NULL)
+                goto done; /* a malformed spec: the exception is set */
+            if (m->state == NULL) { /* a worker could not import the model: a load error */
+                load_error = PyUnicode_FromString(werr);
+                m->error = werr;
+                if (load_error == NULL)
+                    goto done;
+            } else {
+                m->backend = &oi_process_backend;
+            }
+        } else {
+            m->state = oi_python_backend_state(handler, name, outs, n_outs);
+            free(outs);
+            if (m->state == NULL) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            m->backend = &oi_python_backend;
         }
-        m->backend = &oi_python_backend;
-        m->sched = oi_scheduler_new_batching(&oi_python_backend, m->state, instances, &batch, err, sizeof(err));
-        if (m->sched == NULL) {
+        if (m->state != NULL)
+            m->sched = oi_scheduler_new_batching(m->backend, m->state, instances, &batch, err, sizeof(err));
+        if (m->state != NULL && m->sched == NULL) {
             PyErr_Format(PyExc_RuntimeError, "model '%s': %s", name, err);
             goto done;
         }
-        if (summaries_for(self, m) != 0)
+        if (m->sched != NULL && summaries_for(self, m) != 0)
             goto done;
     }
     if (sequence != Py_None && m->sched != NULL &&
@@ -1589,6 +1656,7 @@ PyMODINIT_FUNC PyInit__core(void)
         PyModule_AddObjectRef(m, "GrpcConnection", (PyObject *)&oi_py_grpc_conn_type) < 0 ||
         PyModule_AddObjectRef(m, "GrpcStream", (PyObject *)&oi_py_grpc_stream_type) < 0 ||
         PyModule_AddFunctions(m, peer_functions) < 0 || PyModule_AddFunctions(m, oi_py_onnx_functions) < 0 ||
+        PyModule_AddFunctions(m, oi_py_worker_functions) < 0 ||
         PyModule_AddStringConstant(m, "__version__", OI_VERSION) < 0) {
         Py_DECREF(m);
         return NULL;

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import ensemble, triton_config, warmup
+from . import ensemble, processes, triton_config, warmup
 from .config import ConfigError, DynamicBatching, ModelConfig, parse_json_config
 from .errors import InferenceServerError
 from .model import Model, Tensor
@@ -450,6 +450,8 @@ class ModelControl:
             # A TorchScript module runs through the shim (torch=spec); a Python model is a handler.
             runs: dict[str, Any] = {"handler": getattr(model, "handler", None),
                                     "decoupled": getattr(model, "decoupled", False)}
+            if getattr(model, "processes", False):
+                runs["workers"] = processes.worker_spec(model)
             if isinstance(model, TorchModel):
                 runs = {"torch": model.spec}
             elif isinstance(model, OnnxModel):

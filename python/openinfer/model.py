@@ -22,7 +22,7 @@ from typing import Any, SupportsIndex
 
 import numpy as np
 
-from . import sequence, triton_config
+from . import processes, sequence, triton_config
 from .config import ConfigError, DynamicBatching
 from .sequence import SequenceBatching
 
@@ -220,6 +220,12 @@ class Model:
     ``request.is_cancelled()``); a generator that produces faster than its client reads is held
     at its ``yield`` until the client catches up.
 
+    With ``instances > 1`` each instance is a worker process of its own when a worker can import
+    `fn` (a top-level function of a module), so a CPU-bound model uses that many cores:
+    ``processes=None`` decides so, ``True`` insists, ``False`` keeps the instances as threads of
+    the server process (as for functions defined in a notebook, and for sequence models). In a
+    worker, input arrays are valid only during the call. See `openinfer.processes`.
+
     With ``response_cache=True`` (Triton's ``response_cache { enable: true }``) and a server
     started with a cache (``serve(cache_config=["local,size=BYTES"])``), a request identical to
     an earlier one (inputs, requested outputs, parameters) is answered from the cache without
@@ -238,6 +244,8 @@ class Model:
     decoupled: bool
     sequence_batching: SequenceBatching | None
     response_cache: bool
+    processes: bool
+    _source: Any = field(repr=False)  # what a worker process imports fn by (processes.py)
     _sequence_config: dict[str, Any] | None = field(repr=False)  # as the model's config reports it
     _wants_parameters: bool = field(repr=False)
     _wants_request: bool = field(repr=False)
@@ -258,6 +266,7 @@ class Model:
         decoupled: bool | None = None,
         sequence_batching: Mapping[str, Any] | None = None,
         response_cache: bool = False,
+        processes: bool | None = None,
     ) -> None:
         if not isinstance(name, str) or not name or "/" in name:
             raise ValueError(f"model name must be a non-empty string without '/', got {name!r}")
@@ -300,6 +309,7 @@ class Model:
             raise ValueError(f"Response Cache does not currently support model {name} {kind}. "
                              "Please disable the response cache.")
         sequence, sequence_config = _sequence(name, sequence_batching, max_batch_size, declared_inputs)
+        processes = _in_processes(name, fn, instances, processes, sequence)
         fields = {
             "name": name,
             "fn": fn,
@@ -313,6 +323,8 @@ class Model:
             "decoupled": decoupled,
             "sequence_batching": sequence,
             "response_cache": response_cache,
+            "processes": processes,
+            "_source": fn,
             "_sequence_config": sequence_config,
             "_wants_parameters": _accepts_keyword(fn, "parameters"),
             "_wants_request": _accepts_keyword(fn, "request"),
@@ -409,6 +421,7 @@ def model(
     platform: str = "python",
     dynamic_batching: DynamicBatching | bool | None = None,
     decoupled: bool | None = None,
+    processes: bool | None = None,
 ) -> Callable[[ModelFn], Model]:
     """Decorator form of `Model`: ``@openinfer.model(inputs=[...], outputs=[...])`` turns a
     function into a Model named `name`, or after the function when no name is given."""
@@ -425,6 +438,7 @@ def model(
             platform=platform,
             dynamic_batching=dynamic_batching,
             decoupled=decoupled,
+            processes=processes,
         )
 
     return wrap
@@ -486,6 +500,26 @@ def _tensors(
                 f"batch and must be -1, e.g. {example}"
             )
     return tensors
+
+
+def _in_processes(
+    name: str, fn: ModelFn, instances: int, asked: bool | None, sequence: SequenceBatching | None
+) -> bool:
+    """Whether the model's instances are worker processes; see processes.py for the rule."""
+    if asked is not None and not isinstance(asked, bool):
+        raise TypeError(f"model {name!r}: processes must be a bool or None, got {asked!r}")
+    if asked is False:
+        return False
+    why = processes.why_not_importable(fn)
+    if asked is None:
+        return instances > 1 and sequence is None and why is None
+    if sequence is not None:
+        raise ValueError(f"model {name!r}: a sequence model's instances run in the server process "
+                         "(processes=True cannot be combined with sequence_batching)")
+    if why is not None:
+        raise ValueError(f"model {name!r}: processes=True needs a function that a worker process can import, "
+                         f"but {why}: define it at the top level of a module, or use processes=False")
+    return True
 
 
 def _require_int(model_name: str, what: str, value: object, minimum: int) -> None:

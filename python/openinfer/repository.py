@@ -29,7 +29,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from . import ensemble, sequence, triton_config
+from . import ensemble, processes, sequence, triton_config
 from .config import ConfigError, ModelConfig, VersionPolicy, load_config
 from .model import Model, Tensor
 from .onnx_model import ONNX_BACKEND, ONNX_PLATFORM, OnnxLoadError, OnnxModel, OnnxUnavailable, load_onnx
@@ -284,7 +284,7 @@ def _load_onnx(
 
 
 def _load_python(name: str, version: int, path: Path, config: ModelConfig | None) -> Model:
-    module = _import_file(name, version, path)
+    module = import_model_file(name, version, path)
     infer = getattr(module, "infer", None)
     if not callable(infer):
         raise _LoadError(f"{path} defines no infer(inputs) function")
@@ -302,7 +302,7 @@ def _load_python(name: str, version: int, path: Path, config: ModelConfig | None
                 f"{name}: no inputs or outputs declared: add input/output to config.pbtxt "
                 f"or INPUTS/OUTPUTS lists of openinfer.Tensor to {path}"
             )
-        return Model(
+        model = Model(
             name,
             infer,
             inputs=inputs,
@@ -313,9 +313,22 @@ def _load_python(name: str, version: int, path: Path, config: ModelConfig | None
             platform=(config.platform or config.backend or "python") if config else "python",
             dynamic_batching=config.dynamic_batching if config else None,
             decoupled=_decoupled(config),
+            processes=False,  # unless config.pbtxt says so: then by file, below
         )
     except (TypeError, ValueError) as e:
         raise _LoadError(f"{path}: {e}") from None
+    if _in_processes(config):
+        processes.bind_file(model, processes.ModelFile(str(path), "infer", name, version))
+    return model
+
+
+def _in_processes(config: ModelConfig | None) -> bool:
+    """Whether a repository Python model's instances are worker processes: more than one
+    instance, none of kind KIND_MODEL (which keeps them threads of the server), and no
+    sequence batching (see processes.py)."""
+    if config is None or config.instances < 2 or "sequence_batching" in config.raw:
+        return False
+    return all(g.kind != "KIND_MODEL" for g in config.instance_groups)
 
 
 def _decoupled(config: ModelConfig | None) -> bool | None:
@@ -327,7 +340,7 @@ def _decoupled(config: ModelConfig | None) -> bool | None:
     return bool(policy["decoupled"])
 
 
-def _import_file(name: str, version: int, path: Path) -> ModuleType:
+def import_model_file(name: str, version: int, path: Path) -> ModuleType:
     """Executes model.py as a module of its own, under a name unique to this load, so that
     every model's model.py coexists in sys.modules (registered there for pickle and
     dataclasses)."""

@@ -1,0 +1,604 @@
+#include "backends/process_backend.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backends/instances.h"
+#include "backends/process_wire.h"
+
+/* How often a waiting executor looks whether its request's clients have gone. */
+#define CANCEL_POLL_MS 20
+/* How long release() gives workers to exit after their socket closed, before SIGKILL. */
+#define EXIT_GRACE_MS 3000
+
+/* A mapping of a worker's result ring (or of one result's own memfd) that the responses
+ * holding outputs in it share: unmapped when the last of them and the pool let go. */
+typedef struct mapping_s {
+    atomic_int refs;
+    char *base;
+    size_t len;
+} mapping_t;
+
+typedef struct worker_s {
+    pid_t pid;   /* 0: not running */
+    int sock;    /* our end of its socketpair; -1 when not running */
+    int ready;   /* READY received: it has imported the model */
+    int jobs_fd; /* the job area, kept across restarts */
+    char *jobs;
+    size_t jobs_len;
+    mapping_t *results; /* the running worker's ring; a restarted worker gets a new one */
+} worker_t;
+
+typedef struct pool_s {
+    char *model_name;
+    char **argv, **envp;
+    char *recipe;
+    size_t recipe_len, ring_bytes;
+    oi__instances_t idle;
+    int n;
+    worker_t workers[];
+} pool_t;
+
+/* ---- memory ------------------------------------------------------------------------------ */
+
+static mapping_t *mapping_new(int fd, size_t len)
+{
+    mapping_t *m = malloc(sizeof(*m));
+    if (m == NULL)
+        return NULL;
+    m->base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m->base == MAP_FAILED) {
+        free(m);
+        return NULL;
+    }
+    atomic_init(&m->refs, 1);
+    m->len = len;
+    return m;
+}
+
+static void mapping_unref(mapping_t *m)
+{
+    if (m != NULL && atomic_fetch_sub_explicit(&m->refs, 1, memory_order_acq_rel) == 1) {
+        munmap(m->base, m->len);
+        free(m);
+    }
+}
+
+/* Moves `fd` above the three numbers the worker expects, so that dup2 onto them always
+ * makes a new descriptor (dup2 of a number onto itself would keep FD_CLOEXEC). */
+static int high_fd(int fd)
+{
+    if (fd < 0)
+        return -1;
+    int hi = fcntl(fd, F_DUPFD_CLOEXEC, 10);
+    close(fd);
+    return hi;
+}
+
+/* Makes the job area at least `len` bytes (the worker maps it again when told its size). */
+static int grow_jobs(worker_t *w, size_t len)
+{
+    if (len <= w->jobs_len)
+        return 0;
+    size_t want = w->jobs_len * 2 > len ? w->jobs_len * 2 : len;
+    if (ftruncate(w->jobs_fd, (off_t)want) != 0)
+        return -1;
+    char *p = mmap(NULL, want, PROT_READ | PROT_WRITE, MAP_SHARED, w->jobs_fd, 0);
+    if (p == MAP_FAILED)
+        return -1;
+    if (w->jobs != NULL)
+        munmap(w->jobs, w->jobs_len);
+    w->jobs = p;
+    w->jobs_len = want;
+    return 0;
+}
+
+/* The block the server holds for the outputs of one response: freed in the ring by flag
+ * once every output's owner reference has gone (the worker reuses it after that). */
+static void lease_release(oi_buf_t *b)
+{
+    oi_pw_block_t *block = (oi_pw_block_t *)b->data;
+    atomic_store_explicit(&block->state, OI_PW_BLOCK_FREE, memory_order_release);
+    mapping_unref(b->ctx);
+    free(b);
+}
+
+/* ---- worker life ------------------------------------------------------------------------- */
+
+static void stop_worker(worker_t *w)
+{
+    if (w->sock >= 0)
+        close(w->sock);
+    w->sock = -1;
+    mapping_unref(w->results);
+    w->results = NULL;
+    w->ready = 0;
+}
+
+/* How a reaped worker ended, for messages: "exited with status 3", "was killed by signal 9". */
+static void describe_exit(int status, char *out, size_t cap)
+{
+    if (WIFSIGNALED(status))
+        snprintf(out, cap, "was killed by signal %d (%s)", WTERMSIG(status), strsignal(WTERMSIG(status)));
+    else if (WIFEXITED(status))
+        snprintf(out, cap, "exited with status %d", WEXITSTATUS(status));
+    else
+        snprintf(out, cap, "ended");
+}
+
+/* Starts a worker: a fresh result ring and socketpair, the job area holding the recipe. */
+static int spawn_worker(pool_t *p, worker_t *w, char *err, size_t errlen)
+{
+    int sv[2] = {-1, -1}, ring_fd = -1;
+    if (w->jobs_fd < 0) {
+        w->jobs_fd = high_fd(memfd_create("openinfer-jobs", MFD_CLOEXEC));
+        if (w->jobs_fd < 0)
+            goto sys_fail;
+    }
+    if (grow_jobs(w, OI_PW_DESC_OFFSET + p->recipe_len) != 0)
+        goto sys_fail;
+    memset(w->jobs, 0, OI_PW_DESC_OFFSET);
+    memcpy(w->jobs + OI_PW_DESC_OFFSET, p->recipe, p->recipe_len);
+    ring_fd = high_fd(memfd_create("openinfer-results", MFD_CLOEXEC));
+    if (ring_fd < 0 || ftruncate(ring_fd, (off_t)p->ring_bytes) != 0 ||
+        (w->results = mapping_new(ring_fd, p->ring_bytes)) == NULL)
+        goto sys_fail;
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
+        goto sys_fail;
+    sv[0] = high_fd(sv[0]);
+    sv[1] = high_fd(sv[1]);
+    if (sv[0] < 0 || sv[1] < 0)
+        goto sys_fail;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, sv[1], OI_PW_FD_SOCKET);
+    posix_spawn_file_actions_adddup2(&fa, w->jobs_fd, OI_PW_FD_JOBS);
+    posix_spawn_file_actions_adddup2(&fa, ring_fd, OI_PW_FD_RESULTS);
+    pid_t pid;
+    int rc = posix_spawn(&pid, p->argv[0], &fa, NULL, p->argv, p->envp);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0) {
+        errno = rc;
+        goto sys_fail;
+    }
+    close(sv[1]);
+    close(ring_fd);
+    w->pid = pid;
+    w->sock = sv[0];
+    w->ready = 0;
+    return 0;
+sys_fail:
+    snprintf(err, errlen, "cannot start a worker process for model '%s': %s", p->model_name, strerror(errno));
+    if (sv[0] >= 0)
+        close(sv[0]);
+    if (sv[1] >= 0)
+        close(sv[1]);
+    if (ring_fd >= 0)
+        close(ring_fd);
+    mapping_unref(w->results);
+    w->results = NULL;
+    return -1;
+}
+
+/* Reaps a worker whose socket failed (it died, or broke the wire: then it is killed) and
+ * says how it ended. */
+static void reap_worker(worker_t *w, char *how, size_t cap)
+{
+    int status = 0;
+    stop_worker(w);
+    if (w->pid > 0 && waitpid(w->pid, &status, WNOHANG) == 0) {
+        /* The socket closes as a process exits: give it a moment, then make sure. */
+        for (int i = 0; i < 100 && waitpid(w->pid, &status, WNOHANG) == 0; i++)
+            usleep(1000);
+        if (kill(w->pid, 0) == 0) {
+            kill(w->pid, SIGKILL);
+            waitpid(w->pid, &status, 0);
+        }
+    }
+    describe_exit(status, how, cap);
+    w->pid = 0;
+}
+
+/* Receives one message (and the fd that may come with it). Returns its length, 0 when the
+ * worker has gone, or -1 (errno). */
+static ssize_t recv_message(int sock, char *buf, size_t cap, int *fd)
+{
+    union {
+        struct cmsghdr h;
+        char space[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    struct iovec iov = {buf, cap};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.space, .msg_controllen = sizeof(ctl)};
+    ssize_t n;
+    do
+        n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    while (n < 0 && errno == EINTR);
+    *fd = -1;
+    struct cmsghdr *c = n > 0 ? CMSG_FIRSTHDR(&msg) : NULL;
+    if (c != NULL && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+        memcpy(fd, CMSG_DATA(c), sizeof(int));
+    if (n > 0 && (size_t)n < sizeof(oi_pw_reply_t)) {
+        if (*fd >= 0)
+            close(*fd);
+        errno = EPROTO;
+        return -1;
+    }
+    return n;
+}
+
+static int send_all(int sock, const void *msg, size_t len)
+{
+    ssize_t n;
+    do
+        n = send(sock, msg, len, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    return n == (ssize_t)len ? 0 : -1;
+}
+
+/* The status a worker's ERROR message carries. */
+static oi_status_t *error_reply(const char *buf, size_t len)
+{
+    const oi_pw_reply_t *r = (const void *)buf;
+    int code = r->code >= 400 && r->code <= 599 ? (int)r->code : OI_INTERNAL;
+    return oi_status_new(code, "%.*s", (int)(len - sizeof(*r)), buf + sizeof(*r));
+}
+
+/* Waits until a started worker has imported the model. NULL, or why it did not. */
+static oi_status_t *await_ready(pool_t *p, worker_t *w)
+{
+    char buf[OI_PW_MAX_MESSAGE], how[96];
+    int fd;
+    ssize_t n = recv_message(w->sock, buf, sizeof(buf), &fd);
+    if (fd >= 0)
+        close(fd);
+    const oi_pw_reply_t *r = (const void *)buf;
+    if (n > 0 && r->type == OI_PW_READY) {
+        w->ready = 1;
+        return NULL;
+    }
+    oi_status_t *st = n > 0 && r->type == OI_PW_ERROR ? error_reply(buf, (size_t)n) : NULL;
+    pid_t pid = w->pid;
+    reap_worker(w, how, sizeof(how));
+    if (st != NULL) {
+        oi_status_t *wrapped = oi_status_new(OI_UNAVAILABLE, "%s", st->message);
+        oi_status_free(st);
+        return wrapped;
+    }
+    return oi_status_new(OI_UNAVAILABLE, "model '%s': its worker process (pid %d) %s while importing the model",
+                         p->model_name, (int)pid, how);
+}
+
+/* ---- one job ----------------------------------------------------------------------------- */
+
+static size_t pad8(size_t n) { return (n + 7) & ~(size_t)7; }
+
+/* Lays the request out in the job area: the descriptor, then each input's bytes (the one
+ * copy a request makes on its way to a worker). */
+static int write_job(worker_t *w, const oi_request_t *req, const char *const *names, uint32_t n)
+{
+    size_t desc = OI_PW_DESC_OFFSET + sizeof(oi_pw_request_t);
+    for (uint32_t i = 0; i < req->n_inputs; i++)
+        desc += sizeof(oi_pw_tensor_t) + pad8(strlen(req->inputs[i].name) + 1);
+    for (uint32_t i = 0; i < n; i++)
+        desc += 4 + pad8(strlen(names[i]) + 1);
+    desc = oi_pw_align(desc + req->parameters.len);
+    size_t total = desc;
+    for (uint32_t i = 0; i < req->n_inputs; i++)
+        total += oi_pw_align(req->inputs[i].byte_size);
+    if (grow_jobs(w, total) != 0)
+        return -1;
+    char *at = w->jobs + OI_PW_DESC_OFFSET;
+    oi_pw_request_t head = {req->n_inputs, n, req->parameters.ptr != NULL, (uint32_t)req->parameters.len};
+    memcpy(at, &head, sizeof(head));
+    at += sizeof(head);
+    size_t data = desc;
+    for (uint32_t i = 0; i < req->n_inputs; i++) {
+        const oi_tensor_t *t = &req->inputs[i];
+        size_t len = strlen(t->name);
+        oi_pw_tensor_t d = {.dtype = t->dtype, .ndim = t->ndim, .name_len = (uint32_t)len, .offset = data,
+                            .byte_size = t->byte_size};
+        memcpy(d.shape, t->shape, sizeof(d.shape));
+        memcpy(at, &d, sizeof(d));
+        at += sizeof(d);
+        memcpy(at, t->name, len + 1);
+        at += pad8(len + 1);
+        if (t->byte_size > 0)
+            memcpy(w->jobs + data, t->data, t->byte_size);
+        data += oi_pw_align(t->byte_size);
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t len = (uint32_t)strlen(names[i]);
+        memcpy(at, &len, 4);
+        memcpy(at + 4, names[i], len + 1);
+        at += 4 + pad8(len + 1);
+    }
+    if (req->parameters.len > 0)
+        memcpy(at, req->parameters.ptr, req->parameters.len);
+    return 0;
+}
+
+/* Makes `resp` hold the outputs of the block a RESULT or PARTIAL names, in place: each output
+ * keeps a reference to a lease on the block. NULL, or a status when the block is not sound. */
+static oi_status_t *take_outputs(pool_t *p, worker_t *w, const oi_pw_reply_t *r, int fd, const char *const *names,
+                                 uint32_t n, oi_response_t *resp)
+{
+    mapping_t *m = NULL;
+    uint64_t at = 0;
+    struct stat sb;
+    if (r->flags & OI_PW_IN_MEMFD) {
+        if (fd < 0 || fstat(fd, &sb) != 0 || sb.st_size < (off_t)sizeof(oi_pw_block_t) ||
+            (m = mapping_new(fd, (size_t)sb.st_size)) == NULL)
+            return oi_status_new(OI_INTERNAL, "model '%s': cannot map a worker's result: %s", p->model_name,
+                                 fd < 0 ? "no memfd came with it" : strerror(errno));
+    } else {
+        m = w->results;
+        atomic_fetch_add_explicit(&m->refs, 1, memory_order_relaxed);
+        at = r->block;
+    }
+    oi_pw_block_t *block = (oi_pw_block_t *)(m->base + at);
+    if (at > m->len - sizeof(*block) || block->size > m->len - at ||
+        block->size < sizeof(*block) + (uint64_t)block->n_outputs * sizeof(oi_pw_tensor_t) || block->n_outputs != n) {
+        mapping_unref(m);
+        return oi_status_new(OI_INTERNAL, "model '%s': a worker sent a malformed result", p->model_name);
+    }
+    oi_buf_t *lease = oi_buf_wrap(block, block->size, lease_release, m);
+    if (lease == NULL) {
+        mapping_unref(m);
+        return oi_status_new(OI_INTERNAL, "out of memory");
+    }
+    oi_status_t *st = NULL;
+    resp->outputs = calloc(n ? n : 1, sizeof(oi_tensor_t));
+    if (resp->outputs == NULL)
+        st = oi_status_new(OI_INTERNAL, "out of memory");
+    const oi_pw_tensor_t *d = (const oi_pw_tensor_t *)(block + 1);
+    for (uint32_t i = 0; st == NULL && i < n; i++) {
+        if (d[i].dtype <= OI_TYPE_INVALID || d[i].dtype >= OI_TYPE_COUNT || d[i].ndim < 0 || d[i].ndim > OI_MAX_DIMS ||
+            d[i].offset > block->size || d[i].byte_size > block->size - d[i].offset) {
+            st = oi_status_new(OI_INTERNAL, "model '%s': a worker sent a malformed output '%s'", p->model_name,
+                               names[i]);
+            break;
+        }
+        oi_tensor_t *t = &resp->outputs[i];
+        t->name = names[i];
+        t->dtype = (oi_dtype_t)d[i].dtype;
+        t->ndim = d[i].ndim;
+        memcpy(t->shape, d[i].shape, sizeof(t->shape));
+        t->data = (char *)block + d[i].offset;
+        t->byte_size = d[i].byte_size;
+        t->owner = oi_buf_ref(lease);
+        resp->n_outputs = i + 1;
+    }
+    oi_buf_unref(lease);
+    return st;
+}
+
+/* Tells the worker whether a decoupled response went out. */
+static int answer_partial(worker_t *w, int sent)
+{
+    uint32_t type = sent ? OI_PW_ACK : OI_PW_STOP;
+    return send_all(w->sock, &type, sizeof(type));
+}
+
+/* Receives the next reply of a job, telling the worker (by the shared flag) once the
+ * request's clients have all gone. */
+static ssize_t next_reply(worker_t *w, const oi_request_t *req, char *buf, size_t cap, int *fd)
+{
+    struct pollfd pfd = {.fd = w->sock, .events = POLLIN};
+    oi_pw_shared_t *shared = (oi_pw_shared_t *)w->jobs;
+    for (;;) {
+        int rc = poll(&pfd, 1, req->cancelled != NULL ? CANCEL_POLL_MS : -1);
+        if (rc > 0)
+            return recv_message(w->sock, buf, cap, fd);
+        if (rc < 0 && errno != EINTR)
+            return -1;
+        if (req->cancelled != NULL && req->cancelled(req->cancelled_arg))
+            atomic_store_explicit(&shared->cancelled, 1, memory_order_relaxed);
+    }
+}
+
+static oi_status_t *run_job(pool_t *p, worker_t *w, const oi_request_t *req, const char *const *names, uint32_t n,
+                            oi_response_t *resp)
+{
+    if (write_job(w, req, names, n) != 0)
+        return oi_status_new(OI_INTERNAL, "model '%s': cannot lay out the request for a worker: %s", p->model_name,
+                             strerror(errno));
+    atomic_store_explicit(&((oi_pw_shared_t *)w->jobs)->cancelled, 0, memory_order_relaxed);
+    oi_pw_job_t job = {OI_PW_JOB, req->send != NULL ? OI_PW_JOB_DECOUPLED : 0, w->jobs_len};
+    char buf[OI_PW_MAX_MESSAGE];
+    oi_status_t *st = NULL, *unsent = NULL; /* unsent: why a decoupled response could not go */
+    if (send_all(w->sock, &job, sizeof(job)) != 0)
+        goto died;
+    for (;;) {
+        int fd;
+        ssize_t len = next_reply(w, req, buf, sizeof(buf), &fd);
+        if (len <= 0)
+            goto died;
+        const oi_pw_reply_t *r = (const void *)buf;
+        if (r->type == OI_PW_RESULT && req->send == NULL) {
+            st = take_outputs(p, w, r, fd, names, n, resp);
+        } else if (r->type == OI_PW_PARTIAL && req->send != NULL) {
+            oi_response_t one = {0};
+            oi_status_t *bad = take_outputs(p, w, r, fd, names, n, &one);
+            if (bad == NULL && unsent == NULL)
+                unsent = req->send(req->send_arg, &one);
+            oi_response_clear(&one);
+            if (bad != NULL && unsent == NULL)
+                unsent = bad;
+            else
+                oi_status_free(bad);
+            if (fd >= 0)
+                close(fd);
+            if (answer_partial(w, unsent == NULL) != 0)
+                goto died;
+            continue;
+        } else if (r->type == OI_PW_DONE && req->send != NULL) {
+        } else if (r->type == OI_PW_ERROR) {
+            st = error_reply(buf, (size_t)len);
+        } else {
+            if (fd >= 0)
+                close(fd);
+            errno = EPROTO;
+            goto died;
+        }
+        if (fd >= 0)
+            close(fd);
+        break;
+    }
+    if (unsent != NULL) { /* the stream ended on our side: the worker's account of it is moot */
+        oi_status_free(st);
+        return unsent;
+    }
+    return st;
+died:;
+    char how[96];
+    pid_t pid = w->pid;
+    reap_worker(w, how, sizeof(how));
+    oi_status_free(unsent);
+    oi_response_clear(resp);
+    char err[256];
+    if (spawn_worker(p, w, err, sizeof(err)) != 0) /* its successor imports the model meanwhile */
+        w->pid = 0;
+    return oi_status_new(OI_INTERNAL, "model '%s': its worker process (pid %d) %s while serving the request",
+                         p->model_name, (int)pid, how);
+}
+
+static oi_status_t *proc_execute(void *state, const oi_request_t *req, const char *const *names, uint32_t n,
+                                 oi_response_t *resp)
+{
+    pool_t *p = state;
+    int i = oi__instances_acquire(&p->idle);
+    worker_t *w = &p->workers[i];
+    oi_status_t *st = NULL;
+    char err[256];
+    if (w->pid == 0 && spawn_worker(p, w, err, sizeof(err)) != 0)
+        st = oi_status_new(OI_UNAVAILABLE, "%s", err);
+    if (st == NULL && !w->ready)
+        st = await_ready(p, w);
+    if (st == NULL)
+        st = run_job(p, w, req, names, n, resp);
+    oi__instances_release(&p->idle, i);
+    return st;
+}
+
+/* ---- the pool ---------------------------------------------------------------------------- */
+
+static char **copy_strings(char *const *v)
+{
+    size_t n = 0;
+    while (v[n] != NULL)
+        n++;
+    char **out = calloc(n + 1, sizeof(char *));
+    for (size_t i = 0; out != NULL && i < n; i++)
+        if ((out[i] = strdup(v[i])) == NULL) {
+            while (i > 0)
+                free(out[--i]);
+            free(out);
+            return NULL;
+        }
+    return out;
+}
+
+static void free_strings(char **v)
+{
+    for (size_t i = 0; v != NULL && v[i] != NULL; i++)
+        free(v[i]);
+    free(v);
+}
+
+/* Closes every worker's socket, gives them EXIT_GRACE_MS to exit, kills the rest. */
+static void stop_all(pool_t *p)
+{
+    for (int i = 0; i < p->n; i++)
+        stop_worker(&p->workers[i]);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 0; i < p->n; i++) {
+        worker_t *w = &p->workers[i];
+        while (w->pid > 0 && waitpid(w->pid, NULL, WNOHANG) == 0) {
+            struct timespec t;
+            clock_gettime(CLOCK_MONOTONIC, &t);
+            if ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 > EXIT_GRACE_MS) {
+                kill(w->pid, SIGKILL);
+                waitpid(w->pid, NULL, 0);
+                break;
+            }
+            usleep(2000);
+        }
+        w->pid = 0;
+    }
+}
+
+static void proc_release(void *state)
+{
+    pool_t *p = state;
+    stop_all(p);
+    for (int i = 0; i < p->n; i++) {
+        worker_t *w = &p->workers[i];
+        if (w->jobs != NULL)
+            munmap(w->jobs, w->jobs_len);
+        if (w->jobs_fd >= 0)
+            close(w->jobs_fd);
+    }
+    oi__instances_destroy(&p->idle);
+    free_strings(p->argv);
+    free_strings(p->envp);
+    free(p->recipe);
+    free(p->model_name);
+    free(p);
+}
+
+void *oi_process_backend_start(const char *model_name, int n, const oi_process_spec_t *spec, char *err, size_t errlen)
+{
+    pool_t *p = calloc(1, sizeof(*p) + (size_t)n * sizeof(worker_t));
+    if (p == NULL)
+        goto oom;
+    p->n = n;
+    for (int i = 0; i < n; i++) {
+        p->workers[i].sock = -1;
+        p->workers[i].jobs_fd = -1;
+    }
+    p->ring_bytes = oi_pw_align(spec->ring_bytes > 4096 ? spec->ring_bytes : 4096);
+    p->recipe_len = spec->recipe_len;
+    if (oi__instances_init(&p->idle, n) != 0 || (p->model_name = strdup(model_name)) == NULL ||
+        (p->argv = copy_strings(spec->argv)) == NULL || (p->envp = copy_strings(spec->envp)) == NULL ||
+        (p->recipe = malloc(spec->recipe_len ? spec->recipe_len : 1)) == NULL)
+        goto oom;
+    memcpy(p->recipe, spec->recipe, spec->recipe_len);
+    for (int i = 0; i < n; i++)
+        if (spawn_worker(p, &p->workers[i], err, errlen) != 0)
+            goto fail;
+    for (int i = 0; i < n; i++) { /* they import side by side */
+        oi_status_t *st = await_ready(p, &p->workers[i]);
+        if (st != NULL) {
+            snprintf(err, errlen, "%s", st->message);
+            oi_status_free(st);
+            goto fail;
+        }
+    }
+    return p;
+oom:
+    snprintf(err, errlen, "out of memory");
+    if (p == NULL)
+        return NULL;
+fail:
+    proc_release(p);
+    return NULL;
+}
+
+const oi_backend_t oi_process_backend = {
+    .name = "python-process",
+    .execute = proc_execute,
+    .release = proc_release,
+};

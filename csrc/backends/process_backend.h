@@ -1,0 +1,31 @@
+/* Python models whose instances are worker processes (instance_group count > 1 of a Python
+ * model): each executor thread of the model's scheduler hands its request to an idle worker
+ * through shared memory and waits for the answer, so the model runs on as many cores as it
+ * has instances and the server takes no GIL for it. The wire is in process_wire.h. */
+#ifndef OI_BACKENDS_PROCESS_BACKEND_H
+#define OI_BACKENDS_PROCESS_BACKEND_H
+
+#include <stddef.h>
+
+#include "backends/backend.h"
+
+extern const oi_backend_t oi_process_backend;
+
+/* How to start one worker: `argv` and `envp` (NULL-terminated, copied) for posix_spawn, and
+ * `recipe`, the bytes the worker reads from its job area to import the model. */
+typedef struct oi_process_spec_s {
+    char *const *argv;
+    char *const *envp;
+    const void *recipe;
+    size_t recipe_len;
+    size_t ring_bytes; /* each worker's result ring; results larger go in memfds of their own */
+} oi_process_spec_t;
+
+/* Starts `n` workers of model `model_name` and waits until each has imported the model.
+ * Returns the backend's state, or NULL with the reason in `err` (a worker's own import error,
+ * or why it could not start); no worker is left running then. Blocks for as long as the
+ * imports take: call without the GIL. */
+void *oi_process_backend_start(const char *model_name, int n, const oi_process_spec_t *spec, char *err,
+                               size_t errlen);
+
+#endif

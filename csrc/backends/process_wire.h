@@ -1,0 +1,97 @@
+/* The wire between the server and the worker processes that run a Python model's instances
+ * (process_backend.c on the server's side, python/worker.c in the worker). Both ends are one
+ * build on one machine, so structs travel as they are in memory.
+ *
+ * Tensor bytes never cross the socket. Each worker has two memfds the server made:
+ * - the job area (server writes, worker reads): a header holding the cancel flag, then the
+ *   job's descriptor and its input bytes; the server grows it (ftruncate) between jobs;
+ * - the result ring (worker writes, server reads): blocks of outputs that the worker carves
+ *   out and the server frees, by flag, once the response holding them is sent. A result that
+ *   does not fit the ring travels in a memfd of its own, passed with SCM_RIGHTS.
+ * Messages on the SOCK_SEQPACKET socketpair only say "this job", "these outputs", "done". */
+#ifndef OI_BACKENDS_PROCESS_WIRE_H
+#define OI_BACKENDS_PROCESS_WIRE_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "core/tensor.h"
+
+/* The job area's header: the descriptor starts after it. */
+typedef struct oi_pw_shared_s {
+    atomic_uint cancelled; /* set by the server when every client of the job has gone */
+    uint32_t pad[15];
+} oi_pw_shared_t;
+
+#define OI_PW_DESC_OFFSET ((uint64_t)sizeof(oi_pw_shared_t))
+#define OI_PW_ALIGN 64
+
+/* The fds a worker finds open, and the largest message either side sends. */
+enum { OI_PW_FD_SOCKET = 3, OI_PW_FD_JOBS = 4, OI_PW_FD_RESULTS = 5 };
+#define OI_PW_MAX_MESSAGE 8192
+
+enum {
+    /* server -> worker */
+    OI_PW_JOB = 1, /* oi_pw_job_t */
+    OI_PW_ACK,     /* a decoupled response was sent: go on */
+    OI_PW_STOP,    /* a decoupled response could not be sent (client gone): stop */
+    /* worker -> server: oi_pw_reply_t */
+    OI_PW_READY = 16, /* the model is imported; the text says nothing */
+    OI_PW_RESULT,     /* a unary job's outputs */
+    OI_PW_PARTIAL,    /* one response of a decoupled job; the server answers ACK or STOP */
+    OI_PW_DONE,       /* a decoupled job ended without error */
+    OI_PW_ERROR,      /* the job (or the import) failed: code and text */
+};
+
+#define OI_PW_JOB_DECOUPLED 1u
+
+typedef struct oi_pw_job_s {
+    uint32_t type;
+    uint32_t flags;    /* OI_PW_JOB_* */
+    uint64_t area_len; /* the job area's size now: the worker maps again when it grew */
+} oi_pw_job_t;
+
+/* At OI_PW_DESC_OFFSET of the job area: this, then n_inputs oi_pw_tensor_t (each followed by
+ * its NUL-terminated name, padded to 8), then n_outputs names (u32 length, the bytes, NUL,
+ * padded to 8), then params_len bytes of the request's parameters (JSON). */
+typedef struct oi_pw_request_s {
+    uint32_t n_inputs;
+    uint32_t n_outputs;
+    uint32_t has_params;
+    uint32_t params_len;
+} oi_pw_request_t;
+
+/* One tensor: where its bytes are (offset from the start of the area or block holding it). */
+typedef struct oi_pw_tensor_s {
+    uint32_t dtype; /* oi_dtype_t */
+    int32_t ndim;
+    uint32_t name_len; /* inputs: the name's length; outputs: 0 (the server knows the names) */
+    uint32_t pad;
+    int64_t shape[OI_MAX_DIMS];
+    uint64_t offset;
+    uint64_t byte_size;
+} oi_pw_tensor_t;
+
+/* A block of the result ring: this header, n oi_pw_tensor_t, then their bytes. */
+typedef struct oi_pw_block_s {
+    atomic_uint state; /* OI_PW_BLOCK_* */
+    uint32_t n_outputs;
+    uint64_t size; /* of the whole block, header included; a multiple of OI_PW_ALIGN */
+} oi_pw_block_t;
+
+enum { OI_PW_BLOCK_LIVE = 1, OI_PW_BLOCK_FREE = 2 };
+
+#define OI_PW_IN_MEMFD 1u /* the block is at offset 0 of the memfd sent with the message */
+
+typedef struct oi_pw_reply_s {
+    uint32_t type;
+    uint32_t flags; /* OI_PW_IN_MEMFD */
+    uint32_t code;  /* OI_PW_ERROR: the status code; the message text follows the struct */
+    uint32_t pad;
+    uint64_t block; /* RESULT, PARTIAL: the block's offset in the ring (0 with OI_PW_IN_MEMFD) */
+} oi_pw_reply_t;
+
+/* Rounds up to the wire's alignment. */
+static inline uint64_t oi_pw_align(uint64_t n) { return (n + OI_PW_ALIGN - 1) & ~(uint64_t)(OI_PW_ALIGN - 1); }
+
+#endif

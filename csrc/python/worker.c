@@ -1,0 +1,353 @@
+/* The worker end of a Python model's process instance (the server end is
+ * backends/process_backend.c, the wire backends/process_wire.h): a request is rebuilt over
+ * the job area without copying, run through the very Python backend that serves in-process
+ * models (so conversions and error wording are the same), and its outputs are written into
+ * the result ring: the one copy a result makes on its way to the server. */
+#include "python/worker.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "backends/process_wire.h"
+#include "backends/python_backend.h"
+
+/* The result ring: only this process carves blocks (head) and reclaims them (tail); the
+ * server frees a block by flag once the response that holds it is sent. */
+typedef struct ring_s {
+    char *base;
+    size_t size;
+    uint64_t head, tail; /* running byte counts; offsets are these modulo size */
+} ring_t;
+
+typedef struct worker_s {
+    int sock;
+    oi_buf_t *jobs; /* the job area's current mapping; input tensors hold references to it */
+    ring_t ring;
+    const char *const *names; /* the running job's requested outputs */
+    uint32_t n_names;
+} worker_t;
+
+static void unmap_release(oi_buf_t *b)
+{
+    munmap(b->data, b->len);
+    free(b);
+}
+
+/* Maps the job area at its current size. A model that kept an input array keeps the old
+ * mapping alive; the new job's bytes are elsewhere in the same memfd. */
+static int map_jobs(worker_t *w, size_t len)
+{
+    if (w->jobs != NULL && w->jobs->len >= len)
+        return 0;
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, OI_PW_FD_JOBS, 0);
+    if (p == MAP_FAILED)
+        return -1;
+    oi_buf_t *b = oi_buf_wrap(p, len, unmap_release, NULL);
+    if (b == NULL) {
+        munmap(p, len);
+        return -1;
+    }
+    oi_buf_unref(w->jobs);
+    w->jobs = b;
+    return 0;
+}
+
+static char *ring_alloc(ring_t *r, uint64_t need, uint64_t *offset)
+{
+    while (r->tail < r->head) {
+        oi_pw_block_t *b = (oi_pw_block_t *)(r->base + r->tail % r->size);
+        if (atomic_load_explicit(&b->state, memory_order_acquire) != OI_PW_BLOCK_FREE)
+            break;
+        r->tail += b->size;
+    }
+    uint64_t at = r->head % r->size;
+    uint64_t skip = at + need > r->size ? r->size - at : 0; /* a block never wraps */
+    if (need > r->size || r->head + skip + need - r->tail > r->size)
+        return NULL;
+    if (skip > 0) {
+        oi_pw_block_t *b = (oi_pw_block_t *)(r->base + at);
+        b->size = skip;
+        b->n_outputs = 0;
+        atomic_store_explicit(&b->state, OI_PW_BLOCK_FREE, memory_order_relaxed);
+        r->head += skip;
+        at = 0;
+    }
+    r->head += need;
+    *offset = at;
+    return r->base + at;
+}
+
+static int send_reply(worker_t *w, uint32_t type, uint32_t flags, uint64_t block, int fd)
+{
+    oi_pw_reply_t r = {.type = type, .flags = flags, .block = block};
+    struct iovec iov = {&r, sizeof(r)};
+    union {
+        struct cmsghdr h;
+        char space[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (fd >= 0) {
+        memset(&ctl, 0, sizeof(ctl));
+        msg.msg_control = ctl.space;
+        msg.msg_controllen = sizeof(ctl.space);
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    }
+    ssize_t n;
+    do
+        n = sendmsg(w->sock, &msg, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    return n == (ssize_t)sizeof(r) ? 0 : -1;
+}
+
+static int send_error(int sock, int code, const char *text)
+{
+    char buf[OI_PW_MAX_MESSAGE];
+    oi_pw_reply_t r = {.type = OI_PW_ERROR, .code = (uint32_t)code};
+    size_t len = strlen(text);
+    if (len > sizeof(buf) - sizeof(r))
+        len = sizeof(buf) - sizeof(r);
+    memcpy(buf, &r, sizeof(r));
+    memcpy(buf + sizeof(r), text, len);
+    ssize_t n;
+    do
+        n = send(sock, buf, sizeof(r) + len, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    return n < 0 ? -1 : 0;
+}
+
+/* Writes a response's outputs as one block, in the ring or (when it does not fit there) in a
+ * memfd of its own, and sends `type` naming it. */
+static int send_outputs(worker_t *w, uint32_t type, const oi_response_t *resp)
+{
+    uint64_t need = oi_pw_align(sizeof(oi_pw_block_t) + resp->n_outputs * sizeof(oi_pw_tensor_t));
+    for (uint32_t i = 0; i < resp->n_outputs; i++)
+        need += oi_pw_align(resp->outputs[i].byte_size);
+    uint64_t offset = 0;
+    int fd = -1;
+    char *p = ring_alloc(&w->ring, need, &offset);
+    if (p == NULL) {
+        fd = memfd_create("openinfer-result", MFD_CLOEXEC);
+        if (fd < 0 || ftruncate(fd, (off_t)need) != 0 ||
+            (p = mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+            if (fd >= 0)
+                close(fd);
+            return send_error(w->sock, OI_INTERNAL, "cannot make shared memory for the model's result");
+        }
+    }
+    oi_pw_block_t *block = (oi_pw_block_t *)p;
+    block->size = need;
+    block->n_outputs = resp->n_outputs;
+    oi_pw_tensor_t *d = (oi_pw_tensor_t *)(block + 1);
+    uint64_t data = oi_pw_align(sizeof(oi_pw_block_t) + resp->n_outputs * sizeof(oi_pw_tensor_t));
+    for (uint32_t i = 0; i < resp->n_outputs; i++) {
+        const oi_tensor_t *t = &resp->outputs[i];
+        d[i] = (oi_pw_tensor_t){.dtype = t->dtype, .ndim = t->ndim, .offset = data, .byte_size = t->byte_size};
+        memcpy(d[i].shape, t->shape, sizeof(d[i].shape));
+        if (t->byte_size > 0)
+            memcpy(p + data, t->data, t->byte_size);
+        data += oi_pw_align(t->byte_size);
+    }
+    atomic_store_explicit(&block->state, OI_PW_BLOCK_LIVE, memory_order_release);
+    int rc = send_reply(w, type, fd >= 0 ? OI_PW_IN_MEMFD : 0, offset, fd);
+    if (fd >= 0) {
+        munmap(p, need);
+        close(fd);
+    }
+    return rc;
+}
+
+static int job_cancelled(const void *arg)
+{
+    const worker_t *w = arg;
+    const oi_pw_shared_t *shared = (const oi_pw_shared_t *)w->jobs->data;
+    return atomic_load_explicit(&shared->cancelled, memory_order_relaxed) != 0;
+}
+
+/* A decoupled model's response: to the server, then wait for its word that it went out. */
+static oi_status_t *send_partial(void *arg, oi_response_t *resp)
+{
+    worker_t *w = arg;
+    int rc = send_outputs(w, OI_PW_PARTIAL, resp);
+    oi_response_clear(resp);
+    uint32_t answer = 0;
+    ssize_t n = rc == 0 ? recv(w->sock, &answer, sizeof(answer), 0) : -1;
+    if (n == (ssize_t)sizeof(answer) && answer == OI_PW_ACK)
+        return NULL;
+    return oi_status_new(OI_CLIENT_CLOSED, "the response could not be sent");
+}
+
+/* Rebuilds the request the job area describes; its tensors point into the area. NULL, or
+ * why the descriptor is unsound (a bug on one side of the wire: never the client's). */
+static const char *read_job(worker_t *w, oi_request_t *req, const char ***names)
+{
+    const char *base = w->jobs->data, *end = base + w->jobs->len;
+    const char *at = base + OI_PW_DESC_OFFSET;
+    oi_pw_request_t head;
+    memcpy(&head, at, sizeof(head));
+    at += sizeof(head);
+    if ((req->inputs = calloc(head.n_inputs ? head.n_inputs : 1, sizeof(oi_tensor_t))) == NULL ||
+        (*names = calloc(head.n_outputs ? head.n_outputs : 1, sizeof(char *))) == NULL)
+        return "out of memory";
+    for (uint32_t i = 0; i < head.n_inputs; i++) {
+        oi_pw_tensor_t d;
+        if (at + sizeof(d) > end)
+            return "input descriptor out of bounds";
+        memcpy(&d, at, sizeof(d));
+        at += sizeof(d);
+        if (d.ndim < 0 || d.ndim > OI_MAX_DIMS || at + d.name_len + 1 > end || d.offset > w->jobs->len ||
+            d.byte_size > w->jobs->len - d.offset)
+            return "input descriptor malformed";
+        oi_tensor_t *t = &req->inputs[i];
+        t->name = at;
+        at += (d.name_len + 8) & ~(size_t)7;
+        t->dtype = (oi_dtype_t)d.dtype;
+        t->ndim = d.ndim;
+        memcpy(t->shape, d.shape, sizeof(t->shape));
+        t->data = (char *)base + d.offset;
+        t->byte_size = d.byte_size;
+        t->owner = oi_buf_ref(w->jobs);
+        req->n_inputs = i + 1;
+    }
+    for (uint32_t i = 0; i < head.n_outputs; i++) {
+        uint32_t len;
+        if (at + 4 > end)
+            return "output name out of bounds";
+        memcpy(&len, at, 4);
+        if (at + 4 + len + 1 > end)
+            return "output name out of bounds";
+        (*names)[i] = at + 4;
+        at += 4 + ((len + 8) & ~(size_t)7);
+    }
+    if (head.has_params) {
+        if (at + head.params_len > end)
+            return "parameters out of bounds";
+        req->parameters.ptr = at;
+        req->parameters.len = head.params_len;
+    }
+    return NULL;
+}
+
+/* Serves jobs until the server closes the socket. Runs without the GIL; the Python backend
+ * takes it around the model's call, as on a server's executor thread. */
+static void serve(worker_t *w, void *state)
+{
+    for (;;) {
+        oi_pw_job_t job;
+        ssize_t n = recv(w->sock, &job, sizeof(job), 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n != (ssize_t)sizeof(job) || job.type != OI_PW_JOB)
+            return; /* the server has gone (or broke the wire): nothing left to serve */
+        if (map_jobs(w, job.area_len) != 0) {
+            send_error(w->sock, OI_INTERNAL, "cannot map the job area");
+            continue;
+        }
+        oi_request_t req = {0};
+        const char **names = NULL;
+        const char *bad = read_job(w, &req, &names);
+        uint32_t n_names = bad == NULL ? ((const oi_pw_request_t *)(w->jobs->data + OI_PW_DESC_OFFSET))->n_outputs : 0;
+        req.cancelled = job_cancelled;
+        req.cancelled_arg = w;
+        if (job.flags & OI_PW_JOB_DECOUPLED) {
+            req.send = send_partial;
+            req.send_arg = w;
+        }
+        oi_response_t resp = {0};
+        oi_status_t *st = bad != NULL ? oi_status_new(OI_INTERNAL, "worker: %s", bad)
+                                      : oi_python_backend.execute(state, &req, names, n_names, &resp);
+        int rc;
+        if (st != NULL)
+            rc = send_error(w->sock, st->code, st->message);
+        else if (req.send != NULL)
+            rc = send_reply(w, OI_PW_DONE, 0, 0, -1);
+        else
+            rc = send_outputs(w, OI_PW_RESULT, &resp);
+        oi_status_free(st);
+        oi_response_clear(&resp);
+        for (uint32_t i = 0; i < req.n_inputs; i++)
+            oi_tensor_clear(&req.inputs[i]);
+        free(req.inputs);
+        free(names);
+        if (rc != 0)
+            return;
+    }
+}
+
+static PyObject *worker_serve(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"handler", "model_name", "outputs", "parent", NULL};
+    PyObject *handler, *outputs;
+    const char *name;
+    int parent;
+    (void)self;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OsOi", kwlist, &handler, &name, &outputs, &parent))
+        return NULL;
+    /* The worker must not outlive the server, even one killed outright. */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+        return PyErr_Format(PyExc_RuntimeError, "the server (pid %d) is gone", parent);
+    PyObject *fast = PySequence_Fast(outputs, "outputs must be a sequence of (name, datatype)");
+    if (fast == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    oi_io_spec_t *specs = calloc(n ? (size_t)n : 1, sizeof(*specs));
+    void *state = NULL;
+    for (Py_ssize_t i = 0; specs != NULL && i < n; i++) {
+        const char *oname, *dtype;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "ss", &oname, &dtype))
+            goto done;
+        specs[i].name = (char *)oname;
+        specs[i].dtype = oi_dtype_from_name(dtype, strlen(dtype));
+    }
+    if (specs == NULL || (state = oi_python_backend_state(handler, name, specs, (uint32_t)n)) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    size_t ring = (size_t)lseek(OI_PW_FD_RESULTS, 0, SEEK_END);
+    worker_t w = {.sock = OI_PW_FD_SOCKET, .ring = {.size = ring}};
+    w.ring.base = mmap(NULL, ring, PROT_READ | PROT_WRITE, MAP_SHARED, OI_PW_FD_RESULTS, 0);
+    if (w.ring.base == MAP_FAILED) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto done;
+    }
+    if (send_reply(&w, OI_PW_READY, 0, 0, -1) == 0) {
+        Py_BEGIN_ALLOW_THREADS serve(&w, state);
+        Py_END_ALLOW_THREADS
+    }
+    oi_buf_unref(w.jobs);
+    munmap(w.ring.base, w.ring.size);
+done:
+    if (state != NULL)
+        oi_python_backend.release(state);
+    free(specs);
+    Py_DECREF(fast);
+    return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+}
+
+static PyObject *worker_fail(PyObject *self, PyObject *message)
+{
+    (void)self;
+    const char *text = PyUnicode_AsUTF8(message);
+    if (text == NULL)
+        return NULL;
+    if (send_error(OI_PW_FD_SOCKET, OI_UNAVAILABLE, text) != 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_NONE;
+}
+
+PyMethodDef oi_py_worker_functions[] = {
+    {"worker_serve", (PyCFunction)(void (*)(void))worker_serve, METH_VARARGS | METH_KEYWORDS,
+     "In a model's worker process: serves the server's jobs with handler(inputs, parameters, outputs, cancelled) "
+     "until the server closes the socket."},
+    {"worker_fail", worker_fail, METH_O, "In a model's worker process: tells the server why the model did not import."},
+    {NULL, NULL, 0, NULL},
+};
