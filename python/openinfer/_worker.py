@@ -31,12 +31,20 @@ def main(argv: list[str]) -> int:
         if isinstance(model.fn, ModelFile):
             object.__setattr__(model, "fn", model.fn.load())
     except BaseException as e:  # noqa: BLE001 - whatever it was, the server must hear why
-        last = traceback.extract_tb(e.__traceback__)[-1:] if e.__traceback__ else []
-        where = f" ({last[0].filename}:{last[0].lineno})" if last else ""
-        _core.worker_fail(f"a worker process could not import the model: {type(e).__name__}: {e}{where}")
+        _core.worker_fail(f"a worker process could not import the model: {_describe(e)}")
         return 1
     _core.worker_serve(model.handler, model.name, [(t.name, t.datatype) for t in model.outputs], parent)
     return 0
+
+
+def _describe(e: BaseException) -> str:
+    from .repository import _LoadError
+
+    if isinstance(e, _LoadError):  # already names model.py and the line that failed
+        return str(e)
+    last = traceback.extract_tb(e.__traceback__)[-1:] if e.__traceback__ else []
+    where = f" ({last[0].filename}:{last[0].lineno})" if last else ""
+    return f"{type(e).__name__}: {e}{where}"
 
 
 if __name__ == "__main__":
