@@ -47,7 +47,9 @@ TRITON_MODELS = PEER_DIR / "triton_models"  # the native Triton peer's model rep
 REQUIREMENTS = {
     "triton": ["nvidia-pytriton==0.7.0"],  # both the `triton` and the `pytriton` peer
     "triton-torch": [TORCH],  # added to the triton venv only for S6
-    "mlserver": ["mlserver==1.7.1"],
+    # uvloop 0.21+ makes asyncio.get_event_loop() raise without a running loop, which kills
+    # MLServer 1.7.1's parallel workers at start (mlserver/parallel/worker.py).
+    "mlserver": ["mlserver==1.7.1", "uvloop<0.21"],
     "kserve": ["kserve==0.21.0"],
     "tools": ["matplotlib", "orjson", "numpy"],
 }
