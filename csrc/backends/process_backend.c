@@ -20,6 +20,8 @@
 
 /* How often a waiting executor looks whether its request's clients have gone. */
 #define CANCEL_POLL_MS 20
+/* Inputs this large, when already in shared memory, are mapped by the worker, not copied. */
+#define SHARE_MIN_BYTES ((size_t)64 << 10)
 /* How long release() gives workers to exit after their socket closed, before SIGKILL. */
 #define EXIT_GRACE_MS 3000
 
@@ -284,9 +286,33 @@ static oi_status_t *await_ready(pool_t *p, worker_t *w)
 
 static size_t pad8(size_t n) { return (n + 7) & ~(size_t)7; }
 
-/* Lays the request out in the job area: the descriptor, then each input's bytes (the one
- * copy a request makes on its way to a worker). */
-static int write_job(worker_t *w, const oi_request_t *req, const char *const *names, uint32_t n)
+/* The memfds a job's inputs are mapped from, besides the job area. */
+typedef struct job_fds_s {
+    int fd[OI_PW_MAX_JOB_FDS];
+    uint32_t n;
+} job_fds_t;
+
+/* Where an input travels: its area (0 the job area, else the 1-based slot of the memfd of the
+ * buffer holding it) and *offset in that memfd. Small inputs are copied: mapping costs more. */
+static uint32_t input_area(const oi_tensor_t *t, job_fds_t *fds, uint64_t *offset)
+{
+    if (t->byte_size < SHARE_MIN_BYTES)
+        return 0;
+    int fd = oi_buf_fd(t->owner, t->data, t->byte_size, offset);
+    if (fd < 0)
+        return 0;
+    for (uint32_t k = 0; k < fds->n; k++)
+        if (fds->fd[k] == fd)
+            return k + 1;
+    if (fds->n == OI_PW_MAX_JOB_FDS)
+        return 0;
+    fds->fd[fds->n++] = fd;
+    return fds->n;
+}
+
+/* Lays the request out in the job area: the descriptor, then the bytes of each input not
+ * already in shared memory (the one copy such an input makes on its way to a worker). */
+static int write_job(worker_t *w, const oi_request_t *req, const char *const *names, uint32_t n, job_fds_t *fds)
 {
     size_t desc = OI_PW_DESC_OFFSET + sizeof(oi_pw_request_t);
     for (uint32_t i = 0; i < req->n_inputs; i++)
@@ -295,8 +321,10 @@ static int write_job(worker_t *w, const oi_request_t *req, const char *const *na
         desc += 4 + pad8(strlen(names[i]) + 1);
     desc = oi_pw_align(desc + req->parameters.len);
     size_t total = desc;
+    uint64_t shared_at;
     for (uint32_t i = 0; i < req->n_inputs; i++)
-        total += oi_pw_align(req->inputs[i].byte_size);
+        if (input_area(&req->inputs[i], fds, &shared_at) == 0)
+            total += oi_pw_align(req->inputs[i].byte_size);
     if (grow_jobs(w, total) != 0)
         return -1;
     char *at = w->jobs + OI_PW_DESC_OFFSET;
@@ -307,16 +335,19 @@ static int write_job(worker_t *w, const oi_request_t *req, const char *const *na
     for (uint32_t i = 0; i < req->n_inputs; i++) {
         const oi_tensor_t *t = &req->inputs[i];
         size_t len = strlen(t->name);
-        oi_pw_tensor_t d = {.dtype = t->dtype, .ndim = t->ndim, .name_len = (uint32_t)len, .offset = data,
-                            .byte_size = t->byte_size};
+        uint32_t k = input_area(t, fds, &shared_at); /* as above: its memfd is in fds already */
+        oi_pw_tensor_t d = {.dtype = t->dtype, .ndim = t->ndim, .name_len = (uint32_t)len, .area = k,
+                            .offset = k ? shared_at : data, .byte_size = t->byte_size};
         memcpy(d.shape, t->shape, sizeof(d.shape));
         memcpy(at, &d, sizeof(d));
         at += sizeof(d);
         memcpy(at, t->name, len + 1);
         at += pad8(len + 1);
-        if (t->byte_size > 0)
-            memcpy(w->jobs + data, t->data, t->byte_size);
-        data += oi_pw_align(t->byte_size);
+        if (k == 0) {
+            if (t->byte_size > 0)
+                memcpy(w->jobs + data, t->data, t->byte_size);
+            data += oi_pw_align(t->byte_size);
+        }
     }
     for (uint32_t i = 0; i < n; i++) {
         uint32_t len = (uint32_t)strlen(names[i]);
@@ -327,6 +358,32 @@ static int write_job(worker_t *w, const oi_request_t *req, const char *const *na
     if (req->parameters.len > 0)
         memcpy(at, req->parameters.ptr, req->parameters.len);
     return 0;
+}
+
+/* Sends a JOB message with the memfds its inputs are in. */
+static int send_job(int sock, const oi_pw_job_t *job, const job_fds_t *fds)
+{
+    struct iovec iov = {(void *)job, sizeof(*job)};
+    union {
+        struct cmsghdr h;
+        char space[CMSG_SPACE(sizeof(int) * OI_PW_MAX_JOB_FDS)];
+    } ctl;
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (fds->n > 0) {
+        memset(&ctl, 0, sizeof(ctl));
+        msg.msg_control = ctl.space;
+        msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds->n);
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int) * fds->n);
+        memcpy(CMSG_DATA(c), fds->fd, sizeof(int) * fds->n);
+    }
+    ssize_t sent;
+    do
+        sent = sendmsg(sock, &msg, MSG_NOSIGNAL);
+    while (sent < 0 && errno == EINTR);
+    return sent == (ssize_t)sizeof(*job) ? 0 : -1;
 }
 
 /* Makes `resp` hold the outputs of the block a RESULT or PARTIAL names, in place: each output
@@ -411,14 +468,15 @@ static ssize_t next_reply(worker_t *w, const oi_request_t *req, char *buf, size_
 static oi_status_t *run_job(pool_t *p, worker_t *w, const oi_request_t *req, const char *const *names, uint32_t n,
                             oi_response_t *resp)
 {
-    if (write_job(w, req, names, n) != 0)
+    job_fds_t fds = {.n = 0};
+    if (write_job(w, req, names, n, &fds) != 0)
         return oi_status_new(OI_INTERNAL, "model '%s': cannot lay out the request for a worker: %s", p->model_name,
                              strerror(errno));
     atomic_store_explicit(&((oi_pw_shared_t *)w->jobs)->cancelled, 0, memory_order_relaxed);
     oi_pw_job_t job = {OI_PW_JOB, req->send != NULL ? OI_PW_JOB_DECOUPLED : 0, w->jobs_len};
     char buf[OI_PW_MAX_MESSAGE];
     oi_status_t *st = NULL, *unsent = NULL; /* unsent: why a decoupled response could not go */
-    if (send_all(w->sock, &job, sizeof(job)) != 0)
+    if (send_job(w->sock, &job, &fds) != 0)
         goto died;
     for (;;) {
         int fd;
@@ -564,6 +622,7 @@ void *oi_process_backend_start(const char *model_name, int n, const oi_process_s
     pool_t *p = calloc(1, sizeof(*p) + (size_t)n * sizeof(worker_t));
     if (p == NULL)
         goto oom;
+    oi_buf_share_large(); /* large request tensors reach workers without a copy (input_area) */
     p->n = n;
     for (int i = 0; i < n; i++) {
         p->workers[i].sock = -1;

@@ -4,7 +4,9 @@
  *
  * Tensor bytes never cross the socket. Each worker has two memfds the server made:
  * - the job area (server writes, worker reads): a header holding the cancel flag, then the
- *   job's descriptor and its input bytes; the server grows it (ftruncate) between jobs;
+ *   job's descriptor and the bytes of inputs that are not already in shared memory; the
+ *   server grows it (ftruncate) between jobs. Large inputs stay where the transport received
+ *   them (a memfd-backed body, core/buf.h), whose memfds come with the JOB message;
  * - the result ring (worker writes, server reads): blocks of outputs that the worker carves
  *   out and the server frees, by flag, once the response holding them is sent. A result that
  *   does not fit the ring travels in a memfd of its own, passed with SCM_RIGHTS.
@@ -29,6 +31,7 @@ typedef struct oi_pw_shared_s {
 /* The fds a worker finds open, and the largest message either side sends. */
 enum { OI_PW_FD_SOCKET = 3, OI_PW_FD_JOBS = 4, OI_PW_FD_RESULTS = 5 };
 #define OI_PW_MAX_MESSAGE 8192
+#define OI_PW_MAX_JOB_FDS 16 /* memfds of inputs one JOB message carries; more are copied */
 
 enum {
     /* server -> worker */
@@ -66,7 +69,7 @@ typedef struct oi_pw_tensor_s {
     uint32_t dtype; /* oi_dtype_t */
     int32_t ndim;
     uint32_t name_len; /* inputs: the name's length; outputs: 0 (the server knows the names) */
-    uint32_t pad;
+    uint32_t area;     /* inputs: 0 the job area, k > 0 the k-th memfd of the JOB message */
     int64_t shape[OI_MAX_DIMS];
     uint64_t offset;
     uint64_t byte_size;

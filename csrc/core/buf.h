@@ -5,6 +5,7 @@
 
 #include <stdatomic.h>
 #include <stddef.h>
+#include <stdint.h>
 
 typedef struct oi_buf_s oi_buf_t;
 
@@ -34,6 +35,14 @@ oi_buf_t *oi_buf_wrap(void *data, size_t len, oi_buf_release_cb release, void *c
  * at least `cap` bytes, keeping its contents; returns the (possibly moved) buffer, or NULL
  * with `b` untouched. */
 oi_buf_t *oi_buf_grow(oi_buf_t *b, size_t cap);
+
+/* From now on, large buffers are made in shared memory (memfds) that another process can
+ * map: for models whose instances are worker processes. */
+void oi_buf_share_large(void);
+
+/* When [p, p + len) lies in a large buffer `b` made in shared memory: returns its memfd (owned
+ * by `b`, valid while `b` lives) and sets *offset to p's offset in it. Else -1. */
+int oi_buf_fd(oi_buf_t *b, const void *p, size_t len, uint64_t *offset);
 
 /* Adds a reference and returns `b`. */
 static inline oi_buf_t *oi_buf_ref(oi_buf_t *b)

@@ -12,6 +12,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "backends/process_wire.h"
@@ -186,9 +187,70 @@ static oi_status_t *send_partial(void *arg, oi_response_t *resp)
     return oi_status_new(OI_CLIENT_CLOSED, "the response could not be sent");
 }
 
-/* Rebuilds the request the job area describes; its tensors point into the area. NULL, or
- * why the descriptor is unsound (a bug on one side of the wire: never the client's). */
-static const char *read_job(worker_t *w, oi_request_t *req, const char ***names)
+/* The memfds that came with a JOB message. */
+typedef struct job_fds_s {
+    int fd[OI_PW_MAX_JOB_FDS];
+    uint32_t n;
+} job_fds_t;
+
+/* Receives a JOB message and the memfds with it (closed by the caller). */
+static ssize_t recv_job(int sock, oi_pw_job_t *job, job_fds_t *fds)
+{
+    struct iovec iov = {job, sizeof(*job)};
+    union {
+        struct cmsghdr h;
+        char space[CMSG_SPACE(sizeof(int) * OI_PW_MAX_JOB_FDS)];
+    } ctl;
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.space, .msg_controllen = sizeof(ctl)};
+    ssize_t n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    fds->n = 0;
+    for (struct cmsghdr *c = n >= 0 ? CMSG_FIRSTHDR(&msg) : NULL; c != NULL; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < count; i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+            if (fds->n < OI_PW_MAX_JOB_FDS)
+                fds->fd[fds->n++] = fd;
+            else
+                close(fd);
+        }
+    }
+    return n;
+}
+
+/* Maps an input that stays in the server's memory (read only: it is the client's request):
+ * the pages that hold it, prefaulted in one call rather than one fault per page. */
+static const char *map_input(int fd, const oi_pw_tensor_t *d, oi_tensor_t *t)
+{
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || d->offset > (uint64_t)sb.st_size || d->byte_size > (uint64_t)sb.st_size - d->offset)
+        return "shared input out of bounds";
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), start = d->offset & ~(page - 1);
+    size_t len = (size_t)(d->offset + d->byte_size - start);
+    void *p = mmap(NULL, len, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, (off_t)start);
+    if (p == MAP_FAILED)
+        return "cannot map a shared input";
+    if ((t->owner = oi_buf_wrap(p, len, unmap_release, NULL)) == NULL) {
+        munmap(p, len);
+        return "out of memory";
+    }
+    t->data = (char *)p + (d->offset - start);
+    return NULL;
+}
+
+static void close_all(job_fds_t *fds)
+{
+    for (uint32_t i = 0; i < fds->n; i++)
+        close(fds->fd[i]);
+    fds->n = 0;
+}
+
+/* Rebuilds the request the job area describes; its tensors point into the area or into the
+ * memfds that came with the job. NULL, or why the descriptor is unsound (a bug on one side of
+ * the wire: never the client's). */
+static const char *read_job(worker_t *w, const job_fds_t *fds, oi_request_t *req, const char ***names)
 {
     const char *base = w->jobs->data, *end = base + w->jobs->len;
     const char *at = base + OI_PW_DESC_OFFSET;
@@ -204,8 +266,8 @@ static const char *read_job(worker_t *w, oi_request_t *req, const char ***names)
             return "input descriptor out of bounds";
         memcpy(&d, at, sizeof(d));
         at += sizeof(d);
-        if (d.ndim < 0 || d.ndim > OI_MAX_DIMS || at + d.name_len + 1 > end || d.offset > w->jobs->len ||
-            d.byte_size > w->jobs->len - d.offset)
+        if (d.ndim < 0 || d.ndim > OI_MAX_DIMS || at + d.name_len + 1 > end || d.area > fds->n ||
+            (d.area == 0 && (d.offset > w->jobs->len || d.byte_size > w->jobs->len - d.offset)))
             return "input descriptor malformed";
         oi_tensor_t *t = &req->inputs[i];
         t->name = at;
@@ -213,9 +275,15 @@ static const char *read_job(worker_t *w, oi_request_t *req, const char ***names)
         t->dtype = (oi_dtype_t)d.dtype;
         t->ndim = d.ndim;
         memcpy(t->shape, d.shape, sizeof(t->shape));
-        t->data = (char *)base + d.offset;
         t->byte_size = d.byte_size;
-        t->owner = oi_buf_ref(w->jobs);
+        if (d.area == 0) {
+            t->data = (char *)base + d.offset;
+            t->owner = oi_buf_ref(w->jobs);
+        } else {
+            const char *bad = map_input(fds->fd[d.area - 1], &d, t);
+            if (bad != NULL)
+                return bad;
+        }
         req->n_inputs = i + 1;
     }
     for (uint32_t i = 0; i < head.n_outputs; i++) {
@@ -243,18 +311,23 @@ static void serve(worker_t *w, void *state)
 {
     for (;;) {
         oi_pw_job_t job;
-        ssize_t n = recv(w->sock, &job, sizeof(job), 0);
+        job_fds_t fds;
+        ssize_t n = recv_job(w->sock, &job, &fds);
         if (n < 0 && errno == EINTR)
             continue;
-        if (n != (ssize_t)sizeof(job) || job.type != OI_PW_JOB)
+        if (n != (ssize_t)sizeof(job) || job.type != OI_PW_JOB) {
+            close_all(&fds);
             return; /* the server has gone (or broke the wire): nothing left to serve */
+        }
         if (map_jobs(w, job.area_len) != 0) {
+            close_all(&fds);
             send_error(w->sock, OI_INTERNAL, "cannot map the job area");
             continue;
         }
         oi_request_t req = {0};
         const char **names = NULL;
-        const char *bad = read_job(w, &req, &names);
+        const char *bad = read_job(w, &fds, &req, &names);
+        close_all(&fds); /* the inputs' mappings keep what they need */
         uint32_t n_names = bad == NULL ? ((const oi_pw_request_t *)(w->jobs->data + OI_PW_DESC_OFFSET))->n_outputs : 0;
         req.cancelled = job_cancelled;
         req.cancelled_arg = w;
