@@ -172,6 +172,42 @@ def mlserver_config(tmp: Path, loops: int, workers: int) -> Config:
     return cfg
 
 
+def plot(path: Path, configs: list[Config], rates: dict[str, list[float]], concurrency: int) -> str | None:
+    """req/s against the number of instances (processes), one line per server."""
+    series: dict[str, tuple[list[float], list[float], list[float], list[float]]] = {}
+    for c in configs:
+        if c.label not in rates or "--workers" in c.label:
+            continue
+        s = C.summarize(rates[c.label])
+        x, med, lo, hi = series.setdefault(c.server, ([], [], [], []))
+        x.append(c.instances)
+        med.append(s.median)
+        lo.append(s.lo)
+        hi.append(s.hi)
+    return C.plot_lines(path, f"S9: CPU-bound Python model, c={concurrency}", "instances (processes)", "req/s",
+                        series)
+
+
+def claims(configs: list[Config], rates: dict[str, list[float]], concurrency: int) -> list[dict]:
+    """For the summary: openinfer with N instances against one instance (its scaling) and
+    against each peer with N."""
+    rows = []
+    mine = {c.instances: c.label for c in configs if c.server == "openinfer" and "--workers" not in c.label}
+    base = mine.get(1)
+    for c in configs:
+        n = c.instances
+        if c.server == "openinfer" or n not in mine or mine[n] not in rates or c.label not in rates:
+            continue
+        rows.append(C.ratio_row("S9", f"CPU-bound Python model, {n} instance{'s' * (n > 1)}, c={concurrency}", c.label,
+                                "peer", "req/s", C.paired_ratios(rates[mine[n]], rates[c.label])))
+    for n, label in mine.items():
+        if n > 1 and base in rates and label in rates:
+            rows.append(C.ratio_row("S9", f"CPU-bound Python model, {n} instances, c={concurrency}",
+                                    f"{base} (scaling; ideal {n})", "limit", "req/s",
+                                    C.paired_ratios(rates[label], rates[base])))
+    return rows
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--instances", default="1,2", help="instance counts (openinfer and Triton)")
@@ -181,8 +217,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--work-ms", type=float, default=1.0)
-    ap.add_argument("--out", type=Path, default=C.RESULTS_DIR / "raw")
+    ap.add_argument("--quick", action="store_true", help="one round of 2 s, results under raw/")
+    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
+    if args.quick:
+        args.rounds, args.seconds = 1, 2
+    args.out = args.out or C.RESULTS_DIR / ("raw" if args.quick else "")
     counts = C.parse_int_list(args.instances)
     peers = [p for p in args.peers.split(",") if p]
     C.ensure_debian_packages([["wrk"]])
@@ -254,7 +294,11 @@ def main(argv: list[str]) -> int:
         + "\n"
     )
     args.out.mkdir(parents=True, exist_ok=True)
+    note = plot(args.out / "s9_workers.png", configs, rates, args.concurrency)
+    if note:
+        text += f"\nNo plot: {note}\n"
     (args.out / "s9_workers.md").write_text(text)
+    C.write_ratios(args.out, "s9_workers", claims(configs, rates, args.concurrency))
     print(text)
     return 1 if problems and not rows else 0
 
