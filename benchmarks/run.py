@@ -35,6 +35,7 @@ SCENARIOS = {
     "s7": ("s7_client.py", "openinfer.Client vs tritonclient.http, same server"),
     "s8": ("s8_startup.py", "start-up, import time, idle memory vs the peers"),
     "s9": ("s9_workers.py", "CPU-bound Python model: N instances (worker processes) vs 1, Triton, MLServer"),
+    "s11": ("s11_streaming.py", "decoupled model streaming over gRPC and SSE vs in-process and native Triton"),
     "s10": ("s10_soak.py", "soak: mixed valid/invalid HTTP + gRPC, RSS and descriptors over time"),
     "s12": ("s12_onnx.py", "ONNX MLP (ONNX Runtime C API) beside TorchScript, each vs in-process"),
 }

@@ -204,7 +204,9 @@ def main() -> None:
     ap.add_argument("--responses", type=int, default=20000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-triton", action="store_true", help="leave out native Triton")
+    ap.add_argument("--out", type=Path, default=None, help="where s11_streaming.md goes (results/, raw/ when quick)")
     args = ap.parse_args()
+    out = args.out or C.RESULTS_DIR / ("raw" if args.quick else "")
     n = 2000 if args.quick else args.responses
     rounds = 1 if args.quick else args.rounds
     tmp = Path(tempfile.mkdtemp(prefix="s11-"))
@@ -248,21 +250,28 @@ def main() -> None:
         finally:
             triton.stop()
     limit = statistics.median(rows["in-process"])
-    print(f"## S11 streaming: {n} responses of INT32[1] from one request, median of {rounds} round(s)\n")
-    print("| path | responses/s | vs in-process | time to first response | server CPU µs / response |")
-    print("|---|---|---|---|---|")
+    lines = [f"# S11 streaming (decoupled model)\n",
+             f"Command: `{C.invocation()}` (server pinned to CPU {cpus or 'none'}, one event-loop thread; "
+             f"{C.now_utc()}, commit `{C.git_describe()}`, {C.nproc()} cores).\n",
+             f"## S11 streaming: {n} responses of INT32[1] from one request, median of {rounds} round(s)\n",
+             "| path | responses/s | vs in-process | time to first response | server CPU µs / response |",
+             "|---|---|---|---|---|"]
     for name, values in rows.items():
         rate = statistics.median(values)
         first = f"{ttfr[name] * 1e3:.2f} ms" if name in ttfr else "-"
         per = f"{cpu[name] / (n * rounds) * 1e6:.1f}" if name in cpu else "-"
-        print(f"| {name} | {rate:,.0f} | {rate / limit:.2f} | {first} | {per} |")
+        lines.append(f"| {name} | {rate:,.0f} | {rate / limit:.2f} | {first} | {per} |")
     if triton is not None:
         t = statistics.median(rows["Triton gRPC stream (native tritonserver, Python backend)"])
-        print(f"\nopeninfer gRPC / Triton gRPC: {statistics.median(rows['gRPC']) / t:.2f}x responses/s; "
-              f"time to first response {ttfr['gRPC'] * 1e3:.2f} ms vs "
-              f"{ttfr['Triton gRPC stream (native tritonserver, Python backend)'] * 1e3:.2f} ms "
-              "(Triton's stub process CPU is not in its server CPU column, so that column is left out)")
-    print(f"\nTriton: {triton_note}")
+        lines.append(f"\nopeninfer gRPC / Triton gRPC: {statistics.median(rows['gRPC']) / t:.2f}x responses/s; "
+                     f"time to first response {ttfr['gRPC'] * 1e3:.2f} ms vs "
+                     f"{ttfr['Triton gRPC stream (native tritonserver, Python backend)'] * 1e3:.2f} ms "
+                     "(Triton's stub process CPU is not in its server CPU column, so that column is left out)")
+    lines.append(f"\nTriton: {triton_note}")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{NAME}.md").write_text(text)
 
 
 if __name__ == "__main__":

@@ -1,3 +1,6 @@
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* memfd_create, when built alone (tests/c, fuzz targets) */
+#endif
 #include "buf.h"
 
 #include <pthread.h>
