@@ -73,6 +73,14 @@ def _client_error(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     raise openinfer.InferenceServerError(422, "INPUT0 must be sorted")
 
 
+def _wrong_dtype(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"OUTPUT0": np.zeros(3, dtype=np.float64)}
+
+
+def _missing_output(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {}
+
+
 def _count(inputs: dict[str, np.ndarray], parameters: dict[str, Any]) -> Iterator[dict[str, np.ndarray]]:
     """Yields 0..INPUT0[0]-1, then raises if asked to."""
     for i in range(int(inputs["INPUT0"][0])):
@@ -120,6 +128,10 @@ def server() -> Iterator[openinfer.Server]:
         Model("raises_t", _raises, instances=2, processes=False, **ONE_INT),
         Model("client_error_p", _client_error, instances=2, **ONE_INT),
         Model("client_error_t", _client_error, instances=2, processes=False, **ONE_INT),
+        Model("wrong_dtype_p", _wrong_dtype, instances=2, **ONE_INT),
+        Model("wrong_dtype_t", _wrong_dtype, instances=2, processes=False, **ONE_INT),
+        Model("missing_output_p", _missing_output, instances=2, **ONE_INT),
+        Model("missing_output_t", _missing_output, instances=2, processes=False, **ONE_INT),
         Model("count", _count, instances=2, **ONE_INT),
         Model("big", _identity, instances=2, inputs=[Tensor("INPUT0", "FP32", [-1])],
               outputs=[Tensor("OUTPUT0", "FP32", [-1])]),
@@ -249,6 +261,30 @@ def test_model_errors_answer_as_in_process(server: openinfer.Server, pair: str) 
     assert got[0].status_code == got[1].status_code == (500 if pair == "raises" else 422)
     assert got[0].json()["error"] == got[1].json()["error"].replace(f"{pair}_t", f"{pair}_p")
     assert ("refuses negative numbers" if pair == "raises" else "INPUT0 must be sorted") in got[0].json()["error"]
+
+
+@pytest.mark.parametrize("pair", ["wrong_dtype", "missing_output"])
+def test_wrong_outputs_fail_as_in_process_and_the_worker_serves_on(server: openinfer.Server, pair: str) -> None:
+    """What a worker's model returns is checked there, by the same code as in-process."""
+    body = {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "INT32", "data": [1]}]}
+    got = [requests.post(f"{server.url}/v2/models/{pair}_{k}/infer", json=body, timeout=BOUND) for k in ("p", "t")]
+    assert got[0].status_code == got[1].status_code == 500, [g.text for g in got]
+    assert got[0].json()["error"] == got[1].json()["error"].replace(f"{pair}_t", f"{pair}_p")
+    assert "OUTPUT0" in got[0].json()["error"]
+    assert len(pids_of(server, "pid", 4)) == 2  # no worker went down with it
+
+
+def test_bad_requests_are_refused_before_a_worker(server: openinfer.Server) -> None:
+    """Wrong datatype and short binary data: the server's own 400s, the same as in-process."""
+    wrong = {"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]}
+    got = [requests.post(f"{server.url}/v2/models/{p}_int32/infer", json=wrong, timeout=BOUND) for p in ("proc", "thread")]
+    assert got[0].status_code == got[1].status_code == 400
+    assert got[0].json()["error"] == got[1].json()["error"].replace("thread_int32", "proc_int32")
+    short = b'{"inputs":[{"name":"INPUT0","shape":[1,4],"datatype":"INT32","parameters":{"binary_data_size":8}}]}'
+    got = [requests.post(f"{server.url}/v2/models/{p}_int32/infer", data=short + bytes(8), timeout=BOUND,
+                         headers={"Inference-Header-Content-Length": str(len(short))}) for p in ("proc", "thread")]
+    assert got[0].status_code == got[1].status_code == 400
+    assert got[0].json()["error"] == got[1].json()["error"].replace("thread_int32", "proc_int32")
 
 
 def test_inputs_in_one_body_map_from_one_memfd(server: openinfer.Server) -> None:

@@ -217,36 +217,15 @@ static void reap_worker(worker_t *w, char *how, size_t cap)
  * worker has gone, or -1 (errno). */
 static ssize_t recv_message(int sock, char *buf, size_t cap, int *fd)
 {
-    union {
-        struct cmsghdr h;
-        char space[CMSG_SPACE(sizeof(int))];
-    } ctl;
-    struct iovec iov = {buf, cap};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.space, .msg_controllen = sizeof(ctl)};
-    ssize_t n;
-    do
-        n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-    while (n < 0 && errno == EINTR);
-    *fd = -1;
-    struct cmsghdr *c = n > 0 ? CMSG_FIRSTHDR(&msg) : NULL;
-    if (c != NULL && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
-        memcpy(fd, CMSG_DATA(c), sizeof(int));
+    oi_pw_fds_t fds;
+    ssize_t n = oi_pw_recv(sock, buf, cap, &fds, 1);
+    *fd = fds.n > 0 ? fds.fd[0] : -1;
     if (n > 0 && (size_t)n < sizeof(oi_pw_reply_t)) {
-        if (*fd >= 0)
-            close(*fd);
+        oi_pw_close_fds(&fds);
         errno = EPROTO;
         return -1;
     }
     return n;
-}
-
-static int send_all(int sock, const void *msg, size_t len)
-{
-    ssize_t n;
-    do
-        n = send(sock, msg, len, MSG_NOSIGNAL);
-    while (n < 0 && errno == EINTR);
-    return n == (ssize_t)len ? 0 : -1;
 }
 
 /* The status a worker's ERROR message carries. */
@@ -286,15 +265,9 @@ static oi_status_t *await_ready(pool_t *p, worker_t *w)
 
 static size_t pad8(size_t n) { return (n + 7) & ~(size_t)7; }
 
-/* The memfds a job's inputs are mapped from, besides the job area. */
-typedef struct job_fds_s {
-    int fd[OI_PW_MAX_JOB_FDS];
-    uint32_t n;
-} job_fds_t;
-
 /* Where an input travels: its area (0 the job area, else the 1-based slot of the memfd of the
  * buffer holding it) and *offset in that memfd. Small inputs are copied: mapping costs more. */
-static uint32_t input_area(const oi_tensor_t *t, job_fds_t *fds, uint64_t *offset)
+static uint32_t input_area(const oi_tensor_t *t, oi_pw_fds_t *fds, uint64_t *offset)
 {
     if (t->byte_size < SHARE_MIN_BYTES)
         return 0;
@@ -304,7 +277,7 @@ static uint32_t input_area(const oi_tensor_t *t, job_fds_t *fds, uint64_t *offse
     for (uint32_t k = 0; k < fds->n; k++)
         if (fds->fd[k] == fd)
             return k + 1;
-    if (fds->n == OI_PW_MAX_JOB_FDS)
+    if (fds->n == OI_PW_MAX_FDS)
         return 0;
     fds->fd[fds->n++] = fd;
     return fds->n;
@@ -312,7 +285,7 @@ static uint32_t input_area(const oi_tensor_t *t, job_fds_t *fds, uint64_t *offse
 
 /* Lays the request out in the job area: the descriptor, then the bytes of each input not
  * already in shared memory (the one copy such an input makes on its way to a worker). */
-static int write_job(worker_t *w, const oi_request_t *req, const char *const *names, uint32_t n, job_fds_t *fds)
+static int write_job(worker_t *w, const oi_request_t *req, const char *const *names, uint32_t n, oi_pw_fds_t *fds)
 {
     size_t desc = OI_PW_DESC_OFFSET + sizeof(oi_pw_request_t);
     for (uint32_t i = 0; i < req->n_inputs; i++)
@@ -358,32 +331,6 @@ static int write_job(worker_t *w, const oi_request_t *req, const char *const *na
     if (req->parameters.len > 0)
         memcpy(at, req->parameters.ptr, req->parameters.len);
     return 0;
-}
-
-/* Sends a JOB message with the memfds its inputs are in. */
-static int send_job(int sock, const oi_pw_job_t *job, const job_fds_t *fds)
-{
-    struct iovec iov = {(void *)job, sizeof(*job)};
-    union {
-        struct cmsghdr h;
-        char space[CMSG_SPACE(sizeof(int) * OI_PW_MAX_JOB_FDS)];
-    } ctl;
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-    if (fds->n > 0) {
-        memset(&ctl, 0, sizeof(ctl));
-        msg.msg_control = ctl.space;
-        msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds->n);
-        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int) * fds->n);
-        memcpy(CMSG_DATA(c), fds->fd, sizeof(int) * fds->n);
-    }
-    ssize_t sent;
-    do
-        sent = sendmsg(sock, &msg, MSG_NOSIGNAL);
-    while (sent < 0 && errno == EINTR);
-    return sent == (ssize_t)sizeof(*job) ? 0 : -1;
 }
 
 /* Makes `resp` hold the outputs of the block a RESULT or PARTIAL names, in place: each output
@@ -445,7 +392,7 @@ static oi_status_t *take_outputs(pool_t *p, worker_t *w, const oi_pw_reply_t *r,
 static int answer_partial(worker_t *w, int sent)
 {
     uint32_t type = sent ? OI_PW_ACK : OI_PW_STOP;
-    return send_all(w->sock, &type, sizeof(type));
+    return oi_pw_send(w->sock, &type, sizeof(type), NULL);
 }
 
 /* Receives the next reply of a job, telling the worker (by the shared flag) once the
@@ -468,7 +415,7 @@ static ssize_t next_reply(worker_t *w, const oi_request_t *req, char *buf, size_
 static oi_status_t *run_job(pool_t *p, worker_t *w, const oi_request_t *req, const char *const *names, uint32_t n,
                             oi_response_t *resp)
 {
-    job_fds_t fds = {.n = 0};
+    oi_pw_fds_t fds = {.n = 0};
     if (write_job(w, req, names, n, &fds) != 0)
         return oi_status_new(OI_INTERNAL, "model '%s': cannot lay out the request for a worker: %s", p->model_name,
                              strerror(errno));
@@ -476,7 +423,7 @@ static oi_status_t *run_job(pool_t *p, worker_t *w, const oi_request_t *req, con
     oi_pw_job_t job = {OI_PW_JOB, req->send != NULL ? OI_PW_JOB_DECOUPLED : 0, w->jobs_len};
     char buf[OI_PW_MAX_MESSAGE];
     oi_status_t *st = NULL, *unsent = NULL; /* unsent: why a decoupled response could not go */
-    if (send_job(w->sock, &job, &fds) != 0)
+    if (oi_pw_send(w->sock, &job, sizeof(job), &fds) != 0)
         goto died;
     for (;;) {
         int fd;

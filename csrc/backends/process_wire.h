@@ -16,6 +16,7 @@
 
 #include <stdatomic.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "core/tensor.h"
 
@@ -31,7 +32,7 @@ typedef struct oi_pw_shared_s {
 /* The fds a worker finds open, and the largest message either side sends. */
 enum { OI_PW_FD_SOCKET = 3, OI_PW_FD_JOBS = 4, OI_PW_FD_RESULTS = 5 };
 #define OI_PW_MAX_MESSAGE 8192
-#define OI_PW_MAX_JOB_FDS 16 /* memfds of inputs one JOB message carries; more are copied */
+#define OI_PW_MAX_FDS 16 /* memfds one message carries (a JOB's inputs; more are copied) */
 
 enum {
     /* server -> worker */
@@ -93,6 +94,22 @@ typedef struct oi_pw_reply_s {
     uint32_t pad;
     uint64_t block; /* RESULT, PARTIAL: the block's offset in the ring (0 with OI_PW_IN_MEMFD) */
 } oi_pw_reply_t;
+
+/* The descriptors that travel with one message (SCM_RIGHTS). */
+typedef struct oi_pw_fds_s {
+    int fd[OI_PW_MAX_FDS];
+    uint32_t n;
+} oi_pw_fds_t;
+
+/* Sends one message of `len` bytes with `fds` (NULL: none); 0, or -1 with errno. */
+int oi_pw_send(int sock, const void *msg, size_t len, const oi_pw_fds_t *fds);
+
+/* Receives one message into buf and the descriptors that came with it, at most `max` (the
+ * rest are closed; the caller owns those kept). Its length, 0 when the peer has gone, or -1. */
+ssize_t oi_pw_recv(int sock, void *buf, size_t cap, oi_pw_fds_t *fds, uint32_t max);
+
+/* Closes the descriptors kept by oi_pw_recv. */
+void oi_pw_close_fds(oi_pw_fds_t *fds);
 
 /* Rounds up to the wire's alignment. */
 static inline uint64_t oi_pw_align(uint64_t n) { return (n + OI_PW_ALIGN - 1) & ~(uint64_t)(OI_PW_ALIGN - 1); }

@@ -5,7 +5,6 @@
  * the result ring: the one copy a result makes on its way to the server. */
 #include "python/worker.h"
 
-#include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,27 +86,8 @@ static char *ring_alloc(ring_t *r, uint64_t need, uint64_t *offset)
 static int send_reply(worker_t *w, uint32_t type, uint32_t flags, uint64_t block, int fd)
 {
     oi_pw_reply_t r = {.type = type, .flags = flags, .block = block};
-    struct iovec iov = {&r, sizeof(r)};
-    union {
-        struct cmsghdr h;
-        char space[CMSG_SPACE(sizeof(int))];
-    } ctl;
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-    if (fd >= 0) {
-        memset(&ctl, 0, sizeof(ctl));
-        msg.msg_control = ctl.space;
-        msg.msg_controllen = sizeof(ctl.space);
-        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(c), &fd, sizeof(int));
-    }
-    ssize_t n;
-    do
-        n = sendmsg(w->sock, &msg, MSG_NOSIGNAL);
-    while (n < 0 && errno == EINTR);
-    return n == (ssize_t)sizeof(r) ? 0 : -1;
+    oi_pw_fds_t with = {.fd = {fd}, .n = fd >= 0};
+    return oi_pw_send(w->sock, &r, sizeof(r), &with);
 }
 
 static int send_error(int sock, int code, const char *text)
@@ -119,11 +99,7 @@ static int send_error(int sock, int code, const char *text)
         len = sizeof(buf) - sizeof(r);
     memcpy(buf, &r, sizeof(r));
     memcpy(buf + sizeof(r), text, len);
-    ssize_t n;
-    do
-        n = send(sock, buf, sizeof(r) + len, MSG_NOSIGNAL);
-    while (n < 0 && errno == EINTR);
-    return n < 0 ? -1 : 0;
+    return oi_pw_send(sock, buf, sizeof(r) + len, NULL);
 }
 
 /* Writes a response's outputs as one block, in the ring or (when it does not fit there) in a
@@ -187,39 +163,6 @@ static oi_status_t *send_partial(void *arg, oi_response_t *resp)
     return oi_status_new(OI_CLIENT_CLOSED, "the response could not be sent");
 }
 
-/* The memfds that came with a JOB message. */
-typedef struct job_fds_s {
-    int fd[OI_PW_MAX_JOB_FDS];
-    uint32_t n;
-} job_fds_t;
-
-/* Receives a JOB message and the memfds with it (closed by the caller). */
-static ssize_t recv_job(int sock, oi_pw_job_t *job, job_fds_t *fds)
-{
-    struct iovec iov = {job, sizeof(*job)};
-    union {
-        struct cmsghdr h;
-        char space[CMSG_SPACE(sizeof(int) * OI_PW_MAX_JOB_FDS)];
-    } ctl;
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.space, .msg_controllen = sizeof(ctl)};
-    ssize_t n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-    fds->n = 0;
-    for (struct cmsghdr *c = n >= 0 ? CMSG_FIRSTHDR(&msg) : NULL; c != NULL; c = CMSG_NXTHDR(&msg, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-            continue;
-        size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < count; i++) {
-            int fd;
-            memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-            if (fds->n < OI_PW_MAX_JOB_FDS)
-                fds->fd[fds->n++] = fd;
-            else
-                close(fd);
-        }
-    }
-    return n;
-}
-
 /* Maps an input that stays in the server's memory (read only: it is the client's request):
  * the pages that hold it, prefaulted in one call rather than one fault per page. */
 static const char *map_input(int fd, const oi_pw_tensor_t *d, oi_tensor_t *t)
@@ -240,17 +183,10 @@ static const char *map_input(int fd, const oi_pw_tensor_t *d, oi_tensor_t *t)
     return NULL;
 }
 
-static void close_all(job_fds_t *fds)
-{
-    for (uint32_t i = 0; i < fds->n; i++)
-        close(fds->fd[i]);
-    fds->n = 0;
-}
-
 /* Rebuilds the request the job area describes; its tensors point into the area or into the
  * memfds that came with the job. NULL, or why the descriptor is unsound (a bug on one side of
  * the wire: never the client's). */
-static const char *read_job(worker_t *w, const job_fds_t *fds, oi_request_t *req, const char ***names)
+static const char *read_job(worker_t *w, const oi_pw_fds_t *fds, oi_request_t *req, const char ***names)
 {
     const char *base = w->jobs->data, *end = base + w->jobs->len;
     const char *at = base + OI_PW_DESC_OFFSET;
@@ -311,23 +247,21 @@ static void serve(worker_t *w, void *state)
 {
     for (;;) {
         oi_pw_job_t job;
-        job_fds_t fds;
-        ssize_t n = recv_job(w->sock, &job, &fds);
-        if (n < 0 && errno == EINTR)
-            continue;
+        oi_pw_fds_t fds;
+        ssize_t n = oi_pw_recv(w->sock, &job, sizeof(job), &fds, OI_PW_MAX_FDS);
         if (n != (ssize_t)sizeof(job) || job.type != OI_PW_JOB) {
-            close_all(&fds);
+            oi_pw_close_fds(&fds);
             return; /* the server has gone (or broke the wire): nothing left to serve */
         }
         if (map_jobs(w, job.area_len) != 0) {
-            close_all(&fds);
+            oi_pw_close_fds(&fds);
             send_error(w->sock, OI_INTERNAL, "cannot map the job area");
             continue;
         }
         oi_request_t req = {0};
         const char **names = NULL;
         const char *bad = read_job(w, &fds, &req, &names);
-        close_all(&fds); /* the inputs' mappings keep what they need */
+        oi_pw_close_fds(&fds); /* the inputs' mappings keep what they need */
         uint32_t n_names = bad == NULL ? ((const oi_pw_request_t *)(w->jobs->data + OI_PW_DESC_OFFSET))->n_outputs : 0;
         req.cancelled = job_cancelled;
         req.cancelled_arg = w;
