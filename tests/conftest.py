@@ -24,6 +24,12 @@ V2_TYPES = [
     "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
     "FP16", "FP32", "FP64", "BF16", "BYTES",
 ]
+# The numpy type of each fixed-size V2 datatype.
+NP = {
+    "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
+    "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64, "FP16": np.float16,
+    "FP32": np.float32, "FP64": np.float64, "BF16": np.uint16,  # BF16 as its raw 16-bit patterns
+}
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -18,13 +18,8 @@ import tritonclient.grpc as tgrpc
 from tritonclient.utils import InferenceServerException
 
 import openinfer
-from conftest import GRPC_BIG_MESSAGES, V2_TYPES, assert_alive, assert_grpc_alive
+from conftest import GRPC_BIG_MESSAGES, NP, V2_TYPES, assert_alive, assert_grpc_alive
 
-NP = {
-    "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
-    "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64, "FP16": np.float16,
-    "FP32": np.float32, "FP64": np.float64, "BF16": np.uint16,  # BF16 as its raw 16-bit patterns
-}
 TYPED_FIELD = {
     "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
     "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",

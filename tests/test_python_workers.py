@@ -26,14 +26,9 @@ import openinfer
 from openinfer import Model, Request, Tensor
 from openinfer.config import DynamicBatching
 
-from conftest import V2_TYPES, Cli, concurrent, wait_for
+from conftest import NP, V2_TYPES, Cli, concurrent, wait_for
 
 BOUND = 30.0  # no wait here lasts longer: a bound against a hang, not a measurement
-NP = {
-    "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
-    "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64, "FP16": np.float16,
-    "FP32": np.float32, "FP64": np.float64, "BF16": np.uint16, "BYTES": np.object_,
-}
 
 
 def _reverse(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
