@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import numpy as np
@@ -297,3 +299,32 @@ def test_inference_server_error() -> None:
     assert (error.status, error.message) == (404, "unknown model 'x'")
     assert str(error) == "[404] unknown model 'x'"
     assert isinstance(error, Exception)
+
+
+GEVENT_HUB_ON_AN_EXECUTOR = """\
+import gevent
+import numpy as np
+import openinfer
+from openinfer import Model, Tensor
+
+def fn(inputs):
+    gevent.get_hub()  # a hub of its own in this executor thread's thread-locals
+    return {"OUTPUT0": inputs["INPUT0"]}
+
+gevent.get_hub()  # the default loop goes to the main thread, as tritonclient.http's use does
+srv = openinfer.serve(models=[Model("hub", fn, inputs=[Tensor("INPUT0", "INT32", [-1])],
+                                    outputs=[Tensor("OUTPUT0", "INT32", [-1])])], http_port=0, log=False)
+with openinfer.Client(srv.url) as client:
+    assert client.infer("hub", {"INPUT0": np.array([1], np.int32)})["OUTPUT0"].tolist() == [1]
+srv.stop()
+print("stopped")
+"""
+
+
+def test_stop_ends_executors_whose_thread_locals_take_the_gil_when_freed() -> None:
+    """gevent's hub, left in an executor thread's thread-locals (a model used gevent, or the
+    garbage collector ran a gevent finalizer there), takes the GIL as it is freed. Freed at
+    thread exit after Python's record of the thread was cleared, it waited forever for the GIL
+    its own thread held, and stop() never returned."""
+    r = subprocess.run([sys.executable, "-c", GEVENT_HUB_ON_AN_EXECUTOR], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "stopped", r.stderr[-2000:]

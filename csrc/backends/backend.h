@@ -14,6 +14,9 @@ typedef struct oi_backend_s {
                             uint32_t n_outputs, oi_response_t *resp);
     /* Frees the model's state; called once, after the last execute returned. */
     void (*release)(void *state);
+    /* Optional: called on each executor thread as it ends, after its last execute, while the
+     * thread is still whole (its thread-specific data not yet torn down). */
+    void (*thread_end)(void *state);
 } oi_backend_t;
 
 #endif

@@ -175,11 +175,27 @@ static void drop_tstate(void *p)
     if (!Py_IsInitialized())
         return;
     PyEval_RestoreThread(p);
+    oi_py_clear_thread_locals();
     PyThreadState_Clear(p);
     PyThreadState_DeleteCurrent(); /* also releases the GIL */
 }
 
 static void make_tstate_key(void) { pthread_key_create(&tstate_key, drop_tstate); }
+
+/* An executor ends: its thread state goes now, while Python's own thread-specific record of it
+ * is intact. Left to the key's destructor, it may be torn down after that record was cleared,
+ * and a destructor that takes the GIL meanwhile (gevent's hub in a thread-local) would make a
+ * second state for the thread and wait forever for the GIL this thread holds. */
+static void py_thread_end(void *state)
+{
+    (void)state;
+    pthread_once(&tstate_once, make_tstate_key);
+    PyThreadState *ts = pthread_getspecific(tstate_key);
+    if (ts == NULL)
+        return;
+    pthread_setspecific(tstate_key, NULL);
+    drop_tstate(ts);
+}
 
 /* Takes the GIL with this thread's own state, made on first use. */
 static void enter_python(void)
@@ -285,4 +301,5 @@ const oi_backend_t oi_python_backend = {
     .name = "python",
     .execute = py_execute,
     .release = py_release,
+    .thread_end = py_thread_end,
 };

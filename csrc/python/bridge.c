@@ -451,3 +451,10 @@ oi_status_t *oi_py_to_tensor(PyObject *obj, oi_dtype_t t, const char *kind, cons
     }
     return NULL;
 }
+
+void oi_py_clear_thread_locals(void)
+{
+    PyObject *locals = PyThreadState_GetDict(); /* borrowed */
+    if (locals != NULL)
+        PyDict_Clear(locals);
+}

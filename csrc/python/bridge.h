@@ -41,4 +41,10 @@ oi_status_t *oi_py_to_tensor(PyObject *obj, oi_dtype_t t, const char *kind, cons
  * each call, the module at shutdown. */
 void oi_py_owner_flush(void);
 
+/* Empties the calling thread's thread-local values (threading.local) while its thread state
+ * is whole; call it with the GIL held before that state is deleted. Deleting the state frees
+ * them half-way through, and some extensions' destructors then deadlock or crash there
+ * (gevent's hub, made on the thread by a finalizer the garbage collector ran there, does). */
+void oi_py_clear_thread_locals(void);
+
 #endif

@@ -812,13 +812,7 @@ static void repo_call(void *ctx, oi_repo_call_t *call)
     Py_XDECREF(result);
     Py_XDECREF(body);
     Py_XDECREF(params);
-    /* This thread's thread-local values (threading.local) die here, while its thread state is
-     * whole: PyGILState_Release would free them half-way through deleting it, and some
-     * extensions' destructors then crash (gevent's hub, made by a finalizer the garbage
-     * collector ran on this thread, does). */
-    PyObject *locals = PyThreadState_GetDict(); /* borrowed */
-    if (locals != NULL)
-        PyDict_Clear(locals);
+    oi_py_clear_thread_locals(); /* PyGILState_Release deletes this control thread's state */
     if (PyErr_Occurred())
         PyErr_WriteUnraisable(handler);
     PyGILState_Release(g);

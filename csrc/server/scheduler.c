@@ -591,6 +591,8 @@ static void *executor(void *arg)
         }
         if (s->stopping) {
             pthread_mutex_unlock(&s->mu);
+            if (s->backend->thread_end != NULL)
+                s->backend->thread_end(s->state);
             return NULL;
         }
         oi_job_t *dropped = NULL;
