@@ -297,6 +297,55 @@ def hold() -> Iterator[None]:
         _core._hold_work(False)
 
 
+_triton_clients: list[Any] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_triton_clients() -> Iterator[None]:
+    """Closes the clients a test made with triton_http/triton_grpc: a gRPC channel left open
+    keeps threads running at exit."""
+    yield
+    while _triton_clients:
+        _triton_clients.pop().close()
+
+
+def triton_http(srv: openinfer.Server, timeout: float = 30.0) -> Any:
+    """A tritonclient.http client of `srv`, closed after the test."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{srv.http_port}", network_timeout=timeout)
+    _triton_clients.append(client)
+    return client
+
+
+def triton_grpc(srv: openinfer.Server) -> Any:
+    """A tritonclient.grpc client of `srv`, closed after the test."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.grpc_port}")
+    _triton_clients.append(client)
+    return client
+
+
+def save_torchscript(source: str, cls: str, model_pt: Any, workdir: Any) -> None:
+    """Scripts class `cls` of the Python `source` (written to a file in `workdir` first:
+    torch.jit.script reads a class's source file) and saves it as `model_pt`, its directory
+    made. Skips the test without torch."""
+    torch = pytest.importorskip("torch")
+    import importlib.util
+    from pathlib import Path
+
+    name = f"scripted_{cls.lower()}"
+    path = Path(workdir) / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    Path(model_pt).parent.mkdir(parents=True, exist_ok=True)
+    torch.jit.script(getattr(module, cls)()).save(str(model_pt))
+
+
 def wait_for(cond: Callable[[], bool], what: str, bound: float = 30.0) -> None:
     """Polls `cond` until it holds; `bound` seconds only stop a hang, they are not a timing claim."""
     end = time.monotonic() + bound

@@ -28,6 +28,9 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 import openinfer
+from conftest import save_torchscript
+from conftest import triton_grpc as _grpc
+from conftest import triton_http as _http
 from openinfer.repository import scan_model
 
 BOUND = 30.0  # no wait here lasts longer: a bound for a hung test, not a measurement
@@ -157,29 +160,6 @@ def examples() -> Iterator[openinfer.Server]:
         yield srv
     finally:
         srv.stop()
-
-
-_clients: list[Any] = []
-
-
-@pytest.fixture(autouse=True)
-def _close_clients() -> Iterator[None]:
-    """Closes the test's clients: a gRPC channel left open keeps threads running at exit."""
-    yield
-    while _clients:
-        _clients.pop().close()
-
-
-def _http(srv: openinfer.Server) -> httpclient.InferenceServerClient:
-    client = httpclient.InferenceServerClient(f"127.0.0.1:{srv.http_port}", network_timeout=BOUND)
-    _clients.append(client)
-    return client
-
-
-def _grpc(srv: openinfer.Server) -> grpcclient.InferenceServerClient:
-    client = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.grpc_port}")
-    _clients.append(client)
-    return client
 
 
 def _int_input(module: Any, value: int, shape: tuple[int, ...] = (1, 1), name: str = "INPUT") -> Any:
@@ -585,17 +565,7 @@ class Acc(torch.nn.Module):
 def test_torchscript_model_with_state(tmp_path: Path) -> None:
     """A TorchScript model takes the START control and the state as forward() arguments and
     returns the state output, matched by name as the pytorch backend matches them."""
-    torch = pytest.importorskip("torch")
-    import importlib.util
-
-    source = tmp_path / "torch_acc.py"  # torch.jit.script reads the class's source file
-    source.write_text(TORCH_ACC)
-    spec = importlib.util.spec_from_file_location("torch_acc", source)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    (tmp_path / "repo" / "tacc" / "1").mkdir(parents=True)
-    torch.jit.script(module.Acc()).save(str(tmp_path / "repo" / "tacc" / "1" / "model.pt"))
+    save_torchscript(TORCH_ACC, "Acc", tmp_path / "repo" / "tacc" / "1" / "model.pt", tmp_path)
     config = _acc("tacc", strategy="oldest { max_candidate_sequences: 4 }")
     config = config.replace('backend: "python"', 'platform: "pytorch_libtorch"')
     outputs = config[config.index("output ["):config.index("instance_group")]

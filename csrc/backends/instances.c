@@ -2,6 +2,8 @@
 
 #include <stdlib.h>
 
+#include "core/thread.h"
+
 int oi__instances_init(oi__instances_t *p, int n)
 {
     if ((p->busy = calloc((size_t)n, 1)) == NULL)
@@ -24,7 +26,15 @@ void oi__instances_destroy(oi__instances_t *p)
 
 int oi__instances_acquire(oi__instances_t *p)
 {
+    int own = oi_thread_instance();
     pthread_mutex_lock(&p->mu);
+    /* An executor takes its own instance when it is free: with one executor per instance, as
+     * the server runs them, executor i always runs instance i. */
+    if (own >= 0 && own < p->n && !p->busy[own]) {
+        p->busy[own] = 1;
+        pthread_mutex_unlock(&p->mu);
+        return own;
+    }
     for (;;) {
         for (int i = 0; i < p->n; i++)
             if (!p->busy[i]) {

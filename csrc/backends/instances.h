@@ -19,7 +19,8 @@ int oi__instances_init(oi__instances_t *p, int n);
 /* Frees the pool; no call may be using it. Safe on a zeroed pool. */
 void oi__instances_destroy(oi__instances_t *p);
 
-/* Waits for a free instance, marks it busy and returns its index. */
+/* Waits for a free instance, marks it busy and returns its index: the calling executor's own
+ * (oi_thread_instance) when that one is free. */
 int oi__instances_acquire(oi__instances_t *p);
 
 /* Marks instance `i` (from oi__instances_acquire) free again and wakes one waiting caller. */

@@ -40,3 +40,9 @@ void oi_thread_set_name(const char *name)
     (void)short_name;
 #endif
 }
+
+static _Thread_local int thread_instance = -1;
+
+void oi_thread_set_instance(int instance) { thread_instance = instance; }
+
+int oi_thread_instance(void) { return thread_instance; }

@@ -13,4 +13,10 @@ int oi_thread_create(pthread_t *t, void *(*fn)(void *), void *arg, int detached)
  * are kept); does nothing where the system has no thread names. */
 void oi_thread_set_name(const char *name);
 
+/* The model instance the calling thread serves: an executor sets it once, and a backend with
+ * a pool of instances (TorchScript modules, ONNX sessions) takes that one, so a sequence that
+ * the sequence batcher binds to an executor is bound to one instance too. -1 elsewhere. */
+void oi_thread_set_instance(int instance);
+int oi_thread_instance(void);
+
 #endif

@@ -901,18 +901,28 @@ static int set_labels(oi_model_t *m, PyObject *labels)
     return 0;
 }
 
-/* add_model's sequence_batching: (slots, idle_us, controls, states), where a control is
- * (name, kind, datatype, false_value, true_value) and a state is (input_name, output_name,
- * datatype, dims, initial_bytes); the repository has checked them against the model. Returns
- * the batcher in front of `sched`, or NULL with an exception set. */
-static oi_seq_t *make_sequence_batcher(PyObject *spec, const char *name, int max_batch, oi_scheduler_t *sched)
+/* add_model's sequence_batching: (slots, idle_us, controls, states, direct), where a control
+ * is (name, kind, datatype, false_value, true_value), a state is (input_name, output_name,
+ * datatype, dims, initial_bytes) and direct is None (the Oldest strategy) or the Direct
+ * strategy's (max_queue_delay_us, minimum_slot_utilization); the repository has checked them
+ * against the model. Returns the batcher in front of `sched` (`instances` executors), or NULL
+ * with an exception set. */
+static oi_seq_t *make_sequence_batcher(PyObject *spec, const char *name, int max_batch, int instances,
+                                       oi_scheduler_t *sched)
 {
     int slots;
     unsigned long long idle;
-    PyObject *controls, *states;
-    if (!PyArg_ParseTuple(spec, "iKO!O!;sequence_batching is (slots, idle_us, controls, states)", &slots, &idle,
-                          &PyList_Type, &controls, &PyList_Type, &states))
+    PyObject *controls, *states, *direct;
+    oi_seq_direct_t dir = {0, 0, 0.0};
+    if (!PyArg_ParseTuple(spec, "iKO!O!O;sequence_batching is (slots, idle_us, controls, states, direct)", &slots,
+                          &idle, &PyList_Type, &controls, &PyList_Type, &states, &direct))
         return NULL;
+    if (direct != Py_None) {
+        if (!PyArg_ParseTuple(direct, "Kd;direct is (max_queue_delay_us, minimum_slot_utilization)",
+                              &dir.max_queue_delay_us, &dir.min_slot_utilization))
+            return NULL;
+        dir.instances = instances > 0 ? instances : 1;
+    }
     Py_ssize_t nc = PyList_GET_SIZE(controls), ns = PyList_GET_SIZE(states);
     oi_seq_control_t *c = calloc((size_t)nc + 1, sizeof(*c));
     oi_seq_state_t *st = calloc((size_t)ns + 1, sizeof(*st));
@@ -952,7 +962,7 @@ static oi_seq_t *make_sequence_batcher(PyObject *spec, const char *name, int max
         if (PyErr_Occurred())
             goto done;
     }
-    oi_seq_config_t cfg = {name, max_batch, slots, idle, c, (uint32_t)nc, st, (uint32_t)ns};
+    oi_seq_config_t cfg = {name, max_batch, slots, idle, c, (uint32_t)nc, st, (uint32_t)ns, dir};
     char err[256];
     q = oi_seq_new(&cfg, sched, err, sizeof(err));
     if (q == NULL)
@@ -972,9 +982,9 @@ static oi_io_spec_t *with_sequence_tensors(PyObject *sequence, const oi_io_spec_
 {
     PyObject *lists[2] = {NULL, NULL}; /* controls, states */
     if (sequence != Py_None) {
-        if (!PyTuple_Check(sequence) || PyTuple_GET_SIZE(sequence) != 4 ||
+        if (!PyTuple_Check(sequence) || PyTuple_GET_SIZE(sequence) != 5 ||
             !PyList_Check(PyTuple_GET_ITEM(sequence, 2)) || !PyList_Check(PyTuple_GET_ITEM(sequence, 3))) {
-            PyErr_SetString(PyExc_TypeError, "sequence_batching is (slots, idle_us, controls, states)");
+            PyErr_SetString(PyExc_TypeError, "sequence_batching is (slots, idle_us, controls, states, direct)");
             return NULL;
         }
         lists[0] = outputs ? NULL : PyTuple_GET_ITEM(sequence, 2);
@@ -1373,7 +1383,7 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
             goto done;
     }
     if (sequence != Py_None && m->sched != NULL &&
-        (m->seq = make_sequence_batcher(sequence, name, max_batch, m->sched)) == NULL)
+        (m->seq = make_sequence_batcher(sequence, name, max_batch, instances, m->sched)) == NULL)
         goto done;
     if (!publish) {
         ret = model_version_new(m); /* takes m */

@@ -44,6 +44,8 @@ struct oi_scheduler_s {
     pthread_mutex_t ord_mu;
     pthread_cond_t ord_cv;
     oi_stats_t *stats;
+    oi_job_t **pinned; /* per executor: the batch oi_scheduler_submit_pinned gave it, or NULL */
+    int instances;
     int nthreads;
     pthread_t threads[];
 };
@@ -269,7 +271,7 @@ static int64_t job_rows(const oi_job_t *j)
     return r->inputs[0].shape[0];
 }
 
-static int compatible(const oi_scheduler_t *sched, const oi_job_t *a, const oi_job_t *b)
+int oi_jobs_batchable(const oi_job_t *a, const oi_job_t *b)
 {
     const oi_request_t *x = a->req, *y = b->req;
     if (x->n_inputs != y->n_inputs || a->n_outputs != b->n_outputs)
@@ -285,6 +287,14 @@ static int compatible(const oi_scheduler_t *sched, const oi_job_t *a, const oi_j
     for (uint32_t i = 0; i < a->n_outputs; i++)
         if (strcmp(a->output_names[i], b->output_names[i]) != 0)
             return 0;
+    return 1;
+}
+
+static int compatible(const oi_scheduler_t *sched, const oi_job_t *a, const oi_job_t *b)
+{
+    const oi_request_t *x = a->req, *y = b->req;
+    if (!oi_jobs_batchable(a, b))
+        return 0;
     if (sched->batching.ignore_parameters)
         return 1;
     if (x->parameters.len == y->parameters.len &&
@@ -510,9 +520,10 @@ static void drop_cancelled(oi_stats_slot_t *slot, batch_t *b)
     finish_dropped(slot, dropped);
 }
 
-static void run_batch(oi_scheduler_t *s, oi_stats_slot_t *slot, batch_t *b, uint64_t ticket)
+/* `pinned`: a Direct sequence batch, whose rows keep their places (none is dropped). */
+static void run_batch(oi_scheduler_t *s, oi_stats_slot_t *slot, batch_t *b, uint64_t ticket, int pinned)
 {
-    if (b->n_jobs > 1)
+    if (b->n_jobs > 1 && !pinned)
         drop_cancelled(slot, b);
     if (b->n_jobs == 0)
         return;
@@ -520,15 +531,18 @@ static void run_batch(oi_scheduler_t *s, oi_stats_slot_t *slot, batch_t *b, uint
         run_one(s, slot, b->first, 0, ticket);
         return;
     }
-    /* A batch is counted when its first job is (the server counts all or none). */
-    int counted = b->first->counted;
-    oi_stats_times_t t = {0};
+    /* The server counts all of a batch's requests or none; a Direct batch's padding rows are
+     * never counted. */
+    int counted = 0;
     uint64_t rows = 0;
-    if (counted) {
-        t.compute_start = now_ns();
-        for (oi_job_t *j = b->first; j; j = j->next)
+    for (oi_job_t *j = b->first; j; j = j->next)
+        if (j->counted) {
+            counted = 1;
             rows += j->rows;
-    }
+        }
+    oi_stats_times_t t = {0};
+    if (counted)
+        t.compute_start = now_ns();
     int ran = run_batched(s, b, counted ? &t : NULL);
     await_turn(s, ticket);
     for (oi_job_t *j = b->first, *next; j; j = next) {
@@ -576,16 +590,30 @@ static void gather_batch(oi_scheduler_t *s, batch_t *b, oi_job_t **dropped)
         pthread_cond_signal(&s->cv);
 }
 
+/* Runs the batch pinned to executor `me`, taken off s->pinned under the lock. */
+static void run_pinned(oi_scheduler_t *s, oi_stats_slot_t *slot, oi_job_t *jobs)
+{
+    batch_t b = {jobs, jobs, 0, 0};
+    for (oi_job_t *j = jobs; j; j = j->next) {
+        b.last = j;
+        b.n_jobs++;
+        b.rows += job_rows(j) > 0 ? job_rows(j) : 1;
+    }
+    run_batch(s, slot, &b, 0, 1);
+}
+
 static void *executor(void *arg)
 {
     oi_scheduler_t *s = arg;
     int batching = s->batching.max_batch_size > 0;
-    oi_stats_slot_t *slot = &s->stats->slots[atomic_fetch_add(&s->next_slot, 1)];
+    int me = atomic_fetch_add(&s->next_slot, 1); /* also this executor's instance */
+    oi_stats_slot_t *slot = &s->stats->slots[me];
     slot->last_end = 0;
+    oi_thread_set_instance(me);
     for (;;) {
         int waited = 0;
         pthread_mutex_lock(&s->mu);
-        while ((first_list(s) < 0 || s->gathering) && !s->stopping) {
+        while (s->pinned[me] == NULL && (first_list(s) < 0 || s->gathering) && !s->stopping) {
             pthread_cond_wait(&s->cv, &s->mu);
             waited = 1;
         }
@@ -594,6 +622,13 @@ static void *executor(void *arg)
             if (s->backend->thread_end != NULL)
                 s->backend->thread_end(s->state);
             return NULL;
+        }
+        oi_job_t *pinned = s->pinned[me];
+        if (pinned != NULL) {
+            s->pinned[me] = NULL;
+            pthread_mutex_unlock(&s->mu);
+            run_pinned(s, slot, pinned);
+            continue;
         }
         oi_job_t *dropped = NULL;
         if (!batching) {
@@ -615,7 +650,7 @@ static void *executor(void *arg)
         pthread_mutex_unlock(&s->mu);
         finish_dropped(slot, dropped);
         if (b.n_jobs > 0) {
-            run_batch(s, slot, &b, ticket);
+            run_batch(s, slot, &b, ticket, 0);
             end_turn(s, ticket);
         }
     }
@@ -627,10 +662,12 @@ oi_scheduler_t *oi_scheduler_new_batching(const oi_backend_t *backend, void *sta
     if (instances < 1)
         instances = 1;
     oi_scheduler_t *s = calloc(1, sizeof(*s) + (size_t)instances * sizeof(pthread_t));
-    if (s == NULL) {
+    if (s == NULL || (s->pinned = calloc((size_t)instances, sizeof(oi_job_t *))) == NULL) {
+        free(s);
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
+    s->instances = instances;
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->ord_mu, NULL);
     pthread_cond_init(&s->ord_cv, NULL);
@@ -737,6 +774,56 @@ int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job)
     return 0;
 }
 
+int oi_scheduler_submit_pinned(oi_scheduler_t *s, oi_job_t *jobs, int instance)
+{
+    uint64_t now = now_ns();
+    for (oi_job_t *j = jobs; j; j = j->next) {
+        /* `cancelled` is the submitter's: a padding row is cancelled from the start, so that
+         * the batch counts as cancelled once every real row is. */
+        j->status = NULL;
+        j->slot = NULL;
+        j->level = 0;
+        j->delay = j->delayed = 0;
+        j->expires_ns = 0; /* the sequence batcher applied the request's timeout */
+        j->enqueued_ns = now;
+        j->times = (oi_stats_times_t){now, 0, 0, 0};
+    }
+    pthread_mutex_lock(&s->mu);
+    if (s->stopping || instance < 0 || instance >= s->instances || s->pinned[instance] != NULL) {
+        pthread_mutex_unlock(&s->mu);
+        return -1;
+    }
+    s->pinned[instance] = jobs;
+    pthread_cond_broadcast(&s->cv); /* the one executor that must wake is among them */
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+/* Completes jobs that never ran with 503, outside the lock. */
+static void fail_unrun(oi_scheduler_t *s, oi_job_t *j)
+{
+    for (oi_job_t *next; j != NULL; j = next) {
+        next = j->next;
+        j->next = NULL;
+        j->status = oi_status_new(OI_UNAVAILABLE, "the server is shutting down");
+        j->slot = s->stats ? &s->stats->shared : NULL;
+        j->done(j);
+    }
+}
+
+/* Takes every pinned batch (for fail_unrun, in row order batch after batch). Under the lock. */
+static oi_job_t *take_pinned_locked(oi_scheduler_t *s)
+{
+    oi_job_t *all = NULL, **tail = &all;
+    for (int i = 0; s->pinned != NULL && i < s->instances; i++) {
+        *tail = s->pinned[i];
+        s->pinned[i] = NULL;
+        while (*tail != NULL)
+            tail = &(*tail)->next;
+    }
+    return all;
+}
+
 void oi_scheduler_cancel_queued(oi_scheduler_t *s)
 {
     if (s == NULL)
@@ -748,17 +835,13 @@ void oi_scheduler_cancel_queued(oi_scheduler_t *s)
         add_queued(s, -1);
         drop(&queued, j);
     }
+    oi_job_t *pinned = take_pinned_locked(s);
     pthread_cond_broadcast(&s->cv);
     pthread_cond_broadcast(&s->gather_cv);
     pthread_mutex_unlock(&s->mu);
     /* Outside the lock: `done` hands the job back to its owner, which may free it. */
-    for (oi_job_t *next; (j = queued) != NULL; queued = next) {
-        next = j->next;
-        j->next = NULL;
-        j->status = oi_status_new(OI_UNAVAILABLE, "the server is shutting down");
-        j->slot = &s->stats->shared;
-        j->done(j);
-    }
+    fail_unrun(s, queued);
+    fail_unrun(s, pinned);
 }
 
 void oi_scheduler_free(oi_scheduler_t *s)
@@ -772,17 +855,19 @@ void oi_scheduler_free(oi_scheduler_t *s)
     pthread_mutex_unlock(&s->mu);
     for (int i = 0; i < s->nthreads; i++)
         pthread_join(s->threads[i], NULL);
-    oi_job_t *j;
+    /* The executors are gone: no lock needed. */
+    oi_job_t *queued = NULL, *j;
     while (s->lists != NULL && (j = pop_locked(s)) != NULL) {
-        j->status = oi_status_new(OI_UNAVAILABLE, "the server is shutting down");
-        j->slot = s->stats ? &s->stats->shared : NULL;
-        add_queued(s, -1); /* the executors are gone: no lock needed */
-        j->done(j);
+        add_queued(s, -1);
+        drop(&queued, j);
     }
+    fail_unrun(s, queued);
+    fail_unrun(s, take_pinned_locked(s));
     oi_stats_free(s->stats);
     free(s->lists);
     free(s->level_count);
     free(s->policies);
+    free(s->pinned);
     pthread_cond_destroy(&s->gather_cv);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);

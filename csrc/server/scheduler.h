@@ -111,6 +111,21 @@ int oi_scheduler_pending(const oi_scheduler_t *s);
  * scheduler is stopping (then `done` is never called). */
 int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job);
 
+/* Direct sequence batching: `jobs` (linked by `next`, row after row) run as one batch on
+ * executor `instance` (0-based, below the instance count) alone: never merged with other
+ * jobs, reordered, or dropped row by row (a cancelled row still runs, keeping every later row
+ * in its place; a lone job that was cancelled is dropped as usual). Each job's `done` is
+ * called in row order. The executor takes at most one such batch at a time: the submitter
+ * sends the next one after the last `done` of the previous. A job that is not `counted` is
+ * left out of the statistics. Returns 0, or -1 when the scheduler is stopping (then no
+ * `done` is called). */
+int oi_scheduler_submit_pinned(oi_scheduler_t *s, oi_job_t *jobs, int instance);
+
+/* Whether two jobs can share a batch: the same inputs (names, datatypes, shapes past
+ * dimension 0, each with a dimension 0) and the same requested outputs. Parameters are not
+ * compared. */
+int oi_jobs_batchable(const oi_job_t *a, const oi_job_t *b);
+
 /* The job's clients have gone: marks it cancelled. An executor that reaches it in the queue,
  * or in a batch being formed, completes it with a 499 status without running it; a backend
  * already running it sees the flag through the request's `cancelled` poll. Only sets the

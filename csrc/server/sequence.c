@@ -27,6 +27,8 @@ typedef struct item_s {
     uint64_t arrived_ns;
     uint8_t start, end;
     uint8_t in_sched; /* `inner` is in the scheduler: cancelled there, not here */
+    uint8_t pad;      /* Direct: a padding row of instance `inst`'s batch (no outer job, no sequence) */
+    int inst;
 } item_t;
 
 /* A sequence: one correlation id from its START until its END ran or it was released. */
@@ -39,6 +41,7 @@ struct sequence_s {
     uint64_t hash;
     int mapped;   /* requests for its id come here (until its END is queued, or idle release) */
     int has_slot; /* may run; else it waits in the backlog */
+    int slot;     /* Direct: the slot it holds (row slot % rows of instance slot / rows) */
     int busy;     /* one of its requests is in the scheduler */
     item_t *head, *tail;
     uint64_t last_ns;    /* when it was last active (a request arrived or ended) */
@@ -66,6 +69,15 @@ struct oi_seq_s {
     size_t n_buckets, n_mapped;
     sequence_t *backlog_head, *backlog_tail;
     item_t *live; /* every item not yet completed: what oi_seq_cancel looks a job up in */
+    /* Direct strategy (n_instances > 0); Oldest counts free_slots instead. */
+    int n_instances;
+    int rows;              /* slots per instance: max(1, max_batch_size) */
+    sequence_t **slot_seq; /* n_instances x rows: the sequence holding each slot, or NULL */
+    int *rows_out;         /* per instance: rows of its batch not yet done (0: it takes the next) */
+    item_t **batch;        /* rows: scratch for forming a batch */
+    uint64_t delay_ns;     /* max_queue_delay_microseconds, while utilization is below min_util */
+    double min_util;
+    uint64_t wake_ns; /* a batch waiting for utilization goes then at the latest; 0: none waits */
 };
 
 /* ---- id table ------------------------------------------------------------------------------ */
@@ -349,43 +361,105 @@ static void fail_later(oi_seq_t *q, item_t **failed, item_t *it, oi_status_t *st
     *failed = it;
 }
 
-static void release_slot_locked(oi_seq_t *q, item_t **failed)
+/* Gives a sequence a slot if one is free: Direct fills row 0 of every instance before row 1
+ * of any, as Triton does, spreading sequences over the instances. Caller holds the lock. */
+static int take_slot_locked(oi_seq_t *q, sequence_t *s)
 {
-    sequence_t *b = q->backlog_head;
-    if (b == NULL) {
-        q->free_slots++;
-        return;
+    if (q->n_instances == 0) {
+        if (q->free_slots == 0)
+            return 0;
+        q->free_slots--;
+        s->has_slot = 1;
+        return 1;
     }
-    q->backlog_head = b->bnext;
-    if (q->backlog_head == NULL)
-        q->backlog_tail = NULL;
-    b->bnext = NULL;
-    b->has_slot = 1;
-    pump_locked(q, b, failed);
+    for (int r = 0; r < q->rows; r++)
+        for (int i = 0; i < q->n_instances; i++) {
+            int k = i * q->rows + r;
+            if (q->slot_seq[k] == NULL) {
+                q->slot_seq[k] = s;
+                s->slot = k;
+                s->has_slot = 1;
+                return 1;
+            }
+        }
+    return 0;
 }
+
+/* The sequence gives up its slot (it is over), to the first sequence of the backlog if any:
+ * returned, for the caller to pump. Caller holds the lock. */
+static sequence_t *release_slot_locked(oi_seq_t *q, sequence_t *s)
+{
+    s->has_slot = 0;
+    sequence_t *b = q->backlog_head;
+    if (b != NULL) {
+        q->backlog_head = b->bnext;
+        if (q->backlog_head == NULL)
+            q->backlog_tail = NULL;
+        b->bnext = NULL;
+        b->has_slot = 1;
+        b->slot = s->slot;
+    }
+    if (q->n_instances > 0)
+        q->slot_seq[s->slot] = b;
+    else if (b == NULL)
+        q->free_slots++;
+    return b;
+}
+
+/* A sequence is over once its END was queued (or it was released) and nothing is left. */
+static int over(const sequence_t *s)
+{
+    return !s->mapped && !s->busy && s->head == NULL;
+}
+
+/* Takes the head request off a sequence's queue. */
+static item_t *pop_head(sequence_t *s)
+{
+    item_t *it = s->head;
+    s->head = it->next;
+    if (s->head == NULL)
+        s->tail = NULL;
+    it->next = NULL;
+    return it;
+}
+
+/* Fails the requests at the head of the sequence that must not run: the server is stopping,
+ * their clients have gone, or they waited past their timeout. */
+static void drop_unrunnable_locked(oi_seq_t *q, sequence_t *s, item_t **failed)
+{
+    while (s->head != NULL) {
+        item_t *it = s->head;
+        oi_status_t *st = NULL;
+        /* Triton's "timeout" bounds the whole wait, behind the sequence's earlier requests too. */
+        uint64_t timeout_us = it->outer->req->timeout_us;
+        if (q->stopping)
+            st = oi_status_new(OI_UNAVAILABLE, "the server is shutting down");
+        else if (atomic_load(&it->outer->cancelled))
+            st = oi_status_new(OI_CLIENT_CLOSED, "the request was cancelled");
+        else if (timeout_us != 0 && timeout_us < UINT64_MAX / 1000u && oi_now_ns() - it->arrived_ns >= timeout_us * 1000u)
+            st = oi_status_new(OI_UNAVAILABLE, "Request timeout expired");
+        if (st == NULL)
+            return;
+        fail_later(q, failed, pop_head(s), st);
+    }
+}
+
+static void dispatch_locked(oi_seq_t *q, int inst, item_t **failed);
 
 static void pump_locked(oi_seq_t *q, sequence_t *s, item_t **failed)
 {
-    while (s->has_slot && !s->busy && s->head != NULL) {
-        item_t *it = s->head;
-        s->head = it->next;
+    if (q->n_instances > 0) { /* Direct: the sequence's instance forms its batches */
+        if (s->has_slot)
+            dispatch_locked(q, s->slot / q->rows, failed); /* frees the sequence if it is over */
+        else if (over(s))
+            free_sequence(q, s);
+        return;
+    }
+    while (s->has_slot && !s->busy) {
+        drop_unrunnable_locked(q, s, failed);
         if (s->head == NULL)
-            s->tail = NULL;
-        it->next = NULL;
-        if (q->stopping) {
-            fail_later(q, failed, it, oi_status_new(OI_UNAVAILABLE, "the server is shutting down"));
-            continue;
-        }
-        if (atomic_load(&it->outer->cancelled)) {
-            fail_later(q, failed, it, oi_status_new(OI_CLIENT_CLOSED, "the request was cancelled"));
-            continue;
-        }
-        /* Triton's "timeout" bounds the whole wait, behind the sequence's earlier requests too. */
-        uint64_t timeout_us = it->outer->req->timeout_us;
-        if (timeout_us != 0 && timeout_us < UINT64_MAX / 1000u && oi_now_ns() - it->arrived_ns >= timeout_us * 1000u) {
-            fail_later(q, failed, it, oi_status_new(OI_UNAVAILABLE, "Request timeout expired"));
-            continue;
-        }
+            break;
+        item_t *it = pop_head(s);
         oi_status_t *st = build_request(q, s, it);
         if (st != NULL) {
             fail_later(q, failed, it, st);
@@ -399,13 +473,207 @@ static void pump_locked(oi_seq_t *q, sequence_t *s, item_t **failed)
             fail_later(q, failed, it, oi_status_new(OI_UNAVAILABLE, "the server is shutting down"));
         }
     }
-    if (!s->mapped && !s->busy && s->head == NULL) {
-        if (s->has_slot) {
-            s->has_slot = 0;
-            release_slot_locked(q, failed);
-        }
+    if (over(s)) {
+        sequence_t *b = s->has_slot ? release_slot_locked(q, s) : NULL;
         free_sequence(q, s);
+        if (b != NULL)
+            pump_locked(q, b, failed);
     }
+}
+
+/* ---- Direct batches ------------------------------------------------------------------------- */
+
+static void pad_done(oi_job_t *j);
+
+/* Undoes build_request for a request that stays queued. */
+static void unbuild(item_t *it)
+{
+    for (uint32_t i = it->n_outer_inputs; i < it->req.n_inputs; i++)
+        oi_tensor_clear(&it->req.inputs[i]);
+    free(it->req.inputs);
+    free(it->out_names);
+    it->req.inputs = NULL;
+    it->out_names = NULL;
+}
+
+/* A padding row for instance `inst`'s batch, shaped as `rep` (a built request of the batch):
+ * zeros (empty strings for BYTES), START, END and READY false, CORRID 0, as Triton's null
+ * requests. Cancelled from the start: nobody waits for it. NULL when out of memory. */
+static item_t *new_pad(oi_seq_t *q, const item_t *rep, int inst)
+{
+    item_t *p = calloc(1, sizeof(*p));
+    if (p == NULL)
+        return NULL;
+    p->q = q;
+    p->pad = 1;
+    p->inst = inst;
+    p->req = rep->req;
+    p->req.body = p->req.aux = NULL;
+    p->req.id = NULL;
+    p->req.id_len = 0;
+    p->req.outputs = NULL;
+    p->req.n_outputs = 0;
+    p->req.n_inputs = 0;
+    p->req.inputs = calloc(rep->req.n_inputs + 1, sizeof(oi_tensor_t));
+    p->out_names = calloc(rep->inner.n_outputs + 1, sizeof(char *));
+    if (p->req.inputs == NULL || p->out_names == NULL) {
+        free_item(p);
+        return NULL;
+    }
+    memcpy(p->out_names, rep->out_names, rep->inner.n_outputs * sizeof(char *));
+    for (uint32_t i = 0; i < rep->req.n_inputs; i++) {
+        const oi_tensor_t *f = &rep->req.inputs[i];
+        oi_tensor_t *t = &p->req.inputs[i];
+        int64_t count = 0;
+        oi_shape_elements(f->shape, f->ndim, &count);
+        size_t size = f->dtype == OI_TYPE_BYTES ? 4 * (size_t)count : f->byte_size;
+        if ((t->owner = oi_buf_new(size ? size : 1)) == NULL) {
+            free_item(p);
+            return NULL;
+        }
+        p->req.n_inputs = i + 1;
+        t->name = f->name;
+        t->dtype = f->dtype;
+        t->ndim = f->ndim;
+        memcpy(t->shape, f->shape, sizeof(t->shape));
+        t->data = t->owner->data;
+        memset(t->data, 0, size);
+        t->byte_size = t->owner->len = size;
+        uint32_t k = i - rep->n_outer_inputs; /* the controls follow the request's inputs */
+        if (i >= rep->n_outer_inputs && k < q->n_controls && q->controls[k].kind != OI_SEQ_CONTROL_CORRID) {
+            const oi_seq_control_t *c = &q->controls[k];
+            double v = c->false_true[0];
+            if (c->dtype == OI_TYPE_FP32) {
+                float x = (float)v;
+                memcpy(t->data, &x, 4);
+            } else if (c->dtype == OI_TYPE_BOOL) {
+                *t->data = v != 0;
+            } else {
+                int32_t x = (int32_t)v;
+                memcpy(t->data, &x, 4);
+            }
+        }
+    }
+    p->inner.req = &p->req;
+    p->inner.output_names = p->out_names;
+    p->inner.n_outputs = rep->inner.n_outputs;
+    p->inner.done = pad_done;
+    atomic_store(&p->inner.cancelled, 1);
+    return p;
+}
+
+/* Instance `inst` has no batch running: forms its next one from the requests ready at the
+ * heads of its slots' sequences, rows 0 up to the last ready one, each in its sequence's row,
+ * padding where a sequence has none ready (or one that cannot share this batch: it goes in a
+ * later one), and hands it to that instance. Sequences that are over give up their slots here.
+ * Caller holds the lock. */
+static void dispatch_locked(oi_seq_t *q, int inst, item_t **failed)
+{
+    if (q->rows_out[inst] > 0)
+        return;
+    sequence_t **slots = &q->slot_seq[inst * q->rows];
+again:;
+    int ready = 0, last = -1;
+    uint64_t oldest = UINT64_MAX;
+    for (int r = 0; r < q->rows; r++) {
+        sequence_t *s = slots[r];
+        if (s == NULL)
+            continue;
+        drop_unrunnable_locked(q, s, failed);
+        if (over(s)) { /* its row may go to a sequence from the backlog: look again */
+            release_slot_locked(q, s);
+            free_sequence(q, s);
+            r--;
+            continue;
+        }
+        if (s->head != NULL) {
+            ready++;
+            last = r;
+            if (s->head->arrived_ns < oldest)
+                oldest = s->head->arrived_ns;
+        }
+    }
+    if (last < 0 || q->stopping)
+        return;
+    if (q->delay_ns > 0 && q->min_util > 0 && (double)ready / q->rows < q->min_util) {
+        uint64_t due = oldest + q->delay_ns;
+        if (oi_now_ns() < due) { /* the idle thread fires it then, unless it fills up first */
+            if (q->wake_ns == 0 || due < q->wake_ns) {
+                q->wake_ns = due;
+                pthread_cond_signal(&q->reaper_cv);
+            }
+            return;
+        }
+    }
+    item_t *rep = NULL;
+    for (int r = 0; r <= last; r++) {
+        sequence_t *s = slots[r];
+        item_t *it = s != NULL ? s->head : NULL;
+        q->batch[r] = NULL;
+        if (it == NULL)
+            continue;
+        oi_status_t *st = build_request(q, s, it);
+        if (st != NULL) { /* out of memory: fail it and start over without it */
+            for (int k = 0; k < r; k++)
+                if (q->batch[k] != NULL)
+                    unbuild(q->batch[k]);
+            fail_later(q, failed, pop_head(s), st);
+            goto again;
+        }
+        if (rep != NULL && !oi_jobs_batchable(&rep->inner, &it->inner)) {
+            unbuild(it); /* other shapes or outputs than the batch's: a later batch */
+            continue;
+        }
+        if (rep == NULL)
+            rep = it;
+        q->batch[r] = it;
+    }
+    oi_job_t *first = NULL, **link = &first;
+    for (int r = 0; r <= last; r++) {
+        item_t *it = q->batch[r] != NULL ? q->batch[r] : new_pad(q, rep, inst);
+        if (it == NULL) { /* out of memory: this batch fails */
+            for (oi_job_t *j = first, *next; j != NULL; j = next) {
+                next = j->next;
+                if (((item_t *)j)->pad)
+                    free_item((item_t *)j);
+            }
+            for (int k = 0; k <= last; k++)
+                if (q->batch[k] != NULL)
+                    fail_later(q, failed, pop_head(slots[k]), oi_status_new(OI_INTERNAL, "out of memory"));
+            goto again;
+        }
+        *link = &it->inner;
+        link = &it->inner.next;
+        it->inner.next = NULL;
+    }
+    for (int r = 0; r <= last; r++)
+        if (q->batch[r] != NULL) {
+            pop_head(slots[r]);
+            slots[r]->busy = 1;
+            q->batch[r]->in_sched = 1;
+        }
+    q->rows_out[inst] = last + 1;
+    if (oi_scheduler_submit_pinned(q->sched, first, inst) == 0)
+        return;
+    q->rows_out[inst] = 0; /* the scheduler is stopping */
+    for (oi_job_t *j = first, *next; j != NULL; j = next) {
+        next = j->next;
+        item_t *it = (item_t *)j;
+        if (it->pad) {
+            free_item(it);
+            continue;
+        }
+        it->seq->busy = 0;
+        it->in_sched = 0;
+        fail_later(q, failed, it, oi_status_new(OI_UNAVAILABLE, "the server is shutting down"));
+    }
+}
+
+/* One row of instance `inst`'s batch is done: after the last, the instance takes its next. */
+static void row_done_locked(oi_seq_t *q, int inst, item_t **failed)
+{
+    if (--q->rows_out[inst] == 0)
+        dispatch_locked(q, inst, failed);
 }
 
 static void finish_failed(item_t *failed)
@@ -466,8 +734,23 @@ static void item_done(oi_job_t *j)
     pthread_mutex_lock(&q->mu);
     s->busy = 0;
     s->last_ns = oi_now_ns();
-    pump_locked(q, s, &failed);
+    if (q->n_instances > 0)
+        row_done_locked(q, s->slot / q->rows, &failed); /* it holds its slot while busy */
+    else
+        pump_locked(q, s, &failed);
     pthread_mutex_unlock(&q->mu);
+    finish_failed(failed);
+}
+
+/* A padding row is done: its outputs are dropped. */
+static void pad_done(oi_job_t *j)
+{
+    item_t *p = (item_t *)j, *failed = NULL;
+    oi_seq_t *q = p->q;
+    pthread_mutex_lock(&q->mu);
+    row_done_locked(q, p->inst, &failed);
+    pthread_mutex_unlock(&q->mu);
+    free_item(p);
     finish_failed(failed);
 }
 
@@ -559,12 +842,8 @@ oi_status_t *oi_seq_submit(oi_seq_t *q, oi_job_t *job)
             }
             s->hash = h;
             map_locked(q, s);
-            if (q->free_slots > 0) {
-                q->free_slots--;
-                s->has_slot = 1;
-            } else {
+            if (!take_slot_locked(q, s))
                 append_backlog(q, s);
-            }
         }
     }
     /* A START for a sequence already running continues in its slot, as Triton does: the
@@ -653,9 +932,10 @@ static uint64_t reap_locked(oi_seq_t *q, uint64_t now, item_t **failed)
                 continue;
             }
             unmap_locked(q, s); /* unlinks *p */
-            s->has_slot = 0;
-            release_slot_locked(q, failed);
+            sequence_t *taker = release_slot_locked(q, s);
             free_sequence(q, s);
+            if (taker != NULL)
+                pump_locked(q, taker, failed);
         }
     }
     return next;
@@ -667,7 +947,15 @@ static void *reaper(void *arg)
     pthread_mutex_lock(&q->mu);
     while (!q->stopping) {
         item_t *failed = NULL;
-        uint64_t next = reap_locked(q, oi_now_ns(), &failed);
+        uint64_t now = oi_now_ns();
+        if (q->wake_ns != 0 && q->wake_ns <= now) { /* a Direct batch waited long enough */
+            q->wake_ns = 0;
+            for (int i = 0; i < q->n_instances; i++)
+                dispatch_locked(q, i, &failed);
+        }
+        uint64_t next = reap_locked(q, now, &failed);
+        if (q->wake_ns != 0 && q->wake_ns < next)
+            next = q->wake_ns;
         if (failed != NULL) {
             pthread_mutex_unlock(&q->mu);
             finish_failed(failed);
@@ -699,6 +987,15 @@ oi_seq_t *oi_seq_new(const oi_seq_config_t *cfg, oi_scheduler_t *sched, char *er
     q->sched = sched;
     q->max_batch_size = cfg->max_batch_size;
     q->free_slots = cfg->slots > 0 ? cfg->slots : 1;
+    if (cfg->direct.instances > 0) {
+        q->n_instances = cfg->direct.instances;
+        q->rows = cfg->max_batch_size > 0 ? cfg->max_batch_size : 1;
+        q->delay_ns = cfg->direct.max_queue_delay_us * 1000u;
+        q->min_util = cfg->direct.min_slot_utilization;
+        q->slot_seq = calloc((size_t)q->n_instances * (size_t)q->rows, sizeof(*q->slot_seq));
+        q->rows_out = calloc((size_t)q->n_instances, sizeof(*q->rows_out));
+        q->batch = calloc((size_t)q->rows, sizeof(*q->batch));
+    }
     q->idle_ns = (cfg->idle_us > 0 ? cfg->idle_us : 1000000u) * 1000u;
     q->corrid = -1;
     q->n_buckets = 64;
@@ -706,7 +1003,8 @@ oi_seq_t *oi_seq_new(const oi_seq_config_t *cfg, oi_scheduler_t *sched, char *er
     q->model_name = strdup(cfg->model_name);
     q->controls = calloc(cfg->n_controls + 1, sizeof(*q->controls));
     q->states = calloc(cfg->n_states + 1, sizeof(*q->states));
-    int ok = q->table != NULL && q->model_name != NULL && q->controls != NULL && q->states != NULL;
+    int ok = q->table != NULL && q->model_name != NULL && q->controls != NULL && q->states != NULL &&
+             (q->n_instances == 0 || (q->slot_seq != NULL && q->rows_out != NULL && q->batch != NULL));
     for (uint32_t i = 0; ok && i < cfg->n_controls; i++) {
         q->controls[i] = cfg->controls[i];
         ok = (q->controls[i].name = strdup(cfg->controls[i].name)) != NULL;
@@ -766,6 +1064,10 @@ void oi_seq_stop(oi_seq_t *q)
         for (sequence_t *s = q->table[b]; s != NULL; s = s->hnext)
             if (!s->busy)
                 drain_locked(q, s, &failed);
+    /* Direct: those whose END is queued behind their instance's batch are no longer mapped. */
+    for (int k = 0; q->slot_seq != NULL && k < q->n_instances * q->rows; k++)
+        if (q->slot_seq[k] != NULL && !q->slot_seq[k]->busy)
+            drain_locked(q, q->slot_seq[k], &failed);
     pthread_cond_broadcast(&q->reaper_cv);
     pthread_mutex_unlock(&q->mu);
     finish_failed(failed);
@@ -778,14 +1080,20 @@ void oi_seq_free(oi_seq_t *q)
     oi_seq_stop(q);
     if (q->reaper_started)
         pthread_join(q->reaper, NULL);
-    /* Every request has completed: what is left are sequences and their states. */
-    for (size_t b = 0; q->table != NULL && b < q->n_buckets; b++)
-        for (sequence_t *s = q->table[b], *next; s != NULL; s = next) {
-            next = s->hnext;
-            if (!s->has_slot) /* also in the backlog: freed below */
-                continue;
-            free_sequence(q, s);
-        }
+    /* Every request has completed: what is left are sequences and their states, each holding
+     * a slot or in the backlog. */
+    if (q->slot_seq != NULL) {
+        for (int k = 0; k < q->n_instances * q->rows; k++)
+            if (q->slot_seq[k] != NULL)
+                free_sequence(q, q->slot_seq[k]);
+    } else {
+        for (size_t b = 0; q->table != NULL && b < q->n_buckets; b++)
+            for (sequence_t *s = q->table[b], *next; s != NULL; s = next) {
+                next = s->hnext;
+                if (s->has_slot) /* else also in the backlog: freed below */
+                    free_sequence(q, s);
+            }
+    }
     for (sequence_t *s = q->backlog_head, *next; s != NULL; s = next) {
         next = s->bnext;
         free_sequence(q, s);
@@ -799,6 +1107,9 @@ void oi_seq_free(oi_seq_t *q)
     }
     free(q->controls);
     free(q->states);
+    free(q->slot_seq);
+    free(q->rows_out);
+    free(q->batch);
     free(q->table);
     free(q->model_name);
     pthread_cond_destroy(&q->reaper_cv);

@@ -1,7 +1,8 @@
 /* Triton's sequence batcher: requests that carry a correlation id (sequence_id) belong to one
  * stateful sequence, which runs its requests in order, one at a time, with control tensors
  * (START, END, READY, CORRID) and implicit state added to each. Requests of different
- * sequences batch together in the model's scheduler (its dynamic batcher), which runs them.
+ * sequences batch together: with the Oldest strategy in the model's scheduler (its dynamic
+ * batcher), with the Direct strategy here, each sequence keeping its row of one instance.
  *
  * A model serves at most `slots` sequences at once; a sequence that starts while every slot
  * is taken waits in a backlog until one frees. A sequence frees its slot when its END request
@@ -46,16 +47,29 @@ typedef struct oi_seq_state_s {
     size_t initial_size;
 } oi_seq_state_t;
 
+/* Triton's Direct strategy: each sequence holds one batch row of one instance (executor) for
+ * its whole life. An instance's batch has a row for each of its slots up to the last one with
+ * a request ready; the others are padding (zeros, READY false, CORRID 0), which the model
+ * must ignore and whose outputs are dropped. While fewer than `min_slot_utilization` of the
+ * instance's max_batch_size rows are ready, the batch waits up to `max_queue_delay_us` after
+ * its oldest request arrived (either 0: it never waits). */
+typedef struct oi_seq_direct_s {
+    int instances;           /* the scheduler's executors; 0: the Oldest strategy */
+    uint64_t max_queue_delay_us;
+    double min_slot_utilization;
+} oi_seq_direct_t;
+
 /* A model's sequence batching; everything is copied by oi_seq_new. */
 typedef struct oi_seq_config_s {
     const char *model_name;
     int max_batch_size;
-    int slots;        /* sequences served at once (>= 1) */
+    int slots;        /* sequences served at once (>= 1); Direct: instances x max(1, max_batch_size) */
     uint64_t idle_us; /* max_sequence_idle_microseconds (> 0) */
     const oi_seq_control_t *controls;
     uint32_t n_controls;
     const oi_seq_state_t *states;
     uint32_t n_states;
+    oi_seq_direct_t direct;
 } oi_seq_config_t;
 
 typedef struct oi_seq_s oi_seq_t;

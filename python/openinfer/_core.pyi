@@ -166,7 +166,8 @@ class Server:
         config_pb: bytes | None = None,
         publish: bool = True,
         sequence_batching: tuple[int, int, list[tuple[str, int, str, float, float]],
-                                 list[tuple[str, str, str, tuple[int, ...], bytes]]] | None = None,
+                                 list[tuple[str, str, str, tuple[int, ...], bytes]],
+                                 tuple[int, float] | None] | None = None,
         decoupled: bool = False,  # handler returns an iterator of 0..N responses per request
         onnx: OnnxSpec | None = None,
         labels: dict[str, bytes] | None = None,
@@ -198,11 +199,14 @@ class Server:
         publish=False builds the version without registering it and returns it as a
         ModelVersion (its `error` says why it cannot serve), for swap_models.
 
-        sequence_batching=(slots, idle_us, controls, states) puts a sequence batcher in front
-        of the executors (openinfer.sequence.SequenceBatching.core builds it): requests then
-        need a sequence_id, run in order per sequence with each control (name, kind,
-        datatype, false, true) and state (input, output, datatype, dims, initial bytes) added,
-        and dynamic_batching says how ready requests of different sequences batch."""
+        sequence_batching=(slots, idle_us, controls, states, direct) puts a sequence batcher in
+        front of the executors (openinfer.sequence.SequenceBatching.core builds it): requests
+        then need a sequence_id, run in order per sequence with each control (name, kind,
+        datatype, false, true) and state (input, output, datatype, dims, initial bytes) added.
+        direct=(max_queue_delay_us, minimum_slot_utilization) is Triton's Direct strategy: each
+        sequence keeps one batch row of one instance, padded batches formed by the batcher;
+        direct=None is Oldest, where dynamic_batching says how ready requests of different
+        sequences batch."""
     def swap_models(self, add: Sequence[ModelVersion], remove: Sequence[tuple[str, int]]) -> None:
         """In one registry step, each of `add` replaces the entry of its name and version and
         each (name, version) of `remove` leaves; then waits (without the GIL) until the

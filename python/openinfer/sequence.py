@@ -8,11 +8,12 @@ Python model sees controls and state inputs as ordinary inputs and returns each 
 output like any other output.
 
 Both strategies admit ``instance_group`` count x slots sequences at once (Direct: max(1,
-max_batch_size) slots per instance; Oldest: ``max_candidate_sequences``, else the same) and
-batch the ready requests of those sequences through the model's dynamic batcher: Oldest with its
-``preferred_batch_size`` and ``max_queue_delay_microseconds``, Direct with its queue delay.
-Unlike Triton's Direct strategy, a sequence's request does not keep a fixed row of the batch:
-models find their sequence by CORRID or implicit state, not by batch slot.
+max_batch_size) slots per instance; Oldest: ``max_candidate_sequences``, else the same). Direct,
+as in Triton, binds each sequence to one batch row of one instance for its whole life and pads
+the rows without a ready request (READY false); the core's sequence batcher forms those batches,
+waiting up to ``max_queue_delay_microseconds`` for ``minimum_slot_utilization``. Oldest batches
+the ready requests of its sequences through the model's dynamic batcher, with its
+``preferred_batch_size`` and ``max_queue_delay_microseconds``.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class SequenceBatching:
     `dynamic_batching` need, less the instance count."""
 
     oldest: bool
+    min_slot_utilization: float  # Direct only
     slots_per_instance: int
     idle_us: int
     preferred_batch_size: tuple[int, ...]
@@ -51,14 +53,16 @@ class SequenceBatching:
     controls: tuple[tuple[str, int, str, float, float], ...]
     states: tuple[tuple[str, str, str, tuple[int, ...], bytes], ...]
 
-    def core(self, instances: int) -> tuple[int, int, list[Any], list[Any]]:
+    def core(self, instances: int) -> tuple[int, int, list[Any], list[Any], tuple[int, float] | None]:
         """add_model's `sequence_batching` tuple."""
+        direct = None if self.oldest else (self.max_queue_delay_us, self.min_slot_utilization)
         return (self.slots_per_instance * max(1, instances), self.idle_us, list(self.controls),
-                list(self.states))  # fmt: skip
+                list(self.states), direct)  # fmt: skip
 
-    def batching(self) -> tuple[tuple[int, ...], int]:
-        """add_model's `dynamic_batching` tuple: how ready requests of different sequences batch."""
-        return (self.preferred_batch_size, self.max_queue_delay_us)
+    def batching(self) -> tuple[tuple[int, ...], int] | None:
+        """add_model's `dynamic_batching` tuple: how the Oldest strategy batches the ready
+        requests of different sequences (Direct forms its batches in the sequence batcher)."""
+        return (self.preferred_batch_size, self.max_queue_delay_us) if self.oldest else None
 
 
 def parse(
@@ -75,6 +79,7 @@ def parse(
     batch = (1,) if max_batch > 0 else ()
     oldest = "oldest" in sb
     slots = max(1, max_batch)
+    min_util = 0.0
     preferred: tuple[int, ...] = ()
     if oldest:
         o = sb["oldest"]
@@ -90,6 +95,12 @@ def parse(
         delay = int(o.get("max_queue_delay_microseconds", 0))
     else:
         delay = int(sb.get("direct", {}).get("max_queue_delay_microseconds", 0))
+        min_util = float(sb.get("direct", {}).get("minimum_slot_utilization", 0.0))
+        if not 0.0 <= min_util <= 1.0:
+            raise ConfigError(  # Triton's words, then the value
+                f"{where}.direct.minimum_slot_utilization: sequence batching minimum slot utilization must be "
+                f"in range (0.0, 1.0] for {config.get('name', '')}, got {min_util}"
+            )
     taken = set(declared)
     controls = []
     kinds_seen: dict[str, str] = {}
@@ -195,7 +206,7 @@ def parse(
         states.append((inp, out, datatype, (*batch, *shape), data))
     idle = int(sb.get("max_sequence_idle_microseconds", 0)) or IDLE_DEFAULT_US
     return SequenceBatching(
-        oldest, int(slots), idle, preferred, delay, tuple(controls), tuple(states)
+        oldest, min_util, int(slots), idle, preferred, delay, tuple(controls), tuple(states)
     )
 
 

@@ -661,8 +661,6 @@ def unsupported(config: Message, source: str) -> tuple[list[str], list[str]]:
         refuse("sequence_batching.iterative_sequence", "no iterative sequences")
     if sb.get("oldest", {}).get("preserve_ordering"):
         refuse("sequence_batching.oldest.preserve_ordering", "answers of different sequences leave when ready")
-    if sb.get("direct", {}).get("minimum_slot_utilization"):
-        warn("sequence_batching.direct.minimum_slot_utilization", "it only tunes performance")
     for i, state in enumerate(sb.get("state", [])):
         for key in ("use_same_buffer_for_input_output", "use_growable_memory"):
             if state.get(key):
