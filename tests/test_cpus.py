@@ -124,3 +124,59 @@ def test_server_pinned_to_one_cpu_starts_one_loop(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait(timeout=30)
+
+
+# The policy and name of the thread that runs a Python model (its executor).
+POLICY_MODEL = '''
+import os
+import threading
+
+import numpy as np
+
+
+def infer(inputs):
+    with open(f"/proc/self/task/{threading.get_native_id()}/comm") as f:
+        name = f.read().strip()
+    return {"POLICY": np.array([os.sched_getscheduler(0)], dtype=np.int32),
+            "NAME": np.array([name.encode()], dtype=np.object_)}
+'''
+POLICY_CONFIG = '''
+name: "policy"
+backend: "python"
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "POLICY" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "NAME" data_type: TYPE_STRING dims: [ 1 ] } ]
+'''
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="needs Linux's SCHED_BATCH")
+@pytest.mark.parametrize("env", [None, "normal"])
+def test_executors_are_named_and_batch_scheduled(tmp_path: Path, env: str | None) -> None:
+    """Executors are `oi-exec` threads under SCHED_BATCH (a loop that wakes one on a shared CPU
+    goes on reading instead of switching), unless OPENINFER_EXECUTOR_SCHED=normal."""
+    import numpy as np
+
+    import openinfer
+
+    (tmp_path / "policy" / "1").mkdir(parents=True)
+    (tmp_path / "policy" / "config.pbtxt").write_text(POLICY_CONFIG)
+    (tmp_path / "policy" / "1" / "model.py").write_text(POLICY_MODEL)
+    environ = {k: v for k, v in os.environ.items() if k != "OPENINFER_EXECUTOR_SCHED"}
+    if env is not None:
+        environ["OPENINFER_EXECUTOR_SCHED"] = env
+    proc = subprocess.Popen([sys.executable, "-m", "openinfer", "serve", str(tmp_path), "--http-port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environ)
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if "listening on" in line:
+                break
+        url = next((w for line in lines for w in line.split() if w.startswith("http://")), None)
+        assert url is not None, "".join(lines)
+        with openinfer.Client(url, timeout=30) as c:
+            out = c.infer("policy", {"X": np.zeros(1, np.int32)})
+        assert out["NAME"][0] == b"oi-exec"
+        assert out["POLICY"][0] == (os.SCHED_OTHER if env == "normal" else os.SCHED_BATCH)
+    finally:
+        proc.kill()
+        proc.wait()

@@ -4,7 +4,10 @@
 
 #include "core/thread.h"
 
+#include <sched.h>
 #include <signal.h>
+#include <stdlib.h>
+#include <string.h>
 #include <stdio.h>
 
 int oi_thread_create(pthread_t *t, void *(*fn)(void *), void *arg, int detached)
@@ -46,3 +49,14 @@ static _Thread_local int thread_instance = -1;
 void oi_thread_set_instance(int instance) { thread_instance = instance; }
 
 int oi_thread_instance(void) { return thread_instance; }
+
+void oi_thread_prefer_batch(void)
+{
+#ifdef SCHED_BATCH
+    const char *policy = getenv("OPENINFER_EXECUTOR_SCHED");
+    if (policy != NULL && strcmp(policy, "normal") == 0)
+        return;
+    struct sched_param p = {0};
+    pthread_setschedparam(pthread_self(), SCHED_BATCH, &p); /* unprivileged; on failure stays normal */
+#endif
+}

@@ -610,6 +610,8 @@ static void *executor(void *arg)
     oi_stats_slot_t *slot = &s->stats->slots[me];
     slot->last_end = 0;
     oi_thread_set_instance(me);
+    oi_thread_set_name("oi-exec");
+    oi_thread_prefer_batch();
     for (;;) {
         int waited = 0;
         pthread_mutex_lock(&s->mu);
