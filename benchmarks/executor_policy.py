@@ -3,21 +3,20 @@
 (issue 19 item 2: the hand-offs between a loop and an executor sharing a CPU).
 
     .venv/bin/python benchmarks/executor_policy.py [--quick] [--duration S] [--rounds N]
-                                                  [--concurrency 1,8,64]
+                                                  [--warmup S] [--concurrency 1,8,64]
 
 Two openinfer servers (`python -m openinfer serve --threads 1`, the example repository, both
 pinned to --server-cpu, so the loop and the executor share that CPU), one started with
 OPENINFER_EXECUTOR_SCHED=normal (executors keep the normal policy), one as shipped (executors
 SCHED_BATCH: waking one does not preempt the loop that woke it). wrk (pinned to --client-cpu)
-sends Triton's `simple` as HTTP JSON to each in turn for --duration seconds, N rounds per
-concurrency. The figure is the median of per-round ratios batch / normal (min-max), with each
+sends Triton's `simple` as HTTP JSON to each in turn for --duration seconds (after --warmup
+seconds discarded per server and concurrency), N rounds per concurrency. The figure is the median of per-round ratios batch / normal (min-max), with each
 server's CPU time per request. Results: benchmarks/results/executor_policy.{md,csv} (--quick:
 results/raw/).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -32,19 +31,10 @@ POLICIES = ("normal", "batch")
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="1 round of 2 s")
-    ap.add_argument("--duration", type=float, default=4.0)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--concurrency", type=C.parse_int_list, default=[1, 8, 64])
-    ap.add_argument("--server-cpu", default="0")
-    ap.add_argument("--client-cpu", default="1")
-    a = ap.parse_args()
-    if a.quick:
-        a.duration, a.rounds = 2.0, 1
+    a = C.wrk_args(__doc__)
     C.check_cpus(a.server_cpu, a.client_cpu)
     started, load_before = time.monotonic(), C.loadavg()
-    out_dir = C.RAW_DIR if a.quick else C.RESULTS_DIR
+    out_dir = a.out
     tmp = C.make_tmpdir("oi-policy-")
     body = json.dumps({"inputs": [
         {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": list(range(16))},
@@ -70,6 +60,10 @@ def main() -> int:
             if status != 200 or json.loads(answer)["outputs"][0]["data"] != [i + 1 for i in range(16)]:
                 raise SystemExit(f"{policy}: unexpected answer {status} {answer[:200]!r}")
         for conns in a.concurrency:
+            for policy in POLICIES:
+                if a.warmup:
+                    C.run_wrk(urls[policy] + "/v2/models/simple/infer", script, conns, a.warmup, a.client_cpu,
+                              label=policy, servers=[servers[policy]])
             rates: dict[str, list[float]] = {p: [] for p in POLICIES}
             cpu_us: dict[str, list[float]] = {p: [] for p in POLICIES}
             for r in range(a.rounds):

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import Cli
 
 ROOT = Path(__file__).resolve().parents[1]
 CC = shutil.which("cc")
@@ -163,20 +164,11 @@ def test_executors_are_named_and_batch_scheduled(tmp_path: Path, env: str | None
     environ = {k: v for k, v in os.environ.items() if k != "OPENINFER_EXECUTOR_SCHED"}
     if env is not None:
         environ["OPENINFER_EXECUTOR_SCHED"] = env
-    proc = subprocess.Popen([sys.executable, "-m", "openinfer", "serve", str(tmp_path), "--http-port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environ)
+    cli = Cli(str(tmp_path), env=environ)
     try:
-        lines = []
-        for line in proc.stdout:
-            lines.append(line)
-            if "listening on" in line:
-                break
-        url = next((w for line in lines for w in line.split() if w.startswith("http://")), None)
-        assert url is not None, "".join(lines)
-        with openinfer.Client(url, timeout=30) as c:
+        with openinfer.Client(f"http://127.0.0.1:{cli.port}", timeout=30) as c:
             out = c.infer("policy", {"X": np.zeros(1, np.int32)})
         assert out["NAME"][0] == b"oi-exec"
         assert out["POLICY"][0] == (os.SCHED_OTHER if env == "normal" else os.SCHED_BATCH)
     finally:
-        proc.kill()
-        proc.wait()
+        cli.kill()
