@@ -22,7 +22,7 @@ int oi_thread_instance(void);
 /* Marks the calling thread CPU-bound to the kernel's scheduler (SCHED_BATCH): waking it does
  * not preempt the thread that woke it. Executors call it, so that a loop sharing their CPU
  * goes on reading the requests already there after handing one over, instead of switching to
- * the executor and back for each request (1.43x the requests/s at c=8, 1.40x at c=64, 1.08x
+ * the executor and back for each request (1.38x the requests/s at c=8, 1.37x at c=64, 1.05x
  * at c=1 with the loop and the executor on one CPU: benchmarks/executor_policy.py). The
  * environment variable OPENINFER_EXECUTOR_SCHED=normal leaves the policy alone. */
 void oi_thread_prefer_batch(void);
