@@ -2,7 +2,7 @@
 """Concurrency 1, taken apart: where the time of one sequential request goes, and what that
 leaves for a client's speed-up over tritonclient (issue 19, items 2 and 4).
 
-    .venv/bin/python benchmarks/c1_breakdown.py [--quick] [--calls N] [--rounds R]
+    .venv/bin/python benchmarks/c1_breakdown.py [--quick] [--seconds S] [--rounds R]
 
 One openinfer server (`python -m openinfer serve --threads 1`, the example repository, pinned
 to --server-cpu); this process, pinned to --client-cpu, sends sequential requests on one
@@ -12,9 +12,11 @@ connection, each kind in turn for R rounds:
   transport's round trip with the cheapest client there is);
 - `simple JSON`: a raw-socket `POST /v2/models/simple/infer` (the same, plus the JSON codec,
   the executor hand-offs and the Python model);
-- `openinfer.Client` and `tritonclient` on `simple` with binary tensors, HTTP and gRPC.
+- `openinfer.Client` and `tritonclient` on `simple` with binary tensors, HTTP and gRPC, each
+  driven as S7's load generator drives it (benchmarks/loadgen.py).
 
-Per kind: µs per call (wall) and the client's CPU µs per call (getrusage of this process).
+Per kind: µs per call (wall), its p50, and the client's CPU µs per call (getrusage of this
+process).
 `tritonclient / openinfer` is the median of per-round ratios. `bound` is tritonclient's time
 over the `simple JSON` raw-socket time: the most any client could gain over tritonclient
 against this server. Results: benchmarks/results/c1_breakdown.md (--quick: results/raw/).
@@ -25,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import socket
 import sys
 import time
@@ -34,19 +35,20 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common as C  # noqa: E402
+import loadgen as L  # noqa: E402
 
 NAME = "c1_breakdown"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="1 round of 1,000 calls per kind")
-    ap.add_argument("--calls", type=int, help="calls per kind and round (default 10,000)")
+    ap.add_argument("--quick", action="store_true", help="1 round of 0.5 s per kind")
+    ap.add_argument("--seconds", type=float, help="seconds per kind and round (default 2)")
     ap.add_argument("--rounds", type=int, help="rounds (default 3)")
     ap.add_argument("--server-cpu", default="0")
     ap.add_argument("--client-cpu", default="1")
     a = ap.parse_args(argv)
-    a.calls = a.calls or (1000 if a.quick else 10000)
+    a.seconds = a.seconds or (0.5 if a.quick else 2.0)
     a.rounds = a.rounds or (1 if a.quick else 3)
     a.out = C.RAW_DIR if a.quick else C.RESULTS_DIR
     return a
@@ -79,67 +81,29 @@ class RawHttp:
 
 
 def kinds(http_port: int, grpc_port: int) -> dict[str, Callable[[], object]]:
-    import numpy as np
-    import tritonclient.grpc as grpcclient
-    import tritonclient.http as httpclient
-
-    import openinfer
-
-    a = np.arange(16, dtype=np.int32).reshape(1, 16)
-    b = np.ones((1, 16), dtype=np.int32)
     raw = RawHttp(http_port)
     health = b"GET /v2/health/live HTTP/1.1\r\nHost: bench\r\n\r\n"
     body = json.dumps({"inputs": [
-        {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": a.ravel().tolist()},
-        {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "data": b.ravel().tolist()}]}).encode()
+        {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": L.SIMPLE_A.ravel().tolist()},
+        {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "data": L.SIMPLE_B.ravel().tolist()}]}).encode()
     infer = (b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
              b"Content-Length: %d\r\n\r\n" % len(body)) + body
-    oi_http = openinfer.Client(f"http://127.0.0.1:{http_port}")
-    oi_grpc = openinfer.Client(f"grpc://127.0.0.1:{grpc_port}")
-    tc_http = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}")
-    tc_grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
-    outs_http = [httpclient.InferRequestedOutput(n, binary_data=True) for n in ("OUTPUT0", "OUTPUT1")]
-    outs_grpc = [grpcclient.InferRequestedOutput(n) for n in ("OUTPUT0", "OUTPUT1")]
-    ins = {"INPUT0": a, "INPUT1": b}
-
-    def tritonclient_call(module, client, outputs, **binary):
-        def call():
-            i0 = module.InferInput("INPUT0", [1, 16], "INT32")
-            i0.set_data_from_numpy(a, **binary)
-            i1 = module.InferInput("INPUT1", [1, 16], "INT32")
-            i1.set_data_from_numpy(b, **binary)
-            r = client.infer("simple", [i0, i1], outputs=outputs)
-            return r.as_numpy("OUTPUT0"), r.as_numpy("OUTPUT1")
-        return call
-
-    def openinfer_call(client):
-        def call():
-            out = client.infer("simple", ins)
-            return out["OUTPUT0"], out["OUTPUT1"]
-        return call
-
-    calls = {
-        "health (raw socket)": lambda: raw.call(health),
-        "simple JSON (raw socket)": lambda: raw.call(infer),
-        "openinfer.Client HTTP": openinfer_call(oi_http),
-        "tritonclient.http": tritonclient_call(httpclient, tc_http, outs_http, binary_data=True),
-        "openinfer.Client gRPC": openinfer_call(oi_grpc),
-        "tritonclient.grpc": tritonclient_call(grpcclient, tc_grpc, outs_grpc),
+    clients = {
+        "openinfer.Client HTTP": L.OpenInfer(f"http://127.0.0.1:{http_port}"),
+        "tritonclient.http": L.Triton(f"127.0.0.1:{http_port}"),
+        "openinfer.Client gRPC": L.OpenInfer(f"grpc://127.0.0.1:{grpc_port}"),
+        "tritonclient.grpc": L.TritonGrpc(f"127.0.0.1:{grpc_port}"),
     }
-    for name in ("openinfer.Client HTTP", "tritonclient.http", "openinfer.Client gRPC", "tritonclient.grpc"):
-        o0, o1 = calls[name]()
-        assert (o0 == a + b).all() and (o1 == a - b).all(), name  # answers checked before timing
-    return calls
+    for client in clients.values():
+        client.op_verify()  # answers checked before timing
+    return {"health (raw socket)": lambda: raw.call(health), "simple JSON (raw socket)": lambda: raw.call(infer),
+            **{name: client._simple for name, client in clients.items()}}
 
 
-def measure(call: Callable[[], object], n: int) -> tuple[float, float]:
-    """µs per call, wall and this process's CPU."""
-    r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-    for _ in range(n):
-        call()
-    t1, r1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
-    cpu = r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
-    return 1e6 * (t1 - t0) / n, 1e6 * cpu / n
+def measure(call: Callable[[], object], seconds: float) -> tuple[float, float, float]:
+    """µs per call (wall), its p50, and this process's CPU µs per call."""
+    r = L.timed_seq(call, seconds)
+    return 1e6 * r["elapsed"] / r["n"], r["p50_us"], 1e6 * r["cpu"] / r["n"]
 
 
 def main() -> int:
@@ -156,22 +120,25 @@ def main() -> int:
         os.sched_setaffinity(0, {int(c) for c in args.client_cpu.split(",")})
         calls = kinds(http_port, grpc_port)
         for call in calls.values():  # warm-up
-            measure(call, max(200, args.calls // 10))
+            measure(call, args.seconds / 4)
         wall: dict[str, list[float]] = {k: [] for k in calls}
+        p50: dict[str, list[float]] = {k: [] for k in calls}
         cpu: dict[str, list[float]] = {k: [] for k in calls}
         for r in range(args.rounds):
             for name, call in calls.items():
-                w, c = measure(call, args.calls)
+                w, m, c = measure(call, args.seconds)
                 wall[name].append(w)
+                p50[name].append(m)
                 cpu[name].append(c)
-                print(f"[c1] round {r + 1} {name}: {w:.1f} µs/call, client CPU {c:.1f} µs", flush=True)
+                print(f"[c1] round {r + 1} {name}: {w:.1f} µs/call, p50 {m:.1f} µs, client CPU {c:.1f} µs",
+                      flush=True)
     load_after = C.loadavg()
 
     def cell(values: list[float]) -> str:
         s = C.summarize(values)
         return f"{s.median:,.1f} ({s.lo:,.1f}–{s.hi:,.1f})"
 
-    rows = [[name, cell(wall[name]), cell(cpu[name])] for name in calls]
+    rows = [[name, cell(wall[name]), cell(p50[name]), cell(cpu[name])] for name in calls]
     ratios = []
     floor = wall["simple JSON (raw socket)"]
     for proto, ours, theirs in (("HTTP", "openinfer.Client HTTP", "tritonclient.http"),
@@ -181,13 +148,13 @@ def main() -> int:
                        cell(C.paired_ratios(cpu[theirs], cpu[ours]))])
     lines = C.report_header("Concurrency 1, taken apart", args.quick, time.monotonic() - started)
     lines += ["Sequential requests on one connection; medians (min–max) over rounds.", "",
-              C.markdown_table(["kind", "µs per call", "client CPU µs per call"], rows), "",
+              C.markdown_table(["kind", "µs per call", "p50 µs", "client CPU µs per call"], rows), "",
               C.markdown_table(["protocol", "tritonclient / openinfer.Client (time per call)",
                                 "bound: tritonclient / raw-socket simple JSON",
                                 "client CPU tritonclient / openinfer"], ratios), "",
               "## Method", "",
               f"- Server: `{server.command}` pinned to CPU {args.server_cpu}; this process "
-              f"on CPU {args.client_cpu}; {args.rounds} rounds of {args.calls:,} calls per kind, kinds "
+              f"on CPU {args.client_cpu}; {args.rounds} rounds of {args.seconds:g} s per kind, kinds "
               "in turn; answers checked before timing.",
               "- `bound` is what a client costing nothing would reach over tritonclient against this "
               "server: the raw-socket JSON request already includes the transport, the codec and the "

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -217,7 +216,8 @@ def _async_steps(client: grpcclient.InferenceServerClient, steps: list[tuple[int
 
 def test_minimum_slot_utilization_holds_a_batch_back(server: openinfer.Server) -> None:
     """`util` wants 3 of its 4 rows ready (0.75) and waits at most 1 s for them: three
-    sequences starting together run as one batch, and a lone request waits the delay out."""
+    sequences starting together run as one batch, a request that arrives alone waits for the
+    others to join it, and a lone request still runs once the delay is out."""
     client = _grpc(server)
     ids = [401, 402, 403]
     started = [_answer(r) for r in _async_steps(client, [(seq, [seq], True) for seq in ids])]
@@ -225,17 +225,82 @@ def test_minimum_slot_utilization_holds_a_batch_back(server: openinfer.Server) -
     assert {(a["BATCH"], a["PADDED"]) for a in started} == {(3, 0)}
     row = {seq: a["ROW"] for seq, a in zip(ids, started)}
     assert sorted(row.values()) == [0, 1, 2]
-    began = time.monotonic()
+    # 401's request is in the server (the liveness call after it on the same connection has been
+    # answered) before 402's and 403's are sent: held back, it runs in their batch.
+    first: queue.Queue[Any] = queue.Queue()
+    client.async_infer("util", [_input(grpcclient, [1])], lambda result, error: first.put(error or result),
+                       sequence_id=401)  # fmt: skip
+    assert client.is_server_live()
+    joined = [_answer(r) for r in _async_steps(client, [(402, [2], False), (403, [3], False)])]
+    held = first.get(timeout=BOUND)
+    assert not isinstance(held, InferenceServerException), held
+    assert [a["OUTPUT"] for a in [_answer(held), *joined]] == [402, 404, 406]
+    assert {(a["BATCH"], a["PADDED"]) for a in [_answer(held), *joined]} == {(3, 0)}
+    # Alone, with nobody to join it, a request runs when the delay is out.
     lone = _answer(client.infer("util", [_input(grpcclient, [1])], sequence_id=401))
-    waited = time.monotonic() - began
-    assert lone["OUTPUT"] == 402 and lone["ROW"] == row[401]
-    assert waited >= 0.9 * UTIL_DELAY_US / 1e6, waited  # held back for the utilization, then sent
+    assert (lone["OUTPUT"], lone["ROW"], lone["BATCH"], lone["PADDED"]) == (403, row[401], row[401] + 1, row[401])
     # Requests that cannot share a batch (other shapes) get a batch each, padded in between.
     values = {401: [1, 1], 402: [2, 2, 2], 403: [3]}
     again = [_answer(r) for r in _async_steps(client, [(seq, values[seq], False) for seq in ids])]
-    assert [a["OUTPUT"] for a in again] == [402 + 2, 402 + 6, 403 + 3]
+    assert [a["OUTPUT"] for a in again] == [403 + 2, 404 + 6, 406 + 3]
     assert all(a["PAD_CARRIED"] == 0 for a in again)
     assert max(a["PADDED"] for a in again) >= 1  # some row was padded for a mismatched one
+
+
+STRINGS_MODEL = """
+import numpy as np
+
+
+def infer(inputs):
+    ready = inputs["READY"][:, 0]
+    text, corrid, start = inputs["TEXT"][:, 0], inputs["CORRID"][:, 0], inputs["START"][:, 0]
+    pads = [(text[r], corrid[r], bool(start[r]), float(ready[r])) for r in range(len(ready)) if ready[r] != 1.0]
+    seen = np.array([[repr(pads).encode()]] * len(ready), dtype=np.object_)
+    return {"LENGTH": np.array([[len(t)] for t in text], dtype=np.int32), "PADS": seen}
+"""
+
+STRINGS_CONFIG = """
+name: "strings"
+backend: "python"
+max_batch_size: 2
+sequence_batching {
+  direct { }
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START bool_false_true: [ false, true ] } ] },
+    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY fp32_false_true: [ -1.5, 1.0 ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_STRING } ] }
+  ]
+}
+input [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "LENGTH" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "PADS" data_type: TYPE_STRING dims: [ 1 ] } ]
+"""
+
+
+def test_padding_rows_of_strings_and_other_control_types(tmp_path: Path) -> None:
+    """A padding row of a BYTES input holds empty strings, a string CORRID is empty, and the
+    flags take the config's false values in their own datatypes (BOOL START false, FP32 READY
+    -1.5), over HTTP JSON."""
+    (tmp_path / "strings" / "1").mkdir(parents=True)
+    (tmp_path / "strings" / "config.pbtxt").write_text(STRINGS_CONFIG)
+    (tmp_path / "strings" / "1" / "model.py").write_text(STRINGS_MODEL)
+    srv = openinfer.serve(tmp_path, http_port=0, grpc_port=0, log=False)
+    try:
+        assert srv.failed == {}, srv.failed
+        client = _http(srv)
+
+        def send(seq: str, text: bytes, start: bool) -> tuple[int, str]:
+            t = httpclient.InferInput("TEXT", [1, 1], "BYTES")
+            t.set_data_from_numpy(np.array([[text]], dtype=np.object_), binary_data=False)
+            r = client.infer("strings", [t], sequence_id=seq, sequence_start=start)
+            pads = r.as_numpy("PADS")[0][0]
+            return int(r.as_numpy("LENGTH")[0][0]), pads.decode() if isinstance(pads, bytes) else pads
+
+        assert send("first", b"abc", True) == (3, "[]")  # row 0
+        # The second sequence takes row 1; row 0 (nothing ready) is padding.
+        assert send("second", b"hello", True) == (5, "[(b'', b'', False, -1.5)]")
+        assert send("second", b"hi", False) == (2, "[(b'', b'', False, -1.5)]")
+    finally:
+        srv.stop()
 
 
 TORCH_ROWS = """

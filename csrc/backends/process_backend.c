@@ -294,9 +294,10 @@ static int write_job(worker_t *w, const oi_request_t *req, const char *const *na
         desc += 4 + pad8(strlen(names[i]) + 1);
     desc = oi_pw_align(desc + req->parameters.len);
     size_t total = desc;
-    uint64_t shared_at;
+    uint32_t area[req->n_inputs + 1];
+    uint64_t shared_at[req->n_inputs + 1];
     for (uint32_t i = 0; i < req->n_inputs; i++)
-        if (input_area(&req->inputs[i], fds, &shared_at) == 0)
+        if ((area[i] = input_area(&req->inputs[i], fds, &shared_at[i])) == 0)
             total += oi_pw_align(req->inputs[i].byte_size);
     if (grow_jobs(w, total) != 0)
         return -1;
@@ -308,15 +309,14 @@ static int write_job(worker_t *w, const oi_request_t *req, const char *const *na
     for (uint32_t i = 0; i < req->n_inputs; i++) {
         const oi_tensor_t *t = &req->inputs[i];
         size_t len = strlen(t->name);
-        uint32_t k = input_area(t, fds, &shared_at); /* as above: its memfd is in fds already */
-        oi_pw_tensor_t d = {.dtype = t->dtype, .ndim = t->ndim, .name_len = (uint32_t)len, .area = k,
-                            .offset = k ? shared_at : data, .byte_size = t->byte_size};
+        oi_pw_tensor_t d = {.dtype = t->dtype, .ndim = t->ndim, .name_len = (uint32_t)len, .area = area[i],
+                            .offset = area[i] ? shared_at[i] : data, .byte_size = t->byte_size};
         memcpy(d.shape, t->shape, sizeof(d.shape));
         memcpy(at, &d, sizeof(d));
         at += sizeof(d);
         memcpy(at, t->name, len + 1);
         at += pad8(len + 1);
-        if (k == 0) {
+        if (area[i] == 0) {
             if (t->byte_size > 0)
                 memcpy(w->jobs + data, t->data, t->byte_size);
             data += oi_pw_align(t->byte_size);

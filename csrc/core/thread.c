@@ -6,9 +6,9 @@
 
 #include <sched.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <stdio.h>
 
 int oi_thread_create(pthread_t *t, void *(*fn)(void *), void *arg, int detached)
 {

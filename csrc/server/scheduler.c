@@ -590,15 +590,16 @@ static void gather_batch(oi_scheduler_t *s, batch_t *b, oi_job_t **dropped)
         pthread_cond_signal(&s->cv);
 }
 
-/* Runs the batch pinned to executor `me`, taken off s->pinned under the lock. */
+/* Runs a batch oi_scheduler_submit_pinned gave this executor (its rows: one each, or a lone
+ * job of a model without batching). */
 static void run_pinned(oi_scheduler_t *s, oi_stats_slot_t *slot, oi_job_t *jobs)
 {
     batch_t b = {jobs, jobs, 0, 0};
     for (oi_job_t *j = jobs; j; j = j->next) {
         b.last = j;
         b.n_jobs++;
-        b.rows += job_rows(j) > 0 ? job_rows(j) : 1;
     }
+    b.rows = b.n_jobs;
     run_batch(s, slot, &b, 0, 1);
 }
 
@@ -817,7 +818,7 @@ static void fail_unrun(oi_scheduler_t *s, oi_job_t *j)
 static oi_job_t *take_pinned_locked(oi_scheduler_t *s)
 {
     oi_job_t *all = NULL, **tail = &all;
-    for (int i = 0; s->pinned != NULL && i < s->instances; i++) {
+    for (int i = 0; i < s->instances; i++) {
         *tail = s->pinned[i];
         s->pinned[i] = NULL;
         while (*tail != NULL)

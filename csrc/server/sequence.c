@@ -204,6 +204,25 @@ static void append_backlog(oi_seq_t *q, sequence_t *s)
 
 static void item_done(oi_job_t *j);
 
+/* Writes a flag control's false (on 0) or true value into `p`; returns the bytes written. */
+static size_t put_flag(const oi_seq_control_t *c, int on, char *p)
+{
+    double v = c->false_true[on];
+    switch (c->dtype) {
+    case OI_TYPE_FP32: {
+        float x = (float)v;
+        memcpy(p, &x, 4);
+        return 4;
+    }
+    case OI_TYPE_BOOL: *p = v != 0; return 1;
+    default: { /* INT32 */
+        int32_t x = (int32_t)v;
+        memcpy(p, &x, 4);
+        return 4;
+    }
+    }
+}
+
 /* Writes one control value (the flag's false or true value, or the correlation id) into `p`;
  * returns the bytes written. */
 static size_t put_control(const oi_seq_control_t *c, const item_t *it, char *p)
@@ -232,20 +251,7 @@ static size_t put_control(const oi_seq_control_t *c, const item_t *it, char *p)
         }
     }
     int on = c->kind == OI_SEQ_CONTROL_START ? it->start : c->kind == OI_SEQ_CONTROL_END ? it->end : 1;
-    double v = c->false_true[on];
-    switch (c->dtype) {
-    case OI_TYPE_FP32: {
-        float x = (float)v;
-        memcpy(p, &x, 4);
-        return 4;
-    }
-    case OI_TYPE_BOOL: *p = v != 0; return 1;
-    default: { /* INT32 */
-        int32_t x = (int32_t)v;
-        memcpy(p, &x, 4);
-        return 4;
-    }
-    }
+    return put_flag(c, on, p);
 }
 
 /* Builds the item's request: the outer inputs, then a tensor per control, then the state
@@ -540,19 +546,8 @@ static item_t *new_pad(oi_seq_t *q, const item_t *rep, int inst)
         memset(t->data, 0, size);
         t->byte_size = t->owner->len = size;
         uint32_t k = i - rep->n_outer_inputs; /* the controls follow the request's inputs */
-        if (i >= rep->n_outer_inputs && k < q->n_controls && q->controls[k].kind != OI_SEQ_CONTROL_CORRID) {
-            const oi_seq_control_t *c = &q->controls[k];
-            double v = c->false_true[0];
-            if (c->dtype == OI_TYPE_FP32) {
-                float x = (float)v;
-                memcpy(t->data, &x, 4);
-            } else if (c->dtype == OI_TYPE_BOOL) {
-                *t->data = v != 0;
-            } else {
-                int32_t x = (int32_t)v;
-                memcpy(t->data, &x, 4);
-            }
-        }
+        if (i >= rep->n_outer_inputs && k < q->n_controls && q->controls[k].kind != OI_SEQ_CONTROL_CORRID)
+            put_flag(&q->controls[k], 0, t->data); /* CORRID stays 0 (an empty string for BYTES) */
     }
     p->inner.req = &p->req;
     p->inner.output_names = p->out_names;
