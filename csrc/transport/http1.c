@@ -184,6 +184,23 @@ static void after_write(uv_write_t *w, int status)
     conn_maybe_free(c);
 }
 
+/* Sends `bufs` (the bytes of `wr`), then releases `wr` through after_write: at once when the
+ * socket takes everything, as nearly every answer is. Synchronous completion is safe where this
+ * is called: a request in flight or a feed in progress keeps after_write from pumping. */
+static void conn_send(oi_http_conn_t *c, write_req_t *wr, uv_buf_t *bufs, unsigned nb)
+{
+    c->writes++;
+    int rc = c->closing ? 0 : oi_stream_try_write(&c->sock.stream, bufs, &nb);
+    if (rc == 1) {
+        after_write(&wr->w, 0);
+        return;
+    }
+    if (rc == 0)
+        rc = uv_write(&wr->w, &c->sock.stream, bufs, nb, after_write);
+    if (rc != 0)
+        after_write(&wr->w, rc);
+}
+
 static const char *reason_phrase(int status)
 {
     switch (status) {
@@ -293,12 +310,9 @@ static void conn_write(oi_http_conn_t *c, int status, const char *headers, const
     for (size_t i = 0; i < nparts && !c->head; i++)
         if (parts[i].len > 0)
             bufs[nb++] = uv_buf_init((char *)parts[i].base, (unsigned)parts[i].len);
-    c->writes++;
-    int rc = uv_write(&wr->w, &c->sock.stream, bufs, nb, after_write);
+    conn_send(c, wr, bufs, nb);
     if (bufs != stackbufs)
         free(bufs);
-    if (rc != 0)
-        after_write(&wr->w, rc);
 }
 
 /* Answers a request the transport itself rejects (bad framing, limits), then closes. */
@@ -656,10 +670,7 @@ static int on_headers_complete(llhttp_t *p)
         wr->nparts = 0;
         wr->parts = NULL;
         uv_buf_t b = uv_buf_init(cont, sizeof(cont) - 1);
-        c->writes++;
-        int rc = uv_write(&wr->w, &c->sock.stream, &b, 1, after_write);
-        if (rc != 0)
-            after_write(&wr->w, rc);
+        conn_send(c, wr, &b, 1);
     }
     if (c->body != NULL) {
         /* From here the header deadline no longer applies: the body is timed on silence. */
@@ -795,12 +806,9 @@ static void write_pieces(oi_http_conn_t *c, const char *pre, size_t plen, const 
             bufs[nb++] = uv_buf_init((char *)parts[i].base, (unsigned)parts[i].len);
     if (postlen > 0)
         bufs[nb++] = uv_buf_init(wr->head + plen, (unsigned)postlen);
-    c->writes++;
-    int rc = uv_write(&wr->w, &c->sock.stream, bufs, nb, after_write);
+    conn_send(c, wr, bufs, nb);
     if (bufs != stackbufs)
         free(bufs);
-    if (rc != 0)
-        after_write(&wr->w, rc);
 }
 
 void oi_http_stream_start(oi_http_request_t *req, int status, const char *headers)

@@ -1169,14 +1169,18 @@ static void conn_write_batch(h2_conn_t *c)
         if (sg->owner)
             wr->owners[wr->nowners++] = sg->owner;
     }
-    size_t n = c->nsegs;
+    unsigned n = (unsigned)c->nsegs;
     c->nsegs = 0;
     c->writes++;
-    int rc = uv_write(&wr->w, &c->sock.stream, bufs, (unsigned)n, after_write);
+    /* Written at once when the socket takes it all (as nearly every answer is), then released
+     * here; callers check `closing` afterwards, as they must after a failed write. */
+    int rc = oi_stream_try_write(&c->sock.stream, bufs, &n);
+    if (rc == 0)
+        rc = uv_write(&wr->w, &c->sock.stream, bufs, n, after_write);
     if (bufs != stackbufs)
         free(bufs);
     if (rc != 0)
-        after_write(&wr->w, rc);
+        after_write(&wr->w, rc == 1 ? 0 : rc);
 }
 
 /* Hands a call's held messages to the handler in order, while the connection is not

@@ -2,6 +2,7 @@
 
 #include <stdatomic.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "core/thread.h"
 
@@ -148,6 +149,26 @@ static void work_done(uv_work_t *req, int status)
     (void)status; /* never cancelled: uv_cancel is not used */
     oi_work_t *w = (oi_work_t *)req;
     w->done(w);
+}
+
+int oi_stream_try_write(uv_stream_t *s, uv_buf_t *bufs, unsigned *nb)
+{
+    int n = uv_try_write(s, bufs, *nb); /* UV_EAGAIN also while writes are queued */
+    if (n == UV_EAGAIN)
+        return 0;
+    if (n < 0)
+        return n;
+    size_t left = (size_t)n;
+    unsigned i = 0;
+    while (i < *nb && left >= bufs[i].len)
+        left -= bufs[i++].len;
+    if (i == *nb)
+        return 1;
+    bufs[i].base += left;
+    bufs[i].len -= left;
+    memmove(bufs, bufs + i, (*nb - i) * sizeof(*bufs));
+    *nb -= i;
+    return 0;
 }
 
 int oi_loop_work(oi_loop_t *l, oi_work_t *w)
