@@ -7,7 +7,7 @@
 
 typedef struct oi_backend_s {
     const char *name;
-    /* Runs one request on an executor thread (never a loop thread). Fills resp->outputs with
+    /* Runs one request on an executor thread (or a loop thread: see runs_on_loop). Fills resp->outputs with
      * exactly the named outputs, in that order. `state` is the model's, made by the backend's
      * own loader. Returns NULL or a status (400 for the caller's mistakes, 500 otherwise). */
     oi_status_t *(*execute)(void *state, const oi_request_t *req, const char *const *output_names,
@@ -17,6 +17,11 @@ typedef struct oi_backend_s {
     /* Optional: called on each executor thread as it ends, after its last execute, while the
      * thread is still whole (its thread-specific data not yet torn down). */
     void (*thread_end)(void *state);
+    /* execute blocks on nothing but its own computation: never on the server (a request to
+     * it), another process or a client, and keeps no per-thread state. Then a call that has
+     * been quick may run on the loop thread that received the request (oi_scheduler_submit).
+     * Not for models that run users' Python, which may call the server back. */
+    int runs_on_loop;
 } oi_backend_t;
 
 #endif

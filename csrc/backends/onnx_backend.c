@@ -842,4 +842,5 @@ const oi_backend_t oi_onnx_backend = {
     .name = "onnxruntime",
     .execute = ox_execute,
     .release = ox_release,
+    .runs_on_loop = 1,
 };

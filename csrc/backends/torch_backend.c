@@ -404,4 +404,5 @@ const oi_backend_t oi_torch_backend = {
     .name = "torch",
     .execute = ts_execute,
     .release = ts_release,
+    .runs_on_loop = 1,
 };

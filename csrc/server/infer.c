@@ -149,7 +149,7 @@ static int answer_from_cache(oi_infer_t *inf)
     return 1;
 }
 
-/* On the executor thread, right after the backend ran. */
+/* On the thread that ran the backend (an executor, or the loop that submitted), right after. */
 static void job_done(oi_job_t *j)
 {
     oi_infer_t *inf = (oi_infer_t *)j;
@@ -248,7 +248,10 @@ oi_status_t *oi_infer_submit(oi_infer_t *inf, oi_model_t *m, oi_loop_t *loop, oi
         return NULL;
     if (m->seq != NULL)
         return oi_seq_submit(m->seq, &inf->job);
-    if (oi_scheduler_submit(m->sched, &inf->job) != 0)
+    /* On the loop thread, which may run a quick model itself; a decoupled one sends its
+     * responses through the loop, so it never does. */
+    int rc = m->decoupled ? oi_scheduler_submit(m->sched, &inf->job) : oi_scheduler_submit_on_loop(m->sched, &inf->job);
+    if (rc != 0)
         return oi_status_new(OI_UNAVAILABLE, "the server is shutting down");
     return NULL;
 }

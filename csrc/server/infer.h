@@ -58,6 +58,7 @@ oi_status_t *oi_model_check_ready(const oi_model_t *m);
  * written there on the executor thread before `done`. Only a request queued here is counted
  * in the model's statistics (as success or failure), as Triton counts the requests that
  * reach the model, not those refused before. Takes the reference to `m` in every case.
+ * Called on `loop`'s thread, which may run a quick model at once (oi_scheduler_submit_on_loop).
  * Returns NULL when queued (`done` runs later on `loop`) or a status when nothing was queued. */
 oi_status_t *oi_infer_submit(oi_infer_t *inf, oi_model_t *m, oi_loop_t *loop, oi_infer_done_cb done, void *ctx);
 

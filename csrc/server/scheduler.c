@@ -45,6 +45,12 @@ struct oi_scheduler_s {
     pthread_cond_t ord_cv;
     oi_stats_t *stats;
     oi_job_t **pinned; /* per executor: the batch oi_scheduler_submit_pinned gave it, or NULL */
+    /* Jobs may run on the loop thread that submits them (see oi_scheduler_submit): the
+     * backend allows it and the model neither batches nor preserves ordering. */
+    int run_here;
+    int running;          /* executions in progress, on executors and loop threads; under mu */
+    char *here_slot_busy; /* per instance: statistics slot instances + i taken by a loop; under mu */
+    _Atomic uint64_t recent_ns; /* run_here: the recent executions' average duration (0: none yet) */
     int instances;
     int nthreads;
     pthread_t threads[];
@@ -235,8 +241,14 @@ static void run_one(oi_scheduler_t *s, oi_stats_slot_t *slot, oi_job_t *j, uint6
     uint64_t rows = j->rows, start = 0;
     if (counted)
         start = went_on_at == 0 ? now_ns() : went_on_at > j->times.start ? went_on_at : j->times.start;
+    uint64_t began = s->run_here ? (counted && went_on_at == 0 ? start : now_ns()) : 0;
     j->status = s->backend->execute(s->state, j->req, j->output_names, j->n_outputs, &j->resp);
     int ran = j->status == NULL;
+    if (s->run_here) { /* an average over the last few (weight 1/8): racy updates only blur it */
+        int64_t took = (int64_t)(now_ns() - began);
+        int64_t avg = (int64_t)atomic_load_explicit(&s->recent_ns, memory_order_relaxed);
+        atomic_store_explicit(&s->recent_ns, (uint64_t)(avg == 0 ? took : avg + (took - avg) / 8), memory_order_relaxed);
+    }
     if (!counted) {
         await_turn(s, ticket);
         j->done(j);
@@ -613,10 +625,15 @@ static void *executor(void *arg)
     oi_thread_set_instance(me);
     oi_thread_set_name("oi-exec");
     oi_thread_prefer_batch();
+    int ran = 0; /* this executor's execution still counts in s->running */
     for (;;) {
         int waited = 0;
         pthread_mutex_lock(&s->mu);
-        while (s->pinned[me] == NULL && (first_list(s) < 0 || s->gathering) && !s->stopping) {
+        s->running -= ran;
+        ran = 0;
+        /* With a job running on a loop thread, every instance may be busy: wait for one. */
+        while (s->pinned[me] == NULL && (first_list(s) < 0 || s->gathering || s->running >= s->instances) &&
+               !s->stopping) {
             pthread_cond_wait(&s->cv, &s->mu);
             waited = 1;
         }
@@ -629,6 +646,7 @@ static void *executor(void *arg)
         oi_job_t *pinned = s->pinned[me];
         if (pinned != NULL) {
             s->pinned[me] = NULL;
+            s->running += ran = 1;
             pthread_mutex_unlock(&s->mu);
             run_pinned(s, slot, pinned);
             continue;
@@ -638,6 +656,7 @@ static void *executor(void *arg)
             oi_job_t *j = pop_wanted_locked(s, &dropped);
             add_queued(s, -(list_len(dropped) + (j != NULL)));
             uint64_t ticket = j != NULL ? s->next_ticket++ : 0;
+            s->running += ran = j != NULL;
             pthread_mutex_unlock(&s->mu);
             finish_dropped(slot, dropped);
             if (j != NULL) {
@@ -650,6 +669,7 @@ static void *executor(void *arg)
         gather_batch(s, &b, &dropped);
         add_queued(s, -(b.n_jobs + list_len(dropped)));
         uint64_t ticket = b.n_jobs > 0 ? s->next_ticket++ : 0;
+        s->running += ran = b.n_jobs > 0;
         pthread_mutex_unlock(&s->mu);
         finish_dropped(slot, dropped);
         if (b.n_jobs > 0) {
@@ -671,6 +691,13 @@ oi_scheduler_t *oi_scheduler_new_batching(const oi_backend_t *backend, void *sta
         return NULL;
     }
     s->instances = instances;
+    s->run_here = backend->runs_on_loop && (batching == NULL || (batching->max_batch_size <= 0 && !batching->preserve_ordering));
+    if (s->run_here && (s->here_slot_busy = calloc((size_t)instances, 1)) == NULL) {
+        free(s->pinned);
+        free(s);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->ord_mu, NULL);
     pthread_cond_init(&s->ord_cv, NULL);
@@ -708,7 +735,7 @@ oi_scheduler_t *oi_scheduler_new_batching(const oi_backend_t *backend, void *sta
         s->policies[0] = (oi_queue_policy_t){0, 0, 1, s->batching.max_queue_size};
     s->backend = backend;
     s->state = state;
-    s->stats = oi_stats_new(instances);
+    s->stats = oi_stats_new(s->run_here ? 2 * instances : instances); /* then the loops' slots too */
     if (s->stats == NULL) {
         snprintf(err, errlen, "out of memory");
         oi_scheduler_free(s);
@@ -736,7 +763,26 @@ oi_stats_t *oi_scheduler_stats(const oi_scheduler_t *s) { return s->stats; }
 
 int oi_scheduler_pending(const oi_scheduler_t *s) { return atomic_load_explicit(&s->queued, memory_order_relaxed); }
 
-int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job)
+/* Runs a job on the submitting thread, as an executor would, taking an instance and a
+ * statistics slot of the loops' own for the time. Called with mu held; unlocks it. */
+static void run_here(oi_scheduler_t *s, oi_job_t *job)
+{
+    int k = 0;
+    while (s->here_slot_busy[k]) /* fewer than `instances` run, so one is free */
+        k++;
+    s->here_slot_busy[k] = 1;
+    s->running++;
+    pthread_mutex_unlock(&s->mu);
+    run_one(s, &s->stats->slots[s->instances + k], job, 0, 0);
+    pthread_mutex_lock(&s->mu);
+    s->here_slot_busy[k] = 0;
+    s->running--;
+    if (first_list(s) >= 0) /* a job queued meanwhile may have found every instance busy */
+        pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+static int submit(oi_scheduler_t *s, oi_job_t *job, int may_run_here)
 {
     job->next = NULL;
     job->status = NULL;
@@ -769,6 +815,13 @@ int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job)
         job->done(job);
         return 0;
     }
+    if (may_run_here && s->run_here && first_list(s) < 0 && s->running < s->instances) {
+        uint64_t recent = atomic_load_explicit(&s->recent_ns, memory_order_relaxed);
+        if (recent != 0 && recent < OI_RUN_HERE_MAX_NS) {
+            run_here(s, job); /* unlocks */
+            return 0;
+        }
+    }
     add_queued(s, 1);
     s->level_count[level]++;
     append(s, 2 * level, job);
@@ -776,6 +829,10 @@ int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job)
     pthread_mutex_unlock(&s->mu);
     return 0;
 }
+
+int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job) { return submit(s, job, 0); }
+
+int oi_scheduler_submit_on_loop(oi_scheduler_t *s, oi_job_t *job) { return submit(s, job, 1); }
 
 int oi_scheduler_submit_pinned(oi_scheduler_t *s, oi_job_t *jobs, int instance)
 {
@@ -871,6 +928,7 @@ void oi_scheduler_free(oi_scheduler_t *s)
     free(s->level_count);
     free(s->policies);
     free(s->pinned);
+    free(s->here_slot_busy);
     pthread_cond_destroy(&s->gather_cv);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);

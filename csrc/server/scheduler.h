@@ -89,6 +89,12 @@ typedef struct oi_batching_s {
 
 typedef struct oi_scheduler_s oi_scheduler_t;
 
+/* The longest average execution that oi_scheduler_submit runs on the submitting loop thread:
+ * long enough for the small models whose hand-off to an executor and back (two thread
+ * switches) costs as much as the model, short enough that the loop's other connections wait
+ * no longer than a small request takes anyway. */
+#define OI_RUN_HERE_MAX_NS 50000u
+
 /* Starts `instances` executor threads running `backend` on `state`, which the scheduler does
  * not own. Returns NULL with a message in `err` on failure. */
 oi_scheduler_t *oi_scheduler_new(const oi_backend_t *backend, void *state, int instances, char *err,
@@ -110,6 +116,13 @@ int oi_scheduler_pending(const oi_scheduler_t *s);
  * already (refused with Triton's 503 "Exceeds maximum queue size"). Returns 0, or -1 when the
  * scheduler is stopping (then `done` is never called). */
 int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job);
+
+/* oi_scheduler_submit from a loop thread, which runs the job itself, `done` included, when
+ * the backend allows it (runs_on_loop), the model does not batch or preserve ordering,
+ * nothing is queued, an instance is free and the model's recent executions took under
+ * OI_RUN_HERE_MAX_NS on average: handing such a model to an executor and back costs about as
+ * much as running it. `done` must not wait for the loop. */
+int oi_scheduler_submit_on_loop(oi_scheduler_t *s, oi_job_t *job);
 
 /* Direct sequence batching: `jobs` (linked by `next`, row after row) run as one batch on
  * executor `instance` (0-based, below the instance count) alone: never merged with other

@@ -1,0 +1,144 @@
+"""Quick models run on the loop thread that received the request (oi_scheduler_submit_on_loop):
+a TorchScript or ONNX model whose executions average under 50 µs skips the hand-off to its
+executor and back. Shown by the executor threads' context switches (an executor that is handed
+a request wakes for it), through tritonclient over HTTP and gRPC; a slow model, a batching one
+and a Python one (users' Python may call the server back) still go to their executors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+import openinfer
+from conftest import concurrent, save_torchscript, triton_grpc, triton_http
+
+TORCH = """
+from typing import Dict
+
+import torch
+
+
+class Twice(torch.nn.Module):
+    def forward(self, IN: torch.Tensor) -> Dict[str, torch.Tensor]:
+        return {"OUT": IN * 2}
+
+
+class Slow(torch.nn.Module):
+    def forward(self, IN: torch.Tensor) -> Dict[str, torch.Tensor]:
+        m = torch.ones(256, 256) + IN.sum() * 0  # made of the input: not folded away
+        busy = torch.mm(torch.mm(m, m), m)  # a few ms of one core
+        return {"OUT": IN * 2 + (busy[0, 0] - busy[0, 0])}
+"""
+
+CONFIG = """
+name: "{name}"
+platform: "pytorch_libtorch"
+max_batch_size: {mbs}
+input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+{extra}
+"""
+
+
+def _torch_model(repo: Path, tmp: Path, name: str, cls: str, mbs: int = 0, extra: str = "") -> None:
+    save_torchscript(TORCH, cls, repo / name / "1" / "model.pt", tmp)
+    (repo / name / "config.pbtxt").write_text(CONFIG.format(name=name, mbs=mbs, extra=extra))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    tmp = tmp_path_factory.mktemp("run_on_loop")
+    repo = tmp / "repo"
+    _torch_model(repo, tmp, "quick", "Twice")
+    _torch_model(repo, tmp, "slow", "Slow")
+    _torch_model(repo, tmp, "batched", "Twice", mbs=8, extra="dynamic_batching { }")
+
+    @openinfer.model(inputs=[openinfer.Tensor("IN", "FP32", [4])], outputs=[openinfer.Tensor("OUT", "FP32", [4])])
+    def python(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {"OUT": inputs["IN"] * 2}
+
+    srv = openinfer.serve(repo, models=[python], http_port=0, grpc_port=0, threads=2, log=False)
+    assert srv.failed == {}, srv.failed
+    yield srv
+    srv.stop()
+
+
+def executor_switches() -> int:
+    """Context switches of this process's executor threads so far (they all sleep when idle,
+    so only the model being called adds to them)."""
+    total = 0
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            if (task / "comm").read_text().strip() != "oi-exec":
+                continue
+            for line in (task / "status").read_text().splitlines():
+                if "ctxt_switches" in line:
+                    total += int(line.split()[1])
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
+
+
+def _call(client: Any, mod: Any, model: str, x: np.ndarray) -> np.ndarray:
+    shape = [1, 4] if model == "batched" else [4]
+    inp = mod.InferInput("IN", shape, "FP32")
+    inp.set_data_from_numpy(x.reshape(shape))
+    return client.infer(model, [inp]).as_numpy("OUT").reshape(4)
+
+
+def _switches_over(client: Any, mod: Any, model: str, n: int) -> int:
+    # The first executions go to the executor, which times them; a TorchScript module's first
+    # runs (profiling, optimising) are slow, and the average forgets them over some dozens.
+    for i in range(60):
+        _call(client, mod, model, np.full(4, i, np.float32))
+    before = executor_switches()
+    for i in range(n):
+        x = np.arange(4, dtype=np.float32) + i
+        np.testing.assert_array_equal(_call(client, mod, model, x), x * 2)
+    return executor_switches() - before
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_quick_model_runs_on_the_loop(server: openinfer.Server, protocol: str) -> None:
+    client, mod = (triton_http(server), httpclient) if protocol == "http" else (triton_grpc(server), grpcclient)
+    assert _switches_over(client, mod, "quick", 200) < 20
+
+
+@pytest.mark.parametrize("model", ["slow", "batched", "python"])
+def test_other_models_go_to_their_executors(server: openinfer.Server, model: str) -> None:
+    """Each request wakes the executor (at least one switch each way for most of them)."""
+    n = 30 if model == "slow" else 100
+    assert _switches_over(triton_http(server), httpclient, model, n) >= n
+
+
+def test_concurrent_clients_and_statistics(server: openinfer.Server) -> None:
+    """Clients on both loops at once: every answer right, and the statistics count every
+    request and execution whether it ran on a loop or the executor."""
+    client = triton_http(server)
+
+    def stats() -> dict[str, Any]:
+        return client.get_inference_statistics("quick")["model_stats"][0]
+
+    before = stats()
+
+    def run(k: int) -> None:
+        c = httpclient.InferenceServerClient(f"127.0.0.1:{server.http_port}")
+        try:
+            for i in range(100):
+                x = np.full(4, k * 1000 + i, np.float32)
+                np.testing.assert_array_equal(_call(c, httpclient, "quick", x), x * 2)
+        finally:
+            c.close()
+
+    concurrent(4, run)
+    after = stats()
+    assert int(after["inference_count"]) - int(before["inference_count"]) == 400
+    assert int(after["execution_count"]) - int(before["execution_count"]) == 400
+    ok = after["inference_stats"]["success"]
+    assert int(ok["count"]) - int(before["inference_stats"]["success"]["count"]) == 400
