@@ -819,7 +819,7 @@ static int submit(oi_scheduler_t *s, oi_job_t *job, int may_run_here)
         uint64_t recent = atomic_load_explicit(&s->recent_ns, memory_order_relaxed);
         if (recent != 0 && recent < OI_RUN_HERE_MAX_NS) {
             run_here(s, job); /* unlocks */
-            return 0;
+            return 1;
         }
     }
     add_queued(s, 1);
@@ -830,7 +830,7 @@ static int submit(oi_scheduler_t *s, oi_job_t *job, int may_run_here)
     return 0;
 }
 
-int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job) { return submit(s, job, 0); }
+int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job) { return submit(s, job, 0); } /* never 1 */
 
 int oi_scheduler_submit_on_loop(oi_scheduler_t *s, oi_job_t *job) { return submit(s, job, 1); }
 

@@ -121,7 +121,8 @@ int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job);
  * the backend allows it (runs_on_loop), the model does not batch or preserve ordering,
  * nothing is queued, an instance is free and the model's recent executions took under
  * OI_RUN_HERE_MAX_NS on average: handing such a model to an executor and back costs about as
- * much as running it. `done` must not wait for the loop. */
+ * much as running it. `done` must not wait for the loop. Returns 1 when the job ran here,
+ * else as oi_scheduler_submit. */
 int oi_scheduler_submit_on_loop(oi_scheduler_t *s, oi_job_t *job);
 
 /* Direct sequence batching: `jobs` (linked by `next`, row after row) run as one batch on

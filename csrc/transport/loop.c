@@ -20,6 +20,12 @@ static void drain(uv_async_t *h)
     }
 }
 
+static void count_turn(uv_prepare_t *h)
+{
+    oi_loop_t *l = h->data;
+    l->turns++;
+}
+
 int oi_loop_init(oi_loop_t *l)
 {
     int rc = uv_loop_init(&l->uv);
@@ -30,6 +36,12 @@ int oi_loop_init(oi_loop_t *l)
         uv_loop_close(&l->uv);
         return rc;
     }
+    uv_prepare_init(&l->uv, &l->turn); /* cannot fail on Linux */
+    l->turn.data = l;
+    l->turns = 1;
+    l->ran_model_turn = 0;
+    uv_prepare_start(&l->turn, count_turn);
+    uv_unref((uv_handle_t *)&l->turn); /* it keeps the loop alive no more than the wake does */
     l->wake.data = l;
     l->uv.data = l;
     pthread_mutex_init(&l->mu, NULL);
@@ -111,6 +123,7 @@ void oi_loop_close_wake(oi_loop_t *l)
 {
     drain(&l->wake); /* run what is queued: completions release their resources */
     uv_close((uv_handle_t *)&l->wake, NULL);
+    uv_close((uv_handle_t *)&l->turn, NULL);
 }
 
 void oi_loop_join(oi_loop_t *l)

@@ -23,6 +23,12 @@ typedef struct oi_loop_s {
     pthread_t thread;
     int started;
     char name[16]; /* the thread's name (ps -L, /proc/PID/task/TID/comm), set by oi_loop_start */
+    /* Turns of the loop (each poll for events and the callbacks after it), counted by `turn`;
+     * `ran_model_turn`: the last turn in which the loop ran a model itself, which it does for
+     * the first request of a turn only (see oi_infer_submit). Loop thread only. */
+    uv_prepare_t turn;
+    uint64_t turns;
+    uint64_t ran_model_turn;
 } oi_loop_t;
 
 typedef struct oi_work_s oi_work_t;
