@@ -18,14 +18,14 @@ def add(inputs: dict[str, np.ndarray]) -> dict[str, Any]:
     return {"SUM": inputs["A"] + inputs["B"], "DIFF": inputs["A"] - inputs["B"]}
 
 
-def adder(fn: Any = add, **kw: Any) -> Model:
+def adder(fn: Any = add, name: str = "adder", **kw: Any) -> Model:
     spec: dict[str, Any] = dict(
         inputs=[Tensor("A", "INT32", [-1, 4]), Tensor("B", "INT32", [-1, 4])],
         outputs=[Tensor("SUM", "INT32", [-1, 4]), Tensor("DIFF", "INT32", [-1, 4])],
         max_batch_size=8,
     )
     spec.update(kw)
-    return Model("adder", fn, **spec)
+    return Model(name, fn, **spec)
 
 
 # Tensor
@@ -328,3 +328,78 @@ def test_stop_ends_executors_whose_thread_locals_take_the_gil_when_freed() -> No
     its own thread held, and stop() never returned."""
     r = subprocess.run([sys.executable, "-c", GEVENT_HUB_ON_AN_EXECUTOR], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "stopped", r.stderr[-2000:]
+
+
+# The core calls a plain model's function itself (Model.direct), without the handler
+
+
+def test_direct_is_offered_only_for_plain_models() -> None:
+    plain = adder()
+    assert plain.direct == (plain.fn, plain._select)
+    assert adder(fn=lambda inputs, parameters: {}).direct is None  # wants parameters
+    assert adder(fn=lambda inputs, request: {}).direct is None  # wants the request
+    assert adder(decoupled=True).direct is None
+    bf16 = Model("b", lambda inputs: {}, inputs=[], outputs=[Tensor("Y", "BF16", [1])])
+    assert bf16.direct is None  # its outputs are converted by the handler
+
+
+def test_direct_models_answer_and_fail_as_through_the_handler() -> None:
+    """Each function served twice, plain (called directly by the core) and taking
+    `parameters` (called through the handler): the same answers and the same errors, through
+    tritonclient.http."""
+    import types
+
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    def raises(inputs: dict[str, np.ndarray]) -> Any:
+        raise RuntimeError("no")
+
+    fns: dict[str, Any] = {
+        "extra": lambda inputs: {"SUM": inputs["A"] + inputs["B"], "DIFF": inputs["A"] - inputs["B"], "X": 1},
+        "proxy": lambda inputs: types.MappingProxyType({"SUM": inputs["A"] * 2, "DIFF": inputs["B"] * 2}),
+        "returns_list": lambda inputs: [1, 2],
+        "missing": lambda inputs: {"SUM": inputs["A"]},
+        "raises": raises,
+    }
+    models = []
+    for name, fn in fns.items():
+        models.append(adder(fn=fn, name=name))
+        models.append(adder(fn=lambda inputs, parameters, fn=fn: fn(inputs), name=f"{name}_handler"))
+    assert all((m.direct is None) == m.name.endswith("_handler") for m in models)
+
+    def not_called(*args: Any) -> Any:
+        raise AssertionError("the handler of a plain model was called")
+
+    for m in models:  # the plain ones must not need it
+        if m.direct is not None:
+            object.__setattr__(m, "handler", not_called)
+    srv = openinfer.serve(models=models, http_port=0, log=False)
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{srv.http_port}")
+    try:
+        a = np.array([[1, 2, 3, 4]], np.int32)
+        b = np.array([[4, 3, 2, 1]], np.int32)
+
+        def call(model: str) -> tuple[str, Any]:
+            inputs = [httpclient.InferInput("A", [1, 4], "INT32"), httpclient.InferInput("B", [1, 4], "INT32")]
+            inputs[0].set_data_from_numpy(a)
+            inputs[1].set_data_from_numpy(b)
+            outputs = [httpclient.InferRequestedOutput("DIFF"), httpclient.InferRequestedOutput("SUM")]
+            try:
+                r = client.infer(model, inputs, outputs=outputs)
+            except InferenceServerException as e:
+                return "error", (e.status(), e.message().replace(f"'{model}'", "'M'"))
+            return "ok", (r.as_numpy("DIFF").tolist(), r.as_numpy("SUM").tolist(), r.get_response()["outputs"][0]["name"])
+
+        seen = {name: call(name) for name in fns}
+        assert seen == {name: call(f"{name}_handler") for name in fns}
+        assert seen["extra"] == ("ok", ((a - b).tolist(), (a + b).tolist(), "DIFF"))
+        assert seen["proxy"] == ("ok", ((b * 2).tolist(), (a * 2).tolist(), "DIFF"))
+        assert seen["returns_list"] == (
+            "error", ("500", "model 'M' raised TypeError: model 'M' returned list; expected a dict of output name -> array"))
+        assert seen["missing"] == (
+            "error", ("500", "model 'M' raised ValueError: model 'M' did not return output 'DIFF' (returned 'SUM')"))
+        assert seen["raises"] == ("error", ("500", "model 'M' raised RuntimeError: no"))
+    finally:
+        client.close()
+        srv.stop()

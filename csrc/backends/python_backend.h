@@ -9,9 +9,13 @@
 extern const oi_backend_t oi_python_backend;
 
 /* Returns the state for one model version around `handler` (a new reference is taken) whose
- * results are converted to the declared output datatypes, or NULL when out of memory. `handler(inputs, parameters, output_names)` follows the contract
- * in python/openinfer/_core.pyi. */
-void *oi_python_backend_state(PyObject *handler, const char *model_name, const oi_io_spec_t *outputs,
-                              uint32_t n_outputs);
+ * results are converted to the declared output datatypes, or NULL when out of memory.
+ * `handler(inputs, parameters, output_names, cancelled)` follows the contract in
+ * python/openinfer/_core.pyi. A model that is not decoupled and whose function takes the
+ * inputs alone may also give `fn` and `select` (else NULL): then fn(inputs) is called
+ * directly, and select(result, output_names) only for a result that is not a dict holding
+ * every requested output (it returns the outputs to send or raises). */
+void *oi_python_backend_state(PyObject *handler, PyObject *fn, PyObject *select, const char *model_name,
+                              const oi_io_spec_t *outputs, uint32_t n_outputs);
 
 #endif

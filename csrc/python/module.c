@@ -1187,17 +1187,19 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
                              "torch",     "dynamic_batching", "config_json",
                              "config_pb", "publish",          "sequence_batching",
                              "decoupled", "onnx",             "labels",
-                             "ensemble",  "response_cache",   "workers", NULL};
+                             "ensemble",  "response_cache",   "workers",
+                             "direct",    NULL};
     const char *name, *error = NULL;
     long long version;
     PyObject *inputs = NULL, *outputs = NULL, *handler = NULL, *torch = Py_None, *batching = Py_None,
-             *sequence = Py_None, *onnx = Py_None, *labels = Py_None, *ensemble = Py_None, *workers = Py_None;
+             *sequence = Py_None, *onnx = Py_None, *labels = Py_None, *ensemble = Py_None, *workers = Py_None,
+             *direct = Py_None;
     int max_batch = 0, instances = 1, publish = 1, decoupled = 0, response_cache = 0;
     Py_buffer meta = {0}, cfg_json = {0}, cfg_pb = {0};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOOy*y*pOpOOOpO", kwlist, &name, &version, &inputs, &outputs,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOOy*y*pOpOOOpOO", kwlist, &name, &version, &inputs, &outputs,
                                      &max_batch, &meta, &handler, &instances, &error, &torch, &batching, &cfg_json,
                                      &cfg_pb, &publish, &sequence, &decoupled, &onnx, &labels, &ensemble,
-                                     &response_cache, &workers))
+                                     &response_cache, &workers, &direct))
         return NULL;
     if (handler == NULL && (torch != Py_None || onnx != Py_None || ensemble != Py_None))
         handler = Py_None;
@@ -1365,7 +1367,12 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
                 m->backend = &oi_process_backend;
             }
         } else {
-            m->state = oi_python_backend_state(handler, name, outs, n_outs);
+            PyObject *fn = NULL, *select = NULL;
+            if (direct != Py_None && !PyArg_ParseTuple(direct, "OO;direct is (fn, select)", &fn, &select)) {
+                free(outs);
+                goto done;
+            }
+            m->state = oi_python_backend_state(handler, fn, select, name, outs, n_outs);
             free(outs);
             if (m->state == NULL) {
                 PyErr_NoMemory();

@@ -315,7 +315,7 @@ static PyObject *worker_serve(PyObject *self, PyObject *args, PyObject *kw)
         specs[i].name = (char *)oname;
         specs[i].dtype = oi_dtype_from_name(dtype, strlen(dtype));
     }
-    if (specs == NULL || (state = oi_python_backend_state(handler, name, specs, (uint32_t)n)) == NULL) {
+    if (specs == NULL || (state = oi_python_backend_state(handler, NULL, NULL, name, specs, (uint32_t)n)) == NULL) {
         PyErr_NoMemory();
         goto done;
     }

@@ -175,6 +175,10 @@ class Server:
         # list of (step model tensor, ensemble tensor); with handler=None
         ensemble: Sequence[tuple[str, int, Sequence[tuple[str, str]], Sequence[tuple[str, str]]]] | None = None,
         response_cache: bool = False,  # use the server's response cache (if it has one)
+        # a model whose function takes the inputs alone: (fn, select), so that the core calls
+        # fn(inputs) itself and select(result, output_names) only for a result that is not a
+        # dict holding every requested output (select returns the outputs or raises)
+        direct: tuple[Callable[[dict[str, Any]], Any], Callable[[Any, tuple[str, ...]], dict[str, Any]]] | None = None,
     ) -> str | None | ModelVersion:
         """Registers one model version. `labels` maps an output name to its label file's bytes
         (one label a line) for the classification extension. handler=None with error=reason registers a version that

@@ -449,6 +449,7 @@ class ModelControl:
         if model is not None:
             # A TorchScript module runs through the shim (torch=spec); a Python model is a handler.
             runs: dict[str, Any] = {"handler": getattr(model, "handler", None),
+                                    "direct": getattr(model, "direct", None),
                                     "decoupled": getattr(model, "decoupled", False)}
             if getattr(model, "processes", False):
                 runs["workers"] = processes.worker_spec(model)

@@ -349,6 +349,15 @@ class Model:
             return self._responses(result, outputs, cancelled)
         return self._select(result, outputs)
 
+    @property
+    def direct(self) -> tuple[Callable[..., Any], Callable[..., dict[str, object]]] | None:
+        """(fn, select) when `fn` takes the inputs alone, the model is not decoupled and has
+        no BF16 output: the core then calls `fn` itself, without `handler` (see
+        _core.Server.add_model). None otherwise."""
+        if self.decoupled or self._wants_parameters or self._wants_request or self._bf16_outputs:
+            return None
+        return self.fn, self._select
+
     def _call(self, inputs: dict[str, np.ndarray], parameters: bytes | None, cancelled: Callable[[], bool]) -> Any:
         if not (self._wants_parameters or self._wants_request):
             result = self.fn(inputs)
