@@ -48,6 +48,7 @@ struct oi_scheduler_s {
     /* Jobs may run on the loop thread that submits them (see oi_scheduler_submit): the
      * backend allows it and the model neither batches nor preserves ordering. */
     int run_here;
+    uint64_t run_here_max_ns;
     int running;          /* executions in progress, on executors and loop threads; under mu */
     char *here_slot_busy; /* per instance: statistics slot instances + i taken by a loop; under mu */
     _Atomic uint64_t recent_ns; /* run_here: the recent executions' average duration (0: none yet) */
@@ -679,6 +680,18 @@ static void *executor(void *arg)
     }
 }
 
+/* OPENINFER_RUN_ON_LOOP_MAX_US, else OI_RUN_HERE_MAX_NS (also for a value that is not a
+ * whole number of microseconds); 0 turns running on loops off. */
+static uint64_t run_here_max_ns(void)
+{
+    const char *v = getenv("OPENINFER_RUN_ON_LOOP_MAX_US");
+    char *end = NULL;
+    unsigned long long us = v != NULL && *v >= '0' && *v <= '9' ? strtoull(v, &end, 10) : 0;
+    if (end == NULL || *end != '\0' || us > UINT64_MAX / 1000u)
+        return OI_RUN_HERE_MAX_NS;
+    return (uint64_t)us * 1000u;
+}
+
 oi_scheduler_t *oi_scheduler_new_batching(const oi_backend_t *backend, void *state, int instances,
                                           const oi_batching_t *batching, char *err, size_t errlen)
 {
@@ -691,7 +704,9 @@ oi_scheduler_t *oi_scheduler_new_batching(const oi_backend_t *backend, void *sta
         return NULL;
     }
     s->instances = instances;
-    s->run_here = backend->runs_on_loop && (batching == NULL || (batching->max_batch_size <= 0 && !batching->preserve_ordering));
+    s->run_here_max_ns = run_here_max_ns();
+    s->run_here = s->run_here_max_ns > 0 && backend->runs_on_loop &&
+                  (batching == NULL || (batching->max_batch_size <= 0 && !batching->preserve_ordering));
     if (s->run_here && (s->here_slot_busy = calloc((size_t)instances, 1)) == NULL) {
         free(s->pinned);
         free(s);
@@ -817,7 +832,7 @@ static int submit(oi_scheduler_t *s, oi_job_t *job, int may_run_here)
     }
     if (may_run_here && s->run_here && first_list(s) < 0 && s->running < s->instances) {
         uint64_t recent = atomic_load_explicit(&s->recent_ns, memory_order_relaxed);
-        if (recent != 0 && recent < OI_RUN_HERE_MAX_NS) {
+        if (recent != 0 && recent < s->run_here_max_ns) {
             run_here(s, job); /* unlocks */
             return 1;
         }

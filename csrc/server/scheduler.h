@@ -89,10 +89,11 @@ typedef struct oi_batching_s {
 
 typedef struct oi_scheduler_s oi_scheduler_t;
 
-/* The longest average execution that oi_scheduler_submit runs on the submitting loop thread:
- * long enough for the small models whose hand-off to an executor and back (two thread
+/* The longest average execution that oi_scheduler_submit_on_loop runs on the submitting loop
+ * thread: long enough for the small models whose hand-off to an executor and back (two thread
  * switches) costs as much as the model, short enough that the loop's other connections wait
- * no longer than a small request takes anyway. */
+ * no longer than a small request takes anyway. The environment variable
+ * OPENINFER_RUN_ON_LOOP_MAX_US, read when a model loads, replaces it (0: never). */
 #define OI_RUN_HERE_MAX_NS 50000u
 
 /* Starts `instances` executor threads running `backend` on `state`, which the scheduler does
@@ -119,10 +120,10 @@ int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job);
 
 /* oi_scheduler_submit from a loop thread, which runs the job itself, `done` included, when
  * the backend allows it (runs_on_loop), the model does not batch or preserve ordering,
- * nothing is queued, an instance is free and the model's recent executions took under
- * OI_RUN_HERE_MAX_NS on average: handing such a model to an executor and back costs about as
- * much as running it. `done` must not wait for the loop. Returns 1 when the job ran here,
- * else as oi_scheduler_submit. */
+ * nothing is queued, an instance is free and the model's recent executions took less than
+ * OI_RUN_HERE_MAX_NS (or OPENINFER_RUN_ON_LOOP_MAX_US) on average: handing such a model to an
+ * executor and back costs about as much as running it. `done` must not wait for the loop.
+ * Returns 1 when the job ran here, else as oi_scheduler_submit. */
 int oi_scheduler_submit_on_loop(oi_scheduler_t *s, oi_job_t *job);
 
 /* Direct sequence batching: `jobs` (linked by `next`, row after row) run as one batch on
