@@ -226,6 +226,10 @@ def _stop_all() -> None:
 
 
 def _on_sigterm(signum, frame):  # turn SIGTERM/SIGHUP into a clean unwind
+    # A second signal must not cut the clean-up short (stopping the peers): a `pkill`
+    # repeated while the first unwinds left tritonserver, MLServer and KServe running.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     raise KeyboardInterrupt(f"signal {signum}")
 
 
