@@ -1,6 +1,7 @@
 /* Per-model-version executor threads fed by one FIFO queue, with an optional dynamic batcher
  * that runs compatible queued requests as one batch. Transports submit jobs and get them back
- * through the job's `done` callback, on the executor thread. */
+ * through the job's `done` callback, on the executor thread (or, for a quick model, on the
+ * loop thread that submitted it: oi_scheduler_submit_on_loop). */
 #ifndef OI_SERVER_SCHEDULER_H
 #define OI_SERVER_SCHEDULER_H
 
