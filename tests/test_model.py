@@ -403,3 +403,15 @@ def test_direct_models_answer_and_fail_as_through_the_handler() -> None:
     finally:
         client.close()
         srv.stop()
+
+
+def test_a_malformed_direct_spec_is_refused() -> None:
+    """add_model(direct=...) must be (fn, select): anything else is a TypeError saying so, and
+    nothing is registered."""
+    model = adder()
+    with openinfer.serve(models=[], http_port=0, log=False) as srv:
+        for bad in [(model.fn,), model.fn, (model.fn, model._select, 3), (model.fn, 3)]:
+            with pytest.raises(TypeError, match=r"direct is \(fn, select\)"):
+                srv._core.add_model("bad_direct", 1, inputs=[("A", "INT32", (-1, 4))], outputs=[("SUM", "INT32", (-1, 4))],
+                                    max_batch_size=8, metadata_json=b"{}", handler=model.handler, direct=bad)
+        assert "bad_direct" not in srv.models

@@ -102,6 +102,31 @@ static PyObject *make_inputs(const oi_request_t *req)
     return d;
 }
 
+/* A tuple of the names as str, or NULL with the exception set. */
+static PyObject *name_tuple(const char *const *names, uint32_t n)
+{
+    PyObject *t = PyTuple_New(n);
+    for (uint32_t i = 0; t != NULL && i < n; i++) {
+        PyObject *u = PyUnicode_FromString(names[i]);
+        if (u == NULL)
+            Py_CLEAR(t);
+        else
+            PyTuple_SET_ITEM(t, i, u);
+    }
+    return t;
+}
+
+/* The status for a result `fn` gave that is not a dict holding every requested output: the
+ * error the model's own `select` raises for it (NULL when select takes it: then *selected). */
+static oi_status_t *select_result(const py_state_t *s, PyObject *result, const char *const *names, uint32_t n,
+                                  PyObject **selected)
+{
+    PyObject *wanted = name_tuple(names, n);
+    *selected = wanted ? PyObject_CallFunctionObjArgs(s->select, result, wanted, NULL) : NULL;
+    Py_XDECREF(wanted);
+    return *selected == NULL ? model_error(s) : NULL;
+}
+
 static oi_status_t *collect_outputs(const py_state_t *s, PyObject *result, const char *const *names, uint32_t n,
                                     oi_response_t *resp)
 {
@@ -115,7 +140,11 @@ static oi_status_t *collect_outputs(const py_state_t *s, PyObject *result, const
         PyObject *v = PyMapping_GetItemString(result, names[i]);
         if (v == NULL) {
             PyErr_Clear();
-            return oi_status_new(OI_INTERNAL, "model '%s' did not return output '%s'", s->model_name, names[i]);
+            PyObject *selected = NULL; /* a direct call's answer: select words the error */
+            oi_status_t *st = s->select != NULL ? select_result(s, result, names, n, &selected) : NULL;
+            Py_XDECREF(selected);
+            return st != NULL ? st
+                              : oi_status_new(OI_INTERNAL, "model '%s' did not return output '%s'", s->model_name, names[i]);
         }
         oi_tensor_t *t = &resp->outputs[i];
         oi_status_t *st = oi_py_to_tensor(v, declared_dtype(s, names[i]), "output", names[i], t);
@@ -213,44 +242,28 @@ static void enter_python(void)
     pthread_setspecific(tstate_key, PyThreadState_Get());
 }
 
-/* A tuple of the names as str, or NULL with the exception set. */
-static PyObject *name_tuple(const char *const *names, uint32_t n)
-{
-    PyObject *t = PyTuple_New(n);
-    for (uint32_t i = 0; t != NULL && i < n; i++) {
-        PyObject *u = PyUnicode_FromString(names[i]);
-        if (u == NULL)
-            Py_CLEAR(t);
-        else
-            PyTuple_SET_ITEM(t, i, u);
-    }
-    return t;
-}
-
 /* fn(inputs) for a model that takes nothing else: the handler's work without its three
  * Python frames, a new dict and the call's other arguments (the `simple` model on one CPU:
  * 1.06x the requests/s over HTTP at 8 and 64 connections, 1.05x over gRPC at 64). A result
- * other than a dict with every requested output goes through the model's own `select`, which
- * converts it or raises the error a client gets. */
+ * other than a dict, or a dict without a requested output, goes through the model's own
+ * `select`, which converts it or raises the error a client gets. */
 static oi_status_t *call_direct(py_state_t *s, const oi_request_t *req, const char *const *names, uint32_t n,
                                 oi_response_t *resp)
 {
     PyObject *inputs = make_inputs(req);
     PyObject *result = inputs ? PyObject_CallOneArg(s->fn, inputs) : NULL;
     Py_XDECREF(inputs);
-    int whole = result != NULL && PyDict_CheckExact(result);
-    for (uint32_t i = 0; whole && i < n; i++)
-        whole = PyDict_GetItemString(result, names[i]) != NULL;
-    if (result != NULL && !whole) {
-        PyObject *wanted = name_tuple(names, n);
-        PyObject *selected = wanted ? PyObject_CallFunctionObjArgs(s->select, result, wanted, NULL) : NULL;
-        Py_XDECREF(wanted);
-        Py_SETREF(result, selected);
-    }
     if (result == NULL)
         return model_error(s);
-    oi_status_t *st = collect_outputs(s, result, names, n, resp);
-    Py_DECREF(result);
+    oi_status_t *st = NULL;
+    if (!PyDict_CheckExact(result)) { /* select converts it (a Mapping) or raises */
+        PyObject *selected;
+        st = select_result(s, result, names, n, &selected);
+        Py_SETREF(result, selected);
+    }
+    if (st == NULL)
+        st = collect_outputs(s, result, names, n, resp); /* a missing output: select words it */
+    Py_XDECREF(result);
     return st;
 }
 

@@ -1368,7 +1368,10 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
             }
         } else {
             PyObject *fn = NULL, *select = NULL;
-            if (direct != Py_None && !PyArg_ParseTuple(direct, "OO;direct is (fn, select)", &fn, &select)) {
+            if (direct != Py_None && (!PyTuple_Check(direct) || PyTuple_GET_SIZE(direct) != 2 ||
+                                      !PyCallable_Check(fn = PyTuple_GET_ITEM(direct, 0)) ||
+                                      !PyCallable_Check(select = PyTuple_GET_ITEM(direct, 1)))) {
+                PyErr_Format(PyExc_TypeError, "direct is (fn, select), two callables; got %R", direct);
                 free(outs);
                 goto done;
             }

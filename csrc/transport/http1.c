@@ -190,15 +190,9 @@ static void after_write(uv_write_t *w, int status)
 static void conn_send(oi_http_conn_t *c, write_req_t *wr, uv_buf_t *bufs, unsigned nb)
 {
     c->writes++;
-    int rc = c->closing ? 0 : oi_stream_try_write(&c->sock.stream, bufs, &nb);
-    if (rc == 1) {
-        after_write(&wr->w, 0);
-        return;
-    }
-    if (rc == 0)
-        rc = uv_write(&wr->w, &c->sock.stream, bufs, nb, after_write);
+    int rc = oi_stream_send(&c->sock.stream, &wr->w, bufs, nb, after_write);
     if (rc != 0)
-        after_write(&wr->w, rc);
+        after_write(&wr->w, rc == 1 ? 0 : rc);
 }
 
 static const char *reason_phrase(int status)

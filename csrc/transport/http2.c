@@ -1169,14 +1169,12 @@ static void conn_write_batch(h2_conn_t *c)
         if (sg->owner)
             wr->owners[wr->nowners++] = sg->owner;
     }
-    unsigned n = (unsigned)c->nsegs;
+    size_t n = c->nsegs;
     c->nsegs = 0;
     c->writes++;
     /* Written at once when the socket takes it all (as nearly every answer is), then released
      * here; callers check `closing` afterwards, as they must after a failed write. */
-    int rc = oi_stream_try_write(&c->sock.stream, bufs, &n);
-    if (rc == 0)
-        rc = uv_write(&wr->w, &c->sock.stream, bufs, n, after_write);
+    int rc = oi_stream_send(&c->sock.stream, &wr->w, bufs, (unsigned)n, after_write);
     if (bufs != stackbufs)
         free(bufs);
     if (rc != 0)

@@ -2,7 +2,6 @@
 
 #include <stdatomic.h>
 #include <stdio.h>
-#include <string.h>
 
 #include "core/thread.h"
 
@@ -164,24 +163,20 @@ static void work_done(uv_work_t *req, int status)
     w->done(w);
 }
 
-int oi_stream_try_write(uv_stream_t *s, uv_buf_t *bufs, unsigned *nb)
+int oi_stream_send(uv_stream_t *s, uv_write_t *req, uv_buf_t *bufs, unsigned nb, uv_write_cb cb)
 {
-    int n = uv_try_write(s, bufs, *nb); /* UV_EAGAIN also while writes are queued */
-    if (n == UV_EAGAIN)
-        return 0;
-    if (n < 0)
+    int n = uv_try_write(s, bufs, nb); /* UV_EAGAIN also while writes are queued */
+    if (n < 0 && n != UV_EAGAIN)
         return n;
-    size_t left = (size_t)n;
+    size_t left = n > 0 ? (size_t)n : 0;
     unsigned i = 0;
-    while (i < *nb && left >= bufs[i].len)
+    while (i < nb && left >= bufs[i].len)
         left -= bufs[i++].len;
-    if (i == *nb)
+    if (i == nb)
         return 1;
     bufs[i].base += left;
     bufs[i].len -= left;
-    memmove(bufs, bufs + i, (*nb - i) * sizeof(*bufs));
-    *nb -= i;
-    return 0;
+    return uv_write(req, s, bufs + i, nb - i, cb);
 }
 
 int oi_loop_work(oi_loop_t *l, oi_work_t *w)

@@ -52,12 +52,13 @@ int oi_loop_work(oi_loop_t *l, oi_work_t *w);
 void oi__work_hold(int on);
 int oi__work_held(void);
 
-/* Writes at once what the socket of `s` takes of bufs[0..*nb), leaving the rest at the front of
- * `bufs` (*nb updated): 1 when everything went, 0 when some is left for uv_write, or a libuv
- * error. An answer written this way skips libuv's write queue, whose completion costs a pass
- * through the loop's pending queue and an epoll_ctl per write (the drain re-arms the watcher
- * even when nothing changes). Never ahead of queued writes: it writes nothing while any wait. */
-int oi_stream_try_write(uv_stream_t *s, uv_buf_t *bufs, unsigned *nb);
+/* Writes bufs[0..nb) to `s`: at once what the socket takes, the rest (if any) queued with
+ * uv_write(req, ..., cb). Returns 1 when everything went at once (cb is not called), 0 when
+ * queued (cb will be), or a libuv error (cb is not called). An answer written at once skips
+ * libuv's write queue, whose completion costs a pass through the loop's pending queue and an
+ * epoll_ctl per write (the drain re-arms the watcher even when nothing changes). Never ahead
+ * of queued writes: nothing is written at once while any wait. May change `bufs`. */
+int oi_stream_send(uv_stream_t *s, uv_write_t *req, uv_buf_t *bufs, unsigned nb, uv_write_cb cb);
 
 /* Initializes the loop on the calling thread; 0 or a libuv error code. */
 int oi_loop_init(oi_loop_t *l);
