@@ -11,7 +11,8 @@ import json
 import os
 import socket
 import struct
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -52,10 +53,14 @@ def connections_per_loop(before: dict[int, int], per_connection: int) -> list[in
     return sorted((after[tid] - n) // per_connection for tid, n in before.items() if tid in after)
 
 
-# Each of the two loops serves at least this many of the CONNECTIONS: the loops take turns
-# (5/3 at worst when one of them waits long for a CPU); the loop that woke first no longer
-# takes the whole burst (8/0), nor most of it (6/2, 7/1).
-AT_LEAST = 3
+# A burst is spread when each of the two loops serves about half of it: the loops take turns
+# (4/4, or 5/3 when one waits for a CPU); the loop that woke first no longer takes the whole
+# burst (8/0) nor most of it (7/1, 6/2: without the balance, mostly 0 to 2 of 8 for the other
+# loop). A loop kept from its CPU longer than a busier one's pause (1 ms) still lets that one
+# take another (6/2 once, under ASan in a full suite), so the test counts over several bursts:
+# the smaller shares of ROUNDS bursts together reach AT_LEAST.
+ROUNDS = 3
+AT_LEAST = 7
 
 
 @pytest.fixture()
@@ -85,7 +90,44 @@ def connect_all(port: int) -> list[socket.socket]:
     for s in socks:
         s.setblocking(True)
         s.settimeout(30)
+    # The loops accept while this thread sleeps, not while it competes with them for the CPUs
+    # by sending: the balance is between the loops, not between a loop and the test.
+    time.sleep(0.05)
     return socks
+
+
+def close_all(socks: list[socket.socket]) -> None:
+    """Closes the connections once the server has closed its ends (it reads our end-of-file),
+    so the next burst finds both loops with none open."""
+    for s in socks:
+        s.shutdown(socket.SHUT_WR)
+        while s.recv(65536):
+            pass
+        s.close()
+    time.sleep(0.05)  # the loops count a connection closed on their next turn
+
+
+def shares_of_bursts(port: int, others: frozenset[int], exchange: Callable[[socket.socket], None],
+                     per_connection: int) -> list[list[int]]:
+    """ROUNDS bursts of CONNECTIONS connections to `port`, each making its `exchange` (which
+    sends `per_connection` bytes): how many connections of each burst each loop served."""
+    shares = []
+    for _ in range(ROUNDS):
+        before = loop_reads(others)
+        socks = connect_all(port)
+        try:
+            for s in socks:
+                exchange(s)
+            served = connections_per_loop(before, per_connection)
+            assert sum(served) == CONNECTIONS, served
+            shares.append(served)
+        finally:
+            close_all(socks)
+    return shares
+
+
+def assert_spread(shares: list[list[int]]) -> None:
+    assert sum(min(served) for served in shares) >= AT_LEAST, shares
 
 
 def recv_http_response(s: socket.socket) -> tuple[int, bytes]:
@@ -110,24 +152,15 @@ def test_http_burst_is_served_by_both_loops(server: tuple[openinfer.Server, froz
         f"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
     ).encode() + body
-    before = loop_reads(others)
-    socks = connect_all(srv.http_port)
-    try:
-        for s in socks:
+
+    def two_requests(s: socket.socket) -> None:  # keep-alive: the same connection answers both
+        for _ in range(2):
             s.sendall(request)
-        for s in socks:  # keep-alive: the same connections answer a second round
             status, out = recv_http_response(s)
             assert status == 200, out
             assert json.loads(out)["outputs"][0]["data"] == [x + 1 for x in range(16)]
-            s.sendall(request)
-        for s in socks:
-            status, out = recv_http_response(s)
-            assert status == 200, out
-        served = connections_per_loop(before, 2 * len(request))
-        assert sum(served) == CONNECTIONS and min(served) >= AT_LEAST, served
-    finally:
-        for s in socks:
-            s.close()
+
+    assert_spread(shares_of_bursts(srv.http_port, others, two_requests, 2 * len(request)))
 
 
 def h2_frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
@@ -143,27 +176,21 @@ def test_grpc_burst_is_served_by_both_loops(server: tuple[openinfer.Server, froz
     srv, others = server
     out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + h2_frame(4, 0, 0, b"")
     out += b"".join(h2_frame(6, 0, 0, struct.pack(">Q", i)) for i in range(PINGS))
-    before = loop_reads(others)
-    socks = connect_all(srv.grpc_port)
-    try:
-        for s in socks:
-            s.sendall(out)
-        for s in socks:
-            acks, buf = 0, b""
-            while acks < PINGS:
-                while len(buf) < 9 or len(buf) < 9 + int.from_bytes(buf[:3], "big"):
-                    chunk = s.recv(65536)
-                    assert chunk, f"connection closed after {acks} PING acks"
-                    buf += chunk
-                n = 9 + int.from_bytes(buf[:3], "big")
-                if buf[3] == 6 and buf[4] & 1:
-                    acks += 1
-                buf = buf[n:]
-        served = connections_per_loop(before, len(out))
-        assert sum(served) == CONNECTIONS and min(served) >= AT_LEAST, served
-    finally:
-        for s in socks:
-            s.close()
+
+    def pings(s: socket.socket) -> None:
+        s.sendall(out)
+        acks, buf = 0, b""
+        while acks < PINGS:
+            while len(buf) < 9 or len(buf) < 9 + int.from_bytes(buf[:3], "big"):
+                chunk = s.recv(65536)
+                assert chunk, f"connection closed after {acks} PING acks"
+                buf += chunk
+            n = 9 + int.from_bytes(buf[:3], "big")
+            if buf[3] == 6 and buf[4] & 1:
+                acks += 1
+            buf = buf[n:]
+
+    assert_spread(shares_of_bursts(srv.grpc_port, others, pings, len(out)))
 
 
 SERVER_SHORT_OF_DESCRIPTORS = """

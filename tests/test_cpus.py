@@ -3,6 +3,8 @@ quota (csrc/core/cpus.c), not the CPUs online."""
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import shutil
 import subprocess
@@ -93,14 +95,18 @@ def test_affinity_mask_is_counted(cpus_bin: Path) -> None:
         assert _run(cpus_bin, prefix=(TASKSET, "-c", "0,1")) == 2
 
 
-def _thread_names(pid: int) -> list[str]:
-    names = []
+def _thread_names_by_id(pid: int) -> dict[str, str]:
+    names = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            names.append((task / "comm").read_text().strip())
+            names[task.name] = (task / "comm").read_text().strip()
         except OSError:  # the thread ended meanwhile
             pass
     return names
+
+
+def _thread_names(pid: int) -> list[str]:
+    return list(_thread_names_by_id(pid).values())
 
 
 @pytest.mark.skipif(TASKSET is None or not Path("/proc/self/task").exists(), reason="needs taskset and /proc")
@@ -125,6 +131,39 @@ def test_server_pinned_to_one_cpu_starts_one_loop(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait(timeout=30)
+
+
+SIMPLE_REQUEST = json.dumps({"inputs": [
+    {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": list(range(16))},
+    {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16},
+]}).encode()
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs /proc")
+def test_threads_a_loop_starts_are_not_named_as_loops() -> None:
+    """A thread takes its creator's name unless given one: those that a loop starts on first
+    need (libuv's pool, which compresses responses; the thread that releases Python objects)
+    are named for what they do, and only the loops are `oi-loop`."""
+    import urllib.request
+
+    import openinfer
+
+    before = {task.name for task in Path(f"/proc/{os.getpid()}/task").iterdir()}
+    srv = openinfer.serve(openinfer.examples_path(), http_port=0, grpc_port=None, metrics_port=None,
+                          threads=2, log=False)
+    try:
+        for encoding in ("identity", "gzip"):
+            req = urllib.request.Request(f"http://127.0.0.1:{srv.http_port}/v2/models/simple/infer",
+                                         data=SIMPLE_REQUEST, headers={"Accept-Encoding": encoding})
+            with urllib.request.urlopen(req, timeout=30) as r:
+                body = gzip.decompress(r.read()) if r.headers.get("Content-Encoding") == "gzip" else r.read()
+            assert json.loads(body)["outputs"][0]["data"] == [x + 1 for x in range(16)]
+        assert r.headers.get("Content-Encoding") == "gzip"  # the last one was compressed
+        names = [name for tid, name in _thread_names_by_id(os.getpid()).items() if tid not in before]
+        assert names.count("oi-loop") == 2, names
+        assert "oi-work" in names, names
+    finally:
+        srv.stop()
 
 
 # The policy and name of the thread that runs a Python model (its executor).

@@ -119,7 +119,7 @@ int oi_recq_consume(oi_recq_t *q, void (*each)(void *ctx, void *rec), void (*pas
     q->each = each;
     q->pass = pass;
     q->ctx = ctx;
-    int rc = oi_thread_create(&q->thread, consumer_main, q, 0);
+    int rc = oi_thread_create(&q->thread, "oi-recq", consumer_main, q, 0);
     if (rc != 0) {
         free(q->rec);
         q->rec = NULL;

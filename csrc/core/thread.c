@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-int oi_thread_create(pthread_t *t, void *(*fn)(void *), void *arg, int detached)
+int oi_thread_create(pthread_t *t, const char *name, void *(*fn)(void *), void *arg, int detached)
 {
     sigset_t all, old;
     sigfillset(&all);
@@ -21,27 +21,21 @@ int oi_thread_create(pthread_t *t, void *(*fn)(void *), void *arg, int detached)
     sigdelset(&all, SIGFPE);
     sigdelset(&all, SIGILL);
     pthread_sigmask(SIG_BLOCK, &all, &old); /* the new thread inherits the mask */
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    if (detached)
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    int rc = pthread_create(t, &attr, fn, arg);
-    pthread_attr_destroy(&attr);
+    int rc = pthread_create(t, NULL, fn, arg);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
-    return rc;
-}
-
-void oi_thread_set_name(const char *name)
-{
-    char short_name[16];
+    if (rc != 0)
+        return rc;
+    /* Named while still joinable, so the handle is valid even if the thread has ended. */
+#if defined(__linux__)
+    char short_name[16]; /* the kernel keeps 15 characters */
     snprintf(short_name, sizeof(short_name), "%s", name);
-#if defined(__APPLE__)
-    pthread_setname_np(short_name);
-#elif defined(__linux__)
-    pthread_setname_np(pthread_self(), short_name);
+    pthread_setname_np(*t, short_name);
 #else
-    (void)short_name;
+    (void)name;
 #endif
+    if (detached)
+        pthread_detach(*t);
+    return 0;
 }
 
 static _Thread_local int thread_instance = -1;

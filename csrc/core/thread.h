@@ -6,12 +6,10 @@
 
 #include <pthread.h>
 
-/* pthread_create with every signal blocked in the new thread. Returns 0 or an errno. */
-int oi_thread_create(pthread_t *t, void *(*fn)(void *), void *arg, int detached);
-
-/* Names the calling thread for ps, top and /proc/PID/task/TID/comm (at most 15 characters
- * are kept); does nothing where the system has no thread names. */
-void oi_thread_set_name(const char *name);
+/* pthread_create with every signal blocked in the new thread, named `name` for ps -L, top -H
+ * and /proc/PID/task/TID/comm (15 characters kept): a thread would otherwise take its
+ * creator's name, and one that a loop starts would show as a loop. Returns 0 or an errno. */
+int oi_thread_create(pthread_t *t, const char *name, void *(*fn)(void *), void *arg, int detached);
 
 /* The model instance the calling thread serves: an executor sets it once, and a backend with
  * a pool of instances (TorchScript modules, ONNX sessions) takes that one, so a sequence that

@@ -109,7 +109,7 @@ static void release_py(oi_buf_t *b)
     reaper.items[reaper.n++] = obj;
     if (!reaper.started) {
         pthread_t th;
-        reaper.started = oi_thread_create(&th, reaper_main, NULL, 1) == 0;
+        reaper.started = oi_thread_create(&th, "oi-py-release", reaper_main, NULL, 1) == 0;
     }
     pthread_mutex_unlock(&reaper.mu);
 }

@@ -177,7 +177,7 @@ oi_metrics_t *oi_metrics_new(const oi_metrics_config_t *cfg)
     free(scratch);
     /* Nothing to poll, no thread; a thread that cannot start leaves the first reading. */
     if (cfg->cpu || mx->ngpu)
-        mx->polling = oi_thread_create(&mx->poller, poller_main, mx, 0) == 0;
+        mx->polling = oi_thread_create(&mx->poller, "oi-metrics-poll", poller_main, mx, 0) == 0;
     return mx;
 }
 

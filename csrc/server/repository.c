@@ -150,7 +150,7 @@ oi_status_t *oi__repo_submit(oi_server_t *s, oi_repo_call_t *call, oi_loop_t *lo
     call->done = done;
     call->ctx = ctx;
     pthread_t t;
-    int rc = oi_thread_create(&t, control_main, call, 1);
+    int rc = oi_thread_create(&t, "oi-repo-ctl", control_main, call, 1);
     if (rc != 0) {
         atomic_fetch_sub(&s->repo_calls, 1);
         return oi_status_new(OI_UNAVAILABLE, "cannot start a model repository thread: %s", strerror(rc));

@@ -624,7 +624,6 @@ static void *executor(void *arg)
     oi_stats_slot_t *slot = &s->stats->slots[me];
     slot->last_end = 0;
     oi_thread_set_instance(me);
-    oi_thread_set_name("oi-exec");
     oi_thread_prefer_batch();
     int ran = 0; /* this executor's execution still counts in s->running */
     for (;;) {
@@ -757,7 +756,7 @@ oi_scheduler_t *oi_scheduler_new_batching(const oi_backend_t *backend, void *sta
         return NULL;
     }
     for (int i = 0; i < instances; i++) {
-        int rc = oi_thread_create(&s->threads[i], executor, s, 0);
+        int rc = oi_thread_create(&s->threads[i], "oi-exec", executor, s, 0);
         if (rc != 0) {
             snprintf(err, errlen, "cannot start an executor thread: %s", strerror(rc));
             oi_scheduler_free(s);

@@ -1024,7 +1024,7 @@ oi_seq_t *oi_seq_new(const oi_seq_config_t *cfg, oi_scheduler_t *sched, char *er
         oi_seq_free(q);
         return NULL;
     }
-    int rc = oi_thread_create(&q->reaper, reaper, q, 0);
+    int rc = oi_thread_create(&q->reaper, "oi-seq-timeout", reaper, q, 0);
     if (rc != 0) {
         snprintf(err, errlen, "cannot start the sequence batcher's thread: %s", strerror(rc));
         oi_seq_free(q);

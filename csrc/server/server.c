@@ -367,7 +367,7 @@ void oi_server_stop(oi_server_t *s, uint64_t timeout_ms)
         if (s->grpc)
             oi_h2_server_abandon(s->grpc, msg);
         pthread_t t;
-        if (inflight(s) && oi_thread_create(&t, reap, s, 1) == 0)
+        if (inflight(s) && oi_thread_create(&t, "oi-stop-wait", reap, s, 1) == 0)
             return;
     }
     finish_stop(s);

@@ -52,7 +52,6 @@ int oi_loop_init(oi_loop_t *l)
 static void *run_loop(void *arg)
 {
     oi_loop_t *l = arg;
-    oi_thread_set_name(l->name);
     uv_run(&l->uv, UV_RUN_DEFAULT);
     return NULL;
 }
@@ -60,7 +59,7 @@ static void *run_loop(void *arg)
 int oi_loop_start(oi_loop_t *l, const char *name)
 {
     snprintf(l->name, sizeof(l->name), "%s", name);
-    int rc = oi_thread_create(&l->thread, run_loop, l, 0);
+    int rc = oi_thread_create(&l->thread, l->name, run_loop, l, 0);
     if (rc != 0)
         return uv_translate_sys_error(rc);
     l->started = 1;
@@ -179,8 +178,35 @@ int oi_stream_send(uv_stream_t *s, uv_write_t *req, uv_buf_t *bufs, unsigned nb,
     return uv_write(req, s, bufs + i, nb - i, cb);
 }
 
+static void no_work(uv_work_t *req) { (void)req; }
+
+/* libuv starts its pool threads on the first uv_queue_work of the process, and they take the
+ * name (and signal mask) of the thread that queued it: from a loop, `top -H` would show them
+ * as loops. Queued first from a thread named for them, they are named for what they do. */
+static void *start_pool(void *arg)
+{
+    (void)arg;
+    uv_loop_t loop;
+    uv_work_t req;
+    if (uv_loop_init(&loop) != 0)
+        return NULL;
+    if (uv_queue_work(&loop, &req, no_work, NULL) == 0)
+        uv_run(&loop, UV_RUN_DEFAULT);
+    uv_loop_close(&loop);
+    return NULL;
+}
+
+static void start_pool_once(void)
+{
+    pthread_t t;
+    if (oi_thread_create(&t, "oi-work", start_pool, NULL, 0) == 0)
+        pthread_join(t, NULL);
+}
+
 int oi_loop_work(oi_loop_t *l, oi_work_t *w)
 {
+    static pthread_once_t pool_started = PTHREAD_ONCE_INIT;
+    pthread_once(&pool_started, start_pool_once); /* once a process, a thread's start and end */
     return uv_queue_work(&l->uv, &w->req, work_run, work_done);
 }
 
