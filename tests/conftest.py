@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -463,3 +464,19 @@ class Observed:
     def wait_for(self, predicate: Any, what: str) -> None:
         with self.cond:
             assert self.cond.wait_for(predicate, self.BOUND), f"never {what}: produced {self.produced}"
+
+
+def executor_switches() -> int:
+    """Context switches of this process's executor threads so far (they all sleep when idle,
+    so only the model being called adds to them)."""
+    total = 0
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            if (task / "comm").read_text().strip() != "oi-exec":
+                continue
+            for line in (task / "status").read_text().splitlines():
+                if "ctxt_switches" in line:
+                    total += int(line.split()[1])
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total

@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 import openinfer
-from conftest import concurrent, save_torchscript, triton_grpc, triton_http
+from conftest import concurrent, executor_switches, save_torchscript, triton_grpc, triton_http
 
 TORCH = """
 from typing import Dict
@@ -79,22 +79,6 @@ def server(repo: Path) -> Any:
     srv = _serve(repo, "1000")
     yield srv
     srv.stop()
-
-
-def executor_switches() -> int:
-    """Context switches of this process's executor threads so far (they all sleep when idle,
-    so only the model being called adds to them)."""
-    total = 0
-    for task in Path("/proc/self/task").iterdir():
-        try:
-            if (task / "comm").read_text().strip() != "oi-exec":
-                continue
-            for line in (task / "status").read_text().splitlines():
-                if "ctxt_switches" in line:
-                    total += int(line.split()[1])
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-    return total
 
 
 def _call(client: Any, mod: Any, model: str, x: np.ndarray) -> np.ndarray:

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <structmember.h>
 
+#include "backends/identity_backend.h"
 #include "backends/process_backend.h"
 #include "backends/python_backend.h"
 #include "backends/onnx_backend.h"
@@ -1188,20 +1189,20 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
                              "config_pb", "publish",          "sequence_batching",
                              "decoupled", "onnx",             "labels",
                              "ensemble",  "response_cache",   "workers",
-                             "direct",    NULL};
+                             "direct",    "identity",         NULL};
     const char *name, *error = NULL;
     long long version;
     PyObject *inputs = NULL, *outputs = NULL, *handler = NULL, *torch = Py_None, *batching = Py_None,
              *sequence = Py_None, *onnx = Py_None, *labels = Py_None, *ensemble = Py_None, *workers = Py_None,
-             *direct = Py_None;
+             *direct = Py_None, *identity = Py_None;
     int max_batch = 0, instances = 1, publish = 1, decoupled = 0, response_cache = 0;
     Py_buffer meta = {0}, cfg_json = {0}, cfg_pb = {0};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOOy*y*pOpOOOpOO", kwlist, &name, &version, &inputs, &outputs,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOOy*y*pOpOOOpOOO", kwlist, &name, &version, &inputs, &outputs,
                                      &max_batch, &meta, &handler, &instances, &error, &torch, &batching, &cfg_json,
                                      &cfg_pb, &publish, &sequence, &decoupled, &onnx, &labels, &ensemble,
-                                     &response_cache, &workers, &direct))
+                                     &response_cache, &workers, &direct, &identity))
         return NULL;
-    if (handler == NULL && (torch != Py_None || onnx != Py_None || ensemble != Py_None))
+    if (handler == NULL && (torch != Py_None || onnx != Py_None || ensemble != Py_None || identity != Py_None))
         handler = Py_None;
     if (inputs == NULL || outputs == NULL || handler == NULL || meta.buf == NULL) {
         PyErr_SetString(PyExc_TypeError, "add_model() needs inputs, outputs, metadata_json and handler");
@@ -1257,7 +1258,8 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         batch.max_queue_delay_us = delay;
     }
     batch.ignore_parameters = sequence != Py_None; /* each request names its own sequence */
-    if (handler == Py_None && error == NULL && torch == Py_None && onnx == Py_None && ensemble == Py_None) {
+    if (handler == Py_None && error == NULL && torch == Py_None && onnx == Py_None && ensemble == Py_None &&
+        identity == Py_None) {
         PyErr_Format(PyExc_ValueError, "model '%s': a model without a handler needs an error reason", name);
         goto done;
     }
@@ -1275,7 +1277,7 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         PyErr_NoMemory();
         goto done;
     }
-    if (decoupled && (torch != Py_None || onnx != Py_None || batching != Py_None)) {
+    if (decoupled && (torch != Py_None || onnx != Py_None || identity != Py_None || batching != Py_None)) {
         PyErr_Format(PyExc_ValueError, "model '%s': only a Python model without dynamic batching can be decoupled",
                      name);
         goto done;
@@ -1327,6 +1329,31 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
             if (summaries_for(self, m) != 0)
                 goto done;
         }
+    } else if (identity != Py_None && error == NULL) {
+        unsigned long long delay_ms = 0, multiplier = 0;
+        char *ierr = NULL, err[256];
+        if (!PyArg_ParseTuple(identity, "KK;identity is (execute_delay_ms, instance_wise_delay_multiplier)", &delay_ms,
+                              &multiplier))
+            goto done;
+        if (sequence != Py_None) {
+            PyErr_Format(PyExc_ValueError, "model '%s': the identity backend takes no sequence batcher", name);
+            goto done;
+        }
+        m->state = oi_identity_backend_state(name, max_batch, m->inputs, m->n_inputs, m->outputs, m->n_outputs,
+                                             delay_ms, multiplier, &ierr);
+        if (m->state == NULL) {
+            PyErr_Format(PyExc_ValueError, "%s", ierr ? ierr : "out of memory");
+            free(ierr);
+            goto done;
+        }
+        m->backend = delay_ms > 0 ? &oi_identity_delayed_backend : &oi_identity_backend;
+        m->sched = oi_scheduler_new_batching(m->backend, m->state, instances, &batch, err, sizeof(err));
+        if (m->sched == NULL) {
+            PyErr_Format(PyExc_RuntimeError, "model '%s': %s", name, err);
+            goto done;
+        }
+        if (summaries_for(self, m) != 0)
+            goto done;
     } else if (ensemble != Py_None && error == NULL) {
         char err[256];
         if (sequence != Py_None || decoupled || batching != Py_None) {

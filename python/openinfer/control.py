@@ -39,6 +39,7 @@ from . import ensemble, processes, triton_config, warmup
 from .config import ConfigError, DynamicBatching, ModelConfig, parse_json_config
 from .errors import InferenceServerError
 from .model import Model, Tensor
+from .identity_model import IdentityModel
 from .onnx_model import OnnxModel
 from .repository import _NOT_INSTALLED, LoadedModel, scan_model
 from .sequence import SequenceBatching
@@ -457,6 +458,8 @@ class ModelControl:
                 runs = {"torch": model.spec}
             elif isinstance(model, OnnxModel):
                 runs = {"onnx": model.spec}
+            elif isinstance(model, IdentityModel):
+                runs = {"identity": model.core_spec()}
             return self._core.add_model(
                 entry.name,
                 model.version,

@@ -31,6 +31,7 @@ from typing import Any
 
 from . import ensemble, processes, sequence, triton_config
 from .config import ConfigError, ModelConfig, VersionPolicy, load_config
+from .identity_model import IDENTITY_BACKEND, IdentityLoadError, IdentityModel, load_identity
 from .model import Model, Tensor
 from .onnx_model import ONNX_BACKEND, ONNX_PLATFORM, OnnxLoadError, OnnxModel, OnnxUnavailable, load_onnx
 from .sequence import SequenceBatching
@@ -57,7 +58,7 @@ class LoadedModel:
 
     name: str
     version: int | None
-    model: Model | TorchModel | OnnxModel | ensemble.EnsembleModel | None
+    model: Model | TorchModel | OnnxModel | IdentityModel | ensemble.EnsembleModel | None
     error: str | None
     config: dict[str, Any] = field(default_factory=dict)
     sequence: SequenceBatching | None = None  # the config's sequence_batching, checked
@@ -223,13 +224,20 @@ def read_labels(model_dir: Path, config: ModelConfig) -> dict[str, bytes]:
 def _load_version(
     name: str, version: int, version_dir: Path, config: ModelConfig | None, allow_python: bool = True,
     sequence: SequenceBatching | None = None,
-) -> Model | TorchModel | OnnxModel:
+) -> Model | TorchModel | OnnxModel | IdentityModel:
     """Dispatches on the backend the config names, else on the model file present."""
     backend = (config.backend or config.platform) if config else None
+    if backend == IDENTITY_BACKEND:
+        if sequence is not None:
+            raise _LoadError("the identity backend takes no sequence_batching")
+        try:
+            return load_identity(name, version, version_dir, config)
+        except IdentityLoadError as e:
+            raise _LoadError(str(e)) from None
     if backend and backend not in _PYTHON_BACKENDS | _TORCH_BACKENDS | _ONNX_BACKENDS:
         raise _LoadError(
-            f"backend {backend!r} is not supported (openinfer serves python, pytorch and "
-            "onnxruntime models)"
+            f"backend {backend!r} is not supported (openinfer serves python, pytorch, onnxruntime "
+            "and identity models)"
         )
     if config and config.default_model_filename:
         path = version_dir / config.default_model_filename
