@@ -776,6 +776,7 @@ class WrkScenario:
     check_nginx: Callable[[str], None]
     work: Sequence[str]       # Method bullets describing the request
     peers: Sequence[str] = ()  # peers.py names run side by side (triton, mlserver, kserve)
+    serve_args: Sequence[str] = ()  # more `openinfer serve` arguments (a repository: the examples')
 
 
 def wrk_args(doc: str, argv: Sequence[str] | None = None) -> "argparse.Namespace":
@@ -859,7 +860,7 @@ def run_wrk_vs_nginx(sc: WrkScenario, args) -> int:
     peer_problems: list[str] = []
 
     oi = openinfer_server(oi_port, args.server_cpu, raw_dir / "openinfer.log",
-                          threads=args.threads)
+                          threads=args.threads, extra=sc.serve_args)
     ng = nginx_static(ng_port, args.server_cpu, tmp)
     urls = {"openinfer": f"http://127.0.0.1:{oi_port}",
             "nginx": f"http://127.0.0.1:{ng_port}"}

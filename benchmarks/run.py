@@ -38,6 +38,7 @@ SCENARIOS = {
     "s11": ("s11_streaming.py", "decoupled model streaming over gRPC and SSE vs in-process and native Triton"),
     "s10": ("s10_soak.py", "soak: mixed valid/invalid HTTP + gRPC, RSS and descriptors over time"),
     "s12": ("s12_onnx.py", "ONNX MLP (ONNX Runtime C API) beside TorchScript, each vs in-process"),
+    "s13": ("s13_identity.py", "S1's request to the C identity backend vs the nginx limit (wrk)"),
 }
 
 

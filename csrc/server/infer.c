@@ -249,14 +249,15 @@ oi_status_t *oi_infer_submit(oi_infer_t *inf, oi_model_t *m, oi_loop_t *loop, oi
     if (m->seq != NULL)
         return oi_seq_submit(m->seq, &inf->job);
     /* On the loop thread, which may run a quick model itself (a decoupled one sends its
-     * responses through the loop, so never that), for the first request of a turn of the loop
-     * only: with more requests ready, handing them to the executor, which runs them one after
-     * another while the loop reads the next, keeps each thread's code and data in cache.
-     * TorchScript `simple`, HTTP JSON, one CPU, against always handing over: 1.19x req/s at 1
-     * connection, 1.04x at 8, 0.99x at 64; running every such request here gave 1.09x at 8 but
-     * 0.95x at 64. */
-    int here = !m->decoupled && loop->ran_model_turn != loop->turns;
-    int rc = here ? oi_scheduler_submit_on_loop(m->sched, &inf->job) : oi_scheduler_submit(m->sched, &inf->job);
+     * responses through the loop, so never that); after the first request of a turn of the
+     * loop only a trivial one: with more requests ready, handing them to the executor, which
+     * runs them one after another while the loop reads the next, keeps each thread's code and
+     * data in cache. TorchScript `simple`, HTTP JSON, one CPU, against always handing over:
+     * 1.19x req/s at 1 connection, 1.04x at 8, 0.99x at 64; running every such request here
+     * gave 1.09x at 8 but 0.95x at 64. */
+    int first = loop->ran_model_turn != loop->turns;
+    int rc = m->decoupled ? oi_scheduler_submit(m->sched, &inf->job)
+                          : oi_scheduler_submit_on_loop(m->sched, &inf->job, first);
     if (rc == 1)
         loop->ran_model_turn = loop->turns;
     else if (rc != 0)

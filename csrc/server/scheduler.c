@@ -796,6 +796,10 @@ static void run_here(oi_scheduler_t *s, oi_job_t *job)
     pthread_mutex_unlock(&s->mu);
 }
 
+/* may_run_here: 0 never, RUN_HERE_FIRST for a loop's first model run of its turn, else
+ * RUN_HERE_MORE (see oi_scheduler_submit_on_loop). */
+enum { RUN_HERE_FIRST = 1, RUN_HERE_MORE = 2 };
+
 static int submit(oi_scheduler_t *s, oi_job_t *job, int may_run_here)
 {
     job->next = NULL;
@@ -831,7 +835,10 @@ static int submit(oi_scheduler_t *s, oi_job_t *job, int may_run_here)
     }
     if (may_run_here && s->run_here && first_list(s) < 0 && s->running < s->instances) {
         uint64_t recent = atomic_load_explicit(&s->recent_ns, memory_order_relaxed);
-        if (recent != 0 && recent < s->run_here_max_ns) {
+        uint64_t limit = s->run_here_max_ns;
+        if (may_run_here == RUN_HERE_MORE && limit > OI_RUN_ALWAYS_HERE_NS)
+            limit = OI_RUN_ALWAYS_HERE_NS;
+        if (recent != 0 && recent < limit) {
             run_here(s, job); /* unlocks */
             return 1;
         }
@@ -846,7 +853,10 @@ static int submit(oi_scheduler_t *s, oi_job_t *job, int may_run_here)
 
 int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job) { return submit(s, job, 0); } /* never 1 */
 
-int oi_scheduler_submit_on_loop(oi_scheduler_t *s, oi_job_t *job) { return submit(s, job, 1); }
+int oi_scheduler_submit_on_loop(oi_scheduler_t *s, oi_job_t *job, int first)
+{
+    return submit(s, job, first ? RUN_HERE_FIRST : RUN_HERE_MORE);
+}
 
 int oi_scheduler_submit_pinned(oi_scheduler_t *s, oi_job_t *jobs, int instance)
 {
