@@ -326,6 +326,42 @@ def test_slow_but_progressing_upload_is_not_cut() -> None:
             conn.close()
 
 
+def test_keep_alive_outlasts_a_shorter_request_deadline() -> None:
+    """Timeouts are deadlines checked when the connection's timer fires: the timer set for a
+    request's header deadline (300 ms) fires while the connection idles between requests, and
+    must wait on for the idle deadline (1.5 s) instead of closing."""
+    with small_server(header_timeout_ms=300, idle_timeout_ms=1500) as srv:
+        body = infer_body([{"name": "INPUT0", "shape": [1], "datatype": "INT32", "data": [5]}])
+        request = encode_request("POST", "/v2/models/echo/infer", body)
+        conn = Http(srv.http_port)
+        try:
+            for _ in range(2):
+                conn.send(request)
+                status, _, out = conn.read_response()
+                assert status == 200 and json.loads(out)["outputs"][0]["data"] == [5]
+                time.sleep(0.8)  # past the header deadline, within the idle one
+            assert conn.closed_by_peer(timeout=30)  # the idle deadline closes it, at last
+        finally:
+            conn.close()
+
+
+def test_a_request_deadline_earlier_than_the_idle_one_is_kept() -> None:
+    """A request that starts on a connection idling with a long deadline (120 s; the first
+    byte's as long) is held to its own, earlier header deadline (300 ms): a stalled header is
+    answered 408 at once, not after the idle timeout."""
+    with small_server(header_timeout_ms=300, idle_timeout_ms=120_000, first_byte_timeout_ms=120_000) as srv:
+        conn = Http(srv.http_port)
+        try:
+            conn.send(encode_request("GET", "/v2/health/live"))
+            assert conn.read_response()[0] == 200
+            conn.send(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Stalled: ")
+            status, headers, body = conn.read_response()  # the socket's 10 s bound, far below 120 s
+            assert status == 408 and headers["connection"] == "close"
+        finally:
+            conn.close()
+        assert_alive(srv.http_port)
+
+
 def test_stalled_body_gets_408() -> None:
     with small_server(header_timeout_ms=300, body_timeout_ms=300) as srv:
         conn = Http(srv.http_port)

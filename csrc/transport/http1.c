@@ -57,6 +57,8 @@ struct oi_http_conn_s {
         uv_handle_t handle;
     } sock;
     uv_timer_t timer;
+    uint64_t deadline; /* on the loop's clock (ms), when the current timeout ends; 0: none */
+    uint64_t armed_at; /* when `timer` fires; 0: not armed */
     llhttp_t parser;
     listener_t *lis;
     oi_http_conn_t *prev, *next; /* listener's list */
@@ -344,6 +346,7 @@ static void feed(oi_http_conn_t *c, const char *data, size_t len);
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 
 static void arm_timer(oi_http_conn_t *c, uint64_t ms);
+static void on_timer(uv_timer_t *t);
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
@@ -508,11 +511,27 @@ static void resume_after_response(oi_http_conn_t *c)
 
 /* ---- timers ------------------------------------------------------------------------------- */
 
+/* A timeout is a deadline; the timer fires at the earliest one set since it last fired and
+ * then looks at the deadline of the moment. A request moves the deadline four times (header,
+ * body, none while it is handled, idle), nearly always later: only the first of them
+ * touches the loop's timer heap, and a timer that fires early re-arms once. */
+static void arm_at(oi_http_conn_t *c, uint64_t deadline, uint64_t now)
+{
+    uv_timer_start(&c->timer, on_timer, deadline - now, 0);
+    c->armed_at = deadline;
+}
+
 static void on_timer(uv_timer_t *t)
 {
     oi_http_conn_t *c = t->data;
-    if (c->busy || c->closing)
+    c->armed_at = 0;
+    if (c->deadline == 0 || c->busy || c->closing)
         return;
+    uint64_t now = uv_now(t->loop);
+    if (now < c->deadline) {
+        arm_at(c, c->deadline, now);
+        return;
+    }
     if (c->in_message && c->header_bytes + (c->body ? c->body->len : 0) > 0)
         conn_reject(c, 408, "timed out reading the request");
     else
@@ -521,9 +540,15 @@ static void on_timer(uv_timer_t *t)
 
 static void arm_timer(oi_http_conn_t *c, uint64_t ms)
 {
-    if (ms > 0)
-        uv_timer_start(&c->timer, on_timer, ms, 0);
+    if (ms == 0)
+        return;
+    uint64_t now = uv_now(&c->lis->loop.uv);
+    c->deadline = now + ms;
+    if (c->armed_at == 0 || c->armed_at > c->deadline)
+        arm_at(c, c->deadline, now);
 }
+
+static void disarm_timer(oi_http_conn_t *c) { c->deadline = 0; }
 
 /* ---- llhttp callbacks --------------------------------------------------------------------- */
 
@@ -671,7 +696,7 @@ static int on_headers_complete(llhttp_t *p)
         c->in_body = 1;
         arm_timer(c, cfg->body_timeout_ms);
         if (cfg->body_timeout_ms == 0)
-            uv_timer_stop(&c->timer);
+            disarm_timer(c);
     }
     return 0;
 }
@@ -707,7 +732,7 @@ static int on_message_complete(llhttp_t *p)
 {
     oi_http_conn_t *c = conn_of(p);
     oi_http_server_t *s = c->lis->server;
-    uv_timer_stop(&c->timer);
+    disarm_timer(c);
     c->in_message = 0;
     c->in_body = 0;
     c->served = 1;
