@@ -871,6 +871,19 @@ static int summaries_for(ServerObject *self, oi_model_t *m)
     return 0;
 }
 
+/* Starts m's executors for its backend and state (both set), the statistics' summaries with
+ * them; batch NULL: no batching. 0, or -1 with the exception set. */
+static int start_executors(ServerObject *self, oi_model_t *m, int instances, const oi_batching_t *batch)
+{
+    char err[256];
+    m->sched = oi_scheduler_new_batching(m->backend, m->state, instances, batch, err, sizeof(err));
+    if (m->sched == NULL) {
+        PyErr_Format(PyExc_RuntimeError, "model '%s': %s", m->name, err);
+        return -1;
+    }
+    return summaries_for(self, m);
+}
+
 /* add_model's labels: {output name: the bytes of its label file}. Returns 0, or -1 with an
  * exception set. */
 static int set_labels(oi_model_t *m, PyObject *labels)
@@ -1296,8 +1309,7 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         goto done;
     if ((torch != Py_None || onnx != Py_None) && error == NULL) {
         /* A native backend: TorchScript through the shim, or ONNX Runtime. */
-        const oi_backend_t *backend = torch != Py_None ? &oi_torch_backend : &oi_onnx_backend;
-        char *terr = NULL, err[256];
+        char *terr = NULL;
         /* The model also takes the sequence batcher's controls and states: the backend is
          * made for a copy of the model that declares them. */
         oi_model_t seen = *m;
@@ -1320,18 +1332,13 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
             if (load_error == NULL)
                 goto done;
         } else {
-            m->backend = backend;
-            m->sched = oi_scheduler_new_batching(backend, m->state, instances, &batch, err, sizeof(err));
-            if (m->sched == NULL) {
-                PyErr_Format(PyExc_RuntimeError, "model '%s': %s", name, err);
-                goto done;
-            }
-            if (summaries_for(self, m) != 0)
+            m->backend = torch != Py_None ? &oi_torch_backend : &oi_onnx_backend;
+            if (start_executors(self, m, instances, &batch) != 0)
                 goto done;
         }
     } else if (identity != Py_None && error == NULL) {
         unsigned long long delay_ms = 0, multiplier = 0;
-        char *ierr = NULL, err[256];
+        char *ierr = NULL;
         if (!PyArg_ParseTuple(identity, "KK;identity is (execute_delay_ms, instance_wise_delay_multiplier)", &delay_ms,
                               &multiplier))
             goto done;
@@ -1347,15 +1354,9 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
             goto done;
         }
         m->backend = delay_ms > 0 ? &oi_identity_delayed_backend : &oi_identity_backend;
-        m->sched = oi_scheduler_new_batching(m->backend, m->state, instances, &batch, err, sizeof(err));
-        if (m->sched == NULL) {
-            PyErr_Format(PyExc_RuntimeError, "model '%s': %s", name, err);
-            goto done;
-        }
-        if (summaries_for(self, m) != 0)
+        if (start_executors(self, m, instances, &batch) != 0)
             goto done;
     } else if (ensemble != Py_None && error == NULL) {
-        char err[256];
         if (sequence != Py_None || decoupled || batching != Py_None) {
             PyErr_Format(PyExc_ValueError, "model '%s': an ensemble has no batcher of its own and is not decoupled",
                          name);
@@ -1364,17 +1365,11 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         if ((m->state = make_ensemble(s, name, ensemble)) == NULL)
             goto done;
         m->backend = &oi_ensemble_backend;
-        m->sched = oi_scheduler_new(&oi_ensemble_backend, m->state, OI_ENSEMBLE_EXECUTORS, err, sizeof(err));
-        if (m->sched == NULL) {
-            PyErr_Format(PyExc_RuntimeError, "model '%s': %s", name, err);
-            goto done;
-        }
-        if (summaries_for(self, m) != 0)
+        if (start_executors(self, m, OI_ENSEMBLE_EXECUTORS, NULL) != 0)
             goto done;
     } else if (handler == Py_None) {
         m->error = strdup(error);
     } else {
-        char err[256];
         /* The model's state outputs are outputs too, converted to the state's datatype. */
         uint32_t n_outs = m->n_outputs;
         oi_io_spec_t *outs = with_sequence_tensors(sequence, m->outputs, &n_outs, 1);
@@ -1410,13 +1405,7 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
             }
             m->backend = &oi_python_backend;
         }
-        if (m->state != NULL)
-            m->sched = oi_scheduler_new_batching(m->backend, m->state, instances, &batch, err, sizeof(err));
-        if (m->state != NULL && m->sched == NULL) {
-            PyErr_Format(PyExc_RuntimeError, "model '%s': %s", name, err);
-            goto done;
-        }
-        if (m->sched != NULL && summaries_for(self, m) != 0)
+        if (m->state != NULL && start_executors(self, m, instances, &batch) != 0)
             goto done;
     }
     if (sequence != Py_None && m->sched != NULL &&

@@ -767,12 +767,6 @@ oi_scheduler_t *oi_scheduler_new_batching(const oi_backend_t *backend, void *sta
     return s;
 }
 
-oi_scheduler_t *oi_scheduler_new(const oi_backend_t *backend, void *state, int instances, char *err,
-                                 size_t errlen)
-{
-    return oi_scheduler_new_batching(backend, state, instances, NULL, err, errlen);
-}
-
 oi_stats_t *oi_scheduler_stats(const oi_scheduler_t *s) { return s->stats; }
 
 int oi_scheduler_pending(const oi_scheduler_t *s) { return atomic_load_explicit(&s->queued, memory_order_relaxed); }
@@ -796,11 +790,9 @@ static void run_here(oi_scheduler_t *s, oi_job_t *job)
     pthread_mutex_unlock(&s->mu);
 }
 
-/* may_run_here: 0 never, RUN_HERE_FIRST for a loop's first model run of its turn, else
- * RUN_HERE_MORE (see oi_scheduler_submit_on_loop). */
-enum { RUN_HERE_FIRST = 1, RUN_HERE_MORE = 2 };
-
-static int submit(oi_scheduler_t *s, oi_job_t *job, int may_run_here)
+/* Runs the job on the calling thread when the model's recent executions average less than
+ * `here_below_ns` (0: never) and the other conditions of oi_scheduler_submit_on_loop hold. */
+static int submit(oi_scheduler_t *s, oi_job_t *job, uint64_t here_below_ns)
 {
     job->next = NULL;
     job->status = NULL;
@@ -833,12 +825,9 @@ static int submit(oi_scheduler_t *s, oi_job_t *job, int may_run_here)
         job->done(job);
         return 0;
     }
-    if (may_run_here && s->run_here && first_list(s) < 0 && s->running < s->instances) {
+    if (here_below_ns && s->run_here && first_list(s) < 0 && s->running < s->instances) {
         uint64_t recent = atomic_load_explicit(&s->recent_ns, memory_order_relaxed);
-        uint64_t limit = s->run_here_max_ns;
-        if (may_run_here == RUN_HERE_MORE && limit > OI_RUN_ALWAYS_HERE_NS)
-            limit = OI_RUN_ALWAYS_HERE_NS;
-        if (recent != 0 && recent < limit) {
+        if (recent != 0 && recent < here_below_ns) {
             run_here(s, job); /* unlocks */
             return 1;
         }
@@ -855,7 +844,10 @@ int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job) { return submit(s, job
 
 int oi_scheduler_submit_on_loop(oi_scheduler_t *s, oi_job_t *job, int first)
 {
-    return submit(s, job, first ? RUN_HERE_FIRST : RUN_HERE_MORE);
+    uint64_t limit = s->run_here_max_ns;
+    if (!first && limit > OI_RUN_ALWAYS_HERE_NS)
+        limit = OI_RUN_ALWAYS_HERE_NS;
+    return submit(s, job, limit);
 }
 
 int oi_scheduler_submit_pinned(oi_scheduler_t *s, oi_job_t *jobs, int instance)

@@ -105,11 +105,8 @@ typedef struct oi_scheduler_s oi_scheduler_t;
 #define OI_RUN_ALWAYS_HERE_NS 2000u
 
 /* Starts `instances` executor threads running `backend` on `state`, which the scheduler does
- * not own. Returns NULL with a message in `err` on failure. */
-oi_scheduler_t *oi_scheduler_new(const oi_backend_t *backend, void *state, int instances, char *err,
-                                 size_t errlen);
-
-/* oi_scheduler_new with dynamic batching as `batching` says (copied; NULL: none). */
+ * not own, with dynamic batching as `batching` says (copied; NULL: none). Returns NULL with a
+ * message in `err` on failure. */
 oi_scheduler_t *oi_scheduler_new_batching(const oi_backend_t *backend, void *state, int instances,
                                           const oi_batching_t *batching, char *err, size_t errlen);
 

@@ -58,7 +58,6 @@ struct oi_http_conn_s {
     } sock;
     uv_timer_t timer;
     uint64_t deadline; /* on the loop's clock (ms), when the current timeout ends; 0: none */
-    uint64_t armed_at; /* when `timer` fires; 0: not armed */
     llhttp_t parser;
     listener_t *lis;
     oi_http_conn_t *prev, *next; /* listener's list */
@@ -515,21 +514,14 @@ static void resume_after_response(oi_http_conn_t *c)
  * then looks at the deadline of the moment. A request moves the deadline four times (header,
  * body, none while it is handled, idle), nearly always later: only the first of them
  * touches the loop's timer heap, and a timer that fires early re-arms once. */
-static void arm_at(oi_http_conn_t *c, uint64_t deadline, uint64_t now)
-{
-    uv_timer_start(&c->timer, on_timer, deadline - now, 0);
-    c->armed_at = deadline;
-}
-
 static void on_timer(uv_timer_t *t)
 {
     oi_http_conn_t *c = t->data;
-    c->armed_at = 0;
     if (c->deadline == 0 || c->busy || c->closing)
         return;
     uint64_t now = uv_now(t->loop);
     if (now < c->deadline) {
-        arm_at(c, c->deadline, now);
+        uv_timer_start(t, on_timer, c->deadline - now, 0);
         return;
     }
     if (c->in_message && c->header_bytes + (c->body ? c->body->len : 0) > 0)
@@ -542,10 +534,9 @@ static void arm_timer(oi_http_conn_t *c, uint64_t ms)
 {
     if (ms == 0)
         return;
-    uint64_t now = uv_now(&c->lis->loop.uv);
-    c->deadline = now + ms;
-    if (c->armed_at == 0 || c->armed_at > c->deadline)
-        arm_at(c, c->deadline, now);
+    c->deadline = uv_now(&c->lis->loop.uv) + ms;
+    if (!uv_is_active((uv_handle_t *)&c->timer) || uv_timer_get_due_in(&c->timer) > ms)
+        uv_timer_start(&c->timer, on_timer, ms, 0);
 }
 
 static void disarm_timer(oi_http_conn_t *c) { c->deadline = 0; }

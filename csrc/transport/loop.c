@@ -56,8 +56,13 @@ static void *run_loop(void *arg)
     return NULL;
 }
 
+static void start_pool_once(void);
+
 int oi_loop_start(oi_loop_t *l, const char *name)
 {
+    /* Here, not at the first oi_loop_work: that runs on a loop, which must not wait. */
+    static pthread_once_t pool_started = PTHREAD_ONCE_INIT;
+    pthread_once(&pool_started, start_pool_once);
     snprintf(l->name, sizeof(l->name), "%s", name);
     int rc = oi_thread_create(&l->thread, l->name, run_loop, l, 0);
     if (rc != 0)
@@ -180,9 +185,10 @@ int oi_stream_send(uv_stream_t *s, uv_write_t *req, uv_buf_t *bufs, unsigned nb,
 
 static void no_work(uv_work_t *req) { (void)req; }
 
-/* libuv starts its pool threads on the first uv_queue_work of the process, and they take the
- * name (and signal mask) of the thread that queued it: from a loop, `top -H` would show them
- * as loops. Queued first from a thread named for them, they are named for what they do. */
+/* libuv starts its pool threads (oi_loop_work's) on the first uv_queue_work of the process,
+ * and they take the name (and signal mask) of the thread that queued it: from a loop, `top -H`
+ * would show them as loops. Queued first from a thread named for them, they are named for
+ * what they do; once a process, as its first loop starts. */
 static void *start_pool(void *arg)
 {
     (void)arg;
@@ -203,12 +209,7 @@ static void start_pool_once(void)
         pthread_join(t, NULL);
 }
 
-int oi_loop_work(oi_loop_t *l, oi_work_t *w)
-{
-    static pthread_once_t pool_started = PTHREAD_ONCE_INIT;
-    pthread_once(&pool_started, start_pool_once); /* once a process, a thread's start and end */
-    return uv_queue_work(&l->uv, &w->req, work_run, work_done);
-}
+int oi_loop_work(oi_loop_t *l, oi_work_t *w) { return uv_queue_work(&l->uv, &w->req, work_run, work_done); }
 
 void oi__work_hold(int on)
 {
