@@ -3,7 +3,11 @@
 binary tensor extension, against the in-process limit: the same module called directly
 (``module(x)`` under torch.inference_mode, one intra-op thread) on the same core.
 
-    .venv/bin/python benchmarks/s6_torchscript.py [--quick] [--rounds N] [--duration S]
+    .venv/bin/python benchmarks/s6_torchscript.py [--quick] [--rounds N] [--duration S] [--device cuda]
+
+With --device cuda the models are instances on GPU 0 (KIND_GPU) and the in-process limit is the
+call a server must make for each request: the host input copied to the GPU, ``module(x)``, the
+outputs copied back (``module(x.cuda())`` then ``.cpu()``); results go to s6_torchscript_cuda.*.
 
 Two measures per model, each taken side by side A B A B for N rounds:
   * overhead: wrk with one connection sends batch-1 requests; the p50 latency minus the
@@ -39,26 +43,27 @@ MODELS = {
 }
 
 
-def config(name: str, model: str, max_batch: int, batching: bool) -> str:
+def config(name: str, model: str, max_batch: int, batching: bool, device: str) -> str:
     inp, dims, outs = MODELS[model]
     text = f'name: "{name}"\nplatform: "pytorch_libtorch"\nmax_batch_size: {max_batch}\n'
     text += f'input [ {{ name: "{inp}" data_type: TYPE_FP32 dims: {dims} }} ]\n'
     text += "output [ " + ", ".join(
         f'{{ name: "{o}" data_type: TYPE_FP32 dims: {d} }}' for o, d in outs
     ) + " ]\n"
-    text += "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
+    kind = "KIND_GPU gpus: [ 0 ]" if device == "cuda" else "KIND_CPU"
+    text += f"instance_group [ {{ count: 1 kind: {kind} }} ]\n"
     text += 'parameters { key: "INTRA_OP_THREAD_COUNT" value: { string_value: "1" } }\n'
     if batching:
         text += "dynamic_batching { max_queue_delay_microseconds: 1000 }\n"
     return text
 
 
-def make_repo(path: Path, max_batch: int) -> None:
+def make_repo(path: Path, max_batch: int, device: str) -> None:
     for model in MODELS:
         for name, batching in ((model, False), (f"{model}_batched", True)):
             (path / name / "1").mkdir(parents=True)
             shutil.copy(EXAMPLES / model / "1" / "model.pt", path / name / "1" / "model.pt")
-            (path / name / "config.pbtxt").write_text(config(name, model, max_batch, batching))
+            (path / name / "config.pbtxt").write_text(config(name, model, max_batch, batching, device))
 
 
 def binary_request(model: str) -> tuple[bytes, dict[str, str]]:
@@ -87,29 +92,48 @@ IN_PROCESS = """
 import json, sys, time, torch
 torch.set_num_threads(1)
 path, batch, dims, seconds = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), float(sys.argv[4])
-m = torch.jit.load(path).eval()
+device = sys.argv[5]
+m = torch.jit.load(path, map_location=device).eval()
 x = torch.zeros(batch, *dims)
+
+
+def host(out):  # outputs back in host memory, as a server must send them (.cpu() synchronizes)
+    if isinstance(out, torch.Tensor):
+        return out.cpu()
+    values = out.values() if isinstance(out, dict) else out
+    return [host(v) for v in values]
+
+
+def call():
+    return m(x) if device == "cpu" else host(m(x.to(device)))
+
+
 with torch.inference_mode():
     for _ in range(200):
-        m(x)
+        call()
     times = []
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
-        t0 = time.perf_counter_ns(); m(x); times.append(time.perf_counter_ns() - t0)
+        t0 = time.perf_counter_ns(); call(); times.append(time.perf_counter_ns() - t0)
 times.sort()
 print(json.dumps({"p50_us": times[len(times) // 2] / 1e3, "p99_us": times[int(len(times) * 0.99)] / 1e3,
                   "calls_per_s": len(times) / (sum(times) / 1e9), "rows_per_s": batch * len(times) / (sum(times) / 1e9)}))
 """
 
 
-def in_process(model: str, batch: int, seconds: float, cpu: str) -> dict[str, float]:
+def in_process(model: str, batch: int, seconds: float, cpu: str, device: str) -> dict[str, float]:
     _, dims, _ = MODELS[model]
     argv = ["taskset", "-c", cpu, sys.executable, "-c", IN_PROCESS,
-            str(EXAMPLES / model / "1" / "model.pt"), str(batch), json.dumps(dims), str(seconds)]  # fmt: skip
+            str(EXAMPLES / model / "1" / "model.pt"), str(batch), json.dumps(dims), str(seconds), device]  # fmt: skip
     out = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
         raise SystemExit(f"error: in-process run failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+CUDA_TRITON_LINE = ("- Triton's PyTorch backend is not compared: the Triton server that pip installs (the "
+                    "nvidia-pytriton wheel) ships Triton's `python` backend only, so the claim is against the "
+                    "in-process limit.")
 
 
 def triton_backends_line(PEERS) -> str:
@@ -138,26 +162,32 @@ def main() -> int:
     ap.add_argument("--peers", default=None, help="'pytriton' (default) or 'none'")
     ap.add_argument("--server-cpu", default="0")
     ap.add_argument("--client-cpu", default="1")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="where the model instances run (cuda: GPU 0, KIND_GPU)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    name = NAME if args.device == "cpu" else f"{NAME}_{args.device}"
     if args.quick:
         args.rounds, args.duration = 1, 1.0
     args.models = args.models or ("mlp" if args.quick else "mlp,cnn")
     C.check_cpus(args.server_cpu, args.client_cpu)
-    C.ensure_debian_packages([["wrk"]])
+    if shutil.which("wrk") is None:
+        C.ensure_debian_packages([["wrk"]])
     try:
         import torch
     except ImportError:
         raise SystemExit("error: S6 needs torch in this Python (make test installs it)") from None
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: --device cuda: torch sees no CUDA GPU here")
     models = [m for m in args.models.split(",") if m]
     out_dir = args.out or (C.RAW_DIR if args.quick else C.RESULTS_DIR)
     started, load_before = time.monotonic(), C.loadavg()
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    raw_dir = C.RAW_DIR / NAME / stamp
+    raw_dir = C.RAW_DIR / name / stamp
     raw_dir.mkdir(parents=True, exist_ok=True)
     tmp = C.make_tmpdir("oi-s6-")
     repo = tmp / "repo"
-    make_repo(repo, args.max_batch)
+    make_repo(repo, args.max_batch, args.device)
     port = C.free_port()
     server = C.openinfer_server(port, args.server_cpu, raw_dir / "openinfer.log", threads=1, extra=[str(repo)])
     peer_problems: list[str] = []
@@ -196,7 +226,7 @@ def main() -> int:
                         if not w.ok:
                             raise SystemExit(f"error: wrk {n}: {w.error}\n{w.raw[-1000:]}")
                         d[(n, "c1")] = w
-                    d["ip1"] = in_process(model, 1, args.duration, args.server_cpu)
+                    d["ip1"] = in_process(model, 1, args.duration, args.server_cpu, args.device)
                     for n in bases:
                         wb = C.run_wrk(f"{bases[n]}/v2/models/{model}_batched/infer", script, args.connections,
                                        args.duration, args.client_cpu, label=f"{n} {model} batched",
@@ -204,7 +234,7 @@ def main() -> int:
                         if not wb.ok:
                             raise SystemExit(f"error: wrk {n}: {wb.error}\n{wb.raw[-1000:]}")
                         d[(n, "batched")] = wb
-                    d["ipb"] = in_process(model, args.max_batch, args.duration, args.server_cpu)
+                    d["ipb"] = in_process(model, args.max_batch, args.duration, args.server_cpu, args.device)
                     data[model].append(d)
                     w, wb, ip, ipb = d[("openinfer", "c1")], d[("openinfer", "batched")], d["ip1"], d["ipb"]
                     extra = "".join(f" | {n}: c1 {d[(n, 'c1')].rps:,.0f} req/s p50 {d[(n, 'c1')].p50_us:.0f} us, "
@@ -269,18 +299,19 @@ def main() -> int:
                   f"batching rows/s (c={args.connections})", "openinfer/X", "batching p99 µs",
                   "of in-process batch rate"]
     out_dir.mkdir(parents=True, exist_ok=True)
-    C.write_csv(out_dir / f"{NAME}.csv", ["model", "server", "round", "c1_rps", "c1_p50_us", "c1_p99_us",
+    C.write_csv(out_dir / f"{name}.csv", ["model", "server", "round", "c1_rps", "c1_p50_us", "c1_p99_us",
                                          "inproc_b1_p50_us", "inproc_b1_calls_per_s", "batched_rows_per_s",
                                          "batched_p50_us", "batched_p99_us", "inproc_batch_rows_per_s"],
                 csv_rows)
-    C.write_ratios(out_dir, NAME, ratio_rows)
+    C.write_ratios(out_dir, name, ratio_rows)
     facts = C.machine_facts()
     peer_lines = [f"- {p.label}: {p.version} with torch {torch.__version__} in its venv, `{p.command}`: "
                   "each model bound twice (`<model>` with no queue delay, `<model>_batched` with "
                   f"max_queue_delay 1000 µs), max_batch_size {args.max_batch}, the PyTriton function calling the "
                   "same TorchScript file under torch.inference_mode with one intra-op thread." for p in peers.values()]
-    peer_lines.append(triton_backends_line(PEERS))
-    lines = C.report_header("S6 — TorchScript serving: overhead and dynamic batching", args.quick,
+    peer_lines.append(triton_backends_line(PEERS) if args.device == "cpu" else CUDA_TRITON_LINE)
+    where = "" if args.device == "cpu" else f" on {torch.cuda.get_device_name(0)}"
+    lines = C.report_header(f"S6 — TorchScript serving{where}: overhead and dynamic batching", args.quick,
                             time.monotonic() - started) + [
         "**openinfer/X** = median of per-round ratios (min–max); other cells median (min–max) over rounds. "
         "'of in-process rate': the server's rate as a share of the same module called directly "
@@ -292,7 +323,11 @@ def main() -> int:
         "",
         f"- openinfer: `python -m openinfer serve --threads 1 <repo>`, the repo made here from "
         f"examples/models/{{mlp,cnn}} (`<model>`: no batching; `<model>_batched`: dynamic_batching, "
-        f"max_queue_delay 1000 µs, max_batch_size {args.max_batch}), one CPU instance, INTRA_OP_THREAD_COUNT 1.",
+        f"max_queue_delay 1000 µs, max_batch_size {args.max_batch}), one "
+        f"{'CPU instance' if args.device == 'cpu' else 'instance on GPU 0 (KIND_GPU)'}, INTRA_OP_THREAD_COUNT 1.",
+        *([] if args.device == "cpu" else [
+            "- In-process on CUDA: `module(x.cuda())` and every output `.cpu()` per call, from a host tensor, "
+            "as the server must do for each request."]),
         *peer_lines,
         f"- Load: wrk on CPU {args.client_cpu} (`wrk -t 1 -c 1` for batch 1, `-c {args.connections}` for "
         "batching), HTTP with the binary tensor extension, batch-1 requests of zeros; every server and the "
@@ -300,12 +335,12 @@ def main() -> int:
         "and in-process in turn; a 1 s discarded warm-up per server and model.",
         f"- torch {torch.__version__}; {facts['cpu']}, {facts['nproc']} cores; load before {load_before}, "
         f"after {C.loadavg()}.",
-        f"- Per-run numbers: `{NAME}.csv`; logs `{C.rel(raw_dir)}/` (not committed).",
+        f"- Per-run numbers: `{name}.csv`; logs `{C.rel(raw_dir)}/` (not committed).",
         "",
     ]
     if peer_problems:
         lines += ["## Peers that did not run", "", *[f"- {p}" for p in peer_problems], ""]
-    C.write_report(NAME, out_dir, lines, "s6")
+    C.write_report(name, out_dir, lines, "s6")
     print("\n".join(lines[-20:]))
     return 0
 

@@ -3,6 +3,7 @@ small HTTP helpers that go through real sockets."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -436,6 +437,20 @@ class Cli:
             self.proc.kill()
             self.proc.wait()
         self.reader.join(10)
+
+
+@contextlib.contextmanager
+def serve_apart(repo: Path, *args: str) -> Iterator[tuple[str, str]]:
+    """`openinfer serve REPO` in a process of its own, HTTP and gRPC on free ports; yields their
+    URLs. CUDA IPC needs it: a handle cannot be opened by the process that exported it, so a
+    server that maps a client's CUDA memory is another process, as for every real client."""
+    cli = Cli(str(repo), "--grpc-port", "0", "--metrics-port", "0", *args)
+    try:
+        m = re.search(r"grpc://127\.0\.0\.1:(\d+)", cli.output())
+        assert m and cli.port, cli.output()
+        yield f"http://127.0.0.1:{cli.port}", f"grpc://127.0.0.1:{m.group(1)}"
+    finally:
+        cli.kill()
 
 
 class Observed:

@@ -9,8 +9,10 @@ import glob
 import http.server
 import json
 import os
+import shutil
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,7 +23,7 @@ import openinfer
 from openinfer import Client, InferenceServerError, SharedMemoryRegion
 from openinfer.client import _is_loopback
 
-from conftest import V2_TYPES
+from conftest import V2_TYPES, serve_apart
 
 SAMPLES: dict[str, np.ndarray] = {
     "BOOL": np.array([True, False, True, True]),
@@ -53,6 +55,8 @@ def pool_regions(client: Client) -> list[SharedMemoryRegion]:
 
 def inside_pool(client: Client, arr: np.ndarray) -> bool:
     return any(r.offset_of(arr) is not None for r in pool_regions(client) if not r.closed)
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "models"
 
 
 @pytest.fixture(autouse=True)
@@ -275,18 +279,33 @@ def _has_gpu() -> bool:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _has_gpu(), reason="needs a CUDA GPU")
-def test_torch_cuda_tensors_through_cuda_ipc(client: Client) -> None:
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_torch_cuda_tensors_through_cuda_ipc(transport: str, tmp_path: Path) -> None:
     import torch
 
-    x = torch.arange(1 << 16, dtype=torch.float32, device="cuda") * 0.5
-    y = client.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"]
-    assert np.array_equal(y, x.cpu().numpy())
-    names = set(client._cuda_regions.values())
-    status, body = client._get("/v2/cudasharedmemory/status", None)
-    assert status == 200 and names and names <= {r["name"] for r in json.loads(body)}
-    view = x[100:200]  # inside the same allocation: the same region, another offset
-    assert np.array_equal(client.infer("identity_fp32", {"INPUT0": view})["OUTPUT0"], view.cpu().numpy())
-    assert set(client._cuda_regions.values()) == names
+    shutil.copytree(EXAMPLES / "identity_fp32", tmp_path / "identity_fp32")
+    with serve_apart(tmp_path) as (http_url, grpc_url), Client(http_url if transport == "http" else grpc_url) as client:
+        x = torch.arange(1 << 16, dtype=torch.float32, device="cuda") * 0.5
+        y = client.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"]
+        assert np.array_equal(y, x.cpu().numpy())
+        names = set(client._cuda_regions.values())
+        status = requests.get(f"{http_url}/v2/cudasharedmemory/status", timeout=10).json()
+        assert names and names <= {r["name"] for r in status}
+        view = x[100:200]  # inside the same allocation: the same region, another offset
+        assert np.array_equal(client.infer("identity_fp32", {"INPUT0": view})["OUTPUT0"], view.cpu().numpy())
+        assert set(client._cuda_regions.values()) == names
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _has_gpu(), reason="needs a CUDA GPU")
+def test_torch_cuda_tensor_in_the_servers_own_process_goes_by_host_copy(client: Client) -> None:
+    """CUDA IPC cannot reach the process that exported the handle: the server refuses the
+    registration, and the client sends the tensor's bytes instead, with the same answer."""
+    import torch
+
+    x = torch.arange(1 << 12, dtype=torch.float32, device="cuda") * 0.25
+    assert np.array_equal(client.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"], x.cpu().numpy())
+    assert not client._cuda_regions
 
 
 def test_grpc_wire_messages(server: openinfer.Server) -> None:

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 import uuid
 from collections.abc import Iterator
 from multiprocessing import shared_memory
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,12 +20,14 @@ import pytest
 import requests
 
 import openinfer
-from conftest import V2_TYPES, Http, assert_alive, assert_grpc_alive
+from conftest import V2_TYPES, Http, assert_alive, assert_grpc_alive, serve_apart
 
 httpclient = pytest.importorskip("tritonclient.http")
 grpcclient = pytest.importorskip("tritonclient.grpc")
 tshm = pytest.importorskip("tritonclient.utils.shared_memory")
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor, serialized_byte_size  # noqa: E402
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "models"
 
 
 class Region:
@@ -600,29 +604,53 @@ def test_cuda_registration_errors(api: Any, grpc_triton: Any) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _has_gpu(), reason="needs a CUDA GPU")
-def test_cuda_round_trip_tritonclient(server: openinfer.Server) -> None:
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_cuda_round_trip_tritonclient(transport: str, tmp_path: Path) -> None:
+    """tritonclient's own CUDA shared-memory helper, against a server in another process (as
+    Triton's clients use it): input and output in device memory, nothing on the socket."""
+    import tritonclient.utils.cuda_shared_memory as cshm
+
+    shutil.copytree(EXAMPLES / "identity_fp32", tmp_path / "identity_fp32")
+    a = np.arange(16, dtype=np.float32)
+    size = a.nbytes
+    with serve_apart(tmp_path) as (http_url, grpc_url):
+        lib = httpclient if transport == "http" else grpcclient
+        client = lib.InferenceServerClient((http_url if transport == "http" else grpc_url).split("//")[1])
+        h_in = cshm.create_shared_memory_region("cin", size, 0)
+        h_out = cshm.create_shared_memory_region("cout", size, 0)
+        try:
+            cshm.set_shared_memory_region(h_in, [a])
+            client.register_cuda_shared_memory("cin", cshm.get_raw_handle(h_in), 0, size)
+            client.register_cuda_shared_memory("cout", cshm.get_raw_handle(h_out), 0, size)
+            i = lib.InferInput("INPUT0", [16], "FP32")
+            i.set_shared_memory("cin", size)
+            o = lib.InferRequestedOutput("OUTPUT0")
+            o.set_shared_memory("cout", size)
+            client.infer("identity_fp32", [i], outputs=[o])
+            assert np.array_equal(cshm.get_contents_as_numpy(h_out, np.float32, [16]), a)
+            status = requests.get(f"{http_url}/v2/cudasharedmemory/status", timeout=10).json()
+            assert {s["name"] for s in status} == {"cin", "cout"}
+        finally:
+            client.unregister_cuda_shared_memory()
+            cshm.destroy_shared_memory_region(h_in)
+            cshm.destroy_shared_memory_region(h_out)
+            client.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _has_gpu(), reason="needs a CUDA GPU")
+def test_cuda_handle_from_the_servers_own_process_is_refused_with_a_reason(server: openinfer.Server) -> None:
     import tritonclient.utils.cuda_shared_memory as cshm
 
     client = httpclient.InferenceServerClient(f"127.0.0.1:{server.http_port}")
-    a = np.arange(16, dtype=np.float32)
-    size = a.nbytes
-    h_in = cshm.create_shared_memory_region("cin", size, 0)
-    h_out = cshm.create_shared_memory_region("cout", size, 0)
+    h = cshm.create_shared_memory_region("same_process", 64, 0)
     try:
-        cshm.set_shared_memory_region(h_in, [a])
-        client.register_cuda_shared_memory("cin", cshm.get_raw_handle(h_in), 0, size)
-        client.register_cuda_shared_memory("cout", cshm.get_raw_handle(h_out), 0, size)
-        i = httpclient.InferInput("INPUT0", [16], "FP32")
-        i.set_shared_memory("cin", size)
-        o = httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)
-        o.set_shared_memory("cout", size)
-        client.infer("echo_fp32", [i], outputs=[o])
-        assert np.array_equal(cshm.get_contents_as_numpy(h_out, np.float32, [16]), a)
-        assert {s["name"] for s in client.get_cuda_shared_memory_status()} == {"cin", "cout"}
+        with pytest.raises(InferenceServerException) as e:
+            client.register_cuda_shared_memory("same_process", cshm.get_raw_handle(h), 0, 64)
+        assert "cannot be opened by the process that exported it" in str(e.value), str(e.value)
+        assert requests.get(f"{server.url}/v2/health/live", timeout=10).status_code == 200
     finally:
-        client.unregister_cuda_shared_memory()
-        cshm.destroy_shared_memory_region(h_in)
-        cshm.destroy_shared_memory_region(h_out)
+        cshm.destroy_shared_memory_region(h)
         client.close()
 
 

@@ -444,6 +444,7 @@ def test_metrics_config_errors(config: Any, message: str) -> None:
         openinfer.serve(models=models(), http_port=0, log=False, metrics_config=config)
 
 
+@pytest.mark.gpu
 def test_gpu_metrics_through_nvml() -> None:
     try:
         ctypes.CDLL("libnvidia-ml.so.1")

@@ -495,11 +495,17 @@ oi_status_t *oi_shm_register_cuda(oi_shm_t *s, const oi_peer_t *peer, const char
     int rc = cuda.set_device((int)device_id);
     if (rc == 0)
         rc = cuda.ipc_open(&dev, h, CUDA_IPC_LAZY_PEER_ACCESS);
+    /* cudaErrorInvalidContext (201) is what a handle exported by this very process gives:
+     * CUDA IPC only crosses processes, so a client in the server's process must send the
+     * tensor's bytes instead (openinfer.Client does when its registration is refused). */
     if (rc != 0)
         return oi_status_new(OI_BAD_REQUEST,
                              "CUDA shared-memory region '%s': cannot open the IPC handle on device "
-                             "%" PRId64 ": %s",
-                             name, device_id, cuda.error_string(rc));
+                             "%" PRId64 ": %s%s",
+                             name, device_id, cuda.error_string(rc),
+                             rc == 201 ? " (a CUDA IPC handle cannot be opened by the process that "
+                                         "exported it: is the client running inside the server's process?)"
+                                       : "");
     oi_shm_region_t *r = region_new(OI_SHM_CUDA, peer->uid, name);
     if (r == NULL) {
         cuda.ipc_close(dev);

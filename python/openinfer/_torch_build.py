@@ -119,6 +119,22 @@ def _run(cmd: list[str]) -> None:
         )
 
 
+def cuda_include_dirs(cuda_home: str | None) -> list[str]:
+    """Where c10/cuda's headers find CUDA's own (cuda_runtime_api.h): the toolkit's when
+    there is one (torch's CUDA_HOME), and the include folders of the nvidia-* wheels that a pip
+    torch depends on (nvidia/cuda_runtime/include for CUDA 12, nvidia/cu13/include for 13), so
+    no toolkit is needed. g++ searches none of them by itself."""
+    candidates = [Path(cuda_home) / "include"] if cuda_home else []
+    try:
+        import nvidia  # the namespace package of the nvidia-* wheels
+
+        for base in nvidia.__path__:
+            candidates += sorted(Path(base).glob("*/include"))
+    except ImportError:
+        pass
+    return [str(d) for d in candidates if (d / "cuda_runtime_api.h").is_file()]
+
+
 def build(dest_dir: str | os.PathLike[str], *, werror: bool = False) -> Path:
     """Compiles the shim into `dest_dir` under its keyed name and returns its path; an
     existing build with that name is kept. Raises ShimBuildError."""
@@ -139,9 +155,11 @@ def build(dest_dir: str | os.PathLike[str], *, werror: bool = False) -> Path:
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
         f'-DOITS_TORCH_VERSION="{torch.__version__}"',
     ]
+    includes = list(cpp.include_paths())
     if torch.version.cuda:
         libs += ["c10_cuda", "torch_cuda"]
         defines.append("-DOITS_WITH_CUDA")
+        includes += cuda_include_dirs(cpp.CUDA_HOME)
     warn = ["-Wall", "-Wextra", *(["-Werror"] if werror else [])]
     with tempfile.TemporaryDirectory(prefix="oi-shim-", dir=dest) as tmp:
         obj_c = os.path.join(tmp, "dtype.o")
@@ -151,7 +169,7 @@ def build(dest_dir: str | os.PathLike[str], *, werror: bool = False) -> Path:
         _run(
             [
                 cxx, "-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", *warn, *defines,
-                f"-I{src}", *(f"-isystem{p}" for p in cpp.include_paths()),
+                f"-I{src}", *(f"-isystem{p}" for p in includes),
                 "-c", str(src / SHIM_SOURCES[0]), "-o", obj_cpp,
             ]
         )  # fmt: skip

@@ -21,7 +21,6 @@
 #include <cstring>
 #include <mutex>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -422,41 +421,41 @@ char *oits_module_describe(oits_module_t *m, char **err)
     char *out = nullptr;
     guarded(err, "cannot describe forward()", [&] {
         const auto &schema = m->module.get_method("forward").function().getSchema();
-        std::ostringstream js;
-        js << "{\"arguments\":[";
+        // Plain string appends, no std::ostream: its number formatting goes through the
+        // locale's num_put facet, and inserting an int64_t crashed there inside this shim when
+        // built by Ubuntu 24.04's g++ against torch 2.11+cu130 (an H100 machine; describe of a
+        // module with example_inputs, the first number it printed).
+        std::string js = "{\"arguments\":[";
         bool first = true;
         for (size_t i = 0; i < schema.arguments().size(); i++) {
             const auto &a = schema.arguments()[i];
             if (i == 0 && a.name() == "self")
                 continue;
-            js << (first ? "" : ",") << "{\"name\":" << json_string(a.name())
-               << ",\"type\":" << json_string(a.type()->annotation_str())
-               << ",\"has_default\":" << (a.default_value().has_value() ? "true" : "false") << "}";
+            js += std::string(first ? "" : ",") + "{\"name\":" + json_string(a.name()) +
+                  ",\"type\":" + json_string(a.type()->annotation_str()) +
+                  ",\"has_default\":" + (a.default_value().has_value() ? "true" : "false") + "}";
             first = false;
         }
-        js << "],\"returns\":";
-        if (schema.returns().size() == 1)
-            js << json_string(schema.returns()[0].type()->annotation_str());
-        else
-            js << "null";
-        js << ",\"example_inputs\":";
+        js += "],\"returns\":";
+        js += schema.returns().size() == 1 ? json_string(schema.returns()[0].type()->annotation_str()) : "null";
+        js += ",\"example_inputs\":";
         auto ex = example_inputs(m->module);
         if (!ex) {
-            js << "null";
+            js += "null";
         } else {
-            js << "[";
+            js += "[";
             for (size_t i = 0; i < ex->size(); i++) {
                 const at::Tensor &t = (*ex)[i];
                 oi_dtype_t dt = v2_dtype(t.scalar_type());
-                js << (i ? "," : "") << "{\"dtype\":" << json_string(oi_dtype_name(dt)) << ",\"shape\":[";
+                js += std::string(i ? "," : "") + "{\"dtype\":" + json_string(oi_dtype_name(dt)) + ",\"shape\":[";
                 for (int64_t d = 0; d < t.dim(); d++)
-                    js << (d ? "," : "") << t.size(d);
-                js << "]}";
+                    js += (d ? "," : "") + std::to_string(t.size(d));
+                js += "]}";
             }
-            js << "]";
+            js += "]";
         }
-        js << "}";
-        out = dup_cstr(js.str());
+        js += "}";
+        out = dup_cstr(js);
         if (out == nullptr)
             throw std::bad_alloc();
     });
