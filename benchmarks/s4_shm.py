@@ -21,10 +21,7 @@ GB/s counts request + response payload (2 × tensor bytes per request) for the
 three client paths, and bytes copied for memcpy. The claim is the median of
 per-round ratios shm/socket at 64 MiB (target ≥ 5), with shm/memcpy beside it.
 
-No peer runs here: the claim compares openinfer.Client's two paths to the same server. (Native
-Triton cannot take that client's shared-memory path yet: Triton's answer for an output written to
-shared memory carries only name, datatype and shape, while openinfer.Client looks for the echoed
-`shared_memory_region` parameter and reads an empty tensor instead.)
+No peer runs here: the claim compares openinfer.Client's two paths to the same server.
 
 With --grpc the client speaks gRPC (the server is the same). Results:
 benchmarks/results/s4_shm.{md,csv,png} (s4_shm_grpc.* with --grpc); --quick runs go to

@@ -1644,25 +1644,19 @@ static oi_status_t *write_bytes_data(oi_sbuf_t *out, const oi_tensor_t *t)
     return NULL;
 }
 
-/* An output written into a shared-memory region: its metadata and where its bytes went. */
+/* An output written into a shared-memory region: its name, datatype and shape alone, as
+ * tritonserver answers. The client named the region and knows where it asked for the bytes;
+ * Triton's C++ client (perf_analyzer) reads any output `parameters` as binary data. */
 static oi_status_t *write_shm_output(oi_sbuf_t *out, const oi_tensor_t *t, const char *name)
 {
     char num[24];
-    const char *region = t->shm_region != NULL ? t->shm_region : "";
     int r = append_lit(out, "{\"name\":") || oi_json_write_string(out, name, strlen(name)) ||
             append_lit(out, ",\"datatype\":\"") || append_lit(out, oi_dtype_name(t->dtype)) ||
             append_lit(out, "\",\"shape\":[");
     for (int i = 0; r == 0 && i < t->ndim; i++)
         r = (i && append_lit(out, ",")) ||
             oi_sbuf_append(out, num, (size_t)(oi_num_write_i64(num, t->shape[i]) - num));
-    r = r || append_lit(out, "],\"parameters\":{\"shared_memory_region\":") ||
-        oi_json_write_string(out, region, strlen(region)) ||
-        append_lit(out, ",\"shared_memory_byte_size\":") ||
-        oi_sbuf_append(out, num, (size_t)(oi_num_write_u64(num, t->byte_size) - num));
-    if (r == 0 && t->shm_offset != 0)
-        r = append_lit(out, ",\"shared_memory_offset\":") ||
-            oi_sbuf_append(out, num, (size_t)(oi_num_write_u64(num, t->shm_offset) - num));
-    r = r || append_lit(out, "}}");
+    r = r || append_lit(out, "]}");
     return r ? out_of_memory_status() : NULL;
 }
 

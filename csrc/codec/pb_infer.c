@@ -1017,56 +1017,14 @@ static size_t interleave(oi_buf_t *hb, const size_t *key_off, const oi_tensor_t 
     return n;
 }
 
-#define KEY_REGION "shared_memory_region"
-
-static const char *region_of(const oi_tensor_t *t) { return t->shm_region ? t->shm_region : ""; }
-#define KEY_SIZE "shared_memory_byte_size"
-#define KEY_OFFSET "shared_memory_offset"
-
-/* A `parameters` map entry {1: key, 2: InferParameter{3: string}} and {.., 2: {2: int64}}. */
-static size_t str_entry_size(size_t klen, size_t vlen) { return ld_size(klen) + ld_size(ld_size(vlen)); }
-static size_t int_entry_size(size_t klen, uint64_t v) { return ld_size(klen) + ld_size(1 + varint_size(v)); }
-
-static size_t shm_params_size(const oi_tensor_t *t)
-{
-    if (!t->shm)
-        return 0;
-    size_t s = ld_size(str_entry_size(strlen(KEY_REGION), strlen(region_of(t))));
-    s += ld_size(int_entry_size(strlen(KEY_SIZE), t->byte_size));
-    if (t->shm_offset != 0)
-        s += ld_size(int_entry_size(strlen(KEY_OFFSET), t->shm_offset));
-    return s;
-}
-
-static void w_str_param(oi_sbuf_t *o, const char *key, const char *v)
-{
-    size_t klen = strlen(key), vlen = strlen(v);
-    w_varint(o, 4 << 3 | WT_LEN);
-    w_varint(o, str_entry_size(klen, vlen));
-    w_bytes_field(o, 1, key, klen);
-    w_varint(o, 2 << 3 | WT_LEN);
-    w_varint(o, ld_size(vlen));
-    w_bytes_field(o, 3, v, vlen);
-}
-
-static void w_int_param(oi_sbuf_t *o, const char *key, uint64_t v)
-{
-    size_t klen = strlen(key);
-    w_varint(o, 4 << 3 | WT_LEN);
-    w_varint(o, int_entry_size(klen, v));
-    w_bytes_field(o, 1, key, klen);
-    w_varint(o, 2 << 3 | WT_LEN);
-    w_varint(o, 1 + varint_size(v));
-    w_varint(o, 2 << 3 | WT_VARINT);
-    w_varint(o, v);
-}
-
+/* An output in shared memory: name, datatype and shape, and an empty raw_output_contents
+ * entry (tritonclient reads them by position), with no `parameters`, as tritonserver sends. */
 static size_t output_tensor_size(const oi_tensor_t *t)
 {
     size_t s = ld_size(strlen(t->name)) + ld_size(strlen(oi_dtype_name(t->dtype)));
     if (t->ndim > 0)
         s += ld_size(shape_size(t));
-    return s + shm_params_size(t);
+    return s;
 }
 
 /* ModelInferResponse.parameters {"triton_final_response": bool_param}: field 4, one map
@@ -1131,12 +1089,6 @@ oi_status_t *oi_pb_encode_infer_response(const char *model_name, const char *mod
             w_varint(&o, shape_size(t));
             for (int k = 0; k < t->ndim; k++)
                 w_varint(&o, (uint64_t)t->shape[k]);
-        }
-        if (t->shm) {
-            w_str_param(&o, KEY_REGION, region_of(t));
-            w_int_param(&o, KEY_SIZE, t->byte_size);
-            if (t->shm_offset != 0)
-                w_int_param(&o, KEY_OFFSET, t->shm_offset);
         }
     }
     /* The raw_output_contents keys and lengths follow in the same buffer; the parts

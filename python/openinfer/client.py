@@ -629,13 +629,11 @@ class Client:
         result: dict[str, np.ndarray] = {}
         for o in reply.get("outputs", []):
             name, datatype, shape = o["name"], o["datatype"], tuple(o["shape"])
-            params = o.get("parameters") or {}
             count = math.prod(shape)
-            # What was written into shared memory: openinfer echoes its size; Triton names only
-            # the datatype and shape, which give it, except for BYTES (then the space set aside).
+            # What was written into shared memory: the answer names its datatype and shape (as
+            # tritonserver's does), which give its size, except for BYTES (then the space set aside).
             reserved = out[name].nbytes if name in out else placed[name][1] if name in placed else 0
-            nbytes = int(params.get("shared_memory_byte_size", 0)) or (
-                reserved if datatype == "BYTES" else count * numpy_dtype(datatype).itemsize)
+            nbytes = reserved if datatype == "BYTES" else count * numpy_dtype(datatype).itemsize
             key = (model, str(version or ""), name)
             self._out_bytes[key] = max(self._out_bytes.get(key, 0), nbytes)
             if (name not in out and name not in placed) or "raw" in o or "data" in o:  # in the reply
