@@ -152,6 +152,27 @@ def test_http_close_drops_requests_behind_the_sequence_and_in_the_scheduler(
     assert gate.calls[2] == (9, 0)
 
 
+def test_a_cancelled_request_cancels_the_rest_of_its_sequence(served: openinfer.Server, gate: SeqGate) -> None:
+    """Issue 29 item 5: the sequence of a request whose client left is over, as in Triton: its
+    other waiting requests are answered 499 at once instead of running on a state that
+    missed a step; the request running meanwhile finishes for its own client."""
+    runner, result = _running(served, gate, "two", sequence_id=30, sequence_start=True)
+    gone = _send(served, "two", 5, sequence_id=30)
+    stays = _send(served, "two", 6, sequence_id=30)
+    settle()
+    gone.close()
+    try:
+        status, body = read_response(stays)
+    finally:
+        stays.close()
+    assert (status, json.loads(body)) == (499, {"error": "the sequence was cancelled"})
+    gate.gate.set()
+    runner.join(BOUND)
+    assert result and result[0][0] == 200
+    _not_started(served, "two", 30)
+    assert gate.values() == [BLOCK]
+
+
 def test_http_close_drops_a_sequence_waiting_in_the_backlog(served: openinfer.Server, gate: SeqGate) -> None:
     runner, result = _running(served, gate, "one", sequence_id=10, sequence_start=True)
     waiting = _send(served, "one", 5, sequence_id=11, sequence_start=True, sequence_end=True)
