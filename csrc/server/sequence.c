@@ -446,18 +446,25 @@ static item_t *pop_head(sequence_t *s)
 }
 
 /* Fails the requests at the head of the sequence that must not run: the server is stopping,
- * their clients have gone, or they waited past their timeout. */
+ * or they waited past their timeout. One whose client has gone (before oi_seq_cancel came)
+ * ends the sequence as oi_seq_cancel would (see release_locked): it and those behind it are
+ * failed, and the caller finds the sequence over once nothing of it runs. */
 static void drop_unrunnable_locked(oi_seq_t *q, sequence_t *s, item_t **failed)
 {
     while (s->head != NULL) {
         item_t *it = s->head;
+        if (!q->stopping && atomic_load(&it->outer->cancelled)) {
+            unmap_locked(q, s);
+            fail_later(q, failed, pop_head(s), oi_status_new(OI_CLIENT_CLOSED, "the request was cancelled"));
+            while (s->head != NULL)
+                fail_later(q, failed, pop_head(s), oi_status_new(OI_CLIENT_CLOSED, "the sequence was cancelled"));
+            return;
+        }
         oi_status_t *st = NULL;
         /* Triton's "timeout" bounds the whole wait, behind the sequence's earlier requests too. */
         uint64_t timeout_us = it->outer->req->timeout_us;
         if (q->stopping)
             st = oi_status_new(OI_UNAVAILABLE, "the server is shutting down");
-        else if (atomic_load(&it->outer->cancelled))
-            st = oi_status_new(OI_CLIENT_CLOSED, "the request was cancelled");
         else if (timeout_us != 0 && timeout_us < UINT64_MAX / 1000u && oi_now_ns() - it->arrived_ns >= timeout_us * 1000u)
             st = oi_status_new(OI_UNAVAILABLE, "Request timeout expired");
         if (st == NULL)
@@ -954,14 +961,14 @@ void oi_seq_release_session(oi_seq_t *q, uint64_t session)
         return;
     item_t *failed = NULL;
     pthread_mutex_lock(&q->mu);
-    /* Releasing a sequence hands its slot on and may free sequences that were over, never a
-     * mapped one other than itself: the walk's next is safe. */
-    for (size_t b = 0; b < q->n_buckets; b++)
-        for (sequence_t *s = q->table[b], *next; s != NULL; s = next) {
-            next = s->hnext;
-            if (s->session == session)
+    for (size_t b = 0; b < q->n_buckets; b++) {
+    again:
+        for (sequence_t *s = q->table[b]; s != NULL; s = s->hnext)
+            if (s->session == session) {
                 release_locked(q, s, &failed);
-        }
+                goto again; /* the slot's taker may have ended too, and left any chain */
+            }
+    }
     pthread_mutex_unlock(&q->mu);
     finish_failed(failed);
 }
@@ -974,21 +981,20 @@ static uint64_t reap_locked(oi_seq_t *q, uint64_t now, item_t **failed)
 {
     uint64_t next = now + q->idle_ns;
     for (size_t b = 0; b < q->n_buckets; b++) {
-        sequence_t **p = &q->table[b];
-        while (*p != NULL) {
-            sequence_t *s = *p;
+    again:
+        for (sequence_t *s = q->table[b]; s != NULL; s = s->hnext) {
             uint64_t due = s->last_ns + q->idle_ns;
             if (!s->has_slot || s->busy || s->head != NULL || due > now) {
                 if (s->has_slot && !s->busy && s->head == NULL && due < next)
                     next = due;
-                p = &s->hnext;
                 continue;
             }
-            unmap_locked(q, s); /* unlinks *p */
+            unmap_locked(q, s);
             sequence_t *taker = release_slot_locked(q, s);
             free_sequence(q, s);
             if (taker != NULL)
                 pump_locked(q, taker, failed);
+            goto again; /* the taker may have ended (a cancelled request) and left any chain */
         }
     }
     return next;
