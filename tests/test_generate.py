@@ -18,12 +18,14 @@ import openinfer
 from openinfer import Model, Tensor
 
 from conftest import Observed
+from test_cancellation import read_response
 
 BOUND = 30.0
 
 
 gated = Observed()
 flood = Observed()
+endless = Observed()
 
 
 def _gated(inputs: dict[str, np.ndarray], request: openinfer.Request) -> Iterator[dict[str, np.ndarray]]:
@@ -54,6 +56,20 @@ def _flood(inputs: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
         flood.note(finished=True)
     except GeneratorExit:
         flood.note(closed=True)
+        raise
+
+
+def _endless(inputs: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
+    """A token every millisecond until the server closes it (or 100000 of them: a bound, so
+    that even a server that never does lets the test end)."""
+    try:
+        for i in range(100_000):
+            endless.note(produced=i + 1)
+            yield {"OUTPUT0": np.array([i], dtype=np.int32)}
+            time.sleep(0.001)
+        endless.note(finished=True)
+    except GeneratorExit:
+        endless.note(closed=True)
         raise
 
 
@@ -88,6 +104,7 @@ def served() -> Iterator[openinfer.Server]:
     models = [
         Model("gated", _gated, **ONE_INT),
         Model("flood", _flood, **ONE_INT),
+        Model("endless", _endless, **ONE_INT),
         Model("gen_halfway", _halfway, **ONE_INT),
         Model("gen_fails", _fails_at_once, **ONE_INT),
         Model("gen_params", _params, inputs=[Tensor("INPUT0", "INT32", [-1])],
@@ -285,6 +302,39 @@ def test_generate_on_a_decoupled_model_needs_exactly_one_response(served: openin
     assert err.value.status == 500
     assert err.value.message == ("generate expects model to produce exactly 1 response, use generate stream for "
                                  "model that generates various number of responses")
+
+
+NOT_ONE = ("generate expects model to produce exactly 1 response, use generate stream for model that generates "
+           "various number of responses")
+
+
+def test_generate_fails_at_the_second_response_and_closes_the_generator(served: openinfer.Server) -> None:
+    """Issue 29 item 6: /generate on a model that keeps producing is answered Triton's error as
+    soon as a second response shows there cannot be exactly one, and the model is cancelled
+    rather than left to run to its end; the connection serves on."""
+    endless.reset()
+    with post(served.http_port, "/v2/models/endless/generate", body(INPUT0=[1])) as sock:
+        status, answer = read_response(sock)
+        assert (status, json.loads(answer)) == (500, {"error": NOT_ONE})
+        endless.wait_for(lambda: endless.closed, "closed")
+        assert not endless.finished
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_response(sock)[0] == 200
+
+
+def test_generate_on_tiny_gen_with_huge_max_tokens_frees_its_instance(served: openinfer.Server) -> None:
+    """2^31 - 1 tokens of tiny_gen (its one instance held for weeks had the generator run to
+    its end): the error comes at once, the instance is free for the next request, and
+    generate_stream still streams every token; one token through /generate still works."""
+    huge = {"PROMPT": "it was the best of", "MAX_TOKENS": 2**31 - 1, "DELAY_MS": 1}
+    with openinfer.Client(served.url, timeout=BOUND) as client:
+        with pytest.raises(openinfer.InferenceServerError) as err:
+            client.generate("tiny_gen", huge)
+        assert (err.value.status, err.value.message) == (500, NOT_ONE)
+        with client.generate_stream("tiny_gen", {**huge, "MAX_TOKENS": 6}) as events:
+            assert [e["INDEX"] for e in events] == [0, 1, 2, 3, 4, 5]
+        one = client.generate("tiny_gen", {**huge, "MAX_TOKENS": 1})
+    assert (one["INDEX"], one["TEXT"]) == (0, "times ")
 
 
 NOT_UTF8 = ("output 'OUTPUT0': BYTES element 0 is not valid UTF-8 and cannot be sent as JSON; request the output "

@@ -1,7 +1,9 @@
-"""Cancellation of sequence requests (issue 12 items 1 and 4): a client that goes away while its
-sequence request waits behind the sequence's earlier requests, in the backlog, or in the
-scheduler's queue is dropped and never reaches the model; the sequence goes on with the state
-its last completed request left. Proven by what a gate model received (every wait bounded)."""
+"""Cancellation of sequence requests (issue 12 items 1 and 4, issue 29 item 5): a client that
+goes away while its sequence request waits behind the sequence's earlier requests, in the
+backlog, or in the scheduler's queue is dropped and never reaches the model; its sequence is
+cancelled with it, as Triton cancels it (released as if idle: a later request without START is
+refused with Triton's error, one with START begins afresh). Proven by what a gate model
+received (every wait bounded)."""
 
 from __future__ import annotations
 
@@ -102,6 +104,18 @@ def _answer(srv: openinfer.Server, model: str, value: int, **parameters: Any) ->
     return int(json.loads(body)["outputs"][0]["data"][0])
 
 
+def _not_started(srv: openinfer.Server, model: str, seq: int) -> None:
+    """The sequence was released: a request without START gets Triton's 400."""
+    sock = _send(srv, model, 1, sequence_id=seq)
+    try:
+        status, body = read_response(sock)
+    finally:
+        sock.close()
+    assert (status, json.loads(body)["error"]) == (400, (
+        f"inference request for sequence {seq} to model '{model}' must specify the START flag on the first "
+        "request of the sequence"))
+
+
 def _running(srv: openinfer.Server, gate: SeqGate, model: str, **parameters: Any) -> tuple[threading.Thread, list[Any]]:
     result: list[Any] = []
 
@@ -128,12 +142,35 @@ def test_http_close_drops_requests_behind_the_sequence_and_in_the_scheduler(
     settle()
     gate.gate.set()
     runner.join(BOUND)
-    assert result and result[0][0] == 200
-    # Both sequences go on: 1 with the state BLOCK left, 2 from its initial state.
-    assert _answer(served, "two", 3, sequence_id=1, sequence_end=True) == BLOCK + 3
-    assert _answer(served, "two", 9, sequence_id=2, sequence_end=True) == 9
+    assert result and result[0][0] == 200  # the running request's own client stayed
+    # Both sequences were cancelled with their requests: released, as Triton releases them.
+    _not_started(served, "two", 1)
+    _not_started(served, "two", 2)
+    assert _answer(served, "two", 3, sequence_id=1, sequence_start=True, sequence_end=True) == 3
+    assert _answer(served, "two", 9, sequence_id=2, sequence_start=True, sequence_end=True) == 9
     assert gate.values() == [BLOCK, 3, 9]
     assert gate.calls[2] == (9, 0)
+
+
+def test_a_cancelled_request_cancels_the_rest_of_its_sequence(served: openinfer.Server, gate: SeqGate) -> None:
+    """Issue 29 item 5: the sequence of a request whose client left is over, as in Triton: its
+    other waiting requests are answered 499 at once instead of running on a state that
+    missed a step; the request running meanwhile finishes for its own client."""
+    runner, result = _running(served, gate, "two", sequence_id=30, sequence_start=True)
+    gone = _send(served, "two", 5, sequence_id=30)
+    stays = _send(served, "two", 6, sequence_id=30)
+    settle()
+    gone.close()
+    try:
+        status, body = read_response(stays)
+    finally:
+        stays.close()
+    assert (status, json.loads(body)) == (499, {"error": "the sequence was cancelled"})
+    gate.gate.set()
+    runner.join(BOUND)
+    assert result and result[0][0] == 200
+    _not_started(served, "two", 30)
+    assert gate.values() == [BLOCK]
 
 
 def test_http_close_drops_a_sequence_waiting_in_the_backlog(served: openinfer.Server, gate: SeqGate) -> None:
@@ -176,6 +213,8 @@ def test_grpc_stream_reset_drops_its_sequence_requests(served: openinfer.Server,
         settle()
         opened.set()
     gate.gate.set()
-    assert _answer(served, "two", 3, sequence_id=20, sequence_end=True) == BLOCK + 3
-    assert _answer(served, "two", 9, sequence_id=21, sequence_end=True) == 9
-    assert gate.values() == [BLOCK, 3, 9]
+    # The stream's sequences went with it: their next request needs START again.
+    _not_started(served, "two", 20)
+    _not_started(served, "two", 21)
+    assert _answer(served, "two", 3, sequence_id=20, sequence_start=True, sequence_end=True) == 3
+    assert gate.values() == [BLOCK, 3]

@@ -69,6 +69,10 @@ typedef struct oi_seq_params_s {
     size_t id_str_len;
     uint8_t start; /* sequence_start: true */
     uint8_t end;   /* sequence_end: true */
+    /* The client session the request came on, set by the transport: a gRPC stream, whose
+     * sequences are released when it is cancelled (oi_seq_release_session). 0: none (HTTP, a
+     * unary call: only a request's own cancellation releases its sequence). */
+    uint64_t session;
 } oi_seq_params_t;
 
 /* What a backend produced. Owns each output's owner reference. */

@@ -33,6 +33,7 @@ typedef struct {
     char trace_file[4096]; /* the trace extension's file, "" for none */
     oi_server_t *server; /* NULL once stopped */
     int started;
+    unsigned max_sequence_backlog; /* each sequence model's backlog bound (0: none) */
 } ServerObject;
 
 static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
@@ -73,6 +74,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                              "grpc_listen_fd",
                              "metrics_listen_fd",
                              "response_cache_bytes",
+                             "max_sequence_backlog",
                              NULL};
     const char *host = "127.0.0.1";
     int port = 8000, threads = 0, max_conn = 4096, grpc_port = 8001, max_per_peer = 0;
@@ -89,12 +91,16 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
     unsigned int unix_mode = 0660;
     int compression_level = 0, http_fd = 0, grpc_fd = 0, metrics_fd = 0;
     unsigned long long cache_bytes = 0;
+    /* Sequences that may wait for a slot of one model: room for a load test's worth of
+     * clients beyond the slots, not for one client's flood of STARTs (each holds its request). */
+    unsigned int seq_backlog = 1000;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "|si$iKKiKKIiKOiKKKpippppzzIizzzIpOiiiK", kwlist, &host, &port, &threads, &max_body, &max_header,
+            args, kw, "|si$iKKiKKIiKOiKKKpippppzzIizzzIpOiiiKI", kwlist, &host, &port, &threads, &max_body, &max_header,
             &max_conn, &header_to, &idle_to, &depth, &grpc_port, &grpc_max, &allow_shm, &max_per_peer, &first_byte_to,
             &body_to, &grpc_queued, &statistics, &metrics_port, &counter_lat, &histogram_lat, &metrics_cpu,
             &metrics_gpu, &http_unix, &grpc_unix, &unix_mode, &compression_level, &access_log, &trace_file,
-            &metrics_host, &metrics_interval, &summary_lat, &quantiles, &http_fd, &grpc_fd, &metrics_fd, &cache_bytes))
+            &metrics_host, &metrics_interval, &summary_lat, &quantiles, &http_fd, &grpc_fd, &metrics_fd, &cache_bytes,
+            &seq_backlog))
         return -1;
     if (http_fd < 0 || grpc_fd < 0 || metrics_fd < 0) {
         PyErr_SetString(PyExc_ValueError, "a listen_fd must be a listening socket's descriptor (> 0), or 0");
@@ -241,6 +247,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
         .response_cache_bytes = (size_t)cache_bytes,
     };
     memcpy(self->cfg.metrics.quantiles, qs, (size_t)nq * sizeof(double));
+    self->max_sequence_backlog = seq_backlog;
     self->server = oi_server_new(&self->cfg);
     if (self->server == NULL) {
         PyErr_NoMemory();
@@ -919,10 +926,11 @@ static int set_labels(oi_model_t *m, PyObject *labels)
  * is (name, kind, datatype, false_value, true_value), a state is (input_name, output_name,
  * datatype, dims, initial_bytes) and direct is None (the Oldest strategy) or the Direct
  * strategy's (max_queue_delay_us, minimum_slot_utilization); the repository has checked them
- * against the model. Returns the batcher in front of `sched` (`instances` executors), or NULL
- * with an exception set. */
+ * against the model. Returns the batcher in front of `sched` (`instances` executors), with at
+ * most `max_backlog` sequences waiting for a slot (0: any number), or NULL with an exception
+ * set. */
 static oi_seq_t *make_sequence_batcher(PyObject *spec, const char *name, int max_batch, int instances,
-                                       oi_scheduler_t *sched)
+                                       unsigned max_backlog, oi_scheduler_t *sched)
 {
     int slots;
     unsigned long long idle;
@@ -976,7 +984,7 @@ static oi_seq_t *make_sequence_batcher(PyObject *spec, const char *name, int max
         if (PyErr_Occurred())
             goto done;
     }
-    oi_seq_config_t cfg = {name, max_batch, slots, idle, c, (uint32_t)nc, st, (uint32_t)ns, dir};
+    oi_seq_config_t cfg = {name, max_batch, slots, idle, max_backlog, c, (uint32_t)nc, st, (uint32_t)ns, dir};
     char err[256];
     q = oi_seq_new(&cfg, sched, err, sizeof(err));
     if (q == NULL)
@@ -1409,7 +1417,8 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
             goto done;
     }
     if (sequence != Py_None && m->sched != NULL &&
-        (m->seq = make_sequence_batcher(sequence, name, max_batch, instances, m->sched)) == NULL)
+        (m->seq = make_sequence_batcher(sequence, name, max_batch, instances, self->max_sequence_backlog, m->sched)) ==
+            NULL)
         goto done;
     if (!publish) {
         ret = model_version_new(m); /* takes m */

@@ -15,7 +15,7 @@
 
 /* One generate request: the HTTP request it answers, and what was produced so far. */
 typedef struct gen_s {
-    oi_http_request_t *r;
+    oi_http_request_t *r; /* NULL once answered before the model ended (/generate) */
     int stream;
     int started;    /* the streamed answer's head is out */
     int responses;  /* produced so far */
@@ -110,9 +110,27 @@ static void on_response(gen_t *g, oi_infer_t *inf, const oi_response_t *resp, oi
         oi_buf_unref(b);
 }
 
+/* Triton's answer to /generate on a model that does not produce exactly one response. */
+static oi_status_t *not_one_response(void)
+{
+    return oi_status_new(OI_INTERNAL, "generate expects model to produce exactly 1 response, use generate stream for "
+                                      "model that generates various number of responses");
+}
+
 static void on_part(oi_infer_t *inf, oi_infer_part_t *part)
 {
-    on_response(inf->ctx, inf, &part->resp, part);
+    gen_t *g = inf->ctx;
+    if (!g->stream && g->responses == 1) {
+        /* /generate gets a second response: the answer can only be Triton's error, which it
+         * gives at the end; given now, and the model is cancelled rather than left to run
+         * (a generator of 2^31 tokens would hold its instance for hours). */
+        g->responses++;
+        respond_error(g->r, not_one_response());
+        g->r = NULL;
+        oi_infer_cancel(inf);
+        return;
+    }
+    on_response(g, inf, &part->resp, part);
 }
 
 static void gen_free(gen_t *g)
@@ -130,11 +148,11 @@ static void on_done(oi_infer_t *inf)
     uint64_t send_start = inf->trace != NULL ? oi_now_ns() : 0;
     oi_status_t *st = inf->job.status;
     inf->job.status = NULL;
-    if (inf->cancelled) { /* the connection is gone: nothing more to say */
+    if (inf->cancelled) { /* the connection is gone (or the answer went): nothing more to say */
         oi_status_free(st);
-        if (g->started)
+        if (r != NULL && g->started)
             oi_http_stream_end(r);
-        else
+        else if (r != NULL)
             oi_http_respond(r, OI_CLIENT_CLOSED, "", NULL, 0);
     } else if (g->stream) {
         if (st == NULL && inf->ds == NULL) /* a model of one response */
@@ -154,8 +172,7 @@ static void on_done(oi_infer_t *inf)
             g->failed = NULL;
         }
         if (st == NULL && (g->responses != 1 || g->only == NULL))
-            st = oi_status_new(OI_INTERNAL, "generate expects model to produce exactly 1 response, use generate "
-                                            "stream for model that generates various number of responses");
+            st = not_one_response();
         if (st != NULL) {
             respond_error(r, st);
         } else {

@@ -1130,6 +1130,13 @@ static void handle_infer(oi_server_t *s, oi_grpc_call_t *call, oi_buf_t *msg)
     }
     if (m->decoupled)
         inf->part = stream_part;
+    /* A stream's sequences are its own until another call sends their next request: they are
+     * released when it is cancelled (on_gone). */
+    if (call->kind == RPC_MODEL_STREAM_INFER && m->seq != NULL) {
+        if (call->session == 0)
+            call->session = atomic_fetch_add(&s->grpc_sessions, 1) + 1;
+        inf->req.seq.session = call->session;
+    }
     oi_grpc_call_ref(call);
     call->pending++;
     atomic_fetch_add(&s->grpc_inflight, 1);
@@ -1275,8 +1282,16 @@ static void on_half_close(void *ctx, oi_grpc_call_t *call)
         oi_grpc_finish(call, OI_GRPC_INVALID_ARGUMENT, "the call ended without a request message");
 }
 
+static int release_session(void *ctx, oi_model_t *m)
+{
+    oi_seq_release_session(m->seq, *(const uint64_t *)ctx);
+    return 0;
+}
+
 /* The client reset the stream, closed its connection or ran out of time: what the call has
- * queued is dropped, a running model is told. Each request still comes to finish_infer. */
+ * queued is dropped, a running model is told. Each request still comes to finish_infer. The
+ * sequences a stream started and still owns are released too, as if idle: nobody is left to
+ * end them, and they would hold their slots (or places in the backlog) until then. */
 static void on_gone(void *ctx, oi_grpc_call_t *call)
 {
     oi_server_t *s = ctx;
@@ -1289,6 +1304,8 @@ static void on_gone(void *ctx, oi_grpc_call_t *call)
             atomic_fetch_add(&s->grpc_orphans, 1);
             oi_infer_cancel(inf);
         }
+    if (call->session != 0)
+        (void)oi_registry_visit_ready(&s->registry, NULL, release_session, &call->session);
 }
 
 const oi_grpc_handler_t oi__grpc_api_handler = {on_call, on_message, on_half_close, on_gone};

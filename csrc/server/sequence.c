@@ -33,9 +33,10 @@ typedef struct item_s {
 
 /* A sequence: one correlation id from its START until its END ran or it was released. */
 struct sequence_s {
-    sequence_t *hnext; /* in the id table, while `mapped` */
-    sequence_t *bnext; /* in the backlog, while waiting for a slot */
+    sequence_t *hnext;        /* in the id table, while `mapped` */
+    sequence_t *bnext, *bprev; /* in the backlog, while waiting for a slot */
     uint64_t id;
+    uint64_t session; /* the client session of its last request (oi_seq_params_t.session) */
     char *id_str; /* NULL: numeric id */
     size_t id_str_len;
     uint64_t hash;
@@ -68,6 +69,7 @@ struct oi_seq_s {
     sequence_t **table;
     size_t n_buckets, n_mapped;
     sequence_t *backlog_head, *backlog_tail;
+    uint32_t n_backlog, max_backlog; /* sequences in the backlog, and how many may be (0: any) */
     item_t *live; /* every item not yet completed: what oi_seq_cancel looks a job up in */
     /* Direct strategy (n_instances > 0); Oldest counts free_slots instead. */
     int n_instances;
@@ -193,11 +195,28 @@ static void fail_item(item_t *it, oi_status_t *st)
 static void append_backlog(oi_seq_t *q, sequence_t *s)
 {
     s->bnext = NULL;
+    s->bprev = q->backlog_tail;
     if (q->backlog_tail)
         q->backlog_tail->bnext = s;
     else
         q->backlog_head = s;
     q->backlog_tail = s;
+    q->n_backlog++;
+}
+
+/* Takes a sequence out of the backlog. Caller holds the lock. */
+static void unlink_backlog(oi_seq_t *q, sequence_t *s)
+{
+    if (s->bprev != NULL)
+        s->bprev->bnext = s->bnext;
+    else
+        q->backlog_head = s->bnext;
+    if (s->bnext != NULL)
+        s->bnext->bprev = s->bprev;
+    else
+        q->backlog_tail = s->bprev;
+    s->bnext = s->bprev = NULL;
+    q->n_backlog--;
 }
 
 /* ---- dispatch ------------------------------------------------------------------------------- */
@@ -398,10 +417,7 @@ static sequence_t *release_slot_locked(oi_seq_t *q, sequence_t *s)
     s->has_slot = 0;
     sequence_t *b = q->backlog_head;
     if (b != NULL) {
-        q->backlog_head = b->bnext;
-        if (q->backlog_head == NULL)
-            q->backlog_tail = NULL;
-        b->bnext = NULL;
+        unlink_backlog(q, b);
         b->has_slot = 1;
         b->slot = s->slot;
     }
@@ -430,18 +446,25 @@ static item_t *pop_head(sequence_t *s)
 }
 
 /* Fails the requests at the head of the sequence that must not run: the server is stopping,
- * their clients have gone, or they waited past their timeout. */
+ * or they waited past their timeout. One whose client has gone (before oi_seq_cancel came)
+ * ends the sequence as oi_seq_cancel would (see release_locked): it and those behind it are
+ * failed, and the caller finds the sequence over once nothing of it runs. */
 static void drop_unrunnable_locked(oi_seq_t *q, sequence_t *s, item_t **failed)
 {
     while (s->head != NULL) {
         item_t *it = s->head;
+        if (!q->stopping && atomic_load(&it->outer->cancelled)) {
+            unmap_locked(q, s);
+            fail_later(q, failed, pop_head(s), oi_status_new(OI_CLIENT_CLOSED, "the request was cancelled"));
+            while (s->head != NULL)
+                fail_later(q, failed, pop_head(s), oi_status_new(OI_CLIENT_CLOSED, "the sequence was cancelled"));
+            return;
+        }
         oi_status_t *st = NULL;
         /* Triton's "timeout" bounds the whole wait, behind the sequence's earlier requests too. */
         uint64_t timeout_us = it->outer->req->timeout_us;
         if (q->stopping)
             st = oi_status_new(OI_UNAVAILABLE, "the server is shutting down");
-        else if (atomic_load(&it->outer->cancelled))
-            st = oi_status_new(OI_CLIENT_CLOSED, "the request was cancelled");
         else if (timeout_us != 0 && timeout_us < UINT64_MAX / 1000u && oi_now_ns() - it->arrived_ns >= timeout_us * 1000u)
             st = oi_status_new(OI_UNAVAILABLE, "Request timeout expired");
         if (st == NULL)
@@ -485,6 +508,30 @@ static void pump_locked(oi_seq_t *q, sequence_t *s, item_t **failed)
         if (b != NULL)
             pump_locked(q, b, failed);
     }
+}
+
+/* The sequence's client has gone: it is over now, as if it had been idle past idle_ns, and as
+ * Triton ends a sequence one of whose requests was cancelled. Its id is forgotten (a later
+ * request without START is refused) and the requests it has waiting are dropped (499); its
+ * slot goes to the backlog now, or once the request of it that runs has completed (which
+ * finds the sequence over; that request is cancelled only by its own client). Caller holds
+ * the lock. */
+static void release_locked(oi_seq_t *q, sequence_t *s, item_t **failed)
+{
+    unmap_locked(q, s);
+    while (s->head != NULL)
+        fail_later(q, failed, pop_head(s), oi_status_new(OI_CLIENT_CLOSED, "the sequence was cancelled"));
+    if (s->busy)
+        return;
+    if (!s->has_slot) {
+        unlink_backlog(q, s);
+        free_sequence(q, s);
+        return;
+    }
+    sequence_t *taker = release_slot_locked(q, s);
+    free_sequence(q, s);
+    if (taker != NULL)
+        pump_locked(q, taker, failed);
 }
 
 /* ---- Direct batches ------------------------------------------------------------------------- */
@@ -836,15 +883,25 @@ oi_status_t *oi_seq_submit(oi_seq_t *q, oi_job_t *job)
                 s->id_str_len = sp->id_str_len;
             }
             s->hash = h;
-            map_locked(q, s);
-            if (!take_slot_locked(q, s))
-                append_backlog(q, s);
+            if (take_slot_locked(q, s) || q->max_backlog == 0 || q->n_backlog < q->max_backlog) {
+                map_locked(q, s);
+                if (!s->has_slot)
+                    append_backlog(q, s);
+            } else { /* 503 as Triton's full queue: the client may try again later */
+                st = oi_status_new(OI_UNAVAILABLE,
+                                   "sequence backlog full: %" PRIu32 " sequences already wait for a sequence slot "
+                                   "of model '%s', the most --max-sequence-backlog allows",
+                                   q->n_backlog, q->model_name);
+                free_sequence(q, s);
+                s = NULL;
+            }
         }
     }
     /* A START for a sequence already running continues in its slot, as Triton does: the
      * model sees START and the state starts again. */
     if (st == NULL) {
         it->seq = s;
+        s->session = sp->session;
         live_add_locked(q, it);
         if (s->tail)
             s->tail->next = it;
@@ -874,35 +931,43 @@ void oi_seq_cancel(oi_seq_t *q, oi_job_t *job)
     item_t *it = q->live;
     while (it != NULL && it->outer != job)
         it = it->live_next;
-    if (it != NULL && it->in_sched) {
-        oi_job_cancel(&it->inner); /* the scheduler drops it if it has not started */
-    } else if (it != NULL) {
-        /* Waiting behind its sequence's earlier requests, or in the backlog: out now. The
-         * sequence's order and state are untouched; its next request runs as if this one had
-         * never come, and a dropped END still ends the sequence. */
+    if (it != NULL) {
         sequence_t *s = it->seq;
-        item_t **p = &s->head, *prev = NULL;
-        while (*p != it) {
-            prev = *p;
-            p = &(*p)->next;
-        }
-        *p = it->next;
-        if (s->tail == it)
-            s->tail = prev;
-        it->next = NULL;
-        fail_later(q, &failed, it, oi_status_new(OI_CLIENT_CLOSED, "the request was cancelled"));
-        if (!s->has_slot && !s->mapped && s->head == NULL) {
-            /* Its END was dropped while it waited in the backlog: it leaves the backlog. */
-            sequence_t **b = &q->backlog_head, *bprev = NULL;
-            while (*b != s) {
-                bprev = *b;
-                b = &(*b)->bnext;
+        if (it->in_sched) {
+            oi_job_cancel(&it->inner); /* the scheduler drops it if it has not started */
+        } else { /* waiting behind its sequence's earlier requests, or in the backlog: out now */
+            item_t **p = &s->head, *prev = NULL;
+            while (*p != it) {
+                prev = *p;
+                p = &(*p)->next;
             }
-            *b = s->bnext;
-            if (q->backlog_tail == s)
-                q->backlog_tail = bprev;
+            *p = it->next;
+            if (s->tail == it)
+                s->tail = prev;
+            it->next = NULL;
+            fail_later(q, &failed, it, oi_status_new(OI_CLIENT_CLOSED, "the request was cancelled"));
         }
-        pump_locked(q, s, &failed); /* frees the sequence if it was its last request after END */
+        /* The sequence misses a step now: its state no longer follows its requests, so it
+         * ends here rather than run on silently. */
+        release_locked(q, s, &failed);
+    }
+    pthread_mutex_unlock(&q->mu);
+    finish_failed(failed);
+}
+
+void oi_seq_release_session(oi_seq_t *q, uint64_t session)
+{
+    if (q == NULL || session == 0)
+        return;
+    item_t *failed = NULL;
+    pthread_mutex_lock(&q->mu);
+    for (size_t b = 0; b < q->n_buckets; b++) {
+    again:
+        for (sequence_t *s = q->table[b]; s != NULL; s = s->hnext)
+            if (s->session == session) {
+                release_locked(q, s, &failed);
+                goto again; /* the slot's taker may have ended too, and left any chain */
+            }
     }
     pthread_mutex_unlock(&q->mu);
     finish_failed(failed);
@@ -916,21 +981,20 @@ static uint64_t reap_locked(oi_seq_t *q, uint64_t now, item_t **failed)
 {
     uint64_t next = now + q->idle_ns;
     for (size_t b = 0; b < q->n_buckets; b++) {
-        sequence_t **p = &q->table[b];
-        while (*p != NULL) {
-            sequence_t *s = *p;
+    again:
+        for (sequence_t *s = q->table[b]; s != NULL; s = s->hnext) {
             uint64_t due = s->last_ns + q->idle_ns;
             if (!s->has_slot || s->busy || s->head != NULL || due > now) {
                 if (s->has_slot && !s->busy && s->head == NULL && due < next)
                     next = due;
-                p = &s->hnext;
                 continue;
             }
-            unmap_locked(q, s); /* unlinks *p */
+            unmap_locked(q, s);
             sequence_t *taker = release_slot_locked(q, s);
             free_sequence(q, s);
             if (taker != NULL)
                 pump_locked(q, taker, failed);
+            goto again; /* the taker may have ended (a cancelled request) and left any chain */
         }
     }
     return next;
@@ -982,6 +1046,7 @@ oi_seq_t *oi_seq_new(const oi_seq_config_t *cfg, oi_scheduler_t *sched, char *er
     q->sched = sched;
     q->max_batch_size = cfg->max_batch_size;
     q->free_slots = cfg->slots > 0 ? cfg->slots : 1;
+    q->max_backlog = cfg->max_backlog;
     if (cfg->direct.instances > 0) {
         q->n_instances = cfg->direct.instances;
         q->rows = cfg->max_batch_size > 0 ? cfg->max_batch_size : 1;

@@ -5,9 +5,11 @@
  * batcher), with the Direct strategy here, each sequence keeping its row of one instance.
  *
  * A model serves at most `slots` sequences at once; a sequence that starts while every slot
- * is taken waits in a backlog until one frees. A sequence frees its slot when its END request
- * has run, or when it was idle longer than idle_us (then a later request for it without START
- * is refused, as Triton refuses it). */
+ * is taken waits in a backlog until one frees (at most max_backlog sequences wait: past that
+ * a new sequence is refused with 503). A sequence frees its slot when its END request has run,
+ * when it was idle longer than idle_us, or when its client has gone: a request of it was
+ * cancelled, or the gRPC stream its last request came on was (then a later request for it
+ * without START is refused, as Triton refuses it). */
 #ifndef OI_SERVER_SEQUENCE_H
 #define OI_SERVER_SEQUENCE_H
 
@@ -65,6 +67,7 @@ typedef struct oi_seq_config_s {
     int max_batch_size;
     int slots;        /* sequences served at once (>= 1); Direct: instances x max(1, max_batch_size) */
     uint64_t idle_us; /* max_sequence_idle_microseconds (> 0) */
+    uint32_t max_backlog; /* sequences that may wait for a slot; 0: no limit (as Triton) */
     const oi_seq_control_t *controls;
     uint32_t n_controls;
     const oi_seq_state_t *states;
@@ -81,17 +84,26 @@ oi_seq_t *oi_seq_new(const oi_seq_config_t *cfg, oi_scheduler_t *sched, char *er
 
 /* Queues a request of a sequence. The job is the transport's, as for oi_scheduler_submit;
  * its `done` runs later on an executor thread, or on this thread when the job never runs.
- * Returns NULL when queued, else a status worded as Triton's (a missing id, a batch of more
- * than one, a sequence that is unknown or was released and gets no START, a CORRID of the
- * wrong type) and nothing was queued. */
+ * The sequence now belongs to the request's session (req->seq.session). Returns NULL when
+ * queued, else a status worded as Triton's (a missing id, a batch of more than one, a
+ * sequence that is unknown or was released and gets no START, a CORRID of the wrong type), or
+ * 503 for a new sequence when every slot is taken and max_backlog sequences wait already; then
+ * nothing was queued. */
 oi_status_t *oi_seq_submit(oi_seq_t *q, oi_job_t *job);
 
 /* The job's clients have gone (after oi_job_cancel(job)): a request still waiting in its
  * sequence or in the backlog is dropped now (its `done` runs on this thread with a 499
  * status) and never reaches the model; one handed to the scheduler is cancelled there through
- * oi_job_cancel. Does nothing when the job is no longer the batcher's. The sequence goes on:
- * its next request runs with the state its last completed request left. Any thread. */
+ * oi_job_cancel. Its sequence is cancelled with it, as Triton cancels it: released at once as
+ * if idle past idle_us, its other waiting requests dropped (499) and its slot given to the
+ * backlog as soon as nothing of it runs. Does nothing when the job is no longer the batcher's.
+ * Any thread. */
 void oi_seq_cancel(oi_seq_t *q, oi_job_t *job);
+
+/* The client session `session` (> 0) has gone: every sequence whose last request came on it
+ * and has not queued its END is released as oi_seq_cancel releases one, those that wait in
+ * the backlog and those that hold a slot with nothing to run alike. Any thread. */
+void oi_seq_release_session(oi_seq_t *q, uint64_t session);
 
 /* Takes no more requests and fails those waiting in sequences (not yet in the scheduler)
  * with 503 now, calling their `done` on this thread. Requests already in the scheduler finish

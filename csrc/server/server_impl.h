@@ -24,6 +24,7 @@ struct oi_server_s {
     oi_h2_server_t *grpc;     /* NULL without gRPC */
     atomic_int grpc_inflight; /* gRPC inferences submitted and not yet answered */
     atomic_int grpc_orphans;  /* of those, the ones whose call ended first (cancelled) */
+    atomic_uint_fast64_t grpc_sessions; /* the last session id given to a stream's sequences */
     oi_buf_t *metadata;
     oi_shm_t shm; /* registered shared-memory regions */
     struct oi_rcache_s *cache; /* the response cache; NULL: none */

@@ -86,6 +86,7 @@ struct oi_grpc_call_s {
     char log_version[24];
     int kind;
     uint32_t pending;
+    uint64_t session; /* e.g. an id for the sequences the call's requests belong to; 0: none */
     /* Private to the transport. */
     int refs;
     int finished;        /* our side is done: trailers submitted */

@@ -145,6 +145,7 @@ class Server:
         metrics_interval_ms: int = 2000,  # CPU/GPU readings every half of it
         metrics_summary_latencies: bool = False,  # nv_inference_*_summary_us
         metrics_summary_quantiles: Sequence[float] | None = None,  # None: 0.5 .. 0.999
+        max_sequence_backlog: int = 1000,  # sequences waiting for a slot, per model; 0: no limit
     ) -> None: ...
     def set_metadata(self, metadata_json: bytes) -> None:
         """Sets the body of GET /v2 (server metadata)."""

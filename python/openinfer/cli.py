@@ -48,6 +48,8 @@ _LIMITS: dict[str, str] = {
     "grpc_max_message_bytes": "largest gRPC request message (default 2 GiB)",
     "grpc_max_queued_bytes": "response bytes a gRPC connection may leave unread before its "
     "requests wait (default 64 MiB)",
+    "max_sequence_backlog": "sequences that may wait for a sequence slot, per model; a new one "
+    "past it is refused with 503 / UNAVAILABLE (default 1000; 0: no limit, as tritonserver)",
 }
 
 
