@@ -19,8 +19,10 @@ APT_PACKAGES=(pkg-config locales libuv1-dev node-llhttp zlib1g-dev libnghttp2-de
 # auditwheel, comes from PyPI with requirements-test.txt), and clang for the libFuzzer targets
 # of `make fuzz` (tests/fuzz; its fuzzer and sanitizer runtimes come in a package of their
 # own, added below once clang's version is known).
+# libb64-0d for Triton's perf_analyzer (the binary in the tritonclient wheel, run by
+# tests/test_perf_analyzer.py; its other library, libcudart.so.12, comes from PyPI).
 if [ "$MODE" = test ]; then
-  APT_PACKAGES+=(util-linux mount clang)
+  APT_PACKAGES+=(util-linux mount clang libb64-0d)
 fi
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
