@@ -73,6 +73,9 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                              "grpc_listen_fd",
                              "metrics_listen_fd",
                              "response_cache_bytes",
+                             "max_inflight_body_bytes",
+                             "max_inflate_ratio",
+                             "body_min_rate",
                              NULL};
     const char *host = "127.0.0.1";
     int port = 8000, threads = 0, max_conn = 4096, grpc_port = 8001, max_per_peer = 0;
@@ -88,13 +91,15 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
     PyObject *quantiles = Py_None;
     unsigned int unix_mode = 0660;
     int compression_level = 0, http_fd = 0, grpc_fd = 0, metrics_fd = 0;
-    unsigned long long cache_bytes = 0;
+    unsigned long long cache_bytes = 0, inflight_bytes = 0;
+    unsigned int inflate_ratio = 1000, body_min_rate = 500;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "|si$iKKiKKIiKOiKKKpippppzzIizzzIpOiiiK", kwlist, &host, &port, &threads, &max_body, &max_header,
+            args, kw, "|si$iKKiKKIiKOiKKKpippppzzIizzzIpOiiiKKII", kwlist, &host, &port, &threads, &max_body, &max_header,
             &max_conn, &header_to, &idle_to, &depth, &grpc_port, &grpc_max, &allow_shm, &max_per_peer, &first_byte_to,
             &body_to, &grpc_queued, &statistics, &metrics_port, &counter_lat, &histogram_lat, &metrics_cpu,
             &metrics_gpu, &http_unix, &grpc_unix, &unix_mode, &compression_level, &access_log, &trace_file,
-            &metrics_host, &metrics_interval, &summary_lat, &quantiles, &http_fd, &grpc_fd, &metrics_fd, &cache_bytes))
+            &metrics_host, &metrics_interval, &summary_lat, &quantiles, &http_fd, &grpc_fd, &metrics_fd, &cache_bytes,
+            &inflight_bytes, &inflate_ratio, &body_min_rate))
         return -1;
     if (http_fd < 0 || grpc_fd < 0 || metrics_fd < 0) {
         PyErr_SetString(PyExc_ValueError, "a listen_fd must be a listening socket's descriptor (> 0), or 0");
@@ -216,6 +221,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                  .first_byte_timeout_ms = first_byte_to,
                  .header_timeout_ms = header_to,
                  .body_timeout_ms = body_to,
+                 .body_min_rate = body_min_rate,
                  .idle_timeout_ms = idle_to},
         .max_json_depth = depth,
         .grpc_port = grpc_port,
@@ -224,6 +230,8 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
         .grpc_infer_compression_level = compression_level,
         .grpc_max_message_bytes = (size_t)grpc_max,
         .grpc_max_queued_bytes = (size_t)grpc_queued,
+        .max_inflight_body_bytes = (size_t)inflight_bytes,
+        .max_inflate_ratio = inflate_ratio,
         .allow_shared_memory = allow,
         .statistics = statistics,
         .metrics_port = metrics_port,
