@@ -91,10 +91,11 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
     PyObject *quantiles = Py_None;
     unsigned int unix_mode = 0660;
     int compression_level = 0, http_fd = 0, grpc_fd = 0, metrics_fd = 0;
-    unsigned long long cache_bytes = 0, inflight_bytes = 0;
-    unsigned int inflate_ratio = 1000, body_min_rate = 500;
+    unsigned long long cache_bytes = 0;
+    long long inflight_bytes = 0;
+    int inflate_ratio = 1000, body_min_rate = 500;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "|si$iKKiKKIiKOiKKKpippppzzIizzzIpOiiiKKII", kwlist, &host, &port, &threads, &max_body, &max_header,
+            args, kw, "|si$iKKiKKIiKOiKKKpippppzzIizzzIpOiiiKLii", kwlist, &host, &port, &threads, &max_body, &max_header,
             &max_conn, &header_to, &idle_to, &depth, &grpc_port, &grpc_max, &allow_shm, &max_per_peer, &first_byte_to,
             &body_to, &grpc_queued, &statistics, &metrics_port, &counter_lat, &histogram_lat, &metrics_cpu,
             &metrics_gpu, &http_unix, &grpc_unix, &unix_mode, &compression_level, &access_log, &trace_file,
@@ -195,6 +196,21 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                      max_per_peer);
         return -1;
     }
+    if (inflight_bytes < 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "max_inflight_body_bytes must be 0 (half of the memory the process may use) or more, got %lld",
+                     inflight_bytes);
+        return -1;
+    }
+    if (inflate_ratio < 0) {
+        PyErr_Format(PyExc_ValueError, "max_inflate_ratio must be 0 (no limit) or more, got %d", inflate_ratio);
+        return -1;
+    }
+    if (body_min_rate < 0) {
+        PyErr_Format(PyExc_ValueError, "body_min_rate must be 0 (no minimum) or more bytes per second, got %d",
+                     body_min_rate);
+        return -1;
+    }
     if (max_per_peer == 0) /* one address can never take every slot */
         max_per_peer = max_conn > 1 ? max_conn / 2 : 1;
     if (self->server != NULL) {
@@ -221,7 +237,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                  .first_byte_timeout_ms = first_byte_to,
                  .header_timeout_ms = header_to,
                  .body_timeout_ms = body_to,
-                 .body_min_rate = body_min_rate,
+                 .body_min_rate = (uint32_t)body_min_rate,
                  .idle_timeout_ms = idle_to},
         .max_json_depth = depth,
         .grpc_port = grpc_port,
@@ -231,7 +247,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
         .grpc_max_message_bytes = (size_t)grpc_max,
         .grpc_max_queued_bytes = (size_t)grpc_queued,
         .max_inflight_body_bytes = (size_t)inflight_bytes,
-        .max_inflate_ratio = inflate_ratio,
+        .max_inflate_ratio = (unsigned)inflate_ratio,
         .allow_shared_memory = allow,
         .statistics = statistics,
         .metrics_port = metrics_port,
