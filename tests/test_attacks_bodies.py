@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import pytest
 import requests
-from conftest import GRPC_BIG_MESSAGES, Http, assert_alive, assert_grpc_alive, encode_request, infer_body
+from conftest import GRPC_BIG_MESSAGES, Cli, Http, assert_alive, assert_grpc_alive, encode_request, infer_body
 from test_grpc_compression import send_all
 from test_grpc_transport import H2, SERVICE, frame, status_of
 
@@ -364,6 +364,33 @@ def test_bad_limits_are_clear_errors(limit: str) -> None:
         serve(**{limit: -1})
 
 
+def test_the_limits_are_cli_flags() -> None:
+    """--max-inflight-body-bytes, --max-inflate-ratio and --body-min-rate reach the core."""
+    cli = Cli("--max-inflight-body-bytes", str(MiB), "--max-inflate-ratio", "0", "--body-min-rate", "100",
+              "--body-timeout-ms", "1000")
+    try:
+        conn = Http(cli.port)
+        conn.send(b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 2097152\r\n\r\n")
+        status, _, out = conn.read_response()
+        conn.close()
+        assert status == 503 and f"max_inflight_body_bytes of {MiB} bytes" in json.loads(out)["error"], out
+        # A 70 MiB body at 1028:1 is over the default ratio, not over no ratio: it reaches the JSON parser.
+        r = requests.post(f"http://127.0.0.1:{cli.port}/v2/models/simple/infer", data=bomb(b'{"x":"', b"a", 70),
+                          headers={"Content-Encoding": "gzip"}, timeout=60)
+        assert r.status_code == 503 and "decompressed request body needs" in r.json()["error"], r.text
+        conn = Http(cli.port)
+        conn.send(b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+        for _ in range(50):  # a byte every 0.1 s: 10 bytes/s, under the 100 asked
+            conn.send(b" ")
+            if select.select([conn.sock], [], [], 0.1)[0]:
+                break
+        status, _, out = conn.read_response()
+        conn.close()
+        assert status == 408 and "body_min_rate of 100 bytes/s" in json.loads(out)["error"], out
+    finally:
+        cli.kill()
+
+
 # ---- slow bodies ---------------------------------------------------------------------------
 
 
@@ -424,6 +451,35 @@ def test_slow_bodies_from_two_addresses_do_not_lock_new_clients_out() -> None:
             for s in slow:
                 s.close()
         assert_alive(srv.http_port)
+
+
+def test_a_full_table_that_empties_at_once_takes_new_clients() -> None:
+    """63 clients leave while the loop is busy (decoding a large JSON body on a 64th), and a
+    new one comes: the loop's next turn closes the 63 and accepts the new one. Connections
+    being closed used to count until freed, later in that turn, so the table looked full of
+    connections none of which could make room, and the new client was reset (every round)."""
+    n = 4 << 20
+    big = (b'{"inputs":[{"name":"INPUT0","shape":[%d],"datatype":"INT32","data":[' % n
+           + b",".join([b"1234567"] * n) + b"]}]}")
+    with serve(max_connections=64, max_connections_per_peer=100) as srv:
+        for _ in range(3):
+            conns = [Http(srv.http_port) for _ in range(63)]
+            for c in conns:
+                assert c.request("GET", "/v2/health/live")[0] == 200
+            busy = Http(srv.http_port, timeout=120)
+            try:
+                busy.send(encode_request("POST", "/v2/models/echo/infer", big))
+                time.sleep(0.05)  # into the decoding (a shorter one only makes the test weaker)
+                for c in conns:
+                    c.close()
+                fresh = Http(srv.http_port)
+                try:
+                    assert fresh.request("GET", "/v2/health/live")[0] == 200
+                finally:
+                    fresh.close()
+                assert busy.read_response()[0] == 200
+            finally:
+                busy.close()
 
 
 def test_a_body_trickling_below_the_minimum_rate_gets_408() -> None:

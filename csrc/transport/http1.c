@@ -134,7 +134,6 @@ static void conn_maybe_free(oi_http_conn_t *c)
     if (c->peer_counted)
         oi_peers_release(&c->lis->server->peers, &c->peer);
     free(c->creds);
-    atomic_fetch_sub(&c->lis->server->connections, 1);
     oi_tcp_listener_count(&c->lis->tcp, -1);
     free(c);
 }
@@ -151,6 +150,10 @@ static void conn_close(oi_http_conn_t *c)
     if (c->closing)
         return;
     c->closing = 1;
+    /* Out of the table now, not once its handles are closed: a connection accepted in the
+     * same turn of the loop as closes (many clients leaving at once) must not find it full
+     * of connections that are only waiting to be freed, none of which can make room. */
+    atomic_fetch_sub(&c->lis->server->connections, 1);
     listener_t *lis = c->lis;
     if (c->prev)
         c->prev->next = c->next;

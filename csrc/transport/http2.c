@@ -1129,7 +1129,6 @@ static void conn_maybe_free(h2_conn_t *c)
     if (c->peer_counted)
         oi_peers_release(&c->lp->server->peers, &c->peer);
     free(c->creds);
-    atomic_fetch_sub(&c->lp->server->connections, 1);
     oi_tcp_listener_count(&c->lp->tcp, -1);
     free(c);
 }
@@ -1146,6 +1145,7 @@ static void conn_close(h2_conn_t *c)
     if (c->closing)
         return;
     c->closing = 1;
+    atomic_fetch_sub(&c->lp->server->connections, 1); /* out of the table now (see http1.c) */
     h2_loop_t *lp = c->lp;
     if (c->prev)
         c->prev->next = c->next;
