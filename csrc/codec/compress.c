@@ -84,15 +84,18 @@ static oi_status_t *check_json(const oi_inflate_limit_t *lim, const unsigned cha
     if (i < m) {
         char got[16];
         describe_byte(got, sizeof(got), p[i]);
-        return oi_status_new(OI_BAD_REQUEST, "the decompressed %s is not a JSON object: it starts with %s, expected '{'",
-                             lim->what, got);
+        return oi_status_new(OI_BAD_REQUEST,
+                             "the decompressed %s is not a JSON object: it starts with %s, expected '{'", lim->what,
+                             got);
     }
     if (m == lim->json_len && m > 0)
-        return oi_status_new(OI_BAD_REQUEST, "the decompressed %s holds no JSON object: its %zu JSON bytes are whitespace",
-                             lim->what, m);
+        return oi_status_new(OI_BAD_REQUEST,
+                             "the decompressed %s holds no JSON object: its %zu JSON bytes are whitespace", lim->what,
+                             m);
     if (!ended && n >= MEASURE_CHUNK)
         return oi_status_new(OI_BAD_REQUEST,
-                             "the decompressed %s starts with %zu bytes of whitespace, where a JSON object was expected",
+                             "the decompressed %s starts with %zu bytes of whitespace, where a JSON object was "
+                             "expected",
                              lim->what, n);
     return NULL; /* short and blank: the JSON parser says what is wrong */
 }
@@ -113,8 +116,8 @@ static oi_status_t *check_protobuf(const oi_inflate_limit_t *lim, const unsigned
     if (i < n && i < 5 && (tag >> 3) >= 1 && (tag >> 3) <= 0x1fffffff && (tag & 7) <= 5)
         return NULL;
     if (i == n) /* the whole message is a cut-off varint */
-        return oi_status_new(OI_BAD_REQUEST, "the decompressed %s is not a protobuf message: it ends inside its first tag",
-                             lim->what);
+        return oi_status_new(OI_BAD_REQUEST,
+                             "the decompressed %s is not a protobuf message: it ends inside its first tag", lim->what);
     return oi_status_new(OI_BAD_REQUEST,
                          "the decompressed %s is not a protobuf message: its first tag names field %llu with wire "
                          "type %u (expected a field from 1 and a wire type up to 5)",

@@ -95,12 +95,12 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
     long long inflight_bytes = 0;
     int inflate_ratio = 1000, body_min_rate = 500;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "|si$iKKiKKIiKOiKKKpippppzzIizzzIpOiiiKLii", kwlist, &host, &port, &threads, &max_body, &max_header,
-            &max_conn, &header_to, &idle_to, &depth, &grpc_port, &grpc_max, &allow_shm, &max_per_peer, &first_byte_to,
-            &body_to, &grpc_queued, &statistics, &metrics_port, &counter_lat, &histogram_lat, &metrics_cpu,
-            &metrics_gpu, &http_unix, &grpc_unix, &unix_mode, &compression_level, &access_log, &trace_file,
-            &metrics_host, &metrics_interval, &summary_lat, &quantiles, &http_fd, &grpc_fd, &metrics_fd, &cache_bytes,
-            &inflight_bytes, &inflate_ratio, &body_min_rate))
+            args, kw, "|si$iKKiKKIiKOiKKKpippppzzIizzzIpOiiiKLii", kwlist, &host, &port, &threads, &max_body,
+            &max_header, &max_conn, &header_to, &idle_to, &depth, &grpc_port, &grpc_max, &allow_shm, &max_per_peer,
+            &first_byte_to, &body_to, &grpc_queued, &statistics, &metrics_port, &counter_lat, &histogram_lat,
+            &metrics_cpu, &metrics_gpu, &http_unix, &grpc_unix, &unix_mode, &compression_level, &access_log,
+            &trace_file, &metrics_host, &metrics_interval, &summary_lat, &quantiles, &http_fd, &grpc_fd, &metrics_fd,
+            &cache_bytes, &inflight_bytes, &inflate_ratio, &body_min_rate))
         return -1;
     if (http_fd < 0 || grpc_fd < 0 || metrics_fd < 0) {
         PyErr_SetString(PyExc_ValueError, "a listen_fd must be a listening socket's descriptor (> 0), or 0");
