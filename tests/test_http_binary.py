@@ -170,12 +170,16 @@ def test_bad_binary_requests(server, body: bytes, headers, status: int, fragment
         conn.close()
 
 
-def test_gzip_bomb_is_limited(server) -> None:
-    bomb = gzip.compress(b"\0" * (100 << 20))  # 100 MiB of zeros; the fixture allows 64 MiB
+@pytest.mark.parametrize(("start", "status", "fragment"), [
+    (b"{", 413, "max_body_bytes"),  # a JSON object's start, then 100 MiB; the fixture allows 64 MiB
+    (b"\0", 400, "is not a JSON object: it starts with byte 0x00"),  # refused at its first byte
+])
+def test_gzip_bomb_is_limited(server, start: bytes, status: int, fragment: str) -> None:
+    bomb = gzip.compress(start + b" " * (100 << 20))
     conn = Http(server.http_port)
     try:
-        status, _, out = conn.request("POST", "/v2/models/simple/infer", bomb, {"Content-Encoding": "gzip"})
-        assert status == 413 and "max_body_bytes" in json.loads(out)["error"]
+        got, _, out = conn.request("POST", "/v2/models/simple/infer", bomb, {"Content-Encoding": "gzip"})
+        assert got == status and fragment in json.loads(out)["error"], out
     finally:
         conn.close()
     assert_alive(server.http_port)

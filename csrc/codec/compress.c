@@ -1,5 +1,6 @@
 #include "codec/compress.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zlib.h>
@@ -59,17 +60,106 @@ oi_encoding_t oi_accept_encoding(const char *v)
     return deflate > 0 ? OI_ENCODING_DEFLATE : OI_ENCODING_IDENTITY;
 }
 
-/* Bytes of scratch output for the measuring pass. */
-#define MEASURE_CHUNK 65536
+/* Bytes of scratch output for the measuring pass: the first of them are the prefix checked. */
+#define MEASURE_CHUNK OI_INFLATE_PREFIX_BYTES
+
+/* How an error shows the byte `ch`: 'x' when printable, else its hex value. */
+static void describe_byte(char *out, size_t cap, unsigned char ch)
+{
+    if (ch >= 0x20 && ch < 0x7f && ch != '\'' && ch != '"' && ch != '\\')
+        snprintf(out, cap, "'%c'", ch);
+    else
+        snprintf(out, cap, "byte 0x%02x", ch);
+}
+
+/* Whether the first n inflated bytes (all of them when `ended`) can begin a JSON object of
+ * json_len bytes: NULL, or a 400. */
+static oi_status_t *check_json(const oi_inflate_limit_t *lim, const unsigned char *p, size_t n, int ended)
+{
+    size_t m = n < lim->json_len ? n : lim->json_len, i = 0;
+    while (i < m && (p[i] == ' ' || p[i] == '\t' || p[i] == '\r' || p[i] == '\n'))
+        i++;
+    if (i < m && p[i] == '{')
+        return NULL;
+    if (i < m) {
+        char got[16];
+        describe_byte(got, sizeof(got), p[i]);
+        return oi_status_new(OI_BAD_REQUEST,
+                             "the decompressed %s is not a JSON object: it starts with %s, expected '{'", lim->what,
+                             got);
+    }
+    if (m == lim->json_len && m > 0)
+        return oi_status_new(OI_BAD_REQUEST,
+                             "the decompressed %s holds no JSON object: its %zu JSON bytes are whitespace", lim->what,
+                             m);
+    if (!ended && n >= MEASURE_CHUNK)
+        return oi_status_new(OI_BAD_REQUEST,
+                             "the decompressed %s starts with %zu bytes of whitespace, where a JSON object was "
+                             "expected",
+                             lim->what, n);
+    return NULL; /* short and blank: the JSON parser says what is wrong */
+}
+
+/* Whether the first n inflated bytes can begin a protobuf message: empty, or a first tag of a
+ * field number from 1 and a wire type up to 5. NULL, or a 400. */
+static oi_status_t *check_protobuf(const oi_inflate_limit_t *lim, const unsigned char *p, size_t n)
+{
+    if (n == 0)
+        return NULL;
+    uint64_t tag = 0;
+    size_t i = 0;
+    for (; i < n && i < 5; i++) {
+        tag |= (uint64_t)(p[i] & 0x7f) << (7 * i);
+        if (!(p[i] & 0x80))
+            break;
+    }
+    if (i < n && i < 5 && (tag >> 3) >= 1 && (tag >> 3) <= 0x1fffffff && (tag & 7) <= 5)
+        return NULL;
+    if (i == n) /* the whole message is a cut-off varint */
+        return oi_status_new(OI_BAD_REQUEST,
+                             "the decompressed %s is not a protobuf message: it ends inside its first tag", lim->what);
+    return oi_status_new(OI_BAD_REQUEST,
+                         "the decompressed %s is not a protobuf message: its first tag names field %llu with wire "
+                         "type %u (expected a field from 1 and a wire type up to 5)",
+                         lim->what, (unsigned long long)(tag >> 3), (unsigned)(tag & 7));
+}
+
+static oi_status_t *check_prefix(const oi_inflate_limit_t *lim, const char *p, size_t n, int ended)
+{
+    switch (lim->expect) {
+    case OI_INFLATE_JSON: return check_json(lim, (const unsigned char *)p, n, ended);
+    case OI_INFLATE_PROTOBUF: return check_protobuf(lim, (const unsigned char *)p, n);
+    default: return NULL;
+    }
+}
+
+/* The most the body may inflate to, and the setting that says so (for the 413). */
+static size_t inflate_cap(const oi_inflate_limit_t *lim, size_t len, int *by_ratio)
+{
+    size_t cap = lim->max_out ? lim->max_out : SIZE_MAX;
+    *by_ratio = 0;
+    if (lim->max_ratio > 0 && len <= (SIZE_MAX - OI_INFLATE_RATIO_FLOOR) / lim->max_ratio) {
+        size_t r = len * lim->max_ratio;
+        if (r < OI_INFLATE_RATIO_FLOOR)
+            r = OI_INFLATE_RATIO_FLOOR;
+        if (r < cap) {
+            cap = r;
+            *by_ratio = 1;
+        }
+    }
+    return cap;
+}
 
 /* One pass of zlib over the body. With dst NULL it only measures: output goes to a scratch
- * buffer and is counted, and the pass stops with a 413 as soon as the count passes max_out
- * (0: no limit). With dst it writes exactly `cap` bytes there, the size measured before.
- * Returns NULL with *total set, or a status. */
+ * buffer and is counted, its first MEASURE_CHUNK bytes are checked against lim->expect, and
+ * the pass stops with a 413 as soon as the count passes what the limits allow. With dst it
+ * writes exactly `cap` bytes there, the size measured before. Returns NULL with *total set,
+ * or a status. */
 static oi_status_t *inflate_pass(const char *data, size_t len, int window, const oi_inflate_limit_t *lim, char *dst,
                                  size_t cap, size_t *total)
 {
-    size_t max_out = dst == NULL ? lim->max_out : 0;
+    int by_ratio = 0;
+    size_t max_out = dst == NULL ? inflate_cap(lim, len, &by_ratio) : SIZE_MAX;
     z_stream z;
     memset(&z, 0, sizeof(z));
     if (inflateInit2(&z, window) != Z_OK)
@@ -78,19 +168,32 @@ static oi_status_t *inflate_pass(const char *data, size_t len, int window, const
     oi_status_t *st =
         dst == NULL && scratch == NULL ? oi_status_new(OI_INTERNAL, "out of memory for decompression") : NULL;
     size_t n = 0;
+    int checked = dst != NULL; /* the prefix: scratch fills up from its start until checked */
     z.next_in = (Bytef *)data;
     int rc = Z_OK;
     while (st == NULL && rc != Z_STREAM_END) {
         /* zlib counts in uInt: feed and drain at most 1 GiB a step. */
         size_t in_left = len - (size_t)((const char *)z.next_in - data);
-        size_t room = dst ? cap - n : MEASURE_CHUNK;
+        size_t off = dst ? n : checked ? 0 : n;
+        size_t room = dst ? cap - n : MEASURE_CHUNK - off;
         z.avail_in = (uInt)(in_left > (1u << 30) ? (1u << 30) : in_left);
-        z.next_out = (Bytef *)(dst ? dst + n : scratch);
+        z.next_out = (Bytef *)(dst ? dst : scratch) + off;
         z.avail_out = (uInt)(room > (1u << 30) ? (1u << 30) : room);
         uInt before = z.avail_out;
         rc = inflate(&z, Z_NO_FLUSH);
         n += before - z.avail_out;
-        if (max_out > 0 && n > max_out)
+        if (!checked && (n >= MEASURE_CHUNK || rc == Z_STREAM_END)) {
+            checked = 1;
+            st = check_prefix(lim, scratch, n < MEASURE_CHUNK ? n : MEASURE_CHUNK, rc == Z_STREAM_END);
+        }
+        if (st != NULL)
+            break;
+        if (n > max_out && by_ratio)
+            st = oi_status_new(OI_TOO_LARGE,
+                               "the compressed %s of %zu bytes inflates to more than %zu bytes, past the server's "
+                               "max_inflate_ratio of %u (beyond the first %zu bytes)",
+                               lim->what, len, max_out, lim->max_ratio, OI_INFLATE_RATIO_FLOOR);
+        else if (n > max_out)
             st = oi_status_new(OI_TOO_LARGE, "the decompressed %s exceeds the server's %s (%zu)", lim->what,
                                lim->limit_name, max_out);
         else if (rc == Z_BUF_ERROR && dst != NULL && n == cap)
@@ -109,8 +212,8 @@ static oi_status_t *inflate_pass(const char *data, size_t len, int window, const
 
 /* Inflates in two passes: the first measures the output in a small scratch buffer (a bomb is
  * refused there, having cost nothing past the limit), the second writes it into one buffer of
- * exactly that size. Twice the CPU of one pass, but no growing buffer whose copies and
- * doublings would reach several times the limit. */
+ * exactly that size, charged to the budget before it is allocated. Twice the CPU of one pass,
+ * but no growing buffer whose copies and doublings would reach several times the limit. */
 static oi_status_t *inflate_with(const char *data, size_t len, int window, const oi_inflate_limit_t *lim,
                                  oi_buf_t **out)
 {
@@ -118,7 +221,13 @@ static oi_status_t *inflate_with(const char *data, size_t len, int window, const
     oi_status_t *st = inflate_pass(data, len, window, lim, NULL, 0, &total);
     if (st != NULL)
         return st;
-    oi_buf_t *b = oi_buf_new(total);
+    int over = 0;
+    oi_buf_t *b = oi_buf_new_charged(total, lim->budget, &over);
+    if (b == NULL && over) {
+        char what[64];
+        snprintf(what, sizeof(what), "decompressed %s", lim->what);
+        return oi_budget_refusal(lim->budget, what, total);
+    }
     if (b == NULL)
         return oi_status_new(OI_INTERNAL, "out of memory for the decompressed %s (%zu bytes)", lim->what, total);
     st = inflate_pass(data, len, window, lim, b->data, total, &written);

@@ -114,9 +114,17 @@ static void block_put(large_head_t *h, unsigned cls)
 
 static large_head_t *head_of(oi_buf_t *b) { return (large_head_t *)b - 1; }
 
-static void free_inline(oi_buf_t *b) { free(b); }
+static void free_inline(oi_buf_t *b)
+{
+    oi_budget_give(b->ctx, b->cap);
+    free(b);
+}
 
-static void free_large(oi_buf_t *b) { block_put(head_of(b), size_class(LARGE_OVERHEAD + b->cap)); }
+static void free_large(oi_buf_t *b)
+{
+    oi_budget_give(b->ctx, b->cap);
+    block_put(head_of(b), size_class(LARGE_OVERHEAD + b->cap));
+}
 
 oi_buf_t *oi_buf_new(size_t cap)
 {
@@ -175,8 +183,27 @@ oi_buf_t *oi_buf_grow(oi_buf_t *b, size_t cap)
         return NULL;
     memcpy(nb->data, b->data, b->len);
     nb->len = b->len;
+    nb->ctx = b->ctx; /* the charge moves: b's capacity plus the growth the caller took */
+    b->ctx = NULL;
     b->release(b);
     return nb;
+}
+
+void oi_buf_charge(oi_buf_t *b, oi_budget_t *budget) { b->ctx = budget; }
+
+oi_buf_t *oi_buf_new_charged(size_t cap, oi_budget_t *budget, int *over_budget)
+{
+    *over_budget = 0;
+    if (oi_budget_take(budget, cap) != 0) {
+        *over_budget = 1;
+        return NULL;
+    }
+    oi_buf_t *b = oi_buf_new(cap);
+    if (b == NULL)
+        oi_budget_give(budget, cap);
+    else
+        oi_buf_charge(b, budget);
+    return b;
 }
 
 oi_buf_t *oi_buf_wrap(void *data, size_t len, oi_buf_release_cb release, void *ctx)

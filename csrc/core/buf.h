@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/budget.h"
+
 typedef struct oi_buf_s oi_buf_t;
 
 /* Called once when the last reference goes; must free `b` itself (or hand it on). */
@@ -20,7 +22,8 @@ struct oi_buf_s {
     size_t len;
     size_t cap;
     oi_buf_release_cb release;
-    void *ctx; /* release callback's own pointer, e.g. a PyObject */
+    void *ctx; /* release callback's own pointer, e.g. a PyObject; for oi_buf_new's
+                * buffers the oi_budget_t charged with cap (oi_buf_charge), or NULL */
 };
 
 /* Returns a new heap buffer of capacity `cap` (len 0, one reference), or NULL. The bytes
@@ -33,8 +36,17 @@ oi_buf_t *oi_buf_wrap(void *data, size_t len, oi_buf_release_cb release, void *c
 
 /* Grows an exclusively held buffer made by oi_buf_new (one reference, never shared yet) to
  * at least `cap` bytes, keeping its contents; returns the (possibly moved) buffer, or NULL
- * with `b` untouched. */
+ * with `b` untouched. A charged buffer stays charged: the caller takes the growth from the
+ * budget first (and gives it back when this fails). */
 oi_buf_t *oi_buf_grow(oi_buf_t *b, size_t cap);
+
+/* Hands a buffer made by oi_buf_new the charge of its capacity (b->cap bytes), which the
+ * caller took from `budget` (oi_budget_take): given back when the last reference goes. */
+void oi_buf_charge(oi_buf_t *b, oi_budget_t *budget);
+
+/* A new buffer as oi_buf_new, its capacity taken from `budget` first (NULL: none). NULL
+ * with *over_budget set when the budget has no room, NULL with it clear when out of memory. */
+oi_buf_t *oi_buf_new_charged(size_t cap, oi_budget_t *budget, int *over_budget);
 
 /* From now on, large buffers are made in shared memory (memfds) that another process can
  * map: for models whose instances are worker processes. */

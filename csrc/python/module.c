@@ -75,6 +75,9 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                              "metrics_listen_fd",
                              "response_cache_bytes",
                              "max_sequence_backlog",
+                             "max_inflight_body_bytes",
+                             "max_inflate_ratio",
+                             "body_min_rate",
                              NULL};
     const char *host = "127.0.0.1";
     int port = 8000, threads = 0, max_conn = 4096, grpc_port = 8001, max_per_peer = 0;
@@ -94,13 +97,15 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
     /* Sequences that may wait for a slot of one model: room for a load test's worth of
      * clients beyond the slots, not for one client's flood of STARTs (each holds its request). */
     unsigned int seq_backlog = 1000;
+    long long inflight_bytes = 0;
+    int inflate_ratio = 1000, body_min_rate = 500;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "|si$iKKiKKIiKOiKKKpippppzzIizzzIpOiiiKI", kwlist, &host, &port, &threads, &max_body, &max_header,
-            &max_conn, &header_to, &idle_to, &depth, &grpc_port, &grpc_max, &allow_shm, &max_per_peer, &first_byte_to,
-            &body_to, &grpc_queued, &statistics, &metrics_port, &counter_lat, &histogram_lat, &metrics_cpu,
-            &metrics_gpu, &http_unix, &grpc_unix, &unix_mode, &compression_level, &access_log, &trace_file,
-            &metrics_host, &metrics_interval, &summary_lat, &quantiles, &http_fd, &grpc_fd, &metrics_fd, &cache_bytes,
-            &seq_backlog))
+            args, kw, "|si$iKKiKKIiKOiKKKpippppzzIizzzIpOiiiKILii", kwlist, &host, &port, &threads, &max_body,
+            &max_header, &max_conn, &header_to, &idle_to, &depth, &grpc_port, &grpc_max, &allow_shm, &max_per_peer,
+            &first_byte_to, &body_to, &grpc_queued, &statistics, &metrics_port, &counter_lat, &histogram_lat,
+            &metrics_cpu, &metrics_gpu, &http_unix, &grpc_unix, &unix_mode, &compression_level, &access_log,
+            &trace_file, &metrics_host, &metrics_interval, &summary_lat, &quantiles, &http_fd, &grpc_fd, &metrics_fd,
+            &cache_bytes, &seq_backlog, &inflight_bytes, &inflate_ratio, &body_min_rate))
         return -1;
     if (http_fd < 0 || grpc_fd < 0 || metrics_fd < 0) {
         PyErr_SetString(PyExc_ValueError, "a listen_fd must be a listening socket's descriptor (> 0), or 0");
@@ -196,6 +201,21 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                      max_per_peer);
         return -1;
     }
+    if (inflight_bytes < 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "max_inflight_body_bytes must be 0 (half of the memory the process may use) or more, got %lld",
+                     inflight_bytes);
+        return -1;
+    }
+    if (inflate_ratio < 0) {
+        PyErr_Format(PyExc_ValueError, "max_inflate_ratio must be 0 (no limit) or more, got %d", inflate_ratio);
+        return -1;
+    }
+    if (body_min_rate < 0) {
+        PyErr_Format(PyExc_ValueError, "body_min_rate must be 0 (no minimum) or more bytes per second, got %d",
+                     body_min_rate);
+        return -1;
+    }
     if (max_per_peer == 0) /* one address can never take every slot */
         max_per_peer = max_conn > 1 ? max_conn / 2 : 1;
     if (self->server != NULL) {
@@ -222,6 +242,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                  .first_byte_timeout_ms = first_byte_to,
                  .header_timeout_ms = header_to,
                  .body_timeout_ms = body_to,
+                 .body_min_rate = (uint32_t)body_min_rate,
                  .idle_timeout_ms = idle_to},
         .max_json_depth = depth,
         .grpc_port = grpc_port,
@@ -230,6 +251,8 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
         .grpc_infer_compression_level = compression_level,
         .grpc_max_message_bytes = (size_t)grpc_max,
         .grpc_max_queued_bytes = (size_t)grpc_queued,
+        .max_inflight_body_bytes = (size_t)inflight_bytes,
+        .max_inflate_ratio = (unsigned)inflate_ratio,
         .allow_shared_memory = allow,
         .statistics = statistics,
         .metrics_port = metrics_port,

@@ -321,6 +321,7 @@ typedef struct inflate_work_s {
     oi_buf_t *in; /* a reference to the compressed body */
     oi_encoding_t enc;
     size_t max_out;
+    int64_t header_length; /* the request's Inference-Header-Content-Length, -1 when absent */
     oi_buf_t *out;
     oi_status_t *st;
 } inflate_work_t;
@@ -328,7 +329,14 @@ typedef struct inflate_work_s {
 static void inflate_run(oi_work_t *w)
 {
     inflate_work_t *f = (inflate_work_t *)w;
-    oi_inflate_limit_t lim = {f->max_out, "request body", "max_body_bytes"};
+    int64_t hlen = f->header_length;
+    oi_inflate_limit_t lim = {.max_out = f->max_out,
+                              .what = "request body",
+                              .limit_name = "max_body_bytes",
+                              .max_ratio = f->s->cfg.max_inflate_ratio,
+                              .budget = f->s->body_budget,
+                              .expect = hlen == 0 ? OI_INFLATE_ANY : OI_INFLATE_JSON, /* 0: raw tensor bytes */
+                              .json_len = hlen > 0 ? (size_t)hlen : SIZE_MAX};
     f->st = oi_inflate(f->in->data, f->in->len, f->enc, &lim, &f->out);
 }
 
@@ -366,7 +374,8 @@ static void handle_infer(oi_server_t *s, oi_http_request_t *r, oi_model_t *m)
                               .m = m,
                               .in = oi_buf_ref(r->body),
                               .enc = enc,
-                              .max_out = s->cfg.http.max_body_bytes};
+                              .max_out = s->cfg.http.max_body_bytes,
+                              .header_length = r->inference_header_length};
         if (oi_loop_work(r->loop, &f->work) == 0)
             return;
         oi_buf_unref(f->in);

@@ -123,7 +123,13 @@ static void *control_main(void *arg)
     /* A compressed body is inflated here, off the loop that received it. */
     oi_buf_t *plain = NULL;
     if (call->body != NULL && call->body_encoding != OI_ENCODING_IDENTITY) {
-        oi_inflate_limit_t lim = {call->max_body_bytes, "request body", "max_body_bytes"};
+        oi_inflate_limit_t lim = {.max_out = call->max_body_bytes,
+                                  .what = "request body",
+                                  .limit_name = "max_body_bytes",
+                                  .max_ratio = s->cfg.max_inflate_ratio,
+                                  .budget = s->body_budget,
+                                  .expect = OI_INFLATE_JSON,
+                                  .json_len = SIZE_MAX};
         call->status = oi_inflate(call->body->data, call->body->len, call->body_encoding, &lim, &plain);
         oi_buf_unref(call->body);
         call->body = plain;

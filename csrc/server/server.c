@@ -98,6 +98,10 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
         return NULL;
     s->cfg = *cfg;
     s->start_ns = oi_now_ns();
+    s->cfg.max_inflight_body_bytes = cfg->max_inflight_body_bytes ? cfg->max_inflight_body_bytes
+                                                                   : oi_budget_default_limit();
+    s->body_budget = oi_budget_new(s->cfg.max_inflight_body_bytes, "max_inflight_body_bytes");
+    s->cfg.http.body_budget = s->body_budget;
     pthread_mutex_init(&s->health_mu, NULL);
     oi_registry_init(&s->registry);
     oi_shm_init(&s->shm, cfg->allow_shared_memory < 0 ? is_loopback(cfg->http.host) : cfg->allow_shared_memory != 0);
@@ -113,6 +117,10 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
             .unix_path = s->cfg.http.inline_loop ? NULL : s->cfg.grpc_unix_path,
             .unix_mode = s->cfg.http.unix_mode,
             .max_message_bytes = s->cfg.grpc_max_message_bytes ? s->cfg.grpc_max_message_bytes : (size_t)2 << 30,
+            .message_budget = s->body_budget,
+            .max_inflate_ratio = s->cfg.max_inflate_ratio,
+            .message_min_rate = s->cfg.http.body_timeout_ms > 0 ? s->cfg.http.body_min_rate : 0,
+            .message_grace_ms = s->cfg.http.body_timeout_ms,
             .max_connections = s->cfg.http.max_connections,
             .max_connections_per_peer = s->cfg.http.max_connections_per_peer,
             .preface_timeout_ms = s->cfg.http.first_byte_timeout_ms,
@@ -139,8 +147,9 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
     }
     if (cfg->response_cache_bytes > 0)
         s->cache = oi_rcache_new(cfg->response_cache_bytes);
-    if (s->http == NULL || (grpc && s->grpc == NULL) || (s->cfg.metrics_port >= 0 && s->metrics_http == NULL) ||
-        (cfg->response_cache_bytes > 0 && s->cache == NULL)) {
+    if (s->body_budget == NULL || s->http == NULL || (grpc && s->grpc == NULL) ||
+        (s->cfg.metrics_port >= 0 && s->metrics_http == NULL) || (cfg->response_cache_bytes > 0 && s->cache == NULL)) {
+        oi_budget_release(s->body_budget);
         oi_rcache_free(s->cache);
         oi_http_server_free(s->metrics_http);
         oi_metrics_free(s->metrics);
@@ -398,6 +407,7 @@ static void finish_stop(oi_server_t *s)
     /* After the loops: no request holds a region now, so each is unmapped here. */
     oi_shm_destroy(&s->shm);
     oi_rcache_free(s->cache);
+    oi_budget_release(s->body_budget); /* a body a model still holds gives back to it later */
     pthread_mutex_destroy(&s->health_mu);
     free(s);
 }

@@ -18,6 +18,11 @@ typedef struct oi_server_config_s {
                                     * With neither a port nor a path, no gRPC at all */
     size_t grpc_max_message_bytes; /* largest gRPC request message; 0: 2 GiB */
     size_t grpc_max_queued_bytes;  /* see oi_h2_config_t.max_queued_bytes; 0: 64 MiB */
+    /* The budget for request bodies and gRPC request messages in flight, as received and as
+     * inflated (core/budget.h): past it, HTTP 503 / RESOURCE_EXHAUSTED. 0: the default,
+     * oi_budget_default_limit() (half of the memory the process may use). */
+    size_t max_inflight_body_bytes;
+    unsigned max_inflate_ratio; /* inflated bytes per compressed byte (oi_inflate_limit_t.max_ratio); 0: none */
     /* --grpc-infer-response-compression-level: 0 none, 1 low, 2 medium, 3 high. Inference
      * responses are compressed for clients that accept it (see oi_grpc_call_compress). */
     int grpc_infer_compression_level;

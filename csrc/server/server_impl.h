@@ -27,6 +27,8 @@ struct oi_server_s {
     atomic_uint_fast64_t grpc_sessions; /* the last session id given to a stream's sequences */
     oi_buf_t *metadata;
     oi_shm_t shm; /* registered shared-memory regions */
+    oi_budget_t *body_budget; /* request bodies and messages in flight (cfg.max_inflight_body_bytes);
+                               * released when the server goes, freed with the last body */
     struct oi_rcache_s *cache; /* the response cache; NULL: none */
     /* Model repository control: the application's handler, and the calls it is running
      * (each also counts as a request in flight of its transport until answered). */

@@ -73,6 +73,8 @@ struct oi_http_conn_s {
     oi_sbuf_t nv_request; /* the NV-InferRequest header's value (the legacy v1 API), NUL-terminated */
     size_t header_bytes;
     uint64_t start_ns; /* uv_hrtime of the first byte, with cfg.on_answered only */
+    uint64_t msg_start;  /* uv_now when the request's first byte came: its rate, for eviction */
+    uint64_t body_start; /* uv_now when its headers were done: the body's minimum rate runs from here */
     int in_message;
     int in_body; /* headers done, body bytes expected: reads push the body deadline back */
     int expect_continue;
@@ -80,6 +82,7 @@ struct oi_http_conn_s {
     oi_buf_t *body;
     int error_status; /* set by a callback that rejects the request */
     const char *error_message;
+    char error_text[256]; /* a message made for this connection (error_message may point here) */
 
     /* Unparsed bytes that arrived behind a request still being answered. */
     oi_sbuf_t pending;
@@ -131,7 +134,6 @@ static void conn_maybe_free(oi_http_conn_t *c)
     if (c->peer_counted)
         oi_peers_release(&c->lis->server->peers, &c->peer);
     free(c->creds);
-    atomic_fetch_sub(&c->lis->server->connections, 1);
     oi_tcp_listener_count(&c->lis->tcp, -1);
     free(c);
 }
@@ -148,6 +150,10 @@ static void conn_close(oi_http_conn_t *c)
     if (c->closing)
         return;
     c->closing = 1;
+    /* Out of the table now, not once its handles are closed: a connection accepted in the
+     * same turn of the loop as closes (many clients leaving at once) must not find it full
+     * of connections that are only waiting to be freed, none of which can make room. */
+    atomic_fetch_sub(&c->lis->server->connections, 1);
     listener_t *lis = c->lis;
     if (c->prev)
         c->prev->next = c->next;
@@ -345,6 +351,8 @@ static void feed(oi_http_conn_t *c, const char *data, size_t len);
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 
 static void arm_timer(oi_http_conn_t *c, uint64_t ms);
+static void arm_body_deadline(oi_http_conn_t *c);
+static uint64_t rate_deadline(const oi_http_conn_t *c);
 static void on_timer(uv_timer_t *t);
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
@@ -397,13 +405,13 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         conn_close(c);
         return;
     }
-    if (nread > 0 && c->in_body) /* the body deadline bounds silence, not the whole upload */
-        arm_timer(c, c->lis->server->cfg.body_timeout_ms);
     if (nread > 0 && c->busy) { /* pipelined: parsed once the request in flight is answered */
         if (hold_pending(c, buf->base, (size_t)nread) != 0)
             conn_close(c);
     } else if (nread > 0) {
         feed(c, buf->base, (size_t)nread);
+        if (c->in_body && !c->closing) /* the bytes counted: the body deadline moves */
+            arm_body_deadline(c);
     }
 }
 
@@ -524,19 +532,58 @@ static void on_timer(uv_timer_t *t)
         uv_timer_start(t, on_timer, c->deadline - now, 0);
         return;
     }
-    if (c->in_message && c->header_bytes + (c->body ? c->body->len : 0) > 0)
+    stop_reading(c); /* nothing more of this request is read: it is answered and closed */
+    const oi_http_config_t *cfg = &c->lis->server->cfg;
+    if (c->in_body && cfg->body_min_rate > 0 && now >= rate_deadline(c)) {
+        snprintf(c->error_text, sizeof(c->error_text),
+                 "timed out reading the request: its body arrived slower than the server's body_min_rate of %u "
+                 "bytes/s (%zu bytes in %llu ms)",
+                 cfg->body_min_rate, c->body ? c->body->len : 0, (unsigned long long)(now - c->body_start));
+        conn_reject(c, 408, c->error_text);
+    } else if (c->in_message && c->header_bytes + (c->body ? c->body->len : 0) > 0) {
         conn_reject(c, 408, "timed out reading the request");
-    else
+    } else {
         conn_close(c);
+    }
+}
+
+/* Sets the deadline to `at` (the loop's clock, ms; a past one fires at once). */
+static void arm_at(oi_http_conn_t *c, uint64_t at)
+{
+    uint64_t now = uv_now(&c->lis->loop.uv), ms = at > now ? at - now : 0;
+    c->deadline = at > 0 ? at : 1;
+    if (!uv_is_active((uv_handle_t *)&c->timer) || uv_timer_get_due_in(&c->timer) > ms)
+        uv_timer_start(&c->timer, on_timer, ms, 0);
 }
 
 static void arm_timer(oi_http_conn_t *c, uint64_t ms)
 {
     if (ms == 0)
         return;
-    c->deadline = uv_now(&c->lis->loop.uv) + ms;
-    if (!uv_is_active((uv_handle_t *)&c->timer) || uv_timer_get_due_in(&c->timer) > ms)
-        uv_timer_start(&c->timer, on_timer, ms, 0);
+    arm_at(c, uv_now(&c->lis->loop.uv) + ms);
+}
+
+/* When the body falls below the minimum rate: body_timeout_ms past its start, plus a second
+ * for every body_min_rate bytes received. */
+static uint64_t rate_deadline(const oi_http_conn_t *c)
+{
+    const oi_http_config_t *cfg = &c->lis->server->cfg;
+    uint64_t got = c->body ? c->body->len : 0;
+    return c->body_start + cfg->body_timeout_ms + got * 1000 / cfg->body_min_rate;
+}
+
+/* The body's deadline after bytes came: body_timeout_ms of silence, or the minimum rate's,
+ * whichever is first. Apache's mod_reqtimeout does the same (body=20,MinRate=500); nginx's
+ * client_body_timeout bounds only the gaps, which a client that sends a byte a gap defeats. */
+static void arm_body_deadline(oi_http_conn_t *c)
+{
+    const oi_http_config_t *cfg = &c->lis->server->cfg;
+    if (cfg->body_timeout_ms == 0)
+        return;
+    uint64_t at = uv_now(&c->lis->loop.uv) + cfg->body_timeout_ms;
+    if (cfg->body_min_rate > 0 && rate_deadline(c) < at)
+        at = rate_deadline(c);
+    arm_at(c, at);
 }
 
 static void disarm_timer(oi_http_conn_t *c) { c->deadline = 0; }
@@ -550,6 +597,15 @@ static int reject_in_parser(oi_http_conn_t *c, int status, const char *message)
     c->error_status = status;
     c->error_message = message;
     return -1;
+}
+
+/* Refuses a body the server's budget has no room for: 503. */
+static int reject_over_budget(oi_http_conn_t *c, size_t n)
+{
+    oi_status_t *st = oi_budget_refusal(c->lis->server->cfg.body_budget, "request body", n);
+    snprintf(c->error_text, sizeof(c->error_text), "%s", st->message);
+    oi_status_free(st);
+    return reject_in_parser(c, 503, c->error_text);
 }
 
 static int count_header_bytes(oi_http_conn_t *c, size_t n)
@@ -580,6 +636,7 @@ static int on_message_begin(llhttp_t *p)
     if (c->lis->server->cfg.on_answered != NULL)
         c->start_ns = uv_hrtime();
     c->req.start_ns = c->start_ns;
+    c->msg_start = uv_now(&c->lis->loop.uv);
     arm_timer(c, c->lis->server->cfg.header_timeout_ms);
     return 0;
 }
@@ -656,17 +713,19 @@ static int on_headers_complete(llhttp_t *p)
     const oi_http_config_t *cfg = &c->lis->server->cfg;
     if (p->method == HTTP_CONNECT)
         return reject_in_parser(c, 405, "CONNECT is not supported: this server is not a proxy");
+    int over = 0;
     if (p->flags & F_CHUNKED) {
-        c->body = oi_buf_new(CHUNKED_INITIAL);
+        c->body = oi_buf_new_charged(CHUNKED_INITIAL, cfg->body_budget, &over);
         if (c->body == NULL)
-            return reject_in_parser(c, 500, "out of memory");
+            return over ? reject_over_budget(c, CHUNKED_INITIAL) : reject_in_parser(c, 500, "out of memory");
     } else if (p->flags & F_CONTENT_LENGTH) {
         if (p->content_length > cfg->max_body_bytes)
             return reject_in_parser(c, 413, "request body exceeds the server's max_body_bytes");
         if (p->content_length > 0) {
-            c->body = oi_buf_new((size_t)p->content_length);
+            c->body = oi_buf_new_charged((size_t)p->content_length, cfg->body_budget, &over);
             if (c->body == NULL)
-                return reject_in_parser(c, 500, "out of memory for the request body");
+                return over ? reject_over_budget(c, (size_t)p->content_length)
+                            : reject_in_parser(c, 500, "out of memory for the request body");
             c->body_direct = 1;
         }
     }
@@ -683,9 +742,11 @@ static int on_headers_complete(llhttp_t *p)
         conn_send(c, wr, &b, 1);
     }
     if (c->body != NULL) {
-        /* From here the header deadline no longer applies: the body is timed on silence. */
+        /* From here the header deadline no longer applies: the body is timed on silence and
+         * on its average rate. */
         c->in_body = 1;
-        arm_timer(c, cfg->body_timeout_ms);
+        c->body_start = uv_now(&c->lis->loop.uv);
+        arm_body_deadline(c);
         if (cfg->body_timeout_ms == 0)
             disarm_timer(c);
     }
@@ -709,9 +770,14 @@ static int on_body(llhttp_t *p, const char *at, size_t n)
         size_t cap = b->cap * 2 > want ? b->cap * 2 : want;
         if (cap > c->lis->server->cfg.max_body_bytes)
             cap = c->lis->server->cfg.max_body_bytes;
+        oi_budget_t *budget = c->lis->server->cfg.body_budget;
+        if (oi_budget_take(budget, cap - b->cap) != 0) /* the buffer's charge grows with it */
+            return reject_over_budget(c, cap);
         oi_buf_t *nb = oi_buf_grow(b, cap);
-        if (nb == NULL)
+        if (nb == NULL) {
+            oi_budget_give(budget, cap - b->cap);
             return reject_in_parser(c, 500, "out of memory for the request body");
+        }
         c->body = b = nb;
     }
     memcpy(b->data + b->len, at, n);
@@ -942,6 +1008,50 @@ static oi_http_conn_t *oldest_idle(listener_t *lis, oi_http_conn_t *except, cons
     return best;
 }
 
+/* The connection of this loop whose request (headers or body, nothing with the handler yet)
+ * has arrived slowest on average since its first byte, or NULL. A second is the least time
+ * counted, so that a request just begun is not taken for a slow one. */
+static oi_http_conn_t *slowest_reading(listener_t *lis, oi_http_conn_t *except, uint64_t now)
+{
+    oi_http_conn_t *best = NULL;
+    double best_rate = 0;
+    for (oi_http_conn_t *c = lis->conns; c != NULL; c = c->next) {
+        if (c == except || c->closing || c->busy || !c->in_message)
+            continue;
+        uint64_t ms = now - c->msg_start < 1000 ? 1000 : now - c->msg_start;
+        double rate = (double)(c->header_bytes + (c->body ? c->body->len : 0)) * 1000.0 / (double)ms;
+        if (best == NULL || rate < best_rate || (rate == best_rate && c->msg_start < best->msg_start)) {
+            best = c;
+            best_rate = rate;
+        }
+    }
+    return best;
+}
+
+/* Makes room in a full table for a new connection: the oldest idle connection is closed, or
+ * else the slowest to send its request is answered 503 and closed. -1 when neither exists
+ * (every connection has a request with the handler). */
+static int make_room(oi_http_conn_t *newc)
+{
+    listener_t *lis = newc->lis;
+    oi_http_conn_t *victim = oldest_idle(lis, newc, NULL);
+    if (victim != NULL) {
+        conn_close(victim);
+        return 0;
+    }
+    uint64_t now = uv_now(&lis->loop.uv);
+    if ((victim = slowest_reading(lis, newc, now)) == NULL)
+        return -1;
+    snprintf(victim->error_text, sizeof(victim->error_text),
+             "the server's connections are all in use (max_connections %d) and this request was the slowest "
+             "to arrive (%zu bytes in %llu ms); retry later",
+             lis->server->cfg.max_connections, victim->header_bytes + (victim->body ? victim->body->len : 0),
+             (unsigned long long)(now - victim->msg_start));
+    stop_reading(victim);
+    conn_reject(victim, 503, victim->error_text);
+    return 0;
+}
+
 /* Counts the new connection against its address's limit: 0, or -1 to refuse it. */
 static int admit_peer(oi_http_conn_t *c)
 {
@@ -1009,15 +1119,12 @@ static void conn_accepted(oi_http_conn_t *c)
         conn_close(c);
         return;
     }
-    if (atomic_load(&s->connections) > s->cfg.max_connections) {
-        /* Full: a connection that waits for nothing gives way to one that just came, so
-         * clients that open connections and stay silent cannot lock others out. */
-        oi_http_conn_t *victim = oldest_idle(c->lis, c, NULL);
-        if (victim == NULL) {
-            conn_close(c);
-            return;
-        }
-        conn_close(victim);
+    if (atomic_load(&s->connections) > s->cfg.max_connections && make_room(c) != 0) {
+        /* Full: a connection that waits for nothing, or else the one whose request trickles
+         * in slowest, gives way to one that just came, so that clients that hold connections
+         * silent or sending a byte now and then cannot lock others out. */
+        conn_close(c);
+        return;
     }
     conn_start(c);
 }

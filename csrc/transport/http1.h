@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/budget.h"
 #include "core/buf.h"
 #include "transport/loop.h"
 #include "transport/peer.h"
@@ -32,14 +33,21 @@ typedef struct oi_http_config_s {
     size_t max_body_bytes;
     size_t max_header_bytes; /* request line and headers together */
     int max_connections;     /* when reached, the oldest idle connection of the accepting loop is
-                              * closed to make room; only without one is the new one refused */
+                              * closed to make room, else the one whose request arrives slowest
+                              * (answered 503); only without either is the new one refused */
     int max_connections_per_peer;   /* per client address; <= 0: no limit of its own. At the limit
                                      * the address's own oldest idle connection makes room */
     uint64_t first_byte_timeout_ms; /* a new connection that sends nothing is closed after this;
                                      * short, so silent connections cannot hold the slots */
     uint64_t header_timeout_ms;     /* from a request's first byte to the end of its headers */
-    uint64_t body_timeout_ms;       /* a request body with no bytes for this long: 408 (a slow
-                                     * upload that keeps sending is never cut) */
+    uint64_t body_timeout_ms;       /* a request body with no bytes for this long: 408; 0: none */
+    uint32_t body_min_rate;         /* bytes per second a request body must average beyond its
+                                     * first body_timeout_ms, else 408 (Apache mod_reqtimeout's
+                                     * MinRate): a trickle of bytes, each gap short, cannot hold a
+                                     * connection for long. 0: no minimum */
+    oi_budget_t *body_budget;       /* request bodies are charged here as their buffers are made
+                                     * (given back with the buffer's last reference); a body it has
+                                     * no room for gets 503. NULL: none */
     uint64_t idle_timeout_ms;       /* a keep-alive connection with no request */
     /* When set, called on the loop thread for each answer (the access log), with the
      * handler's ctx: by oi_http_respond, and for requests the transport refuses itself (then

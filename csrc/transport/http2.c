@@ -124,6 +124,7 @@ typedef struct out_msg_s {
 static void conn_flush(h2_conn_t *c);
 static void conn_close(h2_conn_t *c);
 static void conn_idle(h2_conn_t *c);
+static void on_conn_timer(uv_timer_t *t);
 
 /* ---- calls ------------------------------------------------------------------------------ */
 
@@ -665,7 +666,10 @@ static int on_begin_headers(nghttp2_session *session, const nghttp2_frame *frame
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE; /* nghttp2 resets the stream */
     call->refs = 1; /* the stream's */
     call->conn = c;
-    uv_timer_stop(&c->timer); /* not idle while a stream is open */
+    if (c->calls == NULL)
+        uv_timer_stop(&c->timer); /* not idle while a stream is open (with others open, the timer
+                                   * is the messages' minimum rate: it stays) */
+    call->opened_ms = uv_now(&c->lp->loop->uv);
     call->loop = c->lp->loop;
     call->stream_id = frame->hd.stream_id;
     call->method = "";
@@ -793,7 +797,13 @@ typedef struct inflate_work_s {
 static void inflate_run(oi_work_t *w)
 {
     inflate_work_t *f = (inflate_work_t *)w;
-    oi_inflate_limit_t lim = {f->max_out, "request message", "grpc_max_message_bytes"};
+    const oi_h2_config_t *cfg = &f->server->cfg;
+    oi_inflate_limit_t lim = {.max_out = f->max_out,
+                              .what = "request message",
+                              .limit_name = "grpc_max_message_bytes",
+                              .max_ratio = cfg->max_inflate_ratio,
+                              .budget = cfg->message_budget,
+                              .expect = OI_INFLATE_PROTOBUF};
     f->st = oi_inflate(f->in->data, f->in->len, (oi_encoding_t)f->enc, &lim, &f->out);
 }
 
@@ -808,10 +818,11 @@ static void inflate_done(oi_work_t *w)
     call->inflating = 0;
     h2_conn_t *c = call->conn;
     if (f->st != NULL) {
-        /* Too large: RESOURCE_EXHAUSTED, as for an uncompressed message over the limit;
-         * corrupt or truncated data: INTERNAL, as gRPC answers a message it cannot inflate. */
-        oi_grpc_finish(call, f->st->code == OI_TOO_LARGE ? OI_GRPC_RESOURCE_EXHAUSTED : OI_GRPC_INTERNAL,
-                       f->st->message);
+        /* Too large, or no room in the budget: RESOURCE_EXHAUSTED, as for an uncompressed
+         * message over the limit; corrupt or truncated data, or bytes that cannot start a
+         * message: INTERNAL, as gRPC answers a message it cannot inflate. */
+        int big = f->st->code == OI_TOO_LARGE || f->st->code == OI_UNAVAILABLE;
+        oi_grpc_finish(call, big ? OI_GRPC_RESOURCE_EXHAUSTED : OI_GRPC_INTERNAL, f->st->message);
         oi_status_free(f->st);
     } else if (c != NULL && !c->closing && oi_grpc_call_open(call)) {
         oi_h2_server_t *s = c->lp->server;
@@ -860,6 +871,75 @@ static void deliver(h2_conn_t *c, oi_grpc_call_t *call, oi_buf_t *m, int compres
     oi_grpc_finish(call, OI_GRPC_RESOURCE_EXHAUSTED, "out of memory for the request message");
 }
 
+/* ---- slow messages: a minimum rate ------------------------------------------------------ */
+
+/* When the message `call` is receiving falls below the minimum rate: message_grace_ms past its
+ * first byte, plus a second for every message_min_rate bytes of it received (as HTTP/1.1's
+ * body_min_rate). 0 when it receives none. */
+static uint64_t message_deadline(const oi_h2_server_t *s, const oi_grpc_call_t *call)
+{
+    if (!oi_grpc_call_open(call) || (call->msg == NULL && call->prefix_have == 0))
+        return 0;
+    uint64_t got = call->prefix_have + (call->msg ? call->msg->len : 0);
+    return call->msg_start + s->cfg.message_grace_ms + got * 1000 / s->cfg.message_min_rate;
+}
+
+/* The connection's timer, while streams are open, fires at the earliest of their messages'
+ * deadlines (at least that early: a timer that fires early looks again). */
+static void arm_rate_timer(h2_conn_t *c, uint64_t at)
+{
+    uint64_t now = uv_now(&c->lp->loop->uv), ms = at > now ? at - now : 0;
+    if (!uv_is_active((uv_handle_t *)&c->timer) || uv_timer_get_due_in(&c->timer) > ms)
+        uv_timer_start(&c->timer, on_conn_timer, ms, 0);
+}
+
+static void message_begins(h2_conn_t *c, oi_grpc_call_t *call)
+{
+    oi_h2_server_t *s = c->lp->server;
+    call->msg_start = uv_now(&c->lp->loop->uv);
+    if (s->cfg.message_min_rate > 0)
+        arm_rate_timer(c, call->msg_start + s->cfg.message_grace_ms);
+}
+
+/* Ends the calls whose message arrives below the minimum rate, and sets the timer for the
+ * next deadline. A trickle of DATA, each frame soon after the last, cannot hold a stream (and
+ * so its connection, which is never idle then) for long. */
+static void check_rates(h2_conn_t *c)
+{
+    oi_h2_server_t *s = c->lp->server;
+    if (s->cfg.message_min_rate == 0)
+        return;
+    uint64_t now = uv_now(&c->lp->loop->uv), next = 0;
+    for (oi_grpc_call_t *call = c->calls, *after; call != NULL && !c->closing; call = after) {
+        after = call->next; /* finishing may close the stream and unlink it (only it) */
+        uint64_t at = message_deadline(s, call);
+        if (at == 0)
+            continue;
+        if (c->throttled || call->held_head != NULL || call->inflating) {
+            /* We hold the client's window back: its message waits on us, not it. Its time
+             * starts again (the bytes it sent still count) and is looked at later. */
+            call->msg_start = now;
+            at = message_deadline(s, call);
+        }
+        if (at > now) {
+            next = next == 0 || at < next ? at : next;
+            continue;
+        }
+        char msg[200];
+        snprintf(msg, sizeof(msg),
+                 "the request message arrived slower than the server's body_min_rate of %u bytes/s (%zu bytes in "
+                 "%llu ms)",
+                 s->cfg.message_min_rate, call->prefix_have + (call->msg ? call->msg->len : 0),
+                 (unsigned long long)(now - call->msg_start));
+        oi_grpc_call_ref(call);
+        oi_grpc_finish(call, OI_GRPC_DEADLINE_EXCEEDED, msg);
+        call_gone(s, call);
+        oi_grpc_call_unref(call);
+    }
+    if (next != 0 && !c->closing)
+        arm_rate_timer(c, next);
+}
+
 /* Feeds DATA bytes to the message reassembly: each complete message goes to the handler. */
 static void call_feed(h2_conn_t *c, oi_grpc_call_t *call, const uint8_t *data, size_t len)
 {
@@ -868,6 +948,8 @@ static void call_feed(h2_conn_t *c, oi_grpc_call_t *call, const uint8_t *data, s
         if (call->msg == NULL) {
             if (len == 0)
                 return;
+            if (call->prefix_have == 0)
+                message_begins(c, call);
             size_t take = 5 - call->prefix_have < len ? 5 - call->prefix_have : len;
             memcpy(call->prefix + call->prefix_have, data, take);
             call->prefix_have += take;
@@ -903,9 +985,13 @@ static void call_feed(h2_conn_t *c, oi_grpc_call_t *call, const uint8_t *data, s
                 oi_grpc_finish(call, OI_GRPC_RESOURCE_EXHAUSTED, msg);
                 return;
             }
-            call->msg = oi_buf_new(n);
+            int over = 0;
+            call->msg = oi_buf_new_charged(n, s->cfg.message_budget, &over);
             if (call->msg == NULL) {
-                oi_grpc_finish(call, OI_GRPC_RESOURCE_EXHAUSTED, "out of memory for the request message");
+                oi_status_t *st = over ? oi_budget_refusal(s->cfg.message_budget, "request message", n) : NULL;
+                oi_grpc_finish(call, OI_GRPC_RESOURCE_EXHAUSTED,
+                               st ? st->message : "out of memory for the request message");
+                oi_status_free(st);
                 return;
             }
             call->msg_need = n;
@@ -1043,7 +1129,6 @@ static void conn_maybe_free(h2_conn_t *c)
     if (c->peer_counted)
         oi_peers_release(&c->lp->server->peers, &c->peer);
     free(c->creds);
-    atomic_fetch_sub(&c->lp->server->connections, 1);
     oi_tcp_listener_count(&c->lp->tcp, -1);
     free(c);
 }
@@ -1060,6 +1145,7 @@ static void conn_close(h2_conn_t *c)
     if (c->closing)
         return;
     c->closing = 1;
+    atomic_fetch_sub(&c->lp->server->connections, 1); /* out of the table now (see http1.c) */
     h2_loop_t *lp = c->lp;
     if (c->prev)
         c->prev->next = c->next;
@@ -1102,7 +1188,11 @@ static void on_conn_timer(uv_timer_t *t)
             if (c->writes == 0)
                 conn_close(c);
         }
+        return;
     }
+    check_rates(c);
+    if (!c->closing)
+        conn_flush(c); /* the trailers of the calls it ended */
 }
 
 /* No stream is open: the idle deadline runs (once the preface is in; before, the preface
@@ -1340,6 +1430,36 @@ static h2_conn_t *oldest_idle(h2_loop_t *lp, h2_conn_t *except, const oi_peer_ad
     return best;
 }
 
+/* This loop's connection whose every call is still receiving its first request message (none
+ * has reached the handler), that has received least per second since its oldest call began
+ * (a second at least), or NULL: with the table full, it gives way to a new connection. */
+static h2_conn_t *slowest_receiving(h2_loop_t *lp, h2_conn_t *except)
+{
+    uint64_t now = uv_now(&lp->loop->uv);
+    h2_conn_t *best = NULL;
+    double best_rate = 0;
+    for (h2_conn_t *c = lp->conns; c != NULL; c = c->next) {
+        if (c == except || c->closing || c->calls == NULL)
+            continue;
+        uint64_t got = 0, first = now;
+        oi_grpc_call_t *call = c->calls;
+        for (; call != NULL; call = call->next) {
+            if (call->received > 0 || call->half_closed || call->finished)
+                break;
+            got += call->prefix_have + (call->msg ? call->msg->len : 0);
+            first = call->opened_ms < first ? call->opened_ms : first;
+        }
+        if (call != NULL)
+            continue;
+        double rate = (double)got * 1000.0 / (double)(now - first < 1000 ? 1000 : now - first);
+        if (best == NULL || rate < best_rate) {
+            best = c;
+            best_rate = rate;
+        }
+    }
+    return best;
+}
+
 /* Counts the new connection against its address's limit: 0, or -1 to refuse it. */
 static int admit_peer(h2_conn_t *c)
 {
@@ -1410,8 +1530,11 @@ static void conn_accepted(h2_conn_t *c)
         return;
     }
     if (atomic_load(&s->connections) > s->cfg.max_connections) {
-        /* Full: an idle connection gives way to the new one (see oldest_idle). */
+        /* Full: an idle connection gives way to the new one (see oldest_idle), else one that
+         * only trickles request bytes in. */
         h2_conn_t *victim = oldest_idle(c->lp, c, NULL);
+        if (victim == NULL)
+            victim = slowest_receiving(c->lp, c);
         if (victim == NULL) {
             conn_close(c);
             return;

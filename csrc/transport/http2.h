@@ -36,8 +36,17 @@ typedef struct oi_h2_config_s {
     const char *unix_path;           /* also (or only) listen on this Unix-domain socket; NULL: none */
     unsigned unix_mode;              /* the socket file's permission bits, e.g. 0660 */
     size_t max_message_bytes;        /* largest request message (at most 4 GiB - 1) */
+    oi_budget_t *message_budget;     /* request messages are charged here, as received and as
+                                      * inflated (RESOURCE_EXHAUSTED when it has no room); NULL: none */
+    unsigned max_inflate_ratio;      /* see oi_inflate_limit_t.max_ratio; 0: none */
+    uint32_t message_min_rate;       /* bytes per second a request message must average from its
+                                      * first byte, beyond message_grace_ms, else the call ends with
+                                      * DEADLINE_EXCEEDED; 0: no minimum */
+    uint64_t message_grace_ms;
     int max_connections;             /* when reached, the accepting loop's oldest idle connection (no
-                                      * open stream) is closed to make room; without one the new is refused */
+                                      * open stream) is closed to make room, else the slowest of those
+                                      * whose every call is still receiving its first message; without
+                                      * either the new one is refused */
     int max_connections_per_peer;    /* per client address; <= 0: no limit of its own. At the
                                       * limit the address's own oldest idle connection makes room */
     uint32_t max_concurrent_streams; /* per connection */
@@ -100,6 +109,8 @@ struct oi_grpc_call_s {
     int encoding;              /* grpc-encoding of the request messages (oi_encoding_t) */
     char encoding_name[32];    /* as sent, for the error when it is unknown */
     unsigned accept_encodings; /* grpc-accept-encoding: bit 1 << oi_encoding_t per algorithm */
+    uint64_t opened_ms;        /* uv_now when the headers began */
+    uint64_t msg_start;        /* uv_now when the message being received began (its rate) */
     int inflating;             /* a compressed request message is being inflated off the loop:
                                 * later messages and END_STREAM wait behind it, in order */
     int response_encoding;     /* oi_encoding_t the responses are compressed with (oi_grpc_call_compress) */

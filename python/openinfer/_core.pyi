@@ -141,6 +141,9 @@ class Server:
         grpc_listen_fd: int = 0,  # > 0: the same for gRPC (on grpc_port)
         metrics_listen_fd: int = 0,  # > 0: the same for /metrics (on metrics_port)
         response_cache_bytes: int = 0,  # the response cache's capacity; 0: no cache
+        max_inflight_body_bytes: int = 0,  # request bodies/messages in flight, raw and inflated; 0: half of memory
+        max_inflate_ratio: int = 1000,  # inflated bytes per compressed byte past 64 MiB; 0: no limit
+        body_min_rate: int = 500,  # bytes/s a request body must average past body_timeout_ms; 0: none
         metrics_address: str | None = None,  # the metrics listener's host; None: host
         metrics_interval_ms: int = 2000,  # CPU/GPU readings every half of it
         metrics_summary_latencies: bool = False,  # nv_inference_*_summary_us

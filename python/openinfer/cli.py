@@ -42,6 +42,13 @@ _LIMITS: dict[str, str] = {
     "(default 5000)",
     "header_timeout_ms": "time allowed to send the headers (default 30000)",
     "body_timeout_ms": "time a request body may go without bytes (default 30000)",
+    "body_min_rate": "bytes per second a request body (or gRPC request message) must average "
+    "once it has taken body-timeout-ms, else 408 / DEADLINE_EXCEEDED (default 500; 0: none)",
+    "max_inflight_body_bytes": "memory for request bodies and gRPC messages in flight, as "
+    "received and decompressed; past it 503 / RESOURCE_EXHAUSTED (default 0: half of the "
+    "memory the process may use)",
+    "max_inflate_ratio": "largest ratio of decompressed to compressed bytes of a request body "
+    "or gRPC message, once past 64 MiB decompressed (default 1000; 0: no limit)",
     "idle_timeout_ms": "idle keep-alive connection timeout, also gRPC connections with no "
     "open stream (default 300000)",
     "max_json_depth": "deepest JSON nesting accepted (default 64)",

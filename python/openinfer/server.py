@@ -242,9 +242,10 @@ def serve(
     (or ``Model(..., response_cache=True)``) then answer a request identical to an earlier one
     from the cache, without running. `limits` go to the core:
     max_body_bytes, max_header_bytes, max_connections, max_connections_per_peer,
-    first_byte_timeout_ms, header_timeout_ms, body_timeout_ms, idle_timeout_ms, max_json_depth,
-    grpc_max_message_bytes, grpc_max_queued_bytes, max_sequence_backlog (sequences that may wait
-    for a slot of one sequence model: 1000 by default, 0 for no limit)."""
+    first_byte_timeout_ms, header_timeout_ms, body_timeout_ms, body_min_rate, idle_timeout_ms,
+    max_json_depth, grpc_max_message_bytes, grpc_max_queued_bytes, max_inflight_body_bytes,
+    max_inflate_ratio, max_sequence_backlog (sequences that may wait for a slot of one sequence
+    model: 1000 by default, 0 for no limit)."""
     server = Server(
         repo,
         models=models,
