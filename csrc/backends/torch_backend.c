@@ -15,6 +15,7 @@ static struct {
     int (*abi_version)(void);
     void (*free_str)(char *);
     oits_module_t *(*module_load)(const char *, const oits_options_t *, char **);
+    oits_module_t *(*package_load)(const char *, const oits_options_t *, char **);
     void (*module_free)(oits_module_t *);
     char *(*module_describe)(oits_module_t *, char **);
     int (*module_probe)(oits_module_t *, oits_output_t **, size_t *, char **);
@@ -50,6 +51,7 @@ int oi_torch_shim_open(const char *path, char *err, size_t errlen)
     }
     RESOLVE(free_str, "oits_free");
     RESOLVE(module_load, "oits_module_load");
+    RESOLVE(package_load, "oits_package_load");
     RESOLVE(module_free, "oits_module_free");
     RESOLVE(module_describe, "oits_module_describe");
     RESOLVE(module_probe, "oits_module_probe");
@@ -187,7 +189,7 @@ void *oi_torch_backend_state(const char *model_name, const oi_torch_spec_t *spec
         oits_options_t o = spec->options;
         o.device = spec->devices ? spec->devices[i] : "cpu";
         char *msg = NULL;
-        s->modules[i] = shim.module_load(spec->path, &o, &msg);
+        s->modules[i] = (spec->package ? shim.package_load : shim.module_load)(spec->path, &o, &msg);
         if (s->modules[i] == NULL) {
             *err = take_message(msg);
             goto fail;
@@ -332,6 +334,31 @@ done:
 
 static int append(oi_sbuf_t *b, const char *s) { return oi_sbuf_append(b, s, strlen(s)); }
 
+/* Appends `outs` as a JSON array of {"name": str|null, "dtype": "FP32", "shape": [...]}. */
+static int append_outputs(oi_sbuf_t *b, const oits_output_t *outs, size_t n)
+{
+    int ok = append(b, "[") == 0;
+    for (size_t i = 0; ok && i < n; i++) {
+        ok = oi_sbuf_printf(b, "%s{\"name\":", i ? "," : "") == 0;
+        /* Dict keys are TorchScript str values; JSON-escape the few characters that need it. */
+        if (ok && outs[i].name == NULL) {
+            ok = append(b, "null") == 0;
+        } else if (ok) {
+            ok = append(b, "\"") == 0;
+            for (const unsigned char *c = (const unsigned char *)outs[i].name; ok && *c; c++)
+                ok = (*c == '"' || *c == '\\' || *c < 0x20) ? oi_sbuf_printf(b, "\\u%04x", *c) == 0
+                                                            : oi_sbuf_append(b, c, 1) == 0;
+            ok = ok && append(b, "\"") == 0;
+        }
+        ok = ok && oi_sbuf_printf(b, ",\"dtype\":\"%s\",\"shape\":[",
+                                  outs[i].dtype == OI_TYPE_INVALID ? "" : oi_dtype_name(outs[i].dtype)) == 0;
+        for (int d = 0; ok && d < outs[i].ndim; d++)
+            ok = oi_sbuf_printf(b, "%s%" PRId64, d ? "," : "", outs[i].shape[d]) == 0;
+        ok = ok && append(b, "]}") == 0;
+    }
+    return ok && append(b, "]") == 0 ? 0 : -1;
+}
+
 char *oi_torch_describe(const char *path, char **err)
 {
     *err = NULL;
@@ -369,26 +396,8 @@ char *oi_torch_describe(const char *path, char **err)
             shim.module_free(m);
             return NULL;
         }
-        ok = append(&b, "[") == 0;
-        for (size_t i = 0; ok && i < n; i++) {
-            ok = oi_sbuf_printf(&b, "%s{\"name\":", i ? "," : "") == 0;
-            /* Dict keys are TorchScript str values; JSON-escape the few characters that need it. */
-            if (ok && outs[i].name == NULL) {
-                ok = append(&b, "null") == 0;
-            } else if (ok) {
-                ok = append(&b, "\"") == 0;
-                for (const unsigned char *c = (const unsigned char *)outs[i].name; ok && *c; c++)
-                    ok = (*c == '"' || *c == '\\' || *c < 0x20) ? oi_sbuf_printf(&b, "\\u%04x", *c) == 0
-                                                                : oi_sbuf_append(&b, c, 1) == 0;
-                ok = ok && append(&b, "\"") == 0;
-            }
-            ok = ok && oi_sbuf_printf(&b, ",\"dtype\":\"%s\",\"shape\":[",
-                                      outs[i].dtype == OI_TYPE_INVALID ? "" : oi_dtype_name(outs[i].dtype)) == 0;
-            for (int d = 0; ok && d < outs[i].ndim; d++)
-                ok = oi_sbuf_printf(&b, "%s%" PRId64, d ? "," : "", outs[i].shape[d]) == 0;
-            ok = ok && append(&b, "]}") == 0;
-        }
-        ok = ok && append(&b, "]}") == 0;
+        ok = append_outputs(&b, outs, n) == 0;
+        ok = ok && append(&b, "}") == 0;
         shim.outputs_free(outs, n);
     }
     shim.module_free(m);
@@ -398,6 +407,58 @@ char *oi_torch_describe(const char *path, char **err)
         return NULL;
     }
     return b.data; /* NUL-terminated, malloc'd: the caller frees it */
+}
+
+char *oi_torch_package_probe(const char *path, const char *device, const oits_input_t *inputs, size_t n_inputs,
+                             char **err)
+{
+    *err = NULL;
+    if (shim.handle == NULL) {
+        *err = strdup("the torch shim is not loaded");
+        return NULL;
+    }
+    oits_options_t o = {.device = device, .inference_mode = 1};
+    char *msg = NULL;
+    oits_module_t *m = shim.package_load(path, &o, &msg);
+    if (m == NULL) {
+        *err = take_message(msg);
+        return NULL;
+    }
+    /* Zero-filled inputs: one block as large as the largest input serves them all. */
+    size_t largest = 1;
+    for (size_t i = 0; i < n_inputs; i++) {
+        size_t bytes = oi_dtype_size(inputs[i].dtype);
+        for (int d = 0; d < inputs[i].ndim; d++)
+            bytes *= (size_t)inputs[i].shape[d];
+        largest = bytes > largest ? bytes : largest;
+    }
+    void *zeros = calloc(1, largest);
+    oits_input_t *in = calloc(n_inputs ? n_inputs : 1, sizeof(*in));
+    oits_output_t *outs = NULL;
+    size_t n = 0;
+    oi_sbuf_t b = {0};
+    int rc = -1;
+    if (zeros == NULL || in == NULL) {
+        *err = strdup("out of memory");
+    } else {
+        for (size_t i = 0; i < n_inputs; i++) {
+            in[i] = inputs[i];
+            in[i].data = zeros;
+        }
+        if (shim.module_forward(m, in, n_inputs, &outs, &n, &msg) != 0)
+            *err = take_message(msg);
+        else if ((rc = append_outputs(&b, outs, n)) != 0 || (rc = oi_sbuf_append(&b, "", 1)) != 0)
+            *err = strdup("out of memory");
+        shim.outputs_free(outs, n);
+    }
+    free(zeros);
+    free(in);
+    shim.module_free(m);
+    if (rc != 0) {
+        oi_sbuf_free(&b);
+        return NULL;
+    }
+    return b.data;
 }
 
 const oi_backend_t oi_torch_backend = {

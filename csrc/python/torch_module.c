@@ -33,9 +33,69 @@ static PyObject *torch_describe(PyObject *self, PyObject *arg)
     return oi__py_json_str(json, err);
 }
 
+/* torch_package_probe(path, device, [(datatype, shape), ...]) -> JSON text of the outputs. */
+static PyObject *torch_package_probe(PyObject *self, PyObject *args)
+{
+    (void)self;
+    const char *path, *device;
+    PyObject *list;
+    if (!PyArg_ParseTuple(args, "ssO", &path, &device, &list))
+        return NULL;
+    PyObject *fast = PySequence_Fast(list, "torch_package_probe: inputs must be a sequence");
+    if (fast == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    oits_input_t *in = calloc((size_t)n + 1, sizeof(*in));
+    int64_t(*shapes)[OITS_MAX_DIMS] = calloc((size_t)n + 1, sizeof(*shapes));
+    PyObject *result = NULL;
+    if (in == NULL || shapes == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const char *dtype;
+        PyObject *shape;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "sO", &dtype, &shape))
+            goto done;
+        PyObject *dims = PySequence_Fast(shape, "torch_package_probe: a shape must be a sequence");
+        if (dims == NULL)
+            goto done;
+        Py_ssize_t nd = PySequence_Fast_GET_SIZE(dims);
+        in[i].dtype = oi_dtype_from_name(dtype, strlen(dtype));
+        in[i].ndim = (int)nd;
+        in[i].shape = shapes[i];
+        for (Py_ssize_t d = 0; d < nd && d < OITS_MAX_DIMS; d++)
+            shapes[i][d] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(dims, d));
+        Py_DECREF(dims);
+        if (PyErr_Occurred())
+            goto done;
+        if (in[i].dtype == OI_TYPE_INVALID || nd > OITS_MAX_DIMS) {
+            PyErr_Format(PyExc_ValueError, "torch_package_probe: input %zd: bad datatype or rank", i);
+            goto done;
+        }
+        for (Py_ssize_t d = 0; d < nd; d++)
+            if (shapes[i][d] < 0) {
+                PyErr_Format(PyExc_ValueError, "torch_package_probe: input %zd: negative dimension", i);
+                goto done;
+            }
+    }
+    char *err = NULL, *json;
+    Py_BEGIN_ALLOW_THREADS
+    json = oi_torch_package_probe(path, device, in, (size_t)n, &err);
+    Py_END_ALLOW_THREADS
+    result = oi__py_json_str(json, err);
+done:
+    free(in);
+    free(shapes);
+    Py_DECREF(fast);
+    return result;
+}
+
 PyMethodDef oi_py_torch_functions[] = {
     {"torch_open_shim", torch_open_shim, METH_O, "Loads the libtorch shim (once; torch must be imported)."},
     {"torch_describe", torch_describe, METH_O, "JSON describing a TorchScript file's forward()."},
+    {"torch_package_probe", torch_package_probe, METH_VARARGS,
+     "Runs a PT2 package once on zero inputs: JSON of its outputs."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -116,6 +176,7 @@ void *oi_py_torch_state(oi_model_t *m, PyObject *spec, char **load_error)
             goto done;
     oi_torch_spec_t ts = {
         .path = path,
+        .package = oi__py_spec_int(spec, "package", 0),
         .devices = devices,
         .instances = (int)n_dev,
         .options = {.inference_mode = oi__py_spec_int(spec, "inference_mode", 1),
