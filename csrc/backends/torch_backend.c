@@ -83,6 +83,8 @@ typedef struct ts_state_s {
     uint32_t n_args;
     char **arg_names;       /* forward() argument k is the request input of this name */
     oi_io_spec_t *arg_shape; /* per argument: reshape (ndim -1: as sent), batch excluded */
+    int32_t *dim_links;      /* see oi_torch_spec_t */
+    uint32_t n_dim_links;
     uint32_t n_outputs;
     struct {
         char *name;
@@ -111,6 +113,7 @@ static void ts_release(void *state)
         free(s->arg_names[i]);
     free(s->arg_names);
     free(s->arg_shape);
+    free(s->dim_links);
     for (uint32_t i = 0; i < s->n_outputs && s->outputs; i++) {
         free(s->outputs[i].name);
         free(s->outputs[i].key);
@@ -150,8 +153,19 @@ void *oi_torch_backend_state(const char *model_name, const oi_torch_spec_t *spec
     if (oi__instances_init(&s->pool, n_inst) != 0 || (s->model_name = strdup(model_name)) == NULL ||
         (s->arg_names = calloc(spec->n_args ? spec->n_args : 1, sizeof(char *))) == NULL ||
         (s->arg_shape = calloc(spec->n_args ? spec->n_args : 1, sizeof(oi_io_spec_t))) == NULL ||
-        (s->outputs = calloc(n_outputs ? n_outputs : 1, sizeof(*s->outputs))) == NULL)
+        (s->outputs = calloc(n_outputs ? n_outputs : 1, sizeof(*s->outputs))) == NULL ||
+        (s->dim_links = calloc(spec->n_dim_links * 4 + 1, sizeof(int32_t))) == NULL)
         goto oom;
+    for (uint32_t q = 0; q < spec->n_dim_links * 4; q += 2) {
+        if (spec->dim_links[q] < 0 || (uint32_t)spec->dim_links[q] >= spec->n_args || spec->dim_links[q + 1] < 0 ||
+            spec->dim_links[q + 1] >= OI_MAX_DIMS) {
+            *err = strdup("a linked dimension names no forward() argument");
+            goto fail;
+        }
+    }
+    if (spec->n_dim_links)
+        memcpy(s->dim_links, spec->dim_links, spec->n_dim_links * 4 * sizeof(int32_t));
+    s->n_dim_links = spec->n_dim_links;
     for (uint32_t k = 0; k < spec->n_args; k++) {
         uint32_t i = spec->arg_inputs[k];
         if (i >= n_inputs) {
@@ -248,6 +262,16 @@ static oi_status_t *ts_execute(void *state, const oi_request_t *req, const char 
                               : NULL;
         if (st != NULL)
             return st;
+    }
+    for (uint32_t q = 0; q < s->n_dim_links; q++) {
+        const int32_t *l = &s->dim_links[q * 4];
+        int64_t a = l[1] < in[l[0]].ndim ? in[l[0]].shape[l[1]] : -1;
+        int64_t b = l[3] < in[l[2]].ndim ? in[l[2]].shape[l[3]] : -1;
+        if (a != b)
+            return oi_status_new(OI_BAD_REQUEST,
+                                 "input '%s' dimension %d is %" PRId64 " and input '%s' dimension %d is %" PRId64
+                                 ": model '%s' was exported with one size for both",
+                                 s->arg_names[l[0]], l[1], a, s->arg_names[l[2]], l[3], b, s->model_name);
     }
     oits_output_t *outs = NULL;
     size_t n_outs = 0;

@@ -31,6 +31,10 @@ typedef struct oi_torch_spec_s {
     const char *const *output_key; /* or, when forward() returns a dict, key output_key[i] */
     const oi_io_spec_t *input_reshape;  /* per input: the shape forward() sees (ndim -1: as sent) */
     const oi_io_spec_t *output_reshape; /* per output: the shape forward() returns (ndim -1: as declared) */
+    /* Dimensions that must be equal, as (argument, dimension, argument, dimension) quads: a
+     * PT2 package's inputs sharing one dynamic size, which it does not check itself. */
+    const int32_t *dim_links;
+    uint32_t n_dim_links;
 } oi_torch_spec_t;
 
 /* Loads one module per instance and returns the state for oi_torch_backend (which owns it),

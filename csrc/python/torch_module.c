@@ -142,6 +142,7 @@ void *oi_py_torch_state(oi_model_t *m, PyObject *spec, char **load_error)
     const char **output_key = calloc(m->n_outputs + 1, sizeof(char *));
     oi_io_spec_t *input_reshape = calloc(m->n_inputs + 1, sizeof(oi_io_spec_t));
     oi_io_spec_t *output_reshape = calloc(m->n_outputs + 1, sizeof(oi_io_spec_t));
+    int32_t *dim_links = NULL;
     if (devs == NULL || args == NULL || oidx == NULL || okey == NULL || ires == NULL || ores == NULL)
         goto done;
     if (!devices || !arg_inputs || !output_index || !output_key || !input_reshape || !output_reshape) {
@@ -190,6 +191,23 @@ void *oi_py_torch_state(oi_model_t *m, PyObject *spec, char **load_error)
         .input_reshape = input_reshape,
         .output_reshape = output_reshape,
     };
+    PyObject *links = PyDict_GetItemString(spec, "dim_links"); /* borrowed; optional */
+    PyObject *lfast = links ? PySequence_Fast(links, "torch spec: dim_links must be a sequence") : NULL;
+    Py_ssize_t n_links = lfast ? PySequence_Fast_GET_SIZE(lfast) : 0;
+    dim_links = calloc((size_t)n_links * 4 + 1, sizeof(int32_t));
+    if (dim_links == NULL)
+        PyErr_NoMemory();
+    for (Py_ssize_t i = 0; dim_links && i < n_links && !PyErr_Occurred(); i++) {
+        PyObject *quad = PySequence_Fast(PySequence_Fast_GET_ITEM(lfast, i), "torch spec: a dim link is a sequence");
+        if (quad != NULL && PySequence_Fast_GET_SIZE(quad) != 4)
+            PyErr_SetString(PyExc_ValueError, "torch spec: a dim link has 4 items");
+        for (int k = 0; quad != NULL && k < 4 && !PyErr_Occurred(); k++)
+            dim_links[i * 4 + k] = (int32_t)PyLong_AsLong(PySequence_Fast_GET_ITEM(quad, k));
+        Py_XDECREF(quad);
+    }
+    Py_XDECREF(lfast);
+    ts.dim_links = dim_links;
+    ts.n_dim_links = (uint32_t)n_links;
     if (PyErr_Occurred())
         goto done;
     Py_BEGIN_ALLOW_THREADS
@@ -205,6 +223,7 @@ done:
     free(output_key);
     free(input_reshape);
     free(output_reshape);
+    free(dim_links);
     Py_XDECREF(devs);
     Py_XDECREF(args);
     Py_XDECREF(oidx);

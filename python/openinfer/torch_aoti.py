@@ -111,6 +111,7 @@ def load_package(
     spec.update(
         path=str(path),
         package=1,
+        dim_links=_dim_links(inputs),
         devices=list(devices),
         inference_mode=int(_flag(params, "INFERENCE_MODE", True)),
         intra_op_threads=count_parameter(params, "INTRA_OP_THREAD_COUNT", TorchLoadError),
@@ -195,6 +196,22 @@ def _input_check(path: Path, source: str, i: int) -> _Input:
         else:
             dims.append(symbols[d] if d < len(symbols) else f"input{i}_dim{d}")
     return _Input(_DTYPES[dtype.group(1)], dims, low)
+
+
+def _dim_links(inputs: list[_Input]) -> list[tuple[int, int, int, int]]:
+    """(input, dimension, input, dimension) for every dimension that shares a dynamic size
+    with an earlier one: the package assumes them equal and does not check it, so the backend
+    refuses a request where they differ (reading past an input otherwise)."""
+    first: dict[str, tuple[int, int]] = {}
+    links = []
+    for i, t in enumerate(inputs):
+        for d, dim in enumerate(t.dims):
+            if isinstance(dim, str):
+                if dim in first:
+                    links.append((*first[dim], i, d))
+                else:
+                    first[dim] = (i, d)
+    return links
 
 
 def _probe(path: Path, device: str, inputs: list[_Input]) -> list[dict[str, Any]]:
