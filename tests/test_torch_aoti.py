@@ -11,6 +11,8 @@ into a temporary directory and copied into each test's repository."""
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import textwrap
 import zipfile
 from collections.abc import Iterator
@@ -82,30 +84,42 @@ def typed_inputs(rows: int, seed: int = 0) -> list[np.ndarray]:
     return out
 
 
-@pytest.fixture(scope="session")
-def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The three packages, compiled once for the session (each ~a minute on 2 cores)."""
-    out = tmp_path_factory.mktemp("pt2")
+def compile_packages(out: Path) -> None:
+    """Compiles the three packages into `out` (typed.pt2, named.pt2, acc.pt2)."""
     batch = torch.export.Dim("batch", min=1, max=1024)
-    made: dict[str, Path] = {}
     with torch.no_grad():
         ep = torch.export.export(
             Typed().eval(), tuple(torch.from_numpy(a) for a in typed_inputs(2)),
             dynamic_shapes=tuple({0: batch} for _ in DTYPES),
         )  # fmt: skip
-        made["typed"] = Path(torch._inductor.aoti_compile_and_package(ep, package_path=str(out / "typed.pt2")))
+        torch._inductor.aoti_compile_and_package(ep, package_path=str(out / "typed.pt2"))
         h = [torch.zeros(1, 4) for _ in range(6)]  # distinct tensors: export keeps aliases
         ep = torch.export.export(
             Named().eval(), (h[0], h[1], {"keyA": h[2], "key2": h[3]}), {"kwarg1": h[4], "kw_arg2": h[5]}
         )
-        made["named"] = Path(torch._inductor.aoti_compile_and_package(ep, package_path=str(out / "named.pt2")))
+        torch._inductor.aoti_compile_and_package(ep, package_path=str(out / "named.pt2"))
         n = torch.export.Dim("n", min=1, max=4096)
         ep = torch.export.export(
             Accumulate().eval(), (torch.zeros(2, 3), torch.zeros(2, 1, dtype=torch.int32), torch.zeros(2, 1)),
             dynamic_shapes=({0: batch, 1: n}, {0: batch}, {0: batch}),
         )  # fmt: skip
-        made["acc"] = Path(torch._inductor.aoti_compile_and_package(ep, package_path=str(out / "acc.pt2")))
-    return made
+        torch._inductor.aoti_compile_and_package(ep, package_path=str(out / "acc.pt2"))
+
+
+@pytest.fixture(scope="session")
+def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The three packages, compiled once for the session (each up to a minute on 2 cores), in
+    a child process without the sanitizer runtime of an ASan run (which the compiler it starts
+    would inherit, and fail under LeakSanitizer)."""
+    from openinfer._torch_build import child_environment
+
+    out = tmp_path_factory.mktemp("pt2")
+    here = Path(__file__).resolve().parent
+    code = f"import sys; sys.path.insert(0, {str(here)!r}); import test_torch_aoti as t; t.compile_packages(t.Path(sys.argv[1]))"
+    done = subprocess.run([sys.executable, "-c", code, str(out)], env=child_environment(), capture_output=True,
+                          text=True, timeout=900)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    return {name: out / f"{name}.pt2" for name in ("typed", "named", "acc")}
 
 
 def put(repo: Path, name: str, package: Path, config: str | None) -> None:
