@@ -245,7 +245,8 @@ def _load_version(
         if not path.is_file():
             raise _LoadError(f"{path} (default_model_filename) does not exist")
     else:
-        names = ["model.pt", "model.pt2", "model.py"] if backend in _TORCH_BACKENDS else ["model.py", "model.pt", "model.pt2"]
+        torch = backend in _TORCH_BACKENDS
+        names = ["model.pt", "model.pt2", "model.py"] if torch else ["model.py", "model.pt", "model.pt2"]
         names = ["model.onnx"] if backend in _ONNX_BACKENDS else [*names, "model.onnx"]
         if config and config.platform == "torch_aoti":
             names = ["model.pt2"]

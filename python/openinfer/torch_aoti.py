@@ -32,8 +32,8 @@ from typing import Any
 
 from .config import ModelConfig
 from .model import Tensor
-from .torch_model import TorchLoadError, TorchModel, _devices, _ensure_shim, _flag
 from .native_model import count_parameter
+from .torch_model import TorchLoadError, TorchModel, _devices, _ensure_shim, _flag
 
 AOTI_PLATFORM = "torch_aoti"
 _ORDINAL_IN = re.compile(r"INPUT__([0-9]+)")
@@ -335,7 +335,9 @@ def _from_config(
     if len(set(flat)) != len(flat):
         raise TorchLoadError(f"{path}: two configured inputs name the same package input")
     # Each declared input against the package's: datatype, rank, fixed dimensions.
-    seq_types = {} if sequence is None else {c[0]: c[2] for c in sequence.controls} | {s[0]: s[2] for s in sequence.states}
+    seq_types: dict[str, str] = {}
+    if sequence is not None:
+        seq_types = {c[0]: c[2] for c in sequence.controls} | {s[0]: s[2] for s in sequence.states}
     seq_shapes = {} if sequence is None else {s[0]: list(s[3]) for s in sequence.states}
     for k, name in enumerate(names):
         t = inputs[flat[k]]
