@@ -164,7 +164,7 @@ def test_broken_models_fail_alone(tmp_path: Path) -> None:
     assert errors["noversions", None].endswith(
         "noversions has no numeric version directory (e.g. noversions/1/)"
     )
-    assert errors["empty", 1].endswith("empty/1 holds no model.py, model.pt or model.onnx")
+    assert errors["empty", 1].endswith("empty/1 holds no model.py, model.pt, model.pt2 or model.onnx")
     assert len(loaded) == 10
     assert "_openinfer_model_raises_v1_" not in " ".join(sys.modules)  # failed imports are dropped
 

@@ -15,6 +15,7 @@ static struct {
     int (*abi_version)(void);
     void (*free_str)(char *);
     oits_module_t *(*module_load)(const char *, const oits_options_t *, char **);
+    oits_module_t *(*package_load)(const char *, const oits_options_t *, char **);
     void (*module_free)(oits_module_t *);
     char *(*module_describe)(oits_module_t *, char **);
     int (*module_probe)(oits_module_t *, oits_output_t **, size_t *, char **);
@@ -50,6 +51,7 @@ int oi_torch_shim_open(const char *path, char *err, size_t errlen)
     }
     RESOLVE(free_str, "oits_free");
     RESOLVE(module_load, "oits_module_load");
+    RESOLVE(package_load, "oits_package_load");
     RESOLVE(module_free, "oits_module_free");
     RESOLVE(module_describe, "oits_module_describe");
     RESOLVE(module_probe, "oits_module_probe");
@@ -81,6 +83,8 @@ typedef struct ts_state_s {
     uint32_t n_args;
     char **arg_names;       /* forward() argument k is the request input of this name */
     oi_io_spec_t *arg_shape; /* per argument: reshape (ndim -1: as sent), batch excluded */
+    int32_t *dim_links;      /* see oi_torch_spec_t */
+    uint32_t n_dim_links;
     uint32_t n_outputs;
     struct {
         char *name;
@@ -109,6 +113,7 @@ static void ts_release(void *state)
         free(s->arg_names[i]);
     free(s->arg_names);
     free(s->arg_shape);
+    free(s->dim_links);
     for (uint32_t i = 0; i < s->n_outputs && s->outputs; i++) {
         free(s->outputs[i].name);
         free(s->outputs[i].key);
@@ -148,8 +153,19 @@ void *oi_torch_backend_state(const char *model_name, const oi_torch_spec_t *spec
     if (oi__instances_init(&s->pool, n_inst) != 0 || (s->model_name = strdup(model_name)) == NULL ||
         (s->arg_names = calloc(spec->n_args ? spec->n_args : 1, sizeof(char *))) == NULL ||
         (s->arg_shape = calloc(spec->n_args ? spec->n_args : 1, sizeof(oi_io_spec_t))) == NULL ||
-        (s->outputs = calloc(n_outputs ? n_outputs : 1, sizeof(*s->outputs))) == NULL)
+        (s->outputs = calloc(n_outputs ? n_outputs : 1, sizeof(*s->outputs))) == NULL ||
+        (s->dim_links = calloc(spec->n_dim_links * 4 + 1, sizeof(int32_t))) == NULL)
         goto oom;
+    for (uint32_t q = 0; q < spec->n_dim_links * 4; q += 2) {
+        if (spec->dim_links[q] < 0 || (uint32_t)spec->dim_links[q] >= spec->n_args || spec->dim_links[q + 1] < 0 ||
+            spec->dim_links[q + 1] >= OI_MAX_DIMS) {
+            *err = strdup("a linked dimension names no forward() argument");
+            goto fail;
+        }
+    }
+    if (spec->n_dim_links)
+        memcpy(s->dim_links, spec->dim_links, spec->n_dim_links * 4 * sizeof(int32_t));
+    s->n_dim_links = spec->n_dim_links;
     for (uint32_t k = 0; k < spec->n_args; k++) {
         uint32_t i = spec->arg_inputs[k];
         if (i >= n_inputs) {
@@ -187,7 +203,7 @@ void *oi_torch_backend_state(const char *model_name, const oi_torch_spec_t *spec
         oits_options_t o = spec->options;
         o.device = spec->devices ? spec->devices[i] : "cpu";
         char *msg = NULL;
-        s->modules[i] = shim.module_load(spec->path, &o, &msg);
+        s->modules[i] = (spec->package ? shim.package_load : shim.module_load)(spec->path, &o, &msg);
         if (s->modules[i] == NULL) {
             *err = take_message(msg);
             goto fail;
@@ -246,6 +262,16 @@ static oi_status_t *ts_execute(void *state, const oi_request_t *req, const char 
                               : NULL;
         if (st != NULL)
             return st;
+    }
+    for (uint32_t q = 0; q < s->n_dim_links; q++) {
+        const int32_t *l = &s->dim_links[q * 4];
+        int64_t a = l[1] < in[l[0]].ndim ? in[l[0]].shape[l[1]] : -1;
+        int64_t b = l[3] < in[l[2]].ndim ? in[l[2]].shape[l[3]] : -1;
+        if (a != b)
+            return oi_status_new(OI_BAD_REQUEST,
+                                 "input '%s' dimension %d is %" PRId64 " and input '%s' dimension %d is %" PRId64
+                                 ": model '%s' was exported with one size for both",
+                                 s->arg_names[l[0]], l[1], a, s->arg_names[l[2]], l[3], b, s->model_name);
     }
     oits_output_t *outs = NULL;
     size_t n_outs = 0;
@@ -332,6 +358,31 @@ done:
 
 static int append(oi_sbuf_t *b, const char *s) { return oi_sbuf_append(b, s, strlen(s)); }
 
+/* Appends `outs` as a JSON array of {"name": str|null, "dtype": "FP32", "shape": [...]}. */
+static int append_outputs(oi_sbuf_t *b, const oits_output_t *outs, size_t n)
+{
+    int ok = append(b, "[") == 0;
+    for (size_t i = 0; ok && i < n; i++) {
+        ok = oi_sbuf_printf(b, "%s{\"name\":", i ? "," : "") == 0;
+        /* Dict keys are TorchScript str values; JSON-escape the few characters that need it. */
+        if (ok && outs[i].name == NULL) {
+            ok = append(b, "null") == 0;
+        } else if (ok) {
+            ok = append(b, "\"") == 0;
+            for (const unsigned char *c = (const unsigned char *)outs[i].name; ok && *c; c++)
+                ok = (*c == '"' || *c == '\\' || *c < 0x20) ? oi_sbuf_printf(b, "\\u%04x", *c) == 0
+                                                            : oi_sbuf_append(b, c, 1) == 0;
+            ok = ok && append(b, "\"") == 0;
+        }
+        ok = ok && oi_sbuf_printf(b, ",\"dtype\":\"%s\",\"shape\":[",
+                                  outs[i].dtype == OI_TYPE_INVALID ? "" : oi_dtype_name(outs[i].dtype)) == 0;
+        for (int d = 0; ok && d < outs[i].ndim; d++)
+            ok = oi_sbuf_printf(b, "%s%" PRId64, d ? "," : "", outs[i].shape[d]) == 0;
+        ok = ok && append(b, "]}") == 0;
+    }
+    return ok && append(b, "]") == 0 ? 0 : -1;
+}
+
 char *oi_torch_describe(const char *path, char **err)
 {
     *err = NULL;
@@ -369,26 +420,8 @@ char *oi_torch_describe(const char *path, char **err)
             shim.module_free(m);
             return NULL;
         }
-        ok = append(&b, "[") == 0;
-        for (size_t i = 0; ok && i < n; i++) {
-            ok = oi_sbuf_printf(&b, "%s{\"name\":", i ? "," : "") == 0;
-            /* Dict keys are TorchScript str values; JSON-escape the few characters that need it. */
-            if (ok && outs[i].name == NULL) {
-                ok = append(&b, "null") == 0;
-            } else if (ok) {
-                ok = append(&b, "\"") == 0;
-                for (const unsigned char *c = (const unsigned char *)outs[i].name; ok && *c; c++)
-                    ok = (*c == '"' || *c == '\\' || *c < 0x20) ? oi_sbuf_printf(&b, "\\u%04x", *c) == 0
-                                                                : oi_sbuf_append(&b, c, 1) == 0;
-                ok = ok && append(&b, "\"") == 0;
-            }
-            ok = ok && oi_sbuf_printf(&b, ",\"dtype\":\"%s\",\"shape\":[",
-                                      outs[i].dtype == OI_TYPE_INVALID ? "" : oi_dtype_name(outs[i].dtype)) == 0;
-            for (int d = 0; ok && d < outs[i].ndim; d++)
-                ok = oi_sbuf_printf(&b, "%s%" PRId64, d ? "," : "", outs[i].shape[d]) == 0;
-            ok = ok && append(&b, "]}") == 0;
-        }
-        ok = ok && append(&b, "]}") == 0;
+        ok = append_outputs(&b, outs, n) == 0;
+        ok = ok && append(&b, "}") == 0;
         shim.outputs_free(outs, n);
     }
     shim.module_free(m);
@@ -398,6 +431,58 @@ char *oi_torch_describe(const char *path, char **err)
         return NULL;
     }
     return b.data; /* NUL-terminated, malloc'd: the caller frees it */
+}
+
+char *oi_torch_package_probe(const char *path, const char *device, const oits_input_t *inputs, size_t n_inputs,
+                             char **err)
+{
+    *err = NULL;
+    if (shim.handle == NULL) {
+        *err = strdup("the torch shim is not loaded");
+        return NULL;
+    }
+    oits_options_t o = {.device = device, .inference_mode = 1};
+    char *msg = NULL;
+    oits_module_t *m = shim.package_load(path, &o, &msg);
+    if (m == NULL) {
+        *err = take_message(msg);
+        return NULL;
+    }
+    /* Zero-filled inputs: one block as large as the largest input serves them all. */
+    size_t largest = 1;
+    for (size_t i = 0; i < n_inputs; i++) {
+        size_t bytes = oi_dtype_size(inputs[i].dtype);
+        for (int d = 0; d < inputs[i].ndim; d++)
+            bytes *= (size_t)inputs[i].shape[d];
+        largest = bytes > largest ? bytes : largest;
+    }
+    void *zeros = calloc(1, largest);
+    oits_input_t *in = calloc(n_inputs ? n_inputs : 1, sizeof(*in));
+    oits_output_t *outs = NULL;
+    size_t n = 0;
+    oi_sbuf_t b = {0};
+    int rc = -1;
+    if (zeros == NULL || in == NULL) {
+        *err = strdup("out of memory");
+    } else {
+        for (size_t i = 0; i < n_inputs; i++) {
+            in[i] = inputs[i];
+            in[i].data = zeros;
+        }
+        if (shim.module_forward(m, in, n_inputs, &outs, &n, &msg) != 0)
+            *err = take_message(msg);
+        else if ((rc = append_outputs(&b, outs, n)) != 0 || (rc = oi_sbuf_append(&b, "", 1)) != 0)
+            *err = strdup("out of memory");
+        shim.outputs_free(outs, n);
+    }
+    free(zeros);
+    free(in);
+    shim.module_free(m);
+    if (rc != 0) {
+        oi_sbuf_free(&b);
+        return NULL;
+    }
+    return b.data;
 }
 
 const oi_backend_t oi_torch_backend = {

@@ -20,7 +20,8 @@ int oi_torch_shim_loaded(void);
 
 /* How the model's declaration maps onto forward(). Arrays are borrowed for the call. */
 typedef struct oi_torch_spec_s {
-    const char *path;              /* the TorchScript file */
+    const char *path;              /* the TorchScript file, or the PT2 package when `package` */
+    int package;                   /* 1: an AOTInductor package (oits_package_load) */
     const char *const *devices;    /* one device per instance: "cpu", "cuda:0" */
     int instances;
     oits_options_t options;        /* device is ignored: see `devices` */
@@ -30,6 +31,10 @@ typedef struct oi_torch_spec_s {
     const char *const *output_key; /* or, when forward() returns a dict, key output_key[i] */
     const oi_io_spec_t *input_reshape;  /* per input: the shape forward() sees (ndim -1: as sent) */
     const oi_io_spec_t *output_reshape; /* per output: the shape forward() returns (ndim -1: as declared) */
+    /* Dimensions that must be equal, as (argument, dimension, argument, dimension) quads: a
+     * PT2 package's inputs sharing one dynamic size, which it does not check itself. */
+    const int32_t *dim_links;
+    uint32_t n_dim_links;
 } oi_torch_spec_t;
 
 /* Loads one module per instance and returns the state for oi_torch_backend (which owns it),
@@ -45,5 +50,12 @@ void *oi_torch_backend_state(const char *model_name, const oi_torch_spec_t *spec
  * "FP32", "shape": [...]}] from a probe run when the module has example_inputs (else null).
  * NULL with a new message in *err. */
 char *oi_torch_describe(const char *path, char **err);
+
+/* Loads the PT2 package at `path` on `device` ("cpu", "cuda:N") and runs it once on
+ * zero-filled inputs of the given datatypes and shapes (`data` is ignored), to learn its
+ * outputs: new JSON text (free() it), [{"name": null, "dtype": "FP32", "shape": [...]}, ...].
+ * NULL with a new message in *err: the loader's or the run's reason. */
+char *oi_torch_package_probe(const char *path, const char *device, const oits_input_t *inputs, size_t n_inputs,
+                             char **err);
 
 #endif

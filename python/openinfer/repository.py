@@ -35,11 +35,12 @@ from .identity_model import IDENTITY_BACKEND, IdentityLoadError, IdentityModel, 
 from .model import Model, Tensor
 from .onnx_model import ONNX_BACKEND, ONNX_PLATFORM, OnnxLoadError, OnnxModel, OnnxUnavailable, load_onnx
 from .sequence import SequenceBatching
+from .torch_aoti import load_package
 from .torch_model import TorchLoadError, TorchModel, TorchUnavailable, load_torchscript
 
 _VERSION_DIR = re.compile(r"[0-9]+")
 _PYTHON_BACKENDS = {"python"}
-_TORCH_BACKENDS = {"pytorch", "pytorch_libtorch"}
+_TORCH_BACKENDS = {"pytorch", "pytorch_libtorch", "torch_aoti"}
 _ONNX_BACKENDS = {ONNX_BACKEND, ONNX_PLATFORM}
 _module_ids = itertools.count()
 _NO_TORCH = "torch unavailable: "
@@ -244,8 +245,11 @@ def _load_version(
         if not path.is_file():
             raise _LoadError(f"{path} (default_model_filename) does not exist")
     else:
-        names = ["model.pt", "model.py"] if backend in _TORCH_BACKENDS else ["model.py", "model.pt"]
+        torch = backend in _TORCH_BACKENDS
+        names = ["model.pt", "model.pt2", "model.py"] if torch else ["model.py", "model.pt", "model.pt2"]
         names = ["model.onnx"] if backend in _ONNX_BACKENDS else [*names, "model.onnx"]
+        if config and config.platform == "torch_aoti":
+            names = ["model.pt2"]
         found = [version_dir / n for n in names if (version_dir / n).is_file()]
         if not found:
             listed = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
@@ -260,15 +264,17 @@ def _load_version(
         return _load_python(name, version, path, config)
     if backend in _ONNX_BACKENDS or path.suffix == ".onnx":
         return _load_onnx(name, version, path, config, sequence)
-    if path.suffix in (".pt", ".pth"):
+    if path.suffix in (".pt", ".pth", ".pt2"):
         return _load_torchscript(name, version, path, config, sequence)
-    raise _LoadError(f"{path.name}: unsupported model file (expected model.py or model.pt)")
+    raise _LoadError(f"{path.name}: unsupported model file (expected model.py, model.pt or model.pt2)")
 
 
 def _load_torchscript(
     name: str, version: int, path: Path, config: ModelConfig | None, sequence: SequenceBatching | None = None
 ) -> TorchModel:
     try:
+        if path.suffix == ".pt2" or (config is not None and config.platform == "torch_aoti"):
+            return load_package(name, version, path, config, sequence)
         return load_torchscript(name, version, path, config, sequence)
     except TorchUnavailable as e:
         raise _LoadError(f"{_NO_TORCH}{e}") from None

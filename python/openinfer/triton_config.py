@@ -457,9 +457,10 @@ def complete(name: str, config: Message, model: Any, *, backend: str, gpus: tupl
     if backend == "pytorch":
         c.setdefault("backend", "pytorch")
         if c["backend"] == "pytorch" and not c.get("platform"):
-            c["platform"] = "pytorch_libtorch"
+            aoti = getattr(model, "platform", "") == "torch_aoti"  # a PT2 package (torch_aoti.py)
+            c["platform"] = "torch_aoti" if aoti else "pytorch_libtorch"
             if not c.get("default_model_filename"):
-                c["default_model_filename"] = "model.pt"
+                c["default_model_filename"] = "model.pt2" if aoti else "model.pt"
     elif backend == "onnxruntime":
         c["backend"] = "onnxruntime"
         c["platform"] = "onnxruntime_onnx"

@@ -8,6 +8,7 @@
 
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
+#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
 
@@ -19,6 +20,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -26,6 +28,8 @@
 
 struct oits_module_s {
     torch::jit::Module module;
+    // Set for a PT2 package instead of `module`: its forward is the package's compiled run().
+    std::unique_ptr<torch::inductor::AOTIModelPackageLoader> package;
     c10::Device device{c10::kCPU};
     oits_options_t opts{};
     std::string path;
@@ -250,6 +254,35 @@ void apply_intra_op_threads(int n)
     }
 }
 
+// The package's outputs, in the order of its flattened output spec.
+void collect_package(const std::vector<at::Tensor> &result, std::vector<oits_output_t> &outs,
+                     const std::vector<std::pair<const char *, size_t>> &borrowed)
+{
+    for (size_t i = 0; i < result.size(); i++)
+        add_output(outs, result[i], nullptr, borrowed, i);
+}
+
+// Runs the module (TorchScript forward, or the package's run) on `args` and flattens the
+// result with collect/collect_package.
+void call_module(oits_module_t *m, std::vector<c10::IValue> args, std::vector<oits_output_t> &outs,
+                 const std::vector<std::pair<const char *, size_t>> &borrowed)
+{
+    if (!m->package) {
+        collect(m->module.forward(std::move(args)), outs, borrowed);
+        return;
+    }
+    std::vector<at::Tensor> tensors;
+    tensors.reserve(args.size());
+    for (auto &a : args)
+        tensors.push_back(a.toTensor());
+    void *stream = nullptr;
+#ifdef OITS_WITH_CUDA
+    if (m->device.is_cuda())
+        stream = m->stream->stream();
+#endif
+    collect_package(m->package->run(tensors, stream), outs, borrowed);
+}
+
 int run_forward(oits_module_t *m, std::vector<c10::IValue> args,
                 const std::vector<std::pair<const char *, size_t>> &borrowed, oits_output_t **outputs,
                 size_t *n_outputs)
@@ -263,11 +296,9 @@ int run_forward(oits_module_t *m, std::vector<c10::IValue> args,
 #ifdef OITS_WITH_CUDA
         if (m->device.is_cuda()) {
             c10::cuda::CUDAStreamGuard stream_guard(*m->stream);
-            c10::IValue result = m->module.forward(std::move(args));
             // Results come back to pinned host memory, one copy each, then one wait.
-            std::vector<at::Tensor> host;
             std::vector<oits_output_t> dev;
-            collect(result, dev, {});
+            call_module(m, std::move(args), dev, {});
             for (auto &o : dev) {
                 at::Tensor d = o.tensor->tensor;
                 at::Tensor h = at::empty(d.sizes(), d.options().device(c10::kCPU).pinned_memory(true));
@@ -280,8 +311,7 @@ int run_forward(oits_module_t *m, std::vector<c10::IValue> args,
         } else
 #endif
         {
-            c10::IValue result = m->module.forward(std::move(args));
-            collect(result, outs, borrowed);
+            call_module(m, std::move(args), outs, borrowed);
         }
     } catch (...) {
         free_outputs(outs);
@@ -346,6 +376,37 @@ std::vector<c10::IValue> cuda_inputs(oits_module_t *m, const oits_input_t *input
 }
 #endif
 
+// A new module for `path` on the options' device (checked to exist), not loaded yet.
+std::unique_ptr<oits_module_s> new_module(const char *path, const oits_options_t *opts)
+{
+    auto mod = std::make_unique<oits_module_s>();
+    if (opts != nullptr)
+        mod->opts = *opts;
+    mod->opts.device = nullptr; // not kept: the caller's string
+    mod->path = path;
+    std::string dev = opts && opts->device ? opts->device : "cpu";
+    mod->device = c10::Device(dev);
+    if (mod->device.is_cuda()) {
+#ifdef OITS_WITH_CUDA
+        int count = static_cast<int>(c10::cuda::device_count());
+        int index = mod->device.has_index() ? mod->device.index() : 0;
+        if (index >= count)
+            throw std::runtime_error("device " + dev + " does not exist (" + std::to_string(count) +
+                                     " CUDA devices visible)");
+        mod->device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
+        mod->stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, mod->device.index());
+#else
+        throw std::runtime_error("device " + dev + " needs a CUDA build of torch; the installed torch " +
+                                 OITS_TORCH_VERSION " has no CUDA");
+#endif
+    } else if (!mod->device.is_cpu()) {
+        throw std::runtime_error("device " + dev + " is not supported (use cpu or cuda:N)");
+    }
+    if (mod->opts.inter_op_threads > 0 && static_cast<int>(at::get_num_interop_threads()) != mod->opts.inter_op_threads)
+        at::set_num_interop_threads(mod->opts.inter_op_threads);
+    return mod;
+}
+
 } // namespace
 
 extern "C" {
@@ -372,36 +433,42 @@ oits_module_t *oits_module_load(const char *path, const oits_options_t *opts, ch
     oits_module_t *m = nullptr;
     std::string where = std::string("cannot load TorchScript module ") + (path ? path : "(null)");
     bool ok = guarded(err, where.c_str(), [&] {
-        auto mod = std::make_unique<oits_module_s>();
-        if (opts != nullptr)
-            mod->opts = *opts;
-        mod->opts.device = nullptr; // not kept: the caller's string
-        mod->path = path;
-        std::string dev = opts && opts->device ? opts->device : "cpu";
-        mod->device = c10::Device(dev);
-        if (mod->device.is_cuda()) {
-#ifdef OITS_WITH_CUDA
-            int count = static_cast<int>(c10::cuda::device_count());
-            int index = mod->device.has_index() ? mod->device.index() : 0;
-            if (index >= count)
-                throw std::runtime_error("device " + dev + " does not exist (" + std::to_string(count) +
-                                         " CUDA devices visible)");
-            mod->device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
-            mod->stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, mod->device.index());
-#else
-            throw std::runtime_error("device " + dev + " needs a CUDA build of torch; the installed torch " +
-                                     OITS_TORCH_VERSION " has no CUDA");
-#endif
-        } else if (!mod->device.is_cpu()) {
-            throw std::runtime_error("device " + dev + " is not supported (use cpu or cuda:N)");
-        }
-        if (mod->opts.inter_op_threads > 0 && static_cast<int>(at::get_num_interop_threads()) != mod->opts.inter_op_threads)
-            at::set_num_interop_threads(mod->opts.inter_op_threads);
+        auto mod = new_module(path, opts);
         c10::InferenceMode inference(mod->opts.inference_mode != 0);
         mod->module = torch::jit::load(path, mod->device);
         mod->module.eval();
         if (!mod->module.find_method("forward"))
             throw std::runtime_error("the module has no forward() method");
+        m = mod.release();
+    });
+    return ok ? m : nullptr;
+}
+
+oits_module_t *oits_package_load(const char *path, const oits_options_t *opts, char **err)
+{
+    oits_module_t *m = nullptr;
+    std::string where = std::string("cannot load PT2 package ") + (path ? path : "(null)");
+    bool ok = guarded(err, where.c_str(), [&] {
+        // The package's device kind, read before creating the runner: a CUDA package asked to
+        // run on the CPU (or on a torch without CUDA) is refused with the reason, not with
+        // whatever the runner's constructor fails on.
+        auto meta = torch::inductor::AOTIModelPackageLoader::load_metadata_from_package(path, "model");
+        std::string kind = meta.count("AOTI_DEVICE_KEY") ? meta["AOTI_DEVICE_KEY"] : "cpu";
+        std::string dev = opts && opts->device ? opts->device : "cpu";
+        std::string want = c10::Device(dev).is_cuda() ? "cuda" : "cpu";
+        if (kind != want) {
+#ifndef OITS_WITH_CUDA
+            if (kind == "cuda")
+                throw std::runtime_error("the package was compiled for CUDA, and the installed torch " +
+                                         std::string(OITS_TORCH_VERSION) + " has no CUDA");
+#endif
+            throw std::runtime_error("the package was compiled for " + kind + ", and this instance runs on " +
+                                     dev + " (set instance_group's kind to match the package)");
+        }
+        auto mod = new_module(path, opts);
+        c10::DeviceIndex index = mod->device.is_cuda() ? mod->device.index() : -1;
+        mod->package = std::make_unique<torch::inductor::AOTIModelPackageLoader>(
+            path, "model", /*run_single_threaded=*/false, /*num_runners=*/1, index);
         m = mod.release();
     });
     return ok ? m : nullptr;
@@ -420,6 +487,8 @@ char *oits_module_describe(oits_module_t *m, char **err)
 {
     char *out = nullptr;
     guarded(err, "cannot describe forward()", [&] {
+        if (m->package)
+            throw std::runtime_error("a PT2 package is described by its call spec, not forward()");
         const auto &schema = m->module.get_method("forward").function().getSchema();
         // Plain string appends, no std::ostream: its number formatting goes through the
         // locale's num_put facet, and inserting an int64_t crashed there inside this shim when
@@ -466,6 +535,8 @@ int oits_module_probe(oits_module_t *m, oits_output_t **outputs, size_t *n_outpu
 {
     int rc = -1;
     guarded(err, "probing forward() with example_inputs failed", [&] {
+        if (m->package)
+            throw std::runtime_error("a PT2 package has no example_inputs attribute");
         auto ex = example_inputs(m->module);
         if (!ex)
             throw std::runtime_error("the module has no example_inputs attribute");

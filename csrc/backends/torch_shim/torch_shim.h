@@ -24,13 +24,13 @@ extern "C" {
 
 /* Bumped whenever a signature below changes: the core refuses a shim of another version (a
  * stale build in the cache) instead of calling it with the wrong arguments. */
-#define OITS_ABI_VERSION 1
+#define OITS_ABI_VERSION 2
 #define OITS_MAX_DIMS 16
 
 /* The shim is built with hidden visibility; only these entry points are exported. */
 #define OITS_API __attribute__((visibility("default")))
 
-typedef struct oits_module_s oits_module_t; /* one loaded TorchScript module on one device */
+typedef struct oits_module_s oits_module_t; /* one loaded TorchScript module or PT2 package on one device */
 typedef struct oits_tensor_s oits_tensor_t; /* one output tensor kept alive for the writer */
 
 /* How a module is loaded and run; zero-initialised means libtorch's defaults. */
@@ -73,6 +73,13 @@ OITS_API void oits_free(char *p);
 /* Loads a TorchScript file (torch::jit::load) onto the device, in eval mode. Returns a new
  * module, or NULL with *err set. */
 OITS_API oits_module_t *oits_module_load(const char *path, const oits_options_t *opts, char **err);
+
+/* Loads a PyTorch 2 AOTInductor package (model.pt2: torch._inductor.aoti_compile_and_package)
+ * with torch::inductor::AOTIModelPackageLoader onto the device, which must be of the kind the
+ * package was compiled for. Returns a new module, or NULL with *err set (the loader's reason).
+ * oits_module_forward runs it: inputs are the package's flattened inputs in call-spec order,
+ * outputs its flattened outputs (never named); describe and probe refuse it. */
+OITS_API oits_module_t *oits_package_load(const char *path, const oits_options_t *opts, char **err);
 
 /* Frees a module; no forward call may be running on it. NULL is ignored. */
 OITS_API void oits_module_free(oits_module_t *m);
