@@ -687,6 +687,28 @@ static PyObject *repo_params(const oi_repo_call_t *call)
     return d;
 }
 
+/* A status with `len` bytes of `text` as its message, each NUL byte written as backslash, 0: a message
+ * quoting what a client sent (a file name, say) would otherwise end at its first NUL. */
+static oi_status_t *status_escaping_nul(int code, const char *text, size_t len)
+{
+    if (memchr(text, '\0', len) == NULL)
+        return oi_status_new(code, "%s", text);
+    oi_sbuf_t b = {0};
+    int bad = 0;
+    for (const char *p = text, *end = text + len; p < end && bad == 0;) {
+        const char *nul = memchr(p, '\0', (size_t)(end - p));
+        size_t n = nul ? (size_t)(nul - p) : (size_t)(end - p);
+        bad |= oi_sbuf_append(&b, p, n);
+        if (nul != NULL)
+            bad |= oi_sbuf_append(&b, "\\0", 2);
+        p += n + (nul != NULL);
+    }
+    oi_status_t *st = bad ? oi_status_new(code, "%.*s", (int)strnlen(text, len), text)
+                          : oi_status_new(code, "%.*s", (int)b.len, b.data);
+    oi_sbuf_free(&b);
+    return st;
+}
+
 /* The status of the exception set: an openinfer.InferenceServerError keeps its status and
  * message, anything else is a 500 naming it. Clears the exception. */
 static oi_status_t *repo_error(void)
@@ -705,9 +727,11 @@ static oi_status_t *repo_error(void)
         message = value ? PyObject_Str(value) : NULL;
     }
     PyErr_Clear();
-    const char *text = message ? PyUnicode_AsUTF8(message) : NULL;
+    Py_ssize_t len = 0;
+    const char *text = message ? PyUnicode_AsUTF8AndSize(message, &len) : NULL;
     PyErr_Clear();
-    oi_status_t *st = oi_status_new(code, "%s", text ? text : "the model repository handler failed");
+    oi_status_t *st = text != NULL ? status_escaping_nul(code, text, (size_t)len)
+                                   : oi_status_new(code, "the model repository handler failed");
     Py_XDECREF(status);
     Py_XDECREF(message);
     Py_XDECREF(type);

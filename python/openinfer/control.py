@@ -31,11 +31,11 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from . import ensemble, processes, triton_config, warmup
+from . import ensemble, paths, processes, triton_config, warmup
 from .config import ConfigError, DynamicBatching, ModelConfig, parse_json_config
 from .errors import InferenceServerError
 from .model import Model, Tensor
@@ -202,6 +202,7 @@ class ModelControl:
                 override = parse_json_config(config)
             except ConfigError as e:
                 raise InferenceServerError(400, f"failed to load '{name}': Invalid {e}") from None
+            _check_override_paths(name, override)
         if files and override is None:
             raise InferenceServerError(
                 400, "Load parameter 'config' must be specified for model file override"
@@ -312,6 +313,8 @@ class ModelControl:
                 for m in self._given[name]
                 if m.version not in versions
             ]
+        if temp is not None:  # the server's temporary directory stays its own
+            entries = [replace(e, error=_hide(e.error, temp)) for e in entries]
         try:
             entries = self._publish(name, entries, temp, before, startup, started, model_dir)
         except BaseException:
@@ -351,7 +354,9 @@ class ModelControl:
                 entry = LoadedModel(entry.name, entry.version, None, str(e), entry.config)
                 handle = self._build(entry, metadata_versions)
             if handle.error is not None and entry.error is None:
-                entry = LoadedModel(entry.name, entry.version, None, handle.error, entry.config)
+                entry = LoadedModel(entry.name, entry.version, None, _hide(handle.error, temp), entry.config)
+                if entry.error != handle.error:  # the core's message named the temporary directory
+                    handle = self._build(entry, metadata_versions)
             if handle.error is None and entry.model is not None and entry.config.get("model_warmup"):
                 failure = _warm_up(entry, handle, model_dir)
                 if failure is not None:  # the version is served as UNAVAILABLE, with the reason
@@ -604,6 +609,30 @@ def _warm_up(entry: LoadedModel, handle: Any, model_dir: Path | None) -> str | N
         logger.warning("model %s version %s: warm-up failed: %s", entry.name, entry.version, e)
         return f"model warm-up failed: {e}"
     return None
+
+
+def _check_override_paths(name: str, override: ModelConfig) -> None:
+    """Refuses a config override that names a file outside the model's directory (see
+    openinfer.paths) before the load goes near the file system. A config that cannot be
+    normalized is left to the load, which reports it as it does for config.pbtxt."""
+    try:
+        normalized = triton_config.normalize(override.raw, "the config override")
+    except ConfigError:
+        return
+    try:
+        paths.check_config(normalized)
+    except paths.PathError as e:
+        raise InferenceServerError(400, f"failed to load '{name}': Invalid config override: {e}") from None
+
+
+def _hide(text: str | None, model_dir: Path | None) -> str | None:
+    """`text` with the directory where a load's files were written (`model_dir`, the server's
+    temporary directory) gone: paths in it read relative to the model ('1/model.onnx')."""
+    if text is None or model_dir is None:
+        return text
+    for where in {str(model_dir), os.path.realpath(model_dir)}:
+        text = text.replace(where + os.sep, "").replace(where, "the model directory")
+    return text
 
 
 def _check_name(name: str) -> None:

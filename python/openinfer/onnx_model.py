@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import mmap
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from . import triton_config
+from . import paths, triton_config
 from .config import DynamicBatching, InstanceGroup, ModelConfig, TensorConfig
 from .model import Tensor
 from .native_model import NativeModel, count_parameter, place_instances
@@ -41,6 +43,22 @@ INSTALL_HINT = "pip install onnxruntime (or onnxruntime-gpu for CUDA)"
 _GRAPH_LEVELS = {-1: 1, 0: 99, 1: 2, 2: 0}  # Triton's optimization.graph.level -> ORT's
 _GPU_ACCELERATORS = {"cuda", "tensorrt"}
 _CPU_ACCELERATORS = {"openvino"}
+# Accelerator parameters that would let a configuration run code or touch memory: a library to
+# load, or the address of a function, stream or buffer.
+_LIBRARY = "it names a library for ONNX Runtime to load, which a model configuration may not"
+_ADDRESS = "it passes a memory address, which a model configuration cannot know"
+_UNSAFE_ACCELERATOR_PARAMETERS = {
+    "trt_extra_plugin_lib_paths": _LIBRARY,
+    "trt_engine_decryption_lib_path": _LIBRARY,
+    "user_compute_stream": _ADDRESS,
+    "has_user_compute_stream": _ADDRESS,
+    "gpu_external_alloc": _ADDRESS,
+    "gpu_external_free": _ADDRESS,
+    "gpu_external_empty_cache": _ADDRESS,
+    "default_memory_arena_cfg": _ADDRESS,
+    "trt_onnx_bytestream": _ADDRESS,
+    "context": _ADDRESS,
+}
 
 
 class OnnxLoadError(Exception):
@@ -123,7 +141,9 @@ def load_onnx(name: str, version: int, path: Path, config: ModelConfig | None, s
     config = config or ModelConfig()
     devices = _devices(config.instance_groups)
     normalized = triton_config.normalize(config.raw, str(path)) if config.raw else {}
-    spec = _options(normalized, config.parameters)
+    model_dir = path.parent.parent
+    spec = _options(normalized, config.parameters, model_dir)
+    _check_external_data(path, model_dir)
     spec.update(path=str(path), devices=[-1 if d == "cpu" else int(d[5:]) for d in devices])
     described = describe(spec)
     model_in = {t["name"]: t for t in described["inputs"]}
@@ -269,22 +289,35 @@ def _reshape(t: TensorConfig, found: dict[str, Any]) -> list[int] | None:
     return None
 
 
-def _options(config: dict[str, Any], params: dict[str, str]) -> dict[str, Any]:
-    """Session options from the normalized config: graph level, accelerators, parameters."""
+def _options(config: dict[str, Any], params: dict[str, str], model_dir: Path) -> dict[str, Any]:
+    """Session options from the normalized config: graph level, accelerators, parameters. An
+    accelerator parameter that names a path is resolved inside the model directory; one that
+    loads a library or passes a memory address is refused."""
     optimization = config.get("optimization", {})
     level = optimization.get("graph", {}).get("level", 0)
     accelerators = optimization.get("execution_accelerators", {})
 
     def accels(key: str, allowed: set[str]) -> list[tuple[str, list[tuple[str, str]]]]:
         out = []
-        for a in accelerators.get(key, []):
+        for i, a in enumerate(accelerators.get(key, [])):
             accel_name = a.get("name", "")
             if accel_name not in allowed:
                 raise OnnxLoadError(
                     f"optimization.execution_accelerators.{key}: unknown accelerator "
                     f"{accel_name!r} (the onnxruntime backend takes {', '.join(sorted(allowed))})"
                 )
-            out.append((accel_name, [(str(k), str(v)) for k, v in a.get("parameters", {}).items()]))
+            given = []
+            for k, v in a.get("parameters", {}).items():
+                field = f"optimization.execution_accelerators.{key}[{i}].parameters['{paths.printable(str(k))}']"
+                if k in _UNSAFE_ACCELERATOR_PARAMETERS:
+                    raise OnnxLoadError(f"{field} is not accepted: {_UNSAFE_ACCELERATOR_PARAMETERS[k]}")
+                if k in paths.ACCELERATOR_PATHS:
+                    try:
+                        v = str(paths.resolve(model_dir, v, field, model_dir, nested=True))
+                    except paths.PathError as e:
+                        raise OnnxLoadError(str(e)) from None
+                given.append((str(k), str(v)))
+            out.append((accel_name, given))
         return out
 
     execution_mode = count_parameter(params, "execution_mode", OnnxLoadError)
@@ -301,6 +334,96 @@ def _options(config: dict[str, Any], params: dict[str, str]) -> dict[str, Any]:
         "inter_op_threads": count_parameter(params, "inter_op_thread_count", OnnxLoadError),
         "execution_mode": execution_mode,
     }
+
+
+# ONNX file fields that lead to tensors (onnx.proto), by message: a tensor's external_data (13)
+# holds key/value entries, one of which is the location of its data.
+_ONNX_WALK: dict[str, dict[int, str]] = {
+    "model": {7: "graph", 25: "function"},
+    "function": {7: "node"},
+    "graph": {1: "node", 5: "tensor", 15: "sparse"},
+    "node": {5: "attribute"},
+    "attribute": {5: "tensor", 6: "graph", 10: "tensor", 11: "graph", 22: "sparse", 23: "sparse"},
+    "sparse": {1: "tensor", 2: "tensor"},
+    "tensor": {13: "entry"},
+}
+
+
+def _varint(buf: Any, i: int, end: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if i >= end or shift > 63:
+            raise ValueError("a varint runs past its message")
+        byte = buf[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return value, i
+
+
+def _entries(buf: Any, start: int, end: int) -> Iterator[tuple[int, int, int]]:
+    """The length-delimited fields of the message in buf[start:end]: (number, start, end).
+    Other fields are skipped, groups (unknown to ONNX, skipped by protobuf too) included."""
+    i = start
+    groups: list[int] = []  # the groups being skipped, innermost last
+    while i < end:
+        key, i = _varint(buf, i, end)
+        wire = key & 7
+        if wire == 0:
+            _, i = _varint(buf, i, end)
+        elif wire in (1, 5):
+            i += 8 if wire == 1 else 4
+        elif wire == 2:
+            n, i = _varint(buf, i, end)
+            if i + n <= end and not groups:
+                yield key >> 3, i, i + n
+            i += n
+        elif wire == 3:
+            groups.append(key >> 3)
+        elif wire == 4 and groups and groups[-1] == key >> 3:
+            groups.pop()
+        else:
+            raise ValueError(f"wire type {wire} where it cannot be")
+        if i > end:
+            raise ValueError("a field runs past its message")
+    if groups:
+        raise ValueError("a group is not closed")
+
+
+def external_data(path: Path) -> list[str]:
+    """The external data locations that the tensors of ONNX file `path` name (initializers,
+    constants and the tensors of subgraphs and functions alike), read from the protobuf wire
+    without loading the model. Raises OnnxLoadError for a file that is not valid protobuf."""
+    found: list[str] = []
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            stack = [("model", 0, len(buf))]
+            while stack:
+                kind, start, end = stack.pop()
+                if kind == "entry":
+                    fields = {n: bytes(buf[a:b]) for n, a, b in _entries(buf, start, end)}
+                    if fields.get(1) == b"location":
+                        found.append(fields.get(2, b"").decode("utf-8", "replace"))
+                    continue
+                walk = _ONNX_WALK[kind]
+                stack += [(walk[n], a, b) for n, a, b in _entries(buf, start, end) if n in walk]
+    except ValueError as e:  # mmap of an empty file too
+        raise OnnxLoadError(f"{path}: not a valid ONNX model file (protobuf: {e})") from None
+    except OSError as e:
+        raise OnnxLoadError(f"{path.name}: cannot be read: {e.strerror or e}") from None
+    return found
+
+
+def _check_external_data(path: Path, model_dir: Path) -> None:
+    """Refuses an ONNX model whose tensors take data from outside its version directory (an
+    absolute location, '..', a symbolic link pointing out): ONNX Runtime reads those files as
+    the server's user, and only its newest releases check them."""
+    for location in dict.fromkeys(external_data(path)):
+        try:
+            paths.resolve(path.parent, location, f"{path.name}: external data location", model_dir, nested=True)
+        except paths.PathError as e:
+            raise OnnxLoadError(str(e)) from None
 
 
 def _visible_gpus() -> int:

@@ -29,7 +29,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from . import ensemble, processes, sequence, triton_config
+from . import ensemble, paths, processes, sequence, triton_config
 from .config import ConfigError, ModelConfig, VersionPolicy, load_config
 from .identity_model import IDENTITY_BACKEND, IdentityLoadError, IdentityModel, load_identity
 from .model import Model, Tensor
@@ -142,6 +142,10 @@ def scan_model(
         if config is not None:
             source = "the config override" if overridden else str(config_path)
             normalized = triton_config.normalize(config.raw, source)
+            try:
+                paths.check_config(normalized)
+            except paths.PathError as e:
+                raise ConfigError(f"{source}: {e}") from None
             refused, warnings = triton_config.unsupported(normalized, source)
             for warning in warnings:
                 logger.warning("model %s: %s", name, warning)
@@ -202,23 +206,22 @@ def _ensemble(name: str, version: int, config: ModelConfig, steps: tuple[ensembl
 
 
 def read_labels(model_dir: Path, config: ModelConfig) -> dict[str, bytes]:
-    """The label files of the outputs that name one (`label_filename`, relative to the model
-    directory as in Triton), for the classification extension. A file that cannot be read
-    fails the model, naming the field. A label file must lie inside the model directory: a
-    configuration sent with a load request cannot make the server read other files."""
+    """The label files of the outputs that name one (`label_filename`, a file of the model
+    directory as in Triton), for the classification extension. A file that cannot be read, or
+    lies outside the model directory, fails the model, naming the field."""
     labels = {}
-    root = model_dir.resolve()
     for i, tensor in enumerate(config.outputs):
         if not tensor.label_filename:
             continue
-        where = f"output[{i}] {tensor.name!r}: label_filename {tensor.label_filename!r}"
-        path = (model_dir / tensor.label_filename).resolve()
-        if not path.is_relative_to(root):
-            raise ConfigError(f"{where}: the label file must be inside the model directory {model_dir}")
+        what = f"output[{i}] {tensor.name!r}: label_filename"
         try:
+            path = paths.resolve(model_dir, tensor.label_filename, what, model_dir)
             labels[tensor.name] = path.read_bytes()
+        except paths.PathError as e:
+            raise ConfigError(str(e)) from None
         except OSError as e:
-            raise ConfigError(f"{where}: cannot read {path}: {e.strerror or e}") from None
+            raise ConfigError(f"{what} '{paths.printable(tensor.label_filename)}': cannot read it: "
+                              f"{e.strerror or e}") from None
     return labels
 
 
@@ -241,6 +244,10 @@ def _load_version(
             "and identity models)"
         )
     if config and config.default_model_filename:
+        try:  # the file is then used by the name given (a module's __file__ keeps it)
+            paths.resolve(version_dir, config.default_model_filename, "default_model_filename", version_dir.parent)
+        except paths.PathError as e:
+            raise _LoadError(str(e)) from None
         path = version_dir / config.default_model_filename
         if not path.is_file():
             raise _LoadError(f"{path} (default_model_filename) does not exist")

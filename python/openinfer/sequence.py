@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from . import paths
 from .config import ConfigError
 
 IDLE_DEFAULT_US = 1_000_000  # Triton's default max_sequence_idle_microseconds
@@ -186,14 +187,14 @@ def parse(
             if init.get("data_file"):
                 if model_dir is None:
                     raise ConfigError(f"{ia}: data_file needs a model directory")
-                path = model_dir / "initial_state" / init["data_file"]
                 try:
-                    resolved = path.resolve(strict=True)
-                    if model_dir.resolve() / "initial_state" not in resolved.parents:
-                        raise ConfigError(f"{ia}: data_file {init['data_file']!r} leaves {model_dir}/initial_state")
-                    data = resolved.read_bytes()
+                    data = paths.resolve(model_dir / "initial_state", init["data_file"], f"{ia}: data_file",
+                                         model_dir).read_bytes()
+                except paths.PathError as e:
+                    raise ConfigError(str(e)) from None
                 except OSError as e:
-                    raise ConfigError(f"{ia}: cannot read data_file {str(path)!r}: {e.strerror}") from None
+                    raise ConfigError(f"{ia}: cannot read data_file "
+                                      f"'initial_state/{paths.printable(init['data_file'])}': {e.strerror}") from None
                 if len(data) != size:
                     raise ConfigError(
                         f"{ia}: data_file {init['data_file']!r} holds {len(data)} bytes; "

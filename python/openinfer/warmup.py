@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from . import paths
 from .config import TRITON_DATATYPES
 from .model import numpy_dtype
 
@@ -116,18 +117,17 @@ def _input(
 
 
 def _read_file(field: str, name: str, model_dir: Path | None) -> bytes:
-    """`name` inside the model's warmup/ directory; a path that leaves it (.., absolute, a
-    link pointing out) is refused."""
+    """File `name` of the model's warmup/ directory (see paths.resolve: one file name, no link
+    out of it)."""
     if model_dir is None:
         raise WarmupError(f"{field}: input_data_file needs a model directory (this model has none)")
-    folder = (model_dir / "warmup").resolve()
-    path = (folder / name).resolve()
-    if os.path.isabs(name) or not path.is_relative_to(folder) or path == folder:
-        raise WarmupError(f"{field}: input_data_file '{name}' is outside the model's warmup/ directory")
     try:
+        path = paths.resolve(model_dir / "warmup", name, f"{field}: input_data_file", model_dir)
         return path.read_bytes()
+    except paths.PathError as e:
+        raise WarmupError(str(e)) from None
     except OSError as e:
-        raise WarmupError(f"{field}: cannot read input_data_file {model_dir / 'warmup' / name}: "
+        raise WarmupError(f"{field}: cannot read input_data_file warmup/{paths.printable(name)}: "
                           f"{e.strerror or e}") from None
 
 
