@@ -96,7 +96,7 @@ def configured(config: dict[str, Any]) -> Iterator[tuple[str, object, str, bool]
     """Every path a normalized configuration (triton_config.normalize) names: (the field, its
     value, the directory it is inside, relative to the model directory ('' for the model
     directory itself, '<version>' for the version directory), whether it may have folders)."""
-    if "default_model_filename" in config:
+    if config.get("default_model_filename"):  # "" is protobuf's unset
         yield "default_model_filename", config["default_model_filename"], "<version>", False
     for cc, name in (config.get("cc_model_filenames") or {}).items():
         yield f"cc_model_filenames['{printable(str(cc))}']", name, "<version>", False
