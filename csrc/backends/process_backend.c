@@ -17,6 +17,7 @@
 
 #include "backends/instances.h"
 #include "backends/process_wire.h"
+#include "core/cpus.h"
 
 /* How often a waiting executor looks whether its request's clients have gone. */
 #define CANCEL_POLL_MS 20
@@ -236,11 +237,21 @@ static oi_status_t *error_reply(const char *buf, size_t len)
     return oi_status_new(code, "%.*s", (int)(len - sizeof(*r)), buf + sizeof(*r));
 }
 
-/* Waits until a started worker has imported the model. NULL, or why it did not. */
-static oi_status_t *await_ready(pool_t *p, worker_t *w)
+static int stopped(const unsigned char *stop) { return stop != NULL && __atomic_load_n(stop, __ATOMIC_RELAXED); }
+
+/* Waits until a started worker has imported the model, or `stop` (may be NULL) is set: then
+ * the worker is left to the caller. NULL, or why it is not ready. */
+static oi_status_t *await_ready(pool_t *p, worker_t *w, const unsigned char *stop)
 {
     char buf[OI_PW_MAX_MESSAGE], how[96];
     int fd;
+    for (struct pollfd pfd = {w->sock, POLLIN, 0}; stop != NULL;) {
+        if (stopped(stop))
+            return oi_status_new(OI_UNAVAILABLE, "model '%s': the load was stopped", p->model_name);
+        int r = poll(&pfd, 1, CANCEL_POLL_MS);
+        if (r > 0 || (r < 0 && errno != EINTR))
+            break; /* a message, or an error that recv reports */
+    }
     ssize_t n = recv_message(w->sock, buf, sizeof(buf), &fd);
     if (fd >= 0)
         close(fd);
@@ -490,7 +501,7 @@ static oi_status_t *proc_execute(void *state, const oi_request_t *req, const cha
     if (w->pid == 0 && spawn_worker(p, w, err, sizeof(err)) != 0)
         st = oi_status_new(OI_UNAVAILABLE, "%s", err);
     if (st == NULL && !w->ready)
-        st = await_ready(p, w);
+        st = await_ready(p, w, NULL);
     if (st == NULL)
         st = run_job(p, w, req, names, n, resp);
     oi__instances_release(&p->idle, i);
@@ -522,11 +533,17 @@ static void free_strings(char **v)
     free(v);
 }
 
-/* Closes every worker's socket, gives them EXIT_GRACE_MS to exit, kills the rest. */
+/* Closes every worker's socket, gives them EXIT_GRACE_MS to exit, kills the rest. A worker
+ * still importing the model has nothing to finish: it is killed at once. */
 static void stop_all(pool_t *p)
 {
-    for (int i = 0; i < p->n; i++)
-        stop_worker(&p->workers[i]);
+    for (int i = 0; i < p->n; i++) {
+        worker_t *w = &p->workers[i];
+        int importing = w->pid > 0 && !w->ready;
+        stop_worker(w);
+        if (importing)
+            kill(w->pid, SIGKILL);
+    }
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (int i = 0; i < p->n; i++) {
@@ -582,13 +599,20 @@ void *oi_process_backend_start(const char *model_name, int n, const oi_process_s
         (p->recipe = malloc(spec->recipe_len ? spec->recipe_len : 1)) == NULL)
         goto oom;
     memcpy(p->recipe, spec->recipe, spec->recipe_len);
-    for (int i = 0; i < n; i++)
-        if (spawn_worker(p, &p->workers[i], err, errlen) != 0)
-            goto fail;
-    for (int i = 0; i < n; i++) { /* they import side by side */
-        oi_status_t *st = await_ready(p, &p->workers[i]);
+    /* One import per usable CPU at a time: imports are CPU-bound, more at once would only
+     * fork sooner. Each worker is waited for in order; the next starts as one is ready. */
+    int window = oi_usable_cpus(), started = 0;
+    for (int i = 0; i < n; i++) {
+        while (started < n && started - i < window && !stopped(spec->stop))
+            if (spawn_worker(p, &p->workers[started++], err, errlen) != 0)
+                goto fail;
+        oi_status_t *st = await_ready(p, &p->workers[i], spec->stop); /* at once when stopped */
         if (st != NULL) {
-            snprintf(err, errlen, "%s", st->message);
+            if (stopped(spec->stop))
+                snprintf(err, errlen, "model '%s': the load was stopped (unloaded, or its client left) after %d of %d "
+                         "worker processes had started", p->model_name, started, n);
+            else
+                snprintf(err, errlen, "%s", st->message);
             oi_status_free(st);
             goto fail;
         }

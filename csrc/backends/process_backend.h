@@ -19,12 +19,17 @@ typedef struct oi_process_spec_s {
     const void *recipe;
     size_t recipe_len;
     size_t ring_bytes; /* each worker's result ring; results larger go in memfds of their own */
+    /* NULL, or a byte the caller sets (to non-zero, from any thread) to give the start up: an
+     * unload of the model, or a client that has gone. Read while the start runs only. */
+    const unsigned char *stop;
 } oi_process_spec_t;
 
-/* Starts `n` workers of model `model_name` and waits until each has imported the model.
- * Returns the backend's state, or NULL with the reason in `err` (a worker's own import error,
- * or why it could not start); no worker is left running then. Blocks for as long as the
- * imports take: call without the GIL. */
+/* Starts `n` workers of model `model_name` and waits until each has imported the model, with
+ * at most one worker importing per usable CPU at a time (the next starts as one is ready), so
+ * that a model of many instances does not fork them all at once. Returns the backend's state,
+ * or NULL with the reason in `err` (a worker's own import error, why it could not start, or
+ * that spec->stop was set); no worker is left running then. Blocks for as long as the imports
+ * take: call without the GIL. */
 void *oi_process_backend_start(const char *model_name, int n, const oi_process_spec_t *spec, char *err,
                                size_t errlen);
 

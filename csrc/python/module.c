@@ -11,6 +11,7 @@
 #include "backends/python_backend.h"
 #include "backends/onnx_backend.h"
 #include "backends/torch_backend.h"
+#include "core/cpus.h"
 #include "python/bridge.h"
 #include "python/client.h"
 #include "python/onnx_module.h"
@@ -846,7 +847,9 @@ static int repo_results(oi_repo_call_t *call, PyObject *result)
     return rc;
 }
 
-/* Runs on a control thread: handler(op, model, body, params, ready). */
+/* Runs on a control thread: handler(op, model, body, params, ready, stop), `stop` a one-byte
+ * memoryview of call->stop (non-zero once the client has gone), released when the handler
+ * returns: the handler must not keep it. */
 static void repo_call(void *ctx, oi_repo_call_t *call)
 {
     PyGILState_STATE g = PyGILState_Ensure();
@@ -854,10 +857,11 @@ static void repo_call(void *ctx, oi_repo_call_t *call)
     PyObject *body =
         call->body ? PyBytes_FromStringAndSize(call->body->data, (Py_ssize_t)call->body->len) : Py_NewRef(Py_None);
     PyObject *params = repo_params(call);
+    PyObject *stop = PyMemoryView_FromMemory((char *)&call->stop, 1, PyBUF_WRITE);
     PyObject *result = NULL;
-    if (body != NULL && params != NULL)
-        result = PyObject_CallFunction(handler, "szOOO", repo_ops[call->op], call->model, body, params,
-                                       call->ready ? Py_True : Py_False);
+    if (body != NULL && params != NULL && stop != NULL)
+        result = PyObject_CallFunction(handler, "szOOOO", repo_ops[call->op], call->model, body, params,
+                                       call->ready ? Py_True : Py_False, stop);
     if (result != NULL && call->op == OI_REPO_INDEX && repo_entries(call, result) != 0)
         Py_CLEAR(result);
     if (result != NULL && (call->op == OI_REPO_LOGGING || call->op == OI_REPO_TRACE) && repo_results(call, result) != 0)
@@ -867,6 +871,13 @@ static void repo_call(void *ctx, oi_repo_call_t *call)
     Py_XDECREF(result);
     Py_XDECREF(body);
     Py_XDECREF(params);
+    if (stop != NULL) { /* call->stop goes with the call: no view of it may outlive this */
+        PyObject *released = PyObject_CallMethod(stop, "release", NULL);
+        if (released == NULL)
+            PyErr_WriteUnraisable(handler);
+        Py_XDECREF(released);
+        Py_DECREF(stop);
+    }
     oi_py_clear_thread_locals(); /* PyGILState_Release deletes this control thread's state */
     if (PyErr_Occurred())
         PyErr_WriteUnraisable(handler);
@@ -1218,24 +1229,35 @@ static char **string_list(PyObject *list, const char *what)
     return v;
 }
 
-/* add_model(workers=(argv, env, recipe, ring_bytes)): the model's instances as worker
- * processes. Returns the backend's state; NULL with an exception set, or NULL with *err set
- * (malloc'd) when a worker could not import the model. Waits for the imports without the GIL. */
+/* add_model(workers=(argv, env, recipe, ring_bytes[, stop])): the model's instances as worker
+ * processes; `stop`, a buffer whose first byte set gives the start up. Returns the backend's
+ * state; NULL with an exception set, or NULL with *err set (malloc'd) when a worker could not
+ * import the model or the start was stopped. Waits for the imports without the GIL. */
 static void *start_workers(const char *name, int instances, PyObject *workers, char **err)
 {
-    PyObject *argv_list, *env_list;
-    Py_buffer recipe;
+    PyObject *argv_list, *env_list, *stop_obj = Py_None;
+    Py_buffer recipe, stop = {0};
     unsigned long long ring = 0;
-    if (!PyArg_ParseTuple(workers, "OOy*K;workers is (argv, env, recipe, ring_bytes)", &argv_list, &env_list, &recipe,
-                          &ring))
+    if (!PyArg_ParseTuple(workers, "OOy*K|O;workers is (argv, env, recipe, ring_bytes[, stop])", &argv_list, &env_list,
+                          &recipe, &ring, &stop_obj))
         return NULL;
+    if (stop_obj != Py_None && PyObject_GetBuffer(stop_obj, &stop, PyBUF_SIMPLE) != 0) {
+        PyBuffer_Release(&recipe);
+        return NULL;
+    }
+    if (stop_obj != Py_None && stop.len < 1) {
+        PyErr_SetString(PyExc_ValueError, "workers' stop is a buffer of at least one byte");
+        PyBuffer_Release(&stop);
+        PyBuffer_Release(&recipe);
+        return NULL;
+    }
     void *state = NULL;
     char **argv = string_list(argv_list, "workers argv must be a list of str");
     char **envp = argv ? string_list(env_list, "workers env must be a list of str") : NULL;
     if (argv != NULL && argv[0] == NULL)
         PyErr_SetString(PyExc_ValueError, "workers argv is empty");
     else if (envp != NULL) {
-        oi_process_spec_t spec = {argv, envp, recipe.buf, (size_t)recipe.len, (size_t)ring};
+        oi_process_spec_t spec = {argv, envp, recipe.buf, (size_t)recipe.len, (size_t)ring, stop.buf};
         char msg[1024];
         Py_BEGIN_ALLOW_THREADS state = oi_process_backend_start(name, instances, &spec, msg, sizeof(msg));
         Py_END_ALLOW_THREADS
@@ -1245,6 +1267,8 @@ static void *start_workers(const char *name, int instances, PyObject *workers, c
     free(argv);
     free(envp);
     PyBuffer_Release(&recipe);
+    if (stop.obj != NULL)
+        PyBuffer_Release(&stop);
     return state;
 }
 
@@ -1712,10 +1736,18 @@ static PyObject *held_work(PyObject *self, PyObject *unused)
     return PyLong_FromLong(oi__work_held());
 }
 
+static PyObject *usable_cpus(PyObject *self, PyObject *unused)
+{
+    (void)self, (void)unused;
+    return PyLong_FromLong(oi_usable_cpus());
+}
+
 static PyMethodDef peer_functions[] = {
     {"_hold_work", hold_work, METH_O,
      "For tests: while true, work sent off the event loops (decompression, compression) waits before it starts."},
     {"_held_work", held_work, METH_NOARGS, "For tests: how many pieces of work wait on _hold_work."},
+    {"usable_cpus", usable_cpus, METH_NOARGS,
+     "The CPUs this process may use: its affinity mask, capped by the cgroup CPU quota (at least 1)."},
     {"peer_credentials", peer_credentials, METH_O,
      "The uid, gid (-1: unknown) and groups of the process on the other end of a connected socket (a file "
      "descriptor or an object with fileno()); OSError when unknown (ENOENT: not on this host)."},

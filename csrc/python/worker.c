@@ -5,17 +5,19 @@
  * the result ring: the one copy a result makes on its way to the server. */
 #include "python/worker.h"
 
-#include <signal.h>
+#include <poll.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "backends/process_wire.h"
 #include "backends/python_backend.h"
+#include "core/thread.h"
 
 /* The result ring: only this process carves blocks (head) and reclaims them (tail); the
  * server frees a block by flag once the response that holds it is sent. */
@@ -290,6 +292,34 @@ static void serve(worker_t *w, void *state)
     }
 }
 
+/* Ends this process when the server process `parent` ends (a thread of its own waits on a
+ * pidfd of it, or looks every 200 ms on kernels before 5.3). Not PR_SET_PDEATHSIG: that fires
+ * when the *thread* that started the worker ends, and a load's control thread ends with the
+ * load. 0, or -1 when the server is already gone. */
+static void *parent_watch(void *arg)
+{
+    pid_t parent = (pid_t)(intptr_t)arg;
+    int fd = (int)syscall(SYS_pidfd_open, parent, 0);
+    if (fd >= 0) {
+        struct pollfd pfd = {fd, POLLIN, 0};
+        while (poll(&pfd, 1, -1) <= 0) /* readable once the server has exited */
+            ;
+    } else { /* no pidfd (or the server is already gone): its exit makes us someone else's */
+        while (getppid() == parent)
+            usleep(200 * 1000);
+    }
+    _exit(1);
+    return NULL;
+}
+
+static int watch_parent(pid_t parent)
+{
+    pthread_t t;
+    if (getppid() != parent)
+        return -1;
+    return oi_thread_create(&t, "oi-parent-watch", parent_watch, (void *)(intptr_t)parent, 1) == 0 ? 0 : -1;
+}
+
 static PyObject *worker_serve(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"handler", "model_name", "outputs", "parent", NULL};
@@ -300,7 +330,7 @@ static PyObject *worker_serve(PyObject *self, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OsOi", kwlist, &handler, &name, &outputs, &parent))
         return NULL;
     /* The worker must not outlive the server, even one killed outright. */
-    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+    if (watch_parent(parent) != 0)
         return PyErr_Format(PyExc_RuntimeError, "the server (pid %d) is gone", parent);
     PyObject *fast = PySequence_Fast(outputs, "outputs must be a sequence of (name, datatype)");
     if (fast == NULL)

@@ -673,6 +673,7 @@ static void finish_repo(oi_repo_call_t *rc)
 {
     oi_grpc_call_t *call = rc->ctx;
     oi_server_t *s = call->data;
+    call->work = NULL; /* on_gone no longer reaches rc */
     if (oi_grpc_call_open(call)) {
         if (rc->status != NULL) {
             oi_status_t *st = rc->status;
@@ -765,8 +766,8 @@ static void repo_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg)
         inference__repository_index_request__free_unpacked(iq, NULL);
     if (lq)
         inference__repository_model_load_request__free_unpacked(lq, NULL);
-    if (st == NULL)
-        st = submit_control(s, call, rc, finish_repo);
+    if (st == NULL && (st = submit_control(s, call, rc, finish_repo)) == NULL)
+        call->work = rc; /* for on_gone, until finish_repo (on this loop: not before we return) */
     if (st != NULL) {
         oi_repo_call_free(rc);
         finish_status(call, st);
@@ -1297,6 +1298,11 @@ static void on_gone(void *ctx, oi_grpc_call_t *call)
     oi_server_t *s = ctx;
     if (call->kind >= OI__LEGACY_RPC_BASE) {
         oi__legacy_grpc_gone(s, call);
+        return;
+    }
+    if (call->kind == RPC_REPO_INDEX || call->kind == RPC_REPO_LOAD || call->kind == RPC_REPO_UNLOAD) {
+        if (call->work != NULL) /* a load under way may give up */
+            oi_repo_call_stop(call->work);
         return;
     }
     for (oi_infer_t *inf = call->work; inf != NULL; inf = inf->next)

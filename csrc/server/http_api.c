@@ -753,6 +753,12 @@ static void finish_repository(oi_repo_call_t *call)
     oi_repo_call_free(call);
 }
 
+/* The client closed its connection while a load ran: the handler may give it up. */
+static void repository_gone(oi_http_request_t *r)
+{
+    oi_repo_call_stop(r->gone_arg);
+}
+
 /* Hands a control call the request's body as it came (when there is one): the control thread
  * inflates it, off this loop. NULL, or a 415 for an encoding it cannot inflate. */
 static oi_status_t *attach_body(oi_server_t *s, oi_http_request_t *r, oi_repo_call_t *call)
@@ -828,6 +834,9 @@ static void route_repository(oi_server_t *s, oi_http_request_t *r, const char *p
     if (st != NULL) {
         oi_repo_call_free(call);
         respond_status(r, st);
+    } else {
+        r->on_gone = repository_gone; /* the call lives until finish_repository answers */
+        r->gone_arg = call;
     }
 }
 

@@ -80,6 +80,8 @@ int oi_repo_call_add_entry(oi_repo_call_t *call, const char *name, const char *v
     return 0;
 }
 
+void oi_repo_call_stop(oi_repo_call_t *call) { __atomic_store_n(&call->stop, 1, __ATOMIC_RELAXED); }
+
 void oi_repo_call_free(oi_repo_call_t *call)
 {
     if (call == NULL)

@@ -59,6 +59,10 @@ struct oi_repo_call_s {
     oi_encoding_t body_encoding; /* how `body` came compressed: the control thread inflates it */
     size_t max_body_bytes;       /* the most it may inflate to */
     int grpc;       /* params below came from gRPC (over HTTP the body holds them) */
+    /* Set to 1 (oi_repo_call_stop, on the submitter's loop) once the client has gone: its
+     * connection closed, its stream was reset or its deadline passed. The handler may watch it
+     * (read it with __atomic_load_n) to give up a long load. */
+    unsigned char stop;
     oi_repo_param_t *params;
     size_t n_params;
     /* The handler's outcome. */
@@ -93,6 +97,10 @@ int oi_repo_call_add_result(oi_repo_call_t *call, const char *name, oi_repo_para
 /* Appends an index line, copying each field (NULL stays absent); 0 or -1 (out of memory). */
 int oi_repo_call_add_entry(oi_repo_call_t *call, const char *name, const char *version, const char *state,
                            const char *reason);
+
+/* Tells the handler that the call's client has gone (sets call->stop): called by the
+ * transport that submitted it, on its loop, before `done`. */
+void oi_repo_call_stop(oi_repo_call_t *call);
 
 /* Frees the call and everything it holds. */
 void oi_repo_call_free(oi_repo_call_t *call);

@@ -55,6 +55,10 @@ def _hold_work(on: bool) -> None:
 def _held_work() -> int:
     """For tests: how many pieces of work wait on _hold_work."""
 
+def usable_cpus() -> int:
+    """The CPUs this process may use: its affinity mask, capped by the cgroup CPU quota
+    (at least 1)."""
+
 def peer_credentials(sock: int | object) -> dict[str, object]:
     """{"uid", "gid" (-1: unknown), "groups"} of the process on the other end of a connected
     socket, as the server sees its clients; OSError when unknown (ENOENT: not on this host)."""
@@ -85,7 +89,7 @@ def onnx_providers() -> str:
     """JSON list of the loaded ONNX Runtime's execution providers."""
 
 RepositoryHandler = Callable[
-    [str, str | None, bytes | None, dict[str, bool | int | str | bytes] | None, bool],
+    [str, str | None, bytes | None, dict[str, bool | int | str | bytes] | None, bool, memoryview],
     list[tuple[str | None, str | None, str | None, str | None]] | list[tuple[str, bool | int | str]] | None,
 ]
 
@@ -183,6 +187,9 @@ class Server:
         # fn(inputs) itself and select(result, output_names) only for a result that is not a
         # dict holding every requested output (select returns the outputs or raises)
         direct: tuple[Callable[[dict[str, Any]], Any], Callable[[Any, tuple[str, ...]], dict[str, Any]]] | None = None,
+        # the instances as worker processes (openinfer.processes.worker_spec, then optionally a
+        # buffer whose first byte, once set, gives up starting them: the version then fails)
+        workers: tuple[list[str], list[str], bytes, int] | tuple[list[str], list[str], bytes, int, Any] | None = None,
     ) -> str | None | ModelVersion:
         """Registers one model version. `labels` maps an output name to its label file's bytes
         (one label a line) for the classification extension. handler=None with error=reason registers a version that
@@ -221,12 +228,14 @@ class Server:
         requests admitted to the entries that left are answered, and ends them."""
     def set_repository(self, handler: RepositoryHandler) -> None:
         """Serves the model repository extension (POST /v2/repository/..., gRPC Repository*)
-        through handler(op, model, body, params, ready), called on a control thread per
+        through handler(op, model, body, params, ready, stop), called on a control thread per
         request: op "index", "load" or "unload", "logging" (GET/POST /v2/logging, gRPC
         LogSettings) or "trace" (GET/POST /v2/[models/{model}/]trace/setting, gRPC TraceSetting;
         model None for the global settings); body the HTTP request body (None over gRPC or when
         empty); params the gRPC parameters (None over HTTP; for "trace" each a list of str);
-        ready the gRPC index flag. It returns the index as (name, version, state, reason) tuples
+        ready the gRPC index flag; stop a one-byte memoryview that turns 1 once the client has
+        gone (closed its connection, reset its stream, passed its deadline), released when the
+        handler returns. It returns the index as (name, version, state, reason) tuples
         (None: left out), for "logging" and "trace" every setting as (name, bool | int | str |
         list of str), or None; an exception with `status` and `message` (InferenceServerError) answers with
         them, any other with 500. Before start()."""

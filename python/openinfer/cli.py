@@ -185,6 +185,14 @@ def _parser() -> argparse.ArgumentParser:
         help="with --model-control-mode poll: seconds between scans (default 15)",
     )
     serve.add_argument(
+        "--max-instances",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the most model instances (executor threads, worker processes) of all loaded models "
+        "together; a load past it is refused (default: 4 per usable CPU, at least 64)",
+    )
+    serve.add_argument(
         "--allow-statistics",
         type=_triton_bool,
         nargs="?",
@@ -473,6 +481,7 @@ def _serve(args: argparse.Namespace) -> int:
             model_control_mode=args.model_control_mode,
             load_models=args.load_model,
             repository_poll_secs=args.repository_poll_secs,
+            max_instances=args.max_instances,
             http_unix=args.http_unix,
             grpc_unix=args.grpc_unix,
             unix_socket_mode=args.unix_socket_mode,

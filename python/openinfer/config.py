@@ -631,14 +631,51 @@ _MAP_FIELDS = frozenset({"parameters"})
 _CAMEL = re.compile(r"(?<=[a-z0-9])([A-Z])")
 
 
-def parse_json_config(text: str | bytes, source: str = "config override") -> ModelConfig:
+# JSON strings (their brackets do not nest), and what each byte does to the nesting depth.
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NESTING = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
+_NOT_NESTING = bytes(b for b in range(256) if b not in b"[{]}")
+DEFAULT_MAX_JSON_DEPTH = 64  # the core's --max-json-depth default
+
+
+def json_depth(text: str | bytes) -> int:
+    """How deeply the JSON document `text` nests (a top-level object is 1), found without
+    parsing it, so that a document too deep for Python's recursive parser is told from a
+    valid one (valid or not otherwise: the parser says that)."""
+    import numpy as np
+
+    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
+    brackets = _JSON_STRING.sub(b"", data).translate(None, _NOT_NESTING).translate(_NESTING)
+    if not brackets:
+        return 0
+    steps = np.frombuffer(brackets, dtype=np.int8)
+    depth, deepest = 0, 0
+    for start in range(0, len(steps), 1 << 20):  # bounded memory for large documents
+        levels = np.cumsum(steps[start : start + (1 << 20)], dtype=np.int64) + depth
+        deepest = max(deepest, int(levels.max()))
+        depth = int(levels[-1])
+    return deepest
+
+
+def check_json_depth(text: str | bytes, limit: int, what: str) -> None:
+    """Raises ConfigError when `text` nests deeper than `limit` (--max-json-depth)."""
+    depth = json_depth(text)
+    if depth > limit:
+        raise ConfigError(f"{what} nests {depth} levels deep, more than the limit of {limit} (--max-json-depth)")
+
+
+def parse_json_config(
+    text: str | bytes, source: str = "config override", max_depth: int = DEFAULT_MAX_JSON_DEPTH
+) -> ModelConfig:
     """Reads a model configuration in Triton's JSON form (protobuf's JSON mapping of
     model_config.proto: what `GET /v2/models/{m}/config` returns and what a repository load's
     ``config`` parameter carries) into the same `ModelConfig` that `load_config` makes of a
     config.pbtxt. Field names may be lowerCamelCase, 64-bit integers strings, maps objects.
-    Raises ConfigError naming `source` and the field."""
+    A document nesting deeper than `max_depth` is refused before it is parsed. Raises
+    ConfigError naming `source` and the field."""
     import json
 
+    check_json_depth(text, max_depth, source)
     try:
         raw = json.loads(text)
     except (ValueError, UnicodeDecodeError) as e:

@@ -36,7 +36,14 @@ from pathlib import Path
 from typing import Any
 
 from . import ensemble, paths, processes, triton_config, warmup
-from .config import ConfigError, DynamicBatching, ModelConfig, parse_json_config
+from .config import (
+    DEFAULT_MAX_JSON_DEPTH,
+    ConfigError,
+    DynamicBatching,
+    ModelConfig,
+    check_json_depth,
+    parse_json_config,
+)
 from .errors import InferenceServerError
 from .model import Model, Tensor
 from .identity_model import IdentityModel
@@ -59,6 +66,7 @@ MAX_LOAD_FILES = 1024
 MAX_LOAD_FILE_BYTES = 2 << 30
 
 _NOT_ALLOWED = "explicit model load / unload is not allowed if polling is enabled"
+_STOPPED = "the load was stopped (unloaded, or its client left) before this version started"
 
 IndexEntry = tuple[str, str | None, str | None, str | None]
 
@@ -85,6 +93,8 @@ class ModelControl:
         load_models: Iterable[str] = (),
         poll_secs: float = DEFAULT_POLL_SECS,
         optional_torch: bool = False,
+        max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
+        max_instances: int | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"model_control_mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -96,11 +106,16 @@ class ModelControl:
             )
         if poll_secs <= 0:
             raise ValueError(f"repository_poll_secs must be > 0, got {poll_secs}")
+        if max_instances is not None and (isinstance(max_instances, bool) or not isinstance(max_instances, int)
+                                          or max_instances < 1):
+            raise ValueError(f"max_instances (--max-instances) must be an integer >= 1, got {max_instances!r}")
         self._core = core
         self._repo = repo
         self._mode = mode
         self._poll_secs = poll_secs
         self._optional_torch = optional_torch
+        self._max_json_depth = max_json_depth or DEFAULT_MAX_JSON_DEPTH  # 0: the core's default
+        self._max_instances = max_instances or default_max_instances()
         self._given: dict[str, list[Model]] = {}
         for model in given:
             self._given.setdefault(model.name, []).append(model)
@@ -111,6 +126,7 @@ class ModelControl:
         self._loaded: dict[str, list[LoadedModel]] = {}
         self._fingerprints: dict[str, object] = {}
         self._temp_root: Path | None = None
+        self._stops: dict[str, list[Any]] = {}  # loads under way: the byte that stops each
         self._closed = threading.Event()
         self._poller: threading.Thread | None = None
         names = set(self._given)
@@ -168,20 +184,22 @@ class ModelControl:
         body: bytes | None,
         params: dict[str, Any] | None,
         ready: bool,
+        stop: Any = None,
     ) -> list[IndexEntry] | None:
         """The core's repository handler: one index, load or unload request, its body as the
-        HTTP client sent it, or its parameters as gRPC decoded them. Raises
-        InferenceServerError with the status to answer."""
+        HTTP client sent it, or its parameters as gRPC decoded them; `stop`, a byte that the
+        core sets when the client goes (a load then gives up starting worker processes).
+        Raises InferenceServerError with the status to answer."""
         if op == "index":
             if body is not None:
-                ready = _body_flag(_body_object(body, "registry index"), "ready")
+                ready = _body_flag(_body_object(body, "registry index", self._max_json_depth), "ready")
             return self.index(ready)
         assert model is not None
         if op == "load":
-            config, files = _load_params(body, params)
-            self.load(model, config, files)
+            config, files = _load_params(body, params, self._max_json_depth)
+            self.load(model, config, files, stop=stop)
         else:
-            self.unload(model, _unload_params(body, params))
+            self.unload(model, _unload_params(body, params, self._max_json_depth))
         return None
 
     def load(
@@ -189,17 +207,21 @@ class ModelControl:
         name: str,
         config: str | None = None,
         files: Mapping[str, bytes] | None = None,
+        *,
+        stop: Any = None,
     ) -> None:
         """Loads or reloads model `name`: from the repository, or from `files` (relative path
         -> contents, with `config` required) in a temporary directory of its own. `config`
-        (JSON) replaces config.pbtxt. Raises InferenceServerError."""
+        (JSON) replaces config.pbtxt. `stop` (a writable buffer of one byte; default: a new
+        one) gives up starting the model's worker processes once its byte is set, as an unload
+        of `name` sets it. Raises InferenceServerError."""
         _check_name(name)
         if self._mode != "explicit":
             raise InferenceServerError(503, _NOT_ALLOWED)
         override = None
         if config is not None:
             try:
-                override = parse_json_config(config)
+                override = parse_json_config(config, max_depth=self._max_json_depth)
             except ConfigError as e:
                 raise InferenceServerError(400, f"failed to load '{name}': Invalid {e}") from None
             _check_override_paths(name, override)
@@ -207,10 +229,20 @@ class ModelControl:
             raise InferenceServerError(
                 400, "Load parameter 'config' must be specified for model file override"
             )
-        with self._ops:
-            if self._closed.is_set():
-                raise InferenceServerError(503, "the server is shutting down")
-            self._load(name, override, dict(files) if files else None, startup=False)
+        stop = bytearray(1) if stop is None else stop
+        with self._lock:
+            self._stops.setdefault(name, []).append(stop)
+        try:
+            with self._ops:
+                if self._closed.is_set():
+                    raise InferenceServerError(503, "the server is shutting down")
+                self._load(name, override, dict(files) if files else None, startup=False, stop=stop)
+        finally:
+            with self._lock:
+                stops = self._stops[name]
+                stops.remove(stop)
+                if not stops:
+                    del self._stops[name]
 
     def unload(self, name: str, unload_dependents: bool = False) -> None:
         """Unloads every version of `name` once the requests admitted to it are answered. A
@@ -219,6 +251,9 @@ class ModelControl:
         del unload_dependents
         if self._mode != "explicit":
             raise InferenceServerError(503, _NOT_ALLOWED)
+        with self._lock:  # a load of it under way stops starting workers, then this waits for it
+            for stop in self._stops.get(name, []):
+                stop[0] = 1
         with self._ops:
             if self._closed.is_set():
                 raise InferenceServerError(503, "the server is shutting down")
@@ -271,6 +306,7 @@ class ModelControl:
         files: dict[str, bytes] | None,
         *,
         startup: bool,
+        stop: Any = None,
     ) -> None:
         """Finds, builds and publishes model `name`. At start-up failures stay in the tables
         (the server starts with the model not ready); later they also raise."""
@@ -316,7 +352,8 @@ class ModelControl:
         if temp is not None:  # the server's temporary directory stays its own
             entries = [replace(e, error=_hide(e.error, temp)) for e in entries]
         try:
-            entries = self._publish(name, entries, temp, before, startup, started, model_dir)
+            entries = self._within_instance_limit(name, entries, before, startup)
+            entries = self._publish(name, entries, temp, before, startup, started, model_dir, stop)
         except BaseException:
             if temp is not None:
                 shutil.rmtree(temp.parent, ignore_errors=True)
@@ -336,6 +373,7 @@ class ModelControl:
         startup: bool,
         started: float,
         model_dir: Path | None = None,
+        stop: Any = None,
     ) -> list[LoadedModel]:
         """Builds every version of `entries` in the core, then swaps them in for the versions
         now registered under `name` in one step. When a version fails while the model has
@@ -346,8 +384,10 @@ class ModelControl:
         metadata_versions = [str(v) for v in numbers]
         built: list[tuple[LoadedModel, Any]] = []
         for entry in entries:
+            if stop is not None and stop[0] and entry.error is None:
+                entry = LoadedModel(entry.name, entry.version, None, _STOPPED, entry.config)
             try:
-                handle = self._build(entry, metadata_versions)
+                handle = self._build(entry, metadata_versions, stop)
             except (TypeError, ValueError) as e:  # a declaration the core refuses
                 if startup:
                     raise
@@ -431,9 +471,32 @@ class ModelControl:
             return None, "which is a sequence model: openinfer does not run sequence models as ensemble steps."
         return entry.model, None
 
-    def _build(self, entry: LoadedModel, versions: list[str]) -> Any:
+    def _within_instance_limit(
+        self, name: str, entries: list[LoadedModel], before: dict[int | None, tuple[str, str]], startup: bool
+    ) -> list[LoadedModel]:
+        """Refuses a load whose versions would take the model instances of the server (every
+        loaded version's, this model's current ones replaced by these) past max_instances,
+        before any instance starts: a 400 through the API, failed versions at start-up."""
+        asked = sum(_instances(e) for e in entries)
+        with self._lock:
+            others = sum(_instances(e) for n, es in self._loaded.items() if n != name for e in es)
+        if asked + others <= self._max_instances:
+            return entries
+        what = f"instance_group count {asked}" + (f" (over {len(entries)} versions)" if len(entries) > 1 else "")
+        if asked <= self._max_instances:
+            what += f" and the {others} instances of the models already loaded"
+        reason = (f"{what} exceed{'s' if asked > self._max_instances else ''} the server's limit of "
+                  f"{self._max_instances} instances (--max-instances)")
+        if not startup:
+            with self._lock:
+                self._states[name] = before
+            raise InferenceServerError(400, f"failed to load '{name}': {reason}")
+        logger.warning("model %s: %s", name, reason)
+        return [LoadedModel(e.name, e.version, None, reason, e.config) if _instances(e) else e for e in entries]
+
+    def _build(self, entry: LoadedModel, versions: list[str], stop: Any = None) -> Any:
         """One version as an unpublished core model (ModelVersion); its `error` says why it
-        cannot serve."""
+        cannot serve. `stop` gives up starting its worker processes."""
         model = entry.model
         if isinstance(model, ensemble.EnsembleModel):
             reason = ensemble.check_steps(entry.name, model.steps, model.inputs, model.outputs, self._served)
@@ -458,7 +521,7 @@ class ModelControl:
                                     "direct": getattr(model, "direct", None),
                                     "decoupled": getattr(model, "decoupled", False)}
             if getattr(model, "processes", False):
-                runs["workers"] = processes.worker_spec(model)
+                runs["workers"] = (*processes.worker_spec(model), stop)
             if isinstance(model, TorchModel):
                 runs = {"torch": model.spec}
             elif isinstance(model, OnnxModel):
@@ -611,6 +674,21 @@ def _warm_up(entry: LoadedModel, handle: Any, model_dir: Path | None) -> str | N
     return None
 
 
+def default_max_instances() -> int:
+    """max_instances when not given: four instances per usable CPU, and at least 64 (enough for
+    a repository of GPU models on a host of few CPUs)."""
+    from . import _core
+
+    return max(64, 4 * int(_core.usable_cpus()))
+
+
+def _instances(entry: LoadedModel) -> int:
+    """The model instances (executor threads, worker processes, sessions) a version starts."""
+    if entry.error is not None or entry.model is None or isinstance(entry.model, ensemble.EnsembleModel):
+        return 0  # an ensemble runs its steps' instances
+    return int(getattr(entry.model, "instances", 0))
+
+
 def _check_override_paths(name: str, override: ModelConfig) -> None:
     """Refuses a config override that names a file outside the model's directory (see
     openinfer.paths) before the load goes near the file system. A config that cannot be
@@ -648,10 +726,11 @@ def _check_name(name: str) -> None:
         )
 
 
-def _body_object(body: bytes, what: str) -> dict[str, Any]:
+def _body_object(body: bytes, what: str, max_depth: int = DEFAULT_MAX_JSON_DEPTH) -> dict[str, Any]:
     try:
+        check_json_depth(body, max_depth, "it")
         value = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError) as e:  # ConfigError included
         raise InferenceServerError(
             400, f"failed to parse the {what} request JSON buffer: {e}"
         ) from None
@@ -671,10 +750,10 @@ def _body_flag(body: dict[str, Any], key: str) -> bool:
     return value
 
 
-def _body_parameters(body: bytes | None, what: str) -> dict[str, Any]:
+def _body_parameters(body: bytes | None, what: str, max_depth: int) -> dict[str, Any]:
     if body is None:
         return {}
-    params = _body_object(body, what).get("parameters", {})
+    params = _body_object(body, what, max_depth).get("parameters", {})
     if not isinstance(params, dict):
         raise InferenceServerError(
             400, f"'parameters' of a {what} request must be a JSON object, got {json.dumps(params)}"
@@ -683,12 +762,12 @@ def _body_parameters(body: bytes | None, what: str) -> dict[str, Any]:
 
 
 def _load_params(
-    body: bytes | None, params: dict[str, Any] | None
+    body: bytes | None, params: dict[str, Any] | None, max_depth: int
 ) -> tuple[str | None, dict[str, bytes]]:
     """A load's "config" and files from an HTTP body (strings; files in base64) or gRPC
     parameters (config a string_param, files bytes_param)."""
     grpc = params is not None
-    given = params if params is not None else _body_parameters(body, "load model")
+    given = params if params is not None else _body_parameters(body, "load model", max_depth)
     config: str | None = None
     files: dict[str, bytes] = {}
     for key, value in given.items():
@@ -726,8 +805,8 @@ def _load_params(
     return config, files
 
 
-def _unload_params(body: bytes | None, params: dict[str, Any] | None) -> bool:
-    given = params if params is not None else _body_parameters(body, "unload model")
+def _unload_params(body: bytes | None, params: dict[str, Any] | None, max_depth: int) -> bool:
+    given = params if params is not None else _body_parameters(body, "unload model", max_depth)
     value = given.get("unload_dependents", False)
     if not isinstance(value, bool):
         raise InferenceServerError(

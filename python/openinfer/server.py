@@ -147,6 +147,7 @@ def serve(
     model_control_mode: str = "none",
     load_models: Iterable[str] = (),
     repository_poll_secs: float = DEFAULT_POLL_SECS,
+    max_instances: int | None = None,
     statistics: bool = True,
     metrics_port: int | None | _Default = _DEFAULT,
     metrics_config: Mapping[str, object] | Iterable[str] | None = None,
@@ -181,7 +182,9 @@ def serve(
     (the default) allows it only when `host` is a loopback address. `model_control_mode` is
     tritonserver's: "none" (load the whole repository, no loading API), "poll" (also rescan it
     every `repository_poll_secs`) or "explicit" (load only `load_models`, "*" for all, and let
-    clients load and unload); see `openinfer.control`.
+    clients load and unload); see `openinfer.control`. `max_instances` bounds the model
+    instances (executor threads, worker processes) of every loaded model version together: a
+    load past it is refused (default: 4 per usable CPU, at least 64; ``--max-instances``).
 
     Inferences are counted per model version (Triton's statistics extension,
     `Server.statistics`) unless `statistics` is False. Prometheus metrics are served at
@@ -258,6 +261,7 @@ def serve(
         model_control_mode=model_control_mode,
         load_models=load_models,
         repository_poll_secs=repository_poll_secs,
+        max_instances=max_instances,
         statistics=statistics,
         metrics_port=metrics_port,
         metrics_config=metrics_config,
@@ -306,6 +310,7 @@ class Server:
         model_control_mode: str = "none",
         load_models: Iterable[str] = (),
         repository_poll_secs: float = DEFAULT_POLL_SECS,
+        max_instances: int | None = None,
         statistics: bool = True,
         metrics_port: int | None | _Default = _DEFAULT,
         metrics_config: Mapping[str, object] | Iterable[str] | None = None,
@@ -410,6 +415,8 @@ class Server:
                 load_models=load_models,
                 poll_secs=repository_poll_secs,
                 optional_torch=repo_path is not None and _is_examples(repo_path),
+                max_json_depth=limits.get("max_json_depth", 0),
+                max_instances=max_instances,
             )
             self._logging = LogSettings(
                 log_file=log_file, log_verbose_level=log_verbose, log_format=log_format
@@ -432,14 +439,15 @@ class Server:
         body: bytes | None,
         params: dict[str, Any] | None,
         ready: bool,
+        stop: Any = None,
     ) -> Any:
         """The core's control handler: the logging and trace extensions here, the rest is
-        the repository's."""
+        the repository's (`stop`: set once the client has gone)."""
         if op == "logging":
             return self._logging.handle(body, params)
         if op == "trace":
             return self._tracing.handle(model, body, params)
-        return self._control.handle(op, model, body, params, ready)
+        return self._control.handle(op, model, body, params, ready, stop)
 
     def _trace_changed(self, model: str | None, values: dict[str, Any]) -> None:
         """The trace settings' hook: the core samples with `values` (none: the model's own
