@@ -180,19 +180,28 @@ def test_the_instances_of_every_loaded_model_count_together(server: openinfer.Se
     triton_http(server).unload_model("other")
 
 
-def test_the_bound_is_checked_at_start_up_and_on_the_command_line(tmp_path: Path) -> None:
+def test_models_loaded_at_start_count_but_are_not_refused(tmp_path: Path) -> None:
+    # The repository is the operator's: its models load past the bound, and then requests
+    # cannot add more. The command line sets the bound too.
     _model(tmp_path, "many")
     (tmp_path / "many" / "config.pbtxt").write_text(
         'name: "many"\ninstance_group [ { count: 3 kind: KIND_MODEL } ]\n' + PBTXT)
-    with openinfer.serve(tmp_path, http_port=0, grpc_port=None, log=False, max_instances=2) as srv:
-        assert not triton_http(srv).is_model_ready("many")
-        assert _reason(srv, "many") == ("instance_group count 3 exceeds the server's limit of 2 instances "
-                                        "(--max-instances)")
+    _model(tmp_path, "more")
+    with openinfer.serve(tmp_path, http_port=0, grpc_port=None, log=False, max_instances=2,
+                         model_control_mode="explicit", load_models=["many"]) as srv:
+        assert _infer(srv, "many", 1) == 2
+        status, message = _load("http", srv, "more", _config("more", 1, "KIND_MODEL"))
+        assert status == "400" and message == (
+            "failed to load 'more': instance_group count 1 and the 3 instances of the models already loaded "
+            "exceed the server's limit of 2 instances (--max-instances)")
     with pytest.raises(ValueError, match=r"max_instances \(--max-instances\) must be an integer >= 1, got 0"):
         openinfer.serve(tmp_path, http_port=0, grpc_port=None, log=False, max_instances=0)
-    cli = Cli(str(tmp_path), "--max-instances", "3")
+    cli = Cli("--model-control-mode", "explicit", "--max-instances", "2", str(tmp_path))
     try:
-        assert requests.get(f"http://127.0.0.1:{cli.port}/v2/models/many/ready", timeout=10).status_code == 200
+        r = requests.post(f"http://127.0.0.1:{cli.port}/v2/repository/models/many/load", timeout=BOUND)
+        assert r.status_code == 400
+        assert r.json()["error"] == ("failed to load 'many': instance_group count 3 exceeds the server's limit of "
+                                     "2 instances (--max-instances)")
     finally:
         cli.kill()
 

@@ -190,7 +190,8 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="the most model instances (executor threads, worker processes) of all loaded models "
-        "together; a load past it is refused (default: 4 per usable CPU, at least 64)",
+        "together: a load request past it is refused (models loaded at start or by polling count "
+        "but are not refused; default: 4 per usable CPU, at least 64)",
     )
     serve.add_argument(
         "--allow-statistics",

@@ -236,7 +236,7 @@ class ModelControl:
             with self._ops:
                 if self._closed.is_set():
                     raise InferenceServerError(503, "the server is shutting down")
-                self._load(name, override, dict(files) if files else None, startup=False, stop=stop)
+                self._load(name, override, dict(files) if files else None, startup=False, stop=stop, requested=True)
         finally:
             with self._lock:
                 stops = self._stops[name]
@@ -307,9 +307,11 @@ class ModelControl:
         *,
         startup: bool,
         stop: Any = None,
+        requested: bool = False,
     ) -> None:
         """Finds, builds and publishes model `name`. At start-up failures stay in the tables
-        (the server starts with the model not ready); later they also raise."""
+        (the server starts with the model not ready); later they also raise. A `requested` load
+        (a client's, through the load API) must stay within max_instances."""
         started = time.monotonic()
         model_dir = self._repo / name if self._repo is not None and not name.startswith(".") else None
         with self._lock:
@@ -352,7 +354,8 @@ class ModelControl:
         if temp is not None:  # the server's temporary directory stays its own
             entries = [replace(e, error=_hide(e.error, temp)) for e in entries]
         try:
-            entries = self._within_instance_limit(name, entries, before, startup)
+            if requested:
+                self._check_instance_limit(name, entries, before)
             entries = self._publish(name, entries, temp, before, startup, started, model_dir, stop)
         except BaseException:
             if temp is not None:
@@ -471,28 +474,28 @@ class ModelControl:
             return None, "which is a sequence model: openinfer does not run sequence models as ensemble steps."
         return entry.model, None
 
-    def _within_instance_limit(
-        self, name: str, entries: list[LoadedModel], before: dict[int | None, tuple[str, str]], startup: bool
-    ) -> list[LoadedModel]:
-        """Refuses a load whose versions would take the model instances of the server (every
-        loaded version's, this model's current ones replaced by these) past max_instances,
-        before any instance starts: a 400 through the API, failed versions at start-up."""
+    def _check_instance_limit(
+        self, name: str, entries: list[LoadedModel], before: dict[int | None, tuple[str, str]]
+    ) -> None:
+        """Refuses (400) a requested load whose versions would take the model instances of the
+        server (every loaded version's, this model's current ones replaced by these) past
+        max_instances, before any instance starts. The models the server loads on its own (at
+        start-up, by polling) count, but are not refused: the repository is the operator's."""
         asked = sum(_instances(e) for e in entries)
         with self._lock:
             others = sum(_instances(e) for n, es in self._loaded.items() if n != name for e in es)
         if asked + others <= self._max_instances:
-            return entries
+            return
         what = f"instance_group count {asked}" + (f" (over {len(entries)} versions)" if len(entries) > 1 else "")
         if asked <= self._max_instances:
             what += f" and the {others} instances of the models already loaded"
-        reason = (f"{what} exceed{'s' if asked > self._max_instances else ''} the server's limit of "
-                  f"{self._max_instances} instances (--max-instances)")
-        if not startup:
-            with self._lock:
-                self._states[name] = before
-            raise InferenceServerError(400, f"failed to load '{name}': {reason}")
-        logger.warning("model %s: %s", name, reason)
-        return [LoadedModel(e.name, e.version, None, reason, e.config) if _instances(e) else e for e in entries]
+        with self._lock:
+            self._states[name] = before
+        raise InferenceServerError(
+            400,
+            f"failed to load '{name}': {what} exceed{'s' if asked > self._max_instances else ''} the server's "
+            f"limit of {self._max_instances} instances (--max-instances)",
+        )
 
     def _build(self, entry: LoadedModel, versions: list[str], stop: Any = None) -> Any:
         """One version as an unpublished core model (ModelVersion); its `error` says why it

@@ -184,7 +184,9 @@ def serve(
     every `repository_poll_secs`) or "explicit" (load only `load_models`, "*" for all, and let
     clients load and unload); see `openinfer.control`. `max_instances` bounds the model
     instances (executor threads, worker processes) of every loaded model version together: a
-    load past it is refused (default: 4 per usable CPU, at least 64; ``--max-instances``).
+    load request that would pass it is refused (default: 4 per usable CPU, at least 64;
+    ``--max-instances``); the models the server loads itself (at start, by polling) count
+    toward it but are never refused.
 
     Inferences are counted per model version (Triton's statistics extension,
     `Server.statistics`) unless `statistics` is False. Prometheus metrics are served at
