@@ -123,3 +123,15 @@ def test_getting_started_notebook_runs(tmp_path: Path) -> None:
     assert "array([[-1,  0,  1," in text(code[2])
     assert "[404] Request for unknown model: 'no_such_model'" in text(code[3])
     assert "[0. 2. 4. 6.]" in text(code[-1])
+
+
+def test_features_document_the_response_cache_and_its_metrics() -> None:
+    """docs/features.md describes the response cache the server has (it once said there was
+    none) and names each per-model cache family that csrc/server/metrics.c exports."""
+    features = (ROOT / "docs" / "features.md").read_text()
+    families = set(re.findall(r'"(nv_cache_[a-z_]+)"', (ROOT / "csrc" / "server" / "metrics.c").read_text()))
+    assert len(families) == 4, families
+    assert "no response cache" not in features
+    assert "Response cache (Triton's)" in features and "--cache-config local,size=BYTES" in features
+    for family in sorted(families):
+        assert f"`{family}`" in features, family
