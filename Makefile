@@ -86,12 +86,12 @@ wheel: setup
 # UndefinedBehaviorSanitizer and runs each for FUZZ_SECONDS on a scratch copy of its seed corpus
 # (tests/fuzz/corpus/<target>/, which it does not modify), then prints the executions per
 # target. A crash stops the run; the input is left as build/fuzz/crash-<target>-*. The Python
-# target (config.pbtxt) runs under atheris. FUZZ_MODE=replay builds the same C targets with
+# targets (config.pbtxt; the load API's config overrides and file: names) run under atheris. FUZZ_MODE=replay builds the same C targets with
 # FUZZ_CC (default cc) and -DOI_FUZZ_MAIN instead: no libFuzzer, they replay files
 # (tests/test_fuzz_corpus.py does that with the whole corpus).
 FUZZ_SECONDS ?= 60
 FUZZ_C_TARGETS := fuzz_json fuzz_pb_infer fuzz_pb_response fuzz_http1 fuzz_grpc fuzz_shm_register fuzz_pbtext
-FUZZ_TARGETS ?= $(FUZZ_C_TARGETS) fuzz_config
+FUZZ_TARGETS ?= $(FUZZ_C_TARGETS) fuzz_config fuzz_load
 FUZZ_MODE ?= libfuzzer
 ifeq ($(FUZZ_MODE),replay)
 FUZZ_CC ?= cc

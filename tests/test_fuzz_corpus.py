@@ -2,7 +2,7 @@
 clang: every C target is built with the system compiler under AddressSanitizer and
 UndefinedBehaviorSanitizer (`make fuzz-build FUZZ_MODE=replay`, -DOI_FUZZ_MAIN: a main() that
 replays files instead of libFuzzer) and replays its whole corpus, regression inputs of fixed
-bugs included; the config.pbtxt target replays its corpus with plain Python. `make fuzz` is
+bugs included; the Python targets (config.pbtxt, the load API) replay theirs with plain Python. `make fuzz` is
 the real fuzzing run (clang, libFuzzer, atheris)."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ CORPUS = ROOT / "tests" / "fuzz" / "corpus"
 OUT = ROOT / "build" / "fuzz" / "replay"
 C_TARGETS = ["fuzz_json", "fuzz_pb_infer", "fuzz_pb_response", "fuzz_http1", "fuzz_grpc", "fuzz_shm_register",
              "fuzz_pbtext"]
+PY_TARGETS = ["fuzz_config", "fuzz_load"]
 SANITIZER_ENV = {
     "ASAN_OPTIONS": "detect_leaks=1:halt_on_error=1:abort_on_error=1",
     "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
@@ -44,7 +45,7 @@ def replay_bins() -> Path:
 
 
 def test_every_target_has_a_corpus() -> None:
-    for target in [*C_TARGETS, "fuzz_config"]:
+    for target in [*C_TARGETS, *PY_TARGETS]:
         seeds = [p for p in (CORPUS / target).iterdir() if p.is_file()]
         assert len(seeds) >= 3, f"{target}: {len(seeds)} seeds"
         assert all(p.stat().st_size <= 64 * 1024 for p in seeds), f"{target}: keep seeds small"
@@ -60,12 +61,14 @@ def test_corpus_replays_clean(replay_bins: Path, target: str) -> None:
         assert f"replayed {len(seeds)} inputs" in r.stdout
 
 
-def test_config_corpus_replays_clean() -> None:
-    r = subprocess.run([sys.executable, "tests/fuzz/fuzz_config.py", "--replay", str(CORPUS / "fuzz_config")],
+@pytest.mark.parametrize("target", PY_TARGETS)
+def test_python_corpus_replays_clean(target: str) -> None:
+    seeds = [p for p in (CORPUS / target).iterdir() if p.is_file()]
+    r = subprocess.run([sys.executable, f"tests/fuzz/{target}.py", "--replay", str(CORPUS / target)],
                        cwd=ROOT, env={**_clean_env(), "PYTHONPATH": str(ROOT / "python")},
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "replayed" in r.stdout
+    assert f"replayed {len(seeds)} inputs" in r.stdout
 
 
 @pytest.mark.parametrize("seed", ["hand-pipelined", "hand-pipelined-split1"])

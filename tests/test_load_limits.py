@@ -330,8 +330,24 @@ def test_a_nul_in_a_file_name_is_shown_whole(server: openinfer.Server) -> None:
     body = {"parameters": {"config": "{}", "file:1/a\0b.pt": "AAAA"}}
     r = requests.post(f"{server.url}/v2/repository/models/fast/load", json=body, timeout=BOUND)
     assert r.status_code == 400
-    assert r.json()["error"] == ("Invalid file parameter 'file:1/a\\0b.pt': the path must stay within the model "
+    assert r.json()["error"] == ("Invalid file parameter 'file:1/a\\x00b.pt': the path must stay within the model "
                                  "directory (relative, with no '.', '..' or empty components)")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_file_name_too_long_for_the_file_system_is_refused(server: openinfer.Server, protocol: str) -> None:
+    # Found by tests/fuzz/fuzz_load.py: the file system's ENAMETOOLONG answered 500.
+    name = "1/" + "a" * 256 + ".bin"
+    status, message = _load(protocol, server, "fast", "{}", files={f"file:{name}": b"x"})
+    assert status == BAD[protocol], message
+    assert message == f"Invalid file parameter 'file:{name}': a name in the path is longer than 255 bytes"
+
+
+def test_a_file_name_that_is_not_utf8_is_refused(server: openinfer.Server) -> None:
+    body = '{"parameters": {"config": "{}", "file:1/\\ud800.bin": "AAAA"}}'
+    r = requests.post(f"{server.url}/v2/repository/models/fast/load", data=body, timeout=BOUND)
+    assert r.status_code == 400
+    assert r.json()["error"] == "Invalid file parameter 'file:1/\\ud800.bin': the name is not valid UTF-8"
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

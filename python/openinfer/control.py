@@ -64,6 +64,7 @@ FAILED_MODEL_VERSION = 1
 # Files one load may carry: their number and their decoded size together.
 MAX_LOAD_FILES = 1024
 MAX_LOAD_FILE_BYTES = 2 << 30
+_NAME_MAX = 255  # bytes in one file name (Linux's NAME_MAX)
 
 _NOT_ALLOWED = "explicit model load / unload is not allowed if polling is enabled"
 _STOPPED = "the load was stopped (unloaded, or its client left) before this version started"
@@ -610,7 +611,12 @@ class ModelControl:
         try:
             model_dir.mkdir(mode=0o700)
             for path, data in files.items():
-                _write_private(model_dir, parts[path], data, path)
+                try:
+                    _write_private(model_dir, parts[path], data, path)
+                except OSError as e:  # the disk is full, say: the message keeps the directory to itself
+                    raise InferenceServerError(
+                        500, f"cannot write file parameter 'file:{paths.printable(path)}': {e.strerror or e}"
+                    ) from None
         except BaseException:
             shutil.rmtree(load_dir, ignore_errors=True)
             raise
@@ -824,8 +830,9 @@ def _unload_params(body: bytes | None, params: dict[str, Any] | None, max_depth:
 
 def _file_parts(path: str) -> list[str]:
     """The components of a file parameter's path, which must name a file inside the model
-    directory: relative, no '.' or '..' components, no empty ones."""
+    directory: relative, no '.' or '..' components, no empty ones, each a valid file name."""
     parts = path.split("/")
+    shown = paths.printable(path)
     if (
         not path
         or path.startswith("/")
@@ -835,13 +842,21 @@ def _file_parts(path: str) -> list[str]:
     ):
         raise InferenceServerError(
             400,
-            f"Invalid file parameter 'file:{path}': the path must stay within the model "
+            f"Invalid file parameter 'file:{shown}': the path must stay within the model "
             "directory (relative, with no '.', '..' or empty components)",
+        )
+    try:
+        too_long = any(len(p.encode("utf-8")) > _NAME_MAX for p in parts)
+    except UnicodeEncodeError:
+        raise InferenceServerError(400, f"Invalid file parameter 'file:{shown}': the name is not valid UTF-8") from None
+    if too_long:
+        raise InferenceServerError(
+            400, f"Invalid file parameter 'file:{shown}': a name in the path is longer than {_NAME_MAX} bytes"
         )
     if parts[-1].endswith(".py"):
         raise InferenceServerError(
             400,
-            f"Invalid file parameter 'file:{path}': Python files sent with a load are not run "
+            f"Invalid file parameter 'file:{shown}': Python files sent with a load are not run "
             "(they would execute as the server's own code); put Python models in the model "
             "repository",
         )

@@ -38,8 +38,9 @@ class PathError(ValueError):
 
 
 def printable(text: str) -> str:
-    """`text` with control characters (NUL first of all: it would end the message in C) written
-    as escapes."""
+    """`text` with control characters (NUL first of all: it would end the message in C) and
+    lone surrogates (which UTF-8 cannot carry) written as escapes."""
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return _UNPRINTABLE.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 

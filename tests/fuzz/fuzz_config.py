@@ -10,17 +10,15 @@ and ends the run with the input saved.
 
 `make fuzz` runs the first form (with PYTHONPATH=python).
 
-Coverage comes from atheris's bytecode instrumentation, applied function by function rather
-than with atheris.instrument_imports: atheris 2.3.0 on CPython 3.11 miscompiles some loops (the
-back edge of `while True:` in _Parser.list lands one instruction late, so `self.peek()` runs
-on the wrong object). Each function is therefore instrumented only if the seed corpus parses
-to the same results with it instrumented as without; the others run as they are (and say so).
+Coverage comes from atheris's bytecode instrumentation, function by function (see
+atheris_functions.py).
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
+
+from atheris_functions import files, instrument
 
 
 def test_one_input(data: bytes) -> None:
@@ -39,10 +37,6 @@ def test_one_input(data: bytes) -> None:
     config.instances  # what the repository reads next
 
 
-def _files(paths: list[str]) -> list[Path]:
-    return [f for p in map(Path, paths) for f in (sorted(p.iterdir()) if p.is_dir() else [p]) if f.is_file()]
-
-
 def _outcome(data: bytes) -> str:
     """What parsing `data` gives, as text to compare runs with."""
     try:
@@ -54,37 +48,11 @@ def _outcome(data: bytes) -> str:
         return f"{type(e).__name__}: {e}"
 
 
-def instrument(seeds: list[bytes]) -> None:
-    """Instruments every function of openinfer.config that atheris compiles faithfully (see
-    the module docstring)."""
-    import types
-
-    import openinfer.config as config
-    from atheris.instrument_bytecode import patch_code
-
-    functions = []
-    for name, obj in vars(config).items():
-        if isinstance(obj, types.FunctionType) and obj.__module__ == config.__name__:
-            functions.append((name, obj))
-        elif isinstance(obj, type) and obj.__module__ == config.__name__:
-            for attr, member in vars(obj).items():
-                member = member.__func__ if isinstance(member, (classmethod, staticmethod)) else member
-                if isinstance(member, types.FunctionType):
-                    functions.append((f"{name}.{attr}", member))
-    want = [_outcome(s) for s in seeds]
-    for name, fn in functions:
-        plain = fn.__code__
-        fn.__code__ = patch_code(plain, True)
-        if [_outcome(s) for s in seeds] != want:
-            fn.__code__ = plain
-            print(f"fuzz_config: {name} left uninstrumented (atheris changes what it does)", file=sys.stderr)
-
-
 def replay(paths: list[str]) -> int:
-    files = _files(paths)
-    for f in files:
+    inputs = files(paths)
+    for f in inputs:
         test_one_input(f.read_bytes())
-    print(f"replayed {len(files)} inputs")
+    print(f"replayed {len(inputs)} inputs")
     return 0
 
 
@@ -93,8 +61,10 @@ def main() -> None:
         sys.exit(replay(sys.argv[2:]))
     import atheris
 
-    seeds = [f.read_bytes() for f in _files([a for a in sys.argv[1:] if not a.startswith("-")])]
-    instrument(seeds)
+    import openinfer.config
+
+    seeds = [f.read_bytes() for f in files([a for a in sys.argv[1:] if not a.startswith("-")])]
+    instrument([openinfer.config], seeds, _outcome, "fuzz_config")
     atheris.Setup(sys.argv, test_one_input)
     atheris.Fuzz()
 

@@ -2,7 +2,8 @@
 # Runs each fuzz target named on the command line for FUZZ_SECONDS on its seed corpus
 # (tests/fuzz/corpus/<target>/, read only; what the fuzzer adds goes to a scratch directory
 # under $FUZZ_OUT/work), then prints a table of executions per target. The C targets must be
-# built in $FUZZ_OUT already (make fuzz does that); fuzz_config runs under atheris with $PY.
+# built in $FUZZ_OUT already (make fuzz does that); the Python targets (tests/fuzz/*.py) run
+# under atheris with $PY.
 # Exits non-zero when a target finds a crash, a leak, a timeout or an out-of-memory: the
 # input is saved as $FUZZ_OUT/crash-<target>-... and the fuzzer's report is in
 # $FUZZ_OUT/<target>.log.
@@ -22,13 +23,16 @@ for target in "$@"; do
   log=$FUZZ_OUT/$target.log
   rm -rf "$work" && mkdir -p "$work"
   echo "fuzz: $target for ${FUZZ_SECONDS}s (log: $log)"
-  if [ "$target" = fuzz_config ]; then
-    cmd=(env PYTHONPATH=python "$PY" tests/fuzz/fuzz_config.py)
+  tmp=$FUZZ_OUT/tmp/$target  # a Python target's scratch files: libFuzzer's exit skips its atexit
+  rm -rf "$tmp" && mkdir -p "$tmp"
+  if [ -f "tests/fuzz/$target.py" ]; then
+    cmd=(env PYTHONPATH=python TMPDIR="$tmp" "$PY" "tests/fuzz/$target.py")
   else
     cmd=("$FUZZ_OUT/$target")
   fi
   "${cmd[@]}" "${COMMON[@]}" -artifact_prefix="$FUZZ_OUT/crash-$target-" "$work" "$corpus" >"$log" 2>&1
   rc=$?
+  rm -rf "$tmp"
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
   cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1)
