@@ -211,8 +211,8 @@ BAD = [
                            "input_data_type set"),
     (sample("w", data='input_data_file: "missing.bin"'), "model_warmup[0] 'w' input 'X': cannot read "
                                                          "input_data_file"),
-    (sample("w", data='input_data_file: "../../../../etc/passwd"'), "input_data_file '../../../../etc/passwd' must "
-                                                                   "be a file name inside the model's warmup/ directory"),
+    (sample("w", data='input_data_file: "../../../../etc/passwd"'),
+     "input_data_file '../../../../etc/passwd' must be a file name inside the model's warmup/ directory"),
     (sample("w", data='input_data_file: "/etc/passwd"'), "input_data_file '/etc/passwd' must be a file name inside"),
     (sample("w", data='input_data_file: "link.bin"'), "input_data_file 'link.bin' leads outside the model's warmup/ "
                                                       "directory (through a symbolic link)"),

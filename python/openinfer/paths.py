@@ -112,7 +112,8 @@ def configured(config: dict[str, Any]) -> Iterator[tuple[str, object, str, bool]
     for i, state in enumerate((config.get("sequence_batching") or {}).get("state") or []):
         for j, init in enumerate(state.get("initial_state") or []):
             if init.get("data_file"):
-                yield f"sequence_batching.state[{i}].initial_state[{j}].data_file", init["data_file"], "initial_state", False
+                field = f"sequence_batching.state[{i}].initial_state[{j}].data_file"
+                yield field, init["data_file"], "initial_state", False
     accelerators = (config.get("optimization") or {}).get("execution_accelerators") or {}
     for kind in ("gpu_execution_accelerator", "cpu_execution_accelerator"):
         for i, accel in enumerate(accelerators.get(kind) or []):
