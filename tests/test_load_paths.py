@@ -370,3 +370,20 @@ def test_accelerator_parameters_that_run_code_are_refused(
     assert status == BAD[protocol], message
     assert (f"optimization.execution_accelerators.gpu_execution_accelerator[0].parameters['{key}'] is not "
             f"accepted: it {why}") in message
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("filename,platform", [("model.pt2", "torch_aoti"), ("model.pt2", "pytorch_libtorch"),
+                                               ("model.pt", "torch_aoti")])
+def test_an_uploaded_pt2_package_is_not_loaded(
+    layout: Layout, server: openinfer.Server, protocol: str, filename: str, platform: str
+) -> None:
+    # A PT2 (AOTInductor) package holds a shared library that loading it runs: uploaded, it would
+    # run as the server's own code, as a model.py would.
+    config = json.dumps({"platform": platform, "default_model_filename": filename,
+                         **{k: v for k, v in CONFIG.items() if k in ("input", "output")}})
+    status, message = _load(protocol, server, f"pt2_{protocol}", config, {f"file:1/{filename}": b"PK\3\4 not a zip"})
+    assert status == BAD[protocol], message
+    assert (f"version 1 is at UNAVAILABLE state: {filename}: a PT2 package sent with the load request is not "
+            "loaded (its compiled library would run as the server's own code); put PT2 packages in the model "
+            "repository") in message

@@ -334,7 +334,7 @@ class ModelControl:
                 entries = [e for e in entries if not self._steps_left_out(e)]
         elif files is not None and model_dir is not None:
             entries = scan_model(
-                model_dir, name=name, config=override, allow_python=False, loading=loading
+                model_dir, name=name, config=override, allow_code=False, loading=loading
             )
         elif name in self._given:
             entries = [_given_entry(name, m) for m in self._given[name]]

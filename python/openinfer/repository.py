@@ -114,13 +114,14 @@ def scan_model(
     *,
     name: str | None = None,
     config: ModelConfig | None = None,
-    allow_python: bool = True,
+    allow_code: bool = True,
     loading: Callable[[list[int]], None] | None = None,
 ) -> list[LoadedModel]:
     """Loads the versions of one model directory that its version policy selects, as `scan`
     does, under `name` (default: the directory's name). `config` replaces the directory's
-    config.pbtxt (a load request's override). Without `allow_python`, a version that would run
-    a model.py fails instead (files that came over the network are never executed as Python).
+    config.pbtxt (a load request's override). Without `allow_code`, a version whose model file
+    is code (a model.py, or a PT2 package, whose shared library runs when loaded) fails instead:
+    files that came over the network are never executed as the server's own code.
     `loading` hears the versions about to load, before the slow part starts."""
     name = name or model_dir.name
     config_path = model_dir / "config.pbtxt"
@@ -185,7 +186,7 @@ def scan_model(
             loaded.append(LoadedModel(name, version, _ensemble(name, version, config, steps), None, raw))
             continue
         try:
-            model = _load_version(name, version, versions[version], config, allow_python, seq)
+            model = _load_version(name, version, versions[version], config, allow_code, seq)
         except _LoadError as e:
             loaded.append(failed(version, str(e)))
         else:
@@ -226,7 +227,7 @@ def read_labels(model_dir: Path, config: ModelConfig) -> dict[str, bytes]:
 
 
 def _load_version(
-    name: str, version: int, version_dir: Path, config: ModelConfig | None, allow_python: bool = True,
+    name: str, version: int, version_dir: Path, config: ModelConfig | None, allow_code: bool = True,
     sequence: SequenceBatching | None = None,
 ) -> Model | TorchModel | OnnxModel | IdentityModel:
     """Dispatches on the backend the config names, else on the model file present."""
@@ -263,12 +264,17 @@ def _load_version(
             raise _LoadError(f"{version_dir} holds no {listed}")
         path = found[0]
     if path.suffix == ".py":
-        if not allow_python:
+        if not allow_code:
             raise _LoadError(
                 f"{path.name}: a Python model sent with the load request is not run (it would "
                 "execute as the server's own code); put Python models in the model repository"
             )
         return _load_python(name, version, path, config)
+    if _is_package(path, config) and not allow_code:
+        raise _LoadError(
+            f"{path.name}: a PT2 package sent with the load request is not loaded (its compiled library "
+            "would run as the server's own code); put PT2 packages in the model repository"
+        )
     if backend in _ONNX_BACKENDS or path.suffix == ".onnx":
         return _load_onnx(name, version, path, config, sequence)
     if path.suffix in (".pt", ".pth", ".pt2"):
@@ -280,7 +286,7 @@ def _load_torchscript(
     name: str, version: int, path: Path, config: ModelConfig | None, sequence: SequenceBatching | None = None
 ) -> TorchModel:
     try:
-        if path.suffix == ".pt2" or (config is not None and config.platform == "torch_aoti"):
+        if _is_package(path, config):
             return load_package(name, version, path, config, sequence)
         return load_torchscript(name, version, path, config, sequence)
     except TorchUnavailable as e:
@@ -289,6 +295,11 @@ def _load_torchscript(
         raise _LoadError(f"{path}: {e}" if str(path) not in str(e) else str(e)) from None
     except (TypeError, ValueError) as e:
         raise _LoadError(f"{path}: {e}") from None
+
+
+def _is_package(path: Path, config: ModelConfig | None) -> bool:
+    """Whether the model file is loaded as a PT2 AOTInductor package (a shared library inside)."""
+    return path.suffix == ".pt2" or (config is not None and config.platform == "torch_aoti")
 
 
 def _load_onnx(
