@@ -34,7 +34,7 @@ import peers as PEERS  # noqa: E402
 NAME = "s5_json_codec"
 T = "s5"
 DRIVER_SRC = C.BENCH_DIR / "c" / "json_codec_bench.c"
-CODEC_SOURCES = ["csrc/core/buf.c", "csrc/core/dtype.c", "csrc/core/status.c",
+CODEC_SOURCES = ["csrc/core/buf.c", "csrc/core/budget.c", "csrc/core/dtype.c", "csrc/core/status.c",
                  "csrc/core/tensor.c", "csrc/codec/json.c", "csrc/codec/num.c"]
 DTYPES = ("FP32", "INT64")
 

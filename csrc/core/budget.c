@@ -76,7 +76,7 @@ static size_t cgroup_bytes(const char *path)
  * of the mount's root cgroup, which is the container's inside one; 0 when none. */
 static size_t cgroup_memory_limit(void)
 {
-    char text[4096], path[PATH_MAX + 64];
+    char text[4096], path[sizeof(text) + 64]; /* a cgroup path is at most a line of text */
     FILE *f = fopen("/proc/self/cgroup", "r");
     if (f == NULL)
         return 0;

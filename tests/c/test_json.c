@@ -956,7 +956,8 @@ static void test_shared_memory(void)
     oi_slice_t none = {NULL, 0};
     CHECK(oi_json_param(none, "a", &v, buf, sizeof(buf)) == 0 && v.kind == OI_JSON_PARAM_ABSENT);
 
-    /* An output placed in shared memory: metadata and where it went, no data, whatever `binary`. */
+    /* An output placed in shared memory: its name, datatype and shape alone, as tritonserver
+     * answers (no data, whatever `binary`, and no parameters). */
     oi_buf_t *b = oi_buf_new(8);
     b->len = 8;
     oi_tensor_t t = {.name = "o", .dtype = OI_TYPE_INT32, .ndim = 2, .shape = {1, 2}, .data = b->data,
@@ -967,8 +968,7 @@ static void test_shared_memory(void)
     oi_status_t *st = oi_json_encode_infer_response(&out, "m", NULL, NULL, &resp, bin);
     oi_sbuf_append(&out, "", 1);
     CHECKF(st == NULL && strcmp(out.data, "{\"model_name\":\"m\",\"outputs\":[{\"name\":\"o\",\"datatype\":\"INT32\","
-                                          "\"shape\":[1,2],\"parameters\":{\"shared_memory_region\":\"reg\\\"x\","
-                                          "\"shared_memory_byte_size\":8,\"shared_memory_offset\":64}}]}") == 0,
+                                          "\"shape\":[1,2]}]}") == 0,
            "%s", out.data);
     oi_status_free(st);
     oi_sbuf_free(&out);
