@@ -379,7 +379,7 @@ def test_json_config_reads_as_the_same_config_as_pbtxt() -> None:
         ("{nope", "config override: not valid JSON"),
         ("[1]", "config override: expected a JSON object, got list"),
         ('{"max_batch_size": "eight"}', "max_batch_size must be a single integer"),
-        ('{"input": [{"name": "x", "data_type": "TYPE_FP32", "dims": ["three"]}]}', "expected an integer, got 'three'"),
+        ('{"input": [{"name": "x", "data_type": "TYPE_FP32", "dims": ["three"]}]}', "input 'x': dims must hold integers, got 'three'"),
         ('{"input": [{"name": "x", "data_type": "TYPE_FLOAT", "dims": [1]}]}', "data_type must be one of"),
         ('{"maxBatchSize": 1, "max_batch_size": 2}', "field 'max_batch_size' is given twice"),
         ('{"name": null}', "null is not a value"),

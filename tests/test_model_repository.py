@@ -273,6 +273,28 @@ def infer_double(http: thttp.InferenceServerClient) -> list[float]:
 
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
 @pytest.mark.filterwarnings("ignore:`torch.jit.*` is deprecated:DeprecationWarning")
+def test_overrides_as_tritons_examples_send_them(explicit: openinfer.Server) -> None:
+    """Triton's simple_{http,grpc}_model_control.py send integers as strings
+    ({"max_batch_size":"16"}: protobuf's JSON mapping allows it for every integer field), and a
+    file name with a leading '/' is inside the model directory, as tritonserver joins it."""
+    http, grpc = clients(explicit)
+    model = scripted_double()
+    config = {**DOUBLE_CONFIG, "max_batch_size": "0", "instance_group": [{"count": "2", "kind": "KIND_CPU"}]}
+    http.load_model("double", config=json.dumps(config), files={"file:/1/model.pt": model})
+    assert infer_double(http) == [3.0, -4.0, 8.0]
+    assert http.get_model_config("double")["instance_group"][0]["count"] == 2
+    config["max_batch_size"] = "16"
+    config["input"] = [{**DOUBLE_CONFIG["input"][0], "dims": ["-1"]}]
+    config["output"] = [{**DOUBLE_CONFIG["output"][0], "dims": ["-1"]}]
+    grpc.load_model("double", config=json.dumps(config), files={"file:/2/model.pt": model})
+    assert http.get_model_config("double")["max_batch_size"] == 16
+    with pytest.raises(InferenceServerException, match="max_batch_size must be a single integer, got 'sixteen'"):
+        grpc.load_model("double", config=json.dumps({**config, "max_batch_size": "sixteen"}))
+    http.unload_model("double")
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+@pytest.mark.filterwarnings("ignore:`torch.jit.*` is deprecated:DeprecationWarning")
 def test_load_torchscript_from_files_over_http_and_grpc(explicit: openinfer.Server) -> None:
     http, grpc = clients(explicit)
     model = scripted_double()
@@ -560,8 +582,8 @@ def test_bad_load_requests_are_refused_and_change_nothing(explicit: openinfer.Se
          "load parameter 'file:1/model.pt' is not valid base64"),
         ("models/value/load", {"parameters": {"config": "{}", "file:../../etc/x": "AAAA"}}, 400,
          "Invalid file parameter 'file:../../etc/x': the path must stay within the model directory"),
-        ("models/value/load", {"parameters": {"config": "{}", "file:/tmp/x": "AAAA"}}, 400,
-         "Invalid file parameter 'file:/tmp/x'"),
+        ("models/value/load", {"parameters": {"config": "{}", "file://1/model.pt": "AAAA"}}, 400,
+         "Invalid file parameter 'file://1/model.pt'"),
         ("models/value/load", {"parameters": {"config": "{}", "file:1/model.py": "AAAA"}}, 400,
          "Python files sent with a load are not run"),
         ("models/value/load", {"parameters": {"file:1/model.pt": "AAAA"}}, 400,

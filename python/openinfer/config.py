@@ -624,7 +624,15 @@ def _parameters(entries: list[dict[str, Value]], source: str) -> dict[str, str]:
 
 # ModelConfig fields of protobuf type int64/uint64, which protobuf's JSON mapping may write as
 # strings ("dims": ["16"]); every other integer is a JSON number.
-_INT64_FIELDS = frozenset({"dims", "shape", "versions", "max_queue_delay_microseconds"})
+# Every integer field of model_config.proto: protobuf's JSON mapping takes each as a number
+# or as a decimal string (Triton's model-control examples send {"max_batch_size": "16"}).
+_INT_FIELDS = frozenset({
+    "batch_size", "count", "default_priority_level", "default_timeout_microseconds", "device_id", "dim", "dims",
+    "gather_kernel_buffer_threshold", "gpus", "int32_false_true", "level", "max_batch_size",
+    "max_candidate_sequences", "max_inflight_requests", "max_queue_delay_microseconds", "max_queue_size",
+    "max_sequence_idle_microseconds", "model_version", "num_versions", "preferred_batch_size", "priority",
+    "priority_levels", "shape", "versions",
+})
 # Protobuf maps, which JSON writes as objects; the text format (and so `parse`) as repeated
 # {key, value} messages.
 _MAP_FIELDS = frozenset({"parameters"})
@@ -703,11 +711,8 @@ def _from_json(value: Any, where: str, key: str = "") -> Any:
         return [_from_json(v, where, key) for v in value]
     if value is None:
         raise ConfigError(f"{where}: null is not a value")
-    if key in _INT64_FIELDS and isinstance(value, str):
-        try:
-            return int(value)
-        except ValueError:
-            raise ConfigError(f"{where}: expected an integer, got {value!r}") from None
-    if isinstance(value, float) and value.is_integer() and key in _INT64_FIELDS:
+    if key in _INT_FIELDS and isinstance(value, str) and re.fullmatch(r"-?[0-9]+", value):
+        return int(value)  # anything else is left for the field's own check to word
+    if isinstance(value, float) and value.is_integer() and key in _INT_FIELDS:
         return int(value)
     return value

@@ -830,12 +830,13 @@ def _unload_params(body: bytes | None, params: dict[str, Any] | None, max_depth:
 
 def _file_parts(path: str) -> list[str]:
     """The components of a file parameter's path, which must name a file inside the model
-    directory: relative, no '.' or '..' components, no empty ones, each a valid file name."""
-    parts = path.split("/")
+    directory: no '.' or '..' components, no empty ones, each a valid file name. A leading '/'
+    is the model directory, as tritonserver joins it (`file:/1/model.onnx` is `1/model.onnx`)."""
     shown = paths.printable(path)
+    path = path[1:] if path.startswith("/") else path
+    parts = path.split("/")
     if (
         not path
-        or path.startswith("/")
         or "\0" in path
         or "\\" in path
         or any(p in ("", ".", "..") for p in parts)
@@ -843,7 +844,7 @@ def _file_parts(path: str) -> list[str]:
         raise InferenceServerError(
             400,
             f"Invalid file parameter 'file:{shown}': the path must stay within the model "
-            "directory (relative, with no '.', '..' or empty components)",
+            "directory (no '.', '..' or empty components)",
         )
     try:
         too_long = any(len(p.encode("utf-8")) > _NAME_MAX for p in parts)
