@@ -163,7 +163,7 @@ def test_statuses_map_like_http(client: Client) -> None:
     cases = [
         (lambda: client.infer("nope", {"X": np.zeros(1)}), 404, "Request for unknown model: 'nope' is not found"),
         (lambda: client.model_metadata("simple", "9"), 404, "version"),
-        (lambda: client.infer("simple", {"INPUT0": SIMPLE_A}), 400, "missing input 'INPUT1'"),
+        (lambda: client.infer("simple", {"INPUT0": SIMPLE_A}), 400, "but missing required input(s) ['INPUT1']"),
         (lambda: client.infer("simple", {"INPUT0": SIMPLE_A, "INPUT1": np.ones((1, 15), np.int32)}), 400, "shape"),
         (lambda: client.infer("raises", {"INPUT0": np.zeros(1, np.int32)}), 500, "refuses negative numbers"),
         (lambda: client.infer("wrong_dtype", {"INPUT0": np.zeros(1, np.int32)}), 500, "OUTPUT0"),
@@ -498,7 +498,7 @@ def test_stream_errors_at_their_position_and_the_stream_goes_on(client: Client) 
     assert next(it)["OUTPUT0"][0, 0] == 1
     with pytest.raises(InferenceServerError) as e:
         next(it)
-    assert "missing input 'INPUT1'" in e.value.message and e.value.status == 500
+    assert "but missing required input(s) ['INPUT1']" in e.value.message and e.value.status == 500
     assert next(it)["OUTPUT0"][0, 0] == 3
     with pytest.raises(ValueError, match="no V2 datatype"):  # never sent: its own error
         next(it)

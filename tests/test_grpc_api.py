@@ -301,7 +301,7 @@ def test_infer_errors(stub: Any, grpc_stubs: Any, server: openinfer.Server) -> N
                        [("INPUT0", "INT32", [1], one)], raw_input_contents=[one]),
          grpc.StatusCode.INVALID_ARGUMENT, "raw_input_contents has 2 entries for 1 inputs"),
         (infer_request(pb, "echo_int32", [("INPUT0", "INT32", [1], None)][:0]),
-         grpc.StatusCode.INVALID_ARGUMENT, "missing input 'INPUT0'"),
+         grpc.StatusCode.INVALID_ARGUMENT, "but missing required input(s) ['INPUT0']"),
         (infer_request(pb, "raises", [("INPUT0", "INT32", [1], one)]), grpc.StatusCode.INTERNAL,
          "the model refuses negative numbers"),
         (infer_request(pb, "client_error", [("INPUT0", "INT32", [1], one)]), grpc.StatusCode.INVALID_ARGUMENT,

@@ -195,7 +195,9 @@ def test_malformed_requests(url: str, body: bytes, fragment: str) -> None:
 def test_request_vs_model_declaration(url: str) -> None:
     a = list(range(16))
     cases = [
-        ({"inputs": simple_inputs(a, a)[:1]}, "missing input 'INPUT1' for model 'simple'"),
+        ({"inputs": simple_inputs(a, a)[:1]},  # Triton's words (infer_request.cc), exactly
+         "[request id: <id_unknown>] expected 2 inputs but got 1 inputs for model 'simple'. Got input(s) "
+         "['INPUT0'], but missing required input(s) ['INPUT1']. Please provide all required input(s)."),
         ({"inputs": simple_inputs(a, a) + [{"name": "EXTRA", "shape": [1], "datatype": "INT32", "data": [1]}]},
          "unexpected input 'EXTRA' for model 'simple'; its inputs are: INPUT0, INPUT1"),
         ({"inputs": simple_inputs(a, a) + simple_inputs(a, a)[:1]}, "duplicate input 'INPUT0'"),

@@ -151,7 +151,8 @@ def test_bad_requests_are_refused_by_name(server: openinfer.Server, protocol: st
     wrong.set_data_from_numpy(np.zeros((2, 3), np.int32))
     with pytest.raises(InferenceServerException, match=r"input 'INPUT0': expected datatype FP32, got INT32"):
         client.infer("identity", [wrong, ins[1], ins[2]])
-    with pytest.raises(InferenceServerException, match=r"missing input 'INPUT2' for model 'identity'"):
+    missing = r"Got input\(s\) \['INPUT0','INPUT1'\], but missing required input\(s\) \['INPUT2'\]"
+    with pytest.raises(InferenceServerException, match=missing):
         client.infer("identity", ins[:2])
     bad = mod.InferInput("INPUT2", [2, 5], "INT64")
     bad.set_data_from_numpy(np.zeros((2, 5), np.int64))

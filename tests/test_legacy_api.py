@@ -378,7 +378,7 @@ BAD = [
     ("batch too large", SIMPLE_HEADER.replace("batch_size: 1", "batch_size: 9"), simple_body(9), "batch_size"),
     ("batch zero", SIMPLE_HEADER.replace("batch_size: 1", "batch_size: 0"), b"", "batch_size"),
     ("unknown input", 'batch_size: 1 input { name: "X" }', simple_body(), "unexpected inference input 'X'"),
-    ("missing input", 'batch_size: 1 input { name: "INPUT0" }', simple_body()[:64], "missing input 'INPUT1'"),
+    ("missing input", 'batch_size: 1 input { name: "INPUT0" }', simple_body()[:64], "but missing required input(s) ['INPUT1']"),
     ("cls of strings", 'batch_size: 1 input { name: "INPUT0" } input { name: "INPUT1" } '
      'output { name: "OUTPUT0" cls { count: 1 } }', None, "unsupported type 'BYTES'"),
 ]

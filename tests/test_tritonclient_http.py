@@ -86,7 +86,7 @@ def test_async_infer_many_connections(triton) -> None:
 def test_errors_carry_status(triton) -> None:
     with pytest.raises(InferenceServerException) as e:
         triton.infer("simple", simple_inputs(True)[:1])
-    assert e.value.status() == "400" and "missing input 'INPUT1'" in e.value.message()
+    assert e.value.status() == "400" and "but missing required input(s) ['INPUT1']" in e.value.message()
     with pytest.raises(InferenceServerException) as e:
         triton.get_model_metadata("nope")
     assert e.value.status() == "404"

@@ -64,6 +64,46 @@ static oi_status_t *class_count(const oi_io_spec_t *spec, const oi_output_reques
     return oi_classify_check_dtype(spec->dtype, o->name);
 }
 
+/* Appends 'name' to a Python-style list being built in buf ("['A','B']" once closed). */
+static size_t list_add(char *buf, size_t cap, size_t k, const char *name)
+{
+    if (k < cap)
+        k += (size_t)snprintf(buf + k, cap - k, "%s'%s'", k > 1 ? "," : "", name);
+    return k;
+}
+
+static int has_input(const oi_request_t *req, const char *name)
+{
+    for (uint32_t j = 0; j < req->n_inputs; j++)
+        if (strcmp(req->inputs[j].name, name) == 0)
+            return 1;
+    return 0;
+}
+
+/* A request lacking inputs, in Triton's words (infer_request.cc), request id first. Every
+ * declared input is required (optional inputs are refused at load). */
+static oi_status_t *missing_inputs(const oi_model_t *m, const oi_request_t *req)
+{
+    char got[512] = "[", missing[512] = "[";
+    size_t g = 1, k = 1;
+    for (uint32_t i = 0; i < m->n_inputs; i++)
+        if (!has_input(req, m->inputs[i].name))
+            k = list_add(missing, sizeof(missing) - 1, k, m->inputs[i].name);
+    if (k == 1)
+        return NULL;
+    for (uint32_t j = 0; j < req->n_inputs; j++)
+        g = list_add(got, sizeof(got) - 1, g, req->inputs[j].name);
+    strcat(got, "]"); /* room kept: the lists were built one byte short */
+    strcat(missing, "]");
+    int with_id = req->id != NULL && req->id_len > 0;
+    return oi_status_new(OI_BAD_REQUEST,
+                         "[request id: %.*s] expected %u inputs but got %u inputs for model '%s'. Got input(s) %s, "
+                         "but missing required input(s) %s. Please provide all required input(s).",
+                         with_id ? (int)(req->id_len < 256 ? req->id_len : 256) : 12,
+                         with_id ? req->id : "<id_unknown>",
+                         m->n_inputs, req->n_inputs, m->name, got, missing);
+}
+
 oi_status_t *oi_validate_request(const oi_model_t *m, const oi_request_t *req, const char ***names, uint32_t *n,
                                  uint32_t **classes)
 {
@@ -85,14 +125,9 @@ oi_status_t *oi_validate_request(const oi_model_t *m, const oi_request_t *req, c
             return oi_status_new(OI_BAD_REQUEST, "input '%s': batch size (first dimension) must be 1 to %d, got %lld",
                                  t->name, m->max_batch_size, (long long)t->shape[0]);
     }
-    for (uint32_t i = 0; i < m->n_inputs; i++) {
-        int present = 0;
-        for (uint32_t j = 0; j < req->n_inputs && !present; j++)
-            present = strcmp(req->inputs[j].name, m->inputs[i].name) == 0;
-        if (!present)
-            return oi_status_new(OI_BAD_REQUEST, "missing input '%s' for model '%s'; its inputs are: %s",
-                                 m->inputs[i].name, m->name, list_names(m->inputs, m->n_inputs, list, sizeof(list)));
-    }
+    oi_status_t *st_missing = missing_inputs(m, req);
+    if (st_missing != NULL)
+        return st_missing;
     if (m->max_batch_size > 0) {
         for (uint32_t i = 1; i < req->n_inputs; i++)
             if (req->inputs[i].shape[0] != req->inputs[0].shape[0])
