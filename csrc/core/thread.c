@@ -4,14 +4,41 @@
 
 #include "core/thread.h"
 
+#include <errno.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* What a new thread runs first: it names itself before anything else, so that a thread it
+ * starts at once (libuv's pool, started from oi-work) inherits that name, not its creator's
+ * (the creator's naming below can come after that). The creator names it too, so that the
+ * name shows as soon as oi_thread_create returns, whenever the new thread first runs. */
+typedef struct {
+    void *(*fn)(void *);
+    void *arg;
+    char name[16]; /* the kernel keeps 15 characters */
+} named_start_t;
+
+static void *named_start(void *p)
+{
+    named_start_t s = *(named_start_t *)p;
+    free(p);
+#if defined(__linux__)
+    pthread_setname_np(pthread_self(), s.name);
+#endif
+    return s.fn(s.arg);
+}
+
 int oi_thread_create(pthread_t *t, const char *name, void *(*fn)(void *), void *arg, int detached)
 {
+    named_start_t *start = malloc(sizeof(*start));
+    if (start == NULL)
+        return ENOMEM;
+    start->fn = fn;
+    start->arg = arg;
+    snprintf(start->name, sizeof(start->name), "%s", name);
     sigset_t all, old;
     sigfillset(&all);
     /* Faults stay deliverable: blocked, they kill the process without running a handler,
@@ -21,17 +48,16 @@ int oi_thread_create(pthread_t *t, const char *name, void *(*fn)(void *), void *
     sigdelset(&all, SIGFPE);
     sigdelset(&all, SIGILL);
     pthread_sigmask(SIG_BLOCK, &all, &old); /* the new thread inherits the mask */
-    int rc = pthread_create(t, NULL, fn, arg);
+    int rc = pthread_create(t, NULL, named_start, start);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (rc != 0)
+    if (rc != 0) {
+        free(start);
         return rc;
-    /* Named while still joinable, so the handle is valid even if the thread has ended. */
+    }
 #if defined(__linux__)
-    char short_name[16]; /* the kernel keeps 15 characters */
+    char short_name[16];
     snprintf(short_name, sizeof(short_name), "%s", name);
-    pthread_setname_np(*t, short_name);
-#else
-    (void)name;
+    pthread_setname_np(*t, short_name); /* while still joinable: the handle is valid */
 #endif
     if (detached)
         pthread_detach(*t);
