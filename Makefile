@@ -119,7 +119,7 @@ FUZZ_PROTO_OBJ += $(FUZZ_LEGACY:%=$(FUZZ_OUT)/obj/proto/legacy/%.pb-c.o)
 .SECONDARY: $(FUZZ_PROTO_H) $(FUZZ_PROTO_H:.h=.c)
 # Everything below the Python bindings and the backends, as one archive: each target links
 # only what it uses (a codec target gets no transport).
-FUZZ_LIB_SRC := $(wildcard csrc/core/*.c csrc/codec/*.c csrc/transport/*.c csrc/server/*.c)
+FUZZ_LIB_SRC := $(wildcard csrc/core/*.c csrc/codec/*.c csrc/transport/*.c csrc/server/*.c csrc/server/*/*.c)
 FUZZ_LIB_OBJ := $(patsubst csrc/%.c,$(FUZZ_OUT)/obj/%.o,$(FUZZ_LIB_SRC)) \
 	$(FUZZ_PROTO_OBJ) $(FUZZ_OUT)/obj/llhttp/api.o \
 	$(FUZZ_OUT)/obj/llhttp/http.o $(FUZZ_OUT)/obj/llhttp/llhttp.o
@@ -136,7 +136,7 @@ $(FUZZ_OUT)/obj/proto/%.pb-c.o: $(FUZZ_OUT)/proto/%.pb-c.c $(FUZZ_PROTO_H)
 	mkdir -p $(@D) && $(FUZZ_CC) -g -O1 $(FUZZ_SAN) -I$(FUZZ_OUT)/proto -c $< -o $@
 $(FUZZ_OUT)/obj/llhttp/%.o: /usr/share/llhttp/%.c
 	mkdir -p $(@D) && $(FUZZ_CC) -g -O1 $(FUZZ_SAN) -I/usr/share/include/llhttp -c $< -o $@
-$(FUZZ_OUT)/obj/%.o: csrc/%.c $(wildcard csrc/*/*.h) $(FUZZ_PROTO_H)
+$(FUZZ_OUT)/obj/%.o: csrc/%.c $(wildcard csrc/*/*.h csrc/*/*/*.h) $(FUZZ_PROTO_H)
 	mkdir -p $(@D) && $(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
 $(FUZZ_OUT)/libopeninfer_fuzz.a: $(FUZZ_LIB_OBJ)
 	rm -f $@ && ar rcs $@ $^

@@ -3,9 +3,9 @@
 #ifndef OI_SERVER_SERVER_H
 #define OI_SERVER_SERVER_H
 
-#include "server/metrics.h"
-#include "server/registry.h"
-#include "server/repository.h"
+#include "server/observe/metrics.h"
+#include "server/models/registry.h"
+#include "server/models/repository.h"
 #include "transport/http1.h"
 #include "transport/http2.h"
 
