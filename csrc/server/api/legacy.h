@@ -4,8 +4,8 @@
  * InferResponseHeader. The routes are legacy_http.c (/api/...) and legacy_grpc.c
  * (GRPCService); everything underneath (registry, scheduler, backends, statistics,
  * classification) is V2's. */
-#ifndef OI_SERVER_LEGACY_H
-#define OI_SERVER_LEGACY_H
+#ifndef OI_SERVER_API_LEGACY_H
+#define OI_SERVER_API_LEGACY_H
 
 #include "legacy/grpc_service.pb-c.h"
 #include "server/classify.h"

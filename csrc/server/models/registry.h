@@ -1,8 +1,8 @@
 /* Served models by name and numeric version, each with its I/O declaration, metadata and
  * scheduler. Read by every loop thread; written at start-up and by model loads and unloads,
  * which swap entries under a read-write lock while requests go on. */
-#ifndef OI_SERVER_REGISTRY_H
-#define OI_SERVER_REGISTRY_H
+#ifndef OI_SERVER_MODELS_REGISTRY_H
+#define OI_SERVER_MODELS_REGISTRY_H
 
 #include <pthread.h>
 #include <stdatomic.h>

@@ -3,8 +3,8 @@
  * handler given to oi_server_set_repository); this module runs each call on a control thread
  * of its own, since loading a model can take seconds and a loop thread never waits, and brings
  * the outcome back to the loop thread that asked. */
-#ifndef OI_SERVER_REPOSITORY_H
-#define OI_SERVER_REPOSITORY_H
+#ifndef OI_SERVER_MODELS_REPOSITORY_H
+#define OI_SERVER_MODELS_REPOSITORY_H
 
 #include <stddef.h>
 #include <stdint.h>

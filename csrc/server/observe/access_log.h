@@ -3,8 +3,8 @@
  * a writer thread of its own formats the lines and writes them. When the writer falls behind
  * and the queue is full, the record is dropped and counted, and the writer notes the count in
  * the log, so the loops never wait on the disk or on a pipe nobody reads. */
-#ifndef OI_SERVER_ACCESS_LOG_H
-#define OI_SERVER_ACCESS_LOG_H
+#ifndef OI_SERVER_OBSERVE_ACCESS_LOG_H
+#define OI_SERVER_OBSERVE_ACCESS_LOG_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,11 +1,12 @@
-/* Per model version inference statistics (Triton's statistics extension and the per-model
- * Prometheus metrics are both read from here). Counting happens where the work does, on the
+/* The counters written on the hot path: per model version inference statistics (Triton's
+ * statistics extension, observe/statistics.c, and the per-model Prometheus metrics are both
+ * read from here). Counting happens where the work does, on the
  * executor threads: each executor owns one slot and is its only writer, so the hot path takes
  * no lock and no locked instruction; readers (the statistics and metrics endpoints) add the
  * slots up. Requests failed off the executors (queued jobs at shutdown) go to one shared slot
  * written with atomic read-modify-write. */
-#ifndef OI_SERVER_STATS_H
-#define OI_SERVER_STATS_H
+#ifndef OI_SERVER_OBSERVE_COUNTERS_H
+#define OI_SERVER_OBSERVE_COUNTERS_H
 
 #include <stdatomic.h>
 #include <stddef.h>

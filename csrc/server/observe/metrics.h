@@ -1,11 +1,11 @@
 /* Prometheus metrics in the text exposition format (version 0.0.4) with Triton's metric
  * names, help texts and labels, so that existing Triton dashboards and alerts work: per model
- * version counters read from the inference statistics (server/stats.h), the pending request
+ * version counters read from the inference statistics (server/observe/counters.h), the pending request
  * gauge, an optional first-response latency histogram, the machine's CPU utilisation and
  * memory, and GPU utilisation, memory and power through NVML where there is one. The text is
  * made only when scraped; nothing here runs on the inference path. */
-#ifndef OI_SERVER_METRICS_H
-#define OI_SERVER_METRICS_H
+#ifndef OI_SERVER_OBSERVE_METRICS_H
+#define OI_SERVER_OBSERVE_METRICS_H
 
 #include "core/buf.h"
 #include "server/models/registry.h"

@@ -1,8 +1,8 @@
 /* GPU readings for the metrics endpoint through NVML, loaded with dlopen so that the server
  * neither links against the NVIDIA driver nor needs it: without libnvidia-ml or a GPU there
  * is simply no GPU to report. */
-#ifndef OI_SERVER_NVML_H
-#define OI_SERVER_NVML_H
+#ifndef OI_SERVER_OBSERVE_NVML_H
+#define OI_SERVER_OBSERVE_NVML_H
 
 #include <stddef.h>
 #include <stdint.h>

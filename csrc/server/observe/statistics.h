@@ -2,8 +2,8 @@
  * selection and error wording) and their counters at one moment, rendered as Triton's JSON.
  * The gRPC and metrics renderings read the same collection. Off the hot path: it runs when a
  * client asks. */
-#ifndef OI_SERVER_STATISTICS_H
-#define OI_SERVER_STATISTICS_H
+#ifndef OI_SERVER_OBSERVE_STATISTICS_H
+#define OI_SERVER_OBSERVE_STATISTICS_H
 
 #include "core/buf.h"
 #include "core/status.h"

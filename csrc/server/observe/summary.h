@@ -5,8 +5,8 @@
  * log-linear buckets (16 per power of two, exact below 32 us), so a quantile is within about
  * 3% of the observed value, where Triton's prometheus-cpp summaries bound the rank error
  * instead; the window is six 10-second parts (prometheus-cpp: 60 s in five parts). */
-#ifndef OI_SERVER_SUMMARY_H
-#define OI_SERVER_SUMMARY_H
+#ifndef OI_SERVER_OBSERVE_SUMMARY_H
+#define OI_SERVER_OBSERVE_SUMMARY_H
 
 #include <stdatomic.h>
 #include <stdint.h>

@@ -5,8 +5,8 @@
  * here as one fixed-size record, queued without a lock; a writer thread of its own writes
  * the records as Triton's trace JSON. The settings are the application's (the control
  * thread sets them here); each model may have its own, else the global ones apply. */
-#ifndef OI_SERVER_TRACE_H
-#define OI_SERVER_TRACE_H
+#ifndef OI_SERVER_OBSERVE_TRACE_H
+#define OI_SERVER_OBSERVE_TRACE_H
 
 #include <stddef.h>
 #include <stdint.h>

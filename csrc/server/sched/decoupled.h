@@ -2,8 +2,8 @@
  * transport, one at a time and in order, with back-pressure: a model that produces faster than
  * its client reads is held in its `send` once the responses not yet written reach a bound, so
  * that a slow or stalled reader costs the server a bounded amount of memory. */
-#ifndef OI_SERVER_DECOUPLED_H
-#define OI_SERVER_DECOUPLED_H
+#ifndef OI_SERVER_SCHED_DECOUPLED_H
+#define OI_SERVER_SCHED_DECOUPLED_H
 
 #include <stddef.h>
 

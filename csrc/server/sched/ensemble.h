@@ -10,8 +10,8 @@
  * statistics. The graph is checked before it gets here (python/openinfer/ensemble.py); step
  * models are looked up by name at each request, so a step model reloaded or unloaded under
  * the ensemble is seen by the next request. */
-#ifndef OI_SERVER_ENSEMBLE_H
-#define OI_SERVER_ENSEMBLE_H
+#ifndef OI_SERVER_SCHED_ENSEMBLE_H
+#define OI_SERVER_SCHED_ENSEMBLE_H
 
 #include <stdint.h>
 

@@ -5,8 +5,8 @@
  * model, bounded in bytes (keys, names and tensor bytes counted); an entry larger than the
  * whole cache is not kept. Any thread: one mutex, taken only by requests to models that
  * enabled the cache. */
-#ifndef OI_SERVER_RESPONSE_CACHE_H
-#define OI_SERVER_RESPONSE_CACHE_H
+#ifndef OI_SERVER_SCHED_RESPONSE_CACHE_H
+#define OI_SERVER_SCHED_RESPONSE_CACHE_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -2,8 +2,8 @@
  * that runs compatible queued requests as one batch. Transports submit jobs and get them back
  * through the job's `done` callback, on the executor thread (or, for a quick model, on the
  * loop thread that submitted it: oi_scheduler_submit_on_loop). */
-#ifndef OI_SERVER_SCHEDULER_H
-#define OI_SERVER_SCHEDULER_H
+#ifndef OI_SERVER_SCHED_SCHEDULER_H
+#define OI_SERVER_SCHED_SCHEDULER_H
 
 #include <pthread.h>
 #include <stdatomic.h>

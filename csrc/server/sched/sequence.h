@@ -10,8 +10,8 @@
  * when it was idle longer than idle_us, or when its client has gone: a request of it was
  * cancelled, or the gRPC stream its last request came on was (then a later request for it
  * without START is refused, as Triton refuses it). */
-#ifndef OI_SERVER_SEQUENCE_H
-#define OI_SERVER_SEQUENCE_H
+#ifndef OI_SERVER_SCHED_SEQUENCE_H
+#define OI_SERVER_SCHED_SEQUENCE_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -2,8 +2,8 @@
  * served, through the path real requests take (checked against the model's declaration,
  * queued on its scheduler, batched, executed, outputs checked), so that a model that fails
  * its warm-up is never served. The samples themselves are built by the caller. */
-#ifndef OI_SERVER_WARMUP_H
-#define OI_SERVER_WARMUP_H
+#ifndef OI_SERVER_SCHED_WARMUP_H
+#define OI_SERVER_SCHED_WARMUP_H
 
 #include <stddef.h>
 

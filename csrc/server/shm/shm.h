@@ -13,8 +13,8 @@
  * reference while the region is registered, and every tensor that points into it holds one
  * (as its owner). Unregistering drops the registry's reference only, so a region in use by a
  * request stays mapped until that request is done; the last reference unmaps it. */
-#ifndef OI_SERVER_SHM_H
-#define OI_SERVER_SHM_H
+#ifndef OI_SERVER_SHM_SHM_H
+#define OI_SERVER_SHM_SHM_H
 
 #include <pthread.h>
 #include <stdint.h>

@@ -2,8 +2,8 @@
  * {"key", "offset", "byte_size"} for system memory, {"raw_handle": {"b64"}, "device_id",
  * "byte_size"} for CUDA). A pure function over the body: no I/O, no registry, so that it is
  * fuzzed on its own (tests/fuzz/fuzz_shm_register.c). */
-#ifndef OI_SERVER_SHM_BODY_H
-#define OI_SERVER_SHM_BODY_H
+#ifndef OI_SERVER_SHM_SHM_BODY_H
+#define OI_SERVER_SHM_SHM_BODY_H
 
 #include "server/shm/shm.h"
 

@@ -5,8 +5,8 @@
  * so the faulting access completes, and marks the range faulted, so the request that used it
  * can be failed. A fault anywhere else goes to the handler that was there before (Python's
  * faulthandler, or the default action). */
-#ifndef OI_SERVER_SHM_GUARD_H
-#define OI_SERVER_SHM_GUARD_H
+#ifndef OI_SERVER_SHM_SHM_GUARD_H
+#define OI_SERVER_SHM_SHM_GUARD_H
 
 #include <stdatomic.h>
 #include <stddef.h>
