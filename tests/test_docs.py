@@ -1,6 +1,6 @@
 """The documentation site builds with `mkdocs build --strict` (broken links, missing pages and
 docstrings that do not resolve are errors), and docs/config.md's support table cannot drift
-from the refuse/warn policy in openinfer.triton_config."""
+from the refuse/warn policy in openinfer._config.triton_config."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import openinfer
-from openinfer import triton_config
+from openinfer._config import triton_config
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG_MD = ROOT / "docs" / "config.md"

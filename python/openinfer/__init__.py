@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import InferenceServerError
 from .model import Model, Request, Tensor, model
-from .repository import examples_path
+from ._repository.repository import examples_path
 
 if TYPE_CHECKING:
     from .client import AsyncClient, Client

@@ -11,7 +11,7 @@ import sys
 import traceback
 
 from . import _core
-from .processes import ModelFile
+from ._backends.processes import ModelFile
 
 _JOBS_FD = 4
 _HEADER = 64  # the job area's shared header; the recipe follows it
@@ -38,7 +38,7 @@ def main(argv: list[str]) -> int:
 
 
 def _describe(e: BaseException) -> str:
-    from .repository import _LoadError
+    from ._repository.repository import _LoadError
 
     if isinstance(e, _LoadError):  # already names model.py and the line that failed
         return str(e)

@@ -22,9 +22,10 @@ from typing import Any, SupportsIndex
 
 import numpy as np
 
-from . import processes, sequence, triton_config
+from ._backends import processes
+from ._config import sequence, triton_config
 from .config import ConfigError, DynamicBatching
-from .sequence import SequenceBatching
+from ._config.sequence import SequenceBatching
 
 try:
     from ml_dtypes import bfloat16 as _bfloat16  # type: ignore[import-not-found, unused-ignore]

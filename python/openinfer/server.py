@@ -21,13 +21,13 @@ from typing import Any
 
 from . import __version__, _core, _display
 from ._net import reachable
-from .cache import cache_bytes
-from .control import DEFAULT_POLL_SECS, IndexEntry, ModelControl
-from .logsettings import LogSettings
-from .tracesettings import TraceSettings, level_mask, trace_options
+from ._control.cache import cache_bytes
+from ._control.control import DEFAULT_POLL_SECS, IndexEntry, ModelControl
+from ._control.logsettings import LogSettings
+from ._control.tracesettings import TraceSettings, level_mask, trace_options
 from .errors import InferenceServerError
 from .model import Model
-from .repository import examples_path
+from ._repository.repository import examples_path
 
 logger = logging.getLogger("openinfer")
 

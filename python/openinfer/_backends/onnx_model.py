@@ -30,9 +30,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from . import paths, triton_config
-from .config import DynamicBatching, InstanceGroup, ModelConfig, TensorConfig
-from .model import Tensor
+from .._config import paths, triton_config
+from ..config import DynamicBatching, InstanceGroup, ModelConfig, TensorConfig
+from ..model import Tensor
 from .native_model import NativeModel, count_parameter, place_instances
 
 ONNX_PLATFORM = "onnxruntime_onnx"
@@ -103,7 +103,7 @@ def ensure_runtime() -> tuple[str, int]:
     """Loads ONNX Runtime into the core (once per process); returns (version, API version).
     Raises OnnxUnavailable with what to install."""
     path = library_path()
-    from . import _core
+    from .. import _core
 
     try:
         version, api = _core.onnx_open(path)
@@ -114,7 +114,7 @@ def ensure_runtime() -> tuple[str, int]:
 
 def providers() -> list[str]:
     """The execution providers of the loaded ONNX Runtime."""
-    from . import _core
+    from .. import _core
 
     return list(json.loads(_core.onnx_providers()))
 
@@ -122,7 +122,7 @@ def providers() -> list[str]:
 def describe(spec: dict[str, Any]) -> dict[str, Any]:
     """The model's inputs and outputs as ONNX Runtime reads them (see _core.onnx_describe),
     from the first instance's session, which `spec` then carries to add_model."""
-    from . import _core
+    from .. import _core
 
     try:
         text, spec["session"] = _core.onnx_describe(spec)

@@ -30,8 +30,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from .config import ModelConfig
-from .model import Tensor
+from ..config import ModelConfig
+from ..model import Tensor
 from .native_model import count_parameter
 from .torch_model import TorchLoadError, TorchModel, _devices, _ensure_shim, _flag
 
@@ -218,7 +218,7 @@ def _probe(path: Path, device: str, inputs: list[_Input]) -> list[dict[str, Any]
     """The outputs' datatypes and shapes: one run on zeros at the smallest dynamic sizes the
     export allowed (at least 2), and, when a size is dynamic, one more at those sizes + 1;
     dimensions that differ are -1."""
-    from . import _core
+    from .. import _core
 
     def run(extra: int) -> list[dict[str, Any]]:
         sizes: dict[str, int] = {}

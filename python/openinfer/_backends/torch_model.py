@@ -24,8 +24,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .config import InstanceGroup, ModelConfig
-from .model import Tensor
+from ..config import InstanceGroup, ModelConfig
+from ..model import Tensor
 from .native_model import NativeModel, count_parameter, place_instances
 
 TORCH_PLATFORM = "pytorch_libtorch"  # Triton's name, reported for configured models
@@ -55,7 +55,7 @@ def load_torchscript(
     state inputs and returns the state outputs, matched like the declared ones. Raises
     TorchLoadError with the reason."""
     _ensure_shim()
-    from . import _core
+    from .. import _core
 
     try:
         described: dict[str, Any] = json.loads(_core.torch_describe(str(path)))
@@ -112,8 +112,8 @@ def _ensure_shim() -> None:
             f"serving TorchScript models needs torch, which cannot be imported ({e}); "
             "pip install torch"
         ) from None
-    from . import _core
-    from ._torch_build import ShimBuildError, ensure_shim
+    from .. import _core
+    from .._torch_build import ShimBuildError, ensure_shim
 
     try:
         _core.torch_open_shim(str(ensure_shim()))

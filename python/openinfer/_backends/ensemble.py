@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import ConfigError, load_config
-from .model import Tensor
+from ..config import ConfigError, load_config
+from ..model import Tensor
 
 PLATFORM = "ensemble"
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import paths
-from .config import ConfigError
+from ..config import ConfigError
 
 IDLE_DEFAULT_US = 1_000_000  # Triton's default max_sequence_idle_microseconds
 

@@ -35,8 +35,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from . import ensemble, paths, processes, triton_config, warmup
-from .config import (
+from .._backends import ensemble, processes
+from .._config import paths, triton_config
+from .._repository import warmup
+from ..config import (
     DEFAULT_MAX_JSON_DEPTH,
     ConfigError,
     DynamicBatching,
@@ -44,13 +46,13 @@ from .config import (
     check_json_depth,
     parse_json_config,
 )
-from .errors import InferenceServerError
-from .model import Model, Tensor
-from .identity_model import IdentityModel
-from .onnx_model import OnnxModel
-from .repository import _NOT_INSTALLED, LoadedModel, scan_model
-from .sequence import SequenceBatching
-from .torch_model import TorchModel
+from ..errors import InferenceServerError
+from ..model import Model, Tensor
+from .._backends.identity_model import IdentityModel
+from .._backends.onnx_model import OnnxModel
+from .._repository.repository import _NOT_INSTALLED, LoadedModel, scan_model
+from .._config.sequence import SequenceBatching
+from .._backends.torch_model import TorchModel
 
 logger = logging.getLogger("openinfer")
 
@@ -686,7 +688,7 @@ def _warm_up(entry: LoadedModel, handle: Any, model_dir: Path | None) -> str | N
 def default_max_instances() -> int:
     """max_instances when not given: four instances per usable CPU, and at least 64 (enough for
     a repository of GPU models on a host of few CPUs)."""
-    from . import _core
+    from .. import _core
 
     return max(64, 4 * int(_core.usable_cpus()))
 

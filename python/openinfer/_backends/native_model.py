@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import DynamicBatching, InstanceGroup
-from .model import Tensor
+from ..config import DynamicBatching, InstanceGroup
+from ..model import Tensor
 
 
 @dataclass(frozen=True, eq=False)

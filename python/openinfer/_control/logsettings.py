@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .control import _body_object
-from .errors import InferenceServerError
+from ..errors import InferenceServerError
 
 FORMATS = ("default", "ISO8601")
 _BOOLS = ("log_info", "log_warning", "log_error")

@@ -29,14 +29,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from . import ensemble, paths, processes, sequence, triton_config
-from .config import ConfigError, ModelConfig, VersionPolicy, load_config
-from .identity_model import IDENTITY_BACKEND, IdentityLoadError, IdentityModel, load_identity
-from .model import Model, Tensor
-from .onnx_model import ONNX_BACKEND, ONNX_PLATFORM, OnnxLoadError, OnnxModel, OnnxUnavailable, load_onnx
-from .sequence import SequenceBatching
-from .torch_aoti import load_package
-from .torch_model import TorchLoadError, TorchModel, TorchUnavailable, load_torchscript
+from .._backends import ensemble, processes
+from .._config import paths, sequence, triton_config
+from ..config import ConfigError, ModelConfig, VersionPolicy, load_config
+from .._backends.identity_model import IDENTITY_BACKEND, IdentityLoadError, IdentityModel, load_identity
+from ..model import Model, Tensor
+from .._backends.onnx_model import ONNX_BACKEND, ONNX_PLATFORM, OnnxLoadError, OnnxModel, OnnxUnavailable, load_onnx
+from .._config.sequence import SequenceBatching
+from .._backends.torch_aoti import load_package
+from .._backends.torch_model import TorchLoadError, TorchModel, TorchUnavailable, load_torchscript
 
 _VERSION_DIR = re.compile(r"[0-9]+")
 _PYTHON_BACKENDS = {"python"}
@@ -73,7 +74,7 @@ class _LoadError(Exception):
 def examples_path() -> Path:
     """The embedded example repository: package data ``openinfer/examples/models`` in an
     installed wheel, or ``examples/models`` at the root of a source checkout."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parents[1]  # the package's directory
     for candidate in (here / "examples" / "models", here.parents[1] / "examples" / "models"):
         if candidate.is_dir():
             return candidate

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .control import _body_object
-from .errors import InferenceServerError
+from ..errors import InferenceServerError
 
 LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
 NAMES = ("trace_level", "trace_rate", "trace_count", "log_frequency", "trace_file")

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from . import sequence
-from .config import TRITON_DATATYPES, ConfigError
+from ..config import TRITON_DATATYPES, ConfigError
 
 
 class _F(NamedTuple):

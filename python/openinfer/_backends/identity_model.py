@@ -9,10 +9,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .config import ModelConfig, TensorConfig
-from .model import Tensor
+from ..config import ModelConfig, TensorConfig
+from ..model import Tensor
 from .native_model import NativeModel, count_parameter
-from .triton_config import v2_to_triton
+from .._config.triton_config import v2_to_triton
 
 IDENTITY_BACKEND = "identity"
 

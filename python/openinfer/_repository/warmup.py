@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from . import paths
-from .config import TRITON_DATATYPES
-from .model import numpy_dtype
+from .._config import paths
+from ..config import TRITON_DATATYPES
+from ..model import numpy_dtype
 
 # One request: (name, datatype, shape, bytes) per input.
 Request = list[tuple[str, str, tuple[int, ...], bytes]]

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .model import Model
+    from ..model import Model
 
 # Each worker's result ring: outputs up to about this size travel without a memfd of their own.
 RING_BYTES = 16 << 20
@@ -56,7 +56,7 @@ class ModelFile:
     version: int
 
     def load(self) -> Callable[..., Any]:
-        from .repository import import_model_file
+        from .._repository.repository import import_model_file
 
         return getattr(import_model_file(self.model_name, self.version, Path(self.path)), self.attribute)
 
@@ -106,7 +106,7 @@ def worker_spec(model: Model) -> tuple[list[str], list[str], bytes, int]:
     shipped.__dict__["fn"] = model._source  # a reference by name or by file, never code
     pickled = pickle.dumps({"path": list(sys.path), "model": pickle.dumps(shipped)})
     recipe = struct.pack("<Q", len(pickled)) + pickled
-    package_root = str(Path(__file__).resolve().parent.parent)
+    package_root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     env["PYTHONUNBUFFERED"] = "1"  # a worker's prints reach the server's log as they happen
