@@ -22,7 +22,7 @@ setup-serve:
 	@scripts/setup.sh serve
 
 # The extension, in place, with warnings as errors; rebuilt when a C source changes.
-$(EXT): $(CSRC) $(wildcard proto/*.proto proto/legacy/*.proto) setup.py python/openinfer/__init__.py
+$(EXT): $(CSRC) $(wildcard proto/*.proto proto/legacy/*.proto) setup.py python/openinfer/_version.py
 	OI_WERROR=1 $(PY) setup.py -q build_ext --inplace --force
 
 build: setup $(EXT)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from .server import Server, serve, servers
     from .shm import SharedMemoryRegion
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "AsyncClient",

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from . import __version__
+from ._version import __version__
 
 if TYPE_CHECKING:
     from .server import Server
@@ -342,7 +342,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _supervise(args: argparse.Namespace, serve_argv: list[str]) -> int:
-    """--workers N: the parent binds the ports and runs the workers (see openinfer.workers)."""
+    """--workers N: the parent binds the ports and runs the workers (see openinfer._control.workers)."""
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

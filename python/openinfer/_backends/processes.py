@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .model_file import import_model_file
+
 if TYPE_CHECKING:
     from ..model import Model
 
@@ -56,8 +58,6 @@ class ModelFile:
     version: int
 
     def load(self) -> Callable[..., Any]:
-        from .._repository.repository import import_model_file
-
         return getattr(import_model_file(self.model_name, self.version, Path(self.path)), self.attribute)
 
 

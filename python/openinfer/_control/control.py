@@ -672,7 +672,7 @@ class ModelControl:
 
 
 def _warm_up(entry: LoadedModel, handle: Any, model_dir: Path | None) -> str | None:
-    """Runs the version's model_warmup samples (see `openinfer.warmup`) before it is served;
+    """Runs the version's model_warmup samples (see `openinfer._repository.warmup`) before it is served;
     returns why it failed, or None."""
     assert entry.model is not None
     try:
@@ -702,7 +702,7 @@ def _instances(entry: LoadedModel) -> int:
 
 def _check_override_paths(name: str, override: ModelConfig) -> None:
     """Refuses a config override that names a file outside the model's directory (see
-    openinfer.paths) before the load goes near the file system. A config that cannot be
+    openinfer._config.paths) before the load goes near the file system. A config that cannot be
     normalized is left to the load, which reports it as it does for config.pbtxt."""
     try:
         normalized = triton_config.normalize(override.raw, "the config override")

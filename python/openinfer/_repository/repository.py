@@ -16,17 +16,12 @@ module-level ``INPUTS`` and ``OUTPUTS`` lists of `openinfer.Tensor` (full shapes
 
 from __future__ import annotations
 
-import importlib.util
-import itertools
 import logging
 import os
 import re
-import sys
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from .._backends import ensemble, processes
@@ -36,6 +31,7 @@ from .._backends.identity_model import IDENTITY_BACKEND, IdentityLoadError, Iden
 from ..model import Model, Tensor
 from .._backends.onnx_model import ONNX_BACKEND, ONNX_PLATFORM, OnnxLoadError, OnnxModel, OnnxUnavailable, load_onnx
 from .._config.sequence import SequenceBatching
+from .._backends.model_file import _LoadError, import_model_file
 from .._backends.torch_aoti import load_package
 from .._backends.torch_model import TorchLoadError, TorchModel, TorchUnavailable, load_torchscript
 
@@ -43,7 +39,6 @@ _VERSION_DIR = re.compile(r"[0-9]+")
 _PYTHON_BACKENDS = {"python"}
 _TORCH_BACKENDS = {"pytorch", "pytorch_libtorch", "torch_aoti"}
 _ONNX_BACKENDS = {ONNX_BACKEND, ONNX_PLATFORM}
-_module_ids = itertools.count()
 _NO_TORCH = "torch unavailable: "
 _NO_ONNX = "onnxruntime unavailable: "
 _NOT_INSTALLED = (_NO_TORCH, _NO_ONNX)  # reasons the bundled examples leave a model out for
@@ -65,10 +60,6 @@ class LoadedModel:
     config: dict[str, Any] = field(default_factory=dict)
     sequence: SequenceBatching | None = None  # the config's sequence_batching, checked
     labels: dict[str, bytes] = field(default_factory=dict)  # output name -> its label file
-
-
-class _LoadError(Exception):
-    """A reason why one model version cannot be served; becomes `LoadedModel.error`."""
 
 
 def examples_path() -> Path:
@@ -358,7 +349,7 @@ def _load_python(name: str, version: int, path: Path, config: ModelConfig | None
 def _in_processes(config: ModelConfig | None) -> bool:
     """Whether a repository Python model's instances are worker processes: more than one
     instance, none of kind KIND_MODEL (which keeps them threads of the server), and no
-    sequence batching (see processes.py)."""
+    sequence batching (see _backends/processes.py)."""
     if config is None or config.instances < 2 or "sequence_batching" in config.raw:
         return False
     return all(g.kind != "KIND_MODEL" for g in config.instance_groups)
@@ -371,35 +362,3 @@ def _decoupled(config: ModelConfig | None) -> bool | None:
     if not isinstance(policy, dict) or "decoupled" not in policy:
         return None
     return bool(policy["decoupled"])
-
-
-def import_model_file(name: str, version: int, path: Path) -> ModuleType:
-    """Executes model.py as a module of its own, under a name unique to this load, so that
-    every model's model.py coexists in sys.modules (registered there for pickle and
-    dataclasses)."""
-    identifier = re.sub(r"\W", "_", name)
-    module_name = f"_openinfer_model_{identifier}_v{version}_{next(_module_ids)}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise _LoadError(f"{path}: cannot be imported")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except (Exception, SystemExit) as e:
-        del sys.modules[module_name]
-        raise _LoadError(_describe(path, e)) from None
-    return module
-
-
-def _describe(path: Path, error: BaseException) -> str:
-    """One line that says where in model.py loading failed and why."""
-    if isinstance(error, SyntaxError) and error.filename == str(path):
-        return f"{path}:{error.lineno}: SyntaxError: {error.msg}"
-    lines = [f.lineno for f in traceback.extract_tb(error.__traceback__) if f.filename == str(path)]
-    where = f"{path}:{lines[-1]}" if lines else str(path)
-    return (
-        f"{where}: {type(error).__name__}: {error}"
-        if str(error)
-        else f"{where}: {type(error).__name__}"
-    )
