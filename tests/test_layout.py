@@ -105,3 +105,136 @@ def test_csrc_includes_resolve() -> None:
                 if inc.split("/", 1)[0] in LAYERS and not (CSRC / inc).is_file():
                     missing.append(f"{path.relative_to(ROOT)} includes {inc}")
     assert not missing, "\n".join(missing)
+
+
+# python/openinfer: the import graph, read with ast.
+
+EXTENSIONS = {"openinfer._core"}  # compiled: imports nothing of the package
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _type_checking_only(tree: ast.Module) -> set[int]:
+    """ids of the nodes under `if TYPE_CHECKING:`: never executed (annotations are strings under
+    `from __future__ import annotations`), so they are no edge of the graph."""
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.body:
+                skip.update(id(n) for n in ast.walk(child))
+    return skip
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports. Imports at module level and inside functions
+    both count: a function-level import is only a deferred edge, and a circle through one
+    still ties the modules together (it is how model -> processes -> repository -> model hid).
+    `from .x import name` counts as an edge to x.name when that is a module, else to x; the
+    implicit import of a parent package (importing a.b runs a/__init__) is not counted, so a
+    package's __init__ may import lazily what imports names from it."""
+    paths = {_module_name(p): p for p in PKG.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        tree = ast.parse(path.read_text(), str(path))
+        skip = _type_checking_only(tree)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.Import):
+                found = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")
+                    base = base[: len(base) - (node.level - 1)]
+                    module = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    module = node.module or ""
+                found = [f"{module}.{a.name}" if f"{module}.{a.name}" in paths | dict.fromkeys(EXTENSIONS)
+                         else module for a in node.names]
+            else:
+                continue
+            for target in found:
+                if target.split(".")[0] != "openinfer" or target in EXTENSIONS:
+                    continue
+                while target not in paths:
+                    target = target.rpartition(".")[0]
+                if target != name:
+                    targets.add(target)
+        graph[name] = targets
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_import_graph_sees_the_package() -> None:
+    graph = import_graph()
+    assert len(graph) > 30 and "openinfer._backends.processes" in graph["openinfer.model"], graph["openinfer.model"]
+    # A function-level import is an edge (cli imports the server only when it serves).
+    assert "openinfer.server" in graph["openinfer.cli"]
+
+
+def test_python_package_has_no_import_cycle() -> None:
+    cycles = _cycles(import_graph())
+    assert not cycles, "import cycles in python/openinfer:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_cycle_finder_finds_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_public_api_is_where_it_was() -> None:
+    """The moves change no public name: every name of openinfer.__all__, the modules users and
+    the docs import by name, and the `python -m` entry points the Makefile, the Dockerfile and
+    the worker spawner run."""
+    import importlib
+
+    import openinfer
+
+    for name in openinfer.__all__:
+        assert getattr(openinfer, name) is not None, name
+    for module in ("openinfer.model", "openinfer.config", "openinfer.client", "openinfer.server", "openinfer.shm",
+                   "openinfer.errors", "openinfer.testing", "openinfer.cli", "openinfer._worker",
+                   "openinfer._torch_build", "openinfer.__main__"):
+        assert (PKG / (module.split(".", 1)[1].replace(".", "/") + ".py")).is_file(), module
+    assert importlib.import_module("openinfer.cli").main
+    assert importlib.import_module("openinfer.testing").server_fixture
+    assert openinfer.__version__ == importlib.import_module("openinfer._version").__version__
