@@ -238,3 +238,16 @@ def test_public_api_is_where_it_was() -> None:
     assert importlib.import_module("openinfer.cli").main
     assert importlib.import_module("openinfer.testing").server_fixture
     assert openinfer.__version__ == importlib.import_module("openinfer._version").__version__
+
+
+def test_python_subpackages_import_one_way() -> None:
+    """The internal rooms go _control -> _repository -> _backends -> _config, as design.md's
+    layout says: a room never imports one above it."""
+    order = ["openinfer._config", "openinfer._backends", "openinfer._repository", "openinfer._control"]
+
+    def room(module: str) -> int | None:
+        return next((i for i, r in enumerate(order) if module == r or module.startswith(r + ".")), None)
+
+    upward = [f"{src} imports {dst}" for src, targets in import_graph().items() for dst in targets
+              if room(src) is not None and room(dst) is not None and room(dst) > room(src)]
+    assert not upward, "\n".join(upward)
