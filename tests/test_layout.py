@@ -251,3 +251,22 @@ def test_python_subpackages_import_one_way() -> None:
     upward = [f"{src} imports {dst}" for src, targets in import_graph().items() for dst in targets
               if room(src) is not None and room(dst) is not None and room(dst) > room(src)]
     assert not upward, "\n".join(upward)
+
+
+def test_benchmarks_have_no_import_cycle() -> None:
+    """benchmarks/: venvs <- common <- peers <- wrk_vs_nginx <- the scenarios (each file imports
+    its siblings by name, with benchmarks/ on sys.path)."""
+    bench = ROOT / "benchmarks"
+    siblings = {p.stem for p in bench.glob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name in siblings:
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse((bench / f"{name}.py").read_text())):
+            if isinstance(node, ast.Import):
+                deps |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                deps.add(node.module.split(".")[0])
+        graph[name] = (deps & siblings) - {name}
+    assert "common" in graph["peers"], graph["peers"]
+    cycles = _cycles(graph)
+    assert not cycles, "import cycles in benchmarks/:\n" + "\n".join(" <-> ".join(c) for c in cycles)
