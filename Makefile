@@ -22,7 +22,7 @@ setup-serve:
 	@scripts/setup.sh serve
 
 # The extension, in place, with warnings as errors; rebuilt when a C source changes.
-$(EXT): $(CSRC) $(wildcard proto/*.proto proto/legacy/*.proto) setup.py python/openinfer/__init__.py
+$(EXT): $(CSRC) $(wildcard proto/*.proto proto/legacy/*.proto) setup.py python/openinfer/_version.py
 	OI_WERROR=1 $(PY) setup.py -q build_ext --inplace --force
 
 build: setup $(EXT)
@@ -47,7 +47,7 @@ test-plain:
 test-asan: setup
 	OI_WERROR=1 OI_SANITIZE=1 $(PY) setup.py -q build_ext --build-lib $(ASAN_DIR)/lib --build-temp $(ASAN_DIR)/tmp
 	rm -rf $(ASAN_DIR)/pkg && mkdir -p $(ASAN_DIR)/pkg/openinfer
-	cp python/openinfer/*.py python/openinfer/py.typed $(ASAN_DIR)/pkg/openinfer/
+	cd python && find openinfer \( -name '*.py' -o -name py.typed \) -exec cp --parents -t $(CURDIR)/$(ASAN_DIR)/pkg {} +
 	cp $(ASAN_DIR)/lib/openinfer/_core*.so $(ASAN_DIR)/pkg/openinfer/
 	mkdir -p $(ASAN_DIR)/pkg/openinfer/examples && cp -r examples/models $(ASAN_DIR)/pkg/openinfer/examples/
 	mkdir -p $(ASAN_DIR)/pkg/openinfer/_csrc && cd csrc && cp --parents $(TORCH_SHIM_SRC) $(CURDIR)/$(ASAN_DIR)/pkg/openinfer/_csrc/
@@ -119,7 +119,7 @@ FUZZ_PROTO_OBJ += $(FUZZ_LEGACY:%=$(FUZZ_OUT)/obj/proto/legacy/%.pb-c.o)
 .SECONDARY: $(FUZZ_PROTO_H) $(FUZZ_PROTO_H:.h=.c)
 # Everything below the Python bindings and the backends, as one archive: each target links
 # only what it uses (a codec target gets no transport).
-FUZZ_LIB_SRC := $(wildcard csrc/core/*.c csrc/codec/*.c csrc/transport/*.c csrc/server/*.c)
+FUZZ_LIB_SRC := $(wildcard csrc/core/*.c csrc/codec/*.c csrc/transport/*.c csrc/server/*.c csrc/server/*/*.c)
 FUZZ_LIB_OBJ := $(patsubst csrc/%.c,$(FUZZ_OUT)/obj/%.o,$(FUZZ_LIB_SRC)) \
 	$(FUZZ_PROTO_OBJ) $(FUZZ_OUT)/obj/llhttp/api.o \
 	$(FUZZ_OUT)/obj/llhttp/http.o $(FUZZ_OUT)/obj/llhttp/llhttp.o
@@ -136,7 +136,7 @@ $(FUZZ_OUT)/obj/proto/%.pb-c.o: $(FUZZ_OUT)/proto/%.pb-c.c $(FUZZ_PROTO_H)
 	mkdir -p $(@D) && $(FUZZ_CC) -g -O1 $(FUZZ_SAN) -I$(FUZZ_OUT)/proto -c $< -o $@
 $(FUZZ_OUT)/obj/llhttp/%.o: /usr/share/llhttp/%.c
 	mkdir -p $(@D) && $(FUZZ_CC) -g -O1 $(FUZZ_SAN) -I/usr/share/include/llhttp -c $< -o $@
-$(FUZZ_OUT)/obj/%.o: csrc/%.c $(wildcard csrc/*/*.h) $(FUZZ_PROTO_H)
+$(FUZZ_OUT)/obj/%.o: csrc/%.c $(wildcard csrc/*/*.h csrc/*/*/*.h) $(FUZZ_PROTO_H)
 	mkdir -p $(@D) && $(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
 $(FUZZ_OUT)/libopeninfer_fuzz.a: $(FUZZ_LIB_OBJ)
 	rm -f $@ && ar rcs $@ $^

@@ -58,12 +58,13 @@ DEFAULT_INCLUDE_DIRS = ("/usr/local/include", "/usr/include")
 
 def package_version() -> str:
     """openinfer.__version__, read without importing the package: the one place the version
-    is written (pyproject.toml reads it too), given to the extension as OI_VERSION."""
-    tree = ast.parse((ROOT / "python" / "openinfer" / "__init__.py").read_text())
+    is written (python/openinfer/_version.py; pyproject.toml reads it too), given to the
+    extension as OI_VERSION."""
+    tree = ast.parse((ROOT / "python" / "openinfer" / "_version.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__version__" for t in node.targets):
             return ast.literal_eval(node.value)
-    fail("python/openinfer/__init__.py sets no __version__")
+    fail("python/openinfer/_version.py sets no __version__")
 
 
 def fail(message: str) -> NoReturn:

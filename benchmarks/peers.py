@@ -36,8 +36,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common as C  # noqa: E402
+# The venv machinery lives in venvs.py, which common.py's plotting also uses: common -> venvs
+# and peers -> common, venvs, with no circle. Its names stay reachable here (PEERS.ensure_venv).
+from venvs import TOOLS, VENVS, PeerUnavailable, ensure_venv, tools_python, venv_python  # noqa: E402,F401
 
-VENVS = C.BENCH_DIR / ".venvs"
 PEER_DIR = C.BENCH_DIR / "peers"
 TORCH = "torch==2.13.0"  # the same pin as requirements-test.txt (a local CPU wheel here)
 
@@ -51,7 +53,7 @@ REQUIREMENTS = {
     # MLServer 1.7.1's parallel workers at start (mlserver/parallel/worker.py).
     "mlserver": ["mlserver==1.7.1", "uvloop<0.21"],
     "kserve": ["kserve==0.21.0"],
-    "tools": ["matplotlib", "orjson", "numpy"],
+    "tools": TOOLS,
 }
 VENV_OF = {"triton": "triton", "pytriton": "triton", "mlserver": "mlserver", "kserve": "kserve",
            "tools": "tools"}
@@ -59,61 +61,6 @@ DIST_OF = {"triton": "nvidia-pytriton", "pytriton": "nvidia-pytriton", "mlserver
            "kserve": "kserve"}
 LABELS = {"triton": "Triton", "pytriton": "Triton (PyTriton)", "mlserver": "MLServer",
           "kserve": "KServe"}
-
-
-class PeerUnavailable(RuntimeError):
-    """A peer that could not be installed or started; str() is the exact reason."""
-
-
-def _base_python() -> str:
-    """The interpreter to build peer venvs from: the one under the project's .venv."""
-    base = getattr(sys, "_base_executable", None) or sys.executable
-    return base if os.path.exists(base) else shutil.which("python3") or sys.executable
-
-
-def venv_python(name: str) -> Path:
-    return VENVS / name / "bin" / "python"
-
-
-def ensure_venv(name: str, packages: list[str], log: Path | None = None,
-                timeout: float = 1800) -> Path:
-    """Create benchmarks/.venvs/<name> and pip-install `packages` (from PyPI) unless a stamp
-    says they already are. Returns the venv's python; raises PeerUnavailable with pip's
-    own last lines on failure."""
-    d = VENVS / name
-    stamp = d / ".installed"
-    want = hashlib.sha256("\n".join(packages).encode()).hexdigest()
-    have = stamp.read_text().split() if stamp.exists() else []
-    if want in have:
-        return venv_python(name)
-    log = log or (VENVS / f"{name}.pip.log")
-    log.parent.mkdir(parents=True, exist_ok=True)
-    print(f"[peers] installing {' '.join(packages)} into {C.rel(d)} (log {C.rel(log)})",
-          flush=True)
-    if not venv_python(name).exists():
-        r = subprocess.run([_base_python(), "-m", "venv", str(d)], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise PeerUnavailable(f"python -m venv {d} failed: {r.stderr.strip()[-500:]}")
-    with open(log, "a") as f:
-        try:
-            r = subprocess.run([str(venv_python(name)), "-m", "pip", "install",
-                                "--disable-pip-version-check", *packages],
-                               stdout=f, stderr=subprocess.STDOUT, timeout=timeout)
-            rc = r.returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
-    if rc != 0:
-        tail = [ln for ln in log.read_text(errors="replace").splitlines()
-                if ln.strip() and not ln.startswith("WARNING: Location")][-6:]
-        raise PeerUnavailable(f"pip install {' '.join(packages)} failed (rc={rc}): "
-                              + " | ".join(tail))
-    stamp.write_text(" ".join(have + [want]))
-    return venv_python(name)
-
-
-def tools_python() -> Path:
-    """The benchmark tools venv (matplotlib, orjson, numpy) — never the product's .venv."""
-    return ensure_venv("tools", REQUIREMENTS["tools"])
 
 
 # --------------------------------------------------------------------------

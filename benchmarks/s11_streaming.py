@@ -70,7 +70,7 @@ def make_repo(tmp: Path) -> Path:
 
 def in_process(repo: Path, n: int) -> float:
     sys.path.insert(0, str(C.REPO_ROOT / "python"))
-    from openinfer.repository import scan
+    from openinfer._repository.repository import scan
 
     (loaded,) = [m for m in scan(repo) if m.name == "count"]
     handler = loaded.model.handler

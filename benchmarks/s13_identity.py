@@ -22,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common as C  # noqa: E402
+import wrk_vs_nginx  # noqa: E402
 import s1_http_json as S1  # noqa: E402
 
 NAME = "s13_identity"
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     if S1.lua_body(S1.LUA_SCRIPT) != S1.BODY:
         raise SystemExit(f"error: body in {S1.LUA_SCRIPT} differs from the one verified here")
     with tempfile.TemporaryDirectory(prefix="openinfer-s13-") as tmp:
-        return C.run_wrk_vs_nginx(C.WrkScenario(
+        return wrk_vs_nginx.run_wrk_vs_nginx(C.WrkScenario(
             name=NAME, tag="s13", title="S13 — S1's request to the C identity backend over HTTP JSON",
             plot_title="S13: identity (C), HTTP JSON (median, min–max)",
             path=INFER_PATH, script=S1.LUA_SCRIPT,

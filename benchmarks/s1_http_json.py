@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common as C  # noqa: E402
+import wrk_vs_nginx  # noqa: E402
 
 NAME = "s1_http_json"
 MODEL = "simple"
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     args = C.wrk_args(__doc__, argv)
     if lua_body(LUA_SCRIPT) != BODY:
         raise SystemExit(f"error: body in {LUA_SCRIPT} differs from the one verified here")
-    return C.run_wrk_vs_nginx(C.WrkScenario(
+    return wrk_vs_nginx.run_wrk_vs_nginx(C.WrkScenario(
         name=NAME, tag="s1", title="S1 — `simple` over HTTP JSON",
         plot_title="S1: simple, HTTP JSON (median, min–max)",
         path=INFER_PATH, script=LUA_SCRIPT,

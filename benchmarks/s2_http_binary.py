@@ -31,6 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common as C  # noqa: E402
+import wrk_vs_nginx  # noqa: E402
 
 NAME = "s2_http_binary"
 MODEL = "simple"
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         "S2: KServe V2 binary tensor request for `simple` (INPUT0 = 0..15,",
         "INPUT1 = ones, INT32 [1,16]; binary outputs requested), byte for byte",
         "what tritonclient.http sends. Written by benchmarks/s2_http_binary.py."])
-    return C.run_wrk_vs_nginx(C.WrkScenario(
+    return wrk_vs_nginx.run_wrk_vs_nginx(C.WrkScenario(
         name=NAME, tag="s2", title="S2 — `simple` over HTTP, binary tensor extension",
         plot_title="S2: simple, HTTP binary tensors (median, min–max)",
         path=INFER_PATH, script=LUA_SCRIPT,

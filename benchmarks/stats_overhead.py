@@ -89,18 +89,18 @@ class Scraper:
 def counting_cost(raw_dir: Path) -> tuple[float, str]:
     """Nanoseconds that counting one request costs on its executor thread, from
     benchmarks/c/stats_bench.c compiled here with the extension's -O2 against
-    csrc/server/stats.c (and summary.c), run on this (the client's) core."""
+    csrc/server/observe/counters.c (and summary.c), run on this (the client's) core."""
     import subprocess
 
     exe = raw_dir / "stats_bench"
-    server = C.REPO_ROOT / "csrc" / "server"
+    server = C.REPO_ROOT / "csrc" / "server" / "observe"
     cmd = ["gcc", "-std=c11", "-O2", "-D_GNU_SOURCE", f"-I{C.REPO_ROOT / 'csrc'}",
-           str(C.BENCH_DIR / "c" / "stats_bench.c"), str(server / "stats.c"), str(server / "summary.c"), "-lm",
+           str(C.BENCH_DIR / "c" / "stats_bench.c"), str(server / "counters.c"), str(server / "summary.c"), "-lm",
            "-o", str(exe)]
     subprocess.run(cmd, check=True)
     out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
-    shown = " ".join(["gcc -std=c11 -O2 -D_GNU_SOURCE -Icsrc", "benchmarks/c/stats_bench.c", "csrc/server/stats.c",
-                      "csrc/server/summary.c -lm", "-o", "stats_bench"])
+    shown = " ".join(["gcc -std=c11 -O2 -D_GNU_SOURCE -Icsrc", "benchmarks/c/stats_bench.c", "csrc/server/observe/counters.c",
+                      "csrc/server/observe/summary.c -lm", "-o", "stats_bench"])
     return float(out.strip()), shown
 
 

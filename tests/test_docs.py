@@ -1,6 +1,6 @@
 """The documentation site builds with `mkdocs build --strict` (broken links, missing pages and
 docstrings that do not resolve are errors), and docs/config.md's support table cannot drift
-from the refuse/warn policy in openinfer.triton_config."""
+from the refuse/warn policy in openinfer._config.triton_config."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import openinfer
-from openinfer import triton_config
+from openinfer._config import triton_config
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG_MD = ROOT / "docs" / "config.md"
@@ -127,9 +127,9 @@ def test_getting_started_notebook_runs(tmp_path: Path) -> None:
 
 def test_features_document_the_response_cache_and_its_metrics() -> None:
     """docs/features.md describes the response cache the server has (it once said there was
-    none) and names each per-model cache family that csrc/server/metrics.c exports."""
+    none) and names each per-model cache family that csrc/server/observe/metrics.c exports."""
     features = (ROOT / "docs" / "features.md").read_text()
-    families = set(re.findall(r'"(nv_cache_[a-z_]+)"', (ROOT / "csrc" / "server" / "metrics.c").read_text()))
+    families = set(re.findall(r'"(nv_cache_[a-z_]+)"', (ROOT / "csrc" / "server" / "observe" / "metrics.c").read_text()))
     assert len(families) == 4, families
     assert "no response cache" not in features
     assert "Response cache (Triton's)" in features and "--cache-config local,size=BYTES" in features

@@ -22,7 +22,8 @@ from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
 import openinfer
-from openinfer import Model, Tensor, triton_config
+from openinfer import Model, Tensor
+from openinfer._config import triton_config
 from openinfer.config import ConfigError, parse
 
 from conftest import assert_alive, assert_grpc_alive

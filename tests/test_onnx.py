@@ -525,7 +525,7 @@ def test_broken_models_are_unavailable_with_the_reason(server: openinfer.Server,
 
 @pytest.mark.gpu
 def test_kind_gpu_runs_on_cuda(tmp_path: Path) -> None:
-    from openinfer import onnx_model
+    from openinfer._backends import onnx_model
 
     onnx_model.ensure_runtime()
     if "CUDAExecutionProvider" not in onnx_model.providers():
@@ -540,7 +540,7 @@ def test_kind_gpu_runs_on_cuda(tmp_path: Path) -> None:
 
 
 def test_kind_gpu_without_cuda_is_unavailable(tmp_path: Path) -> None:
-    from openinfer import onnx_model
+    from openinfer._backends import onnx_model
 
     onnx_model.ensure_runtime()
     if "CUDAExecutionProvider" in onnx_model.providers():
@@ -557,7 +557,7 @@ def test_the_describing_session_serves_the_first_instance(tmp_path: Path, monkey
     """The model file is read once for the first instance: the session that describes the
     model serves it. With the file gone once the model is described, a model of one instance
     serves, and one of two cannot make its second session."""
-    from openinfer import onnx_model
+    from openinfer._backends import onnx_model
 
     for name, count in (("one", 1), ("two", 2)):
         config = f'platform: "onnxruntime_onnx"\ninstance_group [ {{ count: {count} kind: KIND_CPU }} ]\n'

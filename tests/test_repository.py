@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from openinfer import Tensor, examples_path
-from openinfer.repository import LoadedModel, scan
+from openinfer._repository.repository import LoadedModel, scan
 
 ADD_CONFIG = """
 name: "{name}"
@@ -294,8 +294,8 @@ def test_import_does_not_load_the_extension(tmp_path: Path) -> None:
     for name in ("simple", "identity_fp32"):
         (tmp_path / name).symlink_to(examples_path() / name)
     code = (
-        "import sys, openinfer, openinfer.repository, openinfer.cli, openinfer.testing;"
-        f"openinfer.repository.scan({str(tmp_path)!r});"
+        "import sys, openinfer, openinfer._repository.repository, openinfer.cli, openinfer.testing;"
+        f"openinfer._repository.repository.scan({str(tmp_path)!r});"
         "assert 'openinfer._core' not in sys.modules, 'the extension was imported';"
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
@@ -312,7 +312,7 @@ def test_torchscript_without_torch(tmp_path: Path) -> None:
 import sys
 sys.modules["torch"] = None  # import torch raises ImportError
 import openinfer
-from openinfer.repository import scan
+from openinfer._repository.repository import scan
 (entry,) = scan({str(tmp_path)!r})
 assert entry.model is None and entry.error.startswith("torch unavailable: serving TorchScript models needs torch"), entry
 with openinfer.serve(http_port=0, log=False) as server:

@@ -31,7 +31,7 @@ import openinfer
 from conftest import save_torchscript
 from conftest import triton_grpc as _grpc
 from conftest import triton_http as _http
-from openinfer.repository import scan_model
+from openinfer._repository.repository import scan_model
 
 BOUND = 30.0  # no wait here lasts longer: a bound for a hung test, not a measurement
 

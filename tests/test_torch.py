@@ -448,8 +448,11 @@ def _package_without_shim(tmp_path: Path) -> Path:
     installed = Path(openinfer.__file__).resolve().parent
     pkg = tmp_path / "pkg" / "openinfer"
     pkg.mkdir(parents=True)
-    for f in [*installed.glob("*.py"), *installed.glob("_core*.so")]:
-        shutil.copy2(f, pkg)
+    for f in [*installed.rglob("*.py"), *installed.glob("_core*.so")]:
+        if "examples" in f.relative_to(installed).parts:
+            continue  # package data, not the package's modules
+        (pkg / f.relative_to(installed)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(f, pkg / f.relative_to(installed))
     src = _torch_build.source_dir()
     for rel in (*_torch_build.SHIM_SOURCES, *_torch_build.C_SOURCES):
         (pkg / "_csrc" / rel).parent.mkdir(parents=True, exist_ok=True)

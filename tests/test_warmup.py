@@ -360,7 +360,7 @@ def test_warmup_of_a_sequence_model_is_refused(tmp_path: Path) -> None:
     give them (Triton's does): the model is UNAVAILABLE saying so, not served unwarmed."""
     import shutil
 
-    from openinfer.repository import examples_path
+    from openinfer._repository.repository import examples_path
 
     shutil.copytree(examples_path() / "simple_sequence", tmp_path / "simple_sequence")
     with open(tmp_path / "simple_sequence" / "config.pbtxt", "a") as f:

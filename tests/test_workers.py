@@ -19,7 +19,7 @@ import tritonclient.grpc as grpcclient
 from prometheus_client.parser import text_string_to_metric_families
 
 import openinfer
-from openinfer.workers import merge_metrics
+from openinfer._control.workers import merge_metrics
 
 from conftest import Cli, port_is_closed, wait_for
 

@@ -10,7 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "server/stats.h"
+#include "server/observe/counters.h"
 
 int main(int argc, char **argv)
 {

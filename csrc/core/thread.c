@@ -42,7 +42,7 @@ int oi_thread_create(pthread_t *t, const char *name, void *(*fn)(void *), void *
     sigset_t all, old;
     sigfillset(&all);
     /* Faults stay deliverable: blocked, they kill the process without running a handler,
-     * and the shared-memory guard (server/shm_guard.h) handles SIGBUS on these threads. */
+     * and the shared-memory guard (server/shm/shm_guard.h) handles SIGBUS on these threads. */
     sigdelset(&all, SIGBUS);
     sigdelset(&all, SIGSEGV);
     sigdelset(&all, SIGFPE);

@@ -18,9 +18,9 @@
 #include "python/torch_module.h"
 #include "python/worker.h"
 #include "server/classify.h"
-#include "server/ensemble.h"
+#include "server/sched/ensemble.h"
 #include "server/server.h"
-#include "server/warmup.h"
+#include "server/sched/warmup.h"
 #include "transport/loop.h"
 #include "transport/peer.h"
 

@@ -6,7 +6,7 @@
 
 #include "python/numpy_api.h"
 
-#include "server/registry.h"
+#include "server/models/registry.h"
 
 /* Module-level functions: onnx_open(path) -> (version, api_version), onnx_describe(spec) and
  * onnx_providers(), added to the module at init. */

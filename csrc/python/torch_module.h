@@ -6,7 +6,7 @@
 
 #include "python/numpy_api.h"
 
-#include "server/registry.h"
+#include "server/models/registry.h"
 
 /* Module-level functions: torch_open_shim(path) and torch_describe(path). */
 extern PyMethodDef oi_py_torch_functions[];

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "server/classify.h"
-#include "server/response_cache.h"
+#include "server/sched/response_cache.h"
 #include "server/validate.h"
 
 oi_infer_t *oi_infer_new(void)

@@ -4,10 +4,10 @@
 #ifndef OI_SERVER_INFER_H
 #define OI_SERVER_INFER_H
 
-#include "server/decoupled.h"
-#include "server/registry.h"
-#include "server/shm.h"
-#include "server/trace.h"
+#include "server/sched/decoupled.h"
+#include "server/models/registry.h"
+#include "server/shm/shm.h"
+#include "server/observe/trace.h"
 #include "transport/loop.h"
 
 typedef struct oi_infer_s oi_infer_t;

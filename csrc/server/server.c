@@ -7,7 +7,7 @@
 
 #include "core/thread.h"
 #include "llhttp.h"
-#include "server/statistics.h"
+#include "server/observe/statistics.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -3,9 +3,9 @@
 #ifndef OI_SERVER_SERVER_H
 #define OI_SERVER_SERVER_H
 
-#include "server/metrics.h"
-#include "server/registry.h"
-#include "server/repository.h"
+#include "server/observe/metrics.h"
+#include "server/models/registry.h"
+#include "server/models/repository.h"
 #include "transport/http1.h"
 #include "transport/http2.h"
 
@@ -59,7 +59,7 @@ int oi_server_set_metadata(oi_server_t *s, const char *json, size_t len);
  * hear of the change (oi_server_health_changed). */
 int oi_server_add_model(oi_server_t *s, oi_model_t *m);
 
-/* Serves the model repository extension through `fn` (see server/repository.h), which runs
+/* Serves the model repository extension through `fn` (see server/models/repository.h), which runs
  * on control threads, never a loop thread. `release` (may be NULL) is called once on `ctx`
  * when the server is freed, after the last call has been answered. Call before start. */
 void oi_server_set_repository(oi_server_t *s, oi_repo_handler_fn fn, void *ctx, void (*release)(void *ctx));

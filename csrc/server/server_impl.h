@@ -6,12 +6,12 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "server/access_log.h"
-#include "server/trace.h"
-#include "server/repository.h"
-#include "server/response_cache.h"
+#include "server/observe/access_log.h"
+#include "server/observe/trace.h"
+#include "server/models/repository.h"
+#include "server/sched/response_cache.h"
 #include "server/server.h"
-#include "server/shm.h"
+#include "server/shm/shm.h"
 
 typedef struct oi_health_watch_s oi_health_watch_t;
 

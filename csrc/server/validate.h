@@ -3,7 +3,7 @@
 #ifndef OI_SERVER_VALIDATE_H
 #define OI_SERVER_VALIDATE_H
 
-#include "server/registry.h"
+#include "server/models/registry.h"
 
 /* Checks inputs (names, datatypes, shapes, batch size) and requested outputs. On success
  * sets *names to a new array (free() it) of the outputs to produce, in response order, and

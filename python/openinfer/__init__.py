@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import InferenceServerError
 from .model import Model, Request, Tensor, model
-from .repository import examples_path
+from ._repository.repository import examples_path
 
 if TYPE_CHECKING:
     from .client import AsyncClient, Client
     from .server import Server, serve, servers
     from .shm import SharedMemoryRegion
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "AsyncClient",

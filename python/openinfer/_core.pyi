@@ -187,7 +187,7 @@ class Server:
         # fn(inputs) itself and select(result, output_names) only for a result that is not a
         # dict holding every requested output (select returns the outputs or raises)
         direct: tuple[Callable[[dict[str, Any]], Any], Callable[[Any, tuple[str, ...]], dict[str, Any]]] | None = None,
-        # the instances as worker processes (openinfer.processes.worker_spec, then optionally a
+        # the instances as worker processes (openinfer._backends.processes.worker_spec, then optionally a
         # buffer whose first byte, once set, gives up starting them: the version then fails)
         workers: tuple[list[str], list[str], bytes, int] | tuple[list[str], list[str], bytes, int, Any] | None = None,
     ) -> str | None | ModelVersion:
@@ -215,7 +215,7 @@ class Server:
         ModelVersion (its `error` says why it cannot serve), for swap_models.
 
         sequence_batching=(slots, idle_us, controls, states, direct) puts a sequence batcher in
-        front of the executors (openinfer.sequence.SequenceBatching.core builds it): requests
+        front of the executors (openinfer._config.sequence.SequenceBatching.core builds it): requests
         then need a sequence_id, run in order per sequence with each control (name, kind,
         datatype, false, true) and state (input, output, datatype, dims, initial bytes) added.
         direct=(max_queue_delay_us, minimum_slot_utilization) is Triton's Direct strategy: each

@@ -1,5 +1,5 @@
 """The entry point of a Python model's worker process (``python -m openinfer._worker PARENT``),
-started by the server with its socket and shared memory on fds 3-5 (see processes.py)."""
+started by the server with its socket and shared memory on fds 3-5 (see _backends/processes.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import sys
 import traceback
 
 from . import _core
-from .processes import ModelFile
+from ._backends.model_file import _LoadError
+from ._backends.processes import ModelFile
 
 _JOBS_FD = 4
 _HEADER = 64  # the job area's shared header; the recipe follows it
@@ -38,8 +39,6 @@ def main(argv: list[str]) -> int:
 
 
 def _describe(e: BaseException) -> str:
-    from .repository import _LoadError
-
     if isinstance(e, _LoadError):  # already names model.py and the line that failed
         return str(e)
     last = traceback.extract_tb(e.__traceback__)[-1:] if e.__traceback__ else []

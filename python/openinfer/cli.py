@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from . import __version__
+from ._version import __version__
 
 if TYPE_CHECKING:
     from .server import Server
@@ -342,7 +342,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _supervise(args: argparse.Namespace, serve_argv: list[str]) -> int:
-    """--workers N: the parent binds the ports and runs the workers (see openinfer.workers)."""
+    """--workers N: the parent binds the ports and runs the workers (see openinfer._control.workers)."""
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -360,7 +360,7 @@ def _supervise(args: argparse.Namespace, serve_argv: list[str]) -> int:
             print(f"openinfer: error: --workers {args.workers} cannot be combined with {why}", file=sys.stderr)
             return 2
     from ._net import reachable
-    from .workers import Supervisor, listen, listen_group
+    from ._control.workers import Supervisor, listen, listen_group
 
     def port(given: int | None, default: int) -> int:
         return given if given is not None else 0 if args.http_port == 0 else default
@@ -439,7 +439,7 @@ def _serve(args: argparse.Namespace) -> int:
         metrics["metrics_port"] = args.metrics_port
     sockets: dict[str, int] = {}
     if args.inherit_sockets:  # a worker of --workers: the parent's sockets, nothing else
-        from .workers import watch_parent
+        from ._control.workers import watch_parent
 
         sockets = {k: int(v) for k, v in (kv.split("=") for kv in args.inherit_sockets.split(","))}
         grpc["grpc_port"] = None if "grpc" not in sockets else 0

@@ -22,9 +22,10 @@ from typing import Any, SupportsIndex
 
 import numpy as np
 
-from . import processes, sequence, triton_config
+from ._backends import processes
+from ._config import sequence, triton_config
 from .config import ConfigError, DynamicBatching
-from .sequence import SequenceBatching
+from ._config.sequence import SequenceBatching
 
 try:
     from ml_dtypes import bfloat16 as _bfloat16  # type: ignore[import-not-found, unused-ignore]
@@ -224,7 +225,7 @@ class Model:
     `fn` (a top-level function of a module), so a CPU-bound model uses that many cores:
     ``processes=None`` decides so, ``True`` insists, ``False`` keeps the instances as threads of
     the server process (as for functions defined in a notebook, and for sequence models). In a
-    worker, input arrays are valid only during the call. See `openinfer.processes`.
+    worker, input arrays are valid only during the call. See `openinfer._backends.processes`.
 
     With ``response_cache=True`` (Triton's ``response_cache { enable: true }``) and a server
     started with a cache (``serve(cache_config=["local,size=BYTES"])``), a request identical to
@@ -245,7 +246,7 @@ class Model:
     sequence_batching: SequenceBatching | None
     response_cache: bool
     processes: bool
-    _source: Any = field(repr=False)  # what a worker process imports fn by (processes.py)
+    _source: Any = field(repr=False)  # what a worker process imports fn by (_backends/processes.py)
     _sequence_config: dict[str, Any] | None = field(repr=False)  # as the model's config reports it
     _wants_parameters: bool = field(repr=False)
     _wants_request: bool = field(repr=False)
@@ -514,7 +515,7 @@ def _tensors(
 def _in_processes(
     name: str, fn: ModelFn, instances: int, asked: bool | None, sequence: SequenceBatching | None
 ) -> bool:
-    """Whether the model's instances are worker processes; see processes.py for the rule."""
+    """Whether the model's instances are worker processes; see _backends/processes.py for the rule."""
     if asked is not None and not isinstance(asked, bool):
         raise TypeError(f"model {name!r}: processes must be a bool or None, got {asked!r}")
     if asked is False:

@@ -19,15 +19,16 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from . import __version__, _core, _display
+from . import _core, _display
 from ._net import reachable
-from .cache import cache_bytes
-from .control import DEFAULT_POLL_SECS, IndexEntry, ModelControl
-from .logsettings import LogSettings
-from .tracesettings import TraceSettings, level_mask, trace_options
+from ._version import __version__
+from ._control.cache import cache_bytes
+from ._control.control import DEFAULT_POLL_SECS, IndexEntry, ModelControl
+from ._control.logsettings import LogSettings
+from ._control.tracesettings import TraceSettings, level_mask, trace_options
 from .errors import InferenceServerError
 from .model import Model
-from .repository import examples_path
+from ._repository.repository import examples_path
 
 logger = logging.getLogger("openinfer")
 
@@ -182,7 +183,7 @@ def serve(
     (the default) allows it only when `host` is a loopback address. `model_control_mode` is
     tritonserver's: "none" (load the whole repository, no loading API), "poll" (also rescan it
     every `repository_poll_secs`) or "explicit" (load only `load_models`, "*" for all, and let
-    clients load and unload); see `openinfer.control`. `max_instances` bounds the model
+    clients load and unload); see `openinfer._control.control`. `max_instances` bounds the model
     instances (executor threads, worker processes) of every loaded model version together: a
     load request that would pass it is refused (default: 4 per usable CPU, at least 64;
     ``--max-instances``); the models the server loads itself (at start, by polling) count
@@ -218,7 +219,7 @@ def serve(
     ``openinfer`` logger go there instead of to the application's handlers), `log_verbose`
     and `log_format` ("default" or "ISO8601", for `log_file`) are tritonserver's
     ``--log-file`` / ``--log-verbose`` / ``--log-format``; clients read and change them
-    through the logging extension (see `openinfer.logsettings`). `access_log` (a path, or
+    through the logging extension (see `openinfer._control.logsettings`). `access_log` (a path, or
     "-" for standard output; off by default) gets one line per answered request::
 
         TIME PEER PROTOCOL METHOD|RPC PATH|MODEL VERSION STATUS BYTES_IN BYTES_OUT DURATIONus
@@ -227,7 +228,7 @@ def serve(
     falls behind, lines are dropped and counted in a "# access log: N lines dropped" line
     rather than slowing requests. `trace_file` is tritonserver's ``--trace-file``: where the
     trace extension writes the traces of sampled requests (Triton's JSON); clients turn tracing
-    on and tune it with ``/v2/trace/setting`` (see `openinfer.tracesettings`). Tracing can also
+    on and tune it with ``/v2/trace/setting`` (see `openinfer._control.tracesettings`). Tracing can also
     start on: `trace_config` takes tritonserver's ``--trace-config`` entries
     (``["level=TIMESTAMPS", "rate=1", "count=100", "triton,file=/tmp/t.json",
     "triton,log-frequency=50"]``, or a mapping such as ``{"level": ["TIMESTAMPS", "TENSORS"],

@@ -38,7 +38,7 @@ def _setup() -> dict[str, Any]:
     """One ModelControl (no core: nothing is built) and a model directory template whose
     links lead out of it, made once per process."""
     if not _state:
-        from openinfer.control import ModelControl
+        from openinfer._control.control import ModelControl
 
         root = Path(tempfile.mkdtemp(prefix="fuzz-load-"))
         template = root / "template"
@@ -55,7 +55,7 @@ def _setup() -> dict[str, Any]:
 
 
 def _check_resolved(config: dict[str, Any], model_dir: Path) -> None:
-    from openinfer import paths
+    from openinfer._config import paths
 
     for what, name, folder, nested in paths.configured(config):
         base = model_dir / ("1" if folder == "<version>" else folder)
@@ -69,9 +69,9 @@ def _check_resolved(config: dict[str, Any], model_dir: Path) -> None:
 
 
 def test_one_input(data: bytes) -> None:
-    from openinfer import paths, triton_config
+    from openinfer._config import paths, triton_config
     from openinfer.config import DEFAULT_MAX_JSON_DEPTH, ConfigError, parse_json_config
-    from openinfer.control import _check_override_paths, _load_params
+    from openinfer._control.control import _check_override_paths, _load_params
     from openinfer.errors import InferenceServerError
 
     state = _setup()
@@ -126,11 +126,11 @@ def main() -> None:
     import atheris
 
     import openinfer.config
-    import openinfer.control
-    import openinfer.paths
+    import openinfer._control.control
+    import openinfer._config.paths
 
     seeds = [f.read_bytes() for f in files([a for a in sys.argv[1:] if not a.startswith("-")])]
-    instrument([openinfer.paths, openinfer.control, openinfer.config], seeds, _outcome, "fuzz_load")
+    instrument([openinfer._config.paths, openinfer._control.control, openinfer.config], seeds, _outcome, "fuzz_load")
     atheris.Setup(sys.argv, test_one_input)
     atheris.Fuzz()
 

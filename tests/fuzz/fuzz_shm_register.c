@@ -18,7 +18,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "server/shm_body.h"
+#include "server/shm/shm_body.h"
 
 static oi_peer_t me, other;
 

@@ -33,7 +33,7 @@
 #include <nghttp2/nghttp2.h>
 
 #include "codec/json.h"
-#include "server/registry.h"
+#include "server/models/registry.h"
 #include "shm_fence.h"
 #include "server/server.h"
 

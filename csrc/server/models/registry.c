@@ -1,0 +1,300 @@
+#include "server/models/registry.h"
+
+#include "server/classify.h"
+#include "server/sched/ensemble.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static int copy_specs(oi_io_spec_t **dst, const oi_io_spec_t *src, uint32_t n)
+{
+    *dst = calloc(n ? n : 1, sizeof(**dst));
+    if (*dst == NULL)
+        return -1;
+    for (uint32_t i = 0; i < n; i++) {
+        (*dst)[i] = src[i];
+        (*dst)[i].name = strdup(src[i].name);
+        if ((*dst)[i].name == NULL)
+            return -1;
+    }
+    return 0;
+}
+
+static void free_specs(oi_io_spec_t *s, uint32_t n)
+{
+    if (s == NULL)
+        return;
+    for (uint32_t i = 0; i < n; i++)
+        free(s[i].name);
+    free(s);
+}
+
+oi_model_t *oi_model_new(const char *name, int64_t version, int max_batch_size, const oi_io_spec_t *inputs,
+                         uint32_t n_inputs, const oi_io_spec_t *outputs, uint32_t n_outputs)
+{
+    oi_model_t *m = calloc(1, sizeof(*m));
+    if (m == NULL)
+        return NULL;
+    atomic_init(&m->refs, 1);
+    m->version = version;
+    snprintf(m->version_str, sizeof(m->version_str), "%" PRId64, version);
+    m->max_batch_size = max_batch_size;
+    m->n_inputs = n_inputs;
+    m->n_outputs = n_outputs;
+    m->name = strdup(name);
+    if (m->name == NULL || copy_specs(&m->inputs, inputs, n_inputs) != 0 ||
+        copy_specs(&m->outputs, outputs, n_outputs) != 0 ||
+        (m->output_names = calloc(n_outputs ? n_outputs : 1, sizeof(char *))) == NULL) {
+        oi_model_unref(m);
+        return NULL;
+    }
+    for (uint32_t i = 0; i < n_outputs; i++)
+        m->output_names[i] = m->outputs[i].name;
+    return m;
+}
+
+void oi_model_ref(oi_model_t *m) { atomic_fetch_add(&m->refs, 1); }
+
+void oi_model_unref(oi_model_t *m)
+{
+    if (m == NULL || atomic_fetch_sub(&m->refs, 1) != 1)
+        return;
+    free(m->name);
+    free_specs(m->inputs, m->n_inputs);
+    free_specs(m->outputs, m->n_outputs);
+    free(m->output_names);
+    for (uint32_t i = 0; m->labels != NULL && i < m->n_outputs; i++)
+        oi_labels_free(m->labels[i]);
+    free(m->labels);
+    oi_buf_unref(m->metadata);
+    oi_buf_unref(m->config_json);
+    oi_buf_unref(m->config_pb);
+    free(m->error);
+    free(m);
+}
+
+void oi_registry_init(oi_registry_t *r)
+{
+    pthread_rwlock_init(&r->lock, NULL);
+    r->models = NULL;
+}
+
+int oi_registry_add(oi_registry_t *r, oi_model_t *m)
+{
+    pthread_rwlock_wrlock(&r->lock);
+    for (oi_model_t *x = r->models; x; x = x->next)
+        if (x->version == m->version && strcmp(x->name, m->name) == 0) {
+            pthread_rwlock_unlock(&r->lock);
+            return -1;
+        }
+    m->next = r->models;
+    r->models = m;
+    pthread_rwlock_unlock(&r->lock);
+    return 0;
+}
+
+/* Takes `m` out of the list if it is there (the caller holds the write lock); returns it. */
+static oi_model_t *unlink_model(oi_registry_t *r, const char *name, int64_t version)
+{
+    for (oi_model_t **p = &r->models; *p; p = &(*p)->next)
+        if ((*p)->version == version && strcmp((*p)->name, name) == 0) {
+            oi_model_t *m = *p;
+            *p = m->next;
+            m->next = NULL;
+            return m;
+        }
+    return NULL;
+}
+
+int oi_registry_swap(oi_registry_t *r, oi_model_t **add, size_t n_add, const char *const *remove_names,
+                     const int64_t *remove_versions, size_t n_remove, oi_model_t ***retired, size_t *n_retired)
+{
+    /* At most one entry leaves per added or removed one: allocated before anything moves. */
+    oi_model_t **out = calloc(n_add + n_remove + 1, sizeof(*out));
+    if (out == NULL)
+        return -1;
+    size_t n = 0;
+    pthread_rwlock_wrlock(&r->lock);
+    for (size_t i = 0; i < n_remove; i++) {
+        oi_model_t *m = unlink_model(r, remove_names[i], remove_versions[i]);
+        if (m != NULL)
+            out[n++] = m;
+    }
+    for (size_t i = 0; i < n_add; i++) {
+        oi_model_t *m = unlink_model(r, add[i]->name, add[i]->version);
+        if (m != NULL)
+            out[n++] = m;
+        add[i]->next = r->models;
+        r->models = add[i];
+    }
+    pthread_rwlock_unlock(&r->lock);
+    if (n == 0) {
+        free(out);
+        out = NULL;
+    }
+    *retired = out;
+    *n_retired = n;
+    return 0;
+}
+
+void oi_model_retire(oi_model_t *m)
+{
+    if (m == NULL)
+        return;
+    /* Each request admitted to this version holds a reference until its answer is written;
+     * none can be added now that no registry lists it. Unloads are rare: polling is enough. */
+    while (atomic_load(&m->refs) > 1) {
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    oi_seq_stop(m->seq);
+    oi_scheduler_free(m->sched);
+    m->sched = NULL;
+    oi_seq_free(m->seq);
+    m->seq = NULL;
+    if (m->backend && m->backend->release)
+        m->backend->release(m->state);
+    m->backend = NULL;
+    oi_model_unref(m);
+}
+
+/* Parses a URL version: decimal digits only. */
+static int parse_version(const char *s, int64_t *out)
+{
+    if (*s == '\0' || strlen(s) > 18)
+        return -1;
+    int64_t v = 0;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9')
+            return -1;
+        v = v * 10 + (*s - '0');
+    }
+    *out = v;
+    return 0;
+}
+
+/* The default version: the highest ready one, else the highest. Caller holds the lock. */
+static oi_model_t *default_version(oi_registry_t *r, const char *name)
+{
+    oi_model_t *best = NULL;
+    for (oi_model_t *x = r->models; x; x = x->next) {
+        if (strcmp(x->name, name) != 0)
+            continue;
+        int x_ready = x->error == NULL, b_ready = best && best->error == NULL;
+        if (best == NULL || x_ready > b_ready || (x_ready == b_ready && x->version > best->version))
+            best = x;
+    }
+    return best;
+}
+
+oi_model_t *oi_registry_find(oi_registry_t *r, const char *name, const char *version, oi_status_t **err)
+{
+    int64_t v = -1;
+    if (version != NULL && *version != '\0' && parse_version(version, &v) != 0) {
+        *err =
+            oi_status_new(OI_BAD_REQUEST,
+                          "failed to get model version from specified version string '%s' (details: not an integer), "
+                          "version should be an integral value > 0",
+                          version);
+        return NULL;
+    }
+    pthread_rwlock_rdlock(&r->lock);
+    oi_model_t *found = NULL;
+    int known = 0;
+    for (oi_model_t *x = r->models; x; x = x->next) {
+        if (strcmp(x->name, name) != 0)
+            continue;
+        known = 1;
+        if (v >= 0 && x->version == v) {
+            found = x;
+            break;
+        }
+    }
+    if (v < 0 && known)
+        found = default_version(r, name);
+    /* Worded as Triton's core words them: clients and scripts match on these. */
+    if (!known)
+        *err = oi_status_new(OI_NOT_FOUND, "Request for unknown model: '%s' is not found", name);
+    else if (found == NULL)
+        *err = oi_status_new(OI_NOT_FOUND, "Request for unknown model: '%s' version %lld is not found", name,
+                             (long long)v);
+    if (found)
+        oi_model_ref(found);
+    pthread_rwlock_unlock(&r->lock);
+    return found;
+}
+
+int oi_registry_visit_ready(oi_registry_t *r, const char *name, int (*fn)(void *ctx, oi_model_t *m), void *ctx)
+{
+    int rc = 0;
+    pthread_rwlock_rdlock(&r->lock);
+    for (oi_model_t *x = r->models; x && rc == 0; x = x->next)
+        if (x->error == NULL && x->sched != NULL && (name == NULL || strcmp(x->name, name) == 0))
+            rc = fn(ctx, x);
+    pthread_rwlock_unlock(&r->lock);
+    return rc;
+}
+
+int oi_registry_visit(oi_registry_t *r, const char *name, int (*fn)(void *ctx, oi_model_t *m), void *ctx)
+{
+    int rc = 0;
+    pthread_rwlock_rdlock(&r->lock);
+    for (oi_model_t *x = r->models; x && rc == 0; x = x->next)
+        if (name == NULL || strcmp(x->name, name) == 0)
+            rc = fn(ctx, x);
+    pthread_rwlock_unlock(&r->lock);
+    return rc;
+}
+
+int oi_registry_all_ready(oi_registry_t *r)
+{
+    int ready = 1;
+    pthread_rwlock_rdlock(&r->lock);
+    for (oi_model_t *x = r->models; x && ready; x = x->next)
+        if (default_version(r, x->name)->error != NULL)
+            ready = 0;
+    pthread_rwlock_unlock(&r->lock);
+    return ready;
+}
+
+void oi_registry_cancel_queued(oi_registry_t *r)
+{
+    pthread_rwlock_rdlock(&r->lock);
+    for (oi_model_t *m = r->models; m != NULL; m = m->next) {
+        oi_seq_stop(m->seq); /* before the scheduler: its requests go on to it until stopped */
+        oi_scheduler_cancel_queued(m->sched);
+    }
+    pthread_rwlock_unlock(&r->lock);
+}
+
+void oi_registry_destroy(oi_registry_t *r)
+{
+    pthread_rwlock_wrlock(&r->lock);
+    oi_model_t *m = r->models;
+    r->models = NULL;
+    pthread_rwlock_unlock(&r->lock);
+    /* Ensembles first: their requests send steps to the other models' schedulers, which must
+     * outlive them. */
+    for (oi_model_t *x = m; x != NULL; x = x->next)
+        if (x->backend == &oi_ensemble_backend) {
+            oi_scheduler_free(x->sched);
+            x->sched = NULL;
+        }
+    while (m) {
+        oi_model_t *next = m->next;
+        oi_seq_stop(m->seq);
+        oi_scheduler_free(m->sched);
+        m->sched = NULL;
+        oi_seq_free(m->seq);
+        m->seq = NULL;
+        if (m->backend && m->backend->release)
+            m->backend->release(m->state);
+        m->backend = NULL;
+        oi_model_unref(m);
+        m = next;
+    }
+    pthread_rwlock_destroy(&r->lock);
+}

@@ -1,0 +1,52 @@
+"""A repository model's model.py, executed as a module of its own, and the error that says why
+one model version cannot be served. Apart from the repository so that a worker process
+(processes.ModelFile, _worker) can import a model file without the repository, which imports
+every backend: the import graph stays one-way (model -> processes -> model_file, with the repository above them all)."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import re
+import sys
+import traceback
+from pathlib import Path
+from types import ModuleType
+
+_module_ids = itertools.count()
+
+
+class _LoadError(Exception):
+    """A reason why one model version cannot be served; becomes `LoadedModel.error`."""
+
+
+def import_model_file(name: str, version: int, path: Path) -> ModuleType:
+    """Executes model.py as a module of its own, under a name unique to this load, so that
+    every model's model.py coexists in sys.modules (registered there for pickle and
+    dataclasses)."""
+    identifier = re.sub(r"\W", "_", name)
+    module_name = f"_openinfer_model_{identifier}_v{version}_{next(_module_ids)}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise _LoadError(f"{path}: cannot be imported")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except (Exception, SystemExit) as e:
+        del sys.modules[module_name]
+        raise _LoadError(_describe(path, e)) from None
+    return module
+
+
+def _describe(path: Path, error: BaseException) -> str:
+    """One line that says where in model.py loading failed and why."""
+    if isinstance(error, SyntaxError) and error.filename == str(path):
+        return f"{path}:{error.lineno}: SyntaxError: {error.msg}"
+    lines = [f.lineno for f in traceback.extract_tb(error.__traceback__) if f.filename == str(path)]
+    where = f"{path}:{lines[-1]}" if lines else str(path)
+    return (
+        f"{where}: {type(error).__name__}: {error}"
+        if str(error)
+        else f"{where}: {type(error).__name__}"
+    )

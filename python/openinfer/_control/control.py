@@ -1,0 +1,1022 @@
+"""Model control: which models are served, loading and unloading them while the server runs,
+and the repository index. This is Triton's model_repository extension and its
+``--model-control-mode``:
+
+- ``none`` (the default): every model of the repository is loaded at start-up; loading and
+  unloading through the API are refused.
+- ``poll``: the same, and the repository is scanned every ``repository_poll_secs`` seconds:
+  new models load, changed ones (config.pbtxt or any file of the model, by mtime and size)
+  reload, removed ones unload. The API is refused, as in Triton.
+- ``explicit``: only the models named by ``load_models`` (``"*"``: all) load at start-up; the
+  API loads, reloads and unloads.
+
+A load builds every version before serving any, then swaps them into the core's registry in one
+step: requests already admitted to an old version finish on it (the swap waits for them),
+new ones reach the new version. A version that fails to load never replaces a ready one.
+
+Files sent with a load (``file:<version>/<name>`` parameters) are written into a private
+temporary directory (mode 0700) that this server alone writes; it goes when the versions that
+use it are unloaded, or at stop.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from .._backends import ensemble, processes
+from .._config import paths, triton_config
+from .._repository import warmup
+from ..config import (
+    DEFAULT_MAX_JSON_DEPTH,
+    ConfigError,
+    DynamicBatching,
+    ModelConfig,
+    check_json_depth,
+    parse_json_config,
+)
+from ..errors import InferenceServerError
+from ..model import Model, Tensor
+from .._backends.identity_model import IdentityModel
+from .._backends.onnx_model import OnnxModel
+from .._repository.repository import _NOT_INSTALLED, LoadedModel, scan_model
+from .._config.sequence import SequenceBatching
+from .._backends.torch_model import TorchModel
+
+logger = logging.getLogger("openinfer")
+
+MODES = ("none", "poll", "explicit")
+DEFAULT_POLL_SECS = 15.0
+
+# The version a model is registered under when it failed before any version directory could
+# be chosen: the core needs one to answer "not ready" with the reason.
+FAILED_MODEL_VERSION = 1
+
+# Files one load may carry: their number and their decoded size together.
+MAX_LOAD_FILES = 1024
+MAX_LOAD_FILE_BYTES = 2 << 30
+_NAME_MAX = 255  # bytes in one file name (Linux's NAME_MAX)
+
+_NOT_ALLOWED = "explicit model load / unload is not allowed if polling is enabled"
+_STOPPED = "the load was stopped (unloaded, or its client left) before this version started"
+
+IndexEntry = tuple[str, str | None, str | None, str | None]
+
+
+@dataclass
+class _Version:
+    """One version registered in the core."""
+
+    ready: bool
+    temp: Path | None  # the load's temporary directory, when it came with files
+
+
+class ModelControl:
+    """Owns what the core serves: registers model versions, answers the repository extension
+    (the core calls `handle` on its control threads) and runs the poll thread."""
+
+    def __init__(
+        self,
+        core: Any,
+        repo: Path | None,
+        given: Sequence[Model],
+        *,
+        mode: str = "none",
+        load_models: Iterable[str] = (),
+        poll_secs: float = DEFAULT_POLL_SECS,
+        optional_torch: bool = False,
+        max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
+        max_instances: int | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"model_control_mode must be one of {', '.join(MODES)}, got {mode!r}")
+        load = [load_models] if isinstance(load_models, str) else list(load_models)
+        if load and mode != "explicit":
+            raise ValueError(
+                "load_models (--load-model) needs model_control_mode 'explicit' "
+                "(--model-control-mode explicit)"
+            )
+        if poll_secs <= 0:
+            raise ValueError(f"repository_poll_secs must be > 0, got {poll_secs}")
+        if max_instances is not None and (isinstance(max_instances, bool) or not isinstance(max_instances, int)
+                                          or max_instances < 1):
+            raise ValueError(f"max_instances (--max-instances) must be an integer >= 1, got {max_instances!r}")
+        self._core = core
+        self._repo = repo
+        self._mode = mode
+        self._poll_secs = poll_secs
+        self._optional_torch = optional_torch
+        self._max_json_depth = max_json_depth or DEFAULT_MAX_JSON_DEPTH  # 0: the core's default
+        self._max_instances = max_instances or default_max_instances()
+        self._given: dict[str, list[Model]] = {}
+        for model in given:
+            self._given.setdefault(model.name, []).append(model)
+        self._lock = threading.Lock()  # guards the tables below (held briefly)
+        self._ops = threading.Lock()  # one load, unload or poll at a time
+        self._states: dict[str, dict[int | None, tuple[str, str]]] = {}
+        self._registered: dict[str, dict[int, _Version]] = {}
+        self._loaded: dict[str, list[LoadedModel]] = {}
+        self._fingerprints: dict[str, object] = {}
+        self._temp_root: Path | None = None
+        self._stops: dict[str, list[Any]] = {}  # loads under way: the byte that stops each
+        self._closed = threading.Event()
+        self._poller: threading.Thread | None = None
+        names = set(self._given)
+        if repo is not None and (mode != "explicit" or "*" in load):
+            names |= set(self._repository_names())
+        elif repo is not None:
+            names |= set(load)
+        # Ensembles after the models they run: their steps are checked against those.
+        for name in ensemble.load_order(list(names), self._ensemble_steps):
+            try:
+                self._load(name, None, None, startup=True)
+            except InferenceServerError as e:  # --load-model of a model that is not there
+                raise ValueError(e.message) from None
+
+    # ---- what is served -------------------------------------------------------------------
+
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    def loaded(self) -> list[LoadedModel]:
+        """Every version that was loaded or failed, by name then version."""
+        with self._lock:
+            return [e for name in sorted(self._loaded) for e in self._loaded[name]]
+
+    def index(self, ready: bool = False) -> list[IndexEntry]:
+        """The repository index as Triton lists it: every model of the repository (and every
+        model loaded otherwise), each version with its state and the reason; a model never
+        loaded by name only. `ready` keeps only READY versions."""
+        names = set(self._repository_names())
+        with self._lock:
+            names |= set(self._states)
+            out: list[IndexEntry] = []
+            for name in sorted(names):
+                states = self._states.get(name)
+                if not states:
+                    if not ready:
+                        out.append((name, None, None, None))
+                    continue
+                for version in sorted(states, key=lambda v: -1 if v is None else v):
+                    state, reason = states[version]
+                    if ready and state != "READY":
+                        continue
+                    out.append(
+                        (name, None if version is None else str(version), state, reason or None)
+                    )
+            return out
+
+    # ---- the repository extension ----------------------------------------------------------
+
+    def handle(
+        self,
+        op: str,
+        model: str | None,
+        body: bytes | None,
+        params: dict[str, Any] | None,
+        ready: bool,
+        stop: Any = None,
+    ) -> list[IndexEntry] | None:
+        """The core's repository handler: one index, load or unload request, its body as the
+        HTTP client sent it, or its parameters as gRPC decoded them; `stop`, a byte that the
+        core sets when the client goes (a load then gives up starting worker processes).
+        Raises InferenceServerError with the status to answer."""
+        if op == "index":
+            if body is not None:
+                ready = _body_flag(_body_object(body, "registry index", self._max_json_depth), "ready")
+            return self.index(ready)
+        assert model is not None
+        if op == "load":
+            config, files = _load_params(body, params, self._max_json_depth)
+            self.load(model, config, files, stop=stop)
+        else:
+            self.unload(model, _unload_params(body, params, self._max_json_depth))
+        return None
+
+    def load(
+        self,
+        name: str,
+        config: str | None = None,
+        files: Mapping[str, bytes] | None = None,
+        *,
+        stop: Any = None,
+    ) -> None:
+        """Loads or reloads model `name`: from the repository, or from `files` (relative path
+        -> contents, with `config` required) in a temporary directory of its own. `config`
+        (JSON) replaces config.pbtxt. `stop` (a writable buffer of one byte; default: a new
+        one) gives up starting the model's worker processes once its byte is set, as an unload
+        of `name` sets it. Raises InferenceServerError."""
+        _check_name(name)
+        if self._mode != "explicit":
+            raise InferenceServerError(503, _NOT_ALLOWED)
+        override = None
+        if config is not None:
+            try:
+                override = parse_json_config(config, max_depth=self._max_json_depth)
+            except ConfigError as e:
+                raise InferenceServerError(400, f"failed to load '{name}': Invalid {e}") from None
+            _check_override_paths(name, override)
+        if files and override is None:
+            raise InferenceServerError(
+                400, "Load parameter 'config' must be specified for model file override"
+            )
+        stop = bytearray(1) if stop is None else stop
+        with self._lock:
+            self._stops.setdefault(name, []).append(stop)
+        try:
+            with self._ops:
+                if self._closed.is_set():
+                    raise InferenceServerError(503, "the server is shutting down")
+                self._load(name, override, dict(files) if files else None, startup=False, stop=stop, requested=True)
+        finally:
+            with self._lock:
+                stops = self._stops[name]
+                stops.remove(stop)
+                if not stops:
+                    del self._stops[name]
+
+    def unload(self, name: str, unload_dependents: bool = False) -> None:
+        """Unloads every version of `name` once the requests admitted to it are answered. A
+        model that is not loaded is left as it is (as Triton does). No model depends on
+        another here, so `unload_dependents` changes nothing."""
+        del unload_dependents
+        if self._mode != "explicit":
+            raise InferenceServerError(503, _NOT_ALLOWED)
+        with self._lock:  # a load of it under way stops starting workers, then this waits for it
+            for stop in self._stops.get(name, []):
+                stop[0] = 1
+        with self._ops:
+            if self._closed.is_set():
+                raise InferenceServerError(503, "the server is shutting down")
+            self._unload(name)
+
+    # ---- life cycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Starts polling in poll mode."""
+        if self._mode == "poll" and self._repo is not None and self._poller is None:
+            self._poller = threading.Thread(
+                target=self._poll_loop, name="openinfer-repository-poll", daemon=True
+            )
+            self._poller.start()
+
+    def close(self, timeout: float) -> None:
+        """Stops polling, waits up to `timeout` seconds for a load or unload under way (one
+        still going then fails once the core has stopped), and removes every temporary
+        directory. The core is stopped after this, with what is registered."""
+        self._closed.set()
+        if self._poller is not None and self._poller is not threading.current_thread():
+            self._poller.join(timeout)
+        acquired = self._ops.acquire(timeout=max(timeout, 0.0))
+        try:
+            if self._temp_root is not None:
+                shutil.rmtree(self._temp_root, ignore_errors=True)
+                self._temp_root = None
+        finally:
+            if acquired:
+                self._ops.release()
+
+    # ---- loading ---------------------------------------------------------------------------
+
+    def _repository_names(self) -> list[str]:
+        if self._repo is None:
+            return []
+        try:
+            return sorted(
+                p.name
+                for p in self._repo.iterdir()
+                if p.is_dir() and not p.name.startswith(".") and p.name != "__pycache__"
+            )
+        except OSError:
+            return []
+
+    def _load(
+        self,
+        name: str,
+        override: ModelConfig | None,
+        files: dict[str, bytes] | None,
+        *,
+        startup: bool,
+        stop: Any = None,
+        requested: bool = False,
+    ) -> None:
+        """Finds, builds and publishes model `name`. At start-up failures stay in the tables
+        (the server starts with the model not ready); later they also raise. A `requested` load
+        (a client's, through the load API) must stay within max_instances."""
+        started = time.monotonic()
+        model_dir = self._repo / name if self._repo is not None and not name.startswith(".") else None
+        with self._lock:
+            before = dict(self._states.get(name, {}))
+        temp: Path | None = None
+        if files is not None:
+            temp = self._write_files(name, files)
+            model_dir = temp
+        fingerprint = None
+
+        def loading(versions: list[int]) -> None:
+            self._set_states(name, {v: ("LOADING", "") for v in versions}, keep=True)
+
+        if files is None and model_dir is not None and model_dir.is_dir():
+            fingerprint = _fingerprint(model_dir)
+            entries = scan_model(model_dir, name=name, config=override, loading=loading)
+            if self._optional_torch:
+                entries = [e for e in entries if e.error is None or not e.error.startswith(_NOT_INSTALLED)]
+                entries = [e for e in entries if not self._steps_left_out(e)]
+        elif files is not None and model_dir is not None:
+            entries = scan_model(
+                model_dir, name=name, config=override, allow_code=False, loading=loading
+            )
+        elif name in self._given:
+            entries = [_given_entry(name, m) for m in self._given[name]]
+        else:  # hidden directories are no models, as in the index
+            where = f" in {self._repo}" if self._repo is not None else ""
+            raise InferenceServerError(
+                404,
+                f"failed to load '{name}', failed to poll from model repository: no model "
+                f"directory '{name}'{where}",
+            )
+        if name in self._given and files is None:  # models= given beside the repository's
+            versions = {e.version for e in entries}
+            entries += [
+                _given_entry(name, m)
+                for m in self._given[name]
+                if m.version not in versions
+            ]
+        if temp is not None:  # the server's temporary directory stays its own
+            entries = [replace(e, error=_hide(e.error, temp)) for e in entries]
+        try:
+            if requested:
+                self._check_instance_limit(name, entries, before)
+            entries = self._publish(name, entries, temp, before, startup, started, model_dir, stop)
+        except BaseException:
+            if temp is not None:
+                shutil.rmtree(temp.parent, ignore_errors=True)
+            raise
+        if fingerprint is not None:
+            self._fingerprints[name] = fingerprint
+        failures = [e for e in entries if e.error is not None]
+        if failures and not startup:
+            raise InferenceServerError(400, _load_failed(name, failures))
+
+    def _publish(
+        self,
+        name: str,
+        entries: list[LoadedModel],
+        temp: Path | None,
+        before: dict[int | None, tuple[str, str]],
+        startup: bool,
+        started: float,
+        model_dir: Path | None = None,
+        stop: Any = None,
+    ) -> list[LoadedModel]:
+        """Builds every version of `entries` in the core, then swaps them in for the versions
+        now registered under `name` in one step. When a version fails while the model has
+        ready versions, nothing changes (as in Triton, a failed reload leaves the model as it
+        was, and its index states as `before`). Returns the entries, with the core's load
+        failures (TorchScript) filled in."""
+        numbers = sorted({_version(e) for e in entries})
+        metadata_versions = [str(v) for v in numbers]
+        built: list[tuple[LoadedModel, Any]] = []
+        for entry in entries:
+            if stop is not None and stop[0] and entry.error is None:
+                entry = LoadedModel(entry.name, entry.version, None, _STOPPED, entry.config)
+            try:
+                handle = self._build(entry, metadata_versions, stop)
+            except (TypeError, ValueError) as e:  # a declaration the core refuses
+                if startup:
+                    raise
+                entry = LoadedModel(entry.name, entry.version, None, str(e), entry.config)
+                handle = self._build(entry, metadata_versions)
+            if handle.error is not None and entry.error is None:
+                entry = LoadedModel(entry.name, entry.version, None, _hide(handle.error, temp), entry.config)
+                if entry.error != handle.error:  # the core's message named the temporary directory
+                    handle = self._build(entry, metadata_versions)
+            if handle.error is None and entry.model is not None and entry.config.get("model_warmup"):
+                failure = _warm_up(entry, handle, model_dir)
+                if failure is not None:  # the version is served as UNAVAILABLE, with the reason
+                    entry = LoadedModel(entry.name, entry.version, None, failure, entry.config)
+                    handle = self._build(entry, metadata_versions)
+            if handle.error is None:  # nv_model_load_duration_secs: from the load's start
+                handle.load_seconds = time.monotonic() - started
+            built.append((entry, handle))
+        with self._lock:
+            previous = dict(self._registered.get(name, {}))
+        if any(e.error is not None for e, _ in built) and any(v.ready for v in previous.values()):
+            with self._lock:
+                self._states[name] = before
+            if temp is not None:
+                shutil.rmtree(temp.parent, ignore_errors=True)
+            return [e for e, _ in built]  # the handles go with `built`: never served
+        add = [handle for _, handle in built]
+        registered = {
+            _version(e): _Version(e.error is None, temp if e.error is None else None) for e, _ in built
+        }
+        remove = [(name, v) for v in previous if v not in registered]
+        states: dict[int | None, tuple[str, str]] = {}
+        for v in remove:
+            states[v[1]] = ("UNLOADING", "")
+        self._set_states(name, states, keep=True)
+        self._core.swap_models(add, remove)
+        states = {v: ("UNAVAILABLE", "unloaded") for _, v in remove}
+        for entry, _ in built:
+            if entry.error is None:
+                states[_version(entry)] = ("READY", "")
+            else:
+                states[entry.version] = ("UNAVAILABLE", entry.error)
+        with self._lock:
+            self._registered[name] = registered
+            self._states[name] = states
+            self._loaded[name] = [e for e, _ in built]
+        self._drop_unused_temps([*previous.values(), _Version(False, temp)])
+        return [e for e, _ in built]
+
+    def _steps_left_out(self, entry: LoadedModel) -> bool:
+        """Whether `entry` is an ensemble with a step model that the repository has and that
+        was left out (a TorchScript example without torch): left out with it."""
+        if not isinstance(entry.model, ensemble.EnsembleModel) or self._repo is None:
+            return False
+        with self._lock:
+            loaded = {n for n, entries in self._loaded.items() if entries}
+        return any(s.model_name not in loaded and (self._repo / s.model_name).is_dir() for s in entry.model.steps)
+
+    def _ensemble_steps(self, name: str) -> list[str] | None:
+        return ensemble.steps_in(self._repo / name) if self._repo is not None else None
+
+    def _served(self, name: str, version: int) -> tuple[Any, str | None]:
+        """For an ensemble's step: the loaded model of `name` at `version` (-1: its highest
+        ready version), or None and why not, worded as Triton's model manager words it."""
+        with self._lock:
+            entries = list(self._loaded.get(name, []))
+            registered = dict(self._registered.get(name, {}))
+        ready = [
+            e for e in entries
+            if e.error is None and e.model is not None and registered.get(_version(e), _Version(False, None)).ready
+        ]
+        if version >= 0:
+            ready = [e for e in ready if e.version == version]
+            if not ready and any(e.error is None for e in entries):
+                return None, f"whose required version {version} is not loaded."
+        if not ready:
+            failed = next((e.error for e in entries if e.error is not None), None)
+            why = "which has no loaded version."
+            return None, why if failed is None else f"{why} Model '{name}' loading failed with error: {failed}"
+        entry = max(ready, key=_version)
+        if entry.sequence is not None:
+            return None, "which is a sequence model: openinfer does not run sequence models as ensemble steps."
+        return entry.model, None
+
+    def _check_instance_limit(
+        self, name: str, entries: list[LoadedModel], before: dict[int | None, tuple[str, str]]
+    ) -> None:
+        """Refuses (400) a requested load whose versions would take the model instances of the
+        server (every loaded version's, this model's current ones replaced by these) past
+        max_instances, before any instance starts. The models the server loads on its own (at
+        start-up, by polling) count, but are not refused: the repository is the operator's."""
+        asked = sum(_instances(e) for e in entries)
+        with self._lock:
+            others = sum(_instances(e) for n, es in self._loaded.items() if n != name for e in es)
+        if asked + others <= self._max_instances:
+            return
+        what = f"instance_group count {asked}" + (f" (over {len(entries)} versions)" if len(entries) > 1 else "")
+        if asked <= self._max_instances:
+            what += f" and the {others} instances of the models already loaded"
+        with self._lock:
+            self._states[name] = before
+        raise InferenceServerError(
+            400,
+            f"failed to load '{name}': {what} exceed{'s' if asked > self._max_instances else ''} the server's "
+            f"limit of {self._max_instances} instances (--max-instances)",
+        )
+
+    def _build(self, entry: LoadedModel, versions: list[str], stop: Any = None) -> Any:
+        """One version as an unpublished core model (ModelVersion); its `error` says why it
+        cannot serve. `stop` gives up starting its worker processes."""
+        model = entry.model
+        if isinstance(model, ensemble.EnsembleModel):
+            reason = ensemble.check_steps(entry.name, model.steps, model.inputs, model.outputs, self._served)
+            if reason is None:
+                return self._core.add_model(
+                    entry.name,
+                    model.version,
+                    inputs=_specs(model.inputs),
+                    outputs=_specs(model.outputs),
+                    max_batch_size=model.max_batch_size,
+                    metadata_json=_model_metadata(entry.name, versions, model.platform, model.inputs, model.outputs),
+                    handler=None,
+                    ensemble=model.core(),
+                    **_model_config(entry),
+                    publish=False,
+                )
+            entry = LoadedModel(entry.name, entry.version, None, reason, entry.config)
+            model = None
+        if model is not None:
+            # A TorchScript module runs through the shim (torch=spec); a Python model is a handler.
+            runs: dict[str, Any] = {"handler": getattr(model, "handler", None),
+                                    "direct": getattr(model, "direct", None),
+                                    "decoupled": getattr(model, "decoupled", False)}
+            if getattr(model, "processes", False):
+                runs["workers"] = (*processes.worker_spec(model), stop)
+            if isinstance(model, TorchModel):
+                runs = {"torch": model.spec}
+            elif isinstance(model, OnnxModel):
+                runs = {"onnx": model.spec}
+            elif isinstance(model, IdentityModel):
+                runs = {"identity": model.core_spec()}
+            return self._core.add_model(
+                entry.name,
+                model.version,
+                inputs=_specs(model.inputs),
+                outputs=_specs(model.outputs),
+                max_batch_size=model.max_batch_size,
+                metadata_json=_model_metadata(
+                    entry.name, versions, model.platform, model.inputs, model.outputs
+                ),
+                instances=model.instances,
+                dynamic_batching=_batching(model.max_batch_size, model.dynamic_batching, entry.sequence),
+                sequence_batching=entry.sequence.core(model.instances) if entry.sequence else None,
+                response_cache=_response_cache(entry),
+                **runs,
+                **_model_config(entry),
+                labels=entry.labels,
+                publish=False,
+            )
+        platform = entry.config.get("platform") or entry.config.get("backend")
+        return self._core.add_model(
+            entry.name,
+            _version(entry),
+            inputs=(),
+            outputs=(),
+            max_batch_size=0,
+            metadata_json=_model_metadata(
+                entry.name, versions, platform if isinstance(platform, str) else "", (), ()
+            ),
+            handler=None,
+            error=entry.error,
+            publish=False,
+        )
+
+    def _unload(self, name: str) -> None:
+        with self._lock:
+            previous = dict(self._registered.get(name, {}))
+        if not previous:
+            return
+        self._set_states(name, {v: ("UNLOADING", "") for v in previous}, keep=False)
+        self._core.swap_models([], [(name, v) for v in previous])
+        with self._lock:
+            self._registered[name] = {}
+            self._states[name] = {v: ("UNAVAILABLE", "unloaded") for v in previous}
+            self._loaded.pop(name, None)
+        self._fingerprints.pop(name, None)
+        self._drop_unused_temps(previous.values())
+
+    def _set_states(
+        self, name: str, states: Mapping[int | None, tuple[str, str]], *, keep: bool
+    ) -> None:
+        with self._lock:
+            current = dict(self._states.get(name, {})) if keep else {}
+            current.update(states)
+            self._states[name] = current
+
+    # ---- files sent with a load ------------------------------------------------------------
+
+    def _write_files(self, name: str, files: dict[str, bytes]) -> Path:
+        """Writes a load's files into a new private directory; returns the model directory in
+        it. Paths are relative to the model directory and must stay inside it."""
+        if len(files) > MAX_LOAD_FILES:
+            raise InferenceServerError(
+                400, f"a load carries at most {MAX_LOAD_FILES} files, got {len(files)}"
+            )
+        total = sum(len(data) for data in files.values())
+        if total > MAX_LOAD_FILE_BYTES:
+            raise InferenceServerError(
+                400,
+                f"the files of a load may hold at most {MAX_LOAD_FILE_BYTES} bytes together, "
+                f"got {total}",
+            )
+        parts = {path: _file_parts(path) for path in files}
+        if self._temp_root is None:
+            self._temp_root = Path(tempfile.mkdtemp(prefix="openinfer-repository-"))
+        load_dir = Path(tempfile.mkdtemp(prefix="load-", dir=self._temp_root))  # mode 0700
+        model_dir = load_dir / "model"
+        try:
+            model_dir.mkdir(mode=0o700)
+            for path, data in files.items():
+                try:
+                    _write_private(model_dir, parts[path], data, path)
+                except OSError as e:  # the disk is full, say: the message keeps the directory to itself
+                    raise InferenceServerError(
+                        500, f"cannot write file parameter 'file:{paths.printable(path)}': {e.strerror or e}"
+                    ) from None
+        except BaseException:
+            shutil.rmtree(load_dir, ignore_errors=True)
+            raise
+        return model_dir
+
+    def _drop_unused_temps(self, versions: Iterable[_Version]) -> None:
+        with self._lock:
+            in_use = {v.temp for vs in self._registered.values() for v in vs.values()}
+        for temp in {v.temp for v in versions} - in_use:
+            if temp is not None:
+                shutil.rmtree(temp.parent, ignore_errors=True)
+
+    # ---- polling ---------------------------------------------------------------------------
+
+    def _poll_loop(self) -> None:
+        while not self._closed.wait(self._poll_secs):
+            try:
+                self.poll()
+            except Exception:  # a bad poll must not end polling
+                logger.exception("polling the model repository failed")
+
+    def poll(self) -> None:
+        """Scans the repository once: loads new models, reloads changed ones, unloads removed
+        ones. The poll thread calls it every repository_poll_secs."""
+        with self._ops:
+            if self._closed.is_set():
+                return
+            if self._repo is None or not self._repo.is_dir():  # keep serving; say why
+                logger.warning("model repository %s cannot be read; not polled", self._repo)
+                return
+            present = set(self._repository_names())
+            for name in sorted(present):
+                fingerprint = _fingerprint(self._repo / name)  # type: ignore[operator]
+                if self._fingerprints.get(name) == fingerprint and name in self._registered:
+                    continue
+                logger.info("model %s changed in the repository: loading", name)
+                try:
+                    self._load(name, None, None, startup=False)
+                except InferenceServerError as e:
+                    logger.warning("%s", e.message)
+            for name in sorted(set(self._registered) - present - set(self._given)):
+                if self._registered[name]:
+                    logger.info("model %s left the repository: unloading", name)
+                    self._unload(name)
+                with self._lock:  # no longer in the repository: no longer in the index
+                    self._states.pop(name, None)
+                    self._registered.pop(name, None)
+
+
+# ---- request parameters ---------------------------------------------------------------------
+
+
+def _warm_up(entry: LoadedModel, handle: Any, model_dir: Path | None) -> str | None:
+    """Runs the version's model_warmup samples (see `openinfer._repository.warmup`) before it is served;
+    returns why it failed, or None."""
+    assert entry.model is not None
+    try:
+        config = triton_config.normalize(entry.config, "config.pbtxt")
+        built = warmup.samples(config, entry.model.max_batch_size, model_dir)
+        warmup.run(handle, built)
+    except (warmup.WarmupError, ConfigError) as e:
+        logger.warning("model %s version %s: warm-up failed: %s", entry.name, entry.version, e)
+        return f"model warm-up failed: {e}"
+    return None
+
+
+def default_max_instances() -> int:
+    """max_instances when not given: four instances per usable CPU, and at least 64 (enough for
+    a repository of GPU models on a host of few CPUs)."""
+    from .. import _core
+
+    return max(64, 4 * int(_core.usable_cpus()))
+
+
+def _instances(entry: LoadedModel) -> int:
+    """The model instances (executor threads, worker processes, sessions) a version starts."""
+    if entry.error is not None or entry.model is None or isinstance(entry.model, ensemble.EnsembleModel):
+        return 0  # an ensemble runs its steps' instances
+    return int(getattr(entry.model, "instances", 0))
+
+
+def _check_override_paths(name: str, override: ModelConfig) -> None:
+    """Refuses a config override that names a file outside the model's directory (see
+    openinfer._config.paths) before the load goes near the file system. A config that cannot be
+    normalized is left to the load, which reports it as it does for config.pbtxt."""
+    try:
+        normalized = triton_config.normalize(override.raw, "the config override")
+    except ConfigError:
+        return
+    try:
+        paths.check_config(normalized)
+    except paths.PathError as e:
+        raise InferenceServerError(400, f"failed to load '{name}': Invalid config override: {e}") from None
+
+
+def _hide(text: str | None, model_dir: Path | None) -> str | None:
+    """`text` with the directory where a load's files were written (`model_dir`, the server's
+    temporary directory) gone: paths in it read relative to the model ('1/model.onnx')."""
+    if text is None or model_dir is None:
+        return text
+    for where in {str(model_dir), os.path.realpath(model_dir)}:
+        text = text.replace(where + os.sep, "").replace(where, "the model directory")
+    return text
+
+
+def _check_name(name: str) -> None:
+    """Triton's model name check, before a load goes near the file system."""
+    if not name.strip():
+        raise InferenceServerError(
+            400, "Model name cannot be empty. Please enter a valid name to deploy."
+        )
+    if name.strip() == ".." or "/" in name or "\0" in name:
+        raise InferenceServerError(
+            400,
+            f"invalid model name '{name}', model name must not contain path traversal characters",
+        )
+
+
+def _body_object(body: bytes, what: str, max_depth: int = DEFAULT_MAX_JSON_DEPTH) -> dict[str, Any]:
+    try:
+        check_json_depth(body, max_depth, "it")
+        value = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:  # ConfigError included
+        raise InferenceServerError(
+            400, f"failed to parse the {what} request JSON buffer: {e}"
+        ) from None
+    if not isinstance(value, dict):
+        raise InferenceServerError(
+            400, f"the {what} request must be a JSON object, got {type(value).__name__}"
+        )
+    return value
+
+
+def _body_flag(body: dict[str, Any], key: str) -> bool:
+    value = body.get(key, False)
+    if not isinstance(value, bool):
+        raise InferenceServerError(
+            400, f"Invalid value for '{key}': expected a boolean, got {json.dumps(value)}"
+        )
+    return value
+
+
+def _body_parameters(body: bytes | None, what: str, max_depth: int) -> dict[str, Any]:
+    if body is None:
+        return {}
+    params = _body_object(body, what, max_depth).get("parameters", {})
+    if not isinstance(params, dict):
+        raise InferenceServerError(
+            400, f"'parameters' of a {what} request must be a JSON object, got {json.dumps(params)}"
+        )
+    return params
+
+
+def _load_params(
+    body: bytes | None, params: dict[str, Any] | None, max_depth: int
+) -> tuple[str | None, dict[str, bytes]]:
+    """A load's "config" and files from an HTTP body (strings; files in base64) or gRPC
+    parameters (config a string_param, files bytes_param)."""
+    grpc = params is not None
+    given = params if params is not None else _body_parameters(body, "load model", max_depth)
+    config: str | None = None
+    files: dict[str, bytes] = {}
+    for key, value in given.items():
+        if key == "config":
+            if not isinstance(value, str):
+                raise InferenceServerError(
+                    400,
+                    "invalid value type for load parameter 'config', expected string_param."
+                    if grpc
+                    else f"load parameter 'config' must be a JSON string, got {json.dumps(value)}",
+                )
+            config = value
+        elif key.startswith("file:"):
+            if grpc:
+                if not isinstance(value, bytes):
+                    raise InferenceServerError(
+                        400, f"invalid value type for load parameter '{key}', expected bytes_param."
+                    )
+                files[key[5:]] = value
+                continue
+            if not isinstance(value, str):
+                raise InferenceServerError(
+                    400,
+                    f"load parameter '{key}' must be a string of base64, got "
+                    f"{type(value).__name__}",
+                )
+            try:
+                files[key[5:]] = base64.b64decode(value, validate=True)
+            except (binascii.Error, ValueError) as e:
+                raise InferenceServerError(
+                    400, f"load parameter '{key}' is not valid base64: {e}"
+                ) from None
+        else:
+            raise InferenceServerError(400, f"unrecognized load parameter '{key}'.")
+    return config, files
+
+
+def _unload_params(body: bytes | None, params: dict[str, Any] | None, max_depth: int) -> bool:
+    given = params if params is not None else _body_parameters(body, "unload model", max_depth)
+    value = given.get("unload_dependents", False)
+    if not isinstance(value, bool):
+        raise InferenceServerError(
+            400,
+            "invalid value type for 'unload_dependents' parameter, expected bool_param."
+            if params is not None
+            else "Unable to parse 'unload_dependents': expected a boolean, got "
+            f"{json.dumps(value)}",
+        )
+    return value
+
+
+def _file_parts(path: str) -> list[str]:
+    """The components of a file parameter's path, which must name a file inside the model
+    directory: no '.' or '..' components, no empty ones, each a valid file name. A leading '/'
+    is the model directory, as tritonserver joins it (`file:/1/model.onnx` is `1/model.onnx`)."""
+    shown = paths.printable(path)
+    path = path[1:] if path.startswith("/") else path
+    parts = path.split("/")
+    if (
+        not path
+        or "\0" in path
+        or "\\" in path
+        or any(p in ("", ".", "..") for p in parts)
+    ):
+        raise InferenceServerError(
+            400,
+            f"Invalid file parameter 'file:{shown}': the path must stay within the model "
+            "directory (no '.', '..' or empty components)",
+        )
+    try:
+        too_long = any(len(p.encode("utf-8")) > _NAME_MAX for p in parts)
+    except UnicodeEncodeError:
+        raise InferenceServerError(400, f"Invalid file parameter 'file:{shown}': the name is not valid UTF-8") from None
+    if too_long:
+        raise InferenceServerError(
+            400, f"Invalid file parameter 'file:{shown}': a name in the path is longer than {_NAME_MAX} bytes"
+        )
+    if parts[-1].endswith(".py"):
+        raise InferenceServerError(
+            400,
+            f"Invalid file parameter 'file:{shown}': Python files sent with a load are not run "
+            "(they would execute as the server's own code); put Python models in the model "
+            "repository",
+        )
+    return parts
+
+
+def _write_private(model_dir: Path, parts: list[str], data: bytes, path: str) -> None:
+    """Creates directories (0700) and the file (0600) under model_dir, never following a
+    symbolic link and never writing over an existing file."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    fd = os.open(model_dir, flags)
+    try:
+        for part in parts[:-1]:
+            try:
+                os.mkdir(part, 0o700, dir_fd=fd)
+            except FileExistsError:
+                pass
+            try:
+                sub = os.open(part, flags, dir_fd=fd)
+            except OSError:
+                raise InferenceServerError(
+                    400, f"Invalid file parameter 'file:{path}': '{part}' is a file, not a directory"
+                ) from None
+            os.close(fd)
+            fd = sub
+        try:
+            out = os.open(
+                parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=fd
+            )
+        except FileExistsError:
+            raise InferenceServerError(
+                400, f"Invalid file parameter 'file:{path}': a directory or file of that name exists"
+            ) from None
+        with os.fdopen(out, "wb") as f:
+            f.write(data)
+    finally:
+        os.close(fd)
+
+
+def _load_failed(name: str, failures: list[LoadedModel]) -> str:
+    """Triton's wording for a load that did not load every version."""
+    reasons = "".join(
+        f"version {e.version} is at UNAVAILABLE state: {e.error};"
+        if e.version is not None
+        else f"{e.error};"
+        for e in failures
+    )
+    return f"load failed for model '{name}': {reasons}"
+
+
+# ---- change detection ---------------------------------------------------------------------
+
+
+def _fingerprint(model_dir: Path) -> object:
+    """What poll mode compares: every file of the model directory with its mtime and size
+    (config.pbtxt included), so that a new, changed or removed file, or version directory,
+    shows."""
+    found: list[tuple[str, int, int]] = []
+    try:
+        for root, dirs, names in os.walk(model_dir):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith("."))
+            for n in sorted(names):
+                p = os.path.join(root, n)
+                try:
+                    st = os.stat(p)
+                except OSError:
+                    continue
+                found.append((os.path.relpath(p, model_dir), st.st_mtime_ns, st.st_size))
+            for d in dirs:
+                found.append((os.path.relpath(os.path.join(root, d), model_dir) + "/", 0, 0))
+    except OSError:
+        pass
+    return tuple(found)
+
+
+# ---- what the core is told ----------------------------------------------------------------
+
+
+def _given_entry(name: str, model: Model) -> LoadedModel:
+    """A model given in Python, with its sequence_batching as a config.pbtxt's would carry it."""
+    return LoadedModel(name, model.version, model, None, sequence=model.sequence_batching)
+
+
+def _version(entry: LoadedModel) -> int:
+    return FAILED_MODEL_VERSION if entry.version is None else entry.version
+
+
+def _batching(
+    max_batch_size: int, batching: DynamicBatching | None, sequence: SequenceBatching | None = None
+) -> tuple[tuple[int, ...], int] | None:
+    """add_model's dynamic_batching: (preferred sizes, max queue delay in µs, max queue size[, level
+    policies or None, default priority level, preserve_ordering]), or None. With max_batch_size 0 nothing is batched but the queue
+    policies and priorities still apply, as in Triton. A
+    sequence model batches the ready requests of its sequences as its strategy says."""
+    if max_batch_size > 0 and sequence is not None:
+        return sequence.batching()
+    if batching is None:
+        return None
+    return (batching.preferred_batch_size, batching.max_queue_delay_microseconds, batching.max_queue_size,
+            batching.level_policies(), batching.default_priority_level, batching.preserve_ordering)
+
+
+def _model_config(entry: LoadedModel) -> dict[str, bytes]:
+    """add_model's config_json and config_pb: the version's configuration as Triton reports
+    it (config.pbtxt, or what was inferred without one, completed as Triton completes it)."""
+    model = entry.model
+    torch = isinstance(model, TorchModel)
+    native = torch or isinstance(model, OnnxModel)
+    gpus = sorted({int(d[5:]) for d in model.devices if d.startswith("cuda:")}) if native else []
+    config = triton_config.normalize(entry.config) if entry.config else {}
+    backend = "pytorch" if torch else "onnxruntime" if native else "python"
+    if isinstance(model, ensemble.EnsembleModel):
+        backend = ensemble.PLATFORM
+    full = triton_config.complete(entry.name, config, model, backend=backend, gpus=tuple(gpus))
+    rendered = json.dumps(triton_config.to_json(full), separators=(",", ":"), ensure_ascii=False)
+    return {"config_json": rendered.encode(), "config_pb": triton_config.to_protobuf(full)}
+
+
+def _response_cache(entry: LoadedModel) -> bool:
+    """Whether the version asked for the response cache: config.pbtxt's response_cache, or the
+    `Model`'s own flag for a model given in Python."""
+    enabled = (entry.config or {}).get("response_cache", {}).get("enable")
+    return bool(enabled) or bool(getattr(entry.model, "response_cache", False))
+
+
+def _specs(tensors: Sequence[Tensor]) -> list[tuple[str, str, tuple[int, ...] | None]]:
+    return [(t.name, t.datatype, t.shape) for t in tensors]
+
+
+def _model_metadata(
+    name: str,
+    versions: list[str],
+    platform: str,
+    inputs: Sequence[Tensor],
+    outputs: Sequence[Tensor],
+) -> bytes:
+    """The body of GET /v2/models/{name}[/versions/{v}], as the V2 protocol defines it."""
+
+    def tensors(ts: Sequence[Tensor]) -> list[dict[str, object]]:
+        # V2 metadata cannot say "any rank"; [-1] is the nearest shape it can.
+        return [
+            {
+                "name": t.name,
+                "datatype": t.datatype,
+                "shape": [-1] if t.shape is None else list(t.shape),
+            }
+            for t in ts
+        ]
+
+    return json.dumps(
+        {
+            "name": name,
+            "versions": versions,
+            "platform": platform,
+            "inputs": tensors(inputs),
+            "outputs": tensors(outputs),
+        },
+        separators=(",", ":"),
+    ).encode()
+

@@ -1,0 +1,364 @@
+"""Scanning a Triton-layout model repository: ``<repo>/<model>/config.pbtxt`` and numeric
+version directories ``<repo>/<model>/<N>/`` holding the model file.
+
+A scan never raises for a broken model: every model or version that cannot load becomes a
+failed `LoadedModel` with its reason, so one bad model.py does not take the others down, and
+the server can answer "not ready" with that reason.
+
+Python models: ``<N>/model.py`` defines ``infer(inputs)``, optionally with ``parameters`` and
+``request`` (an `openinfer.Request`) parameters. A generator ``infer`` (or one declared
+``model_transaction_policy { decoupled: true }``) yields 0..N responses per request.
+Their inputs and outputs come from config.pbtxt (whose dims exclude the batch dimension when
+max_batch_size > 0, as in Triton) or, when config.pbtxt declares none, from model.py's
+module-level ``INPUTS`` and ``OUTPUTS`` lists of `openinfer.Tensor` (full shapes) and optional
+``MAX_BATCH_SIZE``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._backends import ensemble, processes
+from .._config import paths, sequence, triton_config
+from ..config import ConfigError, ModelConfig, VersionPolicy, load_config
+from .._backends.identity_model import IDENTITY_BACKEND, IdentityLoadError, IdentityModel, load_identity
+from ..model import Model, Tensor
+from .._backends.onnx_model import ONNX_BACKEND, ONNX_PLATFORM, OnnxLoadError, OnnxModel, OnnxUnavailable, load_onnx
+from .._config.sequence import SequenceBatching
+from .._backends.model_file import _LoadError, import_model_file
+from .._backends.torch_aoti import load_package
+from .._backends.torch_model import TorchLoadError, TorchModel, TorchUnavailable, load_torchscript
+
+_VERSION_DIR = re.compile(r"[0-9]+")
+_PYTHON_BACKENDS = {"python"}
+_TORCH_BACKENDS = {"pytorch", "pytorch_libtorch", "torch_aoti"}
+_ONNX_BACKENDS = {ONNX_BACKEND, ONNX_PLATFORM}
+_NO_TORCH = "torch unavailable: "
+_NO_ONNX = "onnxruntime unavailable: "
+_NOT_INSTALLED = (_NO_TORCH, _NO_ONNX)  # reasons the bundled examples leave a model out for
+logger = logging.getLogger("openinfer")
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """One model version found in a repository: `model` when it loaded, else `error`.
+
+    `version` is None when the model failed before any version could be chosen (a bad
+    config.pbtxt, no version directory). `config` is the parsed config.pbtxt ({} without one).
+    """
+
+    name: str
+    version: int | None
+    model: Model | TorchModel | OnnxModel | IdentityModel | ensemble.EnsembleModel | None
+    error: str | None
+    config: dict[str, Any] = field(default_factory=dict)
+    sequence: SequenceBatching | None = None  # the config's sequence_batching, checked
+    labels: dict[str, bytes] = field(default_factory=dict)  # output name -> its label file
+
+
+def examples_path() -> Path:
+    """The embedded example repository: package data ``openinfer/examples/models`` in an
+    installed wheel, or ``examples/models`` at the root of a source checkout."""
+    here = Path(__file__).resolve().parents[1]  # the package's directory
+    for candidate in (here / "examples" / "models", here.parents[1] / "examples" / "models"):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(
+        f"the example model repository is missing from this installation ({here})"
+    )
+
+
+def scan(repo: str | os.PathLike[str], *, optional_torch: bool = False) -> list[LoadedModel]:
+    """Loads every model of the repository at `repo`, in name then version order. Raises only
+    when `repo` itself is not a directory. With `optional_torch`, TorchScript models are left
+    out (rather than failed) where torch is not installed: the bundled examples serve
+    everywhere."""
+    root = Path(repo)
+    if not root.is_dir():
+        raise NotADirectoryError(f"model repository {os.fspath(repo)!r} is not a directory")
+    loaded: list[LoadedModel] = []
+    for model_dir in sorted(root.iterdir()):
+        if model_dir.name.startswith(".") or model_dir.name == "__pycache__":
+            continue
+        if model_dir.is_dir():
+            try:
+                found = _scan_model(model_dir)
+                if optional_torch:
+                    found = [m for m in found if m.error is None or not m.error.startswith(_NOT_INSTALLED)]
+                loaded.extend(found)
+            except OSError as e:  # an unreadable directory fails its model only
+                loaded.append(LoadedModel(model_dir.name, None, None, f"{model_dir}: {e}"))
+    return loaded
+
+
+def _scan_model(model_dir: Path) -> list[LoadedModel]:
+    return scan_model(model_dir)
+
+
+def scan_model(
+    model_dir: Path,
+    *,
+    name: str | None = None,
+    config: ModelConfig | None = None,
+    allow_code: bool = True,
+    loading: Callable[[list[int]], None] | None = None,
+) -> list[LoadedModel]:
+    """Loads the versions of one model directory that its version policy selects, as `scan`
+    does, under `name` (default: the directory's name). `config` replaces the directory's
+    config.pbtxt (a load request's override). Without `allow_code`, a version whose model file
+    is code (a model.py, or a PT2 package, whose shared library runs when loaded) fails instead:
+    files that came over the network are never executed as the server's own code.
+    `loading` hears the versions about to load, before the slow part starts."""
+    name = name or model_dir.name
+    config_path = model_dir / "config.pbtxt"
+    overridden = config is not None
+    try:
+        if config is None and config_path.is_file():
+            config = load_config(config_path)
+        if config is not None and config.name not in (None, name):
+            if overridden:
+                raise ConfigError(
+                    f"the config override: name {config.name!r} differs from the model's name "
+                    f"{name!r}"
+                )
+            raise ConfigError(
+                f"{config_path}: name {config.name!r} differs from the directory name {name!r}"
+            )
+        seq = None
+        steps = None
+        if config is not None:
+            source = "the config override" if overridden else str(config_path)
+            normalized = triton_config.normalize(config.raw, source)
+            try:
+                paths.check_config(normalized)
+            except paths.PathError as e:
+                raise ConfigError(f"{source}: {e}") from None
+            refused, warnings = triton_config.unsupported(normalized, source)
+            for warning in warnings:
+                logger.warning("model %s: %s", name, warning)
+            if refused:
+                raise ConfigError("; ".join(refused))
+            seq = sequence.parse(
+                normalized, source, model_dir, tuple(t.name for t in config.inputs)
+            )
+            if ensemble.is_ensemble(normalized):
+                steps = ensemble.parse(normalized, source, name)
+        labels = read_labels(model_dir, config) if config is not None else {}
+    except ConfigError as e:
+        return [LoadedModel(name, None, None, str(e))]
+    raw = config.raw if config else {}
+
+    def failed(version: int | None, reason: str) -> LoadedModel:
+        return LoadedModel(name, version, None, reason, raw)
+
+    versions = {
+        int(p.name): p for p in model_dir.iterdir() if p.is_dir() and _VERSION_DIR.fullmatch(p.name)
+    }
+    if not versions:
+        return [failed(None, f"{model_dir} has no numeric version directory (e.g. {name}/1/)")]
+    policy = config.version_policy if config else VersionPolicy()
+    loaded = [
+        failed(
+            v, f"version {v} is listed in version_policy but {model_dir / str(v)} does not exist"
+        )
+        for v in policy.versions
+        if policy.kind == "specific" and v not in versions
+    ]
+    selected = policy.select(list(versions))
+    if loading is not None:
+        loading(selected)
+    for version in selected:
+        if steps is not None and config is not None:  # a graph of other models: no file to load
+            loaded.append(LoadedModel(name, version, _ensemble(name, version, config, steps), None, raw))
+            continue
+        try:
+            model = _load_version(name, version, versions[version], config, allow_code, seq)
+        except _LoadError as e:
+            loaded.append(failed(version, str(e)))
+        else:
+            loaded.append(LoadedModel(name, version, model, None, raw, seq, labels))
+    return sorted(loaded, key=lambda m: m.version or 0)
+
+
+def _ensemble(name: str, version: int, config: ModelConfig, steps: tuple[ensemble.Step, ...]) -> ensemble.EnsembleModel:
+    batch = [-1] if config.max_batch_size > 0 else []
+    return ensemble.EnsembleModel(
+        name,
+        version,
+        tuple(Tensor(t.name, t.datatype, [*batch, *t.dims]) for t in config.inputs),
+        tuple(Tensor(t.name, t.datatype, [*batch, *t.dims]) for t in config.outputs),
+        config.max_batch_size,
+        steps,
+    )
+
+
+def read_labels(model_dir: Path, config: ModelConfig) -> dict[str, bytes]:
+    """The label files of the outputs that name one (`label_filename`, a file of the model
+    directory as in Triton), for the classification extension. A file that cannot be read, or
+    lies outside the model directory, fails the model, naming the field."""
+    labels = {}
+    for i, tensor in enumerate(config.outputs):
+        if not tensor.label_filename:
+            continue
+        what = f"output[{i}] {tensor.name!r}: label_filename"
+        try:
+            path = paths.resolve(model_dir, tensor.label_filename, what, model_dir)
+            labels[tensor.name] = path.read_bytes()
+        except paths.PathError as e:
+            raise ConfigError(str(e)) from None
+        except OSError as e:
+            raise ConfigError(f"{what} '{paths.printable(tensor.label_filename)}': cannot read it: "
+                              f"{e.strerror or e}") from None
+    return labels
+
+
+def _load_version(
+    name: str, version: int, version_dir: Path, config: ModelConfig | None, allow_code: bool = True,
+    sequence: SequenceBatching | None = None,
+) -> Model | TorchModel | OnnxModel | IdentityModel:
+    """Dispatches on the backend the config names, else on the model file present."""
+    backend = (config.backend or config.platform) if config else None
+    if backend == IDENTITY_BACKEND:
+        if sequence is not None:
+            raise _LoadError("the identity backend takes no sequence_batching")
+        try:
+            return load_identity(name, version, version_dir, config)
+        except IdentityLoadError as e:
+            raise _LoadError(str(e)) from None
+    if backend and backend not in _PYTHON_BACKENDS | _TORCH_BACKENDS | _ONNX_BACKENDS:
+        raise _LoadError(
+            f"backend {backend!r} is not supported (openinfer serves python, pytorch, onnxruntime "
+            "and identity models)"
+        )
+    if config and config.default_model_filename:
+        try:  # the file is then used by the name given (a module's __file__ keeps it)
+            paths.resolve(version_dir, config.default_model_filename, "default_model_filename", version_dir.parent)
+        except paths.PathError as e:
+            raise _LoadError(str(e)) from None
+        path = version_dir / config.default_model_filename
+        if not path.is_file():
+            raise _LoadError(f"{path} (default_model_filename) does not exist")
+    else:
+        torch = backend in _TORCH_BACKENDS
+        names = ["model.pt", "model.pt2", "model.py"] if torch else ["model.py", "model.pt", "model.pt2"]
+        names = ["model.onnx"] if backend in _ONNX_BACKENDS else [*names, "model.onnx"]
+        if config and config.platform == "torch_aoti":
+            names = ["model.pt2"]
+        found = [version_dir / n for n in names if (version_dir / n).is_file()]
+        if not found:
+            listed = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+            raise _LoadError(f"{version_dir} holds no {listed}")
+        path = found[0]
+    if path.suffix == ".py":
+        if not allow_code:
+            raise _LoadError(
+                f"{path.name}: a Python model sent with the load request is not run (it would "
+                "execute as the server's own code); put Python models in the model repository"
+            )
+        return _load_python(name, version, path, config)
+    if _is_package(path, config) and not allow_code:
+        raise _LoadError(
+            f"{path.name}: a PT2 package sent with the load request is not loaded (its compiled library "
+            "would run as the server's own code); put PT2 packages in the model repository"
+        )
+    if backend in _ONNX_BACKENDS or path.suffix == ".onnx":
+        return _load_onnx(name, version, path, config, sequence)
+    if path.suffix in (".pt", ".pth", ".pt2"):
+        return _load_torchscript(name, version, path, config, sequence)
+    raise _LoadError(f"{path.name}: unsupported model file (expected model.py, model.pt or model.pt2)")
+
+
+def _load_torchscript(
+    name: str, version: int, path: Path, config: ModelConfig | None, sequence: SequenceBatching | None = None
+) -> TorchModel:
+    try:
+        if _is_package(path, config):
+            return load_package(name, version, path, config, sequence)
+        return load_torchscript(name, version, path, config, sequence)
+    except TorchUnavailable as e:
+        raise _LoadError(f"{_NO_TORCH}{e}") from None
+    except TorchLoadError as e:
+        raise _LoadError(f"{path}: {e}" if str(path) not in str(e) else str(e)) from None
+    except (TypeError, ValueError) as e:
+        raise _LoadError(f"{path}: {e}") from None
+
+
+def _is_package(path: Path, config: ModelConfig | None) -> bool:
+    """Whether the model file is loaded as a PT2 AOTInductor package (a shared library inside)."""
+    return path.suffix == ".pt2" or (config is not None and config.platform == "torch_aoti")
+
+
+def _load_onnx(
+    name: str, version: int, path: Path, config: ModelConfig | None, sequence: SequenceBatching | None = None
+) -> OnnxModel:
+    try:
+        return load_onnx(name, version, path, config, sequence)
+    except OnnxUnavailable as e:
+        raise _LoadError(f"{_NO_ONNX}{e}") from None
+    except OnnxLoadError as e:
+        raise _LoadError(str(e)) from None
+    except (TypeError, ValueError) as e:
+        raise _LoadError(f"{path}: {e}") from None
+
+
+def _load_python(name: str, version: int, path: Path, config: ModelConfig | None) -> Model:
+    module = import_model_file(name, version, path)
+    infer = getattr(module, "infer", None)
+    if not callable(infer):
+        raise _LoadError(f"{path} defines no infer(inputs) function")
+    try:
+        if config and (config.inputs or config.outputs):
+            batch = [-1] if config.max_batch_size > 0 else []
+            inputs = [Tensor(t.name, t.datatype, [*batch, *t.dims]) for t in config.inputs]
+            outputs = [Tensor(t.name, t.datatype, [*batch, *t.dims]) for t in config.outputs]
+            max_batch_size = config.max_batch_size
+        elif hasattr(module, "INPUTS") or hasattr(module, "OUTPUTS"):
+            inputs, outputs = getattr(module, "INPUTS", []), getattr(module, "OUTPUTS", [])
+            max_batch_size = getattr(module, "MAX_BATCH_SIZE", 0)
+        else:
+            raise _LoadError(
+                f"{name}: no inputs or outputs declared: add input/output to config.pbtxt "
+                f"or INPUTS/OUTPUTS lists of openinfer.Tensor to {path}"
+            )
+        model = Model(
+            name,
+            infer,
+            inputs=inputs,
+            outputs=outputs,
+            max_batch_size=max_batch_size,
+            version=version,
+            instances=config.instances if config else 1,
+            platform=(config.platform or config.backend or "python") if config else "python",
+            dynamic_batching=config.dynamic_batching if config else None,
+            decoupled=_decoupled(config),
+            processes=False,  # unless config.pbtxt says so: then by file, below
+        )
+    except (TypeError, ValueError) as e:
+        raise _LoadError(f"{path}: {e}") from None
+    if _in_processes(config):
+        processes.bind_file(model, processes.ModelFile(str(path), "infer", name, version))
+    return model
+
+
+def _in_processes(config: ModelConfig | None) -> bool:
+    """Whether a repository Python model's instances are worker processes: more than one
+    instance, none of kind KIND_MODEL (which keeps them threads of the server), and no
+    sequence batching (see _backends/processes.py)."""
+    if config is None or config.instances < 2 or "sequence_batching" in config.raw:
+        return False
+    return all(g.kind != "KIND_MODEL" for g in config.instance_groups)
+
+
+def _decoupled(config: ModelConfig | None) -> bool | None:
+    """What config.pbtxt says of model_transaction_policy.decoupled; None when it says nothing
+    (then a generator infer makes the model decoupled)."""
+    policy = config.raw.get("model_transaction_policy") if config else None
+    if not isinstance(policy, dict) or "decoupled" not in policy:
+        return None
+    return bool(policy["decoupled"])
