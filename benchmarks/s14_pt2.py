@@ -14,8 +14,9 @@ Per round, side by side:
   * dynamic batching: wrk with --connections batch-1 requests to each model with
     dynamic_batching (max_batch_size = --max-batch); rows/s against the transport's rate, the
     same load on a model of the identity backend (the server with no model work: it answers
-    on the loop that read the request), measured right before each batched run. Claim: the package's rows/s >= 90% of it. The
-    in-process rate on batches of --max-batch rows is shown beside it.
+    on the loop that read the request), measured right before each batched run. Claim: the
+    package's rows/s >= 90% of it. The in-process rate on batches of --max-batch rows is shown
+    beside it.
 The package is compiled by the example's recipe (examples/models/mlp_pt2/1/export.py), or
 taken from openinfer's cache when a server compiled it already. The server (`openinfer serve`,
 one loop thread, one instance per model) and the in-process runs are pinned to --server-cpu,
