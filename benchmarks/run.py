@@ -39,6 +39,7 @@ SCENARIOS = {
     "s10": ("s10_soak.py", "soak: mixed valid/invalid HTTP + gRPC, RSS and descriptors over time"),
     "s12": ("s12_onnx.py", "ONNX MLP (ONNX Runtime C API) beside TorchScript, each vs in-process"),
     "s13": ("s13_identity.py", "S1's request to the C identity backend vs the nginx limit (wrk)"),
+    "s14": ("s14_pt2.py", "PT2 (AOTInductor) MLP beside TorchScript: overhead vs in-process, batching vs transport"),
 }
 
 

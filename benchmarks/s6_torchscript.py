@@ -43,7 +43,7 @@ MODELS = {
 }
 
 
-def config(name: str, model: str, max_batch: int, batching: bool, device: str) -> str:
+def config(name: str, model: str, max_batch: int, batching: bool, device: str = "cpu") -> str:
     inp, dims, outs = MODELS[model]
     text = f'name: "{name}"\nplatform: "pytorch_libtorch"\nmax_batch_size: {max_batch}\n'
     text += f'input [ {{ name: "{inp}" data_type: TYPE_FP32 dims: {dims} }} ]\n'
@@ -121,7 +121,7 @@ print(json.dumps({"p50_us": times[len(times) // 2] / 1e3, "p99_us": times[int(le
 """
 
 
-def in_process(model: str, batch: int, seconds: float, cpu: str, device: str) -> dict[str, float]:
+def in_process(model: str, batch: int, seconds: float, cpu: str, device: str = "cpu") -> dict[str, float]:
     _, dims, _ = MODELS[model]
     argv = ["taskset", "-c", cpu, sys.executable, "-c", IN_PROCESS,
             str(EXAMPLES / model / "1" / "model.pt"), str(batch), json.dumps(dims), str(seconds), device]  # fmt: skip

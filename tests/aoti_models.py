@@ -53,6 +53,13 @@ class Accumulate(torch.nn.Module):
         return out, out
 
 
+class Complex(torch.nn.Module):
+    """Static shapes and a complex output, which has no V2 datatype: the load must say so."""
+
+    def forward(self, x):  # type: ignore[no-untyped-def]
+        return x + 1, torch.view_as_complex(x.reshape(2, 2, 2).contiguous())
+
+
 def typed_inputs(rows: int, seed: int = 0) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     out = [rng.integers(-50, 50, size=(rows, 3)).astype(NUMPY[t]) for t in DTYPES[:4]]
@@ -62,7 +69,7 @@ def typed_inputs(rows: int, seed: int = 0) -> list[np.ndarray]:
 
 
 def compile_packages(out: Path) -> None:
-    """Compiles the three packages into `out` (typed.pt2, named.pt2, acc.pt2)."""
+    """Compiles the packages into `out` (typed.pt2, named.pt2, acc.pt2, complex.pt2)."""
     batch = torch.export.Dim("batch", min=1, max=1024)
     with torch.no_grad():
         ep = torch.export.export(
@@ -81,6 +88,8 @@ def compile_packages(out: Path) -> None:
             dynamic_shapes=({0: batch, 1: n}, {0: batch}, {0: batch}),
         )  # fmt: skip
         torch._inductor.aoti_compile_and_package(ep, package_path=str(out / "acc.pt2"))
+        ep = torch.export.export(Complex().eval(), (torch.zeros(2, 4),))
+        torch._inductor.aoti_compile_and_package(ep, package_path=str(out / "complex.pt2"))
 
 
 if __name__ == "__main__":

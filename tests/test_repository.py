@@ -254,7 +254,10 @@ def test_scan_rejects_a_missing_repository(tmp_path: Path) -> None:
 
 
 def test_example_repository() -> None:
-    loaded = [m for m in scan(examples_path(), optional_torch=True) if m.name not in ("cnn", "mlp", "mlp_onnx")]
+    loaded = [
+        m for m in scan(examples_path(), optional_torch=True)
+        if m.name not in ("cnn", "cnn_pt2", "mlp", "mlp_onnx", "mlp_pt2")
+    ]
     assert [(m.name, m.version, m.error) for m in loaded] == [
         ("identity_fp32", 1, None),
         ("mlp_ensemble", 1, None),
@@ -305,7 +308,8 @@ def test_import_does_not_load_the_extension(tmp_path: Path) -> None:
 
 def test_torchscript_without_torch(tmp_path: Path) -> None:
     """Where torch cannot be imported, a TorchScript model fails with that reason, and the
-    bundled examples serve their Python models only (and are ready)."""
+    bundled examples serve their Python models only (and are ready); the PT2 examples are left
+    out with one line each saying why."""
     (tmp_path / "net" / "1").mkdir(parents=True)
     (tmp_path / "net" / "1" / "model.pt").write_bytes(b"PK\x03\x04")
     code = f"""
@@ -323,4 +327,8 @@ with openinfer.serve(http_port=0, log=False) as server:
     assert server.failed == {{}}, server.failed
 """
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:]
+    said = sorted(line for line in r.stderr.splitlines() if "_pt2" in line)
+    assert [line.split(" is not served: ")[0] for line in said] == ["example cnn_pt2", "example mlp_pt2"], said
+    assert all("torch cannot be imported" in line for line in said), said

@@ -5,7 +5,7 @@ config-less and configured serving, a variable dimension, two instances, dynamic
 sequence batching with implicit state, bad requests (400 naming the input), bad packages (the
 load fails with the reason while the rest serves), and CUDA (`gpu`).
 
-Compiling a package takes tens of seconds, so the three packages are compiled once per session
+Compiling a package takes tens of seconds, so the packages are compiled once per session
 into a temporary directory and copied into each test's repository."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from aoti_models import DTYPES, NUMPY, Typed, typed_inputs  # noqa: E402
 
 @pytest.fixture(scope="session")
 def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The three packages, compiled once for the session (each up to a minute on 2 cores), in
+    """The packages, compiled once for the session (each up to a minute on 2 cores), in
     a child process without the sanitizer runtime of an ASan run (which the compiler it starts
     would inherit, and fail under LeakSanitizer)."""
     from openinfer._torch_build import child_environment
@@ -48,7 +48,7 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     done = subprocess.run([sys.executable, str(script), str(out)], env=child_environment(), capture_output=True,
                           text=True, timeout=900)  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
-    return {name: out / f"{name}.pt2" for name in ("typed", "named", "acc")}
+    return {name: out / f"{name}.pt2" for name in ("typed", "named", "acc", "complex")}
 
 
 def put(repo: Path, name: str, package: Path, config: str | None) -> None:
@@ -127,6 +127,7 @@ def server(packages: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) 
     put(repo, "unknown_input", packages["named"], NAMED_FORWARD.replace("KWARGS[kw_arg2]", "KWARGS[nope]"))
     put(repo, "wrong_dtype", packages["typed"], typed_config().replace("TYPE_INT16", "TYPE_INT32", 1))
     put(repo, "cuda_on_cpu", packages["named"], None)
+    put(repo, "complex_output", packages["complex"], None)
     _retarget(repo / "cuda_on_cpu" / "1" / "model.pt2", "cuda")
     with openinfer.serve(repo, http_port=0, grpc_port=0, threads=2, log=False) as srv:
         yield srv
@@ -269,6 +270,7 @@ def test_bad_requests_are_400_naming_the_input(server: openinfer.Server) -> None
         ("unknown_input", 'Input "KWARGS[nope]" is not found in model input map'),
         ("wrong_dtype", "input 'INPUT__1' is INT32 in config.pbtxt, but the package takes INT16"),
         ("cuda_on_cpu", "the package was compiled for CUDA"),
+        ("complex_output", "output OUTPUT__1 has a torch dtype with no V2 datatype"),
     ],
 )
 def test_bad_packages_fail_the_load_with_the_reason(server: openinfer.Server, model: str, reason: str) -> None:
@@ -283,9 +285,13 @@ def test_bad_library_reports_the_loader_reason(server: openinfer.Server) -> None
 
 
 def test_two_instances_serve_concurrent_clients(server: openinfer.Server) -> None:
+    # The references before the clients start: Typed() seeds torch's global generator and draws
+    # its weights from it, which threads building one each at once would interleave.
+    given = [typed_inputs(1 + i % 3, seed=10 + i) for i in range(6)]
+    wants = [typed_reference(arrays) for arrays in given]
+
     def client(i: int) -> None:
-        arrays = typed_inputs(1 + i % 3, seed=10 + i)
-        want = typed_reference(arrays)
+        arrays, want = given[i], wants[i]
         mod, c = clients(server)[i % 2]
         try:
             for _ in range(5):

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from . import _core, _display
+from . import _core, _display, _pt2_build
 from ._net import reachable
 from ._version import __version__
 from ._control.cache import cache_bytes
@@ -371,7 +371,9 @@ class Server:
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()  # one stop at a time: the second waits for the first
         self._drain_cut = threading.Event()  # ends a drain's grace period early
+        self._pt2_stop = threading.Event()  # ends the wait for the PT2 examples' packages
         repo_path, given = _sources(repo, models)
+        load_models = [load_models] if isinstance(load_models, str) else list(load_models)
         tracing = trace_options(
             trace_config,
             trace_file=None if trace_file is None else os.fspath(trace_file),
@@ -434,6 +436,10 @@ class Server:
             self._core.stop(0)
             raise
         self._core.set_repository(self._handle)
+        self._pt2_examples: list[tuple[str, Path]] = []
+        if repo_path is not None and _is_examples(repo_path):
+            loading = set(load_models) if model_control_mode == "explicit" and "*" not in load_models else None
+            self._pt2_examples = _pt2_left_out(repo_path, loading, self._control.loaded())
 
     def _handle(
         self,
@@ -505,7 +511,26 @@ class Server:
                         entry.version,
                         entry.error,
                     )
+        if self._pt2_examples:
+            _pt2_build.serve_when_built(self._pt2_examples, self._pt2_stop, self._load_built_example)
         return self
+
+    def _load_built_example(self, name: str) -> None:
+        """Loads a PT2 example whose package was built after start-up, as a poll loads a model
+        that changed (the model control has no other way in for model_control_mode none)."""
+        control = self._control
+        with control._ops:
+            if control._closed.is_set():
+                return
+            try:
+                control._load(name, None, None, startup=False)
+            except InferenceServerError as e:
+                logger.warning("%s", e.message)
+                return
+        if self._log:
+            for entry in control.loaded():
+                if entry.name == name and entry.model is not None:
+                    logger.info("model %s version %d ready", entry.name, entry.version)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stops accepting connections, lets in-flight requests finish for up to `timeout`
@@ -514,6 +539,7 @@ class Server:
         runs (it finishes in the background and its answer is dropped). Idempotent and safe
         from any thread: a second call returns once the first is done."""
         self._drain_cut.set()
+        self._pt2_stop.set()
         with self._stop_lock:
             try:
                 self._control.close(timeout)
@@ -823,6 +849,20 @@ def _is_examples(repo: str | os.PathLike[str]) -> bool:
         return Path(repo).resolve() == examples_path().resolve()
     except FileNotFoundError:  # an installation without them serves other repositories
         return False
+
+
+def _pt2_left_out(repo: Path, loading: set[str] | None, loaded: list[Any]) -> list[tuple[str, Path]]:
+    """The PT2 examples (name, version directory) that the start-up left out, waiting for
+    their packages: every one with a recipe, of the models loaded (`loading`; None: all),
+    that has no entry among `loaded` and can be built here."""
+    served = {e.name for e in loaded}
+    return [
+        (d.name, v)
+        for d in sorted(repo.iterdir())
+        if d.is_dir() and d.name not in served and (loading is None or d.name in loading)
+        for v in sorted(d.iterdir())
+        if v.is_dir() and v.name.isdigit() and _pt2_build.has_recipe(v) and _pt2_build.pending(v)
+    ]
 
 
 def _index_dict(entry: IndexEntry) -> dict[str, str]:

@@ -238,14 +238,14 @@ def _probe(path: Path, device: str, inputs: list[_Input]) -> list[dict[str, Any]
             raise TorchLoadError(str(e)) from None
 
     first = run(0)
+    for i, o in enumerate(first):
+        if not o["dtype"]:
+            raise TorchLoadError(f"{path}: output OUTPUT__{i} has a torch dtype with no V2 datatype")
     if not any(isinstance(d, str) for t in inputs for d in t.dims):
         return first
     second = run(1)
     for a, b in zip(first, second):
         a["shape"] = [x if x == y else -1 for x, y in zip(a["shape"], b["shape"])]
-    for i, o in enumerate(first):
-        if not o["dtype"]:
-            raise TorchLoadError(f"{path}: output OUTPUT__{i} has a torch dtype with no V2 datatype")
     return first
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import _pt2_build
 from .._backends import ensemble, processes
 from .._config import paths, sequence, triton_config
 from ..config import ConfigError, ModelConfig, VersionPolicy, load_config
@@ -41,7 +42,10 @@ _TORCH_BACKENDS = {"pytorch", "pytorch_libtorch", "torch_aoti"}
 _ONNX_BACKENDS = {ONNX_BACKEND, ONNX_PLATFORM}
 _NO_TORCH = "torch unavailable: "
 _NO_ONNX = "onnxruntime unavailable: "
-_NOT_INSTALLED = (_NO_TORCH, _NO_ONNX)  # reasons the bundled examples leave a model out for
+_NO_PT2 = "PT2 example not served: "
+_PT2_PENDING = "PT2 example not built yet: "
+# Reasons the bundled examples leave a model out for (a PT2 example until its package is built).
+_NOT_INSTALLED = (_NO_TORCH, _NO_ONNX, _NO_PT2, _PT2_PENDING)
 logger = logging.getLogger("openinfer")
 
 
@@ -251,6 +255,8 @@ def _load_version(
         if config and config.platform == "torch_aoti":
             names = ["model.pt2"]
         found = [version_dir / n for n in names if (version_dir / n).is_file()]
+        if not found and _pt2_build.has_recipe(version_dir) and _is_example(version_dir):
+            found = [_example_package(version_dir)]
         if not found:
             listed = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
             raise _LoadError(f"{version_dir} holds no {listed}")
@@ -272,6 +278,24 @@ def _load_version(
     if path.suffix in (".pt", ".pth", ".pt2"):
         return _load_torchscript(name, version, path, config, sequence)
     raise _LoadError(f"{path.name}: unsupported model file (expected model.py, model.pt or model.pt2)")
+
+
+def _is_example(version_dir: Path) -> bool:
+    try:
+        return version_dir.resolve().is_relative_to(examples_path().resolve())
+    except FileNotFoundError:
+        return False
+
+
+def _example_package(version_dir: Path) -> Path:
+    """A PT2 example of the bundled repository: its package, compiled on first use into the
+    cache (see `openinfer._pt2_build`); left out until then, or where it cannot be."""
+    try:
+        return _pt2_build.package(version_dir)
+    except _pt2_build.Skipped as e:
+        raise _LoadError(f"{_NO_PT2}{e}") from None
+    except _pt2_build.Pending as e:
+        raise _LoadError(f"{_PT2_PENDING}{e}") from None
 
 
 def _load_torchscript(
