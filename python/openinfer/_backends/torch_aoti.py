@@ -32,8 +32,7 @@ from typing import Any
 
 from ..config import ModelConfig
 from ..model import Tensor
-from .native_model import count_parameter
-from .torch_model import TorchLoadError, TorchModel, _devices, _ensure_shim, _flag
+from .torch_model import TorchLoadError, TorchModel, _devices, _ensure_shim, torch_version
 
 AOTI_PLATFORM = "torch_aoti"
 _ORDINAL_IN = re.compile(r"INPUT__([0-9]+)")
@@ -107,28 +106,8 @@ def load_package(
             "input_reshape": [None] * len(inputs),
             "output_reshape": [None] * len(probed),
         }
-    params = config.parameters if config else {}
-    spec.update(
-        path=str(path),
-        package=1,
-        dim_links=_dim_links(inputs),
-        devices=list(devices),
-        inference_mode=int(_flag(params, "INFERENCE_MODE", True)),
-        intra_op_threads=count_parameter(params, "INTRA_OP_THREAD_COUNT", TorchLoadError),
-        inter_op_threads=count_parameter(params, "INTER_OP_THREAD_COUNT", TorchLoadError),
-    )
-    return TorchModel(
-        name=name,
-        version=version,
-        path=path,
-        inputs=tuple(decl_in),
-        outputs=tuple(decl_out),
-        max_batch_size=max_batch_size,
-        devices=devices,
-        platform=AOTI_PLATFORM,
-        spec=spec,
-        dynamic_batching=config.dynamic_batching if config else None,
-    )
+    spec.update(package=1, dim_links=_dim_links(inputs))
+    return torch_version(name, version, path, config, decl_in, decl_out, max_batch_size, devices, AOTI_PLATFORM, spec)
 
 
 # ---- the package -------------------------------------------------------------------------

@@ -80,24 +80,27 @@ def load_torchscript(
         platform = CONFIGLESS_PLATFORM
     devices = _devices(config.instance_groups if config else ())
     params = config.parameters if config else {}
+    spec["disable_optimized_execution"] = int(_flag(params, "DISABLE_OPTIMIZED_EXECUTION", False))
+    return torch_version(name, version, path, config, inputs, outputs, max_batch_size, devices, platform, spec)
+
+
+def torch_version(
+    name: str, version: int, path: Path, config: ModelConfig | None, inputs: list[Tensor], outputs: list[Tensor],
+    max_batch_size: int, devices: tuple[str, ...], platform: str, spec: dict[str, Any],
+) -> TorchModel:
+    """The TorchModel of a TorchScript module or a PT2 package: `spec` completed with the file,
+    the instances' devices and the PyTorch backend's parameters both formats take."""
+    params = config.parameters if config else {}
     spec.update(
         path=str(path),
         devices=list(devices),
         inference_mode=int(_flag(params, "INFERENCE_MODE", True)),
-        disable_optimized_execution=int(_flag(params, "DISABLE_OPTIMIZED_EXECUTION", False)),
         intra_op_threads=count_parameter(params, "INTRA_OP_THREAD_COUNT", TorchLoadError),
         inter_op_threads=count_parameter(params, "INTER_OP_THREAD_COUNT", TorchLoadError),
     )
     return TorchModel(
-        name=name,
-        version=version,
-        path=path,
-        inputs=tuple(inputs),
-        outputs=tuple(outputs),
-        max_batch_size=max_batch_size,
-        devices=devices,
-        platform=platform,
-        spec=spec,
+        name=name, version=version, path=path, inputs=tuple(inputs), outputs=tuple(outputs),
+        max_batch_size=max_batch_size, devices=devices, platform=platform, spec=spec,
         dynamic_batching=config.dynamic_batching if config else None,
     )
 
