@@ -10,6 +10,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "json.h"
+#include "json_internal.h"
 
 #include "num.h"
 
@@ -37,72 +38,7 @@ static void put_le(char *dst, uint64_t v, size_t size)
         dst[i] = (char)(v >> (8 * i));
 }
 
-static uint64_t get_le(const char *src, size_t size)
-{
-    uint64_t v = 0;
-    for (size_t i = 0; i < size; i++)
-        v |= (uint64_t)(unsigned char)src[i] << (8 * i);
-    return v;
-}
-
-/* Length of the valid UTF-8 sequence (RFC 3629: shortest form, no surrogates, at most
- * U+10FFFF) at p, which has n > 0 bytes; 0 when there is none. */
-static size_t utf8_len(const unsigned char *p, size_t n)
-{
-    unsigned char b = p[0], lo = 0x80, hi = 0xbf;
-    size_t len;
-    if (b < 0x80)
-        return 1;
-    if (b >= 0xc2 && b <= 0xdf) {
-        len = 2;
-    } else if (b >= 0xe0 && b <= 0xef) {
-        len = 3;
-        lo = b == 0xe0 ? 0xa0 : 0x80;
-        hi = b == 0xed ? 0x9f : 0xbf;
-    } else if (b >= 0xf0 && b <= 0xf4) {
-        len = 4;
-        lo = b == 0xf0 ? 0x90 : 0x80;
-        hi = b == 0xf4 ? 0x8f : 0xbf;
-    } else {
-        return 0;
-    }
-    if (n < len || p[1] < lo || p[1] > hi)
-        return 0;
-    for (size_t i = 2; i < len; i++)
-        if ((p[i] & 0xc0) != 0x80)
-            return 0;
-    return len;
-}
-
-static int utf8_valid(const char *s, size_t n)
-{
-    const unsigned char *p = (const unsigned char *)s, *end = p + n;
-    while (p < end) {
-        if (*p < 0x80) {
-            p++;
-            continue;
-        }
-        size_t k = utf8_len(p, (size_t)(end - p));
-        if (k == 0)
-            return 0;
-        p += k;
-    }
-    return 1;
-}
-
-/* A byte that stands for itself inside a JSON string: printable ASCII but '"' and '\'. */
-static int is_plain(unsigned char b) { return b >= 0x20 && b < 0x80 && b != '"' && b != '\\'; }
-
 /* ---- Cursor and errors -------------------------------------------------------------------- */
-
-typedef struct cursor_s {
-    char *base;  /* first byte of the JSON; message offsets count from here */
-    char *p;     /* next byte to read */
-    char *end;   /* one past the last JSON byte */
-    uint32_t depth;
-    uint32_t max_depth;
-    oi_status_t *err; /* the first failure; every caller stops there */
-} cursor_t;
 
 static size_t offset(const cursor_t *c) { return (size_t)(c->p - c->base); }
 
@@ -149,7 +85,7 @@ static int syntax(cursor_t *c, const char *expected)
 }
 
 /* Skips whitespace and returns the next byte, or -1 at the end of the JSON. */
-static int peek(cursor_t *c)
+int oi__json_peek(cursor_t *c)
 {
     char *p = c->p;
     while (p < c->end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
@@ -158,7 +94,7 @@ static int peek(cursor_t *c)
     return p < c->end ? (unsigned char)*p : -1;
 }
 
-static int is_number_start(int ch) { return is_digit(ch) || ch == '-' || ch == 'N' || ch == 'I'; }
+int oi__json_is_number_start(int ch) { return is_digit(ch) || ch == '-' || ch == 'N' || ch == 'I'; }
 
 /* 1 when the text at the cursor starts with the literal `word`. */
 static int at_literal(const cursor_t *c, const char *word)
@@ -189,7 +125,7 @@ static const char *value_kind(const cursor_t *c)
     case 'n':
         return "null";
     default:
-        return is_number_start(ch) ? "number" : "malformed JSON";
+        return oi__json_is_number_start(ch) ? "number" : "malformed JSON";
     }
 }
 
@@ -257,12 +193,12 @@ static size_t check_escape(cursor_t *c, char *p)
  * escapes, surrogate pairs, UTF-8, no raw control characters. Leaves the cursor past the
  * closing quote with *raw at the first byte inside the quotes, *len the escaped length and
  * *escaped telling whether a backslash occurred. */
-static int scan_string(cursor_t *c, char **raw, size_t *len, int *escaped)
+int oi__json_scan_string(cursor_t *c, char **raw, size_t *len, int *escaped)
 {
     char *start = c->p + 1, *p = start, *end = c->end;
     int esc = 0;
     for (;;) {
-        while (p < end && is_plain((unsigned char)*p))
+        while (p < end && oi__json_is_plain((unsigned char)*p))
             p++;
         if (p >= end)
             return bad_at(c, p, "unterminated string");
@@ -278,7 +214,7 @@ static int scan_string(cursor_t *c, char **raw, size_t *len, int *escaped)
             snprintf(what, sizeof(what), "unescaped control character 0x%02x in string", b);
             return bad_at(c, p, what);
         } else {
-            k = utf8_len((const unsigned char *)p, (size_t)(end - p));
+            k = oi__json_utf8_len((const unsigned char *)p, (size_t)(end - p));
             if (k == 0)
                 return bad_at(c, p, "invalid UTF-8 in string");
         }
@@ -313,9 +249,9 @@ static char *put_utf8(char *w, uint32_t cp)
     return w;
 }
 
-/* Decodes the n bytes of a string that scan_string accepted into dst, which may be src: the
+/* Decodes the n bytes of a string that oi__json_scan_string accepted into dst, which may be src: the
  * decoded text is never longer. Returns the decoded length. */
-static size_t unescape(char *dst, const char *src, size_t n)
+size_t oi__json_unescape(char *dst, const char *src, size_t n)
 {
     const char *end = src + n;
     char *w = dst;
@@ -357,43 +293,35 @@ static int read_string_in_place(cursor_t *c, char **s, size_t *n)
     char *raw;
     size_t len;
     int escaped;
-    if (scan_string(c, &raw, &len, &escaped) != 0)
+    if (oi__json_scan_string(c, &raw, &len, &escaped) != 0)
         return -1;
     if (escaped)
-        len = unescape(raw, raw, len);
+        len = oi__json_unescape(raw, raw, len);
     raw[len] = '\0';
     *s = raw;
     *n = len;
     return 0;
 }
 
-/* A short string read without changing the body: object keys and datatype names, which may
- * lie inside a "parameters" object whose raw text must stay intact. */
-typedef struct short_str_s {
-    const char *s;
-    size_t n;
-    char buf[128]; /* the decoded text of an escaped string */
-} short_str_t;
-
 static int read_short(cursor_t *c, short_str_t *k)
 {
     char *raw;
     size_t len;
     int escaped;
-    if (scan_string(c, &raw, &len, &escaped) != 0)
+    if (oi__json_scan_string(c, &raw, &len, &escaped) != 0)
         return -1;
     k->s = raw;
     k->n = len;
     /* An escaped string too long for buf stays raw: every name we look for is short ASCII,
      * at most 6 escaped bytes a character, so such a string can match none of them. */
     if (escaped && len <= sizeof(k->buf)) {
-        k->n = unescape(k->buf, raw, len);
+        k->n = oi__json_unescape(k->buf, raw, len);
         k->s = k->buf;
     }
     return 0;
 }
 
-static int str_is(const short_str_t *k, const char *lit)
+int oi__json_str_is(const short_str_t *k, const char *lit)
 {
     size_t n = strlen(lit);
     return k->n == n && memcmp(k->s, lit, n) == 0;
@@ -580,9 +508,9 @@ static int is_inf_bits(uint64_t bits, oi_dtype_t t)
 
 /* Reads a non-negative integer that fits int64 (a dimension or a byte count). Returns 0; 1
  * when the value is something else, described in `got`; -1 on malformed JSON. */
-static int read_count(cursor_t *c, int64_t *out, char got[48])
+int oi__json_read_count(cursor_t *c, int64_t *out, char got[48])
 {
-    if (!is_number_start(peek(c))) {
+    if (!oi__json_is_number_start(oi__json_peek(c))) {
         snprintf(got, 48, "%s", value_kind(c));
         return 1;
     }
@@ -609,9 +537,9 @@ static int literal(cursor_t *c, const char *word)
 }
 
 /* Enters the object or array opened at the cursor, within the nesting limit. */
-static int enter(cursor_t *c, char open)
+int oi__json_enter(cursor_t *c, char open)
 {
-    if (peek(c) != open)
+    if (oi__json_peek(c) != open)
         return syntax(c, open == '{' ? "'{'" : "'['");
     if (c->depth >= c->max_depth)
         return bad(c, "JSON at byte %zu nests deeper than the limit of %" PRIu32 " levels",
@@ -621,12 +549,12 @@ static int enter(cursor_t *c, char open)
     return 0;
 }
 
-/* Steps through an object after enter(): returns 1 with the cursor on the next member's
+/* Steps through an object after oi__json_enter(): returns 1 with the cursor on the next member's
  * value (its key in *key unless key is NULL), 0 after the closing '}', or -1. *n counts the
  * members seen. */
-static int next_member(cursor_t *c, uint32_t *n, short_str_t *key)
+int oi__json_next_member(cursor_t *c, uint32_t *n, short_str_t *key)
 {
-    int ch = peek(c);
+    int ch = oi__json_peek(c);
     if (ch == '}') {
         c->p++;
         c->depth--;
@@ -636,7 +564,7 @@ static int next_member(cursor_t *c, uint32_t *n, short_str_t *key)
         if (ch != ',')
             return syntax(c, "',' or '}'");
         c->p++;
-        ch = peek(c);
+        ch = oi__json_peek(c);
     }
     if (ch != '"')
         return syntax(c, *n > 0 ? "a string key" : "a string key or '}'");
@@ -647,22 +575,22 @@ static int next_member(cursor_t *c, uint32_t *n, short_str_t *key)
         char *raw;
         size_t len;
         int escaped;
-        if (scan_string(c, &raw, &len, &escaped) != 0)
+        if (oi__json_scan_string(c, &raw, &len, &escaped) != 0)
             return -1;
     }
-    if (peek(c) != ':')
+    if (oi__json_peek(c) != ':')
         return syntax(c, "':'");
     c->p++;
-    peek(c);
+    oi__json_peek(c);
     (*n)++;
     return 1;
 }
 
-/* Steps through an array after enter(): returns 1 with the cursor on the next element, 0
+/* Steps through an array after oi__json_enter(): returns 1 with the cursor on the next element, 0
  * after the closing ']', or -1. */
 static int next_element(cursor_t *c, uint32_t *n)
 {
-    int ch = peek(c);
+    int ch = oi__json_peek(c);
     if (ch == ']') {
         c->p++;
         c->depth--;
@@ -672,7 +600,7 @@ static int next_element(cursor_t *c, uint32_t *n)
         if (ch != ',')
             return syntax(c, "',' or ']'");
         c->p++;
-        peek(c);
+        oi__json_peek(c);
     }
     (*n)++;
     return 1;
@@ -680,29 +608,29 @@ static int next_element(cursor_t *c, uint32_t *n)
 
 /* Validates and passes over any value: unknown keys, deferred tensor data, parameters. The
  * recursion is bounded by max_depth, itself capped at OI_JSON_MAX_DEPTH. */
-static int skip_value(cursor_t *c)
+int oi__json_skip_value(cursor_t *c)
 {
     uint32_t n = 0;
     int r;
-    switch (peek(c)) {
+    switch (oi__json_peek(c)) {
     case '"': {
         char *raw;
         size_t len;
         int escaped;
-        return scan_string(c, &raw, &len, &escaped);
+        return oi__json_scan_string(c, &raw, &len, &escaped);
     }
     case '{':
-        if (enter(c, '{') != 0)
+        if (oi__json_enter(c, '{') != 0)
             return -1;
-        while ((r = next_member(c, &n, NULL)) == 1)
-            if (skip_value(c) != 0)
+        while ((r = oi__json_next_member(c, &n, NULL)) == 1)
+            if (oi__json_skip_value(c) != 0)
                 return -1;
         return r;
     case '[':
-        if (enter(c, '[') != 0)
+        if (oi__json_enter(c, '[') != 0)
             return -1;
         while ((r = next_element(c, &n)) == 1)
-            if (skip_value(c) != 0)
+            if (oi__json_skip_value(c) != 0)
                 return -1;
         return r;
     case 't':
@@ -731,7 +659,7 @@ static int skip_value(cursor_t *c)
 static int key_index(const short_str_t *k, const char *const *names)
 {
     for (int i = 0; names[i] != NULL; i++)
-        if (str_is(k, names[i]))
+        if (oi__json_str_is(k, names[i]))
             return i;
     return -1;
 }
@@ -778,10 +706,10 @@ static int read_param(cursor_t *c, const char *group, uint32_t index, param_t *w
     char path[64], full[96], got[48];
     snprintf(full, sizeof(full), "%s.%s", where(path, group, index, "parameters"), want->key);
     if (!want->is_bool) {
-        int r = read_count(c, &want->value, got);
+        int r = oi__json_read_count(c, &want->value, got);
         return r == 1 ? bad(c, "%s: expected a non-negative integer, got %s", full, got) : r;
     }
-    int ch = peek(c);
+    int ch = oi__json_peek(c);
     if (ch != 't' && ch != 'f')
         return bad(c, "%s: expected a boolean, got %s", full, value_kind(c));
     want->value = ch == 't';
@@ -793,9 +721,9 @@ static int read_param(cursor_t *c, const char *group, uint32_t index, param_t *w
  * body's text stays untouched, since the model gets the parameters object as it came. */
 static int read_seq_param(cursor_t *c, oi_request_t *req, const short_str_t *key)
 {
-    int ch = peek(c);
-    int is_start = str_is(key, "sequence_start");
-    if (is_start || str_is(key, "sequence_end")) {
+    int ch = oi__json_peek(c);
+    int is_start = oi__json_str_is(key, "sequence_start");
+    if (is_start || oi__json_str_is(key, "sequence_end")) {
         if ((ch != 't' && ch != 'f') || !at_literal(c, ch == 't' ? "true" : "false"))
             return bad(c, "Unable to parse '%s': attempt to access JSON non-boolean as boolean",
                        is_start ? "sequence_start" : "sequence_end");
@@ -809,21 +737,21 @@ static int read_seq_param(cursor_t *c, oi_request_t *req, const short_str_t *key
         char *raw;
         size_t len;
         int escaped;
-        if (scan_string(c, &raw, &len, &escaped) != 0)
+        if (oi__json_scan_string(c, &raw, &len, &escaped) != 0)
             return -1;
         if (len > OI_MAX_ID_BYTES)
             return bad(c, "Unable to parse 'sequence_id': %zu bytes; at most %d are accepted", len, OI_MAX_ID_BYTES);
         oi_buf_unref(req->aux); /* a repeated key: the last one counts */
         if ((req->aux = oi_buf_new(len + 1)) == NULL)
             return out_of_memory(c);
-        len = escaped ? unescape(req->aux->data, raw, len) : (memcpy(req->aux->data, raw, len), len);
+        len = escaped ? oi__json_unescape(req->aux->data, raw, len) : (memcpy(req->aux->data, raw, len), len);
         req->aux->data[len] = '\0';
         req->aux->len = len + 1;
         req->seq.id_str = req->aux->data;
         req->seq.id_str_len = len;
         return 0;
     }
-    if (is_number_start(ch)) {
+    if (oi__json_is_number_start(ch)) {
         num_t num;
         if (scan_number(c, &num) != 0)
             return -1;
@@ -831,7 +759,7 @@ static int read_seq_param(cursor_t *c, oi_request_t *req, const short_str_t *key
             req->seq.id = num.mant;
             return 0;
         }
-    } else if (skip_value(c) != 0) {
+    } else if (oi__json_skip_value(c) != 0) {
         return -1;
     }
     /* Triton reads it as an unsigned integer, then as a string, and reports the second. */
@@ -848,24 +776,24 @@ static int parse_params(cursor_t *c, const char *group, uint32_t index, oi_slice
     short_str_t key;
     uint32_t n = 0;
     int r;
-    if (peek(c) != '{')
+    if (oi__json_peek(c) != '{')
         return bad(c, "%s: expected an object, got %s", where(path, group, index, "parameters"),
                    value_kind(c));
     char *start = c->p;
-    if (enter(c, '{') != 0)
+    if (oi__json_enter(c, '{') != 0)
         return -1;
-    while ((r = next_member(c, &n, &key)) == 1) {
-        if (shm != NULL && str_is(&key, "shared_memory_region"))
+    while ((r = oi__json_next_member(c, &n, &key)) == 1) {
+        if (shm != NULL && oi__json_str_is(&key, "shared_memory_region"))
             *shm = 1;
         param_t *p = NULL;
         for (size_t i = 0; i < n_want && p == NULL; i++)
-            if (str_is(&key, want[i].key))
+            if (oi__json_str_is(&key, want[i].key))
                 p = &want[i];
         if (req != NULL && p == NULL &&
-            (str_is(&key, "sequence_id") || str_is(&key, "sequence_start") || str_is(&key, "sequence_end")))
+            (oi__json_str_is(&key, "sequence_id") || oi__json_str_is(&key, "sequence_start") || oi__json_str_is(&key, "sequence_end")))
             r = read_seq_param(c, req, &key);
         else
-            r = p != NULL ? read_param(c, group, index, p) : skip_value(c);
+            r = p != NULL ? read_param(c, group, index, p) : oi__json_skip_value(c);
         if (r != 0)
             return -1;
     }
@@ -882,7 +810,7 @@ static int parse_name(cursor_t *c, const char **out, const char *group, uint32_t
     char path[64];
     char *s;
     size_t n;
-    if (peek(c) != '"')
+    if (oi__json_peek(c) != '"')
         return bad(c, "%s: expected a string, got %s", where(path, group, index, "name"),
                    value_kind(c));
     if (read_string_in_place(c, &s, &n) != 0)
@@ -925,17 +853,17 @@ static int parse_shape(cursor_t *c, input_t *in)
     char got[48];
     uint32_t n = 0;
     int r;
-    if (peek(c) != '[') {
+    if (oi__json_peek(c) != '[') {
         snprintf(got, sizeof(got), "%s", value_kind(c));
         goto wrong;
     }
-    if (enter(c, '[') != 0)
+    if (oi__json_enter(c, '[') != 0)
         return -1;
     while ((r = next_element(c, &n)) == 1) {
         if (n > OI_MAX_DIMS)
             return bad(c, "%s[%" PRIu32 "].shape: expected at most %d dimensions, got more", in->group,
                        in->index, OI_MAX_DIMS);
-        r = read_count(c, &t->shape[n - 1], got);
+        r = oi__json_read_count(c, &t->shape[n - 1], got);
         if (r == 1)
             goto wrong;
         if (r != 0)
@@ -954,7 +882,7 @@ wrong:
 static int parse_datatype(cursor_t *c, input_t *in)
 {
     short_str_t k;
-    if (peek(c) != '"')
+    if (oi__json_peek(c) != '"')
         return bad(c, "%s[%" PRIu32 "].datatype: expected a string, got %s", in->group, in->index,
                    value_kind(c));
     if (read_short(c, &k) != 0)
@@ -1034,7 +962,7 @@ static int store_float(cursor_t *c, const input_t *in, int64_t i, num_t *num, ch
 static int read_number_element(cursor_t *c, const input_t *in, sink_t *s, int64_t i)
 {
     num_t num;
-    if (!is_number_start(peek(c)))
+    if (!oi__json_is_number_start(oi__json_peek(c)))
         return wrong_kind(c, in, i, "a number");
     if (scan_number(c, &num) != 0)
         return -1;
@@ -1048,7 +976,7 @@ static int read_number_element(cursor_t *c, const input_t *in, sink_t *s, int64_
 
 static int read_bool_element(cursor_t *c, const input_t *in, sink_t *s, int64_t i)
 {
-    int ch = peek(c);
+    int ch = oi__json_peek(c);
     if (ch != 't' && ch != 'f')
         return wrong_kind(c, in, i, "true or false");
     if (literal(c, ch == 't' ? "true" : "false") != 0)
@@ -1064,9 +992,9 @@ static int read_bytes_element(cursor_t *c, const input_t *in, sink_t *s, int64_t
     char *raw;
     size_t len;
     int escaped;
-    if (peek(c) != '"')
+    if (oi__json_peek(c) != '"')
         return wrong_kind(c, in, i, "a string");
-    if (scan_string(c, &raw, &len, &escaped) != 0)
+    if (oi__json_scan_string(c, &raw, &len, &escaped) != 0)
         return -1;
     if (i >= s->want)
         return 0;
@@ -1077,7 +1005,7 @@ static int read_bytes_element(cursor_t *c, const input_t *in, sink_t *s, int64_t
     char *w = s->bytes.data + s->bytes.len;
     size_t n = len;
     if (escaped)
-        n = unescape(w + 4, raw, len);
+        n = oi__json_unescape(w + 4, raw, len);
     else
         memcpy(w + 4, raw, len);
     put_le(w, n, 4);
@@ -1087,9 +1015,9 @@ static int read_bytes_element(cursor_t *c, const input_t *in, sink_t *s, int64_t
 
 static int read_element(cursor_t *c, const input_t *in, sink_t *s)
 {
-    int ch = peek(c);
+    int ch = oi__json_peek(c);
     int64_t i = s->got++;
-    if (ch != '"' && ch != '{' && ch != 't' && ch != 'f' && ch != 'n' && !is_number_start(ch))
+    if (ch != '"' && ch != '{' && ch != 't' && ch != 'f' && ch != 'n' && !oi__json_is_number_start(ch))
         return syntax(c, "a value");
     switch (s->dtype) {
     case OI_TYPE_BOOL:
@@ -1126,7 +1054,7 @@ static int read_elements(cursor_t *c, const input_t *in, sink_t *s)
     int64_t items[OI_MAX_DIMS + 2]; /* items so far in the array open at each depth */
     uint32_t open = 0;
     for (;;) {
-        if (peek(c) == '[') {
+        if (oi__json_peek(c) == '[') {
             if (open > 0) {
                 if (form == FLAT)
                     return ragged(c, in, "an array at depth %u among values", open + 1);
@@ -1135,10 +1063,10 @@ static int read_elements(cursor_t *c, const input_t *in, sink_t *s)
                 form = NESTED;
                 items[open]++;
             }
-            if (enter(c, '[') != 0)
+            if (oi__json_enter(c, '[') != 0)
                 return -1;
             items[++open] = 0;
-            if (peek(c) != ']')
+            if (oi__json_peek(c) != ']')
                 continue; /* an element, or a nested array, follows */
         } else {
             if (open > 0) {
@@ -1155,7 +1083,7 @@ static int read_elements(cursor_t *c, const input_t *in, sink_t *s)
         for (;;) {
             if (open == 0)
                 return 0;
-            int ch = peek(c);
+            int ch = oi__json_peek(c);
             if (ch == ',') {
                 c->p++;
                 break;
@@ -1290,11 +1218,11 @@ static int parse_input(decoder_t *d, input_t *in)
     short_str_t key;
     uint32_t n = 0, seen = 0;
     int r;
-    if (peek(c) != '{')
+    if (oi__json_peek(c) != '{')
         return bad(c, "%s[%" PRIu32 "]: expected an object, got %s", in->group, in->index, value_kind(c));
-    if (enter(c, '{') != 0)
+    if (oi__json_enter(c, '{') != 0)
         return -1;
-    while ((r = next_member(c, &n, &key)) == 1) {
+    while ((r = oi__json_next_member(c, &n, &key)) == 1) {
         int k = key_index(&key, input_keys);
         if (claim_key(c, &seen, k, input_keys, in->group, in->index) != 0)
             return -1;
@@ -1321,11 +1249,11 @@ static int parse_input(decoder_t *d, input_t *in)
             } else {
                 in->deferred = c->p;
                 in->deferred_depth = c->depth;
-                r = skip_value(c);
+                r = oi__json_skip_value(c);
             }
             break;
         default:
-            r = skip_value(c);
+            r = oi__json_skip_value(c);
         }
         if (r != 0)
             return -1;
@@ -1339,9 +1267,9 @@ static int parse_inputs(decoder_t *d)
     oi_request_t *req = d->req;
     uint32_t n = 0;
     int r;
-    if (peek(c) != '[')
+    if (oi__json_peek(c) != '[')
         return bad(c, "%s: expected an array of %s objects, got %s", d->group, d->kind, value_kind(c));
-    if (enter(c, '[') != 0)
+    if (oi__json_enter(c, '[') != 0)
         return -1;
     while ((r = next_element(c, &n)) == 1) {
         oi_tensor_t *t = oi_tensor_push(&req->inputs, &req->n_inputs);
@@ -1387,11 +1315,11 @@ static int parse_output(decoder_t *d, uint32_t index)
     oi_output_request_t *o = push_output(d->req);
     if (o == NULL)
         return out_of_memory(c);
-    if (peek(c) != '{')
+    if (oi__json_peek(c) != '{')
         return bad(c, "outputs[%" PRIu32 "]: expected an object, got %s", index, value_kind(c));
-    if (enter(c, '{') != 0)
+    if (oi__json_enter(c, '{') != 0)
         return -1;
-    while ((r = next_member(c, &n, &key)) == 1) {
+    while ((r = oi__json_next_member(c, &n, &key)) == 1) {
         int k = key_index(&key, output_keys);
         if (claim_key(c, &seen, k, output_keys, "outputs", index) != 0)
             return -1;
@@ -1402,7 +1330,7 @@ static int parse_output(decoder_t *d, uint32_t index)
             r = parse_params(c, "outputs", index, &o->parameters, &want, 1, NULL, NULL);
             o->binary_data = (int)want.value;
         } else {
-            r = skip_value(c);
+            r = oi__json_skip_value(c);
         }
         if (r != 0)
             return -1;
@@ -1419,9 +1347,9 @@ static int parse_outputs(decoder_t *d)
     cursor_t *c = &d->c;
     uint32_t n = 0;
     int r;
-    if (peek(c) != '[')
+    if (oi__json_peek(c) != '[')
         return bad(c, "outputs: expected an array of output objects, got %s", value_kind(c));
-    if (enter(c, '[') != 0)
+    if (oi__json_enter(c, '[') != 0)
         return -1;
     while ((r = next_element(c, &n)) == 1)
         if (parse_output(d, n - 1) != 0)
@@ -1439,9 +1367,9 @@ static int parse_top_string(cursor_t *c, const char *field, const char **out, si
 {
     char *s = NULL;
     size_t n;
-    if (peek(c) == 'n' && at_literal(c, "null")) /* some servers (KServe) send "model_version": null */
+    if (oi__json_peek(c) == 'n' && at_literal(c, "null")) /* some servers (KServe) send "model_version": null */
         return literal(c, "null");
-    if (peek(c) != '"')
+    if (oi__json_peek(c) != '"')
         return bad(c, "%s: expected a string, got %s", field, value_kind(c));
     int r = read_string_in_place(c, &s, &n);
     if (r == 0 && n > OI_MAX_ID_BYTES) /* the id goes back with the answer: keep it small */
@@ -1460,12 +1388,12 @@ static int parse_request(decoder_t *d)
     uint32_t n = 0, seen = 0;
     int r;
     const char *const *keys = d->resp ? response_keys : request_keys;
-    if (peek(c) != '{')
+    if (oi__json_peek(c) != '{')
         return bad(c, "%s body: expected a JSON object, got %s", d->resp ? "response" : "request",
                    value_kind(c));
-    if (enter(c, '{') != 0)
+    if (oi__json_enter(c, '{') != 0)
         return -1;
-    while ((r = next_member(c, &n, &key)) == 1) {
+    while ((r = oi__json_next_member(c, &n, &key)) == 1) {
         int k = key_index(&key, keys);
         if (claim_key(c, &seen, k, keys, NULL, 0) != 0)
             return -1;
@@ -1498,14 +1426,14 @@ static int parse_request(decoder_t *d)
             r = parse_outputs(d);
             break;
         default:
-            r = skip_value(c);
+            r = oi__json_skip_value(c);
         }
         if (r != 0)
             return -1;
     }
     if (r != 0)
         return -1;
-    if (peek(c) != -1)
+    if (oi__json_peek(c) != -1)
         return bad(c, "malformed JSON at byte %zu: unexpected data after the top-level object",
                    offset(c));
     if (!d->resp && !(seen & (1u << REQ_INPUTS)))
@@ -1576,406 +1504,4 @@ oi_status_t *oi_json_decode_infer_response(oi_buf_t *body, size_t json_len, oi_j
     if (st != NULL)
         memset(resp, 0, sizeof(*resp));
     return st;
-}
-
-/* ---- Encoding ------------------------------------------------------------------------------ */
-
-static char *put_lit(char *w, const char *s)
-{
-    size_t n = strlen(s);
-    memcpy(w, s, n);
-    return w + n;
-}
-
-static int append_lit(oi_sbuf_t *out, const char *s) { return oi_sbuf_append(out, s, strlen(s)); }
-
-/* Room per element, its ',' included: what the number writers ask for (the longest text
- * are doubles such as -2.2250738585072014e-308 and 20-digit integers with a sign). */
-#define ELEMENT_MAX (OI_NUM_ROOM + 1)
-#define ELEMENT_BATCH 256
-
-static oi_status_t *out_of_memory_status(void)
-{
-    return oi_status_new(OI_INTERNAL, "out of memory while encoding the response");
-}
-
-/* Writes elements [i, end) of t at w, each but element 0 after a ','. */
-static char *put_elements(char *w, const oi_tensor_t *t, int64_t i, int64_t end)
-{
-    if (i > 0)
-        *w++ = ',';
-    if (t->dtype != OI_TYPE_BOOL)
-        return oi_num_write_list(w, t->data + (size_t)i * oi_dtype_size(t->dtype), (size_t)(end - i), t->dtype, ',');
-    for (int64_t j = i; j < end; j++) {
-        if (j > i)
-            *w++ = ',';
-        w = put_lit(w, t->data[j] ? "true" : "false");
-    }
-    return w;
-}
-
-static oi_status_t *write_fixed_data(oi_sbuf_t *out, const oi_tensor_t *t, int64_t count)
-{
-    /* One reservation per batch keeps the per-element work to formatting. */
-    for (int64_t i = 0; i < count; i += ELEMENT_BATCH) {
-        int64_t end = count - i < ELEMENT_BATCH ? count : i + ELEMENT_BATCH;
-        if (oi_sbuf_reserve(out, (size_t)(end - i) * ELEMENT_MAX) != 0)
-            return out_of_memory_status();
-        out->len = (size_t)(put_elements(out->data + out->len, t, i, end) - out->data);
-    }
-    return NULL;
-}
-
-static oi_status_t *write_bytes_data(oi_sbuf_t *out, const oi_tensor_t *t)
-{
-    size_t off = 0;
-    for (int64_t i = 0; off < t->byte_size; i++) {
-        size_t n = (size_t)get_le(t->data + off, 4);
-        const char *s = t->data + off + 4;
-        off += 4 + n;
-        if (!utf8_valid(s, n))
-            return oi_status_new(OI_BAD_REQUEST,
-                                 "output '%.128s': BYTES element %" PRId64
-                                 " is not valid UTF-8 and cannot be sent as JSON; request the output with \"binary_data\": true",
-                                 t->name, i);
-        if ((i > 0 && append_lit(out, ",") != 0) || oi_json_write_string(out, s, n) != 0)
-            return out_of_memory_status();
-    }
-    return NULL;
-}
-
-/* An output written into a shared-memory region: its name, datatype and shape alone, as
- * tritonserver answers. The client named the region and knows where it asked for the bytes;
- * Triton's C++ client (perf_analyzer) reads any output `parameters` as binary data. */
-static oi_status_t *write_shm_output(oi_sbuf_t *out, const oi_tensor_t *t, const char *name)
-{
-    char num[24];
-    int r = append_lit(out, "{\"name\":") || oi_json_write_string(out, name, strlen(name)) ||
-            append_lit(out, ",\"datatype\":\"") || append_lit(out, oi_dtype_name(t->dtype)) ||
-            append_lit(out, "\",\"shape\":[");
-    for (int i = 0; r == 0 && i < t->ndim; i++)
-        r = (i && append_lit(out, ",")) ||
-            oi_sbuf_append(out, num, (size_t)(oi_num_write_i64(num, t->shape[i]) - num));
-    r = r || append_lit(out, "]}");
-    return r ? out_of_memory_status() : NULL;
-}
-
-static oi_status_t *write_output(oi_sbuf_t *out, const oi_tensor_t *t, int binary)
-{
-    const char *name = t->name != NULL ? t->name : "";
-    if (t->shm) /* checked before it was placed; its bytes may not even be on the host */
-        return write_shm_output(out, t, name);
-    /* A size that does not fit the shape is the model's fault, not the client's. */
-    oi_status_t *st = oi_tensor_check_size(t, "output", name);
-    if (st != NULL) {
-        if (st->code == OI_BAD_REQUEST)
-            st->code = OI_INTERNAL;
-        return st;
-    }
-    int64_t count;
-    oi_shape_elements(t->shape, t->ndim, &count);
-    if (append_lit(out, "{\"name\":") != 0 || oi_json_write_string(out, name, strlen(name)) != 0 ||
-        append_lit(out, ",\"datatype\":\"") != 0 || append_lit(out, oi_dtype_name(t->dtype)) != 0 ||
-        append_lit(out, "\",\"shape\":[") != 0 ||
-        oi_sbuf_reserve(out, (size_t)t->ndim * 21 + 64) != 0)
-        return out_of_memory_status();
-    char *w = out->data + out->len;
-    for (int i = 0; i < t->ndim; i++) {
-        if (i > 0)
-            *w++ = ',';
-        w = oi_num_write_i64(w, t->shape[i]);
-    }
-    *w++ = ']';
-    if (binary) {
-        w = put_lit(w, ",\"parameters\":{\"binary_data_size\":");
-        w = oi_num_write_u64(w, t->byte_size);
-        w = put_lit(w, "}}");
-        out->len = (size_t)(w - out->data);
-        return NULL;
-    }
-    w = put_lit(w, ",\"data\":[");
-    out->len = (size_t)(w - out->data);
-    st = t->dtype == OI_TYPE_BYTES ? write_bytes_data(out, t) : write_fixed_data(out, t, count);
-    if (st == NULL && append_lit(out, "]}") != 0)
-        st = out_of_memory_status();
-    return st;
-}
-
-static oi_status_t *write_response(oi_sbuf_t *out, const char *model_name,
-                                   const char *model_version, const oi_request_t *req,
-                                   const oi_response_t *resp, const uint8_t *binary)
-{
-    const char *name = model_name != NULL ? model_name : "";
-    if (append_lit(out, "{\"model_name\":") != 0 || oi_json_write_string(out, name, strlen(name)) != 0)
-        return out_of_memory_status();
-    if (model_version != NULL &&
-        (append_lit(out, ",\"model_version\":") != 0 ||
-         oi_json_write_string(out, model_version, strlen(model_version)) != 0))
-        return out_of_memory_status();
-    if (req != NULL && req->id != NULL &&
-        (append_lit(out, ",\"id\":") != 0 || oi_json_write_string(out, req->id, req->id_len) != 0))
-        return out_of_memory_status();
-    if (append_lit(out, ",\"outputs\":[") != 0)
-        return out_of_memory_status();
-    for (uint32_t i = 0; i < resp->n_outputs; i++) {
-        if (i > 0 && append_lit(out, ",") != 0)
-            return out_of_memory_status();
-        oi_status_t *st = write_output(out, &resp->outputs[i], binary != NULL && binary[i]);
-        if (st != NULL)
-            return st;
-    }
-    return append_lit(out, "]}") != 0 ? out_of_memory_status() : NULL;
-}
-
-oi_status_t *oi_json_encode_infer_response(oi_sbuf_t *out, const char *model_name,
-                                           const char *model_version, const oi_request_t *req,
-                                           const oi_response_t *resp, const uint8_t *binary)
-{
-    size_t mark = out->len;
-    oi_status_t *st = write_response(out, model_name, model_version, req, resp, binary);
-    if (st != NULL)
-        out->len = mark;
-    return st;
-}
-
-/* Appends `"name":"..."` style fields of one tensor's header: name, datatype, shape. */
-static int write_tensor_head(oi_sbuf_t *out, const oi_tensor_t *t)
-{
-    char num[24];
-    if (append_lit(out, "{\"name\":") != 0 || oi_json_write_string(out, t->name, strlen(t->name)) != 0 ||
-        append_lit(out, ",\"datatype\":\"") != 0 || append_lit(out, oi_dtype_name(t->dtype)) != 0 ||
-        append_lit(out, "\",\"shape\":[") != 0)
-        return -1;
-    for (int i = 0; i < t->ndim; i++)
-        if ((i && append_lit(out, ",") != 0) ||
-            oi_sbuf_append(out, num, (size_t)(oi_num_write_u64(num, (uint64_t)t->shape[i]) - num)) != 0)
-            return -1;
-    return append_lit(out, "]");
-}
-
-int oi_json_encode_infer_request(oi_sbuf_t *out, const oi_tensor_t *inputs, uint32_t n_inputs,
-                                 const char *const *outputs, uint32_t n_outputs, const char *id,
-                                 oi_slice_t parameters)
-{
-    size_t mark = out->len;
-    char num[24];
-    int r = append_lit(out, "{");
-    if (r == 0 && id != NULL)
-        r = append_lit(out, "\"id\":") || oi_json_write_string(out, id, strlen(id)) || append_lit(out, ",");
-    if (r == 0 && parameters.ptr != NULL)
-        r = append_lit(out, "\"parameters\":") || oi_sbuf_append(out, parameters.ptr, parameters.len) ||
-            append_lit(out, ",");
-    if (r == 0)
-        r = append_lit(out, "\"inputs\":[");
-    for (uint32_t i = 0; r == 0 && i < n_inputs; i++)
-        r = (i && append_lit(out, ",")) || write_tensor_head(out, &inputs[i]) ||
-            append_lit(out, ",\"parameters\":{\"binary_data_size\":") ||
-            oi_sbuf_append(out, num, (size_t)(oi_num_write_u64(num, inputs[i].byte_size) - num)) || append_lit(out, "}}");
-    if (r == 0)
-        r = append_lit(out, "]");
-    if (r == 0 && n_outputs > 0) {
-        r = append_lit(out, ",\"outputs\":[");
-        for (uint32_t i = 0; r == 0 && i < n_outputs; i++)
-            r = (i && append_lit(out, ",")) || append_lit(out, "{\"name\":") ||
-                oi_json_write_string(out, outputs[i], strlen(outputs[i])) ||
-                append_lit(out, ",\"parameters\":{\"binary_data\":true}}");
-        if (r == 0)
-            r = append_lit(out, "]");
-    }
-    if (r == 0)
-        r = append_lit(out, "}");
-    if (r != 0)
-        out->len = mark;
-    return r ? -1 : 0;
-}
-
-int oi_json_output_is_binary(const oi_request_t *req, const char *output_name)
-{
-    for (uint32_t i = 0; i < req->n_outputs; i++)
-        if (req->outputs[i].binary_data >= 0 && strcmp(req->outputs[i].name, output_name) == 0)
-            return req->outputs[i].binary_data;
-    return req->binary_data_output > 0;
-}
-
-int oi_json_encode_error(oi_sbuf_t *out, const char *message)
-{
-    size_t mark = out->len;
-    if (append_lit(out, "{\"error\":") != 0 || oi_json_write_string(out, message, strlen(message)) != 0 ||
-        append_lit(out, "}") != 0) {
-        out->len = mark;
-        return -1;
-    }
-    return 0;
-}
-
-int oi_json_write_string(oi_sbuf_t *out, const char *s, size_t n)
-{
-    static const char hex[] = "0123456789abcdef";
-    const unsigned char *p = (const unsigned char *)s, *end = p + n;
-    if (oi_sbuf_reserve(out, n + 2) != 0)
-        return -1;
-    out->data[out->len++] = '"';
-    while (p < end) {
-        const unsigned char *run = p;
-        while (p < end && is_plain(*p))
-            p++;
-        if (p > run && oi_sbuf_append(out, run, (size_t)(p - run)) != 0)
-            return -1;
-        if (p == end)
-            break;
-        char esc[6] = {'\\', 0};
-        size_t k = 2;
-        if (*p >= 0x80) {
-            size_t len = utf8_len(p, (size_t)(end - p));
-            if (len == 0 ? oi_sbuf_append(out, "\xef\xbf\xbd", 3) : oi_sbuf_append(out, p, len))
-                return -1;
-            p += len ? len : 1;
-            continue;
-        }
-        switch (*p) {
-        case '"': esc[1] = '"'; break;
-        case '\\': esc[1] = '\\'; break;
-        case '\b': esc[1] = 'b'; break;
-        case '\f': esc[1] = 'f'; break;
-        case '\n': esc[1] = 'n'; break;
-        case '\r': esc[1] = 'r'; break;
-        case '\t': esc[1] = 't'; break;
-        default:
-            memcpy(esc + 1, "u00", 3);
-            esc[4] = hex[*p >> 4];
-            esc[5] = hex[*p & 15];
-            k = 6;
-        }
-        if (oi_sbuf_append(out, esc, k) != 0)
-            return -1;
-        p++;
-    }
-    return oi_sbuf_append(out, "\"", 1);
-}
-
-/* ---- Parameters ------------------------------------------------------------------------- */
-
-/* The next member of the object at c whose key is not in `ignored`: its key and value text.
- * 1, 0 at the object's end, -1 on malformed text. */
-static int next_kept_member(cursor_t *c, uint32_t *n, const char *const *ignored, short_str_t *k, oi_slice_t *value)
-{
-    int r;
-    while ((r = next_member(c, n, k)) == 1) {
-        int skip = 0;
-        for (const char *const *i = ignored; *i != NULL && !skip; i++)
-            skip = str_is(k, *i);
-        char *at = c->p;
-        if (skip_value(c) != 0)
-            return -1;
-        *value = (oi_slice_t){at, (size_t)(c->p - at)};
-        if (!skip)
-            return 1;
-    }
-    return r;
-}
-
-static cursor_t read_cursor(oi_slice_t text)
-{
-    /* The cursor's functions take mutable text but only read_string_in_place and the float
-     * conversions write, and neither is used by the readers below. */
-    return (cursor_t){.base = (char *)text.ptr, .p = (char *)text.ptr, .end = (char *)text.ptr + text.len,
-                      .max_depth = OI_JSON_MAX_DEPTH};
-}
-
-int oi_json_params_each(oi_slice_t params, const char *const *ignored,
-                        void (*fn)(void *ctx, const char *key, size_t key_len, oi_slice_t value), void *ctx)
-{
-    if (params.ptr == NULL)
-        return 0;
-    cursor_t c = read_cursor(params);
-    short_str_t k;
-    oi_slice_t v;
-    uint32_t n = 0;
-    int r = enter(&c, '{') == 0 ? 1 : -1;
-    while (r == 1 && (r = next_kept_member(&c, &n, ignored, &k, &v)) == 1)
-        fn(ctx, k.s, k.n, v);
-    oi_status_free(c.err);
-    return r == 0 && peek(&c) == -1 ? 0 : -1;
-}
-
-int oi_json_params_same(oi_slice_t a, oi_slice_t b, const char *const *ignored)
-{
-    static const char empty[] = "{}";
-    cursor_t ca = read_cursor(a.ptr ? a : (oi_slice_t){empty, 2}), cb = read_cursor(b.ptr ? b : (oi_slice_t){empty, 2});
-    short_str_t ka, kb;
-    oi_slice_t va, vb;
-    uint32_t na = 0, nb = 0;
-    int same = enter(&ca, '{') == 0 && enter(&cb, '{') == 0;
-    while (same) {
-        int ra = next_kept_member(&ca, &na, ignored, &ka, &va), rb = next_kept_member(&cb, &nb, ignored, &kb, &vb);
-        if (ra != rb || ra < 0 || ra == 0) {
-            same = ra == 0 && rb == 0 && peek(&ca) == -1 && peek(&cb) == -1;
-            break;
-        }
-        same = ka.n == kb.n && memcmp(ka.s, kb.s, ka.n) == 0 && va.len == vb.len && memcmp(va.ptr, vb.ptr, va.len) == 0;
-    }
-    oi_status_free(ca.err);
-    oi_status_free(cb.err);
-    return same;
-}
-
-int oi_json_param(oi_slice_t params, const char *key, oi_json_param_t *out, char *buf, size_t cap)
-{
-    memset(out, 0, sizeof(*out));
-    if (params.ptr == NULL)
-        return 0;
-    cursor_t c = read_cursor(params);
-    short_str_t k;
-    uint32_t n = 0;
-    int r, found = 0;
-    if (enter(&c, '{') != 0)
-        goto fail;
-    /* Every member is walked, so that a malformed object is refused wherever it breaks; the
-     * first occurrence of a repeated key counts. */
-    while ((r = next_member(&c, &n, &k)) == 1) {
-        if (found || !str_is(&k, key)) {
-            if (skip_value(&c) != 0)
-                goto fail;
-            continue;
-        }
-        found = 1;
-        int ch = peek(&c);
-        char *value = c.p;
-        if (ch == '"') {
-            char *raw;
-            size_t len;
-            int escaped;
-            if (scan_string(&c, &raw, &len, &escaped) != 0)
-                goto fail;
-            out->kind = OI_JSON_PARAM_STRING;
-            if (len >= cap) { /* decoding never lengthens text, but may not shorten it enough */
-                out->len = len;
-                out->too_long = 1;
-            } else {
-                out->len = escaped ? unescape(buf, raw, len) : len;
-                if (!escaped)
-                    memcpy(buf, raw, len);
-                buf[out->len] = '\0';
-            }
-        } else if (is_number_start(ch)) {
-            char got[48];
-            int64_t v;
-            int rc = read_count(&c, &v, got);
-            if (rc < 0)
-                goto fail;
-            out->kind = rc == 0 ? OI_JSON_PARAM_COUNT : OI_JSON_PARAM_OTHER;
-            out->count = rc == 0 ? v : 0;
-        } else {
-            if (skip_value(&c) != 0)
-                goto fail;
-            out->kind = OI_JSON_PARAM_OTHER;
-        }
-        out->raw = (oi_slice_t){value, (size_t)(c.p - value)};
-    }
-    if (r == 0 && c.err == NULL && peek(&c) == -1)
-        return 0;
-fail:
-    oi_status_free(c.err);
-    memset(out, 0, sizeof(*out));
-    return -1;
 }
