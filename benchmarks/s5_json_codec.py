@@ -4,7 +4,7 @@ body — openinfer's C codec against orjson + numpy and Python's json + numpy.
 
     .venv/bin/python benchmarks/s5_json_codec.py [--quick] [--elements N] [--seconds S] [--rounds N]
 
-openinfer: benchmarks/c/json_codec_bench.c, compiled here with -O2 against csrc/codec/json.c, num.c
+openinfer: benchmarks/c/json_codec_bench.c, compiled here with -O2 against csrc/codec/json_*.c, num.c
 and the core modules it uses (no server, no Python): decode = oi_json_decode_infer_request
 (body → packed little-endian tensor), encode = oi_json_encode_infer_response of the decoded
 tensor as an output (tensor → JSON response). Python, in the benchmark tools venv
@@ -35,7 +35,8 @@ NAME = "s5_json_codec"
 T = "s5"
 DRIVER_SRC = C.BENCH_DIR / "c" / "json_codec_bench.c"
 CODEC_SOURCES = ["csrc/core/buf.c", "csrc/core/budget.c", "csrc/core/dtype.c", "csrc/core/status.c",
-                 "csrc/core/tensor.c", "csrc/codec/json.c", "csrc/codec/num.c"]
+                 "csrc/core/tensor.c", "csrc/codec/json_decode.c", "csrc/codec/json_encode.c",
+                 "csrc/codec/json_params.c", "csrc/codec/num.c"]
 DTYPES = ("FP32", "INT64")
 
 PY_BENCH = r'''

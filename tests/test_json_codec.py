@@ -22,7 +22,7 @@ CFLAGS = [
 # The codec and the core modules it uses (not all of csrc/core: the codec needs no threads).
 CODEC_SOURCES = [
     "csrc/core/buf.c", "csrc/core/budget.c", "csrc/core/dtype.c", "csrc/core/status.c", "csrc/core/tensor.c",
-    "csrc/codec/json.c", "csrc/codec/num.c",
+    "csrc/codec/json_decode.c", "csrc/codec/json_encode.c", "csrc/codec/json_params.c", "csrc/codec/num.c",
 ]
 SANITIZER_ENV = {
     "ASAN_OPTIONS": "detect_leaks=1:halt_on_error=1",

@@ -1,4 +1,4 @@
-/* S5 driver: times openinfer's V2 JSON codec (csrc/codec/json.c) alone, with no server.
+/* S5 driver: times openinfer's V2 JSON codec (csrc/codec/json_*.c) alone, with no server.
  *
  *   json_codec_bench BODY.json SECONDS [ENCODED_OUT]
  *

@@ -1,4 +1,5 @@
-/* The V2 JSON codec.
+/* The V2 JSON codec's decoders: inference requests (server) and responses (client). The writers
+ * are in json_encode.c, the reader of "parameters" texts in json_params.c.
  *
  * Decoding is one pass of recursive descent over the body with a cursor; nothing is built
  * but the request itself. The schema directs it: tensor elements are converted straight into

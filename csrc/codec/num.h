@@ -1,6 +1,6 @@
 /* Numbers as JSON text: shortest round-trip printing of FP64, FP32, FP16 and BF16 values,
  * integer printing, and correctly rounded decimal-to-binary conversion. Pure functions that
- * read and write "C"-locale text whatever locale the process set: the JSON codec (json.c) is
+ * read and write "C"-locale text whatever locale the process set: the JSON codec (json_*.c) is
  * their user. */
 #ifndef OI_CODEC_NUM_H
 #define OI_CODEC_NUM_H

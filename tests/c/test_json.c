@@ -1,4 +1,4 @@
-/* Unit tests of the V2 JSON codec (csrc/codec/json.c). Prints one line per failed check and
+/* Unit tests of the V2 JSON codec (csrc/codec/json_*.c). Prints one line per failed check and
  * then "N passed, M failed"; exits non-zero on any failure.
  *
  * With --echo it instead decodes a request body from stdin and prints the response that

@@ -3,7 +3,7 @@
  *   test_num --print       lines "T HEX" in (T: d FP64, f FP32, h FP16, b BF16; HEX: the
  *                          value's encoding), the text oi_num_write_* gives out, one a line
  *   test_num --parse       lines "T TEXT" in, the encoding the JSON decoder stores out (HEX),
- *                          by the same steps as json.c: Eisel-Lemire, else the exact path;
+ *                          by the same steps as json_decode.c: Eisel-Lemire, else the exact path;
  *                          FP16/BF16 through the double
  *   test_num --exhaustive [FIRST LAST [THREADS]]
  *                          every FP32 encoding in [FIRST, LAST] (hex; default all 2^32, on
@@ -41,7 +41,7 @@ static char *write_bits(char *w, oi_dtype_t t, uint64_t bits)
     }
 }
 
-/* What json.c's num_to_bits does with a plain JSON number (no NaN/Infinity tokens). */
+/* What json_decode.c's num_to_bits does with a plain JSON number (no NaN/Infinity tokens). */
 static uint64_t parse_text(const char *s, oi_dtype_t t, int *fast)
 {
     if (t == OI_TYPE_FP16 || t == OI_TYPE_BF16)

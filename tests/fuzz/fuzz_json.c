@@ -4,7 +4,7 @@
  * marks binary sent binary. Failures are encoded as error bodies.
  *
  *   clang -g -fsanitize=fuzzer,address,undefined -Icsrc tests/fuzz/fuzz_json.c
- *       csrc/core/[a-z]*.c csrc/codec/json.c csrc/codec/num.c -o fuzz_json
+ *       csrc/core/[a-z]*.c csrc/codec/json_*.c csrc/codec/num.c -o fuzz_json
  *
  * Built with -DOI_FUZZ_MAIN it has a main() that runs each file named on the command line,
  * so that it also builds with gcc and replays a corpus without libFuzzer. */

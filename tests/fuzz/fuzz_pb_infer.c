@@ -4,7 +4,7 @@
  * announced length; failures are encoded as a ModelStreamInferResponse error.
  *
  *   clang -g -fsanitize=fuzzer,address,undefined -Icsrc tests/fuzz/fuzz_pb_infer.c
- *       csrc/core/[a-z]*.c csrc/codec/json.c csrc/codec/num.c csrc/codec/pb_infer.c -o fuzz_pb_infer
+ *       csrc/core/[a-z]*.c csrc/codec/json_*.c csrc/codec/num.c csrc/codec/pb_infer.c -o fuzz_pb_infer
  *
  * Built with -DOI_FUZZ_MAIN it has a main() that runs each file named on the command line
  * (and with -v prints what each decoded to), so that it also builds with gcc and replays a

@@ -6,7 +6,7 @@
  * the client's reader to the same tensors. A mismatch aborts.
  *
  *   clang -g -fsanitize=fuzzer,address,undefined -Icsrc tests/fuzz/fuzz_pb_response.c
- *       csrc/core/[a-z]*.c csrc/codec/json.c csrc/codec/num.c csrc/codec/pb_infer.c -o fuzz_pb_response
+ *       csrc/core/[a-z]*.c csrc/codec/json_*.c csrc/codec/num.c csrc/codec/pb_infer.c -o fuzz_pb_response
  *
  * Built with -DOI_FUZZ_MAIN it has a main() that runs each file named on the command line
  * (with -v it prints what each decoded to), so that it also builds with gcc and replays a
