@@ -17,7 +17,7 @@ PKG = ROOT / "python" / "openinfer"
 # lower layer, never a higher one nor a sibling of the same rank (client/ and backends/ both sit
 # over transport and below server, and neither knows the other: the Python client is not a
 # backend, and a backend never opens a connection). codec/ is pure functions over buffers;
-# transport/ may use a codec (http2.c inflates bodies with codec/compress.h).
+# transport/ may use a codec (grpc_recv.c inflates bodies with codec/compress.h).
 LAYERS = {
     "core": 0,
     "codec": 1,
