@@ -9,78 +9,7 @@
 #include <time.h>
 
 #include "core/thread.h"
-
-typedef struct sequence_s sequence_t;
-
-/* One request of a sequence, from oi_seq_submit until its job's `done`. Owned by the batcher;
- * `inner` is what the scheduler runs: the transport's request plus controls and state. */
-typedef struct item_s {
-    oi_job_t inner;
-    oi_job_t *outer; /* the transport's job; borrowed until its done is called */
-    oi_seq_t *q;
-    struct item_s *next;
-    struct item_s *live_prev, *live_next; /* in q->live from submit until it leaves the batcher */
-    sequence_t *seq;
-    oi_request_t req;        /* a shallow copy of the outer request with more inputs */
-    const char **out_names;  /* the outer job's outputs, then state outputs it did not ask for */
-    uint32_t n_outer_inputs; /* inputs past these are the item's own (one reference each) */
-    uint64_t arrived_ns;
-    uint8_t start, end;
-    uint8_t in_sched; /* `inner` is in the scheduler: cancelled there, not here */
-    uint8_t pad;      /* Direct: a padding row of instance `inst`'s batch (no outer job, no sequence) */
-    int inst;
-} item_t;
-
-/* A sequence: one correlation id from its START until its END ran or it was released. */
-struct sequence_s {
-    sequence_t *hnext;        /* in the id table, while `mapped` */
-    sequence_t *bnext, *bprev; /* in the backlog, while waiting for a slot */
-    uint64_t id;
-    uint64_t session; /* the client session of its last request (oi_seq_params_t.session) */
-    char *id_str; /* NULL: numeric id */
-    size_t id_str_len;
-    uint64_t hash;
-    int mapped;   /* requests for its id come here (until its END is queued, or idle release) */
-    int has_slot; /* may run; else it waits in the backlog */
-    int slot;     /* Direct: the slot it holds (row slot % rows of instance slot / rows) */
-    int busy;     /* one of its requests is in the scheduler */
-    item_t *head, *tail;
-    uint64_t last_ns;    /* when it was last active (a request arrived or ended) */
-    oi_tensor_t *states; /* the current state tensors (n_states); none before the first output */
-    int have_states;
-};
-
-struct oi_seq_s {
-    pthread_mutex_t mu;
-    pthread_cond_t reaper_cv; /* monotonic clock */
-    pthread_t reaper;
-    int reaper_started;
-    int stopping;
-    oi_scheduler_t *sched;
-    char *model_name;
-    int max_batch_size;
-    int free_slots;
-    uint64_t idle_ns;
-    oi_seq_control_t *controls;
-    uint32_t n_controls;
-    oi_seq_state_t *states;
-    uint32_t n_states;
-    int corrid; /* index of the CORRID control, or -1 */
-    sequence_t **table;
-    size_t n_buckets, n_mapped;
-    sequence_t *backlog_head, *backlog_tail;
-    uint32_t n_backlog, max_backlog; /* sequences in the backlog, and how many may be (0: any) */
-    item_t *live; /* every item not yet completed: what oi_seq_cancel looks a job up in */
-    /* Direct strategy (n_instances > 0); Oldest counts free_slots instead. */
-    int n_instances;
-    int rows;              /* slots per instance: max(1, max_batch_size) */
-    sequence_t **slot_seq; /* n_instances x rows: the sequence holding each slot, or NULL */
-    int *rows_out;         /* per instance: rows of its batch not yet done (0: it takes the next) */
-    item_t **batch;        /* rows: scratch for forming a batch */
-    uint64_t delay_ns;     /* max_queue_delay_microseconds, while utilization is below min_util */
-    double min_util;
-    uint64_t wake_ns; /* a batch waiting for utilization goes then at the latest; 0: none waits */
-};
+#include "server/sched/sequence_impl.h"
 
 /* ---- id table ------------------------------------------------------------------------------ */
 
@@ -155,7 +84,7 @@ static void map_locked(oi_seq_t *q, sequence_t *s)
 
 /* ---- sequences ------------------------------------------------------------------------------ */
 
-static void clear_states(oi_seq_t *q, sequence_t *s)
+void oi__seq_clear_states(oi_seq_t *q, sequence_t *s)
 {
     if (s->have_states)
         for (uint32_t k = 0; k < q->n_states; k++)
@@ -163,15 +92,15 @@ static void clear_states(oi_seq_t *q, sequence_t *s)
     s->have_states = 0;
 }
 
-static void free_sequence(oi_seq_t *q, sequence_t *s)
+void oi__seq_free_sequence(oi_seq_t *q, sequence_t *s)
 {
-    clear_states(q, s);
+    oi__seq_clear_states(q, s);
     free(s->states);
     free(s->id_str);
     free(s);
 }
 
-static void free_item(item_t *it)
+void oi__seq_free_item(item_t *it)
 {
     for (uint32_t i = it->n_outer_inputs; i < it->req.n_inputs; i++)
         oi_tensor_clear(&it->req.inputs[i]);
@@ -188,7 +117,7 @@ static void fail_item(item_t *it, oi_status_t *st)
     oi_job_t *outer = it->outer;
     outer->status = st;
     outer->slot = NULL;
-    free_item(it);
+    oi__seq_free_item(it);
     outer->done(outer);
 }
 
@@ -221,136 +150,6 @@ static void unlink_backlog(oi_seq_t *q, sequence_t *s)
 
 /* ---- dispatch ------------------------------------------------------------------------------- */
 
-static void item_done(oi_job_t *j);
-
-/* Writes a flag control's false (on 0) or true value into `p`; returns the bytes written. */
-static size_t put_flag(const oi_seq_control_t *c, int on, char *p)
-{
-    double v = c->false_true[on];
-    switch (c->dtype) {
-    case OI_TYPE_FP32: {
-        float x = (float)v;
-        memcpy(p, &x, 4);
-        return 4;
-    }
-    case OI_TYPE_BOOL: *p = v != 0; return 1;
-    default: { /* INT32 */
-        int32_t x = (int32_t)v;
-        memcpy(p, &x, 4);
-        return 4;
-    }
-    }
-}
-
-/* Writes one control value (the flag's false or true value, or the correlation id) into `p`;
- * returns the bytes written. */
-static size_t put_control(const oi_seq_control_t *c, const item_t *it, char *p)
-{
-    const oi_seq_params_t *sp = &it->outer->req->seq;
-    if (c->kind == OI_SEQ_CONTROL_CORRID) {
-        if (c->dtype == OI_TYPE_BYTES) {
-            uint32_t n = (uint32_t)sp->id_str_len;
-            memcpy(p, &n, 4);
-            memcpy(p + 4, sp->id_str, n);
-            return 4 + (size_t)n;
-        }
-        uint64_t v = sp->id;
-        switch (c->dtype) {
-        case OI_TYPE_UINT32: {
-            uint32_t x = (uint32_t)v;
-            memcpy(p, &x, 4);
-            return 4;
-        }
-        case OI_TYPE_INT32: {
-            int32_t x = (int32_t)v;
-            memcpy(p, &x, 4);
-            return 4;
-        }
-        default: /* UINT64, INT64 */ memcpy(p, &v, 8); return 8;
-        }
-    }
-    int on = c->kind == OI_SEQ_CONTROL_START ? it->start : c->kind == OI_SEQ_CONTROL_END ? it->end : 1;
-    return put_flag(c, on, p);
-}
-
-/* Builds the item's request: the outer inputs, then a tensor per control, then the state
- * inputs (the sequence's last state output, or the initial state at START). Caller holds the
- * lock (the sequence's state is read). Returns NULL or a status. */
-static oi_status_t *build_request(oi_seq_t *q, sequence_t *s, item_t *it)
-{
-    const oi_job_t *outer = it->outer;
-    const oi_request_t *r = outer->req;
-    uint32_t n = r->n_inputs + q->n_controls + q->n_states;
-    it->req = *r;
-    if (r->timeout_us != 0) { /* what is left of it after the wait behind the sequence */
-        uint64_t waited_us = (oi_now_ns() - it->arrived_ns) / 1000u;
-        it->req.timeout_us = r->timeout_us > waited_us ? r->timeout_us - waited_us : 1;
-    }
-    it->req.inputs = calloc(n, sizeof(oi_tensor_t));
-    it->out_names = calloc((size_t)outer->n_outputs + q->n_states + 1, sizeof(char *));
-    if (it->req.inputs == NULL || it->out_names == NULL)
-        return oi_status_new(OI_INTERNAL, "out of memory");
-    memcpy(it->req.inputs, r->inputs, r->n_inputs * sizeof(oi_tensor_t));
-    it->req.n_inputs = it->n_outer_inputs = r->n_inputs;
-    int batching = q->max_batch_size > 0;
-    for (uint32_t k = 0; k < q->n_controls; k++) {
-        const oi_seq_control_t *c = &q->controls[k];
-        size_t cap = c->dtype == OI_TYPE_BYTES ? 4 + r->seq.id_str_len : 8;
-        oi_tensor_t *t = &it->req.inputs[it->req.n_inputs];
-        if ((t->owner = oi_buf_new(cap)) == NULL)
-            return oi_status_new(OI_INTERNAL, "out of memory");
-        it->req.n_inputs++;
-        t->name = c->name;
-        t->dtype = c->dtype;
-        t->ndim = batching ? 2 : 1;
-        t->shape[0] = t->shape[1] = 1;
-        t->data = t->owner->data;
-        t->byte_size = t->owner->len = put_control(c, it, t->data);
-    }
-    if (it->start)
-        clear_states(q, s);
-    for (uint32_t k = 0; k < q->n_states; k++) {
-        const oi_seq_state_t *st = &q->states[k];
-        oi_tensor_t *t = &it->req.inputs[it->req.n_inputs];
-        if (s->have_states) {
-            *t = s->states[k];
-            if (t->owner != NULL)
-                oi_buf_ref(t->owner);
-        } else {
-            t->dtype = st->dtype;
-            t->ndim = st->ndim;
-            memcpy(t->shape, st->dims, sizeof(t->shape));
-            if (st->initial_size > 0) {
-                if ((t->owner = oi_buf_new(st->initial_size)) == NULL)
-                    return oi_status_new(OI_INTERNAL, "out of memory");
-                memcpy(t->owner->data, st->initial, st->initial_size);
-                t->data = t->owner->data;
-                t->byte_size = t->owner->len = st->initial_size;
-            }
-        }
-        t->name = st->input_name;
-        t->parameters = (oi_slice_t){NULL, 0};
-        t->shm = 0;
-        it->req.n_inputs++;
-    }
-    uint32_t no = outer->n_outputs;
-    memcpy(it->out_names, outer->output_names, no * sizeof(char *));
-    for (uint32_t k = 0; k < q->n_states; k++) {
-        uint32_t i = 0;
-        while (i < outer->n_outputs && strcmp(outer->output_names[i], q->states[k].output_name) != 0)
-            i++;
-        if (i == outer->n_outputs)
-            it->out_names[no++] = q->states[k].output_name;
-    }
-    it->inner.req = &it->req;
-    it->inner.output_names = it->out_names;
-    it->inner.n_outputs = no;
-    it->inner.done = item_done;
-    it->inner.counted = outer->counted;
-    it->inner.rows = outer->rows;
-    return NULL;
-}
-
 /* Sends the sequence's next request to the scheduler while it has a slot and none running;
  * requests that cannot run go to `failed` (with their status in outer->status) for the caller
  * to complete outside the lock. Then releases the sequence if it is over: its END ran (it is
@@ -378,7 +177,7 @@ static void live_remove_locked(oi_seq_t *q, item_t *it)
 }
 
 /* Caller holds the lock: the item leaves the batcher (its sequence's queue and q->live). */
-static void fail_later(oi_seq_t *q, item_t **failed, item_t *it, oi_status_t *st)
+void oi__seq_fail_later(oi_seq_t *q, item_t **failed, item_t *it, oi_status_t *st)
 {
     live_remove_locked(q, it);
     it->outer->status = st;
@@ -412,7 +211,7 @@ static int take_slot_locked(oi_seq_t *q, sequence_t *s)
 
 /* The sequence gives up its slot (it is over), to the first sequence of the backlog if any:
  * returned, for the caller to pump. Caller holds the lock. */
-static sequence_t *release_slot_locked(oi_seq_t *q, sequence_t *s)
+sequence_t *oi__seq_release_slot_locked(oi_seq_t *q, sequence_t *s)
 {
     s->has_slot = 0;
     sequence_t *b = q->backlog_head;
@@ -429,13 +228,13 @@ static sequence_t *release_slot_locked(oi_seq_t *q, sequence_t *s)
 }
 
 /* A sequence is over once its END was queued (or it was released) and nothing is left. */
-static int over(const sequence_t *s)
+int oi__seq_over(const sequence_t *s)
 {
     return !s->mapped && !s->busy && s->head == NULL;
 }
 
 /* Takes the head request off a sequence's queue. */
-static item_t *pop_head(sequence_t *s)
+item_t *oi__seq_pop_head(sequence_t *s)
 {
     item_t *it = s->head;
     s->head = it->next;
@@ -449,15 +248,15 @@ static item_t *pop_head(sequence_t *s)
  * or they waited past their timeout. One whose client has gone (before oi_seq_cancel came)
  * ends the sequence as oi_seq_cancel would (see release_locked): it and those behind it are
  * failed, and the caller finds the sequence over once nothing of it runs. */
-static void drop_unrunnable_locked(oi_seq_t *q, sequence_t *s, item_t **failed)
+void oi__seq_drop_unrunnable_locked(oi_seq_t *q, sequence_t *s, item_t **failed)
 {
     while (s->head != NULL) {
         item_t *it = s->head;
         if (!q->stopping && atomic_load(&it->outer->cancelled)) {
             unmap_locked(q, s);
-            fail_later(q, failed, pop_head(s), oi_status_new(OI_CLIENT_CLOSED, "the request was cancelled"));
+            oi__seq_fail_later(q, failed, oi__seq_pop_head(s), oi_status_new(OI_CLIENT_CLOSED, "the request was cancelled"));
             while (s->head != NULL)
-                fail_later(q, failed, pop_head(s), oi_status_new(OI_CLIENT_CLOSED, "the sequence was cancelled"));
+                oi__seq_fail_later(q, failed, oi__seq_pop_head(s), oi_status_new(OI_CLIENT_CLOSED, "the sequence was cancelled"));
             return;
         }
         oi_status_t *st = NULL;
@@ -469,29 +268,27 @@ static void drop_unrunnable_locked(oi_seq_t *q, sequence_t *s, item_t **failed)
             st = oi_status_new(OI_UNAVAILABLE, "Request timeout expired");
         if (st == NULL)
             return;
-        fail_later(q, failed, pop_head(s), st);
+        oi__seq_fail_later(q, failed, oi__seq_pop_head(s), st);
     }
 }
-
-static void dispatch_locked(oi_seq_t *q, int inst, item_t **failed);
 
 static void pump_locked(oi_seq_t *q, sequence_t *s, item_t **failed)
 {
     if (q->n_instances > 0) { /* Direct: the sequence's instance forms its batches */
         if (s->has_slot)
-            dispatch_locked(q, s->slot / q->rows, failed); /* frees the sequence if it is over */
-        else if (over(s))
-            free_sequence(q, s);
+            oi__seq_dispatch_locked(q, s->slot / q->rows, failed); /* frees the sequence if it is over */
+        else if (oi__seq_over(s))
+            oi__seq_free_sequence(q, s);
         return;
     }
     while (s->has_slot && !s->busy) {
-        drop_unrunnable_locked(q, s, failed);
+        oi__seq_drop_unrunnable_locked(q, s, failed);
         if (s->head == NULL)
             break;
-        item_t *it = pop_head(s);
-        oi_status_t *st = build_request(q, s, it);
+        item_t *it = oi__seq_pop_head(s);
+        oi_status_t *st = oi__seq_build_request(q, s, it);
         if (st != NULL) {
-            fail_later(q, failed, it, st);
+            oi__seq_fail_later(q, failed, it, st);
             continue;
         }
         s->busy = 1;
@@ -499,12 +296,12 @@ static void pump_locked(oi_seq_t *q, sequence_t *s, item_t **failed)
         if (oi_scheduler_submit(q->sched, &it->inner) != 0) {
             s->busy = 0;
             it->in_sched = 0;
-            fail_later(q, failed, it, oi_status_new(OI_UNAVAILABLE, "the server is shutting down"));
+            oi__seq_fail_later(q, failed, it, oi_status_new(OI_UNAVAILABLE, "the server is shutting down"));
         }
     }
-    if (over(s)) {
-        sequence_t *b = s->has_slot ? release_slot_locked(q, s) : NULL;
-        free_sequence(q, s);
+    if (oi__seq_over(s)) {
+        sequence_t *b = s->has_slot ? oi__seq_release_slot_locked(q, s) : NULL;
+        oi__seq_free_sequence(q, s);
         if (b != NULL)
             pump_locked(q, b, failed);
     }
@@ -520,205 +317,21 @@ static void release_locked(oi_seq_t *q, sequence_t *s, item_t **failed)
 {
     unmap_locked(q, s);
     while (s->head != NULL)
-        fail_later(q, failed, pop_head(s), oi_status_new(OI_CLIENT_CLOSED, "the sequence was cancelled"));
+        oi__seq_fail_later(q, failed, oi__seq_pop_head(s), oi_status_new(OI_CLIENT_CLOSED, "the sequence was cancelled"));
     if (s->busy)
         return;
     if (!s->has_slot) {
         unlink_backlog(q, s);
-        free_sequence(q, s);
+        oi__seq_free_sequence(q, s);
         return;
     }
-    sequence_t *taker = release_slot_locked(q, s);
-    free_sequence(q, s);
+    sequence_t *taker = oi__seq_release_slot_locked(q, s);
+    oi__seq_free_sequence(q, s);
     if (taker != NULL)
         pump_locked(q, taker, failed);
 }
 
-/* ---- Direct batches ------------------------------------------------------------------------- */
-
-static void pad_done(oi_job_t *j);
-
-/* Undoes build_request for a request that stays queued. */
-static void unbuild(item_t *it)
-{
-    for (uint32_t i = it->n_outer_inputs; i < it->req.n_inputs; i++)
-        oi_tensor_clear(&it->req.inputs[i]);
-    free(it->req.inputs);
-    free(it->out_names);
-    it->req.inputs = NULL;
-    it->out_names = NULL;
-}
-
-/* A padding row for instance `inst`'s batch, shaped as `rep` (a built request of the batch):
- * zeros (empty strings for BYTES), START, END and READY false, CORRID 0, as Triton's null
- * requests. Cancelled from the start: nobody waits for it. NULL when out of memory. */
-static item_t *new_pad(oi_seq_t *q, const item_t *rep, int inst)
-{
-    item_t *p = calloc(1, sizeof(*p));
-    if (p == NULL)
-        return NULL;
-    p->q = q;
-    p->pad = 1;
-    p->inst = inst;
-    p->req = rep->req;
-    p->req.body = p->req.aux = NULL;
-    p->req.id = NULL;
-    p->req.id_len = 0;
-    p->req.outputs = NULL;
-    p->req.n_outputs = 0;
-    p->req.n_inputs = 0;
-    p->req.inputs = calloc(rep->req.n_inputs + 1, sizeof(oi_tensor_t));
-    p->out_names = calloc(rep->inner.n_outputs + 1, sizeof(char *));
-    if (p->req.inputs == NULL || p->out_names == NULL) {
-        free_item(p);
-        return NULL;
-    }
-    memcpy(p->out_names, rep->out_names, rep->inner.n_outputs * sizeof(char *));
-    for (uint32_t i = 0; i < rep->req.n_inputs; i++) {
-        const oi_tensor_t *f = &rep->req.inputs[i];
-        oi_tensor_t *t = &p->req.inputs[i];
-        int64_t count = 0;
-        oi_shape_elements(f->shape, f->ndim, &count);
-        size_t size = f->dtype == OI_TYPE_BYTES ? 4 * (size_t)count : f->byte_size;
-        if ((t->owner = oi_buf_new(size ? size : 1)) == NULL) {
-            free_item(p);
-            return NULL;
-        }
-        p->req.n_inputs = i + 1;
-        t->name = f->name;
-        t->dtype = f->dtype;
-        t->ndim = f->ndim;
-        memcpy(t->shape, f->shape, sizeof(t->shape));
-        t->data = t->owner->data;
-        memset(t->data, 0, size);
-        t->byte_size = t->owner->len = size;
-        uint32_t k = i - rep->n_outer_inputs; /* the controls follow the request's inputs */
-        if (i >= rep->n_outer_inputs && k < q->n_controls && q->controls[k].kind != OI_SEQ_CONTROL_CORRID)
-            put_flag(&q->controls[k], 0, t->data); /* CORRID stays 0 (an empty string for BYTES) */
-    }
-    p->inner.req = &p->req;
-    p->inner.output_names = p->out_names;
-    p->inner.n_outputs = rep->inner.n_outputs;
-    p->inner.done = pad_done;
-    atomic_store(&p->inner.cancelled, 1);
-    return p;
-}
-
-/* Instance `inst` has no batch running: forms its next one from the requests ready at the
- * heads of its slots' sequences, rows 0 up to the last ready one, each in its sequence's row,
- * padding where a sequence has none ready (or one that cannot share this batch: it goes in a
- * later one), and hands it to that instance. Sequences that are over give up their slots here.
- * Caller holds the lock. */
-static void dispatch_locked(oi_seq_t *q, int inst, item_t **failed)
-{
-    if (q->rows_out[inst] > 0)
-        return;
-    sequence_t **slots = &q->slot_seq[inst * q->rows];
-again:;
-    int ready = 0, last = -1;
-    uint64_t oldest = UINT64_MAX;
-    for (int r = 0; r < q->rows; r++) {
-        sequence_t *s = slots[r];
-        if (s == NULL)
-            continue;
-        drop_unrunnable_locked(q, s, failed);
-        if (over(s)) { /* its row may go to a sequence from the backlog: look again */
-            release_slot_locked(q, s);
-            free_sequence(q, s);
-            r--;
-            continue;
-        }
-        if (s->head != NULL) {
-            ready++;
-            last = r;
-            if (s->head->arrived_ns < oldest)
-                oldest = s->head->arrived_ns;
-        }
-    }
-    if (last < 0 || q->stopping)
-        return;
-    if (q->delay_ns > 0 && q->min_util > 0 && (double)ready / q->rows < q->min_util) {
-        uint64_t due = oldest + q->delay_ns;
-        if (oi_now_ns() < due) { /* the idle thread fires it then, unless it fills up first */
-            if (q->wake_ns == 0 || due < q->wake_ns) {
-                q->wake_ns = due;
-                pthread_cond_signal(&q->reaper_cv);
-            }
-            return;
-        }
-    }
-    item_t *rep = NULL;
-    for (int r = 0; r <= last; r++) {
-        sequence_t *s = slots[r];
-        item_t *it = s != NULL ? s->head : NULL;
-        q->batch[r] = NULL;
-        if (it == NULL)
-            continue;
-        oi_status_t *st = build_request(q, s, it);
-        if (st != NULL) { /* out of memory: fail it and start over without it */
-            for (int k = 0; k < r; k++)
-                if (q->batch[k] != NULL)
-                    unbuild(q->batch[k]);
-            fail_later(q, failed, pop_head(s), st);
-            goto again;
-        }
-        if (rep != NULL && !oi_jobs_batchable(&rep->inner, &it->inner)) {
-            unbuild(it); /* other shapes or outputs than the batch's: a later batch */
-            continue;
-        }
-        if (rep == NULL)
-            rep = it;
-        q->batch[r] = it;
-    }
-    oi_job_t *first = NULL, **link = &first;
-    for (int r = 0; r <= last; r++) {
-        item_t *it = q->batch[r] != NULL ? q->batch[r] : new_pad(q, rep, inst);
-        if (it == NULL) { /* out of memory: this batch fails */
-            for (oi_job_t *j = first, *next; j != NULL; j = next) {
-                next = j->next;
-                if (((item_t *)j)->pad)
-                    free_item((item_t *)j);
-            }
-            for (int k = 0; k <= last; k++)
-                if (q->batch[k] != NULL)
-                    fail_later(q, failed, pop_head(slots[k]), oi_status_new(OI_INTERNAL, "out of memory"));
-            goto again;
-        }
-        *link = &it->inner;
-        link = &it->inner.next;
-        it->inner.next = NULL;
-    }
-    for (int r = 0; r <= last; r++)
-        if (q->batch[r] != NULL) {
-            pop_head(slots[r]);
-            slots[r]->busy = 1;
-            q->batch[r]->in_sched = 1;
-        }
-    q->rows_out[inst] = last + 1;
-    if (oi_scheduler_submit_pinned(q->sched, first, inst) == 0)
-        return;
-    q->rows_out[inst] = 0; /* the scheduler is stopping */
-    for (oi_job_t *j = first, *next; j != NULL; j = next) {
-        next = j->next;
-        item_t *it = (item_t *)j;
-        if (it->pad) {
-            free_item(it);
-            continue;
-        }
-        it->seq->busy = 0;
-        it->in_sched = 0;
-        fail_later(q, failed, it, oi_status_new(OI_UNAVAILABLE, "the server is shutting down"));
-    }
-}
-
-/* One row of instance `inst`'s batch is done: after the last, the instance takes its next. */
-static void row_done_locked(oi_seq_t *q, int inst, item_t **failed)
-{
-    if (--q->rows_out[inst] == 0)
-        dispatch_locked(q, inst, failed);
-}
-
-static void finish_failed(item_t *failed)
+void oi__seq_finish_failed(item_t *failed)
 {
     for (item_t *it = failed, *next; it != NULL; it = next) {
         next = it->next;
@@ -726,41 +339,9 @@ static void finish_failed(item_t *failed)
     }
 }
 
-/* Keeps the state outputs the model produced as the sequence's next state inputs, and hands
- * the outer job the outputs it asked for. */
-static void take_outputs(oi_seq_t *q, sequence_t *s, item_t *it)
-{
-    oi_job_t *outer = it->outer;
-    oi_response_t *r = &it->inner.resp;
-    if (it->inner.status == NULL && r->n_outputs == it->inner.n_outputs) {
-        clear_states(q, s);
-        for (uint32_t k = 0; k < q->n_states; k++) {
-            uint32_t i = 0;
-            while (i < r->n_outputs && strcmp(it->out_names[i], q->states[k].output_name) != 0)
-                i++;
-            s->states[k] = r->outputs[i];
-            s->states[k].name = q->states[k].input_name;
-            s->states[k].shm = 0;
-            if (s->states[k].owner != NULL)
-                oi_buf_ref(s->states[k].owner);
-        }
-        s->have_states = 1;
-        for (uint32_t i = outer->n_outputs; i < r->n_outputs; i++)
-            oi_tensor_clear(&r->outputs[i]);
-        r->n_outputs = outer->n_outputs;
-    }
-    outer->resp = *r;
-    *r = (oi_response_t){0};
-    outer->status = it->inner.status;
-    it->inner.status = NULL;
-    outer->times = it->inner.times;
-    outer->times.start = it->arrived_ns;
-    outer->slot = it->inner.slot;
-}
-
 /* The scheduler ran (or dropped) an item: on its executor thread. The outer job is completed
  * before the sequence's next request is sent, so that its answers leave in order. */
-static void item_done(oi_job_t *j)
+void oi__seq_item_done(oi_job_t *j)
 {
     item_t *it = (item_t *)j;
     sequence_t *s = it->seq; /* stays while busy: nothing releases a busy sequence */
@@ -769,31 +350,19 @@ static void item_done(oi_job_t *j)
     item_t *failed = NULL;
     pthread_mutex_lock(&q->mu);
     live_remove_locked(q, it);
-    take_outputs(q, s, it);
+    oi__seq_take_outputs(q, s, it);
     pthread_mutex_unlock(&q->mu);
-    free_item(it);
+    oi__seq_free_item(it);
     outer->done(outer);
     pthread_mutex_lock(&q->mu);
     s->busy = 0;
     s->last_ns = oi_now_ns();
     if (q->n_instances > 0)
-        row_done_locked(q, s->slot / q->rows, &failed); /* it holds its slot while busy */
+        oi__seq_row_done_locked(q, s->slot / q->rows, &failed); /* it holds its slot while busy */
     else
         pump_locked(q, s, &failed);
     pthread_mutex_unlock(&q->mu);
-    finish_failed(failed);
-}
-
-/* A padding row is done: its outputs are dropped. */
-static void pad_done(oi_job_t *j)
-{
-    item_t *p = (item_t *)j, *failed = NULL;
-    oi_seq_t *q = p->q;
-    pthread_mutex_lock(&q->mu);
-    row_done_locked(q, p->inst, &failed);
-    pthread_mutex_unlock(&q->mu);
-    free_item(p);
-    finish_failed(failed);
+    oi__seq_finish_failed(failed);
 }
 
 /* ---- submit --------------------------------------------------------------------------------- */
@@ -892,7 +461,7 @@ oi_status_t *oi_seq_submit(oi_seq_t *q, oi_job_t *job)
                                    "sequence backlog full: %" PRIu32 " sequences already wait for a sequence slot "
                                    "of model '%s', the most --max-sequence-backlog allows",
                                    q->n_backlog, q->model_name);
-                free_sequence(q, s);
+                oi__seq_free_sequence(q, s);
                 s = NULL;
             }
         }
@@ -918,7 +487,7 @@ oi_status_t *oi_seq_submit(oi_seq_t *q, oi_job_t *job)
         free(it);
         return st;
     }
-    finish_failed(failed);
+    oi__seq_finish_failed(failed);
     return NULL;
 }
 
@@ -945,14 +514,14 @@ void oi_seq_cancel(oi_seq_t *q, oi_job_t *job)
             if (s->tail == it)
                 s->tail = prev;
             it->next = NULL;
-            fail_later(q, &failed, it, oi_status_new(OI_CLIENT_CLOSED, "the request was cancelled"));
+            oi__seq_fail_later(q, &failed, it, oi_status_new(OI_CLIENT_CLOSED, "the request was cancelled"));
         }
         /* The sequence misses a step now: its state no longer follows its requests, so it
          * ends here rather than run on silently. */
         release_locked(q, s, &failed);
     }
     pthread_mutex_unlock(&q->mu);
-    finish_failed(failed);
+    oi__seq_finish_failed(failed);
 }
 
 void oi_seq_release_session(oi_seq_t *q, uint64_t session)
@@ -970,7 +539,7 @@ void oi_seq_release_session(oi_seq_t *q, uint64_t session)
             }
     }
     pthread_mutex_unlock(&q->mu);
-    finish_failed(failed);
+    oi__seq_finish_failed(failed);
 }
 
 /* ---- idle release --------------------------------------------------------------------------- */
@@ -990,8 +559,8 @@ static uint64_t reap_locked(oi_seq_t *q, uint64_t now, item_t **failed)
                 continue;
             }
             unmap_locked(q, s);
-            sequence_t *taker = release_slot_locked(q, s);
-            free_sequence(q, s);
+            sequence_t *taker = oi__seq_release_slot_locked(q, s);
+            oi__seq_free_sequence(q, s);
             if (taker != NULL)
                 pump_locked(q, taker, failed);
             goto again; /* the taker may have ended (a cancelled request) and left any chain */
@@ -1010,14 +579,14 @@ static void *reaper(void *arg)
         if (q->wake_ns != 0 && q->wake_ns <= now) { /* a Direct batch waited long enough */
             q->wake_ns = 0;
             for (int i = 0; i < q->n_instances; i++)
-                dispatch_locked(q, i, &failed);
+                oi__seq_dispatch_locked(q, i, &failed);
         }
         uint64_t next = reap_locked(q, now, &failed);
         if (q->wake_ns != 0 && q->wake_ns < next)
             next = q->wake_ns;
         if (failed != NULL) {
             pthread_mutex_unlock(&q->mu);
-            finish_failed(failed);
+            oi__seq_finish_failed(failed);
             pthread_mutex_lock(&q->mu);
             continue;
         }
@@ -1104,7 +673,7 @@ static void drain_locked(oi_seq_t *q, sequence_t *s, item_t **failed)
     while (s->head != NULL) {
         item_t *it = s->head;
         s->head = it->next;
-        fail_later(q, failed, it, oi_status_new(OI_UNAVAILABLE, "the server is shutting down"));
+        oi__seq_fail_later(q, failed, it, oi_status_new(OI_UNAVAILABLE, "the server is shutting down"));
     }
     s->tail = NULL;
 }
@@ -1130,7 +699,7 @@ void oi_seq_stop(oi_seq_t *q)
             drain_locked(q, q->slot_seq[k], &failed);
     pthread_cond_broadcast(&q->reaper_cv);
     pthread_mutex_unlock(&q->mu);
-    finish_failed(failed);
+    oi__seq_finish_failed(failed);
 }
 
 void oi_seq_free(oi_seq_t *q)
@@ -1145,18 +714,18 @@ void oi_seq_free(oi_seq_t *q)
     if (q->slot_seq != NULL) {
         for (int k = 0; k < q->n_instances * q->rows; k++)
             if (q->slot_seq[k] != NULL)
-                free_sequence(q, q->slot_seq[k]);
+                oi__seq_free_sequence(q, q->slot_seq[k]);
     } else {
         for (size_t b = 0; q->table != NULL && b < q->n_buckets; b++)
             for (sequence_t *s = q->table[b], *next; s != NULL; s = next) {
                 next = s->hnext;
                 if (s->has_slot) /* else also in the backlog: freed below */
-                    free_sequence(q, s);
+                    oi__seq_free_sequence(q, s);
             }
     }
     for (sequence_t *s = q->backlog_head, *next; s != NULL; s = next) {
         next = s->bnext;
-        free_sequence(q, s);
+        oi__seq_free_sequence(q, s);
     }
     for (uint32_t i = 0; i < q->n_controls; i++)
         free((char *)q->controls[i].name);
