@@ -36,6 +36,8 @@ import tritonclient.grpc as grpcclient
 import yaml
 from referencing import Registry, Resource
 
+import openinfer
+
 import helm_render
 from conftest import Cli, wait_for
 
@@ -280,12 +282,13 @@ def container_command_lines() -> dict[str, list[str]]:
 @pytest.mark.parametrize("name", ["Dockerfile", "Dockerfile.cuda", "ServingRuntime", "Helm"])
 def test_container_command_line_serves_and_drains(name: str, tmp_path: Path) -> None:
     argv = container_command_lines()[name]
-    # Local stand-ins: the example repository for /mnt/models, free loopback ports.
+    # Local stand-ins: the bundled example repository for /mnt/models (the package's own copy, as
+    # the sanitizer run installs it: its PT2 examples build on first use), free loopback ports.
     ports = {flag: free_port() for flag in ("--http-port", "--grpc-port", "--metrics-port")}
     local = [sys.executable, "-m", "openinfer"]
     for i, a in enumerate(argv[1:], start=1):
         prev = argv[i - 1]
-        local.append(str(ROOT / "examples" / "models") if a == "/mnt/models"
+        local.append(str(openinfer.examples_path()) if a == "/mnt/models"
                      else "127.0.0.1" if prev == "--host"
                      else str(ports[prev]) if prev in ports else a)
     assert "--drain-grace-secs" in local

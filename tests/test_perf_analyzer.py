@@ -31,7 +31,9 @@ def _perf_analyzer() -> tuple[list[str], dict[str, str]]:
         if found is None:
             pytest.skip("no perf_analyzer binary (it comes with the tritonclient wheel)")
         exe = Path(found)
-    env = dict(os.environ)
+    from openinfer._torch_build import child_environment
+
+    env = child_environment()  # no sanitizer runtime preloaded into Triton's binary (make test-asan)
     try:
         import nvidia.cuda_runtime  # libcudart.so.12, which perf_analyzer links even on a CPU machine
 
