@@ -41,3 +41,22 @@ def instrument(modules: Iterable[types.ModuleType], seeds: list[bytes], outcome:
         if [outcome(s) for s in seeds] != want:
             fn.__code__ = plain
             print(f"{target}: {name} left uninstrumented (atheris changes what it does)", file=sys.stderr)
+
+
+def run(test_one_input: Callable[[bytes], None], outcome: Callable[[bytes], str],
+        modules: Callable[[], Iterable[types.ModuleType]], name: str) -> None:
+    """A Python target's command line: `--replay FILES...` runs each input once (the corpus
+    check of tests/test_fuzz_corpus.py); otherwise libFuzzer through atheris over the modules
+    `modules()` imports, seeded from the corpus files among the arguments."""
+    if sys.argv[1:2] == ["--replay"]:
+        inputs = files(sys.argv[2:])
+        for f in inputs:
+            test_one_input(f.read_bytes())
+        print(f"replayed {len(inputs)} inputs")
+        sys.exit(0)
+    import atheris
+
+    seeds = [f.read_bytes() for f in files([a for a in sys.argv[1:] if not a.startswith("-")])]
+    instrument(modules(), seeds, outcome, name)
+    atheris.Setup(sys.argv, test_one_input)
+    atheris.Fuzz()

@@ -16,9 +16,9 @@ atheris_functions.py).
 
 from __future__ import annotations
 
-import sys
+import types
 
-from atheris_functions import files, instrument
+from atheris_functions import run
 
 
 def test_one_input(data: bytes) -> None:
@@ -48,26 +48,11 @@ def _outcome(data: bytes) -> str:
         return f"{type(e).__name__}: {e}"
 
 
-def replay(paths: list[str]) -> int:
-    inputs = files(paths)
-    for f in inputs:
-        test_one_input(f.read_bytes())
-    print(f"replayed {len(inputs)} inputs")
-    return 0
-
-
-def main() -> None:
-    if sys.argv[1:2] == ["--replay"]:
-        sys.exit(replay(sys.argv[2:]))
-    import atheris
-
+def _modules() -> list[types.ModuleType]:
     import openinfer.config
 
-    seeds = [f.read_bytes() for f in files([a for a in sys.argv[1:] if not a.startswith("-")])]
-    instrument([openinfer.config], seeds, _outcome, "fuzz_config")
-    atheris.Setup(sys.argv, test_one_input)
-    atheris.Fuzz()
+    return [openinfer.config]
 
 
 if __name__ == "__main__":
-    main()
+    run(test_one_input, _outcome, _modules, "fuzz_config")

@@ -24,12 +24,11 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from atheris_functions import files, instrument
+from atheris_functions import run
 
 _state: dict[str, Any] = {}
 
@@ -112,28 +111,13 @@ def _outcome(data: bytes) -> str:
         return f"{type(e).__name__}: {e}"
 
 
-def replay(paths: list[str]) -> int:
-    inputs = files(paths)
-    for f in inputs:
-        test_one_input(f.read_bytes())
-    print(f"replayed {len(inputs)} inputs")
-    return 0
-
-
-def main() -> None:
-    if sys.argv[1:2] == ["--replay"]:
-        sys.exit(replay(sys.argv[2:]))
-    import atheris
-
-    import openinfer.config
-    import openinfer._control.control
+def _modules() -> list[Any]:
     import openinfer._config.paths
+    import openinfer._control.control
+    import openinfer.config
 
-    seeds = [f.read_bytes() for f in files([a for a in sys.argv[1:] if not a.startswith("-")])]
-    instrument([openinfer._config.paths, openinfer._control.control, openinfer.config], seeds, _outcome, "fuzz_load")
-    atheris.Setup(sys.argv, test_one_input)
-    atheris.Fuzz()
+    return [openinfer._config.paths, openinfer._control.control, openinfer.config]
 
 
 if __name__ == "__main__":
-    main()
+    run(test_one_input, _outcome, _modules, "fuzz_load")
