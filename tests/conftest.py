@@ -42,6 +42,14 @@ def pytest_configure(config: pytest.Config) -> None:
         assert here.startswith(os.path.realpath(pkg)), f"openinfer imported from {here}, expected {pkg}"
 
 
+# The sequence batching of a model that accumulates INPUT0 (SUM_IN -> SUM_OUT, implicit state)
+# from a START control: what the sequence-cancellation tests serve, with their own strategies.
+START_AND_SUM_STATE: dict[str, Any] = {
+    "control_input": [{"name": "START", "control": [{"kind": "CONTROL_SEQUENCE_START", "int32_false_true": [0, 1]}]}],
+    "state": [{"input_name": "SUM_IN", "output_name": "SUM_OUT", "data_type": "TYPE_INT32", "dims": [1]}],
+}
+
+
 def _echo(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {"OUTPUT0": inputs["INPUT0"]}
 

@@ -17,7 +17,7 @@ import grpc
 import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
-from conftest import encode_request, infer_body
+from conftest import START_AND_SUM_STATE, encode_request, infer_body
 from test_cancellation import BOUND, read_response, settle
 
 import openinfer
@@ -57,10 +57,7 @@ def _model(name: str, gate: SeqGate, candidates: int) -> openinfer.Model:
         name, gate.fn, inputs=[("INPUT0", "INT32", [1])], outputs=[("OUTPUT0", "INT32", [1])],
         sequence_batching={
             "oldest": {"max_candidate_sequences": candidates},
-            "control_input": [{"name": "START", "control": [
-                {"kind": "CONTROL_SEQUENCE_START", "int32_false_true": [0, 1]}]}],
-            "state": [{"input_name": "SUM_IN", "output_name": "SUM_OUT", "data_type": "TYPE_INT32",
-                       "dims": [1]}],
+            **START_AND_SUM_STATE,
         },
     )  # fmt: skip
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from conftest import encode_request, infer_body
+from conftest import START_AND_SUM_STATE, encode_request, infer_body
 from test_cancellation import read_response, settle
 from tritonclient.utils import InferenceServerException
 
@@ -57,10 +57,7 @@ def _model(name: str, acc: Acc) -> openinfer.Model:
         sequence_batching={
             **strategy,
             "max_sequence_idle_microseconds": IDLE_US,
-            "control_input": [{"name": "START", "control": [
-                {"kind": "CONTROL_SEQUENCE_START", "int32_false_true": [0, 1]}]}],
-            "state": [{"input_name": "SUM_IN", "output_name": "SUM_OUT", "data_type": "TYPE_INT32",
-                       "dims": [1]}],
+            **START_AND_SUM_STATE,
         },
     )  # fmt: skip
 
