@@ -813,6 +813,31 @@ def wrk_args(doc: str, argv: Sequence[str] | None = None) -> "argparse.Namespace
     return a
 
 
+def model_args(doc: str, extra: Callable[["argparse.ArgumentParser"], None] | None = None) -> "argparse.Namespace":
+    """The options of the scenarios that serve a model against its in-process call (S6, S12,
+    S14): rounds, duration, batching connections and size, pinning, output; `extra` adds a
+    scenario's own. Checks the CPUs and that wrk is there."""
+    import argparse
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="1 round of 1 s, no warm-up")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
+    ap.add_argument("--connections", type=int, default=32, help="wrk connections for batching")
+    ap.add_argument("--max-batch", type=int, default=32)
+    ap.add_argument("--server-cpu", default="0")
+    ap.add_argument("--client-cpu", default="1")
+    ap.add_argument("--out", type=Path, default=None)
+    if extra is not None:
+        extra(ap)
+    a = ap.parse_args()
+    if a.quick:
+        a.rounds, a.duration = 1, 1.0
+    check_cpus(a.server_cpu, a.client_cpu)
+    if shutil.which("wrk") is None:
+        ensure_debian_packages([["wrk"]])
+    return a
+
+
 def peer_list(arg: str | None, default: Sequence[str]) -> list[str]:
     if arg is None:
         return list(default)

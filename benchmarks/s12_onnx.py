@@ -22,7 +22,6 @@ and .csv (--quick: benchmarks/results/raw/).
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
@@ -95,20 +94,7 @@ def in_process(runtime: str, batch: int, seconds: float, cpu: str) -> dict[str, 
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="1 round of 1 s, no warm-up")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
-    ap.add_argument("--connections", type=int, default=32, help="wrk connections for batching")
-    ap.add_argument("--max-batch", type=int, default=32)
-    ap.add_argument("--server-cpu", default="0")
-    ap.add_argument("--client-cpu", default="1")
-    ap.add_argument("--out", type=Path, default=None)
-    args = ap.parse_args()
-    if args.quick:
-        args.rounds, args.duration = 1, 1.0
-    C.check_cpus(args.server_cpu, args.client_cpu)
-    C.ensure_debian_packages([["wrk"]])
+    args = C.model_args(__doc__)
     try:
         import onnxruntime
         import torch

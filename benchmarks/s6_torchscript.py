@@ -23,7 +23,6 @@ s6_torchscript.md and .csv (--quick: benchmarks/results/raw/).
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
@@ -152,27 +151,15 @@ def triton_backends_line(PEERS) -> str:
 def main() -> int:
     import peers as PEERS
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="mlp only, 1 round of 1 s, no warm-up (about a minute)")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
-    ap.add_argument("--connections", type=int, default=32, help="wrk connections for batching")
-    ap.add_argument("--max-batch", type=int, default=32)
-    ap.add_argument("--models", default=None, help="default mlp,cnn (quick: mlp)")
-    ap.add_argument("--peers", default=None, help="'pytriton' (default) or 'none'")
-    ap.add_argument("--server-cpu", default="0")
-    ap.add_argument("--client-cpu", default="1")
-    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                    help="where the model instances run (cuda: GPU 0, KIND_GPU)")
-    ap.add_argument("--out", type=Path, default=None)
-    args = ap.parse_args()
+    def s6_options(ap) -> None:
+        ap.add_argument("--models", default=None, help="default mlp,cnn (quick: mlp)")
+        ap.add_argument("--peers", default=None, help="'pytriton' (default) or 'none'")
+        ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the model instances run (cuda: GPU 0, KIND_GPU)")
+
+    args = C.model_args(__doc__, s6_options)
     name = NAME if args.device == "cpu" else f"{NAME}_{args.device}"
-    if args.quick:
-        args.rounds, args.duration = 1, 1.0
     args.models = args.models or ("mlp" if args.quick else "mlp,cnn")
-    C.check_cpus(args.server_cpu, args.client_cpu)
-    if shutil.which("wrk") is None:
-        C.ensure_debian_packages([["wrk"]])
     try:
         import torch
     except ImportError:
