@@ -396,6 +396,23 @@ def wait_until_held(n: int = 1, bound: float = 60.0) -> None:
         time.sleep(0.005)
 
 
+def worker_children() -> set[int]:
+    """This process's children that are model workers. Read from each process's parent in
+    /proc/PID/stat: /proc/self/task/*/children misses children while others start or end."""
+    me, found = os.getpid(), set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:  # a process may end meanwhile
+            stat = Path(f"/proc/{entry.name}/stat").read_bytes()
+            ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
+            if ppid == me and b"openinfer._worker" in Path(f"/proc/{entry.name}/cmdline").read_bytes():
+                found.add(int(entry.name))
+        except (FileNotFoundError, ProcessLookupError, ValueError):
+            pass
+    return found
+
+
 def port_is_closed(port: int) -> bool:
     try:
         socket.create_connection(("127.0.0.1", port), timeout=1).close()

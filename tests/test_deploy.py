@@ -283,13 +283,16 @@ def container_command_lines() -> dict[str, list[str]]:
 def test_container_command_line_serves_and_drains(name: str, tmp_path: Path) -> None:
     argv = container_command_lines()[name]
     # Local stand-ins: the bundled example repository for /mnt/models (the package's own copy, as
-    # the sanitizer run installs it: its PT2 examples build on first use), free loopback ports.
+    # the sanitizer run installs it: its PT2 examples build on first use), free loopback ports, and
+    # a grace the test cuts short with its second SIGTERM (the image's 5 s can pass, on a loaded
+    # machine, before the test has seen readiness turn false).
     ports = {flag: free_port() for flag in ("--http-port", "--grpc-port", "--metrics-port")}
     local = [sys.executable, "-m", "openinfer"]
     for i, a in enumerate(argv[1:], start=1):
         prev = argv[i - 1]
         local.append(str(openinfer.examples_path()) if a == "/mnt/models"
                      else "127.0.0.1" if prev == "--host"
+                     else "600" if prev == "--drain-grace-secs"
                      else str(ports[prev]) if prev in ports else a)
     assert "--drain-grace-secs" in local
     env = dict(os.environ, OPENINFER_CACHE_DIR=str(tmp_path / "cache"))

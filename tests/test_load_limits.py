@@ -38,7 +38,7 @@ import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
 import openinfer
-from conftest import Cli, triton_grpc, triton_http, wait_for
+from conftest import Cli, triton_grpc, triton_http, wait_for, worker_children
 
 BOUND = 60.0  # seconds: a bound for a hung test, not a measurement
 MAX_INSTANCES = 16
@@ -69,19 +69,6 @@ MODEL = textwrap.dedent(
 )
 SLOW_S = 1.0
 SLOW_COUNT = 12  # workers the slow load asks for: it would take 6 s or more on 2 CPUs
-
-
-def worker_children() -> set[int]:
-    """This process's children (of any of its threads) that are model workers."""
-    found = set()
-    for task in Path("/proc/self/task").iterdir():
-        try:  # a thread or a child may end meanwhile
-            for pid in (task / "children").read_text().split():
-                if b"openinfer._worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    found.add(int(pid))
-        except (FileNotFoundError, ProcessLookupError):
-            pass
-    return found
 
 
 def _model(repo: Path, name: str, slow_s: float = 0.0) -> None:

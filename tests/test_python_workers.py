@@ -26,7 +26,7 @@ import openinfer
 from openinfer import Model, Request, Tensor
 from openinfer.config import DynamicBatching
 
-from conftest import NP, V2_TYPES, Cli, concurrent, wait_for
+from conftest import NP, V2_TYPES, Cli, concurrent, wait_for, worker_children
 
 BOUND = 30.0  # no wait here lasts longer: a bound against a hang, not a measurement
 
@@ -179,19 +179,6 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-
-
-def worker_children() -> set[int]:
-    """This process's children (of any of its threads) that are model workers."""
-    found = set()
-    for task in Path("/proc/self/task").iterdir():
-        try:  # a thread or a child may end meanwhile
-            for pid in (task / "children").read_text().split():
-                if b"openinfer._worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    found.add(int(pid))
-        except FileNotFoundError:
-            pass
-    return found
 
 
 def parent_of(pid: int) -> int:
