@@ -29,6 +29,7 @@ typedef struct {
     oi_server_config_t cfg;
     char host[256];
     char metrics_host[256];              /* --metrics-address; "" for host */
+    char grpc_host[256];                 /* --grpc-address; "" for host */
     char http_unix[108], grpc_unix[108]; /* "" when not served */
     char access_log[4096]; /* the access log's path, "" for none */
     char trace_file[4096]; /* the trace extension's file, "" for none */
@@ -79,6 +80,8 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                              "max_inflight_body_bytes",
                              "max_inflate_ratio",
                              "body_min_rate",
+                             "grpc_address",
+                             "strict_readiness",
                              NULL};
     const char *host = "127.0.0.1";
     int port = 8000, threads = 0, max_conn = 4096, grpc_port = 8001, max_per_peer = 0;
@@ -100,13 +103,15 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
     unsigned int seq_backlog = 1000;
     long long inflight_bytes = 0;
     int inflate_ratio = 1000, body_min_rate = 500;
+    const char *grpc_host = NULL; /* --grpc-address; NULL: host */
+    int strict_readiness = 1;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "|si$iKKiKKIiKOiKKKpippppzzIizzzIpOiiiKILii", kwlist, &host, &port, &threads, &max_body,
+            args, kw, "|si$iKKiKKIiKOiKKKpippppzzIizzzIpOiiiKILiizp", kwlist, &host, &port, &threads, &max_body,
             &max_header, &max_conn, &header_to, &idle_to, &depth, &grpc_port, &grpc_max, &allow_shm, &max_per_peer,
             &first_byte_to, &body_to, &grpc_queued, &statistics, &metrics_port, &counter_lat, &histogram_lat,
             &metrics_cpu, &metrics_gpu, &http_unix, &grpc_unix, &unix_mode, &compression_level, &access_log,
             &trace_file, &metrics_host, &metrics_interval, &summary_lat, &quantiles, &http_fd, &grpc_fd, &metrics_fd,
-            &cache_bytes, &seq_backlog, &inflight_bytes, &inflate_ratio, &body_min_rate))
+            &cache_bytes, &seq_backlog, &inflight_bytes, &inflate_ratio, &body_min_rate, &grpc_host, &strict_readiness))
         return -1;
     if (http_fd < 0 || grpc_fd < 0 || metrics_fd < 0) {
         PyErr_SetString(PyExc_ValueError, "a listen_fd must be a listening socket's descriptor (> 0), or 0");
@@ -124,6 +129,10 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
     if (metrics_host != NULL && (metrics_host[0] == '\0' || strlen(metrics_host) >= sizeof(self->metrics_host))) {
         PyErr_Format(PyExc_ValueError, "metrics_address must be a host of 1 to %zu bytes",
                      sizeof(self->metrics_host) - 1);
+        return -1;
+    }
+    if (grpc_host != NULL && (grpc_host[0] == '\0' || strlen(grpc_host) >= sizeof(self->grpc_host))) {
+        PyErr_Format(PyExc_ValueError, "grpc_address must be a host of 1 to %zu bytes", sizeof(self->grpc_host) - 1);
         return -1;
     }
     double qs[16];
@@ -225,6 +234,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
     }
     snprintf(self->host, sizeof(self->host), "%s", host);
     snprintf(self->metrics_host, sizeof(self->metrics_host), "%s", metrics_host ? metrics_host : "");
+    snprintf(self->grpc_host, sizeof(self->grpc_host), "%s", grpc_host ? grpc_host : "");
     snprintf(self->http_unix, sizeof(self->http_unix), "%s", http_unix ? http_unix : "");
     snprintf(self->grpc_unix, sizeof(self->grpc_unix), "%s", grpc_unix ? grpc_unix : "");
     snprintf(self->access_log, sizeof(self->access_log), "%s", access_log ? access_log : "");
@@ -258,6 +268,8 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
         .statistics = statistics,
         .metrics_port = metrics_port,
         .metrics_host = self->metrics_host[0] ? self->metrics_host : NULL,
+        .grpc_host = self->grpc_host[0] ? self->grpc_host : NULL,
+        .lax_readiness = !strict_readiness,
         .metrics_listen_fd = metrics_fd,
         .metrics = {.counter_latencies = counter_lat,
                     .histogram_latencies = histogram_lat,

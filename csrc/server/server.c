@@ -111,7 +111,7 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
     int grpc = s->cfg.grpc_port >= 0 || s->cfg.grpc_unix_path != NULL;
     if (grpc) {
         oi_h2_config_t h2 = {
-            .host = s->cfg.http.host,
+            .host = s->cfg.grpc_host != NULL ? s->cfg.grpc_host : s->cfg.http.host,
             .port = s->cfg.http.inline_loop ? -1 : s->cfg.grpc_port,
             .listen_fd = s->cfg.grpc_listen_fd,
             .unix_path = s->cfg.http.inline_loop ? NULL : s->cfg.grpc_unix_path,
@@ -332,7 +332,8 @@ static void *reap(void *arg)
 
 int oi__server_ready(oi_server_t *s)
 {
-    return !atomic_load(&s->stopping) && !atomic_load(&s->draining) && oi_registry_all_ready(&s->registry);
+    return !atomic_load(&s->stopping) && !atomic_load(&s->draining) &&
+           (s->cfg.lax_readiness || oi_registry_all_ready(&s->registry));
 }
 
 void oi_server_drain(oi_server_t *s)

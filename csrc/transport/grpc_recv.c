@@ -356,9 +356,11 @@ static void call_feed(h2_conn_t *c, oi_grpc_call_t *call, const uint8_t *data, s
                 return;
             }
             if (n > s->cfg.max_message_bytes) {
-                char msg[160];
-                snprintf(msg, sizeof(msg), "request message of %u bytes is over the server's limit of %zu bytes", n,
-                         s->cfg.max_message_bytes);
+                char msg[200];
+                snprintf(msg, sizeof(msg),
+                         "request message of %u bytes is over the server's limit of %zu bytes (grpc_max_message_bytes)."
+                         " Use --grpc-max-message-bytes to increase the limit.",
+                         n, s->cfg.max_message_bytes);
                 oi_grpc_finish(call, OI_GRPC_RESOURCE_EXHAUSTED, msg);
                 return;
             }

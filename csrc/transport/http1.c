@@ -2,6 +2,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -599,6 +600,17 @@ static int reject_in_parser(oi_http_conn_t *c, int status, const char *message)
     return -1;
 }
 
+/* Refuses a body of `n` bytes (at least; a chunked one is still arriving) over max_body_bytes:
+ * 413, worded as tritonserver words its limit, which names the flag that raises it. */
+static int reject_too_large(oi_http_conn_t *c, uint64_t n)
+{
+    snprintf(c->error_text, sizeof(c->error_text),
+             "request body of %s%" PRIu64 " bytes exceeds the maximum allowed input size of %zu bytes "
+             "(max_body_bytes). Use --http-max-input-size to increase the limit.",
+             c->parser.flags & F_CHUNKED ? "more than " : "", n, c->lis->server->cfg.max_body_bytes);
+    return reject_in_parser(c, 413, c->error_text);
+}
+
 /* Refuses a body the server's budget has no room for: 503. */
 static int reject_over_budget(oi_http_conn_t *c, size_t n)
 {
@@ -720,7 +732,7 @@ static int on_headers_complete(llhttp_t *p)
             return over ? reject_over_budget(c, CHUNKED_INITIAL) : reject_in_parser(c, 500, "out of memory");
     } else if (p->flags & F_CONTENT_LENGTH) {
         if (p->content_length > cfg->max_body_bytes)
-            return reject_in_parser(c, 413, "request body exceeds the server's max_body_bytes");
+            return reject_too_large(c, p->content_length);
         if (p->content_length > 0) {
             c->body = oi_buf_new_charged((size_t)p->content_length, cfg->body_budget, &over);
             if (c->body == NULL)
@@ -765,7 +777,7 @@ static int on_body(llhttp_t *p, const char *at, size_t n)
     }
     size_t want = b->len + n; /* chunked bodies grow; Content-Length ones were checked up front */
     if (want > c->lis->server->cfg.max_body_bytes)
-        return reject_in_parser(c, 413, "request body exceeds the server's max_body_bytes");
+        return reject_too_large(c, c->lis->server->cfg.max_body_bytes);
     if (b->cap - b->len < n) {
         size_t cap = b->cap * 2 > want ? b->cap * 2 : want;
         if (cap > c->lis->server->cfg.max_body_bytes)

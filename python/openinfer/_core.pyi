@@ -153,6 +153,8 @@ class Server:
         metrics_summary_latencies: bool = False,  # nv_inference_*_summary_us
         metrics_summary_quantiles: Sequence[float] | None = None,  # None: 0.5 .. 0.999
         max_sequence_backlog: int = 1000,  # sequences waiting for a slot, per model; 0: no limit
+        grpc_address: str | None = None,  # the gRPC listener's host; None: host
+        strict_readiness: bool = True,  # False: ready once serving, whatever the models' state
     ) -> None: ...
     def set_metadata(self, metadata_json: bytes) -> None:
         """Sets the body of GET /v2 (server metadata)."""

@@ -173,6 +173,9 @@ def serve(
     sockets: Mapping[str, socket.socket | int] | None = None,
     cache_config: Mapping[str, object] | Iterable[str] | None = None,
     response_cache_byte_size: int | None = None,
+    grpc_address: str | None = None,
+    strict_readiness: bool = True,
+    server_id: str = "openinfer",
     **limits: int,
 ) -> Server:
     """Serves the models of repository `repo` and the given `models`, and returns the running
@@ -246,7 +249,15 @@ def serve(
     (``["local,size=1048576"]``; only the ``local`` cache) and `response_cache_byte_size` its
     deprecated ``--response-cache-byte-size``: models with ``response_cache { enable: true }``
     (or ``Model(..., response_cache=True)``) then answer a request identical to an earlier one
-    from the cache, without running. `limits` go to the core:
+    from the cache, without running.
+
+    `grpc_address` is tritonserver's ``--grpc-address``: the host the gRPC listener binds
+    (default `host`, which is then ``--http-address``). `strict_readiness` is its
+    ``--strict-readiness``: True (the default) makes the server ready only while every model
+    is; False, once it serves, whatever its models' state. `server_id` is its ``--id``: the
+    ``name`` of the server metadata (default "openinfer").
+
+    `limits` go to the core:
     max_body_bytes, max_header_bytes, max_connections, max_connections_per_peer,
     first_byte_timeout_ms, header_timeout_ms, body_timeout_ms, body_min_rate, idle_timeout_ms,
     max_json_depth, grpc_max_message_bytes, grpc_max_queued_bytes, max_inflight_body_bytes,
@@ -289,6 +300,9 @@ def serve(
         sockets=sockets,
         cache_config=cache_config,
         response_cache_byte_size=response_cache_byte_size,
+        grpc_address=grpc_address,
+        strict_readiness=strict_readiness,
+        server_id=server_id,
         **limits,
     )
     server.start()
@@ -338,6 +352,9 @@ class Server:
         sockets: Mapping[str, socket.socket | int] | None = None,
         cache_config: Mapping[str, object] | Iterable[str] | None = None,
         response_cache_byte_size: int | None = None,
+        grpc_address: str | None = None,
+        strict_readiness: bool = True,
+        server_id: str = "openinfer",
         **limits: int,
     ) -> None:
         level = _COMPRESSION_LEVELS.get(grpc_infer_response_compression_level)
@@ -366,6 +383,7 @@ class Server:
         self._grpc_port = grpc_port
         self._metrics_port = metrics_port
         self._metrics_host = host if metrics_address is None else metrics_address
+        self._grpc_host = host if grpc_address is None else grpc_address
         self._log = log
         self._started = False
         self._stopped = threading.Event()
@@ -404,12 +422,14 @@ class Server:
             grpc_infer_compression_level=level,
             **{f"{k}_listen_fd": fd for k, (fd, _) in listen_fds.items()},
             response_cache_bytes=cache_bytes(cache_config, response_cache_byte_size),
+            grpc_address=grpc_address,
+            strict_readiness=strict_readiness,
             **limits,
         )
         extensions = tuple(e for e in EXTENSIONS if statistics or e != "statistics")
         extensions += SHM_EXTENSIONS if self._core.shared_memory else ()
         self._core.set_metadata(
-            _json({"name": "openinfer", "version": __version__, "extensions": list(extensions)})
+            _json({"name": server_id, "version": __version__, "extensions": list(extensions)})
         )
         try:
             self._control = ModelControl(
@@ -610,7 +630,7 @@ class Server:
         without gRPC."""
         if self._grpc_port is None:
             return None if self._grpc_unix is None else f"grpc+unix://{self._grpc_unix}"
-        return f"grpc://{reachable(self._host, self._grpc_port)}"
+        return f"grpc://{reachable(self._grpc_host, self._grpc_port)}"
 
     @property
     def metrics_port(self) -> int | None:
