@@ -120,6 +120,29 @@ def test_log_warning_false_drops_warnings_only(tmp_path: Path) -> None:
         cli.kill()
 
 
+def test_model_repository_repeated_serves_each_and_not_a_model_two_have(tmp_path: Path) -> None:
+    """--model-repository given twice: the models of both are served; one that both have is
+    served from neither, with tritonserver's reason in the repository index."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    for repo, names in ((a, ("first", "twice")), (b, ("second", "twice"))):
+        for name in names:
+            (repo / name / "1").mkdir(parents=True)
+            (repo / name / "config.pbtxt").write_text(IDENTITY.format(name=name, dtype="TYPE_FP32"))
+    cli = Cli("--model-repository", str(a), "--model-repository", str(b), "--grpc-port", "0",
+              "--metrics-port", "0")
+    try:
+        http = httpclient.InferenceServerClient(f"127.0.0.1:{cli.port}")
+        grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{_grpc_port(cli)}")
+        assert http.is_model_ready("first") and grpc.is_model_ready("second")
+        assert not http.is_model_ready("twice") and not grpc.is_model_ready("twice")
+        index = {m["name"]: m for m in http.get_model_repository_index()}
+        assert set(index) == {"first", "second", "twice"}
+        assert index["twice"]["state"] == "UNAVAILABLE"
+        assert index["twice"]["reason"] == "failed to poll model 'twice': not unique across all model repositories"
+    finally:
+        cli.kill()
+
+
 @pytest.mark.parametrize("args, words", [
     (["--pinned-memory-pool-byte-size=0"],
      "tritonserver's --pinned-memory-pool-byte-size is not supported by openinfer: openinfer keeps no pinned "
@@ -130,7 +153,7 @@ def test_log_warning_false_drops_warnings_only(tmp_path: Path) -> None:
     (["--http-header-forward-pattern", "x-.*"], "tritonserver's --http-header-forward-pattern is not supported"),
     (["--strict-model-config=true"], "tritonserver's --strict-model-config true is not supported by openinfer"),
     (["--http-max-input-size=0"], "Error: --http-max-input-size must be greater than 0."),
-    (["--model-repository", "/a", "--model-repository=/b"], "openinfer serves one model repository; got 2: /a, /b"),
+    (["--model-repository", "/no/such/repository"], "model repository '/no/such/repository' is not a directory"),
     (["--allow-http=false"], "--http-port -1 needs --http-unix PATH"),
 ])
 def test_flags_openinfer_cannot_honour_are_refused_by_name(args: list[str], words: str) -> None:

@@ -136,7 +136,8 @@ def _triton_flags(serve: argparse.ArgumentParser) -> None:
     group = serve.add_argument_group("tritonserver's flags")
     group.add_argument(
         "--model-repository", "--model-store", action="append", default=[], metavar="PATH",
-        help="as the REPO argument (tritonserver's spelling); one repository",
+        help="a model repository, besides REPO (repeatable: a model two repositories have is "
+        "not served, as tritonserver)",
     )
     group.add_argument(
         "--strict-readiness", type=_triton_bool, nargs="?", const=True, default=True, metavar="BOOL",
@@ -190,12 +191,7 @@ def _triton_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
     repos = list(dict.fromkeys(args.model_repository))
     if args.repo is not None:
         repos = list(dict.fromkeys([args.repo, *repos]))
-    if len(repos) > 1:
-        parser.error(
-            f"openinfer serves one model repository; got {len(repos)}: {', '.join(repos)} "
-            "(--model-repository is given more than once, or besides REPO)"
-        )
-    args.repo = repos[0] if repos else None
+    args.repo = repos[0] if len(repos) == 1 else repos or None
     if args.strict_model_config:
         parser.error("tritonserver's --strict-model-config true is not supported by openinfer: "
                      + _TRITON_REFUSED["disable-auto-complete-config"])

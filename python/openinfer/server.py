@@ -14,7 +14,7 @@ import os
 import socket
 import sys
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -136,7 +136,7 @@ _COMPRESSION_LEVELS = {"none": 0, "low": 1, "medium": 2, "high": 3}
 
 
 def serve(
-    repo: str | os.PathLike[str] | None = None,
+    repo: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None,
     *,
     models: Model | Iterable[Model] | None = None,
     host: str = "127.0.0.1",
@@ -179,7 +179,9 @@ def serve(
     **limits: int,
 ) -> Server:
     """Serves the models of repository `repo` and the given `models`, and returns the running
-    server at once. With neither, serves the example repository. ``http_port=0`` picks a free
+    server at once (`repo` may be a list of repositories, as tritonserver's repeated
+    ``--model-repository``: a model that two of them have is not served, with tritonserver's
+    reason). With neither, serves the example repository. ``http_port=0`` picks a free
     port (see `Server.http_port`). gRPC is served on `grpc_port` (default 8001; 0 picks a free
     port, also the default when ``http_port=0``; None serves no gRPC). Clients on this host may
     register shared-memory regions (system and CUDA) when `allow_shared_memory` is True; None
@@ -315,7 +317,7 @@ class Server:
 
     def __init__(
         self,
-        repo: str | os.PathLike[str] | None = None,
+        repo: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None,
         *,
         models: Model | Iterable[Model] | None = None,
         host: str = "127.0.0.1",
@@ -439,7 +441,7 @@ class Server:
                 mode=model_control_mode,
                 load_models=load_models,
                 poll_secs=repository_poll_secs,
-                optional_torch=repo_path is not None and _is_examples(repo_path),
+                optional_torch=isinstance(repo_path, Path) and _is_examples(repo_path),
                 max_json_depth=limits.get("max_json_depth", 0),
                 max_instances=max_instances,
             )
@@ -457,7 +459,7 @@ class Server:
             raise
         self._core.set_repository(self._handle)
         self._pt2_examples: list[tuple[str, Path]] = []
-        if repo_path is not None and _is_examples(repo_path):
+        if isinstance(repo_path, Path) and _is_examples(repo_path):
             loading = set(load_models) if model_control_mode == "explicit" and "*" not in load_models else None
             self._pt2_examples = _pt2_left_out(repo_path, loading, self._control.loaded())
 
@@ -759,26 +761,32 @@ class Server:
 
 
 def _sources(
-    repo: str | os.PathLike[str] | None, models: Model | Iterable[Model] | None
-) -> tuple[Path | None, list[Model]]:
-    """The repository to serve (the examples when neither argument is given) and the given
-    models. Two definitions of one name and version are a ValueError, caught here rather than
-    as the core's RuntimeError so the message says which."""
+    repo: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None,
+    models: Model | Iterable[Model] | None,
+) -> tuple[Path | list[Path] | None, list[Model]]:
+    """The repository to serve (the examples when neither argument is given; a list when
+    `repo` names several, as tritonserver's repeated --model-repository) and the given models.
+    Two definitions of one name and version are a ValueError, caught here rather than as the
+    core's RuntimeError so the message says which."""
     if repo is None and models is None:
         repo = examples_path()
-    root = Path(repo) if repo is not None else None
-    if root is not None and not root.is_dir():
-        raise NotADirectoryError(f"model repository {os.fspath(root)!r} is not a directory")
+    several = repo is not None and not isinstance(repo, (str, os.PathLike))
+    roots = [] if repo is None else [Path(r) for r in (repo if several else [repo])]  # type: ignore[union-attr]
+    for root in roots:
+        if not root.is_dir():
+            raise NotADirectoryError(f"model repository {os.fspath(root)!r} is not a directory")
     given = [models] if isinstance(models, Model) else list(models or ())
     seen: set[tuple[str, int]] = set()
     for model in given:
         if not isinstance(model, Model):
             raise TypeError(f"models must hold openinfer.Model instances, got {model!r}")
         key = (model.name, model.version)
-        if key in seen or (root is not None and (root / model.name / str(model.version)).is_dir()):
+        if key in seen or any((root / model.name / str(model.version)).is_dir() for root in roots):
             raise ValueError(f"model {model.name!r} version {model.version} is defined twice")
         seen.add(key)
-    return root, given
+    if several:
+        return list(dict.fromkeys(roots)), given
+    return (roots[0] if roots else None), given
 
 
 def _metrics_settings(config: Mapping[str, object] | Iterable[str] | None) -> dict[str, object]:
