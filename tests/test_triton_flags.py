@@ -5,6 +5,7 @@ raises, served without a second copy."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -21,6 +22,27 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import Cli
+
+# Every flag of tritonserver's src/command_line_parser.cc (triton-inference-server/server e1db8a6).
+TRITONSERVER_FLAGS = """help id exit-timeout-secs model-store model-repository exit-on-error disable-auto-complete-config
+strict-readiness model-control-mode repository-poll-secs load-model model-config-name model-load-thread-count
+model-load-retry-count model-namespacing enable-peer-access allow-http http-address http-port reuse-http-port
+http-header-forward-pattern http-thread-count http-max-input-size http-restricted-api allow-grpc grpc-address
+grpc-port reuse-grpc-port grpc-header-forward-pattern grpc-infer-thread-count grpc-infer-allocation-pool-size
+grpc-max-response-pool-size grpc-use-ssl grpc-use-ssl-mutual grpc-server-cert grpc-server-key grpc-root-cert
+grpc-infer-response-compression-level grpc-keepalive-time grpc-keepalive-timeout grpc-keepalive-permit-without-calls
+grpc-http2-max-pings-without-data grpc-http2-min-recv-ping-interval-without-data grpc-http2-max-ping-strikes
+grpc-max-connection-age grpc-max-connection-age-grace grpc-restricted-protocol log-verbose log-info log-warning
+log-error log-format log-file allow-sagemaker sagemaker-port sagemaker-safe-port-range sagemaker-thread-count
+allow-vertex-ai vertex-ai-port vertex-ai-thread-count vertex-ai-default-model allow-metrics allow-gpu-metrics
+allow-cpu-metrics metrics-address metrics-port metrics-interval-ms metrics-config trace-config cache-config
+cache-directory rate-limit rate-limit-resource pinned-memory-pool-byte-size cuda-memory-pool-byte-size
+cuda-virtual-address-size min-supported-compute-capability buffer-manager-thread-count host-policy
+model-load-gpu-limit allow-client-shm backend-directory backend-config repoagent-directory strict-model-config
+response-cache-byte-size trace-file trace-level trace-rate trace-count trace-log-frequency""".split()
+# TLS and the restricted APIs are added to the command line by their own work.
+ELSEWHERE = {"grpc-use-ssl", "grpc-use-ssl-mutual", "grpc-server-cert", "grpc-server-key", "grpc-root-cert",
+             "http-restricted-api", "grpc-restricted-protocol"}
 
 IDENTITY = """name: "{name}"
 backend: "identity"
@@ -141,6 +163,19 @@ def test_model_repository_repeated_serves_each_and_not_a_model_two_have(tmp_path
         assert index["twice"]["reason"] == "failed to poll model 'twice': not unique across all model repositories"
     finally:
         cli.kill()
+
+
+def test_every_tritonserver_flag_is_served_or_refused_and_in_the_docs_table() -> None:
+    """No flag of tritonserver's falls through as argparse's generic "unrecognized arguments",
+    and docs/features.md's table says for each whether it is served."""
+    from openinfer import cli
+
+    serve = next(a for a in cli._parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["serve"]
+    known = {o for a in serve._actions for o in a.option_strings}
+    assert [f for f in TRITONSERVER_FLAGS if f not in ELSEWHERE and "--" + f not in known] == []
+    table = (Path(__file__).parent.parent / "docs" / "features.md").read_text().split(
+        "## tritonserver's command-line flags")[1]
+    assert [f for f in TRITONSERVER_FLAGS if f"`--{f}" not in table] == []
 
 
 @pytest.mark.parametrize("args, words", [
