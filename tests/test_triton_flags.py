@@ -17,9 +17,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
+
+import openinfer
+from openinfer import Model, Tensor
 
 from conftest import Cli
 
@@ -185,7 +189,8 @@ def test_every_tritonserver_flag_is_served_or_refused_and_in_the_docs_table() ->
     (["--backend-config=python,shm-default-byte-size=1048576"],
      "tritonserver's --backend-config is not supported by openinfer: openinfer's backends take no backend "
      "settings"),
-    (["--http-header-forward-pattern", "x-.*"], "tritonserver's --http-header-forward-pattern is not supported"),
+    (["--http-header-forward-pattern", "x-("],
+     "http_header_forward_pattern x-( is not a valid POSIX extended regular expression"),
     (["--strict-model-config=true"], "tritonserver's --strict-model-config true is not supported by openinfer"),
     (["--http-max-input-size=0"], "Error: --http-max-input-size must be greater than 0."),
     (["--model-repository", "/no/such/repository"], "model repository '/no/such/repository' is not a directory"),
@@ -215,6 +220,43 @@ def test_http_max_input_size_sets_the_limit_and_the_error_names_it(tmp_path: Pat
                 "(max_body_bytes). Use --http-max-input-size to increase the limit.") in str(e.value)
     finally:
         cli.kill()
+
+
+def _echo_parameters(inputs: dict[str, np.ndarray], parameters: dict[str, object]) -> dict[str, np.ndarray]:
+    return {"PARAMS": np.array([json.dumps(parameters, sort_keys=True).encode()], dtype=object)}
+
+
+ECHO = Model("echo", _echo_parameters, inputs=[Tensor("X", "INT32", [1])], outputs=[Tensor("PARAMS", "BYTES", [1])])
+
+
+def test_header_forward_patterns_give_matching_headers_to_the_model_as_parameters() -> None:
+    """--http-header-forward-pattern / --grpc-header-forward-pattern: headers (metadata) whose
+    names match, case-insensitively, reach the model as string parameters, after the request's
+    own; others do not; a name tritonserver reserves is refused in its words."""
+    with openinfer.serve(models=[ECHO], http_port=0, grpc_port=0, log=False, http_header_forward_pattern="^x-",
+                         grpc_header_forward_pattern="^(x-|triton_)") as srv:
+        http = httpclient.InferenceServerClient(f"127.0.0.1:{srv.http_port}")
+        grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.grpc_port}")
+        hin = httpclient.InferInput("X", [1], "INT32")
+        hin.set_data_from_numpy(np.array([1], np.int32))
+        got = http.infer("echo", [hin], headers={"X-Team": "blue", "Y-Other": "no"}, parameters={"p": 1})
+        assert json.loads(got.as_numpy("PARAMS")[0]) == {"x-team": "blue", "p": 1}  # its client lower-cases names
+        got = http.infer("echo", [hin])
+        assert json.loads(got.as_numpy("PARAMS")[0]) == {}
+        gin = grpcclient.InferInput("X", [1], "INT32")
+        gin.set_data_from_numpy(np.array([1], np.int32))
+        got = grpc.infer("echo", [gin], headers={"x-team": "green", "y-other": "no"})
+        assert json.loads(got.as_numpy("PARAMS")[0]) == {"x-team": "green"}
+        with pytest.raises(InferenceServerException) as e:
+            grpc.infer("echo", [gin], headers={"triton_x": "1"})
+        assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert e.value.message() == "Header 'triton_x' is reserved for Triton usage and cannot be forwarded."
+    with openinfer.serve(models=[ECHO], http_port=0, grpc_port=None, log=False,
+                         http_header_forward_pattern="priority|^x-") as srv:
+        r = requests.post(f"{srv.url}/v2/models/echo/infer", headers={"priority": "1"}, timeout=10,
+                          json={"inputs": [{"name": "X", "shape": [1], "datatype": "INT32", "data": [1]}]})
+        assert r.status_code == 400
+        assert r.json() == {"error": "Header 'priority' is reserved for Triton usage and cannot be forwarded."}
 
 
 def _vm(pid: int, key: str) -> int:

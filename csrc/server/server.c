@@ -8,6 +8,7 @@
 #include "core/thread.h"
 #include "llhttp.h"
 #include "server/observe/statistics.h"
+#include "transport/hdr_forward.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -91,6 +92,29 @@ static int is_loopback(const char *host)
     return strcmp(host, "localhost") == 0;
 }
 
+/* Compiles the header forward patterns into `s` (the transports borrow them). 0, or -1 when
+ * regcomp fails (nothing left to free). */
+static int compile_forward(oi_server_t *s)
+{
+    if (s->cfg.http_forward_pattern != NULL && oi_hdr_forward_compile(&s->http_forward, s->cfg.http_forward_pattern) != 0)
+        return -1;
+    if (s->cfg.grpc_forward_pattern != NULL && oi_hdr_forward_compile(&s->grpc_forward, s->cfg.grpc_forward_pattern) != 0) {
+        if (s->cfg.http_forward_pattern != NULL)
+            regfree(&s->http_forward);
+        return -1;
+    }
+    s->cfg.http.forward_headers = s->cfg.http_forward_pattern != NULL ? &s->http_forward : NULL;
+    return 0;
+}
+
+static void free_forward(oi_server_t *s)
+{
+    if (s->cfg.http_forward_pattern != NULL)
+        regfree(&s->http_forward);
+    if (s->cfg.grpc_forward_pattern != NULL)
+        regfree(&s->grpc_forward);
+}
+
 oi_server_t *oi_server_new(const oi_server_config_t *cfg)
 {
     oi_server_t *s = calloc(1, sizeof(*s));
@@ -102,6 +126,11 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
                                                                    : oi_budget_default_limit();
     s->body_budget = oi_budget_new(s->cfg.max_inflight_body_bytes, "max_inflight_body_bytes");
     s->cfg.http.body_budget = s->body_budget;
+    if (compile_forward(s) != 0) {
+        oi_budget_release(s->body_budget);
+        free(s);
+        return NULL;
+    }
     pthread_mutex_init(&s->health_mu, NULL);
     oi_registry_init(&s->registry);
     oi_shm_init(&s->shm, cfg->allow_shared_memory < 0 ? is_loopback(cfg->http.host) : cfg->allow_shared_memory != 0);
@@ -127,6 +156,7 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
             .idle_timeout_ms = s->cfg.http.idle_timeout_ms,
             .max_queued_bytes = s->cfg.grpc_max_queued_bytes,
             .on_finished = cfg->access_log != NULL || cfg->trace_file != NULL ? grpc_finished : NULL,
+            .forward_headers = cfg->grpc_forward_pattern != NULL ? &s->grpc_forward : NULL,
         };
         s->grpc = oi_h2_server_new(&h2, &oi__grpc_api_handler, s);
     }
@@ -157,6 +187,7 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
         oi_h2_server_free(s->grpc);
         oi_registry_destroy(&s->registry);
         oi_shm_destroy(&s->shm);
+        free_forward(s);
         pthread_mutex_destroy(&s->health_mu);
         free(s);
         return NULL;
@@ -409,6 +440,7 @@ static void finish_stop(oi_server_t *s)
     oi_shm_destroy(&s->shm);
     oi_rcache_free(s->cache);
     oi_budget_release(s->body_budget); /* a body a model still holds gives back to it later */
+    free_forward(s);
     pthread_mutex_destroy(&s->health_mu);
     free(s);
 }

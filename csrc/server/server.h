@@ -37,6 +37,12 @@ typedef struct oi_server_config_s {
                                   * port), on metrics_host; -1: none */
     const char *metrics_host;    /* --metrics-address; NULL: http.host, as tritonserver defaults it */
     const char *grpc_host;       /* --grpc-address; NULL: http.host */
+    /* tritonserver's --http-header-forward-pattern and --grpc-header-forward-pattern (POSIX
+     * extended regular expressions, matched case-insensitively): request headers whose names
+     * match reach the model as string request parameters. NULL: none. Compiled by
+     * oi_server_new, which fails on one regcomp refuses (check it first). */
+    const char *http_forward_pattern;
+    const char *grpc_forward_pattern;
     /* tritonserver's --strict-readiness false: the server is ready once it serves, whatever
      * its models' state. 0 (the default): ready only while every model is ready. */
     int lax_readiness;

@@ -4,6 +4,7 @@
 #define OI_SERVER_SERVER_IMPL_H
 
 #include <pthread.h>
+#include <regex.h>
 #include <stdatomic.h>
 
 #include "server/observe/access_log.h"
@@ -44,6 +45,7 @@ struct oi_server_s {
     oi_tracer_t *tracer;            /* the trace file's: set by start before any loop runs; NULL without */
     uint64_t start_ns;              /* oi_now_ns() when made: the legacy API's uptime */
     atomic_uint_fast64_t legacy_ids; /* the last RequestStatus id the legacy API gave */
+    regex_t http_forward, grpc_forward; /* compiled cfg.*_forward_pattern, where set */
 };
 
 /* Server readiness as health endpoints report it: every model's default version ready, and

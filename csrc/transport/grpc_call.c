@@ -53,6 +53,8 @@ void oi_grpc_call_unref(oi_grpc_call_t *call)
     oi_buf_unref(call->msg);
     free(call->path);
     free(call->status_message);
+    free(call->forward_refused);
+    oi_sbuf_free(&call->forwarded);
     free(call);
 }
 

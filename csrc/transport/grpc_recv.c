@@ -13,6 +13,7 @@
 #include <nghttp2/nghttp2.h>
 
 #include "codec/compress.h"
+#include "transport/hdr_forward.h"
 #include "transport/grpc.h"
 #include "transport/peers.h"
 #include "transport/tcp_listen.h"
@@ -122,6 +123,16 @@ int oi__h2_on_header(nghttp2_session *session, const nghttp2_frame *frame, const
     } else if (header_is(name, namelen, "grpc-accept-encoding")) {
         call->accept_encodings |= accept_encodings((const char *)value, valuelen);
     }
+    const regex_t *fwd = call->conn != NULL ? call->conn->lp->server->cfg.forward_headers : NULL;
+    if (fwd != NULL && namelen > 0 && name[0] != ':' && call->forward_refused == NULL) {
+        char err[256];
+        int rc = oi_hdr_forward(fwd, &call->forwarded, (const char *)name, namelen, (const char *)value, valuelen,
+                                err, sizeof(err));
+        if (rc == OI_HDR_NOMEM)
+            return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+        if (rc == OI_HDR_RESERVED && (call->forward_refused = strdup(err)) == NULL)
+            return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+    }
     return 0;
 }
 
@@ -144,6 +155,10 @@ static void start_call(h2_conn_t *c, oi_grpc_call_t *call)
     }
     if (call->path == NULL) {
         oi_grpc_finish(call, OI_GRPC_UNIMPLEMENTED, "the request has no :path naming a method");
+        return;
+    }
+    if (call->forward_refused != NULL) {
+        oi_grpc_finish(call, OI_GRPC_INVALID_ARGUMENT, call->forward_refused);
         return;
     }
     if (call->timeout_ms > 0) {

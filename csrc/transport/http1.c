@@ -14,6 +14,7 @@
 #include <llhttp.h>
 
 #include "core/cpus.h"
+#include "transport/hdr_forward.h"
 #include "transport/peers.h"
 #include "transport/tcp_listen.h"
 #include "transport/unix_listen.h"
@@ -72,6 +73,7 @@ struct oi_http_conn_s {
     oi_sbuf_t hfield;
     oi_sbuf_t hvalue;
     oi_sbuf_t nv_request; /* the NV-InferRequest header's value (the legacy v1 API), NUL-terminated */
+    oi_sbuf_t forwarded;  /* the headers forwarded as request parameters (req.forwarded) */
     size_t header_bytes;
     uint64_t start_ns; /* uv_hrtime of the first byte, with cfg.on_answered only */
     uint64_t msg_start;  /* uv_now when the request's first byte came: its rate, for eviction */
@@ -131,6 +133,7 @@ static void conn_maybe_free(oi_http_conn_t *c)
     oi_sbuf_free(&c->hfield);
     oi_sbuf_free(&c->hvalue);
     oi_sbuf_free(&c->nv_request);
+    oi_sbuf_free(&c->forwarded);
     oi_sbuf_free(&c->pending);
     if (c->peer_counted)
         oi_peers_release(&c->lis->server->peers, &c->peer);
@@ -645,6 +648,7 @@ static int on_message_begin(llhttp_t *p)
     c->req.accept_encoding[0] = '\0';
     c->req.nv_infer_request = NULL;
     c->nv_request.len = 0;
+    c->forwarded.len = 0;
     if (c->lis->server->cfg.on_answered != NULL)
         c->start_ns = uv_hrtime();
     c->req.start_ns = c->start_ns;
@@ -713,6 +717,15 @@ static int on_header_value_complete(llhttp_t *p)
         if (oi_sbuf_append(&c->nv_request, v->data, v->len) != 0 || oi_sbuf_append(&c->nv_request, "", 1) != 0)
             return reject_in_parser(c, 500, "out of memory");
         c->req.nv_infer_request_len = v->len;
+    }
+    const regex_t *fwd = c->lis->server->cfg.forward_headers;
+    if (fwd != NULL) {
+        int rc = oi_hdr_forward(fwd, &c->forwarded, f->data, f->len, v->data, v->len, c->error_text,
+                                sizeof(c->error_text));
+        if (rc == OI_HDR_RESERVED)
+            return reject_in_parser(c, 400, c->error_text);
+        if (rc == OI_HDR_NOMEM)
+            return reject_in_parser(c, 500, "out of memory");
     }
     f->len = 0;
     v->len = 0;
@@ -824,6 +837,8 @@ static int on_message_complete(llhttp_t *p)
     r->path_len = path_len;
     r->query = q ? q + 1 : "";
     r->nv_infer_request = c->nv_request.len ? c->nv_request.data : NULL;
+    r->forwarded = c->forwarded.len ? c->forwarded.data : NULL;
+    r->forwarded_len = c->forwarded.len;
     oi_buf_unref(r->body);
     r->body = c->body;
     c->body = NULL;

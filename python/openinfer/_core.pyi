@@ -155,6 +155,8 @@ class Server:
         max_sequence_backlog: int = 1000,  # sequences waiting for a slot, per model; 0: no limit
         grpc_address: str | None = None,  # the gRPC listener's host; None: host
         strict_readiness: bool = True,  # False: ready once serving, whatever the models' state
+        http_header_forward_pattern: str | None = None,  # headers matching it become request parameters
+        grpc_header_forward_pattern: str | None = None,  # metadata matching it become request parameters
     ) -> None: ...
     def set_metadata(self, metadata_json: bytes) -> None:
         """Sets the body of GET /v2 (server metadata)."""

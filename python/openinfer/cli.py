@@ -76,8 +76,6 @@ _TRITON_REFUSED: dict[str, str] = {
     "enable-peer-access": "openinfer does not manage CUDA peer access",
     "reuse-http-port": "use --workers N to share a port among servers",
     "reuse-grpc-port": "use --workers N to share a port among servers",
-    "http-header-forward-pattern": "request headers are not forwarded as request parameters",
-    "grpc-header-forward-pattern": "request metadata is not forwarded as request parameters",
     "grpc-infer-thread-count": "gRPC is served on the event-loop threads (--threads)",
     "grpc-infer-allocation-pool-size": "openinfer keeps no pool of gRPC request states",
     "grpc-max-response-pool-size": "gRPC responses wait under --grpc-max-queued-bytes instead",
@@ -177,6 +175,12 @@ def _triton_flags(serve: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--http-address", metavar="HOST", help="as --host")
     group.add_argument("--grpc-address", metavar="HOST", help="the gRPC listener's host (default --host)")
+    for proto, what in (("http", "HTTP headers"), ("grpc", "gRPC metadata")):
+        group.add_argument(
+            f"--{proto}-header-forward-pattern", metavar="REGEX",
+            help=f"{what} of inference requests whose names match it (POSIX extended, "
+            "case-insensitive) reach the model as request parameters",
+        )
     group.add_argument(
         "--allow-client-shm", dest="allow_shared_memory", type=_triton_bool, metavar="BOOL",
         help="as --allow-shared-memory",
@@ -675,6 +679,8 @@ def _serve(args: argparse.Namespace) -> int:
             grpc_address=args.grpc_address,
             strict_readiness=args.strict_readiness,
             server_id=args.id,
+            http_header_forward_pattern=args.http_header_forward_pattern,
+            grpc_header_forward_pattern=args.grpc_header_forward_pattern,
             **grpc,
             **metrics,  # type: ignore[arg-type]
             **limits,

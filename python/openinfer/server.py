@@ -176,6 +176,8 @@ def serve(
     grpc_address: str | None = None,
     strict_readiness: bool = True,
     server_id: str = "openinfer",
+    http_header_forward_pattern: str | None = None,
+    grpc_header_forward_pattern: str | None = None,
     **limits: int,
 ) -> Server:
     """Serves the models of repository `repo` and the given `models`, and returns the running
@@ -258,6 +260,13 @@ def serve(
     ``--strict-readiness``: True (the default) makes the server ready only while every model
     is; False, once it serves, whatever its models' state. `server_id` is its ``--id``: the
     ``name`` of the server metadata (default "openinfer").
+    `http_header_forward_pattern` and `grpc_header_forward_pattern` are its
+    ``--http-header-forward-pattern`` and ``--grpc-header-forward-pattern``: an inference
+    request's HTTP headers (gRPC metadata) whose names the pattern matches anywhere,
+    case-insensitively, reach the model as string request parameters (a POSIX extended regular
+    expression here, RE2 in tritonserver: the two agree on the usual ``^x-.*``, ``azure|aws``);
+    a matching name that Triton reserves (``sequence_id``, ``priority``, ``triton_*``, ...) is
+    refused with 400 / INVALID_ARGUMENT in tritonserver's words.
 
     `limits` go to the core:
     max_body_bytes, max_header_bytes, max_connections, max_connections_per_peer,
@@ -305,6 +314,8 @@ def serve(
         grpc_address=grpc_address,
         strict_readiness=strict_readiness,
         server_id=server_id,
+        http_header_forward_pattern=http_header_forward_pattern,
+        grpc_header_forward_pattern=grpc_header_forward_pattern,
         **limits,
     )
     server.start()
@@ -357,6 +368,8 @@ class Server:
         grpc_address: str | None = None,
         strict_readiness: bool = True,
         server_id: str = "openinfer",
+        http_header_forward_pattern: str | None = None,
+        grpc_header_forward_pattern: str | None = None,
         **limits: int,
     ) -> None:
         level = _COMPRESSION_LEVELS.get(grpc_infer_response_compression_level)
@@ -426,6 +439,8 @@ class Server:
             response_cache_bytes=cache_bytes(cache_config, response_cache_byte_size),
             grpc_address=grpc_address,
             strict_readiness=strict_readiness,
+            http_header_forward_pattern=http_header_forward_pattern,
+            grpc_header_forward_pattern=grpc_header_forward_pattern,
             **limits,
         )
         extensions = tuple(e for e in EXTENSIONS if statistics or e != "statistics")
