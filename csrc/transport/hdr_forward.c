@@ -1,5 +1,6 @@
 #include "transport/hdr_forward.h"
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "codec/json.h"
 
@@ -26,9 +27,17 @@ static int is_reserved(const char *name, size_t n)
 int oi_hdr_forward(const regex_t *re, oi_sbuf_t *members, const char *name, size_t n, const char *value,
                    size_t vlen, char *err, size_t errlen)
 {
-    /* REG_STARTEND (glibc, BSD, macOS) matches the n bytes in place: names are not NUL-terminated. */
-    regmatch_t span = {.rm_so = 0, .rm_eo = (regoff_t)n};
-    if (regexec(re, name, 1, &span, REG_STARTEND) != 0)
+    /* regexec wants a NUL-terminated name (REG_STARTEND is not portable, and sanitizers read
+     * to the NUL regardless); HTTP/1.1 and HTTP/2 header names hold no NUL byte. */
+    char small[256], *z = n < sizeof(small) ? small : malloc(n + 1);
+    if (z == NULL)
+        return OI_HDR_NOMEM;
+    memcpy(z, name, n);
+    z[n] = '\0';
+    int match = regexec(re, z, 0, NULL, 0) == 0;
+    if (z != small)
+        free(z);
+    if (!match)
         return OI_HDR_SKIPPED;
     if (is_reserved(name, n)) {
         snprintf(err, errlen, "Header '%.*s' is reserved for Triton usage and cannot be forwarded.",
