@@ -131,6 +131,18 @@ def test_allow_grpc_false_serves_no_grpc(tmp_path: Path) -> None:
         cli.kill()
 
 
+def test_allow_http_false_serves_http_on_the_unix_socket_only(tmp_path: Path) -> None:
+    sock = tmp_path / "oi.sock"
+    cli = Cli(str(_repo(tmp_path)), "--allow-http=false", "--http-unix", str(sock), "--grpc-port", "0",
+              "--metrics-port", "0")
+    try:
+        out = cli.output()
+        assert f"unix://{sock}" in out and "http://127.0.0.1" not in out, out
+        assert grpcclient.InferenceServerClient(f"127.0.0.1:{_grpc_port(cli)}").is_server_live()
+    finally:
+        cli.kill()
+
+
 def test_log_warning_false_drops_warnings_only(tmp_path: Path) -> None:
     """tritonserver turns each level off on its own: info lines stay, warnings go."""
     cli = Cli(str(_repo(tmp_path, broken=True)), "--grpc-port", "0", "--metrics-port", "0",
@@ -194,7 +206,7 @@ def test_every_tritonserver_flag_is_served_or_refused_and_in_the_docs_table() ->
     (["--strict-model-config=true"], "tritonserver's --strict-model-config true is not supported by openinfer"),
     (["--http-max-input-size=0"], "Error: --http-max-input-size must be greater than 0."),
     (["--model-repository", "/no/such/repository"], "model repository '/no/such/repository' is not a directory"),
-    (["--allow-http=false"], "--http-port -1 needs --http-unix PATH"),
+    (["--allow-http=false"], "--allow-http false needs --http-unix PATH"),
 ])
 def test_flags_openinfer_cannot_honour_are_refused_by_name(args: list[str], words: str) -> None:
     done = _serve_args(*args)

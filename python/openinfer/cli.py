@@ -210,6 +210,9 @@ def _triton_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
     if args.http_address is not None:
         args.host = args.http_address
     if not args.allow_http:
+        if args.http_unix is None:
+            parser.error("--allow-http false needs --http-unix PATH: openinfer serves HTTP on a Unix "
+                         "socket then, never on none")
         args.http_port = -1
     if not args.allow_grpc:
         args.grpc_port = -1
