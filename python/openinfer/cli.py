@@ -258,6 +258,23 @@ def _parser() -> argparse.ArgumentParser:
         "opt in with response_cache { enable: true }",
     )
     serve.add_argument(
+        "--http-restricted-api",
+        action="append",
+        default=[],
+        metavar="API[,API...]:KEY=VALUE",
+        help="tritonserver's restricted APIs: those APIs (health, metadata, inference, "
+        "shared-memory, model-config, model-repository, statistics, trace, logging) answer only "
+        "HTTP requests with header KEY: VALUE, others get 403 (repeatable, an API once)",
+    )
+    serve.add_argument(
+        "--grpc-restricted-protocol",
+        action="append",
+        default=[],
+        metavar="PROTOCOL[,PROTOCOL...]:KEY=VALUE",
+        help="the same for gRPC: the calls must carry metadata triton-grpc-protocol-KEY: VALUE, "
+        "others get UNAVAILABLE (repeatable)",
+    )
+    serve.add_argument(
         "--response-cache-byte-size",
         type=int,
         metavar="BYTES",
@@ -500,6 +517,8 @@ def _serve(args: argparse.Namespace) -> int:
             sockets=sockets,
             cache_config=args.cache_config,
             response_cache_byte_size=args.response_cache_byte_size,
+            http_restricted_api=args.http_restricted_api,
+            grpc_restricted_protocol=args.grpc_restricted_protocol,
             **grpc,
             **metrics,  # type: ignore[arg-type]
             **limits,

@@ -378,6 +378,19 @@ static void handle_shm(oi_server_t *s, oi_http_request_t *r, const char *rest)
     respond(r, s, st, NULL, NULL);
 }
 
+unsigned oi__legacy_http_groups(const char *p)
+{
+    if (strncmp(p, "health/", 7) == 0)
+        return OI_API_BIT(OI_API_HEALTH);
+    if (strncmp(p, "status", 6) == 0 && (p[6] == '\0' || p[6] == '/'))
+        return OI_API_BIT(OI_API_METADATA) | OI_API_BIT(OI_API_MODEL_CONFIG) | OI_API_BIT(OI_API_STATISTICS);
+    if (strncmp(p, "infer/", 6) == 0)
+        return OI_API_BIT(OI_API_INFERENCE);
+    if (strncmp(p, "sharedmemorycontrol/", 20) == 0)
+        return OI_API_BIT(OI_API_SHARED_MEMORY);
+    return 0;
+}
+
 int oi__legacy_http_handle(oi_server_t *s, oi_http_request_t *r)
 {
     const char *p = r->path;
