@@ -303,15 +303,10 @@ def test_several_groups_share_one_key(tmp_path) -> None:
 # ---- the warning off-host ------------------------------------------------------------------
 
 
-def _listening() -> socket.socket:
-    s = socket.create_server(("127.0.0.1", 0))
-    return s
-
-
 def _warnings_of(caplog, **kw: Any) -> list[str]:
     """The warnings a server on 0.0.0.0 gives at start. It is handed loopback sockets, so
     nothing listens beyond this host while it believes it does."""
-    http, grpc = _listening(), _listening()
+    http, grpc = socket.create_server(("127.0.0.1", 0)), socket.create_server(("127.0.0.1", 0))
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="openinfer"):
         srv = openinfer.serve(models=[], host="0.0.0.0", sockets={"http": http, "grpc": grpc}, metrics_port=None,
@@ -333,11 +328,11 @@ def test_off_host_warning_names_what_is_open(caplog) -> None:
     both = dict(http_restricted_api="model-repository,shared-memory,logging,trace:k=v",
                 grpc_restricted_protocol="model-repository,shared-memory,logging,trace:k=v")
     assert _warnings_of(caplog, model_control_mode="explicit", allow_shared_memory=True, **both) == []
-
-
-def test_no_warning_on_loopback(caplog) -> None:
+    # On loopback, nothing to warn of.
+    caplog.clear()
     with caplog.at_level(logging.WARNING, logger="openinfer"):
         with openinfer.serve(models=[], http_port=0, grpc_port=0, metrics_port=None, log=False,
                              model_control_mode="explicit"):
             pass
     assert not [r for r in caplog.records if "beyond this host" in r.getMessage()]
+
