@@ -104,6 +104,11 @@ def test_http_route_answers_only_its_groups_header(server, method, path, body, g
     r = http_call(server, method, path, body, {})
     assert refused_http(r, groups[0]), (r.status_code, r.text)
     assert value(groups[0]) not in r.text
+    if path.startswith("/api/"):  # what a 1.x client reads
+        nv_status = r.headers["NV-Status"]
+        assert "code: UNAVAILABLE" in nv_status
+        # text-format protobuf, which escapes the quotes
+        assert f"msg: \"This API is restricted, expecting header \\'{header(groups[0])}\\'\"" in nv_status
     # Every other group's header does not open it.
     others = {header(g): value(g) for g in GROUPS if g not in groups}
     assert refused_http(http_call(server, method, path, body, others), groups[0])

@@ -63,6 +63,10 @@ int oi__legacy_http_handle(oi_server_t *s, oi_http_request_t *req);
  * legacy RPC (call->kind), for the routes' one check: status shows metadata, configuration
  * and statistics, so it needs all three; ModelControl and Repository count as model-repository. */
 unsigned oi__legacy_http_groups(const char *path);
+
+/* A legacy request refused by a restriction: 403, with `message` in NV-Status (UNAVAILABLE,
+ * what a 1.x client reads) and in the JSON body. */
+void oi__legacy_http_refuse(oi_server_t *s, oi_http_request_t *r, const char *message);
 unsigned oi__legacy_grpc_groups(int kind);
 
 /* The legacy GRPCService (legacy_grpc.c), on the V2 gRPC port. oi__legacy_grpc_call returns 1

@@ -974,7 +974,7 @@ static const char *captured_header(const void *r, int i, size_t *len)
 /* Answers 403 with tritonserver's words when one of `groups` is restricted and the request
  * lacks its header or carries another value; returns whether it did. The words name the
  * header, never the value. */
-static int refuse_restricted(oi_server_t *s, oi_http_request_t *r, unsigned groups)
+static int refuse_restricted(oi_server_t *s, oi_http_request_t *r, unsigned groups, int legacy)
 {
     const oi_restricted_t *t = &s->http_restricted;
     int g = groups ? oi_restricted_refuses(t, groups, captured_header, r) : -1;
@@ -982,7 +982,10 @@ static int refuse_restricted(oi_server_t *s, oi_http_request_t *r, unsigned grou
         return 0;
     char msg[MAX_NAME * 2];
     snprintf(msg, sizeof(msg), "This API is restricted, expecting header '%.300s'", t->header[g]);
-    respond_error(r, 403, msg);
+    if (legacy)
+        oi__legacy_http_refuse(s, r, msg);
+    else
+        respond_error(r, 403, msg);
     return 1;
 }
 
@@ -994,7 +997,7 @@ void oi__http_api_handle(void *ctx, oi_http_request_t *r)
         respond_error(r, OI_UNAVAILABLE, "the server is shutting down");
         return;
     }
-    if (strncmp(path, "/api/", 5) == 0 && refuse_restricted(s, r, oi__legacy_http_groups(path + 5)))
+    if (strncmp(path, "/api/", 5) == 0 && refuse_restricted(s, r, oi__legacy_http_groups(path + 5), 1))
         return;
     if (oi__legacy_http_handle(s, r)) /* the legacy v1 API under /api */
         return;
@@ -1005,7 +1008,7 @@ void oi__http_api_handle(void *ctx, oi_http_request_t *r)
         return;
     }
     const char *p = path[3] == '/' ? path + 4 : path + 3;
-    if (refuse_restricted(s, r, v2_groups(p)))
+    if (refuse_restricted(s, r, v2_groups(p), 0))
         return;
     if (*p == '\0') {
         if (!is_get(r))
