@@ -997,7 +997,8 @@ void oi__http_api_handle(void *ctx, oi_http_request_t *r)
         respond_error(r, OI_UNAVAILABLE, "the server is shutting down");
         return;
     }
-    if (strncmp(path, "/api/", 5) == 0 && refuse_restricted(s, r, oi__legacy_http_groups(path + 5), 1))
+    int restricted = oi_restricted_any(&s->http_restricted); /* else no route needs its groups */
+    if (restricted && strncmp(path, "/api/", 5) == 0 && refuse_restricted(s, r, oi__legacy_http_groups(path + 5), 1))
         return;
     if (oi__legacy_http_handle(s, r)) /* the legacy v1 API under /api */
         return;
@@ -1008,7 +1009,7 @@ void oi__http_api_handle(void *ctx, oi_http_request_t *r)
         return;
     }
     const char *p = path[3] == '/' ? path + 4 : path + 3;
-    if (refuse_restricted(s, r, v2_groups(p), 0))
+    if (restricted && refuse_restricted(s, r, v2_groups(p), 0))
         return;
     if (*p == '\0') {
         if (!is_get(r))
