@@ -94,7 +94,7 @@ def http_call(srv: openinfer.Server, method: str, path: str, body: bytes, header
 
 
 def refused_http(r: requests.Response, group: str) -> bool:
-    return r.status_code == 403 and r.json() == {
+    return r.status_code == 403 and r.reason == "Forbidden" and r.json() == {
         "error": f"This API is restricted, expecting header '{header(group)}'"}
 
 

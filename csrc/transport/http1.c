@@ -212,6 +212,7 @@ static const char *reason_phrase(int status)
     case 100: return "Continue";
     case 200: return "OK";
     case 400: return "Bad Request";
+    case 403: return "Forbidden";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 408: return "Request Timeout";
