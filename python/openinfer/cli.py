@@ -429,6 +429,8 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format=f"%(asctime)s %(levelname)s %(name)s{worker}: %(message)s"
     )
+    if args.worker_index:  # the workers share their ports: worker 0 warns of what is open, once
+        logging.getLogger("openinfer.exposure").setLevel(logging.ERROR)
     try:
         from .server import serve  # the extension loads here, not for --help or --version
     except ImportError as e:

@@ -505,7 +505,7 @@ class Server:
             shared_memory=bool(self._core.shared_memory),
         )
         if what:
-            logger.warning(
+            logging.getLogger("openinfer.exposure").warning(
                 "openinfer listens on %s, beyond this host, without TLS, and these APIs answer anyone "
                 "who reaches it: %s; restrict them (--http-restricted-api, --grpc-restricted-protocol) "
                 "or listen on 127.0.0.1",
