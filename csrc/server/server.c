@@ -97,6 +97,11 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
     if (s == NULL)
         return NULL;
     s->cfg = *cfg;
+    s->cfg.http_restricted = s->cfg.grpc_restricted = NULL; /* borrowed: the copies below stay */
+    int restricted_bad = (cfg->http_restricted && oi_restricted_copy(&s->http_restricted, cfg->http_restricted) != 0) ||
+                         (cfg->grpc_restricted && oi_restricted_copy(&s->grpc_restricted, cfg->grpc_restricted) != 0);
+    s->cfg.http.capture_headers = (const char *const *)s->http_restricted.names;
+    s->cfg.http.n_capture_headers = s->http_restricted.n_names;
     s->start_ns = oi_now_ns();
     s->cfg.max_inflight_body_bytes = cfg->max_inflight_body_bytes ? cfg->max_inflight_body_bytes
                                                                    : oi_budget_default_limit();
@@ -126,6 +131,8 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
             .preface_timeout_ms = s->cfg.http.first_byte_timeout_ms,
             .idle_timeout_ms = s->cfg.http.idle_timeout_ms,
             .max_queued_bytes = s->cfg.grpc_max_queued_bytes,
+            .capture_headers = (const char *const *)s->grpc_restricted.names,
+            .n_capture_headers = s->grpc_restricted.n_names,
             .on_finished = cfg->access_log != NULL || cfg->trace_file != NULL ? grpc_finished : NULL,
         };
         s->grpc = oi_h2_server_new(&h2, &oi__grpc_api_handler, s);
@@ -142,12 +149,13 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
         mcfg.threads = 1;
         mcfg.thread_name = "oi-metrics";
         mcfg.on_answered = NULL; /* scrapes are not API requests */
+        mcfg.n_capture_headers = 0; /* nor restricted, as in tritonserver */
         s->metrics = oi_metrics_new(&s->cfg.metrics);
         s->metrics_http = s->metrics ? oi_http_server_new(&mcfg, oi__metrics_api_handle, s) : NULL;
     }
     if (cfg->response_cache_bytes > 0)
         s->cache = oi_rcache_new(cfg->response_cache_bytes);
-    if (s->body_budget == NULL || s->http == NULL || (grpc && s->grpc == NULL) ||
+    if (restricted_bad || s->body_budget == NULL || s->http == NULL || (grpc && s->grpc == NULL) ||
         (s->cfg.metrics_port >= 0 && s->metrics_http == NULL) || (cfg->response_cache_bytes > 0 && s->cache == NULL)) {
         oi_budget_release(s->body_budget);
         oi_rcache_free(s->cache);
@@ -158,6 +166,8 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
         oi_registry_destroy(&s->registry);
         oi_shm_destroy(&s->shm);
         pthread_mutex_destroy(&s->health_mu);
+        oi_restricted_free(&s->http_restricted);
+        oi_restricted_free(&s->grpc_restricted);
         free(s);
         return NULL;
     }
@@ -409,5 +419,7 @@ static void finish_stop(oi_server_t *s)
     oi_rcache_free(s->cache);
     oi_budget_release(s->body_budget); /* a body a model still holds gives back to it later */
     pthread_mutex_destroy(&s->health_mu);
+    oi_restricted_free(&s->http_restricted);
+    oi_restricted_free(&s->grpc_restricted);
     free(s);
 }
