@@ -44,9 +44,8 @@ cache-directory rate-limit rate-limit-resource pinned-memory-pool-byte-size cuda
 cuda-virtual-address-size min-supported-compute-capability buffer-manager-thread-count host-policy
 model-load-gpu-limit allow-client-shm backend-directory backend-config repoagent-directory strict-model-config
 response-cache-byte-size trace-file trace-level trace-rate trace-count trace-log-frequency""".split()
-# TLS and the restricted APIs are added to the command line by their own work.
-ELSEWHERE = {"grpc-use-ssl", "grpc-use-ssl-mutual", "grpc-server-cert", "grpc-server-key", "grpc-root-cert",
-             "http-restricted-api", "grpc-restricted-protocol"}
+# TLS is added to the command line by its own work.
+ELSEWHERE = {"grpc-use-ssl", "grpc-use-ssl-mutual", "grpc-server-cert", "grpc-server-key", "grpc-root-cert"}
 
 IDENTITY = """name: "{name}"
 backend: "identity"

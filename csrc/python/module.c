@@ -64,6 +64,40 @@ static int check_forward_pattern(const char *what, const char *pattern, char *ds
     return 0;
 }
 
+/* Fills `t` from a sequence of (group, header, value) strings, the restricted APIs of one
+ * protocol as openinfer.server parsed them from tritonserver's flags (None: none). 0, or -1
+ * with an exception. The value is a key: it never goes into an error. */
+static int parse_restricted(PyObject *seq, const char *what, oi_restricted_t *t)
+{
+    if (seq == Py_None)
+        return 0;
+    PyObject *fast = PySequence_Fast(seq, "restricted APIs must be a sequence of (group, header, value)");
+    if (fast == NULL)
+        return -1;
+    int rc = 0;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast) && rc == 0; i++) {
+        const char *group, *header, *value;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "sss", &group, &header, &value)) {
+            rc = -1;
+            break;
+        }
+        int g = 0;
+        while (g < OI_API_COUNT && strcmp(oi_api_group_names[g], group) != 0)
+            g++;
+        if (g == OI_API_COUNT || header[0] == '\0' || value[0] == '\0') {
+            PyErr_Format(PyExc_ValueError, "%s: expected a group of tritonserver's, a header and a value; got '%.100s'",
+                         what, group);
+            rc = -1;
+        } else if ((rc = oi_restricted_set(t, (oi_api_group_t)g, header, value)) == -2) {
+            PyErr_Format(PyExc_ValueError, "%s: '%s' is restricted twice", what, group);
+        } else if (rc == -1) {
+            PyErr_NoMemory();
+        }
+    }
+    Py_DECREF(fast);
+    return rc;
+}
+
 static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"host",
@@ -106,6 +140,8 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                              "max_inflight_body_bytes",
                              "max_inflate_ratio",
                              "body_min_rate",
+                             "http_restricted",
+                             "grpc_restricted",
                              "grpc_address",
                              "strict_readiness",
                              "http_header_forward_pattern",
@@ -131,16 +167,18 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
     unsigned int seq_backlog = 1000;
     long long inflight_bytes = 0;
     int inflate_ratio = 1000, body_min_rate = 500;
+    PyObject *http_restricted = Py_None, *grpc_restricted = Py_None;
     const char *grpc_host = NULL; /* --grpc-address; NULL: host */
     int strict_readiness = 1;
     const char *http_fwd = NULL, *grpc_fwd = NULL; /* the header forward patterns; NULL: none */
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "|si$iKKiKKIiKOiKKKpippppzzIizzzIpOiiiKILiizpzz", kwlist, &host, &port, &threads, &max_body,
+            args, kw, "|si$iKKiKKIiKOiKKKpippppzzIizzzIpOiiiKILiiOOzpzz", kwlist, &host, &port, &threads, &max_body,
             &max_header, &max_conn, &header_to, &idle_to, &depth, &grpc_port, &grpc_max, &allow_shm, &max_per_peer,
             &first_byte_to, &body_to, &grpc_queued, &statistics, &metrics_port, &counter_lat, &histogram_lat,
             &metrics_cpu, &metrics_gpu, &http_unix, &grpc_unix, &unix_mode, &compression_level, &access_log,
             &trace_file, &metrics_host, &metrics_interval, &summary_lat, &quantiles, &http_fd, &grpc_fd, &metrics_fd,
-            &cache_bytes, &seq_backlog, &inflight_bytes, &inflate_ratio, &body_min_rate, &grpc_host, &strict_readiness, &http_fwd, &grpc_fwd))
+            &cache_bytes, &seq_backlog, &inflight_bytes, &inflate_ratio, &body_min_rate, &http_restricted,
+            &grpc_restricted, &grpc_host, &strict_readiness, &http_fwd, &grpc_fwd))
         return -1;
     if (http_fd < 0 || grpc_fd < 0 || metrics_fd < 0) {
         PyErr_SetString(PyExc_ValueError, "a listen_fd must be a listening socket's descriptor (> 0), or 0");
@@ -318,7 +356,20 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
     };
     memcpy(self->cfg.metrics.quantiles, qs, (size_t)nq * sizeof(double));
     self->max_sequence_backlog = seq_backlog;
+    oi_restricted_t restricted[2];
+    memset(restricted, 0, sizeof(restricted));
+    if (parse_restricted(http_restricted, "http_restricted", &restricted[0]) != 0 ||
+        parse_restricted(grpc_restricted, "grpc_restricted", &restricted[1]) != 0) {
+        oi_restricted_free(&restricted[0]);
+        oi_restricted_free(&restricted[1]);
+        return -1;
+    }
+    self->cfg.http_restricted = &restricted[0];
+    self->cfg.grpc_restricted = &restricted[1];
     self->server = oi_server_new(&self->cfg);
+    self->cfg.http_restricted = self->cfg.grpc_restricted = NULL; /* the server keeps its copies */
+    oi_restricted_free(&restricted[0]);
+    oi_restricted_free(&restricted[1]);
     if (self->server == NULL) {
         PyErr_NoMemory();
         return -1;
@@ -1805,6 +1856,25 @@ static struct PyModuleDef core_module = {
     NULL,
 };
 
+/* RESTRICTED_APIS: tritonserver's restricted-API group names, in its order. */
+static int add_api_groups(PyObject *m)
+{
+    PyObject *names = PyTuple_New(OI_API_COUNT);
+    for (int g = 0; names != NULL && g < OI_API_COUNT; g++) {
+        PyObject *n = PyUnicode_FromString(oi_api_group_names[g]);
+        if (n == NULL) {
+            Py_CLEAR(names);
+            break;
+        }
+        PyTuple_SET_ITEM(names, g, n);
+    }
+    if (names == NULL)
+        return -1;
+    int rc = PyModule_AddObjectRef(m, "RESTRICTED_APIS", names);
+    Py_DECREF(names);
+    return rc;
+}
+
 PyMODINIT_FUNC PyInit__core(void)
 {
     import_array();
@@ -1821,7 +1891,7 @@ PyMODINIT_FUNC PyInit__core(void)
         PyModule_AddObjectRef(m, "GrpcStream", (PyObject *)&oi_py_grpc_stream_type) < 0 ||
         PyModule_AddFunctions(m, peer_functions) < 0 || PyModule_AddFunctions(m, oi_py_onnx_functions) < 0 ||
         PyModule_AddFunctions(m, oi_py_worker_functions) < 0 ||
-        PyModule_AddStringConstant(m, "__version__", OI_VERSION) < 0) {
+        PyModule_AddStringConstant(m, "__version__", OI_VERSION) < 0 || add_api_groups(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

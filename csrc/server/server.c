@@ -93,14 +93,16 @@ static int is_loopback(const char *host)
 }
 
 /* Compiles the header forward patterns into `s` (the transports borrow them). 0, or -1 when
- * regcomp fails (nothing left to free). */
+ * regcomp fails (then neither pattern is set: free_forward has nothing to free). */
 static int compile_forward(oi_server_t *s)
 {
-    if (s->cfg.http_forward_pattern != NULL && oi_hdr_forward_compile(&s->http_forward, s->cfg.http_forward_pattern) != 0)
-        return -1;
-    if (s->cfg.grpc_forward_pattern != NULL && oi_hdr_forward_compile(&s->grpc_forward, s->cfg.grpc_forward_pattern) != 0) {
-        if (s->cfg.http_forward_pattern != NULL)
+    int http_bad = s->cfg.http_forward_pattern != NULL &&
+                   oi_hdr_forward_compile(&s->http_forward, s->cfg.http_forward_pattern) != 0;
+    if (http_bad || (s->cfg.grpc_forward_pattern != NULL &&
+                     oi_hdr_forward_compile(&s->grpc_forward, s->cfg.grpc_forward_pattern) != 0)) {
+        if (s->cfg.http_forward_pattern != NULL && !http_bad)
             regfree(&s->http_forward);
+        s->cfg.http_forward_pattern = s->cfg.grpc_forward_pattern = NULL;
         return -1;
     }
     s->cfg.http.forward_headers = s->cfg.http_forward_pattern != NULL ? &s->http_forward : NULL;
@@ -121,16 +123,17 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
     if (s == NULL)
         return NULL;
     s->cfg = *cfg;
+    s->cfg.http_restricted = s->cfg.grpc_restricted = NULL; /* borrowed: the copies below stay */
+    int restricted_bad = (cfg->http_restricted && oi_restricted_copy(&s->http_restricted, cfg->http_restricted) != 0) ||
+                         (cfg->grpc_restricted && oi_restricted_copy(&s->grpc_restricted, cfg->grpc_restricted) != 0);
+    s->cfg.http.capture_headers = (const char *const *)s->http_restricted.names;
+    s->cfg.http.n_capture_headers = s->http_restricted.n_names;
     s->start_ns = oi_now_ns();
     s->cfg.max_inflight_body_bytes = cfg->max_inflight_body_bytes ? cfg->max_inflight_body_bytes
                                                                    : oi_budget_default_limit();
     s->body_budget = oi_budget_new(s->cfg.max_inflight_body_bytes, "max_inflight_body_bytes");
     s->cfg.http.body_budget = s->body_budget;
-    if (compile_forward(s) != 0) {
-        oi_budget_release(s->body_budget);
-        free(s);
-        return NULL;
-    }
+    int forward_bad = compile_forward(s) != 0;
     pthread_mutex_init(&s->health_mu, NULL);
     oi_registry_init(&s->registry);
     oi_shm_init(&s->shm, cfg->allow_shared_memory < 0 ? is_loopback(cfg->http.host) : cfg->allow_shared_memory != 0);
@@ -155,6 +158,8 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
             .preface_timeout_ms = s->cfg.http.first_byte_timeout_ms,
             .idle_timeout_ms = s->cfg.http.idle_timeout_ms,
             .max_queued_bytes = s->cfg.grpc_max_queued_bytes,
+            .capture_headers = (const char *const *)s->grpc_restricted.names,
+            .n_capture_headers = s->grpc_restricted.n_names,
             .on_finished = cfg->access_log != NULL || cfg->trace_file != NULL ? grpc_finished : NULL,
             .forward_headers = cfg->grpc_forward_pattern != NULL ? &s->grpc_forward : NULL,
         };
@@ -172,12 +177,14 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
         mcfg.threads = 1;
         mcfg.thread_name = "oi-metrics";
         mcfg.on_answered = NULL; /* scrapes are not API requests */
+        mcfg.n_capture_headers = 0; /* nor restricted, as in tritonserver */
+        mcfg.forward_headers = NULL; /* nor inference requests */
         s->metrics = oi_metrics_new(&s->cfg.metrics);
         s->metrics_http = s->metrics ? oi_http_server_new(&mcfg, oi__metrics_api_handle, s) : NULL;
     }
     if (cfg->response_cache_bytes > 0)
         s->cache = oi_rcache_new(cfg->response_cache_bytes);
-    if (s->body_budget == NULL || s->http == NULL || (grpc && s->grpc == NULL) ||
+    if (restricted_bad || forward_bad || s->body_budget == NULL || s->http == NULL || (grpc && s->grpc == NULL) ||
         (s->cfg.metrics_port >= 0 && s->metrics_http == NULL) || (cfg->response_cache_bytes > 0 && s->cache == NULL)) {
         oi_budget_release(s->body_budget);
         oi_rcache_free(s->cache);
@@ -189,6 +196,8 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
         oi_shm_destroy(&s->shm);
         free_forward(s);
         pthread_mutex_destroy(&s->health_mu);
+        oi_restricted_free(&s->http_restricted);
+        oi_restricted_free(&s->grpc_restricted);
         free(s);
         return NULL;
     }
@@ -442,5 +451,7 @@ static void finish_stop(oi_server_t *s)
     oi_budget_release(s->body_budget); /* a body a model still holds gives back to it later */
     free_forward(s);
     pthread_mutex_destroy(&s->health_mu);
+    oi_restricted_free(&s->http_restricted);
+    oi_restricted_free(&s->grpc_restricted);
     free(s);
 }

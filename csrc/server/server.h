@@ -6,6 +6,7 @@
 #include "server/observe/metrics.h"
 #include "server/models/registry.h"
 #include "server/models/repository.h"
+#include "server/restrict.h"
 #include "transport/http1.h"
 #include "transport/http2.h"
 
@@ -52,6 +53,11 @@ typedef struct oi_server_config_s {
      * last to read this pointer; NULL: no access log, and requests take no timestamps. */
     const char *access_log;
     const char *trace_file; /* the trace extension's file (NULL: no tracing); copied at start */
+    /* --http-restricted-api and --grpc-restricted-protocol (the gRPC headers with Triton's
+     * "triton-grpc-protocol-" prefix already on): borrowed until oi_server_new, which copies
+     * them; NULL: nothing restricted. Legacy and generate routes share their protocol's. */
+    const oi_restricted_t *http_restricted;
+    const oi_restricted_t *grpc_restricted;
     size_t response_cache_bytes; /* --cache-config local,size=N: the response cache's capacity;
                                   * 0: no cache (models that enable one run uncached, as Triton) */
 } oi_server_config_t;

@@ -45,6 +45,8 @@ struct oi_server_s {
     oi_tracer_t *tracer;            /* the trace file's: set by start before any loop runs; NULL without */
     uint64_t start_ns;              /* oi_now_ns() when made: the legacy API's uptime */
     atomic_uint_fast64_t legacy_ids; /* the last RequestStatus id the legacy API gave */
+    oi_restricted_t http_restricted; /* copies of the config's; the transports keep their headers */
+    oi_restricted_t grpc_restricted;
     regex_t http_forward, grpc_forward; /* compiled cfg.*_forward_pattern, where set */
 };
 
@@ -58,6 +60,16 @@ void oi__http_api_handle(void *server, oi_http_request_t *req);
 /* The legacy v1 API's routes (/api/..., legacy_http.c): answers and returns 1 for a path
  * under /api, else returns 0 and leaves the request alone. */
 int oi__legacy_http_handle(oi_server_t *s, oi_http_request_t *req);
+
+/* The restricted-API groups (OI_API_BIT mask) of a legacy path (what follows "/api/") and of a
+ * legacy RPC (call->kind), for the routes' one check: status shows metadata, configuration
+ * and statistics, so it needs all three; ModelControl and Repository count as model-repository. */
+unsigned oi__legacy_http_groups(const char *path);
+
+/* A legacy request refused by a restriction: 403, with `message` in NV-Status (UNAVAILABLE,
+ * what a 1.x client reads) and in the JSON body. */
+void oi__legacy_http_refuse(oi_server_t *s, oi_http_request_t *r, const char *message);
+unsigned oi__legacy_grpc_groups(int kind);
 
 /* The legacy GRPCService (legacy_grpc.c), on the V2 gRPC port. oi__legacy_grpc_call returns 1
  * when the call is one of its methods (setting call->kind to OI__LEGACY_RPC_BASE or more), and

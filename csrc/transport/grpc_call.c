@@ -53,9 +53,19 @@ void oi_grpc_call_unref(oi_grpc_call_t *call)
     oi_buf_unref(call->msg);
     free(call->path);
     free(call->status_message);
+    for (int i = 0; i < OI_HTTP_MAX_CAPTURED; i++)
+        free(call->captured[i]);
     free(call->forward_refused);
     oi_sbuf_free(&call->forwarded);
     free(call);
+}
+
+const char *oi_grpc_call_header(const oi_grpc_call_t *call, int i, size_t *len)
+{
+    if (i < 0 || i >= OI_HTTP_MAX_CAPTURED || call->captured[i] == NULL)
+        return NULL;
+    *len = call->captured_len[i];
+    return call->captured[i];
 }
 
 int oi_grpc_call_open(const oi_grpc_call_t *call) { return call->conn != NULL && !call->finished; }

@@ -87,10 +87,29 @@ static unsigned accept_encodings(const char *v, size_t n)
     return bits;
 }
 
+/* Keeps the value of a metadata key the handler asked for (its first occurrence). */
+static int capture_header(const h2_conn_t *c, oi_grpc_call_t *call, const uint8_t *name, size_t namelen,
+                          const uint8_t *value, size_t valuelen)
+{
+    const oi_h2_config_t *cfg = &c->lp->server->cfg;
+    for (int i = 0; i < cfg->n_capture_headers; i++) {
+        if (!header_is(name, namelen, cfg->capture_headers[i]) || call->captured[i] != NULL)
+            continue;
+        call->captured[i] = malloc(valuelen + 1);
+        if (call->captured[i] == NULL)
+            return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+        memcpy(call->captured[i], value, valuelen);
+        call->captured[i][valuelen] = '\0';
+        call->captured_len[i] = valuelen;
+        break;
+    }
+    return 0;
+}
+
 int oi__h2_on_header(nghttp2_session *session, const nghttp2_frame *frame, const uint8_t *name, size_t namelen,
                      const uint8_t *value, size_t valuelen, uint8_t flags, void *user_data)
 {
-    (void)flags, (void)user_data;
+    (void)flags;
     if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST)
         return 0; /* the client's trailers, if any, say nothing we need */
     oi_grpc_call_t *call = oi__h2_call_of(session, frame->hd.stream_id);
@@ -122,6 +141,8 @@ int oi__h2_on_header(nghttp2_session *session, const nghttp2_frame *frame, const
             call->encoding = OI_ENCODING_UNKNOWN;
     } else if (header_is(name, namelen, "grpc-accept-encoding")) {
         call->accept_encodings |= accept_encodings((const char *)value, valuelen);
+    } else if (capture_header(user_data, call, name, namelen, value, valuelen) != 0) {
+        return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
     }
     const regex_t *fwd = call->conn != NULL ? call->conn->lp->server->cfg.forward_headers : NULL;
     if (fwd != NULL && namelen > 0 && name[0] != ':' && call->forward_refused == NULL) {

@@ -73,6 +73,9 @@ struct oi_http_conn_s {
     oi_sbuf_t hfield;
     oi_sbuf_t hvalue;
     oi_sbuf_t nv_request; /* the NV-InferRequest header's value (the legacy v1 API), NUL-terminated */
+    oi_sbuf_t captured;   /* the values of cfg.capture_headers, back to back */
+    size_t captured_off[OI_HTTP_MAX_CAPTURED], captured_len[OI_HTTP_MAX_CAPTURED];
+    unsigned captured_have; /* bit i: captured_off/len[i] hold header i's value */
     oi_sbuf_t forwarded;  /* the headers forwarded as request parameters (req.forwarded) */
     size_t header_bytes;
     uint64_t start_ns; /* uv_hrtime of the first byte, with cfg.on_answered only */
@@ -133,6 +136,7 @@ static void conn_maybe_free(oi_http_conn_t *c)
     oi_sbuf_free(&c->hfield);
     oi_sbuf_free(&c->hvalue);
     oi_sbuf_free(&c->nv_request);
+    oi_sbuf_free(&c->captured);
     oi_sbuf_free(&c->forwarded);
     oi_sbuf_free(&c->pending);
     if (c->peer_counted)
@@ -212,6 +216,7 @@ static const char *reason_phrase(int status)
     case 100: return "Continue";
     case 200: return "OK";
     case 400: return "Bad Request";
+    case 403: return "Forbidden";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 408: return "Request Timeout";
@@ -648,6 +653,8 @@ static int on_message_begin(llhttp_t *p)
     c->req.accept_encoding[0] = '\0';
     c->req.nv_infer_request = NULL;
     c->nv_request.len = 0;
+    c->captured.len = 0;
+    c->captured_have = 0;
     c->forwarded.len = 0;
     if (c->lis->server->cfg.on_answered != NULL)
         c->start_ns = uv_hrtime();
@@ -690,6 +697,30 @@ static void copy_lower(char *dst, size_t cap, const oi_sbuf_t *v)
     dst[n] = '\0';
 }
 
+/* Keeps the value of a header the handler asked for (its first occurrence). 0 or -1. */
+static int capture_header(oi_http_conn_t *c, const oi_sbuf_t *f, const oi_sbuf_t *v)
+{
+    const oi_http_config_t *cfg = &c->lis->server->cfg;
+    for (int i = 0; i < cfg->n_capture_headers; i++) {
+        if (!header_is(f, cfg->capture_headers[i]) || (c->captured_have & (1u << i)))
+            continue;
+        c->captured_off[i] = c->captured.len;
+        c->captured_len[i] = v->len;
+        c->captured_have |= 1u << i;
+        return v->len > 0 ? oi_sbuf_append(&c->captured, v->data, v->len) : 0;
+    }
+    return 0;
+}
+
+const char *oi_http_request_header(const oi_http_request_t *req, int i, size_t *len)
+{
+    const oi_http_conn_t *c = req->conn;
+    if (i < 0 || i >= OI_HTTP_MAX_CAPTURED || !(c->captured_have & (1u << i)))
+        return NULL;
+    *len = c->captured_len[i];
+    return c->captured_len[i] ? c->captured.data + c->captured_off[i] : "";
+}
+
 static int on_header_value_complete(llhttp_t *p)
 {
     oi_http_conn_t *c = conn_of(p);
@@ -717,6 +748,8 @@ static int on_header_value_complete(llhttp_t *p)
         if (oi_sbuf_append(&c->nv_request, v->data, v->len) != 0 || oi_sbuf_append(&c->nv_request, "", 1) != 0)
             return reject_in_parser(c, 500, "out of memory");
         c->req.nv_infer_request_len = v->len;
+    } else if (capture_header(c, f, v) != 0) {
+        return reject_in_parser(c, 500, "out of memory");
     }
     const regex_t *fwd = c->lis->server->cfg.forward_headers;
     if (fwd != NULL) {

@@ -16,6 +16,9 @@
 #include "transport/peer.h"
 #include "transport/peers.h"
 
+/* The most header names one server captures for its handler (oi_http_config_t.capture_headers). */
+#define OI_HTTP_MAX_CAPTURED 16
+
 typedef struct oi_http_server_s oi_http_server_t;
 typedef struct oi_http_conn_s oi_http_conn_t;
 typedef struct oi_http_request_s oi_http_request_t;
@@ -59,6 +62,11 @@ typedef struct oi_http_config_s {
      * req->method is -1 when the request line was not read); requests then note when their
      * first byte came. */
     void (*on_answered)(void *ctx, const oi_http_request_t *req, const oi_http_answer_t *a);
+    /* Header names (lower-case, borrowed for the server's life) whose values a handler reads
+     * with oi_http_request_header: the transport keeps only these, and only the first of each
+     * (a restricted API's key header, say). At most OI_HTTP_MAX_CAPTURED. */
+    const char *const *capture_headers;
+    int n_capture_headers;
     int inline_loop; /* for tests and fuzz targets: start sets up one loop that neither listens
                       * nor runs a thread; the caller runs it (uv_run on oi_http_server_loop(s,
                       * 0)->uv) and brings its connections with oi_http_server_adopt */
@@ -134,6 +142,10 @@ void oi_http_stream_end(oi_http_request_t *req);
  * transport/peer.h), looked up on first use and kept for the connection's life. Valid until
  * oi_http_respond; loop thread only. */
 const oi_peer_t *oi_http_request_peer(oi_http_request_t *req);
+
+/* The value of the request's header cfg.capture_headers[i] (not NUL-terminated; *len bytes),
+ * or NULL when the request did not carry it. Valid until oi_http_respond. */
+const char *oi_http_request_header(const oi_http_request_t *req, int i, size_t *len);
 
 /* Returns a new server (not yet listening), or NULL when out of memory. */
 oi_http_server_t *oi_http_server_new(const oi_http_config_t *cfg, oi_http_handler_cb handler, void *ctx);

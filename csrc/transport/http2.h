@@ -58,6 +58,11 @@ typedef struct oi_h2_config_s {
     size_t max_queued_bytes;         /* response bytes a connection may have waiting for the client's
                                       * flow-control window before its request messages are held back
                                       * and no more window is granted to it; 0: 64 MiB */
+    /* Metadata keys (lower-case, as HTTP/2 sends them; borrowed for the server's life) whose
+     * values a handler reads with oi_grpc_call_header: only these are kept, the first of each.
+     * At most OI_HTTP_MAX_CAPTURED. */
+    const char *const *capture_headers;
+    int n_capture_headers;
     /* When set, called by oi_grpc_finish on the loop thread with the handler's ctx and the
      * status sent (the access log); calls then note when their headers came. */
     void (*on_finished)(void *ctx, struct oi_grpc_call_s *call, int grpc_status);
@@ -126,6 +131,8 @@ struct oi_grpc_call_s {
     int compressing;           /* response messages wait for compression (the queue's tail) */
     int discard;               /* the call ended in error while compressing: those are dropped */
     uint64_t pending_bytes;    /* their uncompressed bytes */
+    char *captured[OI_HTTP_MAX_CAPTURED]; /* the values of cfg.capture_headers (NULL: absent) */
+    size_t captured_len[OI_HTTP_MAX_CAPTURED];
     uint64_t timeout_ms; /* 0: none */
     void *timer;         /* uv_timer_t *, when a deadline is set */
     /* Reassembly of the request message being received. */
@@ -148,6 +155,10 @@ struct oi_grpc_call_s {
 
 /* The client's IP address, or NULL when the socket has none or the stream is gone. */
 const oi_peer_addr_t *oi_grpc_call_addr(const oi_grpc_call_t *call);
+
+/* The value of the call's metadata cfg.capture_headers[i] (*len bytes, not NUL-terminated),
+ * or NULL when the client did not send it. Valid for the call's life. */
+const char *oi_grpc_call_header(const oi_grpc_call_t *call, int i, size_t *len);
 
 /* Takes and drops a reference (loop thread only). The last drop frees the call. */
 void oi_grpc_call_ref(oi_grpc_call_t *call);

@@ -6,6 +6,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 __version__: str
+RESTRICTED_APIS: tuple[str, ...]  # tritonserver's restricted-API groups, in its order
 
 # One input or output declaration: (name, V2 datatype such as "INT32", full shape with -1
 # for a variable dimension, or None for any shape; when max_batch_size > 0 the first
@@ -153,6 +154,9 @@ class Server:
         metrics_summary_latencies: bool = False,  # nv_inference_*_summary_us
         metrics_summary_quantiles: Sequence[float] | None = None,  # None: 0.5 .. 0.999
         max_sequence_backlog: int = 1000,  # sequences waiting for a slot, per model; 0: no limit
+        # restricted APIs: (group, header, value) each; gRPC headers carry their prefix already
+        http_restricted: Sequence[tuple[str, str, str]] | None = None,
+        grpc_restricted: Sequence[tuple[str, str, str]] | None = None,
         grpc_address: str | None = None,  # the gRPC listener's host; None: host
         strict_readiness: bool = True,  # False: ready once serving, whatever the models' state
         http_header_forward_pattern: str | None = None,  # headers matching it become request parameters

@@ -434,6 +434,23 @@ def _parser() -> argparse.ArgumentParser:
         "opt in with response_cache { enable: true }",
     )
     serve.add_argument(
+        "--http-restricted-api",
+        action="append",
+        default=[],
+        metavar="API[,API...]:KEY=VALUE",
+        help="tritonserver's restricted APIs: those APIs (health, metadata, inference, "
+        "shared-memory, model-config, model-repository, statistics, trace, logging) answer only "
+        "HTTP requests with header KEY: VALUE, others get 403 (repeatable, an API once)",
+    )
+    serve.add_argument(
+        "--grpc-restricted-protocol",
+        action="append",
+        default=[],
+        metavar="PROTOCOL[,PROTOCOL...]:KEY=VALUE",
+        help="the same for gRPC: the calls must carry metadata triton-grpc-protocol-KEY: VALUE, "
+        "others get UNAVAILABLE (repeatable)",
+    )
+    serve.add_argument(
         "--response-cache-byte-size",
         type=int,
         metavar="BYTES",
@@ -590,6 +607,8 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format=f"%(asctime)s %(levelname)s %(name)s{worker}: %(message)s"
     )
+    if args.worker_index:  # the workers share their ports: worker 0 warns of what is open, once
+        logging.getLogger("openinfer.exposure").setLevel(logging.ERROR)
     _drop_levels(args.log_dropped)
     try:
         from .server import serve  # the extension loads here, not for --help or --version
@@ -679,6 +698,8 @@ def _serve(args: argparse.Namespace) -> int:
             sockets=sockets,
             cache_config=args.cache_config,
             response_cache_byte_size=args.response_cache_byte_size,
+            http_restricted_api=args.http_restricted_api,
+            grpc_restricted_protocol=args.grpc_restricted_protocol,
             grpc_address=args.grpc_address,
             strict_readiness=args.strict_readiness,
             server_id=args.id,

@@ -25,6 +25,7 @@ from ._version import __version__
 from ._control.cache import cache_bytes
 from ._control.control import DEFAULT_POLL_SECS, IndexEntry, ModelControl
 from ._control.logsettings import LogSettings
+from ._control.restricted import grpc_restricted, http_restricted, open_to_anyone
 from ._control.tracesettings import TraceSettings, level_mask, trace_options
 from .errors import InferenceServerError
 from .model import Model
@@ -173,6 +174,8 @@ def serve(
     sockets: Mapping[str, socket.socket | int] | None = None,
     cache_config: Mapping[str, object] | Iterable[str] | None = None,
     response_cache_byte_size: int | None = None,
+    http_restricted_api: str | Iterable[str] | None = None,
+    grpc_restricted_protocol: str | Iterable[str] | None = None,
     grpc_address: str | None = None,
     strict_readiness: bool = True,
     server_id: str = "openinfer",
@@ -273,7 +276,17 @@ def serve(
     first_byte_timeout_ms, header_timeout_ms, body_timeout_ms, body_min_rate, idle_timeout_ms,
     max_json_depth, grpc_max_message_bytes, grpc_max_queued_bytes, max_inflight_body_bytes,
     max_inflate_ratio, max_sequence_backlog (sequences that may wait for a slot of one sequence
-    model: 1000 by default, 0 for no limit)."""
+    model: 1000 by default, 0 for no limit).
+
+    `http_restricted_api` and `grpc_restricted_protocol` take tritonserver's
+    ``--http-restricted-api`` / ``--grpc-restricted-protocol`` values (one string or several),
+    ``"<group>[,<group>...]:<header>=<value>"``: the named groups (health, metadata, inference,
+    shared-memory, model-config, model-repository, statistics, trace, logging) then answer
+    only requests carrying that header with that value (gRPC: metadata
+    ``triton-grpc-protocol-<header>``), others get HTTP 403 or gRPC UNAVAILABLE with
+    tritonserver's words. The legacy v1 API and the generate extension are covered too; see
+    `openinfer._control.restricted`. A server on a non-loopback `host` whose model control,
+    shared memory or settings answer anyone logs one warning that names them."""
     server = Server(
         repo,
         models=models,
@@ -311,6 +324,8 @@ def serve(
         sockets=sockets,
         cache_config=cache_config,
         response_cache_byte_size=response_cache_byte_size,
+        http_restricted_api=http_restricted_api,
+        grpc_restricted_protocol=grpc_restricted_protocol,
         grpc_address=grpc_address,
         strict_readiness=strict_readiness,
         server_id=server_id,
@@ -365,6 +380,8 @@ class Server:
         sockets: Mapping[str, socket.socket | int] | None = None,
         cache_config: Mapping[str, object] | Iterable[str] | None = None,
         response_cache_byte_size: int | None = None,
+        http_restricted_api: str | Iterable[str] | None = None,
+        grpc_restricted_protocol: str | Iterable[str] | None = None,
         grpc_address: str | None = None,
         strict_readiness: bool = True,
         server_id: str = "openinfer",
@@ -416,6 +433,9 @@ class Server:
             trace_log_frequency=trace_log_frequency,
         )
         trace_path: str | None = tracing.pop("trace_file")
+        restricted = (http_restricted(http_restricted_api), grpc_restricted(grpc_restricted_protocol))
+        self._restricted = tuple({group for group, _, _ in r} for r in restricted)
+        self._model_control_mode = model_control_mode
         self._core = _core.Server(
             host,
             -1 if http_port is None else http_port,
@@ -437,6 +457,8 @@ class Server:
             grpc_infer_compression_level=level,
             **{f"{k}_listen_fd": fd for k, (fd, _) in listen_fds.items()},
             response_cache_bytes=cache_bytes(cache_config, response_cache_byte_size),
+            http_restricted=restricted[0],
+            grpc_restricted=restricted[1],
             grpc_address=grpc_address,
             strict_readiness=strict_readiness,
             http_header_forward_pattern=http_header_forward_pattern,
@@ -510,6 +532,24 @@ class Server:
             values["log_frequency"],
         )
 
+    def _warn_if_open(self) -> None:
+        """One warning when clients beyond this host may reach the control APIs unchecked."""
+        tcp = [r for r, port in zip(self._restricted, (self._port, self._grpc_port)) if port is not None]
+        what = open_to_anyone(
+            self._host,
+            tcp,
+            model_control=self._model_control_mode == "explicit",
+            shared_memory=bool(self._core.shared_memory),
+        )
+        if what:
+            logging.getLogger("openinfer.exposure").warning(
+                "openinfer listens on %s, beyond this host, without TLS, and these APIs answer anyone "
+                "who reaches it: %s; restrict them (--http-restricted-api, --grpc-restricted-protocol) "
+                "or listen on 127.0.0.1",
+                self._host,
+                ", ".join(what),
+            )
+
     def start(self) -> Server:
         """Binds and starts the event loops; returns at once. Raises OSError when the port
         cannot be bound."""
@@ -548,6 +588,7 @@ class Server:
                         entry.version,
                         entry.error,
                     )
+        self._warn_if_open()
         if self._pt2_examples:
             _pt2_build.serve_when_built(self._pt2_examples, self._pt2_stop, self._load_built_example)
         return self

@@ -127,7 +127,15 @@ static void harness_init(void)
 {
     harness_verbose = getenv("OI_FUZZ_VERBOSE") != NULL;
     fence_init();
+    /* One restricted group per protocol, so that inputs reach the header capture and the
+     * check: model configuration, with key x-fuzz-key: fuzz (gRPC: its Triton prefix). */
+    static oi_restricted_t http_restricted, grpc_restricted;
+    if (oi_restricted_set(&http_restricted, OI_API_MODEL_CONFIG, "X-Fuzz-Key", "fuzz") != 0 ||
+        oi_restricted_set(&grpc_restricted, OI_API_MODEL_CONFIG, "triton-grpc-protocol-x-fuzz-key", "fuzz") != 0)
+        harness_die("out of memory");
     oi_server_config_t cfg = {
+        .http_restricted = &http_restricted,
+        .grpc_restricted = &grpc_restricted,
         .http =
             {
                 .max_body_bytes = 64 << 10, /* small, so that inputs reach the limits */

@@ -17,30 +17,32 @@
 #define SERVICE "/inference.GRPCInferenceService/"
 #define HEALTH_SERVICE "/grpc.health.v1.Health/"
 
+/* The RPCs, and the restricted-API group tritonserver files each under. */
 static const struct {
     const char *name;
     int kind;
+    oi_api_group_t group;
 } rpcs[] = {
-    {"ServerLive", RPC_SERVER_LIVE},
-    {"ServerReady", RPC_SERVER_READY},
-    {"ModelReady", RPC_MODEL_READY},
-    {"ServerMetadata", RPC_SERVER_METADATA},
-    {"ModelMetadata", RPC_MODEL_METADATA},
-    {"ModelConfig", RPC_MODEL_CONFIG},
-    {"ModelInfer", RPC_MODEL_INFER},
-    {"ModelStreamInfer", RPC_MODEL_STREAM_INFER},
-    {"SystemSharedMemoryStatus", RPC_SYS_SHM_STATUS},
-    {"SystemSharedMemoryRegister", RPC_SYS_SHM_REGISTER},
-    {"SystemSharedMemoryUnregister", RPC_SYS_SHM_UNREGISTER},
-    {"CudaSharedMemoryStatus", RPC_CUDA_SHM_STATUS},
-    {"CudaSharedMemoryRegister", RPC_CUDA_SHM_REGISTER},
-    {"CudaSharedMemoryUnregister", RPC_CUDA_SHM_UNREGISTER},
-    {"RepositoryIndex", RPC_REPO_INDEX},
-    {"RepositoryModelLoad", RPC_REPO_LOAD},
-    {"RepositoryModelUnload", RPC_REPO_UNLOAD},
-    {"ModelStatistics", RPC_MODEL_STATISTICS},
-    {"LogSettings", RPC_LOG_SETTINGS},
-    {"TraceSetting", RPC_TRACE_SETTING},
+    {"ServerLive", RPC_SERVER_LIVE, OI_API_HEALTH},
+    {"ServerReady", RPC_SERVER_READY, OI_API_HEALTH},
+    {"ModelReady", RPC_MODEL_READY, OI_API_HEALTH},
+    {"ServerMetadata", RPC_SERVER_METADATA, OI_API_METADATA},
+    {"ModelMetadata", RPC_MODEL_METADATA, OI_API_METADATA},
+    {"ModelConfig", RPC_MODEL_CONFIG, OI_API_MODEL_CONFIG},
+    {"ModelInfer", RPC_MODEL_INFER, OI_API_INFERENCE},
+    {"ModelStreamInfer", RPC_MODEL_STREAM_INFER, OI_API_INFERENCE},
+    {"SystemSharedMemoryStatus", RPC_SYS_SHM_STATUS, OI_API_SHARED_MEMORY},
+    {"SystemSharedMemoryRegister", RPC_SYS_SHM_REGISTER, OI_API_SHARED_MEMORY},
+    {"SystemSharedMemoryUnregister", RPC_SYS_SHM_UNREGISTER, OI_API_SHARED_MEMORY},
+    {"CudaSharedMemoryStatus", RPC_CUDA_SHM_STATUS, OI_API_SHARED_MEMORY},
+    {"CudaSharedMemoryRegister", RPC_CUDA_SHM_REGISTER, OI_API_SHARED_MEMORY},
+    {"CudaSharedMemoryUnregister", RPC_CUDA_SHM_UNREGISTER, OI_API_SHARED_MEMORY},
+    {"RepositoryIndex", RPC_REPO_INDEX, OI_API_MODEL_REPOSITORY},
+    {"RepositoryModelLoad", RPC_REPO_LOAD, OI_API_MODEL_REPOSITORY},
+    {"RepositoryModelUnload", RPC_REPO_UNLOAD, OI_API_MODEL_REPOSITORY},
+    {"ModelStatistics", RPC_MODEL_STATISTICS, OI_API_STATISTICS},
+    {"LogSettings", RPC_LOG_SETTINGS, OI_API_LOGGING},
+    {"TraceSetting", RPC_TRACE_SETTING, OI_API_TRACE},
 };
 
 /* ---- the access log ----------------------------------------------------------------------- */
@@ -354,19 +356,44 @@ static void model_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg)
 
 /* ---- the handler ------------------------------------------------------------------------ */
 
+static const char *captured_metadata(const void *call, int i, size_t *len)
+{
+    return oi_grpc_call_header(call, i, len);
+}
+
+/* Ends the call with UNAVAILABLE and tritonserver's words when one of `groups` is restricted
+ * and the call lacks its metadata or carries another value; returns whether it did. The words
+ * name the header, never the value. */
+static int refuse_restricted(oi_server_t *s, oi_grpc_call_t *call, unsigned groups)
+{
+    const oi_restricted_t *t = &s->grpc_restricted;
+    int g = groups ? oi_restricted_refuses(t, groups, captured_metadata, call) : -1;
+    if (g < 0)
+        return 0;
+    char msg[400];
+    snprintf(msg, sizeof(msg), "This protocol is restricted, expecting header '%.300s'", t->header[g]);
+    oi_grpc_finish(call, OI_GRPC_UNAVAILABLE, msg);
+    return 1;
+}
+
 static void on_call(void *ctx, oi_grpc_call_t *call)
 {
     oi_server_t *s = ctx;
     call->data = s;
     const char *m = call->method;
     const char *rpc;
-    if (oi__legacy_grpc_call(s, call)) /* nvidia.inferenceserver.GRPCService, the legacy v1 API */
+    if (oi__legacy_grpc_call(s, call)) { /* nvidia.inferenceserver.GRPCService, the legacy v1 API */
+        if (refuse_restricted(s, call, oi__legacy_grpc_groups(call->kind)))
+            call->kind = OI__LEGACY_RPC_BASE; /* still routed there, finished */
         return;
+    }
+    unsigned groups = 0;
     if (strncmp(m, HEALTH_SERVICE, sizeof(HEALTH_SERVICE) - 1) == 0) {
         rpc = m + sizeof(HEALTH_SERVICE) - 1;
         call->kind = strcmp(rpc, "Check") == 0   ? RPC_HEALTH_CHECK
                      : strcmp(rpc, "Watch") == 0 ? RPC_HEALTH_WATCH
                                                  : RPC_UNKNOWN;
+        groups = OI_API_BIT(OI_API_HEALTH);
     } else if (strncmp(m, SERVICE, sizeof(SERVICE) - 1) != 0) {
         char msg[300];
         snprintf(
@@ -378,13 +405,17 @@ static void on_call(void *ctx, oi_grpc_call_t *call)
     } else {
         rpc = m + sizeof(SERVICE) - 1;
         for (size_t i = 0; i < sizeof(rpcs) / sizeof(rpcs[0]); i++)
-            if (strcmp(rpc, rpcs[i].name) == 0)
+            if (strcmp(rpc, rpcs[i].name) == 0) {
                 call->kind = rpcs[i].kind;
+                groups = OI_API_BIT(rpcs[i].group);
+            }
     }
     if (call->kind == RPC_UNKNOWN) {
         char msg[300];
         snprintf(msg, sizeof(msg), "method %.200s is not implemented by this server", rpc);
         oi_grpc_finish(call, OI_GRPC_UNIMPLEMENTED, msg);
+    } else if (refuse_restricted(s, call, groups)) {
+        call->kind = RPC_UNKNOWN; /* its messages go nowhere */
     } else if (atomic_load(&s->stopping)) {
         oi_grpc_finish(call, OI_GRPC_UNAVAILABLE, "the server is shutting down");
     } else if (call->kind == RPC_MODEL_INFER || call->kind == RPC_MODEL_STREAM_INFER) {

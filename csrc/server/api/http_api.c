@@ -922,6 +922,75 @@ static void route_settings(oi_server_t *s, oi_http_request_t *r, oi_repo_op_t op
     }
 }
 
+/* ---- restricted APIs ------------------------------------------------------------------------- */
+
+#define GROUP(g) OI_API_BIT(OI_API_##g)
+
+/* The restricted-API groups of the V2 path `p` (what follows "/v2/"), as tritonserver files
+ * its handlers: generate with inference, model readiness with health. 0 for a path no
+ * endpoint serves, which gets its 404 as before. */
+static unsigned v2_groups(const char *p)
+{
+    if (*p == '\0')
+        return GROUP(METADATA);
+    if (strcmp(p, "health/live") == 0 || strcmp(p, "health/ready") == 0)
+        return GROUP(HEALTH);
+    if (strncmp(p, "repository/", 11) == 0)
+        return GROUP(MODEL_REPOSITORY);
+    if (strcmp(p, "logging") == 0)
+        return GROUP(LOGGING);
+    if (strcmp(p, "trace/setting") == 0)
+        return GROUP(TRACE);
+    if (strncmp(p, "systemsharedmemory/", 19) == 0 || strncmp(p, "cudasharedmemory/", 17) == 0)
+        return GROUP(SHARED_MEMORY);
+    if (strncmp(p, "models/", 7) != 0)
+        return 0;
+    p += 7;
+    if (strcmp(p, "stats") == 0)
+        return GROUP(STATISTICS);
+    const char *e = segment_end(p); /* past the model's name, and its version */
+    p = *e ? e + 1 : e;
+    e = segment_end(p);
+    if (seg_is(p, e, "versions")) {
+        p = *e ? e + 1 : e;
+        e = segment_end(p);
+        p = *e ? e + 1 : e;
+    }
+    static const struct {
+        const char *tail;
+        unsigned groups;
+    } tails[] = {{"", GROUP(METADATA)},       {"ready", GROUP(HEALTH)},         {"config", GROUP(MODEL_CONFIG)},
+                 {"infer", GROUP(INFERENCE)}, {"generate", GROUP(INFERENCE)},   {"generate_stream", GROUP(INFERENCE)},
+                 {"stats", GROUP(STATISTICS)}, {"trace/setting", GROUP(TRACE)}};
+    for (size_t i = 0; i < sizeof(tails) / sizeof(tails[0]); i++)
+        if (strcmp(p, tails[i].tail) == 0)
+            return tails[i].groups;
+    return 0;
+}
+
+static const char *captured_header(const void *r, int i, size_t *len)
+{
+    return oi_http_request_header(r, i, len);
+}
+
+/* Answers 403 with tritonserver's words when one of `groups` is restricted and the request
+ * lacks its header or carries another value; returns whether it did. The words name the
+ * header, never the value. */
+static int refuse_restricted(oi_server_t *s, oi_http_request_t *r, unsigned groups, int legacy)
+{
+    const oi_restricted_t *t = &s->http_restricted;
+    int g = groups ? oi_restricted_refuses(t, groups, captured_header, r) : -1;
+    if (g < 0)
+        return 0;
+    char msg[MAX_NAME * 2];
+    snprintf(msg, sizeof(msg), "This API is restricted, expecting header '%.300s'", t->header[g]);
+    if (legacy)
+        oi__legacy_http_refuse(s, r, msg);
+    else
+        respond_error(r, 403, msg);
+    return 1;
+}
+
 void oi__http_api_handle(void *ctx, oi_http_request_t *r)
 {
     oi_server_t *s = ctx;
@@ -930,6 +999,9 @@ void oi__http_api_handle(void *ctx, oi_http_request_t *r)
         respond_error(r, OI_UNAVAILABLE, "the server is shutting down");
         return;
     }
+    int restricted = oi_restricted_any(&s->http_restricted); /* else no route needs its groups */
+    if (restricted && strncmp(path, "/api/", 5) == 0 && refuse_restricted(s, r, oi__legacy_http_groups(path + 5), 1))
+        return;
     if (oi__legacy_http_handle(s, r)) /* the legacy v1 API under /api */
         return;
     if (strncmp(path, "/v2", 3) != 0 || (path[3] != '\0' && path[3] != '/')) {
@@ -939,6 +1011,8 @@ void oi__http_api_handle(void *ctx, oi_http_request_t *r)
         return;
     }
     const char *p = path[3] == '/' ? path + 4 : path + 3;
+    if (restricted && refuse_restricted(s, r, v2_groups(p), 0))
+        return;
     if (*p == '\0') {
         if (!is_get(r))
             method_not_allowed(r, "GET or HEAD");

@@ -381,6 +381,20 @@ static void infer_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg)
 
 /* ---- the handler -------------------------------------------------------------------------- */
 
+unsigned oi__legacy_grpc_groups(int kind)
+{
+    switch (kind) {
+    case RPC_STATUS:
+        return OI_API_BIT(OI_API_METADATA) | OI_API_BIT(OI_API_MODEL_CONFIG) | OI_API_BIT(OI_API_STATISTICS);
+    case RPC_HEALTH: return OI_API_BIT(OI_API_HEALTH);
+    case RPC_INFER:
+    case RPC_STREAM_INFER: return OI_API_BIT(OI_API_INFERENCE);
+    case RPC_SHM_CONTROL: return OI_API_BIT(OI_API_SHARED_MEMORY);
+    case RPC_UNSUPPORTED: return OI_API_BIT(OI_API_MODEL_REPOSITORY);
+    default: return 0;
+    }
+}
+
 int oi__legacy_grpc_call(oi_server_t *s, oi_grpc_call_t *call)
 {
     (void)s;

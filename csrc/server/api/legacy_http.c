@@ -8,6 +8,7 @@
 #include <llhttp.h>
 
 #include "codec/compress.h"
+#include "codec/json.h"
 #include "codec/pbtext.h"
 #include "server/api/legacy.h"
 
@@ -376,6 +377,37 @@ static void handle_shm(oi_server_t *s, oi_http_request_t *r, const char *rest)
                            r->path);
     }
     respond(r, s, st, NULL, NULL);
+}
+
+void oi__legacy_http_refuse(oi_server_t *s, oi_http_request_t *r, const char *message)
+{
+    oi_status_t st = {.code = OI_UNAVAILABLE, .message = (char *)message}; /* borrowed */
+    oi_sbuf_t h = {0}, body = {0};
+    if (status_headers(&h, &st, oi_legacy_next_id(s), "Content-Type: application/json\r\n") != 0 ||
+        oi_json_encode_error(&body, message) != 0) {
+        oi_sbuf_free(&h);
+        oi_sbuf_free(&body);
+        oi_http_respond(r, 500, "", NULL, 0);
+        return;
+    }
+    oi_buf_t *b = oi_sbuf_detach(&body);
+    oi_sbuf_free(&body);
+    oi_iov_t part = {b ? b->data : NULL, b ? b->len : 0, b};
+    oi_http_respond(r, 403, h.data, &part, b ? 1 : 0);
+    oi_sbuf_free(&h);
+}
+
+unsigned oi__legacy_http_groups(const char *p)
+{
+    if (strncmp(p, "health/", 7) == 0)
+        return OI_API_BIT(OI_API_HEALTH);
+    if (strncmp(p, "status", 6) == 0 && (p[6] == '\0' || p[6] == '/'))
+        return OI_API_BIT(OI_API_METADATA) | OI_API_BIT(OI_API_MODEL_CONFIG) | OI_API_BIT(OI_API_STATISTICS);
+    if (strncmp(p, "infer/", 6) == 0)
+        return OI_API_BIT(OI_API_INFERENCE);
+    if (strncmp(p, "sharedmemorycontrol/", 20) == 0)
+        return OI_API_BIT(OI_API_SHARED_MEMORY);
+    return 0;
 }
 
 int oi__legacy_http_handle(oi_server_t *s, oi_http_request_t *r)
