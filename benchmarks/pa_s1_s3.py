@@ -15,11 +15,12 @@ openinfer/Triton with min–max. perf_analyzer runs its own stabilisation (time 
 
 perf_analyzer's settings: synchronous (one thread per request in flight, its default) at
 concurrency 1 and 8; at 64, asynchronous with one sending thread (`-a --max-threads 1`),
-for both servers. Pinned to one core, its synchronous HTTP mode with 32 or more threads never
-closes a measurement window against a server as fast as openinfer: the probe (below, and in
-the result) shows the server answering at a steady rate all the while, read from its own
-statistics, as perf_analyzer's memory grows: perf_analyzer's own bookkeeping, starved of the
-core by its 64 sending threads, not the server.
+for both servers. Pinned to one core, its synchronous HTTP mode with 32 or more threads gives
+no measurement against a server as fast as openinfer: its windows close rarely (one in 150 s
+on a quiet machine, its RSS growing past 400 MB) or disagree by more than its 10 % (a busy
+one), while the server answers all along, read from its own statistics: perf_analyzer's own
+threads and bookkeeping fighting over the core, not the server. The probe (below, and in
+the result) records it.
 """
 
 from __future__ import annotations
