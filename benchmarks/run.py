@@ -40,6 +40,7 @@ SCENARIOS = {
     "s12": ("s12_onnx.py", "ONNX MLP (ONNX Runtime C API) beside TorchScript, each vs in-process"),
     "s13": ("s13_identity.py", "S1's request to the C identity backend vs the nginx limit (wrk)"),
     "s14": ("s14_pt2.py", "PT2 (AOTInductor) MLP beside TorchScript: overhead vs in-process, batching vs transport"),
+    "pa": ("pa_s1_s3.py", "S1/S3 (simple, HTTP and gRPC) with Triton's perf_analyzer vs native Triton"),
 }
 
 

@@ -123,6 +123,11 @@ int oi_json_params_same(oi_slice_t a, oi_slice_t b, const char *const *ignored);
 int oi_json_params_each(oi_slice_t params, const char *const *ignored,
                         void (*fn)(void *ctx, const char *key, size_t key_len, oi_slice_t value), void *ctx);
 
+/* A "parameters" object's text (well-formed, as the decoders keep it; NULL: none) with
+ * `members` (n bytes of JSON object members, "k":"v",...) added after its own: a new
+ * buffer, or NULL when out of memory. */
+oi_buf_t *oi_json_params_extend(oi_slice_t params, const char *members, size_t n);
+
 /* Appends {"error":"<message, escaped>"}; returns 0 or -1 (out of memory). */
 int oi_json_encode_error(oi_sbuf_t *out, const char *message);
 

@@ -131,3 +131,32 @@ fail:
     memset(out, 0, sizeof(*out));
     return -1;
 }
+
+oi_buf_t *oi_json_params_extend(oi_slice_t params, const char *members, size_t n)
+{
+    /* The object's text up to its closing brace, and whether it has members of its own. */
+    size_t end = params.ptr != NULL ? params.len : 0;
+    while (end > 0 && params.ptr[end - 1] != '}')
+        end--;
+    size_t keep = end > 0 ? end - 1 : 0;
+    int own = 0;
+    for (size_t i = 0; i < keep && !own; i++)
+        own = params.ptr[i] != '{' && params.ptr[i] != ' ' && params.ptr[i] != '\t' && params.ptr[i] != '\n' &&
+              params.ptr[i] != '\r';
+    oi_buf_t *b = oi_buf_new(keep + n + 3);
+    if (b == NULL)
+        return NULL;
+    if (own) {
+        memcpy(b->data, params.ptr, keep);
+        b->data[keep] = ',';
+        b->len = keep + 1;
+    } else {
+        b->data[0] = '{';
+        b->len = 1;
+    }
+    memcpy(b->data + b->len, members, n);
+    b->len += n;
+    b->data[b->len++] = '}';
+    b->data[b->len] = '\0';
+    return b;
+}

@@ -124,6 +124,7 @@ void oi_request_clear(oi_request_t *r)
     free(r->outputs);
     oi_buf_unref(r->body);
     oi_buf_unref(r->aux);
+    oi_buf_unref(r->params_buf);
     memset(r, 0, sizeof(*r));
     r->binary_data_output = -1;
 }

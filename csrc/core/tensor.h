@@ -90,6 +90,7 @@ typedef struct oi_request_s {
     const char *id; /* NUL-terminated, borrowed from body; NULL when absent */
     size_t id_len;
     oi_slice_t parameters;
+    oi_buf_t *params_buf; /* owns `parameters` when a front door rewrote them (forwarded headers) */
     oi_tensor_t *inputs;
     uint32_t n_inputs;
     oi_output_request_t *outputs; /* none: every output of the model */

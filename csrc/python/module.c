@@ -22,6 +22,7 @@
 #include "server/server.h"
 #include "server/sched/warmup.h"
 #include "transport/loop.h"
+#include "transport/hdr_forward.h"
 #include "transport/peer.h"
 
 typedef struct {
@@ -29,6 +30,8 @@ typedef struct {
     oi_server_config_t cfg;
     char host[256];
     char metrics_host[256];              /* --metrics-address; "" for host */
+    char grpc_host[256];                 /* --grpc-address; "" for host */
+    char http_fwd[1024], grpc_fwd[1024]; /* the header forward patterns (copied: the server keeps them) */
     char http_unix[108], grpc_unix[108]; /* "" when not served */
     char access_log[4096]; /* the access log's path, "" for none */
     char trace_file[4096]; /* the trace extension's file, "" for none */
@@ -36,6 +39,30 @@ typedef struct {
     int started;
     unsigned max_sequence_backlog; /* each sequence model's backlog bound (0: none) */
 } ServerObject;
+
+/* A header forward pattern: copied into `dst` when it compiles, else a ValueError naming
+ * `what` and regcomp's reason. NULL: none. 0 or -1. */
+static int check_forward_pattern(const char *what, const char *pattern, char *dst, size_t cap)
+{
+    if (pattern == NULL)
+        return 0;
+    if (pattern[0] == '\0' || strlen(pattern) >= cap) {
+        PyErr_Format(PyExc_ValueError, "%s must be a regular expression of 1 to %zu bytes", what, cap - 1);
+        return -1;
+    }
+    regex_t re;
+    int rc = oi_hdr_forward_compile(&re, pattern);
+    if (rc != 0) {
+        char why[128];
+        regerror(rc, &re, why, sizeof(why));
+        PyErr_Format(PyExc_ValueError, "%s %s is not a valid POSIX extended regular expression: %s", what, pattern,
+                     why);
+        return -1;
+    }
+    regfree(&re);
+    snprintf(dst, cap, "%s", pattern);
+    return 0;
+}
 
 /* Fills `t` from a sequence of (group, header, value) strings, the restricted APIs of one
  * protocol as openinfer.server parsed them from tritonserver's flags (None: none). 0, or -1
@@ -115,6 +142,10 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                              "body_min_rate",
                              "http_restricted",
                              "grpc_restricted",
+                             "grpc_address",
+                             "strict_readiness",
+                             "http_header_forward_pattern",
+                             "grpc_header_forward_pattern",
                              NULL};
     const char *host = "127.0.0.1";
     int port = 8000, threads = 0, max_conn = 4096, grpc_port = 8001, max_per_peer = 0;
@@ -137,14 +168,17 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
     long long inflight_bytes = 0;
     int inflate_ratio = 1000, body_min_rate = 500;
     PyObject *http_restricted = Py_None, *grpc_restricted = Py_None;
+    const char *grpc_host = NULL; /* --grpc-address; NULL: host */
+    int strict_readiness = 1;
+    const char *http_fwd = NULL, *grpc_fwd = NULL; /* the header forward patterns; NULL: none */
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "|si$iKKiKKIiKOiKKKpippppzzIizzzIpOiiiKILiiOO", kwlist, &host, &port, &threads, &max_body,
+            args, kw, "|si$iKKiKKIiKOiKKKpippppzzIizzzIpOiiiKILiiOOzpzz", kwlist, &host, &port, &threads, &max_body,
             &max_header, &max_conn, &header_to, &idle_to, &depth, &grpc_port, &grpc_max, &allow_shm, &max_per_peer,
             &first_byte_to, &body_to, &grpc_queued, &statistics, &metrics_port, &counter_lat, &histogram_lat,
             &metrics_cpu, &metrics_gpu, &http_unix, &grpc_unix, &unix_mode, &compression_level, &access_log,
             &trace_file, &metrics_host, &metrics_interval, &summary_lat, &quantiles, &http_fd, &grpc_fd, &metrics_fd,
             &cache_bytes, &seq_backlog, &inflight_bytes, &inflate_ratio, &body_min_rate, &http_restricted,
-            &grpc_restricted))
+            &grpc_restricted, &grpc_host, &strict_readiness, &http_fwd, &grpc_fwd))
         return -1;
     if (http_fd < 0 || grpc_fd < 0 || metrics_fd < 0) {
         PyErr_SetString(PyExc_ValueError, "a listen_fd must be a listening socket's descriptor (> 0), or 0");
@@ -164,6 +198,13 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                      sizeof(self->metrics_host) - 1);
         return -1;
     }
+    if (grpc_host != NULL && (grpc_host[0] == '\0' || strlen(grpc_host) >= sizeof(self->grpc_host))) {
+        PyErr_Format(PyExc_ValueError, "grpc_address must be a host of 1 to %zu bytes", sizeof(self->grpc_host) - 1);
+        return -1;
+    }
+    if (check_forward_pattern("http_header_forward_pattern", http_fwd, self->http_fwd, sizeof(self->http_fwd)) != 0 ||
+        check_forward_pattern("grpc_header_forward_pattern", grpc_fwd, self->grpc_fwd, sizeof(self->grpc_fwd)) != 0)
+        return -1;
     double qs[16];
     int nq = 0;
     if (quantiles != Py_None) {
@@ -263,6 +304,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
     }
     snprintf(self->host, sizeof(self->host), "%s", host);
     snprintf(self->metrics_host, sizeof(self->metrics_host), "%s", metrics_host ? metrics_host : "");
+    snprintf(self->grpc_host, sizeof(self->grpc_host), "%s", grpc_host ? grpc_host : "");
     snprintf(self->http_unix, sizeof(self->http_unix), "%s", http_unix ? http_unix : "");
     snprintf(self->grpc_unix, sizeof(self->grpc_unix), "%s", grpc_unix ? grpc_unix : "");
     snprintf(self->access_log, sizeof(self->access_log), "%s", access_log ? access_log : "");
@@ -296,6 +338,10 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
         .statistics = statistics,
         .metrics_port = metrics_port,
         .metrics_host = self->metrics_host[0] ? self->metrics_host : NULL,
+        .grpc_host = self->grpc_host[0] ? self->grpc_host : NULL,
+        .http_forward_pattern = http_fwd ? self->http_fwd : NULL,
+        .grpc_forward_pattern = grpc_fwd ? self->grpc_fwd : NULL,
+        .lax_readiness = !strict_readiness,
         .metrics_listen_fd = metrics_fd,
         .metrics = {.counter_latencies = counter_lat,
                     .histogram_latencies = histogram_lat,

@@ -4,9 +4,23 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codec/json.h"
 #include "server/classify.h"
 #include "server/sched/response_cache.h"
 #include "server/validate.h"
+
+oi_status_t *oi_infer_forward_headers(oi_request_t *req, const char *members, size_t n)
+{
+    if (n == 0)
+        return NULL;
+    oi_buf_t *b = oi_json_params_extend(req->parameters, members, n);
+    if (b == NULL)
+        return oi_status_new(OI_INTERNAL, "out of memory");
+    oi_buf_unref(req->params_buf);
+    req->params_buf = b;
+    req->parameters = (oi_slice_t){b->data, b->len};
+    return NULL;
+}
 
 oi_infer_t *oi_infer_new(void)
 {

@@ -50,6 +50,11 @@ struct oi_infer_s {
 /* Returns a zeroed inference ready for decoding into `req`, or NULL (out of memory). */
 oi_infer_t *oi_infer_new(void);
 
+/* Adds the request headers a transport forwarded (n bytes of JSON object members; none when
+ * n is 0) to the decoded request's parameters, as tritonserver's header forward patterns do.
+ * Returns NULL, or a status (out of memory). */
+oi_status_t *oi_infer_forward_headers(oi_request_t *req, const char *members, size_t n);
+
 /* NULL when the model version can serve, else a 503 status with the reason. */
 oi_status_t *oi_model_check_ready(const oi_model_t *m);
 

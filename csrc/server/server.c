@@ -8,6 +8,7 @@
 #include "core/thread.h"
 #include "llhttp.h"
 #include "server/observe/statistics.h"
+#include "transport/hdr_forward.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -91,6 +92,31 @@ static int is_loopback(const char *host)
     return strcmp(host, "localhost") == 0;
 }
 
+/* Compiles the header forward patterns into `s` (the transports borrow them). 0, or -1 when
+ * regcomp fails (then neither pattern is set: free_forward has nothing to free). */
+static int compile_forward(oi_server_t *s)
+{
+    int http_bad = s->cfg.http_forward_pattern != NULL &&
+                   oi_hdr_forward_compile(&s->http_forward, s->cfg.http_forward_pattern) != 0;
+    if (http_bad || (s->cfg.grpc_forward_pattern != NULL &&
+                     oi_hdr_forward_compile(&s->grpc_forward, s->cfg.grpc_forward_pattern) != 0)) {
+        if (s->cfg.http_forward_pattern != NULL && !http_bad)
+            regfree(&s->http_forward);
+        s->cfg.http_forward_pattern = s->cfg.grpc_forward_pattern = NULL;
+        return -1;
+    }
+    s->cfg.http.forward_headers = s->cfg.http_forward_pattern != NULL ? &s->http_forward : NULL;
+    return 0;
+}
+
+static void free_forward(oi_server_t *s)
+{
+    if (s->cfg.http_forward_pattern != NULL)
+        regfree(&s->http_forward);
+    if (s->cfg.grpc_forward_pattern != NULL)
+        regfree(&s->grpc_forward);
+}
+
 oi_server_t *oi_server_new(const oi_server_config_t *cfg)
 {
     oi_server_t *s = calloc(1, sizeof(*s));
@@ -107,6 +133,7 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
                                                                    : oi_budget_default_limit();
     s->body_budget = oi_budget_new(s->cfg.max_inflight_body_bytes, "max_inflight_body_bytes");
     s->cfg.http.body_budget = s->body_budget;
+    int forward_bad = compile_forward(s) != 0;
     pthread_mutex_init(&s->health_mu, NULL);
     oi_registry_init(&s->registry);
     oi_shm_init(&s->shm, cfg->allow_shared_memory < 0 ? is_loopback(cfg->http.host) : cfg->allow_shared_memory != 0);
@@ -116,7 +143,7 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
     int grpc = s->cfg.grpc_port >= 0 || s->cfg.grpc_unix_path != NULL;
     if (grpc) {
         oi_h2_config_t h2 = {
-            .host = s->cfg.http.host,
+            .host = s->cfg.grpc_host != NULL ? s->cfg.grpc_host : s->cfg.http.host,
             .port = s->cfg.http.inline_loop ? -1 : s->cfg.grpc_port,
             .listen_fd = s->cfg.grpc_listen_fd,
             .unix_path = s->cfg.http.inline_loop ? NULL : s->cfg.grpc_unix_path,
@@ -134,6 +161,7 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
             .capture_headers = (const char *const *)s->grpc_restricted.names,
             .n_capture_headers = s->grpc_restricted.n_names,
             .on_finished = cfg->access_log != NULL || cfg->trace_file != NULL ? grpc_finished : NULL,
+            .forward_headers = cfg->grpc_forward_pattern != NULL ? &s->grpc_forward : NULL,
         };
         s->grpc = oi_h2_server_new(&h2, &oi__grpc_api_handler, s);
     }
@@ -150,12 +178,13 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
         mcfg.thread_name = "oi-metrics";
         mcfg.on_answered = NULL; /* scrapes are not API requests */
         mcfg.n_capture_headers = 0; /* nor restricted, as in tritonserver */
+        mcfg.forward_headers = NULL; /* nor inference requests */
         s->metrics = oi_metrics_new(&s->cfg.metrics);
         s->metrics_http = s->metrics ? oi_http_server_new(&mcfg, oi__metrics_api_handle, s) : NULL;
     }
     if (cfg->response_cache_bytes > 0)
         s->cache = oi_rcache_new(cfg->response_cache_bytes);
-    if (restricted_bad || s->body_budget == NULL || s->http == NULL || (grpc && s->grpc == NULL) ||
+    if (restricted_bad || forward_bad || s->body_budget == NULL || s->http == NULL || (grpc && s->grpc == NULL) ||
         (s->cfg.metrics_port >= 0 && s->metrics_http == NULL) || (cfg->response_cache_bytes > 0 && s->cache == NULL)) {
         oi_budget_release(s->body_budget);
         oi_rcache_free(s->cache);
@@ -165,6 +194,7 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
         oi_h2_server_free(s->grpc);
         oi_registry_destroy(&s->registry);
         oi_shm_destroy(&s->shm);
+        free_forward(s);
         pthread_mutex_destroy(&s->health_mu);
         oi_restricted_free(&s->http_restricted);
         oi_restricted_free(&s->grpc_restricted);
@@ -342,7 +372,8 @@ static void *reap(void *arg)
 
 int oi__server_ready(oi_server_t *s)
 {
-    return !atomic_load(&s->stopping) && !atomic_load(&s->draining) && oi_registry_all_ready(&s->registry);
+    return !atomic_load(&s->stopping) && !atomic_load(&s->draining) &&
+           (s->cfg.lax_readiness || oi_registry_all_ready(&s->registry));
 }
 
 void oi_server_drain(oi_server_t *s)
@@ -418,6 +449,7 @@ static void finish_stop(oi_server_t *s)
     oi_shm_destroy(&s->shm);
     oi_rcache_free(s->cache);
     oi_budget_release(s->body_budget); /* a body a model still holds gives back to it later */
+    free_forward(s);
     pthread_mutex_destroy(&s->health_mu);
     oi_restricted_free(&s->http_restricted);
     oi_restricted_free(&s->grpc_restricted);

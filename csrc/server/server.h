@@ -37,6 +37,16 @@ typedef struct oi_server_config_s {
     int metrics_port;            /* Prometheus /metrics on its own listener (0 picks a free
                                   * port), on metrics_host; -1: none */
     const char *metrics_host;    /* --metrics-address; NULL: http.host, as tritonserver defaults it */
+    const char *grpc_host;       /* --grpc-address; NULL: http.host */
+    /* tritonserver's --http-header-forward-pattern and --grpc-header-forward-pattern (POSIX
+     * extended regular expressions, matched case-insensitively): request headers whose names
+     * match reach the model as string request parameters. NULL: none. Compiled by
+     * oi_server_new, which fails on one regcomp refuses (check it first). */
+    const char *http_forward_pattern;
+    const char *grpc_forward_pattern;
+    /* tritonserver's --strict-readiness false: the server is ready once it serves, whatever
+     * its models' state. 0 (the default): ready only while every model is ready. */
+    int lax_readiness;
     int metrics_listen_fd;       /* > 0: /metrics on this listening socket (see http.listen_fd) */
     oi_metrics_config_t metrics; /* what /metrics shows */
     /* The access log's file ("-": standard output), opened by oi_server_start, which is the

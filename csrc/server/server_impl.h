@@ -4,6 +4,7 @@
 #define OI_SERVER_SERVER_IMPL_H
 
 #include <pthread.h>
+#include <regex.h>
 #include <stdatomic.h>
 
 #include "server/observe/access_log.h"
@@ -46,6 +47,7 @@ struct oi_server_s {
     atomic_uint_fast64_t legacy_ids; /* the last RequestStatus id the legacy API gave */
     oi_restricted_t http_restricted; /* copies of the config's; the transports keep their headers */
     oi_restricted_t grpc_restricted;
+    regex_t http_forward, grpc_forward; /* compiled cfg.*_forward_pattern, where set */
 };
 
 /* Server readiness as health endpoints report it: every model's default version ready, and

@@ -55,6 +55,8 @@ void oi_grpc_call_unref(oi_grpc_call_t *call)
     free(call->status_message);
     for (int i = 0; i < OI_HTTP_MAX_CAPTURED; i++)
         free(call->captured[i]);
+    free(call->forward_refused);
+    oi_sbuf_free(&call->forwarded);
     free(call);
 }
 

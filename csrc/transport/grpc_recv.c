@@ -13,6 +13,7 @@
 #include <nghttp2/nghttp2.h>
 
 #include "codec/compress.h"
+#include "transport/hdr_forward.h"
 #include "transport/grpc.h"
 #include "transport/peers.h"
 #include "transport/tcp_listen.h"
@@ -140,8 +141,18 @@ int oi__h2_on_header(nghttp2_session *session, const nghttp2_frame *frame, const
             call->encoding = OI_ENCODING_UNKNOWN;
     } else if (header_is(name, namelen, "grpc-accept-encoding")) {
         call->accept_encodings |= accept_encodings((const char *)value, valuelen);
-    } else {
-        return capture_header(user_data, call, name, namelen, value, valuelen);
+    } else if (capture_header(user_data, call, name, namelen, value, valuelen) != 0) {
+        return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+    }
+    const regex_t *fwd = call->conn != NULL ? call->conn->lp->server->cfg.forward_headers : NULL;
+    if (fwd != NULL && namelen > 0 && name[0] != ':' && call->forward_refused == NULL) {
+        char err[256];
+        int rc = oi_hdr_forward(fwd, &call->forwarded, (const char *)name, namelen, (const char *)value, valuelen,
+                                err, sizeof(err));
+        if (rc == OI_HDR_NOMEM)
+            return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+        if (rc == OI_HDR_RESERVED && (call->forward_refused = strdup(err)) == NULL)
+            return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
     }
     return 0;
 }
@@ -165,6 +176,10 @@ static void start_call(h2_conn_t *c, oi_grpc_call_t *call)
     }
     if (call->path == NULL) {
         oi_grpc_finish(call, OI_GRPC_UNIMPLEMENTED, "the request has no :path naming a method");
+        return;
+    }
+    if (call->forward_refused != NULL) {
+        oi_grpc_finish(call, OI_GRPC_INVALID_ARGUMENT, call->forward_refused);
         return;
     }
     if (call->timeout_ms > 0) {
@@ -377,9 +392,11 @@ static void call_feed(h2_conn_t *c, oi_grpc_call_t *call, const uint8_t *data, s
                 return;
             }
             if (n > s->cfg.max_message_bytes) {
-                char msg[160];
-                snprintf(msg, sizeof(msg), "request message of %u bytes is over the server's limit of %zu bytes", n,
-                         s->cfg.max_message_bytes);
+                char msg[200];
+                snprintf(msg, sizeof(msg),
+                         "request message of %u bytes is over the server's limit of %zu bytes (grpc_max_message_bytes)."
+                         " Use --grpc-max-message-bytes to increase the limit.",
+                         n, s->cfg.max_message_bytes);
                 oi_grpc_finish(call, OI_GRPC_RESOURCE_EXHAUSTED, msg);
                 return;
             }

@@ -2,6 +2,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 #include <llhttp.h>
 
 #include "core/cpus.h"
+#include "transport/hdr_forward.h"
 #include "transport/peers.h"
 #include "transport/tcp_listen.h"
 #include "transport/unix_listen.h"
@@ -74,6 +76,7 @@ struct oi_http_conn_s {
     oi_sbuf_t captured;   /* the values of cfg.capture_headers, back to back */
     size_t captured_off[OI_HTTP_MAX_CAPTURED], captured_len[OI_HTTP_MAX_CAPTURED];
     unsigned captured_have; /* bit i: captured_off/len[i] hold header i's value */
+    oi_sbuf_t forwarded;  /* the headers forwarded as request parameters (req.forwarded) */
     size_t header_bytes;
     uint64_t start_ns; /* uv_hrtime of the first byte, with cfg.on_answered only */
     uint64_t msg_start;  /* uv_now when the request's first byte came: its rate, for eviction */
@@ -134,6 +137,7 @@ static void conn_maybe_free(oi_http_conn_t *c)
     oi_sbuf_free(&c->hvalue);
     oi_sbuf_free(&c->nv_request);
     oi_sbuf_free(&c->captured);
+    oi_sbuf_free(&c->forwarded);
     oi_sbuf_free(&c->pending);
     if (c->peer_counted)
         oi_peers_release(&c->lis->server->peers, &c->peer);
@@ -604,6 +608,17 @@ static int reject_in_parser(oi_http_conn_t *c, int status, const char *message)
     return -1;
 }
 
+/* Refuses a body of `n` bytes (at least; a chunked one is still arriving) over max_body_bytes:
+ * 413, worded as tritonserver words its limit, which names the flag that raises it. */
+static int reject_too_large(oi_http_conn_t *c, uint64_t n)
+{
+    snprintf(c->error_text, sizeof(c->error_text),
+             "request body of %s%" PRIu64 " bytes exceeds the maximum allowed input size of %zu bytes "
+             "(max_body_bytes). Use --http-max-input-size to increase the limit.",
+             c->parser.flags & F_CHUNKED ? "more than " : "", n, c->lis->server->cfg.max_body_bytes);
+    return reject_in_parser(c, 413, c->error_text);
+}
+
 /* Refuses a body the server's budget has no room for: 503. */
 static int reject_over_budget(oi_http_conn_t *c, size_t n)
 {
@@ -640,6 +655,7 @@ static int on_message_begin(llhttp_t *p)
     c->nv_request.len = 0;
     c->captured.len = 0;
     c->captured_have = 0;
+    c->forwarded.len = 0;
     if (c->lis->server->cfg.on_answered != NULL)
         c->start_ns = uv_hrtime();
     c->req.start_ns = c->start_ns;
@@ -735,6 +751,15 @@ static int on_header_value_complete(llhttp_t *p)
     } else if (capture_header(c, f, v) != 0) {
         return reject_in_parser(c, 500, "out of memory");
     }
+    const regex_t *fwd = c->lis->server->cfg.forward_headers;
+    if (fwd != NULL) {
+        int rc = oi_hdr_forward(fwd, &c->forwarded, f->data, f->len, v->data, v->len, c->error_text,
+                                sizeof(c->error_text));
+        if (rc == OI_HDR_RESERVED)
+            return reject_in_parser(c, 400, c->error_text);
+        if (rc == OI_HDR_NOMEM)
+            return reject_in_parser(c, 500, "out of memory");
+    }
     f->len = 0;
     v->len = 0;
     return 0;
@@ -753,7 +778,7 @@ static int on_headers_complete(llhttp_t *p)
             return over ? reject_over_budget(c, CHUNKED_INITIAL) : reject_in_parser(c, 500, "out of memory");
     } else if (p->flags & F_CONTENT_LENGTH) {
         if (p->content_length > cfg->max_body_bytes)
-            return reject_in_parser(c, 413, "request body exceeds the server's max_body_bytes");
+            return reject_too_large(c, p->content_length);
         if (p->content_length > 0) {
             c->body = oi_buf_new_charged((size_t)p->content_length, cfg->body_budget, &over);
             if (c->body == NULL)
@@ -798,7 +823,7 @@ static int on_body(llhttp_t *p, const char *at, size_t n)
     }
     size_t want = b->len + n; /* chunked bodies grow; Content-Length ones were checked up front */
     if (want > c->lis->server->cfg.max_body_bytes)
-        return reject_in_parser(c, 413, "request body exceeds the server's max_body_bytes");
+        return reject_too_large(c, c->lis->server->cfg.max_body_bytes);
     if (b->cap - b->len < n) {
         size_t cap = b->cap * 2 > want ? b->cap * 2 : want;
         if (cap > c->lis->server->cfg.max_body_bytes)
@@ -845,6 +870,8 @@ static int on_message_complete(llhttp_t *p)
     r->path_len = path_len;
     r->query = q ? q + 1 : "";
     r->nv_infer_request = c->nv_request.len ? c->nv_request.data : NULL;
+    r->forwarded = c->forwarded.len ? c->forwarded.data : NULL;
+    r->forwarded_len = c->forwarded.len;
     oi_buf_unref(r->body);
     r->body = c->body;
     c->body = NULL;

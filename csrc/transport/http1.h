@@ -7,6 +7,7 @@
 #define OI_TRANSPORT_HTTP1_H
 
 #include <stddef.h>
+#include <regex.h>
 #include <stdint.h>
 
 #include "core/budget.h"
@@ -52,6 +53,10 @@ typedef struct oi_http_config_s {
                                      * (given back with the buffer's last reference); a body it has
                                      * no room for gets 503. NULL: none */
     uint64_t idle_timeout_ms;       /* a keep-alive connection with no request */
+    /* --http-header-forward-pattern: the headers whose names it matches are kept for the
+     * handler as request parameters (oi_http_request_t.forwarded; transport/hdr_forward.h);
+     * NULL: none. Borrowed: outlives the server. */
+    const regex_t *forward_headers;
     /* When set, called on the loop thread for each answer (the access log), with the
      * handler's ctx: by oi_http_respond, and for requests the transport refuses itself (then
      * req->method is -1 when the request line was not read); requests then note when their
@@ -91,6 +96,10 @@ struct oi_http_request_s {
     int64_t inference_header_length; /* Inference-Header-Content-Length, -1 when absent */
     char content_encoding[32];       /* lower-cased, "" when absent */
     char accept_encoding[128];       /* lower-cased, "" when absent */
+    /* The headers cfg.forward_headers matched, as JSON object members ("name":"value",...),
+     * forwarded_len bytes; NULL when none. Valid as long as the request. */
+    const char *forwarded;
+    size_t forwarded_len;
     oi_loop_t *loop;                 /* post completions here: oi_http_respond runs on it */
     uint64_t start_ns;               /* uv_hrtime of the first byte, with cfg.on_answered only (else 0) */
     /* Set by a handler that answers later: called once (loop thread) when the connection

@@ -15,6 +15,7 @@
 #ifndef OI_TRANSPORT_HTTP2_H
 #define OI_TRANSPORT_HTTP2_H
 
+#include <regex.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -65,6 +66,10 @@ typedef struct oi_h2_config_s {
     /* When set, called by oi_grpc_finish on the loop thread with the handler's ctx and the
      * status sent (the access log); calls then note when their headers came. */
     void (*on_finished)(void *ctx, struct oi_grpc_call_s *call, int grpc_status);
+    /* --grpc-header-forward-pattern: metadata entries whose names it matches are kept for the
+     * handler as request parameters (oi_grpc_call_t.forwarded; transport/hdr_forward.h); NULL:
+     * none. Borrowed: outlives the server. */
+    const regex_t *forward_headers;
 } oi_h2_config_t;
 
 /* Called on the call's loop thread. A handler may answer from inside any of them. */
@@ -101,6 +106,9 @@ struct oi_grpc_call_s {
     int kind;
     uint32_t pending;
     uint64_t session; /* e.g. an id for the sequences the call's requests belong to; 0: none */
+    /* The metadata cfg.forward_headers matched, as JSON object members ("name":"value",...),
+     * forwarded.len bytes; empty when none. Read-only for the handler. */
+    oi_sbuf_t forwarded;
     /* Private to the transport. */
     int refs;
     int finished;        /* our side is done: trailers submitted */
@@ -111,6 +119,7 @@ struct oi_grpc_call_s {
     int32_t stream_id;
     char *path;
     int content_type_ok, bad_method;
+    char *forward_refused; /* a reserved name was to be forwarded: the call ends with this */
     int encoding;              /* grpc-encoding of the request messages (oi_encoding_t) */
     char encoding_name[32];    /* as sent, for the error when it is unknown */
     unsigned accept_encodings; /* grpc-accept-encoding: bit 1 << oi_encoding_t per algorithm */

@@ -157,6 +157,10 @@ class Server:
         # restricted APIs: (group, header, value) each; gRPC headers carry their prefix already
         http_restricted: Sequence[tuple[str, str, str]] | None = None,
         grpc_restricted: Sequence[tuple[str, str, str]] | None = None,
+        grpc_address: str | None = None,  # the gRPC listener's host; None: host
+        strict_readiness: bool = True,  # False: ready once serving, whatever the models' state
+        http_header_forward_pattern: str | None = None,  # headers matching it become request parameters
+        grpc_header_forward_pattern: str | None = None,  # metadata matching it become request parameters
     ) -> None: ...
     def set_metadata(self, metadata_json: bytes) -> None:
         """Sets the body of GET /v2 (server metadata)."""

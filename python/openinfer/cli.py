@@ -60,6 +60,181 @@ _LIMITS: dict[str, str] = {
 }
 
 
+# tritonserver's flags that openinfer cannot honour, each with why: given one, `serve` stops and
+# names it rather than run with a setting the deployment asked for silently dropped.
+# (docs/features.md's tritonserver flag table lists every flag.)
+_TRITON_REFUSED: dict[str, str] = {
+    "disable-auto-complete-config": "openinfer always completes model configurations "
+    "(a TorchScript or ONNX model may serve without config.pbtxt)",
+    "backend-config": "openinfer's backends take no backend settings",
+    "backend-directory": "openinfer's backends are built in, not loaded from a directory",
+    "repoagent-directory": "openinfer has no repository agents",
+    "model-config-name": "openinfer reads config.pbtxt only",
+    "model-load-thread-count": "openinfer loads a repository's models one at a time",
+    "model-load-retry-count": "openinfer does not retry a failed load",
+    "model-namespacing": "model names are unique across the repository",
+    "enable-peer-access": "openinfer does not manage CUDA peer access",
+    "reuse-http-port": "use --workers N to share a port among servers",
+    "reuse-grpc-port": "use --workers N to share a port among servers",
+    "grpc-infer-thread-count": "gRPC is served on the event-loop threads (--threads)",
+    "grpc-infer-allocation-pool-size": "openinfer keeps no pool of gRPC request states",
+    "grpc-max-response-pool-size": "gRPC responses wait under --grpc-max-queued-bytes instead",
+    "grpc-keepalive-time": "openinfer sends no gRPC keepalive pings",
+    "grpc-keepalive-timeout": "openinfer sends no gRPC keepalive pings",
+    "grpc-keepalive-permit-without-calls": "openinfer has no gRPC ping policy",
+    "grpc-http2-max-pings-without-data": "openinfer has no gRPC ping policy",
+    "grpc-http2-min-recv-ping-interval-without-data": "openinfer has no gRPC ping policy",
+    "grpc-http2-max-ping-strikes": "openinfer has no gRPC ping policy",
+    "grpc-max-connection-age": "openinfer does not age connections out (idle ones: --idle-timeout-ms)",
+    "grpc-max-connection-age-grace": "openinfer does not age connections out",
+    "allow-sagemaker": "openinfer has no SageMaker endpoint",
+    "sagemaker-port": "openinfer has no SageMaker endpoint",
+    "sagemaker-safe-port-range": "openinfer has no SageMaker endpoint",
+    "sagemaker-thread-count": "openinfer has no SageMaker endpoint",
+    "allow-vertex-ai": "openinfer has no Vertex AI endpoint",
+    "vertex-ai-port": "openinfer has no Vertex AI endpoint",
+    "vertex-ai-thread-count": "openinfer has no Vertex AI endpoint",
+    "vertex-ai-default-model": "openinfer has no Vertex AI endpoint",
+    "rate-limit": "openinfer has no rate limiter (instances run whenever free)",
+    "rate-limit-resource": "openinfer has no rate limiter",
+    "pinned-memory-pool-byte-size": "openinfer keeps no pinned memory pool",
+    "cuda-memory-pool-byte-size": "openinfer keeps no CUDA memory pool (libtorch's allocator serves)",
+    "cuda-virtual-address-size": "openinfer keeps no CUDA memory pool",
+    "min-supported-compute-capability": "openinfer leaves GPU selection to libtorch",
+    "buffer-manager-thread-count": "openinfer has no buffer manager threads",
+    "host-policy": "openinfer has no host policies (NUMA binding)",
+    "model-load-gpu-limit": "openinfer does not limit model loads by GPU memory",
+    "cache-directory": "openinfer keeps no compiled-model cache directory",
+}
+
+
+class _Refused(argparse.Action):
+    """A tritonserver flag openinfer cannot honour: an error naming it and why."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        flag = (option_string or self.dest).lstrip("-")
+        parser.error(f"tritonserver's --{flag} is not supported by openinfer: {_TRITON_REFUSED[flag]}")
+
+
+def _input_size(text: str) -> int:
+    """--http-max-input-size: bytes, above 0 (tritonserver's words when not)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of bytes, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("Error: --http-max-input-size must be greater than 0.")
+    return value
+
+
+def _triton_flags(serve: argparse.ArgumentParser) -> None:
+    """tritonserver's flags with its meaning, so a container or Helm chart can run
+    `openinfer serve` with tritonserver's arguments; the rest of its flags are refused."""
+    group = serve.add_argument_group("tritonserver's flags")
+    group.add_argument(
+        "--model-repository", "--model-store", action="append", default=[], metavar="PATH",
+        help="a model repository, besides REPO (repeatable: a model two repositories have is "
+        "not served, as tritonserver)",
+    )
+    group.add_argument(
+        "--strict-readiness", type=_triton_bool, nargs="?", const=True, default=True, metavar="BOOL",
+        help="true: /v2/health/ready is ready only while every model is; false: once the server "
+        "serves (default true)",
+    )
+    group.add_argument(
+        "--exit-on-error", type=_triton_bool, nargs="?", const=True, default=False, metavar="BOOL",
+        help="exit with status 1 when a model fails to load at start (default false; "
+        "tritonserver's default is true)",
+    )
+    group.add_argument(
+        "--strict-model-config", type=_triton_bool, nargs="?", const=True, default=False,
+        metavar="BOOL", help="false only: openinfer completes model configurations",
+    )
+    group.add_argument(
+        "--http-max-input-size", type=_input_size, metavar="BYTES",
+        help="as --max-body-bytes: the largest request body (default 1 GiB; at most 2 GiB "
+        "for one tensor, as tritonserver)",
+    )
+    for level in ("info", "warning", "error"):
+        group.add_argument(
+            f"--log-{level}", type=_triton_bool, nargs="?", const=True, default=True, metavar="BOOL",
+            help=f"false leaves {level} lines out of the log (default true)",
+        )
+    group.add_argument("--http-thread-count", type=int, metavar="N", help="as --threads")
+    group.add_argument("--id", default="openinfer", metavar="NAME",
+                       help="the server's name in its metadata (GET /v2; default openinfer)")
+    group.add_argument("--exit-timeout-secs", type=float, metavar="SECONDS", help="as --shutdown-timeout")
+    group.add_argument(
+        "--allow-http", type=_triton_bool, nargs="?", const=True, default=True, metavar="BOOL",
+        help="false: no HTTP over TCP (as --http-port -1: needs --http-unix)",
+    )
+    group.add_argument(
+        "--allow-grpc", type=_triton_bool, nargs="?", const=True, default=True, metavar="BOOL",
+        help="false: no gRPC over TCP (as --grpc-port -1)",
+    )
+    group.add_argument("--http-address", metavar="HOST", help="as --host")
+    group.add_argument("--grpc-address", metavar="HOST", help="the gRPC listener's host (default --host)")
+    for proto, what in (("http", "HTTP headers"), ("grpc", "gRPC metadata")):
+        group.add_argument(
+            f"--{proto}-header-forward-pattern", metavar="REGEX",
+            help=f"{what} of inference requests whose names match it (POSIX extended, "
+            "case-insensitive) reach the model as request parameters",
+        )
+    group.add_argument(
+        "--allow-client-shm", dest="allow_shared_memory", type=_triton_bool, metavar="BOOL",
+        help="as --allow-shared-memory",
+    )
+    for flag in _TRITON_REFUSED:
+        group.add_argument("--" + flag, action=_Refused, nargs="?", help=argparse.SUPPRESS)
+
+
+def _triton_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Folds tritonserver's flags into openinfer's (see _triton_flags); refuses what cannot be
+    honoured through parser.error."""
+    repos = list(dict.fromkeys(args.model_repository))
+    if args.repo is not None:
+        repos = list(dict.fromkeys([args.repo, *repos]))
+    args.repo = repos[0] if len(repos) == 1 else repos or None
+    if args.strict_model_config:
+        parser.error("tritonserver's --strict-model-config true is not supported by openinfer: "
+                     + _TRITON_REFUSED["disable-auto-complete-config"])
+    if args.http_max_input_size is not None:
+        if args.max_body_bytes is not None and args.max_body_bytes != args.http_max_input_size:
+            parser.error("--http-max-input-size and --max-body-bytes set the same limit: give one")
+        args.max_body_bytes = args.http_max_input_size
+    if args.http_thread_count is not None:
+        args.threads = args.http_thread_count
+    if args.exit_timeout_secs is not None:
+        args.shutdown_timeout = args.exit_timeout_secs
+    if args.http_address is not None:
+        args.host = args.http_address
+    if not args.allow_http:
+        if args.http_unix is None:
+            parser.error("--allow-http false needs --http-unix PATH: openinfer serves HTTP on a Unix "
+                         "socket then, never on none")
+        args.http_port = -1
+    if not args.allow_grpc:
+        args.grpc_port = -1
+    # tritonserver turns each level off on its own: lines of a level turned off are dropped by
+    # _drop_levels, and the threshold rises past the lowest ones.
+    off = {lvl for lvl in ("info", "warning", "error") if not getattr(args, f"log_{lvl}")}
+    args.log_dropped = {getattr(logging, lvl.upper()) for lvl in off}
+    for lvl, above in (("info", "warning"), ("warning", "error"), ("error", "critical")):
+        if lvl not in off:
+            break
+        if getattr(logging, args.log_level.upper()) <= getattr(logging, lvl.upper()):
+            args.log_level = above
+
+
+def _drop_levels(dropped: set[int]) -> None:
+    """--log-warning false with --log-info true and the like: the root handlers drop the
+    records of the levels turned off."""
+    if dropped:
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(lambda record: record.levelno not in dropped)
+
+
 def _octal_mode(value: str) -> int:
     """--unix-socket-mode: permission bits in octal (660, 0660 or 0o660)."""
     try:
@@ -79,6 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command != "serve":
         parser.print_help(sys.stderr)
         return 2
+    _triton_args(parser, args)
     if args.workers < 1:
         parser.error(f"--workers must be at least 1, got {args.workers}")
     if args.workers > 1:
@@ -355,6 +531,7 @@ def _parser() -> argparse.ArgumentParser:
         choices=["default", "ISO8601"],
         help="the layout of --log-file's lines (tritonserver's)",
     )
+    _triton_flags(serve)
     return parser
 
 
@@ -363,6 +540,7 @@ def _supervise(args: argparse.Namespace, serve_argv: list[str]) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    _drop_levels(args.log_dropped)
     refusals = [
         (args.model_control_mode == "explicit", "--model-control-mode explicit: a load or unload request "
          "would reach one worker only (use none or poll: each worker then loads the same models)"),
@@ -431,6 +609,7 @@ def _serve(args: argparse.Namespace) -> int:
     )
     if args.worker_index:  # the workers share their ports: worker 0 warns of what is open, once
         logging.getLogger("openinfer.exposure").setLevel(logging.ERROR)
+    _drop_levels(args.log_dropped)
     try:
         from .server import serve  # the extension loads here, not for --help or --version
     except ImportError as e:
@@ -521,6 +700,11 @@ def _serve(args: argparse.Namespace) -> int:
             response_cache_byte_size=args.response_cache_byte_size,
             http_restricted_api=args.http_restricted_api,
             grpc_restricted_protocol=args.grpc_restricted_protocol,
+            grpc_address=args.grpc_address,
+            strict_readiness=args.strict_readiness,
+            server_id=args.id,
+            http_header_forward_pattern=args.http_header_forward_pattern,
+            grpc_header_forward_pattern=args.grpc_header_forward_pattern,
             **grpc,
             **metrics,  # type: ignore[arg-type]
             **limits,
@@ -529,6 +713,11 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"openinfer: error: {e}", file=sys.stderr)
         return 1
     started.append(server)
+    if args.exit_on_error and server.failed:  # tritonserver's --exit-on-error: a failed load ends it
+        print(f"openinfer: error: --exit-on-error: model(s) failed to load: {', '.join(sorted(server.failed))}",
+              file=sys.stderr)
+        server.stop(args.shutdown_timeout)
+        return 1
     if stopping.is_set():  # a signal came while the models loaded: nobody relies on us yet
         server.stop(args.shutdown_timeout)
     # Wake up now and then: Python runs signal handlers between bytecodes of the main thread.

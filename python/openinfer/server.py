@@ -14,7 +14,7 @@ import os
 import socket
 import sys
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -137,7 +137,7 @@ _COMPRESSION_LEVELS = {"none": 0, "low": 1, "medium": 2, "high": 3}
 
 
 def serve(
-    repo: str | os.PathLike[str] | None = None,
+    repo: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None,
     *,
     models: Model | Iterable[Model] | None = None,
     host: str = "127.0.0.1",
@@ -176,10 +176,17 @@ def serve(
     response_cache_byte_size: int | None = None,
     http_restricted_api: str | Iterable[str] | None = None,
     grpc_restricted_protocol: str | Iterable[str] | None = None,
+    grpc_address: str | None = None,
+    strict_readiness: bool = True,
+    server_id: str = "openinfer",
+    http_header_forward_pattern: str | None = None,
+    grpc_header_forward_pattern: str | None = None,
     **limits: int,
 ) -> Server:
     """Serves the models of repository `repo` and the given `models`, and returns the running
-    server at once. With neither, serves the example repository. ``http_port=0`` picks a free
+    server at once (`repo` may be a list of repositories, as tritonserver's repeated
+    ``--model-repository``: a model that two of them have is not served, with tritonserver's
+    reason). With neither, serves the example repository. ``http_port=0`` picks a free
     port (see `Server.http_port`). gRPC is served on `grpc_port` (default 8001; 0 picks a free
     port, also the default when ``http_port=0``; None serves no gRPC). Clients on this host may
     register shared-memory regions (system and CUDA) when `allow_shared_memory` is True; None
@@ -249,7 +256,22 @@ def serve(
     (``["local,size=1048576"]``; only the ``local`` cache) and `response_cache_byte_size` its
     deprecated ``--response-cache-byte-size``: models with ``response_cache { enable: true }``
     (or ``Model(..., response_cache=True)``) then answer a request identical to an earlier one
-    from the cache, without running. `limits` go to the core:
+    from the cache, without running.
+
+    `grpc_address` is tritonserver's ``--grpc-address``: the host the gRPC listener binds
+    (default `host`, which is then ``--http-address``). `strict_readiness` is its
+    ``--strict-readiness``: True (the default) makes the server ready only while every model
+    is; False, once it serves, whatever its models' state. `server_id` is its ``--id``: the
+    ``name`` of the server metadata (default "openinfer").
+    `http_header_forward_pattern` and `grpc_header_forward_pattern` are its
+    ``--http-header-forward-pattern`` and ``--grpc-header-forward-pattern``: an inference
+    request's HTTP headers (gRPC metadata) whose names the pattern matches anywhere,
+    case-insensitively, reach the model as string request parameters (a POSIX extended regular
+    expression here, RE2 in tritonserver: the two agree on the usual ``^x-.*``, ``azure|aws``);
+    a matching name that Triton reserves (``sequence_id``, ``priority``, ``triton_*``, ...) is
+    refused with 400 / INVALID_ARGUMENT in tritonserver's words.
+
+    `limits` go to the core:
     max_body_bytes, max_header_bytes, max_connections, max_connections_per_peer,
     first_byte_timeout_ms, header_timeout_ms, body_timeout_ms, body_min_rate, idle_timeout_ms,
     max_json_depth, grpc_max_message_bytes, grpc_max_queued_bytes, max_inflight_body_bytes,
@@ -304,6 +326,11 @@ def serve(
         response_cache_byte_size=response_cache_byte_size,
         http_restricted_api=http_restricted_api,
         grpc_restricted_protocol=grpc_restricted_protocol,
+        grpc_address=grpc_address,
+        strict_readiness=strict_readiness,
+        server_id=server_id,
+        http_header_forward_pattern=http_header_forward_pattern,
+        grpc_header_forward_pattern=grpc_header_forward_pattern,
         **limits,
     )
     server.start()
@@ -316,7 +343,7 @@ class Server:
 
     def __init__(
         self,
-        repo: str | os.PathLike[str] | None = None,
+        repo: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None,
         *,
         models: Model | Iterable[Model] | None = None,
         host: str = "127.0.0.1",
@@ -355,6 +382,11 @@ class Server:
         response_cache_byte_size: int | None = None,
         http_restricted_api: str | Iterable[str] | None = None,
         grpc_restricted_protocol: str | Iterable[str] | None = None,
+        grpc_address: str | None = None,
+        strict_readiness: bool = True,
+        server_id: str = "openinfer",
+        http_header_forward_pattern: str | None = None,
+        grpc_header_forward_pattern: str | None = None,
         **limits: int,
     ) -> None:
         level = _COMPRESSION_LEVELS.get(grpc_infer_response_compression_level)
@@ -383,6 +415,7 @@ class Server:
         self._grpc_port = grpc_port
         self._metrics_port = metrics_port
         self._metrics_host = host if metrics_address is None else metrics_address
+        self._grpc_host = host if grpc_address is None else grpc_address
         self._log = log
         self._started = False
         self._stopped = threading.Event()
@@ -426,12 +459,16 @@ class Server:
             response_cache_bytes=cache_bytes(cache_config, response_cache_byte_size),
             http_restricted=restricted[0],
             grpc_restricted=restricted[1],
+            grpc_address=grpc_address,
+            strict_readiness=strict_readiness,
+            http_header_forward_pattern=http_header_forward_pattern,
+            grpc_header_forward_pattern=grpc_header_forward_pattern,
             **limits,
         )
         extensions = tuple(e for e in EXTENSIONS if statistics or e != "statistics")
         extensions += SHM_EXTENSIONS if self._core.shared_memory else ()
         self._core.set_metadata(
-            _json({"name": "openinfer", "version": __version__, "extensions": list(extensions)})
+            _json({"name": server_id, "version": __version__, "extensions": list(extensions)})
         )
         try:
             self._control = ModelControl(
@@ -441,7 +478,7 @@ class Server:
                 mode=model_control_mode,
                 load_models=load_models,
                 poll_secs=repository_poll_secs,
-                optional_torch=repo_path is not None and _is_examples(repo_path),
+                optional_torch=isinstance(repo_path, Path) and _is_examples(repo_path),
                 max_json_depth=limits.get("max_json_depth", 0),
                 max_instances=max_instances,
             )
@@ -459,7 +496,7 @@ class Server:
             raise
         self._core.set_repository(self._handle)
         self._pt2_examples: list[tuple[str, Path]] = []
-        if repo_path is not None and _is_examples(repo_path):
+        if isinstance(repo_path, Path) and _is_examples(repo_path):
             loading = set(load_models) if model_control_mode == "explicit" and "*" not in load_models else None
             self._pt2_examples = _pt2_left_out(repo_path, loading, self._control.loaded())
 
@@ -651,7 +688,7 @@ class Server:
         without gRPC."""
         if self._grpc_port is None:
             return None if self._grpc_unix is None else f"grpc+unix://{self._grpc_unix}"
-        return f"grpc://{reachable(self._host, self._grpc_port)}"
+        return f"grpc://{reachable(self._grpc_host, self._grpc_port)}"
 
     @property
     def metrics_port(self) -> int | None:
@@ -780,26 +817,32 @@ class Server:
 
 
 def _sources(
-    repo: str | os.PathLike[str] | None, models: Model | Iterable[Model] | None
-) -> tuple[Path | None, list[Model]]:
-    """The repository to serve (the examples when neither argument is given) and the given
-    models. Two definitions of one name and version are a ValueError, caught here rather than
-    as the core's RuntimeError so the message says which."""
+    repo: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None,
+    models: Model | Iterable[Model] | None,
+) -> tuple[Path | list[Path] | None, list[Model]]:
+    """The repository to serve (the examples when neither argument is given; a list when
+    `repo` names several, as tritonserver's repeated --model-repository) and the given models.
+    Two definitions of one name and version are a ValueError, caught here rather than as the
+    core's RuntimeError so the message says which."""
     if repo is None and models is None:
         repo = examples_path()
-    root = Path(repo) if repo is not None else None
-    if root is not None and not root.is_dir():
-        raise NotADirectoryError(f"model repository {os.fspath(root)!r} is not a directory")
+    several = repo is not None and not isinstance(repo, (str, os.PathLike))
+    roots = [] if repo is None else [Path(r) for r in (repo if several else [repo])]  # type: ignore[union-attr]
+    for root in roots:
+        if not root.is_dir():
+            raise NotADirectoryError(f"model repository {os.fspath(root)!r} is not a directory")
     given = [models] if isinstance(models, Model) else list(models or ())
     seen: set[tuple[str, int]] = set()
     for model in given:
         if not isinstance(model, Model):
             raise TypeError(f"models must hold openinfer.Model instances, got {model!r}")
         key = (model.name, model.version)
-        if key in seen or (root is not None and (root / model.name / str(model.version)).is_dir()):
+        if key in seen or any((root / model.name / str(model.version)).is_dir() for root in roots):
             raise ValueError(f"model {model.name!r} version {model.version} is defined twice")
         seen.add(key)
-    return root, given
+    if several:
+        return list(dict.fromkeys(roots)), given
+    return (roots[0] if roots else None), given
 
 
 def _metrics_settings(config: Mapping[str, object] | Iterable[str] | None) -> dict[str, object]:

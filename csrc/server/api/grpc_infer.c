@@ -164,7 +164,8 @@ void oi__grpc_handle_infer(oi_server_t *s, oi_grpc_call_t *call, oi_buf_t *msg)
     }
     oi_buf_unref(msg); /* the request holds its own reference */
     oi__grpc_note_model(s, call, name.ptr, version.ptr);
-    oi_model_t *m = oi_registry_find(&s->registry, name.ptr, version.ptr, &st);
+    st = oi_infer_forward_headers(&inf->req, call->forwarded.data, call->forwarded.len);
+    oi_model_t *m = st == NULL ? oi_registry_find(&s->registry, name.ptr, version.ptr, &st) : NULL;
     if (st == NULL && m->decoupled && call->kind == RPC_MODEL_INFER) /* Triton's status and words */
         st = oi_status_new(OI_UNIMPLEMENTED, "ModelInfer RPC doesn't support models with decoupled transaction policy");
     if (st != NULL) {

@@ -291,6 +291,8 @@ static void infer_body(oi_server_t *s, oi_http_request_t *r, oi_model_t *m, oi_b
         st = oi_json_decode_infer_request(body, json_len, &c->req, &limits);
     }
     oi_buf_unref(body); /* the request holds its own references */
+    if (st == NULL)
+        st = oi_infer_forward_headers(&c->req, r->forwarded, r->forwarded_len);
     if (st == NULL) {
         c->shm = &s->shm;
         c->shm_caller = (oi_shm_caller_t){request_peer, r};

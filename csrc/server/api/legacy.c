@@ -109,7 +109,7 @@ int oi_legacy_health(oi_server_t *s, int ready)
 {
     if (atomic_load(&s->stopping))
         return 0;
-    return ready ? oi_registry_all_ready(&s->registry) : 1;
+    return ready ? s->cfg.lax_readiness || oi_registry_all_ready(&s->registry) : 1;
 }
 
 int oi_legacy_write(oi_sbuf_t *out, const ProtobufCMessage *m, oi_legacy_format_t fmt, int one_line)

@@ -89,7 +89,7 @@ class ModelControl:
     def __init__(
         self,
         core: Any,
-        repo: Path | None,
+        repo: Path | Sequence[Path] | None,
         given: Sequence[Model],
         *,
         mode: str = "none",
@@ -113,7 +113,10 @@ class ModelControl:
                                           or max_instances < 1):
             raise ValueError(f"max_instances (--max-instances) must be an integer >= 1, got {max_instances!r}")
         self._core = core
-        self._repo = repo
+        # tritonserver's --model-repository may be given more than once: a model is the
+        # directory of its name in whichever repository has it, and one that two have is not
+        # served (_model_dir).
+        self._repos: list[Path] = [] if repo is None else [repo] if isinstance(repo, Path) else list(repo)
         self._mode = mode
         self._poll_secs = poll_secs
         self._optional_torch = optional_torch
@@ -133,9 +136,9 @@ class ModelControl:
         self._closed = threading.Event()
         self._poller: threading.Thread | None = None
         names = set(self._given)
-        if repo is not None and (mode != "explicit" or "*" in load):
+        if self._repos and (mode != "explicit" or "*" in load):
             names |= set(self._repository_names())
-        elif repo is not None:
+        elif self._repos:
             names |= set(load)
         # Ensembles after the models they run: their steps are checked against those.
         for name in ensemble.load_order(list(names), self._ensemble_steps):
@@ -266,7 +269,7 @@ class ModelControl:
 
     def start(self) -> None:
         """Starts polling in poll mode."""
-        if self._mode == "poll" and self._repo is not None and self._poller is None:
+        if self._mode == "poll" and self._repos and self._poller is None:
             self._poller = threading.Thread(
                 target=self._poll_loop, name="openinfer-repository-poll", daemon=True
             )
@@ -291,16 +294,29 @@ class ModelControl:
     # ---- loading ---------------------------------------------------------------------------
 
     def _repository_names(self) -> list[str]:
-        if self._repo is None:
-            return []
-        try:
-            return sorted(
-                p.name
-                for p in self._repo.iterdir()
-                if p.is_dir() and not p.name.startswith(".") and p.name != "__pycache__"
-            )
-        except OSError:
-            return []
+        names: set[str] = set()
+        for repo in self._repos:
+            try:
+                names.update(
+                    p.name
+                    for p in repo.iterdir()
+                    if p.is_dir() and not p.name.startswith(".") and p.name != "__pycache__"
+                )
+            except OSError:
+                pass
+        return sorted(names)
+
+    def _model_dirs(self, name: str) -> list[Path]:
+        """The directories of model `name`, one per repository that has it."""
+        return [repo / name for repo in self._repos if (repo / name).is_dir()]
+
+    def _model_dir(self, name: str) -> Path | None:
+        """Where model `name` is: its directory in the one repository that has it (in the first
+        repository when none has it: not there); None for a hidden name or no repository."""
+        if not self._repos or name.startswith("."):
+            return None
+        dirs = self._model_dirs(name)
+        return dirs[0] if dirs else self._repos[0] / name
 
     def _load(
         self,
@@ -316,7 +332,8 @@ class ModelControl:
         (the server starts with the model not ready); later they also raise. A `requested` load
         (a client's, through the load API) must stay within max_instances."""
         started = time.monotonic()
-        model_dir = self._repo / name if self._repo is not None and not name.startswith(".") else None
+        model_dir = self._model_dir(name)
+        duplicate = files is None and model_dir is not None and len(self._model_dirs(name)) > 1
         with self._lock:
             before = dict(self._states.get(name, {}))
         temp: Path | None = None
@@ -328,8 +345,12 @@ class ModelControl:
         def loading(versions: list[int]) -> None:
             self._set_states(name, {v: ("LOADING", "") for v in versions}, keep=True)
 
-        if files is None and model_dir is not None and model_dir.is_dir():
-            fingerprint = _fingerprint(model_dir)
+        if duplicate:  # tritonserver's words; in no repository is it served
+            fingerprint = tuple(_fingerprint(d) for d in self._model_dirs(name))
+            entries = [LoadedModel(name, None, None,
+                                   f"failed to poll model '{name}': not unique across all model repositories")]
+        elif files is None and model_dir is not None and model_dir.is_dir():
+            fingerprint = (_fingerprint(model_dir),)  # as poll() takes it: one per repository
             entries = scan_model(model_dir, name=name, config=override, loading=loading)
             if self._optional_torch:
                 entries = [e for e in entries if e.error is None or not e.error.startswith(_NOT_INSTALLED)]
@@ -341,7 +362,7 @@ class ModelControl:
         elif name in self._given:
             entries = [_given_entry(name, m) for m in self._given[name]]
         else:  # hidden directories are no models, as in the index
-            where = f" in {self._repo}" if self._repo is not None else ""
+            where = f" in {', '.join(map(str, self._repos))}" if self._repos else ""
             raise InferenceServerError(
                 404,
                 f"failed to load '{name}', failed to poll from model repository: no model "
@@ -445,14 +466,15 @@ class ModelControl:
     def _steps_left_out(self, entry: LoadedModel) -> bool:
         """Whether `entry` is an ensemble with a step model that the repository has and that
         was left out (a TorchScript example without torch): left out with it."""
-        if not isinstance(entry.model, ensemble.EnsembleModel) or self._repo is None:
+        if not isinstance(entry.model, ensemble.EnsembleModel) or not self._repos:
             return False
         with self._lock:
             loaded = {n for n, entries in self._loaded.items() if entries}
-        return any(s.model_name not in loaded and (self._repo / s.model_name).is_dir() for s in entry.model.steps)
+        return any(s.model_name not in loaded and self._model_dirs(s.model_name) for s in entry.model.steps)
 
     def _ensemble_steps(self, name: str) -> list[str] | None:
-        return ensemble.steps_in(self._repo / name) if self._repo is not None else None
+        model_dir = self._model_dir(name)
+        return ensemble.steps_in(model_dir) if model_dir is not None else None
 
     def _served(self, name: str, version: int) -> tuple[Any, str | None]:
         """For an ensemble's step: the loaded model of `name` at `version` (-1: its highest
@@ -646,12 +668,14 @@ class ModelControl:
         with self._ops:
             if self._closed.is_set():
                 return
-            if self._repo is None or not self._repo.is_dir():  # keep serving; say why
-                logger.warning("model repository %s cannot be read; not polled", self._repo)
+            unreadable = [repo for repo in self._repos if not repo.is_dir()]
+            if not self._repos or unreadable:  # keep serving; say why
+                logger.warning("model repository %s cannot be read; not polled",
+                               ", ".join(map(str, unreadable or self._repos)))
                 return
             present = set(self._repository_names())
             for name in sorted(present):
-                fingerprint = _fingerprint(self._repo / name)  # type: ignore[operator]
+                fingerprint = tuple(_fingerprint(d) for d in self._model_dirs(name))
                 if self._fingerprints.get(name) == fingerprint and name in self._registered:
                     continue
                 logger.info("model %s changed in the repository: loading", name)
