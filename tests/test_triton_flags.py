@@ -270,6 +270,24 @@ def test_header_forward_patterns_give_matching_headers_to_the_model_as_parameter
         assert r.json() == {"error": "Header 'priority' is reserved for Triton usage and cannot be forwarded."}
 
 
+def test_a_restricted_api_key_is_never_forwarded_to_the_model() -> None:
+    """A forward pattern that matches the header carrying a restricted API's key passes the
+    other headers on, never the key (tritonserver would hand the secret to the model)."""
+    with openinfer.serve(models=[ECHO], http_port=0, grpc_port=0, log=False, http_header_forward_pattern="^x-",
+                         grpc_header_forward_pattern="^x-", http_restricted_api=["inference:x-key=s3cret"],
+                         grpc_restricted_protocol=["inference:x-key=s3cret"]) as srv:
+        http = httpclient.InferenceServerClient(f"127.0.0.1:{srv.http_port}")
+        hin = httpclient.InferInput("X", [1], "INT32")
+        hin.set_data_from_numpy(np.array([1], np.int32))
+        got = http.infer("echo", [hin], headers={"x-key": "s3cret", "x-team": "blue"})
+        assert json.loads(got.as_numpy("PARAMS")[0]) == {"x-team": "blue"}
+        grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.grpc_port}")
+        gin = grpcclient.InferInput("X", [1], "INT32")
+        gin.set_data_from_numpy(np.array([1], np.int32))
+        got = grpc.infer("echo", [gin], headers={"triton-grpc-protocol-x-key": "s3cret", "x-team": "green"})
+        assert json.loads(got.as_numpy("PARAMS")[0]) == {"x-team": "green"}
+
+
 def _vm(pid: int, key: str) -> int:
     text = Path(f"/proc/{pid}/status").read_text()
     m = re.search(key + r":\s+(\d+)", text)

@@ -87,21 +87,25 @@ static unsigned accept_encodings(const char *v, size_t n)
     return bits;
 }
 
-/* Keeps the value of a metadata key the handler asked for (its first occurrence). */
+/* Keeps the value of a metadata key the handler asked for (its first occurrence). Returns 1 when
+ * `name` is such a key (restricted-API keys: never forwarded to a model), 0 when not, -1 out of
+ * memory. */
 static int capture_header(const h2_conn_t *c, oi_grpc_call_t *call, const uint8_t *name, size_t namelen,
                           const uint8_t *value, size_t valuelen)
 {
     const oi_h2_config_t *cfg = &c->lp->server->cfg;
     for (int i = 0; i < cfg->n_capture_headers; i++) {
-        if (!header_is(name, namelen, cfg->capture_headers[i]) || call->captured[i] != NULL)
+        if (!header_is(name, namelen, cfg->capture_headers[i]))
             continue;
-        call->captured[i] = malloc(valuelen + 1);
-        if (call->captured[i] == NULL)
-            return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
-        memcpy(call->captured[i], value, valuelen);
-        call->captured[i][valuelen] = '\0';
-        call->captured_len[i] = valuelen;
-        break;
+        if (call->captured[i] == NULL) {
+            call->captured[i] = malloc(valuelen + 1);
+            if (call->captured[i] == NULL)
+                return -1;
+            memcpy(call->captured[i], value, valuelen);
+            call->captured[i][valuelen] = '\0';
+            call->captured_len[i] = valuelen;
+        }
+        return 1;
     }
     return 0;
 }
@@ -115,6 +119,7 @@ int oi__h2_on_header(nghttp2_session *session, const nghttp2_frame *frame, const
     oi_grpc_call_t *call = oi__h2_call_of(session, frame->hd.stream_id);
     if (call == NULL)
         return 0;
+    int captured = 0;
     if (header_is(name, namelen, ":path")) {
         if (valuelen > MAX_PATH_LEN || call->path != NULL)
             return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
@@ -141,11 +146,11 @@ int oi__h2_on_header(nghttp2_session *session, const nghttp2_frame *frame, const
             call->encoding = OI_ENCODING_UNKNOWN;
     } else if (header_is(name, namelen, "grpc-accept-encoding")) {
         call->accept_encodings |= accept_encodings((const char *)value, valuelen);
-    } else if (capture_header(user_data, call, name, namelen, value, valuelen) != 0) {
+    } else if ((captured = capture_header(user_data, call, name, namelen, value, valuelen)) < 0) {
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
     }
     const regex_t *fwd = call->conn != NULL ? call->conn->lp->server->cfg.forward_headers : NULL;
-    if (fwd != NULL && namelen > 0 && name[0] != ':' && call->forward_refused == NULL) {
+    if (fwd != NULL && captured == 0 && namelen > 0 && name[0] != ':' && call->forward_refused == NULL) {
         char err[256];
         int rc = oi_hdr_forward(fwd, &call->forwarded, (const char *)name, namelen, (const char *)value, valuelen,
                                 err, sizeof(err));

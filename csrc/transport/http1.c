@@ -698,16 +698,22 @@ static void copy_lower(char *dst, size_t cap, const oi_sbuf_t *v)
 }
 
 /* Keeps the value of a header the handler asked for (its first occurrence). 0 or -1. */
+/* Keeps the value of a header the handler asked for (its first occurrence). Returns 1 when `f`
+ * is such a header (restricted-API keys: never forwarded to a model), 0 when not, -1 out of memory. */
 static int capture_header(oi_http_conn_t *c, const oi_sbuf_t *f, const oi_sbuf_t *v)
 {
     const oi_http_config_t *cfg = &c->lis->server->cfg;
     for (int i = 0; i < cfg->n_capture_headers; i++) {
-        if (!header_is(f, cfg->capture_headers[i]) || (c->captured_have & (1u << i)))
+        if (!header_is(f, cfg->capture_headers[i]))
             continue;
-        c->captured_off[i] = c->captured.len;
-        c->captured_len[i] = v->len;
-        c->captured_have |= 1u << i;
-        return v->len > 0 ? oi_sbuf_append(&c->captured, v->data, v->len) : 0;
+        if (!(c->captured_have & (1u << i))) {
+            c->captured_off[i] = c->captured.len;
+            c->captured_len[i] = v->len;
+            c->captured_have |= 1u << i;
+            if (v->len > 0 && oi_sbuf_append(&c->captured, v->data, v->len) != 0)
+                return -1;
+        }
+        return 1;
     }
     return 0;
 }
@@ -725,6 +731,7 @@ static int on_header_value_complete(llhttp_t *p)
 {
     oi_http_conn_t *c = conn_of(p);
     oi_sbuf_t *f = &c->hfield, *v = &c->hvalue;
+    int captured = 0;
     if (header_is(f, "expect")) {
         if (v->len == 12 && strncasecmp(v->data, "100-continue", 12) == 0)
             c->expect_continue = 1;
@@ -748,11 +755,11 @@ static int on_header_value_complete(llhttp_t *p)
         if (oi_sbuf_append(&c->nv_request, v->data, v->len) != 0 || oi_sbuf_append(&c->nv_request, "", 1) != 0)
             return reject_in_parser(c, 500, "out of memory");
         c->req.nv_infer_request_len = v->len;
-    } else if (capture_header(c, f, v) != 0) {
+    } else if ((captured = capture_header(c, f, v)) < 0) {
         return reject_in_parser(c, 500, "out of memory");
     }
     const regex_t *fwd = c->lis->server->cfg.forward_headers;
-    if (fwd != NULL) {
+    if (fwd != NULL && captured == 0) {
         int rc = oi_hdr_forward(fwd, &c->forwarded, f->data, f->len, v->data, v->len, c->error_text,
                                 sizeof(c->error_text));
         if (rc == OI_HDR_RESERVED)
