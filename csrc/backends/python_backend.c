@@ -27,19 +27,22 @@ static oi_dtype_t declared_dtype(const py_state_t *s, const char *name)
     return OI_TYPE_INVALID;
 }
 
-/* The model's exception as a status: its message, with the HTTP status of an exception
- * that carries one (openinfer.InferenceServerError), else 500. */
+/* The model's exception as a status: the message of an exception that carries an HTTP status
+ * (openinfer.InferenceServerError; a Triton model's response error, worded as Triton words it,
+ * 500 included) as it is, else 500 with the model's name and the exception's type. */
 static oi_status_t *model_error(const py_state_t *s)
 {
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     PyErr_NormalizeException(&type, &value, &tb);
-    int code = OI_INTERNAL;
+    int code = OI_INTERNAL, verbatim = 0;
     PyObject *status = value ? PyObject_GetAttrString(value, "status") : NULL;
     if (status != NULL && PyLong_Check(status)) {
         long v = PyLong_AsLong(status);
-        if (v >= 400 && v <= 599)
+        if (v >= 400 && v <= 599) {
             code = (int)v;
+            verbatim = 1;
+        }
     }
     PyErr_Clear();
     Py_XDECREF(status);
@@ -51,7 +54,7 @@ static oi_status_t *model_error(const py_state_t *s)
     }
     const char *text = msg ? PyUnicode_AsUTF8(msg) : NULL;
     const char *tname = type ? ((PyTypeObject *)type)->tp_name : "error";
-    oi_status_t *st = code == OI_INTERNAL
+    oi_status_t *st = !verbatim
                           ? oi_status_new(code, "model '%s' raised %s: %s", s->model_name, tname, text ? text : "")
                           : oi_status_new(code, "%s", text ? text : tname);
     PyErr_Clear();
