@@ -22,19 +22,25 @@ from conftest import triton_grpc, triton_http
 
 EXAMPLES = Path(__file__).parent / "triton_python_examples"
 
-# Runs an example's client script unchanged, its hard-coded localhost:8000 (HTTP) and
-# localhost:8001 (gRPC) pointed at the test's server (argv[1], argv[2]) instead: the ports on a
-# shared machine are not ours to take.
+# Runs an example's client script unchanged, its hard-coded localhost:8000 (HTTP), :8001 (gRPC)
+# and :8002 (metrics) pointed at the test's server instead: the ports on a shared machine are
+# not ours to take.
 _RUN_CLIENT = """
 import runpy, sys
-http_port, grpc_port, script = sys.argv[1], sys.argv[2], sys.argv[3]
-ports = {"localhost:8000": "127.0.0.1:" + http_port, "localhost:8001": "127.0.0.1:" + grpc_port}
-import tritonclient.http, tritonclient.grpc
+http_port, grpc_port, metrics_port, script = sys.argv[1:5]
+ports = {"localhost:8000": "127.0.0.1:" + http_port, "localhost:8001": "127.0.0.1:" + grpc_port,
+         "localhost:8002": "127.0.0.1:" + metrics_port}
+import requests, tritonclient.http, tritonclient.grpc
 for module in (tritonclient.http, tritonclient.grpc):
     cls = module.InferenceServerClient
     def patched(self, url, *a, __init=cls.__init__, **k):
         __init(self, ports.get(url, url), *a, **k)
     cls.__init__ = patched
+def request(self, method, url, *a, __request=requests.Session.request, **k):
+    for old, new in ports.items():
+        url = url.replace("//" + old + "/", "//" + new + "/")
+    return __request(self, method, url, *a, **k)
+requests.Session.request = request
 sys.argv = [script]
 runpy.run_path(script, run_name="__main__")
 """
@@ -42,10 +48,10 @@ runpy.run_path(script, run_name="__main__")
 
 def run_client(srv: openinfer.Server, script: Path) -> str:
     """The example's client script, run unchanged against `srv`; fails with its output unless it exits 0."""
+    ports = [str(p or 0) for p in (srv.http_port, srv.grpc_port, srv.metrics_port)]
     done = subprocess.run(
-        [sys.executable, "-c", _RUN_CLIENT, str(srv.http_port), str(srv.grpc_port), str(script)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [sys.executable, "-c", _RUN_CLIENT, *ports, str(script)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 

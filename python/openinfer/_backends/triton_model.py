@@ -35,6 +35,7 @@ import numpy as np
 from .._config import triton_config
 from ..config import ConfigError, ModelConfig
 from ..model import Model, Tensor
+from . import triton_metrics
 from . import triton_utils as pb
 from .model_file import _LoadError, import_model_file
 from .processes import ModelFile, bind_file
@@ -84,8 +85,11 @@ class TritonFile(ModelFile):
     `initialize` args. Pickled into a worker process, whose `load` makes its one instance."""
 
     args: tuple[tuple[str, str], ...] = ()
+    metrics: str = ""  # where the worker's pb_utils metrics go (triton_metrics.listen)
 
     def load(self) -> Instances:
+        if self.metrics:
+            triton_metrics.send_to(self.metrics)
         module = import_model_file(self.model_name, self.version, Path(self.path), PROVIDED)
         return Instances([make_instance(module, dict(self.args))])
 
@@ -301,7 +305,8 @@ def load(
 
     model.bind(names[0][0])
     if in_processes:  # each worker makes its own instance (the first group's name for all)
-        bind_file(model, TritonFile(str(path), CLASS, name, version, tuple(args(*names[0]).items())))
+        recipe = TritonFile(str(path), CLASS, name, version, tuple(args(*names[0]).items()), triton_metrics.listen())
+        bind_file(model, recipe)
         return model
     instances = Instances([make_instance(module, args(*n)) for n in names])
     object.__setattr__(model, "fn", instances)
