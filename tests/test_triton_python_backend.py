@@ -359,3 +359,16 @@ def test_infer_models_still_load_beside_triton_ones(tmp_path: Path) -> None:
         client.close()
     finally:
         server.stop()
+
+
+def test_finalize_at_stop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    marker = tmp_path / "finalized.txt"
+    monkeypatch.setenv("PYB_FINALIZED", str(marker))
+    add_model(tmp_path / "repo", "lifecycle", LIFECYCLE_MODEL, LIFECYCLE_CONFIG)
+    server = openinfer.serve(tmp_path / "repo", http_port=0, grpc_port=None, metrics_port=None, threads=1, log=False)
+    try:
+        assert triton_http(server).is_model_ready("lifecycle")
+        assert not marker.exists()
+    finally:
+        server.stop()
+    assert marker.read_text() == "lifecycle_0_0\n"

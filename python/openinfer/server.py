@@ -549,6 +549,10 @@ class Server:
                 self._control.close(timeout)
                 triton_metrics.remove_sink(id(self))
                 self._core.stop(timeout)
+                for entry in self._control.loaded():  # a Triton Python model's finalize()
+                    close = getattr(entry.model, "close", None)
+                    if close is not None:
+                        close()
             finally:  # wait() must return even if stopping failed
                 if self._started and not self._stopped.is_set() and self._log:
                     logger.info("openinfer on %s stopped", self.url)

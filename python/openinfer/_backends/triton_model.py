@@ -45,8 +45,6 @@ CLASS = "TritonPythonModel"
 PROVIDED = {"triton_python_backend_utils": pb}
 # How often a decoupled request's drain checks whether its client has gone.
 _POLL_S = 0.05
-# Request parameters the transport consumes (binary tensor extension), which Triton never shows.
-_TRANSPORT_PARAMETERS = ("binary_data_output",)
 
 
 def defines_triton_model(module: Any) -> bool:
@@ -166,23 +164,21 @@ class TritonModel(Model):
         outputs: tuple[str, ...],
         cancelled: Callable[[], bool] = lambda: False,
     ) -> dict[str, object] | Iterator[dict[str, object]]:
-        params = json.loads(parameters) if parameters else {}
-        for key in _TRANSPORT_PARAMETERS:
-            params.pop(key, None)
         request = pb.InferenceRequest._served(
-            self.name, inputs, self._input_types, outputs, params, cancelled, self.decoupled
+            self.name, inputs, self._input_types, outputs, parameters, cancelled, self.decoupled
         )
-        sender = request.get_response_sender()
         instances: Instances = self.fn  # type: ignore[assignment]
         instance = instances.acquire()
         try:
             result = instance.execute([request])
         except Exception as e:  # noqa: BLE001 - the client gets it as Triton words it
-            sender._close()
+            if request._sender is not None:
+                request._sender._close()
             raise self._failure(describe(e)) from None
         finally:
             instances.release(instance)
         if self.decoupled:
+            sender = request.get_response_sender()
             if result is not None:
                 sender._close()
                 raise self._failure(
@@ -190,20 +186,22 @@ class TritonModel(Model):
                     "function must return None."
                 )
             return self._stream(sender, outputs, cancelled)
-        return self._select(self._outputs(self._returned(result, sender)), outputs)
+        return self._select(self._outputs(self._returned(result, request._sender)), outputs)
 
-    def _returned(self, result: Any, sender: pb.InferenceResponseSender) -> pb.InferenceResponse:
+    def _returned(self, result: Any, sender: pb.InferenceResponseSender | None) -> pb.InferenceResponse:
         """The one response of a non-decoupled execute: returned in a list, or sent (None returned)."""
-        if result is None:
+        if sender is not None:
             sender._close()
-            try:
-                response, _ = sender._queue.get_nowait()
-            except queue.Empty:
-                response = None
+        if result is None:
+            response = None
+            if sender is not None:
+                try:
+                    response, _ = sender._queue.get_nowait()
+                except queue.Empty:
+                    pass
             if response is None:
                 raise self._failure("the execute function returned None and sent no response")
             return response
-        sender._close()
         if not isinstance(result, list):
             raise self._failure(f"Expected a list in the execute return, found type '{type(result)}'.")
         if len(result) != 1:
@@ -211,7 +209,7 @@ class TritonModel(Model):
                 "Number of InferenceResponse objects do not match the number of InferenceRequest objects. "
                 f"InferenceRequest(s) size is:1, and InferenceResponse(s) size is:{len(result)}\n"
             )
-        if not isinstance(result[0], pb.InferenceResponse):
+        if type(result[0]) is not pb.InferenceResponse and not isinstance(result[0], pb.InferenceResponse):
             raise self._failure(
                 "Expected an 'InferenceResponse' object in the execute function return list, found type "
                 f"'{type(result[0])}'."
@@ -242,7 +240,7 @@ class TritonModel(Model):
         error = response.error()
         if error is not None:
             raise pb.ResponseError(error.http_status(), error.message())
-        return {t.name(): t.as_numpy() for t in response.output_tensors()}
+        return {t._name: t._array for t in response._outputs}
 
     def _failure(self, message: str) -> pb.ResponseError:
         return pb.ResponseError(

@@ -135,11 +135,17 @@ def numpy_to_triton_type(data_type: Any) -> int | None:
 
 
 def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
-    return next((t for t in inference_request.inputs() if t.name() == name), None)
+    for tensor in inference_request.inputs():
+        if tensor._name == name:
+            return tensor
+    return None
 
 
 def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) -> Tensor | None:
-    return next((t for t in inference_response.output_tensors() if t.name() == name), None)
+    for tensor in inference_response.output_tensors():
+        if tensor._name == name:
+            return tensor
+    return None
 
 
 def get_input_config_by_name(model_config: Mapping[str, Any], name: str) -> dict[str, Any] | None:
@@ -153,6 +159,10 @@ def get_output_config_by_name(model_config: Mapping[str, Any], name: str) -> dic
 def using_decoupled_model_transaction_policy(model_config: Mapping[str, Any]) -> bool:
     policy = model_config.get("model_transaction_policy")
     return bool(policy.get("decoupled", False)) if isinstance(policy, Mapping) else False
+
+
+# numpy dtype -> V2 datatype, filled as outputs are made (datatype_of per tensor costs more).
+_DATATYPES: dict[Any, str] = {}
 
 
 class Tensor:
@@ -170,11 +180,20 @@ class Tensor:
                 "(use Tensor.from_dlpack for a DLPack tensor)"
             )
         if _datatype is None:
-            try:
-                _datatype = datatype_of(data.dtype)
-            except ValueError:
-                raise TypeError(f"Tensor '{name}': numpy dtype {data.dtype} has no Triton datatype") from None
+            _datatype = _DATATYPES.get(data.dtype)
+            if _datatype is None:
+                try:
+                    _datatype = _DATATYPES[data.dtype] = datatype_of(data.dtype)
+                except ValueError:
+                    raise TypeError(f"Tensor '{name}': numpy dtype {data.dtype} has no Triton datatype") from None
         self._name, self._array, self._datatype = name, data, _datatype
+
+    @classmethod
+    def _view(cls, name: str, array: np.ndarray, datatype: str) -> Tensor:
+        """An input of a request: the server's read-only array, its datatype known."""
+        tensor = object.__new__(cls)
+        tensor._name, tensor._array, tensor._datatype = name, array, datatype
+        return tensor
 
     def name(self) -> str:
         return self._name
@@ -253,14 +272,14 @@ class InferenceResponse:
         error: TritonError | None = None,
         parameters: Mapping[str, Any] | str | None = None,
     ) -> None:
-        outputs = list(output_tensors or [])
+        outputs = list(output_tensors) if output_tensors else []
         for t in outputs:
-            if not isinstance(t, Tensor):
+            if type(t) is not Tensor and not isinstance(t, Tensor):
                 raise TypeError(f"InferenceResponse output_tensors must hold pb_utils.Tensor, got {type(t).__name__}")
         if error is not None and not isinstance(error, TritonError):
             raise TypeError(f"InferenceResponse error must be a pb_utils.TritonError, got {type(error).__name__}")
         self._outputs, self._error = outputs, error
-        self._parameters = json.loads(parameters) if isinstance(parameters, str) else dict(parameters or {})
+        self._parameters = parameters
 
     def output_tensors(self) -> list[Tensor]:
         return self._outputs
@@ -272,7 +291,8 @@ class InferenceResponse:
         return self._error
 
     def parameters(self) -> str:
-        return json.dumps(self._parameters)
+        given = self._parameters
+        return given if isinstance(given, str) else json.dumps(dict(given or {}))
 
 
 class ResponseError(Exception):
@@ -333,8 +353,12 @@ class InferenceResponseSender:
 
 class InferenceRequest:
     """A request as `TritonPythonModel.execute` sees it. Built by the server for each request it
-    hands to a model; constructing one in a model (BLS) is accepted, but `exec` and `async_exec`
-    are not served yet."""
+    hands to a model (`_served`: no copy, its parameters decoded and its sender made only when
+    asked for); constructing one in a model (BLS) is accepted, but `exec` and `async_exec` are
+    not served yet."""
+
+    __slots__ = ("_model_name", "_inputs", "_requested", "_request_id", "_correlation_id", "_flags", "_timeout",
+                 "_model_version", "_parameters", "_cancelled", "_sender", "_decoupled", "_release_flags")  # fmt: skip
 
     def __init__(
         self,
@@ -358,8 +382,9 @@ class InferenceRequest:
         self._timeout = timeout
         self._model_version = model_version
         self._parameters = parameters if isinstance(parameters, str) else json.dumps(dict(parameters or {}))
-        self._cancelled: Callable[[], bool] = lambda: False
+        self._cancelled: Callable[[], bool] = _never
         self._sender: InferenceResponseSender | None = None
+        self._decoupled: bool | None = None  # None: a request made by a model, which has no sender
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
 
     @classmethod
@@ -368,29 +393,44 @@ class InferenceRequest:
         model_name: str,
         inputs: Mapping[str, np.ndarray],
         datatypes: Mapping[str, str],
-        requested: Iterable[str],
-        parameters: dict[str, Any],
+        requested: tuple[str, ...],
+        parameters: bytes | None,
         cancelled: Callable[[], bool],
         decoupled: bool,
     ) -> InferenceRequest:
-        """The request the server hands to execute: `inputs` as Tensors viewing its memory."""
-        sequence_id = parameters.pop("sequence_id", 0)
-        flags = (TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if parameters.pop("sequence_start", False) else 0) | (
-            TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if parameters.pop("sequence_end", False) else 0
-        )
-        timeout = parameters.pop("timeout", 0)
-        request = cls(
-            model_name,
-            [Tensor(name, array, _datatype=datatypes.get(name)) for name, array in inputs.items()],
-            requested,
-            correlation_id=sequence_id,
-            flags=flags,
-            timeout=timeout if isinstance(timeout, int) else 0,
-            parameters=json.dumps(parameters),
-        )
+        """The request the server hands to execute: `inputs` as Tensors viewing its memory,
+        `parameters` the request's JSON (None: none)."""
+        request = object.__new__(cls)
+        view = Tensor._view
+        request._model_name = model_name
+        request._inputs = [view(name, array, datatypes[name]) for name, array in inputs.items()]
+        request._requested = list(requested)
+        request._request_id = ""
+        request._correlation_id = 0
+        request._flags = 0
+        request._timeout = 0
+        request._model_version = -1
+        request._parameters = "{}"
         request._cancelled = cancelled
-        request._sender = InferenceResponseSender(decoupled, cancelled)
+        request._sender = None
+        request._decoupled = decoupled
+        request._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        if parameters:
+            request._take_parameters(json.loads(parameters))
         return request
+
+    def _take_parameters(self, params: dict[str, Any]) -> None:
+        """Sequence and timeout parameters become the request's fields, as Triton's frontend
+        takes them; the rest is parameters(). The transport's own (binary data) are dropped."""
+        params.pop("binary_data_output", None)
+        self._correlation_id = params.pop("sequence_id", 0)
+        start, end = params.pop("sequence_start", False), params.pop("sequence_end", False)
+        self._flags = (TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if start else 0) | (
+            TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if end else 0
+        )
+        timeout = params.pop("timeout", 0)
+        self._timeout = timeout if isinstance(timeout, int) else 0
+        self._parameters = json.dumps(params)
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -424,7 +464,9 @@ class InferenceRequest:
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:
-            raise TritonModelException("a request made by a model has no response sender")
+            if self._decoupled is None:
+                raise TritonModelException("a request made by a model has no response sender")
+            self._sender = InferenceResponseSender(self._decoupled, self._cancelled)
         return self._sender
 
     def set_release_flags(self, flags: int) -> None:
@@ -437,6 +479,10 @@ class InferenceRequest:
 
     async def async_exec(self, decoupled: bool = False, trace: Any = None) -> Any:
         raise TritonModelException("BLS (InferenceRequest.async_exec) is not supported by openinfer yet")
+
+
+def _never() -> bool:
+    return False
 
 
 class Logger:
