@@ -15,8 +15,10 @@ decoupled streaming and worker processes are the ones every Python model has:
   any thread afterwards, are drained by the executor until the final flag, as a generator
   ``infer`` model's would be. The executor serving such a request stays with it until then.
 
-What differs from Triton: a dynamic batch reaches execute as one request of the batch's rows
-(openinfer's batcher concatenates), and request_id() is empty. See docs/triton_python.md.
+A dynamic batch, which openinfer's batcher concatenates, reaches execute as Triton's list of
+requests: the core says where each request's rows start and what its id is (the handler's
+cancel flag's batch(), also across the process wire), and the adapter slices views of them
+and joins the responses by rows again. See docs/triton_python.md for what differs.
 """
 
 from __future__ import annotations
@@ -164,19 +166,15 @@ class TritonModel(Model):
         outputs: tuple[str, ...],
         cancelled: Callable[[], bool] = lambda: False,
     ) -> dict[str, object] | Iterator[dict[str, object]]:
+        batch = cancelled.batch() if hasattr(cancelled, "batch") else None
+        if batch is not None:
+            return self._batch(batch, inputs, parameters, outputs, cancelled)
         request = pb.InferenceRequest._served(
             self.name, inputs, self._input_types, outputs, parameters, cancelled, self.decoupled
         )
-        instances: Instances = self.fn  # type: ignore[assignment]
-        instance = instances.acquire()
-        try:
-            result = instance.execute([request])
-        except Exception as e:  # noqa: BLE001 - the client gets it as Triton words it
-            if request._sender is not None:
-                request._sender._close()
-            raise self._failure(describe(e)) from None
-        finally:
-            instances.release(instance)
+        if hasattr(cancelled, "request_id"):
+            request._request_id = cancelled.request_id() or ""
+        result = self._execute([request])
         if self.decoupled:
             sender = request.get_response_sender()
             if result is not None:
@@ -186,35 +184,90 @@ class TritonModel(Model):
                     "function must return None."
                 )
             return self._stream(sender, outputs, cancelled)
-        return self._select(self._outputs(self._returned(result, request._sender)), outputs)
+        return self._select(self._outputs(self._returned(result, [request])[0]), outputs)
 
-    def _returned(self, result: Any, sender: pb.InferenceResponseSender | None) -> pb.InferenceResponse:
-        """The one response of a non-decoupled execute: returned in a list, or sent (None returned)."""
-        if sender is not None:
-            sender._close()
+    def _execute(self, requests: list[pb.InferenceRequest]) -> Any:
+        instances: Instances = self.fn  # type: ignore[assignment]
+        instance = instances.acquire()
+        try:
+            return instance.execute(requests)
+        except Exception as e:  # noqa: BLE001 - the client gets it as Triton words it
+            for request in requests:
+                if request._sender is not None:
+                    request._sender._close()
+            raise self._failure(describe(e)) from None
+        finally:
+            instances.release(instance)
+
+    def _batch(
+        self,
+        batch: tuple[tuple[int, str | None], ...],
+        inputs: dict[str, np.ndarray],
+        parameters: bytes | None,
+        outputs: tuple[str, ...],
+        cancelled: Callable[[], bool],
+    ) -> dict[str, object]:
+        """A dynamic batch the scheduler concatenated, served as Triton serves one: execute gets
+        each request apart (views of its rows), and their outputs are joined again by rows for
+        the scheduler to split. An error response fails the batch's requests."""
+        requests, start = [], 0
+        for rows, request_id in batch:
+            views = {name: array[start : start + rows] for name, array in inputs.items()}
+            request = pb.InferenceRequest._served(
+                self.name, views, self._input_types, outputs, parameters, cancelled, False
+            )
+            request._request_id = request_id or ""
+            requests.append(request)
+            start += rows
+        produced = [self._outputs(r) for r in self._returned(self._execute(requests), requests)]
+        joined: dict[str, object] = {}
+        for name in outputs:
+            parts = [p.get(name) for p in produced]
+            if any(part is None for part in parts):
+                raise ValueError(f"model {self.name!r} did not return output {name!r} for every request of the batch")
+            joined[name] = np.concatenate([np.asarray(part) for part in parts])
+        return self._select(joined, outputs)
+
+    def _returned(self, result: Any, requests: list[pb.InferenceRequest]) -> list[pb.InferenceResponse]:
+        """A non-decoupled execute's responses, one per request: returned in a list (an item, or
+        the whole return, None when that request's response went through its sender), checked as
+        Triton checks them."""
         if result is None:
-            response = None
-            if sender is not None:
-                try:
-                    response, _ = sender._queue.get_nowait()
-                except queue.Empty:
-                    pass
-            if response is None:
-                raise self._failure("the execute function returned None and sent no response")
-            return response
+            return [self._sent(request._sender) for request in requests]
         if not isinstance(result, list):
             raise self._failure(f"Expected a list in the execute return, found type '{type(result)}'.")
-        if len(result) != 1:
+        if len(result) != len(requests):
             raise self._failure(
                 "Number of InferenceResponse objects do not match the number of InferenceRequest objects. "
-                f"InferenceRequest(s) size is:1, and InferenceResponse(s) size is:{len(result)}\n"
+                f"InferenceRequest(s) size is:{len(requests)}, and InferenceResponse(s) size is:{len(result)}\n"
             )
-        if type(result[0]) is not pb.InferenceResponse and not isinstance(result[0], pb.InferenceResponse):
-            raise self._failure(
-                "Expected an 'InferenceResponse' object in the execute function return list, found type "
-                f"'{type(result[0])}'."
-            )
-        return result[0]
+        responses = []
+        for item, request in zip(result, requests):
+            if item is None:
+                responses.append(self._sent(request._sender))
+                continue
+            if type(item) is not pb.InferenceResponse and not isinstance(item, pb.InferenceResponse):
+                raise self._failure(
+                    "Expected an 'InferenceResponse' object in the execute function return list, found type "
+                    f"'{type(item)}'."
+                )
+            if request._sender is not None:
+                request._sender._close()
+            responses.append(item)
+        return responses
+
+    def _sent(self, sender: pb.InferenceResponseSender | None) -> pb.InferenceResponse:
+        """The response a non-decoupled model sent through its request's sender."""
+        response = None
+        if sender is not None:
+            sender._close()
+            try:
+                response, _ = sender._queue.get_nowait()
+            except queue.Empty:
+                pass
+        if response is None:
+            raise self._failure("the execute function returned None and sent no response")
+        return response
 
     def _stream(
         self, sender: pb.InferenceResponseSender, outputs: tuple[str, ...], cancelled: Callable[[], bool]
