@@ -202,7 +202,7 @@ def report(args, rows, conc, version, load_before, elapsed, problems) -> list[st
             table.append([proto, c, f"{np.median(oi):.0f}", f"{np.median(tr):.0f}",
                           f"{vs.median:.2f}x ({vs.lo:.2f}-{vs.hi:.2f})", f"{np.median(inf):.0f}",
                           f"{own.median:.2f} ({own.lo:.2f}-{own.hi:.2f})"])
-    lines += C.markdown_table(headers, table)
+    lines.append(C.markdown_table(headers, table))
     lines += ["", f"Load average before {load_before}, after {C.loadavg()}.", *C.problems_section(problems)]
     return lines
 
