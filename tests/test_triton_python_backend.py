@@ -372,3 +372,71 @@ def test_finalize_at_stop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     finally:
         server.stop()
     assert marker.read_text() == "lifecycle_0_0\n"
+
+
+# A non-decoupled model that answers through its request's sender (and returns None), makes a
+# BF16 output from a torch bfloat16 tensor by DLPack, round-trips BYTES through pb_utils'
+# serializers and logs with pb_utils.Logger.
+SENDER_MODEL = PROLOGUE + textwrap.dedent(
+    """
+    import torch
+    class TritonPythonModel:
+        def execute(self, requests):
+            for request in requests:
+                x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+                words = pb_utils.deserialize_bytes_tensor(pb_utils.serialize_byte_tensor(
+                    np.array([b"a", "b\\u00e9", b""], dtype=np.object_)))
+                pb_utils.Logger.log_info("sender model: " + str(len(words)))
+                half = pb_utils.Tensor.from_dlpack("HALF", torch.tensor(x.tolist(), dtype=torch.bfloat16) / 2)
+                sender = request.get_response_sender()
+                sender.send(pb_utils.InferenceResponse([half, pb_utils.Tensor("WORDS", words)]),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return None
+    """
+)
+SENDER_CONFIG = """
+name: "sender"
+backend: "python"
+input [{ name: "IN", data_type: TYPE_FP32, dims: [ 2 ] }]
+output [{ name: "HALF", data_type: TYPE_BF16, dims: [ 2 ] }]
+output [{ name: "WORDS", data_type: TYPE_STRING, dims: [ 3 ] }]
+"""
+
+
+def test_non_decoupled_sender_bf16_by_dlpack_and_bytes_helpers(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    import tritonclient.grpc as grpcclient
+
+    add_model(tmp_path, "sender", SENDER_MODEL, SENDER_CONFIG)
+    server = openinfer.serve(tmp_path, http_port=0, grpc_port=0, metrics_port=None, threads=1, log=False)
+    try:
+        result = triton_grpc(server).infer("sender", [_one(grpcclient, "IN", "FP32", np.array([3.0, -5.0], np.float32))])
+        np.testing.assert_array_equal(result.as_numpy("HALF"), np.array([1.5, -2.5], np.float32))
+        assert result.as_numpy("WORDS").tolist() == [b"a", "b\u00e9".encode(), b""]
+    finally:
+        server.stop()
+
+
+def test_pb_utils_helpers_as_triton_has_them() -> None:
+    from openinfer._backends import triton_utils as pb
+
+    assert pb.triton_string_to_numpy("TYPE_STRING") is np.object_ and pb.triton_string_to_numpy("TYPE_BOOL") is bool
+    assert [pb.numpy_to_triton_type(t) for t in (np.bool_, np.uint8, np.float32, np.object_, np.bytes_)] == [1, 2, 11, 13, 13]
+    assert pb.triton_to_numpy_type(12) is np.float64 and pb.triton_to_numpy_type(13) is np.object_
+    assert pb.serialize_byte_tensor(np.array([], np.object_)) == ()
+    assert pb.serialize_byte_tensor(np.array([b"ab", 7], np.object_)) == b"\x02\x00\x00\x00ab\x01\x00\x00\x007"
+    config = {"input": [{"name": "A"}], "output": [{"name": "B"}], "model_transaction_policy": {"decoupled": True}}
+    assert pb.get_input_config_by_name(config, "A") == {"name": "A"} and pb.get_output_config_by_name(config, "A") is None
+    assert pb.using_decoupled_model_transaction_policy(config) and not pb.using_decoupled_model_transaction_policy({})
+    with pytest.raises(TypeError, match="Tensor 'x': expected a numpy array, got list"):
+        pb.Tensor("x", [1, 2])
+    error = pb.TritonError("gone", pb.TritonError.NOT_FOUND)
+    assert (error.message(), error.code(), error.http_status()) == ("gone", 2, 404)
+    sender = pb.InferenceResponseSender(True, lambda: False)
+    with pytest.raises(pb.TritonModelException, match="^Unable to send response. Unsupported flag provided.$"):
+        sender.send(flags=7)
+    with pytest.raises(pb.TritonModelException, match="^Inference Response object must be provided when the response "
+                                                      "flags is set to zero.$"):  # fmt: skip
+        sender.send()
+    with pytest.raises(pb.TritonModelException, match="BLS"):
+        pb.InferenceRequest("m", [], ["OUT"]).exec()
