@@ -440,3 +440,27 @@ def test_pb_utils_helpers_as_triton_has_them() -> None:
         sender.send()
     with pytest.raises(pb.TritonModelException, match="BLS"):
         pb.InferenceRequest("m", [], ["OUT"]).exec()
+
+
+ASYNC_MODEL = PROLOGUE + textwrap.dedent(
+    """
+    import asyncio
+    class TritonPythonModel:
+        async def execute(self, requests):
+            await asyncio.sleep(0)
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN")
+                                                                .as_numpy() + 1)]) for r in requests]
+    """
+)
+
+
+def test_async_execute(tmp_path: Path) -> None:
+    add_model(tmp_path, "async_model", ASYNC_MODEL, ECHO_CONFIG.format(name="async_model"))
+    server = openinfer.serve(tmp_path, http_port=0, grpc_port=None, metrics_port=None, threads=1, log=False)
+    try:
+        client = openinfer.Client(server.url)
+        for _ in range(3):  # the executor's loop serves call after call
+            np.testing.assert_array_equal(client.infer("async_model", {"IN": np.ones(2, np.float32)})["OUT"], [2, 2])
+        client.close()
+    finally:
+        server.stop()

@@ -23,8 +23,11 @@ and joins the responses by rows again. See docs/triton_python.md for what differ
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import queue
+import threading
 import traceback
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -47,6 +50,17 @@ CLASS = "TritonPythonModel"
 PROVIDED = {"triton_python_backend_utils": pb}
 # How often a decoupled request's drain checks whether its client has gone.
 _POLL_S = 0.05
+
+
+_thread = threading.local()
+
+
+def _event_loop() -> asyncio.AbstractEventLoop:
+    """This executor thread's event loop for ``async def execute`` (made once, kept)."""
+    loop = getattr(_thread, "loop", None)
+    if loop is None:
+        loop = _thread.loop = asyncio.new_event_loop()
+    return loop
 
 
 def defines_triton_model(module: Any) -> bool:
@@ -190,7 +204,10 @@ class TritonModel(Model):
         instances: Instances = self.fn  # type: ignore[assignment]
         instance = instances.acquire()
         try:
-            return instance.execute(requests)
+            result = instance.execute(requests)
+            if inspect.iscoroutine(result):  # async def execute: run on this executor's own loop
+                result = _event_loop().run_until_complete(result)
+            return result
         except Exception as e:  # noqa: BLE001 - the client gets it as Triton words it
             for request in requests:
                 if request._sender is not None:
