@@ -128,7 +128,7 @@ def main() -> int:
             for http_port, _, model in servers.values():
                 check(http_port, model)
             lens = {k: grpc_answer_len(pb, g, m) for k, (_, g, m) in servers.items()}
-            rows = run(args, servers, conc, tmp, pb, lens, oi, triton)
+            rows = run(args, servers, conc, tmp, pb, lens, oi, triton, problems)
             version = triton.version
         finally:
             triton.stop()
@@ -142,7 +142,7 @@ def main() -> int:
     return 0
 
 
-def run(args, servers, conc, tmp, pb, lens, oi, triton) -> dict:
+def run(args, servers, conc, tmp, pb, lens, oi, triton, problems) -> dict:
     """{(protocol, c, label): [req/s per round]}."""
     rows: dict = {}
     for proto in ("http", "grpc"):
@@ -159,17 +159,28 @@ def run(args, servers, conc, tmp, pb, lens, oi, triton) -> dict:
                     bodies[label] = body
 
             def once(label: str, seconds: float) -> float:
+                """One run; a failed run is tried once more, then noted and counted as NaN."""
+                try:
+                    return attempt(label, seconds)
+                except RuntimeError as first:
+                    try:
+                        return attempt(label, seconds)
+                    except RuntimeError as again:
+                        problems.append(f"{label} {proto} c={c}: {first}; again: {again}")
+                        return float("nan")
+
+            def attempt(label: str, seconds: float) -> float:
                 http_port, grpc_port, model = servers[label]
                 if proto == "http":
                     r = C.run_wrk(f"http://127.0.0.1:{http_port}/v2/models/{model}/infer", bodies[label], c,
                                   seconds, args.client_cpu, label, servers=(oi, triton.proc))
                     if r.error:
-                        raise SystemExit(f"error: {label} HTTP c={c}: {r.error}")
+                        raise RuntimeError(r.error)
                     return r.rps
                 r = s3_grpc.run_h2load(grpc_port, "ModelInfer", bodies[label], c, int(max(1, seconds)),
                                        args.client_cpu, tmp / "h2load.log", lens[label], 1)
                 if r["error"]:
-                    raise SystemExit(f"error: {label} gRPC c={c}: {r['error']}")
+                    raise RuntimeError(r["error"])
                 return r["rps"]
 
             for label in servers:
@@ -197,10 +208,10 @@ def report(args, rows, conc, version, load_before, elapsed, problems) -> list[st
             oi = rows[(proto, c, "openinfer TritonPythonModel")]
             tr = rows[(proto, c, "tritonserver TritonPythonModel")]
             inf = rows[(proto, c, "openinfer infer()")]
-            vs = C.summarize(C.paired_ratios(oi, tr))
-            own = C.summarize(C.paired_ratios(oi, inf))
-            table.append([proto, c, f"{np.median(oi):.0f}", f"{np.median(tr):.0f}",
-                          f"{vs.median:.2f}x ({vs.lo:.2f}-{vs.hi:.2f})", f"{np.median(inf):.0f}",
+            vs = C.summarize([r for r in C.paired_ratios(oi, tr) if r == r])  # NaN: a failed run
+            own = C.summarize([r for r in C.paired_ratios(oi, inf) if r == r])
+            table.append([proto, c, f"{np.nanmedian(oi):.0f}", f"{np.nanmedian(tr):.0f}",
+                          f"{vs.median:.2f}x ({vs.lo:.2f}-{vs.hi:.2f})", f"{np.nanmedian(inf):.0f}",
                           f"{own.median:.2f} ({own.lo:.2f}-{own.hi:.2f})"])
     lines.append(C.markdown_table(headers, table))
     lines += ["", f"Load average before {load_before}, after {C.loadavg()}.", *C.problems_section(problems)]
