@@ -294,6 +294,18 @@ static uint32_t input_area(const oi_tensor_t *t, oi_pw_fds_t *fds, uint64_t *off
     return fds->n;
 }
 
+/* The bytes an id takes in the job area (see oi_pw_request_t). */
+static size_t id_size(const char *id) { return pad8(4 + (id != NULL ? strlen(id) + 1 : 0)); }
+
+static char *write_id(char *at, const char *id)
+{
+    uint32_t len = id != NULL ? (uint32_t)strlen(id) + 1 : 0;
+    memcpy(at, &len, 4);
+    if (id != NULL)
+        memcpy(at + 4, id, len);
+    return at + id_size(id);
+}
+
 /* Lays the request out in the job area: the descriptor, then the bytes of each input not
  * already in shared memory (the one copy such an input makes on its way to a worker). */
 static int write_job(worker_t *w, const oi_request_t *req, const char *const *names, uint32_t n, oi_pw_fds_t *fds)
@@ -303,7 +315,10 @@ static int write_job(worker_t *w, const oi_request_t *req, const char *const *na
         desc += sizeof(oi_pw_tensor_t) + pad8(strlen(req->inputs[i].name) + 1);
     for (uint32_t i = 0; i < n; i++)
         desc += 4 + pad8(strlen(names[i]) + 1);
-    desc = oi_pw_align(desc + req->parameters.len);
+    desc += pad8(req->parameters.len) + id_size(req->id) + req->n_batch * sizeof(int64_t);
+    for (uint32_t k = 0; k < req->n_batch; k++)
+        desc += id_size(req->batch_ids[k]);
+    desc = oi_pw_align(desc);
     size_t total = desc;
     uint32_t area[req->n_inputs + 1];
     uint64_t shared_at[req->n_inputs + 1];
@@ -313,7 +328,8 @@ static int write_job(worker_t *w, const oi_request_t *req, const char *const *na
     if (grow_jobs(w, total) != 0)
         return -1;
     char *at = w->jobs + OI_PW_DESC_OFFSET;
-    oi_pw_request_t head = {req->n_inputs, n, req->parameters.ptr != NULL, (uint32_t)req->parameters.len};
+    oi_pw_request_t head = {req->n_inputs, n, req->parameters.ptr != NULL, (uint32_t)req->parameters.len,
+                            req->n_batch, 0};
     memcpy(at, &head, sizeof(head));
     at += sizeof(head);
     size_t data = desc;
@@ -341,6 +357,14 @@ static int write_job(worker_t *w, const oi_request_t *req, const char *const *na
     }
     if (req->parameters.len > 0)
         memcpy(at, req->parameters.ptr, req->parameters.len);
+    at += pad8(req->parameters.len);
+    at = write_id(at, req->id);
+    if (req->n_batch) {
+        memcpy(at, req->batch_rows, req->n_batch * sizeof(int64_t));
+        at += req->n_batch * sizeof(int64_t);
+    }
+    for (uint32_t k = 0; k < req->n_batch; k++)
+        at = write_id(at, req->batch_ids[k]);
     return 0;
 }
 

@@ -57,12 +57,16 @@ typedef struct oi_pw_job_s {
 
 /* At OI_PW_DESC_OFFSET of the job area: this, then n_inputs oi_pw_tensor_t (each followed by
  * its NUL-terminated name, padded to 8), then n_outputs names (u32 length, the bytes, NUL,
- * padded to 8), then params_len bytes of the request's parameters (JSON). */
+ * padded to 8), then params_len bytes of the request's parameters (JSON) padded to 8, then the
+ * request's id and, for a dynamic batch, n_batch int64 row counts and n_batch ids. Each id is
+ * a u32 (0: none, else its length + 1), the bytes, NUL, padded to 8. */
 typedef struct oi_pw_request_s {
     uint32_t n_inputs;
     uint32_t n_outputs;
     uint32_t has_params;
     uint32_t params_len;
+    uint32_t n_batch;
+    uint32_t pad;
 } oi_pw_request_t;
 
 /* One tensor: where its bytes are (offset from the start of the area or block holding it). */

@@ -27,19 +27,22 @@ static oi_dtype_t declared_dtype(const py_state_t *s, const char *name)
     return OI_TYPE_INVALID;
 }
 
-/* The model's exception as a status: its message, with the HTTP status of an exception
- * that carries one (openinfer.InferenceServerError), else 500. */
+/* The model's exception as a status: the message of an exception that carries an HTTP status
+ * (openinfer.InferenceServerError; a Triton model's response error, worded as Triton words it,
+ * 500 included) as it is, else 500 with the model's name and the exception's type. */
 static oi_status_t *model_error(const py_state_t *s)
 {
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     PyErr_NormalizeException(&type, &value, &tb);
-    int code = OI_INTERNAL;
+    int code = OI_INTERNAL, verbatim = 0;
     PyObject *status = value ? PyObject_GetAttrString(value, "status") : NULL;
     if (status != NULL && PyLong_Check(status)) {
         long v = PyLong_AsLong(status);
-        if (v >= 400 && v <= 599)
+        if (v >= 400 && v <= 599) {
             code = (int)v;
+            verbatim = 1;
+        }
     }
     PyErr_Clear();
     Py_XDECREF(status);
@@ -51,7 +54,7 @@ static oi_status_t *model_error(const py_state_t *s)
     }
     const char *text = msg ? PyUnicode_AsUTF8(msg) : NULL;
     const char *tname = type ? ((PyTypeObject *)type)->tp_name : "error";
-    oi_status_t *st = code == OI_INTERNAL
+    oi_status_t *st = !verbatim
                           ? oi_status_new(code, "model '%s' raised %s: %s", s->model_name, tname, text ? text : "")
                           : oi_status_new(code, "%s", text ? text : tname);
     PyErr_Clear();
@@ -82,12 +85,54 @@ static PyObject *cancel_flag_call(PyObject *self, PyObject *args, PyObject *kw)
     return PyBool_FromLong(f->last);
 }
 
+/* An id as str (undecodable bytes replaced), or None. */
+static PyObject *id_or_none(const char *id)
+{
+    return id != NULL ? PyUnicode_DecodeUTF8(id, (Py_ssize_t)strlen(id), "replace") : Py_NewRef(Py_None);
+}
+
+/* request_id(): the request's id, or None (none given, a batch, or after the call). */
+static PyObject *cancel_flag_request_id(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    const oi_request_t *req = ((cancel_flag_t *)self)->req;
+    return id_or_none(req != NULL ? req->id : NULL);
+}
+
+/* batch(): for a dynamic batch the scheduler concatenated, a tuple of (rows, id or None) per
+ * request in order; None for a lone request (and after the call). */
+static PyObject *cancel_flag_batch(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    const oi_request_t *req = ((cancel_flag_t *)self)->req;
+    if (req == NULL || req->n_batch == 0)
+        Py_RETURN_NONE;
+    PyObject *t = PyTuple_New(req->n_batch);
+    for (uint32_t k = 0; t != NULL && k < req->n_batch; k++) {
+        PyObject *id = id_or_none(req->batch_ids[k]);
+        PyObject *item = id != NULL ? Py_BuildValue("(LN)", (long long)req->batch_rows[k], id) : NULL;
+        if (item == NULL)
+            Py_CLEAR(t);
+        else
+            PyTuple_SET_ITEM(t, k, item);
+    }
+    return t;
+}
+
+static PyMethodDef cancel_flag_methods[] = {
+    {"request_id", cancel_flag_request_id, METH_NOARGS, "The request's id, or None."},
+    {"batch", cancel_flag_batch, METH_NOARGS, "A dynamic batch's ((rows, id), ...), or None."},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyTypeObject cancel_flag_type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "openinfer._core.CancelFlag",
     .tp_basicsize = sizeof(cancel_flag_t),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_call = cancel_flag_call,
-    .tp_doc = "Called with no arguments: whether the request's clients have all gone.",
+    .tp_methods = cancel_flag_methods,
+    .tp_doc = "Called with no arguments: whether the request's clients have all gone. Its "
+              "request_id() and batch() describe the request while the model runs.",
 };
 
 static PyObject *make_inputs(const oi_request_t *req)

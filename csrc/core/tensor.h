@@ -116,6 +116,13 @@ typedef struct oi_request_s {
     /* Triton's "triton_enable_empty_final_response" request parameter: a decoupled model's
      * stream ends with an empty response flagged final. */
     uint8_t empty_final;
+    /* Set by the scheduler on a dynamic batch it concatenated: the rows each of its n_batch
+     * requests holds, in order, and their ids (NULL where a request has none); borrowed for the
+     * backend's run, NULL otherwise. A backend that serves requests one by one (a Triton Python
+     * model's execute(requests)) sees them apart by these. */
+    const int64_t *batch_rows;
+    const char *const *batch_ids;
+    uint32_t n_batch;
 } oi_request_t;
 
 /* Element count of a shape with overflow and sign checks: 0 and *count set, or -1 when a

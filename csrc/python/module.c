@@ -1734,6 +1734,22 @@ static PyObject *Server_statistics(ServerObject *self, PyObject *args)
     return ret;
 }
 
+/* set_custom_metrics(text): the models' own metric families, appended to every /metrics
+ * scrape. Keeps the GIL: stop_server clears self->server under it, so the server lives here. */
+static PyObject *Server_set_custom_metrics(ServerObject *self, PyObject *args)
+{
+    const char *text;
+    Py_ssize_t len;
+    if (!PyArg_ParseTuple(args, "y#", &text, &len))
+        return NULL;
+    oi_server_t *s = live_server(self);
+    if (s == NULL)
+        return NULL;
+    if (oi_server_set_custom_metrics(s, text, (size_t)len) != 0)
+        return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
 static PyObject *Server_get_shared_memory(ServerObject *self, void *closure)
 {
     (void)closure;
@@ -1763,6 +1779,8 @@ static PyMethodDef Server_methods[] = {
      "trace_set(model, clear, level, rate, count, log_frequency): a model's (None: the global) trace settings."},
     {"trace_count", (PyCFunction)Server_trace_count, METH_VARARGS,
      "trace_count(model) -> the traces still to take (-1: no limit)."},
+    {"set_custom_metrics", (PyCFunction)Server_set_custom_metrics, METH_VARARGS,
+     "set_custom_metrics(text: bytes): the models' own metric families for /metrics."},
     {"statistics", (PyCFunction)Server_statistics, METH_VARARGS,
      "statistics(name='', version='') -> (200, JSON bytes) or (status, message)."},
     {NULL, NULL, 0, NULL},

@@ -185,6 +185,20 @@ static const char *map_input(int fd, const oi_pw_tensor_t *d, oi_tensor_t *t)
     return NULL;
 }
 
+/* One id of the job area (see oi_pw_request_t): *id points at it, or is NULL for none. Returns
+ * where the next field starts, or NULL when the id runs past `end`. */
+static const char *read_id(const char *at, const char *end, const char **id)
+{
+    uint32_t len;
+    if (at + 4 > end)
+        return NULL;
+    memcpy(&len, at, 4);
+    if (len > (size_t)(end - at) - 4 || (len > 0 && at[4 + len - 1] != '\0'))
+        return NULL;
+    *id = len ? at + 4 : NULL;
+    return at + ((4 + (size_t)len + 7) & ~(size_t)7);
+}
+
 /* Rebuilds the request the job area describes; its tensors point into the area or into the
  * memfds that came with the job. NULL, or why the descriptor is unsound (a bug on one side of
  * the wire: never the client's). */
@@ -240,6 +254,25 @@ static const char *read_job(worker_t *w, const oi_pw_fds_t *fds, oi_request_t *r
         req->parameters.ptr = at;
         req->parameters.len = head.params_len;
     }
+    at += (head.params_len + 7) & ~(size_t)7;
+    if ((at = read_id(at, end, &req->id)) == NULL)
+        return "request id out of bounds";
+    if (head.n_batch == 0)
+        return NULL;
+    int64_t *rows = calloc(head.n_batch, sizeof(*rows));
+    const char **ids = calloc(head.n_batch, sizeof(*ids));
+    req->batch_rows = rows; /* freed by serve(), whatever happens next */
+    req->batch_ids = ids;
+    if (rows == NULL || ids == NULL)
+        return "out of memory";
+    if (at + head.n_batch * sizeof(int64_t) > end)
+        return "batch rows out of bounds";
+    memcpy(rows, at, head.n_batch * sizeof(int64_t));
+    at += head.n_batch * sizeof(int64_t);
+    for (uint32_t k = 0; k < head.n_batch; k++)
+        if ((at = read_id(at, end, &ids[k])) == NULL)
+            return "batch ids out of bounds";
+    req->n_batch = head.n_batch;
     return NULL;
 }
 
@@ -286,6 +319,8 @@ static void serve(worker_t *w, void *state)
         for (uint32_t i = 0; i < req.n_inputs; i++)
             oi_tensor_clear(&req.inputs[i]);
         free(req.inputs);
+        free((void *)req.batch_rows);
+        free((void *)req.batch_ids);
         free(names);
         if (rc != 0)
             return;

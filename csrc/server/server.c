@@ -298,6 +298,11 @@ int oi_server_grpc_port(const oi_server_t *s) { return s->grpc ? oi_h2_server_po
 
 int oi_server_metrics_port(const oi_server_t *s) { return s->metrics_http ? oi_http_server_port(s->metrics_http) : 0; }
 
+int oi_server_set_custom_metrics(oi_server_t *s, const char *text, size_t len)
+{
+    return s->metrics ? oi_metrics_set_custom(s->metrics, text, len) : 0;
+}
+
 oi_status_t *oi__statistics_off(const oi_server_t *s)
 {
     return s->cfg.statistics ? NULL : oi_status_new(OI_UNAVAILABLE, "the server does not support model statistics");

@@ -140,6 +140,10 @@ int oi_server_grpc_port(const oi_server_t *s);
 /* The bound metrics port; 0 before start or without metrics. */
 int oi_server_metrics_port(const oi_server_t *s);
 
+/* The models' own metric families for /metrics (see oi_metrics_set_custom); a server without
+ * metrics ignores them. 0, or -1 when out of memory. */
+int oi_server_set_custom_metrics(oi_server_t *s, const char *text, size_t len);
+
 /* Triton's statistics body for `name` and `version` (see oi_statistics_collect) in a new
  * buffer, or NULL with a status: the 400s of the selection, 503 when the server counts no
  * statistics. For the Python API; the endpoints answer the same. */

@@ -267,6 +267,8 @@ class Server:
         RuntimeError without a trace file."""
     def trace_count(self, model: str | None) -> int:
         """The traces `model` (None: globally) may still take; -1: no limit."""
+    def set_custom_metrics(self, text: bytes) -> None:
+        """The models' own metric families (Prometheus text), appended to every /metrics scrape."""
     def statistics(self, name: str = "", version: str = "") -> tuple[int, bytes | str]:
         """Triton's statistics body for every model (name ""), every ready version of one
         (version ""), or one version: (200, JSON bytes), else (status code, message) — 400 for

@@ -34,7 +34,12 @@ def main(argv: list[str]) -> int:
     except BaseException as e:  # noqa: BLE001 - whatever it was, the server must hear why
         _core.worker_fail(f"a worker process could not import the model: {_describe(e)}")
         return 1
-    _core.worker_serve(model.handler, model.name, [(t.name, t.datatype) for t in model.outputs], parent)
+    try:
+        _core.worker_serve(model.handler, model.name, [(t.name, t.datatype) for t in model.outputs], parent)
+    finally:
+        close = getattr(model, "close", None)  # a Triton model's finalize(), as its instance ends
+        if close is not None:
+            close()
     return 0
 
 

@@ -20,6 +20,7 @@ from types import TracebackType
 from typing import Any
 
 from . import _core, _display, _pt2_build
+from ._backends import triton_metrics
 from ._net import reachable
 from ._version import __version__
 from ._control.cache import cache_bytes
@@ -465,6 +466,8 @@ class Server:
             grpc_header_forward_pattern=grpc_header_forward_pattern,
             **limits,
         )
+        if metrics_port is not None:  # Triton models' pb_utils.MetricFamily, from their initialize on
+            triton_metrics.add_sink(id(self), self._core.set_custom_metrics)
         extensions = tuple(e for e in EXTENSIONS if statistics or e != "statistics")
         extensions += SHM_EXTENSIONS if self._core.shared_memory else ()
         self._core.set_metadata(
@@ -492,6 +495,7 @@ class Server:
                 **tracing,
             )
         except BaseException:
+            triton_metrics.remove_sink(id(self))
             self._core.stop(0)
             raise
         self._core.set_repository(self._handle)
@@ -621,7 +625,12 @@ class Server:
         with self._stop_lock:
             try:
                 self._control.close(timeout)
+                triton_metrics.remove_sink(id(self))
                 self._core.stop(timeout)
+                for entry in self._control.loaded():  # a Triton Python model's finalize()
+                    close = getattr(entry.model, "close", None)
+                    if close is not None:
+                        close()
             finally:  # wait() must return even if stopping failed
                 if self._started and not self._stopped.is_set() and self._log:
                     logger.info("openinfer on %s stopped", self.url)

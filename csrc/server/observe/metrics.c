@@ -40,6 +40,8 @@ struct oi_metrics_s {
     polled_t polled; /* under mu */
     int polling;     /* the thread runs */
     pthread_t poller;
+    char *custom; /* under mu: the models' own families (oi_metrics_set_custom); NULL: none */
+    size_t custom_len;
 };
 
 /* ---- the machine ---------------------------------------------------------------------------- */
@@ -196,6 +198,7 @@ void oi_metrics_free(oi_metrics_t *mx)
     pthread_mutex_destroy(&mx->mu);
     oi_nvml_close(mx->nvml);
     free(mx->polled.gpus);
+    free(mx->custom);
     free(mx);
 }
 
@@ -504,7 +507,27 @@ int oi_metrics_render(oi_metrics_t *mx, oi_registry_t *r, int per_model, oi_sbuf
         rc |= histograms(o, items, n);
     if (n && mx->cfg.summary_latencies)
         rc |= summary_families(o, &mx->cfg, items, n);
+    pthread_mutex_lock(&mx->mu);
+    if (mx->custom_len)
+        rc |= oi_sbuf_append(o, mx->custom, mx->custom_len);
+    pthread_mutex_unlock(&mx->mu);
     free(gpus);
     oi_statistics_release(items, n);
     return rc ? -1 : 0;
+}
+
+int oi_metrics_set_custom(oi_metrics_t *mx, const char *text, size_t len)
+{
+    char *copy = len ? malloc(len) : NULL;
+    if (len && copy == NULL)
+        return -1;
+    if (len)
+        memcpy(copy, text, len);
+    pthread_mutex_lock(&mx->mu);
+    char *old = mx->custom;
+    mx->custom = copy;
+    mx->custom_len = len;
+    pthread_mutex_unlock(&mx->mu);
+    free(old);
+    return 0;
 }

@@ -39,6 +39,12 @@ void oi_metrics_free(oi_metrics_t *mx);
 /* Whether NVML found a GPU to report. */
 int oi_metrics_gpus(const oi_metrics_t *mx);
 
+/* Replaces the models' own metric families (a Triton Python model's pb_utils.MetricFamily,
+ * rendered by the Python side whenever one changes) with `len` bytes of exposition text, which
+ * every scrape appends after the server's own families. Any thread. 0, or -1 when out of memory
+ * (the previous text stays). */
+int oi_metrics_set_custom(oi_metrics_t *mx, const char *text, size_t len);
+
 /* Appends the exposition text to `out`: per-model families for every ready version in `r`
  * when `per_model` (statistics are counted), then the pinned memory pool (none: 0 bytes), GPU
  * and CPU as last polled (CPU utilisation: the share of busy time between the last two

@@ -450,8 +450,20 @@ static int run_batched(oi_scheduler_t *s, batch_t *b, oi_stats_times_t *times)
     breq.parameters = r0->parameters;
     breq.cancelled = batch_cancelled;
     breq.cancelled_arg = b;
+    int64_t *rows = malloc((size_t)b->n_jobs * sizeof(*rows));
+    const char **ids = malloc((size_t)b->n_jobs * sizeof(*ids));
+    if (rows != NULL && ids != NULL) {
+        uint32_t k = 0;
+        for (oi_job_t *j = b->first; j; j = j->next, k++) {
+            rows[k] = job_rows(j);
+            ids[k] = j->req->id;
+        }
+        breq.batch_rows = rows;
+        breq.batch_ids = ids;
+        breq.n_batch = k;
+    }
     breq.inputs = calloc(r0->n_inputs, sizeof(oi_tensor_t));
-    if (breq.inputs == NULL) {
+    if (breq.inputs == NULL || rows == NULL || ids == NULL) {
         st = oi_status_new(OI_INTERNAL, "out of memory");
         goto done;
     }
@@ -508,6 +520,8 @@ done:
     }
     oi_response_clear(&bresp);
     oi_request_clear(&breq); /* its names are the first job's: clear before any done */
+    free(rows);
+    free(ids);
     return ran;
 }
 

@@ -10,6 +10,7 @@ import itertools
 import re
 import sys
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 
@@ -20,10 +21,15 @@ class _LoadError(Exception):
     """A reason why one model version cannot be served; becomes `LoadedModel.error`."""
 
 
-def import_model_file(name: str, version: int, path: Path) -> ModuleType:
+def import_model_file(
+    name: str, version: int, path: Path, provided: Mapping[str, ModuleType] | None = None
+) -> ModuleType:
     """Executes model.py as a module of its own, under a name unique to this load, so that
     every model's model.py coexists in sys.modules (registered there for pickle and
-    dataclasses)."""
+    dataclasses). `provided` are modules that model.py may import by those names (Triton's
+    ``triton_python_backend_utils``), put in sys.modules first."""
+    for module_name, provided_module in (provided or {}).items():
+        sys.modules[module_name] = provided_module
     identifier = re.sub(r"\W", "_", name)
     module_name = f"_openinfer_model_{identifier}_v{version}_{next(_module_ids)}"
     spec = importlib.util.spec_from_file_location(module_name, path)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _pt2_build
-from .._backends import ensemble, processes
+from .._backends import ensemble, processes, triton_model
 from .._config import paths, sequence, triton_config
 from ..config import ConfigError, ModelConfig, VersionPolicy, load_config
 from .._backends.identity_model import IDENTITY_BACKEND, IdentityLoadError, IdentityModel, load_identity
@@ -332,7 +332,9 @@ def _load_onnx(
 
 
 def _load_python(name: str, version: int, path: Path, config: ModelConfig | None) -> Model:
-    module = import_model_file(name, version, path)
+    module = import_model_file(name, version, path, triton_model.PROVIDED)
+    if triton_model.defines_triton_model(module):
+        return triton_model.load(name, version, path, module, config, _in_processes(config))
     infer = getattr(module, "infer", None)
     if not callable(infer):
         raise _LoadError(f"{path} defines no infer(inputs) function")

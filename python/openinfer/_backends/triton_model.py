@@ -1,0 +1,383 @@
+"""Triton Python-backend models (a model.py that defines ``class TritonPythonModel``), served by
+openinfer's own Python backend: an adapter, not a backend of its own.
+
+`TritonModel` is an `openinfer.Model` whose handler calls ``TritonPythonModel.execute(requests)``
+where an ``infer(inputs)`` model's function is called, with `triton_utils` objects viewing the
+request (inputs stay zero-copy and read-only). So the scheduler, batcher, cancellation flag,
+decoupled streaming and worker processes are the ones every Python model has:
+
+- one ``TritonPythonModel`` object per instance: in the server process (a pool the executor
+  threads take one from for each call) or, with more than one instance, one in each worker
+  process (`TritonFile`, which a worker loads as it loads an ``infer`` model's function);
+- ``initialize(args)`` at load, with Triton's args; its exception fails the version with the
+  exception's text; ``finalize()`` at unload and stop (`TritonModel.close`, and a worker's end);
+- a decoupled model's responses, sent with its request's response sender from execute or from
+  any thread afterwards, are drained by the executor until the final flag, as a generator
+  ``infer`` model's would be. The executor serving such a request stays with it until then.
+
+A dynamic batch, which openinfer's batcher concatenates, reaches execute as Triton's list of
+requests: the core says where each request's rows start and what its id is (the handler's
+cancel flag's batch(), also across the process wire), and the adapter slices views of them
+and joins the responses by rows again. See docs/triton_python.md for what differs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import queue
+import threading
+import traceback
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._config import triton_config
+from ..config import ConfigError, ModelConfig
+from ..model import Model, Tensor
+from . import triton_metrics
+from . import triton_utils as pb
+from .model_file import _LoadError, import_model_file
+from .processes import ModelFile, bind_file
+
+CLASS = "TritonPythonModel"
+# What a Triton model.py imports by name; import_model_file provides it.
+PROVIDED = {"triton_python_backend_utils": pb}
+# How often a decoupled request's drain checks whether its client has gone.
+_POLL_S = 0.05
+
+
+_thread = threading.local()
+
+
+def _event_loop() -> asyncio.AbstractEventLoop:
+    """This executor thread's event loop for ``async def execute`` (made once, kept)."""
+    loop = getattr(_thread, "loop", None)
+    if loop is None:
+        loop = _thread.loop = asyncio.new_event_loop()
+    return loop
+
+
+def defines_triton_model(module: Any) -> bool:
+    """Whether a model.py is a Triton Python-backend model: it defines TritonPythonModel and no
+    ``infer`` function (which would make it an openinfer model)."""
+    return isinstance(getattr(module, CLASS, None), type) and not callable(getattr(module, "infer", None))
+
+
+def describe(e: BaseException) -> str:
+    """An exception as Triton's stub words one from Python: type, message and where."""
+    frames = traceback.extract_tb(e.__traceback__)
+    where = "".join(f"  {f.filename}({f.lineno}): {f.name}\n" for f in reversed(frames))
+    text = f"{type(e).__name__}: {e}"
+    return f"{text}\n\nAt:\n{where}" if where else text
+
+
+def auto_complete(cls: type, config: dict[str, Any]) -> dict[str, Any]:
+    """Runs ``TritonPythonModel.auto_complete_config`` over `config` (Triton's JSON shape), as Triton
+    does before it loads a model: returns the completed config."""
+    complete = getattr(cls, "auto_complete_config", None)
+    if complete is None:
+        return config
+    name = config.get("name", "")
+    try:
+        result = complete(pb.ModelConfig(json.dumps(config)))
+    except Exception as e:  # noqa: BLE001 - any error the model raises fails its load
+        raise _LoadError(describe(e).rstrip()) from None
+    if not isinstance(result, pb.ModelConfig):
+        raise _LoadError(f"auto_complete_config function in model '{name}' must return a valid pb.ModelConfig object.")
+    return result.as_dict()
+
+
+@dataclass(frozen=True)
+class TritonFile(ModelFile):
+    """How to make and initialize one instance's object: by model.py's path, with the
+    `initialize` args. Pickled into a worker process, whose `load` makes its one instance."""
+
+    args: tuple[tuple[str, str], ...] = ()
+    metrics: str = ""  # where the worker's pb_utils metrics go (triton_metrics.listen)
+
+    def load(self) -> Instances:
+        if self.metrics:
+            triton_metrics.send_to(self.metrics)
+        module = import_model_file(self.model_name, self.version, Path(self.path), PROVIDED)
+        return Instances([make_instance(module, dict(self.args))])
+
+
+def make_instance(module: Any, args: dict[str, str]) -> Any:
+    """A TritonPythonModel object, initialized; raises _LoadError with the text Triton reports
+    for an initialize that fails."""
+    try:
+        instance = getattr(module, CLASS)()
+        initialize = getattr(instance, "initialize", None)
+        if initialize is not None:
+            initialize(args)
+    except Exception as e:  # noqa: BLE001 - the model's own error, reported as Triton reports it
+        raise _LoadError(describe(e).rstrip()) from None
+    return instance
+
+
+class Instances:
+    """A model's TritonPythonModel objects in this process, each used by one executor at a time.
+    Not called directly: `TritonModel.handler` takes one per call."""
+
+    def __init__(self, objects: list[Any]) -> None:
+        self._objects = objects
+        self._free: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        for o in objects:
+            self._free.put(o)
+
+    def __call__(self, inputs: Mapping[str, np.ndarray]) -> None:
+        raise TypeError("a TritonPythonModel is called through TritonModel.handler")
+
+    def acquire(self) -> Any:
+        return self._free.get()
+
+    def release(self, instance: Any) -> None:
+        self._free.put(instance)
+
+    def finalize(self) -> None:
+        """Calls each object's finalize once; an error in one is logged and the others go on."""
+        objects, self._objects = self._objects, []
+        for o in objects:
+            finalize = getattr(o, "finalize", None)
+            if finalize is None:
+                continue
+            try:
+                finalize()
+            except Exception as e:  # noqa: BLE001 - unload goes on whatever finalize does
+                pb.Logger.log_error(f"finalize of a TritonPythonModel failed: {describe(e)}")
+
+
+class TritonModel(Model):
+    """An `openinfer.Model` whose function is a set of TritonPythonModel objects (`Instances`)."""
+
+    # Set by `bind` (the dataclass fields of Model are frozen; these are the adapter's own).
+    _instance_name: str
+    _input_types: dict[str, str]
+
+    def bind(self, instance_name: str) -> None:
+        object.__setattr__(self, "_instance_name", instance_name)
+        object.__setattr__(self, "_input_types", {t.name: t.datatype for t in self.inputs})
+
+    @property
+    def direct(self) -> None:
+        return None
+
+    def close(self) -> None:
+        """finalize() of the objects in this process (a worker's run theirs as the worker ends)."""
+        if isinstance(self.fn, Instances):
+            self.fn.finalize()
+
+    def handler(
+        self,
+        inputs: dict[str, np.ndarray],
+        parameters: bytes | None,
+        outputs: tuple[str, ...],
+        cancelled: Callable[[], bool] = lambda: False,
+    ) -> dict[str, object] | Iterator[dict[str, object]]:
+        batch = cancelled.batch() if hasattr(cancelled, "batch") else None
+        if batch is not None:
+            return self._batch(batch, inputs, parameters, outputs, cancelled)
+        request = pb.InferenceRequest._served(
+            self.name, inputs, self._input_types, outputs, parameters, cancelled, self.decoupled
+        )
+        if hasattr(cancelled, "request_id"):
+            request._request_id = cancelled.request_id() or ""
+        result = self._execute([request])
+        if self.decoupled:
+            sender = request.get_response_sender()
+            if result is not None:
+                sender._close()
+                raise self._failure(
+                    f"Python model '{self._instance_name}' is using the decoupled mode and the execute "
+                    "function must return None."
+                )
+            return self._stream(sender, outputs, cancelled)
+        return self._select(self._outputs(self._returned(result, [request])[0]), outputs)
+
+    def _execute(self, requests: list[pb.InferenceRequest]) -> Any:
+        instances: Instances = self.fn  # type: ignore[assignment]
+        instance = instances.acquire()
+        try:
+            result = instance.execute(requests)
+            if inspect.iscoroutine(result):  # async def execute: run on this executor's own loop
+                result = _event_loop().run_until_complete(result)
+            return result
+        except Exception as e:  # noqa: BLE001 - the client gets it as Triton words it
+            for request in requests:
+                if request._sender is not None:
+                    request._sender._close()
+            raise self._failure(describe(e)) from None
+        finally:
+            instances.release(instance)
+
+    def _batch(
+        self,
+        batch: tuple[tuple[int, str | None], ...],
+        inputs: dict[str, np.ndarray],
+        parameters: bytes | None,
+        outputs: tuple[str, ...],
+        cancelled: Callable[[], bool],
+    ) -> dict[str, object]:
+        """A dynamic batch the scheduler concatenated, served as Triton serves one: execute gets
+        each request apart (views of its rows), and their outputs are joined again by rows for
+        the scheduler to split. An error response fails the batch's requests."""
+        requests, start = [], 0
+        for rows, request_id in batch:
+            views = {name: array[start : start + rows] for name, array in inputs.items()}
+            request = pb.InferenceRequest._served(
+                self.name, views, self._input_types, outputs, parameters, cancelled, False
+            )
+            request._request_id = request_id or ""
+            requests.append(request)
+            start += rows
+        produced = [self._outputs(r) for r in self._returned(self._execute(requests), requests)]
+        joined: dict[str, object] = {}
+        for name in outputs:
+            parts = [p.get(name) for p in produced]
+            if any(part is None for part in parts):
+                raise ValueError(f"model {self.name!r} did not return output {name!r} for every request of the batch")
+            joined[name] = np.concatenate([np.asarray(part) for part in parts])
+        return self._select(joined, outputs)
+
+    def _returned(self, result: Any, requests: list[pb.InferenceRequest]) -> list[pb.InferenceResponse]:
+        """A non-decoupled execute's responses, one per request: returned in a list (an item, or
+        the whole return, None when that request's response went through its sender), checked as
+        Triton checks them."""
+        if result is None:
+            return [self._sent(request._sender) for request in requests]
+        if not isinstance(result, list):
+            raise self._failure(f"Expected a list in the execute return, found type '{type(result)}'.")
+        if len(result) != len(requests):
+            raise self._failure(
+                "Number of InferenceResponse objects do not match the number of InferenceRequest objects. "
+                f"InferenceRequest(s) size is:{len(requests)}, and InferenceResponse(s) size is:{len(result)}\n"
+            )
+        responses = []
+        for item, request in zip(result, requests):
+            if item is None:
+                responses.append(self._sent(request._sender))
+                continue
+            if type(item) is not pb.InferenceResponse and not isinstance(item, pb.InferenceResponse):
+                raise self._failure(
+                    "Expected an 'InferenceResponse' object in the execute function return list, found type "
+                    f"'{type(item)}'."
+                )
+            if request._sender is not None:
+                request._sender._close()
+            responses.append(item)
+        return responses
+
+    def _sent(self, sender: pb.InferenceResponseSender | None) -> pb.InferenceResponse:
+        """The response a non-decoupled model sent through its request's sender."""
+        response = None
+        if sender is not None:
+            sender._close()
+            try:
+                response, _ = sender._queue.get_nowait()
+            except queue.Empty:
+                pass
+        if response is None:
+            raise self._failure("the execute function returned None and sent no response")
+        return response
+
+    def _stream(
+        self, sender: pb.InferenceResponseSender, outputs: tuple[str, ...], cancelled: Callable[[], bool]
+    ) -> Iterator[dict[str, object]]:
+        """A decoupled request's responses, as its sender is given them, until the final flag or
+        until its client goes (then later sends are refused: the sender is closed)."""
+        try:
+            while True:
+                try:
+                    response, flags = sender._queue.get(timeout=_POLL_S)
+                except queue.Empty:
+                    if cancelled():
+                        return
+                    continue
+                if response is not None:
+                    yield self._select(self._outputs(response), outputs)
+                if flags & pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+                    return
+        finally:
+            sender._close()
+
+    def _outputs(self, response: pb.InferenceResponse) -> dict[str, object]:
+        error = response.error()
+        if error is not None:
+            raise pb.ResponseError(error.http_status(), error.message())
+        return {t._name: t._array for t in response._outputs}
+
+    def _failure(self, message: str) -> pb.ResponseError:
+        return pb.ResponseError(
+            500, f"Failed to process the request(s) for model '{self._instance_name}', message: {message}"
+        )
+
+
+def load(
+    name: str, version: int, path: Path, module: Any, config: ModelConfig | None, in_processes: bool
+) -> TritonModel:
+    """A TritonPythonModel model.py as a served version: auto-completes its config, then makes
+    and initializes its instances here, or describes them to worker processes (`in_processes`)."""
+    raw = dict(config.raw) if config is not None else {}
+    raw.setdefault("name", name)
+    raw.setdefault("max_batch_size", 0)
+    raw.setdefault("input", [])
+    raw.setdefault("output", [])
+    completed = auto_complete(getattr(module, CLASS), raw)
+    try:
+        final = ModelConfig.from_dict(completed, f"{path} (auto_complete_config)")
+    except ConfigError as e:
+        raise _LoadError(str(e)) from None
+    if not final.inputs and not final.outputs:
+        raise _LoadError(
+            f"{name}: no inputs or outputs declared: add input/output to config.pbtxt or "
+            f"add them in {CLASS}.auto_complete_config"
+        )
+    batch = [-1] if final.max_batch_size > 0 else []
+    policy = completed.get("model_transaction_policy")
+    try:
+        model = TritonModel(
+            name,
+            Instances([]),
+            inputs=[Tensor(t.name, t.datatype, [*batch, *t.dims]) for t in final.inputs],
+            outputs=[Tensor(t.name, t.datatype, [*batch, *t.dims]) for t in final.outputs],
+            max_batch_size=final.max_batch_size,
+            version=version,
+            instances=final.instances,
+            platform=final.platform or final.backend or "python",
+            dynamic_batching=final.dynamic_batching if "dynamic_batching" in completed else None,
+            decoupled=bool(policy.get("decoupled")) if isinstance(policy, dict) else False,
+            processes=False,
+        )
+    except (TypeError, ValueError) as e:
+        raise _LoadError(f"{path}: {e}") from None
+    full = triton_config.complete(name, triton_config.normalize(completed, str(path)), model, backend="python")
+    config_json = json.dumps(triton_config.to_json(full), separators=(",", ":"))
+    names = [(f"{g['name']}_{k}", g["kind"].removeprefix("KIND_")) for g in full["instance_group"] for k in range(g["count"])]
+
+    def args(instance: str, kind: str) -> dict[str, str]:
+        return {
+            "model_config": config_json,
+            "model_instance_kind": kind,
+            "model_instance_name": instance,
+            "model_instance_device_id": "0",
+            "model_repository": str(path.parent.parent),
+            "model_version": str(version),
+            "model_name": name,
+        }
+
+    model.bind(names[0][0])
+    if in_processes:  # each worker makes its own instance (the first group's name for all)
+        recipe = TritonFile(str(path), CLASS, name, version, tuple(args(*names[0]).items()), triton_metrics.listen())
+        bind_file(model, recipe)
+        return model
+    instances = Instances([make_instance(module, args(*n)) for n in names])
+    object.__setattr__(model, "fn", instances)
+    object.__setattr__(model, "_source", instances)
+    weakref.finalize(model, instances.finalize)  # at unload, once the last request is answered
+    return model

@@ -1,0 +1,616 @@
+"""``triton_python_backend_utils`` as a Triton Python-backend model.py imports it (``import
+triton_python_backend_utils as pb_utils``): the public surface of Triton's python_backend, written
+for openinfer. `model_file.import_model_file` puts this module in sys.modules under that name before
+it runs a model.py, so no Triton install is needed. The adapter that calls a `TritonPythonModel`
+with these objects is `triton_model`.
+
+The objects are thin views: an input `Tensor` holds the read-only numpy array that views the
+request's memory (the Python backend's own zero-copy rule); a response's tensors are handed to the
+server as they are and converted to the declared datatypes there. Names, signatures and error texts
+follow Triton's (python_backend src/pb_stub.cc, src/response_sender.cc and
+src/resources/triton_python_backend_utils.py); the code is openinfer's own.
+
+What differs: BF16 tensors reach ``as_numpy()`` as uint16 bit patterns, as in openinfer's own
+Python models (Triton refuses ``as_numpy()`` on them), and a BF16 output may be given as such bits,
+as an ``ml_dtypes.bfloat16`` array or through ``from_dlpack`` of a torch bfloat16 tensor.
+``InferenceRequest(...).exec()`` (BLS) is not served yet and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import struct
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from ..model import datatype_of, numpy_dtype
+
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+
+_logger = logging.getLogger("openinfer")
+
+# Triton's config datatype names and the numpy types pb_utils gives for them (TYPE_STRING: object
+# arrays of bytes). Its TYPE_* enum numbers (model_config.proto) are the list index + 1.
+_TRITON_TYPES = (
+    ("TYPE_BOOL", np.bool_), ("TYPE_UINT8", np.uint8), ("TYPE_UINT16", np.uint16),
+    ("TYPE_UINT32", np.uint32), ("TYPE_UINT64", np.uint64), ("TYPE_INT8", np.int8),
+    ("TYPE_INT16", np.int16), ("TYPE_INT32", np.int32), ("TYPE_INT64", np.int64),
+    ("TYPE_FP16", np.float16), ("TYPE_FP32", np.float32), ("TYPE_FP64", np.float64),
+    ("TYPE_STRING", np.object_),
+)  # fmt: skip
+TRITON_STRING_TO_NUMPY: dict[str, Any] = {name: t for name, t in _TRITON_TYPES}
+TRITON_STRING_TO_NUMPY["TYPE_BOOL"] = bool
+
+
+class TritonModelException(Exception):
+    """What Triton raises into a model for a misuse of pb_utils (a send after the final flag, ...)."""
+
+
+class TritonError:
+    """An error a model attaches to an `InferenceResponse` (or passes to the sender). `code`
+    chooses the status the client gets, as Triton maps it: INVALID_ARG 400, NOT_FOUND 404,
+    ALREADY_EXISTS 409, UNSUPPORTED 501, UNAVAILABLE 503, every other code 500."""
+
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+
+    _HTTP = {NOT_FOUND: 404, INVALID_ARG: 400, UNAVAILABLE: 503, UNSUPPORTED: 501, ALREADY_EXISTS: 409}
+
+    def __init__(self, message: str, code: int = INTERNAL) -> None:
+        self._message = str(message)
+        self._code = int(code)
+
+    def message(self) -> str:
+        return self._message
+
+    def code(self) -> int:
+        return self._code
+
+    def http_status(self) -> int:
+        return self._HTTP.get(self._code, 500)
+
+    def __repr__(self) -> str:
+        return f"TritonError({self._message!r}, code={self._code})"
+
+
+def serialize_byte_tensor(input_tensor: np.ndarray) -> Any:
+    """The elements of an object or bytes array, each as a 4-byte little-endian length and its
+    bytes, in C order; () for an empty array, None for other dtypes (as Triton's)."""
+    if input_tensor.size == 0:
+        return ()
+    if input_tensor.dtype != np.object_ and input_tensor.dtype.type != np.bytes_:
+        return None
+    parts = []
+    for item in np.asarray(input_tensor).ravel(order="C"):
+        data = item if isinstance(item, bytes) else str(item).encode("utf-8")
+        parts += [struct.pack("<I", len(data)), data]
+    return b"".join(parts)
+
+
+def deserialize_bytes_tensor(encoded_tensor: bytes) -> np.ndarray:
+    """The inverse of `serialize_byte_tensor`: a 1-D object array of bytes."""
+    items, offset, view = [], 0, memoryview(encoded_tensor)
+    while offset < len(view):
+        (length,) = struct.unpack_from("<I", view, offset)
+        offset += 4
+        items.append(bytes(view[offset : offset + length]))
+        offset += length
+    return np.array(items, dtype=np.object_)
+
+
+def triton_string_to_numpy(triton_type_string: str) -> Any:
+    return TRITON_STRING_TO_NUMPY[triton_type_string]
+
+
+def triton_to_numpy_type(data_type: int) -> Any:
+    if data_type == 1:
+        return np.bool_
+    if 1 < data_type <= len(_TRITON_TYPES):
+        return _TRITON_TYPES[data_type - 1][1]
+    return None
+
+
+def numpy_to_triton_type(data_type: Any) -> int | None:
+    if data_type == np.bytes_:
+        return len(_TRITON_TYPES)
+    for i, (_, t) in enumerate(_TRITON_TYPES):
+        if data_type == t:
+            return i + 1
+    return None
+
+
+def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
+    for tensor in inference_request.inputs():
+        if tensor._name == name:
+            return tensor
+    return None
+
+
+def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) -> Tensor | None:
+    for tensor in inference_response.output_tensors():
+        if tensor._name == name:
+            return tensor
+    return None
+
+
+def get_input_config_by_name(model_config: Mapping[str, Any], name: str) -> dict[str, Any] | None:
+    return next((t for t in model_config.get("input", []) if t["name"] == name), None)
+
+
+def get_output_config_by_name(model_config: Mapping[str, Any], name: str) -> dict[str, Any] | None:
+    return next((t for t in model_config.get("output", []) if t["name"] == name), None)
+
+
+def using_decoupled_model_transaction_policy(model_config: Mapping[str, Any]) -> bool:
+    policy = model_config.get("model_transaction_policy")
+    return bool(policy.get("decoupled", False)) if isinstance(policy, Mapping) else False
+
+
+# numpy dtype -> V2 datatype, filled as outputs are made (datatype_of per tensor costs more).
+_DATATYPES: dict[Any, str] = {}
+
+
+class Tensor:
+    """A named tensor: an input of a request (a read-only view of its memory) or an output a
+    model makes, ``Tensor(name, numpy_array)``."""
+
+    __slots__ = ("_name", "_array", "_datatype")
+
+    def __init__(self, name: str, data: Any, *, _datatype: str | None = None) -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"Tensor name must be a str, got {type(name).__name__}")
+        if not isinstance(data, np.ndarray):
+            raise TypeError(
+                f"Tensor '{name}': expected a numpy array, got {type(data).__name__} "
+                "(use Tensor.from_dlpack for a DLPack tensor)"
+            )
+        if _datatype is None:
+            _datatype = _DATATYPES.get(data.dtype)
+            if _datatype is None:
+                try:
+                    _datatype = _DATATYPES[data.dtype] = datatype_of(data.dtype)
+                except ValueError:
+                    raise TypeError(f"Tensor '{name}': numpy dtype {data.dtype} has no Triton datatype") from None
+        self._name, self._array, self._datatype = name, data, _datatype
+
+    @classmethod
+    def _view(cls, name: str, array: np.ndarray, datatype: str) -> Tensor:
+        """An input of a request: the server's read-only array, its datatype known."""
+        tensor = object.__new__(cls)
+        tensor._name, tensor._array, tensor._datatype = name, array, datatype
+        return tensor
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        """The tensor's values (an input: a read-only view of the request; BF16: uint16 bits)."""
+        return self._array
+
+    def triton_dtype(self) -> int:
+        if self._datatype == "BF16":
+            return 14
+        return numpy_to_triton_type(numpy_dtype(self._datatype).type) or 0
+
+    def shape(self) -> list[int]:
+        return list(self._array.shape)
+
+    def is_cpu(self) -> bool:
+        return True
+
+    def to_dlpack(self) -> Any:
+        """A DLPack capsule viewing the tensor (BF16 as uint16 bits; BYTES has none, as in Triton)."""
+        if self._datatype == "BYTES":
+            raise TritonModelException(f"Tensor '{self._name}': a BYTES tensor cannot be exported to DLPack")
+        return self._array.__dlpack__()
+
+    def __dlpack__(self, stream: Any = None) -> Any:
+        return self.to_dlpack()
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)  # kDLCPU
+
+    @staticmethod
+    def from_dlpack(name: str, capsule: Any) -> Tensor:
+        """A tensor from a DLPack capsule or an object with ``__dlpack__`` (a torch tensor, say);
+        a torch bfloat16 tensor becomes a BF16 tensor of its bits."""
+        if str(getattr(capsule, "dtype", "")) == "torch.bfloat16":
+            import torch  # noqa: PLC0415 - only for the one dtype numpy cannot hold
+
+            return Tensor(name, capsule.detach().cpu().view(torch.int16).numpy().view(np.uint16), _datatype="BF16")
+        if not (hasattr(capsule, "__dlpack__") or type(capsule).__name__ == "PyCapsule"):
+            raise TritonModelException(
+                "Provided tensor is not supported. Tensor must be a DLPack capsule "
+                "or have `__dlpack__` and `__dlpack_device__` attributes"
+            )
+        try:
+            array = np.from_dlpack(capsule) if hasattr(capsule, "__dlpack__") else np.from_dlpack(_Capsule(capsule))
+        except (BufferError, TypeError, RuntimeError) as e:
+            raise TritonModelException(f"Tensor '{name}': {e}") from None
+        return Tensor(name, array)
+
+    def __repr__(self) -> str:
+        return f"pb_utils.Tensor({self._name!r}, {self._datatype}, shape={list(self._array.shape)})"
+
+
+class _Capsule:
+    """A bare DLPack capsule dressed as the object numpy's from_dlpack takes."""
+
+    def __init__(self, capsule: Any) -> None:
+        self._capsule = capsule
+
+    def __dlpack__(self, stream: Any = None, **_: Any) -> Any:
+        return self._capsule
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)
+
+
+class InferenceResponse:
+    """One response: its output tensors, or an error."""
+
+    __slots__ = ("_outputs", "_error", "_parameters")
+
+    def __init__(
+        self,
+        output_tensors: Iterable[Tensor] | None = None,
+        error: TritonError | None = None,
+        parameters: Mapping[str, Any] | str | None = None,
+    ) -> None:
+        outputs = list(output_tensors) if output_tensors else []
+        for t in outputs:
+            if type(t) is not Tensor and not isinstance(t, Tensor):
+                raise TypeError(f"InferenceResponse output_tensors must hold pb_utils.Tensor, got {type(t).__name__}")
+        if error is not None and not isinstance(error, TritonError):
+            raise TypeError(f"InferenceResponse error must be a pb_utils.TritonError, got {type(error).__name__}")
+        self._outputs, self._error = outputs, error
+        self._parameters = parameters
+
+    def output_tensors(self) -> list[Tensor]:
+        return self._outputs
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+    def parameters(self) -> str:
+        given = self._parameters
+        return given if isinstance(given, str) else json.dumps(dict(given or {}))
+
+
+class ResponseError(Exception):
+    """A response's error as the client gets it: `status` (an HTTP code) and `message`; the
+    server's Python backend sends `message` as it is (see python_backend.c)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+class InferenceResponseSender:
+    """A request's response sender: the responses it is given go to the client in order, through
+    the stream the adapter drains (`triton_model`), from execute or from any thread after it."""
+
+    def __init__(self, decoupled: bool, cancelled: Callable[[], bool]) -> None:
+        self._decoupled = decoupled
+        self._cancelled = cancelled
+        self._queue: queue.SimpleQueue[tuple[InferenceResponse | None, int]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._sent = 0
+        self._closed = False
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException("Unable to send response. Unsupported flag provided.")
+        if flags == 0 and response is None:
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is set to zero."
+            )
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TypeError(f"send() takes a pb_utils.InferenceResponse, got {type(response).__name__}")
+        with self._lock:
+            if self._closed:
+                raise TritonModelException("Unable to send response. Response sender has been closed.")
+            if not self._decoupled:
+                if self._sent and response is not None:
+                    raise TritonModelException(
+                        "Unable to send response. Non-decoupled model cannot send more than one response."
+                    )
+                if flags and response is None and not self._sent:
+                    raise TritonModelException(
+                        "Unable to send response. Non-decoupled model cannot send complete final before "
+                        "sending a response."
+                    )
+            self._sent += response is not None
+            self._closed = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
+            self._queue.put((response, flags))
+
+    def is_cancelled(self) -> bool:
+        return self._cancelled()
+
+    def _close(self) -> None:
+        """The request has ended (its client went, or the model failed): later sends are refused."""
+        with self._lock:
+            self._closed = True
+
+
+class InferenceRequest:
+    """A request as `TritonPythonModel.execute` sees it. Built by the server for each request it
+    hands to a model (`_served`: no copy, its parameters decoded and its sender made only when
+    asked for); constructing one in a model (BLS) is accepted, but `exec` and `async_exec` are
+    not served yet."""
+
+    __slots__ = ("_model_name", "_inputs", "_requested", "_request_id", "_correlation_id", "_flags", "_timeout",
+                 "_model_version", "_parameters", "_cancelled", "_sender", "_decoupled", "_release_flags")  # fmt: skip
+
+    def __init__(
+        self,
+        model_name: str = "",
+        inputs: Iterable[Tensor] = (),
+        requested_output_names: Iterable[str] = (),
+        request_id: str = "",
+        correlation_id: int | str = 0,
+        flags: int = 0,
+        timeout: int = 0,
+        model_version: int = -1,
+        parameters: Mapping[str, Any] | str | None = None,
+        **_: Any,
+    ) -> None:
+        self._model_name = model_name
+        self._inputs = list(inputs)
+        self._requested = list(requested_output_names)
+        self._request_id = request_id
+        self._correlation_id = correlation_id
+        self._flags = flags
+        self._timeout = timeout
+        self._model_version = model_version
+        self._parameters = parameters if isinstance(parameters, str) else json.dumps(dict(parameters or {}))
+        self._cancelled: Callable[[], bool] = _never
+        self._sender: InferenceResponseSender | None = None
+        self._decoupled: bool | None = None  # None: a request made by a model, which has no sender
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+
+    @classmethod
+    def _served(
+        cls,
+        model_name: str,
+        inputs: Mapping[str, np.ndarray],
+        datatypes: Mapping[str, str],
+        requested: tuple[str, ...],
+        parameters: bytes | None,
+        cancelled: Callable[[], bool],
+        decoupled: bool,
+    ) -> InferenceRequest:
+        """The request the server hands to execute: `inputs` as Tensors viewing its memory,
+        `parameters` the request's JSON (None: none)."""
+        request = object.__new__(cls)
+        view = Tensor._view
+        request._model_name = model_name
+        request._inputs = [view(name, array, datatypes[name]) for name, array in inputs.items()]
+        request._requested = list(requested)
+        request._request_id = ""
+        request._correlation_id = 0
+        request._flags = 0
+        request._timeout = 0
+        request._model_version = -1
+        request._parameters = "{}"
+        request._cancelled = cancelled
+        request._sender = None
+        request._decoupled = decoupled
+        request._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        if parameters:
+            request._take_parameters(json.loads(parameters))
+        return request
+
+    def _take_parameters(self, params: dict[str, Any]) -> None:
+        """Sequence and timeout parameters become the request's fields, as Triton's frontend
+        takes them; the rest is parameters(). The transport's own (binary data) are dropped."""
+        params.pop("binary_data_output", None)
+        self._correlation_id = params.pop("sequence_id", 0)
+        start, end = params.pop("sequence_start", False), params.pop("sequence_end", False)
+        self._flags = (TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if start else 0) | (
+            TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if end else 0
+        )
+        timeout = params.pop("timeout", 0)
+        self._timeout = timeout if isinstance(timeout, int) else 0
+        self._parameters = json.dumps(params)
+
+    def inputs(self) -> list[Tensor]:
+        return self._inputs
+
+    def requested_output_names(self) -> list[str]:
+        return self._requested
+
+    def request_id(self) -> str:
+        return self._request_id
+
+    def correlation_id(self) -> int | str:
+        return self._correlation_id
+
+    def flags(self) -> int:
+        return self._flags
+
+    def set_flags(self, flags: int) -> None:
+        self._flags = flags
+
+    def timeout(self) -> int:
+        return self._timeout
+
+    def parameters(self) -> str:
+        return self._parameters
+
+    def model_name(self) -> str:
+        return self._model_name
+
+    def is_cancelled(self) -> bool:
+        return self._cancelled()
+
+    def get_response_sender(self) -> InferenceResponseSender:
+        if self._sender is None:
+            if self._decoupled is None:
+                raise TritonModelException("a request made by a model has no response sender")
+            self._sender = InferenceResponseSender(self._decoupled, self._cancelled)
+        return self._sender
+
+    def set_release_flags(self, flags: int) -> None:
+        if flags == TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+            raise TritonModelException("request rescheduling is not supported by openinfer yet")
+        self._release_flags = flags
+
+    def exec(self, decoupled: bool = False, trace: Any = None) -> Any:
+        raise TritonModelException("BLS (InferenceRequest.exec) is not supported by openinfer yet")
+
+    async def async_exec(self, decoupled: bool = False, trace: Any = None) -> Any:
+        raise TritonModelException("BLS (InferenceRequest.async_exec) is not supported by openinfer yet")
+
+
+def _never() -> bool:
+    return False
+
+
+class Logger:
+    """Triton's model logger: lines go to the server's log ("openinfer" logger)."""
+
+    class LogLevel:
+        INFO = 0
+        WARNING = 1
+        ERROR = 2
+        VERBOSE = 3
+
+    _LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
+
+    @staticmethod
+    def log(message: str, level: int = 0) -> None:
+        _logger.log(Logger._LEVELS.get(int(level), logging.INFO), "%s", message)
+
+    @staticmethod
+    def log_info(message: str) -> None:
+        _logger.info("%s", message)
+
+    @staticmethod
+    def log_warn(message: str) -> None:
+        _logger.warning("%s", message)
+
+    @staticmethod
+    def log_error(message: str) -> None:
+        _logger.error("%s", message)
+
+    @staticmethod
+    def log_verbose(message: str) -> None:
+        _logger.debug("%s", message)
+
+
+class ModelConfig:
+    """The configuration `auto_complete_config` may complete: max_batch_size, inputs, outputs,
+    dynamic batching and the transaction policy, checked as Triton checks them."""
+
+    def __init__(self, model_config: str | Mapping[str, Any]) -> None:
+        self._model_config = json.loads(model_config) if isinstance(model_config, str) else dict(model_config)
+
+    def as_dict(self) -> dict[str, Any]:
+        return self._model_config
+
+    def _name(self) -> str:
+        return str(self._model_config.get("name", ""))
+
+    def set_max_batch_size(self, max_batch_size: int) -> None:
+        current = self._model_config.get("max_batch_size", 0)
+        if current > max_batch_size:
+            raise ValueError(
+                f"configuration specified max_batch_size {current}, but in auto-complete-config function "
+                f"for model '{self._name()}' specified max_batch_size {max_batch_size}"
+            )
+        self._model_config["max_batch_size"] = max_batch_size
+
+    def set_dynamic_batching(self) -> None:
+        for scheduler in ("sequence_batching", "ensemble_scheduling"):
+            if scheduler in self._model_config:
+                raise ValueError(
+                    f"Configuration specified scheduling_choice as '{scheduler}', but auto-complete-config "
+                    f"function for model '{self._name()}' tries to set scheduling_choice as 'dynamic_batching'"
+                )
+        self._model_config.setdefault("dynamic_batching", {})
+
+    def add_input(self, input: Mapping[str, Any]) -> None:  # noqa: A002 - Triton's name
+        self._add("input", input, ("name", "data_type", "dims", "optional"))
+
+    def add_output(self, output: Mapping[str, Any]) -> None:
+        self._add("output", output, ("name", "data_type", "dims"))
+
+    def _add(self, kind: str, tensor: Mapping[str, Any], valid: tuple[str, ...]) -> None:
+        name, model = tensor.get("name", ""), self._name()
+        for key in tensor:
+            if key not in valid:
+                listed = ", ".join(f"'{v}'" for v in valid[:-1]) + f" and '{valid[-1]}'"
+                raise ValueError(
+                    f"{kind} '{name}' in auto-complete-config function for model '{model}' contains "
+                    f"property other than {listed}."
+                )
+        for key in ("name", "data_type", "dims"):
+            if key not in tensor:
+                who = f"{kind} '{name}' in" if key != "name" else f"{kind} in"
+                raise ValueError(f"{who} auto-complete-config function for model '{model}' is missing '{key}' property.")
+        existing = self._model_config.setdefault(kind, [])
+        for current in existing:
+            if current["name"] != name:
+                continue
+            if current.get("data_type", "TYPE_INVALID") not in ("TYPE_INVALID", tensor["data_type"]):
+                raise ValueError(
+                    f"unable to load model '{model}', configuration expects datatype {current['data_type']} "
+                    f"for {kind} '{name}', model provides {tensor['data_type']}"
+                )
+            if current.get("dims") and list(current["dims"]) != list(tensor["dims"]):
+                raise ValueError(
+                    f"model '{model}', tensor '{name}': the model expects dims {list(tensor['dims'])} but the "
+                    f"model configuration specifies dims {list(current['dims'])}"
+                )
+            current.update(tensor)
+            return
+        existing.append(dict(tensor))
+
+    def set_model_transaction_policy(self, transaction_policy_dict: Mapping[str, Any]) -> None:
+        for key in transaction_policy_dict:
+            if key != "decoupled":
+                raise ValueError(
+                    f"model transaction property in auto-complete-config function for model '{self._name()}' "
+                    "contains property other than 'decoupled'"
+                )
+        current = self._model_config.get("model_transaction_policy", {})
+        wanted = bool(transaction_policy_dict.get("decoupled", False))
+        if "decoupled" in current and bool(current["decoupled"]) != wanted:
+            raise ValueError(
+                f"trying to change decoupled property in auto-complete-config for model '{self._name()}', "
+                f"which is initially set to '{current['decoupled']}'."
+            )
+        self._model_config["model_transaction_policy"] = {"decoupled": wanted}
+
+
+from .triton_metrics import Metric, MetricFamily  # noqa: E402 - the metrics' own module, re-exported
+
+__all__ = [
+    "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END", "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START",
+    "TRITONSERVER_REQUEST_RELEASE_ALL", "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE",
+    "TRITONSERVER_RESPONSE_COMPLETE_FINAL", "TRITON_STRING_TO_NUMPY", "InferenceRequest",
+    "InferenceResponse", "InferenceResponseSender", "Logger", "Metric", "MetricFamily", "ModelConfig",
+    "Tensor", "TritonError", "TritonModelException", "deserialize_bytes_tensor", "get_input_config_by_name",
+    "get_input_tensor_by_name", "get_output_config_by_name", "get_output_tensor_by_name",
+    "numpy_to_triton_type", "serialize_byte_tensor", "triton_string_to_numpy", "triton_to_numpy_type",
+    "using_decoupled_model_transaction_policy",
+]
