@@ -1111,7 +1111,7 @@ static oi_io_spec_t *with_sequence_tensors(PyObject *sequence, const oi_io_spec_
 /* add_model's ensemble: a sequence of steps (model_name, model_version, input_map, output_map),
  * each map a sequence of (model tensor, ensemble tensor) pairs, as python/openinfer/ensemble.py
  * checked them. Returns the ensemble's backend state, or NULL with an exception set. */
-static oi_ensemble_t *make_ensemble(oi_server_t *s, const char *name, PyObject *ensemble)
+static oi_ensemble_t *make_ensemble(oi_server_t *s, const oi_model_t *self, PyObject *ensemble)
 {
     oi_ensemble_t *e = NULL;
     PyObject *steps = PySequence_Fast(ensemble, "ensemble must be a sequence of steps");
@@ -1158,7 +1158,7 @@ static oi_ensemble_t *make_ensemble(oi_server_t *s, const char *name, PyObject *
                                   &p->ensemble_tensor))
                 goto done;
     }
-    e = oi_ensemble_new(oi_server_registry(s), name, oi_server_counts_statistics(s), specs, (uint32_t)n);
+    e = oi_ensemble_new(oi_server_registry(s), self, oi_server_counts_statistics(s), specs, (uint32_t)n);
     if (e == NULL)
         PyErr_NoMemory();
 done:
@@ -1441,7 +1441,7 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
                          name);
             goto done;
         }
-        if ((m->state = make_ensemble(s, name, ensemble)) == NULL)
+        if ((m->state = make_ensemble(s, m, ensemble)) == NULL)
             goto done;
         m->backend = &oi_ensemble_backend;
         if (start_executors(self, m, OI_ENSEMBLE_EXECUTORS, NULL) != 0)
