@@ -57,6 +57,7 @@ typedef struct oi_io_spec_s {
     oi_dtype_t dtype;
     int ndim;
     int64_t dims[OI_MAX_DIMS];
+    uint8_t optional; /* an input a request may leave out (Triton's `optional: true`) */
 } oi_io_spec_t;
 
 /* Triton's sequence parameters of a request ("sequence_id", "sequence_start",

@@ -133,6 +133,10 @@ oi_ensemble_t *oi_ensemble_new(oi_registry_t *reg, const oi_model_t *self, int c
 
 typedef struct run_s run_t;
 
+/* run_t.have of an optional ensemble input the request left out: the steps that read it are
+ * sent without it, as Triton's ensemble scheduler sends them. */
+#define ABSENT 2
+
 /* A step of one request. Its job goes to the step model's scheduler; the run owns it. */
 typedef struct {
     oi_job_t job; /* first: the scheduler hands back &job */
@@ -154,7 +158,7 @@ struct run_s {
     oi_tensor_t *vals; /* per ensemble tensor, once produced: a reference to its bytes */
     int64_t *batch;    /* per ensemble tensor: the batch size of the request that made it, 0
                         * when that model (or the ensemble) does not batch */
-    uint8_t *have;
+    uint8_t *have;     /* per ensemble tensor: 1 made, ABSENT an optional input not sent */
     step_run_t *steps;
     int inflight;     /* steps sent and not done, plus callers still sending */
     oi_status_t *err; /* the first failure; no step is sent after it */
@@ -321,6 +325,8 @@ static oi_status_t *send_step(run_t *run, step_run_t *s)
         return oi_status_new(OI_INTERNAL, "out of memory");
     /* No lock: a tensor once produced is not written again until the run ends. */
     for (uint32_t i = 0; i < def->n_inputs; i++) {
+        if (run->have[def->inputs[i].tensor] == ABSENT)
+            continue;
         oi_tensor_t *t = &r->inputs[r->n_inputs++];
         *t = run->vals[def->inputs[i].tensor];
         t->name = def->inputs[i].model_tensor;
@@ -429,7 +435,7 @@ static void run_clear(run_t *run)
             oi_model_unref(s->model);
     }
     for (uint32_t i = 0; run->vals != NULL && i < run->e->n_tensors; i++)
-        if (run->have[i])
+        if (run->have[i] == 1)
             oi_tensor_clear(&run->vals[i]);
     free(run->steps);
     free(run->vals);
@@ -477,6 +483,11 @@ static oi_status_t *ensemble_execute(void *state, const oi_request_t *req, const
         run.vals[t].owner = oi_buf_ref(run.vals[t].owner);
         run.batch[t] = batch_of(e->self, req);
         run.have[t] = 1;
+    }
+    for (uint32_t i = 0; i < e->self->n_inputs; i++) {
+        int t = tensor_index(e, e->self->inputs[i].name);
+        if (t >= 0 && !run.have[t] && e->self->inputs[i].optional)
+            run.have[t] = ABSENT;
     }
     pthread_mutex_lock(&run.mu);
     uint32_t first = pick_ready(&run);

@@ -195,7 +195,7 @@ def _ensemble(name: str, version: int, config: ModelConfig, steps: tuple[ensembl
     return ensemble.EnsembleModel(
         name,
         version,
-        tuple(Tensor(t.name, t.datatype, [*batch, *t.dims]) for t in config.inputs),
+        tuple(Tensor(t.name, t.datatype, [*batch, *t.dims], optional=t.optional) for t in config.inputs),
         tuple(Tensor(t.name, t.datatype, [*batch, *t.dims]) for t in config.outputs),
         config.max_batch_size,
         steps,
@@ -339,7 +339,7 @@ def _load_python(name: str, version: int, path: Path, config: ModelConfig | None
     try:
         if config and (config.inputs or config.outputs):
             batch = [-1] if config.max_batch_size > 0 else []
-            inputs = [Tensor(t.name, t.datatype, [*batch, *t.dims]) for t in config.inputs]
+            inputs = [Tensor(t.name, t.datatype, [*batch, *t.dims], optional=t.optional) for t in config.inputs]
             outputs = [Tensor(t.name, t.datatype, [*batch, *t.dims]) for t in config.outputs]
             max_batch_size = config.max_batch_size
         elif hasattr(module, "INPUTS") or hasattr(module, "OUTPUTS"):
