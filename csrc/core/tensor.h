@@ -158,4 +158,17 @@ oi_status_t *oi_request_check_unique(const oi_request_t *r, const char *kind);
  * "<kind> '<name>'" ("input 'X'"). Returns NULL or a 400 status. */
 oi_status_t *oi_tensor_check_size(const oi_tensor_t *t, const char *kind, const char *name);
 
+/* As oi_tensor_check_size for a request's input as it is decoded, except that BYTES inputs
+ * pass: their elements are checked once the model is known (oi_tensor_check_bytes), so that
+ * the errors name it as Triton's do. */
+oi_status_t *oi_tensor_check_input(const oi_tensor_t *t, const char *kind, const char *name);
+
+/* Checks a BYTES input's elements as Triton's core does (InferenceRequest::ValidateBytesInputs),
+ * with its words, naming the input, `model` and the request (`id`, NULL or "" when it has
+ * none): "expected 3 string elements for inference input 'X' for model 'm', got 2",
+ * "unexpected number of string elements 4 for inference input 'X' for model 'm', expecting 3",
+ * "incomplete string length indicator ...". An element longer than the bytes left, which
+ * Triton lets through, is refused too. Returns NULL or a 400 status. */
+oi_status_t *oi_tensor_check_bytes(const oi_tensor_t *t, const char *model, const char *id, size_t id_len);
+
 #endif

@@ -131,6 +131,11 @@ oi_status_t *oi_validate_request(const oi_model_t *m, const oi_request_t *req, c
             return oi_status_new(OI_BAD_REQUEST, "input '%s': expected shape %s, got %s", t->name,
                                  oi_shape_format(s->dims, s->ndim, want, sizeof(want)),
                                  oi_shape_format(t->shape, t->ndim, got, sizeof(got)));
+        if (t->dtype == OI_TYPE_BYTES) {
+            oi_status_t *st = oi_tensor_check_bytes(t, m->name, req->id, req->id_len);
+            if (st != NULL)
+                return st;
+        }
         if (m->max_batch_size > 0 && (t->shape[0] < 1 || t->shape[0] > m->max_batch_size))
             return oi_status_new(OI_BAD_REQUEST, "input '%s': batch size (first dimension) must be 1 to %d, got %lld",
                                  t->name, m->max_batch_size, (long long)t->shape[0]);
