@@ -1424,8 +1424,12 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         if (!PyArg_ParseTuple(identity, "KK;identity is (execute_delay_ms, instance_wise_delay_multiplier)", &delay_ms,
                               &multiplier))
             goto done;
-        if (sequence != Py_None) {
-            PyErr_Format(PyExc_ValueError, "model '%s': the identity backend takes no sequence batcher", name);
+        /* A sequence batcher's controls reach it as extra inputs, which it leaves alone; it has
+         * no output to carry an implicit state in. */
+        if (sequence != Py_None && (!PyTuple_Check(sequence) || PyTuple_GET_SIZE(sequence) != 5 ||
+                                    !PyList_Check(PyTuple_GET_ITEM(sequence, 3)) ||
+                                    PyList_GET_SIZE(PyTuple_GET_ITEM(sequence, 3)) > 0)) {
+            PyErr_Format(PyExc_ValueError, "model '%s': the identity backend takes no implicit state", name);
             goto done;
         }
         m->state = oi_identity_backend_state(name, max_batch, m->inputs, m->n_inputs, m->outputs, m->n_outputs,

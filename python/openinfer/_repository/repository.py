@@ -229,8 +229,8 @@ def _load_version(
     """Dispatches on the backend the config names, else on the model file present."""
     backend = (config.backend or config.platform) if config else None
     if backend == IDENTITY_BACKEND:
-        if sequence is not None:
-            raise _LoadError("the identity backend takes no sequence_batching")
+        if sequence is not None and sequence.states:  # it has no output to carry a state in
+            raise _LoadError("the identity backend takes no implicit state (sequence_batching.state)")
         try:
             return load_identity(name, version, version_dir, config)
         except IdentityLoadError as e:
