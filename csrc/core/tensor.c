@@ -175,7 +175,8 @@ oi_status_t *oi_tensor_check_bytes(const oi_tensor_t *t, const char *model, cons
     }
     if (seen != count)
         return oi_status_new(OI_BAD_REQUEST,
-                             "%s expected %" PRId64 " string elements for inference input '%s' for model '%s', got %" PRId64,
+                             "%s expected %" PRId64 " string elements for inference input '%s' for model '%s', "
+                             "got %" PRId64,
                              who, count, t->name, model, seen);
     return NULL;
 }
