@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +20,7 @@ import pytest
 import tritonclient.grpc as tgrpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from conftest import START_AND_SUM_STATE, encode_request, infer_body
-from test_cancellation import BOUND, read_response, settle
+from test_cancellation import BOUND, failures, read_response, settle
 
 import openinfer
 
@@ -223,7 +224,8 @@ def test_grpc_cancel_of_a_queued_request_answers_the_sequence_cancelled(served: 
     """Triton's L0_request_cancellation (scheduler_test.py, _test_sequence_batch_scheduler_
     queued_request_cancellation), Oldest and Direct alike: of two requests queued behind a
     running one of their sequence, the client cancels the first (tritonclient's future.cancel());
-    the second is answered CANCELLED, and the sequence is over."""
+    the second is answered CANCELLED, both count as failures of reason CANCELED, and the
+    sequence is over."""
     client = tgrpc.InferenceServerClient(f"127.0.0.1:{served.grpc_port}")
     answers: list[dict[str, Any]] = [{"done": threading.Event()} for _ in range(3)]
 
@@ -250,6 +252,11 @@ def test_grpc_cancel_of_a_queued_request_answers_the_sequence_cancelled(served: 
         assert answers[2]["result"] is None and error is not None
         assert (error.status(), error.message()) == ("StatusCode.CANCELLED", "the sequence was cancelled")
         assert answers[1]["done"].wait(BOUND) and answers[1]["error"].status() == "StatusCode.CANCELLED"
+        # Both count as cancelled failures, as Triton's test expects of Direct (its metric +2).
+        deadline = time.monotonic() + BOUND
+        while failures(served) != {"CANCELED": 2} and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert failures(served) == {"CANCELED": 2}
         gate.gate.set()
         assert answers[0]["done"].wait(BOUND) and answers[0]["error"] is None
     finally:
