@@ -416,8 +416,8 @@ static PyObject *Server_set_metadata(ServerObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-/* Parses a sequence of (name, datatype, shape) into specs; names point into the tuples'
- * strings, valid while `seq` lives. */
+/* Parses a sequence of (name, datatype, shape[, optional]) into specs; names point into the
+ * tuples' strings, valid while `seq` lives. */
 static int parse_specs(PyObject *seq, const char *what, oi_io_spec_t **out, uint32_t *n)
 {
     PyObject *fast = PySequence_Fast(seq, "inputs/outputs must be a sequence of (name, datatype, shape)");
@@ -434,8 +434,10 @@ static int parse_specs(PyObject *seq, const char *what, oi_io_spec_t **out, uint
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *item = PySequence_Fast_GET_ITEM(fast, i), *shape;
         const char *name, *dtype;
+        int optional = 0;
         oi_io_spec_t *s = &(*out)[i];
-        if (!PyArg_ParseTuple(item, "ssO;each declaration is (name, datatype, shape)", &name, &dtype, &shape))
+        if (!PyArg_ParseTuple(item, "ssO|p;each declaration is (name, datatype, shape[, optional])", &name, &dtype,
+                              &shape, &optional))
             goto fail;
         for (Py_ssize_t j = 0; j < i; j++)
             if (strcmp((*out)[j].name, name) == 0) {
@@ -443,6 +445,7 @@ static int parse_specs(PyObject *seq, const char *what, oi_io_spec_t **out, uint
                 goto fail;
             }
         s->name = (char *)name;
+        s->optional = (uint8_t)optional;
         s->dtype = oi_dtype_from_name(dtype, strlen(dtype));
         if (s->dtype == OI_TYPE_INVALID) {
             PyErr_Format(PyExc_ValueError, "%s '%s': unknown datatype '%s'", what, name, dtype);
@@ -1208,7 +1211,7 @@ static oi_io_spec_t *with_sequence_tensors(PyObject *sequence, const oi_io_spec_
 /* add_model's ensemble: a sequence of steps (model_name, model_version, input_map, output_map),
  * each map a sequence of (model tensor, ensemble tensor) pairs, as python/openinfer/ensemble.py
  * checked them. Returns the ensemble's backend state, or NULL with an exception set. */
-static oi_ensemble_t *make_ensemble(oi_server_t *s, const char *name, PyObject *ensemble)
+static oi_ensemble_t *make_ensemble(oi_server_t *s, const oi_model_t *self, PyObject *ensemble)
 {
     oi_ensemble_t *e = NULL;
     PyObject *steps = PySequence_Fast(ensemble, "ensemble must be a sequence of steps");
@@ -1255,7 +1258,7 @@ static oi_ensemble_t *make_ensemble(oi_server_t *s, const char *name, PyObject *
                                   &p->ensemble_tensor))
                 goto done;
     }
-    e = oi_ensemble_new(oi_server_registry(s), name, oi_server_counts_statistics(s), specs, (uint32_t)n);
+    e = oi_ensemble_new(oi_server_registry(s), self, oi_server_counts_statistics(s), specs, (uint32_t)n);
     if (e == NULL)
         PyErr_NoMemory();
 done:
@@ -1518,8 +1521,12 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         if (!PyArg_ParseTuple(identity, "KK;identity is (execute_delay_ms, instance_wise_delay_multiplier)", &delay_ms,
                               &multiplier))
             goto done;
-        if (sequence != Py_None) {
-            PyErr_Format(PyExc_ValueError, "model '%s': the identity backend takes no sequence batcher", name);
+        /* A sequence batcher's controls reach it as extra inputs, which it leaves alone; it has
+         * no output to carry an implicit state in. */
+        if (sequence != Py_None && (!PyTuple_Check(sequence) || PyTuple_GET_SIZE(sequence) != 5 ||
+                                    !PyList_Check(PyTuple_GET_ITEM(sequence, 3)) ||
+                                    PyList_GET_SIZE(PyTuple_GET_ITEM(sequence, 3)) > 0)) {
+            PyErr_Format(PyExc_ValueError, "model '%s': the identity backend takes no implicit state", name);
             goto done;
         }
         m->state = oi_identity_backend_state(name, max_batch, m->inputs, m->n_inputs, m->outputs, m->n_outputs,
@@ -1538,7 +1545,7 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
                          name);
             goto done;
         }
-        if ((m->state = make_ensemble(s, name, ensemble)) == NULL)
+        if ((m->state = make_ensemble(s, m, ensemble)) == NULL)
             goto done;
         m->backend = &oi_ensemble_backend;
         if (start_executors(self, m, OI_ENSEMBLE_EXECUTORS, NULL) != 0)

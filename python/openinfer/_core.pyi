@@ -10,8 +10,8 @@ RESTRICTED_APIS: tuple[str, ...]  # tritonserver's restricted-API groups, in its
 
 # One input or output declaration: (name, V2 datatype such as "INT32", full shape with -1
 # for a variable dimension, or None for any shape; when max_batch_size > 0 the first
-# dimension is the batch, -1).
-IOSpec = tuple[str, str, Sequence[int] | None]
+# dimension is the batch, -1), and optionally whether a request may leave the input out.
+IOSpec = tuple[str, str, Sequence[int] | None] | tuple[str, str, Sequence[int] | None, bool]
 
 # Called on an executor thread with the GIL held:
 #   handler(inputs, parameters, outputs, cancelled) -> {name: array-like}

@@ -241,7 +241,7 @@ static oi_status_t *decode_raw(const oi_model_t *m, oi_buf_t *body, oi_request_t
         }
         t->shape[open_dim] = known ? count / known : 0;
     }
-    return oi_tensor_check_size(t, "raw binary body of input", spec->name);
+    return oi_tensor_check_input(t, "raw binary body of input", spec->name);
 }
 
 static oi_status_t *unsupported_encoding(const oi_http_request_t *r)

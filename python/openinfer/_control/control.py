@@ -1009,8 +1009,8 @@ def _response_cache(entry: LoadedModel) -> bool:
     return bool(enabled) or bool(getattr(entry.model, "response_cache", False))
 
 
-def _specs(tensors: Sequence[Tensor]) -> list[tuple[str, str, tuple[int, ...] | None]]:
-    return [(t.name, t.datatype, t.shape) for t in tensors]
+def _specs(tensors: Sequence[Tensor]) -> list[tuple[str, str, tuple[int, ...] | None, bool]]:
+    return [(t.name, t.datatype, t.shape, t.optional) for t in tensors]
 
 
 def _model_metadata(
