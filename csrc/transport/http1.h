@@ -14,6 +14,7 @@
 #include "transport/loop.h"
 #include "transport/peer.h"
 #include "transport/peers.h"
+#include "transport/tls.h"
 
 typedef struct oi_http_server_s oi_http_server_t;
 typedef struct oi_http_conn_s oi_http_conn_t;
@@ -54,6 +55,8 @@ typedef struct oi_http_config_s {
      * req->method is -1 when the request line was not read); requests then note when their
      * first byte came. */
     void (*on_answered)(void *ctx, const oi_http_request_t *req, const oi_http_answer_t *a);
+    oi_tls_ctx_t *tls; /* TCP connections speak TLS with this context (the server takes a
+                        * reference); NULL: plain text. Unix-domain sockets stay plain */
     int inline_loop; /* for tests and fuzz targets: start sets up one loop that neither listens
                       * nor runs a thread; the caller runs it (uv_run on oi_http_server_loop(s,
                       * 0)->uv) and brings its connections with oi_http_server_adopt */

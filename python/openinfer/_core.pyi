@@ -153,7 +153,11 @@ class Server:
         metrics_summary_latencies: bool = False,  # nv_inference_*_summary_us
         metrics_summary_quantiles: Sequence[float] | None = None,  # None: 0.5 .. 0.999
         max_sequence_backlog: int = 1000,  # sequences waiting for a slot, per model; 0: no limit
+        http_tls: tuple[str, str, str | None, bool] | None = None,  # cert, key, root cert, mutual
+        grpc_tls: tuple[str, str, str | None, bool] | None = None,  # the same, ALPN h2
     ) -> None: ...
+    def reload_tls(self) -> None:
+        """Loads the TLS certificates and keys again: new connections get them, open ones keep theirs."""
     def set_metadata(self, metadata_json: bytes) -> None:
         """Sets the body of GET /v2 (server metadata)."""
     def add_model(

@@ -129,6 +129,31 @@ def _parser() -> argparse.ArgumentParser:
         metavar="OCTAL",
         help="permission bits of the Unix socket files (default 660: the server's user and group)",
     )
+    for proto, name in (("http", "HTTP (and /metrics)"), ("grpc", "gRPC")):
+        serve.add_argument(
+            f"--{proto}-use-ssl",
+            type=_triton_bool,
+            nargs="?",
+            const=True,
+            default=False,
+            metavar="BOOL",
+            help=f"serve {name} over TLS with --{proto}-server-cert and --{proto}-server-key, as tritonserver",
+        )
+        serve.add_argument(
+            f"--{proto}-use-ssl-mutual",
+            type=_triton_bool,
+            nargs="?",
+            const=True,
+            default=False,
+            metavar="BOOL",
+            help=f"serve {name} over mutual TLS: clients need a certificate that --{proto}-root-cert "
+            f"signed (implies --{proto}-use-ssl)",
+        )
+        serve.add_argument(f"--{proto}-server-cert", metavar="PEM", help=f"{name} server certificate (chain) file")
+        serve.add_argument(f"--{proto}-server-key", metavar="PEM", help=f"{name} server private key file")
+        serve.add_argument(
+            f"--{proto}-root-cert", metavar="PEM", help=f"CA certificates that sign {name} client certificates"
+        )
     serve.add_argument(
         "--grpc-infer-response-compression-level",
         choices=["none", "low", "medium", "high"],
@@ -445,8 +470,26 @@ def _serve(args: argparse.Namespace) -> int:
         grpc["grpc_port"] = None if "grpc" not in sockets else 0
         metrics["metrics_port"] = None if "metrics" not in sockets else 0
         watch_parent()
+    ssl = {}
+    for proto in ("http", "grpc"):
+        if getattr(args, f"{proto}_use_ssl") or getattr(args, f"{proto}_use_ssl_mutual"):
+            ssl[proto] = {
+                "server_cert": getattr(args, f"{proto}_server_cert"),
+                "server_key": getattr(args, f"{proto}_server_key"),
+                "root_cert": getattr(args, f"{proto}_root_cert"),
+                "mutual": getattr(args, f"{proto}_use_ssl_mutual"),
+            }
     stopping = threading.Event()
     started: list[Server] = []
+
+    def on_hangup(signum: int, frame: FrameType | None) -> None:
+        # A renewed certificate: new connections get it, open ones finish with theirs.
+        for srv in started:
+            try:
+                srv.reload_tls()
+                logger.info("SIGHUP: TLS certificates and keys reloaded")
+            except ValueError as e:
+                logger.error("SIGHUP: %s; the previous certificates stay in use", e)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         # Draining can take a while and needs no main thread, so it runs on its own thread
@@ -472,6 +515,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    if ssl:
+        signal.signal(signal.SIGHUP, on_hangup)
     try:
         server = serve(
             args.repo,
@@ -500,6 +545,7 @@ def _serve(args: argparse.Namespace) -> int:
             sockets=sockets,
             cache_config=args.cache_config,
             response_cache_byte_size=args.response_cache_byte_size,
+            ssl=ssl or None,
             **grpc,
             **metrics,  # type: ignore[arg-type]
             **limits,

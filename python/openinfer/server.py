@@ -21,6 +21,7 @@ from typing import Any
 
 from . import _core, _display, _pt2_build
 from ._net import reachable
+from ._tls import tls_specs
 from ._version import __version__
 from ._control.cache import cache_bytes
 from ._control.control import DEFAULT_POLL_SECS, IndexEntry, ModelControl
@@ -173,6 +174,7 @@ def serve(
     sockets: Mapping[str, socket.socket | int] | None = None,
     cache_config: Mapping[str, object] | Iterable[str] | None = None,
     response_cache_byte_size: int | None = None,
+    ssl: Mapping[str, Any] | None = None,
     **limits: int,
 ) -> Server:
     """Serves the models of repository `repo` and the given `models`, and returns the running
@@ -251,7 +253,14 @@ def serve(
     first_byte_timeout_ms, header_timeout_ms, body_timeout_ms, body_min_rate, idle_timeout_ms,
     max_json_depth, grpc_max_message_bytes, grpc_max_queued_bytes, max_inflight_body_bytes,
     max_inflate_ratio, max_sequence_backlog (sequences that may wait for a slot of one sequence
-    model: 1000 by default, 0 for no limit)."""
+    model: 1000 by default, 0 for no limit).
+
+    `ssl` serves HTTP (and the metrics port) and gRPC over TLS (1.2 or later; gRPC with ALPN
+    h2), as tritonserver's ``--grpc-use-ssl`` flags: ``{"server_cert": path, "server_key":
+    path, "root_cert": path, "mutual": False}`` for both protocols, or ``{"http": {...},
+    "grpc": {...}}`` for each its own. ``mutual=True`` refuses clients without a certificate
+    signed by ``root_cert``. Unix-domain sockets stay plain text. `Server.reload_tls` loads
+    the files again."""
     server = Server(
         repo,
         models=models,
@@ -289,6 +298,7 @@ def serve(
         sockets=sockets,
         cache_config=cache_config,
         response_cache_byte_size=response_cache_byte_size,
+        ssl=ssl,
         **limits,
     )
     server.start()
@@ -338,6 +348,7 @@ class Server:
         sockets: Mapping[str, socket.socket | int] | None = None,
         cache_config: Mapping[str, object] | Iterable[str] | None = None,
         response_cache_byte_size: int | None = None,
+        ssl: Mapping[str, Any] | None = None,
         **limits: int,
     ) -> None:
         level = _COMPRESSION_LEVELS.get(grpc_infer_response_compression_level)
@@ -383,6 +394,8 @@ class Server:
             trace_log_frequency=trace_log_frequency,
         )
         trace_path: str | None = tracing.pop("trace_file")
+        tls = tls_specs(ssl)
+        self._tls = tls
         self._core = _core.Server(
             host,
             -1 if http_port is None else http_port,
@@ -404,6 +417,8 @@ class Server:
             grpc_infer_compression_level=level,
             **{f"{k}_listen_fd": fd for k, (fd, _) in listen_fds.items()},
             response_cache_bytes=cache_bytes(cache_config, response_cache_byte_size),
+            http_tls=tls.get("http"),
+            grpc_tls=tls.get("grpc"),
             **limits,
         )
         extensions = tuple(e for e in EXTENSIONS if statistics or e != "statistics")
@@ -571,6 +586,12 @@ class Server:
                 self._drain_cut.wait(max(grace, 0.0))
         self.stop(timeout)
 
+    def reload_tls(self) -> None:
+        """Loads the ``ssl`` certificates and keys again (``openinfer serve`` does on SIGHUP):
+        connections made from now on get them, those open finish with theirs. ValueError
+        naming the file when one cannot be loaded; the ones in use then stay."""
+        self._core.reload_tls()
+
     def wait(self, timeout: float | None = None) -> bool:
         """Blocks until the server is stopped (from another thread or a signal handler), or
         `timeout` seconds pass; returns whether it stopped."""
@@ -610,7 +631,8 @@ class Server:
         without gRPC."""
         if self._grpc_port is None:
             return None if self._grpc_unix is None else f"grpc+unix://{self._grpc_unix}"
-        return f"grpc://{reachable(self._host, self._grpc_port)}"
+        scheme = "grpcs" if "grpc" in self._tls else "grpc"
+        return f"{scheme}://{reachable(self._host, self._grpc_port)}"
 
     @property
     def metrics_port(self) -> int | None:
@@ -623,7 +645,8 @@ class Server:
         """``http://host:port/metrics`` reaching the metrics from this machine; None without."""
         if self._metrics_port is None:
             return None
-        return f"http://{reachable(self._metrics_host, self._metrics_port)}/metrics"
+        scheme = "https" if "http" in self._tls else "http"
+        return f"{scheme}://{reachable(self._metrics_host, self._metrics_port)}/metrics"
 
     def statistics(self, model: str | None = None, version: int | str | None = None) -> dict[str, Any]:
         """Inference statistics in Triton's shape, as ``GET /v2/models[/{model}[/versions/
@@ -646,7 +669,8 @@ class Server:
         ``unix:///path`` when HTTP is served on a Unix socket only (`Client` takes either)."""
         if self._port is None:
             return f"unix://{self._http_unix}"
-        return f"http://{reachable(self._host, self._port)}"
+        scheme = "https" if "http" in self._tls else "http"
+        return f"{scheme}://{reachable(self._host, self._port)}"
 
     @property
     def running(self) -> bool:
