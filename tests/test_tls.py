@@ -348,7 +348,8 @@ def test_reload_with_a_broken_file_keeps_the_old_cert(tls_server: openinfer.Serv
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"server_cert": "/nonexistent/cert.pem", "server_key": "/nonexistent/key.pem"}, "/nonexistent/cert.pem"),
+    ({"server_cert": "/nonexistent/cert.pem", "server_key": "/nonexistent/key.pem"},
+     "cannot read the server certificate '/nonexistent/cert.pem': No such file"),
     ({"server_cert": "CERT"}, "server_key required"),
     ({"server_cert": "CERT", "server_key": "KEY", "mutual": True}, "mutual TLS needs root_cert"),
     ({"server_cert": "CERT", "server_key": "KEY", "ciphers": "x"}, "unknown option"),
@@ -403,3 +404,47 @@ def test_mutual_tls_refuses_other_clients(mutual_server: openinfer.Server, pki: 
         _grpc_live(mutual_server.grpc_port, creds)
     assert e.value.code() == grpc.StatusCode.UNAVAILABLE
     _assert_https_alive(mutual_server, pki / "ca.pem", cert=(str(pki / "client.pem"), str(pki / "client.key")))
+
+
+# ---- openinfer's own client ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scheme", ["https", "grpcs"])
+def test_openinfer_client_over_tls_with_16mib_tensor(tls_server: openinfer.Server, pki: Path, scheme: str) -> None:
+    port = tls_server.http_port if scheme == "https" else tls_server.grpc_port
+    with openinfer.Client(f"{scheme}://localhost:{port}", ca_file=pki / "ca.pem") as client:
+        assert client.is_server_live()
+        small = np.arange(7, dtype=np.float32)
+        np.testing.assert_array_equal(client.infer("echo", {"INPUT0": small})["OUTPUT0"], small)
+        big = np.random.default_rng(3).random(4 << 20, dtype=np.float32)
+        for _ in range(2):  # the pooled connection goes on
+            np.testing.assert_array_equal(client.infer("echo", {"INPUT0": big})["OUTPUT0"], big)
+
+
+@pytest.mark.parametrize("scheme", ["https", "grpcs"])
+def test_openinfer_client_refuses_a_server_its_ca_did_not_sign(tls_server: openinfer.Server, pki: Path,
+                                                              scheme: str) -> None:
+    port = tls_server.http_port if scheme == "https" else tls_server.grpc_port
+    with openinfer.Client(f"{scheme}://localhost:{port}", ca_file=pki / "other_ca.pem") as client:
+        with pytest.raises(Exception, match="certificate verify failed"):
+            client.is_server_live()
+    with openinfer.Client(f"{scheme}://localhost:{port}", ca_file=pki / "other_ca.pem", verify=False) as client:
+        assert client.is_server_live()  # told not to check
+
+
+@pytest.mark.parametrize("scheme", ["https", "grpcs"])
+def test_openinfer_client_mutual_tls(mutual_server: openinfer.Server, pki: Path, scheme: str) -> None:
+    port = mutual_server.http_port if scheme == "https" else mutual_server.grpc_port
+    url = f"{scheme}://127.0.0.1:{port}"
+    with openinfer.Client(url, ca_file=pki / "ca.pem", cert_file=pki / "client.pem",
+                          key_file=pki / "client.key") as client:
+        data = np.arange(5, dtype=np.float32)
+        np.testing.assert_array_equal(client.infer("echo", {"INPUT0": data})["OUTPUT0"], data)
+    with openinfer.Client(url, ca_file=pki / "ca.pem", timeout=30) as client:
+        with pytest.raises(ConnectionError, match="certificate required"):  # TLS 1.3's alert
+            client.is_server_live()
+
+
+def test_openinfer_client_tls_options_need_a_tls_url(pki: Path) -> None:
+    with pytest.raises(ValueError, match="https:// and grpcs://"):
+        openinfer.Client("http://127.0.0.1:1", ca_file=pki / "ca.pem")

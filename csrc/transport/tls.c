@@ -1,5 +1,6 @@
 #include "transport/tls.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -162,8 +163,24 @@ static int select_alpn(SSL *ssl, const unsigned char **out, unsigned char *outle
     return SSL_TLSEXT_ERR_NOACK;
 }
 
+/* Whether `path` can be read; else says why in `err` (OpenSSL's own reason is "system lib"). */
+static int readable(const char *path, const char *what, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        snprintf(err, errlen, "cannot read the %s '%s': %s", what, path, strerror(errno));
+        return 0;
+    }
+    fclose(f);
+    return 1;
+}
+
 static SSL_CTX *load_ctx(const oi_tls_ctx_t *c, char *err, size_t errlen)
 {
+    if (!readable(c->cert_file, "server certificate", err, errlen) ||
+        !readable(c->key_file, "server key", err, errlen) ||
+        (c->ca_file != NULL && !readable(c->ca_file, "root certificate", err, errlen)))
+        return NULL;
     SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
     if (ctx == NULL) {
         snprintf(err, errlen, "cannot make a TLS context: out of memory");

@@ -291,7 +291,9 @@ class GrpcConnection:
     """One gRPC (h2c) connection, opened on first use and reopened after a failure. One thread
     at a time (another gets RuntimeError); several calls and streams may be open on it."""
 
-    def __init__(self, host: str, port: int) -> None: ...
+    def __init__(
+        self, host: str, port: int, *, tls: tuple[str | None, str | None, str | None, bool] | None = None
+    ) -> None: ...  # tls: (CA file, client certificate, its key, verify the server)
     def server_live(self, timeout: float | None = None) -> tuple[int, bool | str]: ...
     def server_ready(self, timeout: float | None = None) -> tuple[int, bool | str]: ...
     def model_ready(self, name: str, version: str | None = None,
