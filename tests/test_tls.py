@@ -448,3 +448,64 @@ def test_openinfer_client_mutual_tls(mutual_server: openinfer.Server, pki: Path,
 def test_openinfer_client_tls_options_need_a_tls_url(pki: Path) -> None:
     with pytest.raises(ValueError, match="https:// and grpcs://"):
         openinfer.Client("http://127.0.0.1:1", ca_file=pki / "ca.pem")
+
+
+# ---- openinfer serve: tritonserver's flags, SIGHUP ----------------------------------------------
+
+
+def test_cli_flags_and_sighup_reload(pki: Path, tmp_path: Path) -> None:
+    import re
+    import signal
+    import time
+
+    import grpc
+
+    from conftest import Cli
+
+    shutil.copy(pki / "server.pem", tmp_path / "cert.pem")
+    shutil.copy(pki / "server.key", tmp_path / "key.pem")
+    (tmp_path / "repo").mkdir()
+    cli = Cli(str(tmp_path / "repo"), "--grpc-port", "0", "--metrics-port", "0",
+              "--http-use-ssl", "--http-server-cert", str(tmp_path / "cert.pem"),
+              "--http-server-key", str(tmp_path / "key.pem"),
+              "--grpc-use-ssl-mutual=true", "--grpc-server-cert", str(pki / "server.pem"),
+              "--grpc-server-key", str(pki / "server.key"), "--grpc-root-cert", str(pki / "ca.pem"))
+    try:
+        http_port = int(re.search(r"https://127\.0\.0\.1:(\d+)", cli.output()).group(1))  # type: ignore[union-attr]
+        grpc_port = int(re.search(r"grpcs://127\.0\.0\.1:(\d+)", cli.output()).group(1))  # type: ignore[union-attr]
+        creds = grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes(), (pki / "client.key").read_bytes(),
+                                             (pki / "client.pem").read_bytes())
+        assert _grpc_live(grpc_port, creds) == b"\x08\x01"
+        with pytest.raises(grpc.RpcError):  # mutual: no client certificate, no service
+            _grpc_live(grpc_port, grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes()))
+
+        ctx = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+        request = b"GET /v2/health/live HTTP/1.1\r\nHost: localhost\r\n\r\n"
+        with ctx.wrap_socket(socket.create_connection(("127.0.0.1", http_port), timeout=30),
+                             server_hostname="localhost") as old:
+            old.sendall(request)
+            assert _read_answer(old) == b'{"live":true}'
+            shutil.copy(pki / "server2.pem", tmp_path / "cert.pem")
+            shutil.copy(pki / "server2.key", tmp_path / "key.pem")
+            cli.proc.send_signal(signal.SIGHUP)
+            for _ in range(300):  # the log line says it is done; 30 s at most
+                if "TLS certificates and keys reloaded" in cli.output():
+                    break
+                time.sleep(0.1)
+            assert "TLS certificates and keys reloaded" in cli.output(), cli.output()
+            with ctx.wrap_socket(socket.create_connection(("127.0.0.1", http_port), timeout=30),
+                                 server_hostname="localhost") as new:
+                assert new.getpeercert(binary_form=True) == ssl.PEM_cert_to_DER_cert(
+                    (pki / "server2.pem").read_text())
+            old.sendall(request)  # opened before the reload: still served
+            assert _read_answer(old) == b'{"live":true}'
+        assert cli.proc.poll() is None
+    finally:
+        cli.kill()
+
+
+def test_cli_use_ssl_without_a_certificate_is_an_error(tmp_path: Path) -> None:
+    r = subprocess.run([__import__("sys").executable, "-m", "openinfer", "serve", str(tmp_path), "--http-port", "0",
+                        "--grpc-use-ssl"], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "server_cert and server_key required" in r.stderr, r.stderr
