@@ -6,6 +6,7 @@ host, and a second CA whose certificates must be refused."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import ssl
@@ -23,8 +24,15 @@ from openinfer import Model, Tensor
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 
 
+def _outside_env() -> dict[str, str]:
+    """The environment for an outside program (openssl, curl): without a sanitizer run's
+    preload, which is for this Python's extension, not for them."""
+    drop = {"LD_PRELOAD", "ASAN_OPTIONS", "LSAN_OPTIONS", "UBSAN_OPTIONS", "PYTHONMALLOC"}
+    return {k: v for k, v in os.environ.items() if k not in drop}
+
+
 def _openssl(*args: str, cwd: Path) -> None:
-    r = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True)
+    r = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True, env=_outside_env())
     assert r.returncode == 0, f"openssl {' '.join(args)}: {r.stderr}"
 
 
@@ -186,7 +194,8 @@ def test_grpcio_secure_channel_negotiates_h2(tls_server: openinfer.Server, pki: 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
 def test_curl_with_cacert(tls_server: openinfer.Server, pki: Path) -> None:
     r = subprocess.run(["curl", "-sS", "--max-time", "30", "--cacert", str(pki / "ca.pem"),
-                        f"https://localhost:{tls_server.http_port}/v2/health/ready"], capture_output=True, text=True)
+                        f"https://localhost:{tls_server.http_port}/v2/health/ready"], capture_output=True, text=True,
+                       env=_outside_env())
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == {"ready": True}
 
@@ -383,7 +392,7 @@ def test_mutual_tls_accepts_a_client_certificate(mutual_server: openinfer.Server
         r = subprocess.run(["curl", "-sS", "--max-time", "30", "--cacert", str(pki / "ca.pem"),
                             "--cert", str(pki / "client.pem"), "--key", str(pki / "client.key"),
                             f"https://localhost:{mutual_server.http_port}/v2/health/live"],
-                           capture_output=True, text=True)
+                           capture_output=True, text=True, env=_outside_env())
         assert r.returncode == 0 and json.loads(r.stdout) == {"live": True}, r.stderr
 
 
