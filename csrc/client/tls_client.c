@@ -14,6 +14,7 @@
 #include <openssl/x509v3.h>
 
 #include "client/socket.h"
+#include "transport/tls.h"
 
 /* Ciphertext read from the socket at a time: several records. */
 #define IN_BUF_SIZE (64u << 10)
@@ -22,6 +23,9 @@
 /* Send pieces smaller than this share a record with their neighbours (a request's head, a
  * frame header); larger ones are encrypted from the caller's memory. */
 #define COALESCE_BELOW 2048u
+/* Plain text encrypted per call of a large send: the server decrypts one chunk while we
+ * encrypt the next, rather than waiting for all of a 16 MiB request. */
+#define CHUNK (256u << 10)
 
 struct oi_ctls_s {
     SSL *ssl;
@@ -150,6 +154,7 @@ static SSL_CTX *make_ctx(const oi_ctls_config_t *cfg, char *err, size_t errlen)
     }
     SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
     SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION);
+    SSL_CTX_set_ciphersuites(ctx, OI_TLS13_CIPHERS); /* the server's choices (transport/tls.h) */
     if (cfg->verify) {
         SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
         if (cfg->ca_file ? SSL_CTX_load_verify_locations(ctx, cfg->ca_file, NULL) != 1
@@ -302,7 +307,8 @@ static int write_plain(oi_ctls_t *t, const char *p, size_t n)
     return 0;
 }
 
-/* Encrypts the iovecs into `out`, small pieces gathered into shared records. */
+/* Encrypts the iovecs' first `total` bytes into `out`, small pieces gathered into shared
+ * records. */
 static int encrypt(oi_ctls_t *t, const struct iovec *iov, int n, size_t total)
 {
     size_t need = t->out_len + total + (total / RECORD_PLAIN + 1) * RECORD_OVERHEAD;
@@ -315,8 +321,9 @@ static int encrypt(oi_ctls_t *t, const struct iovec *iov, int n, size_t total)
     }
     char small[RECORD_PLAIN];
     size_t nsmall = 0;
-    for (int i = 0; i < n; i++) {
-        size_t len = iov[i].iov_len;
+    for (int i = 0; i < n && total > 0; i++) {
+        size_t len = iov[i].iov_len < total ? iov[i].iov_len : total;
+        total -= len;
         if (len < COALESCE_BELOW && nsmall + len <= sizeof(small)) {
             memcpy(small + nsmall, iov[i].iov_base, len);
             nsmall += len;
@@ -341,10 +348,12 @@ ssize_t oi_ctls_sendmsg(oi_ctls_t *t, int fd, const struct iovec *iov, int n, in
         struct msghdr msg = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n};
         return sendmsg(fd, &msg, MSG_NOSIGNAL | flags);
     }
-    if (t->out_off == t->out_len) { /* a new send: its bytes become records now */
+    if (t->out_off == t->out_len) { /* a new send: its first CHUNK bytes become records now */
         size_t total = 0;
-        for (int i = 0; i < n; i++)
+        for (int i = 0; i < n && total < CHUNK; i++)
             total += iov[i].iov_len;
+        if (total > CHUNK)
+            total = CHUNK;
         t->out_off = t->out_len = 0;
         if (encrypt(t, iov, n, total) != 0) {
             t->out_off = t->out_len = 0;

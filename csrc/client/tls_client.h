@@ -34,10 +34,10 @@ int oi_ctls_connect(const oi_ctls_config_t *cfg, const char *host, int fd, int64
 /* Frees the TLS state (not the socket). NULL is ignored. */
 void oi_ctls_free(oi_ctls_t *t);
 
-/* sendmsg(fd, iov[0..n), MSG_NOSIGNAL | flags). With TLS the iovecs are encrypted whole on the
- * first call and the ciphertext sent; when the socket cannot take it all (-1, EAGAIN), the
- * caller calls again with iovecs that start with the same bytes (as after any EAGAIN), and
- * the call returns the bytes of the first call once their ciphertext has gone. */
+/* sendmsg(fd, iov[0..n), MSG_NOSIGNAL | flags). With TLS the first 256 KiB or so of the
+ * iovecs are encrypted and sent, and their count returned once all their ciphertext has gone
+ * (a short write, as sendmsg may make); when the socket cannot take it (-1, EAGAIN), the
+ * caller calls again with iovecs that start with the same bytes, as after any EAGAIN. */
 ssize_t oi_ctls_sendmsg(oi_ctls_t *t, int fd, const struct iovec *iov, int n, int flags);
 
 /* recv(fd, buf, len, flags). With TLS, plain text decrypted into `buf`: as much as is already

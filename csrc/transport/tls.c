@@ -18,8 +18,10 @@
 /* Room for the record headers, tags and padding of one record beyond its plain text. */
 #define RECORD_OVERHEAD 320u
 #define RECORD_PLAIN 16384u
-/* Send pieces smaller than this share a record (see encrypt_send). */
+/* Send pieces smaller than this share a record (see encrypt_chunk). */
 #define COALESCE_BELOW 2048u
+/* Plain text encrypted per write of a large send (see encrypt_chunk). */
+#define CHUNK (256u << 10)
 /* What the protocol's alloc callback is asked for: one record's plain text fits. */
 #define SUGGESTED_READ 65536u
 
@@ -34,18 +36,21 @@ struct oi_tls_ctx_s {
 /* One write of ciphertext: the records of one send, and the send's own request to complete. */
 typedef struct out_s {
     uv_write_t w;
-    uv_write_t *req; /* the protocol's, or NULL for the handshake's own records */
+    struct oi_tls_s *t;
+    uv_write_t *req; /* the send it completes, or NULL (the handshake's records, a chunk) */
     uv_write_cb cb;
+    int chunk; /* a chunk of the queued sends (see pump_out) */
     size_t len, cap;
     char data[];
 } out_t;
 
-/* A send made before the handshake is done: encrypted once it is. */
+/* A send of the protocol's, queued until its bytes are encrypted and written. */
 typedef struct held_s {
     struct held_s *next;
     uv_write_t *req;
     uv_write_cb cb;
-    unsigned nb;
+    unsigned nb, i; /* bufs[i] + off: the next byte to encrypt */
+    size_t off;
     uv_buf_t bufs[];
 } held_t;
 
@@ -58,7 +63,11 @@ struct oi_tls_s {
     char *in; /* ciphertext read from the socket: [in_off, in_len) not yet taken by OpenSSL */
     size_t in_off, in_len;
     out_t *out;     /* records being made, NULL when none */
-    held_t *held, **held_tail;
+    held_t *held, **held_tail; /* sends not yet all encrypted, in order */
+    int outs;                  /* writes of our records with libuv */
+    int writing;               /* a chunk of `held` waits for the socket */
+    int pumping;               /* pump_out is on the stack */
+    int idle_closed;
     ssize_t sock_end; /* the socket's EOF or error, delivered after the bytes before it */
     int reading;      /* the protocol reads */
     int delivering;   /* deliver() is on the stack */
@@ -188,6 +197,10 @@ static SSL_CTX *load_ctx(const oi_tls_ctx_t *c, char *err, size_t errlen)
     }
     SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
     SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE);
+    /* AEAD ciphers with forward secrecy only, AES-128-GCM first: a third cheaper per byte than
+     * AES-256-GCM (OpenSSL's first choice), which tensors of megabytes feel. */
+    SSL_CTX_set_ciphersuites(ctx, OI_TLS13_CIPHERS);
+    SSL_CTX_set_cipher_list(ctx, OI_TLS12_CIPHERS);
     if (SSL_CTX_use_certificate_chain_file(ctx, c->cert_file) != 1) {
         ssl_error(err, errlen, "cannot load the server certificate", c->cert_file);
         goto fail;
@@ -324,18 +337,20 @@ oi_tls_t *oi_tls_new(oi_tls_ctx_t *ctx, uv_loop_t *loop, uv_stream_t *s, uv_allo
     return t;
 }
 
+static void maybe_free(oi_tls_t *t);
+
 static void on_idle_closed(uv_handle_t *h)
 {
     oi_tls_t *t = h->data;
-    for (held_t *hd = t->held, *next; hd != NULL; hd = next) {
-        next = hd->next;
-        hd->cb(hd->req, UV_ECANCELED);
-        free(hd);
+    held_t *held = t->held;
+    t->held = NULL;
+    for (held_t *next; held != NULL; held = next) {
+        next = held->next;
+        held->cb(held->req, UV_ECANCELED);
+        free(held);
     }
-    SSL_free(t->ssl);
-    free(t->out);
-    free(t->in);
-    free(t);
+    t->idle_closed = 1;
+    maybe_free(t);
 }
 
 void oi_tls_close(oi_tls_t *t)
@@ -349,34 +364,67 @@ void oi_tls_close(oi_tls_t *t)
 
 /* ---- writing ------------------------------------------------------------------------------ */
 
+/* Frees `t` once it is closed and no write of its records is with libuv (a stream's pending
+ * writes are cancelled when the stream closes, possibly after our idle handle has closed). */
+static void maybe_free(oi_tls_t *t)
+{
+    if (!t->idle_closed || t->outs > 0)
+        return;
+    SSL_free(t->ssl);
+    free(t->out);
+    free(t->in);
+    free(t);
+}
+
+static int pump_out(oi_tls_t *t, held_t *mine);
+
 static void after_out(uv_write_t *w, int status)
 {
     out_t *o = (out_t *)w;
+    oi_tls_t *t = o->t;
     uv_write_t *req = o->req;
     uv_write_cb cb = o->cb;
+    int chunk = o->chunk;
     free(o);
+    t->outs--;
+    if (chunk)
+        t->writing = 0;
+    if (status < 0)
+        t->failed = 1;
     if (cb != NULL)
         cb(req, status);
+    if (!t->closed)
+        pump_out(t, NULL);
+    maybe_free(t);
 }
 
-/* Writes the records made so far as one buffer, completing `req` with it (see oi_tls_send). */
-static int flush_out(oi_tls_t *t, uv_write_t *req, uv_write_cb cb)
+/* Writes the records made so far as one buffer; `h` (NULL for records of the handshake's or
+ * of a chunk that ends no send) is the send it completes. 1 written at once, 0 queued (then
+ * after_out completes `h`), or a libuv error. */
+static int flush_out(oi_tls_t *t, const held_t *h, int chunk)
 {
     out_t *o = t->out;
     if (o == NULL || o->len == 0)
         return 1;
     t->out = NULL;
-    o->req = req;
-    o->cb = cb;
+    o->t = t;
+    o->req = h ? h->req : NULL;
+    o->cb = h ? h->cb : NULL;
+    o->chunk = chunk;
     uv_buf_t b = uv_buf_init(o->data, (unsigned)o->len);
     int rc = oi_stream_send(t->s, &o->w, &b, 1, after_out);
-    if (rc != 0)
+    if (rc != 0) {
         free(o);
-    return rc;
+        return rc;
+    }
+    t->outs++;
+    if (chunk)
+        t->writing = 1;
+    return 0;
 }
 
-/* Makes room for the records of `plain` bytes, so that encrypting a large answer appends
- * without reallocating. 0 or -1. */
+/* Makes room for the records of `plain` bytes, so that encrypting appends without
+ * reallocating. 0 or -1. */
 static int reserve_out(oi_tls_t *t, size_t plain)
 {
     size_t need = (t->out ? t->out->len : 0) + plain + (plain / RECORD_PLAIN + 1) * RECORD_OVERHEAD;
@@ -402,36 +450,42 @@ static int write_plain(oi_tls_t *t, const char *p, size_t n)
     return 0;
 }
 
-/* Encrypts bufs into one write. Pieces under COALESCE_BELOW bytes (HTTP heads, HTTP/2 frame
- * headers, gRPC prefixes) are gathered into one record with their neighbours rather than
- * each making a record of its own (its own header, tag and cipher call); larger ones, a
- * tensor's bytes, are encrypted from where they are. */
-static int encrypt_send(oi_tls_t *t, uv_write_t *req, uv_buf_t *bufs, unsigned nb, uv_write_cb cb)
+/* Encrypts the next CHUNK bytes or so of send `h` into t->out: 1 when `h` is all encrypted,
+ * 0 when more is left, -1 on failure. A large answer goes out a chunk at a time, each
+ * encrypted once the one before has gone to the socket, so the peer decrypts one while we
+ * encrypt the next, and the loop serves its other connections in between. Pieces under
+ * COALESCE_BELOW bytes (HTTP heads, HTTP/2 frame headers, gRPC prefixes) are gathered into
+ * one record with their neighbours rather than each making a record of its own; larger ones,
+ * a tensor's bytes, are encrypted from where they are. */
+static int encrypt_chunk(oi_tls_t *t, held_t *h)
 {
-    size_t total = 0;
-    for (unsigned i = 0; i < nb; i++)
-        total += bufs[i].len;
-    if (reserve_out(t, total) != 0)
-        return UV_ENOMEM;
     char small[RECORD_PLAIN];
-    size_t nsmall = 0;
+    if (reserve_out(t, CHUNK + sizeof(small)) != 0)
+        return -1;
+    size_t nsmall = 0, done = 0;
     int rc = 0;
-    for (unsigned i = 0; i < nb && rc == 0; i++) {
-        size_t n = bufs[i].len;
+    while (h->i < h->nb && done < CHUNK && rc == 0) {
+        const char *p = h->bufs[h->i].base + h->off;
+        size_t n = h->bufs[h->i].len - h->off;
         if (n < COALESCE_BELOW && nsmall + n <= sizeof(small)) {
-            memcpy(small + nsmall, bufs[i].base, n);
+            memcpy(small + nsmall, p, n);
             nsmall += n;
+            done += n;
+            h->i++;
+            h->off = 0;
             continue;
         }
-        if (nsmall > 0) {
+        if (nsmall > 0) { /* what was gathered goes first; then this piece */
             rc = write_plain(t, small, nsmall);
             nsmall = 0;
+            continue;
         }
-        if (rc == 0 && n < COALESCE_BELOW) {
-            memcpy(small, bufs[i].base, n);
-            nsmall = n;
-        } else if (rc == 0) {
-            rc = write_plain(t, bufs[i].base, n);
+        size_t take = n < CHUNK - done ? n : CHUNK - done;
+        rc = write_plain(t, p, take);
+        done += take;
+        if ((h->off += take) == h->bufs[h->i].len) {
+            h->i++;
+            h->off = 0;
         }
     }
     if (rc == 0 && nsmall > 0)
@@ -440,9 +494,40 @@ static int encrypt_send(oi_tls_t *t, uv_write_t *req, uv_buf_t *bufs, unsigned n
         free(t->out);
         t->out = NULL;
         t->failed = 1;
-        return UV_EPROTO;
+        return -1;
     }
-    return flush_out(t, req, cb);
+    return h->i == h->nb;
+}
+
+/* Encrypts and writes the queued sends, a chunk at a time, while no chunk waits for the
+ * socket. Completes each send as libuv would: its callback runs once its last chunk has been
+ * written; for `mine` (the send being made) a completion at once is returned instead (1, or
+ * an error), as oi_stream_send does. 0: `mine` completes later, through its callback. */
+static int pump_out(oi_tls_t *t, held_t *mine)
+{
+    if (t->pumping)
+        return 0;
+    t->pumping = 1;
+    int result = 0;
+    while (t->held != NULL && !t->writing && !t->closed && t->handshaken) {
+        held_t *h = t->held;
+        int fin = t->failed ? -1 : encrypt_chunk(t, h);
+        int rc = fin < 0 ? UV_EPIPE : flush_out(t, fin ? h : NULL, 1);
+        if (rc < 0)
+            t->failed = 1;
+        if (fin == 0 && rc >= 0)
+            continue; /* more of h: the next chunk, now or once this one is written */
+        t->held = h->next;
+        if (t->held == NULL)
+            t->held_tail = &t->held;
+        if (rc != 0 && h == mine)
+            result = rc;
+        else if (rc != 0)
+            h->cb(h->req, rc == 1 ? 0 : rc);
+        free(h);
+    }
+    t->pumping = 0;
+    return result;
 }
 
 int oi_tls_send(oi_tls_t *t, uv_stream_t *s, uv_write_t *req, uv_buf_t *bufs, unsigned nb, uv_write_cb cb)
@@ -451,9 +536,8 @@ int oi_tls_send(oi_tls_t *t, uv_stream_t *s, uv_write_t *req, uv_buf_t *bufs, un
         return oi_stream_send(s, req, bufs, nb, cb);
     if (t->closed || t->failed)
         return UV_EPIPE;
-    if (t->handshaken && t->held == NULL)
-        return encrypt_send(t, req, bufs, nb, cb);
-    /* Before the handshake (HTTP/2's SETTINGS go out at once): the bytes wait, in order. */
+    /* Queued, in order: encrypted at once when nothing waits (nearly always), else once the
+     * handshake is done (HTTP/2's SETTINGS go out first) or the chunk before has gone. */
     held_t *h = malloc(sizeof(*h) + nb * sizeof(uv_buf_t));
     if (h == NULL)
         return UV_ENOMEM;
@@ -461,25 +545,12 @@ int oi_tls_send(oi_tls_t *t, uv_stream_t *s, uv_write_t *req, uv_buf_t *bufs, un
     h->req = req;
     h->cb = cb;
     h->nb = nb;
+    h->i = 0;
+    h->off = 0;
     memcpy(h->bufs, bufs, nb * sizeof(uv_buf_t));
     *t->held_tail = h;
     t->held_tail = &h->next;
-    return 0;
-}
-
-/* Encrypts the sends that waited for the handshake, completing each as libuv would. */
-static void send_held(oi_tls_t *t)
-{
-    while (t->held != NULL && !t->closed) {
-        held_t *h = t->held;
-        t->held = h->next;
-        if (t->held == NULL)
-            t->held_tail = &t->held;
-        int rc = t->failed ? UV_EPIPE : encrypt_send(t, h->req, h->bufs, h->nb, h->cb);
-        if (rc != 0)
-            h->cb(h->req, rc == 1 ? 0 : rc);
-        free(h);
-    }
+    return pump_out(t, h);
 }
 
 /* ---- reading ------------------------------------------------------------------------------ */
@@ -508,10 +579,10 @@ static void deliver(oi_tls_t *t)
         if (!t->handshaken) {
             int rc = SSL_do_handshake(t->ssl);
             int e = rc == 1 ? SSL_ERROR_NONE : SSL_get_error(t->ssl, rc);
-            flush_out(t, NULL, NULL); /* the handshake's own records */
+            flush_out(t, NULL, 0); /* the handshake's own records */
             if (rc == 1) {
                 t->handshaken = 1;
-                send_held(t);
+                pump_out(t, NULL);
                 continue;
             }
             if (e == SSL_ERROR_WANT_READ && t->sock_end == 0)
@@ -526,13 +597,26 @@ static void deliver(oi_tls_t *t)
             deliver_end(t, UV_ENOBUFS);
             break;
         }
-        int n = SSL_read(t->ssl, b.base, (int)(b.len > (1u << 30) ? 1u << 30 : b.len));
-        int e = n > 0 ? SSL_ERROR_NONE : SSL_get_error(t->ssl, n);
+        /* As many records as the buffer takes, handed over at once as a socket read would
+         * be: one callback (and one answer from HTTP/2, its WINDOW_UPDATEs) per read rather
+         * than per 16 KiB record. */
+        size_t cap = b.len > (1u << 30) ? 1u << 30 : b.len, got = 0;
+        int e = SSL_ERROR_NONE;
+        while (got < cap) {
+            int n = SSL_read(t->ssl, b.base + got, (int)(cap - got));
+            if (n <= 0) {
+                e = SSL_get_error(t->ssl, n);
+                break;
+            }
+            got += (size_t)n;
+        }
         if (t->out != NULL && t->out->len > 0)
-            flush_out(t, NULL, NULL); /* a TLS 1.3 key update's answer */
-        if (n > 0) {
-            t->read(t->s, n, &b);
-            continue;
+            flush_out(t, NULL, 0); /* a TLS 1.3 key update's answer */
+        if (got > 0) {
+            t->read(t->s, (ssize_t)got, &b);
+            if (e != SSL_ERROR_WANT_READ || t->sock_end != 0)
+                continue; /* the buffer is full, or the end comes next */
+            break;
         }
         if (e == SSL_ERROR_WANT_READ && t->sock_end == 0)
             break;

@@ -13,6 +13,11 @@
 #include <stddef.h>
 #include <uv.h>
 
+/* The cipher suites offered (server) and preferred (client): AEAD with forward secrecy,
+ * AES-128-GCM first. */
+#define OI_TLS13_CIPHERS "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256"
+#define OI_TLS12_CIPHERS "ECDHE+AES128GCM:ECDHE+AES256GCM:ECDHE+CHACHA20"
+
 typedef struct oi_tls_ctx_s oi_tls_ctx_t;
 typedef struct oi_tls_s oi_tls_t;
 
