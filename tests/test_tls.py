@@ -518,3 +518,23 @@ def test_cli_use_ssl_without_a_certificate_is_an_error(tmp_path: Path) -> None:
                         "--grpc-use-ssl"], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
     assert "server_cert and server_key required" in r.stderr, r.stderr
+
+
+def test_client_leaving_during_a_16mib_answer_leaves_the_server_serving(tls_server: openinfer.Server,
+                                                                         pki: Path) -> None:
+    # The answer goes out a chunk at a time: the connection closes with chunks still queued,
+    # one with libuv and the rest not yet encrypted (freed, not leaked; ASan's run checks).
+    data = np.zeros(4 << 20, dtype=np.float32).tobytes()
+    head = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4 << 20],
+                                   "parameters": {"binary_data_size": len(data)}}],
+                       "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}]}).encode()
+    request = (f"POST /v2/models/echo/infer HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(head) + len(data)}\r\n"
+               f"Inference-Header-Content-Length: {len(head)}\r\n\r\n").encode() + head
+    ctx = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+    for _ in range(3):
+        with ctx.wrap_socket(socket.create_connection(("127.0.0.1", tls_server.http_port), timeout=30),
+                             server_hostname="localhost") as s:
+            s.sendall(request)
+            s.sendall(data)
+            assert s.recv(16).startswith(b"HTTP/1.1 200")  # the answer has begun; we leave
+    _assert_https_alive(tls_server, pki / "ca.pem")
