@@ -538,3 +538,51 @@ def test_client_leaving_during_a_16mib_answer_leaves_the_server_serving(tls_serv
             s.sendall(data)
             assert s.recv(16).startswith(b"HTTP/1.1 200")  # the answer has begun; we leave
     _assert_https_alive(tls_server, pki / "ca.pem")
+
+
+def test_cli_workers_serve_tls_and_reload_on_sighup(pki: Path, tmp_path: Path) -> None:
+    import re
+    import signal
+    import time
+
+    from conftest import Cli
+
+    shutil.copy(pki / "server.pem", tmp_path / "cert.pem")
+    shutil.copy(pki / "server.key", tmp_path / "key.pem")
+    (tmp_path / "repo").mkdir()
+    cli = Cli(str(tmp_path / "repo"), "--workers", "2", "--grpc-port", "0", "--metrics-port", "0",
+              "--http-use-ssl", "--http-server-cert", str(tmp_path / "cert.pem"),
+              "--http-server-key", str(tmp_path / "key.pem"))
+    try:
+        http_port = int(re.search(r"https://127\.0\.0\.1:(\d+)", cli.output()).group(1))  # type: ignore[union-attr]
+        ctx = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+
+        def served() -> bytes:
+            for _ in range(600):  # a worker still starting refuses; 60 s at most
+                try:
+                    with ctx.wrap_socket(socket.create_connection(("127.0.0.1", http_port), timeout=30),
+                                         server_hostname="localhost") as s:
+                        s.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: localhost\r\n\r\n")
+                        assert _read_answer(s) == b'{"live":true}'
+                        return s.getpeercert(binary_form=True) or b""
+                except (ConnectionError, ssl.SSLError):
+                    time.sleep(0.1)
+            raise AssertionError(cli.output())
+
+        assert served() == ssl.PEM_cert_to_DER_cert((pki / "server.pem").read_text())
+        for _ in range(600):  # both workers up before the signal: each must hear it
+            if cli.output().count("listening on") >= 3:
+                break
+            time.sleep(0.1)
+        shutil.copy(pki / "server2.pem", tmp_path / "cert.pem")
+        shutil.copy(pki / "server2.key", tmp_path / "key.pem")
+        cli.proc.send_signal(signal.SIGHUP)
+        for _ in range(300):
+            if cli.output().count("TLS certificates and keys reloaded") >= 2:
+                break
+            time.sleep(0.1)
+        assert cli.output().count("TLS certificates and keys reloaded") == 2, cli.output()
+        new = ssl.PEM_cert_to_DER_cert((pki / "server2.pem").read_text())
+        assert all(served() == new for _ in range(6))  # whichever worker accepts
+    finally:
+        cli.kill()

@@ -408,8 +408,10 @@ def _supervise(args: argparse.Namespace, serve_argv: list[str]) -> int:
         return f"{scheme}://{reachable(sock.getsockname()[0], sock.getsockname()[1])}"
 
     logger.info(
-        "%d workers listening on %s%s%s", args.workers, url("http", sockets["http"][0]),
-        f", {url('grpc', sockets['grpc'][0])}" if "grpc" in sockets else "",
+        "%d workers listening on %s%s%s", args.workers,
+        url("https" if args.http_use_ssl or args.http_use_ssl_mutual else "http", sockets["http"][0]),
+        f", {url('grpcs' if args.grpc_use_ssl or args.grpc_use_ssl_mutual else 'grpc', sockets['grpc'][0])}"
+        if "grpc" in sockets else "",
         f", metrics {url('http', metrics)}/metrics" if metrics else "",
     )
 
@@ -419,6 +421,8 @@ def _supervise(args: argparse.Namespace, serve_argv: list[str]) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    # Each worker loads the TLS files itself: a renewed certificate reaches them all.
+    signal.signal(signal.SIGHUP, lambda signum, frame: supervisor.forward(signum))
     return supervisor.run()
 
 
