@@ -291,6 +291,11 @@ def test_clients_refuse_expired_and_wrong_host_certificates(
         with pytest.raises(grpc.RpcError) as e:
             _grpc_live(tls_server.grpc_port, grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes()))
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+        mine = "certificate has expired" if cert == "expired" else "hostname mismatch"
+        for url in (f"https://localhost:{tls_server.http_port}", f"grpcs://localhost:{tls_server.grpc_port}"):
+            with openinfer.Client(url, ca_file=pki / "ca.pem") as client:
+                with pytest.raises(ConnectionError, match=mine):
+                    client.is_server_live()
     finally:
         shutil.copy(pki / "server.pem", live_cert / "cert.pem")
         shutil.copy(pki / "server.key", live_cert / "key.pem")
