@@ -233,6 +233,8 @@ def test_plain_http_on_tls_port_is_closed_and_server_serves_on(tls_server: openi
             except ConnectionResetError:
                 got = b""
             assert b"HTTP/1.1 200" not in got and b"live" not in got
+            if port == tls_server.http_port:  # told what went wrong, in its own protocol (as nginx)
+                assert got.startswith(b"HTTP/1.1 400 Bad Request\r\n") and b"use https://" in got, got
     import grpc
 
     with grpc.insecure_channel(f"127.0.0.1:{tls_server.grpc_port}") as channel:

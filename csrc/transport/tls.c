@@ -73,6 +73,7 @@ struct oi_tls_s {
     int delivering;   /* deliver() is on the stack */
     int handshaken;
     int failed; /* the handshake or a record failed: the protocol hears UV_EPROTO */
+    int http_hint; /* an HTTP/1.1 port: a plain-text request is told to use https:// */
     int closed;
 };
 
@@ -332,6 +333,7 @@ oi_tls_t *oi_tls_new(oi_tls_ctx_t *ctx, uv_loop_t *loop, uv_stream_t *s, uv_allo
     t->alloc = alloc;
     t->read = read;
     t->held_tail = &t->held;
+    t->http_hint = ctx->alpn != NULL && strcmp(ctx->alpn, "http/1.1") == 0;
     uv_idle_init(loop, &t->idle);
     t->idle.data = t;
     return t;
@@ -566,6 +568,23 @@ static void deliver_end(oi_tls_t *t, ssize_t end)
     t->read(t->s, end, &b);
 }
 
+/* A handshake that failed because the client spoke plain HTTP (`curl http://` on an https
+ * port) is answered in plain HTTP, saying so, as nginx does, rather than only closed. */
+static void answer_plain_http(oi_tls_t *t)
+{
+    static const char *const methods[] = {"GET ", "POST ", "PUT ", "HEAD ", "DELETE ", "OPTIONS ", "PATCH "};
+    int http = 0;
+    for (size_t i = 0; i < sizeof(methods) / sizeof(methods[0]); i++)
+        http |= t->in_len >= strlen(methods[i]) && memcmp(t->in, methods[i], strlen(methods[i])) == 0;
+    if (!t->http_hint || !http)
+        return;
+    static const char answer[] = "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n"
+                                 "Connection: close\r\nContent-Length: 80\r\n\r\n"
+                                 "{\"error\":\"this port serves HTTPS: the request came in plain text; use https://\"}";
+    uv_buf_t b = uv_buf_init((char *)answer, sizeof(answer) - 1);
+    uv_try_write(t->s, &b, 1); /* best effort: the connection closes next */
+}
+
 static int stopped(const oi_tls_t *t) { return !t->reading || t->closed || uv_is_closing((uv_handle_t *)t->s); }
 
 /* Runs the handshake, then decrypts what was read into the protocol's buffers, while it reads. */
@@ -588,6 +607,8 @@ static void deliver(oi_tls_t *t)
             if (e == SSL_ERROR_WANT_READ && t->sock_end == 0)
                 break;
             t->failed = 1;
+            if (t->sock_end == 0)
+                answer_plain_http(t);
             deliver_end(t, t->sock_end ? t->sock_end : UV_EPROTO);
             break;
         }
