@@ -462,7 +462,11 @@ static int write_plain(oi_tls_t *t, const char *p, size_t n)
 static int encrypt_chunk(oi_tls_t *t, held_t *h)
 {
     char small[RECORD_PLAIN];
-    if (reserve_out(t, CHUNK + sizeof(small)) != 0)
+    size_t left = 0; /* what this chunk will hold: the send's rest, up to a chunk (and the
+                      * small pieces gathered past its end) */
+    for (unsigned j = h->i; j < h->nb && left <= CHUNK; j++)
+        left += h->bufs[j].len - (j == h->i ? h->off : 0);
+    if (reserve_out(t, left <= CHUNK ? left : CHUNK + sizeof(small)) != 0)
         return -1;
     size_t nsmall = 0, done = 0;
     int rc = 0;
