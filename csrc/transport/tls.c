@@ -60,7 +60,8 @@ struct oi_tls_s {
     uv_stream_t *s;
     uv_alloc_cb alloc;
     uv_read_cb read;
-    char *in; /* ciphertext read from the socket: [in_off, in_len) not yet taken by OpenSSL */
+    char *in; /* ciphertext read from the socket: [in_off, in_len) not yet taken by OpenSSL;
+               * NULL between reads (made by oi_tls_on_alloc) */
     size_t in_off, in_len;
     out_t *out;     /* records being made, NULL when none */
     held_t *held, **held_tail; /* sends not yet all encrypted, in order */
@@ -319,9 +320,7 @@ oi_tls_t *oi_tls_new(oi_tls_ctx_t *ctx, uv_loop_t *loop, uv_stream_t *s, uv_allo
     t->ssl = SSL_new(ctx->ssl_ctx);
     pthread_mutex_unlock(&ctx->mu);
     BIO *bio = t->ssl ? BIO_new(bio_method) : NULL;
-    t->in = bio ? malloc(IN_BUF_SIZE) : NULL;
-    if (t->in == NULL) {
-        BIO_free(bio);
+    if (bio == NULL) {
         SSL_free(t->ssl);
         free(t);
         return NULL;
@@ -654,8 +653,11 @@ static void deliver(oi_tls_t *t)
         break;
     }
     ERR_clear_error();
-    if (t->in_off == t->in_len)
+    if (t->in_off == t->in_len) { /* all taken: an idle connection holds no read buffer */
+        free(t->in);
+        t->in = NULL;
         t->in_off = t->in_len = 0;
+    }
     t->delivering = 0;
 }
 
@@ -693,6 +695,10 @@ void oi_tls_read_stop(oi_tls_t *t, uv_stream_t *s)
 
 void oi_tls_on_alloc(oi_tls_t *t, uv_buf_t *buf)
 {
+    if (t->in == NULL && (t->in = malloc(IN_BUF_SIZE)) == NULL) {
+        *buf = uv_buf_init(NULL, 0); /* libuv reports UV_ENOBUFS: the connection ends */
+        return;
+    }
     if (t->in_off > 0) { /* bytes OpenSSL has not taken yet move to the front */
         memmove(t->in, t->in + t->in_off, t->in_len - t->in_off);
         t->in_len -= t->in_off;
