@@ -38,6 +38,7 @@ typedef struct {
     oi_server_t *server; /* NULL once stopped */
     int started;
     unsigned max_sequence_backlog; /* each sequence model's backlog bound (0: none) */
+    oi_tls_ctx_t *http_tls, *grpc_tls; /* ours; the servers take their own references */
 } ServerObject;
 
 /* A header forward pattern: copied into `dst` when it compiles, else a ValueError naming
@@ -98,6 +99,27 @@ static int parse_restricted(PyObject *seq, const char *what, oi_restricted_t *t)
     return rc;
 }
 
+/* A TLS context from serve()'s (cert, key, root_cert or None, mutual) for `proto`; NULL with
+ * ValueError naming the file and OpenSSL's reason. `alpn` is the protocol offered. */
+static oi_tls_ctx_t *tls_from_spec(PyObject *spec, const char *proto, const char *alpn)
+{
+    const char *cert = NULL, *key = NULL, *ca = NULL;
+    int mutual = 0;
+    if (!PyArg_ParseTuple(spec, "ssz|p", &cert, &key, &ca, &mutual)) {
+        PyErr_Format(PyExc_ValueError, "%s_tls must be (server_cert, server_key, root_cert or None, mutual)", proto);
+        return NULL;
+    }
+    oi_tls_config_t cfg = {.cert_file = cert, .key_file = key, .ca_file = ca, .mutual = mutual, .alpn = alpn};
+    char err[512];
+    oi_tls_ctx_t *ctx;
+    Py_BEGIN_ALLOW_THREADS
+    ctx = oi_tls_ctx_new(&cfg, err, sizeof(err));
+    Py_END_ALLOW_THREADS
+    if (ctx == NULL)
+        PyErr_Format(PyExc_ValueError, "%s TLS: %s", proto, err);
+    return ctx;
+}
+
 static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"host",
@@ -146,6 +168,8 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                              "strict_readiness",
                              "http_header_forward_pattern",
                              "grpc_header_forward_pattern",
+                             "http_tls",
+                             "grpc_tls",
                              NULL};
     const char *host = "127.0.0.1";
     int port = 8000, threads = 0, max_conn = 4096, grpc_port = 8001, max_per_peer = 0;
@@ -171,14 +195,15 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
     const char *grpc_host = NULL; /* --grpc-address; NULL: host */
     int strict_readiness = 1;
     const char *http_fwd = NULL, *grpc_fwd = NULL; /* the header forward patterns; NULL: none */
+    PyObject *http_tls = Py_None, *grpc_tls = Py_None;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "|si$iKKiKKIiKOiKKKpippppzzIizzzIpOiiiKILiiOOzpzz", kwlist, &host, &port, &threads, &max_body,
+            args, kw, "|si$iKKiKKIiKOiKKKpippppzzIizzzIpOiiiKILiiOOzpzzOO", kwlist, &host, &port, &threads, &max_body,
             &max_header, &max_conn, &header_to, &idle_to, &depth, &grpc_port, &grpc_max, &allow_shm, &max_per_peer,
             &first_byte_to, &body_to, &grpc_queued, &statistics, &metrics_port, &counter_lat, &histogram_lat,
             &metrics_cpu, &metrics_gpu, &http_unix, &grpc_unix, &unix_mode, &compression_level, &access_log,
             &trace_file, &metrics_host, &metrics_interval, &summary_lat, &quantiles, &http_fd, &grpc_fd, &metrics_fd,
             &cache_bytes, &seq_backlog, &inflight_bytes, &inflate_ratio, &body_min_rate, &http_restricted,
-            &grpc_restricted, &grpc_host, &strict_readiness, &http_fwd, &grpc_fwd))
+            &grpc_restricted, &grpc_host, &strict_readiness, &http_fwd, &grpc_fwd, &http_tls, &grpc_tls))
         return -1;
     if (http_fd < 0 || grpc_fd < 0 || metrics_fd < 0) {
         PyErr_SetString(PyExc_ValueError, "a listen_fd must be a listening socket's descriptor (> 0), or 0");
@@ -302,6 +327,10 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
         PyErr_SetString(PyExc_RuntimeError, "Server is already initialized");
         return -1;
     }
+    if (http_tls != Py_None && (self->http_tls = tls_from_spec(http_tls, "http", "http/1.1")) == NULL)
+        return -1;
+    if (grpc_tls != Py_None && (self->grpc_tls = tls_from_spec(grpc_tls, "grpc", "h2")) == NULL)
+        return -1;
     snprintf(self->host, sizeof(self->host), "%s", host);
     snprintf(self->metrics_host, sizeof(self->metrics_host), "%s", metrics_host ? metrics_host : "");
     snprintf(self->grpc_host, sizeof(self->grpc_host), "%s", grpc_host ? grpc_host : "");
@@ -324,10 +353,12 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                  .header_timeout_ms = header_to,
                  .body_timeout_ms = body_to,
                  .body_min_rate = (uint32_t)body_min_rate,
-                 .idle_timeout_ms = idle_to},
+                 .idle_timeout_ms = idle_to,
+                 .tls = self->http_tls},
         .max_json_depth = depth,
         .grpc_port = grpc_port,
         .grpc_listen_fd = grpc_fd,
+        .grpc_tls = self->grpc_tls,
         .grpc_unix_path = grpc_unix ? self->grpc_unix : NULL,
         .grpc_infer_compression_level = compression_level,
         .grpc_max_message_bytes = (size_t)grpc_max,
@@ -400,6 +431,8 @@ static void stop_server(ServerObject *self, double timeout)
 static void Server_dealloc(ServerObject *self)
 {
     stop_server(self, 0);
+    oi_tls_ctx_unref(self->http_tls);
+    oi_tls_ctx_unref(self->grpc_tls);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -1769,7 +1802,29 @@ static PyObject *Server_get_running(ServerObject *self, void *closure)
     return PyBool_FromLong(self->server != NULL && self->started);
 }
 
+/* SIGHUP: loads the TLS certificates and keys again; new connections get them. */
+static PyObject *Server_reload_tls(ServerObject *self, PyObject *unused)
+{
+    (void)unused;
+    oi_tls_ctx_t *ctxs[2] = {self->http_tls, self->grpc_tls};
+    const char *names[2] = {"http", "grpc"};
+    for (int i = 0; i < 2; i++) {
+        if (ctxs[i] == NULL)
+            continue;
+        char err[512];
+        int rc;
+        Py_BEGIN_ALLOW_THREADS
+        rc = oi_tls_ctx_reload(ctxs[i], err, sizeof(err));
+        Py_END_ALLOW_THREADS
+        if (rc != 0)
+            return PyErr_Format(PyExc_ValueError, "%s TLS: %s", names[i], err);
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Server_methods[] = {
+    {"reload_tls", (PyCFunction)Server_reload_tls, METH_NOARGS,
+     "Loads the TLS certificates and keys again (new connections use them)."},
     {"set_metadata", (PyCFunction)Server_set_metadata, METH_O, "Sets the body of GET /v2."},
     {"add_model", (PyCFunction)(void (*)(void))Server_add_model, METH_VARARGS | METH_KEYWORDS,
      "Registers one model version."},

@@ -146,6 +146,7 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
             .host = s->cfg.grpc_host != NULL ? s->cfg.grpc_host : s->cfg.http.host,
             .port = s->cfg.http.inline_loop ? -1 : s->cfg.grpc_port,
             .listen_fd = s->cfg.grpc_listen_fd,
+            .tls = s->cfg.grpc_tls,
             .unix_path = s->cfg.http.inline_loop ? NULL : s->cfg.grpc_unix_path,
             .unix_mode = s->cfg.http.unix_mode,
             .max_message_bytes = s->cfg.grpc_max_message_bytes ? s->cfg.grpc_max_message_bytes : (size_t)2 << 30,

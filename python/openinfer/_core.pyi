@@ -161,7 +161,11 @@ class Server:
         strict_readiness: bool = True,  # False: ready once serving, whatever the models' state
         http_header_forward_pattern: str | None = None,  # headers matching it become request parameters
         grpc_header_forward_pattern: str | None = None,  # metadata matching it become request parameters
+        http_tls: tuple[str, str, str | None, bool] | None = None,  # cert, key, root cert, mutual
+        grpc_tls: tuple[str, str, str | None, bool] | None = None,  # the same, ALPN h2
     ) -> None: ...
+    def reload_tls(self) -> None:
+        """Loads the TLS certificates and keys again: new connections get them, open ones keep theirs."""
     def set_metadata(self, metadata_json: bytes) -> None:
         """Sets the body of GET /v2 (server metadata)."""
     def add_model(
@@ -297,7 +301,9 @@ class GrpcConnection:
     """One gRPC (h2c) connection, opened on first use and reopened after a failure. One thread
     at a time (another gets RuntimeError); several calls and streams may be open on it."""
 
-    def __init__(self, host: str, port: int) -> None: ...
+    def __init__(
+        self, host: str, port: int, *, tls: tuple[str | None, str | None, str | None, bool] | None = None
+    ) -> None: ...  # tls: (CA file, client certificate, its key, verify the server)
     def server_live(self, timeout: float | None = None) -> tuple[int, bool | str]: ...
     def server_ready(self, timeout: float | None = None) -> tuple[int, bool | str]: ...
     def model_ready(self, name: str, version: str | None = None,
