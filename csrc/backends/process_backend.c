@@ -153,6 +153,7 @@ static int spawn_worker(pool_t *p, worker_t *w, char *err, size_t errlen)
     if (grow_jobs(w, OI_PW_DESC_OFFSET + p->recipe_len) != 0)
         goto sys_fail;
     memset(w->jobs, 0, OI_PW_DESC_OFFSET);
+    ((oi_pw_shared_t *)w->jobs)->index = (uint32_t)(w - p->workers); /* a Triton instance's name */
     memcpy(w->jobs + OI_PW_DESC_OFFSET, p->recipe, p->recipe_len);
     ring_fd = high_fd(memfd_create("openinfer-results", MFD_CLOEXEC));
     if (ring_fd < 0 || ftruncate(ring_fd, (off_t)p->ring_bytes) != 0 ||

@@ -23,7 +23,8 @@
 /* The job area's header: the descriptor starts after it. */
 typedef struct oi_pw_shared_s {
     atomic_uint cancelled; /* set by the server when every client of the job has gone */
-    uint32_t pad[15];
+    uint32_t index;        /* which of its model's workers this is (0..n-1; a replacement keeps it) */
+    uint32_t pad[14];
 } oi_pw_shared_t;
 
 #define OI_PW_DESC_OFFSET ((uint64_t)sizeof(oi_pw_shared_t))

@@ -748,7 +748,7 @@ done:
 
 /* ---- the model repository handler ------------------------------------------------------- */
 
-static const char *const repo_ops[] = {"index", "load", "unload", "logging", "trace"};
+static const char *const repo_ops[] = {"index", "load", "unload", "logging", "trace", "ready"};
 
 /* A LIST parameter's strings as a Python list. */
 static PyObject *param_list(const oi_repo_param_t *p)
@@ -953,7 +953,9 @@ static void repo_call(void *ctx, oi_repo_call_t *call)
     PyObject *handler = ctx;
     PyObject *body =
         call->body ? PyBytes_FromStringAndSize(call->body->data, (Py_ssize_t)call->body->len) : Py_NewRef(Py_None);
-    PyObject *params = repo_params(call);
+    /* READY's one parameter is the version asked about. */
+    PyObject *params = call->op == OI_REPO_READY ? Py_BuildValue("{s:L}", "version", (long long)call->version)
+                                                 : repo_params(call);
     PyObject *stop = PyMemoryView_FromMemory((char *)&call->stop, 1, PyBUF_WRITE);
     PyObject *result = NULL;
     if (body != NULL && params != NULL && stop != NULL)
@@ -962,6 +964,8 @@ static void repo_call(void *ctx, oi_repo_call_t *call)
     if (result != NULL && call->op == OI_REPO_INDEX && repo_entries(call, result) != 0)
         Py_CLEAR(result);
     if (result != NULL && (call->op == OI_REPO_LOGGING || call->op == OI_REPO_TRACE) && repo_results(call, result) != 0)
+        Py_CLEAR(result);
+    if (result != NULL && call->op == OI_REPO_READY && (call->ready = PyObject_IsTrue(result)) < 0)
         Py_CLEAR(result);
     if (result == NULL)
         call->status = repo_error();
@@ -1378,18 +1382,19 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
                              "config_pb", "publish",          "sequence_batching",
                              "decoupled", "onnx",             "labels",
                              "ensemble",  "response_cache",   "workers",
-                             "direct",    "identity",         NULL};
+                             "direct",    "identity",         "ready_probe",
+                             NULL};
     const char *name, *error = NULL;
     long long version;
     PyObject *inputs = NULL, *outputs = NULL, *handler = NULL, *torch = Py_None, *batching = Py_None,
              *sequence = Py_None, *onnx = Py_None, *labels = Py_None, *ensemble = Py_None, *workers = Py_None,
              *direct = Py_None, *identity = Py_None;
-    int max_batch = 0, instances = 1, publish = 1, decoupled = 0, response_cache = 0;
+    int max_batch = 0, instances = 1, publish = 1, decoupled = 0, response_cache = 0, ready_probe = 0;
     Py_buffer meta = {0}, cfg_json = {0}, cfg_pb = {0};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOOy*y*pOpOOOpOOO", kwlist, &name, &version, &inputs, &outputs,
-                                     &max_batch, &meta, &handler, &instances, &error, &torch, &batching, &cfg_json,
-                                     &cfg_pb, &publish, &sequence, &decoupled, &onnx, &labels, &ensemble,
-                                     &response_cache, &workers, &direct, &identity))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOOy*y*pOpOOOpOOOp", kwlist, &name, &version, &inputs,
+                                     &outputs, &max_batch, &meta, &handler, &instances, &error, &torch, &batching,
+                                     &cfg_json, &cfg_pb, &publish, &sequence, &decoupled, &onnx, &labels, &ensemble,
+                                     &response_cache, &workers, &direct, &identity, &ready_probe))
         return NULL;
     if (handler == NULL && (torch != Py_None || onnx != Py_None || ensemble != Py_None || identity != Py_None))
         handler = Py_None;
@@ -1472,6 +1477,7 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         goto done;
     }
     m->decoupled = decoupled;
+    m->ready_probe = ready_probe;
     /* Without a server cache the model runs uncached, as in Triton. */
     m->cache = response_cache ? oi_server_response_cache(s) : NULL;
     memcpy(m->metadata->data, meta.buf, (size_t)meta.len);

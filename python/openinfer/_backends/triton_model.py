@@ -40,7 +40,7 @@ import numpy as np
 from .._config import triton_config
 from ..config import ConfigError, ModelConfig
 from ..model import Model, Tensor
-from . import triton_metrics
+from . import triton_metrics, triton_ready
 from . import triton_utils as pb
 from .model_file import _LoadError, import_model_file
 from .processes import ModelFile, bind_file
@@ -100,12 +100,16 @@ class TritonFile(ModelFile):
 
     args: tuple[tuple[str, str], ...] = ()
     metrics: str = ""  # where the worker's pb_utils metrics go (triton_metrics.listen)
+    names: tuple[str, ...] = ()  # each worker's model_instance_name, by worker number
 
-    def load(self) -> Instances:
+    def load(self, worker: int = 0) -> Instances:
         if self.metrics:
             triton_metrics.send_to(self.metrics)
         module = import_model_file(self.model_name, self.version, Path(self.path), PROVIDED)
-        return Instances([make_instance(module, dict(self.args))])
+        args = dict(self.args)
+        if self.names:
+            args["model_instance_name"] = self.names[worker % len(self.names)]
+        return Instances([make_instance(module, args)])
 
 
 def make_instance(module: Any, args: dict[str, str]) -> Any:
@@ -163,6 +167,16 @@ class TritonModel(Model):
     def bind(self, instance_name: str) -> None:
         object.__setattr__(self, "_instance_name", instance_name)
         object.__setattr__(self, "_input_types", {t.name: t.datatype for t in self.inputs})
+        object.__setattr__(self, "_ready", None)
+
+    @property
+    def ready_probe(self) -> bool:
+        """Whether a ready check asks the model (`ready`): its instances define is_ready()."""
+        return self._ready is not None
+
+    def ready(self) -> bool:
+        """The instances' own readiness (is_ready()); called on a control thread of the core."""
+        return self._ready() if self._ready is not None else True
 
     @property
     def direct(self) -> None:
@@ -372,11 +386,17 @@ def load(
         }
 
     model.bind(names[0][0])
-    if in_processes:  # each worker makes its own instance (the first group's name for all)
-        recipe = TritonFile(str(path), CLASS, name, version, tuple(args(*names[0]).items()), triton_metrics.listen())
+    if in_processes:  # each worker makes its own instance, named by its number
+        recipe = TritonFile(
+            str(path), CLASS, name, version, tuple(args(*names[0]).items()), triton_metrics.listen(),
+            tuple(n for n, _ in names),
+        )
         bind_file(model, recipe)
         return model
-    instances = Instances([make_instance(module, args(*n)) for n in names])
+    objects = [make_instance(module, args(*n)) for n in names]
+    instances = Instances(objects)
+    if triton_ready.defines_is_ready(getattr(module, CLASS)):
+        object.__setattr__(model, "_ready", triton_ready.Readiness([(o, n) for o, (n, _) in zip(objects, names)]))
     object.__setattr__(model, "fn", instances)
     object.__setattr__(model, "_source", instances)
     weakref.finalize(model, instances.finalize)  # at unload, once the last request is answered

@@ -196,6 +196,9 @@ class ModelControl:
         HTTP client sent it, or its parameters as gRPC decoded them; `stop`, a byte that the
         core sets when the client goes (a load then gives up starting worker processes).
         Raises InferenceServerError with the status to answer."""
+        if op == "ready":
+            assert model is not None and params is not None
+            return self.ready(model, params["version"])
         if op == "index":
             if body is not None:
                 ready = _body_flag(_body_object(body, "registry index", self._max_json_depth), "ready")
@@ -207,6 +210,15 @@ class ModelControl:
         else:
             self.unload(model, _unload_params(body, params, self._max_json_depth))
         return None
+
+    def ready(self, name: str, version: int) -> bool:
+        """A ready check of a version that answers its own readiness (a Triton Python model's
+        is_ready()), on a control thread: False once it is no longer loaded."""
+        with self._lock:
+            entries = list(self._loaded.get(name, []))
+        model = next((e.model for e in entries if e.model is not None and e.model.version == version), None)
+        ask = getattr(model, "ready", None)
+        return bool(ask()) if callable(ask) else False
 
     def load(
         self,
@@ -547,7 +559,8 @@ class ModelControl:
             # A TorchScript module runs through the shim (torch=spec); a Python model is a handler.
             runs: dict[str, Any] = {"handler": getattr(model, "handler", None),
                                     "direct": getattr(model, "direct", None),
-                                    "decoupled": getattr(model, "decoupled", False)}
+                                    "decoupled": getattr(model, "decoupled", False),
+                                    "ready_probe": getattr(model, "ready_probe", False)}
             if getattr(model, "processes", False):
                 runs["workers"] = (*processes.worker_spec(model), stop)
             if isinstance(model, TorchModel):
