@@ -90,6 +90,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]
     d = tmp_path_factory.mktemp("ready_files")
     paths = {k: d / k for k in ("flag", "calls", "gate", "names")}
     paths["flag"].write_text("1")
+    paths["gate"].touch()  # the slow model answers at once but in its own test
     mp = pytest.MonkeyPatch()
     for k, p in paths.items():
         mp.setenv(f"PYR_{k.upper()}", str(p))
@@ -122,11 +123,20 @@ def ready(srv: openinfer.Server, model: str) -> tuple[bool, bool, bool]:
     )
 
 
+def server_ready(srv: openinfer.Server) -> tuple[bool, bool, int]:
+    """The server's (strict) readiness over tritonclient HTTP and gRPC, and the HTTP status."""
+    status = requests.get(f"{srv.url}/v2/health/ready", timeout=30).status_code
+    return triton_http(srv).is_server_ready(), triton_grpc(srv).is_server_ready(), status
+
+
 def test_is_ready_answers_every_check(srv: openinfer.Server, files: dict[str, Path]) -> None:
     files["flag"].write_text("1")
     assert ready(srv, "flag") == (True, True, True)
+    assert server_ready(srv) == (True, True, 200)
     files["flag"].write_text("0")
     assert ready(srv, "flag") == (False, False, False)
+    # As Triton's strict readiness: the server is ready when every model's instances are.
+    assert server_ready(srv) == (False, False, 400)
     answer = requests.get(f"{srv.url}/v2/models/flag/ready", timeout=30)
     assert answer.status_code == 400
     assert answer.json() == {"name": "flag", "version": "1", "ready": False,
@@ -134,6 +144,7 @@ def test_is_ready_answers_every_check(srv: openinfer.Server, files: dict[str, Pa
     files["flag"].write_text("1")
     assert ready(srv, "flag") == (True, True, True)
     assert requests.get(f"{srv.url}/v2/models/flag/ready", timeout=30).json()["ready"] is True
+    assert server_ready(srv) == (True, True, 200)
 
 
 def test_every_instance_must_be_ready(srv: openinfer.Server, files: dict[str, Path]) -> None:
@@ -202,6 +213,7 @@ def test_slow_is_ready_times_out_and_concurrent_checks_share_one_call(
     wait_for(lambda: lines(done) == 1, "the hung is_ready returned")
     assert ready(srv, "slow") == (True, True, True)
     assert lines(calls) >= 2
+    files["gate"].touch()
 
 
 def test_worker_instances_have_their_own_names(srv: openinfer.Server, files: dict[str, Path]) -> None:

@@ -452,9 +452,12 @@ static void on_message(void *ctx, oi_grpc_call_t *call, oi_buf_t *msg)
         break;
     }
     case RPC_SERVER_READY: {
-        Inference__ServerReadyResponse r = INFERENCE__SERVER_READY_RESPONSE__INIT;
-        r.ready = oi__server_ready(s) != 0;
-        oi__grpc_reply(call, &r.base);
+        int ready = oi__server_ready(s) != 0, asks = ready && oi__server_ready_asks(s);
+        if (!asks || oi__grpc_probe_ready(s, call, NULL) != 0) {
+            Inference__ServerReadyResponse r = INFERENCE__SERVER_READY_RESPONSE__INIT;
+            r.ready = ready && !asks; /* one that could not be asked is not ready */
+            oi__grpc_reply(call, &r.base);
+        }
         break;
     }
     case RPC_SERVER_METADATA:

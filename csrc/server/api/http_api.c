@@ -469,6 +469,32 @@ static void finish_ready(oi_repo_call_t *call)
     oi_repo_call_free(call);
 }
 
+/* On the loop thread that asked: whether every model that answers its own readiness said yes. */
+static void finish_server_ready(oi_repo_call_t *call)
+{
+    if (call->status == NULL && call->ready)
+        respond_static(call->ctx, 200, "{\"ready\":true}");
+    else
+        respond_static(call->ctx, 400, "{\"ready\":false}");
+    oi_repo_call_free(call);
+}
+
+/* Strict server readiness with models that answer their own: asked on a control thread. */
+static void ask_server_ready(oi_server_t *s, oi_http_request_t *r)
+{
+    oi_repo_call_t *call = oi_repo_call_new(OI_REPO_READY);
+    oi_status_t *st = call == NULL ? oi_status_new(OI_INTERNAL, "out of memory") : NULL;
+    if (st == NULL) {
+        call->version = -1;
+        st = oi__repo_submit(s, call, r->loop, finish_server_ready, r);
+    }
+    if (st != NULL) {
+        oi_repo_call_free(call);
+        oi_status_free(st);
+        respond_static(r, 400, "{\"ready\":false}");
+    }
+}
+
 /* A loaded version that answers its own readiness is asked on a control thread (a model's code
  * may take seconds; this loop never waits); any other is answered here. */
 static void respond_model_ready(oi_server_t *s, oi_http_request_t *r, oi_model_t *m)
@@ -1063,10 +1089,12 @@ void oi__http_api_handle(void *ctx, oi_http_request_t *r)
         }
         if (p[7] == 'l')
             respond_static(r, 200, "{\"live\":true}");
-        else if (oi__server_ready(s))
+        else if (!oi__server_ready(s))
+            respond_static(r, 400, "{\"ready\":false}");
+        else if (!oi__server_ready_asks(s))
             respond_static(r, 200, "{\"ready\":true}");
         else
-            respond_static(r, 400, "{\"ready\":false}");
+            ask_server_ready(s, r);
         return;
     }
     if (strncmp(p, "models/", 7) == 0) {

@@ -17,7 +17,7 @@
 /* LOGGING reads or changes the log settings (the logging extension), TRACE the trace settings
  * (the trace extension; `model` names the model, NULL: the global ones), READY asks a model
  * that answers its own readiness (oi_model_t.ready_probe) whether version `version` of `model`
- * is ready: not repository operations, but they too belong to the application and run its
+ * is ready (`model` NULL: whether every such loaded version is, for the server's readiness): not repository operations, but they too belong to the application and run its
  * handler (which may take seconds), so they ride here. */
 typedef enum { OI_REPO_INDEX, OI_REPO_LOAD, OI_REPO_UNLOAD, OI_REPO_LOGGING, OI_REPO_TRACE, OI_REPO_READY } oi_repo_op_t;
 

@@ -197,7 +197,7 @@ class ModelControl:
         core sets when the client goes (a load then gives up starting worker processes).
         Raises InferenceServerError with the status to answer."""
         if op == "ready":
-            assert model is not None and params is not None
+            assert params is not None
             return self.ready(model, params["version"])
         if op == "index":
             if body is not None:
@@ -211,11 +211,15 @@ class ModelControl:
             self.unload(model, _unload_params(body, params, self._max_json_depth))
         return None
 
-    def ready(self, name: str, version: int) -> bool:
+    def ready(self, name: str | None, version: int) -> bool:
         """A ready check of a version that answers its own readiness (a Triton Python model's
-        is_ready()), on a control thread: False once it is no longer loaded."""
+        is_ready()), on a control thread: False once it is no longer loaded. `name` None: the
+        server's strict readiness, whether every loaded version that answers its own is ready."""
         with self._lock:
-            entries = list(self._loaded.get(name, []))
+            entries = [e for n, es in self._loaded.items() if name in (None, n) for e in es]
+        if name is None:
+            asks = [e.model.ready for e in entries if getattr(e.model, "ready_probe", False)]
+            return all(ask() for ask in asks)
         model = next((e.model for e in entries if e.model is not None and e.model.version == version), None)
         ask = getattr(model, "ready", None)
         return bool(ask()) if callable(ask) else False
