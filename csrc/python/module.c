@@ -1426,13 +1426,16 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         PyObject *pref = NULL;
         unsigned long long delay = 0;
         unsigned int max_queue = 0, default_level = 0;
-        int preserve = 0;
+        int preserve = 0, each_parameters = 0;
         PyObject *levels = Py_None;
         if (!PyArg_ParseTuple(batching,
-                              "OK|IOIp;dynamic_batching is (preferred_batch_sizes, max_queue_delay_us[, max_queue_size"
-                              "[, level_policies, default_priority_level[, preserve_ordering]]])",
-                              &pref, &delay, &max_queue, &levels, &default_level, &preserve))
+                              "OK|IOIpp;dynamic_batching is (preferred_batch_sizes, max_queue_delay_us[, max_queue_size"
+                              "[, level_policies, default_priority_level[, preserve_ordering[, each_parameters]]]])",
+                              &pref, &delay, &max_queue, &levels, &default_level, &preserve, &each_parameters))
             goto done;
+        /* The model reads each request's own parameters (oi_request_t.batch_params): requests
+         * with different ones share a batch, as Triton batches them. */
+        batch.ignore_parameters = each_parameters;
         batch.preserve_ordering = preserve;
         batch.max_queue_size = max_queue;
         if (levels != Py_None && (policies = parse_queue_policies(levels, &batch.n_levels)) == NULL)
@@ -1451,7 +1454,7 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         batch.max_batch_size = max_batch;
         batch.max_queue_delay_us = delay;
     }
-    batch.ignore_parameters = sequence != Py_None; /* each request names its own sequence */
+    batch.ignore_parameters |= sequence != Py_None; /* each request names its own sequence */
     if (handler == Py_None && error == NULL && torch == Py_None && onnx == Py_None && ensemble == Py_None &&
         identity == Py_None) {
         PyErr_Format(PyExc_ValueError, "model '%s': a model without a handler needs an error reason", name);

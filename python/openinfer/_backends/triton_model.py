@@ -164,6 +164,11 @@ class TritonModel(Model):
     _instance_name: str
     _input_types: dict[str, str]
 
+    @property
+    def each_parameters(self) -> bool:
+        """execute sees each request of a batch with its own parameters (see `_batch`)."""
+        return True
+
     def bind(self, instance_name: str) -> None:
         object.__setattr__(self, "_instance_name", instance_name)
         object.__setattr__(self, "_input_types", {t.name: t.datatype for t in self.inputs})
@@ -239,24 +244,33 @@ class TritonModel(Model):
         cancelled: Callable[[], bool],
     ) -> dict[str, object]:
         """A dynamic batch the scheduler concatenated, served as Triton serves one: execute gets
-        each request apart (views of its rows), and their outputs are joined again by rows for
-        the scheduler to split. An error response fails the batch's requests."""
+        each request apart (views of its rows, its own id and parameters), and their outputs are
+        joined again by rows for the scheduler to split. An error response fails its own request
+        alone (`cancelled.fail`); its rows in the joined outputs are filler."""
         requests, start = [], 0
-        for rows, request_id in batch:
+        for rows, request_id, own in batch:
             views = {name: array[start : start + rows] for name, array in inputs.items()}
-            request = pb.InferenceRequest._served(
-                self.name, views, self._input_types, outputs, parameters, cancelled, False
-            )
+            request = pb.InferenceRequest._served(self.name, views, self._input_types, outputs, own, cancelled, False)
             request._request_id = request_id or ""
             requests.append(request)
             start += rows
-        produced = [self._outputs(r) for r in self._returned(self._execute(requests), requests)]
+        produced: list[dict[str, object] | None] = []
+        for k, response in enumerate(self._returned(self._execute(requests), requests)):
+            try:
+                produced.append(self._outputs(response))
+            except pb.ResponseError as e:
+                cancelled.fail(k, e.status, e.message)  # type: ignore[attr-defined]
+                produced.append(None)
+        if all(p is None for p in produced):
+            return {}
         joined: dict[str, object] = {}
         for name in outputs:
-            parts = [p.get(name) for p in produced]
-            if any(part is None for part in parts):
+            given = [np.asarray(p[name]) if p is not None and p.get(name) is not None else None for p in produced]
+            like = next((g for g, p in zip(given, produced) if p is not None and g is not None), None)
+            if like is None or any(g is None and p is not None for g, p in zip(given, produced)):
                 raise ValueError(f"model {self.name!r} did not return output {name!r} for every request of the batch")
-            joined[name] = np.concatenate([np.asarray(part) for part in parts])
+            parts = [g if g is not None else _filler(like, rows) for g, (rows, _, _) in zip(given, batch)]
+            joined[name] = np.concatenate(parts)
         return self._select(joined, outputs)
 
     def _returned(self, result: Any, requests: list[pb.InferenceRequest]) -> list[pb.InferenceResponse]:
@@ -330,6 +344,12 @@ class TritonModel(Model):
         return pb.ResponseError(
             500, f"Failed to process the request(s) for model '{self._instance_name}', message: {message}"
         )
+
+
+def _filler(like: np.ndarray, rows: int) -> np.ndarray:
+    """The rows of a failed request of a batch, shaped as `like`'s (never sent)."""
+    shape = (rows, *like.shape[1:])
+    return np.full(shape, b"", dtype=object) if like.dtype == object else np.zeros(shape, like.dtype)
 
 
 def load(

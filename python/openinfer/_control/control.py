@@ -583,7 +583,8 @@ class ModelControl:
                     entry.name, versions, model.platform, model.inputs, model.outputs
                 ),
                 instances=model.instances,
-                dynamic_batching=_batching(model.max_batch_size, model.dynamic_batching, entry.sequence),
+                dynamic_batching=_batching(model.max_batch_size, model.dynamic_batching, entry.sequence,
+                                           getattr(model, "each_parameters", False)),
                 sequence_batching=entry.sequence.core(model.instances) if entry.sequence else None,
                 response_cache=_response_cache(entry),
                 **runs,
@@ -989,18 +990,22 @@ def _version(entry: LoadedModel) -> int:
 
 
 def _batching(
-    max_batch_size: int, batching: DynamicBatching | None, sequence: SequenceBatching | None = None
+    max_batch_size: int, batching: DynamicBatching | None, sequence: SequenceBatching | None = None,
+    each_parameters: bool = False,
 ) -> tuple[tuple[int, ...], int] | None:
     """add_model's dynamic_batching: (preferred sizes, max queue delay in µs, max queue size[, level
-    policies or None, default priority level, preserve_ordering]), or None. With max_batch_size 0 nothing is batched but the queue
+    policies or None, default priority level, preserve_ordering[, each_parameters]]), or None. With max_batch_size 0 nothing is batched but the queue
     policies and priorities still apply, as in Triton. A
-    sequence model batches the ready requests of its sequences as its strategy says."""
+    sequence model batches the ready requests of its sequences as its strategy says.
+    `each_parameters`: the model sees each request's own parameters (a Triton Python model), so
+    requests with different parameters share a batch, as in Triton."""
     if max_batch_size > 0 and sequence is not None:
         return sequence.batching()
     if batching is None:
         return None
     return (batching.preferred_batch_size, batching.max_queue_delay_microseconds, batching.max_queue_size,
-            batching.level_policies(), batching.default_priority_level, batching.preserve_ordering)
+            batching.level_policies(), batching.default_priority_level, batching.preserve_ordering,
+            each_parameters)
 
 
 def _model_config(entry: LoadedModel) -> dict[str, bytes]:
