@@ -25,7 +25,7 @@ from test_triton_python_batching import held, pending
 # IN == -1 holds execute (bounded) until the gate file exists, so that later requests queue and
 # form one batch. Each request answers with its rows times its own "scale" parameter, its
 # parameters as it saw them, and how many requests its execute call got; a "fail" parameter
-# makes its response an error with that text (and code, when "code" names one).
+# makes its response an error with that text and its row count (and code, when "code" names one).
 MODEL = PROLOGUE + textwrap.dedent(
     """
     import os, time
@@ -43,7 +43,8 @@ MODEL = PROLOGUE + textwrap.dedent(
                 params = json.loads(request.parameters())
                 if "fail" in params:
                     code = getattr(pb_utils.TritonError, params.get("code", "INVALID_ARG"))
-                    responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(params["fail"], code)))
+                    text = f"{params['fail']} ({x.shape[0]} rows)"
+                    responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(text, code)))
                     continue
                 rows = x.shape[0]
                 responses.append(pb_utils.InferenceResponse([
@@ -143,10 +144,10 @@ def test_each_request_of_a_batch_has_its_own_parameters_and_errors(
             assert f.result(timeout=120)[0] == 200
     (s0, a0), (s1, a1), (s2, a2), (s3, a3) = answers
     assert s0 == 200 and a0["OUT"] == [2.0] and json.loads(a0["P"][0]) == {"scale": 2}
-    assert (s1, a1) == (400, "row one is bad")
+    assert (s1, a1) == (400, "row one is bad (2 rows)")
     assert s2 == 200 and a2["OUT"] == [15.0, 15.0, 15.0]
     assert [json.loads(p) for p in a2["P"]] == [{"scale": 5}] * 3
-    assert s3 in ("StatusCode.NOT_FOUND", 404) and a3 == "row three is missing"
+    assert s3 in ("StatusCode.NOT_FOUND", 404) and a3 == "row three is missing (1 rows)"
     assert a0["N"] == [4] and a2["N"] == [4] * 3  # all four reached one execute call
 
 
@@ -161,11 +162,12 @@ def test_every_request_of_a_batch_failing_gets_its_own_error(
         for i in range(blockers):
             holding.append(pool.submit(over_http, srv, model, -1, 1, {}))
             wait_for(lambda: held(gate) == i + 1, "a request held in execute")
-        queued = [pool.submit(over_http, srv, model, 1.0, 1, {"fail": "first"}),
-                  pool.submit(over_http, srv, model, 1.0, 2, {"fail": "second", "code": "UNAVAILABLE"})]
+        # the same parameters: they batch together on any server
+        queued = [pool.submit(over_http, srv, model, 1.0, rows, {"fail": "bad", "code": "UNAVAILABLE"})
+                  for rows in (1, 2)]
         wait_for(lambda: pending(srv, model) == 2, "two requests queued behind the held ones")
         gate.touch()
         answers = [f.result(timeout=120) for f in queued]
         for f in holding:
             assert f.result(timeout=120)[0] == 200
-    assert answers == [(400, "first"), (503, "second")]
+    assert answers == [(503, "bad (1 rows)"), (503, "bad (2 rows)")]
