@@ -7,6 +7,8 @@ not ready, and an exception or a non-bool as not ready. Also each worker-process
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import textwrap
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -33,10 +35,15 @@ EXECUTE = """
                                                                 .as_numpy() * 2)]) for r in requests]
 """
 # is_ready answers what the flag file says: "1" ready, "0" not, "raise" raises, "str" a non-bool.
+# Each instance notes its model's name and its pid.
 FLAG_MODEL = PROLOGUE + textwrap.dedent(
     """
     import os
     class TritonPythonModel:
+        def initialize(self, args):
+            with open(os.environ["PYR_FLAG"] + ".pids", "a") as f:
+                f.write(f"{args['model_name']} {os.getpid()}\\n")
+
         def is_ready(self):
             flag = open(os.environ["PYR_FLAG"]).read()
             if flag == "raise":
@@ -104,6 +111,7 @@ def srv(tmp_path_factory: pytest.TempPathFactory, files: dict[str, Path]) -> Ite
     add_model(repo, "flag", FLAG_MODEL, CONFIG.format(name="flag", count=1))
     # two instances kept in the server process (KIND_MODEL)
     add_model(repo, "flag2", FLAG_MODEL, CONFIG.format(name="flag2", count=2).replace("KIND_CPU", "KIND_MODEL"))
+    add_model(repo, "flag_workers", FLAG_MODEL, CONFIG.format(name="flag_workers", count=2))
     add_model(repo, "slow", SLOW_MODEL, CONFIG.format(name="slow", count=1))
     add_model(repo, "async_ready", ASYNC_MODEL, CONFIG.format(name="async_ready", count=1))
     add_model(repo, "names", NAMES_MODEL, CONFIG.format(name="names", count=3))
@@ -147,12 +155,16 @@ def test_is_ready_answers_every_check(srv: openinfer.Server, files: dict[str, Pa
     assert server_ready(srv) == (True, True, 200)
 
 
-def test_every_instance_must_be_ready(srv: openinfer.Server, files: dict[str, Path]) -> None:
+@pytest.mark.parametrize("model", ["flag2", "flag_workers"])
+def test_every_instance_must_be_ready(srv: openinfer.Server, files: dict[str, Path], model: str) -> None:
+    # flag2: two instances in the server process; flag_workers: two worker processes
     files["flag"].write_text("1")
-    assert ready(srv, "flag2") == (True, True, True)
+    assert ready(srv, model) == (True, True, True)
     files["flag"].write_text("0")
-    assert ready(srv, "flag2") == (False, False, False)
+    assert ready(srv, model) == (False, False, False)
+    assert server_ready(srv) == (False, False, 400)
     files["flag"].write_text("1")
+    assert ready(srv, model) == (True, True, True)
 
 
 @pytest.mark.parametrize("flag", ["raise", "str"])
@@ -214,6 +226,32 @@ def test_slow_is_ready_times_out_and_concurrent_checks_share_one_call(
     assert ready(srv, "slow") == (True, True, True)
     assert lines(calls) >= 2
     files["gate"].touch()
+
+
+def test_a_replaced_worker_is_asked(srv: openinfer.Server, files: dict[str, Path]) -> None:
+    files["flag"].write_text("1")
+    pids_file = Path(str(files["flag"]) + ".pids")
+
+    def pids() -> list[int]:
+        return [int(line.split()[1]) for line in pids_file.read_text().splitlines()
+                if line.split()[0] == "flag_workers"]
+
+    assert len(pids()) == 2 and ready(srv, "flag_workers") == (True, True, True)
+    os.kill(pids()[0], signal.SIGKILL)
+    # As a Triton model whose stub process died: not ready until the instance is restarted,
+    # which a request makes happen.
+    wait_for(lambda: ready(srv, "flag_workers") == (False, False, False), "a dead worker's model not ready")
+    body = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1], "data": [1.0]}]}
+
+    def replaced() -> bool:
+        requests.post(f"{srv.url}/v2/models/flag_workers/infer", json=body, timeout=60)
+        return len(pids()) == 3
+
+    wait_for(replaced, "the killed worker replaced")
+    wait_for(lambda: ready(srv, "flag_workers") == (True, True, True), "the replacement asked")
+    files["flag"].write_text("0")
+    assert ready(srv, "flag_workers") == (False, False, False)
+    files["flag"].write_text("1")
 
 
 def test_worker_instances_have_their_own_names(srv: openinfer.Server, files: dict[str, Path]) -> None:

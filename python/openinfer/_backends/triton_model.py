@@ -101,6 +101,7 @@ class TritonFile(ModelFile):
     args: tuple[tuple[str, str], ...] = ()
     metrics: str = ""  # where the worker's pb_utils metrics go (triton_metrics.listen)
     names: tuple[str, ...] = ()  # each worker's model_instance_name, by worker number
+    ready: str = ""  # where the server asks is_ready() (triton_ready.WorkerReadiness), if it does
 
     def load(self, worker: int = 0) -> Instances:
         if self.metrics:
@@ -109,7 +110,10 @@ class TritonFile(ModelFile):
         args = dict(self.args)
         if self.names:
             args["model_instance_name"] = self.names[worker % len(self.names)]
-        return Instances([make_instance(module, args)])
+        instance = make_instance(module, args)
+        if self.ready:
+            triton_ready.answer_in_worker(self.ready, worker, instance, args["model_instance_name"])
+        return Instances([instance])
 
 
 def make_instance(module: Any, args: dict[str, str]) -> Any:
@@ -191,6 +195,9 @@ class TritonModel(Model):
         """finalize() of the objects in this process (a worker's run theirs as the worker ends)."""
         if isinstance(self.fn, Instances):
             self.fn.finalize()
+        close = getattr(getattr(self, "_ready", None), "close", None)
+        if close is not None:  # the workers' readiness socket
+            close()
 
     def handler(
         self,
@@ -407,9 +414,13 @@ def load(
 
     model.bind(names[0][0])
     if in_processes:  # each worker makes its own instance, named by its number
+        asks = triton_ready.WorkerReadiness(model.instances) if triton_ready.defines_is_ready(getattr(module, CLASS)) else None
+        object.__setattr__(model, "_ready", asks)
+        if asks is not None:
+            weakref.finalize(model, asks.close)  # at unload
         recipe = TritonFile(
             str(path), CLASS, name, version, tuple(args(*names[0]).items()), triton_metrics.listen(),
-            tuple(n for n, _ in names),
+            tuple(n for n, _ in names), asks.address if asks is not None else "",
         )
         bind_file(model, recipe)
         return model

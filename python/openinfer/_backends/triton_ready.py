@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
+import socket
+import struct
 import threading
 import time
 from concurrent.futures import Future
@@ -87,3 +90,110 @@ class Readiness:
                 instance.failed(f"did not return within {TIMEOUT_S:g} s")
                 ready = False
         return ready
+
+
+class WorkerReadiness:
+    """The is_ready() of a model's instances in worker processes, asked over a socket of their
+    own (an abstract Unix stream socket this process listens on; each worker connects as it
+    loads, saying its number), beside the job wire. A check asks every worker once; a worker
+    still busy with an earlier question is not asked again, its answer to that one is awaited.
+    Checks that come while one runs share its result. A worker missing (it died and its
+    successor has not loaded yet), silent for five seconds, or answering False makes the
+    model not ready."""
+
+    def __init__(self, count: int) -> None:
+        self._count = count
+        self._lock = threading.Lock()
+        self._pending: Future[bool] | None = None
+        self._workers: dict[int, tuple[socket.socket, list[bool]]] = {}  # number: (conn, [asked])
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.address = f"\0openinfer-ready-{os.getpid()}-{id(self)}"
+        self._sock.bind(self.address)
+        self._sock.listen(count)
+        threading.Thread(target=self._accept, name="oi-is-ready-workers", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:  # closed: the model is unloaded
+                return
+            number = conn.recv(4)
+            if len(number) != 4:
+                conn.close()
+                continue
+            with self._lock:
+                old = self._workers.pop(struct.unpack("<I", number)[0], None)
+                self._workers[struct.unpack("<I", number)[0]] = (conn, [False])
+            if old is not None:
+                old[0].close()
+
+    def __call__(self) -> bool:
+        with self._lock:
+            ask = self._pending is None or self._pending.done()
+            if ask:
+                self._pending = Future()
+            pending = self._pending
+        if ask:
+            try:
+                pending.set_result(self._ask())
+            except Exception:  # noqa: BLE001 - a socket failing on our side: not ready
+                pending.set_result(False)
+        return pending.result()
+
+    def _ask(self) -> bool:
+        with self._lock:
+            workers = dict(self._workers)
+        ready = len(workers) == self._count
+        deadline = time.monotonic() + TIMEOUT_S
+        for conn, asked in workers.values():
+            if not asked[0]:
+                conn.sendall(b"?")
+                asked[0] = True
+        for number, (conn, asked) in workers.items():
+            conn.settimeout(max(0.001, deadline - time.monotonic()))
+            try:
+                answer = conn.recv(1)
+            except TimeoutError:
+                ready = False
+                continue
+            except OSError:
+                answer = b""
+            if not answer:  # the worker has gone
+                with self._lock:
+                    if self._workers.get(number, (None,))[0] is conn:
+                        del self._workers[number]
+                conn.close()
+                ready = False
+                continue
+            asked[0] = False
+            ready = ready and answer == b"\1"
+        return ready
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return type(None), ()  # a model shipped to its workers leaves this behind
+
+    def close(self) -> None:
+        self._sock.close()
+        with self._lock:
+            workers, self._workers = self._workers, {}
+        for conn, _ in workers.values():
+            conn.close()
+
+
+def answer_in_worker(address: str, number: int, obj: Any, name: str) -> None:
+    """In worker number `number`: answers the server's readiness questions (`WorkerReadiness`)
+    from a thread of its own, with `obj`'s is_ready()."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(address)
+    conn.sendall(struct.pack("<I", number))
+    readiness = Readiness([(obj, name)])
+
+    def serve() -> None:
+        try:
+            while conn.recv(1):
+                conn.sendall(b"\1" if readiness() else b"\0")
+        except OSError:  # the server has gone
+            pass
+
+    threading.Thread(target=serve, name="oi-is-ready", daemon=True).start()
