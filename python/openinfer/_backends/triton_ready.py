@@ -2,11 +2,14 @@
 it (README "is_ready", src/python_be.cc RunUserModelReadinessCheck).
 
 The core answers a ready check of such a model (``GET /v2/models/<m>[/versions/<v>]/ready``,
-gRPC ModelReady) on a control thread instead of its event loop, and this module gives the answer:
+gRPC ModelReady, and strict server readiness) on a control thread instead of its event loop, and
+this module gives the answer:
 every instance must say True. Each instance has at most one is_ready() call in flight, on a
 thread of its own; checks that come meanwhile share that call's result. A call that has not
 returned within five seconds, that raises, or that returns anything but a bool makes the model
 not ready for that check; the failure is logged once, until is_ready() answers again.
+Instances in worker processes answer over a socket of their own (`WorkerReadiness`), from a
+thread of the worker.
 """
 
 from __future__ import annotations
@@ -118,13 +121,18 @@ class WorkerReadiness:
                 conn, _ = self._sock.accept()
             except OSError:  # closed: the model is unloaded
                 return
-            number = conn.recv(4)
-            if len(number) != 4:
+            conn.settimeout(TIMEOUT_S)  # a worker says its number at once
+            try:
+                said = conn.recv(4)
+            except OSError:
+                said = b""
+            if len(said) != 4:
                 conn.close()
                 continue
+            (number,) = struct.unpack("<I", said)
             with self._lock:
-                old = self._workers.pop(struct.unpack("<I", number)[0], None)
-                self._workers[struct.unpack("<I", number)[0]] = (conn, [False])
+                old = self._workers.pop(number, None)
+                self._workers[number] = (conn, [False])
             if old is not None:
                 old[0].close()
 
