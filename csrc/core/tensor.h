@@ -124,6 +124,12 @@ typedef struct oi_request_s {
     const int64_t *batch_rows;
     const char *const *batch_ids;
     uint32_t n_batch;
+    /* With batch_rows: each request's own parameters (`parameters` is the first one's), and
+     * n_batch slots where the backend may fail one request of the batch alone (Triton's
+     * per-request error responses): a status there goes to that request instead of its rows,
+     * which the outputs must still hold. The scheduler owns both and what the slots hold. */
+    const oi_slice_t *batch_params;
+    oi_status_t **batch_errors;
 } oi_request_t;
 
 /* Element count of a shape with overflow and sign checks: 0 and *count set, or -1 when a

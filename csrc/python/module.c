@@ -784,7 +784,7 @@ done:
 
 /* ---- the model repository handler ------------------------------------------------------- */
 
-static const char *const repo_ops[] = {"index", "load", "unload", "logging", "trace"};
+static const char *const repo_ops[] = {"index", "load", "unload", "logging", "trace", "ready"};
 
 /* A LIST parameter's strings as a Python list. */
 static PyObject *param_list(const oi_repo_param_t *p)
@@ -989,7 +989,9 @@ static void repo_call(void *ctx, oi_repo_call_t *call)
     PyObject *handler = ctx;
     PyObject *body =
         call->body ? PyBytes_FromStringAndSize(call->body->data, (Py_ssize_t)call->body->len) : Py_NewRef(Py_None);
-    PyObject *params = repo_params(call);
+    /* READY's one parameter is the version asked about. */
+    PyObject *params = call->op == OI_REPO_READY ? Py_BuildValue("{s:L}", "version", (long long)call->version)
+                                                 : repo_params(call);
     PyObject *stop = PyMemoryView_FromMemory((char *)&call->stop, 1, PyBUF_WRITE);
     PyObject *result = NULL;
     if (body != NULL && params != NULL && stop != NULL)
@@ -998,6 +1000,8 @@ static void repo_call(void *ctx, oi_repo_call_t *call)
     if (result != NULL && call->op == OI_REPO_INDEX && repo_entries(call, result) != 0)
         Py_CLEAR(result);
     if (result != NULL && (call->op == OI_REPO_LOGGING || call->op == OI_REPO_TRACE) && repo_results(call, result) != 0)
+        Py_CLEAR(result);
+    if (result != NULL && call->op == OI_REPO_READY && (call->ready = PyObject_IsTrue(result)) < 0)
         Py_CLEAR(result);
     if (result == NULL)
         call->status = repo_error();
@@ -1414,18 +1418,19 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
                              "config_pb", "publish",          "sequence_batching",
                              "decoupled", "onnx",             "labels",
                              "ensemble",  "response_cache",   "workers",
-                             "direct",    "identity",         NULL};
+                             "direct",    "identity",         "ready_probe",
+                             NULL};
     const char *name, *error = NULL;
     long long version;
     PyObject *inputs = NULL, *outputs = NULL, *handler = NULL, *torch = Py_None, *batching = Py_None,
              *sequence = Py_None, *onnx = Py_None, *labels = Py_None, *ensemble = Py_None, *workers = Py_None,
              *direct = Py_None, *identity = Py_None;
-    int max_batch = 0, instances = 1, publish = 1, decoupled = 0, response_cache = 0;
+    int max_batch = 0, instances = 1, publish = 1, decoupled = 0, response_cache = 0, ready_probe = 0;
     Py_buffer meta = {0}, cfg_json = {0}, cfg_pb = {0};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOOy*y*pOpOOOpOOO", kwlist, &name, &version, &inputs, &outputs,
-                                     &max_batch, &meta, &handler, &instances, &error, &torch, &batching, &cfg_json,
-                                     &cfg_pb, &publish, &sequence, &decoupled, &onnx, &labels, &ensemble,
-                                     &response_cache, &workers, &direct, &identity))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOOy*y*pOpOOOpOOOp", kwlist, &name, &version, &inputs,
+                                     &outputs, &max_batch, &meta, &handler, &instances, &error, &torch, &batching,
+                                     &cfg_json, &cfg_pb, &publish, &sequence, &decoupled, &onnx, &labels, &ensemble,
+                                     &response_cache, &workers, &direct, &identity, &ready_probe))
         return NULL;
     if (handler == NULL && (torch != Py_None || onnx != Py_None || ensemble != Py_None || identity != Py_None))
         handler = Py_None;
@@ -1457,13 +1462,16 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         PyObject *pref = NULL;
         unsigned long long delay = 0;
         unsigned int max_queue = 0, default_level = 0;
-        int preserve = 0;
+        int preserve = 0, each_parameters = 0;
         PyObject *levels = Py_None;
         if (!PyArg_ParseTuple(batching,
-                              "OK|IOIp;dynamic_batching is (preferred_batch_sizes, max_queue_delay_us[, max_queue_size"
-                              "[, level_policies, default_priority_level[, preserve_ordering]]])",
-                              &pref, &delay, &max_queue, &levels, &default_level, &preserve))
+                              "OK|IOIpp;dynamic_batching is (preferred_batch_sizes, max_queue_delay_us[, max_queue_size"
+                              "[, level_policies, default_priority_level[, preserve_ordering[, each_parameters]]]])",
+                              &pref, &delay, &max_queue, &levels, &default_level, &preserve, &each_parameters))
             goto done;
+        /* The model reads each request's own parameters (oi_request_t.batch_params): requests
+         * with different ones share a batch, as Triton batches them. */
+        batch.ignore_parameters = each_parameters;
         batch.preserve_ordering = preserve;
         batch.max_queue_size = max_queue;
         if (levels != Py_None && (policies = parse_queue_policies(levels, &batch.n_levels)) == NULL)
@@ -1482,7 +1490,7 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         batch.max_batch_size = max_batch;
         batch.max_queue_delay_us = delay;
     }
-    batch.ignore_parameters = sequence != Py_None; /* each request names its own sequence */
+    batch.ignore_parameters |= sequence != Py_None; /* each request names its own sequence */
     if (handler == Py_None && error == NULL && torch == Py_None && onnx == Py_None && ensemble == Py_None &&
         identity == Py_None) {
         PyErr_Format(PyExc_ValueError, "model '%s': a model without a handler needs an error reason", name);
@@ -1508,6 +1516,7 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         goto done;
     }
     m->decoupled = decoupled;
+    m->ready_probe = ready_probe;
     /* Without a server cache the model runs uncached, as in Triton. */
     m->cache = response_cache ? oi_server_response_cache(s) : NULL;
     memcpy(m->metadata->data, meta.buf, (size_t)meta.len);

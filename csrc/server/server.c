@@ -382,6 +382,18 @@ int oi__server_ready(oi_server_t *s)
            (s->cfg.lax_readiness || oi_registry_all_ready(&s->registry));
 }
 
+static int asks_readiness(void *ctx, oi_model_t *m)
+{
+    (void)ctx;
+    return m->ready_probe;
+}
+
+int oi__server_ready_asks(oi_server_t *s)
+{
+    return !s->cfg.lax_readiness && s->repo_fn != NULL &&
+           oi_registry_visit_ready(&s->registry, NULL, asks_readiness, NULL) != 0;
+}
+
 void oi_server_drain(oi_server_t *s)
 {
     if (s != NULL && !atomic_exchange(&s->draining, 1))

@@ -202,6 +202,9 @@ class Server:
         # the instances as worker processes (openinfer._backends.processes.worker_spec, then optionally a
         # buffer whose first byte, once set, gives up starting them: the version then fails)
         workers: tuple[list[str], list[str], bytes, int] | tuple[list[str], list[str], bytes, int, Any] | None = None,
+        # a ready check asks the application (the repository handler's "ready" op) instead of
+        # being answered on the event loop: a Triton Python model's is_ready()
+        ready_probe: bool = False,
     ) -> str | None | ModelVersion:
         """Registers one model version. `labels` maps an output name to its label file's bytes
         (one label a line) for the classification extension. handler=None with error=reason registers a version that
