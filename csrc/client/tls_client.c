@@ -15,6 +15,7 @@
 
 #include "client/socket.h"
 #include "transport/tls.h"
+#include "transport/tls_bio.h"
 
 /* Ciphertext read from the socket at a time: several records. */
 #define IN_BUF_SIZE (64u << 10)
@@ -78,27 +79,9 @@ static int bio_read(BIO *b, char *data, int len)
     return (int)n;
 }
 
-static long bio_ctrl(BIO *b, int cmd, long num, void *ptr)
-{
-    (void)b, (void)num, (void)ptr;
-    return cmd == BIO_CTRL_FLUSH ? 1 : 0;
-}
-
-static int bio_create(BIO *b)
-{
-    BIO_set_init(b, 1);
-    return 1;
-}
-
 static void make_bio_method(void)
 {
-    BIO_METHOD *m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "openinfer client connection");
-    if (m == NULL || !BIO_meth_set_write(m, bio_write) || !BIO_meth_set_read(m, bio_read) ||
-        !BIO_meth_set_ctrl(m, bio_ctrl) || !BIO_meth_set_create(m, bio_create)) {
-        BIO_meth_free(m);
-        return;
-    }
-    bio_method = m;
+    bio_method = oi_tls_bio_method_new("openinfer client connection", bio_write, bio_read);
 }
 
 /* ---- configuration ----------------------------------------------------------------------- */

@@ -1,4 +1,5 @@
 #include "transport/tls.h"
+#include "transport/tls_bio.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -134,15 +135,21 @@ static int bio_create(BIO *b)
     return 1;
 }
 
-static void make_bio_method(void)
+BIO_METHOD *oi_tls_bio_method_new(const char *name, int (*write)(BIO *, const char *, int),
+                                  int (*read)(BIO *, char *, int))
 {
-    BIO_METHOD *m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "openinfer connection");
-    if (m == NULL || !BIO_meth_set_write(m, bio_write) || !BIO_meth_set_read(m, bio_read) ||
+    BIO_METHOD *m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, name);
+    if (m == NULL || !BIO_meth_set_write(m, write) || !BIO_meth_set_read(m, read) ||
         !BIO_meth_set_ctrl(m, bio_ctrl) || !BIO_meth_set_create(m, bio_create)) {
         BIO_meth_free(m);
-        return;
+        return NULL;
     }
-    bio_method = m;
+    return m;
+}
+
+static void make_bio_method(void)
+{
+    bio_method = oi_tls_bio_method_new("openinfer connection", bio_write, bio_read);
 }
 
 /* ---- contexts ------------------------------------------------------------------------------ */
