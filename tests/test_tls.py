@@ -594,3 +594,29 @@ def test_cli_workers_serve_tls_and_reload_on_sighup(pki: Path, tmp_path: Path) -
         assert all(served() == new for _ in range(6))  # whichever worker accepts
     finally:
         cli.kill()
+
+
+def test_off_host_warning_quiet_only_where_every_protocol_asks_for_certificates(pki: Path, caplog: Any) -> None:
+    """Mutual TLS lets no stranger reach the control APIs, so a server beyond loopback with it
+    on both protocols does not warn; plain TLS (anyone may connect) or one protocol without it
+    still does. The server is handed loopback sockets: nothing listens beyond this host."""
+    import logging
+    import socket
+
+    certs = {"server_cert": pki / "server.pem", "server_key": pki / "server.key", "root_cert": pki / "ca.pem"}
+
+    def warnings(ssl_options: Any) -> list[str]:
+        http, grpc = socket.create_server(("127.0.0.1", 0)), socket.create_server(("127.0.0.1", 0))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="openinfer"):
+            openinfer.serve(models=[], host="0.0.0.0", sockets={"http": http, "grpc": grpc}, metrics_port=None,
+                            log=False, model_control_mode="explicit", ssl=ssl_options).stop()
+        http.close()
+        grpc.close()
+        return [r.getMessage() for r in caplog.records if "beyond this host" in r.getMessage()]
+
+    assert warnings(dict(certs, mutual=True)) == []
+    (msg,) = warnings(dict(certs, mutual=False))
+    assert "model control (load, unload)" in msg and "--grpc-use-ssl-mutual" in msg
+    (msg,) = warnings({"http": dict(certs, mutual=True), "grpc": dict(certs, mutual=False)})
+    assert "model control (load, unload)" in msg

@@ -553,7 +553,13 @@ class Server:
 
     def _warn_if_open(self) -> None:
         """One warning when clients beyond this host may reach the control APIs unchecked."""
-        tcp = [r for r, port in zip(self._restricted, (self._port, self._grpc_port)) if port is not None]
+        # A protocol that asks every client for a certificate (mutual TLS) answers no stranger.
+        everything = set(_core.RESTRICTED_APIS)
+        tcp = [
+            everything if self._tls.get(proto, (None, None, None, False))[3] else r
+            for proto, r, port in zip(("http", "grpc"), self._restricted, (self._port, self._grpc_port))
+            if port is not None
+        ]
         what = open_to_anyone(
             self._host,
             tcp,
@@ -562,9 +568,9 @@ class Server:
         )
         if what:
             logging.getLogger("openinfer.exposure").warning(
-                "openinfer listens on %s, beyond this host, without TLS, and these APIs answer anyone "
-                "who reaches it: %s; restrict them (--http-restricted-api, --grpc-restricted-protocol) "
-                "or listen on 127.0.0.1",
+                "openinfer listens on %s, beyond this host, and these APIs answer anyone who reaches it: "
+                "%s; restrict them (--http-restricted-api, --grpc-restricted-protocol), ask clients for "
+                "certificates (--http-use-ssl-mutual, --grpc-use-ssl-mutual) or listen on 127.0.0.1",
                 self._host,
                 ", ".join(what),
             )
