@@ -12,6 +12,7 @@
 #include "backends/onnx_backend.h"
 #include "backends/torch_backend.h"
 #include "core/cpus.h"
+#include "python/bls.h"
 #include "python/bridge.h"
 #include "python/client.h"
 #include "python/onnx_module.h"
@@ -1762,7 +1763,18 @@ static PyObject *Server_get_running(ServerObject *self, void *closure)
     return PyBool_FromLong(self->server != NULL && self->started);
 }
 
+/* bls(model, version, inputs, outputs, ...): a model's inference on this server (python/bls.h). */
+static PyObject *Server_bls(ServerObject *self, PyObject *args, PyObject *kwargs)
+{
+    oi_server_t *s = live_server(self);
+    if (s == NULL)
+        return NULL;
+    return oi_py_bls_start(oi_server_registry(s), oi_server_counts_statistics(s), args, kwargs);
+}
+
 static PyMethodDef Server_methods[] = {
+    {"bls", (PyCFunction)(void (*)(void))Server_bls, METH_VARARGS | METH_KEYWORDS,
+     "bls(model, version, inputs, outputs, ...) -> BlsCall: an inference made by a model (BLS)."},
     {"set_metadata", (PyCFunction)Server_set_metadata, METH_O, "Sets the body of GET /v2."},
     {"add_model", (PyCFunction)(void (*)(void))Server_add_model, METH_VARARGS | METH_KEYWORDS,
      "Registers one model version."},
@@ -1896,7 +1908,7 @@ static int add_api_groups(PyObject *m)
 PyMODINIT_FUNC PyInit__core(void)
 {
     import_array();
-    if (PyType_Ready(&ServerType) < 0 || PyType_Ready(&ModelVersionType) < 0 || PyType_Ready(&oi_py_conn_type) < 0 ||
+    if (PyType_Ready(&ServerType) < 0 || PyType_Ready(&ModelVersionType) < 0 || PyType_Ready(&oi_py_conn_type) < 0 || PyType_Ready(&oi_py_bls_type) < 0 ||
         PyType_Ready(&oi_py_grpc_conn_type) < 0 || PyType_Ready(&oi_py_grpc_stream_type) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&core_module);

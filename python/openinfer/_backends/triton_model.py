@@ -159,6 +159,13 @@ class TritonModel(Model):
     # Set by `bind` (the dataclass fields of Model are frozen; these are the adapter's own).
     _instance_name: str
     _input_types: dict[str, str]
+    _host: Any = None
+
+    def attach(self, host: Any) -> None:
+        """The server's model control, which pb_utils' BLS and model control calls reach
+        (`ModelControl.bls`, `load_model`, ...); set as the version is registered."""
+        object.__setattr__(self, "_host", host)
+        pb._default_host[:] = [host]
 
     def bind(self, instance_name: str) -> None:
         object.__setattr__(self, "_instance_name", instance_name)
@@ -188,7 +195,7 @@ class TritonModel(Model):
         )
         if hasattr(cancelled, "request_id"):
             request._request_id = cancelled.request_id() or ""
-        result = self._execute([request])
+        result = self._execute([request], cancelled)
         if self.decoupled:
             sender = request.get_response_sender()
             if result is not None:
@@ -200,9 +207,12 @@ class TritonModel(Model):
             return self._stream(sender, outputs, cancelled)
         return self._select(self._outputs(self._returned(result, [request])[0]), outputs)
 
-    def _execute(self, requests: list[pb.InferenceRequest]) -> Any:
+    def _execute(self, requests: list[pb.InferenceRequest], cancelled: Callable[[], bool]) -> Any:
         instances: Instances = self.fn  # type: ignore[assignment]
         instance = instances.acquire()
+        context = pb._context
+        saved = getattr(context, "host", None), getattr(context, "cancelled", None)
+        context.host, context.cancelled = self._host, cancelled
         try:
             result = instance.execute(requests)
             if inspect.iscoroutine(result):  # async def execute: run on this executor's own loop
@@ -214,6 +224,7 @@ class TritonModel(Model):
                     request._sender._close()
             raise self._failure(describe(e)) from None
         finally:
+            context.host, context.cancelled = saved
             instances.release(instance)
 
     def _batch(
@@ -236,7 +247,7 @@ class TritonModel(Model):
             request._request_id = request_id or ""
             requests.append(request)
             start += rows
-        produced = [self._outputs(r) for r in self._returned(self._execute(requests), requests)]
+        produced = [self._outputs(r) for r in self._returned(self._execute(requests, cancelled), requests)]
         joined: dict[str, object] = {}
         for name in outputs:
             parts = [p.get(name) for p in produced]
