@@ -16,12 +16,12 @@ import pytest
 
 import openinfer
 
-from conftest import triton_grpc, triton_http
+from conftest import save_torchscript, triton_grpc, triton_http, wait_for
 from test_triton_python_backend import EXAMPLES, PROLOGUE, add_model, example, run_client
 
 # Calls the model named by its MODEL input with its IN input (as TARGET_IN), returns the
 # target's TARGET_OUT as OUT, or the target's error message as OUT when it failed; options from
-# the request's parameters: timeout, correlation_id, flags, params (JSON passed on), decoupled.
+# the request's parameters: bls_timeout, correlation_id, flags, params (JSON passed on), decoupled.
 CALLER = PROLOGUE + textwrap.dedent(
     """
     class TritonPythonModel:
@@ -35,7 +35,7 @@ CALLER = PROLOGUE + textwrap.dedent(
                     model_name=target.decode(),
                     inputs=[pb_utils.Tensor(p.get("in_name", "INPUT0"), x)],
                     requested_output_names=[p.get("out_name", "OUTPUT0")],
-                    timeout=p.get("timeout", 0), correlation_id=p.get("correlation_id", 0),
+                    timeout=p.get("bls_timeout", 0), correlation_id=p.get("correlation_id", 0),
                     flags=p.get("flags", 0), parameters=p.get("params", {}),
                 )
                 if p.get("decoupled"):
@@ -63,6 +63,7 @@ name: "caller"
 backend: "python"
 input [{ name: "MODEL", data_type: TYPE_STRING, dims: [ 1 ] }, { name: "IN", data_type: TYPE_FP32, dims: [ -1 ] }]
 output [{ name: "OUT", data_type: TYPE_STRING, dims: [ 1 ] }]
+instance_group [{ count: 3, kind: KIND_MODEL }]
 """
 
 # Echoes IN as OUT with what reached it: its parameters, correlation id and request id; fails
@@ -101,6 +102,48 @@ ensemble_scheduling { step [
 """
 
 
+# Holds each request until the test sets `release` (the gate lives in sys.modules: the server
+# runs in the test's process), notes that a request runs, and that one saw its client go.
+GATE = PROLOGUE + textwrap.dedent(
+    """
+    import sys, types
+    g = sys.modules.setdefault("bls_test_gate", types.SimpleNamespace(
+        running=threading.Event(), release=threading.Event(), cancelled=threading.Event()))
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            g.running.set()
+            for _ in range(1200):
+                if g.release.wait(0.05):
+                    break
+                if all(r.is_cancelled() for r in requests):
+                    g.cancelled.set()
+                    break
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0",
+                    pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())]) for r in requests]
+    """
+)
+GATE_CONFIG = """
+name: "gate"
+backend: "python"
+input [{ name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] }]
+output [{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1 ] }]
+"""
+TORCHSCRIPT = """
+import torch
+
+class Triple(torch.nn.Module):
+    def forward(self, x):
+        return x * 3
+"""
+TORCHSCRIPT_CONFIG = """
+name: "ts"
+platform: "pytorch_libtorch"
+input [{ name: "INPUT__0", data_type: TYPE_FP32, dims: [ -1 ] }]
+output [{ name: "OUTPUT__0", data_type: TYPE_FP32, dims: [ -1 ] }]
+"""
+
+
 def bls_examples(repo: Path) -> None:
     """The bls and bls_decoupled examples laid out as their READMEs say."""
     example(repo, "add_sub", "add_sub/model.py", "add_sub/config.pbtxt")
@@ -120,6 +163,9 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openinfer.Server]:
     add_model(repo, "caller", CALLER, CALLER_CONFIG)
     add_model(repo, "echo", ECHO, ECHO_CONFIG)
     (repo / "ens" / "1").mkdir(parents=True)
+    add_model(repo, "gate", GATE, GATE_CONFIG)
+    save_torchscript(TORCHSCRIPT, "Triple", repo / "ts" / "1" / "model.pt", tmp_path_factory.mktemp("ts_src"))
+    (repo / "ts" / "config.pbtxt").write_text(TORCHSCRIPT_CONFIG)
     (repo / "ens" / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
     server = openinfer.serve(repo, http_port=0, grpc_port=0, threads=2, log=False)
     try:
@@ -171,3 +217,89 @@ def test_bls_to_an_unknown_model_is_the_responses_error(srv: openinfer.Server) -
 def test_bls_to_a_model_that_fails(srv: openinfer.Server) -> None:
     out = call(srv, "echo", np.array([-1.0], np.float32))
     assert out.startswith("1:Failed to process the request(s) for model 'echo_0', message: ValueError: negative input"), out
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_bls_to_a_torchscript_model(srv: openinfer.Server, protocol: str) -> None:
+    out = call(srv, "ts", np.array([1.0, 2.0], np.float32), protocol, in_name="INPUT__0", out_name="OUTPUT__0")
+    assert out == "[3.0, 6.0]"
+
+
+def test_bls_to_a_decoupled_model_without_decoupled_is_tritons_error(srv: openinfer.Server) -> None:
+    out = call(srv, "square_int32", np.array([1.0], np.float32), in_name="IN", out_name="OUT")
+    assert out == (
+        "1:Model square_int32 is using the decoupled. The current BLS request call doesn't support models using the "
+        "decoupled transaction policy. Please use 'decoupled=True' argument to the 'exec' or 'async_exec' calls for "
+        "decoupled models.'"
+    )
+
+
+def test_bls_with_a_wrong_input_is_the_responses_error(srv: openinfer.Server) -> None:
+    out = call(srv, "echo", np.array([1.0], np.float32), in_name="NOPE")
+    assert out.startswith("3:") and "NOPE" in out, out
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_bls_passes_parameters_and_correlation_id_on(srv: openinfer.Server, protocol: str) -> None:
+    out = call(srv, "echo", np.array([1.0], np.float32), protocol, out_name="SEEN", correlation_id=42, flags=1,
+               params={"color": "blue", "n": 3})
+    seen = json.loads(eval(out)[0])  # noqa: S307 - the caller's str() of a list of bytes
+    assert seen == {"params": {"color": "blue", "n": 3}, "corr": 42, "flags": 1}
+
+
+def test_bls_timeout_that_expires_in_the_queue(srv: openinfer.Server) -> None:
+    import sys
+
+    results: list[str] = []
+    first = threading.Thread(target=lambda: results.append(call(srv, "gate", np.array([1.0], np.float32))))
+    first.start()
+    try:
+        wait_for(lambda: "bls_test_gate" in sys.modules and sys.modules["bls_test_gate"].running.is_set(), "gate runs")
+        # The gate's one instance is busy: this BLS request waits in its queue past its 1 µs.
+        queued = threading.Thread(target=lambda: results.append(call(srv, "gate", np.array([2.0], np.float32),
+                                                                     bls_timeout=1)))
+        queued.start()
+        wait_for(lambda: _pending(srv) > 0, "the timed request queued")
+    finally:
+        sys.modules["bls_test_gate"].release.set()
+    first.join(60)
+    queued.join(60)
+    gate = sys.modules["bls_test_gate"]
+    gate.release.clear()
+    gate.running.clear()
+    assert "[1.0]" in results
+    expired = [r for r in results if r != "[1.0]"]
+    assert len(expired) == 1 and expired[0].startswith("4:") and "timeout" in expired[0].lower(), results
+
+
+def _pending(srv: openinfer.Server, model: str = "gate") -> int:
+    """The model's queued requests, from /metrics (nv_inference_pending_request_count)."""
+    import requests
+
+    text = requests.get(f"http://127.0.0.1:{srv.metrics_port}/metrics", timeout=30).text
+    for line in text.splitlines():
+        if line.startswith("nv_inference_pending_request_count") and f'model="{model}"' in line:
+            return int(float(line.rsplit(" ", 1)[1]))
+    return 0
+
+
+def test_a_client_that_goes_away_cancels_the_bls_calls_in_flight(srv: openinfer.Server) -> None:
+    import socket
+    import sys
+
+    body = json.dumps({"inputs": [{"name": "MODEL", "shape": [1], "datatype": "BYTES", "data": ["gate"]},
+                                  {"name": "IN", "shape": [1], "datatype": "FP32", "data": [1.0]}]}).encode()
+    sock = socket.create_connection(("127.0.0.1", srv.http_port), timeout=30)
+    sock.sendall(b"POST /v2/models/caller/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    wait_for(lambda: "bls_test_gate" in sys.modules and sys.modules["bls_test_gate"].running.is_set(), "gate runs")
+    gate = sys.modules["bls_test_gate"]
+    try:
+        sock.close()  # the caller's client goes: its BLS call to the gate is cancelled
+        wait_for(gate.cancelled.is_set, "the gate saw its BLS request cancelled")
+    finally:
+        gate.release.set()
+        wait_for(lambda: _pending(srv) == 0, "the gate idle")
+        gate.release.clear()
+        gate.running.clear()
+        gate.cancelled.clear()
+    assert call(srv, "echo", np.array([1.0], np.float32)) == "[2.0]"  # the server serves on
