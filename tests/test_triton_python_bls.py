@@ -303,3 +303,87 @@ def test_a_client_that_goes_away_cancels_the_bls_calls_in_flight(srv: openinfer.
         gate.running.clear()
         gate.cancelled.clear()
     assert call(srv, "echo", np.array([1.0], np.float32)) == "[2.0]"  # the server serves on
+
+
+# Model control from a model: OP is load, unload or ready, MODEL the model it acts on; OUT
+# is "ready=<bool>" after the operation, or the TritonModelException's message.
+CONTROLLER = PROLOGUE + textwrap.dedent(
+    """
+    class TritonPythonModel:
+        def execute(self, requests):
+            out = []
+            for r in requests:
+                op = pb_utils.get_input_tensor_by_name(r, "OP").as_numpy()[0].decode()
+                name = pb_utils.get_input_tensor_by_name(r, "MODEL").as_numpy()[0].decode()
+                try:
+                    if op == "load":
+                        pb_utils.load_model(model_name=name)
+                    elif op == "unload":
+                        pb_utils.unload_model(model_name=name)
+                    text = f"ready={pb_utils.is_model_ready(model_name=name)}"
+                except pb_utils.TritonModelException as e:
+                    text = str(e)
+                out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([text.encode()], np.object_))]))
+            return out
+    """
+)
+CONTROLLER_CONFIG = """
+name: "controller"
+backend: "python"
+input [{ name: "OP", data_type: TYPE_STRING, dims: [ 1 ] }, { name: "MODEL", data_type: TYPE_STRING, dims: [ 1 ] }]
+output [{ name: "OUT", data_type: TYPE_STRING, dims: [ 1 ] }]
+"""
+
+
+def control(srv: openinfer.Server, op: str, model: str, protocol: str = "http") -> str:
+    if protocol == "http":
+        import tritonclient.http as client
+
+        c = triton_http(srv)
+    else:
+        import tritonclient.grpc as client  # type: ignore[no-redef]
+
+        c = triton_grpc(srv)
+    tensors = []
+    for name, value in (("OP", op), ("MODEL", model)):
+        t = client.InferInput(name, [1], "BYTES")
+        t.set_data_from_numpy(np.array([value.encode()], np.object_))
+        tensors.append(t)
+    return c.infer("controller", tensors).as_numpy("OUT")[0].decode()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_load_unload_is_model_ready_from_a_model_under_explicit_control(
+    tmp_path: Path, protocol: str
+) -> None:
+    add_model(tmp_path, "controller", CONTROLLER, CONTROLLER_CONFIG)
+    add_model(tmp_path, "echo", ECHO, ECHO_CONFIG)
+    server = openinfer.serve(tmp_path, http_port=0, grpc_port=0, threads=2, log=False,
+                             model_control_mode="explicit", load_models=["controller"])
+    try:
+        assert control(server, "ready", "echo", protocol) == "ready=False"
+        assert control(server, "load", "echo", protocol) == "ready=True"
+        assert triton_http(server).is_model_ready("echo")
+        assert call_echo(server) == [4.0]
+        assert control(server, "unload", "echo", protocol) == "ready=False"
+        assert not triton_http(server).is_model_ready("echo")
+        assert control(server, "load", "nothere", protocol).startswith("failed to load 'nothere'")
+    finally:
+        server.stop()
+
+
+def test_load_model_from_a_model_without_explicit_control_is_refused(tmp_path: Path) -> None:
+    add_model(tmp_path, "controller", CONTROLLER, CONTROLLER_CONFIG)
+    server = openinfer.serve(tmp_path, http_port=0, grpc_port=0, threads=2, log=False)
+    try:
+        assert control(server, "load", "echo") == "explicit model load / unload is not allowed if polling is enabled"
+    finally:
+        server.stop()
+
+
+def call_echo(srv: openinfer.Server) -> list[float]:
+    import tritonclient.http as client
+
+    t = client.InferInput("INPUT0", [1], "FP32")
+    t.set_data_from_numpy(np.array([2.0], np.float32))
+    return triton_http(srv).infer("echo", [t]).as_numpy("OUTPUT0").tolist()
