@@ -52,15 +52,17 @@ PROVIDED = {"triton_python_backend_utils": pb}
 _POLL_S = 0.05
 
 
-_thread = threading.local()
+# Batches one instance of an ``async def execute`` model runs at once (Triton's async execute:
+# the instance takes the next batch while earlier ones await); its executor threads are this
+# many per instance, all running their coroutines on the instance's one event loop.
+ASYNC_IN_FLIGHT = 8
 
 
-def _event_loop() -> asyncio.AbstractEventLoop:
-    """This executor thread's event loop for ``async def execute`` (made once, kept)."""
-    loop = getattr(_thread, "loop", None)
-    if loop is None:
-        loop = _thread.loop = asyncio.new_event_loop()
-    return loop
+async def _in_context(coroutine: Any, host: Any, cancelled: Callable[[], bool]) -> Any:
+    """Runs an execute coroutine with pb_utils' context (its task has a context of its own)."""
+    pb._host_var.set(host)
+    pb._cancelled_var.set(cancelled)
+    return await coroutine
 
 
 def defines_triton_model(module: Any) -> bool:
@@ -125,11 +127,25 @@ class Instances:
     """A model's TritonPythonModel objects in this process, each used by one executor at a time.
     Not called directly: `TritonModel.handler` takes one per call."""
 
-    def __init__(self, objects: list[Any]) -> None:
+    def __init__(self, objects: list[Any], in_flight: int = 1) -> None:
         self._objects = objects
         self._free: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._loops: dict[int, asyncio.AbstractEventLoop] = {}
+        self._lock = threading.Lock()
         for o in objects:
-            self._free.put(o)
+            for _ in range(in_flight):  # an async execute's object serves that many executors
+                self._free.put(o)
+
+    def run(self, instance: Any, coroutine: Any) -> Any:
+        """Runs an ``async def execute`` coroutine on the instance's event loop (a thread of its
+        own, started at the first), waiting for its result: the instance's other executors
+        run theirs on the same loop meanwhile."""
+        with self._lock:
+            loop = self._loops.get(id(instance))
+            if loop is None:
+                loop = self._loops[id(instance)] = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="openinfer-async-execute", daemon=True).start()
+        return asyncio.run_coroutine_threadsafe(coroutine, loop).result()
 
     def __call__(self, inputs: Mapping[str, np.ndarray]) -> None:
         raise TypeError("a TritonPythonModel is called through TritonModel.handler")
@@ -143,6 +159,10 @@ class Instances:
     def finalize(self) -> None:
         """Calls each object's finalize once; an error in one is logged and the others go on."""
         objects, self._objects = self._objects, []
+        with self._lock:
+            loops, self._loops = list(self._loops.values()), {}
+        for loop in loops:
+            loop.call_soon_threadsafe(loop.stop)
         for o in objects:
             finalize = getattr(o, "finalize", None)
             if finalize is None:
@@ -210,22 +230,51 @@ class TritonModel(Model):
     def _execute(self, requests: list[pb.InferenceRequest], cancelled: Callable[[], bool]) -> Any:
         instances: Instances = self.fn  # type: ignore[assignment]
         instance = instances.acquire()
-        context = pb._context
-        saved = getattr(context, "host", None), getattr(context, "cancelled", None)
-        context.host, context.cancelled = self._host, cancelled
+        host, cancel = pb._host_var.set(self._host), pb._cancelled_var.set(cancelled)
         try:
-            result = instance.execute(requests)
-            if inspect.iscoroutine(result):  # async def execute: run on this executor's own loop
-                result = _event_loop().run_until_complete(result)
-            return result
+            return self._run(instances, instance, requests, cancelled)
         except Exception as e:  # noqa: BLE001 - the client gets it as Triton words it
             for request in requests:
                 if request._sender is not None:
                     request._sender._close()
             raise self._failure(describe(e)) from None
         finally:
-            context.host, context.cancelled = saved
+            pb._cancelled_var.reset(cancel)
+            pb._host_var.reset(host)
             instances.release(instance)
+
+    def _run(
+        self, instances: Instances, instance: Any, requests: list[pb.InferenceRequest], cancelled: Callable[[], bool]
+    ) -> Any:
+        """execute, again for the requests it rescheduled (set_release_flags(RESCHEDULE)) until
+        none is: on this instance at once, the requests keeping their senders. A non-decoupled
+        model returns None for each rescheduled request, as Triton requires."""
+        pending, final = list(range(len(requests))), [None] * len(requests)
+        result: Any = None
+        while pending:
+            batch = [requests[i] for i in pending]
+            for request in batch:
+                request._release_flags = pb.TRITONSERVER_REQUEST_RELEASE_ALL
+            result = instance.execute(batch)
+            if inspect.iscoroutine(result):  # async def execute: on the instance's event loop
+                result = instances.run(instance, _in_context(result, self._host, cancelled))
+            again = [i for i in pending if requests[i]._release_flags == pb.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE]
+            if not again and len(pending) == len(requests):
+                return result  # the common case: nothing rescheduled
+            if isinstance(result, list) and len(result) == len(batch):
+                for i, item in zip(pending, result):
+                    if i in again and item is not None:
+                        raise self._failure(
+                            "Expected a None object in the execute function return list for reschduled request, "
+                            f"found type '{type(item)}'."
+                        )
+                    final[i] = item
+            elif result is not None:
+                return result  # checked (and refused) as any other return
+            if again and cancelled():
+                raise pb.ResponseError(499, "the request was cancelled")
+            pending = again
+        return None if all(item is None for item in final) else final
 
     def _batch(
         self,
@@ -351,6 +400,9 @@ def load(
         )
     batch = [-1] if final.max_batch_size > 0 else []
     policy = completed.get("model_transaction_policy")
+    # An async execute in the server process gets ASYNC_IN_FLIGHT executors per instance.
+    in_flight = ASYNC_IN_FLIGHT if inspect.iscoroutinefunction(getattr(getattr(module, CLASS), "execute", None)) else 1
+    in_flight = 1 if in_processes else in_flight
     try:
         model = TritonModel(
             name,
@@ -359,7 +411,7 @@ def load(
             outputs=[Tensor(t.name, t.datatype, [*batch, *t.dims]) for t in final.outputs],
             max_batch_size=final.max_batch_size,
             version=version,
-            instances=final.instances,
+            instances=final.instances * in_flight,
             platform=final.platform or final.backend or "python",
             dynamic_batching=final.dynamic_batching if "dynamic_batching" in completed else None,
             decoupled=bool(policy.get("decoupled")) if isinstance(policy, dict) else False,
@@ -387,7 +439,7 @@ def load(
         recipe = TritonFile(str(path), CLASS, name, version, tuple(args(*names[0]).items()), triton_metrics.listen())
         bind_file(model, recipe)
         return model
-    instances = Instances([make_instance(module, args(*n)) for n in names])
+    instances = Instances([make_instance(module, args(*n)) for n in names], in_flight)
     object.__setattr__(model, "fn", instances)
     object.__setattr__(model, "_source", instances)
     weakref.finalize(model, instances.finalize)  # at unload, once the last request is answered

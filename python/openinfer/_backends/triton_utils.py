@@ -19,6 +19,7 @@ through the target's scheduler (`_core.Server.bls`), never a socket.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import os
@@ -540,10 +541,12 @@ class InferenceRequest:
         return call
 
 
-# The server a model's BLS requests go to, and the requests the model is serving (whose
-# client going away cancels its BLS calls): set by the adapter around execute, per thread; a
-# thread the model started itself uses the last server a model was bound to.
-_context = threading.local()
+# The server a model's BLS requests go to, and whether the requests the model is serving have
+# lost their clients (which cancels its BLS calls): set by the adapter around execute, per
+# thread and per task of an ``async def execute``; a thread the model started itself uses the
+# last server a model was bound to.
+_host_var: contextvars.ContextVar[Any] = contextvars.ContextVar("pb_utils_host", default=None)
+_cancelled_var: contextvars.ContextVar[Any] = contextvars.ContextVar("pb_utils_cancelled", default=None)
 _default_host: list[Any] = []
 # How often a waiting BLS call looks whether the calling model's client has gone.
 _BLS_POLL_S = 0.05
@@ -553,14 +556,14 @@ _CODES = {400: TritonError.INVALID_ARG, 404: TritonError.NOT_FOUND, 499: TritonE
 
 
 def _host() -> Any:
-    host = getattr(_context, "host", None)
+    host = _host_var.get()
     if host is None and _default_host:
         host = _default_host[-1]
     return host
 
 
 def _caller_cancelled() -> bool:
-    cancelled = getattr(_context, "cancelled", None)
+    cancelled = _cancelled_var.get()
     return bool(cancelled is not None and cancelled())
 
 

@@ -564,7 +564,7 @@ class ModelControl:
             entry = LoadedModel(entry.name, entry.version, None, reason, entry.config)
             model = None
         if model is not None:
-            if isinstance(model, TritonModel):
+            if isinstance(model, TritonModel) and not getattr(model, "processes", False):
                 model.attach(self)  # its pb_utils BLS and model control come here
             # A TorchScript module runs through the shim (torch=spec); a Python model is a handler.
             runs: dict[str, Any] = {"handler": getattr(model, "handler", None),

@@ -1,0 +1,87 @@
+"""Triton's async execute: an ``async def execute`` instance runs several batches at once (shown by
+a gate that opens only once three are inside execute together), and BLS from such a model."""
+
+from __future__ import annotations
+
+import textwrap
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import openinfer
+
+from conftest import triton_grpc, triton_http
+from test_triton_python_backend import PROLOGUE, add_model
+
+# Each execute waits until three are inside at once (the gate), then answers how many were.
+GATED = PROLOGUE + textwrap.dedent(
+    """
+    import asyncio
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            self.inside = 0
+            self.most = 0
+            self.opened = None
+
+        async def execute(self, requests):
+            if self.opened is None:
+                self.opened = asyncio.Event()
+            self.inside += 1
+            self.most = max(self.most, self.inside)
+            if self.inside >= 3:
+                self.opened.set()
+            try:
+                await asyncio.wait_for(self.opened.wait(), 60)
+            finally:
+                self.inside -= 1
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([float(self.most)], np.float32))])
+                    for _ in requests]
+    """
+)
+GATED_CONFIG = """
+name: "gated"
+backend: "python"
+input [{ name: "IN", data_type: TYPE_FP32, dims: [ -1 ] }]
+output [{ name: "OUT", data_type: TYPE_FP32, dims: [ 1 ] }]
+instance_group [{ count: 1, kind: KIND_CPU }]
+"""
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_async_execute_runs_several_batches_on_one_instance(tmp_path: Path, protocol: str) -> None:
+    add_model(tmp_path, "gated", GATED, GATED_CONFIG)
+    server = openinfer.serve(tmp_path, http_port=0, grpc_port=0, threads=2, log=False)
+    results: list[float] = []
+    errors: list[BaseException] = []
+
+    def one() -> None:
+        try:
+            if protocol == "http":
+                import tritonclient.http as client
+
+                c = client.InferenceServerClient(f"127.0.0.1:{server.http_port}", network_timeout=120)
+            else:
+                import tritonclient.grpc as client  # type: ignore[no-redef]
+
+                c = client.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+            t = client.InferInput("IN", [1], "FP32")
+            t.set_data_from_numpy(np.zeros(1, np.float32))
+            results.append(float(c.infer("gated", [t]).as_numpy("OUT")[0]))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    try:
+        threads = [threading.Thread(target=one) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors, errors
+        assert results == [3.0, 3.0, 3.0]  # the gate opened: three executes were in at once
+        assert len(triton_http(server).get_model_config("gated")["instance_group"]) == 1
+        assert triton_http(server).get_model_config("gated")["instance_group"][0]["count"] == 1
+    finally:
+        server.stop()
