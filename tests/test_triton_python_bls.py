@@ -164,6 +164,8 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openinfer.Server]:
     add_model(repo, "echo", ECHO, ECHO_CONFIG)
     (repo / "ens" / "1").mkdir(parents=True)
     add_model(repo, "gate", GATE, GATE_CONFIG)
+    add_model(repo, "caller_workers", CALLER, CALLER_CONFIG.replace('"caller"', '"caller_workers"').replace(
+        "count: 3, kind: KIND_MODEL", "count: 2, kind: KIND_CPU"))
     save_torchscript(TORCHSCRIPT, "Triple", repo / "ts" / "1" / "model.pt", tmp_path_factory.mktemp("ts_src"))
     (repo / "ts" / "config.pbtxt").write_text(TORCHSCRIPT_CONFIG)
     (repo / "ens" / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
@@ -181,7 +183,8 @@ def test_bls_examples_and_their_clients_unchanged(srv: openinfer.Server, script:
     assert "PASS" in out, out
 
 
-def call(srv: openinfer.Server, model: str, x: np.ndarray, protocol: str = "http", **params: object) -> str:
+def call(srv: openinfer.Server, model: str, x: np.ndarray, protocol: str = "http", caller: str = "caller",
+         **params: object) -> str:
     """The caller model's OUT for a BLS to `model` with IN `x`, through tritonclient."""
     if protocol == "http":
         import tritonclient.http as client
@@ -196,7 +199,7 @@ def call(srv: openinfer.Server, model: str, x: np.ndarray, protocol: str = "http
     value = client.InferInput("IN", list(x.shape), "FP32")
     value.set_data_from_numpy(x)
     sent = {k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in params.items()}
-    result = c.infer("caller", [name, value], parameters=sent or None)
+    result = c.infer(caller, [name, value], parameters=sent or None)
     return result.as_numpy("OUT")[0].decode()
 
 
@@ -387,3 +390,9 @@ def call_echo(srv: openinfer.Server) -> list[float]:
     t = client.InferInput("INPUT0", [1], "FP32")
     t.set_data_from_numpy(np.array([2.0], np.float32))
     return triton_http(srv).infer("echo", [t]).as_numpy("OUTPUT0").tolist()
+
+
+def test_bls_from_worker_processes_is_refused_clearly(srv: openinfer.Server) -> None:
+    out = call(srv, "echo", np.array([1.0], np.float32), caller="caller_workers")
+    assert out == ("5:BLS is not available from a model whose instances are worker processes (instance_group count "
+                   "> 1): give its instance_group kind KIND_MODEL to keep them in the server")

@@ -104,6 +104,7 @@ class TritonFile(ModelFile):
     metrics: str = ""  # where the worker's pb_utils metrics go (triton_metrics.listen)
 
     def load(self) -> Instances:
+        pb._in_worker = True
         if self.metrics:
             triton_metrics.send_to(self.metrics)
         module = import_model_file(self.model_name, self.version, Path(self.path), PROVIDED)

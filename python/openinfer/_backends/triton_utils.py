@@ -503,7 +503,12 @@ class InferenceRequest:
         the error response that refused it at once."""
         host = _host()
         if host is None:
-            return _error_response("BLS is only available from a model that the server runs", TritonError.UNAVAILABLE)
+            where = (
+                "from a model whose instances are worker processes (instance_group count > 1): give its "
+                "instance_group kind KIND_MODEL to keep them in the server"
+                if _in_worker else "outside a model that the server runs"
+            )
+            return _error_response(f"BLS is not available {where}", TritonError.UNSUPPORTED)
         name = self._model_name.decode() if isinstance(self._model_name, bytes) else str(self._model_name)
         inputs = []
         for tensor in self._inputs:
@@ -548,6 +553,7 @@ class InferenceRequest:
 _host_var: contextvars.ContextVar[Any] = contextvars.ContextVar("pb_utils_host", default=None)
 _cancelled_var: contextvars.ContextVar[Any] = contextvars.ContextVar("pb_utils_cancelled", default=None)
 _default_host: list[Any] = []
+_in_worker = False  # set in a model's worker process (TritonFile.load)
 # How often a waiting BLS call looks whether the calling model's client has gone.
 _BLS_POLL_S = 0.05
 # Triton's error codes for the statuses a BLS call can end with.
