@@ -392,7 +392,18 @@ def call_echo(srv: openinfer.Server) -> list[float]:
     return triton_http(srv).infer("echo", [t]).as_numpy("OUTPUT0").tolist()
 
 
-def test_bls_from_worker_processes_is_refused_clearly(srv: openinfer.Server) -> None:
-    out = call(srv, "echo", np.array([1.0], np.float32), caller="caller_workers")
-    assert out == ("5:BLS is not available from a model whose instances are worker processes (instance_group count "
-                   "> 1): give its instance_group kind KIND_MODEL to keep them in the server")
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_bls_from_worker_processes_over_the_process_wire(srv: openinfer.Server, protocol: str) -> None:
+    def worker(model: str, x: list[float], **params: object) -> str:
+        return call(srv, model, np.array(x, np.float32), protocol, caller="caller_workers", **params)
+
+    assert worker("echo", [1.0, 2.5]) == "[2.0, 5.0]"
+    assert worker("ens", [1.0]) == "[4.0]"
+    assert worker("ts", [1.0, 2.0], in_name="INPUT__0", out_name="OUTPUT__0") == "[3.0, 6.0]"
+    assert worker("nothere", [1.0]) == "2:Request for unknown model: 'nothere' is not found"
+    assert worker("echo", [-1.0]).startswith("1:Failed to process the request(s) for model 'echo_0', message: "
+                                             "ValueError: negative input")
+    assert worker("square_int32", [1.0], in_name="IN", out_name="OUT").startswith("1:Model square_int32 is using "
+                                                                                   "the decoupled.")
+    seen = json.loads(eval(worker("echo", [1.0], out_name="SEEN", correlation_id=7, params={"k": "v"}))[0])  # noqa: S307
+    assert seen == {"params": {"k": "v"}, "corr": 7, "flags": 0}

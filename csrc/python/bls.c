@@ -14,7 +14,11 @@
 
 #include "python/bridge.h"
 #include "server/infer.h"
+#include "server/server.h"
 #include "server/validate.h"
+
+/* How often a worker's BLS request looks whether the worker's own request lost its client. */
+#define CANCEL_POLL_NS 20000000LL
 
 typedef struct part_s {
     struct part_s *next;
@@ -239,6 +243,76 @@ static oi_status_t *submit(bls_t *b, oi_registry_t *reg, const char *model, cons
     return st;
 }
 
+static bls_t *bls_new(int counted)
+{
+    bls_t *b = calloc(1, sizeof(*b));
+    if (b == NULL)
+        return NULL;
+    atomic_init(&b->refs, 1);
+    atomic_init(&b->job.cancelled, 0);
+    pthread_mutex_init(&b->mu, NULL);
+    pthread_cond_init(&b->cv, NULL);
+    b->tail = &b->head;
+    b->efd = -1;
+    b->counted = counted;
+    b->req.binary_data_output = -1;
+    return b;
+}
+
+oi_status_t *oi_py_bls_run(void *ctx, const char *model, const char *version, oi_request_t *req, uint32_t flags,
+                           int (*part)(void *arg, const oi_response_t *resp), void *arg, const oi_request_t *caller)
+{
+    oi_server_t *s = ctx;
+    bls_t *b = bls_new(oi_server_counts_statistics(s));
+    if (b == NULL)
+        return oi_status_new(OI_INTERNAL, "out of memory");
+    b->req = *req;
+    memset(req, 0, sizeof(*req));
+    oi_status_t *st = submit(b, oi_server_registry(s), model, version);
+    if (b->model != NULL && b->model->decoupled && !(flags & OI_PW_BLS_DECOUPLED)) { /* as exec() says */
+        oi_job_cancel(&b->job);
+        oi_status_free(st);
+        st = oi_status_new(OI_INTERNAL,
+                           "Model %s is using the decoupled. The current BLS request call doesn't support models "
+                           "using the decoupled transaction policy. Please use 'decoupled=True' argument to the "
+                           "'exec' or 'async_exec' calls for decoupled models.'",
+                           model);
+    }
+    for (int stop = st != NULL; !stop;) {
+        pthread_mutex_lock(&b->mu);
+        while (b->head == NULL && !b->ended) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += CANCEL_POLL_NS;
+            ts.tv_sec += ts.tv_nsec / 1000000000LL;
+            ts.tv_nsec %= 1000000000LL;
+            if (pthread_cond_timedwait(&b->cv, &b->mu, &ts) == ETIMEDOUT && caller->cancelled != NULL &&
+                caller->cancelled(caller->cancelled_arg))
+                oi_job_cancel(&b->job); /* the worker's client went: so goes its BLS request */
+        }
+        part_t *p = b->head;
+        if (p != NULL && (b->head = p->next) == NULL)
+            b->tail = &b->head;
+        if (p == NULL) {
+            st = b->st;
+            b->st = NULL;
+            stop = 1;
+        }
+        pthread_mutex_unlock(&b->mu);
+        if (p != NULL) {
+            if (part(arg, &p->resp) != 0) {
+                oi_job_cancel(&b->job);
+                st = oi_status_new(OI_CLIENT_CLOSED, "the worker went away");
+                stop = 1;
+            }
+            oi_response_clear(&p->resp);
+            free(p);
+        }
+    }
+    bls_unref(b);
+    return st;
+}
+
 PyObject *oi_py_bls_start(oi_registry_t *reg, int counted, PyObject *args, PyObject *kwargs)
 {
     static char *kw[] = {"model", "version", "inputs", "outputs", "request_id", "parameters", "timeout_us",
@@ -251,21 +325,13 @@ PyObject *oi_py_bls_start(oi_registry_t *reg, int counted, PyObject *args, PyObj
                                      &PyList_Type, &outputs, &id, &params, &timeout_us, &seq_id, &seq_str,
                                      &seq_start, &seq_end))
         return NULL;
-    bls_t *b = calloc(1, sizeof(*b));
-    BlsCallObject *self = PyObject_New(BlsCallObject, &oi_py_bls_type);
-    if (b == NULL || self == NULL) {
-        free(b);
-        Py_XDECREF(self);
+    bls_t *b = bls_new(counted);
+    BlsCallObject *self = b != NULL ? PyObject_New(BlsCallObject, &oi_py_bls_type) : NULL;
+    if (self == NULL) {
+        if (b != NULL)
+            bls_unref(b);
         return PyErr_NoMemory();
     }
-    atomic_init(&b->refs, 1);
-    atomic_init(&b->job.cancelled, 0);
-    pthread_mutex_init(&b->mu, NULL);
-    pthread_cond_init(&b->cv, NULL);
-    b->tail = &b->head;
-    b->efd = -1;
-    b->counted = counted;
-    b->req.binary_data_output = -1;
     b->req.timeout_us = timeout_us;
     b->req.seq.id = seq_id;
     b->req.seq.start = (uint8_t)seq_start;

@@ -4,6 +4,7 @@
 #define OI_PYTHON_BLS_H
 
 #include "python/numpy_api.h"
+#include "backends/process_bls.h"
 #include "server/models/registry.h"
 
 /* The type of the calls oi_py_bls_start returns (openinfer._core.BlsCall). */
@@ -15,5 +16,10 @@ extern PyTypeObject oi_py_bls_type;
  * BlsCall; a request refused before it was queued (unknown model, bad input) is a call that
  * has ended with that error. `counted`: count it in the target's statistics. */
 PyObject *oi_py_bls_start(oi_registry_t *reg, int counted, PyObject *args, PyObject *kwargs);
+
+/* The hook (oi_pw_bls_hook_t.run, process_bls.h) that serves a worker process's BLS requests;
+ * `ctx` is the oi_server_t. Runs without the GIL. */
+oi_status_t *oi_py_bls_run(void *ctx, const char *model, const char *version, oi_request_t *req, uint32_t flags,
+                           int (*part)(void *arg, const oi_response_t *resp), void *arg, const oi_request_t *caller);
 
 #endif

@@ -1331,7 +1331,7 @@ static char **string_list(PyObject *list, const char *what)
  * processes; `stop`, a buffer whose first byte set gives the start up. Returns the backend's
  * state; NULL with an exception set, or NULL with *err set (malloc'd) when a worker could not
  * import the model or the start was stopped. Waits for the imports without the GIL. */
-static void *start_workers(const char *name, int instances, PyObject *workers, char **err)
+static void *start_workers(oi_server_t *server, const char *name, int instances, PyObject *workers, char **err)
 {
     PyObject *argv_list, *env_list, *stop_obj = Py_None;
     Py_buffer recipe, stop = {0};
@@ -1355,7 +1355,8 @@ static void *start_workers(const char *name, int instances, PyObject *workers, c
     if (argv != NULL && argv[0] == NULL)
         PyErr_SetString(PyExc_ValueError, "workers argv is empty");
     else if (envp != NULL) {
-        oi_process_spec_t spec = {argv, envp, recipe.buf, (size_t)recipe.len, (size_t)ring, stop.buf};
+        oi_pw_bls_hook_t bls = {oi_py_bls_run, server}; /* the workers' BLS requests */
+        oi_process_spec_t spec = {argv, envp, recipe.buf, (size_t)recipe.len, (size_t)ring, stop.buf, &bls};
         char msg[1024];
         Py_BEGIN_ALLOW_THREADS state = oi_process_backend_start(name, instances, &spec, msg, sizeof(msg));
         Py_END_ALLOW_THREADS
@@ -1555,7 +1556,7 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         if (workers != Py_None) {
             free(outs);
             char *werr = NULL;
-            if ((m->state = start_workers(name, instances, workers, &werr)) == NULL && werr == NULL)
+            if ((m->state = start_workers(self->server, name, instances, workers, &werr)) == NULL && werr == NULL)
                 goto done; /* a malformed spec: the exception is set */
             if (m->state == NULL) { /* a worker could not import the model: a load error */
                 load_error = PyUnicode_FromString(werr);

@@ -40,7 +40,7 @@ import numpy as np
 from .._config import triton_config
 from ..config import ConfigError, ModelConfig
 from ..model import Model, Tensor
-from . import triton_metrics
+from . import triton_metrics, triton_wire
 from . import triton_utils as pb
 from .model_file import _LoadError, import_model_file
 from .processes import ModelFile, bind_file
@@ -105,6 +105,7 @@ class TritonFile(ModelFile):
 
     def load(self) -> Instances:
         pb._in_worker = True
+        pb._default_host[:] = [triton_wire.WireHost()]  # BLS over the process wire
         if self.metrics:
             triton_metrics.send_to(self.metrics)
         module = import_model_file(self.model_name, self.version, Path(self.path), PROVIDED)

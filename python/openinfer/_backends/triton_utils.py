@@ -532,7 +532,7 @@ class InferenceRequest:
                 request_id=self._request_id or None, parameters=json.dumps(params) if params else None,
                 timeout_us=timeout_us, sequence_id=corr_id, sequence_id_str=corr_str,
                 sequence_start=bool(self._flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_START),
-                sequence_end=bool(self._flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_END),
+                sequence_end=bool(self._flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_END), decoupled=decoupled,
             )  # fmt: skip
         except RuntimeError as e:  # the server stopped
             return _error_response(str(e), TritonError.UNAVAILABLE)

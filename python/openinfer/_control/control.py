@@ -185,7 +185,9 @@ class ModelControl:
     # ---- what a Triton Python model reaches its server through (pb_utils) --------------------
 
     def bls(self, *args: Any, **kwargs: Any) -> Any:
-        """A model's inference on this server (BLS): `_core.Server.bls`."""
+        """A model's inference on this server (BLS): `_core.Server.bls` (which checks a decoupled
+        target against the call once it is queued)."""
+        kwargs.pop("decoupled", None)
         return self._core.bls(*args, **kwargs)
 
     def load_model(self, name: str, config: str, files: Mapping[str, bytes]) -> None:
