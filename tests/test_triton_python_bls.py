@@ -24,13 +24,17 @@ from test_triton_python_backend import EXAMPLES, PROLOGUE, add_model, example, r
 # the request's parameters: bls_timeout, correlation_id, flags, params (JSON passed on), decoupled.
 CALLER = PROLOGUE + textwrap.dedent(
     """
+    import os
+
     class TritonPythonModel:
         def execute(self, requests):
             responses = []
             for request in requests:
                 p = json.loads(request.parameters())
                 target = pb_utils.get_input_tensor_by_name(request, "MODEL").as_numpy()[0]
-                x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+                x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy().astype(p.get("dtype", "float32"))
+                if p.get("send_pid"):
+                    p.setdefault("params", {})["pid"] = os.getpid()
                 bls = pb_utils.InferenceRequest(
                     model_name=target.decode(),
                     inputs=[pb_utils.Tensor(p.get("in_name", "INPUT0"), x)],
@@ -108,10 +112,11 @@ GATE = PROLOGUE + textwrap.dedent(
     """
     import sys, types
     g = sys.modules.setdefault("bls_test_gate", types.SimpleNamespace(
-        running=threading.Event(), release=threading.Event(), cancelled=threading.Event()))
+        running=threading.Event(), release=threading.Event(), cancelled=threading.Event(), params={}))
 
     class TritonPythonModel:
         def execute(self, requests):
+            g.params = json.loads(requests[0].parameters())
             g.running.set()
             for _ in range(1200):
                 if g.release.wait(0.05):
@@ -407,3 +412,46 @@ def test_bls_from_worker_processes_over_the_process_wire(srv: openinfer.Server, 
                                                                                    "the decoupled.")
     seen = json.loads(eval(worker("echo", [1.0], out_name="SEEN", correlation_id=7, params={"k": "v"}))[0])  # noqa: S307
     assert seen == {"params": {"k": "v"}, "corr": 7, "flags": 0}
+
+
+def test_bls_decoupled_from_worker_processes(srv: openinfer.Server) -> None:
+    out = call(srv, "square_int32", np.array([3.0], np.float32), caller="caller_workers", in_name="IN",
+               out_name="OUT", dtype="int32", decoupled=True)
+    assert out == "[[3], [3], [3]]"
+
+
+def test_a_worker_killed_during_bls_fails_only_its_own_request(srv: openinfer.Server) -> None:
+    import os
+    import signal
+    import sys
+
+    from tritonclient.utils import InferenceServerException
+
+    failed: list[BaseException] = []
+
+    def held() -> None:
+        try:
+            call(srv, "gate", np.array([1.0], np.float32), caller="caller_workers", send_pid=True)
+        except InferenceServerException as e:
+            failed.append(e)
+
+    first = threading.Thread(target=held)
+    first.start()
+    wait_for(lambda: "bls_test_gate" in sys.modules and sys.modules["bls_test_gate"].running.is_set(), "gate runs")
+    gate = sys.modules["bls_test_gate"]
+    try:
+        pid = gate.params["pid"]
+        # The other worker serves on meanwhile.
+        assert call(srv, "echo", np.array([1.0], np.float32), caller="caller_workers") == "[2.0]"
+        os.kill(pid, signal.SIGKILL)
+        wait_for(gate.cancelled.is_set, "the killed worker's BLS request cancelled")
+        first.join(60)
+        assert len(failed) == 1 and f"(pid {pid})" in str(failed[0]), failed
+    finally:
+        gate.release.set()
+        first.join(60)
+        wait_for(lambda: _pending(srv) == 0, "the gate idle")
+        gate.release.clear()
+        gate.running.clear()
+        gate.cancelled.clear()
+    assert call(srv, "echo", np.array([3.0], np.float32), caller="caller_workers") == "[6.0]"

@@ -1,6 +1,7 @@
 #include "backends/process_bls.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -217,6 +218,22 @@ static int send_end(int sock, const oi_status_t *st)
     return oi_pw_send(sock, buf, len, NULL);
 }
 
+/* What cancels a worker's BLS request: its job's clients all went, or the worker itself did
+ * (its end of the socket hung up), so that a killed worker's call ends at once. */
+typedef struct {
+    const oi_request_t *caller;
+    int sock;
+} probe_t;
+
+static int probe_cancelled(const void *arg)
+{
+    const probe_t *p = arg;
+    if (p->caller->cancelled != NULL && p->caller->cancelled(p->caller->cancelled_arg))
+        return 1;
+    struct pollfd pfd = {.fd = p->sock, .events = POLLRDHUP};
+    return poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
 int oi__pw_serve_bls(const oi_pw_bls_hook_t *hook, int sock, int fd, const oi_request_t *caller)
 {
     struct stat sb;
@@ -240,10 +257,12 @@ int oi__pw_serve_bls(const oi_pw_bls_hook_t *hook, int sock, int fd, const oi_re
     conn_t c = {.sock = sock};
     if (st == NULL && hook == NULL)
         st = oi_status_new(OI_UNIMPLEMENTED, "BLS is not available in this worker process");
+    probe_t probe = {caller, sock};
+    oi_request_t watch = {.cancelled = probe_cancelled, .cancelled_arg = &probe};
     if (st == NULL)
-        st = hook->run(hook->ctx, h.model, h.version, &req, h.flags, send_part, &c, caller);
+        st = hook->run(hook->ctx, h.model, h.version, &req, h.flags, send_part, &c, &watch);
     oi_request_clear(&req);
-    int rc = c.gone ? -1 : send_end(sock, st);
+    int rc = c.gone ? -1 : send_end(sock, st); /* to a worker that died: fails, as it should */
     oi_status_free(st);
     return rc;
 }
