@@ -12,7 +12,7 @@ import pytest
 
 import openinfer
 
-from conftest import triton_grpc, triton_http
+from conftest import triton_http
 from test_triton_python_backend import PROLOGUE, add_model
 
 # Each execute waits until three are inside at once (the gate), then answers how many were.
@@ -67,9 +67,12 @@ def test_async_execute_runs_several_batches_on_one_instance(tmp_path: Path, prot
                 import tritonclient.grpc as client  # type: ignore[no-redef]
 
                 c = client.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
-            t = client.InferInput("IN", [1], "FP32")
-            t.set_data_from_numpy(np.zeros(1, np.float32))
-            results.append(float(c.infer("gated", [t]).as_numpy("OUT")[0]))
+            try:
+                t = client.InferInput("IN", [1], "FP32")
+                t.set_data_from_numpy(np.zeros(1, np.float32))
+                results.append(float(c.infer("gated", [t]).as_numpy("OUT")[0]))
+            finally:
+                c.close()  # in its own thread (gevent's hub is per thread)
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
