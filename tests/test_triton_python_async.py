@@ -1,5 +1,6 @@
 """Triton's async execute: an ``async def execute`` instance runs several batches at once (shown by
-a gate that opens only once three are inside execute together), and BLS from such a model."""
+a gate that opens only once three are inside execute together), and ``async_exec`` with several
+BLS requests in flight (shown by a barrier three instances of the target must reach together)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 import openinfer
 
-from conftest import triton_http
+from conftest import triton_grpc, triton_http
 from test_triton_python_backend import PROLOGUE, add_model
 
 # Each execute waits until three are inside at once (the gate), then answers how many were.
@@ -86,5 +87,73 @@ def test_async_execute_runs_several_batches_on_one_instance(tmp_path: Path, prot
         assert results == [3.0, 3.0, 3.0]  # the gate opened: three executes were in at once
         assert len(triton_http(server).get_model_config("gated")["instance_group"]) == 1
         assert triton_http(server).get_model_config("gated")["instance_group"][0]["count"] == 1
+    finally:
+        server.stop()
+
+
+# Three instances that each wait until all three are inside execute at once (a barrier).
+BARRIER = PROLOGUE + textwrap.dedent(
+    """
+    import sys, types
+    g = sys.modules.setdefault("bls_test_barrier", types.SimpleNamespace(barrier=threading.Barrier(3)))
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            g.barrier.wait(60)
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([1.0], np.float32))])
+                    for _ in requests]
+    """
+)
+BARRIER_CONFIG = """
+name: "barrier"
+backend: "python"
+input [{ name: "IN", data_type: TYPE_FP32, dims: [ -1 ] }]
+output [{ name: "OUT", data_type: TYPE_FP32, dims: [ 1 ] }]
+instance_group [{ count: 3, kind: KIND_MODEL }]
+"""
+# async_exec three BLS requests at once, then sums their answers.
+FAN_OUT = PROLOGUE + textwrap.dedent(
+    """
+    import asyncio
+
+    class TritonPythonModel:
+        async def execute(self, requests):
+            x = pb_utils.get_input_tensor_by_name(requests[0], "IN")
+            calls = [pb_utils.InferenceRequest(model_name="barrier", inputs=[x], requested_output_names=["OUT"])
+                     .async_exec() for _ in range(3)]
+            answers = await asyncio.gather(*calls)
+            errors = [a.error().message() for a in answers if a.has_error()]
+            if errors:
+                raise pb_utils.TritonModelException(errors[0])
+            total = sum(float(a.output_tensors()[0].as_numpy()[0]) for a in answers)
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([total], np.float32))])]
+    """
+)
+FAN_OUT_CONFIG = """
+name: "fan_out"
+backend: "python"
+input [{ name: "IN", data_type: TYPE_FP32, dims: [ -1 ] }]
+output [{ name: "OUT", data_type: TYPE_FP32, dims: [ 1 ] }]
+"""
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_async_exec_has_several_bls_calls_in_flight(tmp_path: Path, protocol: str) -> None:
+    add_model(tmp_path, "barrier", BARRIER, BARRIER_CONFIG)
+    add_model(tmp_path, "fan_out", FAN_OUT, FAN_OUT_CONFIG)
+    server = openinfer.serve(tmp_path, http_port=0, grpc_port=0, threads=2, log=False)
+    try:
+        if protocol == "http":
+            import tritonclient.http as client
+
+            c = triton_http(server)
+        else:
+            import tritonclient.grpc as client  # type: ignore[no-redef]
+
+            c = triton_grpc(server)
+        t = client.InferInput("IN", [1], "FP32")
+        t.set_data_from_numpy(np.zeros(1, np.float32))
+        # The barrier opens only with the three BLS requests inside the model at once.
+        assert c.infer("fan_out", [t]).as_numpy("OUT").tolist() == [3.0]
     finally:
         server.stop()
