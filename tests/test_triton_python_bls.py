@@ -149,6 +149,25 @@ output [{ name: "OUTPUT__0", data_type: TYPE_FP32, dims: [ -1 ] }]
 """
 
 
+def save_onnx_doubler(repo: Path) -> None:
+    """onnx/1/model.onnx: INPUT0 FP32 [N] -> OUTPUT0 = INPUT0 + INPUT0 (no config.pbtxt); left out
+    without onnx and onnxruntime (the test that needs it skips)."""
+    try:
+        import onnx
+        import onnxruntime  # noqa: F401
+        from onnx import TensorProto, helper
+    except ImportError:
+        return
+
+    graph = helper.make_graph([helper.make_node("Add", ["INPUT0", "INPUT0"], ["OUTPUT0"])], "doubler",
+                              [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["N"])],
+                              [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["N"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    (repo / "onnx" / "1").mkdir(parents=True)
+    onnx.save(model, str(repo / "onnx" / "1" / "model.onnx"))
+
+
 def bls_examples(repo: Path) -> None:
     """The bls and bls_decoupled examples laid out as their READMEs say."""
     example(repo, "add_sub", "add_sub/model.py", "add_sub/config.pbtxt")
@@ -169,6 +188,7 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openinfer.Server]:
     add_model(repo, "echo", ECHO, ECHO_CONFIG)
     (repo / "ens" / "1").mkdir(parents=True)
     add_model(repo, "gate", GATE, GATE_CONFIG)
+    save_onnx_doubler(repo)
     add_model(repo, "caller_workers", CALLER, CALLER_CONFIG.replace('"caller"', '"caller_workers"').replace(
         "count: 3, kind: KIND_MODEL", "count: 2, kind: KIND_CPU"))
     save_torchscript(TORCHSCRIPT, "Triple", repo / "ts" / "1" / "model.pt", tmp_path_factory.mktemp("ts_src"))
@@ -231,6 +251,14 @@ def test_bls_to_a_model_that_fails(srv: openinfer.Server) -> None:
 def test_bls_to_a_torchscript_model(srv: openinfer.Server, protocol: str) -> None:
     out = call(srv, "ts", np.array([1.0, 2.0], np.float32), protocol, in_name="INPUT__0", out_name="OUTPUT__0")
     assert out == "[3.0, 6.0]"
+
+
+@pytest.mark.parametrize("caller", ["caller", "caller_workers"])
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_bls_to_an_onnx_model(srv: openinfer.Server, protocol: str, caller: str) -> None:
+    if "onnx" not in srv.models:
+        pytest.skip("onnx or onnxruntime is not installed")
+    assert call(srv, "onnx", np.array([1.5, -2.0], np.float32), protocol, caller=caller) == "[3.0, -4.0]"
 
 
 def test_bls_to_a_decoupled_model_without_decoupled_is_tritons_error(srv: openinfer.Server) -> None:
