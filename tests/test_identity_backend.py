@@ -219,10 +219,11 @@ BAD_CONFIGS = {
                        'parameters { key: "creation_delay_sec" value: { string_value: "-1" } }',
                        "parameter creation_delay_sec must be a non-negative integer, got '-1'"),
     "no_tensors": ("", "the identity backend needs the model's inputs and outputs in config.pbtxt"),
-    "sequence": ('input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
-                 'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
-                 'sequence_batching { }',
-                 "the identity backend takes no sequence_batching"),
+    "sequence_state": ('input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+                       'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+                       'sequence_batching { state [ { input_name: "S_IN" output_name: "S_OUT" '
+                       'data_type: TYPE_FP32 dims: [ 1 ] } ] }',
+                       "the identity backend takes no implicit state (sequence_batching.state)"),
 }
 
 
@@ -242,5 +243,41 @@ def test_a_config_triton_refuses_fails_to_load_with_its_words(tmp_path: Path, ca
         assert index["bad"]["state"] == "UNAVAILABLE" and words in index["bad"]["reason"]
         ins, arrays = _inputs(httpclient, batch=None)
         _expect(client.infer("good", ins), arrays, batch=None)
+    finally:
+        srv.stop()
+
+
+# Triton's L0_request_cancellation models (qa/L0_request_cancellation/test.sh): identity models
+# behind a sequence batcher, Direct and Oldest (no delay here: the cancellation itself is tested
+# with a gated model in test_sequence_cancel.py).
+SEQUENCE_MODELS = {
+    "sequence_direct": "sequence_batching { direct { } \n max_sequence_idle_microseconds: 6000000 }",
+    "sequence_oldest": "sequence_batching { oldest { max_candidate_sequences: 1 } \n"
+                       " max_sequence_idle_microseconds: 6000000 }",
+}
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_tritons_sequence_identity_models_serve(tmp_path: Path, protocol: str) -> None:
+    for name, sequence in SEQUENCE_MODELS.items():
+        _model(tmp_path, name, config=(
+            f'name: "{name}"\nbackend: "identity"\nmax_batch_size: 1\n'
+            'input [{ name: "INPUT0" \n data_type: TYPE_FP32 \n dims: [ -1 ] }]\n'
+            'output [{ name: "OUTPUT0" \n data_type: TYPE_FP32 \n dims: [ -1 ] }]\n'
+            f'instance_group [{{ count: 1 \n kind: KIND_CPU }}]\n{sequence}\n'))  # fmt: skip
+    srv = openinfer.serve(tmp_path, http_port=0, grpc_port=0, threads=2, log=False)
+    try:
+        assert srv.failed == {}, srv.failed
+        mod = httpclient if protocol == "http" else grpcclient
+        client = triton_http(srv) if protocol == "http" else triton_grpc(srv)
+        for name in SEQUENCE_MODELS:
+            for k, flags in enumerate(({"sequence_start": True}, {}, {"sequence_end": True})):
+                x = np.full([1, 8], k, dtype=np.float32)
+                i = mod.InferInput("INPUT0", [1, 8], "FP32")
+                i.set_data_from_numpy(x)
+                np.testing.assert_array_equal(client.infer(name, [i], sequence_id=7, **flags).as_numpy("OUTPUT0"), x)
+            with pytest.raises(InferenceServerException) as e:  # the sequence ended with END
+                client.infer(name, [i], sequence_id=7)
+            assert "must specify the START flag on the first request of the sequence" in e.value.message()
     finally:
         srv.stop()

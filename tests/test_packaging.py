@@ -81,7 +81,8 @@ def test_wheel_is_self_contained_and_carries_no_tests(dist: Path) -> None:
     names = zipfile.ZipFile(_wheel(dist)).namelist()
     libs = sorted(n for n in names if n.startswith("openinfer.libs/") and n.endswith(tuple("0123456789")))
     assert [re.sub(r"-[0-9a-f]{8}\.so.*", "", n) for n in libs] == [
-        "openinfer.libs/libnghttp2", "openinfer.libs/libprotobuf-c", "openinfer.libs/libuv",
+        "openinfer.libs/libcrypto", "openinfer.libs/libnghttp2", "openinfer.libs/libprotobuf-c",
+        "openinfer.libs/libssl", "openinfer.libs/libuv",
     ]  # fmt: skip
     assert not any(re.search(r"(^|/)(tests?|benchmarks)/|conftest|(^|/)test_", n) for n in names), names
     assert "openinfer/examples/models/simple/config.pbtxt" in names
@@ -90,7 +91,7 @@ def test_wheel_is_self_contained_and_carries_no_tests(dist: Path) -> None:
     assert 'Requires-Dist: torch>=2.0; extra == "torch"' in metadata
     assert 'Requires-Dist: pytest>=7; extra == "test"' in metadata
     licenses = f"openinfer-{openinfer.__version__}.dist-info/licenses/"
-    assert {licenses + "LICENSE", *(f"{licenses}licenses/{lib}.txt" for lib in ("libuv", "nghttp2", "protobuf-c", "llhttp"))} <= set(names)
+    assert {licenses + "LICENSE", *(f"{licenses}licenses/{lib}.txt" for lib in ("libuv", "nghttp2", "protobuf-c", "llhttp", "openssl"))} <= set(names)
     try:
         from openinfer import _torch_build
 

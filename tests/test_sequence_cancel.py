@@ -10,15 +10,17 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import grpc
 import numpy as np
 import pytest
+import tritonclient.grpc as tgrpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from conftest import START_AND_SUM_STATE, encode_request, infer_body
-from test_cancellation import BOUND, read_response, settle
+from test_cancellation import BOUND, failures, read_response, settle
 
 import openinfer
 
@@ -53,12 +55,10 @@ class SeqGate:
 
 
 def _model(name: str, gate: SeqGate, candidates: int) -> openinfer.Model:
+    strategy = {"direct": {}} if candidates == 0 else {"oldest": {"max_candidate_sequences": candidates}}
     return openinfer.Model(
         name, gate.fn, inputs=[("INPUT0", "INT32", [1])], outputs=[("OUTPUT0", "INT32", [1])],
-        sequence_batching={
-            "oldest": {"max_candidate_sequences": candidates},
-            **START_AND_SUM_STATE,
-        },
+        sequence_batching={**strategy, **START_AND_SUM_STATE},
     )  # fmt: skip
 
 
@@ -70,9 +70,10 @@ def gate() -> SeqGate:
 @pytest.fixture
 def served(gate: SeqGate) -> Iterator[openinfer.Server]:
     # "two": two sequences at once on one instance, so a second sequence's request waits in the
-    # scheduler's queue; "one": one sequence at once, the next waits in the backlog.
-    srv = openinfer.serve(models=[_model("two", gate, 2), _model("one", gate, 1)], http_port=0,
-                          grpc_port=0, log=False, threads=2)  # fmt: skip
+    # scheduler's queue; "one": one sequence at once, the next waits in the backlog; "direct":
+    # the Direct strategy, one slot.
+    srv = openinfer.serve(models=[_model("two", gate, 2), _model("one", gate, 1), _model("direct", gate, 0)],
+                          http_port=0, grpc_port=0, log=False, threads=2)  # fmt: skip
     try:
         yield srv
     finally:
@@ -215,3 +216,51 @@ def test_grpc_stream_reset_drops_its_sequence_requests(served: openinfer.Server,
     _not_started(served, "two", 21)
     assert _answer(served, "two", 3, sequence_id=20, sequence_start=True, sequence_end=True) == 3
     assert gate.values() == [BLOCK, 3]
+
+
+@pytest.mark.parametrize("model", ["two", "one", "direct"])
+def test_grpc_cancel_of_a_queued_request_answers_the_sequence_cancelled(served: openinfer.Server, gate: SeqGate,
+                                                                       model: str) -> None:
+    """Triton's L0_request_cancellation (scheduler_test.py, _test_sequence_batch_scheduler_
+    queued_request_cancellation), Oldest and Direct alike: of two requests queued behind a
+    running one of their sequence, the client cancels the first (tritonclient's future.cancel());
+    the second is answered CANCELLED, both count as failures of reason CANCELED, and the
+    sequence is over."""
+    client = tgrpc.InferenceServerClient(f"127.0.0.1:{served.grpc_port}")
+    answers: list[dict[str, Any]] = [{"done": threading.Event()} for _ in range(3)]
+
+    def callback(k: int) -> Any:
+        def done(result: Any, error: Any) -> None:
+            answers[k].update(result=result, error=error)
+            answers[k]["done"].set()
+        return done
+
+    def inputs(value: int) -> list[Any]:
+        i = tgrpc.InferInput("INPUT0", [1], "INT32")
+        i.set_data_from_numpy(np.array([value], dtype=np.int32))
+        return [i]
+
+    try:
+        client.async_infer(model, inputs(BLOCK), callback(0), sequence_id=40, sequence_start=True)
+        gate.wait_called(BLOCK)
+        queued = [client.async_infer(model, inputs(5 + k), callback(1 + k), sequence_id=40) for k in range(2)]
+        settle()
+        assert not answers[1]["done"].is_set() and not answers[2]["done"].is_set()
+        queued[0].cancel()
+        assert answers[2]["done"].wait(BOUND)
+        error = answers[2]["error"]
+        assert answers[2]["result"] is None and error is not None
+        assert (error.status(), error.message()) == ("StatusCode.CANCELLED", "the sequence was cancelled")
+        assert answers[1]["done"].wait(BOUND) and answers[1]["error"].status() == "StatusCode.CANCELLED"
+        # Both count as cancelled failures, as Triton's test expects of Direct (its metric +2).
+        deadline = time.monotonic() + BOUND
+        while failures(served) != {"CANCELED": 2} and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert failures(served) == {"CANCELED": 2}
+        gate.gate.set()
+        assert answers[0]["done"].wait(BOUND) and answers[0]["error"] is None
+    finally:
+        gate.gate.set()
+        client.close()
+    _not_started(served, model, 40)
+    assert gate.values() == [BLOCK]

@@ -44,8 +44,6 @@ cache-directory rate-limit rate-limit-resource pinned-memory-pool-byte-size cuda
 cuda-virtual-address-size min-supported-compute-capability buffer-manager-thread-count host-policy
 model-load-gpu-limit allow-client-shm backend-directory backend-config repoagent-directory strict-model-config
 response-cache-byte-size trace-file trace-level trace-rate trace-count trace-log-frequency""".split()
-# TLS is added to the command line by its own work.
-ELSEWHERE = {"grpc-use-ssl", "grpc-use-ssl-mutual", "grpc-server-cert", "grpc-server-key", "grpc-root-cert"}
 
 IDENTITY = """name: "{name}"
 backend: "identity"
@@ -187,7 +185,7 @@ def test_every_tritonserver_flag_is_served_or_refused_and_in_the_docs_table() ->
 
     serve = next(a for a in cli._parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["serve"]
     known = {o for a in serve._actions for o in a.option_strings}
-    assert [f for f in TRITONSERVER_FLAGS if f not in ELSEWHERE and "--" + f not in known] == []
+    assert [f for f in TRITONSERVER_FLAGS if "--" + f not in known] == []
     table = (Path(__file__).parent.parent / "docs" / "features.md").read_text().split(
         "## tritonserver's command-line flags")[1]
     assert [f for f in TRITONSERVER_FLAGS if f"`--{f}" not in table] == []

@@ -47,7 +47,6 @@ name: "gated"
 backend: "python"
 input [{ name: "IN", data_type: TYPE_FP32, dims: [ -1 ] }]
 output [{ name: "OUT", data_type: TYPE_FP32, dims: [ 1 ] }]
-instance_group [{ count: 1, kind: KIND_CPU }]
 """
 
 

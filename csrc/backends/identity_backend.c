@@ -15,6 +15,10 @@ typedef struct {
      * Triton), the output takes these: its declared dims after the batch, holding the input's
      * elements; ndim -1: the output has the input's shape as sent. */
     oi_io_spec_t reshape;
+    /* An optional input left out of a request answers zeros, as Triton's identity backend
+     * does: the output's declared dims after the batch, -1 read as 1; ndim -1: the input is
+     * required. */
+    oi_io_spec_t zeros;
 } pair_t;
 
 typedef struct {
@@ -88,10 +92,17 @@ void *oi_identity_backend_state(const char *model_name, int max_batch_size, cons
         if ((p->output = strdup(outputs[o].name)) == NULL || (p->input = strdup(in->name)) == NULL)
             goto oom;
         p->reshape.ndim = -1;
+        int skip = s->batched && outputs[o].ndim > 0;
         if (!same_dims(in, &outputs[o])) {
-            int skip = s->batched && outputs[o].ndim > 0;
             p->reshape.ndim = outputs[o].ndim - skip;
             memcpy(p->reshape.dims, outputs[o].dims + skip, (size_t)p->reshape.ndim * sizeof(int64_t));
+        }
+        p->zeros.ndim = -1;
+        if (in->optional) {
+            p->zeros.dtype = outputs[o].dtype;
+            p->zeros.ndim = outputs[o].ndim < 0 ? 1 : outputs[o].ndim - skip;
+            for (int d = 0; d < p->zeros.ndim; d++)
+                p->zeros.dims[d] = outputs[o].ndim < 0 || outputs[o].dims[skip + d] < 0 ? 1 : outputs[o].dims[skip + d];
         }
     }
     return s;
@@ -113,6 +124,29 @@ static void delay(const identity_state_t *s)
         ;
 }
 
+/* The zeros answered for a missing optional input: a batching model's output takes the
+ * request's batch (its first input's first dimension; 1 when it sent none). BYTES elements
+ * are empty strings (a zero length each). */
+static oi_status_t *zeros(const identity_state_t *s, const pair_t *p, const oi_request_t *req, oi_tensor_t *t)
+{
+    int lead = s->batched;
+    t->dtype = p->zeros.dtype;
+    t->ndim = p->zeros.ndim + lead;
+    if (lead)
+        t->shape[0] = req->n_inputs > 0 && req->inputs[0].ndim > 0 ? req->inputs[0].shape[0] : 1;
+    memcpy(t->shape + lead, p->zeros.dims, (size_t)p->zeros.ndim * sizeof(int64_t));
+    int64_t count = 0;
+    if (oi_shape_elements(t->shape, t->ndim, &count) != 0)
+        return oi_status_new(OI_BAD_REQUEST, "model '%s': output '%s' is too large", s->model_name, t->name);
+    size_t size = t->dtype == OI_TYPE_BYTES ? sizeof(uint32_t) : oi_dtype_size(t->dtype);
+    if ((t->owner = oi_buf_new((size_t)count * size)) == NULL)
+        return oi_status_new(OI_INTERNAL, "out of memory");
+    t->data = t->owner->data;
+    t->byte_size = t->owner->len = (size_t)count * size;
+    memset(t->data, 0, t->byte_size);
+    return NULL;
+}
+
 static oi_status_t *id_execute(void *state, const oi_request_t *req, const char *const *names, uint32_t n,
                                oi_response_t *resp)
 {
@@ -132,10 +166,17 @@ static oi_status_t *id_execute(void *state, const oi_request_t *req, const char 
         for (uint32_t j = 0; j < req->n_inputs && in == NULL; j++)
             if (strcmp(req->inputs[j].name, p->input) == 0)
                 in = &req->inputs[j];
-        if (in == NULL) /* validation requires every declared input */
-            return oi_status_new(OI_BAD_REQUEST, "missing input '%s' for model '%s'", p->input, s->model_name);
         oi_tensor_t *t = &resp->outputs[i];
         t->name = names[i];
+        if (in == NULL && p->zeros.ndim >= 0) {
+            resp->n_outputs = i + 1;
+            oi_status_t *st = zeros(s, p, req, t);
+            if (st != NULL)
+                return st;
+            continue;
+        }
+        if (in == NULL) /* validation requires every required input */
+            return oi_status_new(OI_BAD_REQUEST, "missing input '%s' for model '%s'", p->input, s->model_name);
         t->dtype = in->dtype;
         if (p->reshape.ndim >= 0) {
             oi_status_t *st = oi_tensor_reshape(in, &p->reshape, s->batched, t->shape, &t->ndim);

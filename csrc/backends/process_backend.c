@@ -155,6 +155,7 @@ static int spawn_worker(pool_t *p, worker_t *w, char *err, size_t errlen)
     if (grow_jobs(w, OI_PW_DESC_OFFSET + p->recipe_len) != 0)
         goto sys_fail;
     memset(w->jobs, 0, OI_PW_DESC_OFFSET);
+    ((oi_pw_shared_t *)w->jobs)->index = (uint32_t)(w - p->workers); /* a Triton instance's name */
     memcpy(w->jobs + OI_PW_DESC_OFFSET, p->recipe, p->recipe_len);
     ring_fd = high_fd(memfd_create("openinfer-results", MFD_CLOEXEC));
     if (ring_fd < 0 || ftruncate(ring_fd, (off_t)p->ring_bytes) != 0 ||
@@ -308,6 +309,25 @@ static char *write_id(char *at, const char *id)
     return at + id_size(id);
 }
 
+/* A batched request's parameters, laid out as an id is (none: NULL `batch_params` or ptr). */
+static const oi_slice_t *batch_params(const oi_request_t *req, uint32_t k)
+{
+    return req->batch_params != NULL && req->batch_params[k].ptr != NULL ? &req->batch_params[k] : NULL;
+}
+
+static size_t params_size(const oi_slice_t *p) { return pad8(4 + (p != NULL ? p->len + 1 : 0)); }
+
+static char *write_params(char *at, const oi_slice_t *p)
+{
+    uint32_t len = p != NULL ? (uint32_t)p->len + 1 : 0;
+    memcpy(at, &len, 4);
+    if (p != NULL) {
+        memcpy(at + 4, p->ptr, p->len);
+        at[4 + p->len] = '\0';
+    }
+    return at + params_size(p);
+}
+
 /* Lays the request out in the job area: the descriptor, then the bytes of each input not
  * already in shared memory (the one copy such an input makes on its way to a worker). */
 static int write_job(worker_t *w, const oi_request_t *req, const char *const *names, uint32_t n, oi_pw_fds_t *fds)
@@ -319,7 +339,7 @@ static int write_job(worker_t *w, const oi_request_t *req, const char *const *na
         desc += 4 + pad8(strlen(names[i]) + 1);
     desc += pad8(req->parameters.len) + id_size(req->id) + req->n_batch * sizeof(int64_t);
     for (uint32_t k = 0; k < req->n_batch; k++)
-        desc += id_size(req->batch_ids[k]);
+        desc += id_size(req->batch_ids[k]) + params_size(batch_params(req, k));
     desc = oi_pw_align(desc);
     size_t total = desc;
     uint32_t area[req->n_inputs + 1];
@@ -367,6 +387,8 @@ static int write_job(worker_t *w, const oi_request_t *req, const char *const *na
     }
     for (uint32_t k = 0; k < req->n_batch; k++)
         at = write_id(at, req->batch_ids[k]);
+    for (uint32_t k = 0; k < req->n_batch; k++)
+        at = write_params(at, batch_params(req, k));
     return 0;
 }
 
@@ -468,7 +490,11 @@ static oi_status_t *run_job(pool_t *p, worker_t *w, const oi_request_t *req, con
         if (len <= 0)
             goto died;
         const oi_pw_reply_t *r = (const void *)buf;
-        if (r->type == OI_PW_RESULT && req->send == NULL) {
+        if (r->type == OI_PW_FAIL_ONE && req->batch_errors != NULL && r->block < req->n_batch && fd < 0) {
+            oi_status_free(req->batch_errors[r->block]);
+            req->batch_errors[r->block] = error_reply(buf, (size_t)len);
+            continue;
+        } else if (r->type == OI_PW_RESULT && req->send == NULL) {
             st = take_outputs(p, w, r, fd, names, n, resp);
         } else if (r->type == OI_PW_PARTIAL && req->send != NULL) {
             oi_response_t one = {0};

@@ -23,7 +23,8 @@
 /* The job area's header: the descriptor starts after it. */
 typedef struct oi_pw_shared_s {
     atomic_uint cancelled; /* set by the server when every client of the job has gone */
-    uint32_t pad[15];
+    uint32_t index;        /* which of its model's workers this is (0..n-1; a replacement keeps it) */
+    uint32_t pad[14];
 } oi_pw_shared_t;
 
 #define OI_PW_DESC_OFFSET ((uint64_t)sizeof(oi_pw_shared_t))
@@ -49,6 +50,7 @@ enum {
     OI_PW_PARTIAL,    /* one response of a decoupled job; the server answers ACK or STOP */
     OI_PW_DONE,       /* a decoupled job ended without error */
     OI_PW_ERROR,      /* the job (or the import) failed: code and text */
+    OI_PW_FAIL_ONE,   /* before a RESULT: request `block` of the batch failed alone, code and text */
     OI_PW_BLS,        /* during a job: a BLS request of the model, in the memfd sent with it
                        * (process_bls.h); the server answers BLS_PART..., BLS_END */
 };
@@ -64,8 +66,9 @@ typedef struct oi_pw_job_s {
 /* At OI_PW_DESC_OFFSET of the job area: this, then n_inputs oi_pw_tensor_t (each followed by
  * its NUL-terminated name, padded to 8), then n_outputs names (u32 length, the bytes, NUL,
  * padded to 8), then params_len bytes of the request's parameters (JSON) padded to 8, then the
- * request's id and, for a dynamic batch, n_batch int64 row counts and n_batch ids. Each id is
- * a u32 (0: none, else its length + 1), the bytes, NUL, padded to 8. */
+ * request's id and, for a dynamic batch, n_batch int64 row counts, n_batch ids and n_batch
+ * requests' parameters. Each id or parameters is a u32 (0: none, else its length + 1), the
+ * bytes, NUL, padded to 8. */
 typedef struct oi_pw_request_s {
     uint32_t n_inputs;
     uint32_t n_outputs;

@@ -99,8 +99,9 @@ static PyObject *cancel_flag_request_id(PyObject *self, PyObject *unused)
     return id_or_none(req != NULL ? req->id : NULL);
 }
 
-/* batch(): for a dynamic batch the scheduler concatenated, a tuple of (rows, id or None) per
- * request in order; None for a lone request (and after the call). */
+/* batch(): for a dynamic batch the scheduler concatenated, a tuple of (rows, id or None,
+ * parameters as bytes or None) per request in order; None for a lone request (and after the
+ * call). */
 static PyObject *cancel_flag_batch(PyObject *self, PyObject *unused)
 {
     (void)unused;
@@ -110,7 +111,16 @@ static PyObject *cancel_flag_batch(PyObject *self, PyObject *unused)
     PyObject *t = PyTuple_New(req->n_batch);
     for (uint32_t k = 0; t != NULL && k < req->n_batch; k++) {
         PyObject *id = id_or_none(req->batch_ids[k]);
-        PyObject *item = id != NULL ? Py_BuildValue("(LN)", (long long)req->batch_rows[k], id) : NULL;
+        const oi_slice_t *p = req->batch_params != NULL ? &req->batch_params[k] : NULL;
+        PyObject *params = p != NULL && p->ptr != NULL ? PyBytes_FromStringAndSize(p->ptr, (Py_ssize_t)p->len)
+                                                       : Py_NewRef(Py_None);
+        PyObject *item = NULL;
+        if (id != NULL && params != NULL) /* "N" takes both references, also on failure */
+            item = Py_BuildValue("(LNN)", (long long)req->batch_rows[k], id, params);
+        else {
+            Py_XDECREF(id);
+            Py_XDECREF(params);
+        }
         if (item == NULL)
             Py_CLEAR(t);
         else
@@ -119,9 +129,33 @@ static PyObject *cancel_flag_batch(PyObject *self, PyObject *unused)
     return t;
 }
 
+/* fail(k, status, message): request k of the batch gets this error (an HTTP status, the text
+ * as it is) instead of its rows, which the returned outputs must still hold. */
+static PyObject *cancel_flag_fail(PyObject *self, PyObject *args)
+{
+    const oi_request_t *req = ((cancel_flag_t *)self)->req;
+    unsigned int k;
+    int status;
+    const char *message;
+    if (!PyArg_ParseTuple(args, "Iis:fail", &k, &status, &message))
+        return NULL;
+    if (req == NULL || req->batch_errors == NULL || k >= req->n_batch) {
+        PyErr_Format(PyExc_IndexError, "fail(): no request %u in this call's batch", k);
+        return NULL;
+    }
+    if (status < 400 || status > 599) {
+        PyErr_Format(PyExc_ValueError, "fail(): status %d is not an HTTP error status", status);
+        return NULL;
+    }
+    oi_status_free(req->batch_errors[k]);
+    req->batch_errors[k] = oi_status_new(status, "%s", message);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef cancel_flag_methods[] = {
     {"request_id", cancel_flag_request_id, METH_NOARGS, "The request's id, or None."},
-    {"batch", cancel_flag_batch, METH_NOARGS, "A dynamic batch's ((rows, id), ...), or None."},
+    {"batch", cancel_flag_batch, METH_NOARGS, "A dynamic batch's ((rows, id, parameters), ...), or None."},
+    {"fail", cancel_flag_fail, METH_VARARGS, "fail(k, status, message): request k of the batch fails alone."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,6 +1,7 @@
 #include "client/grpc_client.h"
 
 #include "client/socket.h"
+#include "client/tls_client.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -92,6 +93,8 @@ struct oi_grpc_client_s {
     int port;
     char authority[300];
     int fd; /* -1 when not connected */
+    oi_ctls_config_t *tls_cfg; /* grpcs: what the connections check and show; NULL: h2c */
+    oi_ctls_t *tls;            /* the open connection's TLS */
     nghttp2_session *session;
     int reused; /* a call completed on this connection: a failure may be a stale connection */
     int rcvtimeo_ms; /* the socket's SO_RCVTIMEO (oi_client_recv_slice) */
@@ -279,8 +282,10 @@ static void conn_fail(oi_grpc_client_t *c, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(c->error, sizeof(c->error), fmt, ap);
+    char why[sizeof(c->error)]; /* the arguments may be c->error itself ("%s", c->error) */
+    vsnprintf(why, sizeof(why), fmt, ap);
     va_end(ap);
+    memcpy(c->error, why, sizeof(why));
     while (c->calls) {
         oi_grpc_client_call_t *call = c->calls;
         unlink_call(call);
@@ -293,6 +298,8 @@ static void conn_fail(oi_grpc_client_t *c, const char *fmt, ...)
     if (c->session != NULL)
         nghttp2_session_del(c->session);
     c->session = NULL;
+    oi_ctls_free(c->tls);
+    c->tls = NULL;
     if (c->fd >= 0)
         close(c->fd);
     c->fd = -1;
@@ -343,8 +350,7 @@ static int batch_write(oi_grpc_client_t *c)
             size_t skip = i == c->seg_idx ? c->seg_off : 0;
             iov[n] = (struct iovec){(char *)p + skip, s->len - skip};
         }
-        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
-        ssize_t w = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t w = oi_ctls_sendmsg(c->tls, c->fd, iov, n, MSG_DONTWAIT);
         if (w < 0) {
             if (errno == EINTR && !oi_client_interrupted())
                 continue;
@@ -612,13 +618,14 @@ static ssize_t conn_read(oi_grpc_client_t *c, int block)
     for (int k = 0; k < READS_PER_WAKEUP && c->session != NULL; k++) {
         size_t room;
         char *dst = recv_target(c, &room);
-        ssize_t n = recv(c->fd, dst, room, k == 0 && block ? 0 : MSG_DONTWAIT);
+        ssize_t n = oi_ctls_recv(c->tls, c->fd, dst, room, k == 0 && block ? 0 : MSG_DONTWAIT);
         if (n < 0) {
             if (errno == EINTR && !oi_client_interrupted())
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK)
                 return total;
-            set_err(c->error, sizeof(c->error), "receiving from %s:%d: %s", c->host, c->port, strerror(errno));
+            set_err(c->error, sizeof(c->error), "receiving from %s:%d: %s", c->host, c->port,
+                    errno == EPROTO && c->tls ? oi_ctls_error(c->tls) : strerror(errno));
             return -1;
         }
         if (n == 0) {
@@ -643,6 +650,11 @@ static ssize_t conn_read(oi_grpc_client_t *c, int block)
 static int connect_to(oi_grpc_client_t *c, int64_t deadline, char *err, size_t errlen)
 {
     int rc = oi_client_connect(c->host, c->port, deadline, &c->fd, err, errlen);
+    if (rc == 0 && c->tls_cfg != NULL && (rc = oi_ctls_connect(c->tls_cfg, c->host, c->fd, deadline, &c->tls, err,
+                                                               errlen)) != 0) {
+        close(c->fd);
+        c->fd = -1;
+    }
     return rc == 0 ? 0 : rc == -2 ? OI_GRPC_CLIENT_TIMEOUT : OI_GRPC_CLIENT_ERROR;
 }
 
@@ -701,6 +713,8 @@ static int conn_ready(oi_grpc_client_t *c, int64_t deadline, char *err, size_t e
     if (rc != 0)
         return rc;
     if (session_open(c) != 0) {
+        oi_ctls_free(c->tls);
+        c->tls = NULL;
         close(c->fd);
         c->fd = -1;
         set_err(err, errlen, "out of memory");
@@ -767,7 +781,13 @@ static int pump(oi_grpc_client_t *c, int64_t deadline, int nowait, int (*done)(v
         }
         struct pollfd p = {c->fd, events, 0};
         int slice = oi_client_poll_ms(ms);
-        int n = poll(&p, 1, slice);
+        /* Records already read from the socket are not announced by it again. */
+        int buffered = oi_ctls_buffered(c->tls);
+        int n = poll(&p, 1, buffered ? 0 : slice);
+        if (buffered) {
+            n = 1;
+            p.revents |= POLLIN;
+        }
         if ((n < 0 && errno != EINTR) || (n <= 0 && slice != ms && oi_client_interrupted())) {
             conn_fail(c, "waiting on %s:%d: %s", c->host, c->port, strerror(errno));
             continue;
@@ -801,11 +821,24 @@ oi_grpc_client_t *oi_grpc_client_new(const char *host, int port)
     return c;
 }
 
+int oi_grpc_client_set_tls(oi_grpc_client_t *c, const oi_ctls_config_t *cfg)
+{
+    oi_ctls_config_t copy = *cfg;
+    copy.alpn = "h2";
+    oi_ctls_config_t *n = oi_ctls_config_copy(&copy);
+    if (n == NULL)
+        return -1;
+    oi_ctls_config_free(c->tls_cfg);
+    c->tls_cfg = n;
+    return 0;
+}
+
 void oi_grpc_client_free(oi_grpc_client_t *c)
 {
     if (c == NULL)
         return;
     conn_fail(c, "the connection was closed");
+    oi_ctls_config_free(c->tls_cfg);
     oi_sbuf_free(&c->wbuf);
     free(c->segs);
     free(c->rbuf);

@@ -23,6 +23,7 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
+#include "client/tls_client.h"
 #include "core/buf.h"
 
 typedef struct oi_grpc_client_s oi_grpc_client_t;
@@ -41,6 +42,10 @@ enum {
 /* Returns a new connection to host:port (connected on first use), or NULL (out of memory).
  * `host` is a numeric address or a name. */
 oi_grpc_client_t *oi_grpc_client_new(const char *host, int port);
+
+/* Speaks TLS (grpcs) with `cfg` (copied; ALPN h2) from the next connection on; call before the
+ * first call. 0 or -1 (out of memory). */
+int oi_grpc_client_set_tls(oi_grpc_client_t *c, const oi_ctls_config_t *cfg);
 
 /* Closes the connection and frees it. Calls still open must be freed first. */
 void oi_grpc_client_free(oi_grpc_client_t *c);

@@ -1,6 +1,7 @@
 #include "client/http_client.h"
 
 #include "client/socket.h"
+#include "client/tls_client.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -27,6 +28,8 @@ struct oi_http_client_s {
     int port;
     char authority[300]; /* the Host header */
     int fd; /* -1 when not connected */
+    oi_ctls_config_t *tls_cfg; /* https: what the connections check and show; NULL: plain */
+    oi_ctls_t *tls;            /* the open connection's TLS */
     int reused; /* the connection served a request before: a failure may be a stale socket */
     int rcvtimeo_ms; /* the socket's SO_RCVTIMEO (oi_client_recv_slice) */
     llhttp_t parser;
@@ -46,6 +49,8 @@ struct oi_http_client_s {
 
 static void close_fd(oi_http_client_t *c)
 {
+    oi_ctls_free(c->tls);
+    c->tls = NULL;
     if (c->fd >= 0)
         close(c->fd);
     c->fd = -1;
@@ -55,17 +60,19 @@ static void close_fd(oi_http_client_t *c)
 
 static int connect_to(oi_http_client_t *c, int64_t deadline, char *err, size_t errlen)
 {
-    return oi_client_connect(c->host, c->port, deadline, &c->fd, err, errlen);
+    int rc = oi_client_connect(c->host, c->port, deadline, &c->fd, err, errlen);
+    if (rc == 0 && c->tls_cfg != NULL && (rc = oi_ctls_connect(c->tls_cfg, c->host, c->fd, deadline, &c->tls, err,
+                                                               errlen)) != 0)
+        close_fd(c);
+    return rc;
 }
 
 /* Writes every byte of the iovecs. 0, -1 (error, errno kept) or -2 (timeout). */
 static int send_all(oi_http_client_t *c, struct iovec *iov, int n, int64_t deadline)
 {
     while (n > 0) {
-        struct msghdr msg = {0};
-        msg.msg_iov = iov;
-        msg.msg_iovlen = (size_t)(n > IOV_MAX ? IOV_MAX : n);
-        ssize_t w = sendmsg(c->fd, &msg, MSG_NOSIGNAL | (deadline > 0 || oi_client_interruptible() ? MSG_DONTWAIT : 0));
+        ssize_t w = oi_ctls_sendmsg(c->tls, c->fd, iov, n > IOV_MAX ? IOV_MAX : n,
+                                    deadline > 0 || oi_client_interruptible() ? MSG_DONTWAIT : 0);
         if (w < 0) {
             if (errno == EINTR && !oi_client_interrupted())
                 continue;
@@ -230,7 +237,7 @@ static int read_response(oi_http_client_t *c, int64_t deadline, char *err, size_
             snprintf(err, errlen, "timed out waiting for the response from %s:%d", c->host, c->port);
             return -2;
         }
-        ssize_t n = recv(c->fd, dst, room, 0);
+        ssize_t n = oi_ctls_recv(c->tls, c->fd, dst, room, 0);
         if (n < 0) {
             if ((errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) && !oi_client_interrupted())
                 continue;
@@ -240,7 +247,8 @@ static int read_response(oi_http_client_t *c, int64_t deadline, char *err, size_
             }
             if (got == 0 && c->reused && (errno == ECONNRESET || errno == EPIPE))
                 return -3;
-            snprintf(err, errlen, "receiving from %s:%d: %s", c->host, c->port, strerror(errno));
+            snprintf(err, errlen, "receiving from %s:%d: %s", c->host, c->port,
+                     errno == EPROTO && c->tls ? oi_ctls_error(c->tls) : strerror(errno));
             return -1;
         }
         if (n == 0) {
@@ -285,6 +293,19 @@ oi_http_client_t *oi_http_client_new(const char *host, int port)
         snprintf(c->authority, sizeof(c->authority), strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
     c->fd = -1;
     return c;
+}
+
+int oi_http_client_set_tls(oi_http_client_t *c, const oi_ctls_config_t *cfg)
+{
+    oi_ctls_config_t copy = *cfg;
+    copy.alpn = "http/1.1";
+    oi_ctls_config_t *n = oi_ctls_config_copy(&copy);
+    if (n == NULL)
+        return -1;
+    close_fd(c);
+    oi_ctls_config_free(c->tls_cfg);
+    c->tls_cfg = n;
+    return 0;
 }
 
 int oi_http_client_request(oi_http_client_t *c, const char *method, const char *path, const char *headers,
@@ -367,5 +388,6 @@ void oi_http_client_free(oi_http_client_t *c)
         return;
     close_fd(c);
     reset_response(c);
+    oi_ctls_config_free(c->tls_cfg);
     free(c);
 }

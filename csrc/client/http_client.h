@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
+#include "client/tls_client.h"
 #include "core/buf.h"
 
 typedef struct oi_http_client_s oi_http_client_t;
@@ -30,6 +31,10 @@ oi_http_client_t *oi_http_client_new(const char *host, int port);
 int oi_http_client_request(oi_http_client_t *c, const char *method, const char *path, const char *headers,
                            const struct iovec *parts, int nparts, int64_t timeout_ms, oi_http_client_response_t *out,
                            char *err, size_t errlen);
+
+/* Speaks TLS (https) with `cfg` (copied; ALPN http/1.1) from the next connection on. 0 or -1
+ * (out of memory). */
+int oi_http_client_set_tls(oi_http_client_t *c, const oi_ctls_config_t *cfg);
 
 /* Closes and frees the connection. */
 void oi_http_client_free(oi_http_client_t *c);

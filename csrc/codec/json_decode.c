@@ -1165,7 +1165,8 @@ static int take_binary(decoder_t *d, input_t *in)
     t->byte_size = (size_t)in->binary_size;
     t->owner = oi_buf_ref(d->body);
     d->bin_used += t->byte_size;
-    oi_status_t *st = oi_tensor_check_size(t, in->kind, in->t->name);
+    oi_status_t *st = strcmp(in->kind, "input") == 0 ? oi_tensor_check_input(t, in->kind, in->t->name)
+                                                      : oi_tensor_check_size(t, in->kind, in->t->name);
     if (st != NULL && c->err == NULL)
         c->err = st;
     else

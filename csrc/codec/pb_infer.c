@@ -754,7 +754,7 @@ static oi_status_t *attach_data(dec_t *d, const oi_slice_t *contents)
             t->byte_size = d->raw.v[k].len;
             k++;
             t->owner = oi_buf_ref(d->msg);
-            if ((st = oi_tensor_check_size(t, d->kind, t->name)) != NULL)
+            if ((st = (d->response ? oi_tensor_check_size : oi_tensor_check_input)(t, d->kind, t->name)) != NULL)
                 return st;
         } else if (contents[i].len > 0) {
             if ((st = decode_contents(t, contents[i], LABEL)) != NULL)

@@ -137,6 +137,51 @@ void oi_response_clear(oi_response_t *r)
     memset(r, 0, sizeof(*r));
 }
 
+oi_status_t *oi_tensor_check_input(const oi_tensor_t *t, const char *kind, const char *name)
+{
+    return t->dtype == OI_TYPE_BYTES ? NULL : oi_tensor_check_size(t, kind, name);
+}
+
+oi_status_t *oi_tensor_check_bytes(const oi_tensor_t *t, const char *model, const char *id, size_t id_len)
+{
+    char who[300];
+    snprintf(who, sizeof(who), "[request id: %.*s]", id != NULL && id_len > 0 ? (int)(id_len < 256 ? id_len : 256) : 12,
+             id != NULL && id_len > 0 ? id : "<id_unknown>");
+    int64_t count;
+    if (oi_shape_elements(t->shape, t->ndim, &count) != 0)
+        return oi_tensor_check_size(t, "input", t->name); /* its words for a shape too large */
+    size_t off = 0;
+    int64_t seen = 0;
+    while (off < t->byte_size) {
+        if (t->byte_size - off < 4)
+            return oi_status_new(OI_BAD_REQUEST,
+                                 "%s incomplete string length indicator for inference input '%s' for model '%s', "
+                                 "expecting 4 bytes but only %zu bytes available. Please make sure the string "
+                                 "length indicator is in one buffer.",
+                                 who, t->name, model, t->byte_size - off);
+        uint32_t n;
+        memcpy(&n, t->data + off, 4); /* little-endian hosts only (x86-64, arm64) */
+        off += 4;
+        if (++seen > count)
+            return oi_status_new(OI_BAD_REQUEST,
+                                 "%s unexpected number of string elements %" PRId64
+                                 " for inference input '%s' for model '%s', expecting %" PRId64,
+                                 who, seen, t->name, model, count);
+        if (n > t->byte_size - off)
+            return oi_status_new(OI_BAD_REQUEST,
+                                 "%s string element %" PRId64 " of inference input '%s' for model '%s' declares %u "
+                                 "bytes but only %zu remain",
+                                 who, seen - 1, t->name, model, n, t->byte_size - off);
+        off += n;
+    }
+    if (seen != count)
+        return oi_status_new(OI_BAD_REQUEST,
+                             "%s expected %" PRId64 " string elements for inference input '%s' for model '%s', "
+                             "got %" PRId64,
+                             who, count, t->name, model, seen);
+    return NULL;
+}
+
 oi_status_t *oi_tensor_check_size(const oi_tensor_t *t, const char *kind, const char *name)
 {
     char shp[24 * OI_MAX_DIMS];

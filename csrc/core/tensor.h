@@ -57,6 +57,7 @@ typedef struct oi_io_spec_s {
     oi_dtype_t dtype;
     int ndim;
     int64_t dims[OI_MAX_DIMS];
+    uint8_t optional; /* an input a request may leave out (Triton's `optional: true`) */
 } oi_io_spec_t;
 
 /* Triton's sequence parameters of a request ("sequence_id", "sequence_start",
@@ -123,6 +124,12 @@ typedef struct oi_request_s {
     const int64_t *batch_rows;
     const char *const *batch_ids;
     uint32_t n_batch;
+    /* With batch_rows: each request's own parameters (`parameters` is the first one's), and
+     * n_batch slots where the backend may fail one request of the batch alone (Triton's
+     * per-request error responses): a status there goes to that request instead of its rows,
+     * which the outputs must still hold. The scheduler owns both and what the slots hold. */
+    const oi_slice_t *batch_params;
+    oi_status_t **batch_errors;
 } oi_request_t;
 
 /* Element count of a shape with overflow and sign checks: 0 and *count set, or -1 when a
@@ -164,5 +171,18 @@ oi_status_t *oi_request_check_unique(const oi_request_t *r, const char *kind);
  * length-prefixed strings and their count matches). The message names the tensor as
  * "<kind> '<name>'" ("input 'X'"). Returns NULL or a 400 status. */
 oi_status_t *oi_tensor_check_size(const oi_tensor_t *t, const char *kind, const char *name);
+
+/* As oi_tensor_check_size for a request's input as it is decoded, except that BYTES inputs
+ * pass: their elements are checked once the model is known (oi_tensor_check_bytes), so that
+ * the errors name it as Triton's do. */
+oi_status_t *oi_tensor_check_input(const oi_tensor_t *t, const char *kind, const char *name);
+
+/* Checks a BYTES input's elements as Triton's core does (InferenceRequest::ValidateBytesInputs),
+ * with its words, naming the input, `model` and the request (`id`, NULL or "" when it has
+ * none): "expected 3 string elements for inference input 'X' for model 'm', got 2",
+ * "unexpected number of string elements 4 for inference input 'X' for model 'm', expecting 3",
+ * "incomplete string length indicator ...". An element longer than the bytes left, which
+ * Triton lets through, is refused too. Returns NULL or a 400 status. */
+oi_status_t *oi_tensor_check_bytes(const oi_tensor_t *t, const char *model, const char *id, size_t id_len);
 
 #endif

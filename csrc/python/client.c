@@ -14,11 +14,23 @@ typedef struct {
     PyThread_type_lock lock; /* one call at a time: a connection is a byte stream */
 } ConnObject;
 
-int oi__py_conn_args(PyObject *args, PyObject *kw, const char **host, int *port)
+int oi__py_conn_args(PyObject *args, PyObject *kw, const char **host, int *port, oi_ctls_config_t *tls,
+                     int *has_tls)
 {
-    static char *kwlist[] = {"host", "port", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "si", kwlist, host, port))
+    static char *kwlist[] = {"host", "port", "tls", NULL};
+    PyObject *spec = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "si|$O", kwlist, host, port, &spec))
         return -1;
+    *has_tls = spec != Py_None;
+    *tls = (oi_ctls_config_t){0};
+    if (*has_tls && !PyArg_ParseTuple(spec, "zzzp", &tls->ca_file, &tls->cert_file, &tls->key_file, &tls->verify)) {
+        PyErr_SetString(PyExc_ValueError, "tls must be (ca_file, cert_file, key_file, verify), files or None");
+        return -1;
+    }
+    if (*has_tls && (*host)[0] == '/') {
+        PyErr_SetString(PyExc_ValueError, "TLS is for TCP connections, not a Unix socket");
+        return -1;
+    }
     if ((*host)[0] == '/') /* a Unix socket's path: no port */
         return 0;
     if (*port <= 0 || *port > 65535) {
@@ -44,8 +56,9 @@ int oi__py_conn_acquire(PyThread_type_lock lock, int open)
 static int Conn_init(ConnObject *self, PyObject *args, PyObject *kw)
 {
     const char *host;
-    int port;
-    if (oi__py_conn_args(args, kw, &host, &port) != 0)
+    int port, has_tls;
+    oi_ctls_config_t tls;
+    if (oi__py_conn_args(args, kw, &host, &port, &tls, &has_tls) != 0)
         return -1;
     if (self->conn != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "already initialized");
@@ -53,7 +66,7 @@ static int Conn_init(ConnObject *self, PyObject *args, PyObject *kw)
     }
     self->conn = oi_http_client_new(host, port);
     self->lock = PyThread_allocate_lock();
-    if (self->conn == NULL || self->lock == NULL) {
+    if (self->conn == NULL || self->lock == NULL || (has_tls && oi_http_client_set_tls(self->conn, &tls) != 0)) {
         PyErr_NoMemory();
         return -1;
     }

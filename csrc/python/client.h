@@ -4,6 +4,7 @@
 
 #include "python/numpy_api.h"
 
+#include "client/tls_client.h"
 #include "core/tensor.h"
 
 /* _core.HttpConnection. */
@@ -15,9 +16,11 @@ extern PyTypeObject oi_py_grpc_stream_type;
 
 /* Helpers the two connection types share (python/client.c). */
 
-/* Parses a connection's constructor arguments (host, port) and checks the port. 0, or -1
- * with a Python error set. */
-int oi__py_conn_args(PyObject *args, PyObject *kw, const char **host, int *port);
+/* Parses a connection's constructor arguments (host, port, tls=(ca_file, cert_file, key_file,
+ * verify) or None) and checks the port; *has_tls says whether `tls` was filled (its strings
+ * point into the arguments: copy them before they go). 0, or -1 with a Python error set. */
+int oi__py_conn_args(PyObject *args, PyObject *kw, const char **host, int *port, oi_ctls_config_t *tls,
+                     int *has_tls);
 
 /* Takes a connection's lock for one call without waiting: a connection is one byte stream,
  * so a second thread gets a clear error rather than a wait. `open` is 0 once the connection

@@ -55,8 +55,9 @@ static PyObject *message_str(const char *m)
 static int Conn_init(ConnObject *self, PyObject *args, PyObject *kw)
 {
     const char *host;
-    int port;
-    if (oi__py_conn_args(args, kw, &host, &port) != 0)
+    int port, has_tls;
+    oi_ctls_config_t tls;
+    if (oi__py_conn_args(args, kw, &host, &port, &tls, &has_tls) != 0)
         return -1;
     if (self->conn != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "already initialized");
@@ -64,7 +65,7 @@ static int Conn_init(ConnObject *self, PyObject *args, PyObject *kw)
     }
     self->conn = oi_grpc_client_new(host, port);
     self->lock = PyThread_allocate_lock();
-    if (self->conn == NULL || self->lock == NULL) {
+    if (self->conn == NULL || self->lock == NULL || (has_tls && oi_grpc_client_set_tls(self->conn, &tls) != 0)) {
         PyErr_NoMemory();
         return -1;
     }

@@ -39,6 +39,7 @@ typedef struct {
     oi_server_t *server; /* NULL once stopped */
     int started;
     unsigned max_sequence_backlog; /* each sequence model's backlog bound (0: none) */
+    oi_tls_ctx_t *http_tls, *grpc_tls; /* ours; the servers take their own references */
 } ServerObject;
 
 /* A header forward pattern: copied into `dst` when it compiles, else a ValueError naming
@@ -99,6 +100,27 @@ static int parse_restricted(PyObject *seq, const char *what, oi_restricted_t *t)
     return rc;
 }
 
+/* A TLS context from serve()'s (cert, key, root_cert or None, mutual) for `proto`; NULL with
+ * ValueError naming the file and OpenSSL's reason. `alpn` is the protocol offered. */
+static oi_tls_ctx_t *tls_from_spec(PyObject *spec, const char *proto, const char *alpn)
+{
+    const char *cert = NULL, *key = NULL, *ca = NULL;
+    int mutual = 0;
+    if (!PyArg_ParseTuple(spec, "ssz|p", &cert, &key, &ca, &mutual)) {
+        PyErr_Format(PyExc_ValueError, "%s_tls must be (server_cert, server_key, root_cert or None, mutual)", proto);
+        return NULL;
+    }
+    oi_tls_config_t cfg = {.cert_file = cert, .key_file = key, .ca_file = ca, .mutual = mutual, .alpn = alpn};
+    char err[512];
+    oi_tls_ctx_t *ctx;
+    Py_BEGIN_ALLOW_THREADS
+    ctx = oi_tls_ctx_new(&cfg, err, sizeof(err));
+    Py_END_ALLOW_THREADS
+    if (ctx == NULL)
+        PyErr_Format(PyExc_ValueError, "%s TLS: %s", proto, err);
+    return ctx;
+}
+
 static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"host",
@@ -147,6 +169,8 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                              "strict_readiness",
                              "http_header_forward_pattern",
                              "grpc_header_forward_pattern",
+                             "http_tls",
+                             "grpc_tls",
                              NULL};
     const char *host = "127.0.0.1";
     int port = 8000, threads = 0, max_conn = 4096, grpc_port = 8001, max_per_peer = 0;
@@ -172,14 +196,15 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
     const char *grpc_host = NULL; /* --grpc-address; NULL: host */
     int strict_readiness = 1;
     const char *http_fwd = NULL, *grpc_fwd = NULL; /* the header forward patterns; NULL: none */
+    PyObject *http_tls = Py_None, *grpc_tls = Py_None;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "|si$iKKiKKIiKOiKKKpippppzzIizzzIpOiiiKILiiOOzpzz", kwlist, &host, &port, &threads, &max_body,
+            args, kw, "|si$iKKiKKIiKOiKKKpippppzzIizzzIpOiiiKILiiOOzpzzOO", kwlist, &host, &port, &threads, &max_body,
             &max_header, &max_conn, &header_to, &idle_to, &depth, &grpc_port, &grpc_max, &allow_shm, &max_per_peer,
             &first_byte_to, &body_to, &grpc_queued, &statistics, &metrics_port, &counter_lat, &histogram_lat,
             &metrics_cpu, &metrics_gpu, &http_unix, &grpc_unix, &unix_mode, &compression_level, &access_log,
             &trace_file, &metrics_host, &metrics_interval, &summary_lat, &quantiles, &http_fd, &grpc_fd, &metrics_fd,
             &cache_bytes, &seq_backlog, &inflight_bytes, &inflate_ratio, &body_min_rate, &http_restricted,
-            &grpc_restricted, &grpc_host, &strict_readiness, &http_fwd, &grpc_fwd))
+            &grpc_restricted, &grpc_host, &strict_readiness, &http_fwd, &grpc_fwd, &http_tls, &grpc_tls))
         return -1;
     if (http_fd < 0 || grpc_fd < 0 || metrics_fd < 0) {
         PyErr_SetString(PyExc_ValueError, "a listen_fd must be a listening socket's descriptor (> 0), or 0");
@@ -303,6 +328,10 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
         PyErr_SetString(PyExc_RuntimeError, "Server is already initialized");
         return -1;
     }
+    if (http_tls != Py_None && (self->http_tls = tls_from_spec(http_tls, "http", "http/1.1")) == NULL)
+        return -1;
+    if (grpc_tls != Py_None && (self->grpc_tls = tls_from_spec(grpc_tls, "grpc", "h2")) == NULL)
+        return -1;
     snprintf(self->host, sizeof(self->host), "%s", host);
     snprintf(self->metrics_host, sizeof(self->metrics_host), "%s", metrics_host ? metrics_host : "");
     snprintf(self->grpc_host, sizeof(self->grpc_host), "%s", grpc_host ? grpc_host : "");
@@ -325,10 +354,12 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                  .header_timeout_ms = header_to,
                  .body_timeout_ms = body_to,
                  .body_min_rate = (uint32_t)body_min_rate,
-                 .idle_timeout_ms = idle_to},
+                 .idle_timeout_ms = idle_to,
+                 .tls = self->http_tls},
         .max_json_depth = depth,
         .grpc_port = grpc_port,
         .grpc_listen_fd = grpc_fd,
+        .grpc_tls = self->grpc_tls,
         .grpc_unix_path = grpc_unix ? self->grpc_unix : NULL,
         .grpc_infer_compression_level = compression_level,
         .grpc_max_message_bytes = (size_t)grpc_max,
@@ -401,6 +432,8 @@ static void stop_server(ServerObject *self, double timeout)
 static void Server_dealloc(ServerObject *self)
 {
     stop_server(self, 0);
+    oi_tls_ctx_unref(self->http_tls);
+    oi_tls_ctx_unref(self->grpc_tls);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -417,8 +450,8 @@ static PyObject *Server_set_metadata(ServerObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-/* Parses a sequence of (name, datatype, shape) into specs; names point into the tuples'
- * strings, valid while `seq` lives. */
+/* Parses a sequence of (name, datatype, shape[, optional]) into specs; names point into the
+ * tuples' strings, valid while `seq` lives. */
 static int parse_specs(PyObject *seq, const char *what, oi_io_spec_t **out, uint32_t *n)
 {
     PyObject *fast = PySequence_Fast(seq, "inputs/outputs must be a sequence of (name, datatype, shape)");
@@ -435,8 +468,10 @@ static int parse_specs(PyObject *seq, const char *what, oi_io_spec_t **out, uint
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *item = PySequence_Fast_GET_ITEM(fast, i), *shape;
         const char *name, *dtype;
+        int optional = 0;
         oi_io_spec_t *s = &(*out)[i];
-        if (!PyArg_ParseTuple(item, "ssO;each declaration is (name, datatype, shape)", &name, &dtype, &shape))
+        if (!PyArg_ParseTuple(item, "ssO|p;each declaration is (name, datatype, shape[, optional])", &name, &dtype,
+                              &shape, &optional))
             goto fail;
         for (Py_ssize_t j = 0; j < i; j++)
             if (strcmp((*out)[j].name, name) == 0) {
@@ -444,6 +479,7 @@ static int parse_specs(PyObject *seq, const char *what, oi_io_spec_t **out, uint
                 goto fail;
             }
         s->name = (char *)name;
+        s->optional = (uint8_t)optional;
         s->dtype = oi_dtype_from_name(dtype, strlen(dtype));
         if (s->dtype == OI_TYPE_INVALID) {
             PyErr_Format(PyExc_ValueError, "%s '%s': unknown datatype '%s'", what, name, dtype);
@@ -749,7 +785,7 @@ done:
 
 /* ---- the model repository handler ------------------------------------------------------- */
 
-static const char *const repo_ops[] = {"index", "load", "unload", "logging", "trace"};
+static const char *const repo_ops[] = {"index", "load", "unload", "logging", "trace", "ready"};
 
 /* A LIST parameter's strings as a Python list. */
 static PyObject *param_list(const oi_repo_param_t *p)
@@ -954,7 +990,9 @@ static void repo_call(void *ctx, oi_repo_call_t *call)
     PyObject *handler = ctx;
     PyObject *body =
         call->body ? PyBytes_FromStringAndSize(call->body->data, (Py_ssize_t)call->body->len) : Py_NewRef(Py_None);
-    PyObject *params = repo_params(call);
+    /* READY's one parameter is the version asked about. */
+    PyObject *params = call->op == OI_REPO_READY ? Py_BuildValue("{s:L}", "version", (long long)call->version)
+                                                 : repo_params(call);
     PyObject *stop = PyMemoryView_FromMemory((char *)&call->stop, 1, PyBUF_WRITE);
     PyObject *result = NULL;
     if (body != NULL && params != NULL && stop != NULL)
@@ -963,6 +1001,8 @@ static void repo_call(void *ctx, oi_repo_call_t *call)
     if (result != NULL && call->op == OI_REPO_INDEX && repo_entries(call, result) != 0)
         Py_CLEAR(result);
     if (result != NULL && (call->op == OI_REPO_LOGGING || call->op == OI_REPO_TRACE) && repo_results(call, result) != 0)
+        Py_CLEAR(result);
+    if (result != NULL && call->op == OI_REPO_READY && (call->ready = PyObject_IsTrue(result)) < 0)
         Py_CLEAR(result);
     if (result == NULL)
         call->status = repo_error();
@@ -1209,7 +1249,7 @@ static oi_io_spec_t *with_sequence_tensors(PyObject *sequence, const oi_io_spec_
 /* add_model's ensemble: a sequence of steps (model_name, model_version, input_map, output_map),
  * each map a sequence of (model tensor, ensemble tensor) pairs, as python/openinfer/ensemble.py
  * checked them. Returns the ensemble's backend state, or NULL with an exception set. */
-static oi_ensemble_t *make_ensemble(oi_server_t *s, const char *name, PyObject *ensemble)
+static oi_ensemble_t *make_ensemble(oi_server_t *s, const oi_model_t *self, PyObject *ensemble)
 {
     oi_ensemble_t *e = NULL;
     PyObject *steps = PySequence_Fast(ensemble, "ensemble must be a sequence of steps");
@@ -1256,7 +1296,7 @@ static oi_ensemble_t *make_ensemble(oi_server_t *s, const char *name, PyObject *
                                   &p->ensemble_tensor))
                 goto done;
     }
-    e = oi_ensemble_new(oi_server_registry(s), name, oi_server_counts_statistics(s), specs, (uint32_t)n);
+    e = oi_ensemble_new(oi_server_registry(s), self, oi_server_counts_statistics(s), specs, (uint32_t)n);
     if (e == NULL)
         PyErr_NoMemory();
 done:
@@ -1380,18 +1420,19 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
                              "config_pb", "publish",          "sequence_batching",
                              "decoupled", "onnx",             "labels",
                              "ensemble",  "response_cache",   "workers",
-                             "direct",    "identity",         NULL};
+                             "direct",    "identity",         "ready_probe",
+                             NULL};
     const char *name, *error = NULL;
     long long version;
     PyObject *inputs = NULL, *outputs = NULL, *handler = NULL, *torch = Py_None, *batching = Py_None,
              *sequence = Py_None, *onnx = Py_None, *labels = Py_None, *ensemble = Py_None, *workers = Py_None,
              *direct = Py_None, *identity = Py_None;
-    int max_batch = 0, instances = 1, publish = 1, decoupled = 0, response_cache = 0;
+    int max_batch = 0, instances = 1, publish = 1, decoupled = 0, response_cache = 0, ready_probe = 0;
     Py_buffer meta = {0}, cfg_json = {0}, cfg_pb = {0};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOOy*y*pOpOOOpOOO", kwlist, &name, &version, &inputs, &outputs,
-                                     &max_batch, &meta, &handler, &instances, &error, &torch, &batching, &cfg_json,
-                                     &cfg_pb, &publish, &sequence, &decoupled, &onnx, &labels, &ensemble,
-                                     &response_cache, &workers, &direct, &identity))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOOy*y*pOpOOOpOOOp", kwlist, &name, &version, &inputs,
+                                     &outputs, &max_batch, &meta, &handler, &instances, &error, &torch, &batching,
+                                     &cfg_json, &cfg_pb, &publish, &sequence, &decoupled, &onnx, &labels, &ensemble,
+                                     &response_cache, &workers, &direct, &identity, &ready_probe))
         return NULL;
     if (handler == NULL && (torch != Py_None || onnx != Py_None || ensemble != Py_None || identity != Py_None))
         handler = Py_None;
@@ -1423,13 +1464,16 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         PyObject *pref = NULL;
         unsigned long long delay = 0;
         unsigned int max_queue = 0, default_level = 0;
-        int preserve = 0;
+        int preserve = 0, each_parameters = 0;
         PyObject *levels = Py_None;
         if (!PyArg_ParseTuple(batching,
-                              "OK|IOIp;dynamic_batching is (preferred_batch_sizes, max_queue_delay_us[, max_queue_size"
-                              "[, level_policies, default_priority_level[, preserve_ordering]]])",
-                              &pref, &delay, &max_queue, &levels, &default_level, &preserve))
+                              "OK|IOIpp;dynamic_batching is (preferred_batch_sizes, max_queue_delay_us[, max_queue_size"
+                              "[, level_policies, default_priority_level[, preserve_ordering[, each_parameters]]]])",
+                              &pref, &delay, &max_queue, &levels, &default_level, &preserve, &each_parameters))
             goto done;
+        /* The model reads each request's own parameters (oi_request_t.batch_params): requests
+         * with different ones share a batch, as Triton batches them. */
+        batch.ignore_parameters = each_parameters;
         batch.preserve_ordering = preserve;
         batch.max_queue_size = max_queue;
         if (levels != Py_None && (policies = parse_queue_policies(levels, &batch.n_levels)) == NULL)
@@ -1448,7 +1492,7 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         batch.max_batch_size = max_batch;
         batch.max_queue_delay_us = delay;
     }
-    batch.ignore_parameters = sequence != Py_None; /* each request names its own sequence */
+    batch.ignore_parameters |= sequence != Py_None; /* each request names its own sequence */
     if (handler == Py_None && error == NULL && torch == Py_None && onnx == Py_None && ensemble == Py_None &&
         identity == Py_None) {
         PyErr_Format(PyExc_ValueError, "model '%s': a model without a handler needs an error reason", name);
@@ -1474,6 +1518,7 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         goto done;
     }
     m->decoupled = decoupled;
+    m->ready_probe = ready_probe;
     /* Without a server cache the model runs uncached, as in Triton. */
     m->cache = response_cache ? oi_server_response_cache(s) : NULL;
     memcpy(m->metadata->data, meta.buf, (size_t)meta.len);
@@ -1520,8 +1565,12 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         if (!PyArg_ParseTuple(identity, "KK;identity is (execute_delay_ms, instance_wise_delay_multiplier)", &delay_ms,
                               &multiplier))
             goto done;
-        if (sequence != Py_None) {
-            PyErr_Format(PyExc_ValueError, "model '%s': the identity backend takes no sequence batcher", name);
+        /* A sequence batcher's controls reach it as extra inputs, which it leaves alone; it has
+         * no output to carry an implicit state in. */
+        if (sequence != Py_None && (!PyTuple_Check(sequence) || PyTuple_GET_SIZE(sequence) != 5 ||
+                                    !PyList_Check(PyTuple_GET_ITEM(sequence, 3)) ||
+                                    PyList_GET_SIZE(PyTuple_GET_ITEM(sequence, 3)) > 0)) {
+            PyErr_Format(PyExc_ValueError, "model '%s': the identity backend takes no implicit state", name);
             goto done;
         }
         m->state = oi_identity_backend_state(name, max_batch, m->inputs, m->n_inputs, m->outputs, m->n_outputs,
@@ -1540,7 +1589,7 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
                          name);
             goto done;
         }
-        if ((m->state = make_ensemble(s, name, ensemble)) == NULL)
+        if ((m->state = make_ensemble(s, m, ensemble)) == NULL)
             goto done;
         m->backend = &oi_ensemble_backend;
         if (start_executors(self, m, OI_ENSEMBLE_EXECUTORS, NULL) != 0)
@@ -1773,9 +1822,31 @@ static PyObject *Server_bls(ServerObject *self, PyObject *args, PyObject *kwargs
     return oi_py_bls_start(oi_server_registry(s), oi_server_counts_statistics(s), args, kwargs);
 }
 
+/* SIGHUP: loads the TLS certificates and keys again; new connections get them. */
+static PyObject *Server_reload_tls(ServerObject *self, PyObject *unused)
+{
+    (void)unused;
+    oi_tls_ctx_t *ctxs[2] = {self->http_tls, self->grpc_tls};
+    const char *names[2] = {"http", "grpc"};
+    for (int i = 0; i < 2; i++) {
+        if (ctxs[i] == NULL)
+            continue;
+        char err[512];
+        int rc;
+        Py_BEGIN_ALLOW_THREADS
+        rc = oi_tls_ctx_reload(ctxs[i], err, sizeof(err));
+        Py_END_ALLOW_THREADS
+        if (rc != 0)
+            return PyErr_Format(PyExc_ValueError, "%s TLS: %s", names[i], err);
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Server_methods[] = {
     {"bls", (PyCFunction)(void (*)(void))Server_bls, METH_VARARGS | METH_KEYWORDS,
      "bls(model, version, inputs, outputs, ...) -> BlsCall: an inference made by a model (BLS)."},
+    {"reload_tls", (PyCFunction)Server_reload_tls, METH_NOARGS,
+     "Loads the TLS certificates and keys again (new connections use them)."},
     {"set_metadata", (PyCFunction)Server_set_metadata, METH_O, "Sets the body of GET /v2."},
     {"add_model", (PyCFunction)(void (*)(void))Server_add_model, METH_VARARGS | METH_KEYWORDS,
      "Registers one model version."},

@@ -92,10 +92,11 @@ static int send_reply(worker_t *w, uint32_t type, uint32_t flags, uint64_t block
     return oi_pw_send(w->sock, &r, sizeof(r), &with);
 }
 
-static int send_error(int sock, int code, const char *text)
+/* OI_PW_ERROR, or OI_PW_FAIL_ONE for request `k` of a batch. */
+static int send_error_as(int sock, uint32_t type, uint64_t k, int code, const char *text)
 {
     char buf[OI_PW_MAX_MESSAGE];
-    oi_pw_reply_t r = {.type = OI_PW_ERROR, .code = (uint32_t)code};
+    oi_pw_reply_t r = {.type = type, .code = (uint32_t)code, .block = k};
     size_t len = strlen(text);
     if (len > sizeof(buf) - sizeof(r))
         len = sizeof(buf) - sizeof(r);
@@ -103,6 +104,8 @@ static int send_error(int sock, int code, const char *text)
     memcpy(buf + sizeof(r), text, len);
     return oi_pw_send(sock, buf, sizeof(r) + len, NULL);
 }
+
+static int send_error(int sock, int code, const char *text) { return send_error_as(sock, OI_PW_ERROR, 0, code, text); }
 
 /* Writes a response's outputs as one block, in the ring or (when it does not fit there) in a
  * memfd of its own, and sends `type` naming it. */
@@ -272,6 +275,22 @@ static const char *read_job(worker_t *w, const oi_pw_fds_t *fds, oi_request_t *r
     for (uint32_t k = 0; k < head.n_batch; k++)
         if ((at = read_id(at, end, &ids[k])) == NULL)
             return "batch ids out of bounds";
+    oi_slice_t *params = calloc(head.n_batch, sizeof(*params));
+    oi_status_t **errors = calloc(head.n_batch, sizeof(*errors));
+    req->batch_params = params; /* freed by serve() too */
+    req->batch_errors = errors;
+    if (params == NULL || errors == NULL)
+        return "out of memory";
+    for (uint32_t k = 0; k < head.n_batch; k++) {
+        const char *text;
+        const char *next = read_id(at, end, &text);
+        if (next == NULL)
+            return "batch parameters out of bounds";
+        uint32_t len;
+        memcpy(&len, at, 4);
+        params[k] = (oi_slice_t){text, len ? len - 1 : 0};
+        at = next;
+    }
     req->n_batch = head.n_batch;
     return NULL;
 }
@@ -307,12 +326,15 @@ static void serve(worker_t *w, void *state)
         oi_response_t resp = {0};
         oi_status_t *st = bad != NULL ? oi_status_new(OI_INTERNAL, "worker: %s", bad)
                                       : oi_python_backend.execute(state, &req, names, n_names, &resp);
-        int rc;
-        if (st != NULL)
+        int rc = 0;
+        for (uint32_t k = 0; req.batch_errors != NULL && k < req.n_batch && rc == 0; k++)
+            if (req.batch_errors[k] != NULL) /* before the RESULT or ERROR, which ends the job */
+                rc = send_error_as(w->sock, OI_PW_FAIL_ONE, k, req.batch_errors[k]->code, req.batch_errors[k]->message);
+        if (rc == 0 && st != NULL)
             rc = send_error(w->sock, st->code, st->message);
-        else if (req.send != NULL)
+        else if (rc == 0 && req.send != NULL)
             rc = send_reply(w, OI_PW_DONE, 0, 0, -1);
-        else
+        else if (rc == 0)
             rc = send_outputs(w, OI_PW_RESULT, &resp);
         oi_status_free(st);
         oi_response_clear(&resp);
@@ -321,6 +343,10 @@ static void serve(worker_t *w, void *state)
         free(req.inputs);
         free((void *)req.batch_rows);
         free((void *)req.batch_ids);
+        free((void *)req.batch_params);
+        for (uint32_t k = 0; req.batch_errors != NULL && k < req.n_batch; k++)
+            oi_status_free(req.batch_errors[k]);
+        free(req.batch_errors);
         free(names);
         if (rc != 0)
             return;

@@ -146,6 +146,7 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
             .host = s->cfg.grpc_host != NULL ? s->cfg.grpc_host : s->cfg.http.host,
             .port = s->cfg.http.inline_loop ? -1 : s->cfg.grpc_port,
             .listen_fd = s->cfg.grpc_listen_fd,
+            .tls = s->cfg.grpc_tls,
             .unix_path = s->cfg.http.inline_loop ? NULL : s->cfg.grpc_unix_path,
             .unix_mode = s->cfg.http.unix_mode,
             .max_message_bytes = s->cfg.grpc_max_message_bytes ? s->cfg.grpc_max_message_bytes : (size_t)2 << 30,
@@ -379,6 +380,18 @@ int oi__server_ready(oi_server_t *s)
 {
     return !atomic_load(&s->stopping) && !atomic_load(&s->draining) &&
            (s->cfg.lax_readiness || oi_registry_all_ready(&s->registry));
+}
+
+static int asks_readiness(void *ctx, oi_model_t *m)
+{
+    (void)ctx;
+    return m->ready_probe;
+}
+
+int oi__server_ready_asks(oi_server_t *s)
+{
+    return !s->cfg.lax_readiness && s->repo_fn != NULL &&
+           oi_registry_visit_ready(&s->registry, NULL, asks_readiness, NULL) != 0;
 }
 
 void oi_server_drain(oi_server_t *s)

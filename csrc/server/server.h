@@ -15,6 +15,7 @@ typedef struct oi_server_config_s {
     uint32_t max_json_depth;
     int grpc_port;                 /* gRPC on its own port, on the HTTP loops; -1: none over TCP */
     int grpc_listen_fd;            /* > 0: gRPC on this listening socket (see http.listen_fd) */
+    oi_tls_ctx_t *grpc_tls;        /* gRPC over TCP speaks TLS with this (see oi_h2_config_t.tls); NULL: h2c */
     const char *grpc_unix_path;    /* gRPC on this Unix-domain socket too (mode http.unix_mode); NULL: none.
                                     * With neither a port nor a path, no gRPC at all */
     size_t grpc_max_message_bytes; /* largest gRPC request message; 0: 2 GiB */

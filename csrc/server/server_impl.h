@@ -53,6 +53,11 @@ struct oi_server_s {
 /* Server readiness as health endpoints report it: every model's default version ready, and
  * the server neither draining nor stopping. */
 int oi__server_ready(oi_server_t *s);
+/* Whether, beyond oi__server_ready, the server's readiness must ask the application: strict
+ * readiness and a ready version that answers its own (oi_model_t.ready_probe), as Triton's
+ * strict readiness asks each model's instances. Then a ready check runs OI_REPO_READY with no
+ * model on a control thread. */
+int oi__server_ready_asks(oi_server_t *s);
 
 /* The HTTP/1.1 handler: routes the V2 REST API (http_api.c). */
 void oi__http_api_handle(void *server, oi_http_request_t *req);

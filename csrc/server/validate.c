@@ -80,28 +80,38 @@ static int has_input(const oi_request_t *req, const char *name)
     return 0;
 }
 
-/* A request lacking inputs, in Triton's words (infer_request.cc), request id first. Every
- * declared input is required (optional inputs are refused at load). */
+/* A request lacking required inputs, in Triton's words (infer_request.cc), request id first:
+ * "expected 3 inputs" when every input is required, "expected number of inputs between 2 and
+ * 3" when some are optional. */
 static oi_status_t *missing_inputs(const oi_model_t *m, const oi_request_t *req)
 {
-    char got[512] = "[", missing[512] = "[";
+    char got[512] = "[", missing[512] = "[", expected[64];
     size_t g = 1, k = 1;
-    for (uint32_t i = 0; i < m->n_inputs; i++)
+    uint32_t required = 0;
+    for (uint32_t i = 0; i < m->n_inputs; i++) {
+        if (m->inputs[i].optional)
+            continue;
+        required++;
         if (!has_input(req, m->inputs[i].name))
             k = list_add(missing, sizeof(missing) - 1, k, m->inputs[i].name);
+    }
     if (k == 1)
         return NULL;
+    if (required == m->n_inputs)
+        snprintf(expected, sizeof(expected), "%u inputs", m->n_inputs);
+    else
+        snprintf(expected, sizeof(expected), "number of inputs between %u and %u", required, m->n_inputs);
     for (uint32_t j = 0; j < req->n_inputs; j++)
         g = list_add(got, sizeof(got) - 1, g, req->inputs[j].name);
     strcat(got, "]"); /* room kept: the lists were built one byte short */
     strcat(missing, "]");
     int with_id = req->id != NULL && req->id_len > 0;
     return oi_status_new(OI_BAD_REQUEST,
-                         "[request id: %.*s] expected %u inputs but got %u inputs for model '%s'. Got input(s) %s, "
+                         "[request id: %.*s] expected %s but got %u inputs for model '%s'. Got input(s) %s, "
                          "but missing required input(s) %s. Please provide all required input(s).",
                          with_id ? (int)(req->id_len < 256 ? req->id_len : 256) : 12,
                          with_id ? req->id : "<id_unknown>",
-                         m->n_inputs, req->n_inputs, m->name, got, missing);
+                         expected, req->n_inputs, m->name, got, missing);
 }
 
 oi_status_t *oi_validate_request(const oi_model_t *m, const oi_request_t *req, const char ***names, uint32_t *n,
@@ -121,6 +131,11 @@ oi_status_t *oi_validate_request(const oi_model_t *m, const oi_request_t *req, c
             return oi_status_new(OI_BAD_REQUEST, "input '%s': expected shape %s, got %s", t->name,
                                  oi_shape_format(s->dims, s->ndim, want, sizeof(want)),
                                  oi_shape_format(t->shape, t->ndim, got, sizeof(got)));
+        if (t->dtype == OI_TYPE_BYTES) {
+            oi_status_t *st = oi_tensor_check_bytes(t, m->name, req->id, req->id_len);
+            if (st != NULL)
+                return st;
+        }
         if (m->max_batch_size > 0 && (t->shape[0] < 1 || t->shape[0] > m->max_batch_size))
             return oi_status_new(OI_BAD_REQUEST, "input '%s': batch size (first dimension) must be 1 to %d, got %lld",
                                  t->name, m->max_batch_size, (long long)t->shape[0]);

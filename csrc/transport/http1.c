@@ -17,6 +17,7 @@
 #include "transport/hdr_forward.h"
 #include "transport/peers.h"
 #include "transport/tcp_listen.h"
+#include "transport/tls.h"
 #include "transport/unix_listen.h"
 
 #define READ_BUF_SIZE 16384
@@ -59,6 +60,7 @@ struct oi_http_conn_s {
         uv_handle_t handle;
     } sock;
     uv_timer_t timer;
+    oi_tls_t *tls;     /* the connection's TLS, or NULL for plain text */
     uint64_t deadline; /* on the loop's clock (ms), when the current timeout ends; 0: none */
     llhttp_t parser;
     listener_t *lis;
@@ -171,6 +173,7 @@ static void conn_close(oi_http_conn_t *c)
         c->next->prev = c->prev;
     uv_close((uv_handle_t *)&c->timer, on_handle_closed);
     uv_close(&c->sock.handle, on_handle_closed);
+    oi_tls_close(c->tls);
     /* The client of a request still with the handler is gone: the handler may drop it. */
     void (*gone)(oi_http_request_t *) = c->req.on_gone;
     c->req.on_gone = NULL;
@@ -205,7 +208,7 @@ static void after_write(uv_write_t *w, int status)
 static void conn_send(oi_http_conn_t *c, write_req_t *wr, uv_buf_t *bufs, unsigned nb)
 {
     c->writes++;
-    int rc = oi_stream_send(&c->sock.stream, &wr->w, bufs, nb, after_write);
+    int rc = oi_tls_send(c->tls, &c->sock.stream, &wr->w, bufs, nb, after_write);
     if (rc != 0)
         after_write(&wr->w, rc == 1 ? 0 : rc);
 }
@@ -378,11 +381,30 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     }
 }
 
+/* The socket's callbacks: through the connection's TLS when it has one. */
+static void on_sock_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    oi_http_conn_t *c = h->data;
+    if (c->tls != NULL)
+        oi_tls_on_alloc(c->tls, buf);
+    else
+        on_alloc(h, suggested, buf);
+}
+
+static void on_sock_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    oi_http_conn_t *c = s->data;
+    if (c->tls != NULL)
+        oi_tls_on_read(c->tls, nread);
+    else
+        on_read(s, nread, buf);
+}
+
 static void start_reading(oi_http_conn_t *c)
 {
     if (c->closing || c->reading)
         return;
-    if (uv_read_start(&c->sock.stream, on_alloc, on_read) != 0)
+    if (oi_tls_read_start(c->tls, &c->sock.stream, on_sock_alloc, on_sock_read) != 0)
         conn_close(c);
     else
         c->reading = 1;
@@ -391,7 +413,7 @@ static void start_reading(oi_http_conn_t *c)
 static void stop_reading(oi_http_conn_t *c)
 {
     if (c->reading)
-        uv_read_stop(&c->sock.stream);
+        oi_tls_read_stop(c->tls, &c->sock.stream);
     c->reading = 0;
 }
 
@@ -1222,6 +1244,11 @@ static void on_tcp_connection(oi_tcp_listener_t *l, int fd)
         conn_close(c);
         return;
     }
+    oi_tls_ctx_t *tls = c->lis->server->cfg.tls;
+    if (tls != NULL && (c->tls = oi_tls_new(tls, &c->lis->loop.uv, &c->sock.stream, on_alloc, on_read)) == NULL) {
+        conn_close(c);
+        return;
+    }
     conn_accepted(c);
 }
 
@@ -1230,6 +1257,11 @@ int oi_http_server_adopt(oi_http_server_t *s, int fd)
     oi_http_conn_t *c = conn_new(&s->loops[0], 0);
     if (c == NULL)
         return UV_ENOMEM;
+    oi_tls_ctx_t *tls = s->cfg.tls;
+    if (tls != NULL && (c->tls = oi_tls_new(tls, &s->loops[0].loop.uv, &c->sock.stream, on_alloc, on_read)) == NULL) {
+        conn_close(c);
+        return UV_ENOMEM;
+    }
     int rc = uv_tcp_open(&c->sock.tcp, fd);
     if (rc != 0) {
         conn_close(c); /* the socket stays the caller's */
@@ -1301,6 +1333,7 @@ oi_http_server_t *oi_http_server_new(const oi_http_config_t *cfg, oi_http_handle
     if (s == NULL)
         return NULL;
     s->cfg = *cfg;
+    s->cfg.tls = oi_tls_ctx_ref(cfg->tls);
     snprintf(s->host, sizeof(s->host), "%s", cfg->host ? cfg->host : "127.0.0.1");
     s->cfg.host = s->host;
     snprintf(s->unix_path, sizeof(s->unix_path), "%s", cfg->unix_path ? cfg->unix_path : "");
@@ -1479,5 +1512,6 @@ void oi_http_server_free(oi_http_server_t *s)
         oi_loop_join(&s->loops[i].loop);
     free(s->loops);
     oi_peers_destroy(&s->peers);
+    oi_tls_ctx_unref(s->cfg.tls);
     free(s);
 }

@@ -15,6 +15,7 @@
 #include "transport/loop.h"
 #include "transport/peer.h"
 #include "transport/peers.h"
+#include "transport/tls.h"
 
 /* The most header names one server captures for its handler (oi_http_config_t.capture_headers). */
 #define OI_HTTP_MAX_CAPTURED 16
@@ -67,6 +68,8 @@ typedef struct oi_http_config_s {
      * (a restricted API's key header, say). At most OI_HTTP_MAX_CAPTURED. */
     const char *const *capture_headers;
     int n_capture_headers;
+    oi_tls_ctx_t *tls; /* TCP connections speak TLS with this context (the server takes a
+                        * reference); NULL: plain text. Unix-domain sockets stay plain */
     int inline_loop; /* for tests and fuzz targets: start sets up one loop that neither listens
                       * nor runs a thread; the caller runs it (uv_run on oi_http_server_loop(s,
                       * 0)->uv) and brings its connections with oi_http_server_adopt */

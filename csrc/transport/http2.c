@@ -61,6 +61,7 @@ void oi__h2_conn_close(h2_conn_t *c)
     c->session = NULL;
     uv_close((uv_handle_t *)&c->timer, on_handle_closed);
     uv_close(&c->sock.handle, on_handle_closed);
+    oi_tls_close(c->tls);
 }
 
 /* Sends GOAWAY and lets the connection close once it is written: the client may reconnect. */
@@ -166,7 +167,7 @@ static void conn_write_batch(h2_conn_t *c)
     c->writes++;
     /* Written at once when the socket takes it all (as nearly every answer is), then released
      * here; callers check `closing` afterwards, as they must after a failed write. */
-    int rc = oi_stream_send(&c->sock.stream, &wr->w, bufs, (unsigned)n, after_write);
+    int rc = oi_tls_send(c->tls, &c->sock.stream, &wr->w, bufs, (unsigned)n, after_write);
     if (bufs != stackbufs)
         free(bufs);
     if (rc != 0)
@@ -258,13 +259,32 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
         if (rc != NGHTTP2_ERR_BAD_CLIENT_MAGIC)
             nghttp2_session_send(c->session);
         conn_write_batch(c);
-        uv_read_stop(st);
+        oi_tls_read_stop(c->tls, st);
         c->close_after_write = 1;
         if (c->writes == 0)
             oi__h2_conn_close(c);
         return;
     }
     oi__h2_conn_flush(c);
+}
+
+/* The socket's callbacks: through the connection's TLS when it has one. */
+static void on_sock_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    h2_conn_t *c = h->data;
+    if (c->tls != NULL)
+        oi_tls_on_alloc(c->tls, buf);
+    else
+        on_alloc(h, suggested, buf);
+}
+
+static void on_sock_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
+{
+    h2_conn_t *c = st->data;
+    if (c->tls != NULL)
+        oi_tls_on_read(c->tls, nread);
+    else
+        on_read(st, nread, buf);
 }
 
 /* DATA frames as large as the client allows: fewer frame headers and iovecs per tensor. */
@@ -416,7 +436,7 @@ static void conn_start(h2_conn_t *c)
         uv_timer_start(&c->timer, oi__h2_on_conn_timer, s->cfg.preface_timeout_ms, 0);
     if (c->sock.handle.type == UV_TCP)
         uv_tcp_nodelay(&c->sock.tcp, 1);
-    if (uv_read_start(&c->sock.stream, on_alloc, on_read) != 0) {
+    if (oi_tls_read_start(c->tls, &c->sock.stream, on_sock_alloc, on_sock_read) != 0) {
         oi__h2_conn_close(c);
         return;
     }
@@ -472,6 +492,11 @@ static void on_tcp_connection(oi_tcp_listener_t *l, int fd)
         oi__h2_conn_close(c);
         return;
     }
+    oi_tls_ctx_t *tls = c->lp->server->cfg.tls;
+    if (tls != NULL && (c->tls = oi_tls_new(tls, &c->lp->loop->uv, &c->sock.stream, on_alloc, on_read)) == NULL) {
+        oi__h2_conn_close(c);
+        return;
+    }
     conn_accepted(c);
 }
 
@@ -480,6 +505,11 @@ int oi_h2_server_adopt(oi_h2_server_t *s, int fd)
     h2_conn_t *c = conn_new(&s->loops[0], 0);
     if (c == NULL)
         return UV_ENOMEM;
+    oi_tls_ctx_t *tls = s->cfg.tls;
+    if (tls != NULL && (c->tls = oi_tls_new(tls, &s->loops[0].loop->uv, &c->sock.stream, on_alloc, on_read)) == NULL) {
+        oi__h2_conn_close(c);
+        return UV_ENOMEM;
+    }
     int rc = conn_init_session(c) != 0 ? UV_ENOMEM : uv_tcp_open(&c->sock.tcp, fd);
     if (rc != 0) {
         oi__h2_conn_close(c); /* the socket stays the caller's */
@@ -497,6 +527,7 @@ oi_h2_server_t *oi_h2_server_new(const oi_h2_config_t *cfg, const oi_grpc_handle
     if (s == NULL)
         return NULL;
     s->cfg = *cfg;
+    s->cfg.tls = oi_tls_ctx_ref(cfg->tls);
     snprintf(s->host, sizeof(s->host), "%s", cfg->host ? cfg->host : "127.0.0.1");
     s->cfg.host = s->host;
     snprintf(s->unix_path, sizeof(s->unix_path), "%s", cfg->unix_path ? cfg->unix_path : "");
@@ -716,5 +747,6 @@ void oi_h2_server_free(oi_h2_server_t *s)
         free(s->loops[i].rbuf);
     free(s->loops);
     oi_peers_destroy(&s->peers);
+    oi_tls_ctx_unref(s->cfg.tls);
     free(s);
 }

@@ -24,6 +24,7 @@
 #include "transport/http1.h" /* oi_iov_t */
 #include "transport/loop.h"
 #include "transport/peer.h"
+#include "transport/tls.h"
 
 typedef struct oi_h2_server_s oi_h2_server_t;
 typedef struct oi_grpc_call_s oi_grpc_call_t;
@@ -63,6 +64,8 @@ typedef struct oi_h2_config_s {
      * At most OI_HTTP_MAX_CAPTURED. */
     const char *const *capture_headers;
     int n_capture_headers;
+    oi_tls_ctx_t *tls; /* TCP connections speak TLS with this context (ALPN "h2"; the server
+                        * takes a reference); NULL: plain text (h2c). Unix-domain sockets stay plain */
     /* When set, called by oi_grpc_finish on the loop thread with the handler's ctx and the
      * status sent (the access log); calls then note when their headers came. */
     void (*on_finished)(void *ctx, struct oi_grpc_call_s *call, int grpc_status);

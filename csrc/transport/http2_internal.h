@@ -11,6 +11,7 @@
 #include "transport/http2.h"
 #include "transport/peers.h"
 #include "transport/tcp_listen.h"
+#include "transport/tls.h"
 #include "transport/unix_listen.h"
 
 #define READ_BUF_SIZE (256u << 10)
@@ -65,6 +66,7 @@ typedef struct oi_h2_conn_s {
         uv_handle_t handle;
     } sock;
     uv_timer_t timer; /* the preface deadline, then the idle deadline while no stream is open */
+    oi_tls_t *tls;    /* the connection's TLS, or NULL for plain text */
     int handles;      /* open libuv handles (tcp, timer): freed at 0 */
     nghttp2_session *session;
     h2_loop_t *lp;

@@ -10,8 +10,8 @@ RESTRICTED_APIS: tuple[str, ...]  # tritonserver's restricted-API groups, in its
 
 # One input or output declaration: (name, V2 datatype such as "INT32", full shape with -1
 # for a variable dimension, or None for any shape; when max_batch_size > 0 the first
-# dimension is the batch, -1).
-IOSpec = tuple[str, str, Sequence[int] | None]
+# dimension is the batch, -1), and optionally whether a request may leave the input out.
+IOSpec = tuple[str, str, Sequence[int] | None] | tuple[str, str, Sequence[int] | None, bool]
 
 # Called on an executor thread with the GIL held:
 #   handler(inputs, parameters, outputs, cancelled) -> {name: array-like}
@@ -161,7 +161,11 @@ class Server:
         strict_readiness: bool = True,  # False: ready once serving, whatever the models' state
         http_header_forward_pattern: str | None = None,  # headers matching it become request parameters
         grpc_header_forward_pattern: str | None = None,  # metadata matching it become request parameters
+        http_tls: tuple[str, str, str | None, bool] | None = None,  # cert, key, root cert, mutual
+        grpc_tls: tuple[str, str, str | None, bool] | None = None,  # the same, ALPN h2
     ) -> None: ...
+    def reload_tls(self) -> None:
+        """Loads the TLS certificates and keys again: new connections get them, open ones keep theirs."""
     def set_metadata(self, metadata_json: bytes) -> None:
         """Sets the body of GET /v2 (server metadata)."""
     def add_model(
@@ -198,6 +202,9 @@ class Server:
         # the instances as worker processes (openinfer._backends.processes.worker_spec, then optionally a
         # buffer whose first byte, once set, gives up starting them: the version then fails)
         workers: tuple[list[str], list[str], bytes, int] | tuple[list[str], list[str], bytes, int, Any] | None = None,
+        # a ready check asks the application (the repository handler's "ready" op) instead of
+        # being answered on the event loop: a Triton Python model's is_ready()
+        ready_probe: bool = False,
     ) -> str | None | ModelVersion:
         """Registers one model version. `labels` maps an output name to its label file's bytes
         (one label a line) for the classification extension. handler=None with error=reason registers a version that
@@ -297,7 +304,9 @@ class GrpcConnection:
     """One gRPC (h2c) connection, opened on first use and reopened after a failure. One thread
     at a time (another gets RuntimeError); several calls and streams may be open on it."""
 
-    def __init__(self, host: str, port: int) -> None: ...
+    def __init__(
+        self, host: str, port: int, *, tls: tuple[str | None, str | None, str | None, bool] | None = None
+    ) -> None: ...  # tls: (CA file, client certificate, its key, verify the server)
     def server_live(self, timeout: float | None = None) -> tuple[int, bool | str]: ...
     def server_ready(self, timeout: float | None = None) -> tuple[int, bool | str]: ...
     def model_ready(self, name: str, version: str | None = None,

@@ -16,6 +16,7 @@ from ._backends.processes import ModelFile
 
 _JOBS_FD = 4
 _HEADER = 64  # the job area's shared header; the recipe follows it
+_INDEX = 4  # where that header says which of its model's workers this is (oi_pw_shared_t.index)
 
 
 def main(argv: list[str]) -> int:
@@ -25,12 +26,13 @@ def main(argv: list[str]) -> int:
     parent = int(argv[1])
     try:
         with mmap.mmap(_JOBS_FD, 0, prot=mmap.PROT_READ) as area:
+            (index,) = struct.unpack_from("<I", area, _INDEX)
             (length,) = struct.unpack_from("<Q", area, _HEADER)
             recipe = pickle.loads(area[_HEADER + 8 : _HEADER + 8 + length])
         sys.path[:] = recipe["path"]
         model = pickle.loads(recipe["model"])
         if isinstance(model.fn, ModelFile):
-            object.__setattr__(model, "fn", model.fn.load())
+            object.__setattr__(model, "fn", model.fn.load(index))
     except BaseException as e:  # noqa: BLE001 - whatever it was, the server must hear why
         _core.worker_fail(f"a worker process could not import the model: {_describe(e)}")
         return 1

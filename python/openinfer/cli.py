@@ -305,6 +305,31 @@ def _parser() -> argparse.ArgumentParser:
         metavar="OCTAL",
         help="permission bits of the Unix socket files (default 660: the server's user and group)",
     )
+    for proto, name in (("http", "HTTP (and /metrics)"), ("grpc", "gRPC")):
+        serve.add_argument(
+            f"--{proto}-use-ssl",
+            type=_triton_bool,
+            nargs="?",
+            const=True,
+            default=False,
+            metavar="BOOL",
+            help=f"serve {name} over TLS with --{proto}-server-cert and --{proto}-server-key, as tritonserver",
+        )
+        serve.add_argument(
+            f"--{proto}-use-ssl-mutual",
+            type=_triton_bool,
+            nargs="?",
+            const=True,
+            default=False,
+            metavar="BOOL",
+            help=f"serve {name} over mutual TLS: clients need a certificate that --{proto}-root-cert "
+            f"signed (implies --{proto}-use-ssl)",
+        )
+        serve.add_argument(f"--{proto}-server-cert", metavar="PEM", help=f"{name} server certificate (chain) file")
+        serve.add_argument(f"--{proto}-server-key", metavar="PEM", help=f"{name} server private key file")
+        serve.add_argument(
+            f"--{proto}-root-cert", metavar="PEM", help=f"CA certificates that sign {name} client certificates"
+        )
     serve.add_argument(
         "--grpc-infer-response-compression-level",
         choices=["none", "low", "medium", "high"],
@@ -578,8 +603,10 @@ def _supervise(args: argparse.Namespace, serve_argv: list[str]) -> int:
         return f"{scheme}://{reachable(sock.getsockname()[0], sock.getsockname()[1])}"
 
     logger.info(
-        "%d workers listening on %s%s%s", args.workers, url("http", sockets["http"][0]),
-        f", {url('grpc', sockets['grpc'][0])}" if "grpc" in sockets else "",
+        "%d workers listening on %s%s%s", args.workers,
+        url("https" if args.http_use_ssl or args.http_use_ssl_mutual else "http", sockets["http"][0]),
+        f", {url('grpcs' if args.grpc_use_ssl or args.grpc_use_ssl_mutual else 'grpc', sockets['grpc'][0])}"
+        if "grpc" in sockets else "",
         f", metrics {url('http', metrics)}/metrics" if metrics else "",
     )
 
@@ -589,6 +616,8 @@ def _supervise(args: argparse.Namespace, serve_argv: list[str]) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    # Each worker loads the TLS files itself: a renewed certificate reaches them all.
+    signal.signal(signal.SIGHUP, lambda signum, frame: supervisor.forward(signum))
     return supervisor.run()
 
 
@@ -643,8 +672,26 @@ def _serve(args: argparse.Namespace) -> int:
         grpc["grpc_port"] = None if "grpc" not in sockets else 0
         metrics["metrics_port"] = None if "metrics" not in sockets else 0
         watch_parent()
+    ssl = {}
+    for proto in ("http", "grpc"):
+        if getattr(args, f"{proto}_use_ssl") or getattr(args, f"{proto}_use_ssl_mutual"):
+            ssl[proto] = {
+                "server_cert": getattr(args, f"{proto}_server_cert"),
+                "server_key": getattr(args, f"{proto}_server_key"),
+                "root_cert": getattr(args, f"{proto}_root_cert"),
+                "mutual": getattr(args, f"{proto}_use_ssl_mutual"),
+            }
     stopping = threading.Event()
     started: list[Server] = []
+
+    def on_hangup(signum: int, frame: FrameType | None) -> None:
+        # A renewed certificate: new connections get it, open ones finish with theirs.
+        for srv in started:
+            try:
+                srv.reload_tls()
+                logger.info("SIGHUP: TLS certificates and keys reloaded")
+            except ValueError as e:
+                logger.error("SIGHUP: %s; the previous certificates stay in use", e)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         # Draining can take a while and needs no main thread, so it runs on its own thread
@@ -670,6 +717,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    if ssl:
+        signal.signal(signal.SIGHUP, on_hangup)
     try:
         server = serve(
             args.repo,
@@ -705,6 +754,7 @@ def _serve(args: argparse.Namespace) -> int:
             server_id=args.id,
             http_header_forward_pattern=args.http_header_forward_pattern,
             grpc_header_forward_pattern=args.grpc_header_forward_pattern,
+            ssl=ssl or None,
             **grpc,
             **metrics,  # type: ignore[arg-type]
             **limits,

@@ -98,10 +98,17 @@ class Client:
     HTTP statuses of InferenceServerError (NOT_FOUND 404, INVALID_ARGUMENT 400, UNAVAILABLE 503,
     INTERNAL 500, UNIMPLEMENTED 501) and DEADLINE_EXCEEDED a TimeoutError. `shared_memory`: None
     (the default) uses system shared memory when the URL's host is a loopback address and the
-    server offers it; True tries it whatever the host; False never does."""
+    server offers it; True tries it whatever the host; False never does.
+
+    ``https://`` and ``grpcs://`` URLs speak TLS (1.2 or later): the server's certificate is
+    checked against `ca_file` (PEM; the system's CAs when None) and must name the URL's host,
+    unless `verify` is False; `cert_file` and `key_file` (PEM; the key may be in `cert_file`)
+    are the client certificate a mutual-TLS server asks for."""
 
     def __init__(self, url: str = "http://127.0.0.1:8000", *, timeout: float | None = DEFAULT_TIMEOUT,
-                 max_connections: int = 32, shared_memory: bool | None = None) -> None:
+                 max_connections: int = 32, shared_memory: bool | None = None,
+                 ca_file: str | os.PathLike[str] | None = None, cert_file: str | os.PathLike[str] | None = None,
+                 key_file: str | os.PathLike[str] | None = None, verify: bool = True) -> None:
         if max_connections < 1:
             raise ValueError(f"max_connections must be at least 1, got {max_connections}")
         unix = _unix_url(url)
@@ -110,20 +117,27 @@ class Client:
             self._port = 0
             self._prefix = ""
             self.url = f"{'grpc+' if self._grpc else ''}unix://{self._host}"
+            tls = False
         else:
             parts = urlsplit(url if "://" in url else "http://" + url)
-            if parts.scheme not in ("http", "grpc"):
-                raise ValueError(f"unsupported URL scheme {parts.scheme!r} in {url!r}; expected http://, grpc://, "
-                                 "unix:PATH or grpc+unix:PATH")
+            if parts.scheme not in ("http", "grpc", "https", "grpcs"):
+                raise ValueError(f"unsupported URL scheme {parts.scheme!r} in {url!r}; expected http://, https://, "
+                                 "grpc://, grpcs://, unix:PATH or grpc+unix:PATH")
             if not parts.hostname:
                 raise ValueError(f"no host in URL {url!r}")
-            self._grpc = parts.scheme == "grpc"
+            self._grpc = parts.scheme in ("grpc", "grpcs")
+            tls = parts.scheme in ("https", "grpcs")
             if self._grpc and parts.path.strip("/"):
                 raise ValueError(f"a gRPC URL has no path; got {url!r}")
             self._host = parts.hostname
             self._port = parts.port or (8001 if self._grpc else 8000)
             self._prefix = "" if self._grpc else parts.path.rstrip("/")
             self.url = f"{parts.scheme}://{parts.netloc}{self._prefix}"
+        if not tls and (ca_file or cert_file or key_file):
+            raise ValueError(f"ca_file, cert_file and key_file are for https:// and grpcs:// URLs; got {url!r}")
+        paths = [None if p is None else os.fspath(p) for p in (ca_file, cert_file, key_file)]
+        # Given to every connection of the pool: (CA, certificate, key, verify), or None.
+        self._conn_kw: dict[str, Any] = {"tls": (*paths, bool(verify))} if tls else {}
         self._connection_type: Any = _core.GrpcConnection if self._grpc else _core.HttpConnection
         self._timeout = timeout
         self._max = max_connections
@@ -164,7 +178,7 @@ class Client:
                 return self._idle.pop()
             self._live += 1
         try:
-            return self._connection_type(self._host, self._port)
+            return self._connection_type(self._host, self._port, **self._conn_kw)
         except BaseException:
             self._forget_connection()
             raise
@@ -413,7 +427,7 @@ class Client:
         After close() (a pooled region released late) on a connection of its own."""
         if not self._closed:
             return self._call("unary", _shm.GRPC_SERVICE + method, payload, timeout=timeout)
-        conn = _core.GrpcConnection(self._host, self._port)
+        conn = _core.GrpcConnection(self._host, self._port, **self._conn_kw)
         try:
             return conn.unary(_shm.GRPC_SERVICE + method, payload, timeout=timeout)
         finally:
@@ -433,7 +447,7 @@ class Client:
         data = json.dumps(body).encode() if body is not None else b""
         headers = "Content-Type: application/json\r\n"
         if self._closed:  # a pooled region released after close(): a connection of its own
-            conn = _core.HttpConnection(self._host, self._port)
+            conn = _core.HttpConnection(self._host, self._port, **self._conn_kw)
             try:
                 status, reply = conn.request("POST", path, data, headers, timeout=self._timeout)
             finally:
@@ -758,7 +772,7 @@ class Client:
             if self._grpc:
                 self._grpc_unary("CudaSharedMemoryUnregister", _shm.encode_name(name), self._timeout)
             elif self._closed:
-                conn = _core.HttpConnection(self._host, self._port)
+                conn = _core.HttpConnection(self._host, self._port, **self._conn_kw)
                 try:
                     conn.request("POST", path, b"", None, timeout=self._timeout)
                 finally:

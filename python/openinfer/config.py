@@ -280,6 +280,7 @@ class TensorConfig:
     dims: tuple[int, ...]
     reshape: tuple[int, ...] | None = None
     label_filename: str | None = None  # outputs: class labels, one a line, for classification
+    optional: bool = False  # inputs: a request may leave it out (Triton's `optional: true`)
 
 
 @dataclass(frozen=True)
@@ -529,6 +530,7 @@ def _tensor(raw: dict[str, Value], source: str, kind: str) -> TensorConfig:
         if reshape is None
         else _Fields(reshape, f"{f.where}: reshape").integers("shape"),
         label_filename=f.string("label_filename") or None,
+        optional=f.raw.get("optional") is True,
     )
 
 

@@ -99,20 +99,25 @@ class Tensor:
     `shape` is the full shape; -1 marks a variable dimension (for a batching model, the first
     one). Any iterable of ints is accepted and stored as a tuple. ``shape=None`` accepts any
     shape, any rank included, which a Triton config cannot express; model metadata shows it
-    as ``[-1]``, the nearest V2 equivalent.
+    as ``[-1]``, the nearest V2 equivalent. An input declared ``optional=True`` (Triton's
+    ``optional: true``) may be left out of a request: the model then sees only the inputs sent.
     """
 
     name: str
     datatype: str
     shape: tuple[int, ...] | None
+    optional: bool
 
-    def __init__(self, name: str, datatype: str, shape: Iterable[SupportsIndex] | None) -> None:
+    def __init__(
+        self, name: str, datatype: str, shape: Iterable[SupportsIndex] | None, *, optional: bool = False
+    ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"tensor name must be a non-empty string, got {name!r}")
         if datatype not in _NUMPY_DTYPES:
             raise ValueError(f"tensor {name!r}: {_bad_datatype(datatype)}")
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "datatype", datatype)
+        object.__setattr__(self, "optional", bool(optional))
         if shape is None:
             object.__setattr__(self, "shape", None)
             return

@@ -22,6 +22,7 @@ from typing import Any
 from . import _core, _display, _pt2_build
 from ._backends import triton_metrics
 from ._net import reachable
+from ._tls import tls_specs
 from ._version import __version__
 from ._control.cache import cache_bytes
 from ._control.control import DEFAULT_POLL_SECS, IndexEntry, ModelControl
@@ -182,6 +183,7 @@ def serve(
     server_id: str = "openinfer",
     http_header_forward_pattern: str | None = None,
     grpc_header_forward_pattern: str | None = None,
+    ssl: Mapping[str, Any] | None = None,
     **limits: int,
 ) -> Server:
     """Serves the models of repository `repo` and the given `models`, and returns the running
@@ -287,7 +289,14 @@ def serve(
     ``triton-grpc-protocol-<header>``), others get HTTP 403 or gRPC UNAVAILABLE with
     tritonserver's words. The legacy v1 API and the generate extension are covered too; see
     `openinfer._control.restricted`. A server on a non-loopback `host` whose model control,
-    shared memory or settings answer anyone logs one warning that names them."""
+    shared memory or settings answer anyone logs one warning that names them.
+
+    `ssl` serves HTTP (and the metrics port) and gRPC over TLS (1.2 or later; gRPC with ALPN
+    h2), as tritonserver's ``--grpc-use-ssl`` flags: ``{"server_cert": path, "server_key":
+    path, "root_cert": path, "mutual": False}`` for both protocols, or ``{"http": {...},
+    "grpc": {...}}`` for each its own. ``mutual=True`` refuses clients without a certificate
+    signed by ``root_cert``. Unix-domain sockets stay plain text. `Server.reload_tls` loads
+    the files again."""
     server = Server(
         repo,
         models=models,
@@ -332,6 +341,7 @@ def serve(
         server_id=server_id,
         http_header_forward_pattern=http_header_forward_pattern,
         grpc_header_forward_pattern=grpc_header_forward_pattern,
+        ssl=ssl,
         **limits,
     )
     server.start()
@@ -388,6 +398,7 @@ class Server:
         server_id: str = "openinfer",
         http_header_forward_pattern: str | None = None,
         grpc_header_forward_pattern: str | None = None,
+        ssl: Mapping[str, Any] | None = None,
         **limits: int,
     ) -> None:
         level = _COMPRESSION_LEVELS.get(grpc_infer_response_compression_level)
@@ -437,6 +448,8 @@ class Server:
         restricted = (http_restricted(http_restricted_api), grpc_restricted(grpc_restricted_protocol))
         self._restricted = tuple({group for group, _, _ in r} for r in restricted)
         self._model_control_mode = model_control_mode
+        tls = tls_specs(ssl)
+        self._tls = tls
         self._core = _core.Server(
             host,
             -1 if http_port is None else http_port,
@@ -464,6 +477,8 @@ class Server:
             strict_readiness=strict_readiness,
             http_header_forward_pattern=http_header_forward_pattern,
             grpc_header_forward_pattern=grpc_header_forward_pattern,
+            http_tls=tls.get("http"),
+            grpc_tls=tls.get("grpc"),
             **limits,
         )
         if metrics_port is not None:  # Triton models' pb_utils.MetricFamily, from their initialize on
@@ -658,6 +673,12 @@ class Server:
                 self._drain_cut.wait(max(grace, 0.0))
         self.stop(timeout)
 
+    def reload_tls(self) -> None:
+        """Loads the ``ssl`` certificates and keys again (``openinfer serve`` does on SIGHUP):
+        connections made from now on get them, those open finish with theirs. ValueError
+        naming the file when one cannot be loaded; the ones in use then stay."""
+        self._core.reload_tls()
+
     def wait(self, timeout: float | None = None) -> bool:
         """Blocks until the server is stopped (from another thread or a signal handler), or
         `timeout` seconds pass; returns whether it stopped."""
@@ -697,7 +718,8 @@ class Server:
         without gRPC."""
         if self._grpc_port is None:
             return None if self._grpc_unix is None else f"grpc+unix://{self._grpc_unix}"
-        return f"grpc://{reachable(self._grpc_host, self._grpc_port)}"
+        scheme = "grpcs" if "grpc" in self._tls else "grpc"
+        return f"{scheme}://{reachable(self._grpc_host, self._grpc_port)}"
 
     @property
     def metrics_port(self) -> int | None:
@@ -710,7 +732,8 @@ class Server:
         """``http://host:port/metrics`` reaching the metrics from this machine; None without."""
         if self._metrics_port is None:
             return None
-        return f"http://{reachable(self._metrics_host, self._metrics_port)}/metrics"
+        scheme = "https" if "http" in self._tls else "http"
+        return f"{scheme}://{reachable(self._metrics_host, self._metrics_port)}/metrics"
 
     def statistics(self, model: str | None = None, version: int | str | None = None) -> dict[str, Any]:
         """Inference statistics in Triton's shape, as ``GET /v2/models[/{model}[/versions/
@@ -733,7 +756,8 @@ class Server:
         ``unix:///path`` when HTTP is served on a Unix socket only (`Client` takes either)."""
         if self._port is None:
             return f"unix://{self._http_unix}"
-        return f"http://{reachable(self._host, self._port)}"
+        scheme = "https" if "http" in self._tls else "http"
+        return f"{scheme}://{reachable(self._host, self._port)}"
 
     @property
     def running(self) -> bool:

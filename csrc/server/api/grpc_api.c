@@ -342,9 +342,12 @@ static void model_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg)
             err = oi_status_new(OI_BAD_REQUEST, "the request has no model name");
         oi__grpc_finish_status(call, err);
     } else if (call->kind == RPC_MODEL_READY) {
-        Inference__ModelReadyResponse r = INFERENCE__MODEL_READY_RESPONSE__INIT;
-        r.ready = m->error == NULL && m->sched != NULL;
-        oi__grpc_reply(call, &r.base);
+        int ready = m->error == NULL && m->sched != NULL;
+        if (!ready || !m->ready_probe || oi__grpc_probe_ready(s, call, m) != 0) {
+            Inference__ModelReadyResponse r = INFERENCE__MODEL_READY_RESPONSE__INIT;
+            r.ready = ready && !m->ready_probe; /* a model that could not be asked is not ready */
+            oi__grpc_reply(call, &r.base);
+        }
     } else if (call->kind == RPC_MODEL_METADATA) {
         model_metadata(call, m);
     } else {
@@ -449,9 +452,12 @@ static void on_message(void *ctx, oi_grpc_call_t *call, oi_buf_t *msg)
         break;
     }
     case RPC_SERVER_READY: {
-        Inference__ServerReadyResponse r = INFERENCE__SERVER_READY_RESPONSE__INIT;
-        r.ready = oi__server_ready(s) != 0;
-        oi__grpc_reply(call, &r.base);
+        int ready = oi__server_ready(s) != 0, asks = ready && oi__server_ready_asks(s);
+        if (!asks || oi__grpc_probe_ready(s, call, NULL) != 0) {
+            Inference__ServerReadyResponse r = INFERENCE__SERVER_READY_RESPONSE__INIT;
+            r.ready = ready && !asks; /* one that could not be asked is not ready */
+            oi__grpc_reply(call, &r.base);
+        }
         break;
     }
     case RPC_SERVER_METADATA:

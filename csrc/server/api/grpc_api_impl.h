@@ -49,6 +49,10 @@ void oi__grpc_maybe_end_stream(oi_grpc_call_t *call);
 void oi__grpc_shm_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg);
 void oi__grpc_model_statistics(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg);
 void oi__grpc_repo_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg);
+/* ModelReady of a version that answers its own readiness (oi_model_t.ready_probe), or
+ * ServerReady (`m` NULL) when oi__server_ready_asks, asked on a control thread and answered
+ * from there. -1 when it could not be asked (the caller answers). */
+int oi__grpc_probe_ready(oi_server_t *s, oi_grpc_call_t *call, const oi_model_t *m);
 void oi__grpc_log_settings_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg);
 void oi__grpc_trace_setting_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg);
 

@@ -407,6 +407,45 @@ void oi__grpc_repo_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg
     }
 }
 
+/* ---- model readiness ---------------------------------------------------------------------- */
+
+/* On the call's loop thread: the application's answer (a failed handler: not ready). */
+static void finish_ready(oi_repo_call_t *rc)
+{
+    oi_grpc_call_t *call = rc->ctx;
+    oi_server_t *s = call->data;
+    if (oi_grpc_call_open(call)) {
+        int ready = rc->status == NULL && rc->ready;
+        if (call->kind == RPC_SERVER_READY) {
+            Inference__ServerReadyResponse r = INFERENCE__SERVER_READY_RESPONSE__INIT;
+            r.ready = ready;
+            oi__grpc_reply(call, &r.base);
+        } else {
+            Inference__ModelReadyResponse r = INFERENCE__MODEL_READY_RESPONSE__INIT;
+            r.ready = ready;
+            oi__grpc_reply(call, &r.base);
+        }
+    }
+    end_control(s, call, rc);
+}
+
+int oi__grpc_probe_ready(oi_server_t *s, oi_grpc_call_t *call, const oi_model_t *m)
+{
+    oi_repo_call_t *rc = oi_repo_call_new(OI_REPO_READY);
+    if (rc == NULL || (m != NULL && (rc->model = strdup(m->name)) == NULL)) {
+        oi_repo_call_free(rc);
+        return -1;
+    }
+    rc->version = m != NULL ? m->version : -1;
+    oi_status_t *st = submit_control(s, call, rc, finish_ready);
+    if (st != NULL) {
+        oi_status_free(st);
+        oi_repo_call_free(rc);
+        return -1;
+    }
+    return 0;
+}
+
 /* ---- logging ------------------------------------------------------------------------------ */
 
 /* On the call's loop thread: every setting as LogSettingsResponse. */

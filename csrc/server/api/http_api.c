@@ -241,7 +241,7 @@ static oi_status_t *decode_raw(const oi_model_t *m, oi_buf_t *body, oi_request_t
         }
         t->shape[open_dim] = known ? count / known : 0;
     }
-    return oi_tensor_check_size(t, "raw binary body of input", spec->name);
+    return oi_tensor_check_input(t, "raw binary body of input", spec->name);
 }
 
 static oi_status_t *unsupported_encoding(const oi_http_request_t *r)
@@ -444,18 +444,78 @@ static int is_get(const oi_http_request_t *r)
     return r->method == HTTP_GET || r->method == HTTP_HEAD;
 }
 
-static void respond_model_ready(oi_http_request_t *r, oi_model_t *m)
+/* A model version's readiness: 200, or 400 with why not (`error`; NULL: ready). */
+static void respond_ready(oi_http_request_t *r, const char *name, const char *version, const char *error)
 {
     oi_sbuf_t body = {0};
     oi_sbuf_append(&body, "{\"name\":", 8);
-    oi_json_write_string(&body, m->name, strlen(m->name));
-    oi_sbuf_printf(&body, ",\"version\":\"%s\",\"ready\":%s", m->version_str, m->error ? "false" : "true");
-    if (m->error) {
+    oi_json_write_string(&body, name, strlen(name));
+    oi_sbuf_printf(&body, ",\"version\":\"%s\",\"ready\":%s", version, error ? "false" : "true");
+    if (error) {
         oi_sbuf_append(&body, ",\"error\":", 9);
-        oi_json_write_string(&body, m->error, strlen(m->error));
+        oi_json_write_string(&body, error, strlen(error));
     }
     oi_sbuf_append(&body, "}", 1);
-    respond_sbuf(r, m->error ? 400 : 200, JSON_HEADERS, &body);
+    respond_sbuf(r, error ? 400 : 200, JSON_HEADERS, &body);
+}
+
+/* On the loop thread that asked: the model's own answer (a failed handler: not ready). */
+static void finish_ready(oi_repo_call_t *call)
+{
+    char version[24];
+    snprintf(version, sizeof(version), "%lld", (long long)call->version);
+    const char *why = call->status ? call->status->message : call->ready ? NULL : "the model reports it is not ready";
+    respond_ready(call->ctx, call->model, version, why);
+    oi_repo_call_free(call);
+}
+
+/* On the loop thread that asked: whether every model that answers its own readiness said yes. */
+static void finish_server_ready(oi_repo_call_t *call)
+{
+    if (call->status == NULL && call->ready)
+        respond_static(call->ctx, 200, "{\"ready\":true}");
+    else
+        respond_static(call->ctx, 400, "{\"ready\":false}");
+    oi_repo_call_free(call);
+}
+
+/* Strict server readiness with models that answer their own: asked on a control thread. */
+static void ask_server_ready(oi_server_t *s, oi_http_request_t *r)
+{
+    oi_repo_call_t *call = oi_repo_call_new(OI_REPO_READY);
+    oi_status_t *st = call == NULL ? oi_status_new(OI_INTERNAL, "out of memory") : NULL;
+    if (st == NULL) {
+        call->version = -1;
+        st = oi__repo_submit(s, call, r->loop, finish_server_ready, r);
+    }
+    if (st != NULL) {
+        oi_repo_call_free(call);
+        oi_status_free(st);
+        respond_static(r, 400, "{\"ready\":false}");
+    }
+}
+
+/* A loaded version that answers its own readiness is asked on a control thread (a model's code
+ * may take seconds; this loop never waits); any other is answered here. */
+static void respond_model_ready(oi_server_t *s, oi_http_request_t *r, oi_model_t *m)
+{
+    if (m->error != NULL || !m->ready_probe) {
+        respond_ready(r, m->name, m->version_str, m->error);
+        return;
+    }
+    oi_repo_call_t *call = oi_repo_call_new(OI_REPO_READY);
+    oi_status_t *st = call == NULL || (call->model = strdup(m->name)) == NULL
+                          ? oi_status_new(OI_INTERNAL, "out of memory")
+                          : NULL;
+    if (st == NULL) {
+        call->version = m->version;
+        st = oi__repo_submit(s, call, r->loop, finish_ready, r);
+    }
+    if (st != NULL) {
+        oi_repo_call_free(call);
+        respond_ready(r, m->name, m->version_str, st->message);
+        oi_status_free(st);
+    }
 }
 
 /* GET /v2/models/stats and /v2/models/{name}[/versions/{v}]/stats: Triton's statistics. */
@@ -592,7 +652,7 @@ static void route_model(oi_server_t *s, oi_http_request_t *r, const char *p)
         oi_model_unref(m);
         break;
     case READY:
-        respond_model_ready(r, m);
+        respond_model_ready(s, r, m);
         oi_model_unref(m);
         break;
     case CONFIG:
@@ -1029,10 +1089,12 @@ void oi__http_api_handle(void *ctx, oi_http_request_t *r)
         }
         if (p[7] == 'l')
             respond_static(r, 200, "{\"live\":true}");
-        else if (oi__server_ready(s))
+        else if (!oi__server_ready(s))
+            respond_static(r, 400, "{\"ready\":false}");
+        else if (!oi__server_ready_asks(s))
             respond_static(r, 200, "{\"ready\":true}");
         else
-            respond_static(r, 400, "{\"ready\":false}");
+            ask_server_ready(s, r);
         return;
     }
     if (strncmp(p, "models/", 7) == 0) {

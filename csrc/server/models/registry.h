@@ -20,6 +20,9 @@ typedef struct oi_model_s {
     char version_str[24];
     int max_batch_size;
     int decoupled; /* 0..N responses per request (Triton's model_transaction_policy) */
+    /* The model answers its own readiness (a Triton Python model's is_ready()): a ready check
+     * asks the application on a control thread (OI_REPO_READY) instead of answering at once. */
+    int ready_probe;
     oi_io_spec_t *inputs;
     uint32_t n_inputs;
     oi_io_spec_t *outputs;

@@ -15,9 +15,11 @@
 #include "transport/loop.h"
 
 /* LOGGING reads or changes the log settings (the logging extension), TRACE the trace settings
- * (the trace extension; `model` names the model, NULL: the global ones): not repository
- * operations, but they too belong to the application and run its handler, so they ride here. */
-typedef enum { OI_REPO_INDEX, OI_REPO_LOAD, OI_REPO_UNLOAD, OI_REPO_LOGGING, OI_REPO_TRACE } oi_repo_op_t;
+ * (the trace extension; `model` names the model, NULL: the global ones), READY asks a model
+ * that answers its own readiness (oi_model_t.ready_probe) whether version `version` of `model`
+ * is ready (`model` NULL: whether every such loaded version is, for the server's readiness): not repository operations, but they too belong to the application and run its
+ * handler (which may take seconds), so they ride here. */
+typedef enum { OI_REPO_INDEX, OI_REPO_LOAD, OI_REPO_UNLOAD, OI_REPO_LOGGING, OI_REPO_TRACE, OI_REPO_READY } oi_repo_op_t;
 
 typedef enum {
     OI_REPO_PARAM_BOOL,
@@ -54,7 +56,8 @@ typedef void (*oi_repo_done_cb)(oi_repo_call_t *call);
 struct oi_repo_call_s {
     oi_repo_op_t op;
     char *model;    /* load and unload: the model's name (owned) */
-    int ready;      /* index: only ready versions (gRPC; over HTTP the body says) */
+    int ready;      /* index: only ready versions (gRPC; over HTTP the body says); READY: the answer */
+    int64_t version; /* READY: the version asked about */
     oi_buf_t *body; /* HTTP: the JSON request body as sent (a reference), NULL when empty */
     oi_encoding_t body_encoding; /* how `body` came compressed: the control thread inflates it */
     size_t max_body_bytes;       /* the most it may inflate to */

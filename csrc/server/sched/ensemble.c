@@ -29,7 +29,8 @@ typedef struct {
 } step_t;
 
 struct oi_ensemble_s {
-    oi_registry_t *reg; /* borrowed */
+    oi_registry_t *reg;         /* borrowed */
+    const oi_model_t *self;     /* borrowed: the ensemble's own model, which owns this state */
     char *name;
     int count_stats;
     char **tensors; /* every ensemble tensor's name, once */
@@ -93,7 +94,7 @@ static int copy_maps(oi_ensemble_t *e, uint32_t cap, const oi_ensemble_map_t *in
     return 0;
 }
 
-oi_ensemble_t *oi_ensemble_new(oi_registry_t *reg, const char *name, int count_stats,
+oi_ensemble_t *oi_ensemble_new(oi_registry_t *reg, const oi_model_t *self, int count_stats,
                                const oi_ensemble_step_spec_t *steps, uint32_t n_steps)
 {
     uint32_t cap = 0;
@@ -103,8 +104,9 @@ oi_ensemble_t *oi_ensemble_new(oi_registry_t *reg, const char *name, int count_s
     if (e == NULL)
         return NULL;
     e->reg = reg;
+    e->self = self;
     e->count_stats = count_stats;
-    e->name = strdup(name);
+    e->name = strdup(self->name);
     e->tensors = calloc(cap ? cap : 1, sizeof(*e->tensors));
     e->steps = calloc(n_steps ? n_steps : 1, sizeof(*e->steps));
     if (e->name == NULL || e->tensors == NULL || e->steps == NULL) {
@@ -131,6 +133,10 @@ oi_ensemble_t *oi_ensemble_new(oi_registry_t *reg, const char *name, int count_s
 
 typedef struct run_s run_t;
 
+/* run_t.have of an optional ensemble input the request left out: the steps that read it are
+ * sent without it, as Triton's ensemble scheduler sends them. */
+#define ABSENT 2
+
 /* A step of one request. Its job goes to the step model's scheduler; the run owns it. */
 typedef struct {
     oi_job_t job; /* first: the scheduler hands back &job */
@@ -150,7 +156,9 @@ struct run_s {
     pthread_cond_t cv;
     const oi_ensemble_t *e;
     oi_tensor_t *vals; /* per ensemble tensor, once produced: a reference to its bytes */
-    uint8_t *have;
+    int64_t *batch;    /* per ensemble tensor: the batch size of the request that made it, 0
+                        * when that model (or the ensemble) does not batch */
+    uint8_t *have;     /* per ensemble tensor: 1 made, ABSENT an optional input not sent */
     step_run_t *steps;
     int inflight;     /* steps sent and not done, plus callers still sending */
     oi_status_t *err; /* the first failure; no step is sent after it */
@@ -210,11 +218,51 @@ static void step_end(run_t *run, step_run_t *s, oi_status_t *st)
     pthread_mutex_unlock(&run->mu);
 }
 
+/* The batch size of a request to `m`, as Triton's ensemble records it with each tensor: the
+ * first dimension when the model batches, else 0. */
+static int64_t batch_of(const oi_model_t *m, const oi_request_t *req)
+{
+    if (m->max_batch_size <= 0 || req->n_inputs == 0 || req->inputs[0].ndim < 1)
+        return 0;
+    return req->inputs[0].shape[0];
+}
+
 static uint64_t request_rows(const oi_model_t *m, const oi_request_t *req)
 {
-    if (m->max_batch_size <= 0 || req->n_inputs == 0 || req->inputs[0].ndim < 1 || req->inputs[0].shape[0] < 1)
-        return 1;
-    return (uint64_t)req->inputs[0].shape[0];
+    int64_t b = batch_of(m, req);
+    return b < 1 ? 1 : (uint64_t)b;
+}
+
+/* Triton's ReshapeTensorDims (ensemble_scheduler.cc): a tensor passing between a model that
+ * batches and one that does not. `spec` is the receiving model's declaration (the batch
+ * dimension first when `batching`), `batch` the tensor's batch size (0: made unbatched). A
+ * tensor made unbatched whose shape is the declared one goes to a batching model as a batch
+ * of one; otherwise it goes as it is, its first dimension the batch. A batch of one whose
+ * shape is not the declared one goes to a model that does not batch without that dimension. */
+static void reshape(const oi_io_spec_t *spec, int batching, int64_t batch, oi_tensor_t *t)
+{
+    if (spec == NULL || spec->ndim < 0 || batching == (batch != 0))
+        return;
+    int skip = batching ? 1 : 0, n = spec->ndim - skip;
+    int same = n == t->ndim;
+    for (int i = 0; same && i < n; i++)
+        same = spec->dims[skip + i] == -1 || spec->dims[skip + i] == t->shape[i];
+    if (batching && same && t->ndim < OI_MAX_DIMS) {
+        memmove(t->shape + 1, t->shape, (size_t)t->ndim * sizeof(t->shape[0]));
+        t->shape[0] = 1;
+        t->ndim++;
+    } else if (!batching && !same && batch == 1 && t->ndim > 0) {
+        memmove(t->shape, t->shape + 1, (size_t)(t->ndim - 1) * sizeof(t->shape[0]));
+        t->ndim--;
+    }
+}
+
+static const oi_io_spec_t *spec_named(const oi_io_spec_t *specs, uint32_t n, const char *name)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (strcmp(specs[i].name, name) == 0)
+            return &specs[i];
+    return NULL;
 }
 
 /* On a step model's executor, once it ran: checks the outputs, counts the request in the
@@ -240,9 +288,11 @@ static void step_done(oi_job_t *j)
         j->status = NULL;
     } else {
         /* The outputs come in the order they were asked, which is the output map's. */
+        int64_t batch = batch_of(s->model, &s->req);
         for (uint32_t i = 0; i < def->n_outputs && i < j->resp.n_outputs; i++) {
             uint32_t t = def->outputs[i].tensor;
             run->vals[t] = j->resp.outputs[i]; /* takes its owner reference */
+            run->batch[t] = batch;
             run->vals[t].name = run->e->tensors[t];
             run->vals[t].parameters = (oi_slice_t){0};
             run->have[t] = 1;
@@ -275,10 +325,14 @@ static oi_status_t *send_step(run_t *run, step_run_t *s)
         return oi_status_new(OI_INTERNAL, "out of memory");
     /* No lock: a tensor once produced is not written again until the run ends. */
     for (uint32_t i = 0; i < def->n_inputs; i++) {
+        if (run->have[def->inputs[i].tensor] == ABSENT)
+            continue;
         oi_tensor_t *t = &r->inputs[r->n_inputs++];
         *t = run->vals[def->inputs[i].tensor];
         t->name = def->inputs[i].model_tensor;
         t->owner = oi_buf_ref(t->owner);
+        reshape(spec_named(s->model->inputs, s->model->n_inputs, t->name), s->model->max_batch_size > 0,
+                run->batch[def->inputs[i].tensor], t);
     }
     for (uint32_t i = 0; i < def->n_outputs; i++) {
         r->outputs[r->n_outputs].name = def->outputs[i].model_tensor;
@@ -363,6 +417,8 @@ static oi_status_t *assemble(run_t *run, const char *const *names, uint32_t n, o
         *o = run->vals[t];
         o->name = names[i];
         o->owner = oi_buf_ref(o->owner);
+        const oi_model_t *self = run->e->self;
+        reshape(spec_named(self->outputs, self->n_outputs, names[i]), self->max_batch_size > 0, run->batch[t], o);
     }
     return NULL;
 }
@@ -379,10 +435,11 @@ static void run_clear(run_t *run)
             oi_model_unref(s->model);
     }
     for (uint32_t i = 0; run->vals != NULL && i < run->e->n_tensors; i++)
-        if (run->have[i])
+        if (run->have[i] == 1)
             oi_tensor_clear(&run->vals[i]);
     free(run->steps);
     free(run->vals);
+    free(run->batch);
     free(run->have);
     oi_status_free(run->err);
     pthread_cond_destroy(&run->cv);
@@ -401,10 +458,11 @@ static oi_status_t *ensemble_execute(void *state, const oi_request_t *req, const
     pthread_condattr_destroy(&ca);
     pthread_mutex_init(&run.mu, NULL);
     run.vals = calloc(e->n_tensors ? e->n_tensors : 1, sizeof(*run.vals));
+    run.batch = calloc(e->n_tensors ? e->n_tensors : 1, sizeof(*run.batch));
     run.have = calloc(e->n_tensors ? e->n_tensors : 1, 1);
     run.steps = calloc(e->n_steps ? e->n_steps : 1, sizeof(*run.steps));
     oi_status_t *st = NULL;
-    if (run.vals == NULL || run.have == NULL || run.steps == NULL) {
+    if (run.vals == NULL || run.batch == NULL || run.have == NULL || run.steps == NULL) {
         st = oi_status_new(OI_INTERNAL, "out of memory");
         goto out;
     }
@@ -423,7 +481,13 @@ static oi_status_t *ensemble_execute(void *state, const oi_request_t *req, const
         run.vals[t].name = e->tensors[t];
         run.vals[t].parameters = (oi_slice_t){0};
         run.vals[t].owner = oi_buf_ref(run.vals[t].owner);
+        run.batch[t] = batch_of(e->self, req);
         run.have[t] = 1;
+    }
+    for (uint32_t i = 0; i < e->self->n_inputs; i++) {
+        int t = tensor_index(e, e->self->inputs[i].name);
+        if (t >= 0 && !run.have[t] && e->self->inputs[i].optional)
+            run.have[t] = ABSENT;
     }
     pthread_mutex_lock(&run.mu);
     uint32_t first = pick_ready(&run);

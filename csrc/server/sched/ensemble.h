@@ -39,10 +39,12 @@ typedef struct oi_ensemble_step_spec_s {
 
 typedef struct oi_ensemble_s oi_ensemble_t;
 
-/* Runs requests of ensemble `name` over `reg` (borrowed: it outlives every model in it).
- * `count_stats`: the steps are counted in their models' statistics. Returns the backend state
- * (freed by oi_ensemble_backend.release), or NULL when out of memory. */
-oi_ensemble_t *oi_ensemble_new(oi_registry_t *reg, const char *name, int count_stats,
+/* Runs requests of ensemble `self` over `reg` (borrowed: it outlives every model in it; `self`
+ * borrowed too: the model owns the state returned). `count_stats`: the steps are counted in
+ * their models' statistics. Tensors pass between models that batch and models that do not as
+ * Triton's ensemble scheduler passes them (a batch of one where the shapes say so). Returns the
+ * backend state (freed by oi_ensemble_backend.release), or NULL when out of memory. */
+oi_ensemble_t *oi_ensemble_new(oi_registry_t *reg, const oi_model_t *self, int count_stats,
                                const oi_ensemble_step_spec_t *steps, uint32_t n_steps);
 
 extern const oi_backend_t oi_ensemble_backend;

@@ -378,6 +378,30 @@ static void fail_batch(batch_t *b, const oi_status_t *st)
         j->status = oi_status_new(st->code, "%s", st->message);
 }
 
+/* Gives each job the backend failed alone (errors[k], see oi_request_t.batch_errors) its own
+ * status instead of its rows. */
+static void fail_some(batch_t *b, oi_status_t **errors)
+{
+    int k = 0;
+    for (oi_job_t *j = b->first; j; j = j->next, k++)
+        if (errors[k] != NULL) {
+            oi_response_clear(&j->resp);
+            j->status = errors[k];
+            errors[k] = NULL;
+        }
+}
+
+/* Whether the backend failed every job of the batch alone: then each gets its own status and
+ * the outputs (which need not be there) are not looked at. */
+static int failed_each(batch_t *b, oi_status_t **errors)
+{
+    for (int k = 0; k < b->n_jobs; k++)
+        if (errors[k] == NULL)
+            return 0;
+    fail_some(b, errors);
+    return 1;
+}
+
 /* Splits one batched output along dimension 0 into each job's response: views of the same
  * memory, each holding a reference to its owner. */
 static oi_status_t *split_output(batch_t *b, const oi_tensor_t *t, uint32_t i)
@@ -452,18 +476,23 @@ static int run_batched(oi_scheduler_t *s, batch_t *b, oi_stats_times_t *times)
     breq.cancelled_arg = b;
     int64_t *rows = malloc((size_t)b->n_jobs * sizeof(*rows));
     const char **ids = malloc((size_t)b->n_jobs * sizeof(*ids));
-    if (rows != NULL && ids != NULL) {
+    oi_slice_t *params = malloc((size_t)b->n_jobs * sizeof(*params));
+    oi_status_t **errors = calloc((size_t)b->n_jobs, sizeof(*errors));
+    if (rows != NULL && ids != NULL && params != NULL && errors != NULL) {
         uint32_t k = 0;
         for (oi_job_t *j = b->first; j; j = j->next, k++) {
             rows[k] = job_rows(j);
             ids[k] = j->req->id;
+            params[k] = j->req->parameters;
         }
         breq.batch_rows = rows;
         breq.batch_ids = ids;
+        breq.batch_params = params;
+        breq.batch_errors = errors;
         breq.n_batch = k;
     }
     breq.inputs = calloc(r0->n_inputs, sizeof(oi_tensor_t));
-    if (breq.inputs == NULL || rows == NULL || ids == NULL) {
+    if (breq.inputs == NULL || breq.n_batch == 0) {
         st = oi_status_new(OI_INTERNAL, "out of memory");
         goto done;
     }
@@ -496,6 +525,12 @@ static int run_batched(oi_scheduler_t *s, batch_t *b, oi_stats_times_t *times)
     st = s->backend->execute(s->state, &breq, b->first->output_names, b->first->n_outputs, &bresp);
     if (times != NULL)
         times->output_start = now_ns();
+    if (failed_each(b, errors)) { /* each its own error: what else the backend says is moot */
+        oi_status_free(st);
+        st = NULL;
+        ran = 1;
+        goto done;
+    }
     if (st != NULL)
         goto done;
     ran = 1;
@@ -511,6 +546,8 @@ static int run_batched(oi_scheduler_t *s, batch_t *b, oi_stats_times_t *times)
         }
     for (uint32_t i = 0; i < bresp.n_outputs && st == NULL; i++)
         st = split_output(b, &bresp.outputs[i], i);
+    if (st == NULL)
+        fail_some(b, errors);
 done:
     if (st != NULL) {
         for (oi_job_t *j = b->first; j; j = j->next)
@@ -520,8 +557,12 @@ done:
     }
     oi_response_clear(&bresp);
     oi_request_clear(&breq); /* its names are the first job's: clear before any done */
+    for (int k = 0; errors != NULL && k < b->n_jobs; k++)
+        oi_status_free(errors[k]); /* those fail_some did not hand on */
     free(rows);
     free(ids);
+    free(params);
+    free(errors);
     return ran;
 }
 

@@ -117,6 +117,15 @@ static void fail_item(item_t *it, oi_status_t *st)
     oi_job_t *outer = it->outer;
     outer->status = st;
     outer->slot = NULL;
+    /* A request dropped here because it or its sequence was cancelled counts as a failure
+     * of reason CANCELED, as Triton counts the requests its sequence batcher cancels (every
+     * queued one of the sequence); the other refusals here are not counted. */
+    oi_stats_t *stats = st != NULL && st->code == OI_CLIENT_CLOSED ? oi_scheduler_stats(it->q->sched) : NULL;
+    if (stats != NULL) {
+        atomic_store(&outer->cancelled, 1);
+        outer->times = (oi_stats_times_t){it->arrived_ns, 0, 0, 0};
+        outer->slot = &stats->shared;
+    }
     oi__seq_free_item(it);
     outer->done(outer);
 }

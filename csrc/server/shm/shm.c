@@ -720,7 +720,7 @@ static oi_status_t *resolve_input(oi_shm_t *s, uid_t uid, oi_tensor_t *t)
         t->byte_size = b->len;
         t->owner = b;
     }
-    return oi_tensor_check_size(t, "input", t->name);
+    return oi_tensor_check_input(t, "input", t->name);
 }
 
 /* The caller's user, looked up on the first tensor that names a region. */

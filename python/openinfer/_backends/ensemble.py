@@ -268,8 +268,8 @@ def check_steps(
             if (bad := typed(i, tensor, declared_in[model_input].datatype, s.model_name)) is not None:
                 return bad
         mapped = {model_input for model_input, _ in s.input_map}
-        for model_input in declared_in:
-            if model_input not in mapped:
+        for model_input, t in declared_in.items():
+            if model_input not in mapped and not t.optional:  # Triton lets an optional input go unmapped
                 return (
                     f"{where}.input_map: in ensemble {name}, input {model_input} in model {s.model_name} "
                     "is not mapped to any ensemble tensors"

@@ -86,7 +86,7 @@ def load_identity(name: str, version: int, version_dir: Path, config: ModelConfi
         name=name,
         version=version,
         path=version_dir,
-        inputs=tuple(Tensor(t.name, t.datatype, [*batch, *t.dims]) for t in config.inputs),
+        inputs=tuple(Tensor(t.name, t.datatype, [*batch, *t.dims], optional=t.optional) for t in config.inputs),
         outputs=tuple(Tensor(t.name, t.datatype, [*batch, *t.dims]) for t in config.outputs),
         max_batch_size=config.max_batch_size,
         devices=("cpu",) * instances,

@@ -57,7 +57,8 @@ class ModelFile:
     model_name: str
     version: int
 
-    def load(self) -> Callable[..., Any]:
+    def load(self, worker: int = 0) -> Callable[..., Any]:
+        """The function, imported in worker number `worker` of the model."""
         return getattr(import_model_file(self.model_name, self.version, Path(self.path)), self.attribute)
 
 

@@ -40,7 +40,7 @@ import numpy as np
 from .._config import triton_config
 from ..config import ConfigError, ModelConfig
 from ..model import Model, Tensor
-from . import triton_metrics, triton_wire
+from . import triton_metrics, triton_ready, triton_wire
 from . import triton_utils as pb
 from .model_file import _LoadError, import_model_file
 from .processes import ModelFile, bind_file
@@ -102,14 +102,22 @@ class TritonFile(ModelFile):
 
     args: tuple[tuple[str, str], ...] = ()
     metrics: str = ""  # where the worker's pb_utils metrics go (triton_metrics.listen)
+    names: tuple[str, ...] = ()  # each worker's model_instance_name, by worker number
+    ready: str = ""  # where the server asks is_ready() (triton_ready.WorkerReadiness), if it does
 
-    def load(self) -> Instances:
+    def load(self, worker: int = 0) -> Instances:
         pb._in_worker = True
         pb._default_host[:] = [triton_wire.WireHost()]  # BLS over the process wire
         if self.metrics:
             triton_metrics.send_to(self.metrics)
         module = import_model_file(self.model_name, self.version, Path(self.path), PROVIDED)
-        return Instances([make_instance(module, dict(self.args))])
+        args = dict(self.args)
+        if self.names:
+            args["model_instance_name"] = self.names[worker % len(self.names)]
+        instance = make_instance(module, args)
+        if self.ready:
+            triton_ready.answer_in_worker(self.ready, worker, instance, args["model_instance_name"])
+        return Instances([instance])
 
 
 def make_instance(module: Any, args: dict[str, str]) -> Any:
@@ -182,6 +190,9 @@ class TritonModel(Model):
     _instance_name: str
     _input_types: dict[str, str]
     _host: Any = None
+    # Executor threads per instance: ASYNC_IN_FLIGHT for an async execute in the server process
+    # (the model's config, statistics and metrics still count its instances).
+    in_flight: int = 1
 
     def attach(self, host: Any) -> None:
         """The server's model control, which pb_utils' BLS and model control calls reach
@@ -189,9 +200,24 @@ class TritonModel(Model):
         object.__setattr__(self, "_host", host)
         pb._default_host[:] = [host]
 
+    @property
+    def each_parameters(self) -> bool:
+        """execute sees each request of a batch with its own parameters (see `_batch`)."""
+        return True
+
     def bind(self, instance_name: str) -> None:
         object.__setattr__(self, "_instance_name", instance_name)
         object.__setattr__(self, "_input_types", {t.name: t.datatype for t in self.inputs})
+        object.__setattr__(self, "_ready", None)
+
+    @property
+    def ready_probe(self) -> bool:
+        """Whether a ready check asks the model (`ready`): its instances define is_ready()."""
+        return self._ready is not None
+
+    def ready(self) -> bool:
+        """The instances' own readiness (is_ready()); called on a control thread of the core."""
+        return self._ready() if self._ready is not None else True
 
     @property
     def direct(self) -> None:
@@ -201,6 +227,9 @@ class TritonModel(Model):
         """finalize() of the objects in this process (a worker's run theirs as the worker ends)."""
         if isinstance(self.fn, Instances):
             self.fn.finalize()
+        close = getattr(getattr(self, "_ready", None), "close", None)
+        if close is not None:  # the workers' readiness socket
+            close()
 
     def handler(
         self,
@@ -287,24 +316,33 @@ class TritonModel(Model):
         cancelled: Callable[[], bool],
     ) -> dict[str, object]:
         """A dynamic batch the scheduler concatenated, served as Triton serves one: execute gets
-        each request apart (views of its rows), and their outputs are joined again by rows for
-        the scheduler to split. An error response fails the batch's requests."""
+        each request apart (views of its rows, its own id and parameters), and their outputs are
+        joined again by rows for the scheduler to split. An error response fails its own request
+        alone (`cancelled.fail`); its rows in the joined outputs are filler."""
         requests, start = [], 0
-        for rows, request_id in batch:
+        for rows, request_id, own in batch:
             views = {name: array[start : start + rows] for name, array in inputs.items()}
-            request = pb.InferenceRequest._served(
-                self.name, views, self._input_types, outputs, parameters, cancelled, False
-            )
+            request = pb.InferenceRequest._served(self.name, views, self._input_types, outputs, own, cancelled, False)
             request._request_id = request_id or ""
             requests.append(request)
             start += rows
-        produced = [self._outputs(r) for r in self._returned(self._execute(requests, cancelled), requests)]
+        produced: list[dict[str, object] | None] = []
+        for k, response in enumerate(self._returned(self._execute(requests, cancelled), requests)):
+            try:
+                produced.append(self._outputs(response))
+            except pb.ResponseError as e:
+                cancelled.fail(k, e.status, e.message)  # type: ignore[attr-defined]
+                produced.append(None)
+        if all(p is None for p in produced):
+            return {}
         joined: dict[str, object] = {}
         for name in outputs:
-            parts = [p.get(name) for p in produced]
-            if any(part is None for part in parts):
+            given = [np.asarray(p[name]) if p is not None and p.get(name) is not None else None for p in produced]
+            like = next((g for g, p in zip(given, produced) if p is not None and g is not None), None)
+            if like is None or any(g is None and p is not None for g, p in zip(given, produced)):
                 raise ValueError(f"model {self.name!r} did not return output {name!r} for every request of the batch")
-            joined[name] = np.concatenate([np.asarray(part) for part in parts])
+            parts = [g if g is not None else _filler(like, rows) for g, (rows, _, _) in zip(given, batch)]
+            joined[name] = np.concatenate(parts)
         return self._select(joined, outputs)
 
     def _returned(self, result: Any, requests: list[pb.InferenceRequest]) -> list[pb.InferenceResponse]:
@@ -380,6 +418,12 @@ class TritonModel(Model):
         )
 
 
+def _filler(like: np.ndarray, rows: int) -> np.ndarray:
+    """The rows of a failed request of a batch, shaped as `like`'s (never sent)."""
+    shape = (rows, *like.shape[1:])
+    return np.full(shape, b"", dtype=object) if like.dtype == object else np.zeros(shape, like.dtype)
+
+
 def load(
     name: str, version: int, path: Path, module: Any, config: ModelConfig | None, in_processes: bool
 ) -> TritonModel:
@@ -402,7 +446,7 @@ def load(
         )
     batch = [-1] if final.max_batch_size > 0 else []
     policy = completed.get("model_transaction_policy")
-    # An async execute in the server process gets ASYNC_IN_FLIGHT executors per instance.
+    # An async execute in the server process gets ASYNC_IN_FLIGHT executors per instance (in_flight).
     in_flight = ASYNC_IN_FLIGHT if inspect.iscoroutinefunction(getattr(getattr(module, CLASS), "execute", None)) else 1
     in_flight = 1 if in_processes else in_flight
     try:
@@ -413,7 +457,7 @@ def load(
             outputs=[Tensor(t.name, t.datatype, [*batch, *t.dims]) for t in final.outputs],
             max_batch_size=final.max_batch_size,
             version=version,
-            instances=final.instances * in_flight,
+            instances=final.instances,
             platform=final.platform or final.backend or "python",
             dynamic_batching=final.dynamic_batching if "dynamic_batching" in completed else None,
             decoupled=bool(policy.get("decoupled")) if isinstance(policy, dict) else False,
@@ -424,6 +468,7 @@ def load(
     full = triton_config.complete(name, triton_config.normalize(completed, str(path)), model, backend="python")
     config_json = json.dumps(triton_config.to_json(full), separators=(",", ":"))
     names = [(f"{g['name']}_{k}", g["kind"].removeprefix("KIND_")) for g in full["instance_group"] for k in range(g["count"])]
+    object.__setattr__(model, "in_flight", in_flight)
 
     def args(instance: str, kind: str) -> dict[str, str]:
         return {
@@ -437,11 +482,21 @@ def load(
         }
 
     model.bind(names[0][0])
-    if in_processes:  # each worker makes its own instance (the first group's name for all)
-        recipe = TritonFile(str(path), CLASS, name, version, tuple(args(*names[0]).items()), triton_metrics.listen())
+    if in_processes:  # each worker makes its own instance, named by its number
+        asks = triton_ready.WorkerReadiness(model.instances) if triton_ready.defines_is_ready(getattr(module, CLASS)) else None
+        object.__setattr__(model, "_ready", asks)
+        if asks is not None:
+            weakref.finalize(model, asks.close)  # at unload
+        recipe = TritonFile(
+            str(path), CLASS, name, version, tuple(args(*names[0]).items()), triton_metrics.listen(),
+            tuple(n for n, _ in names), asks.address if asks is not None else "",
+        )
         bind_file(model, recipe)
         return model
-    instances = Instances([make_instance(module, args(*n)) for n in names], in_flight)
+    objects = [make_instance(module, args(*n)) for n in names]
+    instances = Instances(objects, in_flight)
+    if triton_ready.defines_is_ready(getattr(module, CLASS)):
+        object.__setattr__(model, "_ready", triton_ready.Readiness([(o, n) for o, (n, _) in zip(objects, names)]))
     object.__setattr__(model, "fn", instances)
     object.__setattr__(model, "_source", instances)
     weakref.finalize(model, instances.finalize)  # at unload, once the last request is answered

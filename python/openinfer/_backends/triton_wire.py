@@ -21,7 +21,7 @@ from ..model import numpy_dtype
 from . import triton_utils as pb
 
 _SOCKET_FD = 3  # OI_PW_FD_SOCKET
-_BLS, _BLS_PART, _BLS_END = 21, 4, 5  # OI_PW_BLS, OI_PW_BLS_PART, OI_PW_BLS_END
+_BLS, _BLS_PART, _BLS_END = 22, 4, 5  # OI_PW_BLS, OI_PW_BLS_PART, OI_PW_BLS_END (process_wire.h)
 _SEQ_START, _SEQ_END, _DECOUPLED = 1, 2, 4  # OI_PW_BLS_*
 _REPLY = struct.Struct("<IIIIQ")  # oi_pw_reply_t
 _ALIGN = 64

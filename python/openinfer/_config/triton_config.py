@@ -517,7 +517,8 @@ def _tensor(t: Any, batch: int) -> Message:
     """A declared openinfer Tensor as a ModelInput/ModelOutput: dims without the batch
     dimension; any shape (None) as [-1], the nearest a config can say."""
     dims = [-1] if t.shape is None else list(t.shape[batch:])
-    return {"name": t.name, "data_type": _V2_TO_TRITON[t.datatype], "dims": dims}
+    return {"name": t.name, "data_type": _V2_TO_TRITON[t.datatype], "dims": dims,
+            **({"optional": True} if getattr(t, "optional", False) else {})}
 
 
 def _instance_groups(name: str, groups: list[Message], instances: int, gpus: tuple[int, ...]) -> list[Message]:
@@ -690,11 +691,17 @@ def unsupported(config: Message, source: str) -> tuple[list[str], list[str]]:
     for key in ("batch_input", "batch_output"):
         if config.get(key):
             refuse(key, "no ragged batching")
+    # Optional inputs reach the models that take the inputs sent by name: Python models, Triton's
+    # identity backend and ensembles; TorchScript, PT2 and ONNX models take every input.
+    by_name = python or config.get("backend") == "identity" or config.get("platform") == "ensemble"
+    for i, tensor in enumerate(config.get("input", [])):
+        if tensor.get("optional") and not by_name:
+            refuse(f"input[{i}].optional", "only Python, identity and ensemble models take optional inputs")
     for kind in ("input", "output"):
         for i, tensor in enumerate(config.get(kind, [])):
-            for key in ("allow_ragged_batch", "optional", "is_shape_tensor", "is_non_linear_format_io"):
+            for key in ("allow_ragged_batch", "is_shape_tensor", "is_non_linear_format_io"):
                 if tensor.get(key):
-                    refuse(f"{kind}[{i}].{key}", "tensors are dense, required and plain")
+                    refuse(f"{kind}[{i}].{key}", "tensors are dense and plain")
     if config.get("model_repository_agents", {}).get("agents"):
         refuse("model_repository_agents", "no repository agents")
     if config.get("model_operations", {}).get("op_library_filename"):

@@ -218,6 +218,9 @@ class ModelControl:
         HTTP client sent it, or its parameters as gRPC decoded them; `stop`, a byte that the
         core sets when the client goes (a load then gives up starting worker processes).
         Raises InferenceServerError with the status to answer."""
+        if op == "ready":
+            assert params is not None
+            return self.ready(model, params["version"])
         if op == "index":
             if body is not None:
                 ready = _body_flag(_body_object(body, "registry index", self._max_json_depth), "ready")
@@ -229,6 +232,19 @@ class ModelControl:
         else:
             self.unload(model, _unload_params(body, params, self._max_json_depth))
         return None
+
+    def ready(self, name: str | None, version: int) -> bool:
+        """A ready check of a version that answers its own readiness (a Triton Python model's
+        is_ready()), on a control thread: False once it is no longer loaded. `name` None: the
+        server's strict readiness, whether every loaded version that answers its own is ready."""
+        with self._lock:
+            entries = [e for n, es in self._loaded.items() if name in (None, n) for e in es]
+        if name is None:
+            asks = [e.model.ready for e in entries if getattr(e.model, "ready_probe", False)]
+            return all(ask() for ask in asks)
+        model = next((e.model for e in entries if e.model is not None and e.model.version == version), None)
+        ask = getattr(model, "ready", None)
+        return bool(ask()) if callable(ask) else False
 
     def load(
         self,
@@ -571,7 +587,8 @@ class ModelControl:
             # A TorchScript module runs through the shim (torch=spec); a Python model is a handler.
             runs: dict[str, Any] = {"handler": getattr(model, "handler", None),
                                     "direct": getattr(model, "direct", None),
-                                    "decoupled": getattr(model, "decoupled", False)}
+                                    "decoupled": getattr(model, "decoupled", False),
+                                    "ready_probe": getattr(model, "ready_probe", False)}
             if getattr(model, "processes", False):
                 runs["workers"] = (*processes.worker_spec(model), stop)
             if isinstance(model, TorchModel):
@@ -589,8 +606,9 @@ class ModelControl:
                 metadata_json=_model_metadata(
                     entry.name, versions, model.platform, model.inputs, model.outputs
                 ),
-                instances=model.instances,
-                dynamic_batching=_batching(model.max_batch_size, model.dynamic_batching, entry.sequence),
+                instances=model.instances * getattr(model, "in_flight", 1),  # an async execute's executors
+                dynamic_batching=_batching(model.max_batch_size, model.dynamic_batching, entry.sequence,
+                                           getattr(model, "each_parameters", False)),
                 sequence_batching=entry.sequence.core(model.instances) if entry.sequence else None,
                 response_cache=_response_cache(entry),
                 **runs,
@@ -996,18 +1014,22 @@ def _version(entry: LoadedModel) -> int:
 
 
 def _batching(
-    max_batch_size: int, batching: DynamicBatching | None, sequence: SequenceBatching | None = None
+    max_batch_size: int, batching: DynamicBatching | None, sequence: SequenceBatching | None = None,
+    each_parameters: bool = False,
 ) -> tuple[tuple[int, ...], int] | None:
     """add_model's dynamic_batching: (preferred sizes, max queue delay in µs, max queue size[, level
-    policies or None, default priority level, preserve_ordering]), or None. With max_batch_size 0 nothing is batched but the queue
+    policies or None, default priority level, preserve_ordering[, each_parameters]]), or None. With max_batch_size 0 nothing is batched but the queue
     policies and priorities still apply, as in Triton. A
-    sequence model batches the ready requests of its sequences as its strategy says."""
+    sequence model batches the ready requests of its sequences as its strategy says.
+    `each_parameters`: the model sees each request's own parameters (a Triton Python model), so
+    requests with different parameters share a batch, as in Triton."""
     if max_batch_size > 0 and sequence is not None:
         return sequence.batching()
     if batching is None:
         return None
     return (batching.preferred_batch_size, batching.max_queue_delay_microseconds, batching.max_queue_size,
-            batching.level_policies(), batching.default_priority_level, batching.preserve_ordering)
+            batching.level_policies(), batching.default_priority_level, batching.preserve_ordering,
+            each_parameters)
 
 
 def _model_config(entry: LoadedModel) -> dict[str, bytes]:
@@ -1033,8 +1055,8 @@ def _response_cache(entry: LoadedModel) -> bool:
     return bool(enabled) or bool(getattr(entry.model, "response_cache", False))
 
 
-def _specs(tensors: Sequence[Tensor]) -> list[tuple[str, str, tuple[int, ...] | None]]:
-    return [(t.name, t.datatype, t.shape) for t in tensors]
+def _specs(tensors: Sequence[Tensor]) -> list[tuple[str, str, tuple[int, ...] | None, bool]]:
+    return [(t.name, t.datatype, t.shape, t.optional) for t in tensors]
 
 
 def _model_metadata(

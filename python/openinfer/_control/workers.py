@@ -167,6 +167,14 @@ class Supervisor:
                 if p is not None and p.poll() is None:
                     p.send_signal(signal.SIGTERM if signum == signal.SIGTERM else signal.SIGINT)
 
+    def forward(self, signum: int) -> None:
+        """Passes a signal that is not a stop (SIGHUP: reload the TLS certificates) to every
+        live worker."""
+        with self.lock:
+            for p in self.procs:
+                if p is not None and p.poll() is None:
+                    p.send_signal(signum)
+
     def run(self) -> int:
         metrics_server = None
         if self.metrics:

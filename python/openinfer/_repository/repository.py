@@ -203,7 +203,7 @@ def _ensemble(name: str, version: int, config: ModelConfig, steps: tuple[ensembl
     return ensemble.EnsembleModel(
         name,
         version,
-        tuple(Tensor(t.name, t.datatype, [*batch, *t.dims]) for t in config.inputs),
+        tuple(Tensor(t.name, t.datatype, [*batch, *t.dims], optional=t.optional) for t in config.inputs),
         tuple(Tensor(t.name, t.datatype, [*batch, *t.dims]) for t in config.outputs),
         config.max_batch_size,
         steps,
@@ -237,8 +237,8 @@ def _load_version(
     """Dispatches on the backend the config names, else on the model file present."""
     backend = (config.backend or config.platform) if config else None
     if backend == IDENTITY_BACKEND:
-        if sequence is not None:
-            raise _LoadError("the identity backend takes no sequence_batching")
+        if sequence is not None and sequence.states:  # it has no output to carry a state in
+            raise _LoadError("the identity backend takes no implicit state (sequence_batching.state)")
         try:
             return load_identity(name, version, version_dir, config)
         except IdentityLoadError as e:
@@ -354,7 +354,7 @@ def _load_python(name: str, version: int, path: Path, config: ModelConfig | None
     try:
         if config and (config.inputs or config.outputs):
             batch = [-1] if config.max_batch_size > 0 else []
-            inputs = [Tensor(t.name, t.datatype, [*batch, *t.dims]) for t in config.inputs]
+            inputs = [Tensor(t.name, t.datatype, [*batch, *t.dims], optional=t.optional) for t in config.inputs]
             outputs = [Tensor(t.name, t.datatype, [*batch, *t.dims]) for t in config.outputs]
             max_batch_size = config.max_batch_size
         elif hasattr(module, "INPUTS") or hasattr(module, "OUTPUTS"):
