@@ -6,7 +6,11 @@ openinfer, the same computation written as an `infer()` model (`add_sub_infer`),
 what the pb_utils adapter costs.
 
     .venv/bin/python benchmarks/triton_python.py [--quick] [--concurrency 1,8,64]
-                                                 [--duration S] [--rounds N]
+                                                 [--duration S] [--rounds N] [--bls]
+
+--bls: python_backend's `bls_sync` example (a BLS model calling add_sub, both unchanged) in place
+of add_sub on both servers; the `infer()` column is then add_sub_infer called directly, which
+shows what the BLS hop costs. Results go to results/triton_python_bls.md.
 
 S1-style: HTTP JSON by wrk (one connection per concurrent request) and gRPC ModelInfer by h2load
 (one connection, c streams); servers pinned to CPU 0, the load to CPU 1. Each concurrency point:
@@ -33,6 +37,7 @@ import s3_grpc  # noqa: E402
 
 NAME = "triton_python"
 EXAMPLE = C.REPO_ROOT / "tests" / "triton_python_examples" / "add_sub"
+BLS_EXAMPLE = C.REPO_ROOT / "tests" / "triton_python_examples" / "bls"
 A = [0.5, 1.5, 2.5, 3.5]
 B = [1.0, 1.0, 1.0, 1.0]
 INFER_MODEL = '''import numpy as np
@@ -49,6 +54,9 @@ def repository(root: Path, with_infer: bool) -> Path:
     shutil.copy(EXAMPLE / "model.py", root / "add_sub" / "1" / "model.py")
     config = (EXAMPLE / "config.pbtxt").read_text()
     (root / "add_sub" / "config.pbtxt").write_text(config)
+    (root / "bls_sync" / "1").mkdir(parents=True)
+    shutil.copy(BLS_EXAMPLE / "sync_model.py", root / "bls_sync" / "1" / "model.py")
+    shutil.copy(BLS_EXAMPLE / "sync_config.pbtxt", root / "bls_sync" / "config.pbtxt")
     if with_infer:
         (root / "add_sub_infer" / "1").mkdir(parents=True)
         (root / "add_sub_infer" / "1" / "model.py").write_text(INFER_MODEL)
@@ -57,10 +65,13 @@ def repository(root: Path, with_infer: bool) -> Path:
 
 
 def json_body(model: str) -> str:
-    return json.dumps({"inputs": [
+    inputs = [
         {"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": A},
         {"name": "INPUT1", "datatype": "FP32", "shape": [4], "data": B},
-    ]}, separators=(",", ":"))
+    ]
+    if model == "bls_sync":  # the BLS example calls the model its MODEL_NAME input names
+        inputs.append({"name": "MODEL_NAME", "datatype": "BYTES", "shape": [1], "data": ["add_sub"]})
+    return json.dumps({"inputs": inputs}, separators=(",", ":"))
 
 
 def grpc_body(pb, model: str) -> bytes:
@@ -68,6 +79,9 @@ def grpc_body(pb, model: str) -> bytes:
     for name, values in (("INPUT0", A), ("INPUT1", B)):
         req.inputs.add(name=name, datatype="FP32", shape=[4])
         req.raw_input_contents.append(np.array(values, np.float32).tobytes())
+    if model == "bls_sync":
+        req.inputs.add(name="MODEL_NAME", datatype="BYTES", shape=[1])
+        req.raw_input_contents.append(len(b"add_sub").to_bytes(4, "little") + b"add_sub")
     return s3_grpc.framed(req.SerializeToString())
 
 
@@ -100,7 +114,9 @@ def main() -> int:
     ap.add_argument("--server-cpu", default="0")
     ap.add_argument("--client-cpu", default="1")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--bls", action="store_true", help="the bls_sync example calling add_sub, on both servers")
     args = ap.parse_args()
+    model = "bls_sync" if args.bls else "add_sub"
     if args.quick:
         args.duration, args.rounds = min(args.duration, 2.0), min(args.rounds, 2)
     conc = C.parse_int_list(args.concurrency)
@@ -118,11 +134,11 @@ def main() -> int:
     problems: list[str] = []
     try:
         C.wait_http_ready(f"http://127.0.0.1:{oi_port}/v2/health/ready", 120)
-        triton = peers.start_triton(args.server_cpu, tmp, repo=tr_repo, models=["add_sub"])
+        triton = peers.start_triton(args.server_cpu, tmp, repo=tr_repo, models=["add_sub", "bls_sync"])
         try:
             servers = {  # label -> (http port, grpc port, model)
-                "openinfer TritonPythonModel": (oi_port, oi_grpc, "add_sub"),
-                "tritonserver TritonPythonModel": (triton.http_port, triton.grpc_port, "add_sub"),
+                "openinfer TritonPythonModel": (oi_port, oi_grpc, model),
+                "tritonserver TritonPythonModel": (triton.http_port, triton.grpc_port, model),
                 "openinfer infer()": (oi_port, oi_grpc, "add_sub_infer"),
             }
             for http_port, _, model in servers.values():
@@ -136,7 +152,7 @@ def main() -> int:
         oi.stop()
     lines = report(args, rows, conc, version, load_before, time.monotonic() - started, problems)
     out = args.out or (C.RESULTS_DIR / ("raw" if args.quick else ""))
-    path = C.write_report(NAME, out, lines, "quick" if args.quick else "full")
+    path = C.write_report(NAME + ("_bls" if args.bls else ""), out, lines, "quick" if args.quick else "full")
     print("\n".join(lines))
     print(f"written {path}")
     return 0
@@ -192,8 +208,19 @@ def run(args, servers, conc, tmp, pb, lens, oi, triton, problems) -> dict:
 
 
 def report(args, rows, conc, version, load_before, elapsed, problems) -> list[str]:
-    lines = C.report_header("Triton Python-backend model: add_sub on openinfer vs tritonserver", args.quick, elapsed)
-    lines += [
+    if args.bls:
+        lines = C.report_header("BLS: bls_sync calling add_sub on openinfer vs tritonserver", args.quick, elapsed)
+        lines += [
+            "python_backend's `bls_sync` example calling its `add_sub` example (both unchanged) through BLS, "
+            f"served by openinfer and by native {version}; the `infer()` column is `add_sub_infer` called "
+            f"directly. Servers on CPU {args.server_cpu}, load on CPU {args.client_cpu}; {args.rounds} rounds "
+            f"of {args.duration:g} s per point, servers in turn; medians of per-round ratios (min-max).",
+            "",
+        ]
+    else:
+        lines = C.report_header("Triton Python-backend model: add_sub on openinfer vs tritonserver", args.quick,
+                                elapsed)
+    lines += [] if args.bls else [
         "python_backend's `add_sub` example (model.py and config.pbtxt unchanged) served by openinfer and by "
         f"native {version}; `add_sub_infer` is the same computation as an openinfer `infer()` model. Servers on "
         f"CPU {args.server_cpu}, load on CPU {args.client_cpu}; {args.rounds} rounds of {args.duration:g} s per "

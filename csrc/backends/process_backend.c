@@ -50,6 +50,8 @@ typedef struct pool_s {
     char *recipe;
     size_t recipe_len, ring_bytes;
     oi__instances_t idle;
+    oi_pw_bls_hook_t bls;
+    int has_bls;
     int n;
     worker_t workers[];
 } pool_t;
@@ -509,6 +511,10 @@ static oi_status_t *run_job(pool_t *p, worker_t *w, const oi_request_t *req, con
             if (answer_partial(w, unsent == NULL) != 0)
                 goto died;
             continue;
+        } else if (r->type == OI_PW_BLS) { /* the model calls the server meanwhile */
+            if (oi__pw_serve_bls(p->has_bls ? &p->bls : NULL, w->sock, fd, req) != 0)
+                goto died;
+            continue;
         } else if (r->type == OI_PW_DONE && req->send != NULL) {
         } else if (r->type == OI_PW_ERROR) {
             st = error_reply(buf, (size_t)len);
@@ -644,6 +650,10 @@ void *oi_process_backend_start(const char *model_name, int n, const oi_process_s
     }
     p->ring_bytes = oi_pw_align(spec->ring_bytes > 4096 ? spec->ring_bytes : 4096);
     p->recipe_len = spec->recipe_len;
+    if (spec->bls != NULL) {
+        p->bls = *spec->bls;
+        p->has_bls = 1;
+    }
     if (oi__instances_init(&p->idle, n) != 0 || (p->model_name = strdup(model_name)) == NULL ||
         (p->argv = copy_strings(spec->argv)) == NULL || (p->envp = copy_strings(spec->envp)) == NULL ||
         (p->recipe = malloc(spec->recipe_len ? spec->recipe_len : 1)) == NULL)

@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #include "backends/backend.h"
+#include "backends/process_bls.h"
 
 extern const oi_backend_t oi_process_backend;
 
@@ -22,6 +23,8 @@ typedef struct oi_process_spec_s {
     /* NULL, or a byte the caller sets (to non-zero, from any thread) to give the start up: an
      * unload of the model, or a client that has gone. Read while the start runs only. */
     const unsigned char *stop;
+    /* How the workers' BLS requests run (copied); NULL: they are refused. */
+    const oi_pw_bls_hook_t *bls;
 } oi_process_spec_t;
 
 /* Starts `n` workers of model `model_name` and waits until each has imported the model, with

@@ -40,6 +40,10 @@ enum {
     OI_PW_JOB = 1, /* oi_pw_job_t */
     OI_PW_ACK,     /* a decoupled response was sent: go on */
     OI_PW_STOP,    /* a decoupled response could not be sent (client gone): stop */
+    OI_PW_BLS_PART, /* one response of the worker's BLS request: oi_pw_reply_t and a memfd laid
+                     * out as process_bls.h says */
+    OI_PW_BLS_END,  /* the worker's BLS request ended: oi_pw_reply_t with code 0 (done) or the
+                     * error's status, and its message */
     /* worker -> server: oi_pw_reply_t */
     OI_PW_READY = 16, /* the model is imported; the text says nothing */
     OI_PW_RESULT,     /* a unary job's outputs */
@@ -47,6 +51,8 @@ enum {
     OI_PW_DONE,       /* a decoupled job ended without error */
     OI_PW_ERROR,      /* the job (or the import) failed: code and text */
     OI_PW_FAIL_ONE,   /* before a RESULT: request `block` of the batch failed alone, code and text */
+    OI_PW_BLS,        /* during a job: a BLS request of the model, in the memfd sent with it
+                       * (process_bls.h); the server answers BLS_PART..., BLS_END */
 };
 
 #define OI_PW_JOB_DECOUPLED 1u

@@ -12,6 +12,7 @@
 #include "backends/onnx_backend.h"
 #include "backends/torch_backend.h"
 #include "core/cpus.h"
+#include "python/bls.h"
 #include "python/bridge.h"
 #include "python/client.h"
 #include "python/onnx_module.h"
@@ -1370,7 +1371,7 @@ static char **string_list(PyObject *list, const char *what)
  * processes; `stop`, a buffer whose first byte set gives the start up. Returns the backend's
  * state; NULL with an exception set, or NULL with *err set (malloc'd) when a worker could not
  * import the model or the start was stopped. Waits for the imports without the GIL. */
-static void *start_workers(const char *name, int instances, PyObject *workers, char **err)
+static void *start_workers(oi_server_t *server, const char *name, int instances, PyObject *workers, char **err)
 {
     PyObject *argv_list, *env_list, *stop_obj = Py_None;
     Py_buffer recipe, stop = {0};
@@ -1394,7 +1395,8 @@ static void *start_workers(const char *name, int instances, PyObject *workers, c
     if (argv != NULL && argv[0] == NULL)
         PyErr_SetString(PyExc_ValueError, "workers argv is empty");
     else if (envp != NULL) {
-        oi_process_spec_t spec = {argv, envp, recipe.buf, (size_t)recipe.len, (size_t)ring, stop.buf};
+        oi_pw_bls_hook_t bls = {oi_py_bls_run, server}; /* the workers' BLS requests */
+        oi_process_spec_t spec = {argv, envp, recipe.buf, (size_t)recipe.len, (size_t)ring, stop.buf, &bls};
         char msg[1024];
         Py_BEGIN_ALLOW_THREADS state = oi_process_backend_start(name, instances, &spec, msg, sizeof(msg));
         Py_END_ALLOW_THREADS
@@ -1603,7 +1605,7 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         if (workers != Py_None) {
             free(outs);
             char *werr = NULL;
-            if ((m->state = start_workers(name, instances, workers, &werr)) == NULL && werr == NULL)
+            if ((m->state = start_workers(self->server, name, instances, workers, &werr)) == NULL && werr == NULL)
                 goto done; /* a malformed spec: the exception is set */
             if (m->state == NULL) { /* a worker could not import the model: a load error */
                 load_error = PyUnicode_FromString(werr);
@@ -1811,6 +1813,15 @@ static PyObject *Server_get_running(ServerObject *self, void *closure)
     return PyBool_FromLong(self->server != NULL && self->started);
 }
 
+/* bls(model, version, inputs, outputs, ...): a model's inference on this server (python/bls.h). */
+static PyObject *Server_bls(ServerObject *self, PyObject *args, PyObject *kwargs)
+{
+    oi_server_t *s = live_server(self);
+    if (s == NULL)
+        return NULL;
+    return oi_py_bls_start(oi_server_registry(s), oi_server_counts_statistics(s), args, kwargs);
+}
+
 /* SIGHUP: loads the TLS certificates and keys again; new connections get them. */
 static PyObject *Server_reload_tls(ServerObject *self, PyObject *unused)
 {
@@ -1832,6 +1843,8 @@ static PyObject *Server_reload_tls(ServerObject *self, PyObject *unused)
 }
 
 static PyMethodDef Server_methods[] = {
+    {"bls", (PyCFunction)(void (*)(void))Server_bls, METH_VARARGS | METH_KEYWORDS,
+     "bls(model, version, inputs, outputs, ...) -> BlsCall: an inference made by a model (BLS)."},
     {"reload_tls", (PyCFunction)Server_reload_tls, METH_NOARGS,
      "Loads the TLS certificates and keys again (new connections use them)."},
     {"set_metadata", (PyCFunction)Server_set_metadata, METH_O, "Sets the body of GET /v2."},
@@ -1967,7 +1980,7 @@ static int add_api_groups(PyObject *m)
 PyMODINIT_FUNC PyInit__core(void)
 {
     import_array();
-    if (PyType_Ready(&ServerType) < 0 || PyType_Ready(&ModelVersionType) < 0 || PyType_Ready(&oi_py_conn_type) < 0 ||
+    if (PyType_Ready(&ServerType) < 0 || PyType_Ready(&ModelVersionType) < 0 || PyType_Ready(&oi_py_conn_type) < 0 || PyType_Ready(&oi_py_bls_type) < 0 ||
         PyType_Ready(&oi_py_grpc_conn_type) < 0 || PyType_Ready(&oi_py_grpc_stream_type) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&core_module);

@@ -40,7 +40,7 @@ import numpy as np
 from .._config import triton_config
 from ..config import ConfigError, ModelConfig
 from ..model import Model, Tensor
-from . import triton_metrics, triton_ready
+from . import triton_metrics, triton_ready, triton_wire
 from . import triton_utils as pb
 from .model_file import _LoadError, import_model_file
 from .processes import ModelFile, bind_file
@@ -52,15 +52,17 @@ PROVIDED = {"triton_python_backend_utils": pb}
 _POLL_S = 0.05
 
 
-_thread = threading.local()
+# Batches one instance of an ``async def execute`` model runs at once (Triton's async execute:
+# the instance takes the next batch while earlier ones await); its executor threads are this
+# many per instance, all running their coroutines on the instance's one event loop.
+ASYNC_IN_FLIGHT = 8
 
 
-def _event_loop() -> asyncio.AbstractEventLoop:
-    """This executor thread's event loop for ``async def execute`` (made once, kept)."""
-    loop = getattr(_thread, "loop", None)
-    if loop is None:
-        loop = _thread.loop = asyncio.new_event_loop()
-    return loop
+async def _in_context(coroutine: Any, host: Any, cancelled: Callable[[], bool]) -> Any:
+    """Runs an execute coroutine with pb_utils' context (its task has a context of its own)."""
+    pb._host_var.set(host)
+    pb._cancelled_var.set(cancelled)
+    return await coroutine
 
 
 def defines_triton_model(module: Any) -> bool:
@@ -104,6 +106,8 @@ class TritonFile(ModelFile):
     ready: str = ""  # where the server asks is_ready() (triton_ready.WorkerReadiness), if it does
 
     def load(self, worker: int = 0) -> Instances:
+        pb._in_worker = True
+        pb._default_host[:] = [triton_wire.WireHost()]  # BLS over the process wire
         if self.metrics:
             triton_metrics.send_to(self.metrics)
         module = import_model_file(self.model_name, self.version, Path(self.path), PROVIDED)
@@ -133,11 +137,25 @@ class Instances:
     """A model's TritonPythonModel objects in this process, each used by one executor at a time.
     Not called directly: `TritonModel.handler` takes one per call."""
 
-    def __init__(self, objects: list[Any]) -> None:
+    def __init__(self, objects: list[Any], in_flight: int = 1) -> None:
         self._objects = objects
         self._free: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._loops: dict[int, asyncio.AbstractEventLoop] = {}
+        self._lock = threading.Lock()
         for o in objects:
-            self._free.put(o)
+            for _ in range(in_flight):  # an async execute's object serves that many executors
+                self._free.put(o)
+
+    def run(self, instance: Any, coroutine: Any) -> Any:
+        """Runs an ``async def execute`` coroutine on the instance's event loop (a thread of its
+        own, started at the first), waiting for its result: the instance's other executors
+        run theirs on the same loop meanwhile."""
+        with self._lock:
+            loop = self._loops.get(id(instance))
+            if loop is None:
+                loop = self._loops[id(instance)] = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="openinfer-async-execute", daemon=True).start()
+        return asyncio.run_coroutine_threadsafe(coroutine, loop).result()
 
     def __call__(self, inputs: Mapping[str, np.ndarray]) -> None:
         raise TypeError("a TritonPythonModel is called through TritonModel.handler")
@@ -151,6 +169,10 @@ class Instances:
     def finalize(self) -> None:
         """Calls each object's finalize once; an error in one is logged and the others go on."""
         objects, self._objects = self._objects, []
+        with self._lock:
+            loops, self._loops = list(self._loops.values()), {}
+        for loop in loops:
+            loop.call_soon_threadsafe(loop.stop)
         for o in objects:
             finalize = getattr(o, "finalize", None)
             if finalize is None:
@@ -167,6 +189,16 @@ class TritonModel(Model):
     # Set by `bind` (the dataclass fields of Model are frozen; these are the adapter's own).
     _instance_name: str
     _input_types: dict[str, str]
+    _host: Any = None
+    # Executor threads per instance: ASYNC_IN_FLIGHT for an async execute in the server process
+    # (the model's config, statistics and metrics still count its instances).
+    in_flight: int = 1
+
+    def attach(self, host: Any) -> None:
+        """The server's model control, which pb_utils' BLS and model control calls reach
+        (`ModelControl.bls`, `load_model`, ...); set as the version is registered."""
+        object.__setattr__(self, "_host", host)
+        pb._default_host[:] = [host]
 
     @property
     def each_parameters(self) -> bool:
@@ -214,7 +246,7 @@ class TritonModel(Model):
         )
         if hasattr(cancelled, "request_id"):
             request._request_id = cancelled.request_id() or ""
-        result = self._execute([request])
+        result = self._execute([request], cancelled)
         if self.decoupled:
             sender = request.get_response_sender()
             if result is not None:
@@ -226,21 +258,54 @@ class TritonModel(Model):
             return self._stream(sender, outputs, cancelled)
         return self._select(self._outputs(self._returned(result, [request])[0]), outputs)
 
-    def _execute(self, requests: list[pb.InferenceRequest]) -> Any:
+    def _execute(self, requests: list[pb.InferenceRequest], cancelled: Callable[[], bool]) -> Any:
         instances: Instances = self.fn  # type: ignore[assignment]
         instance = instances.acquire()
+        host, cancel = pb._host_var.set(self._host), pb._cancelled_var.set(cancelled)
         try:
-            result = instance.execute(requests)
-            if inspect.iscoroutine(result):  # async def execute: run on this executor's own loop
-                result = _event_loop().run_until_complete(result)
-            return result
+            return self._run(instances, instance, requests, cancelled)
         except Exception as e:  # noqa: BLE001 - the client gets it as Triton words it
             for request in requests:
                 if request._sender is not None:
                     request._sender._close()
             raise self._failure(describe(e)) from None
         finally:
+            pb._cancelled_var.reset(cancel)
+            pb._host_var.reset(host)
             instances.release(instance)
+
+    def _run(
+        self, instances: Instances, instance: Any, requests: list[pb.InferenceRequest], cancelled: Callable[[], bool]
+    ) -> Any:
+        """execute, again for the requests it rescheduled (set_release_flags(RESCHEDULE)) until
+        none is: on this instance at once, the requests keeping their senders. A non-decoupled
+        model returns None for each rescheduled request, as Triton requires."""
+        pending, final = list(range(len(requests))), [None] * len(requests)
+        result: Any = None
+        while pending:
+            batch = [requests[i] for i in pending]
+            for request in batch:
+                request._release_flags = pb.TRITONSERVER_REQUEST_RELEASE_ALL
+            result = instance.execute(batch)
+            if inspect.iscoroutine(result):  # async def execute: on the instance's event loop
+                result = instances.run(instance, _in_context(result, self._host, cancelled))
+            again = [i for i in pending if requests[i]._release_flags == pb.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE]
+            if not again and len(pending) == len(requests):
+                return result  # the common case: nothing rescheduled
+            if isinstance(result, list) and len(result) == len(batch):
+                for i, item in zip(pending, result):
+                    if i in again and item is not None:
+                        raise self._failure(
+                            "Expected a None object in the execute function return list for reschduled request, "
+                            f"found type '{type(item)}'."
+                        )
+                    final[i] = item
+            elif result is not None:
+                return result  # checked (and refused) as any other return
+            if again and cancelled():
+                raise pb.ResponseError(499, "the request was cancelled")
+            pending = again
+        return None if all(item is None for item in final) else final
 
     def _batch(
         self,
@@ -262,7 +327,7 @@ class TritonModel(Model):
             requests.append(request)
             start += rows
         produced: list[dict[str, object] | None] = []
-        for k, response in enumerate(self._returned(self._execute(requests), requests)):
+        for k, response in enumerate(self._returned(self._execute(requests, cancelled), requests)):
             try:
                 produced.append(self._outputs(response))
             except pb.ResponseError as e:
@@ -381,6 +446,9 @@ def load(
         )
     batch = [-1] if final.max_batch_size > 0 else []
     policy = completed.get("model_transaction_policy")
+    # An async execute in the server process gets ASYNC_IN_FLIGHT executors per instance (in_flight).
+    in_flight = ASYNC_IN_FLIGHT if inspect.iscoroutinefunction(getattr(getattr(module, CLASS), "execute", None)) else 1
+    in_flight = 1 if in_processes else in_flight
     try:
         model = TritonModel(
             name,
@@ -400,6 +468,7 @@ def load(
     full = triton_config.complete(name, triton_config.normalize(completed, str(path)), model, backend="python")
     config_json = json.dumps(triton_config.to_json(full), separators=(",", ":"))
     names = [(f"{g['name']}_{k}", g["kind"].removeprefix("KIND_")) for g in full["instance_group"] for k in range(g["count"])]
+    object.__setattr__(model, "in_flight", in_flight)
 
     def args(instance: str, kind: str) -> dict[str, str]:
         return {
@@ -425,7 +494,7 @@ def load(
         bind_file(model, recipe)
         return model
     objects = [make_instance(module, args(*n)) for n in names]
-    instances = Instances(objects)
+    instances = Instances(objects, in_flight)
     if triton_ready.defines_is_ready(getattr(module, CLASS)):
         object.__setattr__(model, "_ready", triton_ready.Readiness([(o, n) for o, (n, _) in zip(objects, names)]))
     object.__setattr__(model, "fn", instances)

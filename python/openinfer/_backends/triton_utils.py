@@ -13,13 +13,16 @@ src/resources/triton_python_backend_utils.py); the code is openinfer's own.
 What differs: BF16 tensors reach ``as_numpy()`` as uint16 bit patterns, as in openinfer's own
 Python models (Triton refuses ``as_numpy()`` on them), and a BF16 output may be given as such bits,
 as an ``ml_dtypes.bfloat16`` array or through ``from_dlpack`` of a torch bfloat16 tensor.
-``InferenceRequest(...).exec()`` (BLS) is not served yet and says so.
+``InferenceRequest(...).exec()`` (BLS) runs the request on the server that runs the model,
+through the target's scheduler (`_core.Server.bls`), never a socket.
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
+import os
 import queue
 import struct
 import threading
@@ -354,8 +357,7 @@ class InferenceResponseSender:
 class InferenceRequest:
     """A request as `TritonPythonModel.execute` sees it. Built by the server for each request it
     hands to a model (`_served`: no copy, its parameters decoded and its sender made only when
-    asked for); constructing one in a model (BLS) is accepted, but `exec` and `async_exec` are
-    not served yet."""
+    asked for), or by a model for another model of the server (BLS: `exec`, `async_exec`)."""
 
     __slots__ = ("_model_name", "_inputs", "_requested", "_request_id", "_correlation_id", "_flags", "_timeout",
                  "_model_version", "_parameters", "_cancelled", "_sender", "_decoupled", "_release_flags")  # fmt: skip
@@ -470,15 +472,240 @@ class InferenceRequest:
         return self._sender
 
     def set_release_flags(self, flags: int) -> None:
-        if flags == TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
-            raise TritonModelException("request rescheduling is not supported by openinfer yet")
+        if flags not in (TRITONSERVER_REQUEST_RELEASE_ALL, TRITONSERVER_REQUEST_RELEASE_RESCHEDULE):
+            raise TritonModelException(f"Unsupported release flags {flags}.")
         self._release_flags = flags
 
     def exec(self, decoupled: bool = False, trace: Any = None) -> Any:
-        raise TritonModelException("BLS (InferenceRequest.exec) is not supported by openinfer yet")
+        """BLS: runs this request on the model it names, on this server (no socket), and returns
+        its response; with ``decoupled=True`` an iterator of the responses, the last one empty.
+        A failure is the response's error, as in Triton."""
+        call = self._start(decoupled)
+        if not isinstance(call, InferenceResponse) and decoupled:
+            return _Responses(call)
+        return call if isinstance(call, InferenceResponse) else _wait_one(call)
 
     async def async_exec(self, decoupled: bool = False, trace: Any = None) -> Any:
-        raise TritonModelException("BLS (InferenceRequest.async_exec) is not supported by openinfer yet")
+        """`exec` as a coroutine: the calling model's event loop runs on while the request is
+        served (several may be in flight). With ``decoupled=True``: an async iterator."""
+        call = self._start(decoupled)
+        if isinstance(call, InferenceResponse):
+            return iter([call]) if decoupled else call
+        parts = _AsyncResponses(call)
+        first = await parts.__anext__()
+        if decoupled:  # as Triton's: an iterator once the first response is there
+            return _Responses(call, first, parts._done)
+        await parts.drain()
+        return first
+
+    def _start(self, decoupled: bool) -> Any:
+        """Queues the request on the server that runs the calling model: a `_core.BlsCall`, or
+        the error response that refused it at once."""
+        host = _host()
+        if host is None:
+            where = (
+                "from a model whose instances are worker processes (instance_group count > 1): give its "
+                "instance_group kind KIND_MODEL to keep them in the server"
+                if _in_worker else "outside a model that the server runs"
+            )
+            return _error_response(f"BLS is not available {where}", TritonError.UNSUPPORTED)
+        name = self._model_name.decode() if isinstance(self._model_name, bytes) else str(self._model_name)
+        inputs = []
+        for tensor in self._inputs:
+            if not isinstance(tensor, Tensor):
+                raise TypeError(f"InferenceRequest inputs must hold pb_utils.Tensor, got {type(tensor).__name__}")
+            inputs.append((tensor._name, tensor._datatype, tensor._array))
+        params = json.loads(self._parameters) if self._parameters else {}
+        corr = self._correlation_id
+        corr_id, corr_str = (0, corr) if isinstance(corr, str) else (int(corr or 0), None)
+        if corr_id or corr_str:
+            params["sequence_id"] = corr_str if corr_str else corr_id
+            params["sequence_start"] = bool(self._flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_START)
+            params["sequence_end"] = bool(self._flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_END)
+        timeout_us = int(self._timeout or 0)
+        if timeout_us:
+            params["timeout"] = timeout_us
+        version = "" if self._model_version is None or int(self._model_version) < 0 else str(self._model_version)
+        try:
+            call = host.bls(
+                name, version, inputs, [str(n) for n in self._requested],
+                request_id=self._request_id or None, parameters=json.dumps(params) if params else None,
+                timeout_us=timeout_us, sequence_id=corr_id, sequence_id_str=corr_str,
+                sequence_start=bool(self._flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_START),
+                sequence_end=bool(self._flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_END), decoupled=decoupled,
+            )  # fmt: skip
+        except RuntimeError as e:  # the server stopped
+            return _error_response(str(e), TritonError.UNAVAILABLE)
+        if call.decoupled and not decoupled:
+            call.cancel()
+            return _error_response(
+                f"Model {name} is using the decoupled. The current BLS request call doesn't support models using "
+                "the decoupled transaction policy. Please use 'decoupled=True' argument to the 'exec' or "
+                "'async_exec' calls for decoupled models.'"
+            )
+        return call
+
+
+# The server a model's BLS requests go to, and whether the requests the model is serving have
+# lost their clients (which cancels its BLS calls): set by the adapter around execute, per
+# thread and per task of an ``async def execute``; a thread the model started itself uses the
+# last server a model was bound to.
+_host_var: contextvars.ContextVar[Any] = contextvars.ContextVar("pb_utils_host", default=None)
+_cancelled_var: contextvars.ContextVar[Any] = contextvars.ContextVar("pb_utils_cancelled", default=None)
+_default_host: list[Any] = []
+_in_worker = False  # set in a model's worker process (TritonFile.load)
+# How often a waiting BLS call looks whether the calling model's client has gone.
+_BLS_POLL_S = 0.05
+# Triton's error codes for the statuses a BLS call can end with.
+_CODES = {400: TritonError.INVALID_ARG, 404: TritonError.NOT_FOUND, 499: TritonError.CANCELLED,
+          501: TritonError.UNSUPPORTED, 503: TritonError.UNAVAILABLE, 409: TritonError.ALREADY_EXISTS}  # fmt: skip
+
+
+def _host() -> Any:
+    host = _host_var.get()
+    if host is None and _default_host:
+        host = _default_host[-1]
+    return host
+
+
+def _caller_cancelled() -> bool:
+    cancelled = _cancelled_var.get()
+    return bool(cancelled is not None and cancelled())
+
+
+def _error_response(message: str, code: int = TritonError.INTERNAL) -> InferenceResponse:
+    return InferenceResponse(error=TritonError(message, code))
+
+
+def _response(part: Any) -> InferenceResponse | None:
+    """What `_core.BlsCall.next` gave as a response; None at the end."""
+    if part is None:
+        return None
+    if isinstance(part, tuple):
+        status, message = part
+        return _error_response(message, _CODES.get(status, TritonError.INTERNAL))
+    return InferenceResponse([Tensor._view(name, array, datatype) for name, (datatype, array) in part.items()])
+
+
+def _next(call: Any) -> Any:
+    """The call's next part, waiting; cancels it when the calling model's client goes."""
+    while True:
+        part = call.next(_BLS_POLL_S)
+        if part is not False:
+            return part
+        if _caller_cancelled():
+            call.cancel()
+
+
+def _wait_one(call: Any) -> InferenceResponse:
+    response = _response(_next(call))
+    if response is None:
+        return _error_response("the model sent no response")
+    if not response.has_error():
+        end = _next(call)  # the end (an error here still fails the call)
+        if isinstance(end, tuple):
+            return _response(end)  # type: ignore[return-value]
+    return response
+
+
+class _Responses:
+    """The responses of ``exec(decoupled=True)``, in order; the last one is empty (Triton's
+    final flag), or the error the call ended with."""
+
+    def __init__(self, call: Any, first: InferenceResponse | None = None, done: bool = False) -> None:
+        self._call, self._first, self._done = call, first, done
+
+    def __iter__(self) -> _Responses:
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        if self._first is not None:
+            first, self._first = self._first, None
+            return first
+        if self._done:
+            raise StopIteration
+        response = _response(_next(self._call))
+        if response is None or response.has_error():
+            self._done = True
+        return response if response is not None else InferenceResponse()
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+
+class _AsyncResponses:
+    """A call's responses awaited on the calling model's event loop (woken by the call's
+    eventfd): what `async_exec` waits with."""
+
+    def __init__(self, call: Any) -> None:
+        self._call, self._done = call, False
+        self._fd = call.fileno()
+
+    def __aiter__(self) -> _AsyncResponses:
+        return self
+
+    async def _part(self) -> Any:
+        import asyncio  # noqa: PLC0415 - only a coroutine execute needs it
+
+        loop = asyncio.get_running_loop()
+        while True:
+            part = self._call.next(0)
+            if part is not False:
+                return part
+            ready = loop.create_future()
+            loop.add_reader(self._fd, lambda: ready.done() or ready.set_result(None))
+            try:
+                await asyncio.wait_for(asyncio.shield(ready), _BLS_POLL_S)
+            except asyncio.TimeoutError:
+                if _caller_cancelled():
+                    self._call.cancel()
+            finally:
+                loop.remove_reader(self._fd)
+            try:
+                os.read(self._fd, 8)
+            except BlockingIOError:
+                pass
+
+    async def __anext__(self) -> InferenceResponse:
+        if self._done:
+            raise StopAsyncIteration
+        response = _response(await self._part())
+        if response is None or response.has_error():
+            self._done = True
+        return response if response is not None else InferenceResponse()
+
+    async def drain(self) -> None:
+        while not self._done:
+            await self.__anext__()
+
+
+def load_model(model_name: str, config: str = "", files: Mapping[str, bytes] | None = None) -> None:
+    """Loads (or reloads) a model of the server's repository, as the repository API does; the
+    server must run with explicit model control, as Triton requires."""
+    host = _host()
+    if host is None:
+        raise TritonModelException("load_model is only available from a model that the server runs")
+    try:
+        host.load_model(model_name, config, dict(files or {}))
+    except Exception as e:  # noqa: BLE001 - Triton raises its own exception type
+        raise TritonModelException(str(getattr(e, "message", e))) from None
+
+
+def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+    host = _host()
+    if host is None:
+        raise TritonModelException("unload_model is only available from a model that the server runs")
+    try:
+        host.unload_model(model_name, unload_dependents)
+    except Exception as e:  # noqa: BLE001
+        raise TritonModelException(str(getattr(e, "message", e))) from None
+
+
+def is_model_ready(model_name: str, model_version: str = "") -> bool:
+    host = _host()
+    if host is None:
+        raise TritonModelException("is_model_ready is only available from a model that the server runs")
+    return bool(host.is_model_ready(model_name, str(model_version or "")))
 
 
 def _never() -> bool:
@@ -608,7 +835,7 @@ __all__ = [
     "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END", "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START",
     "TRITONSERVER_REQUEST_RELEASE_ALL", "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE",
     "TRITONSERVER_RESPONSE_COMPLETE_FINAL", "TRITON_STRING_TO_NUMPY", "InferenceRequest",
-    "InferenceResponse", "InferenceResponseSender", "Logger", "Metric", "MetricFamily", "ModelConfig",
+    "InferenceResponse", "InferenceResponseSender", "Logger", "is_model_ready", "load_model", "unload_model", "Metric", "MetricFamily", "ModelConfig",
     "Tensor", "TritonError", "TritonModelException", "deserialize_bytes_tensor", "get_input_config_by_name",
     "get_input_tensor_by_name", "get_output_config_by_name", "get_output_tensor_by_name",
     "numpy_to_triton_type", "serialize_byte_tensor", "triton_string_to_numpy", "triton_to_numpy_type",

@@ -50,6 +50,7 @@ from ..errors import InferenceServerError
 from ..model import Model, Tensor
 from .._backends.identity_model import IdentityModel
 from .._backends.onnx_model import OnnxModel
+from .._backends.triton_model import TritonModel
 from .._repository.repository import _NOT_INSTALLED, LoadedModel, scan_model
 from .._config.sequence import SequenceBatching
 from .._backends.torch_model import TorchModel
@@ -180,6 +181,27 @@ class ModelControl:
                         (name, None if version is None else str(version), state, reason or None)
                     )
             return out
+
+    # ---- what a Triton Python model reaches its server through (pb_utils) --------------------
+
+    def bls(self, *args: Any, **kwargs: Any) -> Any:
+        """A model's inference on this server (BLS): `_core.Server.bls` (which checks a decoupled
+        target against the call once it is queued)."""
+        kwargs.pop("decoupled", None)
+        return self._core.bls(*args, **kwargs)
+
+    def load_model(self, name: str, config: str, files: Mapping[str, bytes]) -> None:
+        """pb_utils.load_model: as the repository extension's load (explicit mode only)."""
+        self.load(name, config or None, files or None)
+
+    def unload_model(self, name: str, unload_dependents: bool) -> None:
+        self.unload(name, unload_dependents)
+
+    def is_model_ready(self, name: str, version: str) -> bool:
+        with self._lock:
+            states = dict(self._states.get(name) or {})
+        wanted = int(version) if version.isdigit() else None
+        return any(state == "READY" and (wanted is None or v == wanted) for v, (state, _) in states.items())
 
     # ---- the repository extension ----------------------------------------------------------
 
@@ -560,6 +582,8 @@ class ModelControl:
             entry = LoadedModel(entry.name, entry.version, None, reason, entry.config)
             model = None
         if model is not None:
+            if isinstance(model, TritonModel) and not getattr(model, "processes", False):
+                model.attach(self)  # its pb_utils BLS and model control come here
             # A TorchScript module runs through the shim (torch=spec); a Python model is a handler.
             runs: dict[str, Any] = {"handler": getattr(model, "handler", None),
                                     "direct": getattr(model, "direct", None),
@@ -582,7 +606,7 @@ class ModelControl:
                 metadata_json=_model_metadata(
                     entry.name, versions, model.platform, model.inputs, model.outputs
                 ),
-                instances=model.instances,
+                instances=model.instances * getattr(model, "in_flight", 1),  # an async execute's executors
                 dynamic_batching=_batching(model.max_batch_size, model.dynamic_batching, entry.sequence,
                                            getattr(model, "each_parameters", False)),
                 sequence_batching=entry.sequence.core(model.instances) if entry.sequence else None,

@@ -144,11 +144,19 @@ def scan_model(
             except paths.PathError as e:
                 raise ConfigError(f"{source}: {e}") from None
             refused, warnings = triton_config.unsupported(normalized, source)
+            # An iterative sequence is one request that a Triton Python model reschedules to
+            # itself until done: the adapter runs it again (triton_model), no sequence slot is
+            # held. Whether model.py is one is known once it is imported (_load_python).
+            iterative = bool(normalized.get("sequence_batching", {}).get("iterative_sequence")) and (
+                normalized.get("backend", "python") == "python" and not normalized.get("platform")
+            )
+            if iterative:
+                refused = [r for r in refused if "sequence_batching.iterative_sequence" not in r]
             for warning in warnings:
                 logger.warning("model %s: %s", name, warning)
             if refused:
                 raise ConfigError("; ".join(refused))
-            seq = sequence.parse(
+            seq = None if iterative else sequence.parse(
                 normalized, source, model_dir, tuple(t.name for t in config.inputs)
             )
             if ensemble.is_ensemble(normalized):
@@ -335,6 +343,11 @@ def _load_python(name: str, version: int, path: Path, config: ModelConfig | None
     module = import_model_file(name, version, path, triton_model.PROVIDED)
     if triton_model.defines_triton_model(module):
         return triton_model.load(name, version, path, module, config, _in_processes(config))
+    if config is not None and config.raw.get("sequence_batching", {}).get("iterative_sequence"):
+        raise _LoadError(
+            f"{path.parent.parent / 'config.pbtxt'}: sequence_batching.iterative_sequence is not supported by "
+            "openinfer (no iterative sequences); remove it to serve the model"
+        )
     infer = getattr(module, "infer", None)
     if not callable(infer):
         raise _LoadError(f"{path} defines no infer(inputs) function")
