@@ -239,3 +239,27 @@ def test_examples_left_out_with_one_line_each_where_they_cannot_compile(
     assert len(cnn) == 1 and "compiling its package failed: RuntimeError: no export" in cnn[0], lines
     assert "compiling the PT2" not in out
     assert not list(cache.glob("pt2/*.pt2")) and not list(cache.glob("pt2/*.lock"))
+
+
+def test_a_moment_without_descriptors_delays_the_build_and_does_not_end_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The build thread looks again when starting the compile fails for a moment (a test in the
+    same process lowered RLIMIT_NOFILE: EMFILE at the lock file), logging it once."""
+    target = tmp_path / "cache" / "m.pt2"
+    calls = []
+
+    def start(version_dir: Path, tgt: Path, env: dict[str, str]) -> None:
+        calls.append(tgt)
+        if len(calls) < 3:
+            raise OSError(24, "Too many open files")
+        tgt.parent.mkdir(parents=True, exist_ok=True)
+        tgt.write_bytes(b"built by another process")  # as if another server's compile finished
+        return None
+
+    monkeypatch.setattr(_pt2_build, "_start", start)
+    with caplog.at_level("WARNING", logger="openinfer"):
+        assert _pt2_build.build(tmp_path / "m" / "1", target, {}, threading.Event()) == target
+    assert len(calls) == 3
+    assert [r.getMessage() for r in caplog.records if "cannot start compiling" in r.getMessage()] == [
+        "example m: cannot start compiling its package yet: [Errno 24] Too many open files"]

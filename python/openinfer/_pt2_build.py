@@ -126,6 +126,7 @@ def build(version_dir: Path, target: Path, env: dict[str, str], stop: threading.
     name = version_dir.parent.name
     failed = _sibling(target, ".failed")
     child: subprocess.Popen[bytes] | None = None
+    complained = False
     while True:
         ended = child is not None and child.poll() is not None  # before the look at the files
         if target.is_file():
@@ -144,7 +145,12 @@ def build(version_dir: Path, target: Path, env: dict[str, str], stop: threading.
             )  # fmt: skip
             return None
         if child is None:
-            child = _start(version_dir, target, env)  # None: another process holds the lock
+            try:
+                child = _start(version_dir, target, env)  # None: another process holds the lock
+            except OSError as e:  # the process short of descriptors for a moment: look again
+                if not complained:
+                    logger.warning("example %s: cannot start compiling its package yet: %s", name, e)
+                complained = True
         if stop.wait(0.5):
             return None
 
