@@ -315,8 +315,9 @@ class ServerProcess:
 
 def openinfer_server(port: int, cpus: str | None, log_path: Path,
                      threads: int = 1, extra: Sequence[str] = (),
-                     python: str | None = None) -> ServerProcess:
-    """`python -m openinfer serve` on 127.0.0.1:port (bundled example repo)."""
+                     python: str | None = None, env: dict[str, str] | None = None) -> ServerProcess:
+    """`python -m openinfer serve` on 127.0.0.1:port (bundled example repo); `env`: its
+    environment (None: this process's)."""
     py = python or sys.executable
     # A free gRPC port unless the caller names one: the default (8001) may be taken by
     # something else on a shared machine, and then serve refuses to start.
@@ -327,7 +328,7 @@ def openinfer_server(port: int, cpus: str | None, log_path: Path,
     argv = [py, "-m", "openinfer", "serve", "--host", "127.0.0.1",
             "--http-port", str(port), *grpc, *metrics, "--threads", str(threads),
             "--log-level", "warning", *extra]
-    return ServerProcess("openinfer", argv, cpus, log_path, cwd=REPO_ROOT)
+    return ServerProcess("openinfer", argv, cpus, log_path, cwd=REPO_ROOT, env=env)
 
 
 NGINX_CONF = """\

@@ -7,10 +7,15 @@ what the pb_utils adapter costs.
 
     .venv/bin/python benchmarks/triton_python.py [--quick] [--concurrency 1,8,64]
                                                  [--duration S] [--rounds N] [--bls]
+                                                 [--baseline PYTHONPATH]
 
 --bls: python_backend's `bls_sync` example (a BLS model calling add_sub, both unchanged) in place
 of add_sub on both servers; the `infer()` column is then add_sub_infer called directly, which
 shows what the BLS hop costs. Results go to results/triton_python_bls.md.
+
+--baseline DIR: a second openinfer server whose package comes from DIR (another checkout's
+`python/`, its extension built), measured in turn with the others: a change's before and after
+from the same run (the column "openinfer / baseline").
 
 S1-style: HTTP JSON by wrk (one connection per concurrent request) and gRPC ModelInfer by h2load
 (one connection, c streams); servers pinned to CPU 0, the load to CPU 1. Each concurrency point:
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
@@ -36,6 +42,7 @@ import peers  # noqa: E402
 import s3_grpc  # noqa: E402
 
 NAME = "triton_python"
+BASELINE = "openinfer baseline TritonPythonModel"
 EXAMPLE = C.REPO_ROOT / "tests" / "triton_python_examples" / "add_sub"
 BLS_EXAMPLE = C.REPO_ROOT / "tests" / "triton_python_examples" / "bls"
 A = [0.5, 1.5, 2.5, 3.5]
@@ -115,6 +122,7 @@ def main() -> int:
     ap.add_argument("--client-cpu", default="1")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--bls", action="store_true", help="the bls_sync example calling add_sub, on both servers")
+    ap.add_argument("--baseline", type=Path, help="another checkout's python/ directory, served beside this one")
     args = ap.parse_args()
     model = "bls_sync" if args.bls else "add_sub"
     if args.quick:
@@ -131,9 +139,17 @@ def main() -> int:
     oi_port, oi_grpc = C.free_port(), C.free_port()
     oi = C.openinfer_server(oi_port, args.server_cpu, tmp / "openinfer.log",
                             extra=[str(oi_repo), "--grpc-port", str(oi_grpc)]).start()
+    base = base_port = base_grpc = None
+    if args.baseline:
+        base_port, base_grpc = C.free_port(), C.free_port()
+        env = dict(os.environ, PYTHONPATH=str(args.baseline.resolve()))
+        base = C.openinfer_server(base_port, args.server_cpu, tmp / "baseline.log",
+                                  extra=[str(oi_repo), "--grpc-port", str(base_grpc)], env=env).start()
     problems: list[str] = []
     try:
         C.wait_http_ready(f"http://127.0.0.1:{oi_port}/v2/health/ready", 120)
+        if base is not None:
+            C.wait_http_ready(f"http://127.0.0.1:{base_port}/v2/health/ready", 120)
         triton = peers.start_triton(args.server_cpu, tmp, repo=tr_repo, models=["add_sub", "bls_sync"])
         try:
             servers = {  # label -> (http port, grpc port, model)
@@ -141,6 +157,8 @@ def main() -> int:
                 "tritonserver TritonPythonModel": (triton.http_port, triton.grpc_port, model),
                 "openinfer infer()": (oi_port, oi_grpc, "add_sub_infer"),
             }
+            if base is not None:
+                servers[BASELINE] = (base_port, base_grpc, model)
             for http_port, _, model in servers.values():
                 check(http_port, model)
             lens = {k: grpc_answer_len(pb, g, m) for k, (_, g, m) in servers.items()}
@@ -150,6 +168,8 @@ def main() -> int:
             triton.stop()
     finally:
         oi.stop()
+        if base is not None:
+            base.stop()
     lines = report(args, rows, conc, version, load_before, time.monotonic() - started, problems)
     out = args.out or (C.RESULTS_DIR / ("raw" if args.quick else ""))
     path = C.write_report(NAME + ("_bls" if args.bls else ""), out, lines, "quick" if args.quick else "full")
@@ -229,6 +249,10 @@ def report(args, rows, conc, version, load_before, elapsed, problems) -> list[st
     ]
     headers = ["protocol", "c", "openinfer req/s", "tritonserver req/s", "openinfer / triton",
                "infer() req/s", "TritonPythonModel / infer()"]
+    baseline = args.baseline is not None
+    if baseline:
+        headers += ["baseline req/s", "baseline / triton", "openinfer / baseline"]
+        lines += [f"The baseline is openinfer served from `{args.baseline}`, in turn with the others.", ""]
     table = []
     for proto in ("http", "grpc"):
         for c in conc:
@@ -240,6 +264,12 @@ def report(args, rows, conc, version, load_before, elapsed, problems) -> list[st
             table.append([proto, c, f"{np.nanmedian(oi):.0f}", f"{np.nanmedian(tr):.0f}",
                           f"{vs.median:.2f}x ({vs.lo:.2f}-{vs.hi:.2f})", f"{np.nanmedian(inf):.0f}",
                           f"{own.median:.2f} ({own.lo:.2f}-{own.hi:.2f})"])
+            if baseline:
+                bs = rows[(proto, c, BASELINE)]
+                b_tr = C.summarize([r for r in C.paired_ratios(bs, tr) if r == r])
+                gain = C.summarize([r for r in C.paired_ratios(oi, bs) if r == r])
+                table[-1] += [f"{np.nanmedian(bs):.0f}", f"{b_tr.median:.2f}x ({b_tr.lo:.2f}-{b_tr.hi:.2f})",
+                              f"{gain.median:.2f}x ({gain.lo:.2f}-{gain.hi:.2f})"]
     lines.append(C.markdown_table(headers, table))
     lines += ["", f"Load average before {load_before}, after {C.loadavg()}.", *C.problems_section(problems)]
     return lines

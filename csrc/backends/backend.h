@@ -22,6 +22,10 @@ typedef struct oi_backend_s {
      * been quick may run on the loop thread that received the request (oi_scheduler_submit).
      * Not for models that run users' Python, which may call the server back. */
     int runs_on_loop;
+    /* execute may run on the thread of a model that asked for the request by BLS and blocks
+     * until it ends (oi_scheduler_submit_on_caller): an executor of the Python backend, which
+     * holds no lock and no loop while it waits. runs_on_loop implies it. */
+    int runs_on_caller;
 } oi_backend_t;
 
 #endif

@@ -18,4 +18,10 @@ extern const oi_backend_t oi_python_backend;
 void *oi_python_backend_state(PyObject *handler, PyObject *fn, PyObject *select, const char *model_name,
                               const oi_io_spec_t *outputs, uint32_t n_outputs);
 
+/* Whether this thread, which holds the GIL, runs Python with the state an executor of this
+ * backend made for it (enter_python): a job of the backend may then run here, taking the GIL
+ * back with that same state. Any other thread (one Python started, an asyncio loop's) must not,
+ * since enter_python would adopt its state for good. */
+int oi_python_backend_on_executor(void);
+
 #endif

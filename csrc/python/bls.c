@@ -12,6 +12,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "backends/python_backend.h"
 #include "python/bridge.h"
 #include "server/infer.h"
 #include "server/server.h"
@@ -207,8 +208,10 @@ static oi_status_t *build(bls_t *b, PyObject *inputs, PyObject *outputs, const c
     return NULL;
 }
 
-/* Finds the model, checks the request and queues it. NULL when queued. */
-static oi_status_t *submit(bls_t *b, oi_registry_t *reg, const char *model, const char *version)
+/* Finds the model, checks the request and queues it. NULL when queued (or run already). A caller
+ * that waits for the answer on a Python model's executor (`on_caller`) may run a quick target
+ * itself, when its scheduler has nothing queued (oi_scheduler_submit_on_caller). */
+static oi_status_t *submit(bls_t *b, oi_registry_t *reg, const char *model, const char *version, int on_caller)
 {
     oi_status_t *st = NULL;
     b->model = oi_registry_find(reg, model, version, &st);
@@ -235,7 +238,8 @@ static oi_status_t *submit(bls_t *b, oi_registry_t *reg, const char *model, cons
     atomic_fetch_add(&b->refs, 1); /* the job's, dropped by bls_done */
     if (b->model->seq != NULL) {
         st = oi_seq_submit(b->model->seq, &b->job);
-    } else if (oi_scheduler_submit(b->model->sched, &b->job) != 0) {
+    } else if ((on_caller && !b->model->decoupled ? oi_scheduler_submit_on_caller(b->model->sched, &b->job)
+                                                   : oi_scheduler_submit(b->model->sched, &b->job)) < 0) {
         st = oi_status_new(OI_UNAVAILABLE, "the server is shutting down");
     }
     if (st != NULL)
@@ -268,7 +272,7 @@ oi_status_t *oi_py_bls_run(void *ctx, const char *model, const char *version, oi
         return oi_status_new(OI_INTERNAL, "out of memory");
     b->req = *req;
     memset(req, 0, sizeof(*req));
-    oi_status_t *st = submit(b, oi_server_registry(s), model, version);
+    oi_status_t *st = submit(b, oi_server_registry(s), model, version, 0);
     if (b->model != NULL && b->model->decoupled && !(flags & OI_PW_BLS_DECOUPLED)) { /* as exec() says */
         oi_job_cancel(&b->job);
         oi_status_free(st);
@@ -349,8 +353,9 @@ PyObject *oi_py_bls_start(oi_registry_t *reg, int counted, PyObject *args, PyObj
         b->req.seq.id_str_len = strlen(seq_str);
     }
     if (st == NULL) {
+        int on_caller = oi_python_backend_on_executor();
         Py_BEGIN_ALLOW_THREADS /* a full queue refuses at once, calling `done` here */
-        st = submit(b, reg, model, version);
+        st = submit(b, reg, model, version, on_caller);
         Py_END_ALLOW_THREADS
     }
     if (st != NULL) { /* refused before it was queued: the call ends with that error */

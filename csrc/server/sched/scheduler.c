@@ -47,7 +47,8 @@ struct oi_scheduler_s {
     oi_job_t **pinned; /* per executor: the batch oi_scheduler_submit_pinned gave it, or NULL */
     /* Jobs may run on the loop thread that submits them (see oi_scheduler_submit): the
      * backend allows it and the model neither batches nor preserves ordering. */
-    int run_here;
+    int run_here;  /* a quick job may run on the thread that submits it (a loop or a BLS caller) */
+    int on_loop;   /* ... and that thread may be a loop thread (the backend's runs_on_loop) */
     uint64_t run_here_max_ns;
     int running;          /* executions in progress, on executors and loop threads; under mu */
     char *here_slot_busy; /* per instance: statistics slot instances + i taken by a loop; under mu */
@@ -759,7 +760,8 @@ oi_scheduler_t *oi_scheduler_new_batching(const oi_backend_t *backend, void *sta
     }
     s->instances = instances;
     s->run_here_max_ns = run_here_max_ns();
-    s->run_here = s->run_here_max_ns > 0 && backend->runs_on_loop &&
+    s->on_loop = backend->runs_on_loop;
+    s->run_here = s->run_here_max_ns > 0 && (backend->runs_on_loop || backend->runs_on_caller) &&
                   (batching == NULL || (batching->max_batch_size <= 0 && !batching->preserve_ordering));
     if (s->run_here && (s->here_slot_busy = calloc((size_t)instances, 1)) == NULL) {
         free(s->pinned);
@@ -902,8 +904,10 @@ int oi_scheduler_submit_on_loop(oi_scheduler_t *s, oi_job_t *job, int first)
     uint64_t limit = s->run_here_max_ns;
     if (!first && limit > OI_RUN_ALWAYS_HERE_NS)
         limit = OI_RUN_ALWAYS_HERE_NS;
-    return submit(s, job, limit);
+    return submit(s, job, s->on_loop ? limit : 0);
 }
+
+int oi_scheduler_submit_on_caller(oi_scheduler_t *s, oi_job_t *job) { return submit(s, job, s->run_here_max_ns); }
 
 int oi_scheduler_submit_pinned(oi_scheduler_t *s, oi_job_t *jobs, int instance)
 {

@@ -132,6 +132,15 @@ int oi_scheduler_submit(oi_scheduler_t *s, oi_job_t *job);
  * the loop. Returns 1 when the job ran here, else as oi_scheduler_submit. */
 int oi_scheduler_submit_on_loop(oi_scheduler_t *s, oi_job_t *job, int first);
 
+/* oi_scheduler_submit from the executor thread of a model whose BLS call waits for the job
+ * (the target runs on the caller instead of passing the GIL to its executor and back: two
+ * thread switches per call): runs the job here, `done` included, when the backend allows it
+ * (runs_on_loop or runs_on_caller) and the conditions of oi_scheduler_submit_on_loop hold for
+ * a first run of a turn. A run bounded so (OI_RUN_HERE_MAX_NS on average) ends before the
+ * caller would notice that its own client went. Returns 1 when the job ran here, else as
+ * oi_scheduler_submit. */
+int oi_scheduler_submit_on_caller(oi_scheduler_t *s, oi_job_t *job);
+
 /* Direct sequence batching: `jobs` (linked by `next`, row after row) run as one batch on
  * executor `instance` (0-based, below the instance count) alone: never merged with other
  * jobs, reordered, or dropped row by row (a cancelled row still runs, keeping every later row

@@ -515,7 +515,7 @@ class InferenceRequest:
             if not isinstance(tensor, Tensor):
                 raise TypeError(f"InferenceRequest inputs must hold pb_utils.Tensor, got {type(tensor).__name__}")
             inputs.append((tensor._name, tensor._datatype, tensor._array))
-        params = json.loads(self._parameters) if self._parameters else {}
+        params = json.loads(self._parameters) if self._parameters and self._parameters != "{}" else {}
         corr = self._correlation_id
         corr_id, corr_str = (0, corr) if isinstance(corr, str) else (int(corr or 0), None)
         if corr_id or corr_str:
