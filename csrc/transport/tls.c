@@ -206,8 +206,9 @@ static SSL_CTX *load_ctx(const oi_tls_ctx_t *c, char *err, size_t errlen)
     }
     SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
     SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE);
-    /* AEAD ciphers with forward secrecy only, AES-128-GCM first: a third cheaper per byte than
-     * AES-256-GCM (OpenSSL's first choice), which tensors of megabytes feel. */
+    /* AEAD ciphers with forward secrecy only, AES-128-GCM first: fewer rounds per byte than
+     * AES-256-GCM (OpenSSL's first choice); with AES-NI only ~4% faster (`openssl speed` on
+     * the EPYC of benchmarks/results/tls.md), more where the instructions are missing. */
     SSL_CTX_set_ciphersuites(ctx, OI_TLS13_CIPHERS);
     SSL_CTX_set_cipher_list(ctx, OI_TLS12_CIPHERS);
     if (SSL_CTX_use_certificate_chain_file(ctx, c->cert_file) != 1) {
