@@ -14,8 +14,10 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
 import pytest
 import requests
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import openinfer
 
@@ -137,6 +139,46 @@ def server_ready(srv: openinfer.Server) -> tuple[bool, bool, int]:
     return triton_http(srv).is_server_ready(), triton_grpc(srv).is_server_ready(), status
 
 
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def health(srv: openinfer.Server, service: str = "") -> int:
+    """grpc.health.v1 Check of `service` through grpcio's health stub."""
+    with grpc.insecure_channel(f"127.0.0.1:{srv.grpc_port}") as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        return stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=60).status
+
+
+def test_grpc_health_asks_is_ready(srv: openinfer.Server, files: dict[str, Path]) -> None:
+    # The health service agrees with /v2/health/ready and ServerReady; as Triton's, every
+    # service name (a model's too) gets the server's status.
+    files["flag"].write_text("1")
+    assert server_ready(srv) == (True, True, 200)
+    assert [health(srv, n) for n in ("", "flag", "other")] == [SERVING] * 3
+    files["flag"].write_text("0")
+    assert server_ready(srv) == (False, False, 400)
+    assert [health(srv, n) for n in ("", "flag", "other")] == [NOT_SERVING] * 3
+    files["flag"].write_text("1")
+    assert health(srv) == SERVING
+
+
+def test_grpc_health_watch_asks_is_ready(tmp_path: Path, files: dict[str, Path]) -> None:
+    add_model(tmp_path, "flag", FLAG_MODEL, CONFIG.format(name="flag", count=1))
+    files["flag"].write_text("0")
+    with openinfer.serve(tmp_path, http_port=0, grpc_port=0, metrics_port=None, threads=2, log=False,
+                         model_control_mode="explicit", load_models=["flag"]) as s:
+        with grpc.insecure_channel(f"127.0.0.1:{s.grpc_port}") as channel:
+            watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=60)
+            assert next(watch).status == NOT_SERVING
+            # A change of the server's state (a model reloaded) asks the models again for watchers.
+            files["flag"].write_text("1")
+            triton_grpc(s).load_model("flag")
+            assert next(watch).status == SERVING
+            watch.cancel()
+    files["flag"].write_text("1")
+
+
 def test_is_ready_answers_every_check(srv: openinfer.Server, files: dict[str, Path]) -> None:
     files["flag"].write_text("1")
     assert ready(srv, "flag") == (True, True, True)
@@ -215,11 +257,13 @@ def test_slow_is_ready_times_out_and_concurrent_checks_share_one_call(
     with ThreadPoolExecutor(4) as pool:
         http = [pool.submit(lambda: triton_http(srv, timeout=120).is_model_ready("slow")) for _ in range(3)]
         grpc = pool.submit(lambda: triton_grpc(srv).is_model_ready("slow"))
+        check = pool.submit(health, srv)
         # While is_ready hangs the event loops go on answering.
         wait_for(lambda: lines(calls) == 1, "is_ready called")
         assert triton_http(srv).is_server_live() and triton_http(srv).is_model_ready("flag")
         assert [f.result(timeout=120) for f in http] == [False, False, False]  # 5 s passed: not ready
         assert grpc.result(timeout=120) is False
+        assert check.result(timeout=120) == NOT_SERVING  # the server asks "slow" too
     assert lines(calls) == 1  # one call in flight, its result shared
     files["gate"].touch()
     wait_for(lambda: lines(done) == 1, "the hung is_ready returned")
