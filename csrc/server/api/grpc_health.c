@@ -76,6 +76,10 @@ static void answer(oi_server_t *s, oi_grpc_call_t *call, int status)
         oi_grpc_finish(call, OI_GRPC_OK, NULL);
         return;
     }
+    if (atomic_load(&s->stopping)) { /* answered after oi__health_stop ended the others */
+        oi_grpc_finish(call, OI_GRPC_UNAVAILABLE, "the server is shutting down");
+        return;
+    }
     oi_health_watch_t *w = calloc(1, sizeof(*w));
     if (w == NULL) {
         oi_grpc_finish(call, OI_GRPC_INTERNAL, "out of memory");
