@@ -10,12 +10,15 @@ import logging
 import os
 import signal
 import textwrap
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
 import pytest
 import requests
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import openinfer
 
@@ -79,6 +82,22 @@ ASYNC_MODEL = PROLOGUE + textwrap.dedent(
     """
     + EXECUTE
 )
+# Each instance notes its pid as it starts, and exits at once while the die file exists.
+DYING_MODEL = PROLOGUE + textwrap.dedent(
+    """
+    import os
+    class TritonPythonModel:
+        def initialize(self, args):
+            with open(os.environ["PYR_STARTS"], "a") as f:
+                f.write(f"{os.getpid()}\\n")
+            if os.path.exists(os.environ["PYR_DIE"]):
+                os._exit(3)
+
+        def is_ready(self):
+            return True
+    """
+    + EXECUTE
+)
 # Each instance notes its model_instance_name.
 NAMES_MODEL = PROLOGUE + textwrap.dedent(
     """
@@ -95,7 +114,7 @@ NAMES_MODEL = PROLOGUE + textwrap.dedent(
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
     d = tmp_path_factory.mktemp("ready_files")
-    paths = {k: d / k for k in ("flag", "calls", "gate", "names")}
+    paths = {k: d / k for k in ("flag", "calls", "gate", "names", "starts", "die")}
     paths["flag"].write_text("1")
     paths["gate"].touch()  # the slow model answers at once but in its own test
     mp = pytest.MonkeyPatch()
@@ -114,6 +133,7 @@ def srv(tmp_path_factory: pytest.TempPathFactory, files: dict[str, Path]) -> Ite
     add_model(repo, "flag_workers", FLAG_MODEL, CONFIG.format(name="flag_workers", count=2))
     add_model(repo, "slow", SLOW_MODEL, CONFIG.format(name="slow", count=1))
     add_model(repo, "async_ready", ASYNC_MODEL, CONFIG.format(name="async_ready", count=1))
+    add_model(repo, "dying", DYING_MODEL, CONFIG.format(name="dying", count=2))
     add_model(repo, "names", NAMES_MODEL, CONFIG.format(name="names", count=3))
     server = openinfer.serve(repo, http_port=0, grpc_port=0, metrics_port=None, threads=2, log=False)
     try:
@@ -135,6 +155,46 @@ def server_ready(srv: openinfer.Server) -> tuple[bool, bool, int]:
     """The server's (strict) readiness over tritonclient HTTP and gRPC, and the HTTP status."""
     status = requests.get(f"{srv.url}/v2/health/ready", timeout=30).status_code
     return triton_http(srv).is_server_ready(), triton_grpc(srv).is_server_ready(), status
+
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def health(srv: openinfer.Server, service: str = "") -> int:
+    """grpc.health.v1 Check of `service` through grpcio's health stub."""
+    with grpc.insecure_channel(f"127.0.0.1:{srv.grpc_port}") as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        return stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=60).status
+
+
+def test_grpc_health_asks_is_ready(srv: openinfer.Server, files: dict[str, Path]) -> None:
+    # The health service agrees with /v2/health/ready and ServerReady; as Triton's, every
+    # service name (a model's too) gets the server's status.
+    files["flag"].write_text("1")
+    assert server_ready(srv) == (True, True, 200)
+    assert [health(srv, n) for n in ("", "flag", "other")] == [SERVING] * 3
+    files["flag"].write_text("0")
+    assert server_ready(srv) == (False, False, 400)
+    assert [health(srv, n) for n in ("", "flag", "other")] == [NOT_SERVING] * 3
+    files["flag"].write_text("1")
+    assert health(srv) == SERVING
+
+
+def test_grpc_health_watch_asks_is_ready(tmp_path: Path, files: dict[str, Path]) -> None:
+    add_model(tmp_path, "flag", FLAG_MODEL, CONFIG.format(name="flag", count=1))
+    files["flag"].write_text("0")
+    with openinfer.serve(tmp_path, http_port=0, grpc_port=0, metrics_port=None, threads=2, log=False,
+                         model_control_mode="explicit", load_models=["flag"]) as s:
+        with grpc.insecure_channel(f"127.0.0.1:{s.grpc_port}") as channel:
+            watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=60)
+            assert next(watch).status == NOT_SERVING
+            # A change of the server's state (a model reloaded) asks the models again for watchers.
+            files["flag"].write_text("1")
+            triton_grpc(s).load_model("flag")
+            assert next(watch).status == SERVING
+            watch.cancel()
+    files["flag"].write_text("1")
 
 
 def test_is_ready_answers_every_check(srv: openinfer.Server, files: dict[str, Path]) -> None:
@@ -215,11 +275,13 @@ def test_slow_is_ready_times_out_and_concurrent_checks_share_one_call(
     with ThreadPoolExecutor(4) as pool:
         http = [pool.submit(lambda: triton_http(srv, timeout=120).is_model_ready("slow")) for _ in range(3)]
         grpc = pool.submit(lambda: triton_grpc(srv).is_model_ready("slow"))
+        check = pool.submit(health, srv)
         # While is_ready hangs the event loops go on answering.
         wait_for(lambda: lines(calls) == 1, "is_ready called")
         assert triton_http(srv).is_server_live() and triton_http(srv).is_model_ready("flag")
         assert [f.result(timeout=120) for f in http] == [False, False, False]  # 5 s passed: not ready
         assert grpc.result(timeout=120) is False
+        assert check.result(timeout=120) == NOT_SERVING  # the server asks "slow" too
     assert lines(calls) == 1  # one call in flight, its result shared
     files["gate"].touch()
     wait_for(lambda: lines(done) == 1, "the hung is_ready returned")
@@ -228,7 +290,7 @@ def test_slow_is_ready_times_out_and_concurrent_checks_share_one_call(
     files["gate"].touch()
 
 
-def test_a_replaced_worker_is_asked(srv: openinfer.Server, files: dict[str, Path]) -> None:
+def test_a_dead_worker_is_replaced_without_a_request(srv: openinfer.Server, files: dict[str, Path]) -> None:
     files["flag"].write_text("1")
     pids_file = Path(str(files["flag"]) + ".pids")
 
@@ -236,22 +298,47 @@ def test_a_replaced_worker_is_asked(srv: openinfer.Server, files: dict[str, Path
         return [int(line.split()[1]) for line in pids_file.read_text().splitlines()
                 if line.split()[0] == "flag_workers"]
 
-    assert len(pids()) == 2 and ready(srv, "flag_workers") == (True, True, True)
-    os.kill(pids()[0], signal.SIGKILL)
-    # As a Triton model whose stub process died: not ready until the instance is restarted,
-    # which a request makes happen.
-    wait_for(lambda: ready(srv, "flag_workers") == (False, False, False), "a dead worker's model not ready")
-    body = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1], "data": [1.0]}]}
-
-    def replaced() -> bool:
-        requests.post(f"{srv.url}/v2/models/flag_workers/infer", json=body, timeout=60)
-        return len(pids()) == 3
-
-    wait_for(replaced, "the killed worker replaced")
-    wait_for(lambda: ready(srv, "flag_workers") == (True, True, True), "the replacement asked")
-    files["flag"].write_text("0")
+    wait_for(lambda: ready(srv, "flag_workers") == (True, True, True), "flag_workers ready")
+    before = len(pids())
+    assert before >= 2
+    os.kill(pids()[-1], signal.SIGKILL)
+    # The server notices the death (the worker's socket hangs up) and starts a replacement
+    # itself: readiness comes back with no inference request.
+    wait_for(lambda: len(pids()) == before + 1, "the killed worker replaced", bound=60)
+    wait_for(lambda: ready(srv, "flag_workers") == (True, True, True), "the replacement asked", bound=60)
+    assert server_ready(srv) == (True, True, 200)
+    assert health(srv) == SERVING
+    files["flag"].write_text("0")  # the replacement's own is_ready() is asked
     assert ready(srv, "flag_workers") == (False, False, False)
     files["flag"].write_text("1")
+    assert len(pids()) == before + 1
+
+
+def test_a_worker_that_dies_at_start_is_not_restarted_in_a_tight_loop(
+    srv: openinfer.Server, files: dict[str, Path]
+) -> None:
+    def starts() -> list[int]:
+        return [int(x) for x in files["starts"].read_text().split()]
+
+    wait_for(lambda: ready(srv, "dying")[0], "dying ready")
+    files["die"].touch()
+    try:
+        first = len(starts())
+        os.kill(starts()[-1], signal.SIGKILL)
+        wait_for(lambda: len(starts()) > first, "a replacement started", bound=60)
+        # Each successor dies in initialize(): the next waits, doubling (100 ms up to 10 s),
+        # so six seconds see a handful of starts, where a tight loop would see dozens.
+        window_start = len(starts())
+        end = time.monotonic() + 6
+        while time.monotonic() < end:
+            time.sleep(0.1)
+        restarts = len(starts()) - window_start
+        assert restarts <= 6, restarts
+        assert ready(srv, "dying") == (False, False, False)
+    finally:
+        files["die"].unlink()
+    # Once it can start again the model is whole again, still with no request.
+    wait_for(lambda: ready(srv, "dying") == (True, True, True), "dying ready again", bound=60)
 
 
 def test_worker_instances_have_their_own_names(srv: openinfer.Server, files: dict[str, Path]) -> None:

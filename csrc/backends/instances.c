@@ -46,6 +46,15 @@ int oi__instances_acquire(oi__instances_t *p)
     }
 }
 
+int oi__instances_try(oi__instances_t *p, int i)
+{
+    pthread_mutex_lock(&p->mu);
+    int got = !p->busy[i];
+    p->busy[i] = 1;
+    pthread_mutex_unlock(&p->mu);
+    return got;
+}
+
 void oi__instances_release(oi__instances_t *p, int i)
 {
     pthread_mutex_lock(&p->mu);

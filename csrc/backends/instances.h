@@ -23,6 +23,10 @@ void oi__instances_destroy(oi__instances_t *p);
  * (oi_thread_instance) when that one is free. */
 int oi__instances_acquire(oi__instances_t *p);
 
+/* Marks instance `i` busy if it is free, without waiting; returns whether it did (then
+ * oi__instances_release gives it back). */
+int oi__instances_try(oi__instances_t *p, int i);
+
 /* Marks instance `i` (from oi__instances_acquire) free again and wakes one waiting caller. */
 void oi__instances_release(oi__instances_t *p, int i);
 

@@ -18,6 +18,7 @@
 #include "backends/instances.h"
 #include "backends/process_wire.h"
 #include "core/cpus.h"
+#include "core/thread.h"
 
 /* How often a waiting executor looks whether its request's clients have gone. */
 #define CANCEL_POLL_MS 20
@@ -25,6 +26,12 @@
 #define SHARE_MIN_BYTES ((size_t)64 << 10)
 /* How long release() gives workers to exit after their socket closed, before SIGKILL. */
 #define EXIT_GRACE_MS 3000
+/* The watcher replaces a worker that died BACKOFF_RESET_MS or more after its start at once;
+ * one that died sooner (at its import, say) waits, from BACKOFF_MIN_MS doubling up to
+ * BACKOFF_MAX_MS, so a model whose workers die as they start is not started in a tight loop. */
+#define BACKOFF_MIN_MS 100
+#define BACKOFF_MAX_MS 10000
+#define BACKOFF_RESET_MS 10000
 
 /* A mapping of a worker's result ring (or of one result's own memfd) that the responses
  * holding outputs in it share: unmapped when the last of them and the pool let go. */
@@ -36,12 +43,15 @@ typedef struct mapping_s {
 
 typedef struct worker_s {
     pid_t pid;   /* 0: not running */
-    int sock;    /* our end of its socketpair; -1 when not running */
+    int sock;    /* our end of its socketpair; -1 when not running (atomic: the watcher reads it) */
     int ready;   /* READY received: it has imported the model */
     int jobs_fd; /* the job area, kept across restarts */
     char *jobs;
     size_t jobs_len;
     mapping_t *results; /* the running worker's ring; a restarted worker gets a new one */
+    uint64_t started_ms;    /* when it was last started (monotonic) */
+    int backoff_ms;         /* the watcher's wait before its next start: 0 after a long life */
+    uint64_t next_start_ms; /* the watcher starts it again no sooner (only the watcher) */
 } worker_t;
 
 typedef struct pool_s {
@@ -52,6 +62,13 @@ typedef struct pool_s {
     oi__instances_t idle;
     oi_pw_bls_hook_t bls;
     int has_bls;
+    /* The watcher: a thread that replaces a worker as its socket hangs up (it died while
+     * idle), so the model is whole again without waiting for a request to find it dead. */
+    pthread_t watcher;
+    int has_watcher;
+    int wake[2];              /* written to stop the watcher */
+    unsigned char stopping;   /* set (atomic) on release: the watcher ends, its start is given up */
+    struct pollfd *watch_fds; /* the watcher's: wake[0] and each worker's socket */
     int n;
     worker_t workers[];
 } pool_t;
@@ -122,11 +139,19 @@ static void lease_release(oi_buf_t *b)
 
 /* ---- worker life ------------------------------------------------------------------------- */
 
+static uint64_t mono_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000 + (uint64_t)t.tv_nsec / 1000000;
+}
+
 static void stop_worker(worker_t *w)
 {
-    if (w->sock >= 0)
-        close(w->sock);
-    w->sock = -1;
+    int sock = w->sock;
+    __atomic_store_n(&w->sock, -1, __ATOMIC_RELEASE); /* before the number can be reused */
+    if (sock >= 0)
+        close(sock);
     mapping_unref(w->results);
     w->results = NULL;
     w->ready = 0;
@@ -182,8 +207,9 @@ static int spawn_worker(pool_t *p, worker_t *w, char *err, size_t errlen)
     close(sv[1]);
     close(ring_fd);
     w->pid = pid;
-    w->sock = sv[0];
     w->ready = 0;
+    w->started_ms = mono_ms();
+    __atomic_store_n(&w->sock, sv[0], __ATOMIC_RELEASE);
     return 0;
 sys_fail:
     snprintf(err, errlen, "cannot start a worker process for model '%s': %s", p->model_name, strerror(errno));
@@ -564,6 +590,121 @@ static oi_status_t *proc_execute(void *state, const oi_request_t *req, const cha
     return st;
 }
 
+/* ---- the watcher ------------------------------------------------------------------------- */
+
+/* With worker `w`'s instance held: whether its process has gone (its socket hung up). */
+static int hung_up(const worker_t *w)
+{
+    struct pollfd pfd = {w->sock, 0, 0}; /* no events asked: only a hang-up or an error shows */
+    return w->sock < 0 || (poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLHUP | POLLERR | POLLNVAL)) != 0);
+}
+
+/* The wait before a worker that has just ended, or failed to start, is started again. */
+static void back_off(worker_t *w, uint64_t now)
+{
+    if (now - w->started_ms >= BACKOFF_RESET_MS)
+        w->backoff_ms = 0;
+    else
+        w->backoff_ms = w->backoff_ms == 0 ? BACKOFF_MIN_MS
+                                           : (w->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : w->backoff_ms * 2);
+    w->next_start_ms = now + (uint64_t)w->backoff_ms;
+}
+
+/* With worker `w`'s instance held and its process gone (or not running): reaps it, and starts
+ * its successor once its back-off has passed, waiting (the instance held, as a request that
+ * finds a worker importing does) until it has imported the model. Only this one start runs
+ * here at a time, within the CPUs' window the load used. Returns whether it did anything. */
+static int replace(pool_t *p, worker_t *w)
+{
+    char how[96], err[256];
+    uint64_t now = mono_ms();
+    if (w->pid > 0) {
+        reap_worker(w, how, sizeof(how));
+        back_off(w, now);
+        return 1;
+    }
+    if (now < w->next_start_ms)
+        return 0;
+    if (spawn_worker(p, w, err, sizeof(err)) != 0) {
+        w->pid = 0;
+        back_off(w, now);
+        return 1;
+    }
+    oi_status_t *st = await_ready(p, w, &p->stopping); /* reaps a worker that failed */
+    if (st != NULL && w->pid == 0)
+        back_off(w, mono_ms());
+    oi_status_free(st); /* a worker left importing by the stop is the release's to end */
+    return 1;
+}
+
+static void *watch_main(void *arg)
+{
+    pool_t *p = arg;
+    struct pollfd *fds = p->watch_fds;
+    while (!stopped(&p->stopping)) {
+        uint64_t now = mono_ms();
+        int nfds = 1, timeout = -1;
+        fds[0] = (struct pollfd){p->wake[0], POLLIN, 0};
+        for (int i = 0; i < p->n; i++) {
+            worker_t *w = &p->workers[i];
+            int sock = __atomic_load_n(&w->sock, __ATOMIC_ACQUIRE);
+            if (sock >= 0) {
+                fds[nfds++] = (struct pollfd){sock, 0, 0};
+            } else { /* none running: start one when its back-off has passed */
+                int wait = w->next_start_ms > now ? (int)(w->next_start_ms - now) : 0;
+                timeout = timeout < 0 || wait < timeout ? wait : timeout;
+            }
+        }
+        if (poll(fds, (nfds_t)nfds, timeout) < 0 && errno != EINTR)
+            break;
+        int acted = 0;
+        for (int i = 0; i < p->n && !stopped(&p->stopping); i++) {
+            worker_t *w = &p->workers[i];
+            if (!oi__instances_try(&p->idle, i))
+                continue; /* busy: its request's executor sees to a death */
+            if (w->pid == 0 || hung_up(w))
+                acted |= replace(p, w);
+            oi__instances_release(&p->idle, i);
+        }
+        if (!acted) { /* a hang-up its executor has yet to see: look again shortly */
+            struct pollfd wake = {p->wake[0], POLLIN, 0};
+            poll(&wake, 1, CANCEL_POLL_MS);
+        }
+    }
+    return NULL;
+}
+
+/* Starts the watcher; 0, or -1 (errno). */
+static int start_watcher(pool_t *p)
+{
+    if ((p->watch_fds = calloc((size_t)p->n + 1, sizeof(*p->watch_fds))) == NULL || pipe2(p->wake, O_CLOEXEC) != 0)
+        return -1;
+    int rc = oi_thread_create(&p->watcher, "oi-proc-watch", watch_main, p, 0);
+    if (rc != 0) {
+        errno = rc;
+        return -1;
+    }
+    p->has_watcher = 1;
+    return 0;
+}
+
+/* Ends the watcher (it gives up a start it waits on: the release ends that worker). */
+static void stop_watcher(pool_t *p)
+{
+    __atomic_store_n(&p->stopping, 1, __ATOMIC_RELAXED);
+    if (p->has_watcher) {
+        char c = 1;
+        while (write(p->wake[1], &c, 1) < 0 && errno == EINTR)
+            ;
+        pthread_join(p->watcher, NULL);
+        p->has_watcher = 0;
+    }
+    for (int i = 0; i < 2; i++)
+        if (p->wake[i] >= 0)
+            close(p->wake[i]);
+    free(p->watch_fds);
+}
+
 /* ---- the pool ---------------------------------------------------------------------------- */
 
 static char **copy_strings(char *const *v)
@@ -621,6 +762,7 @@ static void stop_all(pool_t *p)
 static void proc_release(void *state)
 {
     pool_t *p = state;
+    stop_watcher(p);
     stop_all(p);
     for (int i = 0; i < p->n; i++) {
         worker_t *w = &p->workers[i];
@@ -644,6 +786,7 @@ void *oi_process_backend_start(const char *model_name, int n, const oi_process_s
         goto oom;
     oi_buf_share_large(); /* large request tensors reach workers without a copy (input_area) */
     p->n = n;
+    p->wake[0] = p->wake[1] = -1;
     for (int i = 0; i < n; i++) {
         p->workers[i].sock = -1;
         p->workers[i].jobs_fd = -1;
@@ -676,6 +819,10 @@ void *oi_process_backend_start(const char *model_name, int n, const oi_process_s
             oi_status_free(st);
             goto fail;
         }
+    }
+    if (start_watcher(p) != 0) {
+        snprintf(err, errlen, "model '%s': cannot start its worker watcher: %s", p->model_name, strerror(errno));
+        goto fail;
     }
     return p;
 oom:

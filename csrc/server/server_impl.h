@@ -99,9 +99,9 @@ extern const oi_grpc_handler_t oi__grpc_api_handler;
  * calls `done`. */
 oi_status_t *oi__repo_submit(oi_server_t *s, oi_repo_call_t *call, oi_loop_t *loop, oi_repo_done_cb done, void *ctx);
 
-/* grpc.health.v1.Health Check (watch 0) or Watch (watch 1) with its request message, on the
+/* grpc.health.v1.Health Check or Watch (oi_grpc_call_t.kind) with its request message, on the
  * call's loop thread (grpc_health.c). */
-void oi__health_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg, int watch);
+void oi__health_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg);
 
 /* For oi_server_stop, once `stopping` is set and the listeners are closed: sends NOT_SERVING
  * to every Watch and ends it with UNAVAILABLE, one loop at a time (from outside the loops). */

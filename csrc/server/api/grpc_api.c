@@ -470,7 +470,7 @@ static void on_message(void *ctx, oi_grpc_call_t *call, oi_buf_t *msg)
         break;
     case RPC_HEALTH_CHECK:
     case RPC_HEALTH_WATCH:
-        oi__health_rpc(s, call, msg, call->kind == RPC_HEALTH_WATCH);
+        oi__health_rpc(s, call, msg);
         break;
     case RPC_MODEL_INFER:
     case RPC_MODEL_STREAM_INFER:

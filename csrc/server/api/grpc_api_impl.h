@@ -50,9 +50,12 @@ void oi__grpc_shm_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg)
 void oi__grpc_model_statistics(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg);
 void oi__grpc_repo_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg);
 /* ModelReady of a version that answers its own readiness (oi_model_t.ready_probe), or
- * ServerReady (`m` NULL) when oi__server_ready_asks, asked on a control thread and answered
+ * ServerReady or a health Check or Watch (`m` NULL) when oi__server_ready_asks, asked on a control thread and answered
  * from there. -1 when it could not be asked (the caller answers). */
 int oi__grpc_probe_ready(oi_server_t *s, oi_grpc_call_t *call, const oi_model_t *m);
+/* grpc_health.c: a health Check or Watch answered with the models' readiness (`ready`), on
+ * the call's loop thread. */
+void oi__health_answer(oi_server_t *s, oi_grpc_call_t *call, int ready);
 void oi__grpc_log_settings_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg);
 void oi__grpc_trace_setting_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg);
 

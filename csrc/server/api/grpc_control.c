@@ -416,7 +416,9 @@ static void finish_ready(oi_repo_call_t *rc)
     oi_server_t *s = call->data;
     if (oi_grpc_call_open(call)) {
         int ready = rc->status == NULL && rc->ready;
-        if (call->kind == RPC_SERVER_READY) {
+        if (call->kind == RPC_HEALTH_CHECK || call->kind == RPC_HEALTH_WATCH) {
+            oi__health_answer(s, call, ready);
+        } else if (call->kind == RPC_SERVER_READY) {
             Inference__ServerReadyResponse r = INFERENCE__SERVER_READY_RESPONSE__INIT;
             r.ready = ready;
             oi__grpc_reply(call, &r.base);

@@ -2,6 +2,9 @@
  * the server's readiness now; Watch answers it now and again on every change, until the
  * client leaves or the server stops (NOT_SERVING, then UNAVAILABLE). As Triton does, the
  * service name in the request is not looked at: every name gets the server's status.
+ * That status is the one /v2/health/ready and ServerReady give: where strict readiness asks
+ * models that answer their own (oi__server_ready_asks), it is asked on a control thread
+ * (OI_REPO_READY) and answered when the models have, so a loop never waits on a model.
  *
  * Watchers are kept in one list under a mutex, each touched only on its call's loop thread
  * (a call is not thread-safe): a change posts one task to every loop, and each task updates
@@ -11,8 +14,7 @@
 
 #include "health.pb-c.h"
 
-#include "server/server_impl.h"
-#include "transport/grpc.h"
+#include "server/api/grpc_api_impl.h"
 
 struct oi_health_watch_s {
     oi_grpc_call_t *call; /* one reference, dropped on the call's loop thread */
@@ -20,12 +22,18 @@ struct oi_health_watch_s {
     struct oi_health_watch_s *next;
 };
 
-/* The status every service name gets: SERVING while the server is ready (oi__server_ready). */
-static int current_status(oi_server_t *s)
+static int status_of(int ready)
 {
-    return oi__server_ready(s) ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
-                               : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
+    return ready ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
+                 : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
 }
+
+/* The status every service name gets when no model need be asked: SERVING while the server is
+ * ready (oi__server_ready). */
+static int current_status(oi_server_t *s) { return status_of(oi__server_ready(s)); }
+
+/* Whether the status must be asked of the models (on a control thread) rather than read here. */
+static int must_ask(oi_server_t *s) { return oi__server_ready(s) && oi__server_ready_asks(s); }
 
 /* Queues one HealthCheckResponse; 0, or -1 when out of memory (the call is then ended). */
 static int send_status(oi_grpc_call_t *call, int status)
@@ -59,20 +67,17 @@ static void prune(oi_server_t *s, const oi_loop_t *loop)
     }
 }
 
-void oi__health_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg, int watch)
+/* Answers `call` with `status`: Check ends there, Watch is kept to hear of changes. */
+static void answer(oi_server_t *s, oi_grpc_call_t *call, int status)
 {
-    Grpc__Health__V1__HealthCheckRequest *req =
-        grpc__health__v1__health_check_request__unpack(NULL, msg->len, (const uint8_t *)msg->data);
-    if (req == NULL) {
-        oi_grpc_finish(call, OI_GRPC_INVALID_ARGUMENT, "malformed HealthCheckRequest");
-        return;
-    }
-    grpc__health__v1__health_check_request__free_unpacked(req, NULL);
-    int status = current_status(s);
     if (send_status(call, status) != 0)
         return;
-    if (!watch) {
+    if (call->kind != RPC_HEALTH_WATCH) {
         oi_grpc_finish(call, OI_GRPC_OK, NULL);
+        return;
+    }
+    if (atomic_load(&s->stopping)) { /* answered after oi__health_stop ended the others */
+        oi_grpc_finish(call, OI_GRPC_UNAVAILABLE, "the server is shutting down");
         return;
     }
     oi_health_watch_t *w = calloc(1, sizeof(*w));
@@ -90,11 +95,32 @@ void oi__health_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg, i
     pthread_mutex_unlock(&s->health_mu);
 }
 
-/* On one loop's thread: tells that loop's watchers the status if it changed; when the server
- * is stopping, ends their calls too. */
-static void update_loop(oi_server_t *s, const oi_loop_t *loop)
+void oi__health_answer(oi_server_t *s, oi_grpc_call_t *call, int ready)
 {
-    int status = current_status(s);
+    /* The server may have begun to drain or stop while the models were asked. */
+    answer(s, call, status_of(ready && oi__server_ready(s)));
+}
+
+void oi__health_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg)
+{
+    Grpc__Health__V1__HealthCheckRequest *req =
+        grpc__health__v1__health_check_request__unpack(NULL, msg->len, (const uint8_t *)msg->data);
+    if (req == NULL) {
+        oi_grpc_finish(call, OI_GRPC_INVALID_ARGUMENT, "malformed HealthCheckRequest");
+        return;
+    }
+    grpc__health__v1__health_check_request__free_unpacked(req, NULL);
+    if (!must_ask(s))
+        answer(s, call, current_status(s));
+    else if (oi__grpc_probe_ready(s, call, NULL) != 0)
+        answer(s, call, status_of(0)); /* as ServerReady: one that could not be asked is not ready */
+    /* else oi__health_answer, on this loop, once the models have answered */
+}
+
+/* On one loop's thread: tells that loop's watchers `status` if it changed; when the server
+ * is stopping, ends their calls too. */
+static void update_loop(oi_server_t *s, const oi_loop_t *loop, int status)
+{
     int stopping = atomic_load(&s->stopping);
     pthread_mutex_lock(&s->health_mu);
     prune(s, loop);
@@ -124,10 +150,58 @@ typedef struct {
     oi_loop_t *loop;
 } health_task_t;
 
+/* Whether `loop` has a watcher (that may still be open). */
+static int has_watchers(oi_server_t *s, const oi_loop_t *loop)
+{
+    int any = 0;
+    pthread_mutex_lock(&s->health_mu);
+    for (oi_health_watch_t *w = s->watchers; w != NULL && !any; w = w->next)
+        any = w->call->loop == loop;
+    pthread_mutex_unlock(&s->health_mu);
+    return any;
+}
+
+/* On the loop's thread: the models' answer for that loop's watchers. Counted in grpc_inflight
+ * from the ask (as a control call of a client is), so the server's stop waits for it. */
+static void finish_probe(oi_repo_call_t *rc)
+{
+    health_task_t *h = rc->ctx;
+    oi_server_t *s = h->server;
+    update_loop(s, h->loop, status_of(rc->status == NULL && rc->ready && oi__server_ready(s)));
+    oi_repo_call_free(rc);
+    free(h);
+    atomic_fetch_sub(&s->grpc_inflight, 1);
+}
+
+/* Asks the models for the watchers of h->loop; 0, or -1 when it could not (h not taken). */
+static int ask_for_watchers(health_task_t *h)
+{
+    oi_server_t *s = h->server;
+    oi_repo_call_t *rc = oi_repo_call_new(OI_REPO_READY);
+    if (rc == NULL)
+        return -1;
+    rc->version = -1;
+    atomic_fetch_add(&s->grpc_inflight, 1);
+    oi_status_t *st = oi__repo_submit(s, rc, h->loop, finish_probe, h);
+    if (st == NULL)
+        return 0;
+    atomic_fetch_sub(&s->grpc_inflight, 1);
+    oi_status_free(st);
+    oi_repo_call_free(rc);
+    return -1;
+}
+
 static void run_health_task(oi_task_t *t)
 {
     health_task_t *h = (health_task_t *)t;
-    update_loop(h->server, h->loop);
+    oi_server_t *s = h->server;
+    if (!must_ask(s) || atomic_load(&s->stopping) || !has_watchers(s, h->loop)) {
+        update_loop(s, h->loop, current_status(s));
+    } else if (ask_for_watchers(h) == 0) {
+        return; /* finish_probe frees h */
+    } else {
+        update_loop(s, h->loop, status_of(0)); /* one that could not be asked is not ready */
+    }
     free(h);
 }
 
@@ -154,7 +228,7 @@ typedef struct {
 static void stop_on_loop(void *arg)
 {
     stop_arg_t *a = arg;
-    update_loop(a->server, a->loop);
+    update_loop(a->server, a->loop, current_status(a->server));
 }
 
 void oi__health_stop(oi_server_t *s)
