@@ -413,6 +413,17 @@ def worker_children() -> set[int]:
     return found
 
 
+@pytest.fixture(scope="module")
+def file_gate(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A gate a model in any process can wait at: the path in $PYB_GATE, open once it exists
+    (the model notes each wait in PATH.held)."""
+    path = tmp_path_factory.mktemp("gate") / "open"
+    mp = pytest.MonkeyPatch()
+    mp.setenv("PYB_GATE", str(path))
+    yield path
+    mp.undo()
+
+
 def port_is_closed(port: int) -> bool:
     try:
         socket.create_connection(("127.0.0.1", port), timeout=1).close()

@@ -69,16 +69,7 @@ instance_group [{{ kind: KIND_CPU, count: {count} }}]
 
 
 @pytest.fixture(scope="module")
-def gate(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    path = tmp_path_factory.mktemp("gate") / "open"
-    mp = pytest.MonkeyPatch()
-    mp.setenv("PYB_GATE", str(path))
-    yield path
-    mp.undo()
-
-
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory: pytest.TempPathFactory, gate: Path) -> Iterator[openinfer.Server]:
+def srv(tmp_path_factory: pytest.TempPathFactory, file_gate: Path) -> Iterator[openinfer.Server]:
     repo = tmp_path_factory.mktemp("triton_batch_requests")
     add_model(repo, "apart", MODEL, CONFIG.format(name="apart", count=1))
     add_model(repo, "apart_workers", MODEL, CONFIG.format(name="apart_workers", count=2))
@@ -119,10 +110,10 @@ def over_grpc(srv: openinfer.Server, model: str, value: float, rows: int, params
 
 @pytest.mark.parametrize("model, blockers", [("apart", 1), ("apart_workers", 2)])
 def test_each_request_of_a_batch_has_its_own_parameters_and_errors(
-    srv: openinfer.Server, gate: Path, model: str, blockers: int
+    srv: openinfer.Server, file_gate: Path, model: str, blockers: int
 ) -> None:
-    gate.unlink(missing_ok=True)
-    Path(str(gate) + ".held").unlink(missing_ok=True)
+    file_gate.unlink(missing_ok=True)
+    Path(str(file_gate) + ".held").unlink(missing_ok=True)
     queued_params: list[tuple[Any, dict[str, Any]]] = [
         (over_http, {"scale": 2}),
         (over_http, {"fail": "row one is bad"}),
@@ -133,12 +124,12 @@ def test_each_request_of_a_batch_has_its_own_parameters_and_errors(
         holding = []
         for i in range(blockers):  # one at a time, so that each holds an instance of its own
             holding.append(pool.submit(over_http, srv, model, -1, 1, {}))
-            wait_for(lambda: held(gate) == i + 1, "a request held in execute")
+            wait_for(lambda: held(file_gate) == i + 1, "a request held in execute")
         # 1 + 2 + 3 + 1 rows: within max_batch_size 8, so one batch
         queued = [pool.submit(send, srv, model, float(k + 1), 1 if k == 3 else k + 1, params)
                   for k, (send, params) in enumerate(queued_params)]
         wait_for(lambda: pending(srv, model) == len(queued), "the requests queued behind the held ones")
-        gate.touch()
+        file_gate.touch()
         answers = [f.result(timeout=120) for f in queued]
         for f in holding:
             assert f.result(timeout=120)[0] == 200
@@ -153,20 +144,20 @@ def test_each_request_of_a_batch_has_its_own_parameters_and_errors(
 
 @pytest.mark.parametrize("model, blockers", [("apart", 1), ("apart_workers", 2)])
 def test_every_request_of_a_batch_failing_gets_its_own_error(
-    srv: openinfer.Server, gate: Path, model: str, blockers: int
+    srv: openinfer.Server, file_gate: Path, model: str, blockers: int
 ) -> None:
-    gate.unlink(missing_ok=True)
-    Path(str(gate) + ".held").unlink(missing_ok=True)
+    file_gate.unlink(missing_ok=True)
+    Path(str(file_gate) + ".held").unlink(missing_ok=True)
     with ThreadPoolExecutor(blockers + 2) as pool:
         holding = []
         for i in range(blockers):
             holding.append(pool.submit(over_http, srv, model, -1, 1, {}))
-            wait_for(lambda: held(gate) == i + 1, "a request held in execute")
+            wait_for(lambda: held(file_gate) == i + 1, "a request held in execute")
         # the same parameters: they batch together on any server
         queued = [pool.submit(over_http, srv, model, 1.0, rows, {"fail": "bad", "code": "UNAVAILABLE"})
                   for rows in (1, 2)]
         wait_for(lambda: pending(srv, model) == 2, "two requests queued behind the held ones")
-        gate.touch()
+        file_gate.touch()
         answers = [f.result(timeout=120) for f in queued]
         for f in holding:
             assert f.result(timeout=120)[0] == 200

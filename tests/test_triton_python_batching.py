@@ -59,16 +59,7 @@ instance_group [{{ kind: KIND_CPU, count: {count} }}]
 
 
 @pytest.fixture(scope="module")
-def gate(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    path = tmp_path_factory.mktemp("gate") / "open"
-    mp = pytest.MonkeyPatch()
-    mp.setenv("PYB_GATE", str(path))
-    yield path
-    mp.undo()
-
-
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory: pytest.TempPathFactory, gate: Path) -> Iterator[openinfer.Server]:
+def srv(tmp_path_factory: pytest.TempPathFactory, file_gate: Path) -> Iterator[openinfer.Server]:
     repo = tmp_path_factory.mktemp("triton_batching")
     add_model(repo, "batched", MODEL, CONFIG.format(name="batched", count=1))
     add_model(repo, "batched_workers", MODEL, CONFIG.format(name="batched_workers", count=2))
@@ -96,25 +87,25 @@ def infer(srv: openinfer.Server, model: str, value: float, rows: int, request_id
     return outs["N"], outs["ID"], outs["OUT"]
 
 
-def held(gate: Path) -> int:
-    marker = Path(str(gate) + ".held")
+def held(file_gate: Path) -> int:
+    marker = Path(str(file_gate) + ".held")
     return len(marker.read_text().splitlines()) if marker.exists() else 0
 
 
 @pytest.mark.parametrize("model, blockers", [("batched", 1), ("batched_workers", 2)])
 def test_execute_gets_the_requests_of_a_batch_apart(
-    srv: openinfer.Server, gate: Path, model: str, blockers: int
+    srv: openinfer.Server, file_gate: Path, model: str, blockers: int
 ) -> None:
-    gate.unlink(missing_ok=True)
-    Path(str(gate) + ".held").unlink(missing_ok=True)
+    file_gate.unlink(missing_ok=True)
+    Path(str(file_gate) + ".held").unlink(missing_ok=True)
     with ThreadPoolExecutor(blockers + 3) as pool:
         holding = []
         for i in range(blockers):  # one at a time, so that each holds an instance of its own
             holding.append(pool.submit(infer, srv, model, -1, 1, f"hold{i}"))
-            wait_for(lambda: held(gate) == i + 1, "a request held in execute")
+            wait_for(lambda: held(file_gate) == i + 1, "a request held in execute")
         queued = [pool.submit(infer, srv, model, float(k + 1), k + 1, f"q{k}") for k in range(3)]
         wait_for(lambda: pending(srv, model) == 3, "three requests queued behind the held ones")
-        gate.touch()
+        file_gate.touch()
         answers = [f.result(timeout=120) for f in queued]
         for f in holding:
             f.result(timeout=120)
