@@ -26,6 +26,8 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from .worker_peer import receive_from_workers
+
 _lock = threading.RLock()
 _families: weakref.WeakValueDictionary[str, MetricFamily] = weakref.WeakValueDictionary()
 _sinks: dict[int, Callable[[bytes], None]] = {}
@@ -44,6 +46,7 @@ def listen() -> str:
     with _lock:
         if _address is None:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # who sent each datagram
             name = f"\0openinfer-metrics-{os.getpid()}-{id(sock)}"
             sock.bind(name)
             threading.Thread(target=_receive, args=(sock,), name="openinfer-triton-metrics", daemon=True).start()
@@ -61,7 +64,9 @@ def send_to(address: str) -> None:
 
 def _receive(sock: socket.socket) -> None:
     while True:
-        data = sock.recv(1 << 20)
+        data = receive_from_workers(sock, 1 << 20)
+        if data is None:  # not one of our workers: another user's process found the name
+            continue
         try:
             message = json.loads(data)
             pid, families = int(message["pid"]), list(message["families"])

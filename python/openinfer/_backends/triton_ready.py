@@ -26,6 +26,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from . import triton_utils as pb
+from .worker_peer import connected_worker
 
 # python_backend's kUserModelReadinessTimeoutMs.
 TIMEOUT_S = 5.0
@@ -121,6 +122,9 @@ class WorkerReadiness:
                 conn, _ = self._sock.accept()
             except OSError:  # closed: the model is unloaded
                 return
+            if not connected_worker(conn):  # another user's process found the name
+                conn.close()
+                continue
             conn.settimeout(TIMEOUT_S)  # a worker says its number at once
             try:
                 said = conn.recv(4)
