@@ -1,7 +1,7 @@
 """Files that a model's configuration names, and where they may be.
 
 A configuration can come from a client (a load request's ``config`` override, or files sent
-with a load), so every path it names is resolved here, in `resolve`, inside the directory it
+with a load), so every path it names is opened here, by `open_beneath`, inside the directory it
 belongs to, and nothing else opens one:
 
 - a file name where Triton takes one (``default_model_filename`` and the values of
@@ -12,14 +12,23 @@ belongs to, and nothing else opens one:
 - neither is absolute or holds NUL, and once symbolic links are resolved it still lies inside
   that directory (a link in the repository that points elsewhere is refused).
 
+The file is opened once and read from that descriptor: checking a path and opening it later lets
+whoever can write in the model directory swap a file for a link to ``/etc/shadow`` in between.
+`open_beneath` resolves with ``openat2(RESOLVE_BENEATH)`` from a descriptor of the directory,
+where the kernel has it (Linux 5.6), and otherwise walks the path one component at a time with
+``O_NOFOLLOW``, following each link by hand and never above the directory.
+
 Messages name paths relative to the model directory, never where the server keeps it (files sent
 with a load live in a temporary directory of the server's).
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 import re
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -79,10 +88,11 @@ def check_name(name: object, what: str, where: str, nested: bool = False) -> str
 
 
 def resolve(directory: Path, name: object, what: str, model_dir: Path, nested: bool = False) -> Path:
-    """THE way to a file a configuration names: `name` (the value of field `what`) inside
-    `directory` (the model directory `model_dir` or a folder of it), with symbolic links
-    resolved. The file need not exist (the caller says so in its words). Raises PathError when
-    the name is not one `check_name` accepts or leads outside `directory`."""
+    """Where `name` (the value of field `what`) lies inside `directory` (the model directory
+    `model_dir` or a folder of it), with symbolic links resolved, for messages and for checks
+    of a configuration's shape; never open the answer (use `open_beneath`: the file can change
+    in between). Raises PathError when the name is not one `check_name` accepts or leads
+    outside `directory`."""
     where = place(directory, model_dir)
     check_name(name, what, where, nested)
     assert isinstance(name, str)
@@ -91,6 +101,152 @@ def resolve(directory: Path, name: object, what: str, model_dir: Path, nested: b
     if os.path.commonpath([root, target]) != root or target == root:
         raise PathError(f"{what} '{printable(name)}' leads outside {where} (through a symbolic link)")
     return Path(target)
+
+
+def open_beneath(directory: Path, name: object, what: str, model_dir: Path, nested: bool = False) -> int:
+    """THE way to open a file a configuration names: `name` (the value of field `what`) inside
+    `directory` (`model_dir` or a folder of it, itself reached from `model_dir` without leaving
+    it), as a read-only descriptor (close-on-exec) of a regular file. Symbolic links are
+    followed only while they stay inside `directory`. Raises PathError when the name is not one
+    `check_name` accepts, leads outside `directory` or is not a regular file, and OSError
+    (FileNotFoundError, PermissionError, ...) when it cannot be opened."""
+    where = place(directory, model_dir)
+    check_name(name, what, where, nested)
+    assert isinstance(name, str)
+    root = os.open(model_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        sub = Path(directory).relative_to(model_dir).as_posix()
+        if sub != ".":
+            inner = _open_beneath(root, sub, os.O_RDONLY | os.O_DIRECTORY, what, name, where)
+            os.close(root)
+            root = inner
+        fd = _open_beneath(root, name, os.O_RDONLY | os.O_NONBLOCK, what, name, where)
+    finally:
+        os.close(root)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise PathError(f"{what} '{printable(name)}' in {where} is not a regular file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_beneath(directory: Path, name: object, what: str, model_dir: Path, nested: bool = False) -> bytes:
+    """The bytes of the file `open_beneath` opens."""
+    with os.fdopen(open_beneath(directory, name, what, model_dir, nested), "rb") as f:
+        return f.read()
+
+
+def fd_path(fd: int) -> str:
+    """A path that names the open file `fd` itself, for a library that takes only a path (the
+    kernel opens what the descriptor holds, whatever the directory holds by then)."""
+    return f"/proc/self/fd/{fd}"
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+_SYS_OPENAT2 = 437  # the same number on every architecture Linux has added it to since 5.6
+_RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_BENEATH = 0x08
+_MAX_LINKS = 40  # as the kernel's own path walk (ELOOP past it)
+
+
+def _syscall():
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall
+    except (OSError, AttributeError):
+        return None
+
+
+_libc_syscall = _syscall()
+# None once openat2 is known to be missing (old kernel, or a seccomp filter that answers ENOSYS
+# or EPERM, as container runtimes' default profiles did before they knew it).
+_openat2_usable = _libc_syscall is not None
+
+
+def _openat2(dir_fd: int, rel: str, flags: int) -> int:
+    how = _OpenHow(flags | os.O_CLOEXEC | os.O_NOCTTY, 0, _RESOLVE_BENEATH | _RESOLVE_NO_MAGICLINKS)
+    fd = _libc_syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(dir_fd), os.fsencode(rel),
+                       ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), rel)
+    return fd
+
+
+def _open_beneath(dir_fd: int, rel: str, flags: int, what: str, name: str, where: str) -> int:
+    """`rel` opened with `flags` from `dir_fd`, never resolving above it; the refusal of a path
+    that would leave it is a PathError naming the configured `name`."""
+    global _openat2_usable
+    try:
+        if _openat2_usable:
+            try:
+                return _openat2(dir_fd, rel, flags)
+            except OSError as e:
+                if e.errno not in (errno.ENOSYS, errno.EPERM):
+                    raise
+                _openat2_usable = False
+        return _walk(dir_fd, rel, flags)
+    except OSError as e:
+        if e.errno == errno.EXDEV:
+            raise PathError(f"{what} '{printable(name)}' leads outside {where} (through a symbolic link)") from None
+        if e.errno == errno.ELOOP:
+            raise PathError(f"{what} '{printable(name)}' in {where}: too many levels of symbolic links") from None
+        raise
+
+
+def _walk(dir_fd: int, rel: str, flags: int) -> int:
+    """What openat2(RESOLVE_BENEATH) does, one component at a time: each directory is opened
+    with O_NOFOLLOW from the one before, a link's target is read and walked in its place
+    (an absolute one, or '..' above `dir_fd`, is EXDEV), and the last component is opened with
+    O_NOFOLLOW, so nothing a writer swaps in meanwhile is followed."""
+    stack = [os.dup(dir_fd)]
+    todo = [p for p in rel.split("/") if p not in ("", ".")][::-1]
+    links = 0
+    try:
+        while todo:
+            part = todo.pop()
+            if part == "..":
+                if len(stack) == 1:
+                    raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), rel)
+                os.close(stack.pop())
+                continue
+            last = not todo
+            try:
+                fd = os.open(part, (flags if last else os.O_RDONLY | os.O_DIRECTORY) | os.O_NOFOLLOW
+                             | os.O_CLOEXEC | os.O_NOCTTY, dir_fd=stack[-1])
+            except OSError as e:
+                # O_NOFOLLOW on a link: ELOOP (O_DIRECTORY on a link: ENOTDIR).
+                if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                try:
+                    target = os.readlink(part, dir_fd=stack[-1])
+                except OSError as not_link:
+                    if not_link.errno != errno.EINVAL or e.errno == errno.ENOTDIR:
+                        raise e from None
+                    target = None  # a link a moment ago, a file now: try the component again
+                links += 1
+                if links > _MAX_LINKS:
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), rel) from None
+                if target is None:
+                    todo.append(part)
+                    continue
+                if target.startswith("/"):
+                    raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), rel) from None
+                todo.extend(p for p in target.split("/")[::-1] if p not in ("", "."))
+                continue
+            if last:
+                return fd
+            stack.append(fd)
+        raise OSError(errno.EISDIR, os.strerror(errno.EISDIR), rel)  # rel named the directory itself
+    finally:
+        for fd in stack:
+            os.close(fd)
 
 
 def configured(config: dict[str, Any]) -> Iterator[tuple[str, object, str, bool]]:
@@ -125,7 +281,7 @@ def configured(config: dict[str, Any]) -> Iterator[tuple[str, object, str, bool]
 def check_config(config: dict[str, Any]) -> None:
     """Checks the shape of every path a normalized configuration names (`configured`); raises
     PathError for the first that `check_name` refuses. Where the files are is checked when they
-    are opened, through `resolve`."""
+    are opened, through `open_beneath`."""
     for what, name, folder, nested in configured(config):
         where = {"": "the model directory", "<version>": "the version directory"}.get(
             folder, f"the model's {folder}/ directory"
