@@ -5,7 +5,11 @@ over HTTP with the binary tensor extension and each against its own in-process l
 file run directly (``InferenceSession.run`` with one intra-op thread; ``module(x)`` under
 torch.inference_mode with one thread) on the same core.
 
-    .venv/bin/python benchmarks/s12_onnx.py [--quick] [--rounds N] [--duration S]
+    .venv/bin/python benchmarks/s12_onnx.py [--quick] [--rounds N] [--duration S] [--device cuda]
+
+With --device cuda (onnxruntime-gpu) both models are instances on GPU 0 (KIND_GPU: ONNX
+Runtime's CUDA execution provider) and the in-process calls take host arrays and return host
+arrays, as the server must; results go to s12_onnx_cuda.*.
 
 Per runtime, side by side in each round:
   * overhead: wrk with one connection sends batch-1 requests; the p50 latency minus the p50
@@ -38,11 +42,12 @@ EXAMPLES = C.REPO_ROOT / "examples" / "models"
 RUNTIMES = {"onnx": "mlp_onnx", "torchscript": "mlp"}  # runtime -> example model
 
 
-def onnx_config(name: str, max_batch: int, batching: bool) -> str:
+def onnx_config(name: str, max_batch: int, batching: bool, device: str) -> str:
     text = f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: {max_batch}\n'
     text += 'input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'
     text += 'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
-    text += "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
+    kind = "KIND_GPU gpus: [ 0 ]" if device == "cuda" else "KIND_CPU"
+    text += f"instance_group [ {{ count: 1 kind: {kind} }} ]\n"
     text += 'parameters { key: "intra_op_thread_count" value: { string_value: "1" } }\n'
     text += 'parameters { key: "inter_op_thread_count" value: { string_value: "1" } }\n'
     if batching:
@@ -50,25 +55,26 @@ def onnx_config(name: str, max_batch: int, batching: bool) -> str:
     return text
 
 
-def make_repo(path: Path, max_batch: int) -> None:
+def make_repo(path: Path, max_batch: int, device: str) -> None:
     for name, batching in (("mlp_onnx", False), ("mlp_onnx_batched", True)):
         (path / name / "1").mkdir(parents=True)
         shutil.copy(EXAMPLES / "mlp_onnx" / "1" / "model.onnx", path / name / "1" / "model.onnx")
-        (path / name / "config.pbtxt").write_text(onnx_config(name, max_batch, batching))
+        (path / name / "config.pbtxt").write_text(onnx_config(name, max_batch, batching, device))
     for name, batching in (("mlp", False), ("mlp_batched", True)):
         (path / name / "1").mkdir(parents=True)
         shutil.copy(EXAMPLES / "mlp" / "1" / "model.pt", path / name / "1" / "model.pt")
-        (path / name / "config.pbtxt").write_text(S6.config(name, "mlp", max_batch, batching))
+        (path / name / "config.pbtxt").write_text(S6.config(name, "mlp", max_batch, batching, device))
 
 
 IN_PROCESS_ONNX = """
 import json, sys, time
 import numpy as np, onnxruntime as ort
-path, batch, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+path, batch, seconds, device = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
 so = ort.SessionOptions()
 so.intra_op_num_threads = 1
 so.inter_op_num_threads = 1
-s = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+providers = ["CUDAExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
+s = ort.InferenceSession(path, so, providers=providers)
 feed = {"INPUT__0": np.zeros((batch, 16), np.float32)}
 for _ in range(200):
     s.run(None, feed)
@@ -82,11 +88,11 @@ print(json.dumps({"p50_us": times[len(times) // 2] / 1e3, "p99_us": times[int(le
 """
 
 
-def in_process(runtime: str, batch: int, seconds: float, cpu: str) -> dict[str, float]:
+def in_process(runtime: str, batch: int, seconds: float, cpu: str, device: str) -> dict[str, float]:
     if runtime == "torchscript":
-        return S6.in_process("mlp", batch, seconds, cpu)
+        return S6.in_process("mlp", batch, seconds, cpu, device)
     argv = ["taskset", "-c", cpu, sys.executable, "-c", IN_PROCESS_ONNX,
-            str(EXAMPLES / "mlp_onnx" / "1" / "model.onnx"), str(batch), str(seconds)]  # fmt: skip
+            str(EXAMPLES / "mlp_onnx" / "1" / "model.onnx"), str(batch), str(seconds), device]  # fmt: skip
     out = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
         raise SystemExit(f"error: in-process run failed:\n{out.stderr[-2000:]}")
@@ -94,19 +100,27 @@ def in_process(runtime: str, batch: int, seconds: float, cpu: str) -> dict[str, 
 
 
 def main() -> int:
-    args = C.model_args(__doc__)
+    def s12_options(ap) -> None:
+        ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the model instances run (cuda: GPU 0, KIND_GPU)")
+
+    args = C.model_args(__doc__, s12_options)
     try:
         import onnxruntime
         import torch
     except ImportError as e:
         raise SystemExit(f"error: S12 needs onnxruntime and torch in this Python ({e})") from None
+    if args.device == "cuda" and "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+        raise SystemExit("error: --device cuda: this onnxruntime has no CUDA execution provider "
+                         "(pip install onnxruntime-gpu)")
+    name = NAME if args.device == "cpu" else f"{NAME}_{args.device}"
     out_dir = args.out or (C.RAW_DIR if args.quick else C.RESULTS_DIR)
     started, load_before = time.monotonic(), C.loadavg()
-    raw_dir = C.RAW_DIR / NAME / time.strftime("%Y%m%d-%H%M%S")
+    raw_dir = C.RAW_DIR / name / time.strftime("%Y%m%d-%H%M%S")
     raw_dir.mkdir(parents=True, exist_ok=True)
     tmp = C.make_tmpdir("oi-s12-")
     repo = tmp / "repo"
-    make_repo(repo, args.max_batch)
+    make_repo(repo, args.max_batch, args.device)
     port = C.free_port()
     base = f"http://127.0.0.1:{port}"
     server = C.openinfer_server(port, args.server_cpu, raw_dir / "openinfer.log", threads=1, extra=[str(repo)])
@@ -126,10 +140,10 @@ def main() -> int:
             for runtime, model in RUNTIMES.items():
                 w = C.run_wrk(f"{base}/v2/models/{model}/infer", script, 1, args.duration, args.client_cpu,
                               label=f"{model} c1", servers=[server])
-                ip1 = in_process(runtime, 1, args.duration, args.server_cpu)
+                ip1 = in_process(runtime, 1, args.duration, args.server_cpu, args.device)
                 wb = C.run_wrk(f"{base}/v2/models/{model}_batched/infer", script, args.connections, args.duration,
                                args.client_cpu, label=f"{model} batched", servers=[server])
-                ipb = in_process(runtime, args.max_batch, args.duration, args.server_cpu)
+                ipb = in_process(runtime, args.max_batch, args.duration, args.server_cpu, args.device)
                 for r in (w, wb):
                     if not r.ok:
                         raise SystemExit(f"error: wrk: {r.error}\n{r.raw[-1000:]}")
@@ -165,10 +179,10 @@ def main() -> int:
                   "p50 overhead µs", "of in-process rate", f"batching rows/s (c={args.connections})",
                   f"in-process rows/s (batch {args.max_batch})", "of in-process batch rate"]
     out_dir.mkdir(parents=True, exist_ok=True)
-    C.write_csv(out_dir / f"{NAME}.csv", ["runtime", "round", "c1_rps", "c1_p50_us", "c1_p99_us",
+    C.write_csv(out_dir / f"{name}.csv", ["runtime", "round", "c1_rps", "c1_p50_us", "c1_p99_us",
                                          "inproc_b1_p50_us", "inproc_b1_calls_per_s", "batched_rows_per_s",
                                          "batched_p50_us", "batched_p99_us", "inproc_batch_rows_per_s"], csv_rows)
-    C.write_ratios(out_dir, NAME, ratio_rows)
+    C.write_ratios(out_dir, name, ratio_rows)
     facts = C.machine_facts()
     lines = C.report_header("S12 — ONNX Runtime serving beside TorchScript: overhead and dynamic batching",
                             args.quick, time.monotonic() - started) + [
@@ -184,17 +198,17 @@ def main() -> int:
         "examples/models/mlp_onnx (ONNX Runtime through its C API, intra_op_thread_count 1) and "
         "examples/models/mlp (the same network as TorchScript, INTRA_OP_THREAD_COUNT 1); `<model>`: no "
         f"batching, `<model>_batched`: dynamic_batching, max_queue_delay 1000 µs, max_batch_size {args.max_batch}; "
-        "one CPU instance each.",
+        f"one {'CPU' if args.device == 'cpu' else 'GPU 0'} instance each.",
         f"- In-process limits: `InferenceSession.run` (onnxruntime {onnxruntime.__version__}, one intra-op "
         f"and one inter-op thread) and `module(x)` (torch {torch.__version__}, one thread, inference_mode).",
         f"- Load: wrk on CPU {args.client_cpu} (`-c 1` for batch 1, `-c {args.connections}` for batching), HTTP "
         f"with the binary tensor extension, batch-1 requests of zeros; the server and the in-process runs on "
         f"CPU {args.server_cpu}. {args.rounds} rounds of {args.duration:g} s, runtimes in turn.",
         f"- {facts['cpu']}, {facts['nproc']} cores; load before {load_before}, after {C.loadavg()}.",
-        f"- Per-run numbers: `{NAME}.csv`; logs `{C.rel(raw_dir)}/` (not committed).",
+        f"- Per-run numbers: `{name}.csv`; logs `{C.rel(raw_dir)}/` (not committed).",
         "",
     ]
-    C.write_report(NAME, out_dir, lines, "s12")
+    C.write_report(name, out_dir, lines, "s12")
     print("\n".join(lines))
     return 0
 

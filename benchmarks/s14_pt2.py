@@ -3,7 +3,11 @@
 libtorch's AOTIModelPackageLoader inside the torch shim) beside the same network as TorchScript
 (examples/models/mlp, S6's model), served over HTTP with the binary tensor extension.
 
-    .venv/bin/python benchmarks/s14_pt2.py [--quick] [--rounds N] [--duration S]
+    .venv/bin/python benchmarks/s14_pt2.py [--quick] [--rounds N] [--duration S] [--device cuda]
+
+With --device cuda both models are instances on GPU 0 (KIND_GPU), the package is compiled for
+CUDA, and the in-process calls copy the input to the GPU and the output back, as the server
+must; results go to s14_pt2_cuda.*.
 
 Per round, side by side:
   * overhead: wrk with one connection sends batch-1 requests; the p50 latency minus the p50 of
@@ -50,49 +54,51 @@ output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1, 16 ] }} ]
 """
 
 
-def pt2_config(name: str, max_batch: int, batching: bool) -> str:
+def pt2_config(name: str, max_batch: int, batching: bool, device: str) -> str:
     text = f'name: "{name}"\nplatform: "torch_aoti"\nmax_batch_size: {max_batch}\n'
     text += 'input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'
     text += 'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
-    text += "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
+    kind = "KIND_GPU gpus: [ 0 ]" if device == "cuda" else "KIND_CPU"
+    text += f"instance_group [ {{ count: 1 kind: {kind} }} ]\n"
     text += 'parameters { key: "INTRA_OP_THREAD_COUNT" value: { string_value: "1" } }\n'
     if batching:
         text += "dynamic_batching { max_queue_delay_microseconds: 1000 }\n"
     return text
 
 
-def package(dest: Path) -> str:
+def package(dest: Path, device: str) -> str:
     """The example's package at `dest`: copied from openinfer's cache when a server built it
-    for this torch, else compiled now by the example's recipe. Returns where it came from."""
+    for this torch (the CPU package only), else compiled now by the example's recipe. Returns
+    where it came from."""
     version_dir = EXAMPLES / "mlp_pt2" / "1"
     try:
         from openinfer._pt2_build import package_path
 
-        cached = package_path(version_dir)
+        cached = package_path(version_dir) if device == "cpu" else None
     except Exception:  # noqa: BLE001  (no openinfer or torch here: compile below)
         cached = None
     dest.parent.mkdir(parents=True, exist_ok=True)
     if cached is not None and cached.is_file():
         shutil.copy(cached, dest)
         return f"openinfer's cache ({cached})"
-    print("[s14] compiling the mlp_pt2 package (tens of seconds)", flush=True)
-    out = subprocess.run([sys.executable, str(version_dir / "export.py"), str(dest)], capture_output=True,
+    print(f"[s14] compiling the mlp_pt2 package for {device} (tens of seconds)", flush=True)
+    out = subprocess.run([sys.executable, str(version_dir / "export.py"), str(dest), device], capture_output=True,
                          text=True, timeout=900)  # fmt: skip
     if out.returncode != 0 or not dest.is_file():
         raise SystemExit(f"error: compiling the package failed:\n{out.stderr[-3000:]}")
     return f"compiled by `{C.rel(version_dir / 'export.py')}`"
 
 
-def make_repo(path: Path, max_batch: int) -> str:
-    source = package(path / "mlp_pt2" / "1" / "model.pt2")
+def make_repo(path: Path, max_batch: int, device: str) -> str:
+    source = package(path / "mlp_pt2" / "1" / "model.pt2", device)
     (path / "mlp_pt2_batched" / "1").mkdir(parents=True)
     shutil.copy(path / "mlp_pt2" / "1" / "model.pt2", path / "mlp_pt2_batched" / "1" / "model.pt2")
     for name, batching in (("mlp_pt2", False), ("mlp_pt2_batched", True)):
-        (path / name / "config.pbtxt").write_text(pt2_config(name, max_batch, batching))
+        (path / name / "config.pbtxt").write_text(pt2_config(name, max_batch, batching, device))
     for name, batching in (("mlp", False), ("mlp_batched", True)):
         (path / name / "1").mkdir(parents=True)
         shutil.copy(EXAMPLES / "mlp" / "1" / "model.pt", path / name / "1" / "model.pt")
-        (path / name / "config.pbtxt").write_text(S6.config(name, "mlp", max_batch, batching, "cpu"))
+        (path / name / "config.pbtxt").write_text(S6.config(name, "mlp", max_batch, batching, device))
     (path / IDENTITY / "1").mkdir(parents=True)
     (path / IDENTITY / "config.pbtxt").write_text(IDENTITY_CONFIG)
     return source
@@ -113,26 +119,34 @@ def identity_request() -> tuple[bytes, dict[str, str]]:
 IN_PROCESS_PT2 = """
 import json, sys, time, torch
 torch.set_num_threads(1)
-path, batch, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+path, batch, seconds, device = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
 m = torch._inductor.aoti_load_package(path)
 x = torch.zeros(batch, 16)
+
+
+def call():  # on CUDA as a server must: the input to the GPU, the outputs back (.cpu() synchronizes)
+    return m(x) if device == "cpu" else [o.cpu() for o in m(x.to(device))]
+
+
 with torch.inference_mode():
     for _ in range(200):
-        m(x)
+        call()
     times = []
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
-        t0 = time.perf_counter_ns(); m(x); times.append(time.perf_counter_ns() - t0)
+        t0 = time.perf_counter_ns(); call(); times.append(time.perf_counter_ns() - t0)
 times.sort()
 print(json.dumps({"p50_us": times[len(times) // 2] / 1e3, "p99_us": times[int(len(times) * 0.99)] / 1e3,
                   "calls_per_s": len(times) / (sum(times) / 1e9), "rows_per_s": batch * len(times) / (sum(times) / 1e9)}))
 """
 
 
-def in_process(runtime: str, package_file: Path, batch: int, seconds: float, cpu: str) -> dict[str, float]:
+def in_process(runtime: str, package_file: Path, batch: int, seconds: float, cpu: str,
+               device: str) -> dict[str, float]:
     if runtime == "torchscript":
-        return S6.in_process("mlp", batch, seconds, cpu, "cpu")
-    argv = ["taskset", "-c", cpu, sys.executable, "-c", IN_PROCESS_PT2, str(package_file), str(batch), str(seconds)]
+        return S6.in_process("mlp", batch, seconds, cpu, device)
+    argv = ["taskset", "-c", cpu, sys.executable, "-c", IN_PROCESS_PT2, str(package_file), str(batch), str(seconds),
+            device]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
         raise SystemExit(f"error: in-process run failed:\n{out.stderr[-2000:]}")
@@ -157,18 +171,25 @@ def check_answers(base: str, body: bytes, headers: dict[str, str]) -> None:
 
 
 def main() -> int:
-    args = C.model_args(__doc__)
+    def s14_options(ap) -> None:
+        ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the model instances run (cuda: GPU 0, KIND_GPU)")
+
+    args = C.model_args(__doc__, s14_options)
     try:
         import torch
     except ImportError as e:
         raise SystemExit(f"error: S14 needs torch in this Python ({e})") from None
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: --device cuda: torch sees no CUDA GPU here")
+    name = NAME if args.device == "cpu" else f"{NAME}_{args.device}"
     out_dir = args.out or (C.RAW_DIR if args.quick else C.RESULTS_DIR)
     started, load_before = time.monotonic(), C.loadavg()
-    raw_dir = C.RAW_DIR / NAME / time.strftime("%Y%m%d-%H%M%S")
+    raw_dir = C.RAW_DIR / name / time.strftime("%Y%m%d-%H%M%S")
     raw_dir.mkdir(parents=True, exist_ok=True)
     tmp = C.make_tmpdir("oi-s14-")
     repo = tmp / "repo"
-    source = make_repo(repo, args.max_batch)
+    source = make_repo(repo, args.max_batch, args.device)
     package_file = repo / "mlp_pt2" / "1" / "model.pt2"
     port = C.free_port()
     base = f"http://127.0.0.1:{port}"
@@ -191,13 +212,13 @@ def main() -> int:
             for runtime, model in RUNTIMES.items():
                 w = C.run_wrk(f"{base}/v2/models/{model}/infer", script, 1, args.duration, args.client_cpu,
                               label=f"{model} c1", servers=[server])
-                ip1 = in_process(runtime, package_file, 1, args.duration, args.server_cpu)
+                ip1 = in_process(runtime, package_file, 1, args.duration, args.server_cpu, args.device)
                 # The transport's rate right before the batched run: the pair is the ratio's.
                 wi = C.run_wrk(f"{base}/v2/models/{IDENTITY}/infer", iscript, args.connections, args.duration,
                                args.client_cpu, label="identity", servers=[server])  # fmt: skip
                 wb = C.run_wrk(f"{base}/v2/models/{model}_batched/infer", script, args.connections, args.duration,
                                args.client_cpu, label=f"{model} batched", servers=[server])
-                ipb = in_process(runtime, package_file, args.max_batch, args.duration, args.server_cpu)
+                ipb = in_process(runtime, package_file, args.max_batch, args.duration, args.server_cpu, args.device)
                 for r in (w, wi, wb):
                     if not r.ok:
                         raise SystemExit(f"error: wrk: {r.error}\n{r.raw[-1000:]}")
@@ -241,11 +262,11 @@ def main() -> int:
                   f"transport req/s (identity, c={args.connections})", "of the transport's rate",
                   f"in-process rows/s (batch {args.max_batch})"]
     out_dir.mkdir(parents=True, exist_ok=True)
-    C.write_csv(out_dir / f"{NAME}.csv", ["runtime", "round", "c1_rps", "c1_p50_us", "c1_p99_us",
+    C.write_csv(out_dir / f"{name}.csv", ["runtime", "round", "c1_rps", "c1_p50_us", "c1_p99_us",
                                          "inproc_b1_p50_us", "inproc_b1_calls_per_s", "batched_rows_per_s",
                                          "batched_p50_us", "batched_p99_us", "transport_rps",
                                          "inproc_batch_rows_per_s"], csv_rows)
-    C.write_ratios(out_dir, NAME, ratio_rows)
+    C.write_ratios(out_dir, name, ratio_rows)
     ratio = C.summarize([p / t for p, t in zip(overheads["pt2"], overheads["torchscript"])])
     lines = C.report_header("S14 — PyTorch 2 AOTInductor package beside TorchScript: overhead and dynamic "
                             "batching", args.quick, time.monotonic() - started) + [
@@ -264,7 +285,7 @@ def main() -> int:
         f"(`platform: \"torch_aoti\"`, the package of examples/models/mlp_pt2, {source}), `mlp` (the same network "
         "and weights as TorchScript, examples/models/mlp), both INTRA_OP_THREAD_COUNT 1; `<model>`: no "
         f"batching, `<model>_batched`: dynamic_batching, max_queue_delay 1000 µs, max_batch_size {args.max_batch}; "
-        f"one CPU instance each; `{IDENTITY}`: `backend: \"identity\"`, FP32 [1, 16] in and out.",
+        f"one {'CPU' if args.device == 'cpu' else 'GPU 0'} instance each; `{IDENTITY}`: `backend: \"identity\"`, FP32 [1, 16] in and out.",
         f"- In-process: `torch._inductor.aoti_load_package(path)(x)` and `module(x)` (torch {torch.__version__}, "
         "one thread, inference_mode), batch 1 and batch max_batch_size, on the server's CPU.",
         f"- Load: wrk on CPU {args.client_cpu} (`-c 1` for batch 1, `-c {args.connections}` for batching and the "
@@ -273,10 +294,10 @@ def main() -> int:
         f"{args.rounds} rounds of {args.duration:g} s, runtimes in turn; the transport is measured right before "
         "each batched run, and each ratio is of that pair.",
         C.machine_line((load_before, load_after)),
-        f"- Per-run numbers: `{NAME}.csv`; logs `{C.rel(raw_dir)}/` (not committed).",
+        f"- Per-run numbers: `{name}.csv`; logs `{C.rel(raw_dir)}/` (not committed).",
         "",
     ]
-    C.write_report(NAME, out_dir, lines, "s14")
+    C.write_report(name, out_dir, lines, "s14")
     print("\n".join(lines))
     return 0
 

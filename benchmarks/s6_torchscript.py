@@ -16,7 +16,7 @@ Two measures per model, each taken side by side A B A B for N rounds:
     dynamic_batching (max_batch_size = --max-batch); rows/s against the in-process
     throughput of calling the module on batches of max_batch_size rows (the largest batch
     the server can form, so the ratio is a lower bound).
-The server (`openinfer serve`, one loop thread, one model instance) and the in-process
+The server (`openinfer serve`, --threads loop threads (1), one model instance) and the in-process
 runs are pinned to --server-cpu, wrk to --client-cpu. Results: benchmarks/results/
 s6_torchscript.md and .csv (--quick: benchmarks/results/raw/).
 """
@@ -156,9 +156,13 @@ def main() -> int:
         ap.add_argument("--peers", default=None, help="'pytriton' (default) or 'none'")
         ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="where the model instances run (cuda: GPU 0, KIND_GPU)")
+        ap.add_argument("--threads", type=int, default=1,
+                        help="server event-loop threads (1); give --server-cpu as many CPUs")
+        ap.add_argument("--wrk-threads", type=int, default=1, help="wrk threads for the batching runs (1)")
 
     args = C.model_args(__doc__, s6_options)
     name = NAME if args.device == "cpu" else f"{NAME}_{args.device}"
+    name += f"_t{args.threads}" if args.threads > 1 else ""
     args.models = args.models or ("mlp" if args.quick else "mlp,cnn")
     try:
         import torch
@@ -176,7 +180,8 @@ def main() -> int:
     repo = tmp / "repo"
     make_repo(repo, args.max_batch, args.device)
     port = C.free_port()
-    server = C.openinfer_server(port, args.server_cpu, raw_dir / "openinfer.log", threads=1, extra=[str(repo)])
+    server = C.openinfer_server(port, args.server_cpu, raw_dir / "openinfer.log", threads=args.threads,
+                                extra=[str(repo)])
     peer_problems: list[str] = []
     peers: dict = {}
     # per model: list of per-round dicts
@@ -217,7 +222,7 @@ def main() -> int:
                     for n in bases:
                         wb = C.run_wrk(f"{bases[n]}/v2/models/{model}_batched/infer", script, args.connections,
                                        args.duration, args.client_cpu, label=f"{n} {model} batched",
-                                       servers=[procs[n]])
+                                       threads=args.wrk_threads, servers=[procs[n]])
                         if not wb.ok:
                             raise SystemExit(f"error: wrk {n}: {wb.error}\n{wb.raw[-1000:]}")
                         d[(n, "batched")] = wb
@@ -308,7 +313,7 @@ def main() -> int:
         C.markdown_table(headers_md, rows),
         "## Method",
         "",
-        f"- openinfer: `python -m openinfer serve --threads 1 <repo>`, the repo made here from "
+        f"- openinfer: `python -m openinfer serve --threads {args.threads} <repo>`, the repo made here from "
         f"examples/models/{{mlp,cnn}} (`<model>`: no batching; `<model>_batched`: dynamic_batching, "
         f"max_queue_delay 1000 µs, max_batch_size {args.max_batch}), one "
         f"{'CPU instance' if args.device == 'cpu' else 'instance on GPU 0 (KIND_GPU)'}, INTRA_OP_THREAD_COUNT 1.",
