@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from .._backends import ensemble, processes
-from .._config import paths, triton_config
+from .._config import limits, paths, triton_config
 from .._repository import warmup
 from ..config import (
     DEFAULT_MAX_JSON_DEPTH,
@@ -122,7 +122,7 @@ class ModelControl:
         self._poll_secs = poll_secs
         self._optional_torch = optional_torch
         self._max_json_depth = max_json_depth or DEFAULT_MAX_JSON_DEPTH  # 0: the core's default
-        self._max_instances = max_instances or default_max_instances()
+        self._max_instances = max_instances or limits.default_max_instances()
         self._given: dict[str, list[Model]] = {}
         for model in given:
             self._given.setdefault(model.name, []).append(model)
@@ -268,7 +268,7 @@ class ModelControl:
                 override = parse_json_config(config, max_depth=self._max_json_depth)
             except ConfigError as e:
                 raise InferenceServerError(400, f"failed to load '{name}': Invalid {e}") from None
-            _check_override_paths(name, override)
+            _check_override(name, override, self._max_instances)
         if files and override is None:
             raise InferenceServerError(
                 400, "Load parameter 'config' must be specified for model file override"
@@ -751,14 +751,6 @@ def _warm_up(entry: LoadedModel, handle: Any, model_dir: Path | None) -> str | N
     return None
 
 
-def default_max_instances() -> int:
-    """max_instances when not given: four instances per usable CPU, and at least 64 (enough for
-    a repository of GPU models on a host of few CPUs)."""
-    from .. import _core
-
-    return max(64, 4 * int(_core.usable_cpus()))
-
-
 def _instances(entry: LoadedModel) -> int:
     """The model instances (executor threads, worker processes, sessions) a version starts."""
     if entry.error is not None or entry.model is None or isinstance(entry.model, ensemble.EnsembleModel):
@@ -766,18 +758,26 @@ def _instances(entry: LoadedModel) -> int:
     return int(getattr(entry.model, "instances", 0))
 
 
-def _check_override_paths(name: str, override: ModelConfig) -> None:
+def _check_override(name: str, override: ModelConfig, max_instances: int) -> None:
     """Refuses a config override that names a file outside the model's directory (see
-    openinfer._config.paths) before the load goes near the file system. A config that cannot be
-    normalized is left to the load, which reports it as it does for config.pbtxt."""
+    openinfer._config.paths) or asks for more than the server allows (openinfer._config.limits,
+    --max-instances) before the load goes near the file system or allocates anything. A config
+    that cannot be normalized is left to the load, which reports it as it does for config.pbtxt."""
     try:
         normalized = triton_config.normalize(override.raw, "the config override")
     except ConfigError:
         return
+    asked = limits.instances(normalized)
+    if asked > max_instances:
+        raise InferenceServerError(400, f"failed to load '{name}': instance_group count {asked} exceeds the "
+                                        f"server's limit of {max_instances} instances (--max-instances)")
     try:
         paths.check_config(normalized)
+        limits.check(normalized, "config override")
     except paths.PathError as e:
         raise InferenceServerError(400, f"failed to load '{name}': Invalid config override: {e}") from None
+    except ConfigError as e:
+        raise InferenceServerError(400, f"failed to load '{name}': Invalid {e}") from None
 
 
 def _hide(text: str | None, model_dir: Path | None) -> str | None:
