@@ -19,37 +19,22 @@ from typing import Any
 import pytest
 import requests
 
-from conftest import Cli
+from conftest import INT32_IO, Cli, python_model
 
 BOUND = 60.0  # seconds: a bound for a hung test, not a measurement
 # A server with a Python model peaks near 0.65 GB of address space here; before the bounds, an
 # override of 10,000,000 instances grew it past 2 GB.
 ADDRESS_SPACE = 2 << 30
 MAX_INSTANCES = 32
-TENSORS = {
-    "input": [{"name": "INPUT0", "data_type": "TYPE_INT32", "dims": [1]}],
-    "output": [{"name": "OUTPUT0", "data_type": "TYPE_INT32", "dims": [1]}],
-}
-PBTXT = """
-backend: "python"
-input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
-"""
 MODEL = "def infer(inputs):\n    return {'OUTPUT0': inputs['INPUT0'] + 1}\n"
-
-
-def _model(repo: Path, name: str, extra: str = "") -> None:
-    (repo / name / "1").mkdir(parents=True)
-    (repo / name / "config.pbtxt").write_text(f'name: "{name}"\n{PBTXT}{extra}')
-    (repo / name / "1" / "model.py").write_text(MODEL)
 
 
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     repo = tmp_path_factory.mktemp("limits")
-    _model(repo, "add", "instance_group [ { kind: KIND_MODEL } ]\n")
-    _model(repo, "huge", "instance_group [ { count: 100000000 kind: KIND_MODEL } ]\n")
-    _model(repo, "queued", "max_batch_size: 8\ndynamic_batching { priority_levels: 2 default_priority_level: 1 "
+    python_model(repo, "add", MODEL, "instance_group [ { kind: KIND_MODEL } ]\n")
+    python_model(repo, "huge", MODEL, "instance_group [ { count: 100000000 kind: KIND_MODEL } ]\n")
+    python_model(repo, "queued", MODEL, "max_batch_size: 8\ndynamic_batching { priority_levels: 2 default_priority_level: 1 "
                            "priority_queue_policy { key: 2 value { max_queue_size: 99999999 } } }\n")
     argv = ["prlimit", f"--as={ADDRESS_SPACE}", sys.executable, "-m", "openinfer", "serve", "--http-port", "0",
             "--threads", "1", "--model-control-mode", "explicit", "--load-model", "add", "--load-model", "huge",
@@ -64,7 +49,7 @@ def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def _load(url: str, name: str, config: dict[str, Any]) -> requests.Response:
-    body = {"parameters": {"config": json.dumps({"name": name, "backend": "python", **TENSORS, **config})}}
+    body = {"parameters": {"config": json.dumps({"name": name, "backend": "python", **INT32_IO, **config})}}
     return requests.post(f"{url}/v2/repository/models/{name}/load", json=body, timeout=BOUND)
 
 
@@ -129,7 +114,7 @@ def test_an_override_past_a_fixed_bound_is_refused_naming_the_field(
 
 def test_an_ensemble_of_too_many_steps_is_refused(url: str) -> None:
     step = {"model_name": "add", "input_map": {"INPUT0": "INPUT0"}, "output_map": {"OUTPUT0": "OUTPUT0"}}
-    config = {"name": "chain", "platform": "ensemble", **TENSORS, "ensemble_scheduling": {"step": [step] * 5000}}
+    config = {"name": "chain", "platform": "ensemble", **INT32_IO, "ensemble_scheduling": {"step": [step] * 5000}}
     body = {"parameters": {"config": json.dumps(config)}}
     r = requests.post(f"{url}/v2/repository/models/chain/load", json=body, timeout=BOUND)
     assert r.status_code == 400, r.text
