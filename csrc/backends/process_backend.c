@@ -538,7 +538,7 @@ static oi_status_t *run_job(pool_t *p, worker_t *w, const oi_request_t *req, con
                 goto died;
             continue;
         } else if (r->type == OI_PW_BLS) { /* the model calls the server meanwhile */
-            if (oi__pw_serve_bls(p->has_bls ? &p->bls : NULL, w->sock, fd, req) != 0)
+            if (oi__pw_serve_bls(p->has_bls ? &p->bls : NULL, w->sock, fd, req, p->model_name) != 0)
                 goto died;
             continue;
         } else if (r->type == OI_PW_DONE && req->send != NULL) {

@@ -1,6 +1,7 @@
 #include "server/models/registry.h"
 
 #include "server/classify.h"
+#include "core/thread.h"
 #include "server/sched/ensemble.h"
 
 #include <inttypes.h>
@@ -159,6 +160,17 @@ static int await_last_ref(oi_model_t *m, int64_t timeout_ms)
     return 1;
 }
 
+static void retire_now(oi_model_t *m);
+
+/* An abandoned version's own thread: it ends the version if its last execute ever returns. */
+static void *retire_later(void *arg)
+{
+    oi_model_t *m = arg;
+    (void)await_last_ref(m, -1);
+    retire_now(m);
+    return NULL;
+}
+
 int oi_model_retire_within(oi_model_t *m, int64_t timeout_ms)
 {
     if (m == NULL)
@@ -168,9 +180,21 @@ int oi_model_retire_within(oi_model_t *m, int64_t timeout_ms)
         oi_scheduler_cancel_queued(m->sched);
         if (m->backend && m->backend->abort)
             m->backend->abort(m->state);
-        if (!await_last_ref(m, ABORT_GRACE_MS))
-            return 1; /* an execute still runs on its executors and state: they stay */
+        if (!await_last_ref(m, ABORT_GRACE_MS)) {
+            /* An execute still runs on its executors and state: they stay, left to a thread of
+             * their own (or for good, when none can start). */
+            pthread_t t;
+            (void)oi_thread_create(&t, "oi-retire", retire_later, m, 1);
+            return 1;
+        }
     }
+    retire_now(m);
+    return 0;
+}
+
+/* Ends `m` once no request holds it: its executors, batchers and backend, then the caller's reference. */
+static void retire_now(oi_model_t *m)
+{
     oi_seq_stop(m->seq);
     oi_scheduler_free(m->sched);
     m->sched = NULL;
@@ -180,7 +204,6 @@ int oi_model_retire_within(oi_model_t *m, int64_t timeout_ms)
         m->backend->release(m->state);
     m->backend = NULL;
     oi_model_unref(m);
-    return 0;
 }
 
 void oi_model_retire(oi_model_t *m) { (void)oi_model_retire_within(m, -1); }

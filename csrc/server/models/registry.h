@@ -110,7 +110,8 @@ void oi_model_retire(oi_model_t *m);
  * `m`. Past it, its queued requests fail (503), its backend aborts the running ones (the
  * process backend kills its workers) and they get a short grace. Returns 0 when `m` is
  * retired; 1 when an execute still runs (an in-process model that never returns): `m` is then
- * abandoned, left allocated with its executors and state, which that execute still uses. */
+ * abandoned to a detached thread that retires it if that execute ever returns (its executors
+ * and state stay until then). */
 int oi_model_retire_within(oi_model_t *m, int64_t timeout_ms);
 
 /* Fails every model's queued jobs with 503 now, without waiting for the ones running (see

@@ -26,8 +26,8 @@ def _shown(arg: str) -> str:
     """The flag's value for an error, its key's value left out: errors and logs never show it."""
     name, colon, rest = arg.partition(":")
     key, equals, value = rest.partition("=")
-    if not equals:  # malformed: where a key would be cannot be told, so nothing after the groups shows
-        return name + colon + "<hidden>" if colon and rest else (arg if colon else "<hidden>")
+    if not equals and any(c.isspace() for c in arg):  # a value given after a space: nothing past the groups shows
+        return name + colon + "<hidden>" if colon else "<hidden>"
     return name + colon + key + equals + ("<hidden>" if value else "")
 
 
