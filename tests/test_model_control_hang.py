@@ -2,7 +2,8 @@
 never returns, an infer on it under way and its unload waiting, a load and an unload of another
 model finish at once, through the HTTP repository API; the hung model's unload returns after
 its bound (--model-unload-timeout-secs, `serve(model_unload_timeout=...)`), having killed its
-worker processes or abandoned its in-process instance.
+worker processes or abandoned its in-process instance. In poll mode, a hung model that leaves
+the repository holds the scans up no longer than that bound.
 
 The hung models wait for a gate file that the test writes at its end (600 polls at most: a
 bound against a test that leaves threads behind, not a timing claim)."""
@@ -136,3 +137,30 @@ def test_a_reload_of_a_busy_model_is_bounded_too(repo: Path, url: str) -> None:
     assert r.status_code == 200, r.text
     assert time.monotonic() - started < UNLOAD_S + 5.0
     wait_for(lambda: worker_children() == set(), "the old version's workers to be killed", BOUND)
+
+
+def test_polling_is_not_wedged_by_a_hung_model_that_left_the_repository(tmp_path: Path) -> None:
+    # Poll mode unloads a model whose directory went: with an execute that never returns, that
+    # unload ends after its bound, and the next scans go on (a new model loads).
+    python_model(tmp_path, "hung", HANGS, "instance_group [ { kind: KIND_MODEL } ]")
+    srv = openinfer.serve(tmp_path, http_port=0, grpc_port=None, log=False, model_control_mode="poll",
+                          repository_poll_secs=0.2, model_unload_timeout=UNLOAD_S)
+    url = f"http://127.0.0.1:{srv.http_port}"
+    try:
+        answers: list[requests.Response | Exception] = []
+        _in_background(_infer, url, "hung", answers)
+        wait_for(lambda: any(tmp_path.glob("started.*")), "hung to start executing", BOUND)
+        (tmp_path / "hung").rename(tmp_path / ".hung")  # hidden: no longer a model of the repository
+        wait_for(lambda: _state(url, "hung") == "UNLOADING", "the poll to start unloading hung", BOUND)
+        python_model(tmp_path, "fresh", ADDS, "instance_group [ { kind: KIND_MODEL } ]")
+        started = time.monotonic()
+        wait_for(lambda: _state(url, "fresh") == "READY", "the next poll to load fresh", BOUND)
+        assert time.monotonic() - started < UNLOAD_S + 5.0
+    finally:
+        (tmp_path / "gate").touch()
+        srv.stop(BOUND)
+
+
+def _state(url: str, name: str) -> str | None:
+    index = requests.post(f"{url}/v2/repository/index", timeout=BOUND).json()
+    return next((m.get("state") for m in index if m["name"] == name), None)
