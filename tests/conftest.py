@@ -356,6 +356,26 @@ def save_torchscript(source: str, cls: str, model_pt: Any, workdir: Any) -> None
     torch.jit.script(getattr(module, cls)()).save(str(model_pt))
 
 
+# A Python model of one INT32 input and output, as a config override's fields (JSON) and as
+# config.pbtxt text.
+INT32_IO: dict[str, Any] = {
+    "input": [{"name": "INPUT0", "data_type": "TYPE_INT32", "dims": [1]}],
+    "output": [{"name": "OUTPUT0", "data_type": "TYPE_INT32", "dims": [1]}],
+}
+INT32_IO_PBTXT = """
+backend: "python"
+input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+
+def python_model(repo: Path, name: str, code: str, extra: str = "") -> None:
+    """Writes model `name` (config.pbtxt of INT32_IO_PBTXT then `extra`, 1/model.py of `code`)."""
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(f'name: "{name}"\n{INT32_IO_PBTXT}{extra}')
+    (repo / name / "1" / "model.py").write_text(code)
+
+
 def wait_for(cond: Callable[[], bool], what: str, bound: float = 30.0) -> None:
     """Polls `cond` until it holds; `bound` seconds only stop a hang, they are not a timing claim."""
     end = time.monotonic() + bound

@@ -38,19 +38,10 @@ import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
 import openinfer
-from conftest import Cli, triton_grpc, triton_http, wait_for, worker_children
+from conftest import INT32_IO, INT32_IO_PBTXT, Cli, python_model, triton_grpc, triton_http, wait_for, worker_children
 
 BOUND = 60.0  # seconds: a bound for a hung test, not a measurement
 MAX_INSTANCES = 16
-TENSORS = {
-    "input": [{"name": "INPUT0", "data_type": "TYPE_INT32", "dims": [1]}],
-    "output": [{"name": "OUTPUT0", "data_type": "TYPE_INT32", "dims": [1]}],
-}
-PBTXT = """
-backend: "python"
-input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
-"""
 # Each import appends its pid to imports.log; a worker's import then takes SLOW_S seconds.
 MODEL = textwrap.dedent(
     """
@@ -72,9 +63,7 @@ SLOW_COUNT = 12  # workers the slow load asks for: it would take 6 s or more on 
 
 
 def _model(repo: Path, name: str, slow_s: float = 0.0) -> None:
-    (repo / name / "1").mkdir(parents=True)
-    (repo / name / "config.pbtxt").write_text(f'name: "{name}"\n{PBTXT}')
-    (repo / name / "1" / "model.py").write_text(MODEL)
+    python_model(repo, name, MODEL)
     (repo / name / "slow_s").write_text(str(slow_s))
 
 
@@ -102,7 +91,7 @@ def _config(name: str, count: int, kind: str | None = None) -> str:
     group: dict[str, Any] = {"count": count}
     if kind:
         group["kind"] = kind
-    return json.dumps({"name": name, "backend": "python", "instance_group": [group], **TENSORS})
+    return json.dumps({"name": name, "backend": "python", "instance_group": [group], **INT32_IO})
 
 
 def _load(protocol: str, srv: openinfer.Server, name: str, config: str | None = None, **kw: Any) -> tuple[str, str]:
@@ -172,7 +161,7 @@ def test_models_loaded_at_start_count_but_are_not_refused(tmp_path: Path) -> Non
     # cannot add more. The command line sets the bound too.
     _model(tmp_path, "many")
     (tmp_path / "many" / "config.pbtxt").write_text(
-        'name: "many"\ninstance_group [ { count: 3 kind: KIND_MODEL } ]\n' + PBTXT)
+        'name: "many"\ninstance_group [ { count: 3 kind: KIND_MODEL } ]\n' + INT32_IO_PBTXT)
     _model(tmp_path, "more")
     with openinfer.serve(tmp_path, http_port=0, grpc_port=None, log=False, max_instances=2,
                          model_control_mode="explicit", load_models=["many"]) as srv:

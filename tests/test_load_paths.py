@@ -28,7 +28,7 @@ import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
 import openinfer
-from conftest import triton_grpc, triton_http
+from conftest import INT32_IO, INT32_IO_PBTXT, triton_grpc, triton_http
 
 NOBODY = 65534
 OUTSIDE_ENV = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "PYTHONMALLOC", "PYTHONPATH")}
@@ -36,14 +36,9 @@ OUTSIDE_ENV = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "P
 CONFIG: dict[str, Any] = {
     "name": "simple",
     "backend": "python",
-    "input": [{"name": "INPUT0", "data_type": "TYPE_INT32", "dims": [1]}],
-    "output": [{"name": "OUTPUT0", "data_type": "TYPE_INT32", "dims": [1]}],
+    **INT32_IO,
 }
-PBTXT = """
-backend: "python"
-input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
-"""
+PBTXT = INT32_IO_PBTXT
 ECHO = "def infer(inputs):\n    return {'OUTPUT0': inputs['INPUT0']}\n"
 PLUS_ONE = "def infer(inputs):\n    return {'OUTPUT0': inputs['INPUT0'] + 1}\n"
 EVIL = textwrap.dedent(

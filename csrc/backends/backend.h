@@ -14,6 +14,10 @@ typedef struct oi_backend_s {
                             uint32_t n_outputs, oi_response_t *resp);
     /* Frees the model's state; called once, after the last execute returned. */
     void (*release)(void *state);
+    /* Optional: ends what running executes wait on, so that they return soon with an error
+     * (the process backend kills its workers); called from another thread while they run,
+     * when an unload's bound has passed. release still follows once they have returned. */
+    void (*abort)(void *state);
     /* Optional: called on each executor thread as it ends, after its last execute, while the
      * thread is still whole (its thread-specific data not yet torn down). */
     void (*thread_end)(void *state);

@@ -538,7 +538,7 @@ static oi_status_t *run_job(pool_t *p, worker_t *w, const oi_request_t *req, con
                 goto died;
             continue;
         } else if (r->type == OI_PW_BLS) { /* the model calls the server meanwhile */
-            if (oi__pw_serve_bls(p->has_bls ? &p->bls : NULL, w->sock, fd, req) != 0)
+            if (oi__pw_serve_bls(p->has_bls ? &p->bls : NULL, w->sock, fd, req, p->model_name) != 0)
                 goto died;
             continue;
         } else if (r->type == OI_PW_DONE && req->send != NULL) {
@@ -688,7 +688,8 @@ static int start_watcher(pool_t *p)
     return 0;
 }
 
-/* Ends the watcher (it gives up a start it waits on: the release ends that worker). */
+/* Ends the watcher (it gives up a start it waits on: the release ends that worker). A second
+ * call (abort, then release) does nothing. */
 static void stop_watcher(pool_t *p)
 {
     __atomic_store_n(&p->stopping, 1, __ATOMIC_RELAXED);
@@ -700,9 +701,12 @@ static void stop_watcher(pool_t *p)
         p->has_watcher = 0;
     }
     for (int i = 0; i < 2; i++)
-        if (p->wake[i] >= 0)
+        if (p->wake[i] >= 0) {
             close(p->wake[i]);
+            p->wake[i] = -1;
+        }
     free(p->watch_fds);
+    p->watch_fds = NULL;
 }
 
 /* ---- the pool ---------------------------------------------------------------------------- */
@@ -756,6 +760,21 @@ static void stop_all(pool_t *p)
             usleep(2000);
         }
         w->pid = 0;
+    }
+}
+
+/* An unload's bound has passed with requests running: no worker is started again, and every
+ * one is killed, so that each running request reads its worker's end and fails. Executors
+ * reap their own workers and clear the pid right after: only in that instant could the number
+ * killed be one the kernel has given again. */
+static void proc_abort(void *state)
+{
+    pool_t *p = state;
+    stop_watcher(p);
+    for (int i = 0; i < p->n; i++) {
+        pid_t pid = __atomic_load_n(&p->workers[i].pid, __ATOMIC_ACQUIRE);
+        if (pid > 0)
+            kill(pid, SIGKILL);
     }
 }
 
@@ -838,4 +857,5 @@ const oi_backend_t oi_process_backend = {
     .name = "python-process",
     .execute = proc_execute,
     .release = proc_release,
+    .abort = proc_abort,
 };

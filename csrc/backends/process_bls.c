@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "backends/process_wire.h"
+#include "core/bls_chain.h"
 #include "core/dtype.h"
 
 /* A reader over one record: every read is bounds-checked; `bad` once one fell short. */
@@ -234,8 +235,10 @@ static int probe_cancelled(const void *arg)
     return poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
-int oi__pw_serve_bls(const oi_pw_bls_hook_t *hook, int sock, int fd, const oi_request_t *caller)
+int oi__pw_serve_bls(const oi_pw_bls_hook_t *hook, int sock, int fd, const oi_request_t *caller,
+                     const char *caller_model)
 {
+    char *chain = NULL;
     struct stat sb;
     oi_buf_t *owner = NULL;
     oi_request_t req = {.binary_data_output = -1};
@@ -257,11 +260,14 @@ int oi__pw_serve_bls(const oi_pw_bls_hook_t *hook, int sock, int fd, const oi_re
     conn_t c = {.sock = sock};
     if (st == NULL && hook == NULL)
         st = oi_status_new(OI_UNIMPLEMENTED, "BLS is not available in this worker process");
+    if (st == NULL && (st = oi_bls_chain_extend(caller->bls_chain, caller_model, h.model, &chain)) == NULL)
+        req.bls_chain = chain;
     probe_t probe = {caller, sock};
     oi_request_t watch = {.cancelled = probe_cancelled, .cancelled_arg = &probe};
     if (st == NULL)
         st = hook->run(hook->ctx, h.model, h.version, &req, h.flags, send_part, &c, &watch);
     oi_request_clear(&req);
+    free(chain);
     int rc = c.gone ? -1 : send_end(sock, st); /* to a worker that died: fails, as it should */
     oi_status_free(st);
     return rc;

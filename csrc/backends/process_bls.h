@@ -31,7 +31,10 @@ typedef struct oi_pw_bls_hook_s {
 
 /* Serves the OI_PW_BLS message that came on `sock` with `fd` (taken): parses the request,
  * runs it through `hook` (NULL: refused, UNSUPPORTED) and sends BLS_PART... BLS_END. A
- * malformed request is answered with BLS_END 400. Returns 0, or -1 when the worker is gone. */
-int oi__pw_serve_bls(const oi_pw_bls_hook_t *hook, int sock, int fd, const oi_request_t *caller);
+ * malformed request is answered with BLS_END 400, a call back into model `caller_model` or
+ * another waiting up `caller`'s chain (core/bls_chain.h) with BLS_END 400 naming the chain.
+ * Returns 0, or -1 when the worker is gone. */
+int oi__pw_serve_bls(const oi_pw_bls_hook_t *hook, int sock, int fd, const oi_request_t *caller,
+                     const char *caller_model);
 
 #endif

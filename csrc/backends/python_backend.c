@@ -99,6 +99,15 @@ static PyObject *cancel_flag_request_id(PyObject *self, PyObject *unused)
     return id_or_none(req != NULL ? req->id : NULL);
 }
 
+/* bls_chain(): the models waiting up the BLS call chain for this request, '/'-separated and
+ * outermost first (core/bls_chain.h), or None for a client's request (and after the call). */
+static PyObject *cancel_flag_bls_chain(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    const oi_request_t *req = ((cancel_flag_t *)self)->req;
+    return id_or_none(req != NULL ? req->bls_chain : NULL);
+}
+
 /* batch(): for a dynamic batch the scheduler concatenated, a tuple of (rows, id or None,
  * parameters as bytes or None) per request in order; None for a lone request (and after the
  * call). */
@@ -155,6 +164,7 @@ static PyObject *cancel_flag_fail(PyObject *self, PyObject *args)
 static PyMethodDef cancel_flag_methods[] = {
     {"request_id", cancel_flag_request_id, METH_NOARGS, "The request's id, or None."},
     {"batch", cancel_flag_batch, METH_NOARGS, "A dynamic batch's ((rows, id, parameters), ...), or None."},
+    {"bls_chain", cancel_flag_bls_chain, METH_NOARGS, "The models waiting up the BLS call chain ('/'-separated), or None."},
     {"fail", cancel_flag_fail, METH_VARARGS, "fail(k, status, message): request k of the batch fails alone."},
     {NULL, NULL, 0, NULL},
 };
@@ -166,7 +176,7 @@ static PyTypeObject cancel_flag_type = {
     .tp_call = cancel_flag_call,
     .tp_methods = cancel_flag_methods,
     .tp_doc = "Called with no arguments: whether the request's clients have all gone. Its "
-              "request_id() and batch() describe the request while the model runs.",
+              "request_id(), batch() and bls_chain() describe the request while the model runs.",
 };
 
 static PyObject *make_inputs(const oi_request_t *req)

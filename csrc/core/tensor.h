@@ -130,6 +130,10 @@ typedef struct oi_request_s {
      * which the outputs must still hold. The scheduler owns both and what the slots hold. */
     const oi_slice_t *batch_params;
     oi_status_t **batch_errors;
+    /* A BLS request's call chain (core/bls_chain.h): the models waiting for it, '/'-separated,
+     * outermost first; NULL for a client's. Borrowed from whoever made the request, for as
+     * long as it runs; a dynamic batch carries its longest job's. */
+    const char *bls_chain;
 } oi_request_t;
 
 /* Element count of a shape with overflow and sign checks: 0 and *count set, or -1 when a

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "backends/python_backend.h"
+#include "core/bls_chain.h"
 #include "python/bridge.h"
 #include "server/infer.h"
 #include "server/server.h"
@@ -157,7 +158,8 @@ static oi_status_t *build(bls_t *b, PyObject *inputs, PyObject *outputs, const c
                           int *pyerr)
 {
     Py_ssize_t n_in = PyList_GET_SIZE(inputs), n_out = PyList_GET_SIZE(outputs);
-    b->strings = calloc((size_t)(n_in + n_out + 2), sizeof(char *));
+    /* The names, then the id, the parameters, the sequence id string and the call chain. */
+    b->strings = calloc((size_t)(n_in + n_out + 4), sizeof(char *));
     b->req.inputs = calloc(n_in ? (size_t)n_in : 1, sizeof(*b->req.inputs));
     b->req.outputs = calloc(n_out ? (size_t)n_out : 1, sizeof(*b->req.outputs));
     if (b->strings == NULL || b->req.inputs == NULL || b->req.outputs == NULL)
@@ -270,7 +272,7 @@ oi_status_t *oi_py_bls_run(void *ctx, const char *model, const char *version, oi
     bls_t *b = bls_new(oi_server_counts_statistics(s));
     if (b == NULL)
         return oi_status_new(OI_INTERNAL, "out of memory");
-    b->req = *req;
+    b->req = *req; /* its bls_chain stays the caller's: this returns once the request has ended */
     memset(req, 0, sizeof(*req));
     oi_status_t *st = submit(b, oi_server_registry(s), model, version, 0);
     if (b->model != NULL && b->model->decoupled && !(flags & OI_PW_BLS_DECOUPLED)) { /* as exec() says */
@@ -320,14 +322,14 @@ oi_status_t *oi_py_bls_run(void *ctx, const char *model, const char *version, oi
 PyObject *oi_py_bls_start(oi_registry_t *reg, int counted, PyObject *args, PyObject *kwargs)
 {
     static char *kw[] = {"model", "version", "inputs", "outputs", "request_id", "parameters", "timeout_us",
-                         "sequence_id", "sequence_id_str", "sequence_start", "sequence_end", NULL};
-    const char *model, *version, *id = NULL, *params = NULL, *seq_str = NULL;
+                         "sequence_id", "sequence_id_str", "sequence_start", "sequence_end", "caller", "chain", NULL};
+    const char *model, *version, *id = NULL, *params = NULL, *seq_str = NULL, *caller = NULL, *chain = NULL;
     PyObject *inputs, *outputs;
     unsigned long long timeout_us = 0, seq_id = 0;
     int seq_start = 0, seq_end = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "ssO!O!|zzKKzpp", kw, &model, &version, &PyList_Type, &inputs,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "ssO!O!|zzKKzppzz", kw, &model, &version, &PyList_Type, &inputs,
                                      &PyList_Type, &outputs, &id, &params, &timeout_us, &seq_id, &seq_str,
-                                     &seq_start, &seq_end))
+                                     &seq_start, &seq_end, &caller, &chain))
         return NULL;
     bls_t *b = bls_new(counted);
     BlsCallObject *self = b != NULL ? PyObject_New(BlsCallObject, &oi_py_bls_type) : NULL;
@@ -351,6 +353,13 @@ PyObject *oi_py_bls_start(oi_registry_t *reg, int counted, PyObject *args, PyObj
         if ((b->req.seq.id_str = keep(b, seq_str)) == NULL)
             st = oi_status_new(OI_INTERNAL, "out of memory");
         b->req.seq.id_str_len = strlen(seq_str);
+    }
+    if (st == NULL && caller != NULL) { /* a model's call: it and those up its chain wait for it */
+        char *extended = NULL;
+        if ((st = oi_bls_chain_extend(chain, caller, model, &extended)) == NULL &&
+            (b->req.bls_chain = keep(b, extended)) == NULL)
+            st = oi_status_new(OI_INTERNAL, "out of memory");
+        free(extended);
     }
     if (st == NULL) {
         int on_caller = oi_python_backend_on_executor();

@@ -713,14 +713,27 @@ static PyObject *model_version_new(oi_model_t *m)
     return (PyObject *)v;
 }
 
-/* swap_models(add, remove): in one registry step, each ModelVersion of `add` replaces the entry
- * of its name and version, and each (name, version) of `remove` leaves; then waits, without
- * the GIL, for the requests in flight on the entries that left, and ends them. */
+/* swap_models(add, remove, timeout=None): in one registry step, each ModelVersion of `add`
+ * replaces the entry of its name and version, and each (name, version) of `remove` leaves; then
+ * waits, without the GIL, for the requests in flight on the entries that left (at most
+ * `timeout` seconds each, see oi_model_retire_within), and ends them. Returns the (name,
+ * version) of those abandoned because a request still ran past the bound. */
 static PyObject *Server_swap_models(ServerObject *self, PyObject *args)
 {
-    PyObject *add_o, *remove_o;
-    if (!PyArg_ParseTuple(args, "OO", &add_o, &remove_o))
+    PyObject *add_o, *remove_o, *timeout_o = Py_None;
+    if (!PyArg_ParseTuple(args, "OO|O", &add_o, &remove_o, &timeout_o))
         return NULL;
+    int64_t timeout_ms = -1;
+    if (timeout_o != Py_None) {
+        double secs = PyFloat_AsDouble(timeout_o);
+        if (secs == -1.0 && PyErr_Occurred())
+            return NULL;
+        if (!(secs >= 0.0 && secs <= 1e9)) {
+            PyErr_Format(PyExc_ValueError, "timeout must be None or seconds in [0, 1e9], got %R", timeout_o);
+            return NULL;
+        }
+        timeout_ms = (int64_t)(secs * 1000.0);
+    }
     oi_server_t *s = live_server(self);
     if (s == NULL)
         return NULL;
@@ -770,9 +783,16 @@ static PyObject *Server_swap_models(ServerObject *self, PyObject *args)
         ((ModelVersionObject *)PySequence_Fast_GET_ITEM(add, i))->model = NULL; /* the registry's now */
     Py_BEGIN_ALLOW_THREADS
     for (size_t i = 0; i < n_retired; i++)
-        oi_model_retire(retired[i]);
+        if (oi_model_retire_within(retired[i], timeout_ms) == 0)
+            retired[i] = NULL;
     Py_END_ALLOW_THREADS
-    ret = Py_NewRef(Py_None);
+    ret = PyList_New(0);
+    for (size_t i = 0; ret != NULL && i < n_retired; i++) {
+        PyObject *left = retired[i] == NULL ? NULL : Py_BuildValue("(sL)", retired[i]->name, (long long)retired[i]->version);
+        if (retired[i] != NULL && (left == NULL || PyList_Append(ret, left) != 0))
+            Py_CLEAR(ret);
+        Py_XDECREF(left);
+    }
 done:
     free(retired);
     free(models);
@@ -1851,7 +1871,8 @@ static PyMethodDef Server_methods[] = {
     {"add_model", (PyCFunction)(void (*)(void))Server_add_model, METH_VARARGS | METH_KEYWORDS,
      "Registers one model version."},
     {"swap_models", (PyCFunction)Server_swap_models, METH_VARARGS,
-     "Swaps model versions into and out of the registry in one step; waits for requests on those that left."},
+     "Swaps model versions into and out of the registry in one step; waits for requests on those that left (at "
+     "most timeout seconds each); returns those abandoned."},
     {"set_repository", (PyCFunction)Server_set_repository, METH_O,
      "Serves the model repository extension through handler(op, model, body, params, ready)."},
     {"start", (PyCFunction)Server_start, METH_NOARGS, "Binds and starts the loop threads."},

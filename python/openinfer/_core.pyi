@@ -237,10 +237,16 @@ class Server:
         sequence keeps one batch row of one instance, padded batches formed by the batcher;
         direct=None is Oldest, where dynamic_batching says how ready requests of different
         sequences batch."""
-    def swap_models(self, add: Sequence[ModelVersion], remove: Sequence[tuple[str, int]]) -> None:
+    def swap_models(
+        self, add: Sequence[ModelVersion], remove: Sequence[tuple[str, int]], timeout: float | None = None
+    ) -> list[tuple[str, int]]:
         """In one registry step, each of `add` replaces the entry of its name and version and
         each (name, version) of `remove` leaves; then waits (without the GIL) until the
-        requests admitted to the entries that left are answered, and ends them."""
+        requests admitted to the entries that left are answered, and ends them. With a
+        `timeout` (seconds per entry), an entry whose requests still run then has its queued
+        requests failed and its worker processes killed, and a short grace; one still running
+        after it is abandoned (left allocated: an execute still uses it). Returns the (name,
+        version) of those abandoned."""
     def set_repository(self, handler: RepositoryHandler) -> None:
         """Serves the model repository extension (POST /v2/repository/..., gRPC Repository*)
         through handler(op, model, body, params, ready, stop), called on a control thread per

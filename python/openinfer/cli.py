@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from ._control import key_sources
 from ._version import __version__
 
 if TYPE_CHECKING:
@@ -395,6 +396,16 @@ def _parser() -> argparse.ArgumentParser:
         "but are not refused; default: 4 per usable CPU, at least 64)",
     )
     serve.add_argument(
+        "--model-unload-timeout-secs",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="how long an unload or reload waits for the requests of the versions that leave; "
+        "then their worker processes are killed and an execute still running in the server is "
+        "abandoned (logged). Loads and unloads of other models never wait on it (default: "
+        "--shutdown-timeout)",
+    )
+    serve.add_argument(
         "--allow-statistics",
         type=_triton_bool,
         nargs="?",
@@ -475,6 +486,16 @@ def _parser() -> argparse.ArgumentParser:
         help="the same for gRPC: the calls must carry metadata triton-grpc-protocol-KEY: VALUE, "
         "others get UNAVAILABLE (repeatable)",
     )
+    for option, entry in (("http-restricted-api", "API"), ("grpc-restricted-protocol", "PROTOCOL")):
+        serve.add_argument(
+            f"--{option}-file",
+            action="append",
+            default=[],
+            metavar="FILE",
+            help=f"--{option} entries ({entry}[,...]:KEY=VALUE), one a line, read from FILE, and also "
+            f"from the environment variable {key_sources.ENV_VARS[option]}: the keys stay out of the "
+            "command line, which every local user can read (repeatable)",
+        )
     serve.add_argument(
         "--response-cache-byte-size",
         type=int,
@@ -730,6 +751,8 @@ def _serve(args: argparse.Namespace) -> int:
             load_models=args.load_model,
             repository_poll_secs=args.repository_poll_secs,
             max_instances=args.max_instances,
+            model_unload_timeout=args.shutdown_timeout if args.model_unload_timeout_secs is None
+            else args.model_unload_timeout_secs,
             http_unix=args.http_unix,
             grpc_unix=args.grpc_unix,
             unix_socket_mode=args.unix_socket_mode,
@@ -747,8 +770,10 @@ def _serve(args: argparse.Namespace) -> int:
             sockets=sockets,
             cache_config=args.cache_config,
             response_cache_byte_size=args.response_cache_byte_size,
-            http_restricted_api=args.http_restricted_api,
-            grpc_restricted_protocol=args.grpc_restricted_protocol,
+            http_restricted_api=[*args.http_restricted_api, *key_sources.entries_kept_secret(
+                "http-restricted-api", args.http_restricted_api_file)],
+            grpc_restricted_protocol=[*args.grpc_restricted_protocol, *key_sources.entries_kept_secret(
+                "grpc-restricted-protocol", args.grpc_restricted_protocol_file)],
             grpc_address=args.grpc_address,
             strict_readiness=args.strict_readiness,
             server_id=args.id,

@@ -152,6 +152,7 @@ def serve(
     load_models: Iterable[str] = (),
     repository_poll_secs: float = DEFAULT_POLL_SECS,
     max_instances: int | None = None,
+    model_unload_timeout: float | None = 30.0,
     statistics: bool = True,
     metrics_port: int | None | _Default = _DEFAULT,
     metrics_config: Mapping[str, object] | Iterable[str] | None = None,
@@ -200,7 +201,11 @@ def serve(
     instances (executor threads, worker processes) of every loaded model version together: a
     load request that would pass it is refused (default: 4 per usable CPU, at least 64;
     ``--max-instances``); the models the server loads itself (at start, by polling) count
-    toward it but are never refused.
+    toward it but are never refused. Loads and unloads of different models run at once. An
+    unload (or a reload) waits at most `model_unload_timeout` seconds (None: as long as it
+    takes; ``--model-unload-timeout-secs``) for the requests of the versions that leave; then
+    their worker processes are killed, and a version whose execute still runs in the server is
+    abandoned to it and logged.
 
     Inferences are counted per model version (Triton's statistics extension,
     `Server.statistics`) unless `statistics` is False. Prometheus metrics are served at
@@ -310,6 +315,7 @@ def serve(
         load_models=load_models,
         repository_poll_secs=repository_poll_secs,
         max_instances=max_instances,
+        model_unload_timeout=model_unload_timeout,
         statistics=statistics,
         metrics_port=metrics_port,
         metrics_config=metrics_config,
@@ -367,6 +373,7 @@ class Server:
         load_models: Iterable[str] = (),
         repository_poll_secs: float = DEFAULT_POLL_SECS,
         max_instances: int | None = None,
+        model_unload_timeout: float | None = 30.0,
         statistics: bool = True,
         metrics_port: int | None | _Default = _DEFAULT,
         metrics_config: Mapping[str, object] | Iterable[str] | None = None,
@@ -499,6 +506,7 @@ class Server:
                 optional_torch=isinstance(repo_path, Path) and _is_examples(repo_path),
                 max_json_depth=limits.get("max_json_depth", 0),
                 max_instances=max_instances,
+                unload_timeout=model_unload_timeout,
             )
             self._logging = LogSettings(
                 log_file=log_file, log_verbose_level=log_verbose, log_format=log_format

@@ -1,6 +1,7 @@
 #include "server/models/registry.h"
 
 #include "server/classify.h"
+#include "core/thread.h"
 #include "server/sched/ensemble.h"
 
 #include <inttypes.h>
@@ -8,6 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+/* After an unload's bound, how long the requests still running get once queued ones have failed
+ * and the backend has aborted the running ones (killed worker processes answer at once). */
+#define ABORT_GRACE_MS 2000
 
 static int copy_specs(oi_io_spec_t **dst, const oi_io_spec_t *src, uint32_t n)
 {
@@ -140,16 +145,56 @@ int oi_registry_swap(oi_registry_t *r, oi_model_t **add, size_t n_add, const cha
     return 0;
 }
 
-void oi_model_retire(oi_model_t *m)
+/* Waits until the caller's reference to `m` is the last, up to `timeout_ms` (< 0: no bound);
+ * returns whether it is. */
+static int await_last_ref(oi_model_t *m, int64_t timeout_ms)
 {
-    if (m == NULL)
-        return;
     /* Each request admitted to this version holds a reference until its answer is written;
      * none can be added now that no registry lists it. Unloads are rare: polling is enough. */
-    while (atomic_load(&m->refs) > 1) {
+    for (int64_t waited_ms = 0; atomic_load(&m->refs) > 1; waited_ms++) {
+        if (timeout_ms >= 0 && waited_ms >= timeout_ms)
+            return 0;
         struct timespec ts = {0, 1000 * 1000};
         nanosleep(&ts, NULL);
     }
+    return 1;
+}
+
+static void retire_now(oi_model_t *m);
+
+/* An abandoned version's own thread: it ends the version if its last execute ever returns. */
+static void *retire_later(void *arg)
+{
+    oi_model_t *m = arg;
+    (void)await_last_ref(m, -1);
+    retire_now(m);
+    return NULL;
+}
+
+int oi_model_retire_within(oi_model_t *m, int64_t timeout_ms)
+{
+    if (m == NULL)
+        return 0;
+    if (!await_last_ref(m, timeout_ms)) {
+        oi_seq_stop(m->seq); /* before the scheduler: its requests go on to it until stopped */
+        oi_scheduler_cancel_queued(m->sched);
+        if (m->backend && m->backend->abort)
+            m->backend->abort(m->state);
+        if (!await_last_ref(m, ABORT_GRACE_MS)) {
+            /* An execute still runs on its executors and state: they stay, left to a thread of
+             * their own (or for good, when none can start). */
+            pthread_t t;
+            (void)oi_thread_create(&t, "oi-retire", retire_later, m, 1);
+            return 1;
+        }
+    }
+    retire_now(m);
+    return 0;
+}
+
+/* Ends `m` once no request holds it: its executors, batchers and backend, then the caller's reference. */
+static void retire_now(oi_model_t *m)
+{
     oi_seq_stop(m->seq);
     oi_scheduler_free(m->sched);
     m->sched = NULL;
@@ -160,6 +205,8 @@ void oi_model_retire(oi_model_t *m)
     m->backend = NULL;
     oi_model_unref(m);
 }
+
+void oi_model_retire(oi_model_t *m) { (void)oi_model_retire_within(m, -1); }
 
 /* Parses a URL version: decimal digits only. */
 static int parse_version(const char *s, int64_t *out)

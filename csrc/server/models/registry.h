@@ -106,6 +106,14 @@ int oi_registry_swap(oi_registry_t *r, oi_model_t **add, size_t n_add, const cha
  * need it to finish). */
 void oi_model_retire(oi_model_t *m);
 
+/* oi_model_retire, waiting at most `timeout_ms` (< 0: no bound) for the requests admitted to
+ * `m`. Past it, its queued requests fail (503), its backend aborts the running ones (the
+ * process backend kills its workers) and they get a short grace. Returns 0 when `m` is
+ * retired; 1 when an execute still runs (an in-process model that never returns): `m` is then
+ * abandoned to a detached thread that retires it if that execute ever returns (its executors
+ * and state stay until then). */
+int oi_model_retire_within(oi_model_t *m, int64_t timeout_ms);
+
 /* Fails every model's queued jobs with 503 now, without waiting for the ones running (see
  * oi_scheduler_cancel_queued); the registry stays usable for oi_registry_destroy. */
 void oi_registry_cancel_queued(oi_registry_t *r);

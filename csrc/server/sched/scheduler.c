@@ -485,6 +485,8 @@ static int run_batched(oi_scheduler_t *s, batch_t *b, oi_stats_times_t *times)
             rows[k] = job_rows(j);
             ids[k] = j->req->id;
             params[k] = j->req->parameters;
+            if (j->req->bls_chain != NULL && (breq.bls_chain == NULL || strlen(j->req->bls_chain) > strlen(breq.bls_chain)))
+                breq.bls_chain = j->req->bls_chain;
         }
         breq.batch_rows = rows;
         breq.batch_ids = ids;

@@ -37,6 +37,7 @@ static item_t *new_pad(oi_seq_t *q, const item_t *rep, int inst)
     p->req.body = p->req.aux = NULL;
     p->req.id = NULL;
     p->req.id_len = 0;
+    p->req.bls_chain = NULL;
     p->req.outputs = NULL;
     p->req.n_outputs = 0;
     p->req.n_inputs = 0;

@@ -58,10 +58,11 @@ _POLL_S = 0.05
 ASYNC_IN_FLIGHT = 8
 
 
-async def _in_context(coroutine: Any, host: Any, cancelled: Callable[[], bool]) -> Any:
+async def _in_context(coroutine: Any, host: Any, cancelled: Callable[[], bool], caller: Any) -> Any:
     """Runs an execute coroutine with pb_utils' context (its task has a context of its own)."""
     pb._host_var.set(host)
     pb._cancelled_var.set(cancelled)
+    pb._caller_var.set(caller)
     return await coroutine
 
 
@@ -262,6 +263,8 @@ class TritonModel(Model):
         instances: Instances = self.fn  # type: ignore[assignment]
         instance = instances.acquire()
         host, cancel = pb._host_var.set(self._host), pb._cancelled_var.set(cancelled)
+        chain = getattr(cancelled, "bls_chain", None)  # the core's CancelFlag
+        caller = pb._caller_var.set((self.name, chain() if chain is not None else None))
         try:
             return self._run(instances, instance, requests, cancelled)
         except Exception as e:  # noqa: BLE001 - the client gets it as Triton words it
@@ -270,6 +273,7 @@ class TritonModel(Model):
                     request._sender._close()
             raise self._failure(describe(e)) from None
         finally:
+            pb._caller_var.reset(caller)
             pb._cancelled_var.reset(cancel)
             pb._host_var.reset(host)
             instances.release(instance)
@@ -288,7 +292,7 @@ class TritonModel(Model):
                 request._release_flags = pb.TRITONSERVER_REQUEST_RELEASE_ALL
             result = instance.execute(batch)
             if inspect.iscoroutine(result):  # async def execute: on the instance's event loop
-                result = instances.run(instance, _in_context(result, self._host, cancelled))
+                result = instances.run(instance, _in_context(result, self._host, cancelled, pb._caller_var.get()))
             again = [i for i in pending if requests[i]._release_flags == pb.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE]
             if not again and len(pending) == len(requests):
                 return result  # the common case: nothing rescheduled

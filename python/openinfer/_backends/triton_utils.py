@@ -526,6 +526,7 @@ class InferenceRequest:
         if timeout_us:
             params["timeout"] = timeout_us
         version = "" if self._model_version is None or int(self._model_version) < 0 else str(self._model_version)
+        caller, chain = _caller_var.get() or (None, None)
         try:
             call = host.bls(
                 name, version, inputs, [str(n) for n in self._requested],
@@ -533,6 +534,7 @@ class InferenceRequest:
                 timeout_us=timeout_us, sequence_id=corr_id, sequence_id_str=corr_str,
                 sequence_start=bool(self._flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_START),
                 sequence_end=bool(self._flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_END), decoupled=decoupled,
+                caller=caller, chain=chain,
             )  # fmt: skip
         except RuntimeError as e:  # the server stopped
             return _error_response(str(e), TritonError.UNAVAILABLE)
@@ -552,6 +554,10 @@ class InferenceRequest:
 # last server a model was bound to.
 _host_var: contextvars.ContextVar[Any] = contextvars.ContextVar("pb_utils_host", default=None)
 _cancelled_var: contextvars.ContextVar[Any] = contextvars.ContextVar("pb_utils_cancelled", default=None)
+# The model whose execute runs here and the BLS call chain of the request it serves (None: a
+# client's): the server refuses a call that would wait on a model waiting up that chain.
+_caller_var: contextvars.ContextVar[tuple[str, str | None] | None] = contextvars.ContextVar(
+    "pb_utils_caller", default=None)
 _default_host: list[Any] = []
 _in_worker = False  # set in a model's worker process (TritonFile.load)
 # How often a waiting BLS call looks whether the calling model's client has gone.

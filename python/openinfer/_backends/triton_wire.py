@@ -64,7 +64,9 @@ class WireHost:
     def bls(self, model: str, version: str, inputs: list[tuple[str, str, np.ndarray]], outputs: list[str],
             *, request_id: str | None = None, parameters: str | None = None, timeout_us: int = 0,
             sequence_id: int = 0, sequence_id_str: str | None = None, sequence_start: bool = False,
-            sequence_end: bool = False, decoupled: bool = False) -> _Call:  # fmt: skip
+            sequence_end: bool = False, decoupled: bool = False, caller: str | None = None,
+            chain: str | None = None) -> _Call:  # fmt: skip
+        del caller, chain  # the server knows them: the request this worker runs (oi__pw_serve_bls)
         flags = (_SEQ_START if sequence_start else 0) | (_SEQ_END if sequence_end else 0)
         flags |= _DECOUPLED if decoupled else 0
         datas = []

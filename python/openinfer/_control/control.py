@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from .._backends import ensemble, processes
-from .._config import paths, triton_config
+from .._config import limits, paths, triton_config
 from .._repository import warmup
 from ..config import (
     DEFAULT_MAX_JSON_DEPTH,
@@ -54,6 +54,7 @@ from .._backends.triton_model import TritonModel
 from .._repository.repository import _NOT_INSTALLED, LoadedModel, scan_model
 from .._config.sequence import SequenceBatching
 from .._backends.torch_model import TorchModel
+from .model_locks import ModelLocks
 
 logger = logging.getLogger("openinfer")
 
@@ -99,6 +100,7 @@ class ModelControl:
         optional_torch: bool = False,
         max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
         max_instances: int | None = None,
+        unload_timeout: float | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"model_control_mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -110,6 +112,9 @@ class ModelControl:
             )
         if poll_secs <= 0:
             raise ValueError(f"repository_poll_secs must be > 0, got {poll_secs}")
+        if unload_timeout is not None and not unload_timeout >= 0:
+            raise ValueError(
+                f"model_unload_timeout (--model-unload-timeout-secs) must be >= 0, got {unload_timeout!r}")
         if max_instances is not None and (isinstance(max_instances, bool) or not isinstance(max_instances, int)
                                           or max_instances < 1):
             raise ValueError(f"max_instances (--max-instances) must be an integer >= 1, got {max_instances!r}")
@@ -122,12 +127,14 @@ class ModelControl:
         self._poll_secs = poll_secs
         self._optional_torch = optional_torch
         self._max_json_depth = max_json_depth or DEFAULT_MAX_JSON_DEPTH  # 0: the core's default
-        self._max_instances = max_instances or default_max_instances()
+        self._max_instances = max_instances or limits.default_max_instances()
         self._given: dict[str, list[Model]] = {}
         for model in given:
             self._given.setdefault(model.name, []).append(model)
         self._lock = threading.Lock()  # guards the tables below (held briefly)
-        self._ops = threading.Lock()  # one load, unload or poll at a time
+        self._ops = ModelLocks()  # one load or unload of a model at a time; other models' run at once
+        self._unload_timeout = unload_timeout
+        self._reserved: dict[str, int] = {}  # instances of requested loads under way, by model
         self._states: dict[str, dict[int | None, tuple[str, str]]] = {}
         self._registered: dict[str, dict[int, _Version]] = {}
         self._loaded: dict[str, list[LoadedModel]] = {}
@@ -268,7 +275,7 @@ class ModelControl:
                 override = parse_json_config(config, max_depth=self._max_json_depth)
             except ConfigError as e:
                 raise InferenceServerError(400, f"failed to load '{name}': Invalid {e}") from None
-            _check_override_paths(name, override)
+            _check_override(name, override, self._max_instances)
         if files and override is None:
             raise InferenceServerError(
                 400, "Load parameter 'config' must be specified for model file override"
@@ -277,7 +284,7 @@ class ModelControl:
         with self._lock:
             self._stops.setdefault(name, []).append(stop)
         try:
-            with self._ops:
+            with self._ops.hold(name):
                 if self._closed.is_set():
                     raise InferenceServerError(503, "the server is shutting down")
                 self._load(name, override, dict(files) if files else None, startup=False, stop=stop, requested=True)
@@ -289,16 +296,17 @@ class ModelControl:
                     del self._stops[name]
 
     def unload(self, name: str, unload_dependents: bool = False) -> None:
-        """Unloads every version of `name` once the requests admitted to it are answered. A
-        model that is not loaded is left as it is (as Triton does). No model depends on
-        another here, so `unload_dependents` changes nothing."""
+        """Unloads every version of `name` once the requests admitted to it are answered, or
+        once the unload timeout has passed (see `_retire`). A model that is not loaded is left
+        as it is (as Triton does). No model depends on another here, so `unload_dependents`
+        changes nothing."""
         del unload_dependents
         if self._mode != "explicit":
             raise InferenceServerError(503, _NOT_ALLOWED)
         with self._lock:  # a load of it under way stops starting workers, then this waits for it
             for stop in self._stops.get(name, []):
                 stop[0] = 1
-        with self._ops:
+        with self._ops.hold(name):
             if self._closed.is_set():
                 raise InferenceServerError(503, "the server is shutting down")
             self._unload(name)
@@ -320,14 +328,11 @@ class ModelControl:
         self._closed.set()
         if self._poller is not None and self._poller is not threading.current_thread():
             self._poller.join(timeout)
-        acquired = self._ops.acquire(timeout=max(timeout, 0.0))
-        try:
+        self._ops.wait_idle(timeout)
+        with self._lock:
             if self._temp_root is not None:
                 shutil.rmtree(self._temp_root, ignore_errors=True)
                 self._temp_root = None
-        finally:
-            if acquired:
-                self._ops.release()
 
     # ---- loading ---------------------------------------------------------------------------
 
@@ -423,6 +428,9 @@ class ModelControl:
             if temp is not None:
                 shutil.rmtree(temp.parent, ignore_errors=True)
             raise
+        finally:
+            with self._lock:
+                self._reserved.pop(name, None)
         if fingerprint is not None:
             self._fingerprints[name] = fingerprint
         failures = [e for e in entries if e.error is not None]
@@ -487,7 +495,7 @@ class ModelControl:
         for v in remove:
             states[v[1]] = ("UNLOADING", "")
         self._set_states(name, states, keep=True)
-        self._core.swap_models(add, remove)
+        self._retire(add, remove)
         states = {v: ("UNAVAILABLE", "unloaded") for _, v in remove}
         for entry, _ in built:
             if entry.error is None:
@@ -545,10 +553,12 @@ class ModelControl:
         max_instances, before any instance starts. The models the server loads on its own (at
         start-up, by polling) count, but are not refused: the repository is the operator's."""
         asked = sum(_instances(e) for e in entries)
-        with self._lock:
+        with self._lock:  # loads of other models under way count: they reserve theirs here
             others = sum(_instances(e) for n, es in self._loaded.items() if n != name for e in es)
-        if asked + others <= self._max_instances:
-            return
+            others += sum(n for other, n in self._reserved.items() if other != name)
+            if asked + others <= self._max_instances:
+                self._reserved[name] = asked
+                return
         what = f"instance_group count {asked}" + (f" (over {len(entries)} versions)" if len(entries) > 1 else "")
         if asked <= self._max_instances:
             what += f" and the {others} instances of the models already loaded"
@@ -631,13 +641,23 @@ class ModelControl:
             publish=False,
         )
 
+    def _retire(self, add: list[Any], remove: list[tuple[str, int]]) -> None:
+        """The core's swap, its wait for the requests of the versions that leave bounded by the
+        unload timeout: past it their worker processes are killed and a version whose execute
+        still runs in this process is abandoned to it (its executors cannot be stopped)."""
+        for name, version in self._core.swap_models(add, remove, self._unload_timeout):
+            logger.warning(
+                "model %s version %s: a request still ran %gs after its unload began "
+                "(--model-unload-timeout-secs): the version is unloaded, its worker processes were "
+                "killed and its in-process instances abandoned", name, version, self._unload_timeout)
+
     def _unload(self, name: str) -> None:
         with self._lock:
             previous = dict(self._registered.get(name, {}))
         if not previous:
             return
         self._set_states(name, {v: ("UNLOADING", "") for v in previous}, keep=False)
-        self._core.swap_models([], [(name, v) for v in previous])
+        self._retire([], [(name, v) for v in previous])
         with self._lock:
             self._registered[name] = {}
             self._states[name] = {v: ("UNAVAILABLE", "unloaded") for v in previous}
@@ -670,8 +690,9 @@ class ModelControl:
                 f"got {total}",
             )
         parts = {path: _file_parts(path) for path in files}
-        if self._temp_root is None:
-            self._temp_root = Path(tempfile.mkdtemp(prefix="openinfer-repository-"))
+        with self._lock:
+            if self._temp_root is None:
+                self._temp_root = Path(tempfile.mkdtemp(prefix="openinfer-repository-"))
         load_dir = Path(tempfile.mkdtemp(prefix="load-", dir=self._temp_root))  # mode 0700
         model_dir = load_dir / "model"
         try:
@@ -707,31 +728,36 @@ class ModelControl:
     def poll(self) -> None:
         """Scans the repository once: loads new models, reloads changed ones, unloads removed
         ones. The poll thread calls it every repository_poll_secs."""
-        with self._ops:
+        if self._closed.is_set():
+            return
+        unreadable = [repo for repo in self._repos if not repo.is_dir()]
+        if not self._repos or unreadable:  # keep serving; say why
+            logger.warning("model repository %s cannot be read; not polled",
+                           ", ".join(map(str, unreadable or self._repos)))
+            return
+        present = set(self._repository_names())
+        for name in sorted(present):
             if self._closed.is_set():
                 return
-            unreadable = [repo for repo in self._repos if not repo.is_dir()]
-            if not self._repos or unreadable:  # keep serving; say why
-                logger.warning("model repository %s cannot be read; not polled",
-                               ", ".join(map(str, unreadable or self._repos)))
-                return
-            present = set(self._repository_names())
-            for name in sorted(present):
-                fingerprint = tuple(_fingerprint(d) for d in self._model_dirs(name))
-                if self._fingerprints.get(name) == fingerprint and name in self._registered:
-                    continue
-                logger.info("model %s changed in the repository: loading", name)
-                try:
+            fingerprint = tuple(_fingerprint(d) for d in self._model_dirs(name))
+            if self._fingerprints.get(name) == fingerprint and name in self._registered:
+                continue
+            logger.info("model %s changed in the repository: loading", name)
+            try:
+                with self._ops.hold(name):
                     self._load(name, None, None, startup=False)
-                except InferenceServerError as e:
-                    logger.warning("%s", e.message)
-            for name in sorted(set(self._registered) - present - set(self._given)):
-                if self._registered[name]:
-                    logger.info("model %s left the repository: unloading", name)
+            except InferenceServerError as e:
+                logger.warning("%s", e.message)
+        with self._lock:
+            registered = {name: bool(versions) for name, versions in self._registered.items()}
+        for name in sorted(set(registered) - present - set(self._given)):
+            if registered[name]:
+                logger.info("model %s left the repository: unloading", name)
+                with self._ops.hold(name):
                     self._unload(name)
-                with self._lock:  # no longer in the repository: no longer in the index
-                    self._states.pop(name, None)
-                    self._registered.pop(name, None)
+            with self._lock:  # no longer in the repository: no longer in the index
+                self._states.pop(name, None)
+                self._registered.pop(name, None)
 
 
 # ---- request parameters ---------------------------------------------------------------------
@@ -751,14 +777,6 @@ def _warm_up(entry: LoadedModel, handle: Any, model_dir: Path | None) -> str | N
     return None
 
 
-def default_max_instances() -> int:
-    """max_instances when not given: four instances per usable CPU, and at least 64 (enough for
-    a repository of GPU models on a host of few CPUs)."""
-    from .. import _core
-
-    return max(64, 4 * int(_core.usable_cpus()))
-
-
 def _instances(entry: LoadedModel) -> int:
     """The model instances (executor threads, worker processes, sessions) a version starts."""
     if entry.error is not None or entry.model is None or isinstance(entry.model, ensemble.EnsembleModel):
@@ -766,18 +784,26 @@ def _instances(entry: LoadedModel) -> int:
     return int(getattr(entry.model, "instances", 0))
 
 
-def _check_override_paths(name: str, override: ModelConfig) -> None:
+def _check_override(name: str, override: ModelConfig, max_instances: int) -> None:
     """Refuses a config override that names a file outside the model's directory (see
-    openinfer._config.paths) before the load goes near the file system. A config that cannot be
-    normalized is left to the load, which reports it as it does for config.pbtxt."""
+    openinfer._config.paths) or asks for more than the server allows (openinfer._config.limits,
+    --max-instances) before the load goes near the file system or allocates anything. A config
+    that cannot be normalized is left to the load, which reports it as it does for config.pbtxt."""
     try:
         normalized = triton_config.normalize(override.raw, "the config override")
     except ConfigError:
         return
+    asked = limits.instances(normalized)
+    if asked > max_instances:
+        raise InferenceServerError(400, f"failed to load '{name}': instance_group count {asked} exceeds the "
+                                        f"server's limit of {max_instances} instances (--max-instances)")
     try:
         paths.check_config(normalized)
+        limits.check(normalized, "config override")
     except paths.PathError as e:
         raise InferenceServerError(400, f"failed to load '{name}': Invalid config override: {e}") from None
+    except ConfigError as e:
+        raise InferenceServerError(400, f"failed to load '{name}': Invalid {e}") from None
 
 
 def _hide(text: str | None, model_dir: Path | None) -> str | None:

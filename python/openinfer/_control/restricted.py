@@ -4,7 +4,9 @@
 trace, logging) answer only requests that carry header `key` with `value`; others get HTTP 403
 "This API is restricted, expecting header '<key>'" or gRPC UNAVAILABLE "This protocol is
 restricted, expecting header 'triton-grpc-protocol-<key>'". Each group may be named once.
-Parsed here with tritonserver's errors; the core checks every request where it routes it."""
+Parsed here with tritonserver's errors; the core checks every request where it routes it.
+Entries may also come from a file or the environment (openinfer._control.key_sources), so that
+the keys stay out of the command line."""
 
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ def _shown(arg: str) -> str:
     """The flag's value for an error, its key's value left out: errors and logs never show it."""
     name, colon, rest = arg.partition(":")
     key, equals, value = rest.partition("=")
+    if not equals and any(c.isspace() for c in arg):  # a value given after a space: nothing past the groups shows
+        return name + colon + "<hidden>" if colon else "<hidden>"
     return name + colon + key + equals + ("<hidden>" if value else "")
 
 

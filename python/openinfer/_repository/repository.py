@@ -26,7 +26,7 @@ from typing import Any
 
 from .. import _pt2_build
 from .._backends import ensemble, processes, triton_model
-from .._config import paths, sequence, triton_config
+from .._config import limits, paths, sequence, triton_config
 from ..config import ConfigError, ModelConfig, VersionPolicy, load_config
 from .._backends.identity_model import IDENTITY_BACKEND, IdentityLoadError, IdentityModel, load_identity
 from ..model import Model, Tensor
@@ -118,7 +118,8 @@ def scan_model(
     config.pbtxt (a load request's override). Without `allow_code`, a version whose model file
     is code (a model.py, or a PT2 package, whose shared library runs when loaded) fails instead:
     files that came over the network are never executed as the server's own code.
-    `loading` hears the versions about to load, before the slow part starts."""
+    `loading` hears the versions about to load, before the slow part starts. What the config
+    asks for is bounded (`openinfer._config.limits`) before anything is built."""
     name = name or model_dir.name
     config_path = model_dir / "config.pbtxt"
     overridden = config is not None
@@ -143,6 +144,7 @@ def scan_model(
                 paths.check_config(normalized)
             except paths.PathError as e:
                 raise ConfigError(f"{source}: {e}") from None
+            limits.check(normalized, source)
             refused, warnings = triton_config.unsupported(normalized, source)
             # An iterative sequence is one request that a Triton Python model reschedules to
             # itself until done: the adapter runs it again (triton_model), no sequence slot is
