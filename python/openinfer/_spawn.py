@@ -41,6 +41,43 @@ def absolute_entries(entries: list[str]) -> list[str]:
     return [e for e in entries if os.path.isabs(e)]
 
 
+# Options of the interpreter that take the next argument as their value.
+_OPTIONS_WITH_VALUE = ("-W", "-X", "--check-hash-based-pycs")
+
+
+def _run_module() -> str | None:
+    """The module this interpreter was started to run with ``-m`` (sys.orig_argv), if any."""
+    argv = list(getattr(sys, "orig_argv", []))[1:]
+    while argv:
+        arg = argv.pop(0)
+        if arg == "-m":
+            return argv[0] if argv else None
+        if arg.startswith("-m"):
+            return arg[2:]
+        if arg in _OPTIONS_WITH_VALUE:
+            argv[:1] = []
+        elif arg == "-c" or arg == "-" or not arg.startswith("-"):
+            return None  # code or a script, not a module
+    return None
+
+
+def leave_the_working_directory() -> None:
+    """Run as ``python -m openinfer...`` (not -P), Python put the working directory first on
+    sys.path: it is taken off before openinfer imports anything (numpy.py there would run as
+    the server's user). Only then: a program that imports openinfer keeps its own sys.path.
+    An ``openinfer/`` in that directory has been imported already; docs/security.md says how
+    to start the server."""
+    module = _run_module()
+    if (
+        module is not None
+        and module.split(".")[0] == "openinfer"
+        and not getattr(sys.flags, "safe_path", False)
+        and sys.path
+        and sys.path[0] in ("", os.getcwd())
+    ):
+        del sys.path[0]
+
+
 def environment(extra_path: str | None = None, env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of a Python child: the caller's (or `env`), with `extra_path` first on
     PYTHONPATH and PYTHONPATH's relative or empty entries left out."""
