@@ -27,7 +27,7 @@ from typing import Any
 from .. import _pt2_build
 from .._backends import ensemble, processes, triton_model
 from .._config import paths, sequence, triton_config
-from ..config import ConfigError, ModelConfig, VersionPolicy, load_config
+from ..config import ConfigError, ModelConfig, VersionPolicy, load_model_config
 from .._backends.identity_model import IDENTITY_BACKEND, IdentityLoadError, IdentityModel, load_identity
 from ..model import Model, Tensor
 from .._backends.onnx_model import ONNX_BACKEND, ONNX_PLATFORM, OnnxLoadError, OnnxModel, OnnxUnavailable, load_onnx
@@ -123,8 +123,11 @@ def scan_model(
     config_path = model_dir / "config.pbtxt"
     overridden = config is not None
     try:
-        if config is None and config_path.is_file():
-            config = load_config(config_path)
+        if config is None:
+            try:
+                config = load_model_config(model_dir)
+            except FileNotFoundError:
+                pass
         if config is not None and config.name not in (None, name):
             if overridden:
                 raise ConfigError(
