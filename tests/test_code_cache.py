@@ -132,3 +132,32 @@ def test_a_planted_pt2_package_or_marker_is_not_used(cache: Path, tmp_path: Path
     assert entry["state"] == "UNAVAILABLE", entry
     assert f"the cache {planted_file} is owned by uid {nobody}" in entry["reason"], entry
     assert "do not build" not in entry["reason"]
+
+
+def test_a_cached_shim_of_the_users_own_is_loaded_through_its_descriptor(cache: Path, tmp_path: Path) -> None:
+    """The normal cache still works: a shim in a cache of the server user's own is loaded, as
+    /proc/self/fd/N of the descriptor that was checked (copied here from the package's own
+    build, which otherwise takes precedence, rather than compiled again)."""
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+
+    from openinfer import _torch_build
+
+    name = _torch_build.library_name(_torch_build.build_key())
+    built = Path(_torch_build.__file__).parent / name
+    if not built.is_file():
+        pytest.skip("no shim built in the package directory to copy")
+    (cache / "torch_shim").mkdir(parents=True, mode=0o700)
+    (cache / "torch_shim" / name).write_bytes(built.read_bytes())
+    code = (
+        "import os, sys, torch\n"
+        "from openinfer import _core, _torch_build\n"
+        "with _torch_build.shim(package_dir=sys.argv[1]) as path:\n"
+        "    assert path.startswith('/proc/self/fd/'), path\n"
+        "    _core.torch_open_shim(path)\n"
+        "    print(os.path.realpath(path))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(cache / "torch_shim" / name)
