@@ -203,6 +203,8 @@ def _probe(model_file: HeldFile, device: str, inputs: list[_Input]) -> list[dict
     dimensions that differ are -1."""
     from .. import _core
 
+    path = model_file.path
+
     def run(extra: int) -> list[dict[str, Any]]:
         sizes: dict[str, int] = {}
         shapes = []
