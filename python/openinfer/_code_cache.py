@@ -54,11 +54,12 @@ def check(fd: int, path: Path, kind: int = stat.S_IFDIR) -> None:
         )
 
 
-def directory(sub: str) -> tuple[int, Path]:
-    """The folder `sub` of the cache, created (0700, with the cache root) where missing, as a
-    descriptor (the caller closes it) and its path, once it and every folder above it up to
-    the cache root pass `check`. Raises UntrustedCache, or OSError when it cannot be made."""
-    top = root()
+def directory(sub: str, top: Path | None = None) -> tuple[int, Path]:
+    """The folder `sub` of the cache (whose root is `top`, default `root()`), created (0700,
+    with the cache root) where missing, as a descriptor (the caller closes it) and its path,
+    once it and every folder above it up to the cache root pass `check`. Raises
+    UntrustedCache, or OSError when it cannot be made."""
+    top = top or root()
     fd = _open_root(top)
     path = top
     try:

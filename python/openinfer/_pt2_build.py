@@ -90,7 +90,7 @@ def _look(target: Path) -> tuple[HeldFile | None, str | None]:
     from ._config.paths import HeldFile  # noqa: F811 - at run time
 
     try:
-        dir_fd, folder = directory(_FOLDER)
+        dir_fd, folder = directory(target.parent.name, target.parent.parent)
         try:
             fd = open_file(dir_fd, target.name, folder)
             failed = read_file(dir_fd, _sibling(target, ".failed").name, folder) if fd is None else None
@@ -211,7 +211,7 @@ def _start(version_dir: Path, target: Path, env: dict[str, str]) -> subprocess.P
     it until it exits); returns None, starting nothing, when it is held."""
     from ._code_cache import UntrustedCache, directory, open_file
 
-    dir_fd, folder = directory(_FOLDER)  # checked by the caller's look; made 0700 if missing
+    dir_fd, folder = directory(target.parent.name, target.parent.parent)  # checked by the caller's look
     fd = log_fd = -1
     try:
         fd = open_file(dir_fd, _sibling(target, ".lock").name, folder, os.O_RDWR, create=True) or -1
