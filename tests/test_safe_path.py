@@ -5,6 +5,7 @@ works."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -59,3 +60,28 @@ def test_planted_modules_in_the_working_directory_never_run(tmp_path: Path, how:
     finally:
         cli.kill()
     assert not marker.exists(), f"planted code ran: {marker.read_text()}\n{cli.output()}"
+
+
+@pytest.mark.parametrize("safe_path_flag", [True, False], ids=["-P", "python3.10"])
+def test_the_command_lines_leave_the_working_directory_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, safe_path_flag: bool
+) -> None:
+    """The command lines `_spawn` makes, as on Python 3.11+ (-P) and as on 3.10 (a first
+    statement that takes the working directory off sys.path): a numpy.py there is not imported,
+    the module or code runs with its arguments, and PYTHONPATH loses its relative entries."""
+    import subprocess
+
+    from openinfer import _spawn
+
+    monkeypatch.setattr(_spawn, "_SAFE_PATH_FLAG", safe_path_flag)
+    (tmp_path / "numpy.py").write_text("raise SystemExit('the planted numpy.py ran')\n")
+    env = _spawn.environment(env={"PYTHONPATH": os.pathsep.join(["", ".", *sys.path[1:]])})
+    assert "" not in env["PYTHONPATH"].split(os.pathsep) and "." not in env["PYTHONPATH"].split(os.pathsep)
+    code = _spawn.python_code("import numpy; print(numpy.__file__, sys.argv[1:])", "a", "b")
+    out = subprocess.run(code, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert str(tmp_path) not in out.stdout and out.stdout.strip().endswith("['a', 'b']"), out.stdout
+    module = _spawn.python_module("json.tool", "--sort-keys")
+    out = subprocess.run(module, cwd=tmp_path, env=env, input='{"b": 1, "a": 2}', capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout.index('"a"') < out.stdout.index('"b"'), out

@@ -20,6 +20,7 @@ torch is imported only here, and only when a TorchScript model is loaded.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -125,7 +126,10 @@ def _ensure_shim() -> None:
 
     try:
         with shim() as path:
-            _core.torch_open_shim(path)
+            try:
+                _core.torch_open_shim(path)
+            except OSError as e:  # named by its file, not the descriptor it was loaded through
+                raise OSError(str(e).replace(path, os.path.realpath(path))) from None
     except (ShimBuildError, UntrustedCache, OSError) as e:
         raise TorchLoadError(str(e)) from None
 
