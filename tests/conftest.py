@@ -458,10 +458,12 @@ class Cli:
     is collected by a thread (reading the pipe from two places would lose lines). `port` is
     the HTTP port of the first "listening on http://127.0.0.1:PORT", when there is one."""
 
-    def __init__(self, *args: str, argv: list[str] | None = None, env: dict[str, str] | None = None) -> None:
+    def __init__(self, *args: str, argv: list[str] | None = None, env: dict[str, str] | None = None,
+                 cwd: Path | None = None) -> None:
         if argv is None:
             argv = [sys.executable, "-m", "openinfer", "serve", "--http-port", "0", "--threads", "1", *args]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                     cwd=cwd)
         self.lines: list[str] = []
         self.listening = threading.Event()
         self.port = 0

@@ -336,6 +336,36 @@ def test_onnx_uploads_still_load(server: openinfer.Server, protocol: str) -> Non
     assert _weights(server, name) == [4, 5, 6]
 
 
+@pytest.mark.parametrize("swapped", ["w.bin", "model.onnx"])
+def test_onnx_files_swapped_for_links_after_the_check_are_not_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, swapped: str
+) -> None:
+    """The model file and its external data are read through the descriptors they were
+    checked as (issue 38): swapped for links to another file once the model is described,
+    the second instance's session still reads what was checked, never the file linked to."""
+    from openinfer._backends import onnx_model
+
+    version = tmp_path / "repo" / "ext" / "1"
+    version.mkdir(parents=True)
+    (version / "model.onnx").write_bytes(_onnx("w.bin"))
+    (version / "w.bin").write_bytes(bytes([7, 8, 9]))
+    (version.parent / "config.pbtxt").write_text(
+        'platform: "onnxruntime_onnx"\ninstance_group [ { count: 2 kind: KIND_CPU } ]\n')
+    (tmp_path / "secret.bin").write_bytes(b"SEC")  # as weights: served back; as the model: no model
+    describe = onnx_model.describe
+
+    def describe_then_swap(spec: dict[str, Any]) -> dict[str, Any]:
+        described = describe(spec)
+        os.symlink(tmp_path / "secret.bin", version / "link")
+        os.replace(version / "link", version / swapped)
+        return described
+
+    monkeypatch.setattr(onnx_model, "describe", describe_then_swap)
+    with openinfer.serve(tmp_path / "repo", http_port=0, grpc_port=None, log=False) as srv:
+        for _ in range(4):  # both instances answer in turn
+            assert _weights(srv, "ext") == [7, 8, 9]
+
+
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_upload_errors_do_not_show_the_temporary_directory(server: openinfer.Server, protocol: str) -> None:
     status, message = _load(protocol, server, f"broken_{protocol}", ONNX_CONFIG,

@@ -126,3 +126,25 @@ def test_a_file_flipped_with_a_link_never_yields_the_target(opener, model_dir):
         flipper.join()
     assert b"root's secret\n" not in seen
     assert b"cat\n" in seen
+
+
+def test_the_folder_of_a_path_a_library_opens_itself_is_held(opener, model_dir, tmp_path):
+    """An accelerator's cache path: its folder is opened beneath the model directory and held,
+    and the library is given that folder's descriptor path and the last component."""
+    (model_dir / "caches" / "trt").mkdir(parents=True)
+    held, last = paths.open_parent_beneath(model_dir, "caches/trt/engine", "field", model_dir)
+    assert last == "engine" and held.source == paths.fd_path(held.fd)
+    assert os.readlink(held.source) == str(model_dir / "caches" / "trt")
+    os.rename(model_dir / "caches", model_dir / "moved")  # the folder held is the one checked
+    os.symlink(tmp_path, model_dir / "caches")
+    assert os.path.realpath(f"{held.source}/{last}") == str(model_dir / "moved" / "trt" / "engine")
+    held, last = paths.open_parent_beneath(model_dir, "engine", "field", model_dir)
+    assert (os.readlink(held.source), last) == (str(model_dir), "engine")
+
+
+def test_the_folder_of_a_path_a_library_opens_itself_may_not_lead_out(opener, model_dir, tmp_path):
+    os.symlink(tmp_path, model_dir / "out")
+    with pytest.raises(paths.PathError, match="field 'out/engine' leads outside the model directory"):
+        paths.open_parent_beneath(model_dir, "out/engine", "field", model_dir)
+    with pytest.raises(paths.PathError, match="must be a relative path inside the model directory"):
+        paths.open_parent_beneath(model_dir, "../engine", "field", model_dir)

@@ -15,12 +15,16 @@
  * and the V2 CUDA / TensorRT options are the newest of them): a library older than the
  * vendored header still serves through that prefix of the OrtApi struct. */
 #define OX_MIN_API_VERSION 16
+/* AddExternalInitializersFromFilesInMemory: external data given by the server, never opened
+ * by ONNX Runtime by the name a model file gives. */
+#define OX_EXTERNAL_IN_MEMORY_API_VERSION 18
 
 /* The library, resolved once by oi_onnx_open and kept for the life of the process. */
 static struct {
     void *handle;
     const OrtApi *api;
     unsigned api_version;
+    int external_in_memory; /* the library has API version OX_EXTERNAL_IN_MEMORY_API_VERSION */
     const char *version;
     OrtEnv *env;
     OrtMemoryInfo *cpu;      /* where request inputs and preallocated outputs live */
@@ -80,6 +84,7 @@ int oi_onnx_open(const char *path, char *err, size_t errlen)
         return -1;
     }
     ort.api = api;
+    ort.external_in_memory = base->GetApi(OX_EXTERNAL_IN_MEMORY_API_VERSION) != NULL;
     OrtEnv *env = NULL;
     char *msg = take_status(api->CreateEnv(ORT_LOGGING_LEVEL_WARNING, "openinfer", &env));
     OrtMemoryInfo *cpu = NULL;
@@ -304,6 +309,12 @@ static OrtSession *session_new(const oi_onnx_spec_t *spec, int device, char **er
         for (size_t i = 0; i < spec->n_cpu_accels && *err == NULL; i++)
             *err = append_accel(so, &spec->cpu_accels[i], device);
     }
+    if (*err == NULL && spec->n_external > 0)
+        *err = ort.external_in_memory
+                   ? take_status(api->AddExternalInitializersFromFilesInMemory(
+                         so, spec->external_names, spec->external_data, spec->external_lengths, spec->n_external))
+                   : strdup("the model keeps tensors in external data files, which openinfer reads with "
+                            "ONNX Runtime 1.18 or newer; pip install -U onnxruntime");
     if (*err == NULL)
         *err = take_status(api->CreateSession(ort.env, spec->path, so, &session));
     if (so)

@@ -34,6 +34,12 @@ typedef struct oi_onnx_accel_s {
 /* How each instance's session is made. Arrays are borrowed for the call. */
 typedef struct oi_onnx_spec_s {
     const char *path;
+    /* The external data files the model names, by the location it gives, with their contents:
+     * ONNX Runtime takes them from memory (n_external 0: the model has none). */
+    const char *const *external_names;
+    char *const *external_data;
+    const size_t *external_lengths;
+    size_t n_external;
     const int *devices; /* one per instance: -1 the CPU, else a CUDA device id */
     int instances;
     int intra_op_threads; /* 0: ONNX Runtime's default */

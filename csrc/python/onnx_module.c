@@ -148,16 +148,63 @@ typedef struct {
     oi_onnx_accel_t *gpu, *cpu;
     size_t n_gpu, n_cpu;
     oi_io_spec_t *in_reshape, *out_reshape;
+    Py_buffer *views; /* the external data's contents, held while the spec is used */
+    const char **external_names;
+    char **external_data;
+    size_t *external_lengths;
+    size_t n_external;
 } parsed_spec_t;
 
 static void spec_free(parsed_spec_t *p)
 {
+    for (size_t i = 0; i < p->n_external; i++)
+        PyBuffer_Release(&p->views[i]);
+    free(p->views);
+    free(p->external_names);
+    free(p->external_data);
+    free(p->external_lengths);
     Py_XDECREF(p->devs);
     free(p->devices);
     free_accels(p->gpu, p->n_gpu);
     free_accels(p->cpu, p->n_cpu);
     free(p->in_reshape);
     free(p->out_reshape);
+}
+
+/* spec["external"] (absent: none), a sequence of (location, buffer) pairs, into p's external
+ * arrays: the buffers are viewed, not copied. 0, or -1 with an exception. */
+static int parse_external(PyObject *spec, parsed_spec_t *p)
+{
+    PyObject *v = PyDict_GetItemString(spec, "external"); /* borrowed */
+    if (v == NULL)
+        return 0;
+    PyObject *fast = PySequence_Fast(v, "onnx spec: external must be a sequence of (location, buffer)");
+    if (fast == NULL)
+        return -1;
+    size_t n = (size_t)PySequence_Fast_GET_SIZE(fast);
+    p->views = calloc(n + 1, sizeof(*p->views));
+    p->external_names = calloc(n + 1, sizeof(*p->external_names));
+    p->external_data = calloc(n + 1, sizeof(*p->external_data));
+    p->external_lengths = calloc(n + 1, sizeof(*p->external_lengths));
+    if (!p->views || !p->external_names || !p->external_data || !p->external_lengths)
+        PyErr_NoMemory();
+    for (size_t i = 0; i < n && !PyErr_Occurred(); i++) {
+        PyObject *pair = PySequence_Fast_GET_ITEM(fast, i);
+        PyObject *name = PyTuple_Check(pair) && PyTuple_GET_SIZE(pair) == 2 ? PyTuple_GET_ITEM(pair, 0) : NULL;
+        if (name == NULL || (p->external_names[i] = PyUnicode_AsUTF8(name)) == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "onnx spec: external items must be (str, buffer)");
+            break;
+        }
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(pair, 1), &p->views[i], PyBUF_SIMPLE) != 0)
+            break;
+        p->n_external = i + 1;
+        /* ONNX Runtime's signature is not const, but it copies the data and never writes it. */
+        p->external_data[i] = p->views[i].buf;
+        p->external_lengths[i] = (size_t)p->views[i].len;
+    }
+    Py_DECREF(fast);
+    return PyErr_Occurred() ? -1 : 0;
 }
 
 /* Reads `spec` into *p, with the reshapes of model `m` (NULL: none). 0, or -1 with an
@@ -190,12 +237,16 @@ static int spec_parse(PyObject *spec, const oi_model_t *m, parsed_spec_t *p)
     for (Py_ssize_t i = 0; i < n_dev; i++)
         p->devices[i] = (int)PyLong_AsLong(PySequence_Fast_GET_ITEM(p->devs, i));
     if (PyErr_Occurred() || (p->gpu = parse_accels(spec, "gpu_accelerators", &p->n_gpu)) == NULL ||
-        (p->cpu = parse_accels(spec, "cpu_accelerators", &p->n_cpu)) == NULL ||
+        (p->cpu = parse_accels(spec, "cpu_accelerators", &p->n_cpu)) == NULL || parse_external(spec, p) != 0 ||
         (m != NULL && ((p->in_reshape = parse_reshapes(spec, "input_reshape", m->n_inputs)) == NULL ||
                        (p->out_reshape = parse_reshapes(spec, "output_reshape", m->n_outputs)) == NULL)))
         return -1;
     p->os = (oi_onnx_spec_t){
         .path = path,
+        .external_names = p->external_names,
+        .external_data = p->external_data,
+        .external_lengths = p->external_lengths,
+        .n_external = p->n_external,
         .devices = p->devices,
         .instances = (int)n_dev,
         .intra_op_threads = oi__py_spec_int(spec, "intra_op_threads", 0),

@@ -13,9 +13,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .errors import InferenceServerError
-from .model import Model, Request, Tensor, model
-from ._repository.repository import examples_path
+from ._spawn import leave_the_working_directory
+
+leave_the_working_directory()  # before anything else is imported (numpy.py there would run)
+
+from .errors import InferenceServerError  # noqa: E402
+from .model import Model, Request, Tensor, model  # noqa: E402
+from ._repository.repository import examples_path  # noqa: E402
 
 if TYPE_CHECKING:
     from .client import AsyncClient, Client

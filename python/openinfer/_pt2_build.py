@@ -32,8 +32,13 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # this module imports nothing of openinfer's at its top (see above)
+    from ._config.paths import HeldFile
 
 RECIPE = "export.py"
+_FOLDER = "pt2"  # of the cache (_code_cache)
 COMPILE_TIMEOUT_S = 900  # a compile still running then is killed; the next server tries again
 logger = logging.getLogger("openinfer")
 # The compiles this process started: kept until they end (a stopped server's wait leaves them
@@ -62,7 +67,7 @@ def package_path(version_dir: Path) -> Path:
         import torch
     except ImportError as e:
         raise Skipped(f"torch cannot be imported ({e})") from None
-    from ._torch_build import cache_dir
+    from ._code_cache import root
 
     digest = hashlib.sha256()
     for path in sorted(p for p in version_dir.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
@@ -70,23 +75,45 @@ def package_path(version_dir: Path) -> Path:
         digest.update(path.read_bytes())
     torch_version = "".join(c if c.isalnum() or c in ".-" else "-" for c in torch.__version__)
     name = f"{version_dir.parent.name}-torch{torch_version}-{digest.hexdigest()[:12]}.pt2"
-    return cache_dir() / "pt2" / name
+    return root() / _FOLDER / name
 
 
 def _sibling(target: Path, suffix: str) -> Path:
     return target.with_name(target.name + suffix)
 
 
-def _state(version_dir: Path) -> tuple[Path, bool]:
-    """The package's path and whether it is built. Raises Skipped where it cannot be built."""
+def _look(target: Path) -> tuple[HeldFile | None, str | None]:
+    """The package at `target`, opened, if it is built, and why compiling it failed, if it did
+    (its ``.failed`` marker): read from the cache folder only once it and they pass the checks
+    of code (_code_cache). Raises Skipped, naming the path and why, where they do not."""
+    from ._code_cache import UntrustedCache, directory, open_file, read_file
+    from ._config.paths import HeldFile  # noqa: F811 - at run time
+
+    try:
+        dir_fd, folder = directory(target.parent.name, target.parent.parent)
+        try:
+            fd = open_file(dir_fd, target.name, folder)
+            failed = read_file(dir_fd, _sibling(target, ".failed").name, folder) if fd is None else None
+        finally:
+            os.close(dir_fd)
+    except UntrustedCache as e:
+        raise Skipped(str(e)) from None
+    except OSError as e:
+        raise Skipped(f"the cache {target.parent} cannot be used: {e.strerror or e}") from None
+    return (HeldFile(fd, target) if fd is not None else None), (failed.strip() if failed is not None else None)
+
+
+def _state(version_dir: Path) -> tuple[Path, HeldFile | None]:
+    """The package's path and, once it is built, the package opened. Raises Skipped where it
+    cannot be built."""
     target = package_path(version_dir)
-    if target.is_file():
-        return target, True
-    failed = _sibling(target, ".failed")
-    if failed.is_file():
+    built, failed = _look(target)
+    if built is not None:
+        return target, built
+    if failed is not None:
         raise Skipped(
-            f"compiling its package failed: {failed.read_text(errors='replace').strip()} "
-            f"(the log: {_sibling(target, '.log')}; remove {failed} to try again)"
+            f"compiling its package failed: {failed} "
+            f"(the log: {_sibling(target, '.log')}; remove {_sibling(target, '.failed')} to try again)"
         )
     from ._torch_build import ShimBuildError, _compiler
 
@@ -94,26 +121,26 @@ def _state(version_dir: Path) -> tuple[Path, bool]:
         _compiler("c++")
     except ShimBuildError as e:
         raise Skipped(str(e).replace("serving TorchScript models", "serving a PT2 example")) from None
-    return target, False
+    return target, None
 
 
-def package(version_dir: Path) -> Path:
-    """The cached package of the example in `version_dir`. Raises Pending when it is not built
-    yet, Skipped (after logging why) when it cannot be built here."""
+def package(version_dir: Path) -> HeldFile:
+    """The cached package of the example in `version_dir`, opened. Raises Pending when it is
+    not built yet, Skipped (after logging why) when it cannot be built here."""
     try:
         target, built = _state(version_dir)
     except Skipped as e:
         logger.warning("example %s is not served: %s", version_dir.parent.name, e)
         raise
-    if not built:
+    if built is None:
         raise Pending(f"its package for this torch is not built yet ({target})")
-    return target
+    return built
 
 
 def pending(version_dir: Path) -> bool:
     """Whether the example's package can be built here and is not yet (`build` builds it)."""
     try:
-        return not _state(version_dir)[1]
+        return _state(version_dir)[1] is None
     except Skipped:
         return False
 
@@ -124,17 +151,21 @@ def build(version_dir: Path, target: Path, env: dict[str, str], stop: threading.
     environment `env`, and waits for it: returns `target`, or None when it cannot be built
     (logged) or `stop` was set first. Starts one compile at most per cache."""
     name = version_dir.parent.name
-    failed = _sibling(target, ".failed")
     child: subprocess.Popen[bytes] | None = None
     complained = False
     while True:
         ended = child is not None and child.poll() is not None  # before the look at the files
-        if target.is_file():
+        try:
+            built, failed = _look(target)
+        except Skipped as e:
+            logger.warning("example %s is not served: %s", name, e)
+            return None
+        if built is not None:
             return target
-        if failed.is_file():
+        if failed is not None:
             logger.warning(
                 "example %s is not served: compiling its package failed: %s (the log: %s)",
-                name, failed.read_text(errors="replace").strip(), _sibling(target, ".log"),
+                name, failed, _sibling(target, ".log"),
             )  # fmt: skip
             return None
         if ended:  # ours ended with neither a package nor a reason: killed
@@ -147,6 +178,9 @@ def build(version_dir: Path, target: Path, env: dict[str, str], stop: threading.
         if child is None:
             try:
                 child = _start(version_dir, target, env)  # None: another process holds the lock
+            except Skipped as e:
+                logger.warning("example %s is not served: %s", name, e)
+                return None
             except OSError as e:  # the process short of descriptors for a moment: look again
                 if not complained:
                     logger.warning("example %s: cannot start compiling its package yet: %s", name, e)
@@ -175,14 +209,25 @@ def serve_when_built(examples: list[tuple[str, Path]], stop: threading.Event, lo
 def _start(version_dir: Path, target: Path, env: dict[str, str]) -> subprocess.Popen[bytes] | None:
     """Starts the compile when no one holds the lock, handing the lock to the child (it holds
     it until it exits); returns None, starting nothing, when it is held."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(_sibling(target, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    from ._code_cache import UntrustedCache, directory, open_file
+
+    dir_fd, folder = directory(target.parent.name, target.parent.parent)  # checked by the caller's look
+    fd = log_fd = -1
+    try:
+        fd = open_file(dir_fd, _sibling(target, ".lock").name, folder, os.O_RDWR, create=True) or -1
+        log_fd = open_file(dir_fd, _sibling(target, ".log").name, folder, os.O_WRONLY | os.O_TRUNC, create=True) or -1
+    except UntrustedCache as e:
+        if fd >= 0:
+            os.close(fd)
+        raise Skipped(str(e)) from None
+    finally:
+        os.close(dir_fd)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return None
-        if target.is_file():  # built between the caller's look and the lock
+        if os.path.isfile(target):  # built between the caller's look and the lock
             return None
         import torch
 
@@ -191,21 +236,26 @@ def _start(version_dir: Path, target: Path, env: dict[str, str]) -> subprocess.P
             "(once per torch version, about a minute); it is served when built",
             version_dir.parent.name, torch.__version__, target,
         )  # fmt: skip
+        from ._spawn import environment, python_code
+
         code = (
-            "import importlib.util as u, sys; s = u.spec_from_file_location('_oi_pt2_build', sys.argv[1]); "
+            "import importlib.util as u; s = u.spec_from_file_location('_oi_pt2_build', sys.argv[1]); "
             "m = u.module_from_spec(s); s.loader.exec_module(m); m.child_main(sys.argv[2], sys.argv[3])"
         )
-        with open(_sibling(target, ".log"), "wb") as log:
+        with os.fdopen(log_fd, "wb") as log:
+            log_fd = -1
             child = subprocess.Popen(
-                [sys.executable, "-c", code, __file__, str(version_dir / RECIPE), str(target)],
+                python_code(code, __file__, str(version_dir / RECIPE), str(target)),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=target.parent,
-                env=env, pass_fds=(fd,), start_new_session=True,
+                env=environment(env=env), pass_fds=(fd,), start_new_session=True,
             )  # fmt: skip
         with _children_lock:
             _children[:] = [c for c in _children if c.poll() is None] + [child]
         return child
     finally:
         os.close(fd)  # the child's copy keeps the lock
+        if log_fd >= 0:
+            os.close(log_fd)
 
 
 def child_main(recipe: str, target: str) -> None:

@@ -4,12 +4,13 @@ The shim is C++ that links libtorch, so it must match the torch in the environme
 version, its C++ ABI flag (``torch._C._GLIBCXX_USE_CXX11_ABI``) and whether it has CUDA. It
 is built at ``pip install`` when torch is importable there (setup.py calls `build` into the
 package directory), and otherwise on first use into a cache directory keyed by all of that
-(`ensure_shim`). This module imports torch only inside its functions, and setup.py loads it
+(`shim`). This module imports torch only inside its functions, and setup.py loads it
 by path, so it needs nothing but the standard library to import.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import logging
@@ -18,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 SHIM_SOURCES = ("backends/torch_shim/torch_shim.cpp", "backends/torch_shim/torch_shim.h")
@@ -57,15 +59,6 @@ def build_key(src: Path | None = None) -> str:
 
 def library_name(key: str) -> str:
     return f"{_LIBRARY}-{key}.so"
-
-
-def cache_dir() -> Path:
-    """$OPENINFER_CACHE_DIR, else $XDG_CACHE_HOME/openinfer, else ~/.cache/openinfer."""
-    explicit = os.environ.get("OPENINFER_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "openinfer"
 
 
 def _compiler(kind: str) -> str:
@@ -186,40 +179,73 @@ def build(dest_dir: str | os.PathLike[str], *, werror: bool = False) -> Path:
     return target
 
 
-def ensure_shim(package_dir: str | os.PathLike[str] | None = None) -> Path:
-    """The shim for the installed torch: the one built at install time in the package
-    directory, else the cached one, else a new build into the cache, announced by one line
-    on the "openinfer" logger (a WARNING, so that it shows where logging is not configured:
-    the first TorchScript model waits for the compiler). Imports torch first. Raises
-    ShimBuildError, before announcing anything when no compiler is found."""
+@contextlib.contextmanager
+def shim(package_dir: str | os.PathLike[str] | None = None) -> Iterator[str]:
+    """The path to load the shim for the installed torch from, valid inside the with block:
+    the one built at install time in the package directory, else the cached one, else a new
+    build into the cache, announced by one line on the "openinfer" logger (a WARNING, so that
+    it shows where logging is not configured: the first TorchScript model waits for the
+    compiler). A cached shim is given as the descriptor it was checked through (see
+    _code_cache: the cache is refused unless it is the server user's own). Imports torch
+    first. Raises ShimBuildError, before announcing anything when no compiler is found, and
+    _code_cache.UntrustedCache."""
     import torch  # noqa: F401  (the shim links the libraries this loads)
+
+    from ._code_cache import directory, open_file
 
     src = source_dir()
     name = library_name(build_key(src))
     here = Path(package_dir) if package_dir else Path(__file__).resolve().parent
     if (here / name).is_file():
-        return here / name
-    cache = cache_dir() / "torch_shim"
-    if (cache / name).is_file():
-        return cache / name
+        yield str(here / name)
+        return
+    dir_fd, cache = directory("torch_shim")
+    try:
+        fd = open_file(dir_fd, name, cache)
+        if fd is None:
+            fd = _build_cached(dir_fd, cache, name)
+    finally:
+        os.close(dir_fd)
+    try:
+        yield f"/proc/self/fd/{fd}"
+    finally:
+        os.close(fd)
+
+
+def _build_cached(dir_fd: int, cache: Path, name: str) -> int:
+    """Builds shim `name` into the checked cache folder `dir_fd` (`cache`), one compiler at a
+    time per cache, and opens it (see `shim`)."""
+    import torch
+
+    from ._code_cache import open_file
+
     cxx = _compiler("c++")
     _compiler("c")
-    cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / ".lock", "w") as lock:  # one compiler at a time per cache
+    lock = open_file(dir_fd, ".lock", cache, os.O_RDWR, create=True)
+    assert lock is not None
+    try:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (cache / name).is_file():
+        fd = open_file(dir_fd, name, cache)
+        if fd is None:
             logging.getLogger("openinfer").warning(
                 "compiling the libtorch shim for torch %s with %s into %s "
                 "(once per torch version, about a minute; $OPENINFER_CACHE_DIR moves the cache)",
-                torch.__version__,
-                cxx,
-                cache,
-            )
+                torch.__version__, cxx, cache,
+            )  # fmt: skip
             build(cache)
-    return cache / name
+            fd = open_file(dir_fd, name, cache)
+    finally:
+        os.close(lock)
+    if fd is None:
+        raise ShimBuildError(f"the torch shim built into {cache} is not there")
+    return fd
 
 
 if __name__ == "__main__":
     # python -m openinfer._torch_build [DIR]: build into DIR (a package directory), else into
     # the cache now.
-    print(build(sys.argv[1], werror=os.environ.get("OI_WERROR") == "1") if len(sys.argv) > 1 else ensure_shim())
+    if len(sys.argv) > 1:
+        print(build(sys.argv[1], werror=os.environ.get("OI_WERROR") == "1"))
+    else:
+        with shim() as path:
+            print(os.path.realpath(path))

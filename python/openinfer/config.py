@@ -13,6 +13,7 @@ import bisect
 import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 Value = Any  # str | int | float | bool | dict[str, Value] | list[Value]
@@ -449,6 +450,25 @@ def load_config(path: str | os.PathLike[str]) -> ModelConfig:
     try:
         with open(filename, encoding="utf-8") as file:
             text = file.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{filename}: cannot read: {e}") from None
+    return ModelConfig.from_dict(parse(text, filename), filename)
+
+
+def load_model_config(model_dir: str | os.PathLike[str]) -> ModelConfig:
+    """A repository model's config.pbtxt, read and checked as `load_config` does, opened as the
+    files a configuration names are (paths.open_beneath: a link out of the model directory,
+    to /etc/shadow say, is refused rather than parsed into an error message). Raises
+    ConfigError, FileNotFoundError when there is none."""
+    from ._config import paths
+
+    filename = os.path.join(model_dir, "config.pbtxt")
+    try:
+        text = paths.read_beneath(Path(model_dir), "config.pbtxt", "config.pbtxt", Path(model_dir)).decode()
+    except paths.PathError as e:
+        raise ConfigError(f"{filename}: {e}") from None
+    except FileNotFoundError:
+        raise
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{filename}: cannot read: {e}") from None
     return ModelConfig.from_dict(parse(text, filename), filename)

@@ -3,14 +3,14 @@ and paths.py) under atheris. The input is the body of ``POST /v2/repository/mode
 a client sends it: ``{"parameters": {"config": "<JSON>", "file:<path>": "<base64>"}}``. It goes
 through what a load does before it builds a model: the parameters are read, the config override
 is parsed and its paths checked, the files are written into a private directory, and every
-path the override names is resolved inside the directory it belongs to. The contract:
+path the override names is opened inside the directory it belongs to. The contract:
 
 - a request is refused with a 4xx InferenceServerError (or a ConfigError / PathError naming the
   field), never another exception (a RecursionError from deep nesting, a TypeError from a
   value of an unexpected kind, ...);
 - every file written lies inside the model directory, none is a Python file (a folder may end
   in .py), none is a link;
-- every path `paths.resolve` accepts lies inside the directory it was resolved in, also in a
+- every file `paths.open_beneath` opens lies inside the directory it was opened in, also in a
   model directory holding symbolic links that lead out.
 
     .venv/bin/python tests/fuzz/fuzz_load.py -max_total_time=60 WORKDIR tests/fuzz/corpus/fuzz_load
@@ -53,18 +53,22 @@ def _setup() -> dict[str, Any]:
     return _state
 
 
-def _check_resolved(config: dict[str, Any], model_dir: Path) -> None:
+def _check_opened(config: dict[str, Any], model_dir: Path) -> None:
     from openinfer._config import paths
 
     for what, name, folder, nested in paths.configured(config):
         base = model_dir / ("1" if folder == "<version>" else folder)
         try:
-            got = paths.resolve(base, name, what, model_dir, nested)
-        except paths.PathError:
+            fd = paths.open_beneath(base, name, what, model_dir, nested)
+        except (paths.PathError, OSError):
             continue
+        try:
+            got = os.readlink(paths.fd_path(fd))
+        finally:
+            os.close(fd)
         root = os.path.realpath(base)
-        if os.path.commonpath([root, str(got)]) != root or str(got) == root:
-            raise AssertionError(f"{what} {name!r} resolved to {got}, outside {root}")
+        if os.path.commonpath([root, got]) != root or got == root:
+            raise AssertionError(f"{what} {name!r} opened {got}, outside {root}")
 
 
 def test_one_input(data: bytes) -> None:
@@ -91,7 +95,7 @@ def test_one_input(data: bytes) -> None:
                         raise AssertionError(f"a Python file was written: {p}")
         if override is not None:
             normalized = triton_config.normalize(override.raw, "the config override")
-            _check_resolved(normalized, model_dir or state["template"])
+            _check_opened(normalized, model_dir or state["template"])
     except InferenceServerError as e:
         if not 400 <= e.status < 500:
             raise AssertionError(f"a load request answered {e.status}: {e.message}") from None

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError, load_config
+from ..config import ConfigError, load_model_config
 from ..model import Tensor
 
 PLATFORM = "ensemble"
@@ -63,7 +63,7 @@ def steps_in(model_dir: Path) -> list[str] | None:
     """The step model names of the ensemble that the model directory's config.pbtxt declares,
     or None when it declares none (or cannot be read: its load reports why)."""
     try:
-        config = load_config(model_dir / "config.pbtxt")
+        config = load_model_config(model_dir)
     except (ConfigError, OSError):
         return None
     if not is_ensemble({**config.raw, "platform": config.platform}):

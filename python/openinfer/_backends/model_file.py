@@ -22,23 +22,25 @@ class _LoadError(Exception):
 
 
 def import_model_file(
-    name: str, version: int, path: Path, provided: Mapping[str, ModuleType] | None = None
+    name: str, version: int, path: Path, source: bytes, provided: Mapping[str, ModuleType] | None = None
 ) -> ModuleType:
-    """Executes model.py as a module of its own, under a name unique to this load, so that
-    every model's model.py coexists in sys.modules (registered there for pickle and
-    dataclasses). `provided` are modules that model.py may import by those names (Triton's
+    """Executes model.py (`source`, the bytes read from the descriptor the repository opened
+    `path` as: never the file by path again, which may have been swapped since) as a module of
+    its own, under a name unique to this load, so that every model's model.py coexists in
+    sys.modules (registered there for pickle and dataclasses); its __file__ is `path`.
+    `provided` are modules that model.py may import by those names (Triton's
     ``triton_python_backend_utils``), put in sys.modules first."""
     for module_name, provided_module in (provided or {}).items():
         sys.modules[module_name] = provided_module
     identifier = re.sub(r"\W", "_", name)
     module_name = f"_openinfer_model_{identifier}_v{version}_{next(_module_ids)}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise _LoadError(f"{path}: cannot be imported")
+    spec = importlib.util.spec_from_loader(module_name, loader=None, origin=str(path))
+    assert spec is not None
     module = importlib.util.module_from_spec(spec)
+    module.__file__ = str(path)
     sys.modules[module_name] = module
     try:
-        spec.loader.exec_module(module)
+        exec(compile(source, str(path), "exec", dont_inherit=True), module.__dict__)  # noqa: S102 - model.py is the model
     except (Exception, SystemExit) as e:
         del sys.modules[module_name]
         raise _LoadError(_describe(path, e)) from None

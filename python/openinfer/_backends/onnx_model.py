@@ -121,17 +121,17 @@ def providers() -> list[str]:
 
 def describe(spec: dict[str, Any]) -> dict[str, Any]:
     """The model's inputs and outputs as ONNX Runtime reads them (see _core.onnx_describe),
-    from the first instance's session, which `spec` then carries to add_model."""
+    from the first instance's session, which `spec` then carries to add_model. Raises
+    RuntimeError with ONNX Runtime's message."""
     from .. import _core
 
-    try:
-        text, spec["session"] = _core.onnx_describe(spec)
-    except RuntimeError as e:
-        raise OnnxLoadError(f"{spec['path']}: {e}") from None
+    text, spec["session"] = _core.onnx_describe(spec)
     return dict(json.loads(text))
 
 
-def load_onnx(name: str, version: int, path: Path, config: ModelConfig | None, sequence: Any = None) -> OnnxModel:
+def load_onnx(
+    name: str, version: int, model_file: paths.HeldFile, config: ModelConfig | None, sequence: Any = None
+) -> OnnxModel:
     """Makes the first instance's session (which the spec carries to add_model: the file is
     read once for it), checks the config against the model's metadata or completes the config
     from it, and makes the spec. With `sequence` (a sequence.SequenceBatching) the model also
@@ -140,12 +140,17 @@ def load_onnx(name: str, version: int, path: Path, config: ModelConfig | None, s
     ensure_runtime()
     config = config or ModelConfig()
     devices = _devices(config.instance_groups)
+    path = model_file.path
     normalized = triton_config.normalize(config.raw, str(path)) if config.raw else {}
     model_dir = path.parent.parent
     spec = _options(normalized, config.parameters, model_dir)
-    _check_external_data(path, model_dir)
-    spec.update(path=str(path), devices=[-1 if d == "cpu" else int(d[5:]) for d in devices])
-    described = describe(spec)
+    # ONNX Runtime reads the file the repository opened, and external data this process read.
+    spec.update(path=model_file.source, external=_external_data(model_file, model_dir), model=model_file,
+                devices=[-1 if d == "cpu" else int(d[5:]) for d in devices])
+    try:
+        described = describe(spec)
+    except RuntimeError as e:
+        raise OnnxLoadError(f"{path}: {e}") from None
     model_in = {t["name"]: t for t in described["inputs"]}
     model_out = {t["name"]: t for t in described["outputs"]}
     for t in (*described["inputs"], *described["outputs"]):
@@ -291,8 +296,10 @@ def _reshape(t: TensorConfig, found: dict[str, Any]) -> list[int] | None:
 
 def _options(config: dict[str, Any], params: dict[str, str], model_dir: Path) -> dict[str, Any]:
     """Session options from the normalized config: graph level, accelerators, parameters. An
-    accelerator parameter that names a path is resolved inside the model directory; one that
-    loads a library or passes a memory address is refused."""
+    accelerator parameter that names a path is confined to the model directory (its folder is
+    opened and held: paths.open_parent_beneath, in the spec's "held"); one that loads a library
+    or passes a memory address is refused."""
+    held: list[paths.HeldFile] = []
     optimization = config.get("optimization", {})
     level = optimization.get("graph", {}).get("level", 0)
     accelerators = optimization.get("execution_accelerators", {})
@@ -313,9 +320,13 @@ def _options(config: dict[str, Any], params: dict[str, str], model_dir: Path) ->
                     raise OnnxLoadError(f"{field} is not accepted: {_UNSAFE_ACCELERATOR_PARAMETERS[k]}")
                 if k in paths.ACCELERATOR_PATHS:
                     try:
-                        v = str(paths.resolve(model_dir, v, field, model_dir, nested=True))
+                        folder, last = paths.open_parent_beneath(model_dir, v, field, model_dir)
                     except paths.PathError as e:
                         raise OnnxLoadError(str(e)) from None
+                    except OSError as e:
+                        raise OnnxLoadError(f"{field} '{paths.printable(v)}': {e.strerror or e}") from None
+                    held.append(folder)
+                    v = f"{folder.source}/{last}"
                 given.append((str(k), str(v)))
             out.append((accel_name, given))
         return out
@@ -333,6 +344,7 @@ def _options(config: dict[str, Any], params: dict[str, str], model_dir: Path) ->
         "intra_op_threads": count_parameter(params, "intra_op_thread_count", OnnxLoadError),
         "inter_op_threads": count_parameter(params, "inter_op_thread_count", OnnxLoadError),
         "execution_mode": execution_mode,
+        "held": held,
     }
 
 
@@ -391,13 +403,14 @@ def _entries(buf: Any, start: int, end: int) -> Iterator[tuple[int, int, int]]:
         raise ValueError("a group is not closed")
 
 
-def external_data(path: Path) -> list[str]:
-    """The external data locations that the tensors of ONNX file `path` name (initializers,
-    constants and the tensors of subgraphs and functions alike), read from the protobuf wire
-    without loading the model. Raises OnnxLoadError for a file that is not valid protobuf."""
+def external_data(fd: int, path: Path) -> list[str]:
+    """The external data locations that the tensors of ONNX file `fd` (`path`, for messages)
+    name (initializers, constants and the tensors of subgraphs and functions alike), read from
+    the protobuf wire without loading the model. Raises OnnxLoadError for a file that is not
+    valid protobuf."""
     found: list[str] = []
     try:
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as buf:
             stack = [("model", 0, len(buf))]
             while stack:
                 kind, start, end = stack.pop()
@@ -415,15 +428,25 @@ def external_data(path: Path) -> list[str]:
     return found
 
 
-def _check_external_data(path: Path, model_dir: Path) -> None:
-    """Refuses an ONNX model whose tensors take data from outside its version directory (an
-    absolute location, '..', a symbolic link pointing out): ONNX Runtime reads those files as
-    the server's user, and only its newest releases check them."""
-    for location in dict.fromkeys(external_data(path)):
+def _external_data(model_file: paths.HeldFile, model_dir: Path) -> list[tuple[str, mmap.mmap | bytes]]:
+    """The files the model's tensors take data from, each (its location as the model names it,
+    its contents mapped), opened beneath the version directory (paths.open_beneath: an absolute
+    location, '..' or a symbolic link pointing out is refused). ONNX Runtime is given these
+    contents and never opens a file by the name a model gives."""
+    out: list[tuple[str, mmap.mmap | bytes]] = []
+    for location in dict.fromkeys(external_data(model_file.fd, model_file.path)):
+        what = f"{model_file.path.name}: external data location"
         try:
-            paths.resolve(path.parent, location, f"{path.name}: external data location", model_dir, nested=True)
+            fd = paths.open_beneath(model_file.path.parent, location, what, model_dir, nested=True)
         except paths.PathError as e:
             raise OnnxLoadError(str(e)) from None
+        except OSError as e:
+            raise OnnxLoadError(f"{what} '{paths.printable(location)}': cannot be read: {e.strerror or e}") from None
+        try:
+            out.append((location, mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if os.fstat(fd).st_size else b""))
+        finally:
+            os.close(fd)
+    return out
 
 
 def _visible_gpus() -> int:

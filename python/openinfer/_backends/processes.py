@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import _spawn
 from .model_file import import_model_file
 
 if TYPE_CHECKING:
@@ -49,17 +50,20 @@ RING_BYTES = 16 << 20
 
 @dataclass(frozen=True)
 class ModelFile:
-    """A repository model's function, which a worker imports from its model.py by path (the
-    server's own import of it lives under a name no other process knows)."""
+    """A repository model's function, which a worker imports from its model.py: the source the
+    server read (its own import of it lives under a name no other process knows), named by
+    its path."""
 
     path: str
+    source: bytes
     attribute: str
     model_name: str
     version: int
 
     def load(self, worker: int = 0) -> Callable[..., Any]:
         """The function, imported in worker number `worker` of the model."""
-        return getattr(import_model_file(self.model_name, self.version, Path(self.path)), self.attribute)
+        module = import_model_file(self.model_name, self.version, Path(self.path), self.source)
+        return getattr(module, self.attribute)
 
 
 def why_not_importable(fn: object) -> str | None:
@@ -105,11 +109,10 @@ def worker_spec(model: Model) -> tuple[list[str], list[str], bytes, int]:
     shipped = object.__new__(type(model))
     shipped.__dict__.update(model.__dict__)
     shipped.__dict__["fn"] = model._source  # a reference by name or by file, never code
-    pickled = pickle.dumps({"path": list(sys.path), "model": pickle.dumps(shipped)})
+    # The worker's sys.path: this process's, less entries that name the working directory.
+    pickled = pickle.dumps({"path": _spawn.absolute_entries(sys.path), "model": pickle.dumps(shipped)})
     recipe = struct.pack("<Q", len(pickled)) + pickled
-    package_root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    env = _spawn.environment(str(Path(__file__).resolve().parents[2]))  # the package's root first
     env["PYTHONUNBUFFERED"] = "1"  # a worker's prints reach the server's log as they happen
-    argv = [sys.executable, "-m", "openinfer._worker", str(os.getpid())]
+    argv = _spawn.python_module("openinfer._worker", str(os.getpid()))
     return argv, [f"{k}={v}" for k, v in env.items()], recipe, RING_BYTES

@@ -30,6 +30,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from .._config.paths import HeldFile
 from ..config import ModelConfig
 from ..model import Tensor
 from .torch_model import TorchLoadError, TorchModel, _devices, _ensure_shim, torch_version
@@ -60,18 +61,20 @@ class _Input:
 
 
 def load_package(
-    name: str, version: int, path: Path, config: ModelConfig | None, sequence: Any = None
+    name: str, version: int, model_file: HeldFile, config: ModelConfig | None, sequence: Any = None
 ) -> TorchModel:
     """Reads the package's call spec and input checks, runs it once (or twice) on zeros to
-    learn its outputs, and checks the config against it. Raises TorchLoadError."""
+    learn its outputs, and checks the config against it: all through the descriptor the
+    package was opened as. Raises TorchLoadError."""
     _ensure_shim()
-    in_names, out_names, inputs, device_key = _read_package(path)
+    path = model_file.path
+    in_names, out_names, inputs, device_key = _read_package(model_file)
     max_batch_size = config.max_batch_size if config else 0
     groups = config.instance_groups if config else ()
     devices = _devices(groups)
     if device_key == "cpu" and not any(g.kind == "KIND_GPU" for g in groups):
         devices = ("cpu",) * len(devices)  # KIND_AUTO places a CPU package on the CPU
-    probed = _probe(path, devices[0], inputs)
+    probed = _probe(model_file, devices[0], inputs)
     if len(probed) != len(out_names):
         raise TorchLoadError(
             f"{path}: the package returned {len(probed)} outputs; its call spec names {len(out_names)}"
@@ -107,17 +110,18 @@ def load_package(
             "output_reshape": [None] * len(probed),
         }
     spec.update(package=1, dim_links=_dim_links(inputs))
-    return torch_version(name, version, path, config, decl_in, decl_out, max_batch_size, devices, AOTI_PLATFORM, spec)
+    return torch_version(name, version, model_file, config, decl_in, decl_out, max_batch_size, devices, AOTI_PLATFORM, spec)
 
 
 # ---- the package -------------------------------------------------------------------------
 
 
-def _read_package(path: Path) -> tuple[list[str], list[str], list[_Input], str]:
+def _read_package(model_file: HeldFile) -> tuple[list[str], list[str], list[_Input], str]:
     """Forward-based input and output names (flattened, in call-spec order), the inputs'
     datatypes and dimensions, and the device kind the package was compiled for."""
+    path = model_file.path
     try:
-        with zipfile.ZipFile(path) as z:
+        with open(model_file.source, "rb") as f, zipfile.ZipFile(f) as z:
             names = z.namelist()
             wrappers = [n for n in names if re.search(r"/data/aotinductor/model/[^/]*\.wrapper\.cpp$", n)]
             metas = [n for n in names if re.search(r"/data/aotinductor/model/[^/]*\.wrapper_metadata\.json$", n)]
@@ -193,11 +197,13 @@ def _dim_links(inputs: list[_Input]) -> list[tuple[int, int, int, int]]:
     return links
 
 
-def _probe(path: Path, device: str, inputs: list[_Input]) -> list[dict[str, Any]]:
+def _probe(model_file: HeldFile, device: str, inputs: list[_Input]) -> list[dict[str, Any]]:
     """The outputs' datatypes and shapes: one run on zeros at the smallest dynamic sizes the
     export allowed (at least 2), and, when a size is dynamic, one more at those sizes + 1;
     dimensions that differ are -1."""
     from .. import _core
+
+    path = model_file.path
 
     def run(extra: int) -> list[dict[str, Any]]:
         sizes: dict[str, int] = {}
@@ -212,7 +218,7 @@ def _probe(path: Path, device: str, inputs: list[_Input]) -> list[dict[str, Any]
                     shape.append(sizes[dim])
             shapes.append((t.dtype, shape))
         try:
-            return json.loads(_core.torch_package_probe(str(path), device, shapes))
+            return json.loads(_core.torch_package_probe(model_file.source, device, shapes))
         except RuntimeError as e:
             raise TorchLoadError(str(e)) from None
 

@@ -20,10 +20,12 @@ torch is imported only here, and only when a TorchScript model is loaded.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
 
+from .._config.paths import HeldFile
 from ..config import InstanceGroup, ModelConfig
 from ..model import Tensor
 from .native_model import NativeModel, count_parameter, place_instances
@@ -48,7 +50,7 @@ class TorchModel(NativeModel):
 
 
 def load_torchscript(
-    name: str, version: int, path: Path, config: ModelConfig | None, sequence: Any = None
+    name: str, version: int, model_file: HeldFile, config: ModelConfig | None, sequence: Any = None
 ) -> TorchModel:
     """Describes the module (loading it once on the CPU) and checks the config against it.
     With `sequence` (a sequence.SequenceBatching), forward() also takes the control inputs and
@@ -57,8 +59,9 @@ def load_torchscript(
     _ensure_shim()
     from .. import _core
 
+    path = model_file.path
     try:
-        described: dict[str, Any] = json.loads(_core.torch_describe(str(path)))
+        described: dict[str, Any] = json.loads(_core.torch_describe(model_file.source))
     except RuntimeError as e:
         raise TorchLoadError(str(e)) from None
     args = [a for a in described["arguments"] if not a["has_default"]]
@@ -81,25 +84,27 @@ def load_torchscript(
     devices = _devices(config.instance_groups if config else ())
     params = config.parameters if config else {}
     spec["disable_optimized_execution"] = int(_flag(params, "DISABLE_OPTIMIZED_EXECUTION", False))
-    return torch_version(name, version, path, config, inputs, outputs, max_batch_size, devices, platform, spec)
+    return torch_version(name, version, model_file, config, inputs, outputs, max_batch_size, devices, platform, spec)
 
 
 def torch_version(
-    name: str, version: int, path: Path, config: ModelConfig | None, inputs: list[Tensor], outputs: list[Tensor],
-    max_batch_size: int, devices: tuple[str, ...], platform: str, spec: dict[str, Any],
+    name: str, version: int, model_file: HeldFile, config: ModelConfig | None, inputs: list[Tensor],
+    outputs: list[Tensor], max_batch_size: int, devices: tuple[str, ...], platform: str, spec: dict[str, Any],
 ) -> TorchModel:
-    """The TorchModel of a TorchScript module or a PT2 package: `spec` completed with the file,
-    the instances' devices and the PyTorch backend's parameters both formats take."""
+    """The TorchModel of a TorchScript module or a PT2 package: `spec` completed with the file
+    (read through the descriptor the repository opened, held as long as the spec), the
+    instances' devices and the PyTorch backend's parameters both formats take."""
     params = config.parameters if config else {}
     spec.update(
-        path=str(path),
+        path=model_file.source,
+        model=model_file,
         devices=list(devices),
         inference_mode=int(_flag(params, "INFERENCE_MODE", True)),
         intra_op_threads=count_parameter(params, "INTRA_OP_THREAD_COUNT", TorchLoadError),
         inter_op_threads=count_parameter(params, "INTER_OP_THREAD_COUNT", TorchLoadError),
     )
     return TorchModel(
-        name=name, version=version, path=path, inputs=tuple(inputs), outputs=tuple(outputs),
+        name=name, version=version, path=model_file.path, inputs=tuple(inputs), outputs=tuple(outputs),
         max_batch_size=max_batch_size, devices=devices, platform=platform, spec=spec,
         dynamic_batching=config.dynamic_batching if config else None,
     )
@@ -116,11 +121,16 @@ def _ensure_shim() -> None:
             "pip install torch"
         ) from None
     from .. import _core
-    from .._torch_build import ShimBuildError, ensure_shim
+    from .._code_cache import UntrustedCache
+    from .._torch_build import ShimBuildError, shim
 
     try:
-        _core.torch_open_shim(str(ensure_shim()))
-    except (ShimBuildError, OSError) as e:
+        with shim() as path:
+            try:
+                _core.torch_open_shim(path)
+            except OSError as e:  # named by its file, not the descriptor it was loaded through
+                raise OSError(str(e).replace(path, os.path.realpath(path))) from None
+    except (ShimBuildError, UntrustedCache, OSError) as e:
         raise TorchLoadError(str(e)) from None
 
 

@@ -111,7 +111,7 @@ class TritonFile(ModelFile):
         pb._default_host[:] = [triton_wire.WireHost()]  # BLS over the process wire
         if self.metrics:
             triton_metrics.send_to(self.metrics)
-        module = import_model_file(self.model_name, self.version, Path(self.path), PROVIDED)
+        module = import_model_file(self.model_name, self.version, Path(self.path), self.source, PROVIDED)
         args = dict(self.args)
         if self.names:
             args["model_instance_name"] = self.names[worker % len(self.names)]
@@ -429,7 +429,8 @@ def _filler(like: np.ndarray, rows: int) -> np.ndarray:
 
 
 def load(
-    name: str, version: int, path: Path, module: Any, config: ModelConfig | None, in_processes: bool
+    name: str, version: int, path: Path, source: bytes, module: Any, config: ModelConfig | None,
+    in_processes: bool,
 ) -> TritonModel:
     """A TritonPythonModel model.py as a served version: auto-completes its config, then makes
     and initializes its instances here, or describes them to worker processes (`in_processes`)."""
@@ -492,7 +493,7 @@ def load(
         if asks is not None:
             weakref.finalize(model, asks.close)  # at unload
         recipe = TritonFile(
-            str(path), CLASS, name, version, tuple(args(*names[0]).items()), triton_metrics.listen(),
+            str(path), source, CLASS, name, version, tuple(args(*names[0]).items()), triton_metrics.listen(),
             tuple(n for n, _ in names), asks.address if asks is not None else "",
         )
         bind_file(model, recipe)

@@ -29,6 +29,7 @@ import errno
 import os
 import re
 import stat
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -87,22 +88,6 @@ def check_name(name: object, what: str, where: str, nested: bool = False) -> str
     return name
 
 
-def resolve(directory: Path, name: object, what: str, model_dir: Path, nested: bool = False) -> Path:
-    """Where `name` (the value of field `what`) lies inside `directory` (the model directory
-    `model_dir` or a folder of it), with symbolic links resolved, for messages and for checks
-    of a configuration's shape; never open the answer (use `open_beneath`: the file can change
-    in between). Raises PathError when the name is not one `check_name` accepts or leads
-    outside `directory`."""
-    where = place(directory, model_dir)
-    check_name(name, what, where, nested)
-    assert isinstance(name, str)
-    root = os.path.realpath(directory)
-    target = os.path.realpath(os.path.join(root, name))
-    if os.path.commonpath([root, target]) != root or target == root:
-        raise PathError(f"{what} '{printable(name)}' leads outside {where} (through a symbolic link)")
-    return Path(target)
-
-
 def open_beneath(directory: Path, name: object, what: str, model_dir: Path, nested: bool = False) -> int:
     """THE way to open a file a configuration names: `name` (the value of field `what`) inside
     `directory` (`model_dir` or a folder of it, itself reached from `model_dir` without leaving
@@ -133,6 +118,27 @@ def open_beneath(directory: Path, name: object, what: str, model_dir: Path, nest
     return fd
 
 
+def open_parent_beneath(directory: Path, name: object, what: str, model_dir: Path) -> tuple[HeldFile, str]:
+    """For a relative path that a library opens or creates itself (an execution accelerator's
+    cache): the folder that holds its last component, opened beneath `directory` as
+    `open_beneath` opens a file and held, and that last component. The library is given
+    ``held.source + "/" + last``: every folder on the way is the one checked, and only the
+    last component, which the library opens itself, is resolved by name (inside that folder).
+    Raises PathError, or OSError when the folder cannot be opened."""
+    where = place(directory, model_dir)
+    check_name(name, what, where, nested=True)
+    assert isinstance(name, str)
+    parent, _, last = name.rpartition("/")
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    if parent:
+        try:
+            inner = _open_beneath(fd, parent, os.O_RDONLY | os.O_DIRECTORY, what, name, where)
+        finally:
+            os.close(fd)
+        fd = inner
+    return HeldFile(fd, Path(directory, parent)), last
+
+
 def read_beneath(directory: Path, name: object, what: str, model_dir: Path, nested: bool = False) -> bytes:
     """The bytes of the file `open_beneath` opens."""
     with os.fdopen(open_beneath(directory, name, what, model_dir, nested), "rb") as f:
@@ -143,6 +149,18 @@ def fd_path(fd: int) -> str:
     """A path that names the open file `fd` itself, for a library that takes only a path (the
     kernel opens what the descriptor holds, whatever the directory holds by then)."""
     return f"/proc/self/fd/{fd}"
+
+
+class HeldFile:
+    """An open file that a library reads by path later (ONNX Runtime, libtorch: when a model's
+    instances are made), held open as long as this object lives: `source` names the descriptor
+    (`fd_path`), `path` is how messages name the file."""
+
+    def __init__(self, fd: int, path: Path) -> None:
+        self.fd = fd
+        self.path = path
+        self.source = fd_path(fd)
+        weakref.finalize(self, os.close, fd)
 
 
 class _OpenHow(ctypes.Structure):

@@ -188,8 +188,8 @@ def parse(
                 if model_dir is None:
                     raise ConfigError(f"{ia}: data_file needs a model directory")
                 try:
-                    data = paths.resolve(model_dir / "initial_state", init["data_file"], f"{ia}: data_file",
-                                         model_dir).read_bytes()
+                    data = paths.read_beneath(model_dir / "initial_state", init["data_file"], f"{ia}: data_file",
+                                              model_dir)
                 except paths.PathError as e:
                     raise ConfigError(str(e)) from None
                 except OSError as e:

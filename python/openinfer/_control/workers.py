@@ -23,11 +23,12 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
 from collections.abc import Sequence
+
+from .._spawn import environment, python_module
 
 logger = logging.getLogger("openinfer")
 
@@ -142,10 +143,11 @@ class Supervisor:
         if self.metrics:
             socks["metrics"] = self.worker_metrics[i]
         inherit = ",".join(f"{name}={s.fileno()}" for name, s in socks.items())
-        argv = [sys.executable, "-m", "openinfer", "serve", *self.argv,
-                "--workers", "1", "--worker-index", str(i), "--inherit-sockets", inherit]
+        argv = python_module("openinfer", "serve", *self.argv,
+                             "--workers", "1", "--worker-index", str(i), "--inherit-sockets", inherit)
         # Its own process group: a terminal's Ctrl-C reaches the parent only, which forwards it.
-        self.procs[i] = subprocess.Popen(argv, pass_fds=[s.fileno() for s in socks.values()], process_group=0)
+        self.procs[i] = subprocess.Popen(argv, pass_fds=[s.fileno() for s in socks.values()], process_group=0,
+                                         env=environment())
         self.started[i] = time.monotonic()
         logger.info("worker %d started (pid %d)", i, self.procs[i].pid)
 

@@ -27,7 +27,7 @@ from typing import Any
 from .. import _pt2_build
 from .._backends import ensemble, processes, triton_model
 from .._config import limits, paths, sequence, triton_config
-from ..config import ConfigError, ModelConfig, VersionPolicy, load_config
+from ..config import ConfigError, ModelConfig, VersionPolicy, load_model_config
 from .._backends.identity_model import IDENTITY_BACKEND, IdentityLoadError, IdentityModel, load_identity
 from ..model import Model, Tensor
 from .._backends.onnx_model import ONNX_BACKEND, ONNX_PLATFORM, OnnxLoadError, OnnxModel, OnnxUnavailable, load_onnx
@@ -124,8 +124,11 @@ def scan_model(
     config_path = model_dir / "config.pbtxt"
     overridden = config is not None
     try:
-        if config is None and config_path.is_file():
-            config = load_config(config_path)
+        if config is None:
+            try:
+                config = load_model_config(model_dir)
+            except FileNotFoundError:
+                pass
         if config is not None and config.name not in (None, name):
             if overridden:
                 raise ConfigError(
@@ -222,8 +225,7 @@ def read_labels(model_dir: Path, config: ModelConfig) -> dict[str, bytes]:
             continue
         what = f"output[{i}] {tensor.name!r}: label_filename"
         try:
-            path = paths.resolve(model_dir, tensor.label_filename, what, model_dir)
-            labels[tensor.name] = path.read_bytes()
+            labels[tensor.name] = paths.read_beneath(model_dir, tensor.label_filename, what, model_dir)
         except paths.PathError as e:
             raise ConfigError(str(e)) from None
         except OSError as e:
@@ -251,43 +253,65 @@ def _load_version(
             "and identity models)"
         )
     if config and config.default_model_filename:
-        try:  # the file is then used by the name given (a module's __file__ keeps it)
-            paths.resolve(version_dir, config.default_model_filename, "default_model_filename", version_dir.parent)
-        except paths.PathError as e:
-            raise _LoadError(str(e)) from None
-        path = version_dir / config.default_model_filename
-        if not path.is_file():
-            raise _LoadError(f"{path} (default_model_filename) does not exist")
+        names, what = [config.default_model_filename], "default_model_filename"
     else:
         torch = backend in _TORCH_BACKENDS
         names = ["model.pt", "model.pt2", "model.py"] if torch else ["model.py", "model.pt", "model.pt2"]
         names = ["model.onnx"] if backend in _ONNX_BACKENDS else [*names, "model.onnx"]
         if config and config.platform == "torch_aoti":
             names = ["model.pt2"]
-        found = [version_dir / n for n in names if (version_dir / n).is_file()]
-        if not found and _pt2_build.has_recipe(version_dir) and _is_example(version_dir):
-            found = [_example_package(version_dir)]
-        if not found:
-            listed = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
-            raise _LoadError(f"{version_dir} holds no {listed}")
-        path = found[0]
+        what = "the model file"
+    held = _open_model_file(version_dir, names, what)
+    if held is None and what == "default_model_filename":
+        raise _LoadError(f"{version_dir / names[0]} (default_model_filename) does not exist")
+    if held is None and _pt2_build.has_recipe(version_dir) and _is_example(version_dir):
+        held = _example_package(version_dir)
+    if held is None:
+        listed = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+        raise _LoadError(f"{version_dir} holds no {listed}")
+    path = held.path
     if path.suffix == ".py":
         if not allow_code:
             raise _LoadError(
                 f"{path.name}: a Python model sent with the load request is not run (it would "
                 "execute as the server's own code); put Python models in the model repository"
             )
-        return _load_python(name, version, path, config)
+        return _load_python(name, version, path, _read(held), config)
     if _is_package(path, config) and not allow_code:
         raise _LoadError(
             f"{path.name}: a PT2 package sent with the load request is not loaded (its compiled library "
             "would run as the server's own code); put PT2 packages in the model repository"
         )
     if backend in _ONNX_BACKENDS or path.suffix == ".onnx":
-        return _load_onnx(name, version, path, config, sequence)
+        return _load_onnx(name, version, held, config, sequence)
     if path.suffix in (".pt", ".pth", ".pt2"):
-        return _load_torchscript(name, version, path, config, sequence)
+        return _load_torchscript(name, version, held, config, sequence)
     raise _LoadError(f"{path.name}: unsupported model file (expected model.py, model.pt or model.pt2)")
+
+
+def _open_model_file(version_dir: Path, names: list[str], what: str) -> paths.HeldFile | None:
+    """The first of `names` that the version directory holds, opened (paths.open_beneath: a
+    link out of the directory is refused) and held: backends read it through its descriptor.
+    None when it holds none of them."""
+    for file_name in names:
+        try:
+            fd = paths.open_beneath(version_dir, file_name, what, version_dir.parent)
+        except FileNotFoundError:
+            continue
+        except paths.PathError as e:
+            raise _LoadError(str(e)) from None
+        except OSError as e:
+            raise _LoadError(f"{version_dir / file_name}: cannot be read: {e.strerror or e}") from None
+        return paths.HeldFile(fd, version_dir / file_name)
+    return None
+
+
+def _read(held: paths.HeldFile) -> bytes:
+    """The whole of a held file (a model.py), read from its descriptor."""
+    try:
+        return os.pread(held.fd, os.fstat(held.fd).st_size, 0)
+    except OSError as e:
+        raise _LoadError(f"{held.path}: cannot be read: {e.strerror or e}") from None
 
 
 def _is_example(version_dir: Path) -> bool:
@@ -309,18 +333,26 @@ def _example_package(version_dir: Path) -> Path:
 
 
 def _load_torchscript(
-    name: str, version: int, path: Path, config: ModelConfig | None, sequence: SequenceBatching | None = None
+    name: str, version: int, model_file: paths.HeldFile, config: ModelConfig | None,
+    sequence: SequenceBatching | None = None,
 ) -> TorchModel:
+    path = model_file.path
     try:
         if _is_package(path, config):
-            return load_package(name, version, path, config, sequence)
-        return load_torchscript(name, version, path, config, sequence)
+            return load_package(name, version, model_file, config, sequence)
+        return load_torchscript(name, version, model_file, config, sequence)
     except TorchUnavailable as e:
         raise _LoadError(f"{_NO_TORCH}{e}") from None
     except TorchLoadError as e:
-        raise _LoadError(f"{path}: {e}" if str(path) not in str(e) else str(e)) from None
+        said = _named(model_file, e)
+        raise _LoadError(f"{path}: {said}" if str(path) not in said else said) from None
     except (TypeError, ValueError) as e:
         raise _LoadError(f"{path}: {e}") from None
+
+
+def _named(model_file: paths.HeldFile, error: Exception) -> str:
+    """A backend's message with the file named by its path, not the descriptor it was read by."""
+    return str(error).replace(model_file.source, str(model_file.path))
 
 
 def _is_package(path: Path, config: ModelConfig | None) -> bool:
@@ -329,22 +361,23 @@ def _is_package(path: Path, config: ModelConfig | None) -> bool:
 
 
 def _load_onnx(
-    name: str, version: int, path: Path, config: ModelConfig | None, sequence: SequenceBatching | None = None
+    name: str, version: int, model_file: paths.HeldFile, config: ModelConfig | None,
+    sequence: SequenceBatching | None = None,
 ) -> OnnxModel:
     try:
-        return load_onnx(name, version, path, config, sequence)
+        return load_onnx(name, version, model_file, config, sequence)
     except OnnxUnavailable as e:
         raise _LoadError(f"{_NO_ONNX}{e}") from None
     except OnnxLoadError as e:
-        raise _LoadError(str(e)) from None
+        raise _LoadError(_named(model_file, e)) from None
     except (TypeError, ValueError) as e:
-        raise _LoadError(f"{path}: {e}") from None
+        raise _LoadError(f"{model_file.path}: {e}") from None
 
 
-def _load_python(name: str, version: int, path: Path, config: ModelConfig | None) -> Model:
-    module = import_model_file(name, version, path, triton_model.PROVIDED)
+def _load_python(name: str, version: int, path: Path, source: bytes, config: ModelConfig | None) -> Model:
+    module = import_model_file(name, version, path, source, triton_model.PROVIDED)
     if triton_model.defines_triton_model(module):
-        return triton_model.load(name, version, path, module, config, _in_processes(config))
+        return triton_model.load(name, version, path, source, module, config, _in_processes(config))
     if config is not None and config.raw.get("sequence_batching", {}).get("iterative_sequence"):
         raise _LoadError(
             f"{path.parent.parent / 'config.pbtxt'}: sequence_batching.iterative_sequence is not supported by "
@@ -383,7 +416,7 @@ def _load_python(name: str, version: int, path: Path, config: ModelConfig | None
     except (TypeError, ValueError) as e:
         raise _LoadError(f"{path}: {e}") from None
     if _in_processes(config):
-        processes.bind_file(model, processes.ModelFile(str(path), "infer", name, version))
+        processes.bind_file(model, processes.ModelFile(str(path), source, "infer", name, version))
     return model
 
 

@@ -117,13 +117,12 @@ def _input(
 
 
 def _read_file(field: str, name: str, model_dir: Path | None) -> bytes:
-    """File `name` of the model's warmup/ directory (see paths.resolve: one file name, no link
-    out of it)."""
+    """File `name` of the model's warmup/ directory (see paths.open_beneath: one file name, no
+    link out of it, read from the descriptor it is opened as)."""
     if model_dir is None:
         raise WarmupError(f"{field}: input_data_file needs a model directory (this model has none)")
     try:
-        path = paths.resolve(model_dir / "warmup", name, f"{field}: input_data_file", model_dir)
-        return path.read_bytes()
+        return paths.read_beneath(model_dir / "warmup", name, f"{field}: input_data_file", model_dir)
     except paths.PathError as e:
         raise WarmupError(str(e)) from None
     except OSError as e:
