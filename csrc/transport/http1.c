@@ -80,6 +80,8 @@ struct oi_http_conn_s {
     unsigned captured_have; /* bit i: captured_off/len[i] hold header i's value */
     oi_sbuf_t forwarded;  /* the headers forwarded as request parameters (req.forwarded) */
     size_t header_bytes;
+    const char *feed_start; /* the bytes llhttp_execute is parsing begin here (looking back for folds) */
+    char parsed_last;       /* the last byte, not SP or HTAB, parsed before feed_start */
     uint64_t start_ns; /* uv_hrtime of the first byte, with cfg.on_answered only */
     uint64_t msg_start;  /* uv_now when the request's first byte came: its rate, for eviction */
     uint64_t body_start; /* uv_now when its headers were done: the body's minimum rate runs from here */
@@ -458,13 +460,60 @@ static void finish_or_idle(oi_http_conn_t *c)
     }
 }
 
+/* Notes the last byte of data[0, n) that is not SP or HTAB (when there is one), for
+ * line_starts_with_space once these bytes are behind the parser. */
+static void note_parsed(oi_http_conn_t *c, const char *data, size_t n)
+{
+    for (const char *p = data + n; p > data; p--)
+        if (p[-1] != ' ' && p[-1] != '\t') {
+            c->parsed_last = p[-1];
+            return;
+        }
+}
+
+/* Whether only SP and HTAB stand between `at` and the line feed before it: a header line that
+ * begins with whitespace. After a header field that is obsolete line folding (RFC 9112, 5.2),
+ * which llhttp 8 accepts, appending the line to the value, or misreports (a folded
+ * Content-Length is a "Duplicate Content-Length"). */
+static int line_starts_with_space(const oi_http_conn_t *c, const char *at)
+{
+    const char *p = at;
+    while (p > c->feed_start && (p[-1] == ' ' || p[-1] == '\t'))
+        p--;
+    return (p > c->feed_start ? p[-1] : c->parsed_last) == '\n';
+}
+
+static const char folded_line[] = "malformed HTTP request: a header line begins with whitespace (obsolete line "
+                                  "folding is not accepted, RFC 9112 section 5.2)";
+
+/* The message for a request llhttp refused in the bytes before `end`: ours for a header line
+ * that begins with whitespace (after the request line, llhttp's HPE_UNEXPECTED_SPACE; after a
+ * header, the parser stopped at that whitespace, the request line read and no body begun),
+ * llhttp's reason otherwise. */
+static const char *parse_error_message(oi_http_conn_t *c, const char *end, char *buf, size_t cap)
+{
+    const char *pos = llhttp_get_error_pos(&c->parser);
+    if (llhttp_get_errno(&c->parser) == HPE_UNEXPECTED_SPACE ||
+        (c->url.len > 0 && !c->in_body && pos != NULL && pos >= c->feed_start && pos < end &&
+         (*pos == ' ' || *pos == '\t') && line_starts_with_space(c, pos)))
+        return folded_line;
+    snprintf(buf, cap, "malformed HTTP request: %s", llhttp_get_error_reason(&c->parser));
+    for (char *p = buf; *p; p++)
+        if (*p == '"' || *p == '\\')
+            *p = '\'';
+    return buf;
+}
+
 static void feed(oi_http_conn_t *c, const char *data, size_t len)
 {
     c->in_feed = 1;
+    c->feed_start = data;
     while (!c->closing) {
         llhttp_errno_t err = llhttp_execute(&c->parser, data, len);
-        if (err == HPE_OK)
+        if (err == HPE_OK) {
+            note_parsed(c, data, len);
             break;
+        }
         if (err == HPE_PAUSED_UPGRADE) {
             /* The request asked to switch protocols (Upgrade or CONNECT). It was answered as
              * plain HTTP (or refused) with Connection: close; what follows belongs to a
@@ -478,6 +527,7 @@ static void feed(oi_http_conn_t *c, const char *data, size_t len)
         }
         if (err == HPE_PAUSED) {
             size_t used = (size_t)(llhttp_get_error_pos(&c->parser) - data);
+            note_parsed(c, data, used);
             data += used;
             len -= used;
             if (!c->busy) { /* answered synchronously: go on with the next request */
@@ -490,15 +540,11 @@ static void feed(oi_http_conn_t *c, const char *data, size_t len)
                 conn_close(c);
             break;
         }
-        if (c->error_status)
+        if (c->error_status) {
             conn_reject(c, c->error_status, c->error_message);
-        else {
+        } else {
             char msg[160];
-            snprintf(msg, sizeof(msg), "malformed HTTP request: %s", llhttp_get_error_reason(&c->parser));
-            for (char *p = msg; *p; p++)
-                if (*p == '"' || *p == '\\')
-                    *p = '\'';
-            conn_reject(c, 400, msg);
+            conn_reject(c, 400, parse_error_message(c, data + len, msg, sizeof(msg)));
         }
         stop_reading(c);
         break;
@@ -702,7 +748,12 @@ static int on_header_field(llhttp_t *p, const char *at, size_t n)
 
 static int on_header_value(llhttp_t *p, const char *at, size_t n)
 {
-    return append_counted(conn_of(p), &conn_of(p)->hvalue, at, n);
+    oi_http_conn_t *c = conn_of(p);
+    /* Bytes of a value on a line of their own: the value was folded onto it. (An empty span
+     * marks the end of an empty value: it begins the next line, and is no fold.) */
+    if (n > 0 && line_starts_with_space(c, at))
+        return reject_in_parser(c, 400, folded_line);
+    return append_counted(c, &c->hvalue, at, n);
 }
 
 static int header_is(const oi_sbuf_t *f, const char *name)
@@ -719,22 +770,23 @@ static void copy_lower(char *dst, size_t cap, const oi_sbuf_t *v)
     dst[n] = '\0';
 }
 
-/* Keeps the value of a header the handler asked for (its first occurrence). 0 or -1. */
-/* Keeps the value of a header the handler asked for (its first occurrence). Returns 1 when `f`
- * is such a header (restricted-API keys: never forwarded to a model), 0 when not, -1 out of memory. */
+/* Keeps the value of a header the handler asked for. Returns 1 when `f` is such a header
+ * (restricted-API keys: never forwarded to a model), 0 when not, -1 out of memory, -2 when it
+ * came before: which of two keys counts is not for the server to guess (a proxy may have
+ * added one), so the request is refused. */
 static int capture_header(oi_http_conn_t *c, const oi_sbuf_t *f, const oi_sbuf_t *v)
 {
     const oi_http_config_t *cfg = &c->lis->server->cfg;
     for (int i = 0; i < cfg->n_capture_headers; i++) {
         if (!header_is(f, cfg->capture_headers[i]))
             continue;
-        if (!(c->captured_have & (1u << i))) {
-            c->captured_off[i] = c->captured.len;
-            c->captured_len[i] = v->len;
-            c->captured_have |= 1u << i;
-            if (v->len > 0 && oi_sbuf_append(&c->captured, v->data, v->len) != 0)
-                return -1;
-        }
+        if (c->captured_have & (1u << i))
+            return -2;
+        c->captured_off[i] = c->captured.len;
+        c->captured_len[i] = v->len;
+        c->captured_have |= 1u << i;
+        if (v->len > 0 && oi_sbuf_append(&c->captured, v->data, v->len) != 0)
+            return -1;
         return 1;
     }
     return 0;
@@ -754,6 +806,9 @@ static int on_header_value_complete(llhttp_t *p)
     oi_http_conn_t *c = conn_of(p);
     oi_sbuf_t *f = &c->hfield, *v = &c->hvalue;
     int captured = 0;
+    /* A field value has no whitespace at its ends (RFC 9112, 5.1): llhttp drops the leading. */
+    while (v->len > 0 && (v->data[v->len - 1] == ' ' || v->data[v->len - 1] == '\t'))
+        v->len--;
     if (header_is(f, "expect")) {
         if (v->len == 12 && strncasecmp(v->data, "100-continue", 12) == 0)
             c->expect_continue = 1;
@@ -777,7 +832,13 @@ static int on_header_value_complete(llhttp_t *p)
         if (oi_sbuf_append(&c->nv_request, v->data, v->len) != 0 || oi_sbuf_append(&c->nv_request, "", 1) != 0)
             return reject_in_parser(c, 500, "out of memory");
         c->req.nv_infer_request_len = v->len;
-    } else if ((captured = capture_header(c, f, v)) < 0) {
+    } else if ((captured = capture_header(c, f, v)) == -2) {
+        int shown = f->len < 128 ? (int)f->len : 128;
+        snprintf(c->error_text, sizeof(c->error_text),
+                 "header '%.*s' appears more than once; it carries a restricted-API key and is given once", shown,
+                 f->data);
+        return reject_in_parser(c, 400, c->error_text);
+    } else if (captured < 0) {
         return reject_in_parser(c, 500, "out of memory");
     }
     const regex_t *fwd = c->lis->server->cfg.forward_headers;

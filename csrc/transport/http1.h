@@ -64,8 +64,8 @@ typedef struct oi_http_config_s {
      * first byte came. */
     void (*on_answered)(void *ctx, const oi_http_request_t *req, const oi_http_answer_t *a);
     /* Header names (lower-case, borrowed for the server's life) whose values a handler reads
-     * with oi_http_request_header: the transport keeps only these, and only the first of each
-     * (a restricted API's key header, say). At most OI_HTTP_MAX_CAPTURED. */
+     * with oi_http_request_header: the transport keeps only these, and refuses a request that
+     * repeats one (a restricted API's key header, say). At most OI_HTTP_MAX_CAPTURED. */
     const char *const *capture_headers;
     int n_capture_headers;
     oi_tls_ctx_t *tls; /* TCP connections speak TLS with this context (the server takes a
