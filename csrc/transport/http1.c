@@ -461,7 +461,8 @@ static void finish_or_idle(oi_http_conn_t *c)
 }
 
 /* Notes the last byte of data[0, n) that is not SP or HTAB (when there is one), for
- * line_starts_with_space once these bytes are behind the parser. */
+ * line_starts_with_space once these bytes are behind the parser. Only for bytes parsed with no
+ * message completed: a message's body may be the buffer, and gone with the message. */
 static void note_parsed(oi_http_conn_t *c, const char *data, size_t n)
 {
     for (const char *p = data + n; p > data; p--)
@@ -527,7 +528,7 @@ static void feed(oi_http_conn_t *c, const char *data, size_t len)
         }
         if (err == HPE_PAUSED) {
             size_t used = (size_t)(llhttp_get_error_pos(&c->parser) - data);
-            note_parsed(c, data, used);
+            c->parsed_last = '\0'; /* a message ended: the next one looks back no further */
             data += used;
             len -= used;
             if (!c->busy) { /* answered synchronously: go on with the next request */

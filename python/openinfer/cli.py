@@ -640,7 +640,7 @@ def _serve(args: argparse.Namespace) -> int:
         logging.getLogger("openinfer.exposure").setLevel(logging.ERROR)
     _drop_levels(args.log_dropped)
     try:
-        from .server import serve  # the extension loads here, not for --help or --version
+        from .server import Server  # the extension loads here, not for --help or --version
     except ImportError as e:
         print(f"openinfer: error: the C extension is not available: {e}", file=sys.stderr)
         return 1
@@ -686,7 +686,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     def on_hangup(signum: int, frame: FrameType | None) -> None:
         # A renewed certificate: new connections get it, open ones finish with theirs.
-        for srv in started:
+        for srv in (srv for srv in started if srv.running):
             try:
                 srv.reload_tls()
                 logger.info("SIGHUP: TLS certificates and keys reloaded")
@@ -696,8 +696,8 @@ def _serve(args: argparse.Namespace) -> int:
     def on_signal(signum: int, frame: FrameType | None) -> None:
         # Draining can take a while and needs no main thread, so it runs on its own thread
         # and the handler returns at once; the main thread wakes from wait() when it is done.
-        # Installed before serve() returns: a signal that arrives while models load or just
-        # after the port opens still stops the server cleanly.
+        # Installed before the models load: a signal then stops before any port opens; one
+        # that comes while start() opens the ports drains or stops once they are open.
         # SIGTERM is how orchestrators start a rolling update: it drains first when asked to.
         # A second signal (or SIGINT, a person at a terminal) stops without the grace period.
         drain = signum == signal.SIGTERM and args.drain_grace_secs > 0 and not stopping.is_set()
@@ -720,7 +720,7 @@ def _serve(args: argparse.Namespace) -> int:
     if ssl:
         signal.signal(signal.SIGHUP, on_hangup)
     try:
-        server = serve(
+        server = Server(  # loads the models; no port opens until start()
             args.repo,
             host=args.host,
             http_port=None if args.http_port < 0 else args.http_port,
@@ -762,6 +762,7 @@ def _serve(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         print(f"openinfer: error: {e}", file=sys.stderr)
         return 1
+    # From here a signal drains or stops this server, whether or not start() has returned.
     started.append(server)
     if args.exit_on_error and server.failed:  # tritonserver's --exit-on-error: a failed load ends it
         print(f"openinfer: error: --exit-on-error: model(s) failed to load: {', '.join(sorted(server.failed))}",
@@ -770,6 +771,12 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     if stopping.is_set():  # a signal came while the models loaded: nobody relies on us yet
         server.stop(args.shutdown_timeout)
+    try:
+        server.start()  # stopped already (a signal), it opens nothing
+    except (OSError, ValueError) as e:
+        server.stop(args.shutdown_timeout)
+        print(f"openinfer: error: {e}", file=sys.stderr)
+        return 1
     # Wake up now and then: Python runs signal handlers between bytecodes of the main thread.
     while not server.wait(0.5):
         pass
