@@ -26,6 +26,8 @@
 #define MAX_QUEUED_WRITE (8u << 20)
 /* Stop reading a connection while this much pipelined input waits behind a busy request. */
 #define MAX_PENDING (1u << 20)
+/* The most non-empty chunks of a chunked request body: tritonserver's kMaxChunkedChunks. */
+#define MAX_CHUNKS 65536u
 
 typedef struct listener_s {
     oi_tcp_listener_t tcp;
@@ -85,6 +87,7 @@ struct oi_http_conn_s {
     uint64_t start_ns; /* uv_hrtime of the first byte, with cfg.on_answered only */
     uint64_t msg_start;  /* uv_now when the request's first byte came: its rate, for eviction */
     uint64_t body_start; /* uv_now when its headers were done: the body's minimum rate runs from here */
+    uint32_t chunks;     /* non-empty chunks of a chunked body so far */
     int in_message;
     int in_body; /* headers done, body bytes expected: reads push the body deadline back */
     int expect_continue;
@@ -677,15 +680,40 @@ static int reject_in_parser(oi_http_conn_t *c, int status, const char *message)
     return -1;
 }
 
-/* Refuses a body of `n` bytes (at least; a chunked one is still arriving) over max_body_bytes:
- * 413, worded as tritonserver words its limit, which names the flag that raises it. */
-static int reject_too_large(oi_http_conn_t *c, uint64_t n)
+void oi_http_input_too_large(char *buf, size_t cap, int64_t header_length, uint64_t n, int more, size_t max)
 {
-    snprintf(c->error_text, sizeof(c->error_text),
-             "request body of %s%" PRIu64 " bytes exceeds the maximum allowed input size of %zu bytes "
-             "(max_body_bytes). Use --http-max-input-size to increase the limit.",
-             c->parser.flags & F_CHUNKED ? "more than " : "", n, c->lis->server->cfg.max_body_bytes);
-    return reject_in_parser(c, 413, c->error_text);
+    if (header_length == 0)
+        snprintf(buf, cap,
+                 "Raw input has a byte_size (%s%" PRIu64 " bytes) that exceeds the maximum allowed value of %zu "
+                 "bytes. Use --http-max-input-size to increase the limit.", more ? "at least " : "", n, max);
+    else
+        snprintf(buf, cap,
+                 "request JSON size of %s%" PRIu64 " bytes exceeds the maximum allowed input size of %zu bytes. "
+                 "Use --http-max-input-size to increase the limit.", more ? "at least " : "", n, max);
+}
+
+/* The most body bytes the request may bring: max_body_bytes (tritonserver's
+ * --http-max-input-size), which bounds what is read as JSON or taken whole as one tensor,
+ * unless a binary-extension JSON header (Inference-Header-Content-Length > 0) is followed by
+ * tensor data: that is bounded by the in-flight body budget alone, so that tritonserver's
+ * 2 GB binary payloads are served where memory allows. */
+static size_t body_bound(const oi_http_conn_t *c)
+{
+    return c->req.inference_header_length > 0 ? SIZE_MAX : c->lis->server->cfg.max_body_bytes;
+}
+
+/* Refuses, with tritonserver's 400 and words, a request whose JSON (the body, or the header
+ * the Inference-Header-Content-Length gives) or raw body is over max_body_bytes: `n` body
+ * bytes (`more`: a chunked body still arriving). 0 when within. */
+static int check_input_size(oi_http_conn_t *c, uint64_t n, int more)
+{
+    size_t max = c->lis->server->cfg.max_body_bytes;
+    int64_t hlen = c->req.inference_header_length;
+    if (hlen > 0 ? (uint64_t)hlen <= max : n <= max)
+        return 0;
+    oi_http_input_too_large(c->error_text, sizeof(c->error_text), hlen, hlen > 0 ? (uint64_t)hlen : n,
+                            hlen <= 0 && more, max);
+    return reject_in_parser(c, 400, c->error_text);
 }
 
 /* Refuses a body the server's budget has no room for: 503. */
@@ -717,6 +745,7 @@ static int on_message_begin(llhttp_t *p)
     c->header_bytes = 0;
     c->expect_continue = 0;
     c->body_direct = 0;
+    c->chunks = 0;
     c->req.inference_header_length = -1;
     c->req.content_encoding[0] = '\0';
     c->req.accept_encoding[0] = '\0';
@@ -863,13 +892,13 @@ static int on_headers_complete(llhttp_t *p)
     if (p->method == HTTP_CONNECT)
         return reject_in_parser(c, 405, "CONNECT is not supported: this server is not a proxy");
     int over = 0;
+    if (check_input_size(c, p->flags & F_CONTENT_LENGTH ? p->content_length : 0, 0) != 0)
+        return -1;
     if (p->flags & F_CHUNKED) {
         c->body = oi_buf_new_charged(CHUNKED_INITIAL, cfg->body_budget, &over);
         if (c->body == NULL)
             return over ? reject_over_budget(c, CHUNKED_INITIAL) : reject_in_parser(c, 500, "out of memory");
     } else if (p->flags & F_CONTENT_LENGTH) {
-        if (p->content_length > cfg->max_body_bytes)
-            return reject_too_large(c, p->content_length);
         if (p->content_length > 0) {
             c->body = oi_buf_new_charged((size_t)p->content_length, cfg->body_budget, &over);
             if (c->body == NULL)
@@ -913,12 +942,12 @@ static int on_body(llhttp_t *p, const char *at, size_t n)
         return 0;
     }
     size_t want = b->len + n; /* chunked bodies grow; Content-Length ones were checked up front */
-    if (want > c->lis->server->cfg.max_body_bytes)
-        return reject_too_large(c, c->lis->server->cfg.max_body_bytes);
+    if (check_input_size(c, want, 1) != 0)
+        return -1;
     if (b->cap - b->len < n) {
         size_t cap = b->cap * 2 > want ? b->cap * 2 : want;
-        if (cap > c->lis->server->cfg.max_body_bytes)
-            cap = c->lis->server->cfg.max_body_bytes;
+        if (cap > body_bound(c))
+            cap = body_bound(c);
         oi_budget_t *budget = c->lis->server->cfg.body_budget;
         if (oi_budget_take(budget, cap - b->cap) != 0) /* the buffer's charge grows with it */
             return reject_over_budget(c, cap);
@@ -931,6 +960,20 @@ static int on_body(llhttp_t *p, const char *at, size_t n)
     }
     memcpy(b->data + b->len, at, n);
     b->len += n;
+    return 0;
+}
+
+/* A chunked body's chunks are counted, as tritonserver counts them: past MAX_CHUNKS non-empty
+ * ones it is refused (a body of one-byte chunks costs the parser per chunk). */
+static int on_chunk_header(llhttp_t *p)
+{
+    oi_http_conn_t *c = conn_of(p);
+    if (p->content_length > 0 && ++c->chunks > MAX_CHUNKS) {
+        snprintf(c->error_text, sizeof(c->error_text),
+                 "Chunked request body exceeds maximum of %u non-empty chunks. Send fewer or larger HTTP chunks.",
+                 MAX_CHUNKS);
+        return reject_in_parser(c, 400, c->error_text);
+    }
     return 0;
 }
 
@@ -985,6 +1028,7 @@ static const llhttp_settings_t parser_settings = {
     .on_header_value = on_header_value,
     .on_header_value_complete = on_header_value_complete,
     .on_headers_complete = on_headers_complete,
+    .on_chunk_header = on_chunk_header,
     .on_body = on_body,
     .on_message_complete = on_message_complete,
 };

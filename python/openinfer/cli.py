@@ -32,7 +32,8 @@ logger = logging.getLogger("openinfer")
 
 # The core's limits, exposed as --max-body-bytes and so on; unset ones keep the core default.
 _LIMITS: dict[str, str] = {
-    "max_body_bytes": "largest request body (default 1 GiB)",
+    "max_body_bytes": "largest JSON or raw request body, or binary-extension JSON header (default 64 MiB, "
+    "tritonserver's --http-max-input-size)",
     "max_header_bytes": "largest request header block (default 64 KiB)",
     "max_connections": "concurrent connections; when full, the oldest idle one is closed "
     "(default 4096)",
@@ -153,8 +154,8 @@ def _triton_flags(serve: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--http-max-input-size", type=_input_size, metavar="BYTES",
-        help="as --max-body-bytes: the largest request body (default 1 GiB; at most 2 GiB "
-        "for one tensor, as tritonserver)",
+        help="as --max-body-bytes: the largest JSON body, binary-extension JSON header or raw body "
+        "(default 64 MiB); binary tensor data after a JSON header is bounded by --max-inflight-body-bytes",
     )
     for level in ("info", "warning", "error"):
         group.add_argument(

@@ -1074,6 +1074,21 @@ static int refuse_restricted(oi_server_t *s, oi_http_request_t *r, unsigned grou
     return 1;
 }
 
+/* Whether the body is over max_body_bytes when only a V2 infer request may bring that much:
+ * there the binary extension's tensor data is bounded by the in-flight budget alone; any other
+ * endpoint reads its body whole, as tritonserver bounds a JSON body. Answers then. */
+static int refuse_oversized(const oi_server_t *s, oi_http_request_t *r)
+{
+    size_t max = s->cfg.http.max_body_bytes, n = r->path_len;
+    if (r->body == NULL || r->body->len <= max ||
+        (strncmp(r->path, "/v2/models/", 11) == 0 && n > 17 && strcmp(r->path + n - 6, "/infer") == 0))
+        return 0;
+    char msg[256];
+    oi_http_input_too_large(msg, sizeof(msg), -1, r->body->len, 0, max);
+    respond_error(r, OI_BAD_REQUEST, msg);
+    return 1;
+}
+
 void oi__http_api_handle(void *ctx, oi_http_request_t *r)
 {
     oi_server_t *s = ctx;
@@ -1082,6 +1097,8 @@ void oi__http_api_handle(void *ctx, oi_http_request_t *r)
         respond_error(r, OI_UNAVAILABLE, "the server is shutting down");
         return;
     }
+    if (refuse_oversized(s, r))
+        return;
     int restricted = oi_restricted_any(&s->http_restricted); /* else no route needs its groups */
     if (restricted && strncmp(path, "/api/", 5) == 0 && refuse_restricted(s, r, oi__legacy_http_groups(path + 5), 1))
         return;
