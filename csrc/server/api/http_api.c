@@ -358,6 +358,7 @@ static void inflate_run(oi_work_t *w)
     oi_inflate_limit_t lim = {.max_out = f->max_out,
                               .what = "request body",
                               .limit_name = "max_body_bytes",
+                              .triton_flag = "--http-max-input-size",
                               .max_ratio = f->s->cfg.max_inflate_ratio,
                               .budget = f->s->body_budget,
                               .expect = hlen == 0 ? OI_INFLATE_ANY : OI_INFLATE_JSON, /* 0: raw tensor bytes */
