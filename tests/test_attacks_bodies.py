@@ -43,7 +43,7 @@ from openinfer import Model, Tensor
 
 ASAN = "asan" in os.environ.get("LD_PRELOAD", "")
 MiB = 1 << 20
-BOMB_MIB = 1000  # under the default max_body_bytes (1 GiB) and grpc_max_message_bytes (2 GiB)
+BOMB_MIB = 1000  # over the default max_body_bytes (64 MiB), under grpc_max_message_bytes (2 GiB)
 
 
 def _echo(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -155,7 +155,7 @@ def at_once(fns: list[Any]) -> list[Any]:
 
 def test_four_gzip_bombs_at_once_over_http(child: ChildServer) -> None:
     """Four 1 MB bodies that inflate to 1000 MiB each (all four used to be inflated, 4 GB):
-    zeros are refused at their first byte, a JSON prefix over its ratio while measuring."""
+    zeros are refused at their first byte, a JSON prefix past max_body_bytes while measuring."""
     zeros, text = bomb(b"", b"\0", BOMB_MIB), bomb(b'{"id":"', b"a", BOMB_MIB)
     assert len(zeros) < 2 * MiB and len(text) < 2 * MiB
     url = f"http://127.0.0.1:{child.http_port}/v2/models/echo/infer"
@@ -172,8 +172,9 @@ def test_four_gzip_bombs_at_once_over_http(child: ChildServer) -> None:
         assert r.json()["error"] == ("the decompressed request body is not a JSON object: it starts with byte "
                                      "0x00, expected '{'")
     for r in out[1::2]:
-        assert r.status_code == 413, r.text
-        assert "past the server's max_inflate_ratio of 1000" in r.json()["error"]
+        assert r.status_code == 400, r.text
+        assert r.json()["error"] == (f"Decompressed data size exceeds the maximum allowed value of {64 * MiB} bytes. "
+                                     "Use --http-max-input-size to increase the limit.")
     if not ASAN:  # RSS is not meaningful under ASan
         assert growth < 256 * MiB, f"peak RSS grew by {growth / MiB:.0f} MiB"
     assert_alive(child.http_port)
@@ -365,9 +366,10 @@ def test_bad_limits_are_clear_errors(limit: str) -> None:
 
 
 def test_the_limits_are_cli_flags() -> None:
-    """--max-inflight-body-bytes, --max-inflate-ratio and --body-min-rate reach the core."""
+    """--max-inflight-body-bytes, --max-inflate-ratio and --body-min-rate reach the core (and
+    --max-body-bytes, above the 64 MiB ratio floor)."""
     cli = Cli("--max-inflight-body-bytes", str(MiB), "--max-inflate-ratio", "0", "--body-min-rate", "100",
-              "--body-timeout-ms", "1000")
+              "--body-timeout-ms", "1000", "--max-body-bytes", str(128 * MiB))
     try:
         conn = Http(cli.port)
         conn.send(b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 2097152\r\n\r\n")

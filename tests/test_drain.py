@@ -6,8 +6,10 @@ accepted and requests served; in-flight requests finish; then the server stops. 
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 import time
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -130,21 +132,34 @@ IO_CONFIG = (
 )
 
 
-def test_cli_sigterm_drains_under_load_then_second_signal_stops(tmp_path) -> None:
-    repo = tmp_path / "repo"
-    release = tmp_path / "release"
+def gated_repo(tmp_path) -> tuple[Path, Path]:
+    """A repository of "gated" (holds each request until the file `release` exists) and
+    "plus_one"; returns it and `release`."""
+    repo, release = tmp_path / "repo", tmp_path / "release"
     for name, code in (("gated", GATED_MODEL.format(release=str(release))),
                        ("plus_one", "def infer(inputs):\n    return {'Y': inputs['X'] + 1}\n")):
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "config.pbtxt").write_text(f'name: "{name}"\nbackend: "python"\n' + IO_CONFIG.format())
         (repo / name / "1" / "model.py").write_text(code)
+    return repo, release
+
+
+def hold_request(port: int) -> tuple[threading.Thread, dict[str, object]]:
+    """Sends "gated" 41 from a thread of its own, in flight until `release` exists; its answer
+    lands under "r"."""
+    in_flight: dict[str, object] = {}
+    held = threading.Thread(target=lambda: in_flight.update(r=infer_int32(port, "gated", 41)))
+    held.start()
+    return held, in_flight
+
+
+def test_cli_sigterm_drains_under_load_then_second_signal_stops(tmp_path) -> None:
+    repo, release = gated_repo(tmp_path)
     cli = Cli(str(repo), "--drain-grace-secs", "600", "--metrics-port", "0")
     port = cli.port
     try:
         assert http_ready(port) == 200
-        in_flight: dict[str, object] = {}
-        held = threading.Thread(target=lambda: in_flight.update(r=infer_int32(port, "gated", 41)))
-        held.start()
+        held, in_flight = hold_request(port)
 
         # A bounded load on fresh connections across the drain: every request is answered.
         stop_load = threading.Event()
@@ -186,5 +201,59 @@ def test_cli_sigterm_drains_under_load_then_second_signal_stops(tmp_path) -> Non
         assert rc == 0, out
         assert "draining for 600s" in out and "stopping now" in out
     finally:
+        release.write_text("")
+        cli.kill()
+
+
+# `openinfer serve` whose start() is held between opening the ports and returning until the file
+# WINDOW exists: the moment a SIGTERM once stopped the server without its drain.
+HELD_START = """\
+import os, sys, time
+from openinfer import cli, server
+
+opened = server.Server._warn_if_open  # runs after the ports open, before start() returns
+
+def held(self):
+    end = time.monotonic() + 60
+    while not os.path.exists({window!r}) and time.monotonic() < end:
+        time.sleep(0.01)
+    opened(self)
+
+server.Server._warn_if_open = held
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_cli_sigterm_as_the_ports_open_drains(tmp_path) -> None:
+    (repo, release), window = gated_repo(tmp_path), tmp_path / "window"
+    cli = Cli(argv=[sys.executable, "-c", HELD_START.format(window=str(window)), "serve", "--http-port", "0",
+                    "--threads", "1", "--metrics-port", "0", "--drain-grace-secs", "600", str(repo)])
+    port = cli.port
+    try:
+        # The ports answer while start() has not returned; a request goes in flight.
+        assert http_ready(port) == 200
+        held, in_flight = hold_request(port)
+        cli.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: "SIGTERM: draining for 600s" in cli.output(), "taking the signal")
+        window.write_text("")  # start() returns
+
+        # The drain: not ready, still serving new connections, the process running.
+        wait_for(lambda: http_ready(port) == 400, "unready after SIGTERM")
+        for x in range(3):
+            code, body = infer_int32(port, "plus_one", x)
+            assert code == 200 and body["outputs"][0]["data"] == [x + 1]
+        assert cli.proc.poll() is None
+
+        # The second signal ends the grace; the request in flight since before finishes.
+        cli.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: port_is_closed(port), "closing the port")
+        release.write_text("")
+        held.join(30)
+        assert in_flight["r"][0] == 200 and in_flight["r"][1]["outputs"][0]["data"] == [42]
+        rc, out = cli.wait()
+        assert rc == 0, out
+        assert "draining: not ready, serving for 600s more" in out and "stopping now" in out
+    finally:
+        window.write_text("")
         release.write_text("")
         cli.kill()

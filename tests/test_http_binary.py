@@ -7,11 +7,14 @@ from __future__ import annotations
 import gzip
 import json
 import zlib
+from typing import Iterator
 
 import numpy as np
 import pytest
 
+import openinfer
 from conftest import Http, assert_alive
+from openinfer import Model, Tensor
 
 
 def binary_request(inputs: list[tuple[str, str, list[int], bytes]], outputs: list[dict] | None = None,
@@ -84,22 +87,85 @@ def test_binary_bytes_and_fp16(http: Http) -> None:
     assert np.array_equal(np.frombuffer(split_response(headers, out)[1], np.float16), h)
 
 
+RAW = {"Inference-Header-Content-Length": "0"}
+
+
+def raw_answer(http: Http, model: str, body: bytes) -> tuple[dict, bytes]:
+    """A raw binary request's answer: in binary, as tritonserver's (its header JSON, the data)."""
+    status, headers, out = http.request("POST", f"/v2/models/{model}/infer", body, RAW)
+    assert status == 200, out
+    assert headers["content-type"] == "application/octet-stream"
+    assert int(headers["inference-header-content-length"]) < len(out)
+    return split_response(headers, out)
+
+
 def test_raw_body_single_input(http: Http) -> None:
     x = np.linspace(0, 1, 10, dtype=np.float32)
-    status, headers, out = http.request("POST", "/v2/models/identity_fp32/infer", x.tobytes(),
-                                        {"Inference-Header-Content-Length": "0"})
-    assert status == 200, out
-    meta = json.loads(out)
-    assert meta["outputs"][0]["shape"] == [10]
-    assert np.array_equal(np.array(meta["outputs"][0]["data"], np.float32), x)
+    meta, data = raw_answer(http, "identity_fp32", x.tobytes())
+    assert meta["outputs"][0]["shape"] == [10] and meta["outputs"][0]["parameters"]["binary_data_size"] == 40
+    assert np.array_equal(np.frombuffer(data, np.float32), x)
 
 
-def test_raw_body_needs_single_input(http: Http) -> None:
-    status, _, out = http.request("POST", "/v2/models/simple/infer", b"\0" * 128,
-                                  {"Inference-Header-Content-Length": "0"})
-    assert status == 400 and "needs a model with one input" in json.loads(out)["error"]
-    status, _, out = http.request("POST", "/v2/models/echo_fp64/infer", b"\0" * 12,
-                                  {"Inference-Header-Content-Length": "0"})
+def test_raw_body_batch_dimension_is_one(http: Http) -> None:
+    # "matrix" is [-1, 2, 3] with max_batch_size 4: the batch dimension counts as 1, as Triton's.
+    x = np.arange(6, dtype=np.float32)
+    meta, data = raw_answer(http, "matrix", x.tobytes())
+    assert meta["outputs"][0]["shape"] == [1, 2, 3]
+    assert np.array_equal(np.frombuffer(data, np.float32), x)
+
+
+@pytest.fixture(scope="module")
+def bytes_models() -> Iterator[openinfer.Server]:
+    def echo(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {"OUTPUT0": inputs["INPUT0"]}
+
+    def one(name: str, shape: list[int], **kw) -> Model:
+        return Model(name, echo, inputs=[Tensor("INPUT0", "BYTES", shape)],
+                     outputs=[Tensor("OUTPUT0", "BYTES", shape)], **kw)
+
+    srv = openinfer.serve(models=[one("one_string", [1]), one("batched_string", [-1, 1], max_batch_size=2),
+                                  one("open_strings", [-1]), one("two_open", [-1, -1])],
+                          http_port=0, grpc_port=None, metrics_port=None, log=False)
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("model,shape", [("one_string", [1]), ("batched_string", [1, 1])])
+def test_raw_body_of_a_bytes_input_is_one_element(bytes_models, model, shape) -> None:
+    # Triton's core takes the whole body as the one element (its length is no part of it).
+    text = b"a string \x00 with \xff anything in it"
+    http = Http(bytes_models.http_port)
+    try:
+        meta, data = raw_answer(http, model, text)
+    finally:
+        http.close()
+    assert meta["outputs"][0]["shape"] == shape and meta["outputs"][0]["datatype"] == "BYTES"
+    assert data == len(text).to_bytes(4, "little") + text
+
+
+RAW_REFUSALS = [
+    ("simple", "Raw request must only have 1 input (found 1) to be deduced but got 2 inputs in 'simple' model "
+               "configuration"),
+    ("two_open", "The shape of the raw input 'INPUT0' can not be deduced because there are more than one "
+                 "variable-sized dimension"),
+    ("open_strings", "For BYTE datatype raw input 'INPUT0', the model must have input shape [1]"),
+]
+
+
+@pytest.mark.parametrize("model,message", RAW_REFUSALS, ids=[m for m, _ in RAW_REFUSALS])
+def test_raw_body_refused_in_tritons_words(server, bytes_models, model, message) -> None:
+    http = Http((server if model == "simple" else bytes_models).http_port)
+    try:
+        status, _, out = http.request("POST", f"/v2/models/{model}/infer", b"\0" * 128, RAW)
+    finally:
+        http.close()
+    assert (status, json.loads(out)) == (400, {"error": message})
+
+
+def test_raw_body_of_the_wrong_size(http: Http) -> None:
+    status, _, out = http.request("POST", "/v2/models/echo_fp64/infer", b"\0" * 12, RAW)
     assert status == 400 and "needs 1 x 8 bytes, got 12" in json.loads(out)["error"]
 
 
@@ -171,7 +237,7 @@ def test_bad_binary_requests(server, body: bytes, headers, status: int, fragment
 
 
 @pytest.mark.parametrize(("start", "status", "fragment"), [
-    (b"{", 413, "max_body_bytes"),  # a JSON object's start, then 100 MiB; the fixture allows 64 MiB
+    (b"{", 400, "Decompressed data size exceeds the maximum allowed value of 67108864 bytes"),  # 100 MiB > 64
     (b"\0", 400, "is not a JSON object: it starts with byte 0x00"),  # refused at its first byte
 ])
 def test_gzip_bomb_is_limited(server, start: bytes, status: int, fragment: str) -> None:

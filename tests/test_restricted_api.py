@@ -6,6 +6,7 @@ a server gives when its control APIs answer anyone beyond this host."""
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import subprocess
@@ -15,7 +16,7 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 import requests
-from conftest import triton_grpc, triton_http
+from conftest import Http, triton_grpc, triton_http
 
 import openinfer
 from openinfer import Model, Tensor
@@ -157,6 +158,37 @@ def test_tritonclient_http_with_headers(server) -> None:
         client.infer("m", [inp], headers={header("inference"): "nope"})
 
 
+def raw_http(srv: openinfer.Server, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    conn = Http(srv.http_port)
+    try:
+        conn.send(request)
+        return conn.read_response()
+    finally:
+        conn.close()
+
+
+def test_http_key_with_whitespace_around_it_is_the_key(server) -> None:
+    # RFC 9112, 5.1: the optional whitespace around a field value is not part of it.
+    key = f"{header('health')}: \t {value('health')} \t \r\n".encode()
+    status, _, body = raw_http(server, b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n" + key + b"\r\n")
+    assert status == 200, body
+    assert json.loads(body) == {"live": True}
+
+
+@pytest.mark.parametrize("first,second", [("right", "right"), ("right", "wrong"), ("wrong", "right")])
+def test_http_repeated_key_header_is_refused(server, first, second) -> None:
+    # Which of two keys counts is no guess the server makes: neither order opens the API.
+    keys = {"right": value("health"), "wrong": "not-the-key"}
+    twice = "".join(f"{name}: {keys[which]}\r\n" for name, which in
+                    ((header("health").lower(), first), (header("health").upper(), second)))
+    status, headers, body = raw_http(server, f"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n{twice}\r\n".encode())
+    assert status == 400, body
+    assert json.loads(body) == {"error": f"header '{header('health').upper()}' appears more than once; it carries "
+                                         "a restricted-API key and is given once"}
+    assert headers["connection"] == "close"
+    assert value("health") not in body.decode()
+
+
 # ---- gRPC ----------------------------------------------------------------------------------
 
 V2 = "/inference.GRPCInferenceService/"
@@ -233,6 +265,18 @@ def test_grpc_stream_infer_restricted(channel) -> None:
         list(stream(iter([b""]), metadata=metadata(["health"]), timeout=30))
     assert e.value.code() == grpc.StatusCode.UNAVAILABLE
     assert e.value.details() == grpc_refusal("inference")
+
+
+@pytest.mark.parametrize("first,second", [("right", "right"), ("right", "wrong"), ("wrong", "right")])
+def test_grpc_repeated_key_metadata_is_refused(channel, first, second) -> None:
+    import grpc
+
+    (key, right), = metadata(["health"])
+    keys = {"right": right, "wrong": "not-the-key"}
+    with pytest.raises(grpc.RpcError) as e:
+        channel.unary_unary(V2 + "ServerLive")(b"", metadata=[(key, keys[first]), (key, keys[second])], timeout=30)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details() == f"metadata '{key}' appears more than once; it carries a restricted-API key and is given once"
 
 
 def test_tritonclient_grpc_with_headers(server) -> None:

@@ -212,7 +212,8 @@ def test_flags_openinfer_cannot_honour_are_refused_by_name(args: list[str], word
 
 
 def test_http_max_input_size_sets_the_limit_and_the_error_names_it(tmp_path: Path) -> None:
-    """Item 9: the limit is kept and said the way tritonserver says it, naming the flag."""
+    """Item 9: the limit applies as tritonserver applies it (to JSON, not to binary tensor data
+    after a JSON header) and is said the way tritonserver says it, naming the flag."""
     cli = Cli(str(_repo(tmp_path)), "--grpc-port", "0", "--metrics-port", "0", "--http-max-input-size", "4096")
     try:
         http = httpclient.InferenceServerClient(f"127.0.0.1:{cli.port}")
@@ -220,13 +221,15 @@ def test_http_max_input_size_sets_the_limit_and_the_error_names_it(tmp_path: Pat
         small.set_data_from_numpy(np.ones(16, np.float32))
         assert http.infer("good", [small]).as_numpy("OUTPUT0").sum() == 16
         big = httpclient.InferInput("INPUT0", [2048], "FP32")
-        big.set_data_from_numpy(np.ones(2048, np.float32))
+        big.set_data_from_numpy(np.ones(2048, np.float32))  # 8 KiB in binary: served
+        assert http.infer("good", [big]).as_numpy("OUTPUT0").sum() == 2048
+        big.set_data_from_numpy(np.ones(2048, np.float32), binary_data=False)
         with pytest.raises(InferenceServerException) as e:
             http.infer("good", [big])
-        size = re.search(r"request body of (\d+) bytes", str(e.value))
-        assert size and int(size.group(1)) > 8192, str(e.value)
-        assert (f"request body of {size.group(1)} bytes exceeds the maximum allowed input size of 4096 bytes "
-                "(max_body_bytes). Use --http-max-input-size to increase the limit.") in str(e.value)
+        size = re.search(r"request JSON size of (\d+) bytes", str(e.value))
+        assert size and int(size.group(1)) > 4096, str(e.value)
+        assert (f"request JSON size of {size.group(1)} bytes exceeds the maximum allowed input size of 4096 bytes. "
+                "Use --http-max-input-size to increase the limit.") in str(e.value)
     finally:
         cli.kill()
 

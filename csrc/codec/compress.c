@@ -193,6 +193,9 @@ static oi_status_t *inflate_pass(const char *data, size_t len, int window, const
                                "the compressed %s of %zu bytes inflates to more than %zu bytes, past the server's "
                                "max_inflate_ratio of %u (beyond the first %zu bytes)",
                                lim->what, len, max_out, lim->max_ratio, OI_INFLATE_RATIO_FLOOR);
+        else if (n > max_out && lim->triton_flag != NULL)
+            st = oi_status_new(OI_BAD_REQUEST, "Decompressed data size exceeds the maximum allowed value of %zu bytes. "
+                               "Use %s to increase the limit.", max_out, lim->triton_flag);
         else if (n > max_out)
             st = oi_status_new(OI_TOO_LARGE, "the decompressed %s exceeds the server's %s (%zu)", lim->what,
                                lim->limit_name, max_out);

@@ -37,6 +37,10 @@ typedef struct oi_inflate_limit_s {
     size_t max_out;         /* 0: no limit */
     const char *what;       /* "request body", "request message" */
     const char *limit_name; /* the setting that sets max_out: "max_body_bytes" */
+    /* The command-line flag of max_out when it is tritonserver's ("--http-max-input-size"):
+     * then an inflated body past it is refused as tritonserver refuses it (400, its words);
+     * NULL: a 413 naming limit_name. */
+    const char *triton_flag;
     /* Inflated bytes per compressed byte, beyond OI_INFLATE_RATIO_FLOOR ("max_inflate_ratio");
      * 0: no limit. */
     unsigned max_ratio;

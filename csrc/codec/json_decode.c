@@ -537,14 +537,15 @@ static int literal(cursor_t *c, const char *word)
     return 0;
 }
 
-/* Enters the object or array opened at the cursor, within the nesting limit. */
+/* Enters the object or array opened at the cursor, within the nesting limit (refused in
+ * tritonserver's words, and where). */
 int oi__json_enter(cursor_t *c, char open)
 {
     if (oi__json_peek(c) != open)
         return syntax(c, open == '{' ? "'{'" : "'['");
     if (c->depth >= c->max_depth)
-        return bad(c, "JSON at byte %zu nests deeper than the limit of %" PRIu32 " levels",
-                   offset(c), c->max_depth);
+        return bad(c, "JSON nesting depth exceeds maximum allowed limit (%" PRIu32 ") at byte %zu", c->max_depth,
+                   offset(c));
     c->depth++;
     c->p++;
     return 0;

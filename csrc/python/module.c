@@ -174,7 +174,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw)
                              NULL};
     const char *host = "127.0.0.1";
     int port = 8000, threads = 0, max_conn = 4096, grpc_port = 8001, max_per_peer = 0;
-    unsigned long long max_body = 1ull << 30, max_header = 64 << 10, header_to = 30000, idle_to = 300000;
+    unsigned long long max_body = 64ull << 20, max_header = 64 << 10, header_to = 30000, idle_to = 300000;
     unsigned long long first_byte_to = 5000, body_to = 30000;
     unsigned long long grpc_max = 2ull << 30, grpc_queued = 64ull << 20;
     unsigned int depth = 64;

@@ -87,9 +87,9 @@ static unsigned accept_encodings(const char *v, size_t n)
     return bits;
 }
 
-/* Keeps the value of a metadata key the handler asked for (its first occurrence). Returns 1 when
- * `name` is such a key (restricted-API keys: never forwarded to a model), 0 when not, -1 out of
- * memory. */
+/* Keeps the value of a metadata key the handler asked for. Returns 1 when `name` is such a key
+ * (restricted-API keys: never forwarded to a model), 0 when not, -1 out of memory, -2 when it
+ * came before (which of two keys counts is not for the server to guess: the call is refused). */
 static int capture_header(const h2_conn_t *c, oi_grpc_call_t *call, const uint8_t *name, size_t namelen,
                           const uint8_t *value, size_t valuelen)
 {
@@ -97,14 +97,14 @@ static int capture_header(const h2_conn_t *c, oi_grpc_call_t *call, const uint8_
     for (int i = 0; i < cfg->n_capture_headers; i++) {
         if (!header_is(name, namelen, cfg->capture_headers[i]))
             continue;
-        if (call->captured[i] == NULL) {
-            call->captured[i] = malloc(valuelen + 1);
-            if (call->captured[i] == NULL)
-                return -1;
-            memcpy(call->captured[i], value, valuelen);
-            call->captured[i][valuelen] = '\0';
-            call->captured_len[i] = valuelen;
-        }
+        if (call->captured[i] != NULL)
+            return -2;
+        call->captured[i] = malloc(valuelen + 1);
+        if (call->captured[i] == NULL)
+            return -1;
+        memcpy(call->captured[i], value, valuelen);
+        call->captured[i][valuelen] = '\0';
+        call->captured_len[i] = valuelen;
         return 1;
     }
     return 0;
@@ -146,7 +146,13 @@ int oi__h2_on_header(nghttp2_session *session, const nghttp2_frame *frame, const
             call->encoding = OI_ENCODING_UNKNOWN;
     } else if (header_is(name, namelen, "grpc-accept-encoding")) {
         call->accept_encodings |= accept_encodings((const char *)value, valuelen);
-    } else if ((captured = capture_header(user_data, call, name, namelen, value, valuelen)) < 0) {
+    } else if ((captured = capture_header(user_data, call, name, namelen, value, valuelen)) == -2) {
+        char err[256];
+        snprintf(err, sizeof(err), "metadata '%.*s' appears more than once; it carries a restricted-API key and is "
+                 "given once", namelen < 128 ? (int)namelen : 128, (const char *)name);
+        if (call->forward_refused == NULL && (call->forward_refused = strdup(err)) == NULL)
+            return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+    } else if (captured < 0) {
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
     }
     const regex_t *fwd = call->conn != NULL ? call->conn->lp->server->cfg.forward_headers : NULL;

@@ -26,6 +26,8 @@
 #define MAX_QUEUED_WRITE (8u << 20)
 /* Stop reading a connection while this much pipelined input waits behind a busy request. */
 #define MAX_PENDING (1u << 20)
+/* The most non-empty chunks of a chunked request body: tritonserver's kMaxChunkedChunks. */
+#define MAX_CHUNKS 65536u
 
 typedef struct listener_s {
     oi_tcp_listener_t tcp;
@@ -80,9 +82,12 @@ struct oi_http_conn_s {
     unsigned captured_have; /* bit i: captured_off/len[i] hold header i's value */
     oi_sbuf_t forwarded;  /* the headers forwarded as request parameters (req.forwarded) */
     size_t header_bytes;
+    const char *feed_start; /* the bytes llhttp_execute is parsing begin here (looking back for folds) */
+    char parsed_last;       /* the last byte, not SP or HTAB, parsed before feed_start */
     uint64_t start_ns; /* uv_hrtime of the first byte, with cfg.on_answered only */
     uint64_t msg_start;  /* uv_now when the request's first byte came: its rate, for eviction */
     uint64_t body_start; /* uv_now when its headers were done: the body's minimum rate runs from here */
+    uint32_t chunks;     /* non-empty chunks of a chunked body so far */
     int in_message;
     int in_body; /* headers done, body bytes expected: reads push the body deadline back */
     int expect_continue;
@@ -458,13 +463,61 @@ static void finish_or_idle(oi_http_conn_t *c)
     }
 }
 
+/* Notes the last byte of data[0, n) that is not SP or HTAB (when there is one), for
+ * line_starts_with_space once these bytes are behind the parser. Only for bytes parsed with no
+ * message completed: a message's body may be the buffer, and gone with the message. */
+static void note_parsed(oi_http_conn_t *c, const char *data, size_t n)
+{
+    for (const char *p = data + n; p > data; p--)
+        if (p[-1] != ' ' && p[-1] != '\t') {
+            c->parsed_last = p[-1];
+            return;
+        }
+}
+
+/* Whether only SP and HTAB stand between `at` and the line feed before it: a header line that
+ * begins with whitespace. After a header field that is obsolete line folding (RFC 9112, 5.2),
+ * which llhttp 8 accepts, appending the line to the value, or misreports (a folded
+ * Content-Length is a "Duplicate Content-Length"). */
+static int line_starts_with_space(const oi_http_conn_t *c, const char *at)
+{
+    const char *p = at;
+    while (p > c->feed_start && (p[-1] == ' ' || p[-1] == '\t'))
+        p--;
+    return (p > c->feed_start ? p[-1] : c->parsed_last) == '\n';
+}
+
+static const char folded_line[] = "malformed HTTP request: a header line begins with whitespace (obsolete line "
+                                  "folding is not accepted, RFC 9112 section 5.2)";
+
+/* The message for a request llhttp refused in the bytes before `end`: ours for a header line
+ * that begins with whitespace (after the request line, llhttp's HPE_UNEXPECTED_SPACE; after a
+ * header, the parser stopped at that whitespace, the request line read and no body begun),
+ * llhttp's reason otherwise. */
+static const char *parse_error_message(oi_http_conn_t *c, const char *end, char *buf, size_t cap)
+{
+    const char *pos = llhttp_get_error_pos(&c->parser);
+    if (llhttp_get_errno(&c->parser) == HPE_UNEXPECTED_SPACE ||
+        (c->url.len > 0 && !c->in_body && pos != NULL && pos >= c->feed_start && pos < end &&
+         (*pos == ' ' || *pos == '\t') && line_starts_with_space(c, pos)))
+        return folded_line;
+    snprintf(buf, cap, "malformed HTTP request: %s", llhttp_get_error_reason(&c->parser));
+    for (char *p = buf; *p; p++)
+        if (*p == '"' || *p == '\\')
+            *p = '\'';
+    return buf;
+}
+
 static void feed(oi_http_conn_t *c, const char *data, size_t len)
 {
     c->in_feed = 1;
+    c->feed_start = data;
     while (!c->closing) {
         llhttp_errno_t err = llhttp_execute(&c->parser, data, len);
-        if (err == HPE_OK)
+        if (err == HPE_OK) {
+            note_parsed(c, data, len);
             break;
+        }
         if (err == HPE_PAUSED_UPGRADE) {
             /* The request asked to switch protocols (Upgrade or CONNECT). It was answered as
              * plain HTTP (or refused) with Connection: close; what follows belongs to a
@@ -478,6 +531,7 @@ static void feed(oi_http_conn_t *c, const char *data, size_t len)
         }
         if (err == HPE_PAUSED) {
             size_t used = (size_t)(llhttp_get_error_pos(&c->parser) - data);
+            c->parsed_last = '\0'; /* a message ended: the next one looks back no further */
             data += used;
             len -= used;
             if (!c->busy) { /* answered synchronously: go on with the next request */
@@ -490,15 +544,11 @@ static void feed(oi_http_conn_t *c, const char *data, size_t len)
                 conn_close(c);
             break;
         }
-        if (c->error_status)
+        if (c->error_status) {
             conn_reject(c, c->error_status, c->error_message);
-        else {
+        } else {
             char msg[160];
-            snprintf(msg, sizeof(msg), "malformed HTTP request: %s", llhttp_get_error_reason(&c->parser));
-            for (char *p = msg; *p; p++)
-                if (*p == '"' || *p == '\\')
-                    *p = '\'';
-            conn_reject(c, 400, msg);
+            conn_reject(c, 400, parse_error_message(c, data + len, msg, sizeof(msg)));
         }
         stop_reading(c);
         break;
@@ -630,15 +680,40 @@ static int reject_in_parser(oi_http_conn_t *c, int status, const char *message)
     return -1;
 }
 
-/* Refuses a body of `n` bytes (at least; a chunked one is still arriving) over max_body_bytes:
- * 413, worded as tritonserver words its limit, which names the flag that raises it. */
-static int reject_too_large(oi_http_conn_t *c, uint64_t n)
+void oi_http_input_too_large(char *buf, size_t cap, int64_t header_length, uint64_t n, int more, size_t max)
 {
-    snprintf(c->error_text, sizeof(c->error_text),
-             "request body of %s%" PRIu64 " bytes exceeds the maximum allowed input size of %zu bytes "
-             "(max_body_bytes). Use --http-max-input-size to increase the limit.",
-             c->parser.flags & F_CHUNKED ? "more than " : "", n, c->lis->server->cfg.max_body_bytes);
-    return reject_in_parser(c, 413, c->error_text);
+    if (header_length == 0)
+        snprintf(buf, cap,
+                 "Raw input has a byte_size (%s%" PRIu64 " bytes) that exceeds the maximum allowed value of %zu "
+                 "bytes. Use --http-max-input-size to increase the limit.", more ? "at least " : "", n, max);
+    else
+        snprintf(buf, cap,
+                 "request JSON size of %s%" PRIu64 " bytes exceeds the maximum allowed input size of %zu bytes. "
+                 "Use --http-max-input-size to increase the limit.", more ? "at least " : "", n, max);
+}
+
+/* The most body bytes the request may bring: max_body_bytes (tritonserver's
+ * --http-max-input-size), which bounds what is read as JSON or taken whole as one tensor,
+ * unless a binary-extension JSON header (Inference-Header-Content-Length > 0) is followed by
+ * tensor data: that is bounded by the in-flight body budget alone, so that tritonserver's
+ * 2 GB binary payloads are served where memory allows. */
+static size_t body_bound(const oi_http_conn_t *c)
+{
+    return c->req.inference_header_length > 0 ? SIZE_MAX : c->lis->server->cfg.max_body_bytes;
+}
+
+/* Refuses, with tritonserver's 400 and words, a request whose JSON (the body, or the header
+ * the Inference-Header-Content-Length gives) or raw body is over max_body_bytes: `n` body
+ * bytes (`more`: a chunked body still arriving). 0 when within. */
+static int check_input_size(oi_http_conn_t *c, uint64_t n, int more)
+{
+    size_t max = c->lis->server->cfg.max_body_bytes;
+    int64_t hlen = c->req.inference_header_length;
+    if (hlen > 0 ? (uint64_t)hlen <= max : n <= max)
+        return 0;
+    oi_http_input_too_large(c->error_text, sizeof(c->error_text), hlen, hlen > 0 ? (uint64_t)hlen : n,
+                            hlen <= 0 && more, max);
+    return reject_in_parser(c, 400, c->error_text);
 }
 
 /* Refuses a body the server's budget has no room for: 503. */
@@ -670,6 +745,7 @@ static int on_message_begin(llhttp_t *p)
     c->header_bytes = 0;
     c->expect_continue = 0;
     c->body_direct = 0;
+    c->chunks = 0;
     c->req.inference_header_length = -1;
     c->req.content_encoding[0] = '\0';
     c->req.accept_encoding[0] = '\0';
@@ -702,7 +778,12 @@ static int on_header_field(llhttp_t *p, const char *at, size_t n)
 
 static int on_header_value(llhttp_t *p, const char *at, size_t n)
 {
-    return append_counted(conn_of(p), &conn_of(p)->hvalue, at, n);
+    oi_http_conn_t *c = conn_of(p);
+    /* Bytes of a value on a line of their own: the value was folded onto it. (An empty span
+     * marks the end of an empty value: it begins the next line, and is no fold.) */
+    if (n > 0 && line_starts_with_space(c, at))
+        return reject_in_parser(c, 400, folded_line);
+    return append_counted(c, &c->hvalue, at, n);
 }
 
 static int header_is(const oi_sbuf_t *f, const char *name)
@@ -719,22 +800,23 @@ static void copy_lower(char *dst, size_t cap, const oi_sbuf_t *v)
     dst[n] = '\0';
 }
 
-/* Keeps the value of a header the handler asked for (its first occurrence). 0 or -1. */
-/* Keeps the value of a header the handler asked for (its first occurrence). Returns 1 when `f`
- * is such a header (restricted-API keys: never forwarded to a model), 0 when not, -1 out of memory. */
+/* Keeps the value of a header the handler asked for. Returns 1 when `f` is such a header
+ * (restricted-API keys: never forwarded to a model), 0 when not, -1 out of memory, -2 when it
+ * came before: which of two keys counts is not for the server to guess (a proxy may have
+ * added one), so the request is refused. */
 static int capture_header(oi_http_conn_t *c, const oi_sbuf_t *f, const oi_sbuf_t *v)
 {
     const oi_http_config_t *cfg = &c->lis->server->cfg;
     for (int i = 0; i < cfg->n_capture_headers; i++) {
         if (!header_is(f, cfg->capture_headers[i]))
             continue;
-        if (!(c->captured_have & (1u << i))) {
-            c->captured_off[i] = c->captured.len;
-            c->captured_len[i] = v->len;
-            c->captured_have |= 1u << i;
-            if (v->len > 0 && oi_sbuf_append(&c->captured, v->data, v->len) != 0)
-                return -1;
-        }
+        if (c->captured_have & (1u << i))
+            return -2;
+        c->captured_off[i] = c->captured.len;
+        c->captured_len[i] = v->len;
+        c->captured_have |= 1u << i;
+        if (v->len > 0 && oi_sbuf_append(&c->captured, v->data, v->len) != 0)
+            return -1;
         return 1;
     }
     return 0;
@@ -754,6 +836,9 @@ static int on_header_value_complete(llhttp_t *p)
     oi_http_conn_t *c = conn_of(p);
     oi_sbuf_t *f = &c->hfield, *v = &c->hvalue;
     int captured = 0;
+    /* A field value has no whitespace at its ends (RFC 9112, 5.1): llhttp drops the leading. */
+    while (v->len > 0 && (v->data[v->len - 1] == ' ' || v->data[v->len - 1] == '\t'))
+        v->len--;
     if (header_is(f, "expect")) {
         if (v->len == 12 && strncasecmp(v->data, "100-continue", 12) == 0)
             c->expect_continue = 1;
@@ -777,7 +862,13 @@ static int on_header_value_complete(llhttp_t *p)
         if (oi_sbuf_append(&c->nv_request, v->data, v->len) != 0 || oi_sbuf_append(&c->nv_request, "", 1) != 0)
             return reject_in_parser(c, 500, "out of memory");
         c->req.nv_infer_request_len = v->len;
-    } else if ((captured = capture_header(c, f, v)) < 0) {
+    } else if ((captured = capture_header(c, f, v)) == -2) {
+        int shown = f->len < 128 ? (int)f->len : 128;
+        snprintf(c->error_text, sizeof(c->error_text),
+                 "header '%.*s' appears more than once; it carries a restricted-API key and is given once", shown,
+                 f->data);
+        return reject_in_parser(c, 400, c->error_text);
+    } else if (captured < 0) {
         return reject_in_parser(c, 500, "out of memory");
     }
     const regex_t *fwd = c->lis->server->cfg.forward_headers;
@@ -801,13 +892,13 @@ static int on_headers_complete(llhttp_t *p)
     if (p->method == HTTP_CONNECT)
         return reject_in_parser(c, 405, "CONNECT is not supported: this server is not a proxy");
     int over = 0;
+    if (check_input_size(c, p->flags & F_CONTENT_LENGTH ? p->content_length : 0, 0) != 0)
+        return -1;
     if (p->flags & F_CHUNKED) {
         c->body = oi_buf_new_charged(CHUNKED_INITIAL, cfg->body_budget, &over);
         if (c->body == NULL)
             return over ? reject_over_budget(c, CHUNKED_INITIAL) : reject_in_parser(c, 500, "out of memory");
     } else if (p->flags & F_CONTENT_LENGTH) {
-        if (p->content_length > cfg->max_body_bytes)
-            return reject_too_large(c, p->content_length);
         if (p->content_length > 0) {
             c->body = oi_buf_new_charged((size_t)p->content_length, cfg->body_budget, &over);
             if (c->body == NULL)
@@ -851,12 +942,12 @@ static int on_body(llhttp_t *p, const char *at, size_t n)
         return 0;
     }
     size_t want = b->len + n; /* chunked bodies grow; Content-Length ones were checked up front */
-    if (want > c->lis->server->cfg.max_body_bytes)
-        return reject_too_large(c, c->lis->server->cfg.max_body_bytes);
+    if (check_input_size(c, want, 1) != 0)
+        return -1;
     if (b->cap - b->len < n) {
         size_t cap = b->cap * 2 > want ? b->cap * 2 : want;
-        if (cap > c->lis->server->cfg.max_body_bytes)
-            cap = c->lis->server->cfg.max_body_bytes;
+        if (cap > body_bound(c))
+            cap = body_bound(c);
         oi_budget_t *budget = c->lis->server->cfg.body_budget;
         if (oi_budget_take(budget, cap - b->cap) != 0) /* the buffer's charge grows with it */
             return reject_over_budget(c, cap);
@@ -869,6 +960,20 @@ static int on_body(llhttp_t *p, const char *at, size_t n)
     }
     memcpy(b->data + b->len, at, n);
     b->len += n;
+    return 0;
+}
+
+/* A chunked body's chunks are counted, as tritonserver counts them: past MAX_CHUNKS non-empty
+ * ones it is refused (a body of one-byte chunks costs the parser per chunk). */
+static int on_chunk_header(llhttp_t *p)
+{
+    oi_http_conn_t *c = conn_of(p);
+    if (p->content_length > 0 && ++c->chunks > MAX_CHUNKS) {
+        snprintf(c->error_text, sizeof(c->error_text),
+                 "Chunked request body exceeds maximum of %u non-empty chunks. Send fewer or larger HTTP chunks.",
+                 MAX_CHUNKS);
+        return reject_in_parser(c, 400, c->error_text);
+    }
     return 0;
 }
 
@@ -923,6 +1028,7 @@ static const llhttp_settings_t parser_settings = {
     .on_header_value = on_header_value,
     .on_header_value_complete = on_header_value_complete,
     .on_headers_complete = on_headers_complete,
+    .on_chunk_header = on_chunk_header,
     .on_body = on_body,
     .on_message_complete = on_message_complete,
 };

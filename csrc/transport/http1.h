@@ -35,7 +35,9 @@ typedef struct oi_http_config_s {
     unsigned unix_mode;    /* the socket file's permission bits, e.g. 0660 */
     int threads;           /* event-loop threads; <= 0: one per usable CPU (oi_usable_cpus) */
     const char *thread_name; /* the loop threads' name; NULL: "oi-loop" */
-    size_t max_body_bytes;
+    size_t max_body_bytes;   /* tritonserver's --http-max-input-size: the most JSON (the body, or the
+                              * binary-extension header) or raw body a request brings; tensor
+                              * data after a JSON header is bounded by body_budget alone */
     size_t max_header_bytes; /* request line and headers together */
     int max_connections;     /* when reached, the oldest idle connection of the accepting loop is
                               * closed to make room, else the one whose request arrives slowest
@@ -64,8 +66,8 @@ typedef struct oi_http_config_s {
      * first byte came. */
     void (*on_answered)(void *ctx, const oi_http_request_t *req, const oi_http_answer_t *a);
     /* Header names (lower-case, borrowed for the server's life) whose values a handler reads
-     * with oi_http_request_header: the transport keeps only these, and only the first of each
-     * (a restricted API's key header, say). At most OI_HTTP_MAX_CAPTURED. */
+     * with oi_http_request_header: the transport keeps only these, and refuses a request that
+     * repeats one (a restricted API's key header, say). At most OI_HTTP_MAX_CAPTURED. */
     const char *const *capture_headers;
     int n_capture_headers;
     oi_tls_ctx_t *tls; /* TCP connections speak TLS with this context (the server takes a
@@ -149,6 +151,10 @@ const oi_peer_t *oi_http_request_peer(oi_http_request_t *req);
 /* The value of the request's header cfg.capture_headers[i] (not NUL-terminated; *len bytes),
  * or NULL when the request did not carry it. Valid until oi_http_respond. */
 const char *oi_http_request_header(const oi_http_request_t *req, int i, size_t *len);
+
+/* tritonserver's words for an input over --http-max-input-size (`max` bytes): the raw body
+ * (`header_length` 0) or the request JSON (otherwise) of `n` bytes (`more`: at least n, a chunked body still arriving). */
+void oi_http_input_too_large(char *buf, size_t cap, int64_t header_length, uint64_t n, int more, size_t max);
 
 /* Returns a new server (not yet listening), or NULL when out of memory. */
 oi_http_server_t *oi_http_server_new(const oi_http_config_t *cfg, oi_http_handler_cb handler, void *ctx);

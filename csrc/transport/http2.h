@@ -60,8 +60,8 @@ typedef struct oi_h2_config_s {
                                       * flow-control window before its request messages are held back
                                       * and no more window is granted to it; 0: 64 MiB */
     /* Metadata keys (lower-case, as HTTP/2 sends them; borrowed for the server's life) whose
-     * values a handler reads with oi_grpc_call_header: only these are kept, the first of each.
-     * At most OI_HTTP_MAX_CAPTURED. */
+     * values a handler reads with oi_grpc_call_header: only these are kept, and a call that
+     * repeats one is refused. At most OI_HTTP_MAX_CAPTURED. */
     const char *const *capture_headers;
     int n_capture_headers;
     oi_tls_ctx_t *tls; /* TCP connections speak TLS with this context (ALPN "h2"; the server
@@ -122,7 +122,7 @@ struct oi_grpc_call_s {
     int32_t stream_id;
     char *path;
     int content_type_ok, bad_method;
-    char *forward_refused; /* a reserved name was to be forwarded: the call ends with this */
+    char *forward_refused; /* a header refused (a reserved name to forward, a key given twice): the call ends with this */
     int encoding;              /* grpc-encoding of the request messages (oi_encoding_t) */
     char encoding_name[32];    /* as sent, for the error when it is unknown */
     unsigned accept_encodings; /* grpc-accept-encoding: bit 1 << oi_encoding_t per algorithm */

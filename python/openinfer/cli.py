@@ -33,7 +33,8 @@ logger = logging.getLogger("openinfer")
 
 # The core's limits, exposed as --max-body-bytes and so on; unset ones keep the core default.
 _LIMITS: dict[str, str] = {
-    "max_body_bytes": "largest request body (default 1 GiB)",
+    "max_body_bytes": "largest JSON or raw request body, or binary-extension JSON header (default 64 MiB, "
+    "tritonserver's --http-max-input-size)",
     "max_header_bytes": "largest request header block (default 64 KiB)",
     "max_connections": "concurrent connections; when full, the oldest idle one is closed "
     "(default 4096)",
@@ -154,8 +155,8 @@ def _triton_flags(serve: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--http-max-input-size", type=_input_size, metavar="BYTES",
-        help="as --max-body-bytes: the largest request body (default 1 GiB; at most 2 GiB "
-        "for one tensor, as tritonserver)",
+        help="as --max-body-bytes: the largest JSON body, binary-extension JSON header or raw body "
+        "(default 64 MiB); binary tensor data after a JSON header is bounded by --max-inflight-body-bytes",
     )
     for level in ("info", "warning", "error"):
         group.add_argument(
@@ -661,7 +662,7 @@ def _serve(args: argparse.Namespace) -> int:
         logging.getLogger("openinfer.exposure").setLevel(logging.ERROR)
     _drop_levels(args.log_dropped)
     try:
-        from .server import serve  # the extension loads here, not for --help or --version
+        from .server import Server  # the extension loads here, not for --help or --version
     except ImportError as e:
         print(f"openinfer: error: the C extension is not available: {e}", file=sys.stderr)
         return 1
@@ -707,7 +708,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     def on_hangup(signum: int, frame: FrameType | None) -> None:
         # A renewed certificate: new connections get it, open ones finish with theirs.
-        for srv in started:
+        for srv in (srv for srv in started if srv.running):
             try:
                 srv.reload_tls()
                 logger.info("SIGHUP: TLS certificates and keys reloaded")
@@ -717,8 +718,8 @@ def _serve(args: argparse.Namespace) -> int:
     def on_signal(signum: int, frame: FrameType | None) -> None:
         # Draining can take a while and needs no main thread, so it runs on its own thread
         # and the handler returns at once; the main thread wakes from wait() when it is done.
-        # Installed before serve() returns: a signal that arrives while models load or just
-        # after the port opens still stops the server cleanly.
+        # Installed before the models load: a signal then stops before any port opens; one
+        # that comes while start() opens the ports drains or stops once they are open.
         # SIGTERM is how orchestrators start a rolling update: it drains first when asked to.
         # A second signal (or SIGINT, a person at a terminal) stops without the grace period.
         drain = signum == signal.SIGTERM and args.drain_grace_secs > 0 and not stopping.is_set()
@@ -741,7 +742,7 @@ def _serve(args: argparse.Namespace) -> int:
     if ssl:
         signal.signal(signal.SIGHUP, on_hangup)
     try:
-        server = serve(
+        server = Server(  # loads the models; no port opens until start()
             args.repo,
             host=args.host,
             http_port=None if args.http_port < 0 else args.http_port,
@@ -787,6 +788,7 @@ def _serve(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         print(f"openinfer: error: {e}", file=sys.stderr)
         return 1
+    # From here a signal drains or stops this server, whether or not start() has returned.
     started.append(server)
     if args.exit_on_error and server.failed:  # tritonserver's --exit-on-error: a failed load ends it
         print(f"openinfer: error: --exit-on-error: model(s) failed to load: {', '.join(sorted(server.failed))}",
@@ -795,6 +797,12 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     if stopping.is_set():  # a signal came while the models loaded: nobody relies on us yet
         server.stop(args.shutdown_timeout)
+    try:
+        server.start()  # stopped already (a signal), it opens nothing
+    except (OSError, ValueError) as e:
+        server.stop(args.shutdown_timeout)
+        print(f"openinfer: error: {e}", file=sys.stderr)
+        return 1
     # Wake up now and then: Python runs signal handlers between bytecodes of the main thread.
     while not server.wait(0.5):
         pass

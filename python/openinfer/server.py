@@ -438,7 +438,9 @@ class Server:
         self._log = log
         self._started = False
         self._stopped = threading.Event()
-        self._stop_lock = threading.Lock()  # one stop at a time: the second waits for the first
+        # One start or stop at a time: a stop or drain from another thread while start() runs
+        # (a signal as the ports open) acts once the ports are open, on a started server.
+        self._stop_lock = threading.Lock()
         self._drain_cut = threading.Event()  # ends a drain's grace period early
         self._pt2_stop = threading.Event()  # ends the wait for the PT2 examples' packages
         repo_path, given = _sources(repo, models)
@@ -585,7 +587,13 @@ class Server:
 
     def start(self) -> Server:
         """Binds and starts the event loops; returns at once. Raises OSError when the port
-        cannot be bound."""
+        cannot be bound. A server stopped before it started stays stopped: nothing opens."""
+        with self._stop_lock:
+            if not self._stopped.is_set():
+                self._start()
+        return self
+
+    def _start(self) -> None:
         self._core.start()
         self._started = True
         with _running_lock:
@@ -624,7 +632,6 @@ class Server:
         self._warn_if_open()
         if self._pt2_examples:
             _pt2_build.serve_when_built(self._pt2_examples, self._pt2_stop, self._load_built_example)
-        return self
 
     def _load_built_example(self, name: str) -> None:
         """Loads a PT2 example whose package was built after start-up, as a poll loads a model
@@ -674,17 +681,20 @@ class Server:
         (`/v2/health/ready` answers 400, gRPC ServerReady false, grpc.health.v1 NOT_SERVING) so
         load balancers take this replica out, while new connections are still accepted and
         every request served for `grace` seconds (the time endpoints take to notice); then
-        `stop(timeout)`. A `stop()` from another thread ends the grace early. Returns once
+        `stop(timeout)`. A `stop()` from another thread ends the grace early. Called while
+        another thread is in `start()`, it drains once the ports are open. Returns once
         stopped."""
-        if self._started and not self._stopped.is_set():
+        with self._stop_lock:  # a start() under way finishes first
+            serving = self._started and not self._stopped.is_set()
             try:
-                self._core.drain()
+                if serving:
+                    self._core.drain()
             except RuntimeError:  # stopped meanwhile
-                pass
-            else:
-                if self._log:
-                    logger.info("openinfer on %s draining: not ready, serving for %gs more", self.url, grace)
-                self._drain_cut.wait(max(grace, 0.0))
+                serving = False
+        if serving:
+            if self._log:
+                logger.info("openinfer on %s draining: not ready, serving for %gs more", self.url, grace)
+            self._drain_cut.wait(max(grace, 0.0))
         self.stop(timeout)
 
     def reload_tls(self) -> None:

@@ -457,11 +457,11 @@ static void test_shapes_and_nesting(void)
         if (depth == 61)
             CHECKF(d.st == NULL, "depth 64 rejected: %s", d.st ? d.st->message : "");
         else
-            CHECKF(d.st && strstr(d.st->message, "nests deeper than the limit of 64 levels"),
+            CHECKF(d.st && strstr(d.st->message, "JSON nesting depth exceeds maximum allowed limit (64)"),
                    "depth 65 not rejected: %s", d.st ? d.st->message : "accepted");
         release(&d);
     }
-    expect_error(__LINE__, json, strlen(json), NULL, 0, 10, "limit of 10 levels");
+    expect_error(__LINE__, json, strlen(json), NULL, 0, 10, "maximum allowed limit (10)");
     decoded_t d;
     decode_raw(&d, json, strlen(json), NULL, 0, 100);
     CHECKF(d.st == NULL, "depth 65 with a limit of 100: %s", d.st ? d.st->message : "");
@@ -471,9 +471,9 @@ static void test_shapes_and_nesting(void)
     memset(close, ']', 64);
     close[64] = '\0';
     snprintf(json, sizeof(json), "{\"x\":%s%s,\"inputs\":[]}", open, close);
-    EXPECT_ERROR(json, "nests deeper than the limit of 64 levels");
+    EXPECT_ERROR(json, "JSON nesting depth exceeds maximum allowed limit (64)");
     snprintf(json, sizeof(json), "{\"parameters\":{\"a\":%s%s},\"inputs\":[]}", open, close);
-    EXPECT_ERROR(json, "nests deeper");
+    EXPECT_ERROR(json, "nesting depth exceeds");
     /* Far deeper than any limit: still a clean error (the skipper recurses at most the cap). */
     char *deep = malloc(200020);
     if (deep == NULL)
@@ -481,7 +481,7 @@ static void test_shapes_and_nesting(void)
     memcpy(deep, "{\"a\":", 5);
     memset(deep + 5, '[', 200000);
     memcpy(deep + 200005, "}", 2);
-    expect_error(__LINE__, deep, strlen(deep), NULL, 0, 4000000000u, "limit of 1024 levels");
+    expect_error(__LINE__, deep, strlen(deep), NULL, 0, 4000000000u, "maximum allowed limit (1024)");
     free(deep);
 }
 

@@ -192,54 +192,77 @@ static void finish_infer(oi_infer_t *c)
     oi_infer_free(c);
 }
 
-/* The raw binary form (Inference-Header-Content-Length: 0): the whole body is the data of the
- * model's only input, whose shape is deduced from the byte size where the declaration leaves
- * one dimension open (a batch dimension counts as 1). */
-static oi_status_t *decode_raw(const oi_model_t *m, oi_buf_t *body, oi_request_t *req)
+/* A raw BYTES body as its one element: the 4-byte length Triton's core prepends, then the body
+ * (a copy, charged to `budget`), in t. */
+static oi_status_t *raw_bytes_element(oi_buf_t *body, oi_budget_t *budget, oi_tensor_t *t)
+{
+    if (body->len > UINT32_MAX)
+        return oi_status_new(OI_BAD_REQUEST, "raw input '%s': a BYTES element holds at most %u bytes, got %zu",
+                             t->name, UINT32_MAX, body->len);
+    int over = 0;
+    oi_buf_t *b = oi_buf_new_charged(body->len + 4, budget, &over);
+    if (b == NULL)
+        return over ? oi_budget_refusal(budget, "raw BYTES input", body->len + 4)
+                    : oi_status_new(OI_INTERNAL, "out of memory");
+    uint32_t n = (uint32_t)body->len;
+    memcpy(b->data, &n, 4); /* little-endian, as the binary tensor format has it */
+    if (body->len > 0)
+        memcpy(b->data + 4, body->data, body->len);
+    b->len = body->len + 4;
+    t->data = b->data;
+    t->byte_size = b->len;
+    t->owner = b;
+    return NULL;
+}
+
+/* The raw binary form (Inference-Header-Content-Length: 0), as Triton's core reads it: the
+ * whole body is the data of the model's only input, of the declared shape (a batch dimension
+ * counts as 1) with its one variable dimension deduced from the byte size; a BYTES input
+ * (declared [1]) takes the body as its one element. Outputs come back in binary, Triton's
+ * default for these requests. Errors in Triton's words. */
+static oi_status_t *decode_raw(const oi_model_t *m, oi_buf_t *body, oi_budget_t *budget, oi_request_t *req)
 {
     if (m->n_inputs != 1)
         return oi_status_new(OI_BAD_REQUEST,
-                             "a raw binary request (Inference-Header-Content-Length: 0) needs a model with one input; "
-                             "model '%s' has %u", m->name, m->n_inputs);
+                             "Raw request must only have 1 input (found 1) to be deduced but got %u inputs in '%s' "
+                             "model configuration", m->n_inputs, m->name);
     const oi_io_spec_t *spec = &m->inputs[0];
     oi_tensor_t *t = oi_tensor_push(&req->inputs, &req->n_inputs);
     if (t == NULL)
         return oi_status_new(OI_INTERNAL, "out of memory");
     t->name = spec->name;
     t->dtype = spec->dtype;
-    t->data = body->data;
-    t->byte_size = body->len;
-    t->owner = oi_buf_ref(body);
     req->body = oi_buf_ref(body);
+    req->binary_data_output = 1;
     int open_dim = -1;
     int64_t known = 1;
     t->ndim = spec->ndim < 0 ? 1 : spec->ndim;
     for (int i = 0; i < t->ndim; i++) {
-        int64_t d = spec->ndim < 0 ? -1 : spec->dims[i];
-        if (d == -1 && i == 0 && m->max_batch_size > 0 && t->ndim > 1)
-            d = 1;
+        int64_t d = spec->ndim < 0 ? -1 : i == 0 && m->max_batch_size > 0 ? 1 : spec->dims[i];
         if (d == -1 && open_dim >= 0)
-            return oi_status_new(OI_BAD_REQUEST, "a raw binary request cannot deduce the shape of input '%s': "
-                                 "more than one of its dimensions is variable", spec->name);
+            return oi_status_new(OI_BAD_REQUEST, "The shape of the raw input '%s' can not be deduced because there "
+                                 "are more than one variable-sized dimension", spec->name);
         if (d == -1)
             open_dim = i;
         else if (__builtin_mul_overflow(known, d, &known))
             return oi_status_new(OI_BAD_REQUEST, "input '%s': declared shape overflows", spec->name);
         t->shape[i] = d;
     }
-    if (open_dim >= 0) {
-        int64_t count = 0;
-        if (spec->dtype == OI_TYPE_BYTES) { /* count the length-prefixed elements */
-            for (size_t off = 0; off + 4 <= body->len; count++) {
-                uint32_t n;
-                memcpy(&n, body->data + off, 4);
-                off += 4 + (size_t)n;
-            }
-        } else {
+    if (spec->dtype == OI_TYPE_BYTES) {
+        if (open_dim >= 0 || known != 1)
+            return oi_status_new(OI_BAD_REQUEST,
+                                 "For BYTE datatype raw input '%s', the model must have input shape [1]", spec->name);
+        oi_status_t *st = raw_bytes_element(body, budget, t);
+        if (st != NULL)
+            return st;
+    } else {
+        t->data = body->data;
+        t->byte_size = body->len;
+        t->owner = oi_buf_ref(body);
+        if (open_dim >= 0) {
             size_t unit = (size_t)known * oi_dtype_size(spec->dtype);
-            count = unit ? (int64_t)(body->len / unit) : 0;
+            t->shape[open_dim] = unit ? (int64_t)(body->len / unit) : 0;
         }
-        t->shape[open_dim] = known ? count / known : 0;
     }
     return oi_tensor_check_input(t, "raw binary body of input", spec->name);
 }
@@ -284,7 +307,7 @@ static void infer_body(oi_server_t *s, oi_http_request_t *r, oi_model_t *m, oi_b
     if (st == NULL && (c = oi_infer_new()) == NULL)
         st = oi_status_new(OI_INTERNAL, "out of memory");
     if (st == NULL && r->inference_header_length == 0) {
-        st = decode_raw(m, body, &c->req);
+        st = decode_raw(m, body, s->body_budget, &c->req);
     } else if (st == NULL) {
         size_t json_len = r->inference_header_length >= 0 ? (size_t)r->inference_header_length : body->len;
         oi_json_limits_t limits = {s->cfg.max_json_depth};
@@ -335,6 +358,7 @@ static void inflate_run(oi_work_t *w)
     oi_inflate_limit_t lim = {.max_out = f->max_out,
                               .what = "request body",
                               .limit_name = "max_body_bytes",
+                              .triton_flag = "--http-max-input-size",
                               .max_ratio = f->s->cfg.max_inflate_ratio,
                               .budget = f->s->body_budget,
                               .expect = hlen == 0 ? OI_INFLATE_ANY : OI_INFLATE_JSON, /* 0: raw tensor bytes */
@@ -1051,6 +1075,21 @@ static int refuse_restricted(oi_server_t *s, oi_http_request_t *r, unsigned grou
     return 1;
 }
 
+/* Whether the body is over max_body_bytes when only a V2 infer request may bring that much:
+ * there the binary extension's tensor data is bounded by the in-flight budget alone; any other
+ * endpoint reads its body whole, as tritonserver bounds a JSON body. Answers then. */
+static int refuse_oversized(const oi_server_t *s, oi_http_request_t *r)
+{
+    size_t max = s->cfg.http.max_body_bytes, n = r->path_len;
+    if (r->body == NULL || r->body->len <= max ||
+        (strncmp(r->path, "/v2/models/", 11) == 0 && n > 17 && strcmp(r->path + n - 6, "/infer") == 0))
+        return 0;
+    char msg[256];
+    oi_http_input_too_large(msg, sizeof(msg), -1, r->body->len, 0, max);
+    respond_error(r, OI_BAD_REQUEST, msg);
+    return 1;
+}
+
 void oi__http_api_handle(void *ctx, oi_http_request_t *r)
 {
     oi_server_t *s = ctx;
@@ -1059,6 +1098,8 @@ void oi__http_api_handle(void *ctx, oi_http_request_t *r)
         respond_error(r, OI_UNAVAILABLE, "the server is shutting down");
         return;
     }
+    if (refuse_oversized(s, r))
+        return;
     int restricted = oi_restricted_any(&s->http_restricted); /* else no route needs its groups */
     if (restricted && strncmp(path, "/api/", 5) == 0 && refuse_restricted(s, r, oi__legacy_http_groups(path + 5), 1))
         return;
