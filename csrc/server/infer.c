@@ -37,6 +37,7 @@ void oi_infer_free(oi_infer_t *inf)
     oi_response_clear(&inf->job.resp);
     oi_status_free(inf->job.status);
     oi_shm_targets_free(inf->shm_out, inf->req.n_outputs);
+    oi_shm_uses_release(&inf->shm_uses);
     oi_request_clear(&inf->req);
     free(inf->output_names);
     oi__dstream_unref(inf->ds);
@@ -180,6 +181,11 @@ static void job_done(oi_job_t *j)
      * lost, and the request says so rather than answer with zeros. */
     if (j->status == NULL && inf->shm != NULL && inf->ds == NULL)
         j->status = oi_shm_check_request(&inf->req, &j->resp);
+    /* The request is done with its regions before its answer goes out, so an unregister that
+     * waited for it has taken effect by the time the client hears back (a decoupled model may
+     * still place responses: its use ends with the request). */
+    if (inf->ds == NULL)
+        oi_shm_uses_release(&inf->shm_uses);
     if (j->status == NULL && inf->class_counts != NULL)
         j->status = classify_outputs(inf);
     if (j->status == NULL && inf->post != NULL)
@@ -210,7 +216,7 @@ oi_status_t *oi_model_check_ready(const oi_model_t *m)
 static oi_status_t *resolve_shm(oi_infer_t *inf)
 {
     if (inf->shm != NULL)
-        return oi_shm_resolve(inf->shm, &inf->shm_caller, &inf->req, &inf->shm_out);
+        return oi_shm_resolve(inf->shm, &inf->shm_caller, &inf->req, &inf->shm_out, &inf->shm_uses);
     for (uint32_t i = 0; i < inf->req.n_inputs; i++)
         if (inf->req.inputs[i].shm)
             return oi_status_new(OI_BAD_REQUEST, "input '%s': shared memory is not available here",

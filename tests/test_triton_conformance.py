@@ -1,0 +1,84 @@
+"""tritonserver's behaviour where openinfer had its own (issue 41): client shared memory off by
+default on the command line, case-insensitive flag values, model namespacing, --metrics-config
+as tritonserver reads it; each through tritonclient HTTP and gRPC or the metrics endpoint."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from multiprocessing import shared_memory
+from pathlib import Path
+
+import pytest
+import requests
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from conftest import Cli
+
+# tritonserver's words when client shared memory is off (its src/common.h).
+SHM_DISABLED = "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
+
+IDENTITY = """name: "{name}"
+backend: "identity"
+max_batch_size: 0
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+"""
+
+
+def _repo(root: Path, *names: str) -> Path:
+    for name in names:
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "config.pbtxt").write_text(IDENTITY.format(name=name))
+    return root
+
+
+def _grpc_port(cli: Cli) -> int:
+    m = re.search(r"grpc://127\.0\.0\.1:(\d+)", cli.output())
+    assert m, cli.output()
+    return int(m.group(1))
+
+
+@pytest.fixture
+def shm_key() -> object:
+    region = shared_memory.SharedMemory(name=f"oi_conf_{uuid.uuid4().hex[:12]}", create=True, size=64)
+    yield "/" + region.name
+    region.close()
+    region.unlink()
+
+
+def test_client_shm_is_off_by_default_on_the_command_line(tmp_path: Path, shm_key: str) -> None:
+    """As tritonserver: without --allow-client-shm, register and unregister answer 501 with its
+    words over HTTP (UNIMPLEMENTED over gRPC); the status lists nothing."""
+    cli = Cli(str(_repo(tmp_path / "repo", "good")), "--grpc-port", "0", "--metrics-port", "0")
+    try:
+        http = httpclient.InferenceServerClient(f"127.0.0.1:{cli.port}")
+        grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{_grpc_port(cli)}")
+        for client in (http, grpc):
+            with pytest.raises(InferenceServerException) as e:
+                client.register_system_shared_memory("r", shm_key, 64)
+            assert e.value.message() == SHM_DISABLED
+            assert e.value.status() in ("501", "StatusCode.UNIMPLEMENTED")
+            with pytest.raises(InferenceServerException) as e:
+                client.unregister_system_shared_memory()
+            assert e.value.message() == SHM_DISABLED
+        assert http.get_system_shared_memory_status() == []
+    finally:
+        cli.kill()
+
+
+@pytest.mark.parametrize("flag", ["--allow-client-shm=true", "--allow-client-shm=ON", "--allow-shared-memory"])
+def test_allow_client_shm_opens_it(tmp_path: Path, shm_key: str, flag: str) -> None:
+    cli = Cli(str(_repo(tmp_path / "repo", "good")), "--grpc-port", "0", "--metrics-port", "0", flag)
+    try:
+        grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{_grpc_port(cli)}")
+        grpc.register_system_shared_memory("r", shm_key, 64)
+        with pytest.raises(InferenceServerException) as e:  # tritonserver's ALREADY_EXISTS
+            grpc.register_system_shared_memory("r", shm_key, 64)
+        assert e.value.status() == "StatusCode.ALREADY_EXISTS"
+        assert e.value.message() == "shared memory region 'r' already in manager"
+        assert requests.get(f"http://127.0.0.1:{cli.port}/v2/systemsharedmemory/status", timeout=10).json()[0]["name"] == "r"
+    finally:
+        cli.kill()
