@@ -82,3 +82,20 @@ def test_allow_client_shm_opens_it(tmp_path: Path, shm_key: str, flag: str) -> N
         assert requests.get(f"http://127.0.0.1:{cli.port}/v2/systemsharedmemory/status", timeout=10).json()[0]["name"] == "r"
     finally:
         cli.kill()
+
+
+def test_flag_values_in_any_case(tmp_path: Path) -> None:
+    """tritonserver lowers --model-control-mode and --grpc-infer-response-compression-level:
+    EXPLICIT is explicit (a model loads only when asked), over HTTP and gRPC."""
+    cli = Cli(str(_repo(tmp_path / "repo", "a", "b")), "--grpc-port", "0", "--metrics-port", "0",
+              "--model-control-mode=EXPLICIT", "--load-model", "a", "--grpc-infer-response-compression-level", "High")
+    try:
+        http = httpclient.InferenceServerClient(f"127.0.0.1:{cli.port}")
+        grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{_grpc_port(cli)}")
+        assert http.is_model_ready("a") and not http.is_model_ready("b")
+        grpc.load_model("b")
+        assert grpc.is_model_ready("b")
+        http.unload_model("b")
+        assert not grpc.is_model_ready("b")
+    finally:
+        cli.kill()

@@ -332,6 +332,7 @@ def _parser() -> argparse.ArgumentParser:
         )
     serve.add_argument(
         "--grpc-infer-response-compression-level",
+        type=str.lower,  # tritonserver reads the value in any case
         choices=["none", "low", "medium", "high"],
         default="none",
         help="compress ModelInfer/ModelStreamInfer responses for clients that accept it, as "
@@ -365,6 +366,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--model-control-mode",
         default="none",
+        type=str.lower,  # tritonserver reads the value in any case: EXPLICIT is explicit
         choices=["none", "poll", "explicit"],
         help="as tritonserver: none loads the whole repository at start; poll also rescans it "
         "for new, changed and removed models; explicit loads only --load-model models and lets "
