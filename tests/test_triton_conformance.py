@@ -4,18 +4,22 @@ as tritonserver reads it; each through tritonclient HTTP and gRPC or the metrics
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
 from multiprocessing import shared_memory
 from pathlib import Path
 
+import numpy as np
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+import openinfer
 from conftest import Cli
+from openinfer import Model, Tensor
 
 # tritonserver's words when client shared memory is off (its src/common.h).
 SHM_DISABLED = "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
@@ -99,3 +103,37 @@ def test_flag_values_in_any_case(tmp_path: Path) -> None:
         assert not grpc.is_model_ready("b")
     finally:
         cli.kill()
+
+
+def _double(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"OUTPUT0": inputs["INPUT0"] * 2}
+
+
+def test_metrics_config_as_tritonserver_reads_it(caplog: pytest.LogCaptureFixture) -> None:
+    """summary_quantiles read as tritonserver's core reads them (L0_metrics' own value, with
+    its "0.0.1" that std::stod reads as 0.0; a pair without ':' logged and left out), and the
+    request summary left out for a model with a response cache, as tritonserver does."""
+    io = dict(inputs=[Tensor("INPUT0", "FP32", [-1])], outputs=[Tensor("OUTPUT0", "FP32", [-1])])
+    models = [Model("cached", _double, response_cache=True, **io), Model("plain", _double, **io)]
+    config = ["summary_latencies=true", "summary_quantiles=0.1:0.0.1,0.7:0.01,bad,0.75:0.01"]
+    with caplog.at_level(logging.ERROR, logger="openinfer"), \
+            openinfer.serve(models=models, http_port=0, grpc_port=None, log=False, metrics_config=config,
+                            cache_config=["local,size=1048576"]) as srv:
+        for model in ("cached", "plain"):
+            body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2], "data": [1, 2]}]}
+            assert requests.post(f"{srv.url}/v2/models/{model}/infer", json=body, timeout=10).status_code == 200
+        text = requests.get(srv.metrics_url, timeout=10).text
+    assert "Invalid option: [bad]. No ':' delimiter found. Expected format is <quantile>:<error>" in caplog.text
+    for q in ("0.1", "0.7", "0.75"):
+        assert f'nv_inference_queue_summary_us{{model="plain",version="1",quantile="{q}"}}' in text
+    assert 'nv_inference_request_summary_us{model="plain",version="1",quantile="0.7"}' in text
+    assert 'nv_inference_request_summary_us_count{model="cached"' not in text
+    assert 'nv_inference_queue_summary_us_count{model="cached",version="1"} 1' in text
+
+
+def test_request_summary_family_left_out_when_every_model_caches() -> None:
+    io = dict(inputs=[Tensor("INPUT0", "FP32", [-1])], outputs=[Tensor("OUTPUT0", "FP32", [-1])])
+    with openinfer.serve(models=[Model("cached", _double, response_cache=True, **io)], http_port=0, grpc_port=None,
+                         log=False, metrics_config=["summary_latencies=true"], cache_config=["local,size=65536"]) as srv:
+        text = requests.get(srv.metrics_url, timeout=10).text
+    assert "nv_inference_request_summary" not in text and "nv_inference_queue_summary_us" in text

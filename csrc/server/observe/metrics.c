@@ -382,7 +382,9 @@ static const struct {
 
 /* A summary as prometheus-cpp writes one: _count and _sum (all time), then one series per
  * quantile of the last minute, labelled quantile; "Nan" (prometheus-cpp's spelling) when the
- * minute saw no request. */
+ * minute saw no request. As tritonserver, a model with a response cache has no request
+ * summary (its durations would mix cached answers in); a family left without series is left
+ * out. */
 static int summary_families(oi_sbuf_t *o, const oi_metrics_config_t *cfg, const oi_model_stats_t *items, size_t n)
 {
     static const double defaults[] = {0.5, 0.9, 0.95, 0.99, 0.999};
@@ -395,8 +397,14 @@ static int summary_families(oi_sbuf_t *o, const oi_metrics_config_t *cfg, const 
     int rc = 0;
     for (int k = 0; k < OI_SUM_KINDS; k++) {
         char key[64];
-        rc |= family(o, summaries[k].name, summaries[k].help, "summary");
+        size_t shown = 0;
+        for (size_t i = 0; i < n; i++)
+            shown += k != OI_SUM_REQUEST || items[i].model->cache == NULL;
+        if (shown > 0)
+            rc |= family(o, summaries[k].name, summaries[k].help, "summary");
         for (size_t i = 0; i < n; i++) {
+            if (k == OI_SUM_REQUEST && items[i].model->cache != NULL)
+                continue;
             const oi_stats_snapshot_t *snap = &items[i].snap;
             const oi_stat_duration_t *d[OI_SUM_KINDS] = {&snap->success, &snap->queue, &snap->compute_input,
                                                          &snap->compute_infer, &snap->compute_output};
