@@ -83,6 +83,7 @@ typedef struct ts_state_s {
     uint32_t n_args;
     char **arg_names;       /* forward() argument k is the request input of this name */
     oi_io_spec_t *arg_shape; /* per argument: reshape (ndim -1: as sent), batch excluded */
+    oi_io_spec_t *arg_decl;  /* per argument: the input's declaration (its -1s give the reshape's) */
     int32_t *dim_links;      /* see oi_torch_spec_t */
     uint32_t n_dim_links;
     uint32_t n_outputs;
@@ -113,6 +114,7 @@ static void ts_release(void *state)
         free(s->arg_names[i]);
     free(s->arg_names);
     free(s->arg_shape);
+    free(s->arg_decl);
     free(s->dim_links);
     for (uint32_t i = 0; i < s->n_outputs && s->outputs; i++) {
         free(s->outputs[i].name);
@@ -153,6 +155,7 @@ void *oi_torch_backend_state(const char *model_name, const oi_torch_spec_t *spec
     if (oi__instances_init(&s->pool, n_inst) != 0 || (s->model_name = strdup(model_name)) == NULL ||
         (s->arg_names = calloc(spec->n_args ? spec->n_args : 1, sizeof(char *))) == NULL ||
         (s->arg_shape = calloc(spec->n_args ? spec->n_args : 1, sizeof(oi_io_spec_t))) == NULL ||
+        (s->arg_decl = calloc(spec->n_args ? spec->n_args : 1, sizeof(oi_io_spec_t))) == NULL ||
         (s->outputs = calloc(n_outputs ? n_outputs : 1, sizeof(*s->outputs))) == NULL ||
         (s->dim_links = calloc(spec->n_dim_links * 4 + 1, sizeof(int32_t))) == NULL)
         goto oom;
@@ -181,6 +184,8 @@ void *oi_torch_backend_state(const char *model_name, const oi_torch_spec_t *spec
             goto oom;
         s->arg_shape[k] = spec->input_reshape ? spec->input_reshape[i] : (oi_io_spec_t){.ndim = -1};
         s->arg_shape[k].name = NULL;
+        s->arg_decl[k] = inputs[i];
+        s->arg_decl[k].name = NULL;
     }
     for (uint32_t i = 0; i < n_outputs; i++) {
         if (outputs[i].dtype == OI_TYPE_BYTES) {
@@ -258,7 +263,8 @@ static oi_status_t *ts_execute(void *state, const oi_request_t *req, const char 
         in[k].ndim = t->ndim;
         memcpy(shapes[k], t->shape, (size_t)t->ndim * sizeof(int64_t));
         oi_status_t *st = s->arg_shape[k].ndim >= 0
-                              ? oi_tensor_reshape(t, &s->arg_shape[k], s->max_batch_size > 0, shapes[k], &in[k].ndim)
+                              ? oi_tensor_reshape(t, &s->arg_decl[k], &s->arg_shape[k], s->max_batch_size > 0,
+                                                  shapes[k], &in[k].ndim)
                               : NULL;
         if (st != NULL)
             return st;
@@ -321,12 +327,15 @@ static oi_status_t *ts_execute(void *state, const oi_request_t *req, const char 
         t->name = names[i];
         t->dtype = src->dtype;
         t->byte_size = src->nbytes;
-        /* A reshaped output is reported in its declared shape (with the batch as produced). */
+        /* A reshaped output is reported in its declared shape (with the batch as produced), each
+         * variable dimension the produced size of the reshape's matching one (as Triton). */
         if (s->outputs[o].reshape.ndim >= 0 && s->outputs[o].declared.ndim >= 0) {
-            const oi_io_spec_t *d = &s->outputs[o].declared;
+            const oi_io_spec_t *d = &s->outputs[o].declared, *rs = &s->outputs[o].reshape;
+            int skip = s->max_batch_size > 0 && src->ndim > 0 ? 1 : 0;
             t->ndim = d->ndim;
-            memcpy(t->shape, d->dims, (size_t)d->ndim * sizeof(int64_t));
-            if (s->max_batch_size > 0 && src->ndim > 0)
+            oi_shape_map_wildcards(rs->dims, rs->ndim == src->ndim - skip ? rs->ndim : 0, src->shape + skip,
+                                   d->dims + skip, d->ndim - skip, t->shape + skip);
+            if (skip)
                 t->shape[0] = src->shape[0];
         } else {
             t->ndim = src->ndim;
