@@ -20,6 +20,7 @@ torch is imported only here, and only when a TorchScript model is loaded.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,14 @@ from .native_model import NativeModel, count_parameter, place_instances
 
 TORCH_PLATFORM = "pytorch_libtorch"  # Triton's name, reported for configured models
 CONFIGLESS_PLATFORM = "pytorch_torchscript"  # reported for models served without config.pbtxt
-_INDEXED = re.compile(r"(.+)__([0-9]+)")
+logger = logging.getLogger("openinfer")
+
+
+def _named_index(name: str) -> int | None:
+    """The index of a name that follows Triton's ``<name>__<index>`` convention as its pytorch
+    backend reads it: what follows the first "__", all digits; else None."""
+    head, sep, index = name.partition("__")
+    return int(index or 0) if sep and (not index or index.isdigit()) else None
 _TUPLE = re.compile(r"Tuple\[(.*)\]")
 
 
@@ -145,7 +153,10 @@ def _from_config(
                              "tensors, not strings")  # fmt: skip
     names = [t.name for t in config.inputs] + extra_in
     out_names = [t.name for t in config.outputs] + extra_out
-    # Triton's rule: forward()'s argument names, else NAME__index (index = argument position).
+    model = config.name or path.parent.parent.name
+    # Triton's rules (its pytorch backend's GetNamingConvention): forward()'s argument names,
+    # else NAME__index (index = argument position), else the config's order.
+    indices = [_named_index(n) for n in names]
     if set(names) <= set(arg_names):
         missing = [a for a in arg_names if a not in names]
         if missing:
@@ -154,16 +165,23 @@ def _from_config(
                 "config.pbtxt"
             )
         arg_inputs = [names.index(a) for a in arg_names]
-    else:
-        positions = [_INDEXED.fullmatch(n) for n in names]
-        if not all(positions):
-            bad = [n for n, p in zip(names, positions) if not p]
+    elif None in indices:
+        bad = names[indices.index(None)]
+        logger.warning(
+            "input '%s' or previous input(s) are neither an input argument to the model '%s' nor do "
+            "they follow the <name>__<index> naming convention. Falling back to enforcing strict "
+            "ordering from model configuration.", bad, model,
+        )
+        if len(names) != len(arg_names):
             raise TorchLoadError(
-                f"input name(s) {', '.join(map(repr, bad))} match no forward() argument "
-                f"({', '.join(arg_names) or 'none'}) and do not follow the NAME__index "
-                "convention"
+                f"input name(s) {', '.join(repr(n) for n in names if n not in arg_names)} match no "
+                f"forward() argument ({', '.join(arg_names) or 'none'}) and do not follow the "
+                f"NAME__index convention, so inputs go to forward() in the config's order: it "
+                f"declares {len(names)} for {len(arg_names)} argument(s)"
             )
-        index = {int(p.group(2)): i for i, p in enumerate(positions) if p}
+        arg_inputs = list(range(len(arg_names)))
+    else:
+        index = {k: i for i, k in enumerate(indices) if k is not None}
         if sorted(index) != list(range(len(arg_names))):
             raise TorchLoadError(
                 f"inputs {', '.join(names)} must number forward()'s {len(arg_names)} "
@@ -172,24 +190,18 @@ def _from_config(
         arg_inputs = [index[k] for k in range(len(arg_names))]
     returns = described.get("returns") or ""
     is_dict = returns.startswith("Dict[")
-    output_index: list[int] = []
-    output_key: list[str | None] = []
-    for out_name in out_names:
-        match = _INDEXED.fullmatch(out_name)
-        if is_dict:
-            output_index.append(-1)
-            output_key.append(out_name)
-        elif match:
-            output_index.append(int(match.group(2)))
-            output_key.append(None)
-        elif returns == "Tensor" and len(out_names) == 1:
-            output_index.append(0)
-            output_key.append(None)
-        else:
-            raise TorchLoadError(
-                f"output {out_name!r} does not follow the NAME__index convention and forward() "
-                f"returns {returns or 'an unknown type'}, not a dict to look it up in"
-            )
+    out_indices = [_named_index(n) for n in out_names]
+    if is_dict:  # looked up by name (beyond Triton's rules)
+        output_index, output_key = [-1] * len(out_names), list(out_names)
+    elif None not in out_indices:
+        output_index, output_key = [k for k in out_indices if k is not None], [None] * len(out_names)
+    else:  # as Triton: the result's elements in the config's order
+        logger.warning(
+            "output '%s' or previous output(s) of the model '%s' do not follow the <name>__<index> "
+            "naming convention. Falling back to enforcing strict ordering from model configuration.",
+            out_names[out_indices.index(None)], model,
+        )
+        output_index, output_key = list(range(len(out_names))), [None] * len(out_names)
 
     def reshape(dims: tuple[int, ...] | None) -> list[int] | None:
         return None if dims is None else list(dims)
