@@ -52,6 +52,13 @@ class AddSub(torch.nn.Module):
         return a + b, a - b
 
 
+class Tagged(torch.nn.Module):
+    """A Tensor and a List[str] in, both out: TYPE_STRING tensors are forward()'s List[str]."""
+
+    def forward(self, x: torch.Tensor, words: list[str]) -> tuple[torch.Tensor, list[str]]:
+        return x * len(words), [w + "#" + str(i) for i, w in enumerate(words)]
+
+
 class SumProd(torch.nn.Module):
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"prod": a * b, "sum": a + b}
@@ -170,7 +177,14 @@ def build_repo(repo: Path) -> None:
     )  # fmt: skip
     save(
         repo, "bad_strings", Double(),
-        tensor_cfg("input", "INPUT__0", "STRING", [-1]) + tensor_cfg("output", "OUTPUT__0", "STRING", [-1]),
+        tensor_cfg("input", "INPUT__0", "STRING", [2, 2]) + tensor_cfg("output", "OUTPUT__0", "STRING", [-1]),
+    )  # fmt: skip
+    save(
+        repo, "tagged", Tagged(),
+        tensor_cfg("input", "INPUT__0", "FP32", [-1]).replace(" ]\n", ", ")
+        + '{ name: "INPUT__1" data_type: TYPE_STRING dims: [ -1 ] } ]\n'
+        + tensor_cfg("output", "OUTPUT__0", "FP32", [-1]).replace(" ]\n", ", ")
+        + '{ name: "OUTPUT__1" data_type: TYPE_STRING dims: [ -1 ] } ]\n',
     )  # fmt: skip
     save(
         repo, "bad_gpu", Double(),
@@ -340,6 +354,27 @@ def test_io_names_as_tritons_pytorch_backend_matches_them(server: openinfer.Serv
     assert total.tolist() == [11, 22, 43] and diff.tolist() == [-9, -18, -37]
 
 
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_list_of_strings_in_and_out(server: openinfer.Server, protocol: str) -> None:
+    """TYPE_STRING inputs reach forward() as List[str] and a List[str] result is a BYTES output,
+    as in Triton's pytorch backend; empty strings, non-ASCII bytes and an empty list too."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    lib = httpclient if protocol == "http" else grpcclient
+    client = lib.InferenceServerClient(f"127.0.0.1:{server.http_port if protocol == 'http' else server.grpc_port}")
+    for words in (["ab", "", "caf\u00e9"], []):
+        x = np.array([1.5, 2.0], np.float32)
+        inputs = [lib.InferInput("INPUT__0", [2], "FP32"), lib.InferInput("INPUT__1", [len(words)], "BYTES")]
+        inputs[0].set_data_from_numpy(x)
+        inputs[1].set_data_from_numpy(np.array([w.encode() for w in words], dtype=np.object_))
+        result = client.infer("tagged", inputs)
+        assert result.as_numpy("OUTPUT__0").tolist() == (x * len(words)).tolist()
+        tags = result.as_numpy("OUTPUT__1")
+        assert [t.decode() for t in tags.tolist()] == [w + "#" + str(i) for i, w in enumerate(words)]
+        assert tags.shape == (len(words),)
+
+
 def test_dict_outputs_and_reshape(server: openinfer.Server) -> None:
     a = np.array([[1.5, 2.0], [3.0, -1.0]], dtype=np.float32)
     b = np.array([[2.0, 0.5], [1.0, 4.0]], dtype=np.float32)
@@ -395,7 +430,8 @@ def test_model_errors_are_500_and_the_server_stays_up(server: openinfer.Server) 
         ("bad_dtype", "data_type must be one of"),
         ("bad_names", "input name(s) 'x', 'y', 'z' match no forward() argument (a, b) and do not follow the "
                       "NAME__index convention, so inputs go to forward() in the config's order: it declares 3 for 2"),
-        ("bad_strings", "TYPE_STRING: the torch backend serves numeric and BOOL tensors"),
+        ("bad_strings", "Triton only supports 1 dimensional List of String as input for 'INPUT__0' for model "
+                        "'bad_strings'"),
         ("bad_gpu", "KIND_GPU"),
         ("bad_threads", "parameter INTER_OP_THREAD_COUNT must be a non-negative integer, got '-1'"),
     ],

@@ -126,15 +126,6 @@ static void ts_release(void *state)
     free(s);
 }
 
-static char *errorf(const char *fmt, const char *a, const char *b)
-{
-    size_t n = strlen(fmt) + strlen(a) + strlen(b) + 1;
-    char *p = malloc(n);
-    if (p)
-        snprintf(p, n, fmt, a, b);
-    return p;
-}
-
 void *oi_torch_backend_state(const char *model_name, const oi_torch_spec_t *spec, int max_batch_size,
                              const oi_io_spec_t *inputs, uint32_t n_inputs, const oi_io_spec_t *outputs,
                              uint32_t n_outputs, char **err)
@@ -169,15 +160,25 @@ void *oi_torch_backend_state(const char *model_name, const oi_torch_spec_t *spec
     if (spec->n_dim_links)
         memcpy(s->dim_links, spec->dim_links, spec->n_dim_links * 4 * sizeof(int32_t));
     s->n_dim_links = spec->n_dim_links;
+    /* TYPE_STRING tensors are List[str] values, which only TorchScript modules take and make,
+     * on the CPU. */
+    int strings_ok = !spec->package;
+    for (int d = 0; d < n_inst; d++)
+        strings_ok &= spec->devices == NULL || strcmp(spec->devices[d], "cpu") == 0;
+    for (uint32_t i = 0; !strings_ok && i < n_inputs + n_outputs; i++) {
+        const oi_io_spec_t *t = i < n_inputs ? &inputs[i] : &outputs[i - n_inputs];
+        if (t->dtype == OI_TYPE_BYTES) {
+            char msg[OI_MAX_NAME_BYTES + 160];
+            snprintf(msg, sizeof(msg), "'%s' is TYPE_STRING: List[str] is served by TorchScript modules on the CPU "
+                     "only, not by %s", t->name, spec->package ? "PT2 packages" : "GPU instances");
+            *err = strdup(msg);
+            goto fail;
+        }
+    }
     for (uint32_t k = 0; k < spec->n_args; k++) {
         uint32_t i = spec->arg_inputs[k];
         if (i >= n_inputs) {
             *err = strdup("forward() argument maps to no declared input");
-            goto fail;
-        }
-        if (inputs[i].dtype == OI_TYPE_BYTES) {
-            *err = errorf("input '%s' is %s: the torch backend serves numeric and BOOL tensors, not BYTES "
-                          "(TYPE_STRING)", inputs[i].name, "BYTES");
             goto fail;
         }
         if ((s->arg_names[k] = strdup(inputs[i].name)) == NULL)
@@ -188,11 +189,6 @@ void *oi_torch_backend_state(const char *model_name, const oi_torch_spec_t *spec
         s->arg_decl[k].name = NULL;
     }
     for (uint32_t i = 0; i < n_outputs; i++) {
-        if (outputs[i].dtype == OI_TYPE_BYTES) {
-            *err = errorf("output '%s' is %s: the torch backend serves numeric and BOOL tensors, not BYTES "
-                          "(TYPE_STRING)", outputs[i].name, "BYTES");
-            goto fail;
-        }
         s->outputs[i].dtype = outputs[i].dtype;
         s->outputs[i].declared = outputs[i];
         s->outputs[i].declared.name = NULL;

@@ -2,8 +2,10 @@
 to the declaration and spec that the C core's torch backend serves.
 
 With a config.pbtxt, Triton's pytorch backend rules apply: inputs are matched to forward()'s
-arguments by name, else by the ``NAME__index`` convention; outputs by ``NAME__index`` (or, for
-a forward() that returns a dict, by key); `reshape`, `instance_group`, `dynamic_batching` and
+arguments by name, else by the ``NAME__index`` convention, else in the config's order; outputs
+by ``NAME__index`` (or, for a forward() that returns a dict, by key), else in the config's
+order; TYPE_STRING tensors (one dimension in all) are forward()'s ``List[str]`` arguments and
+results, on the CPU; `reshape`, `instance_group`, `dynamic_batching` and
 the parameters INFERENCE_MODE, DISABLE_OPTIMIZED_EXECUTION, INTRA_OP_THREAD_COUNT and
 INTER_OP_THREAD_COUNT are honoured.
 
@@ -70,15 +72,17 @@ def load_torchscript(
     except RuntimeError as e:
         raise TorchLoadError(str(e)) from None
     args = [a for a in described["arguments"] if not a["has_default"]]
-    for a in args:
-        if a["type"] != "Tensor":
+    configured = bool(config and (config.inputs or config.outputs))
+    for a in args:  # List[str] is a TYPE_STRING input, which only a config can declare
+        if a["type"] != "Tensor" and not (a["type"] == "List[str]" and configured):
             raise TorchLoadError(
-                f"{path}: forward() argument {a['name']!r} is {a['type']}; "
-                "only Tensor arguments can be served (give others a default value)"
+                f"{path}: forward() argument {a['name']!r} is {a['type']}; only Tensor arguments, "
+                "and List[str] ones declared TYPE_STRING in config.pbtxt, can be served (give others "
+                "a default value)"
             )
     arg_names = [a["name"] for a in args]
     max_batch_size = config.max_batch_size if config else 0
-    if config and (config.inputs or config.outputs):
+    if config and configured:
         inputs, outputs, spec = _from_config(path, config, arg_names, described, sequence)
         platform = config.platform or TORCH_PLATFORM
     elif sequence is not None:
@@ -137,12 +141,16 @@ def _from_config(
     sequence: Any = None,
 ) -> tuple[list[Tensor], list[Tensor], dict[str, Any]]:
     batch = [-1] if config.max_batch_size > 0 else []
-    for t in (*config.inputs, *config.outputs):
-        if t.datatype == "BYTES":
-            raise TorchLoadError(
-                f"{t.name!r} is TYPE_STRING: the torch backend serves numeric and BOOL "
-                "tensors, not strings"
-            )
+    model = config.name or path.parent.parent.name
+    # TYPE_STRING tensors are forward()'s List[str]: one dimension in all, as Triton allows.
+    for kind, tensors in (("input", config.inputs), ("output", config.outputs)):
+        for t in tensors:
+            dims = t.reshape if t.reshape is not None else t.dims
+            if t.datatype == "BYTES" and len(dims) + len(batch) > 1:
+                raise TorchLoadError(
+                    f"Triton only supports 1 dimensional List of String as {kind} for '{t.name}' for model "
+                    f"'{model}'"
+                )
     # What the sequence batcher adds: control and state inputs, then the state outputs the
     # config does not declare (in the order add_model's core appends them).
     extra_in = [] if sequence is None else [c[0] for c in sequence.controls] + [s[0] for s in sequence.states]
@@ -153,7 +161,6 @@ def _from_config(
                              "tensors, not strings")  # fmt: skip
     names = [t.name for t in config.inputs] + extra_in
     out_names = [t.name for t in config.outputs] + extra_out
-    model = config.name or path.parent.parent.name
     # Triton's rules (its pytorch backend's GetNamingConvention): forward()'s argument names,
     # else NAME__index (index = argument position), else the config's order.
     indices = [_named_index(n) for n in names]
