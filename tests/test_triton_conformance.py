@@ -112,15 +112,16 @@ def _double(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def test_metrics_config_as_tritonserver_reads_it(caplog: pytest.LogCaptureFixture) -> None:
     """summary_quantiles read as tritonserver's core reads them (L0_metrics' own value, with
-    its "0.0.1" that std::stod reads as 0.0; a pair without ':' logged and left out), and the
-    request summary left out for a model with a response cache, as tritonserver does."""
+    its "0.0.1" that std::stod reads as 0.0; a pair without ':' logged and left out), the request
+    summary left out for a model with a response cache and the cache hit and miss summaries
+    given to it, as tritonserver does."""
     io = dict(inputs=[Tensor("INPUT0", "FP32", [-1])], outputs=[Tensor("OUTPUT0", "FP32", [-1])])
     models = [Model("cached", _double, response_cache=True, **io), Model("plain", _double, **io)]
     config = ["summary_latencies=true", "summary_quantiles=0.1:0.0.1,0.7:0.01,bad,0.75:0.01"]
     with caplog.at_level(logging.ERROR, logger="openinfer"), \
             openinfer.serve(models=models, http_port=0, grpc_port=None, log=False, metrics_config=config,
                             cache_config=["local,size=1048576"]) as srv:
-        for model in ("cached", "plain"):
+        for model in ("cached", "plain", "cached"):  # a miss, then a hit
             body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2], "data": [1, 2]}]}
             assert requests.post(f"{srv.url}/v2/models/{model}/infer", json=body, timeout=10).status_code == 200
         text = requests.get(srv.metrics_url, timeout=10).text
@@ -130,6 +131,12 @@ def test_metrics_config_as_tritonserver_reads_it(caplog: pytest.LogCaptureFixtur
     assert 'nv_inference_request_summary_us{model="plain",version="1",quantile="0.7"}' in text
     assert 'nv_inference_request_summary_us_count{model="cached"' not in text
     assert 'nv_inference_queue_summary_us_count{model="cached",version="1"} 1' in text
+    # tritonserver's cache summaries, for models with a response cache only
+    for family in ("nv_cache_hit_summary_per_model", "nv_cache_miss_summary_per_model"):
+        assert f"# TYPE {family} summary" in text
+        assert f'{family}_count{{model="cached",version="1"}} 1' in text
+        assert re.search(family + r'\{model="cached",version="1",quantile="0.7"\} [0-9.]+\n', text), text
+        assert f'{family}_count{{model="plain"' not in text
 
 
 def test_request_summary_family_left_out_when_every_model_caches() -> None:
@@ -138,6 +145,7 @@ def test_request_summary_family_left_out_when_every_model_caches() -> None:
                          log=False, metrics_config=["summary_latencies=true"], cache_config=["local,size=65536"]) as srv:
         text = requests.get(srv.metrics_url, timeout=10).text
     assert "nv_inference_request_summary" not in text and "nv_inference_queue_summary_us" in text
+    assert "nv_cache_hit_summary_per_model_count" in text
 
 
 OPTIONAL_IO = """name: "ident"

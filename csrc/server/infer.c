@@ -133,6 +133,14 @@ static int cacheable(const oi_infer_t *inf)
 }
 
 /* Executor thread: a missed request's answer goes into the cache (a failure keeps nothing). */
+/* Into the model's cache summary (nv_cache_{hit,miss}_summary_per_model) when it has one. */
+static void observe_cache(oi_model_t *m, oi_summary_kind_t kind, uint64_t ns, uint64_t now)
+{
+    oi_summary_t *sum = m->sched != NULL ? oi_scheduler_stats(m->sched)->cache_summary : NULL;
+    if (sum != NULL)
+        oi_summary_observe_shared(sum, kind, ns / 1000, now);
+}
+
 static void keep_in_cache(oi_infer_t *inf)
 {
     oi_model_t *m = inf->model;
@@ -141,8 +149,10 @@ static void keep_in_cache(oi_infer_t *inf)
         oi_rcache_request_t r = cache_request(inf);
         (void)oi_rcache_insert(m->cache, &r, &inf->job.resp);
     }
+    uint64_t end = oi_now_ns(), ns = inf->cache_miss_ns + (end - start);
     atomic_fetch_add_explicit(&m->cache_misses, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&m->cache_miss_ns, inf->cache_miss_ns + (oi_now_ns() - start), memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->cache_miss_ns, ns, memory_order_relaxed);
+    observe_cache(m, OI_SUM_CACHE_MISS, ns, end);
 }
 
 /* Loop thread: answers from the cache when it holds the answer (1), else notes the miss (0). */
@@ -157,8 +167,10 @@ static int answer_from_cache(oi_infer_t *inf)
             inf->cache_miss_ns = 1;
         return 0;
     }
+    uint64_t end = oi_now_ns();
     atomic_fetch_add_explicit(&m->cache_hits, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&m->cache_hit_ns, oi_now_ns() - start, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->cache_hit_ns, end - start, memory_order_relaxed);
+    observe_cache(m, OI_SUM_CACHE_HIT, end - start, end);
     inf->task.run = run_done;
     oi_loop_post(inf->loop, &inf->task); /* `done` runs after submit has returned, as for a queued one */
     return 1;
