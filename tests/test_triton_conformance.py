@@ -20,6 +20,7 @@ from tritonclient.utils import InferenceServerException
 
 import openinfer
 from conftest import Cli
+from test_optional_inputs import IO as OPTIONAL_INPUTS
 from openinfer import Model, Tensor
 
 # tritonserver's words when client shared memory is off (its src/common.h).
@@ -148,16 +149,8 @@ def test_request_summary_family_left_out_when_every_model_caches() -> None:
     assert "nv_cache_hit_summary_per_model_count" in text
 
 
-OPTIONAL_IO = """name: "ident"
-backend: "identity"
-max_batch_size: 0
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] },
-        { name: "INPUT1" data_type: TYPE_INT32 dims: [ 2 ] optional: true },
-        { name: "INPUT2" data_type: TYPE_STRING dims: [ 1 ] optional: true } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] },
-         { name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 2 ] },
-         { name: "OUTPUT2" data_type: TYPE_STRING dims: [ 1 ] } ]
-"""
+# test_optional_inputs' identity model: INPUT0 required, INPUT1 and INPUT2 optional.
+OPTIONAL_IO = 'name: "ident"\nbackend: "identity"\nmax_batch_size: 0\n' + OPTIONAL_INPUTS
 
 
 @pytest.mark.parametrize("endpoint", ["generate", "generate_stream"])
