@@ -734,8 +734,9 @@ static oi_status_t *lookup(oi_shm_t *s, uid_t uid, const shm_params_t *p, const 
                            label, p->byte_size, p->offset, UINT64_MAX, p->region);
     else if (end > r->byte_size)
         st = oi_status_new(OI_BAD_REQUEST,
-                           "%s: Invalid offset + byte size for shared memory region: '%s' (shared_memory_offset %" PRIu64
-                           " + shared_memory_byte_size %" PRIu64 " exceeds its %" PRIu64 " bytes)",
+                           "%s: Invalid offset + byte size for shared memory region: '%s' "
+                           "(shared_memory_offset %" PRIu64 " + shared_memory_byte_size %" PRIu64
+                           " exceeds its %" PRIu64 " bytes)",
                            label, p->region, p->offset, p->byte_size, r->byte_size);
     else if (r->obj != NULL) /* an object truncated after registration is refused up front */
         st = object_check(r->obj, r->offset + r->byte_size, label, r->key, p->region, "after registration");

@@ -99,8 +99,9 @@ void oi_shm_destroy(oi_shm_t *s);
  * key, size or offset, a key of only slashes or with tritonserver's reserved prefix, or a key
  * that cannot be opened or mapped (with the system's reason), 501 when registration is not
  * allowed (tritonserver's words), 403 when the peer is unknown or its user may not use the
- * object, 409 (tritonserver's ALREADY_EXISTS, "already in manager") when `name` is taken by that user (by a system or a CUDA region: they share one
- * namespace), 429 when the region or object limits are reached. */
+ * object, 409 (tritonserver's ALREADY_EXISTS, "already in manager") when `name` is taken by
+ * that user (by a system or a CUDA region: they share one namespace), 429 when the region or
+ * object limits are reached. */
 oi_status_t *oi_shm_register_system(oi_shm_t *s, const oi_peer_t *peer, const char *name, const char *key,
                                     uint64_t offset, uint64_t byte_size);
 
