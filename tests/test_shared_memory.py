@@ -505,6 +505,30 @@ def test_unregister_while_in_use(api: Any, regions: Any, unregister: str) -> Non
     assert api.register("busy", r.key, 64).status_code == 200
 
 
+def test_unregister_while_in_use_grpc(grpc_triton: Any, regions: Any) -> None:
+    """The same over gRPC (tritonserver's *_grpc variants): unregistering all while a request
+    uses the region waits for it; meanwhile the name is ALREADY_EXISTS."""
+    r = regions(64)
+    r.write(np.full(16, 1500, np.int32).tobytes())  # the slow model sleeps INPUT0[0] ms
+    grpc_triton.register_system_shared_memory("busy", r.key, 64)
+    inp = grpcclient.InferInput("INPUT0", [16], "INT32")
+    inp.set_shared_memory("busy", 64)
+    out = grpcclient.InferRequestedOutput("OUTPUT0")
+    out.set_shared_memory("busy", 64)
+    result: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: result.update(resp=grpc_triton.infer("slow", [inp], outputs=[out])))
+    t.start()
+    time.sleep(0.5)  # the request holds the region: it sleeps 1.5 s
+    grpc_triton.unregister_system_shared_memory()
+    assert list(grpc_triton.get_system_shared_memory_status().regions) == ["busy"]
+    with pytest.raises(InferenceServerException) as e:
+        grpc_triton.register_system_shared_memory("busy", r.key, 64)
+    assert e.value.status() == "StatusCode.ALREADY_EXISTS"
+    t.join(30)
+    assert "resp" in result
+    assert len(grpc_triton.get_system_shared_memory_status().regions) == 0
+
+
 def test_concurrent_clients(server: openinfer.Server, regions: Any) -> None:
     """Threads register, use and unregister their own regions over both transports at once."""
     errors: list[BaseException] = []
