@@ -130,7 +130,7 @@ def test_features_document_the_response_cache_and_its_metrics() -> None:
     none) and names each per-model cache family that csrc/server/observe/metrics.c exports."""
     features = (ROOT / "docs" / "features.md").read_text()
     families = set(re.findall(r'"(nv_cache_[a-z_]+)"', (ROOT / "csrc" / "server" / "observe" / "metrics.c").read_text()))
-    assert len(families) == 4, families
+    assert len(families) == 6, families  # four counters, two summaries
     assert "no response cache" not in features
     assert "Response cache (Triton's)" in features and "--cache-config local,size=BYTES" in features
     for family in sorted(families):

@@ -121,9 +121,7 @@ def test_latency_summaries() -> None:
 
 
 @pytest.mark.parametrize("config,message", [
-    (["summary_quantiles=0.5"], "Invalid option: [0.5]. No ':' delimiter found"),
-    (["summary_quantiles=half:0.1"], "Invalid option: [half:0.1]. Expected numbers"),
-    (["summary_quantiles=1.5:0.1"], "Quantile and error must be 0 to 1"),
+    (["summary_quantiles=" + ",".join(f"0.{i}:0.01" for i in range(1, 18))], "at most 16 quantiles"),
     ({"summary_latencies": "sometimes"}, "summary_latencies must be true or false"),
 ])
 def test_summary_config_errors(config: Any, message: str) -> None:

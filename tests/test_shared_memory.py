@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from multiprocessing import shared_memory
@@ -28,6 +29,8 @@ tshm = pytest.importorskip("tritonclient.utils.shared_memory")
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor, serialized_byte_size  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "models"
+# tritonserver's words when client shared memory is off (its src/common.h).
+DISABLED = "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
 
 
 class Region:
@@ -162,8 +165,13 @@ def test_wrong_methods_and_paths(api: Any) -> None:
         ("a/b", "not a POSIX shared-memory name"),
         ("/..", "not a POSIX shared-memory name"),
         ("..", "not a POSIX shared-memory name"),
-        ("/", "empty"),
-        ("", "empty"),
+        ("/", "cannot register shared memory region 'bad' - invalid shm key '/'"),
+        ("", "cannot register shared memory region 'bad' - invalid shm key ''"),
+        ("///", "- invalid shm key '///'"),
+        ("/triton_python_backend_shm_region_7", "cannot register shared memory region 'bad' with key "
+         "'/triton_python_backend_shm_region_7' as the key contains the reserved prefix "
+         "'triton_python_backend_shm_region_'"),
+        ("//triton_python_backend_shm_region_", "the reserved prefix"),
         ("/x\u0001", "control character"),
         ("/" + "k" * 600, "at most 256 bytes"),
         ("/" + "k" * 255 + "k", "too long"),
@@ -204,7 +212,7 @@ def test_double_register(api: Any, regions: Any) -> None:
     r = regions(64)
     assert api.register("dup", r.key, 64).status_code == 200
     again = api.register("dup", r.key, 32)
-    assert again.status_code == 409 and "already registered" in again.json()["error"]
+    assert again.status_code == 400 and again.json()["error"] == "shared memory region 'dup' already in manager"
     assert api.get("systemsharedmemory/region/dup/status").json()[0]["byte_size"] == 64
 
 
@@ -281,10 +289,14 @@ def test_bad_inference_parameters(api: Any, regions: Any, server: openinfer.Serv
         return api.infer("echo_int32", body)
 
     cases = [
-        ({"parameters": shm_params("nope", 64)}, None, "shared-memory region 'nope' is not registered"),
-        ({"parameters": shm_params("in", 64, 1)}, None, "exceeds the 64 bytes of shared-memory region 'in'"),
-        ({"parameters": shm_params("in", 68)}, None, "exceeds the 64 bytes"),
-        ({"parameters": shm_params("in", (1 << 63) - 1, (1 << 63) - 1)}, None, "exceeds"),
+        ({"parameters": shm_params("nope", 64)}, None, "input 'INPUT0': Unable to find shared memory region: 'nope'"),
+        ({"parameters": shm_params("in", 64, 1)}, None, "Invalid offset + byte size for shared memory region: 'in'"),
+        ({"parameters": shm_params("in", 68)}, None, "Invalid offset + byte size for shared memory region: 'in' "
+         "(shared_memory_offset 0 + shared_memory_byte_size 68 exceeds its 64 bytes)"),
+        ({"parameters": shm_params("in", 64, 64)}, None, "Invalid offset for shared memory region: 'in'"),
+        ({"parameters": shm_params("in", (1 << 63) - 1, (1 << 63) - 1)}, None, "Invalid offset for shared memory"),
+        # Triton's overflow case (2**64 - 32 bytes at 32): sizes past int64 are no count here
+        ({"parameters": shm_params("in", (1 << 64) - 32, 32)}, None, "shared_memory_byte_size must be a non-negative"),
         ({"parameters": shm_params("in", 60)}, None, "needs 16 x 4 bytes, got 60 bytes"),
         ({"parameters": {"shared_memory_region": "in"}}, None, "shared_memory_byte_size is required"),
         ({"parameters": {"shared_memory_region": 5, "shared_memory_byte_size": 64}}, None, "must be a string"),
@@ -292,8 +304,10 @@ def test_bad_inference_parameters(api: Any, regions: Any, server: openinfer.Serv
         ({"parameters": {**shm_params("in", 64), "shared_memory_byte_size": 1.5}}, None, "must be a non-negative integer"),
         ({"parameters": shm_params("in", 64), "data": list(range(16))}, None, "got \"data\" and shared_memory_region"),
         ({"parameters": {**shm_params("in", 64), "binary_data_size": 64}}, None, "binary_data_size and shared_memory_region"),
-        ({"data": list(range(16))}, [{"name": "OUTPUT0", "parameters": shm_params("nope", 64)}], "'nope' is not registered"),
-        ({"data": list(range(16))}, [{"name": "OUTPUT0", "parameters": shm_params("out", 64)}], "exceeds the 16 bytes"),
+        ({"data": list(range(16))}, [{"name": "OUTPUT0", "parameters": shm_params("nope", 64)}],
+         "output 'OUTPUT0': Unable to find shared memory region: 'nope'"),
+        ({"data": list(range(16))}, [{"name": "OUTPUT0", "parameters": shm_params("out", 64)}],
+         "Invalid offset + byte size for shared memory region: 'out'"),
         ({"data": list(range(16))}, [{"name": "OUTPUT0", "parameters": shm_params("in", 60)}],
          "64 bytes do not fit shared_memory_byte_size 60"),
         ({"data": list(range(16))}, [{"name": "OUTPUT0", "parameters": {**shm_params("in", 64), "binary_data": True}}],
@@ -349,7 +363,7 @@ def test_grpc_status_and_errors(grpc_triton: Any, regions: Any, server: openinfe
     assert e.value.status() == "StatusCode.ALREADY_EXISTS"
     for key, size, offset, why in [
         ("/x/../y", 8, 0, "not a POSIX shared-memory name"),
-        (r.key, 129, 0, "exceeds the 128 bytes"),
+        (r.key, 129, 0, "failed to register shared memory region 'h': invalid args"),
         (r.key, (1 << 64) - 1, 2, "exceeds"),
         ("/oi_test_no_such_key", 8, 0, "No such file"),
     ]:
@@ -360,7 +374,7 @@ def test_grpc_status_and_errors(grpc_triton: Any, regions: Any, server: openinfe
     i.set_shared_memory("nope", 64)
     with pytest.raises(InferenceServerException) as e:
         grpc_triton.infer("echo_int32", [i])
-    assert "'nope' is not registered" in e.value.message()
+    assert "Unable to find shared memory region: 'nope'" in e.value.message()
     grpc_triton.unregister_system_shared_memory("g")
     assert len(grpc_triton.get_system_shared_memory_status().regions) == 0
     assert_grpc_alive(server.grpc_port)
@@ -459,11 +473,14 @@ def test_tritonclient_grpc_flow_with_bytes(server: openinfer.Server) -> None:
 # ---- life cycle and concurrency -------------------------------------------------------------
 
 
-def test_unregister_while_in_use(api: Any, regions: Any) -> None:
-    """A request that uses a region keeps it mapped after it is unregistered; the name is free
-    at once and the next request that names it is refused."""
+@pytest.mark.parametrize("unregister", ["systemsharedmemory/region/busy/unregister", "systemsharedmemory/unregister"])
+def test_unregister_while_in_use(api: Any, regions: Any, unregister: str) -> None:
+    """As tritonserver (its L0_shared_memory unregister-during-inference tests): unregistering a
+    region (by name or all) that a request uses succeeds at once but takes effect when the
+    request ends. Meanwhile the region is listed, its name taken, and other requests may use
+    it; afterwards it is gone without a second unregister."""
     r = regions(64)
-    r.write(np.full(16, 300, np.int32).tobytes())  # the slow model sleeps INPUT0[0] ms
+    r.write(np.full(16, 1500, np.int32).tobytes())  # the slow model sleeps INPUT0[0] ms
     api.register("busy", r.key, 64)
     body = {
         "inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [16], "parameters": shm_params("busy", 64)}],
@@ -472,16 +489,44 @@ def test_unregister_while_in_use(api: Any, regions: Any) -> None:
     result: dict[str, Any] = {}
     t = threading.Thread(target=lambda: result.update(resp=api.infer("slow", body)))
     t.start()
-    import time
-
-    time.sleep(0.1)
-    assert api.post("systemsharedmemory/region/busy/unregister").status_code == 200
-    assert api.get("systemsharedmemory/status").json() == []
-    refused = api.infer("echo_int32", {**body, "outputs": []})
-    assert refused.status_code == 400 and "'busy' is not registered" in refused.json()["error"]
+    time.sleep(0.5)  # the request holds the region: it sleeps 1.5 s
+    assert api.post(unregister).status_code == 200
+    assert [g["name"] for g in api.get("systemsharedmemory/status").json()] == ["busy"]
+    again = api.register("busy", r.key, 64)
+    assert again.status_code == 400 and "already in manager" in again.json()["error"]
+    used = api.infer("echo_int32", {**body, "outputs": []})  # still usable while it waits
+    assert used.status_code == 200, used.text
     t.join(30)
     assert result["resp"].status_code == 200, result["resp"].text
-    assert np.frombuffer(r.read(64), np.int32).tolist() == [300] * 16
+    assert np.frombuffer(r.read(64), np.int32).tolist() == [1500] * 16
+    assert api.get("systemsharedmemory/status").json() == []
+    missing = api.get("systemsharedmemory/region/busy/status")
+    assert missing.status_code == 404
+    assert api.register("busy", r.key, 64).status_code == 200
+
+
+def test_unregister_while_in_use_grpc(grpc_triton: Any, regions: Any) -> None:
+    """The same over gRPC (tritonserver's *_grpc variants): unregistering all while a request
+    uses the region waits for it; meanwhile the name is ALREADY_EXISTS."""
+    r = regions(64)
+    r.write(np.full(16, 1500, np.int32).tobytes())  # the slow model sleeps INPUT0[0] ms
+    grpc_triton.register_system_shared_memory("busy", r.key, 64)
+    inp = grpcclient.InferInput("INPUT0", [16], "INT32")
+    inp.set_shared_memory("busy", 64)
+    out = grpcclient.InferRequestedOutput("OUTPUT0")
+    out.set_shared_memory("busy", 64)
+    result: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: result.update(resp=grpc_triton.infer("slow", [inp], outputs=[out])))
+    t.start()
+    time.sleep(0.5)  # the request holds the region: it sleeps 1.5 s
+    grpc_triton.unregister_system_shared_memory()
+    assert list(grpc_triton.get_system_shared_memory_status().regions) == ["busy"]
+    with pytest.raises(InferenceServerException) as e:
+        grpc_triton.register_system_shared_memory("busy", r.key, 64)
+    assert e.value.status() == "StatusCode.ALREADY_EXISTS"
+    t.join(30)
+    assert "resp" in result
+    assert len(grpc_triton.get_system_shared_memory_status().regions) == 0
 
 
 def test_concurrent_clients(server: openinfer.Server, regions: Any) -> None:
@@ -541,11 +586,13 @@ def test_registration_refused_unless_allowed(regions: Any) -> None:
         assert "system_shared_memory" not in meta["extensions"]
         resp = requests.post(f"{srv.url}/v2/systemsharedmemory/region/x/register",
                              json={"key": r.key, "byte_size": 64}, timeout=10)
-        assert resp.status_code == 403 and "allow_shared_memory" in resp.json()["error"]
+        assert resp.status_code == 501 and resp.json()["error"] == DISABLED
+        assert requests.post(f"{srv.url}/v2/systemsharedmemory/unregister", timeout=10).status_code == 501
+        assert requests.get(f"{srv.url}/v2/systemsharedmemory/status", timeout=10).json() == []
         g = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.grpc_port}")
         with pytest.raises(InferenceServerException) as e:
             g.register_system_shared_memory("x", r.key, 64)
-        assert e.value.status() == "StatusCode.PERMISSION_DENIED"
+        assert e.value.status() == "StatusCode.UNIMPLEMENTED" and e.value.message() == DISABLED
         g.close()
 
 
@@ -555,7 +602,7 @@ def test_non_loopback_host_refuses_by_default_and_option_opens(regions: Any) -> 
         assert not srv._core.shared_memory
         resp = requests.post(f"{srv.url}/v2/systemsharedmemory/region/x/register",
                              json={"key": r.key, "byte_size": 64}, timeout=10)
-        assert resp.status_code == 403
+        assert resp.status_code == 501
     with openinfer.serve(models=[], host="0.0.0.0", http_port=0, grpc_port=None, log=False,
                          allow_shared_memory=True) as srv:
         resp = requests.post(f"{srv.url}/v2/systemsharedmemory/region/x/register",

@@ -236,7 +236,7 @@ def test_a_client_cannot_register_an_object_its_user_cannot_open(srv: openinfer.
         status, reply = _infer(conn, "identity_fp32", {
             "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4],
                         "parameters": {"shared_memory_region": "probe", "shared_memory_byte_size": 16}}]})
-        assert status == 400 and "'probe' is not registered" in reply["error"]
+        assert status == 400 and "Unable to find shared memory region: 'probe'" in reply["error"]
         # Readable by all but writable only by root: still refused (the server maps it read-write).
         readable = shm_files(4096, owner=0, mode=0o644)
         assert register(conn, "probe", readable.key, 4096)[0] == 403
@@ -279,7 +279,7 @@ def test_region_names_are_scoped_per_user(srv: openinfer.Server, shm_files: Any)
         status, reply = _infer(other, "identity_fp32", {
             "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4],
                         "parameters": {"shared_memory_region": "same_name", "shared_memory_byte_size": 16}}]})
-        assert status == 400 and "not registered" in reply["error"]
+        assert status == 400 and "Unable to find shared memory region: 'same_name'" in reply["error"]
         assert post(other, "/v2/systemsharedmemory/unregister")[0] == 200          # all of its own: none
         assert post(other, "/v2/systemsharedmemory/region/same_name/unregister")[0] == 200
         assert register(other, "same_name", nobody_obj.key, 64)[0] == 200

@@ -436,7 +436,7 @@ def test_metrics_port_options() -> None:
         (["m,histogram_latencies=true"], "expected <setting>=<value>"),
         ({"histogram_latency": True}, "unknown setting 'histogram_latency'"),
         ({"histogram_latencies": "maybe"}, "histogram_latencies must be true or false"),
-        (["summary_quantiles=0.5"], "No ':' delimiter found"),
+        # (a quantile pair tritonserver cannot read is logged and left out: test_triton_conformance.py)
     ],
 )
 def test_metrics_config_errors(config: Any, message: str) -> None:

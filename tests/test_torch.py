@@ -52,6 +52,13 @@ class AddSub(torch.nn.Module):
         return a + b, a - b
 
 
+class Tagged(torch.nn.Module):
+    """A Tensor and a List[str] in, both out: TYPE_STRING tensors are forward()'s List[str]."""
+
+    def forward(self, x: torch.Tensor, words: list[str]) -> tuple[torch.Tensor, list[str]]:
+        return x * len(words), [w + "#" + str(i) for i, w in enumerate(words)]
+
+
 class SumProd(torch.nn.Module):
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"prod": a * b, "sum": a + b}
@@ -149,12 +156,35 @@ def build_repo(repo: Path) -> None:
     save(
         repo, "bad_names", AddSub(),
         'platform: "pytorch_libtorch"\n'
-        + 'input [ { name: "x" data_type: TYPE_FP32 dims: [ 3 ] }, { name: "y" data_type: TYPE_FP32 dims: [ 3 ] } ]\n'
+        + 'input [ { name: "x" data_type: TYPE_FP32 dims: [ 3 ] }, { name: "y" data_type: TYPE_FP32 dims: [ 3 ] },\n'
+        + '        { name: "z" data_type: TYPE_FP32 dims: [ 3 ] } ]\n'
         + tensor_cfg("output", "OUTPUT__0", "FP32", [3]),
+    )  # fmt: skip
+    # Triton's fallbacks: names that are neither all forward() arguments nor all NAME__index
+    # (a mix here) go in the config's order, and so do outputs not all NAME__index.
+    save(
+        repo, "config_order", AddSub(),
+        'platform: "pytorch_libtorch"\n'
+        + 'input [ { name: "a" data_type: TYPE_FP32 dims: [ 3 ] }, { name: "IN__1" data_type: TYPE_FP32 dims: [ 3 ] } ]\n'
+        + 'output [ { name: "sum" data_type: TYPE_FP32 dims: [ 3 ] }, { name: "diff" data_type: TYPE_FP32 dims: [ 3 ] } ]\n',
+    )  # fmt: skip
+    # NAME__index read as Triton reads it: the index is what follows the first "__".
+    save(
+        repo, "first_delimiter", AddSub(),
+        'platform: "pytorch_libtorch"\n'
+        + 'input [ { name: "Y__1" data_type: TYPE_FP32 dims: [ 3 ] }, { name: "X__0" data_type: TYPE_FP32 dims: [ 3 ] } ]\n'
+        + 'output [ { name: "D__1" data_type: TYPE_FP32 dims: [ 3 ] }, { name: "S__0" data_type: TYPE_FP32 dims: [ 3 ] } ]\n',
     )  # fmt: skip
     save(
         repo, "bad_strings", Double(),
-        tensor_cfg("input", "INPUT__0", "STRING", [-1]) + tensor_cfg("output", "OUTPUT__0", "STRING", [-1]),
+        tensor_cfg("input", "INPUT__0", "STRING", [2, 2]) + tensor_cfg("output", "OUTPUT__0", "STRING", [-1]),
+    )  # fmt: skip
+    save(
+        repo, "tagged", Tagged(),
+        tensor_cfg("input", "INPUT__0", "FP32", [-1]).replace(" ]\n", ", ")
+        + '{ name: "INPUT__1" data_type: TYPE_STRING dims: [ -1 ] } ]\n'
+        + tensor_cfg("output", "OUTPUT__0", "FP32", [-1]).replace(" ]\n", ", ")
+        + '{ name: "OUTPUT__1" data_type: TYPE_STRING dims: [ -1 ] } ]\n',
     )  # fmt: skip
     save(
         repo, "bad_gpu", Double(),
@@ -298,6 +328,53 @@ def test_forward_argument_names_and_indexed_outputs(server: openinfer.Server) ->
     assert status == 200 and [o["name"] for o in body["outputs"]] == ["DIFF__1"]
 
 
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_io_names_as_tritons_pytorch_backend_matches_them(server: openinfer.Server, protocol: str) -> None:
+    """A mix of a forward() argument and NAME__index falls back to the config's order (Triton
+    logs a warning and does the same); so do outputs not all NAME__index; NAME__index takes the
+    index after the first "__", whatever the config's order. Through tritonclient."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    lib = httpclient if protocol == "http" else grpcclient
+    client = lib.InferenceServerClient(f"127.0.0.1:{server.http_port if protocol == 'http' else server.grpc_port}")
+    a, b = np.array([1, 2, 3], np.float32), np.array([10, 20, 40], np.float32)
+
+    def run(model: str, names: tuple[str, str], outs: tuple[str, str]) -> tuple[np.ndarray, np.ndarray]:
+        inputs = [lib.InferInput(n, [3], "FP32") for n in names]
+        for i, v in zip(inputs, (a, b)):
+            i.set_data_from_numpy(v)
+        result = client.infer(model, inputs)
+        return result.as_numpy(outs[0]), result.as_numpy(outs[1])
+
+    total, diff = run("config_order", ("a", "IN__1"), ("sum", "diff"))
+    assert total.tolist() == [11, 22, 43] and diff.tolist() == [-9, -18, -37]
+    # X__0 is forward()'s a, Y__1 its b; S__0 the sum, D__1 the difference.
+    total, diff = run("first_delimiter", ("X__0", "Y__1"), ("S__0", "D__1"))
+    assert total.tolist() == [11, 22, 43] and diff.tolist() == [-9, -18, -37]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_list_of_strings_in_and_out(server: openinfer.Server, protocol: str) -> None:
+    """TYPE_STRING inputs reach forward() as List[str] and a List[str] result is a BYTES output,
+    as in Triton's pytorch backend; empty strings, non-ASCII bytes and an empty list too."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    lib = httpclient if protocol == "http" else grpcclient
+    client = lib.InferenceServerClient(f"127.0.0.1:{server.http_port if protocol == 'http' else server.grpc_port}")
+    for words in (["ab", "", "caf\u00e9"], []):
+        x = np.array([1.5, 2.0], np.float32)
+        inputs = [lib.InferInput("INPUT__0", [2], "FP32"), lib.InferInput("INPUT__1", [len(words)], "BYTES")]
+        inputs[0].set_data_from_numpy(x)
+        inputs[1].set_data_from_numpy(np.array([w.encode() for w in words], dtype=np.object_))
+        result = client.infer("tagged", inputs)
+        assert result.as_numpy("OUTPUT__0").tolist() == (x * len(words)).tolist()
+        tags = result.as_numpy("OUTPUT__1")
+        assert [t.decode() for t in tags.tolist()] == [w + "#" + str(i) for i, w in enumerate(words)]
+        assert tags.shape == (len(words),)
+
+
 def test_dict_outputs_and_reshape(server: openinfer.Server) -> None:
     a = np.array([[1.5, 2.0], [3.0, -1.0]], dtype=np.float32)
     b = np.array([[2.0, 0.5], [1.0, 4.0]], dtype=np.float32)
@@ -351,8 +428,10 @@ def test_model_errors_are_500_and_the_server_stays_up(server: openinfer.Server) 
     [
         ("bad_file", "cannot load TorchScript module"),
         ("bad_dtype", "data_type must be one of"),
-        ("bad_names", "input name(s) 'x', 'y' match no forward() argument (a, b)"),
-        ("bad_strings", "TYPE_STRING: the torch backend serves numeric and BOOL tensors"),
+        ("bad_names", "input name(s) 'x', 'y', 'z' match no forward() argument (a, b) and do not follow the "
+                      "NAME__index convention, so inputs go to forward() in the config's order: it declares 3 for 2"),
+        ("bad_strings", "Triton only supports 1 dimensional List of String as input for 'INPUT__0' for model "
+                        "'bad_strings'"),
         ("bad_gpu", "KIND_GPU"),
         ("bad_threads", "parameter INTER_OP_THREAD_COUNT must be a non-negative integer, got '-1'"),
     ],

@@ -18,7 +18,7 @@ int main(int argc, char **argv)
     int rounds = argc > 2 ? atoi(argv[2]) : 5;
     int summaries = argc > 3 && atoi(argv[3]);
     oi_stats_t *s = oi_stats_new(1);
-    if (s == NULL || n <= 0 || rounds <= 0 || (summaries && oi_stats_enable_summaries(s) != 0))
+    if (s == NULL || n <= 0 || rounds <= 0 || (summaries && oi_stats_enable_summaries(s, 0) != 0))
         return 1;
     oi_stats_slot_t *slot = &s->slots[0];
     double best = 1e30;

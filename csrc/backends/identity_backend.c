@@ -13,8 +13,10 @@ typedef struct {
     char *input;  /* INPUT<i> */
     /* When the pair's declared shapes differ (a reshape in config.pbtxt made them equal for
      * Triton), the output takes these: its declared dims after the batch, holding the input's
-     * elements; ndim -1: the output has the input's shape as sent. */
+     * elements (each -1 the size the request gave the input's matching -1, in `input_decl`);
+     * ndim -1: the output has the input's shape as sent. */
     oi_io_spec_t reshape;
+    oi_io_spec_t input_decl;
     /* An optional input left out of a request answers zeros, as Triton's identity backend
      * does: the output's declared dims after the batch, -1 read as 1; ndim -1: the input is
      * required. */
@@ -96,6 +98,8 @@ void *oi_identity_backend_state(const char *model_name, int max_batch_size, cons
         if (!same_dims(in, &outputs[o])) {
             p->reshape.ndim = outputs[o].ndim - skip;
             memcpy(p->reshape.dims, outputs[o].dims + skip, (size_t)p->reshape.ndim * sizeof(int64_t));
+            p->input_decl = *in;
+            p->input_decl.name = NULL;
         }
         p->zeros.ndim = -1;
         if (in->optional) {
@@ -179,7 +183,7 @@ static oi_status_t *id_execute(void *state, const oi_request_t *req, const char 
             return oi_status_new(OI_BAD_REQUEST, "missing input '%s' for model '%s'", p->input, s->model_name);
         t->dtype = in->dtype;
         if (p->reshape.ndim >= 0) {
-            oi_status_t *st = oi_tensor_reshape(in, &p->reshape, s->batched, t->shape, &t->ndim);
+            oi_status_t *st = oi_tensor_reshape(in, &p->input_decl, &p->reshape, s->batched, t->shape, &t->ndim);
             if (st != NULL)
                 return st;
         } else {

@@ -158,8 +158,10 @@ typedef struct ox_io_s {
     int ndim; /* -1: unknown rank */
     int64_t dims[OI_MAX_DIMS];
     /* Set by oi_onnx_backend_state from the declaration. An input's reshape: the shape past
-     * the batch that the session is given (ndim -1: as sent). An output's `declared` shape,
-     * reported instead of the produced one when the config reshapes it (ndim -1: as produced). */
+     * the batch that the session is given (ndim -1: as sent), and its `declared` shape, whose
+     * -1s give the reshape's theirs. An output's `declared` shape, reported instead of the
+     * produced one when the config reshapes it (ndim -1: as produced), its -1s filled from the
+     * produced shape where its `reshape` has -1s. */
     oi_io_spec_t reshape;
     oi_io_spec_t declared;
 } ox_io_t;
@@ -468,6 +470,23 @@ static char *errorf(const char *fmt, ...)
     return p;
 }
 
+/* Reports an output the config reshapes in its declared shape, with the batch as produced
+ * and each variable dimension the produced size of the reshape's matching one (as Triton's
+ * InferenceResponse::Output::Reshape). */
+static void reshape_output(const ox_state_t *s, const ox_io_t *io, oi_tensor_t *t)
+{
+    const oi_io_spec_t *d = &io->declared;
+    int skip = s->max_batch_size > 0 && d->ndim > 0 ? 1 : 0;
+    int64_t produced[OI_MAX_DIMS];
+    int n = t->ndim;
+    memcpy(produced, t->shape, (size_t)n * sizeof(int64_t));
+    int rn = io->reshape.ndim == n - skip ? io->reshape.ndim : 0;
+    oi_shape_map_wildcards(io->reshape.dims, rn, produced + skip, d->dims + skip, d->ndim - skip, t->shape + skip);
+    t->ndim = d->ndim;
+    if (skip)
+        t->shape[0] = n > 0 ? produced[0] : 1;
+}
+
 /* Checks the declaration against the session's own tensors: every declared tensor exists
  * there with the same datatype, and every session input is declared. */
 static char *check_declared(const ox_state_t *s, const oi_io_spec_t *decl, uint32_t n_decl, const ox_io_t *io,
@@ -535,6 +554,8 @@ void *oi_onnx_backend_state(const char *model_name, const oi_onnx_spec_t *spec, 
         }
         s->inputs[k].reshape = spec->input_reshape ? spec->input_reshape[i] : (oi_io_spec_t){.ndim = -1};
         s->inputs[k].reshape.name = NULL;
+        s->inputs[k].declared = inputs[i];
+        s->inputs[k].declared.name = NULL;
     }
     for (size_t k = 0; k < s->n_outputs; k++) {
         s->outputs[k].declared = (oi_io_spec_t){.ndim = -1};
@@ -543,6 +564,8 @@ void *oi_onnx_backend_state(const char *model_name, const oi_onnx_spec_t *spec, 
                 spec->output_reshape[i].ndim >= 0) {
                 s->outputs[k].declared = outputs[i];
                 s->outputs[k].declared.name = NULL;
+                s->outputs[k].reshape = spec->output_reshape[i];
+                s->outputs[k].reshape.name = NULL;
             }
     }
     return s;
@@ -759,7 +782,8 @@ static oi_status_t *ox_execute(void *state, const oi_request_t *req, const char 
         in_names[k] = s->inputs[k].name;
         oi_tensor_t view = *t; /* the tensor as the session sees it */
         if (s->inputs[k].reshape.ndim >= 0 &&
-            (st = oi_tensor_reshape(t, &s->inputs[k].reshape, s->max_batch_size > 0, view.shape, &view.ndim)) != NULL)
+            (st = oi_tensor_reshape(t, &s->inputs[k].declared, &s->inputs[k].reshape, s->max_batch_size > 0,
+                                    view.shape, &view.ndim)) != NULL)
             break;
         char *msg = t->dtype == OI_TYPE_BYTES
                         ? bytes_value(&view, &in_values[k])
@@ -818,17 +842,8 @@ static oi_status_t *ox_execute(void *state, const oi_request_t *req, const char 
         t->dtype = from_onnx(run_io[r]->type);
         char *msg = run_values[r] == NULL ? strdup("no value produced")
                                           : take_output(&run_values[r], run_bufs[r], &owners[r], t);
-        const oi_io_spec_t *d = &run_io[r]->declared;
-        int fixed = d->ndim >= 0;
-        for (int j = s->max_batch_size > 0 ? 1 : 0; j < d->ndim; j++)
-            fixed &= d->dims[j] >= 0;
-        if (msg == NULL && fixed) { /* reported as declared, with the batch as produced */
-            int64_t batch0 = t->ndim > 0 ? t->shape[0] : 1;
-            memcpy(t->shape, d->dims, (size_t)d->ndim * sizeof(int64_t));
-            t->ndim = d->ndim;
-            if (s->max_batch_size > 0 && d->ndim > 0)
-                t->shape[0] = batch0;
-        }
+        if (msg == NULL && run_io[r]->declared.ndim >= 0)
+            reshape_output(s, run_io[r], t);
         if (msg != NULL) {
             st = run_error(s, OI_INTERNAL, "output", names[i], msg);
             break;

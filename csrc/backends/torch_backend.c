@@ -83,6 +83,7 @@ typedef struct ts_state_s {
     uint32_t n_args;
     char **arg_names;       /* forward() argument k is the request input of this name */
     oi_io_spec_t *arg_shape; /* per argument: reshape (ndim -1: as sent), batch excluded */
+    oi_io_spec_t *arg_decl;  /* per argument: the input's declaration (its -1s give the reshape's) */
     int32_t *dim_links;      /* see oi_torch_spec_t */
     uint32_t n_dim_links;
     uint32_t n_outputs;
@@ -113,6 +114,7 @@ static void ts_release(void *state)
         free(s->arg_names[i]);
     free(s->arg_names);
     free(s->arg_shape);
+    free(s->arg_decl);
     free(s->dim_links);
     for (uint32_t i = 0; i < s->n_outputs && s->outputs; i++) {
         free(s->outputs[i].name);
@@ -122,15 +124,6 @@ static void ts_release(void *state)
     free(s->model_name);
     oi__instances_destroy(&s->pool);
     free(s);
-}
-
-static char *errorf(const char *fmt, const char *a, const char *b)
-{
-    size_t n = strlen(fmt) + strlen(a) + strlen(b) + 1;
-    char *p = malloc(n);
-    if (p)
-        snprintf(p, n, fmt, a, b);
-    return p;
 }
 
 void *oi_torch_backend_state(const char *model_name, const oi_torch_spec_t *spec, int max_batch_size,
@@ -153,6 +146,7 @@ void *oi_torch_backend_state(const char *model_name, const oi_torch_spec_t *spec
     if (oi__instances_init(&s->pool, n_inst) != 0 || (s->model_name = strdup(model_name)) == NULL ||
         (s->arg_names = calloc(spec->n_args ? spec->n_args : 1, sizeof(char *))) == NULL ||
         (s->arg_shape = calloc(spec->n_args ? spec->n_args : 1, sizeof(oi_io_spec_t))) == NULL ||
+        (s->arg_decl = calloc(spec->n_args ? spec->n_args : 1, sizeof(oi_io_spec_t))) == NULL ||
         (s->outputs = calloc(n_outputs ? n_outputs : 1, sizeof(*s->outputs))) == NULL ||
         (s->dim_links = calloc(spec->n_dim_links * 4 + 1, sizeof(int32_t))) == NULL)
         goto oom;
@@ -166,28 +160,35 @@ void *oi_torch_backend_state(const char *model_name, const oi_torch_spec_t *spec
     if (spec->n_dim_links)
         memcpy(s->dim_links, spec->dim_links, spec->n_dim_links * 4 * sizeof(int32_t));
     s->n_dim_links = spec->n_dim_links;
+    /* TYPE_STRING tensors are List[str] values, which only TorchScript modules take and make,
+     * on the CPU. */
+    int strings_ok = !spec->package;
+    for (int d = 0; d < n_inst; d++)
+        strings_ok &= spec->devices == NULL || strcmp(spec->devices[d], "cpu") == 0;
+    for (uint32_t i = 0; !strings_ok && i < n_inputs + n_outputs; i++) {
+        const oi_io_spec_t *t = i < n_inputs ? &inputs[i] : &outputs[i - n_inputs];
+        if (t->dtype == OI_TYPE_BYTES) {
+            char msg[OI_MAX_NAME_BYTES + 160];
+            snprintf(msg, sizeof(msg), "'%s' is TYPE_STRING: List[str] is served by TorchScript modules on the CPU "
+                     "only, not by %s", t->name, spec->package ? "PT2 packages" : "GPU instances");
+            *err = strdup(msg);
+            goto fail;
+        }
+    }
     for (uint32_t k = 0; k < spec->n_args; k++) {
         uint32_t i = spec->arg_inputs[k];
         if (i >= n_inputs) {
             *err = strdup("forward() argument maps to no declared input");
             goto fail;
         }
-        if (inputs[i].dtype == OI_TYPE_BYTES) {
-            *err = errorf("input '%s' is %s: the torch backend serves numeric and BOOL tensors, not BYTES "
-                          "(TYPE_STRING)", inputs[i].name, "BYTES");
-            goto fail;
-        }
         if ((s->arg_names[k] = strdup(inputs[i].name)) == NULL)
             goto oom;
         s->arg_shape[k] = spec->input_reshape ? spec->input_reshape[i] : (oi_io_spec_t){.ndim = -1};
         s->arg_shape[k].name = NULL;
+        s->arg_decl[k] = inputs[i];
+        s->arg_decl[k].name = NULL;
     }
     for (uint32_t i = 0; i < n_outputs; i++) {
-        if (outputs[i].dtype == OI_TYPE_BYTES) {
-            *err = errorf("output '%s' is %s: the torch backend serves numeric and BOOL tensors, not BYTES "
-                          "(TYPE_STRING)", outputs[i].name, "BYTES");
-            goto fail;
-        }
         s->outputs[i].dtype = outputs[i].dtype;
         s->outputs[i].declared = outputs[i];
         s->outputs[i].declared.name = NULL;
@@ -258,7 +259,8 @@ static oi_status_t *ts_execute(void *state, const oi_request_t *req, const char 
         in[k].ndim = t->ndim;
         memcpy(shapes[k], t->shape, (size_t)t->ndim * sizeof(int64_t));
         oi_status_t *st = s->arg_shape[k].ndim >= 0
-                              ? oi_tensor_reshape(t, &s->arg_shape[k], s->max_batch_size > 0, shapes[k], &in[k].ndim)
+                              ? oi_tensor_reshape(t, &s->arg_decl[k], &s->arg_shape[k], s->max_batch_size > 0,
+                                                  shapes[k], &in[k].ndim)
                               : NULL;
         if (st != NULL)
             return st;
@@ -321,12 +323,15 @@ static oi_status_t *ts_execute(void *state, const oi_request_t *req, const char 
         t->name = names[i];
         t->dtype = src->dtype;
         t->byte_size = src->nbytes;
-        /* A reshaped output is reported in its declared shape (with the batch as produced). */
+        /* A reshaped output is reported in its declared shape (with the batch as produced), each
+         * variable dimension the produced size of the reshape's matching one (as Triton). */
         if (s->outputs[o].reshape.ndim >= 0 && s->outputs[o].declared.ndim >= 0) {
-            const oi_io_spec_t *d = &s->outputs[o].declared;
+            const oi_io_spec_t *d = &s->outputs[o].declared, *rs = &s->outputs[o].reshape;
+            int skip = s->max_batch_size > 0 && src->ndim > 0 ? 1 : 0;
             t->ndim = d->ndim;
-            memcpy(t->shape, d->dims, (size_t)d->ndim * sizeof(int64_t));
-            if (s->max_batch_size > 0 && src->ndim > 0)
+            oi_shape_map_wildcards(rs->dims, rs->ndim == src->ndim - skip ? rs->ndim : 0, src->shape + skip,
+                                   d->dims + skip, d->ndim - skip, t->shape + skip);
+            if (skip)
                 t->shape[0] = src->shape[0];
         } else {
             t->ndim = src->ndim;

@@ -71,14 +71,38 @@ char *oi_shape_format(const int64_t *shape, int ndim, char *out, size_t cap)
     return out;
 }
 
-oi_status_t *oi_tensor_reshape(const oi_tensor_t *t, const oi_io_spec_t *reshape, int batched, int64_t *shape,
-                               int *ndim)
+int oi_shape_map_wildcards(const int64_t *from, int from_n, const int64_t *shape, const int64_t *to, int to_n,
+                           int64_t *out)
 {
-    int nd = 0;
-    if (batched && t->ndim > 0)
-        shape[nd++] = t->shape[0];
-    for (int d = 0; d < reshape->ndim && nd < OI_MAX_DIMS; d++)
-        shape[nd++] = reshape->dims[d];
+    int j = 0, rc = 0;
+    for (int i = 0; i < to_n; i++) {
+        out[i] = to[i];
+        if (to[i] != -1)
+            continue;
+        while (j < from_n && from[j] != -1)
+            j++;
+        if (j < from_n)
+            out[i] = shape[j++];
+        else
+            rc = -1;
+    }
+    return rc;
+}
+
+oi_status_t *oi_tensor_reshape(const oi_tensor_t *t, const oi_io_spec_t *declared, const oi_io_spec_t *reshape,
+                               int batched, int64_t *shape, int *ndim)
+{
+    int skip = batched && t->ndim > 0 ? 1 : 0, nd = reshape->ndim + skip;
+    if (nd > OI_MAX_DIMS)
+        nd = OI_MAX_DIMS;
+    if (skip)
+        shape[0] = t->shape[0];
+    /* The declaration's variable dimensions are the request's, as validated: a rank that does
+     * not match (a declaration of any shape) leaves -1s for the count check to refuse. */
+    int dn = declared->ndim - skip;
+    int matched = dn >= 0 && dn == t->ndim - skip;
+    oi_shape_map_wildcards(declared->dims + skip, matched ? dn : 0, t->shape + skip, reshape->dims, nd - skip,
+                           shape + skip);
     *ndim = nd;
     int64_t sent = 0, seen = 0;
     if (oi_shape_elements(t->shape, t->ndim, &sent) != 0 || oi_shape_elements(shape, nd, &seen) != 0 || sent != seen) {

@@ -146,12 +146,21 @@ int oi_shape_elements(const int64_t *shape, int ndim, int64_t *count);
 /* Writes "[2,16]" into `out` (at least 24*OI_MAX_DIMS bytes for any shape); returns out. */
 char *oi_shape_format(const int64_t *shape, int ndim, char *out, size_t cap);
 
-/* The shape that input `t` has for a model declaring `reshape` (Triton's reshape, ndim >= 0):
- * dimension 0 as sent when the model batches, then the reshape's dims, into `shape`
- * (OI_MAX_DIMS) and *ndim. NULL, or a 400 naming the input when the element count would
- * change. */
-oi_status_t *oi_tensor_reshape(const oi_tensor_t *t, const oi_io_spec_t *reshape, int batched, int64_t *shape,
-                               int *ndim);
+/* Triton's mapping of variable dimensions between a tensor's dims and its reshape (its
+ * infer_request.cc for inputs, InferenceResponse::Output::Reshape for outputs): writes `to`
+ * (to_n dims) into `out`, its k-th -1 replaced by shape[j] where from[j] is the k-th -1 of
+ * `from` (`shape` lines up with `from`). Returns 0, or -1 when `to` has more -1s than `from`
+ * (its -1s are then left as they are). */
+int oi_shape_map_wildcards(const int64_t *from, int from_n, const int64_t *shape, const int64_t *to, int to_n,
+                           int64_t *out);
+
+/* The shape that input `t` (sent as `declared`, the batch dimension first when `batched`) has
+ * for a model declaring `reshape` (Triton's reshape past the batch, ndim >= 0): dimension 0 as
+ * sent when the model batches, then the reshape's dims, each -1 the size the request gave the
+ * matching -1 of the declaration, into `shape` (OI_MAX_DIMS) and *ndim. NULL, or a 400 naming
+ * the input when the element count would change. */
+oi_status_t *oi_tensor_reshape(const oi_tensor_t *t, const oi_io_spec_t *declared, const oi_io_spec_t *reshape,
+                               int batched, int64_t *shape, int *ndim);
 
 /* Appends a zeroed tensor to a growable array; returns it or NULL (out of memory). */
 oi_tensor_t *oi_tensor_push(oi_tensor_t **arr, uint32_t *n);

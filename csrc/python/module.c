@@ -1087,7 +1087,7 @@ static int summaries_for(ServerObject *self, oi_model_t *m)
 {
     if (!self->cfg.metrics.summary_latencies || !self->cfg.statistics || self->cfg.metrics_port < 0)
         return 0;
-    if (oi_stats_enable_summaries(oi_scheduler_stats(m->sched)) != 0) {
+    if (oi_stats_enable_summaries(oi_scheduler_stats(m->sched), m->cache != NULL) != 0) {
         PyErr_NoMemory();
         return -1;
     }

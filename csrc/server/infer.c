@@ -37,6 +37,7 @@ void oi_infer_free(oi_infer_t *inf)
     oi_response_clear(&inf->job.resp);
     oi_status_free(inf->job.status);
     oi_shm_targets_free(inf->shm_out, inf->req.n_outputs);
+    oi_shm_uses_release(&inf->shm_uses);
     oi_request_clear(&inf->req);
     free(inf->output_names);
     oi__dstream_unref(inf->ds);
@@ -132,6 +133,14 @@ static int cacheable(const oi_infer_t *inf)
 }
 
 /* Executor thread: a missed request's answer goes into the cache (a failure keeps nothing). */
+/* Into the model's cache summary (nv_cache_{hit,miss}_summary_per_model) when it has one. */
+static void observe_cache(oi_model_t *m, oi_summary_kind_t kind, uint64_t ns, uint64_t now)
+{
+    oi_summary_t *sum = m->sched != NULL ? oi_scheduler_stats(m->sched)->cache_summary : NULL;
+    if (sum != NULL)
+        oi_summary_observe_shared(sum, kind, ns / 1000, now);
+}
+
 static void keep_in_cache(oi_infer_t *inf)
 {
     oi_model_t *m = inf->model;
@@ -140,8 +149,10 @@ static void keep_in_cache(oi_infer_t *inf)
         oi_rcache_request_t r = cache_request(inf);
         (void)oi_rcache_insert(m->cache, &r, &inf->job.resp);
     }
+    uint64_t end = oi_now_ns(), ns = inf->cache_miss_ns + (end - start);
     atomic_fetch_add_explicit(&m->cache_misses, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&m->cache_miss_ns, inf->cache_miss_ns + (oi_now_ns() - start), memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->cache_miss_ns, ns, memory_order_relaxed);
+    observe_cache(m, OI_SUM_CACHE_MISS, ns, end);
 }
 
 /* Loop thread: answers from the cache when it holds the answer (1), else notes the miss (0). */
@@ -156,8 +167,10 @@ static int answer_from_cache(oi_infer_t *inf)
             inf->cache_miss_ns = 1;
         return 0;
     }
+    uint64_t end = oi_now_ns();
     atomic_fetch_add_explicit(&m->cache_hits, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&m->cache_hit_ns, oi_now_ns() - start, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->cache_hit_ns, end - start, memory_order_relaxed);
+    observe_cache(m, OI_SUM_CACHE_HIT, end - start, end);
     inf->task.run = run_done;
     oi_loop_post(inf->loop, &inf->task); /* `done` runs after submit has returned, as for a queued one */
     return 1;
@@ -180,6 +193,11 @@ static void job_done(oi_job_t *j)
      * lost, and the request says so rather than answer with zeros. */
     if (j->status == NULL && inf->shm != NULL && inf->ds == NULL)
         j->status = oi_shm_check_request(&inf->req, &j->resp);
+    /* The request is done with its regions before its answer goes out, so an unregister that
+     * waited for it has taken effect by the time the client hears back (a decoupled model may
+     * still place responses: its use ends with the request). */
+    if (inf->ds == NULL)
+        oi_shm_uses_release(&inf->shm_uses);
     if (j->status == NULL && inf->class_counts != NULL)
         j->status = classify_outputs(inf);
     if (j->status == NULL && inf->post != NULL)
@@ -210,7 +228,7 @@ oi_status_t *oi_model_check_ready(const oi_model_t *m)
 static oi_status_t *resolve_shm(oi_infer_t *inf)
 {
     if (inf->shm != NULL)
-        return oi_shm_resolve(inf->shm, &inf->shm_caller, &inf->req, &inf->shm_out);
+        return oi_shm_resolve(inf->shm, &inf->shm_caller, &inf->req, &inf->shm_out, &inf->shm_uses);
     for (uint32_t i = 0; i < inf->req.n_inputs; i++)
         if (inf->req.inputs[i].shm)
             return oi_status_new(OI_BAD_REQUEST, "input '%s': shared memory is not available here",

@@ -33,6 +33,7 @@ struct oi_infer_s {
                                  * submit (NULL: shared-memory tensors are refused) */
     oi_shm_caller_t shm_caller; /* who asks, valid until submit returns; set with `shm` */
     oi_shm_target_t *shm_out;   /* where requested outputs go (NULL: none in shared memory) */
+    oi_shm_uses_t shm_uses;     /* the regions the request named, released once it is done */
     int count_stats;            /* count it in the model's statistics; set by the transport
                                  * from the server's config before submit */
     int cancelled;              /* oi_infer_cancel was called (loop thread only) */

@@ -185,7 +185,7 @@ def _triton_flags(serve: argparse.ArgumentParser) -> None:
         )
     group.add_argument(
         "--allow-client-shm", dest="allow_shared_memory", type=_triton_bool, metavar="BOOL",
-        help="as --allow-shared-memory",
+        help="as --allow-shared-memory (default false)",
     )
     for flag in _TRITON_REFUSED:
         group.add_argument("--" + flag, action=_Refused, nargs="?", help=argparse.SUPPRESS)
@@ -334,6 +334,7 @@ def _parser() -> argparse.ArgumentParser:
         )
     serve.add_argument(
         "--grpc-infer-response-compression-level",
+        type=str.lower,  # tritonserver reads the value in any case
         choices=["none", "low", "medium", "high"],
         default="none",
         help="compress ModelInfer/ModelStreamInfer responses for clients that accept it, as "
@@ -360,13 +361,14 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--allow-shared-memory",
         action=argparse.BooleanOptionalAction,
-        default=None,
-        help="let clients register shared-memory regions (default: only when --host is a "
-        "loopback address)",
+        default=False,
+        help="let clients on this host register shared-memory regions (default: off, as "
+        "tritonserver's --allow-client-shm; openinfer.serve() opens it on loopback hosts)",
     )
     serve.add_argument(
         "--model-control-mode",
         default="none",
+        type=str.lower,  # tritonserver reads the value in any case: EXPLICIT is explicit
         choices=["none", "poll", "explicit"],
         help="as tritonserver: none loads the whole repository at start; poll also rescans it "
         "for new, changed and removed models; explicit loads only --load-model models and lets "

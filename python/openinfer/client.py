@@ -627,7 +627,7 @@ class Client:
                 message = _error_message(reply)
                 if status == 400 and "do not fit shared_memory_byte_size" in message:
                     return None  # an output outgrew its guess: this call goes by socket, and teaches us
-                if status == 400 and slot is not None and f"'{slot.region.name}' is not registered" in message:
+                if status == 400 and slot is not None and f"Unable to find shared memory region: '{slot.region.name}'" in message:
                     self._disable_shm()  # the server lost our regions (restarted?)
                     return None
                 raise InferenceServerError(status, message)

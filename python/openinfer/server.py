@@ -11,6 +11,7 @@ import atexit
 import json
 import logging
 import os
+import re
 import socket
 import sys
 import threading
@@ -929,22 +930,31 @@ def _metrics_settings(config: Mapping[str, object] | Iterable[str] | None) -> di
     return out
 
 
+# What C++'s std::stod reads at the start of a string (after white space): tritonserver parses
+# each quantile and error with it, so "0.0.1" is 0.0 and "0.5abc" is 0.5.
+_STOD_PREFIX = re.compile(r"\s*[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf(?:inity)?|nan)", re.IGNORECASE)
+
+
 def _quantiles(value: object) -> list[float]:
-    """summary_quantiles: "<quantile>:<error>" pairs split by commas, with Triton's wording."""
+    """summary_quantiles as tritonserver's core parses it (MetricReporterConfig::ParseQuantiles):
+    "<quantile>:<error>" pairs split by commas, each number read as std::stod reads one; a pair
+    it cannot read is logged in its words and left out, and none left keeps the default
+    quantiles (an empty list). openinfer also leaves out quantiles or errors outside 0..1 (a
+    summary of them means nothing) and refuses more than 16 quantiles."""
     quantiles = []
     for pair in str(value).split(","):
-        q, colon, err = pair.strip().partition(":")
+        q, colon, err = pair.partition(":")
         if not colon:
-            raise ValueError(
-                f"metrics config: Invalid option: [{pair}]. No ':' delimiter found. Expected format "
-                "is <quantile>:<error>"
-            )
-        try:
-            quantile, error = float(q), float(err)
-        except ValueError:
-            raise ValueError(f"metrics config: Invalid option: [{pair}]. Expected numbers") from None
+            logger.error("Invalid option: [%s]. No ':' delimiter found. Expected format is <quantile>:<error>", pair)
+            continue
+        numbers = [_STOD_PREFIX.match(text) for text in (q, err)]
+        if not all(numbers):
+            logger.error("Invalid option: [%s]. Error: stod", pair)
+            continue
+        quantile, error = (float(m.group(0)) for m in numbers if m)
         if not (0 <= quantile <= 1 and 0 <= error <= 1):
-            raise ValueError(f"metrics config: Invalid option: [{pair}]. Quantile and error must be 0 to 1")
+            logger.error("Invalid option: [%s]. Quantile and error must be 0 to 1", pair)
+            continue
         quantiles.append(quantile)
     if len(quantiles) > 16:
         raise ValueError("metrics config: summary_quantiles takes at most 16 quantiles")

@@ -198,6 +198,61 @@ void add_output(std::vector<oits_output_t> &outs, const at::Tensor &src, const s
     outs.push_back(o);
 }
 
+// A List[str] result as a BYTES output of shape [n]: each element a 4-byte little-endian length
+// then its bytes, in a byte tensor that owns them (Triton's pytorch backend serves List[str]
+// the same way).
+void add_strings_output(std::vector<oits_output_t> &outs, const c10::List<c10::IValue> &list,
+                        const std::string *name, size_t index)
+{
+    size_t total = 0;
+    for (const c10::IValue &v : list) {
+        if (!v.isString())
+            throw std::runtime_error("output " + std::to_string(index) + " is a list holding " + v.tagKind() +
+                                     "; a list output must be List[str] (BYTES)");
+        total += 4 + v.toStringRef().size();
+    }
+    at::Tensor t = at::empty({static_cast<int64_t>(total)}, at::TensorOptions().dtype(at::kByte));
+    auto *p = static_cast<unsigned char *>(t.data_ptr());
+    for (const c10::IValue &v : list) {
+        const std::string &s = v.toStringRef();
+        if (s.size() > UINT32_MAX)
+            throw std::runtime_error("output " + std::to_string(index) + " has a string of 4 GiB or more");
+        uint32_t n = static_cast<uint32_t>(s.size());
+        for (int b = 0; b < 4; b++)
+            *p++ = static_cast<unsigned char>(n >> (8 * b));
+        std::memcpy(p, s.data(), s.size());
+        p += s.size();
+    }
+    oits_output_t o{};
+    o.dtype = OI_TYPE_BYTES;
+    o.ndim = 1;
+    o.shape[0] = static_cast<int64_t>(list.size());
+    o.nbytes = total;
+    o.data = total > 0 ? t.data_ptr() : nullptr;
+    o.tensor = new oits_tensor_s{std::move(t)};
+    if (name != nullptr && (o.name = dup_cstr(*name)) == nullptr) {
+        delete o.tensor;
+        throw std::bad_alloc();
+    }
+    outs.push_back(o);
+}
+
+// A BYTES input (validated by the server: `count` elements, each a 4-byte little-endian length
+// then its bytes) as the List[str] forward() takes.
+c10::IValue strings_input(const oits_input_t &in, int64_t count)
+{
+    c10::List<std::string> list;
+    list.reserve(static_cast<size_t>(count));
+    const auto *p = static_cast<const unsigned char *>(in.data);
+    for (int64_t i = 0; i < count; i++) {
+        uint32_t n = static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
+                     static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
+        list.push_back(std::string(reinterpret_cast<const char *>(p + 4), n));
+        p += 4 + n;
+    }
+    return list;
+}
+
 void free_outputs(std::vector<oits_output_t> &outs)
 {
     for (auto &o : outs) {
@@ -207,18 +262,28 @@ void free_outputs(std::vector<oits_output_t> &outs)
     outs.clear();
 }
 
-// Flattens forward()'s result into outputs in order: Tensor, tuple or list of Tensors, or a
-// dict of str -> Tensor.
+// Whether a result is one List[str] output rather than a list of outputs.
+bool is_strings(const c10::IValue &v)
+{
+    return v.isList() && v.type()->containedType(0)->kind() == c10::TypeKind::StringType;
+}
+
+// Flattens forward()'s result into outputs in order: Tensor or List[str], tuple or list of
+// them, or a dict of str -> them.
 void collect(const c10::IValue &result, std::vector<oits_output_t> &outs,
              const std::vector<std::pair<const char *, size_t>> &borrowed)
 {
     auto element = [&](const c10::IValue &v, size_t i, const std::string *name) {
+        if (is_strings(v)) {
+            add_strings_output(outs, v.toList(), name, i);
+            return;
+        }
         if (!v.isTensor())
             throw std::runtime_error("forward() returned " + v.tagKind() + " as output " + std::to_string(i) +
-                                     "; only Tensors can be served");
+                                     "; only Tensors and List[str] can be served");
         add_output(outs, v.toTensor(), name, borrowed, i);
     };
-    if (result.isTensor()) {
+    if (result.isTensor() || is_strings(result)) {
         element(result, 0, nullptr);
     } else if (result.isTuple()) {
         const auto &els = result.toTupleRef().elements();
@@ -555,7 +620,10 @@ int oits_module_forward(oits_module_t *m, const oits_input_t *inputs, size_t n_i
     guarded(err, "forward() failed", [&] {
         std::vector<std::pair<const char *, size_t>> borrowed;
         for (size_t i = 0; i < n_inputs; i++) {
-            if (!scalar_type(inputs[i].dtype))
+            if (inputs[i].dtype == OI_TYPE_BYTES && (m->package || m->device.is_cuda()))
+                throw std::runtime_error("input " + std::to_string(i) + " is BYTES: List[str] arguments are "
+                                         "served to TorchScript modules on the CPU only");
+            if (inputs[i].dtype != OI_TYPE_BYTES && !scalar_type(inputs[i].dtype))
                 throw std::runtime_error(std::string("input ") + std::to_string(i) + ": datatype " +
                                          oi_dtype_name(inputs[i].dtype) + " has no torch dtype");
             if (inputs[i].ndim < 0 || inputs[i].ndim > OITS_MAX_DIMS)
@@ -571,11 +639,15 @@ int oits_module_forward(oits_module_t *m, const oits_input_t *inputs, size_t n_i
         args.reserve(n_inputs);
         for (size_t i = 0; i < n_inputs; i++) {
             const oits_input_t &in = inputs[i];
-            at::ScalarType st = *scalar_type(in.dtype);
             std::vector<int64_t> shape(in.shape, in.shape + in.ndim);
             int64_t count = 1;
             for (auto d : shape)
                 count *= d;
+            if (in.dtype == OI_TYPE_BYTES) {
+                args.emplace_back(strings_input(in, count));
+                continue;
+            }
+            at::ScalarType st = *scalar_type(in.dtype);
             size_t esize = oi_dtype_size(in.dtype);
             auto options = at::TensorOptions().dtype(st);
             if (count == 0 || in.data == nullptr) {

@@ -794,6 +794,8 @@ static void route_shm(oi_server_t *s, oi_http_request_t *r, oi_shm_kind_t kind, 
     }
     oi_status_t *st = what == REGISTER ? shm_register(s, r, kind, name)
                                        : oi_shm_unregister(&s->shm, oi_http_request_peer(r), kind, name);
+    if (st != NULL && st->code == 409)
+        st->code = OI_BAD_REQUEST; /* tritonserver answers ALREADY_EXISTS with 400 over HTTP */
     if (st != NULL)
         respond_status(r, st);
     else

@@ -179,6 +179,7 @@ void oi_stats_free(oi_stats_t *s)
     if (s == NULL)
         return;
     free_tables(atomic_load(&s->shared.batches));
+    free(s->cache_summary);
     for (int i = 0; i < s->nslots; i++) {
         free_tables(atomic_load(&s->slots[i].batches));
         free(s->slots[i].summary);
@@ -186,8 +187,10 @@ void oi_stats_free(oi_stats_t *s)
     free(s);
 }
 
-int oi_stats_enable_summaries(oi_stats_t *s)
+int oi_stats_enable_summaries(oi_stats_t *s, int cache)
 {
+    if (cache && s->cache_summary == NULL && (s->cache_summary = oi_summary_new()) == NULL)
+        return -1;
     for (int i = 0; i < s->nslots; i++)
         if (s->slots[i].summary == NULL && (s->slots[i].summary = oi_summary_new()) == NULL)
             return -1;

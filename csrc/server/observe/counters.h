@@ -51,6 +51,7 @@ typedef struct oi_stats_slot_s {
  * the version's scheduler; lives as long as it. */
 typedef struct oi_stats_s {
     int nslots;
+    oi_summary_t *cache_summary; /* the response cache's hits and misses (any thread); NULL: off */
     oi_stats_slot_t shared;
     oi_stats_slot_t slots[];
 } oi_stats_t;
@@ -60,9 +61,10 @@ oi_stats_t *oi_stats_new(int nslots);
 
 void oi_stats_free(oi_stats_t *s);
 
-/* Gives every executor slot latency summaries (--metrics-config summary_latencies=true).
- * Before the statistics are written. 0, or -1 when out of memory. */
-int oi_stats_enable_summaries(oi_stats_t *s);
+/* Gives every executor slot latency summaries (--metrics-config summary_latencies=true), and
+ * the model's response cache one when `cache`. Before the statistics are written. 0, or -1
+ * when out of memory. */
+int oi_stats_enable_summaries(oi_stats_t *s, int cache);
 
 /* One request's trip, as its job recorded it (CLOCK_MONOTONIC ns). */
 typedef struct oi_stats_times_s {

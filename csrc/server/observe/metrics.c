@@ -378,11 +378,40 @@ static const struct {
                                               "include cached requests)"},
     {"nv_inference_compute_output_summary_us", "Cumulative inference compute output duration in microseconds (does "
                                                "not include cached requests)"},
+    {"nv_cache_hit_summary_per_model", "Summary of cache hit counts/durations per model, in microseconds."},
+    {"nv_cache_miss_summary_per_model", "Summary of cache miss counts/durations per model, in microseconds."},
 };
+
+/* Whether model `m` has a series in summary family `k`: as tritonserver, a model with a response
+ * cache has no request summary (its durations would mix cached answers in), and only such a
+ * model has the cache summaries. */
+static int has_summary(const oi_model_t *m, int k)
+{
+    if (k >= OI_SUM_REQUEST_KINDS)
+        return m->cache != NULL && oi_scheduler_stats(m->sched)->cache_summary != NULL;
+    return k != OI_SUM_REQUEST || m->cache == NULL;
+}
+
+/* The count and total (us) of model i's observations of kind k. */
+static void summary_totals(const oi_model_stats_t *item, int k, double *count, double *sum_us)
+{
+    const oi_model_t *m = item->model;
+    if (k == OI_SUM_CACHE_HIT || k == OI_SUM_CACHE_MISS) {
+        int hit = k == OI_SUM_CACHE_HIT;
+        *count = (double)atomic_load(hit ? &m->cache_hits : &m->cache_misses);
+        *sum_us = (double)(atomic_load(hit ? &m->cache_hit_ns : &m->cache_miss_ns) / 1000);
+        return;
+    }
+    const oi_stats_snapshot_t *snap = &item->snap;
+    const oi_stat_duration_t *d[OI_SUM_REQUEST_KINDS] = {&snap->success, &snap->queue, &snap->compute_input,
+                                                         &snap->compute_infer, &snap->compute_output};
+    *count = (double)d[k]->count;
+    *sum_us = (double)(d[k]->ns / 1000);
+}
 
 /* A summary as prometheus-cpp writes one: _count and _sum (all time), then one series per
  * quantile of the last minute, labelled quantile; "Nan" (prometheus-cpp's spelling) when the
- * minute saw no request. */
+ * minute saw no request. A family left without series is left out. */
 static int summary_families(oi_sbuf_t *o, const oi_metrics_config_t *cfg, const oi_model_stats_t *items, size_t n)
 {
     static const double defaults[] = {0.5, 0.9, 0.95, 0.99, 0.999};
@@ -395,18 +424,25 @@ static int summary_families(oi_sbuf_t *o, const oi_metrics_config_t *cfg, const 
     int rc = 0;
     for (int k = 0; k < OI_SUM_KINDS; k++) {
         char key[64];
-        rc |= family(o, summaries[k].name, summaries[k].help, "summary");
+        size_t shown = 0;
+        for (size_t i = 0; i < n; i++)
+            shown += has_summary(items[i].model, k);
+        if (shown > 0)
+            rc |= family(o, summaries[k].name, summaries[k].help, "summary");
         for (size_t i = 0; i < n; i++) {
-            const oi_stats_snapshot_t *snap = &items[i].snap;
-            const oi_stat_duration_t *d[OI_SUM_KINDS] = {&snap->success, &snap->queue, &snap->compute_input,
-                                                         &snap->compute_infer, &snap->compute_output};
+            if (!has_summary(items[i].model, k))
+                continue;
+            double count, sum_us;
+            summary_totals(&items[i], k, &count, &sum_us);
             snprintf(key, sizeof(key), "%s_count", summaries[k].name);
-            rc |= model_series(o, key, items[i].model, NULL, NULL) | value(o, (double)d[k]->count);
+            rc |= model_series(o, key, items[i].model, NULL, NULL) | value(o, count);
             snprintf(key, sizeof(key), "%s_sum", summaries[k].name);
-            rc |= model_series(o, key, items[i].model, NULL, NULL) | value(o, (double)(d[k]->ns / 1000));
+            rc |= model_series(o, key, items[i].model, NULL, NULL) | value(o, sum_us);
             memset(counts, 0, OI_SUMMARY_BUCKETS * sizeof(uint64_t));
             const oi_stats_t *st = oi_scheduler_stats(items[i].model->sched);
-            for (int sl = 0; sl < st->nslots; sl++)
+            if (k >= OI_SUM_REQUEST_KINDS)
+                oi_summary_merge(st->cache_summary, (oi_summary_kind_t)k, now, counts);
+            for (int sl = 0; k < OI_SUM_REQUEST_KINDS && sl < st->nslots; sl++)
                 if (st->slots[sl].summary != NULL)
                     oi_summary_merge(st->slots[sl].summary, (oi_summary_kind_t)k, now, counts);
             for (int q = 0; q < nq; q++) {

@@ -30,7 +30,7 @@ static double bucket_value(int idx)
     return (16 + sub) * width + width / 2;
 }
 
-void oi_summary_observe(oi_summary_t *s, const uint64_t us[OI_SUM_KINDS], uint64_t now_ns)
+void oi_summary_observe(oi_summary_t *s, const uint64_t us[OI_SUM_REQUEST_KINDS], uint64_t now_ns)
 {
     uint64_t epoch = now_ns / PART_NS + 1; /* never 0, which marks a part never used */
     int p = (int)(epoch % OI_SUMMARY_PARTS);
@@ -42,10 +42,23 @@ void oi_summary_observe(oi_summary_t *s, const uint64_t us[OI_SUM_KINDS], uint64
                 atomic_store_explicit(&s->counts[p][k][b], 0, memory_order_relaxed);
         atomic_store_explicit(&s->part_epoch[p], epoch, memory_order_release);
     }
-    for (int k = 0; k < OI_SUM_KINDS; k++) {
+    for (int k = 0; k < OI_SUM_REQUEST_KINDS; k++) {
         _Atomic uint32_t *c = &s->counts[p][k][bucket_of(us[k])];
         atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + 1, memory_order_relaxed);
     }
+}
+
+void oi_summary_observe_shared(oi_summary_t *s, oi_summary_kind_t kind, uint64_t us, uint64_t now_ns)
+{
+    uint64_t epoch = now_ns / PART_NS + 1;
+    int p = (int)(epoch % OI_SUMMARY_PARTS);
+    uint64_t seen = atomic_load_explicit(&s->part_epoch[p], memory_order_acquire);
+    /* One writer wins the turn-over and clears the part; the others go on adding. */
+    if (seen != epoch && atomic_compare_exchange_strong(&s->part_epoch[p], &seen, epoch))
+        for (int k = 0; k < OI_SUM_KINDS; k++)
+            for (int b = 0; b < OI_SUMMARY_BUCKETS; b++)
+                atomic_store_explicit(&s->counts[p][k][b], 0, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->counts[p][kind][bucket_of(us)], 1, memory_order_relaxed);
 }
 
 void oi_summary_merge(const oi_summary_t *s, oi_summary_kind_t kind, uint64_t now_ns, uint64_t into[OI_SUMMARY_BUCKETS])

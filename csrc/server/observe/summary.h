@@ -11,15 +11,20 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-/* What is observed, in Triton's family order. */
+/* What is observed, in Triton's family order: a request's durations (by its executor), then
+ * the response cache's hits and misses (by any thread, in a summary of their own). */
 typedef enum {
     OI_SUM_REQUEST,
     OI_SUM_QUEUE,
     OI_SUM_COMPUTE_INPUT,
     OI_SUM_COMPUTE_INFER,
     OI_SUM_COMPUTE_OUTPUT,
+    OI_SUM_CACHE_HIT,
+    OI_SUM_CACHE_MISS,
     OI_SUM_KINDS
 } oi_summary_kind_t;
+
+#define OI_SUM_REQUEST_KINDS OI_SUM_CACHE_HIT
 
 #define OI_SUMMARY_BUCKETS 608
 #define OI_SUMMARY_PARTS 6
@@ -33,9 +38,13 @@ typedef struct oi_summary_s {
 /* Returns a zeroed summary, or NULL (out of memory). Free with free(). */
 oi_summary_t *oi_summary_new(void);
 
-/* Observes one successful request's durations in microseconds (`us`, one per kind) at
+/* Observes one successful request's durations in microseconds (`us`, one per request kind) at
  * monotonic time `now_ns`. The summary's one writer only. */
-void oi_summary_observe(oi_summary_t *s, const uint64_t us[OI_SUM_KINDS], uint64_t now_ns);
+void oi_summary_observe(oi_summary_t *s, const uint64_t us[OI_SUM_REQUEST_KINDS], uint64_t now_ns);
+
+/* Observes one duration of `kind` from any thread, with atomic adds: a part that turns over
+ * while others write may lose their few observations (the estimate is approximate anyway). */
+void oi_summary_observe_shared(oi_summary_t *s, oi_summary_kind_t kind, uint64_t us, uint64_t now_ns);
 
 /* Adds the last minute's counts of `kind` in `s` (as of `now_ns`) into `into`. Any thread. */
 void oi_summary_merge(const oi_summary_t *s, oi_summary_kind_t kind, uint64_t now_ns,

@@ -307,13 +307,13 @@ static oi_shm_region_t *find_locked(oi_shm_t *s, uid_t owner, const char *name)
     return NULL;
 }
 
-/* NULL when registration is open and the peer's user is known, else a 403. */
+/* NULL when registration is open and the peer's user is known, else tritonserver's 501
+ * (its words, which clients compare) or a 403. */
 static oi_status_t *check_peer(const oi_shm_t *s, const oi_peer_t *peer)
 {
     if (!s->allowed)
-        return oi_status_new(403, "shared-memory registration is disabled on this server: it listens on a "
-                                  "non-loopback address; start it with allow_shared_memory=True "
-                                  "(--allow-shared-memory) to open it");
+        return oi_status_new(OI_UNIMPLEMENTED, "Client shared memory is disabled. Start the server with "
+                                               "'--allow-client-shm=true' to enable.");
     if (peer->error != 0)
         return oi_status_new(403,
                              "shared memory serves only clients on the server's host whose user it can tell; "
@@ -335,6 +335,49 @@ static int peer_may_read_write(const oi_peer_t *p, const struct stat *sb)
     return (sb->st_mode & need) == need;
 }
 
+/* Drops, under the lock, the regions whose unregistering waited for requests and whose last
+ * request is done: onto *gone, to be released outside the lock. Every registry access sweeps
+ * first, so a waiting unregister shows as done from the first look after the requests end, as
+ * in tritonserver. Users are only added under the lock, so a 0 seen here cannot grow. */
+static void sweep_locked(oi_shm_t *s, oi_shm_region_t **gone)
+{
+    for (oi_shm_region_t **pp = &s->head; *pp != NULL;) {
+        oi_shm_region_t *r = *pp;
+        if (r->unregistering && atomic_load(&r->users) == 0) {
+            *pp = r->next;
+            r->next = *gone;
+            *gone = r;
+            s->count--;
+        } else {
+            pp = &r->next;
+        }
+    }
+}
+
+static void release_list(oi_shm_region_t *gone)
+{
+    while (gone != NULL) {
+        oi_shm_region_t *next = gone->next;
+        region_unref(gone);
+        gone = next;
+    }
+}
+
+/* Takes the registry lock after a sweep; unlock_swept releases what the sweep dropped. */
+static oi_shm_region_t *lock_swept(oi_shm_t *s)
+{
+    oi_shm_region_t *gone = NULL;
+    pthread_mutex_lock(&s->mu);
+    sweep_locked(s, &gone);
+    return gone;
+}
+
+static void unlock_swept(oi_shm_t *s, oi_shm_region_t *gone)
+{
+    pthread_mutex_unlock(&s->mu);
+    release_list(gone);
+}
+
 static oi_status_t *check_name(const char *name)
 {
     size_t n = strlen(name);
@@ -348,7 +391,7 @@ static oi_status_t *check_name(const char *name)
  * registry, or that user's share of it, is full. */
 static oi_status_t *add(oi_shm_t *s, oi_shm_region_t *r)
 {
-    pthread_mutex_lock(&s->mu);
+    oi_shm_region_t *gone = lock_swept(s);
     oi_shm_region_t *old = find_locked(s, r->owner, r->name);
     int mine = 0;
     for (oi_shm_region_t *q = s->head; q != NULL; q = q->next)
@@ -361,8 +404,7 @@ static oi_status_t *add(oi_shm_t *s, oi_shm_region_t *r)
         s->head = r;
         s->count++;
     }
-    oi_shm_kind_t old_kind = old ? old->kind : OI_SHM_SYSTEM;
-    pthread_mutex_unlock(&s->mu);
+    unlock_swept(s, gone);
     if (old == NULL && limit != 0) {
         oi_status_t *st = oi_status_new(429,
                                         "shared-memory region '%s' cannot be registered: %d regions are "
@@ -373,23 +415,34 @@ static oi_status_t *add(oi_shm_t *s, oi_shm_region_t *r)
     }
     if (old == NULL)
         return NULL;
-    oi_status_t *st = oi_status_new(409,
-                                    "shared-memory region '%s' is already registered (as %s shared memory); "
-                                    "unregister it first",
-                                    r->name, kind_name(old_kind));
+    /* tritonserver's ALREADY_EXISTS and words, also while an unregister waits for requests. */
+    oi_status_t *st = oi_status_new(409, "shared memory region '%s' already in manager", r->name);
     region_unref(r);
     return st;
 }
 
+/* The key prefix tritonserver keeps for its Python backend's own regions. */
+#define RESERVED_KEY_PREFIX "triton_python_backend_shm_region_"
+
 /* A POSIX shm name: an optional leading '/', then 1..NAME_MAX bytes with no '/', no "..",
- * no control bytes. Anything else could reach other files through shm_open's directory. */
-static oi_status_t *check_key(const char *key)
+ * no control bytes. Anything else could reach other files through shm_open's directory.
+ * Keys of only slashes and keys with the reserved prefix get tritonserver's words. */
+static oi_status_t *check_key(const char *name, const char *key)
 {
-    const char *p = key[0] == '/' ? key + 1 : key;
+    const char *p = key + strspn(key, "/");
+    if (*p == '\0')
+        return oi_status_new(OI_BAD_REQUEST, "cannot register shared memory region '%s' - invalid shm key '%.300s'",
+                             name, key);
+    if (strncmp(p, RESERVED_KEY_PREFIX, strlen(RESERVED_KEY_PREFIX)) == 0)
+        return oi_status_new(OI_BAD_REQUEST,
+                             "cannot register shared memory region '%s' with key '%.300s' as the key contains the "
+                             "reserved prefix '" RESERVED_KEY_PREFIX "'",
+                             name, key);
+    p = key[0] == '/' ? key + 1 : key;
     size_t n = strlen(p);
     const char *why = NULL;
-    if (n == 0)
-        why = "it is empty";
+    if (n > OI_SHM_MAX_NAME)
+        why = "it is too long";
     else if (n > OI_SHM_MAX_NAME)
         why = "it is too long";
     else if (strchr(p, '/') != NULL)
@@ -412,7 +465,7 @@ oi_status_t *oi_shm_register_system(oi_shm_t *s, const oi_peer_t *peer, const ch
     if (st == NULL)
         st = check_name(name);
     if (st == NULL)
-        st = check_key(key);
+        st = check_key(name, key);
     if (st != NULL)
         return st;
     if (byte_size == 0)
@@ -439,9 +492,10 @@ oi_status_t *oi_shm_register_system(oi_shm_t *s, const oi_peer_t *peer, const ch
                            "by the requesting client's user (uid %u); register an object that user can open",
                            name, key, (unsigned)sb.st_uid, (unsigned)(sb.st_mode & 07777), (unsigned)peer->uid);
     } else if (__builtin_add_overflow(offset, byte_size, &end) || end > (uint64_t)sb.st_size) {
+        /* tritonserver's words first (clients match them), then the numbers. */
         st = oi_status_new(OI_BAD_REQUEST,
-                           "shared-memory region '%s': offset %" PRIu64 " + byte_size %" PRIu64
-                           " exceeds the %lld bytes of key '%s'",
+                           "failed to register shared memory region '%s': invalid args: offset %" PRIu64
+                           " + byte_size %" PRIu64 " exceeds the %lld bytes of key '%s'",
                            name, offset, byte_size, (long long)sb.st_size, key);
     }
     if (st != NULL) {
@@ -522,28 +576,17 @@ oi_status_t *oi_shm_unregister(oi_shm_t *s, const oi_peer_t *peer, oi_shm_kind_t
     oi_status_t *st = check_peer(s, peer);
     if (st != NULL)
         return st;
-    oi_shm_region_t *gone = NULL;
+    /* As tritonserver: a region in use is marked and stays registered (listed, usable, its
+     * name taken) until its last request ends; the next registry access then drops it. */
     pthread_mutex_lock(&s->mu);
-    for (oi_shm_region_t **pp = &s->head; *pp != NULL;) {
-        oi_shm_region_t *r = *pp;
-        if (r->owner == peer->uid && r->kind == kind &&
-            (name == NULL || name[0] == '\0' || strcmp(r->name, name) == 0)) {
-            *pp = r->next;
-            r->next = gone;
-            gone = r;
-            s->count--;
-        } else {
-            pp = &r->next;
-        }
-    }
-    pthread_mutex_unlock(&s->mu);
+    for (oi_shm_region_t *r = s->head; r != NULL; r = r->next)
+        if (r->owner == peer->uid && r->kind == kind && (name == NULL || name[0] == '\0' || strcmp(r->name, name) == 0))
+            r->unregistering = 1;
+    oi_shm_region_t *gone = NULL;
+    sweep_locked(s, &gone);
     /* Unknown names are not an error: Triton answers OK too, so "unregister, then register"
-     * sequences work from any state. Regions in use stay mapped until their requests end. */
-    while (gone != NULL) {
-        oi_shm_region_t *next = gone->next;
-        region_unref(gone);
-        gone = next;
-    }
+     * sequences work from any state. */
+    unlock_swept(s, gone);
     return NULL;
 }
 
@@ -557,7 +600,7 @@ oi_status_t *oi_shm_list(oi_shm_t *s, const oi_peer_t *peer, oi_shm_kind_t kind,
     uid_t uid = peer->uid;
     int one = name != NULL && name[0] != '\0';
     oi_status_t *st = NULL;
-    pthread_mutex_lock(&s->mu);
+    oi_shm_region_t *gone = lock_swept(s);
     size_t count = 0;
     for (oi_shm_region_t *r = s->head; r != NULL; r = r->next)
         count += r->owner == uid && r->kind == kind && (!one || strcmp(r->name, name) == 0);
@@ -571,7 +614,7 @@ oi_status_t *oi_shm_list(oi_shm_t *s, const oi_peer_t *peer, oi_shm_kind_t kind,
     }
     oi_shm_region_t *other = one && count == 0 ? find_locked(s, uid, name) : NULL;
     oi_shm_kind_t other_kind = other ? other->kind : kind;
-    pthread_mutex_unlock(&s->mu);
+    unlock_swept(s, gone);
     if (st == NULL && one && count == 0) {
         oi_shm_release_all(arr, *n);
         arr = NULL;
@@ -642,25 +685,59 @@ static oi_status_t *read_params(oi_slice_t params, const char *label, shm_params
     return NULL;
 }
 
-/* Looks the user's region up and checks the window [offset, offset + byte_size) against it;
- * *out gets a new reference. */
-static oi_status_t *lookup(oi_shm_t *s, uid_t uid, const shm_params_t *p, const char *label, oi_shm_region_t **out)
+void oi_shm_uses_release(oi_shm_uses_t *uses)
+{
+    for (uint32_t i = 0; i < uses->n; i++) {
+        atomic_fetch_sub(&uses->regions[i]->users, 1);
+        region_unref(uses->regions[i]);
+    }
+    free(uses->regions);
+    *uses = (oi_shm_uses_t){0};
+}
+
+/* Looks the user's region up, counts the request among its users (in *uses), and checks the
+ * window [offset, offset + byte_size) against it; *out gets a new reference. */
+static oi_status_t *lookup(oi_shm_t *s, uid_t uid, const shm_params_t *p, const char *label, oi_shm_uses_t *uses,
+                           oi_shm_region_t **out)
 {
     *out = NULL;
-    pthread_mutex_lock(&s->mu);
+    if (uses->n == uses->cap) {
+        uint32_t cap = uses->cap ? uses->cap * 2 : 4;
+        oi_shm_region_t **grown = realloc(uses->regions, cap * sizeof(*grown));
+        if (grown == NULL)
+            return oi_status_new(OI_INTERNAL, "out of memory");
+        uses->regions = grown;
+        uses->cap = cap;
+    }
+    oi_shm_region_t *gone = lock_swept(s);
     oi_shm_region_t *r = find_locked(s, uid, p->region);
-    if (r != NULL)
+    if (r != NULL) {
         region_ref(r);
-    pthread_mutex_unlock(&s->mu);
+        atomic_fetch_add(&r->users, 1);
+        uses->regions[uses->n++] = region_ref(r);
+    }
+    unlock_swept(s, gone);
+    /* tritonserver's words (its clients and tests match them), after the tensor's name. */
     if (r == NULL)
-        return oi_status_new(OI_BAD_REQUEST, "%s: shared-memory region '%s' is not registered", label, p->region);
+        return oi_status_new(OI_BAD_REQUEST, "%s: Unable to find shared memory region: '%s'", label, p->region);
     uint64_t end;
     oi_status_t *st = NULL;
-    if (__builtin_add_overflow(p->offset, p->byte_size, &end) || end > r->byte_size)
+    if (p->offset >= r->byte_size)
         st = oi_status_new(OI_BAD_REQUEST,
-                           "%s: shared_memory_offset %" PRIu64 " + shared_memory_byte_size %" PRIu64
-                           " exceeds the %" PRIu64 " bytes of shared-memory region '%s'",
-                           label, p->offset, p->byte_size, r->byte_size, p->region);
+                           "%s: Invalid offset for shared memory region: '%s' (shared_memory_offset %" PRIu64
+                           ", the region has %" PRIu64 " bytes)",
+                           label, p->region, p->offset, r->byte_size);
+    else if (__builtin_add_overflow(p->offset, p->byte_size, &end))
+        st = oi_status_new(OI_BAD_REQUEST,
+                           "%s: Integer overflow detected: byte_size (%" PRIu64 ") + offset (%" PRIu64
+                           ") exceeds maximum value (%" PRIu64 ") for region '%s'",
+                           label, p->byte_size, p->offset, UINT64_MAX, p->region);
+    else if (end > r->byte_size)
+        st = oi_status_new(OI_BAD_REQUEST,
+                           "%s: Invalid offset + byte size for shared memory region: '%s' "
+                           "(shared_memory_offset %" PRIu64 " + shared_memory_byte_size %" PRIu64
+                           " exceeds its %" PRIu64 " bytes)",
+                           label, p->region, p->offset, p->byte_size, r->byte_size);
     else if (r->obj != NULL) /* an object truncated after registration is refused up front */
         st = object_check(r->obj, r->offset + r->byte_size, label, r->key, p->region, "after registration");
     if (st != NULL) {
@@ -672,7 +749,7 @@ static oi_status_t *lookup(oi_shm_t *s, uid_t uid, const shm_params_t *p, const 
 }
 
 /* Points an input into its region, or copies it out when it must not be read in place. */
-static oi_status_t *resolve_input(oi_shm_t *s, uid_t uid, oi_tensor_t *t)
+static oi_status_t *resolve_input(oi_shm_t *s, uid_t uid, oi_tensor_t *t, oi_shm_uses_t *uses)
 {
     char label[300];
     snprintf(label, sizeof(label), "input '%.200s'", t->name);
@@ -683,7 +760,7 @@ static oi_status_t *resolve_input(oi_shm_t *s, uid_t uid, oi_tensor_t *t)
     if (st == NULL && !present)
         st = oi_status_new(OI_BAD_REQUEST, "%s: parameters.shared_memory_region is missing", label);
     if (st == NULL)
-        st = lookup(s, uid, &p, label, &r);
+        st = lookup(s, uid, &p, label, uses, &r);
     if (st != NULL)
         return st;
     if (r->kind == OI_SHM_SYSTEM && t->dtype != OI_TYPE_BYTES) {
@@ -732,7 +809,8 @@ static oi_status_t *caller_uid(const oi_shm_t *s, const oi_shm_caller_t *caller,
     return (*peer)->error != 0 ? check_peer(s, *peer) : NULL;
 }
 
-oi_status_t *oi_shm_resolve(oi_shm_t *s, const oi_shm_caller_t *caller, oi_request_t *req, oi_shm_target_t **targets)
+oi_status_t *oi_shm_resolve(oi_shm_t *s, const oi_shm_caller_t *caller, oi_request_t *req, oi_shm_target_t **targets,
+                            oi_shm_uses_t *uses)
 {
     *targets = NULL;
     const oi_peer_t *peer = NULL;
@@ -742,7 +820,7 @@ oi_status_t *oi_shm_resolve(oi_shm_t *s, const oi_shm_caller_t *caller, oi_reque
             continue;
         oi_status_t *st = caller_uid(s, caller, &peer, &uid);
         if (st == NULL)
-            st = resolve_input(s, uid, &req->inputs[i]);
+            st = resolve_input(s, uid, &req->inputs[i], uses);
         if (st != NULL)
             return st;
     }
@@ -767,7 +845,7 @@ oi_status_t *oi_shm_resolve(oi_shm_t *s, const oi_shm_caller_t *caller, oi_reque
         if (st == NULL && present)
             st = caller_uid(s, caller, &peer, &uid);
         if (st == NULL && present)
-            st = lookup(s, uid, &p, label, &r);
+            st = lookup(s, uid, &p, label, uses, &r);
         if (st != NULL) {
             oi_shm_targets_free(tg, req->n_outputs);
             return st;

@@ -11,12 +11,14 @@
  *
  * A region is reference-counted through the oi_buf_t it embeds: the registry holds one
  * reference while the region is registered, and every tensor that points into it holds one
- * (as its owner). Unregistering drops the registry's reference only, so a region in use by a
- * request stays mapped until that request is done; the last reference unmaps it. */
+ * (as its owner). As in tritonserver, unregistering a region that requests use only marks it:
+ * it stays registered (listed, usable, its name taken) until the last of them ends, and is
+ * dropped from the registry at the next access after that; the last reference unmaps it. */
 #ifndef OI_SERVER_SHM_SHM_H
 #define OI_SERVER_SHM_SHM_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "core/buf.h"
@@ -48,7 +50,20 @@ struct oi_shm_region_s {
     int64_t device_id;    /* CUDA */
     oi_shm_object_t *obj; /* system: one reference; regions on one object share it */
     void *dev_ptr;        /* CUDA: the device pointer cudaIpcOpenMemHandle gave */
+    int unregistering;    /* under the registry's lock: unregistered while requests used it */
+    atomic_int users;     /* requests that named it and are not done (see oi_shm_uses_t) */
 };
+
+/* The regions one request named, each counted in its `users` until the request is done: the
+ * in-flight requests tritonserver waits for before a region is unregistered. (Mappings live
+ * by reference count, which arrays a model keeps may hold longer.) */
+typedef struct oi_shm_uses_s {
+    oi_shm_region_t **regions; /* one reference each */
+    uint32_t n, cap;
+} oi_shm_uses_t;
+
+/* Ends the request's use of its regions (once; later calls do nothing). */
+void oi_shm_uses_release(oi_shm_uses_t *uses);
 
 /* The most regions registered at once, and by one user (so one user cannot lock others out).
  * Open objects (one descriptor each, shared by the regions on one object) are bounded too, by
@@ -81,10 +96,12 @@ void oi_shm_destroy(oi_shm_t *s);
  * other '/', no "..", at most OI_SHM_MAX_NAME bytes), the peer's user must be allowed to read
  * and write the object (its mode bits against the peer's uid and groups), and offset +
  * byte_size must lie within the object's size. Returns NULL, or a status: 400 for a bad name,
- * key, size or offset, or a key that cannot be opened or mapped (with the system's reason),
- * 403 when registration is not allowed, the peer is unknown or its user may not use the
- * object, 409 when `name` is taken by that user (by a system or a CUDA region: they share one
- * namespace), 429 when the region or object limits are reached. */
+ * key, size or offset, a key of only slashes or with tritonserver's reserved prefix, or a key
+ * that cannot be opened or mapped (with the system's reason), 501 when registration is not
+ * allowed (tritonserver's words), 403 when the peer is unknown or its user may not use the
+ * object, 409 (tritonserver's ALREADY_EXISTS, "already in manager") when `name` is taken by
+ * that user (by a system or a CUDA region: they share one namespace), 429 when the region or
+ * object limits are reached. */
 oi_status_t *oi_shm_register_system(oi_shm_t *s, const oi_peer_t *peer, const char *name, const char *key,
                                     uint64_t offset, uint64_t byte_size);
 
@@ -96,9 +113,9 @@ oi_status_t *oi_shm_register_cuda(oi_shm_t *s, const oi_peer_t *peer, const char
                                   size_t handle_len, int64_t device_id, uint64_t byte_size);
 
 /* Unregisters the peer's region `name` of that kind, or every region of that kind the peer's
- * user registered when `name` is NULL or empty. Requests that use a region keep it until they
- * finish. Unknown names are no error (Triton answers OK too). Returns NULL, or 403 when
- * registration is not allowed or the peer is unknown. */
+ * user registered when `name` is NULL or empty. A region that requests use stays registered
+ * until they finish (see above). Unknown names are no error (Triton answers OK too). Returns
+ * NULL, or 501 when registration is not allowed, 403 when the peer is unknown. */
 oi_status_t *oi_shm_unregister(oi_shm_t *s, const oi_peer_t *peer, oi_shm_kind_t kind, const char *name);
 
 /* A snapshot of the peer's regions of one kind (only `name` when not NULL or empty): *out
@@ -125,8 +142,10 @@ typedef struct oi_shm_target_s {
  * client could change a region's bytes after the server checked the element lengths. Requested
  * outputs with a "shared_memory_region" get a target in *targets, a new array of
  * req->n_outputs entries (NULL when none asks for shared memory; release with
- * oi_shm_targets_free). Returns NULL, or a 400 status naming the tensor and the parameter. */
-oi_status_t *oi_shm_resolve(oi_shm_t *s, const oi_shm_caller_t *caller, oi_request_t *req, oi_shm_target_t **targets);
+ * oi_shm_targets_free). Every region named is added to *uses (also on failure), which the
+ * caller releases when the request is done. Returns NULL, or a 400 status naming the tensor and the parameter. */
+oi_status_t *oi_shm_resolve(oi_shm_t *s, const oi_shm_caller_t *caller, oi_request_t *req, oi_shm_target_t **targets,
+                            oi_shm_uses_t *uses);
 
 /* After the model ran and outputs were placed: a 400 status when an object behind one of the
  * request's in-place inputs or placed outputs shrank meanwhile (what was read or written

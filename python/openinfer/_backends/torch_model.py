@@ -2,8 +2,10 @@
 to the declaration and spec that the C core's torch backend serves.
 
 With a config.pbtxt, Triton's pytorch backend rules apply: inputs are matched to forward()'s
-arguments by name, else by the ``NAME__index`` convention; outputs by ``NAME__index`` (or, for
-a forward() that returns a dict, by key); `reshape`, `instance_group`, `dynamic_batching` and
+arguments by name, else by the ``NAME__index`` convention, else in the config's order; outputs
+by ``NAME__index`` (or, for a forward() that returns a dict, by key), else in the config's
+order; TYPE_STRING tensors (one dimension in all) are forward()'s ``List[str]`` arguments and
+results, on the CPU; `reshape`, `instance_group`, `dynamic_batching` and
 the parameters INFERENCE_MODE, DISABLE_OPTIMIZED_EXECUTION, INTRA_OP_THREAD_COUNT and
 INTER_OP_THREAD_COUNT are honoured.
 
@@ -20,6 +22,7 @@ torch is imported only here, and only when a TorchScript model is loaded.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from pathlib import Path
@@ -32,7 +35,14 @@ from .native_model import NativeModel, count_parameter, place_instances
 
 TORCH_PLATFORM = "pytorch_libtorch"  # Triton's name, reported for configured models
 CONFIGLESS_PLATFORM = "pytorch_torchscript"  # reported for models served without config.pbtxt
-_INDEXED = re.compile(r"(.+)__([0-9]+)")
+logger = logging.getLogger("openinfer")
+
+
+def _named_index(name: str) -> int | None:
+    """The index of a name that follows Triton's ``<name>__<index>`` convention as its pytorch
+    backend reads it: what follows the first "__", all digits; else None."""
+    head, sep, index = name.partition("__")
+    return int(index or 0) if sep and (not index or index.isdigit()) else None
 _TUPLE = re.compile(r"Tuple\[(.*)\]")
 
 
@@ -65,15 +75,17 @@ def load_torchscript(
     except RuntimeError as e:
         raise TorchLoadError(str(e)) from None
     args = [a for a in described["arguments"] if not a["has_default"]]
-    for a in args:
-        if a["type"] != "Tensor":
+    configured = bool(config and (config.inputs or config.outputs))
+    for a in args:  # List[str] is a TYPE_STRING input, which only a config can declare
+        if a["type"] != "Tensor" and not (a["type"] == "List[str]" and configured):
             raise TorchLoadError(
-                f"{path}: forward() argument {a['name']!r} is {a['type']}; "
-                "only Tensor arguments can be served (give others a default value)"
+                f"{path}: forward() argument {a['name']!r} is {a['type']}; only Tensor arguments, "
+                "and List[str] ones declared TYPE_STRING in config.pbtxt, can be served (give others "
+                "a default value)"
             )
     arg_names = [a["name"] for a in args]
     max_batch_size = config.max_batch_size if config else 0
-    if config and (config.inputs or config.outputs):
+    if config and configured:
         inputs, outputs, spec = _from_config(path, config, arg_names, described, sequence)
         platform = config.platform or TORCH_PLATFORM
     elif sequence is not None:
@@ -139,12 +151,16 @@ def _from_config(
     sequence: Any = None,
 ) -> tuple[list[Tensor], list[Tensor], dict[str, Any]]:
     batch = [-1] if config.max_batch_size > 0 else []
-    for t in (*config.inputs, *config.outputs):
-        if t.datatype == "BYTES":
-            raise TorchLoadError(
-                f"{t.name!r} is TYPE_STRING: the torch backend serves numeric and BOOL "
-                "tensors, not strings"
-            )
+    model = config.name or path.parent.parent.name
+    # TYPE_STRING tensors are forward()'s List[str]: one dimension in all, as Triton allows.
+    for kind, tensors in (("input", config.inputs), ("output", config.outputs)):
+        for t in tensors:
+            dims = t.reshape if t.reshape is not None else t.dims
+            if t.datatype == "BYTES" and len(dims) + len(batch) > 1:
+                raise TorchLoadError(
+                    f"Triton only supports 1 dimensional List of String as {kind} for '{t.name}' for model "
+                    f"'{model}'"
+                )
     # What the sequence batcher adds: control and state inputs, then the state outputs the
     # config does not declare (in the order add_model's core appends them).
     extra_in = [] if sequence is None else [c[0] for c in sequence.controls] + [s[0] for s in sequence.states]
@@ -155,7 +171,9 @@ def _from_config(
                              "tensors, not strings")  # fmt: skip
     names = [t.name for t in config.inputs] + extra_in
     out_names = [t.name for t in config.outputs] + extra_out
-    # Triton's rule: forward()'s argument names, else NAME__index (index = argument position).
+    # Triton's rules (its pytorch backend's GetNamingConvention): forward()'s argument names,
+    # else NAME__index (index = argument position), else the config's order.
+    indices = [_named_index(n) for n in names]
     if set(names) <= set(arg_names):
         missing = [a for a in arg_names if a not in names]
         if missing:
@@ -164,16 +182,23 @@ def _from_config(
                 "config.pbtxt"
             )
         arg_inputs = [names.index(a) for a in arg_names]
-    else:
-        positions = [_INDEXED.fullmatch(n) for n in names]
-        if not all(positions):
-            bad = [n for n, p in zip(names, positions) if not p]
+    elif None in indices:
+        bad = names[indices.index(None)]
+        logger.warning(
+            "input '%s' or previous input(s) are neither an input argument to the model '%s' nor do "
+            "they follow the <name>__<index> naming convention. Falling back to enforcing strict "
+            "ordering from model configuration.", bad, model,
+        )
+        if len(names) != len(arg_names):
             raise TorchLoadError(
-                f"input name(s) {', '.join(map(repr, bad))} match no forward() argument "
-                f"({', '.join(arg_names) or 'none'}) and do not follow the NAME__index "
-                "convention"
+                f"input name(s) {', '.join(repr(n) for n in names if n not in arg_names)} match no "
+                f"forward() argument ({', '.join(arg_names) or 'none'}) and do not follow the "
+                f"NAME__index convention, so inputs go to forward() in the config's order: it "
+                f"declares {len(names)} for {len(arg_names)} argument(s)"
             )
-        index = {int(p.group(2)): i for i, p in enumerate(positions) if p}
+        arg_inputs = list(range(len(arg_names)))
+    else:
+        index = {k: i for i, k in enumerate(indices) if k is not None}
         if sorted(index) != list(range(len(arg_names))):
             raise TorchLoadError(
                 f"inputs {', '.join(names)} must number forward()'s {len(arg_names)} "
@@ -182,24 +207,18 @@ def _from_config(
         arg_inputs = [index[k] for k in range(len(arg_names))]
     returns = described.get("returns") or ""
     is_dict = returns.startswith("Dict[")
-    output_index: list[int] = []
-    output_key: list[str | None] = []
-    for out_name in out_names:
-        match = _INDEXED.fullmatch(out_name)
-        if is_dict:
-            output_index.append(-1)
-            output_key.append(out_name)
-        elif match:
-            output_index.append(int(match.group(2)))
-            output_key.append(None)
-        elif returns == "Tensor" and len(out_names) == 1:
-            output_index.append(0)
-            output_key.append(None)
-        else:
-            raise TorchLoadError(
-                f"output {out_name!r} does not follow the NAME__index convention and forward() "
-                f"returns {returns or 'an unknown type'}, not a dict to look it up in"
-            )
+    out_indices = [_named_index(n) for n in out_names]
+    if is_dict:  # looked up by name (beyond Triton's rules)
+        output_index, output_key = [-1] * len(out_names), list(out_names)
+    elif None not in out_indices:
+        output_index, output_key = [k for k in out_indices if k is not None], [None] * len(out_names)
+    else:  # as Triton: the result's elements in the config's order
+        logger.warning(
+            "output '%s' or previous output(s) of the model '%s' do not follow the <name>__<index> "
+            "naming convention. Falling back to enforcing strict ordering from model configuration.",
+            out_names[out_indices.index(None)], model,
+        )
+        output_index, output_key = list(range(len(out_names))), [None] * len(out_names)
 
     def reshape(dims: tuple[int, ...] | None) -> list[int] | None:
         return None if dims is None else list(dims)
