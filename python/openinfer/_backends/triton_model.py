@@ -453,7 +453,7 @@ def load(
         model = TritonModel(
             name,
             Instances([]),
-            inputs=[Tensor(t.name, t.datatype, [*batch, *t.dims]) for t in final.inputs],
+            inputs=[Tensor(t.name, t.datatype, [*batch, *t.dims], optional=t.optional) for t in final.inputs],
             outputs=[Tensor(t.name, t.datatype, [*batch, *t.dims]) for t in final.outputs],
             max_batch_size=final.max_batch_size,
             version=version,
