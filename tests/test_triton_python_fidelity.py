@@ -67,6 +67,26 @@ input [{ name: "A", data_type: TYPE_FP32, dims: [ 1 ] },
 output [{ name: "SENT", data_type: TYPE_STRING, dims: [ 1 ] }]
 """
 
+# Produces OUT in a shape of its own choosing (the rank the config declares or not).
+SHAPE_MODEL = PROLOGUE + textwrap.dedent(
+    """
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                n = pb_utils.get_input_tensor_by_name(request, "N").as_numpy().reshape(-1)[0]
+                out = pb_utils.Tensor("OUT", np.arange(n, dtype=np.float32))
+                responses.append(pb_utils.InferenceResponse([out]))
+            return responses
+    """
+)
+SHAPE_CONFIG = """
+name: "produced_shape"
+backend: "python"
+input [{ name: "N", data_type: TYPE_INT32, dims: [ 1 ] }]
+output [{ name: "OUT", data_type: TYPE_FP32, dims: [ -1, 1 ] }]
+"""
+
 
 def add_model(repo: Path, name: str, model_py: str, config: str) -> Path:
     """<name>/config.pbtxt and <name>/1/model.py, as Triton lays a model out; returns <name>/."""
@@ -91,6 +111,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     add_siblings(repo, "first", "1")
     add_siblings(repo, "second", ".")
     add_model(repo, "optional", OPTIONAL_MODEL, OPTIONAL_CONFIG)
+    add_model(repo, "produced_shape", SHAPE_MODEL, SHAPE_CONFIG)
     add_siblings(repo, "in_workers", "1", "instance_group [{ kind: KIND_CPU, count: 2 }]")
     return repo
 
@@ -156,3 +177,13 @@ def test_optional_inputs_missing_required_one_in_tritons_words(srv: openinfer.Se
     assert "expected number of inputs between 1 and 3 but got 1 inputs for model 'optional'. Got input(s) ['B'], " \
         "but missing required input(s) ['A']. Please provide all required input(s)." in e.value.message()
     assert e.value.status() == ("400" if protocol == "http" else "StatusCode.INVALID_ARGUMENT")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_outputs_are_checked_by_name_not_rank(srv: openinfer.Server, protocol: str) -> None:
+    client, module = client_and_module(srv, protocol)
+    result = client.infer("produced_shape", [tensor(module, "N", np.array([4], np.int32))])  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(result.as_numpy("OUT"), np.arange(4, dtype=np.float32))
+    config = client.get_model_config("produced_shape", **({"as_json": True} if protocol == "grpc" else {}))
+    config = config.get("config", config)
+    assert [int(d) for d in config["output"][0]["dims"]] == [-1, 1]  # the declaration is kept

@@ -450,8 +450,9 @@ static PyObject *Server_set_metadata(ServerObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-/* Parses a sequence of (name, datatype, shape[, optional]) into specs; names point into the
- * tuples' strings, valid while `seq` lives. */
+/* Parses a sequence of (name, datatype, shape[, flag]) into specs, the flag an input's
+ * `optional` or an output's `shape_as_produced`; names point into the tuples' strings, valid
+ * while `seq` lives. */
 static int parse_specs(PyObject *seq, const char *what, oi_io_spec_t **out, uint32_t *n)
 {
     PyObject *fast = PySequence_Fast(seq, "inputs/outputs must be a sequence of (name, datatype, shape)");
@@ -468,10 +469,10 @@ static int parse_specs(PyObject *seq, const char *what, oi_io_spec_t **out, uint
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *item = PySequence_Fast_GET_ITEM(fast, i), *shape;
         const char *name, *dtype;
-        int optional = 0;
+        int flag = 0;
         oi_io_spec_t *s = &(*out)[i];
-        if (!PyArg_ParseTuple(item, "ssO|p;each declaration is (name, datatype, shape[, optional])", &name, &dtype,
-                              &shape, &optional))
+        if (!PyArg_ParseTuple(item, "ssO|p;each declaration is (name, datatype, shape[, flag])", &name, &dtype,
+                              &shape, &flag))
             goto fail;
         for (Py_ssize_t j = 0; j < i; j++)
             if (strcmp((*out)[j].name, name) == 0) {
@@ -479,7 +480,10 @@ static int parse_specs(PyObject *seq, const char *what, oi_io_spec_t **out, uint
                 goto fail;
             }
         s->name = (char *)name;
-        s->optional = (uint8_t)optional;
+        if (strcmp(what, "input") == 0)
+            s->optional = (uint8_t)flag;
+        else
+            s->shape_as_produced = (uint8_t)flag;
         s->dtype = oi_dtype_from_name(dtype, strlen(dtype));
         if (s->dtype == OI_TYPE_INVALID) {
             PyErr_Format(PyExc_ValueError, "%s '%s': unknown datatype '%s'", what, name, dtype);

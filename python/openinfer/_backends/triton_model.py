@@ -193,6 +193,8 @@ class TritonModel(Model):
     # Executor threads per instance: ASYNC_IN_FLIGHT for an async execute in the server process
     # (the model's config, statistics and metrics still count its instances).
     in_flight: int = 1
+    # Outputs are answered in the shape execute produced: Triton's core checks them by name only.
+    outputs_as_produced = True
 
     def attach(self, host: Any) -> None:
         """The server's model control, which pb_utils' BLS and model control calls reach

@@ -601,7 +601,7 @@ class ModelControl:
                 entry.name,
                 model.version,
                 inputs=_specs(model.inputs),
-                outputs=_specs(model.outputs),
+                outputs=_specs(model.outputs, getattr(model, "outputs_as_produced", False)),
                 max_batch_size=model.max_batch_size,
                 metadata_json=_model_metadata(
                     entry.name, versions, model.platform, model.inputs, model.outputs
@@ -1055,8 +1055,12 @@ def _response_cache(entry: LoadedModel) -> bool:
     return bool(enabled) or bool(getattr(entry.model, "response_cache", False))
 
 
-def _specs(tensors: Sequence[Tensor]) -> list[tuple[str, str, tuple[int, ...] | None, bool]]:
-    return [(t.name, t.datatype, t.shape, t.optional) for t in tensors]
+def _specs(
+    tensors: Sequence[Tensor], as_produced: bool = False
+) -> list[tuple[str, str, tuple[int, ...] | None, bool]]:
+    """The core's declarations: (name, datatype, shape, flag), the flag an input's `optional` or
+    whether an output is answered in the shape the model produced (`as_produced`)."""
+    return [(t.name, t.datatype, t.shape, t.optional or as_produced) for t in tensors]
 
 
 def _model_metadata(
