@@ -4,12 +4,14 @@ it, optional inputs, response parameters, outputs checked by name, over tritoncl
 from __future__ import annotations
 
 import json
+import shutil
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+import requests
 
 import openinfer
 
@@ -87,6 +89,43 @@ input [{ name: "N", data_type: TYPE_INT32, dims: [ 1 ] }]
 output [{ name: "OUT", data_type: TYPE_FP32, dims: [ -1, 1 ] }]
 """
 
+# Answers with the TritonError whose code it is sent (logging at each of Logger's levels first).
+ERROR_CODE_MODEL = PROLOGUE + textwrap.dedent(
+    """
+    class TritonPythonModel:
+        def execute(self, requests):
+            for level in (pb_utils.Logger.INFO, pb_utils.Logger.WARNING, pb_utils.Logger.ERROR, pb_utils.Logger.VERBOSE):
+                pb_utils.Logger.log("error_code at level " + str(level), level)
+            codes = [int(pb_utils.get_input_tensor_by_name(r, "CODE").as_numpy().reshape(-1)[0]) for r in requests]
+            return [pb_utils.InferenceResponse(error=pb_utils.TritonError("code " + str(c), c)) for c in codes]
+    """
+)
+ERROR_CODE_CONFIG = """
+name: "error_code"
+backend: "python"
+input [{ name: "CODE", data_type: TYPE_INT32, dims: [ 1 ] }]
+output [{ name: "OUT", data_type: TYPE_INT32, dims: [ 1 ] }]
+"""
+# Sends its one response with the final flag, then raises: Triton logs the error, sends nothing.
+RAISES_AFTER_FINAL_MODEL = PROLOGUE + textwrap.dedent(
+    """
+    class TritonPythonModel:
+        def execute(self, requests):
+            for request in requests:
+                out = pb_utils.Tensor("OUT", np.array([7], dtype=np.int32))
+                request.get_response_sender().send(
+                    pb_utils.InferenceResponse([out]), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            raise ValueError("after the final flag")
+    """
+)
+RAISES_AFTER_FINAL_CONFIG = """
+name: "raises_after_final"
+backend: "python"
+input [{ name: "CODE", data_type: TYPE_INT32, dims: [ 1 ] }]
+output [{ name: "OUT", data_type: TYPE_INT32, dims: [ 1 ] }]
+model_transaction_policy { decoupled: true }
+"""
+
 
 def add_model(repo: Path, name: str, model_py: str, config: str) -> Path:
     """<name>/config.pbtxt and <name>/1/model.py, as Triton lays a model out; returns <name>/."""
@@ -112,6 +151,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     add_siblings(repo, "second", ".")
     add_model(repo, "optional", OPTIONAL_MODEL, OPTIONAL_CONFIG)
     add_model(repo, "produced_shape", SHAPE_MODEL, SHAPE_CONFIG)
+    add_model(repo, "error_code", ERROR_CODE_MODEL, ERROR_CODE_CONFIG)
+    add_model(repo, "raises_after_final", RAISES_AFTER_FINAL_MODEL, RAISES_AFTER_FINAL_CONFIG)
     add_siblings(repo, "in_workers", "1", "instance_group [{ kind: KIND_CPU, count: 2 }]")
     return repo
 
@@ -187,3 +228,69 @@ def test_outputs_are_checked_by_name_not_rank(srv: openinfer.Server, protocol: s
     config = client.get_model_config("produced_shape", **({"as_json": True} if protocol == "grpc" else {}))
     config = config.get("config", config)
     assert [int(d) for d in config["output"][0]["dims"]] == [-1, 1]  # the declaration is kept
+
+
+@pytest.mark.parametrize(("script", "models"), [("simple_http_model_control.py", 7), ("simple_grpc_model_control.py", 8)])
+def test_tritons_model_control_examples_unchanged(tmp_path: Path, script: str, models: int) -> None:
+    """Triton's model-control examples load the example `simple` with the override
+    {"max_batch_size":"16"}, a whole config in Triton's sense: `simple`'s model.py describes
+    its inputs and outputs itself, as Triton's auto-complete would."""
+    from test_triton_python_backend import run_client
+
+    examples = openinfer.examples_path()
+    others = sorted(p.name for p in examples.iterdir() if p.is_dir() and p.name != "simple")
+    for name in ["simple", *others[: models - 1]]:
+        shutil.copytree(examples / name, tmp_path / name)
+    server = openinfer.serve(
+        tmp_path, http_port=0, grpc_port=0, metrics_port=None, threads=2, log=False, model_control_mode="explicit"
+    )
+    try:
+        assert "PASS: model control" in run_client(server, Path(__file__).parent / "triton_client_examples" / script)
+    finally:
+        server.stop()
+
+
+# Triton's TritonError codes as its http_server.cc and grpc_utils.cc answer them.
+TRITON_STATUS = [
+    ("UNKNOWN", 0, "400", "UNKNOWN"),
+    ("INTERNAL", 1, "500", "INTERNAL"),
+    ("NOT_FOUND", 2, "404", "NOT_FOUND"),
+    ("INVALID_ARG", 3, "400", "INVALID_ARGUMENT"),
+    ("UNAVAILABLE", 4, "503", "UNAVAILABLE"),
+    ("UNSUPPORTED", 5, "501", "UNIMPLEMENTED"),
+    ("ALREADY_EXISTS", 6, "400", "ALREADY_EXISTS"),
+    ("CANCELLED", 7, "400", "CANCELLED"),
+]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_triton_error_codes_map_as_tritons_frontends_map_them(srv: openinfer.Server, protocol: str) -> None:
+    from tritonclient.utils import InferenceServerException
+
+    from openinfer._backends import triton_utils as pb
+
+    client, module = client_and_module(srv, protocol)
+    for name, code, http, grpc in TRITON_STATUS:
+        assert getattr(pb.TritonError, name) == code
+        with pytest.raises(InferenceServerException) as e:
+            client.infer("error_code", [tensor(module, "CODE", np.array([code], np.int32))])  # type: ignore[attr-defined]
+        assert e.value.message() == f"code {code}"
+        assert e.value.status() == (http if protocol == "http" else f"StatusCode.{grpc}"), name
+
+
+def test_an_exception_after_the_final_flag_is_logged_not_sent(srv: openinfer.Server) -> None:
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    client = triton_grpc(srv)
+    got: queue.SimpleQueue = queue.SimpleQueue()
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    client.async_stream_infer("raises_after_final", [tensor(grpcclient, "CODE", np.array([0], np.int32))])
+    result, error = got.get(timeout=30)
+    assert error is None and result.as_numpy("OUT").tolist() == [7]
+    client.stop_stream()
+    assert got.empty()  # no error followed the response
+    # Over HTTP a decoupled model answers through the generate extension, as in Triton.
+    answer = requests.post(f"{srv.url}/v2/models/raises_after_final/generate", json={"CODE": [0]}, timeout=30)
+    assert answer.status_code == 200 and answer.json()["OUT"] == 7, answer.text

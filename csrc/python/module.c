@@ -860,7 +860,7 @@ static oi_status_t *repo_error(void)
     PyObject *message = status ? PyObject_GetAttrString(value, "message") : NULL;
     if (status != NULL && PyLong_Check(status) && message != NULL && PyUnicode_Check(message)) {
         long c = PyLong_AsLong(status);
-        code = c >= 400 && c <= 599 ? (int)c : OI_INTERNAL;
+        code = oi_status_code_valid(c) ? (int)c : OI_INTERNAL;
     } else {
         Py_XDECREF(message);
         message = value ? PyObject_Str(value) : NULL;

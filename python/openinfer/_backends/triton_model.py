@@ -267,6 +267,10 @@ class TritonModel(Model):
         try:
             return self._run(instances, instance, requests, cancelled)
         except Exception as e:  # noqa: BLE001 - the client gets it as Triton words it
+            if all(request._sender is not None and request._sender._final for request in requests):
+                # Every request already has its final flag: Triton logs the error, sends nothing.
+                pb.Logger.log_error(f"Failed to process the request(s) for model '{self._instance_name}': {describe(e)}")
+                return None
             for request in requests:
                 if request._sender is not None:
                     request._sender._close()
@@ -411,7 +415,7 @@ class TritonModel(Model):
     def _outputs(self, response: pb.InferenceResponse) -> dict[str, object]:
         error = response.error()
         if error is not None:
-            raise pb.ResponseError(error.http_status(), error.message())
+            raise pb.ResponseError(error.status(), error.message())
         return {t._name: t._array for t in response._outputs}
 
     def _failure(self, message: str) -> pb.ResponseError:

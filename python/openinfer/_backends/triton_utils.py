@@ -60,8 +60,10 @@ class TritonModelException(Exception):
 
 class TritonError:
     """An error a model attaches to an `InferenceResponse` (or passes to the sender). `code`
-    chooses the status the client gets, as Triton maps it: INVALID_ARG 400, NOT_FOUND 404,
-    ALREADY_EXISTS 409, UNSUPPORTED 501, UNAVAILABLE 503, every other code 500."""
+    chooses the status the client gets, as Triton maps it (http_server.cc, grpc_utils.cc):
+    INTERNAL 500 / INTERNAL, NOT_FOUND 404 / NOT_FOUND, INVALID_ARG 400 / INVALID_ARGUMENT,
+    UNAVAILABLE 503 / UNAVAILABLE, UNSUPPORTED 501 / UNIMPLEMENTED, and UNKNOWN, ALREADY_EXISTS,
+    CANCELLED 400 over HTTP and the gRPC code of the same name."""
 
     UNKNOWN = 0
     INTERNAL = 1
@@ -72,7 +74,10 @@ class TritonError:
     ALREADY_EXISTS = 6
     CANCELLED = 7
 
-    _HTTP = {NOT_FOUND: 404, INVALID_ARG: 400, UNAVAILABLE: 503, UNSUPPORTED: 501, ALREADY_EXISTS: 409}
+    # The core's status codes (csrc/core/status.h): an HTTP status, or one of Triton's codes
+    # that HTTP answers 400 and gRPC by name.
+    _STATUS = {NOT_FOUND: 404, INVALID_ARG: 400, UNAVAILABLE: 503, UNSUPPORTED: 501, UNKNOWN: 1400,
+               ALREADY_EXISTS: 2400, CANCELLED: 3400}  # fmt: skip
 
     def __init__(self, message: str, code: int = INTERNAL) -> None:
         self._message = str(message)
@@ -84,8 +89,9 @@ class TritonError:
     def code(self) -> int:
         return self._code
 
-    def http_status(self) -> int:
-        return self._HTTP.get(self._code, 500)
+    def status(self) -> int:
+        """The core's status code for this error (see `_STATUS`)."""
+        return self._STATUS.get(self._code, 500)
 
     def __repr__(self) -> str:
         return f"TritonError({self._message!r}, code={self._code})"
@@ -318,6 +324,7 @@ class InferenceResponseSender:
         self._lock = threading.Lock()
         self._sent = 0
         self._closed = False
+        self._final = False  # the final flag was sent
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
@@ -342,7 +349,7 @@ class InferenceResponseSender:
                         "sending a response."
                     )
             self._sent += response is not None
-            self._closed = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
+            self._closed = self._final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
             self._queue.put((response, flags))
 
     def is_cancelled(self) -> bool:
@@ -557,8 +564,8 @@ _in_worker = False  # set in a model's worker process (TritonFile.load)
 # How often a waiting BLS call looks whether the calling model's client has gone.
 _BLS_POLL_S = 0.05
 # Triton's error codes for the statuses a BLS call can end with.
-_CODES = {400: TritonError.INVALID_ARG, 404: TritonError.NOT_FOUND, 499: TritonError.CANCELLED,
-          501: TritonError.UNSUPPORTED, 503: TritonError.UNAVAILABLE, 409: TritonError.ALREADY_EXISTS}  # fmt: skip
+_CODES = {**{status: code for code, status in TritonError._STATUS.items()}, 499: TritonError.CANCELLED,
+          409: TritonError.ALREADY_EXISTS}  # fmt: skip
 
 
 def _host() -> Any:
@@ -720,6 +727,9 @@ class Logger:
         WARNING = 1
         ERROR = 2
         VERBOSE = 3
+
+    # python_backend exports the levels on Logger too (pybind11's export_values).
+    INFO, WARNING, ERROR, VERBOSE = LogLevel.INFO, LogLevel.WARNING, LogLevel.ERROR, LogLevel.VERBOSE
 
     _LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
 

@@ -669,7 +669,7 @@ class ModelControl:
                 f"the files of a load may hold at most {MAX_LOAD_FILE_BYTES} bytes together, "
                 f"got {total}",
             )
-        parts = {path: _file_parts(path) for path in files}
+        parts = {path: _file_parts(name, path) for path in files}
         if self._temp_root is None:
             self._temp_root = Path(tempfile.mkdtemp(prefix="openinfer-repository-"))
         load_dir = Path(tempfile.mkdtemp(prefix="load-", dir=self._temp_root))  # mode 0700
@@ -896,10 +896,12 @@ def _unload_params(body: bytes | None, params: dict[str, Any] | None, max_depth:
     return value
 
 
-def _file_parts(path: str) -> list[str]:
+def _file_parts(model: str, path: str) -> list[str]:
     """The components of a file parameter's path, which must name a file inside the model
     directory: no '.' or '..' components, no empty ones, each a valid file name. A leading '/'
-    is the model directory, as tritonserver joins it (`file:/1/model.onnx` is `1/model.onnx`)."""
+    is the model directory, as tritonserver joins it (`file:/1/model.onnx` is `1/model.onnx`).
+    A name too long for the file system fails as tritonserver's write of it does (500, "failed
+    to poll from model repository", which Triton's model-control example expects)."""
     shown = paths.printable(path)
     path = path[1:] if path.startswith("/") else path
     parts = path.split("/")
@@ -920,7 +922,9 @@ def _file_parts(path: str) -> list[str]:
         raise InferenceServerError(400, f"Invalid file parameter 'file:{shown}': the name is not valid UTF-8") from None
     if too_long:
         raise InferenceServerError(
-            400, f"Invalid file parameter 'file:{shown}': a name in the path is longer than {_NAME_MAX} bytes"
+            500,
+            f"failed to load '{model}', failed to poll from model repository: file parameter 'file:{shown}': "
+            f"a name in the path is longer than {_NAME_MAX} bytes",
         )
     if parts[-1].endswith(".py"):
         raise InferenceServerError(

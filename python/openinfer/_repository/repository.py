@@ -359,7 +359,10 @@ def _load_python(name: str, version: int, path: Path, config: ModelConfig | None
             max_batch_size = config.max_batch_size
         elif hasattr(module, "INPUTS") or hasattr(module, "OUTPUTS"):
             inputs, outputs = getattr(module, "INPUTS", []), getattr(module, "OUTPUTS", [])
-            max_batch_size = getattr(module, "MAX_BATCH_SIZE", 0)
+            # A config that names no tensors still sets the batch size (Triton's load override
+            # {"max_batch_size": "16"} of a model that describes itself).
+            given = config is not None and "max_batch_size" in config.raw
+            max_batch_size = config.max_batch_size if given else getattr(module, "MAX_BATCH_SIZE", 0)
         else:
             raise _LoadError(
                 f"{name}: no inputs or outputs declared: add input/output to config.pbtxt "
