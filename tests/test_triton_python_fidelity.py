@@ -294,3 +294,30 @@ def test_an_exception_after_the_final_flag_is_logged_not_sent(srv: openinfer.Ser
     # Over HTTP a decoupled model answers through the generate extension, as in Triton.
     answer = requests.post(f"{srv.url}/v2/models/raises_after_final/generate", json={"CODE": [0]}, timeout=30)
     assert answer.status_code == 200 and answer.json()["OUT"] == 7, answer.text
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_parameters_named_triton_are_refused_as_triton_refuses_them(srv: openinfer.Server, protocol: str) -> None:
+    from tritonclient.utils import InferenceServerException
+
+    client, module = client_and_module(srv, protocol)
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("optional", [tensor(module, "A", np.ones(1, np.float32))], parameters={"triton_mine": 1})  # type: ignore[attr-defined]
+    if protocol == "http":
+        assert e.value.status() == "400"
+        assert e.value.message() == ("parameter keys starting with 'triton_' are reserved for Triton usage and "
+                                     "should not be specified.")  # fmt: skip
+    else:
+        assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert e.value.message() == ("parameter keys starting with 'triton_' are reserved for Triton usage. Only the "
+                                     "following keys starting with 'triton_' are allowed: "
+                                     "triton_enable_empty_final_response")  # fmt: skip
+
+
+def test_a_grpc_header_value_with_trailing_whitespace_is_accepted(srv: openinfer.Server) -> None:
+    import tritonclient.grpc as grpcclient
+
+    client = triton_grpc(srv)
+    inputs = [tensor(grpcclient, "A", np.ones(1, np.float32))]
+    result = client.infer("optional", inputs, headers={"x-request-tag": "tagged "})
+    assert result.as_numpy("SENT")[0] == b"A"
