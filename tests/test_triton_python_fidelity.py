@@ -126,6 +126,67 @@ output [{ name: "OUT", data_type: TYPE_INT32, dims: [ 1 ] }]
 model_transaction_policy { decoupled: true }
 """
 
+# A decoupled target that sends one response, then waits (10 s at most) for its request to be
+# cancelled and writes whether it was to the file the caller names.
+CANCEL_TARGET_MODEL = PROLOGUE + textwrap.dedent(
+    """
+    import time
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            for request in requests:
+                sender = request.get_response_sender()
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([1], np.int32))]))
+                deadline = time.monotonic() + 10
+                while not request.is_cancelled() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                path = pb_utils.get_input_tensor_by_name(request, "PATH").as_numpy()[0].decode()
+                with open(path, "w") as f:
+                    f.write("cancelled" if request.is_cancelled() else "not cancelled")
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    """
+)
+CANCEL_TARGET_CONFIG = """
+name: "cancel_target"
+backend: "python"
+input [{ name: "PATH", data_type: TYPE_STRING, dims: [ 1 ] }]
+output [{ name: "OUT", data_type: TYPE_INT32, dims: [ 1 ] }]
+model_transaction_policy { decoupled: true }
+"""
+# Streams from cancel_target, cancels the stream after its first response, and answers what
+# the target wrote.
+CANCEL_CALLER_MODEL = PROLOGUE + textwrap.dedent(
+    """
+    import os, time
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                path = pb_utils.get_input_tensor_by_name(request, "PATH")
+                stream = pb_utils.InferenceRequest(model_name="cancel_target", inputs=[path],
+                                                   requested_output_names=["OUT"]).exec(decoupled=True)
+                next(iter(stream))
+                stream.cancel()
+                file = path.as_numpy()[0].decode()
+                deadline = time.monotonic() + 15
+                while not os.path.exists(file) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                time.sleep(0.05)
+                with open(file) as f:
+                    seen = f.read()
+                responses.append(pb_utils.InferenceResponse(
+                    [pb_utils.Tensor("SEEN", np.array([seen.encode()], dtype=np.object_))]))
+            return responses
+    """
+)
+CANCEL_CALLER_CONFIG = """
+name: "cancel_caller"
+backend: "python"
+input [{ name: "PATH", data_type: TYPE_STRING, dims: [ 1 ] }]
+output [{ name: "SEEN", data_type: TYPE_STRING, dims: [ 1 ] }]
+"""
+
 
 def add_model(repo: Path, name: str, model_py: str, config: str) -> Path:
     """<name>/config.pbtxt and <name>/1/model.py, as Triton lays a model out; returns <name>/."""
@@ -152,6 +213,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     add_model(repo, "optional", OPTIONAL_MODEL, OPTIONAL_CONFIG)
     add_model(repo, "produced_shape", SHAPE_MODEL, SHAPE_CONFIG)
     add_model(repo, "error_code", ERROR_CODE_MODEL, ERROR_CODE_CONFIG)
+    add_model(repo, "cancel_target", CANCEL_TARGET_MODEL, CANCEL_TARGET_CONFIG)
+    add_model(repo, "cancel_caller", CANCEL_CALLER_MODEL, CANCEL_CALLER_CONFIG)
     add_model(repo, "raises_after_final", RAISES_AFTER_FINAL_MODEL, RAISES_AFTER_FINAL_CONFIG)
     add_siblings(repo, "in_workers", "1", "instance_group [{ kind: KIND_CPU, count: 2 }]")
     return repo
@@ -321,3 +384,11 @@ def test_a_grpc_header_value_with_trailing_whitespace_is_accepted(srv: openinfer
     inputs = [tensor(grpcclient, "A", np.ones(1, np.float32))]
     result = client.infer("optional", inputs, headers={"x-request-tag": "tagged "})
     assert result.as_numpy("SENT")[0] == b"A"
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_cancelling_a_bls_stream_reaches_the_target_request(srv: openinfer.Server, protocol: str, tmp_path: Path) -> None:
+    client, module = client_and_module(srv, protocol)
+    path = np.array([str(tmp_path / "seen.txt").encode()], dtype=np.object_)
+    result = client.infer("cancel_caller", [tensor(module, "PATH", path)])  # type: ignore[attr-defined]
+    assert result.as_numpy("SEEN")[0] == b"cancelled"

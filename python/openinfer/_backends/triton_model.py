@@ -248,17 +248,31 @@ class TritonModel(Model):
         )
         if hasattr(cancelled, "request_id"):
             request._request_id = cancelled.request_id() or ""
-        result = self._execute([request], cancelled)
         if self.decoupled:
-            sender = request.get_response_sender()
-            if result is not None:
-                sender._close()
-                raise self._failure(
-                    f"Python model '{self._instance_name}' is using the decoupled mode and the execute "
-                    "function must return None."
-                )
-            return self._stream(sender, outputs, cancelled)
+            return self._decoupled(request, outputs, cancelled)
+        result = self._execute([request], cancelled)
         return self._select(self._outputs(self._returned(result, [request])[0]), outputs)
+
+    def _decoupled(
+        self, request: pb.InferenceRequest, outputs: tuple[str, ...], cancelled: Callable[[], bool]
+    ) -> Iterator[dict[str, object]]:
+        """A decoupled request: execute runs on a thread of its own while this executor sends
+        what it sends, as it sends it (as Triton's stub does), so a response sent before execute
+        returns reaches its client (or BLS caller) at once, and a cancellation reaches execute."""
+        sender = request.get_response_sender()
+
+        def run() -> None:
+            try:
+                if self._execute([request], cancelled) is not None:
+                    raise self._failure(
+                        f"Python model '{self._instance_name}' is using the decoupled mode and the execute "
+                        "function must return None."
+                    )
+            except pb.ResponseError as e:
+                sender._fail(e)
+
+        threading.Thread(target=run, name="openinfer-decoupled-execute", daemon=True).start()
+        return self._stream(sender, outputs, cancelled)
 
     def _execute(self, requests: list[pb.InferenceRequest], cancelled: Callable[[], bool]) -> Any:
         instances: Instances = self.fn  # type: ignore[assignment]
@@ -405,6 +419,8 @@ class TritonModel(Model):
                     if cancelled():
                         return
                     continue
+                if isinstance(response, pb.ResponseError):
+                    raise response
                 if response is not None:
                     yield self._select(self._outputs(response), outputs)
                 if flags & pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL:

@@ -360,6 +360,14 @@ class InferenceResponseSender:
         with self._lock:
             self._closed = True
 
+    def _fail(self, error: ResponseError) -> None:
+        """The model failed before the final flag: `error` ends the responses (see triton_model)."""
+        with self._lock:
+            self._closed = True
+            if not self._final:
+                self._final = True
+                self._queue.put((error, TRITONSERVER_RESPONSE_COMPLETE_FINAL))  # type: ignore[arg-type]
+
 
 class InferenceRequest:
     """A request as `TritonPythonModel.execute` sees it. Built by the server for each request it
