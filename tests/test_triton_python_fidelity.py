@@ -187,6 +187,22 @@ input [{ name: "PATH", data_type: TYPE_STRING, dims: [ 1 ] }]
 output [{ name: "SEEN", data_type: TYPE_STRING, dims: [ 1 ] }]
 """
 
+# Doubles its input through torch, by DLPack both ways (torch imported in execute: the test
+# needs it, the repository does not).
+DLPACK_MODEL = PROLOGUE + textwrap.dedent(
+    """
+    class TritonPythonModel:
+        def execute(self, requests):
+            from torch.utils.dlpack import from_dlpack
+            responses = []
+            for request in requests:
+                x = from_dlpack(pb_utils.get_input_tensor_by_name(request, "IN").to_dlpack())
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor.from_dlpack("OUT", x * 2)]))
+            return responses
+    """
+)
+DLPACK_CONFIG = SIBLINGS_CONFIG.format(name="dlpack").replace("TYPE_STRING", "TYPE_FP32").replace("[ 1 ]", "[ -1 ]")
+
 
 def add_model(repo: Path, name: str, model_py: str, config: str) -> Path:
     """<name>/config.pbtxt and <name>/1/model.py, as Triton lays a model out; returns <name>/."""
@@ -213,6 +229,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     add_model(repo, "optional", OPTIONAL_MODEL, OPTIONAL_CONFIG)
     add_model(repo, "produced_shape", SHAPE_MODEL, SHAPE_CONFIG)
     add_model(repo, "error_code", ERROR_CODE_MODEL, ERROR_CODE_CONFIG)
+    add_model(repo, "dlpack", DLPACK_MODEL, DLPACK_CONFIG)
     add_model(repo, "cancel_target", CANCEL_TARGET_MODEL, CANCEL_TARGET_CONFIG)
     add_model(repo, "cancel_caller", CANCEL_CALLER_MODEL, CANCEL_CALLER_CONFIG)
     add_model(repo, "raises_after_final", RAISES_AFTER_FINAL_MODEL, RAISES_AFTER_FINAL_CONFIG)
@@ -392,3 +409,12 @@ def test_cancelling_a_bls_stream_reaches_the_target_request(srv: openinfer.Serve
     path = np.array([str(tmp_path / "seen.txt").encode()], dtype=np.object_)
     result = client.infer("cancel_caller", [tensor(module, "PATH", path)])  # type: ignore[attr-defined]
     assert result.as_numpy("SEEN")[0] == b"cancelled"
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_an_inputs_to_dlpack_works_as_in_triton(srv: openinfer.Server, protocol: str) -> None:
+    pytest.importorskip("torch")
+    client, module = client_and_module(srv, protocol)
+    x = np.array([1.5, -2.0, 3.0], np.float32)
+    result = client.infer("dlpack", [tensor(module, "IN", x)])  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(result.as_numpy("OUT"), x * 2)

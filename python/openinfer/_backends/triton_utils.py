@@ -223,13 +223,20 @@ class Tensor:
         return True
 
     def to_dlpack(self) -> Any:
-        """A DLPack capsule viewing the tensor (BF16 as uint16 bits; BYTES has none, as in Triton)."""
+        """A DLPack capsule viewing the tensor (BF16 as uint16 bits; BYTES has none, as in Triton).
+        An input views the request's memory, which is read-only and which a classic capsule
+        cannot mark so: it exports a copy, as Triton's stub exports its own copy of the input."""
+        return self.__dlpack__()
+
+    def __dlpack__(self, stream: Any = None, **versioned: Any) -> Any:
         if self._datatype == "BYTES":
             raise TritonModelException(f"Tensor '{self._name}': a BYTES tensor cannot be exported to DLPack")
-        return self._array.__dlpack__()
-
-    def __dlpack__(self, stream: Any = None) -> Any:
-        return self.to_dlpack()
+        try:  # a consumer that asks for a versioned capsule gets the read-only view itself
+            return self._array.__dlpack__(**versioned)
+        except BufferError:
+            if self._array.flags.writeable:
+                raise
+            return self._array.copy().__dlpack__(**versioned)
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return (1, 0)  # kDLCPU
