@@ -203,6 +203,15 @@ DLPACK_MODEL = PROLOGUE + textwrap.dedent(
 )
 DLPACK_CONFIG = SIBLINGS_CONFIG.format(name="dlpack").replace("TYPE_STRING", "TYPE_FP32").replace("[ 1 ]", "[ -1 ]")
 
+# Answers with response parameters of a type Triton refuses (a float).
+BAD_PARAMETERS_MODEL = PROLOGUE + textwrap.dedent(
+    """
+    class TritonPythonModel:
+        def execute(self, requests):
+            return [pb_utils.InferenceResponse([], parameters={"ok": 1, "ratio": 0.5}) for _ in requests]
+    """
+)
+
 
 def add_model(repo: Path, name: str, model_py: str, config: str) -> Path:
     """<name>/config.pbtxt and <name>/1/model.py, as Triton lays a model out; returns <name>/."""
@@ -230,9 +239,11 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     add_model(repo, "produced_shape", SHAPE_MODEL, SHAPE_CONFIG)
     add_model(repo, "error_code", ERROR_CODE_MODEL, ERROR_CODE_CONFIG)
     add_model(repo, "dlpack", DLPACK_MODEL, DLPACK_CONFIG)
+    add_model(repo, "bad_parameters", BAD_PARAMETERS_MODEL, ERROR_CODE_CONFIG.replace('"error_code"', '"bad_parameters"'))
     add_model(repo, "cancel_target", CANCEL_TARGET_MODEL, CANCEL_TARGET_CONFIG)
     add_model(repo, "cancel_caller", CANCEL_CALLER_MODEL, CANCEL_CALLER_CONFIG)
     add_model(repo, "raises_after_final", RAISES_AFTER_FINAL_MODEL, RAISES_AFTER_FINAL_CONFIG)
+    add_model(repo, "bad(name)", OPTIONAL_MODEL, OPTIONAL_CONFIG.replace('"optional"', '"bad(name)"'))
     add_siblings(repo, "in_workers", "1", "instance_group [{ kind: KIND_CPU, count: 2 }]")
     return repo
 
@@ -418,3 +429,66 @@ def test_an_inputs_to_dlpack_works_as_in_triton(srv: openinfer.Server, protocol:
     x = np.array([1.5, -2.0, 3.0], np.float32)
     result = client.infer("dlpack", [tensor(module, "IN", x)])  # type: ignore[attr-defined]
     np.testing.assert_array_equal(result.as_numpy("OUT"), x * 2)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_model_name_the_stub_refuses_fails_to_load_in_tritons_words(srv: openinfer.Server, protocol: str) -> None:
+    client, _ = client_and_module(srv, protocol)
+    if protocol == "http":
+        index = {m["name"]: m for m in client.get_model_repository_index()}
+    else:
+        index = {m.name: {"state": m.state, "reason": m.reason} for m in client.get_model_repository_index().models}
+    assert index["bad(name)"]["state"] == "UNAVAILABLE"
+    assert index["bad(name)"]["reason"] == "Invalid stub name: contains invalid characters"
+
+
+UPLOADED_CONFIG = json.dumps({
+    "backend": "python",
+    "input": [{"name": "IN", "data_type": "TYPE_FP32", "dims": [-1]}],
+    "output": [{"name": "OUT", "data_type": "TYPE_STRING", "dims": [1]}],
+})  # fmt: skip
+UPLOADED_MODEL = PROLOGUE + textwrap.dedent(
+    """
+    class TritonPythonModel:
+        def execute(self, requests):
+            out = pb_utils.Tensor("OUT", np.array([b"uploaded"], dtype=np.object_))
+            return [pb_utils.InferenceResponse([out]) for _ in requests]
+    """
+)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_model_code_sent_with_a_load_runs_where_strangers_cannot_load(srv: openinfer.Server, protocol: str) -> None:
+    """The test server listens on 127.0.0.1 only, so the load's model.py is taken, as Triton takes it."""
+    client, module = client_and_module(srv, protocol)
+    name = f"uploaded_{protocol}"
+    client.load_model(name, config=UPLOADED_CONFIG, files={"file:1/model.py": UPLOADED_MODEL.encode()})
+    result = client.infer(name, [tensor(module, "IN", np.zeros(1, np.float32))])  # type: ignore[attr-defined]
+    assert result.as_numpy("OUT")[0] == b"uploaded"
+
+
+def test_model_code_sent_with_a_load_is_refused_where_strangers_could_load() -> None:
+    from openinfer._control.control import ModelControl
+    from openinfer.errors import InferenceServerError
+
+    control = ModelControl(None, None, [], mode="explicit", load_code=False)
+    try:
+        with pytest.raises(InferenceServerError) as e:
+            control._write_files("m", {"1/model.py": b"pass"})
+        assert e.value.status == 400
+        assert "restrict it (--http-restricted-api / --grpc-restricted-protocol model-repository:KEY=VALUE)" in (
+            e.value.message)
+    finally:
+        control.close(0)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_response_parameters_are_type_checked_as_triton_checks_them(srv: openinfer.Server, protocol: str) -> None:
+    from tritonclient.utils import InferenceServerException
+
+    client, module = client_and_module(srv, protocol)
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("bad_parameters", [tensor(module, "CODE", np.array([0], np.int32))])  # type: ignore[attr-defined]
+    assert e.value.message().startswith(
+        "Failed to process the request(s) for model 'bad_parameters_0', message: TritonModelException: Expect "
+        "parameters values to have type bool/int/str, found type <class 'float'>")

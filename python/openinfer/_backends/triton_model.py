@@ -48,6 +48,9 @@ from .processes import ModelFile, bind_file
 CLASS = "TritonPythonModel"
 # What a Triton model.py imports by name; import_model_file provides it.
 PROVIDED = {"triton_python_backend_utils": pb}
+# python_backend's stub launcher refuses a stub named (after the model or its instance) with
+# any of these (pb_utils.h INVALID_CHARS); a Triton Python model so named fails to load.
+_STUB_NAME_REFUSES = frozenset(";|&$`<>()[]{}\\\"'*?~#!")
 # How often a decoupled request's drain checks whether its client has gone.
 _POLL_S = 0.05
 
@@ -490,6 +493,8 @@ def load(
     full = triton_config.complete(name, triton_config.normalize(completed, str(path)), model, backend="python")
     config_json = json.dumps(triton_config.to_json(full), separators=(",", ":"))
     names = [(f"{g['name']}_{k}", g["kind"].removeprefix("KIND_")) for g in full["instance_group"] for k in range(g["count"])]
+    if any(_STUB_NAME_REFUSES.intersection(n) for n in [name, *(n for n, _ in names)]):
+        raise _LoadError("Invalid stub name: contains invalid characters")
     object.__setattr__(model, "in_flight", in_flight)
 
     def args(instance: str, kind: str) -> dict[str, str]:

@@ -295,7 +295,7 @@ class InferenceResponse:
         if error is not None and not isinstance(error, TritonError):
             raise TypeError(f"InferenceResponse error must be a pb_utils.TritonError, got {type(error).__name__}")
         self._outputs, self._error = outputs, error
-        self._parameters = parameters
+        self._parameters = None if parameters is None else _parameters_json(parameters)
 
     def output_tensors(self) -> list[Tensor]:
         return self._outputs
@@ -307,8 +307,20 @@ class InferenceResponse:
         return self._error
 
     def parameters(self) -> str:
-        given = self._parameters
-        return given if isinstance(given, str) else json.dumps(dict(given or {}))
+        return "{}" if self._parameters is None else self._parameters
+
+
+def _parameters_json(parameters: Mapping[str, Any] | str) -> str:
+    """Request or response parameters as JSON text, checked as python_backend's
+    PyParametersToJSON checks them (JSON text is taken as it is)."""
+    if isinstance(parameters, str):
+        return parameters
+    for key, value in dict(parameters).items():
+        if not isinstance(key, str):
+            raise TritonModelException(f"Expect parameters keys to have type str, found type {type(key)}")
+        if not isinstance(value, (bool, int, str)):
+            raise TritonModelException(f"Expect parameters values to have type bool/int/str, found type {type(value)}")
+    return json.dumps(dict(parameters))
 
 
 class ResponseError(Exception):
@@ -405,7 +417,7 @@ class InferenceRequest:
         self._flags = flags
         self._timeout = timeout
         self._model_version = model_version
-        self._parameters = parameters if isinstance(parameters, str) else json.dumps(dict(parameters or {}))
+        self._parameters = _parameters_json(parameters or {})
         self._cancelled: Callable[[], bool] = _never
         self._sender: InferenceResponseSender | None = None
         self._decoupled: bool | None = None  # None: a request made by a model, which has no sender

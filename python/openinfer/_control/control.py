@@ -99,7 +99,10 @@ class ModelControl:
         optional_torch: bool = False,
         max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
         max_instances: int | None = None,
+        load_code: bool = False,
     ) -> None:
+        """`load_code`: Python files sent with a load are taken (no one beyond this host can
+        reach the repository API unchecked); otherwise they are refused."""
         if mode not in MODES:
             raise ValueError(f"model_control_mode must be one of {', '.join(MODES)}, got {mode!r}")
         load = [load_models] if isinstance(load_models, str) else list(load_models)
@@ -123,6 +126,7 @@ class ModelControl:
         self._optional_torch = optional_torch
         self._max_json_depth = max_json_depth or DEFAULT_MAX_JSON_DEPTH  # 0: the core's default
         self._max_instances = max_instances or default_max_instances()
+        self._load_code = load_code
         self._given: dict[str, list[Model]] = {}
         for model in given:
             self._given.setdefault(model.name, []).append(model)
@@ -395,7 +399,8 @@ class ModelControl:
                 entries = [e for e in entries if not self._steps_left_out(e)]
         elif files is not None and model_dir is not None:
             entries = scan_model(
-                model_dir, name=name, config=override, allow_code=False, loading=loading
+                model_dir, name=name, config=override, allow_code=False, allow_python=self._load_code,
+                loading=loading,
             )
         elif name in self._given:
             entries = [_given_entry(name, m) for m in self._given[name]]
@@ -669,7 +674,7 @@ class ModelControl:
                 f"the files of a load may hold at most {MAX_LOAD_FILE_BYTES} bytes together, "
                 f"got {total}",
             )
-        parts = {path: _file_parts(name, path) for path in files}
+        parts = {path: _file_parts(name, path, self._load_code) for path in files}
         if self._temp_root is None:
             self._temp_root = Path(tempfile.mkdtemp(prefix="openinfer-repository-"))
         load_dir = Path(tempfile.mkdtemp(prefix="load-", dir=self._temp_root))  # mode 0700
@@ -896,7 +901,7 @@ def _unload_params(body: bytes | None, params: dict[str, Any] | None, max_depth:
     return value
 
 
-def _file_parts(model: str, path: str) -> list[str]:
+def _file_parts(model: str, path: str, load_code: bool) -> list[str]:
     """The components of a file parameter's path, which must name a file inside the model
     directory: no '.' or '..' components, no empty ones, each a valid file name. A leading '/'
     is the model directory, as tritonserver joins it (`file:/1/model.onnx` is `1/model.onnx`).
@@ -926,12 +931,14 @@ def _file_parts(model: str, path: str) -> list[str]:
             f"failed to load '{model}', failed to poll from model repository: file parameter 'file:{shown}': "
             f"a name in the path is longer than {_NAME_MAX} bytes",
         )
-    if parts[-1].endswith(".py"):
+    if parts[-1].endswith(".py") and not load_code:
         raise InferenceServerError(
             400,
-            f"Invalid file parameter 'file:{shown}': Python files sent with a load are not run "
-            "(they would execute as the server's own code); put Python models in the model "
-            "repository",
+            f"Invalid file parameter 'file:{shown}': Python files sent with a load run as the server's own "
+            "code, so they are taken only where no one beyond this host can reach the repository API "
+            "unchecked: restrict it (--http-restricted-api / --grpc-restricted-protocol "
+            "model-repository:KEY=VALUE), ask clients for certificates (--http-use-ssl-mutual, "
+            "--grpc-use-ssl-mutual), or listen on 127.0.0.1 or a Unix socket",
         )
     return parts
 

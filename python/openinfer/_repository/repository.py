@@ -111,6 +111,7 @@ def scan_model(
     name: str | None = None,
     config: ModelConfig | None = None,
     allow_code: bool = True,
+    allow_python: bool | None = None,
     loading: Callable[[list[int]], None] | None = None,
 ) -> list[LoadedModel]:
     """Loads the versions of one model directory that its version policy selects, as `scan`
@@ -118,6 +119,8 @@ def scan_model(
     config.pbtxt (a load request's override). Without `allow_code`, a version whose model file
     is code (a model.py, or a PT2 package, whose shared library runs when loaded) fails instead:
     files that came over the network are never executed as the server's own code.
+    `allow_python` (default: `allow_code`) decides for a model.py alone: a load's model.py runs
+    where no one beyond this host can reach the repository API (see ModelControl).
     `loading` hears the versions about to load, before the slow part starts."""
     name = name or model_dir.name
     config_path = model_dir / "config.pbtxt"
@@ -190,7 +193,10 @@ def scan_model(
             loaded.append(LoadedModel(name, version, _ensemble(name, version, config, steps), None, raw))
             continue
         try:
-            model = _load_version(name, version, versions[version], config, allow_code, seq)
+            model = _load_version(
+                name, version, versions[version], config, allow_code, seq,
+                allow_code if allow_python is None else allow_python,
+            )
         except _LoadError as e:
             loaded.append(failed(version, str(e)))
         else:
@@ -232,7 +238,7 @@ def read_labels(model_dir: Path, config: ModelConfig) -> dict[str, bytes]:
 
 def _load_version(
     name: str, version: int, version_dir: Path, config: ModelConfig | None, allow_code: bool = True,
-    sequence: SequenceBatching | None = None,
+    sequence: SequenceBatching | None = None, allow_python: bool = True,
 ) -> Model | TorchModel | OnnxModel | IdentityModel:
     """Dispatches on the backend the config names, else on the model file present."""
     backend = (config.backend or config.platform) if config else None
@@ -270,7 +276,7 @@ def _load_version(
             raise _LoadError(f"{version_dir} holds no {listed}")
         path = found[0]
     if path.suffix == ".py":
-        if not allow_code:
+        if not allow_python:
             raise _LoadError(
                 f"{path.name}: a Python model sent with the load request is not run (it would "
                 "execute as the server's own code); put Python models in the model repository"
