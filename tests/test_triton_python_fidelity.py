@@ -18,6 +18,23 @@ import openinfer
 from conftest import triton_grpc, triton_http
 
 PROLOGUE = "import json\nimport numpy as np\nimport triton_python_backend_utils as pb_utils\n"
+DECOUPLED = "model_transaction_policy { decoupled: true }\n"
+
+
+def config(name: str, inputs: list[tuple], outputs: list[tuple], extra: str = "") -> str:
+    """A Triton Python model's config.pbtxt; each tensor (name, type, dims[, optional])."""
+
+    def tensors(kind: str, items: list[tuple]) -> str:
+        return "".join(
+            f'{kind} [{{ name: "{t[0]}", data_type: TYPE_{t[1]}, dims: [ {t[2]} ]{", optional: true" if t[3:] else ""} }}]\n'
+            for t in items
+        )
+
+    return f'name: "{name}"\nbackend: "python"\n' + tensors("input", inputs) + tensors("output", outputs) + extra
+
+
+def siblings_config(name: str) -> str:
+    return config(name, [("IN", "FP32", "-1")], [("OUT", "STRING", "1")])
 
 # A model that says which of its helper modules it sees: `utils` (version folder for `first`,
 # model folder for `second`; in worker processes for `in_workers`), a package `helpers`, a relative import, and a lazy import in execute.
@@ -39,12 +56,6 @@ SIBLINGS_MODEL = PROLOGUE + textwrap.dedent(
             return [pb_utils.InferenceResponse([out]) for _ in requests]
     """
 )
-SIBLINGS_CONFIG = """
-name: "{name}"
-backend: "python"
-input [{{ name: "IN", data_type: TYPE_FP32, dims: [ -1 ] }}]
-output [{{ name: "OUT", data_type: TYPE_STRING, dims: [ 1 ] }}]
-"""
 
 
 # Answers which of its inputs a request carried (get_input_tensor_by_name is None for the others).
@@ -60,14 +71,9 @@ OPTIONAL_MODEL = PROLOGUE + textwrap.dedent(
             return responses
     """
 )
-OPTIONAL_CONFIG = """
-name: "optional"
-backend: "python"
-input [{ name: "A", data_type: TYPE_FP32, dims: [ 1 ] },
-       { name: "B", data_type: TYPE_FP32, dims: [ 1 ], optional: true },
-       { name: "C", data_type: TYPE_FP32, dims: [ 1 ], optional: true }]
-output [{ name: "SENT", data_type: TYPE_STRING, dims: [ 1 ] }]
-"""
+OPTIONAL_CONFIG = config(
+    "optional", [("A", "FP32", "1"), ("B", "FP32", "1", True), ("C", "FP32", "1", True)], [("SENT", "STRING", "1")]
+)
 
 # Produces OUT in a shape of its own choosing (the rank the config declares or not).
 SHAPE_MODEL = PROLOGUE + textwrap.dedent(
@@ -82,12 +88,7 @@ SHAPE_MODEL = PROLOGUE + textwrap.dedent(
             return responses
     """
 )
-SHAPE_CONFIG = """
-name: "produced_shape"
-backend: "python"
-input [{ name: "N", data_type: TYPE_INT32, dims: [ 1 ] }]
-output [{ name: "OUT", data_type: TYPE_FP32, dims: [ -1, 1 ] }]
-"""
+SHAPE_CONFIG = config("produced_shape", [("N", "INT32", "1")], [("OUT", "FP32", "-1, 1")])
 
 # Answers with the TritonError whose code it is sent (logging at each of Logger's levels first).
 ERROR_CODE_MODEL = PROLOGUE + textwrap.dedent(
@@ -100,12 +101,7 @@ ERROR_CODE_MODEL = PROLOGUE + textwrap.dedent(
             return [pb_utils.InferenceResponse(error=pb_utils.TritonError("code " + str(c), c)) for c in codes]
     """
 )
-ERROR_CODE_CONFIG = """
-name: "error_code"
-backend: "python"
-input [{ name: "CODE", data_type: TYPE_INT32, dims: [ 1 ] }]
-output [{ name: "OUT", data_type: TYPE_INT32, dims: [ 1 ] }]
-"""
+ERROR_CODE_CONFIG = config("error_code", [("CODE", "INT32", "1")], [("OUT", "INT32", "1")])
 # Sends its one response with the final flag, then raises: Triton logs the error, sends nothing.
 RAISES_AFTER_FINAL_MODEL = PROLOGUE + textwrap.dedent(
     """
@@ -118,19 +114,15 @@ RAISES_AFTER_FINAL_MODEL = PROLOGUE + textwrap.dedent(
             raise ValueError("after the final flag")
     """
 )
-RAISES_AFTER_FINAL_CONFIG = """
-name: "raises_after_final"
-backend: "python"
-input [{ name: "CODE", data_type: TYPE_INT32, dims: [ 1 ] }]
-output [{ name: "OUT", data_type: TYPE_INT32, dims: [ 1 ] }]
-model_transaction_policy { decoupled: true }
-"""
+RAISES_AFTER_FINAL_CONFIG = config(
+    "raises_after_final", [("CODE", "INT32", "1")], [("OUT", "INT32", "1")], DECOUPLED
+)
 
 # A decoupled target that sends one response, then waits (10 s at most) for its request to be
 # cancelled and writes whether it was to the file the caller names.
 CANCEL_TARGET_MODEL = PROLOGUE + textwrap.dedent(
     """
-    import time
+    import os, time
 
     class TritonPythonModel:
         def execute(self, requests):
@@ -141,18 +133,13 @@ CANCEL_TARGET_MODEL = PROLOGUE + textwrap.dedent(
                 while not request.is_cancelled() and time.monotonic() < deadline:
                     time.sleep(0.01)
                 path = pb_utils.get_input_tensor_by_name(request, "PATH").as_numpy()[0].decode()
-                with open(path, "w") as f:
+                with open(path + ".part", "w") as f:
                     f.write("cancelled" if request.is_cancelled() else "not cancelled")
+                os.replace(path + ".part", path)  # the caller sees it whole
                 sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
     """
 )
-CANCEL_TARGET_CONFIG = """
-name: "cancel_target"
-backend: "python"
-input [{ name: "PATH", data_type: TYPE_STRING, dims: [ 1 ] }]
-output [{ name: "OUT", data_type: TYPE_INT32, dims: [ 1 ] }]
-model_transaction_policy { decoupled: true }
-"""
+CANCEL_TARGET_CONFIG = config("cancel_target", [("PATH", "STRING", "1")], [("OUT", "INT32", "1")], DECOUPLED)
 # Streams from cancel_target, cancels the stream after its first response, and answers what
 # the target wrote.
 CANCEL_CALLER_MODEL = PROLOGUE + textwrap.dedent(
@@ -172,7 +159,6 @@ CANCEL_CALLER_MODEL = PROLOGUE + textwrap.dedent(
                 deadline = time.monotonic() + 15
                 while not os.path.exists(file) and time.monotonic() < deadline:
                     time.sleep(0.01)
-                time.sleep(0.05)
                 with open(file) as f:
                     seen = f.read()
                 responses.append(pb_utils.InferenceResponse(
@@ -180,12 +166,7 @@ CANCEL_CALLER_MODEL = PROLOGUE + textwrap.dedent(
             return responses
     """
 )
-CANCEL_CALLER_CONFIG = """
-name: "cancel_caller"
-backend: "python"
-input [{ name: "PATH", data_type: TYPE_STRING, dims: [ 1 ] }]
-output [{ name: "SEEN", data_type: TYPE_STRING, dims: [ 1 ] }]
-"""
+CANCEL_CALLER_CONFIG = config("cancel_caller", [("PATH", "STRING", "1")], [("SEEN", "STRING", "1")])
 
 # Doubles its input through torch, by DLPack both ways (torch imported in execute: the test
 # needs it, the repository does not).
@@ -201,7 +182,7 @@ DLPACK_MODEL = PROLOGUE + textwrap.dedent(
             return responses
     """
 )
-DLPACK_CONFIG = SIBLINGS_CONFIG.format(name="dlpack").replace("TYPE_STRING", "TYPE_FP32").replace("[ 1 ]", "[ -1 ]")
+DLPACK_CONFIG = config("dlpack", [("IN", "FP32", "-1")], [("OUT", "FP32", "-1")])
 
 # Answers with response parameters of a type Triton refuses (a float).
 BAD_PARAMETERS_MODEL = PROLOGUE + textwrap.dedent(
@@ -221,8 +202,8 @@ def add_model(repo: Path, name: str, model_py: str, config: str) -> Path:
     return repo / name
 
 
-def add_siblings(repo: Path, name: str, utils_folder: str, config: str = "") -> None:
-    folder = add_model(repo, name, SIBLINGS_MODEL, SIBLINGS_CONFIG.format(name=name) + config)
+def add_siblings(repo: Path, name: str, utils_folder: str, extra: str = "") -> None:
+    folder = add_model(repo, name, SIBLINGS_MODEL, siblings_config(name) + extra)
     (folder / utils_folder / "utils.py").write_text(f"NAME = 'utils of {name}'\n")
     (folder / "helpers").mkdir()
     (folder / "helpers" / "__init__.py").write_text("")
@@ -243,21 +224,16 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     add_model(repo, "cancel_target", CANCEL_TARGET_MODEL, CANCEL_TARGET_CONFIG)
     add_model(repo, "cancel_caller", CANCEL_CALLER_MODEL, CANCEL_CALLER_CONFIG)
     add_model(repo, "raises_after_final", RAISES_AFTER_FINAL_MODEL, RAISES_AFTER_FINAL_CONFIG)
-    add_model(repo, "bad(name)", OPTIONAL_MODEL, OPTIONAL_CONFIG.replace('"optional"', '"bad(name)"'))
+    add_model(repo, "bad(name)", OPTIONAL_MODEL, OPTIONAL_CONFIG.replace('"optional"', '"bad(name)"', 1))
     add_siblings(repo, "in_workers", "1", "instance_group [{ kind: KIND_CPU, count: 2 }]")
     return repo
 
 
 @pytest.fixture(scope="module")
 def srv(repo: Path) -> Iterator[openinfer.Server]:
-    server = openinfer.serve(
-        repo, http_port=0, grpc_port=0, metrics_port=None, threads=2, log=False,
-        model_control_mode="explicit", load_models=["*"],
-    )  # fmt: skip
-    try:
+    options = {"http_port": 0, "grpc_port": 0, "metrics_port": None, "threads": 2, "log": False}
+    with openinfer.serve(repo, model_control_mode="explicit", load_models=["*"], **options) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def client_and_module(srv: openinfer.Server, protocol: str) -> tuple[object, object]:
