@@ -271,8 +271,8 @@ class TritonModel(Model):
                         f"Python model '{self._instance_name}' is using the decoupled mode and the execute "
                         "function must return None."
                     )
-            except pb.ResponseError as e:
-                sender._fail(e)
+            except BaseException as e:  # noqa: BLE001 - whatever ends execute ends the stream (SystemExit too)
+                sender._fail(e if isinstance(e, pb.ResponseError) else self._failure(describe(e)))
 
         threading.Thread(target=run, name="openinfer-decoupled-execute", daemon=True).start()
         return self._stream(sender, outputs, cancelled)
