@@ -193,6 +193,13 @@ BAD_PARAMETERS_MODEL = PROLOGUE + textwrap.dedent(
     """
 )
 
+# OPTIONAL_MODEL batched with a long queue delay: only a request that cannot join sends a
+# pending batch early.
+BATCHED_CONFIG = config(
+    "batched", [("A", "FP32", "1"), ("B", "FP32", "1", True), ("C", "FP32", "1", True)], [("SENT", "STRING", "1")],
+    "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 3000000 }\n",
+)
+
 
 def add_model(repo: Path, name: str, model_py: str, config: str) -> Path:
     """<name>/config.pbtxt and <name>/1/model.py, as Triton lays a model out; returns <name>/."""
@@ -220,6 +227,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     add_model(repo, "produced_shape", SHAPE_MODEL, SHAPE_CONFIG)
     add_model(repo, "error_code", ERROR_CODE_MODEL, ERROR_CODE_CONFIG)
     add_model(repo, "dlpack", DLPACK_MODEL, DLPACK_CONFIG)
+    add_model(repo, "batched", OPTIONAL_MODEL, BATCHED_CONFIG)
     add_model(repo, "bad_parameters", BAD_PARAMETERS_MODEL, ERROR_CODE_CONFIG.replace('"error_code"', '"bad_parameters"'))
     add_model(repo, "cancel_target", CANCEL_TARGET_MODEL, CANCEL_TARGET_CONFIG)
     add_model(repo, "cancel_caller", CANCEL_CALLER_MODEL, CANCEL_CALLER_CONFIG)
@@ -468,3 +476,29 @@ def test_response_parameters_are_type_checked_as_triton_checks_them(srv: openinf
     assert e.value.message().startswith(
         "Failed to process the request(s) for model 'bad_parameters_0', message: TritonModelException: Expect "
         "parameters values to have type bool/int/str, found type <class 'float'>")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_request_with_other_inputs_sends_the_pending_batch_at_once(srv: openinfer.Server, protocol: str) -> None:
+    """As Triton's dynamic batcher: the first request would wait 3 s for company; the second,
+    which cannot join it (another set of inputs), makes it go at once."""
+    import threading
+    import time
+
+    _, module = client_and_module(srv, protocol)
+    one = np.ones((1, 1), np.float32)
+    took: dict[str, float] = {}
+
+    def send(names: list[str]) -> None:
+        client, _ = client_and_module(srv, protocol)  # one client per thread
+        start = time.monotonic()
+        result = client.infer("batched", [tensor(module, n, one) for n in names])  # type: ignore[attr-defined]
+        assert result.as_numpy("SENT").reshape(-1)[0] == " ".join(names).encode()
+        took[" ".join(names)] = time.monotonic() - start
+
+    first = threading.Thread(target=send, args=(["A"],))
+    first.start()
+    time.sleep(0.5)  # the first request is queued, its batch waiting for company
+    send(["A", "B"])
+    first.join(30)
+    assert took["A"] < 2.0, took
