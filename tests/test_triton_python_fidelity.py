@@ -502,3 +502,32 @@ def test_a_request_with_other_inputs_sends_the_pending_batch_at_once(srv: openin
     send(["A", "B"])
     first.join(30)
     assert took["A"] < 2.0, took
+
+
+# Answers its request's parameters (the forwarded headers among them) as JSON.
+PARAMETERS_MODEL = PROLOGUE + textwrap.dedent(
+    """
+    class TritonPythonModel:
+        def execute(self, requests):
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([r.parameters().encode()], dtype=np.object_))])
+                    for r in requests]
+    """
+)
+
+
+def test_header_forward_patterns_in_re2_syntax_with_tritons_case_handling(tmp_path: Path) -> None:
+    """tritonserver matches "(?i)" + the pattern with RE2: "(?-i)" at its start makes it case
+    sensitive (and must not stop the server), and RE2's "(?:" and \\d are understood."""
+    import tritonclient.grpc as grpcclient
+
+    add_model(tmp_path, "params", PARAMETERS_MODEL, siblings_config("params"))
+    options = {"http_port": 0, "grpc_port": 0, "metrics_port": None, "threads": 1, "log": False}
+    with openinfer.serve(tmp_path, http_header_forward_pattern=r"(?-i)^x-\d",
+                         grpc_header_forward_pattern=r"^(?:x|y)-\d", **options) as server:  # fmt: skip
+        body = {"inputs": [{"name": "IN", "shape": [1], "datatype": "FP32", "data": [0]}]}
+        answer = requests.post(f"{server.url}/v2/models/params/infer", json=body, timeout=30,
+                               headers={"x-1": "kept", "X-2": "other case", "x-a": "no digit"})  # fmt: skip
+        assert json.loads(answer.json()["outputs"][0]["data"][0]) == {"x-1": "kept"}
+        result = triton_grpc(server).infer("params", [tensor(grpcclient, "IN", np.zeros(1, np.float32))],
+                                           headers={"y-7": "kept", "z-7": "no", "x-b": "no"})  # fmt: skip
+        assert json.loads(result.as_numpy("OUT")[0]) == {"y-7": "kept"}

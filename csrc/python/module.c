@@ -57,8 +57,7 @@ static int check_forward_pattern(const char *what, const char *pattern, char *ds
     if (rc != 0) {
         char why[128];
         regerror(rc, &re, why, sizeof(why));
-        PyErr_Format(PyExc_ValueError, "%s %s is not a valid POSIX extended regular expression: %s", what, pattern,
-                     why);
+        PyErr_Format(PyExc_ValueError, "%s %s is not a regular expression openinfer takes: %s", what, pattern, why);
         return -1;
     }
     regfree(&re);
