@@ -504,6 +504,27 @@ def test_a_request_with_other_inputs_sends_the_pending_batch_at_once(srv: openin
     assert took["A"] < 2.0, took
 
 
+# A BYTES output made of numbers and a bool, which Triton writes as str(item).
+MIXED_BYTES_MODEL = PROLOGUE + textwrap.dedent(
+    """
+    class TritonPythonModel:
+        def execute(self, requests):
+            mixed = np.array([1, 2.5, True, "s", b"b"], dtype=np.object_)
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", mixed)]) for _ in requests]
+    """
+)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_bytes_outputs_of_numbers_are_written_as_triton_writes_them(tmp_path: Path, protocol: str) -> None:
+    add_model(tmp_path, "mixed", MIXED_BYTES_MODEL, config("mixed", [("IN", "FP32", "-1")], [("OUT", "STRING", "5")]))
+    options = {"http_port": 0, "grpc_port": 0, "metrics_port": None, "threads": 1, "log": False}
+    with openinfer.serve(tmp_path, **options) as server:
+        client, module = client_and_module(server, protocol)
+        result = client.infer("mixed", [tensor(module, "IN", np.zeros(1, np.float32))])  # type: ignore[attr-defined]
+        assert result.as_numpy("OUT").tolist() == [b"1", b"2.5", b"True", b"s", b"b"]
+
+
 # Answers its request's parameters (the forwarded headers among them) as JSON.
 PARAMETERS_MODEL = PROLOGUE + textwrap.dedent(
     """

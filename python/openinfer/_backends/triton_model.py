@@ -286,7 +286,9 @@ class TritonModel(Model):
         except Exception as e:  # noqa: BLE001 - the client gets it as Triton words it
             if all(request._sender is not None and request._sender._final for request in requests):
                 # Every request already has its final flag: Triton logs the error, sends nothing.
-                pb.Logger.log_error(f"Failed to process the request(s) for model '{self._instance_name}': {describe(e)}")
+                pb.Logger.log_error(
+                    f"Failed to process the request(s) for model '{self._instance_name}': {describe(e)}"
+                )
                 return None
             for request in requests:
                 if request._sender is not None:
@@ -435,12 +437,24 @@ class TritonModel(Model):
         error = response.error()
         if error is not None:
             raise pb.ResponseError(error.status(), error.message())
-        return {t._name: t._array for t in response._outputs}
+        return {
+            t._name: _bytes_as_triton_sends(t._array) if t._datatype == "BYTES" else t._array
+            for t in response._outputs
+        }
 
     def _failure(self, message: str) -> pb.ResponseError:
         return pb.ResponseError(
             500, f"Failed to process the request(s) for model '{self._instance_name}', message: {message}"
         )
+
+
+def _bytes_as_triton_sends(array: np.ndarray) -> np.ndarray:
+    """A BYTES output's items as Triton's serialize_byte_tensor writes them: bytes and str as
+    they are, any other item (int, float, bool, ...) as str(item)."""
+    if array.dtype != np.object_ or all(type(x) is bytes or type(x) is str for x in array.flat):
+        return array
+    items = [x if isinstance(x, (bytes, str)) else str(x) for x in array.flat]
+    return np.array(items, dtype=np.object_).reshape(array.shape)
 
 
 def _filler(like: np.ndarray, rows: int) -> np.ndarray:
