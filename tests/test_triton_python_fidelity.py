@@ -490,11 +490,15 @@ def test_a_request_with_other_inputs_sends_the_pending_batch_at_once(srv: openin
     took: dict[str, float] = {}
 
     def send(names: list[str]) -> None:
-        client, _ = client_and_module(srv, protocol)  # one client per thread
-        start = time.monotonic()
-        result = client.infer("batched", [tensor(module, n, one) for n in names])  # type: ignore[attr-defined]
-        assert result.as_numpy("SENT").reshape(-1)[0] == " ".join(names).encode()
-        took[" ".join(names)] = time.monotonic() - start
+        port = srv.http_port if protocol == "http" else srv.grpc_port
+        client = module.InferenceServerClient(f"127.0.0.1:{port}")  # type: ignore[attr-defined]
+        try:  # made, used and closed on this thread
+            start = time.monotonic()
+            result = client.infer("batched", [tensor(module, n, one) for n in names])
+            assert result.as_numpy("SENT").reshape(-1)[0] == " ".join(names).encode()
+            took[" ".join(names)] = time.monotonic() - start
+        finally:
+            client.close()
 
     first = threading.Thread(target=send, args=(["A"],))
     first.start()
