@@ -556,3 +556,24 @@ def test_header_forward_patterns_in_re2_syntax_with_tritons_case_handling(tmp_pa
         result = triton_grpc(server).infer("params", [tensor(grpcclient, "IN", np.zeros(1, np.float32))],
                                            headers={"y-7": "kept", "z-7": "no", "x-b": "no"})  # fmt: skip
         assert json.loads(result.as_numpy("OUT")[0]) == {"y-7": "kept"}
+
+
+PARAMS_ENSEMBLE_CONFIG = config("params_ensemble", [("IN", "FP32", "-1")], [("OUT", "STRING", "1")]).replace(
+    'backend: "python"', 'platform: "ensemble"'
+) + (
+    'ensemble_scheduling { step [ { model_name: "params" model_version: -1 '
+    'input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "OUT" } } ] }\n'
+)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_an_ensemble_passes_its_request_parameters_to_its_steps(tmp_path: Path, protocol: str) -> None:
+    add_model(tmp_path, "params", PARAMETERS_MODEL, siblings_config("params"))
+    (tmp_path / "params_ensemble" / "1").mkdir(parents=True)
+    (tmp_path / "params_ensemble" / "config.pbtxt").write_text(PARAMS_ENSEMBLE_CONFIG)
+    options = {"http_port": 0, "grpc_port": 0, "metrics_port": None, "threads": 1, "log": False}
+    with openinfer.serve(tmp_path, **options) as server:
+        client, module = client_and_module(server, protocol)
+        result = client.infer("params_ensemble", [tensor(module, "IN", np.zeros(1, np.float32))],  # type: ignore[attr-defined]
+                              parameters={"colour": "blue", "count": 3})  # fmt: skip
+        assert json.loads(result.as_numpy("OUT")[0]) == {"colour": "blue", "count": 3}
