@@ -577,3 +577,42 @@ def test_an_ensemble_passes_its_request_parameters_to_its_steps(tmp_path: Path, 
         result = client.infer("params_ensemble", [tensor(module, "IN", np.zeros(1, np.float32))],  # type: ignore[attr-defined]
                               parameters={"colour": "blue", "count": 3})  # fmt: skip
         assert json.loads(result.as_numpy("OUT")[0]) == {"colour": "blue", "count": 3}
+
+
+# Decoupled and dynamically batched, as Triton serves it: two responses for each request.
+TWICE_MODEL = PROLOGUE + textwrap.dedent(
+    """
+    class TritonPythonModel:
+        def execute(self, requests):
+            for request in requests:
+                x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+                sender = request.get_response_sender()
+                for k in (1, 2):
+                    sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", (x * k).astype(np.float32))]))
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    """
+)
+TWICE_CONFIG = config(
+    "twice", [("IN", "FP32", "1")], [("OUT", "FP32", "1")],
+    "max_batch_size: 8\ndynamic_batching { }\n" + DECOUPLED,
+)
+
+
+def test_a_decoupled_model_with_dynamic_batching_is_served(tmp_path: Path) -> None:
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    add_model(tmp_path, "twice", TWICE_MODEL, TWICE_CONFIG)
+    options = {"http_port": 0, "grpc_port": 0, "metrics_port": None, "threads": 1, "log": False}
+    with openinfer.serve(tmp_path, **options) as server:
+        client = triton_grpc(server)
+        got: queue.SimpleQueue = queue.SimpleQueue()
+        client.start_stream(callback=lambda result, error: got.put((result, error)))
+        client.async_stream_infer("twice", [tensor(grpcclient, "IN", np.full((1, 1), 3, np.float32))])
+        answers = [got.get(timeout=30) for _ in range(2)]
+        client.stop_stream()
+        assert [(e, r.as_numpy("OUT").tolist()) for r, e in answers] == [(None, [[3.0]]), (None, [[6.0]])]
+        stream = requests.post(f"{server.url}/v2/models/twice/generate_stream", json={"IN": [5]}, timeout=30)
+        events = [json.loads(line[5:]) for line in stream.text.splitlines() if line.startswith("data:")]
+        assert [e["OUT"] for e in events] == [5.0, 10.0], stream.text

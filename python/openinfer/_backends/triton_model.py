@@ -485,6 +485,7 @@ def load(
         )
     batch = [-1] if final.max_batch_size > 0 else []
     policy = completed.get("model_transaction_policy")
+    decoupled = bool(policy.get("decoupled")) if isinstance(policy, dict) else False
     # An async execute in the server process gets ASYNC_IN_FLIGHT executors per instance (in_flight).
     in_flight = ASYNC_IN_FLIGHT if inspect.iscoroutinefunction(getattr(getattr(module, CLASS), "execute", None)) else 1
     in_flight = 1 if in_processes else in_flight
@@ -498,8 +499,9 @@ def load(
             version=version,
             instances=final.instances,
             platform=final.platform or final.backend or "python",
-            dynamic_batching=final.dynamic_batching if "dynamic_batching" in completed else None,
-            decoupled=bool(policy.get("decoupled")) if isinstance(policy, dict) else False,
+            # A decoupled model's requests run one at a time: its config keeps dynamic_batching.
+            dynamic_batching=final.dynamic_batching if "dynamic_batching" in completed and not decoupled else None,
+            decoupled=decoupled,
             processes=False,
         )
     except (TypeError, ValueError) as e:
