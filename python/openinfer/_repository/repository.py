@@ -349,6 +349,12 @@ def _load_python(name: str, version: int, path: Path, config: ModelConfig | None
     module = import_model_file(name, version, path, triton_model.PROVIDED)
     if triton_model.defines_triton_model(module):
         return triton_model.load(name, version, path, module, config, _in_processes(config))
+    if config is not None and _decoupled(config) and "dynamic_batching" in config.raw:
+        raise _LoadError(
+            f"{path.parent.parent / 'config.pbtxt'}: model_transaction_policy {{ decoupled: true }} with "
+            "dynamic_batching is served for Triton Python models only (an infer() model's batch has one answer "
+            "per request); remove dynamic_batching to serve it"
+        )
     if config is not None and config.raw.get("sequence_batching", {}).get("iterative_sequence"):
         raise _LoadError(
             f"{path.parent.parent / 'config.pbtxt'}: sequence_batching.iterative_sequence is not supported by "
