@@ -616,3 +616,25 @@ def test_a_decoupled_model_with_dynamic_batching_is_served(tmp_path: Path) -> No
         stream = requests.post(f"{server.url}/v2/models/twice/generate_stream", json={"IN": [5]}, timeout=30)
         events = [json.loads(line[5:]) for line in stream.text.splitlines() if line.startswith("data:")]
         assert [e["OUT"] for e in events] == [5.0, 10.0], stream.text
+
+
+@pytest.mark.parametrize("mode", ["triton_grpc_error", "in_stream"])
+def test_triton_grpc_error_ends_a_stream_with_the_errors_status(srv: openinfer.Server, mode: str) -> None:
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    client = triton_grpc(srv)
+    got: queue.SimpleQueue = queue.SimpleQueue()
+    headers = {"triton_grpc_error": "true"} if mode == "triton_grpc_error" else None
+    client.start_stream(callback=lambda result, error: got.put((result, error)), headers=headers)
+    client.async_stream_infer("error_code", [tensor(grpcclient, "CODE", np.array([3], np.int32))])
+    _, error = got.get(timeout=30)
+    assert error is not None and "code 3" in error.message()
+    if mode == "triton_grpc_error":  # the stream ended with the model's status
+        assert error.status() == "StatusCode.INVALID_ARGUMENT"
+    else:  # the error travelled in the stream, which goes on
+        client.async_stream_infer("optional", [tensor(grpcclient, "A", np.ones(1, np.float32))])
+        result, error = got.get(timeout=30)
+        assert error is None and result.as_numpy("SENT")[0] == b"A"
+    client.stop_stream()
