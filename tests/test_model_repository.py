@@ -584,8 +584,6 @@ def test_bad_load_requests_are_refused_and_change_nothing(explicit: openinfer.Se
          "Invalid file parameter 'file:../../etc/x': the path must stay within the model directory"),
         ("models/value/load", {"parameters": {"config": "{}", "file://1/model.pt": "AAAA"}}, 400,
          "Invalid file parameter 'file://1/model.pt'"),
-        ("models/value/load", {"parameters": {"config": "{}", "file:1/model.py": "AAAA"}}, 400,
-         "Python files sent with a load are not run"),
         ("models/value/load", {"parameters": {"file:1/model.pt": "AAAA"}}, 400,
          "Load parameter 'config' must be specified for model file override"),
         ("models/value/load", {"parameters": {"colour": "blue"}}, 400, "unrecognized load parameter 'colour'"),

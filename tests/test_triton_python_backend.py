@@ -431,7 +431,7 @@ def test_pb_utils_helpers_as_triton_has_them() -> None:
     with pytest.raises(TypeError, match="Tensor 'x': expected a numpy array, got list"):
         pb.Tensor("x", [1, 2])
     error = pb.TritonError("gone", pb.TritonError.NOT_FOUND)
-    assert (error.message(), error.code(), error.http_status()) == ("gone", 2, 404)
+    assert (error.message(), error.code(), error.status()) == ("gone", 2, 404)
     sender = pb.InferenceResponseSender(True, lambda: False)
     with pytest.raises(pb.TritonModelException, match="^Unable to send response. Unsupported flag provided.$"):
         sender.send(flags=7)

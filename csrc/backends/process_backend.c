@@ -262,7 +262,7 @@ static ssize_t recv_message(int sock, char *buf, size_t cap, int *fd)
 static oi_status_t *error_reply(const char *buf, size_t len)
 {
     const oi_pw_reply_t *r = (const void *)buf;
-    int code = r->code >= 400 && r->code <= 599 ? (int)r->code : OI_INTERNAL;
+    int code = oi_status_code_valid(r->code) ? (int)r->code : OI_INTERNAL;
     return oi_status_new(code, "%.*s", (int)(len - sizeof(*r)), buf + sizeof(*r));
 }
 

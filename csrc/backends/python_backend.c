@@ -39,7 +39,7 @@ static oi_status_t *model_error(const py_state_t *s)
     PyObject *status = value ? PyObject_GetAttrString(value, "status") : NULL;
     if (status != NULL && PyLong_Check(status)) {
         long v = PyLong_AsLong(status);
-        if (v >= 400 && v <= 599) {
+        if (oi_status_code_valid(v)) {
             code = (int)v;
             verbatim = 1;
         }
@@ -152,7 +152,7 @@ static PyObject *cancel_flag_fail(PyObject *self, PyObject *args)
         PyErr_Format(PyExc_IndexError, "fail(): no request %u in this call's batch", k);
         return NULL;
     }
-    if (status < 400 || status > 599) {
+    if (!oi_status_code_valid(status)) {
         PyErr_Format(PyExc_ValueError, "fail(): status %d is not an HTTP error status", status);
         return NULL;
     }

@@ -791,6 +791,9 @@ static int parse_params(cursor_t *c, const char *group, uint32_t index, oi_slice
         for (size_t i = 0; i < n_want && p == NULL; i++)
             if (oi__json_str_is(&key, want[i].key))
                 p = &want[i];
+        if (req != NULL && key.n >= 7 && memcmp(key.s, "triton_", 7) == 0) /* as http_server.cc */
+            return bad(c, "parameter keys starting with 'triton_' are reserved for Triton usage and should not be "
+                          "specified.");
         if (req != NULL && p == NULL &&
             (oi__json_str_is(&key, "sequence_id") || oi__json_str_is(&key, "sequence_start") || oi__json_str_is(&key, "sequence_end")))
             r = read_seq_param(c, req, &key);

@@ -306,6 +306,9 @@ static oi_status_t *request_params(dec_t *d, const oi_slice_t *entries, uint32_t
         int k = 0;
         while (k < 6 && !(key.len == strlen(names[k]) && memcmp(key.ptr, names[k], key.len) == 0))
             k++;
+        if (k == 6 && key.len >= 7 && memcmp(key.ptr, "triton_", 7) == 0) /* as infer_handler.cc */
+            return bad("parameter keys starting with 'triton_' are reserved for Triton usage. Only the following "
+                       "keys starting with 'triton_' are allowed: triton_enable_empty_final_response");
         if (k == 6)
             continue;
         rd_t v = {(const uint8_t *)value.ptr, (const uint8_t *)value.ptr + value.len};

@@ -18,7 +18,24 @@ enum {
     OI_INTERNAL = 500,
     OI_UNIMPLEMENTED = 501,
     OI_UNAVAILABLE = 503,
+    /* Triton's UNKNOWN, ALREADY_EXISTS and CANCELLED errors (a Triton Python model's response
+     * error): its HTTP front answers each 400 (http_server.cc), its gRPC front the code of the
+     * same name (grpc_utils.cc); OI_HTTP_STATUS gives the HTTP status of any code. */
+    OI_TRITON_UNKNOWN = 1400,
+    OI_TRITON_ALREADY_EXISTS = 2400,
+    OI_TRITON_CANCELLED = 3400,
 };
+
+/* The HTTP status a code is answered with. */
+#define OI_HTTP_STATUS(code) ((code) % 1000)
+
+/* Whether `code` is an error code a model may give its failure (an HTTP error status or one of
+ * Triton's codes above). */
+static inline int oi_status_code_valid(long code)
+{
+    return (code >= 400 && code <= 599) || code == OI_TRITON_UNKNOWN || code == OI_TRITON_ALREADY_EXISTS ||
+           code == OI_TRITON_CANCELLED;
+}
 
 /* A failure with a human-readable message. Functions return NULL for success or a new
  * status that the caller owns and frees with oi_status_free. */

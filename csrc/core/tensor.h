@@ -58,6 +58,8 @@ typedef struct oi_io_spec_s {
     int ndim;
     int64_t dims[OI_MAX_DIMS];
     uint8_t optional; /* an input a request may leave out (Triton's `optional: true`) */
+    uint8_t shape_as_produced; /* an output answered in the shape the model produced: Triton's
+                                * core checks a Python-backend model's outputs by name only */
 } oi_io_spec_t;
 
 /* Triton's sequence parameters of a request ("sequence_id", "sequence_start",

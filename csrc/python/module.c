@@ -57,8 +57,7 @@ static int check_forward_pattern(const char *what, const char *pattern, char *ds
     if (rc != 0) {
         char why[128];
         regerror(rc, &re, why, sizeof(why));
-        PyErr_Format(PyExc_ValueError, "%s %s is not a valid POSIX extended regular expression: %s", what, pattern,
-                     why);
+        PyErr_Format(PyExc_ValueError, "%s %s is not a regular expression openinfer takes: %s", what, pattern, why);
         return -1;
     }
     regfree(&re);
@@ -450,8 +449,9 @@ static PyObject *Server_set_metadata(ServerObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-/* Parses a sequence of (name, datatype, shape[, optional]) into specs; names point into the
- * tuples' strings, valid while `seq` lives. */
+/* Parses a sequence of (name, datatype, shape[, flag]) into specs, the flag an input's
+ * `optional` or an output's `shape_as_produced`; names point into the tuples' strings, valid
+ * while `seq` lives. */
 static int parse_specs(PyObject *seq, const char *what, oi_io_spec_t **out, uint32_t *n)
 {
     PyObject *fast = PySequence_Fast(seq, "inputs/outputs must be a sequence of (name, datatype, shape)");
@@ -468,10 +468,10 @@ static int parse_specs(PyObject *seq, const char *what, oi_io_spec_t **out, uint
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *item = PySequence_Fast_GET_ITEM(fast, i), *shape;
         const char *name, *dtype;
-        int optional = 0;
+        int flag = 0;
         oi_io_spec_t *s = &(*out)[i];
-        if (!PyArg_ParseTuple(item, "ssO|p;each declaration is (name, datatype, shape[, optional])", &name, &dtype,
-                              &shape, &optional))
+        if (!PyArg_ParseTuple(item, "ssO|p;each declaration is (name, datatype, shape[, flag])", &name, &dtype,
+                              &shape, &flag))
             goto fail;
         for (Py_ssize_t j = 0; j < i; j++)
             if (strcmp((*out)[j].name, name) == 0) {
@@ -479,7 +479,10 @@ static int parse_specs(PyObject *seq, const char *what, oi_io_spec_t **out, uint
                 goto fail;
             }
         s->name = (char *)name;
-        s->optional = (uint8_t)optional;
+        if (strcmp(what, "input") == 0)
+            s->optional = (uint8_t)flag;
+        else
+            s->shape_as_produced = (uint8_t)flag;
         s->dtype = oi_dtype_from_name(dtype, strlen(dtype));
         if (s->dtype == OI_TYPE_INVALID) {
             PyErr_Format(PyExc_ValueError, "%s '%s': unknown datatype '%s'", what, name, dtype);
@@ -876,7 +879,7 @@ static oi_status_t *repo_error(void)
     PyObject *message = status ? PyObject_GetAttrString(value, "message") : NULL;
     if (status != NULL && PyLong_Check(status) && message != NULL && PyUnicode_Check(message)) {
         long c = PyLong_AsLong(status);
-        code = c >= 400 && c <= 599 ? (int)c : OI_INTERNAL;
+        code = oi_status_code_valid(c) ? (int)c : OI_INTERNAL;
     } else {
         Py_XDECREF(message);
         message = value ? PyObject_Str(value) : NULL;

@@ -142,6 +142,9 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
     s->http = oi_http_server_new(&s->cfg.http, oi__http_api_handle, s);
     int grpc = s->cfg.grpc_port >= 0 || s->cfg.grpc_unix_path != NULL;
     if (grpc) {
+        s->grpc_captured[OI_GRPC_ERROR_SLOT] = OI_GRPC_ERROR_HEADER;
+        for (int i = 0; i < s->grpc_restricted.n_names; i++)
+            s->grpc_captured[i + 1] = s->grpc_restricted.names[i];
         oi_h2_config_t h2 = {
             .host = s->cfg.grpc_host != NULL ? s->cfg.grpc_host : s->cfg.http.host,
             .port = s->cfg.http.inline_loop ? -1 : s->cfg.grpc_port,
@@ -159,8 +162,8 @@ oi_server_t *oi_server_new(const oi_server_config_t *cfg)
             .preface_timeout_ms = s->cfg.http.first_byte_timeout_ms,
             .idle_timeout_ms = s->cfg.http.idle_timeout_ms,
             .max_queued_bytes = s->cfg.grpc_max_queued_bytes,
-            .capture_headers = (const char *const *)s->grpc_restricted.names,
-            .n_capture_headers = s->grpc_restricted.n_names,
+            .capture_headers = s->grpc_captured,
+            .n_capture_headers = s->grpc_restricted.n_names + 1,
             .on_finished = cfg->access_log != NULL || cfg->trace_file != NULL ? grpc_finished : NULL,
             .forward_headers = cfg->grpc_forward_pattern != NULL ? &s->grpc_forward : NULL,
         };

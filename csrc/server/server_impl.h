@@ -16,6 +16,12 @@
 
 typedef struct oi_health_watch_s oi_health_watch_t;
 
+/* Triton's stream option: metadata "triton_grpc_error: true" on ModelStreamInfer ends the
+ * stream with an error's status (grpc/infer_handler.h); the transport keeps its value in this
+ * slot of a call's headers. */
+#define OI_GRPC_ERROR_HEADER "triton_grpc_error"
+#define OI_GRPC_ERROR_SLOT 0
+
 struct oi_server_s {
     oi_server_config_t cfg;
     atomic_int stopping; /* set before the loops' barrier in oi_server_stop */
@@ -47,6 +53,9 @@ struct oi_server_s {
     atomic_uint_fast64_t legacy_ids; /* the last RequestStatus id the legacy API gave */
     oi_restricted_t http_restricted; /* copies of the config's; the transports keep their headers */
     oi_restricted_t grpc_restricted;
+    /* The gRPC metadata the transport keeps for the handlers: OI_GRPC_ERROR_HEADER first
+     * (OI_GRPC_ERROR_SLOT), then grpc_restricted.names. */
+    const char *grpc_captured[OI_API_COUNT + 1];
     regex_t http_forward, grpc_forward; /* compiled cfg.*_forward_pattern, where set */
 };
 

@@ -16,7 +16,10 @@ int oi_grpc_status_from_http(int code)
     case 404: return OI_GRPC_NOT_FOUND;
     case 408:
     case 504: return OI_GRPC_DEADLINE_EXCEEDED;
-    case 409: return OI_GRPC_ALREADY_EXISTS;
+    case 409:
+    case OI_TRITON_ALREADY_EXISTS: return OI_GRPC_ALREADY_EXISTS;
+    case OI_TRITON_UNKNOWN: return OI_GRPC_UNKNOWN;
+    case OI_TRITON_CANCELLED: return OI_GRPC_CANCELLED;
     case 412: return OI_GRPC_FAILED_PRECONDITION;
     case 413:
     case 429:

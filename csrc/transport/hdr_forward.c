@@ -8,10 +8,56 @@
 static const char *const reserved[] = {"sequence_id", "sequence_start", "sequence_end", "priority",
                                        "timeout",     "headers",        "binary_data_output"};
 
+/* The POSIX extended expression of an RE2 one, for what ERE spells otherwise: "(?:" groups
+ * become plain groups, and \d / \D outside brackets [0-9] / [^0-9]. NULL when out of memory. */
+static char *ere_of_re2(const char *p)
+{
+    char *out = malloc(strlen(p) * 3 + 1), *w = out; /* \D (2 bytes) -> [^0-9] (6) at most */
+    if (out == NULL)
+        return NULL;
+    int in_class = 0;
+    while (*p != '\0') {
+        if (!in_class && p[0] == '(' && p[1] == '?' && p[2] == ':') {
+            *w++ = '(';
+            p += 3;
+        } else if (!in_class && p[0] == '\\' && (p[1] == 'd' || p[1] == 'D')) {
+            const char *cls = p[1] == 'd' ? "[0-9]" : "[^0-9]";
+            w += strlen(strcpy(w, cls));
+            p += 2;
+        } else if (p[0] == '\\' && p[1] != '\0') {
+            *w++ = *p++;
+            *w++ = *p++;
+        } else {
+            in_class = *p == '[' ? 1 : *p == ']' ? 0 : in_class;
+            *w++ = *p++;
+        }
+    }
+    *w = '\0';
+    return out;
+}
+
 int oi_hdr_forward_compile(regex_t *re, const char *pattern)
 {
-    /* tritonserver prefixes the pattern with (?i) for RE2; REG_ICASE is the same here. */
-    return regcomp(re, pattern, REG_EXTENDED | REG_ICASE | REG_NOSUB);
+    /* tritonserver matches RE2's "(?i)" + pattern: case-insensitive unless the pattern turns
+     * that off ("(?-i)" at its start, which is where this reads flags). */
+    int flags = REG_EXTENDED | REG_ICASE | REG_NOSUB;
+    for (;;) {
+        if (strncmp(pattern, "(?i)", 4) == 0) {
+            flags |= REG_ICASE;
+            pattern += 4;
+        } else if (strncmp(pattern, "(?-i)", 5) == 0) {
+            flags &= ~REG_ICASE;
+            pattern += 5;
+        } else {
+            break;
+        }
+    }
+    char *ere = ere_of_re2(pattern);
+    if (ere == NULL)
+        return REG_ESPACE;
+    int rc = regcomp(re, ere, flags);
+    free(ere);
+    return rc;
 }
 
 static int is_reserved(const char *name, size_t n)

@@ -1,7 +1,8 @@
 /* Request headers forwarded to the model as request parameters: tritonserver's
  * --http-header-forward-pattern and --grpc-header-forward-pattern. A header (HTTP/1.1) or
- * metadata entry (gRPC) whose name the pattern matches anywhere, case-insensitively, becomes
- * a string parameter of the inference request, name and value as the client sent them. */
+ * metadata entry (gRPC) whose name the pattern matches anywhere (case-insensitively, unless the
+ * pattern starts with "(?-i)") becomes a string parameter of the inference request, name and
+ * value as the client sent them. */
 #ifndef OI_TRANSPORT_HDR_FORWARD_H
 #define OI_TRANSPORT_HDR_FORWARD_H
 
@@ -15,8 +16,10 @@
 #define OI_HDR_RESERVED -2 /* a name tritonserver keeps for itself: the request is refused */
 #define OI_HDR_NOMEM -1
 
-/* Compiles `pattern` (a POSIX extended regular expression) as the transports match it.
- * Returns 0, or regcomp's error (then *re holds nothing to free). */
+/* Compiles `pattern` (RE2 syntax, as tritonserver takes it: leading "(?i)" / "(?-i)" flags,
+ * "(?:" groups and \d / \D besides POSIX extended syntax) as the transports match it,
+ * case-insensitively unless it starts with "(?-i)". Returns 0, or regcomp's error (then *re
+ * holds nothing to free). */
 int oi_hdr_forward_compile(regex_t *re, const char *pattern);
 
 /* When `re` matches header `name` (n bytes, not NUL-terminated), appends "name":"value" (JSON,

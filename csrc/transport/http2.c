@@ -323,6 +323,11 @@ static int conn_init_session(h2_conn_t *c)
         return -1;
     }
     nghttp2_option_set_no_auto_window_update(opt, 1);
+#if NGHTTP2_VERSION_NUM >= 0x013200
+    /* A header value with leading or trailing whitespace is taken, as gRPC C++ (Triton's
+     * front) takes it, not refused by nghttp2's RFC 9113 check (option since 1.50). */
+    nghttp2_option_set_no_rfc9113_leading_and_trailing_ws_validation(opt, 1);
+#endif
     int rc = nghttp2_session_server_new2(&c->session, cb, c, opt);
     nghttp2_option_del(opt);
     nghttp2_session_callbacks_del(cb);

@@ -28,7 +28,7 @@ from ._version import __version__
 from ._control.cache import cache_bytes
 from ._control.control import DEFAULT_POLL_SECS, IndexEntry, ModelControl
 from ._control.logsettings import LogSettings
-from ._control.restricted import grpc_restricted, http_restricted, open_to_anyone
+from ._control.restricted import grpc_restricted, http_restricted, open_to_anyone, reached_by_strangers
 from ._control.tracesettings import TraceSettings, level_mask, trace_options
 from .errors import InferenceServerError
 from .model import Model
@@ -510,6 +510,10 @@ class Server:
                 max_json_depth=limits.get("max_json_depth", 0),
                 max_instances=max_instances,
                 unload_timeout=model_unload_timeout,
+                load_code=not reached_by_strangers(
+                    [(h, r) for h, r, port in self._tcp_restrictions(http_port, grpc_port) if port is not None],
+                    "model-repository",
+                ),
             )
             self._logging = LogSettings(
                 log_file=log_file, log_verbose_level=log_verbose, log_format=log_format
@@ -562,15 +566,20 @@ class Server:
             values["log_frequency"],
         )
 
+    def _tcp_restrictions(self, http_port: int | None, grpc_port: int | None) -> list[tuple[str, set[str], int | None]]:
+        """Each protocol's host, the API groups it restricts and its port (None: no TCP listener).
+        A protocol that asks every client for a certificate (mutual TLS) answers no stranger."""
+        everything = set(_core.RESTRICTED_APIS)
+        return [
+            (host, everything if self._tls.get(proto, (None, None, None, False))[3] else r, port)
+            for proto, host, r, port in zip(
+                ("http", "grpc"), (self._host, self._grpc_host), self._restricted, (http_port, grpc_port)
+            )
+        ]
+
     def _warn_if_open(self) -> None:
         """One warning when clients beyond this host may reach the control APIs unchecked."""
-        # A protocol that asks every client for a certificate (mutual TLS) answers no stranger.
-        everything = set(_core.RESTRICTED_APIS)
-        tcp = [
-            everything if self._tls.get(proto, (None, None, None, False))[3] else r
-            for proto, r, port in zip(("http", "grpc"), self._restricted, (self._port, self._grpc_port))
-            if port is not None
-        ]
+        tcp = [r for _, r, port in self._tcp_restrictions(self._port, self._grpc_port) if port is not None]
         what = open_to_anyone(
             self._host,
             tcp,

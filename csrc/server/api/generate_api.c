@@ -30,7 +30,7 @@ static void respond_error(oi_http_request_t *r, oi_status_t *st)
     oi_sbuf_free(&body);
     static const char oom[] = "{\"error\":\"out of memory\"}";
     oi_iov_t part = b ? (oi_iov_t){b->data, b->len, b} : (oi_iov_t){oom, sizeof(oom) - 1, NULL};
-    oi_http_respond(r, st->code, JSON_HEADERS, &part, 1);
+    oi_http_respond(r, OI_HTTP_STATUS(st->code), JSON_HEADERS, &part, 1);
     oi_status_free(st);
 }
 
@@ -83,7 +83,7 @@ static void send_error_event(gen_t *g, oi_status_t *st)
         b = oi_sbuf_detach(&out);
     oi_sbuf_free(&out);
     if (b != NULL)
-        send_event(g, st->code, b, NULL);
+        send_event(g, OI_HTTP_STATUS(st->code), b, NULL);
     oi_status_free(st);
 }
 

@@ -359,9 +359,10 @@ static void model_rpc(oi_server_t *s, oi_grpc_call_t *call, const oi_buf_t *msg)
 
 /* ---- the handler ------------------------------------------------------------------------ */
 
+/* The restricted APIs' metadata: after OI_GRPC_ERROR_SLOT in what the transport keeps. */
 static const char *captured_metadata(const void *call, int i, size_t *len)
 {
-    return oi_grpc_call_header(call, i, len);
+    return oi_grpc_call_header(call, i + 1, len);
 }
 
 /* Ends the call with UNAVAILABLE and tritonserver's words when one of `groups` is restricted

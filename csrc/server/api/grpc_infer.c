@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "grpc_service.pb-c.h"
 
@@ -33,10 +34,20 @@ static void stream_error(oi_grpc_call_t *call, const char *message, const oi_mod
     oi_grpc_send(call, &part, 1, b->len);
 }
 
-/* A request failed: the status ends a unary call; a stream answers it and goes on. */
+/* Whether a stream's client asked for Triton's triton_grpc_error mode: an error ends the stream
+ * with its status instead of travelling in it (infer_handler.h). */
+static int errors_end_stream(const oi_grpc_call_t *call)
+{
+    size_t n = 0;
+    const char *v = oi_grpc_call_header(call, OI_GRPC_ERROR_SLOT, &n);
+    return v != NULL && n == 4 && strncasecmp(v, "true", 4) == 0;
+}
+
+/* A request failed: the status ends a unary call; a stream answers it and goes on (or, in
+ * triton_grpc_error mode, ends with it). */
 static void infer_failed(oi_grpc_call_t *call, oi_status_t *st, const oi_model_t *m, const oi_request_t *req)
 {
-    if (call->kind == RPC_MODEL_STREAM_INFER) {
+    if (call->kind == RPC_MODEL_STREAM_INFER && !errors_end_stream(call)) {
         stream_error(call, st->message, m, req);
         oi_status_free(st);
     } else {

@@ -41,7 +41,7 @@ static void respond_error(oi_http_request_t *r, int status, const char *message)
 /* Answers with a status's code and message, and frees it. */
 static void respond_status(oi_http_request_t *r, oi_status_t *st)
 {
-    respond_error(r, st->code, st->message);
+    respond_error(r, OI_HTTP_STATUS(st->code), st->message);
     oi_status_free(st);
 }
 

@@ -99,7 +99,8 @@ void oi_legacy_status_fill(oi_legacy_status_t *rs, const oi_status_t *st, uint64
     case OI_UNIMPLEMENTED:
     case OI_METHOD_NOT_ALLOWED: rs->code = NVIDIA__INFERENCESERVER__REQUEST_STATUS_CODE__UNSUPPORTED; break;
     case OI_INTERNAL: rs->code = NVIDIA__INFERENCESERVER__REQUEST_STATUS_CODE__INTERNAL; break;
-    case 409: rs->code = NVIDIA__INFERENCESERVER__REQUEST_STATUS_CODE__ALREADY_EXISTS; break;
+    case 409:
+    case OI_TRITON_ALREADY_EXISTS: rs->code = NVIDIA__INFERENCESERVER__REQUEST_STATUS_CODE__ALREADY_EXISTS; break;
     case 429: rs->code = NVIDIA__INFERENCESERVER__REQUEST_STATUS_CODE__UNAVAILABLE; break;
     default: rs->code = NVIDIA__INFERENCESERVER__REQUEST_STATUS_CODE__UNKNOWN; break;
     }

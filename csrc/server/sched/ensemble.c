@@ -155,6 +155,7 @@ struct run_s {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     const oi_ensemble_t *e;
+    const oi_request_t *req; /* the ensemble's request, which outlives the run */
     oi_tensor_t *vals; /* per ensemble tensor, once produced: a reference to its bytes */
     int64_t *batch;    /* per ensemble tensor: the batch size of the request that made it, 0
                         * when that model (or the ensemble) does not batch */
@@ -338,6 +339,7 @@ static oi_status_t *send_step(run_t *run, step_run_t *s)
         r->outputs[r->n_outputs].name = def->outputs[i].model_tensor;
         r->outputs[r->n_outputs++].binary_data = -1;
     }
+    r->parameters = run->req->parameters; /* as Triton's ensemble scheduler passes them on */
     uint32_t *classes = NULL;
     st = oi_validate_request(s->model, r, &s->names, &s->job.n_outputs, &classes);
     free(classes); /* none asked */
@@ -450,7 +452,7 @@ static oi_status_t *ensemble_execute(void *state, const oi_request_t *req, const
                                      uint32_t n_outputs, oi_response_t *resp)
 {
     const oi_ensemble_t *e = state;
-    run_t run = {.e = e};
+    run_t run = {.e = e, .req = req};
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);

@@ -273,6 +273,7 @@ typedef struct batch_s {
     oi_job_t *last;
     int n_jobs;
     int64_t rows;
+    int saturated; /* the next queued job cannot join: the batch goes now, as Triton's does */
 } batch_t;
 
 /* Rows (dimension 0) of a request, or -1 when it cannot join a batch. Validation has
@@ -322,8 +323,10 @@ static int compatible(const oi_scheduler_t *sched, const oi_job_t *a, const oi_j
 
 /* Moves queued jobs that fit into the batch, in queue order (higher priority levels first).
  * A compatible job that does not fit ends the scan, so a large request is never overtaken by
- * later small ones forever; incompatible jobs are passed over and stay queued in order.
- * Caller holds the lock. */
+ * later small ones forever. A job that cannot join (other inputs, shapes, outputs or
+ * parameters) ends it too and saturates the batch: as Triton's dynamic batcher
+ * (dynamic_batch_scheduler.cc) sends the pending batch at once rather than hold it for the
+ * queue delay. Caller holds the lock. */
 static void gather_locked(oi_scheduler_t *s, batch_t *b, oi_job_t **dropped)
 {
     for (uint32_t k = s->first; k < 2 * s->n_levels; k++) {
@@ -342,9 +345,8 @@ static void gather_locked(oi_scheduler_t *s, batch_t *b, oi_job_t **dropped)
             int64_t rows = job_rows(j);
             int gone = unwanted(j);
             if (!gone && (rows < 0 || !compatible(s, b->first, j))) {
-                prev = j;
-                j = next;
-                continue;
+                b->saturated = 1;
+                return;
             }
             if (!gone && b->rows + rows > s->batching.max_batch_size)
                 return;
@@ -648,7 +650,7 @@ static void gather_batch(oi_scheduler_t *s, batch_t *b, oi_job_t **dropped)
     uint64_t deadline = first->enqueued_ns + s->batching.max_queue_delay_us * 1000u;
     for (;;) {
         gather_locked(s, b, dropped);
-        if (batch_ready(s, b) || s->stopping)
+        if (batch_ready(s, b) || b->saturated || s->stopping)
             break;
         uint64_t now = now_ns();
         if (now >= deadline)

@@ -5,6 +5,7 @@ every backend: the import graph stays one-way (model -> processes -> model_file,
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import itertools
 import re
@@ -13,6 +14,8 @@ import traceback
 from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
+
+from .model_imports import UNIQUE_PREFIX, ModelImports
 
 _module_ids = itertools.count()
 
@@ -27,24 +30,39 @@ def import_model_file(
     """Executes model.py (`source`, the bytes read from the descriptor the repository opened
     `path` as: never the file by path again, which may have been swapped since) as a module of
     its own, under a name unique to this load, so that every model's model.py coexists in
-    sys.modules (registered there for pickle and dataclasses); its __file__ is `path`.
-    `provided` are modules that model.py may import by those names (Triton's
+    sys.modules (registered there for pickle and dataclasses); its __file__ is `path`. As
+    python_backend's stub imports it (``1.model``), it is a module of a package whose folder is
+    the version folder, so ``from . import helper`` works; the modules beside it are its own
+    (`ModelImports`). `provided` are modules that model.py may import by those names (Triton's
     ``triton_python_backend_utils``), put in sys.modules first."""
     for module_name, provided_module in (provided or {}).items():
         sys.modules[module_name] = provided_module
-    identifier = re.sub(r"\W", "_", name)
-    module_name = f"_openinfer_model_{identifier}_v{version}_{next(_module_ids)}"
+    package_name = f"{UNIQUE_PREFIX}{_identifier(name)}_v{version}_{next(_module_ids)}"
+    package = importlib.util.module_from_spec(
+        importlib.machinery.ModuleSpec(package_name, None, is_package=True)
+    )
+    package.__path__ = [str(path.parent)]
+    module_name = f"{package_name}.{_identifier(path.stem)}"
     spec = importlib.util.spec_from_loader(module_name, loader=None, origin=str(path))
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
     module.__file__ = str(path)
+    imports = ModelImports(path.parent)
+    module.__builtins__ = imports.builtins  # type: ignore[attr-defined]
+    sys.modules[package_name] = package
     sys.modules[module_name] = module
     try:
-        exec(compile(source, str(path), "exec", dont_inherit=True), module.__dict__)  # noqa: S102 - model.py is the model
+        with imports.active():
+            exec(compile(source, str(path), "exec", dont_inherit=True), module.__dict__)  # noqa: S102 - model.py is the model
     except (Exception, SystemExit) as e:
-        del sys.modules[module_name]
+        for unique in [n for n in sys.modules if n == package_name or n.startswith(package_name + ".")]:
+            del sys.modules[unique]
         raise _LoadError(_describe(path, e)) from None
     return module
+
+
+def _identifier(text: str) -> str:
+    return re.sub(r"\W", "_", text)
 
 
 def _describe(path: Path, error: BaseException) -> str:

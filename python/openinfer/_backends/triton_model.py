@@ -48,6 +48,9 @@ from .processes import ModelFile, bind_file
 CLASS = "TritonPythonModel"
 # What a Triton model.py imports by name; import_model_file provides it.
 PROVIDED = {"triton_python_backend_utils": pb}
+# python_backend's stub launcher refuses a stub named (after the model or its instance) with
+# any of these (pb_utils.h INVALID_CHARS); a Triton Python model so named fails to load.
+_STUB_NAME_REFUSES = frozenset(";|&$`<>()[]{}\\\"'*?~#!")
 # How often a decoupled request's drain checks whether its client has gone.
 _POLL_S = 0.05
 
@@ -194,6 +197,8 @@ class TritonModel(Model):
     # Executor threads per instance: ASYNC_IN_FLIGHT for an async execute in the server process
     # (the model's config, statistics and metrics still count its instances).
     in_flight: int = 1
+    # Outputs are answered in the shape execute produced: Triton's core checks them by name only.
+    outputs_as_produced = True
 
     def attach(self, host: Any) -> None:
         """The server's model control, which pb_utils' BLS and model control calls reach
@@ -247,17 +252,31 @@ class TritonModel(Model):
         )
         if hasattr(cancelled, "request_id"):
             request._request_id = cancelled.request_id() or ""
-        result = self._execute([request], cancelled)
         if self.decoupled:
-            sender = request.get_response_sender()
-            if result is not None:
-                sender._close()
-                raise self._failure(
-                    f"Python model '{self._instance_name}' is using the decoupled mode and the execute "
-                    "function must return None."
-                )
-            return self._stream(sender, outputs, cancelled)
+            return self._decoupled(request, outputs, cancelled)
+        result = self._execute([request], cancelled)
         return self._select(self._outputs(self._returned(result, [request])[0]), outputs)
+
+    def _decoupled(
+        self, request: pb.InferenceRequest, outputs: tuple[str, ...], cancelled: Callable[[], bool]
+    ) -> Iterator[dict[str, object]]:
+        """A decoupled request: execute runs on a thread of its own while this executor sends
+        what it sends, as it sends it (as Triton's stub does), so a response sent before execute
+        returns reaches its client (or BLS caller) at once, and a cancellation reaches execute."""
+        sender = request.get_response_sender()
+
+        def run() -> None:
+            try:
+                if self._execute([request], cancelled) is not None:
+                    raise self._failure(
+                        f"Python model '{self._instance_name}' is using the decoupled mode and the execute "
+                        "function must return None."
+                    )
+            except BaseException as e:  # noqa: BLE001 - whatever ends execute ends the stream (SystemExit too)
+                sender._fail(e if isinstance(e, pb.ResponseError) else self._failure(describe(e)))
+
+        threading.Thread(target=run, name="openinfer-decoupled-execute", daemon=True).start()
+        return self._stream(sender, outputs, cancelled)
 
     def _execute(self, requests: list[pb.InferenceRequest], cancelled: Callable[[], bool]) -> Any:
         instances: Instances = self.fn  # type: ignore[assignment]
@@ -268,6 +287,12 @@ class TritonModel(Model):
         try:
             return self._run(instances, instance, requests, cancelled)
         except Exception as e:  # noqa: BLE001 - the client gets it as Triton words it
+            if all(request._sender is not None and request._sender._final for request in requests):
+                # Every request already has its final flag: Triton logs the error, sends nothing.
+                pb.Logger.log_error(
+                    f"Failed to process the request(s) for model '{self._instance_name}': {describe(e)}"
+                )
+                return None
             for request in requests:
                 if request._sender is not None:
                     request._sender._close()
@@ -403,6 +428,8 @@ class TritonModel(Model):
                     if cancelled():
                         return
                     continue
+                if isinstance(response, pb.ResponseError):
+                    raise response
                 if response is not None:
                     yield self._select(self._outputs(response), outputs)
                 if flags & pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
@@ -413,13 +440,25 @@ class TritonModel(Model):
     def _outputs(self, response: pb.InferenceResponse) -> dict[str, object]:
         error = response.error()
         if error is not None:
-            raise pb.ResponseError(error.http_status(), error.message())
-        return {t._name: t._array for t in response._outputs}
+            raise pb.ResponseError(error.status(), error.message())
+        return {
+            t._name: _bytes_as_triton_sends(t._array) if t._datatype == "BYTES" else t._array
+            for t in response._outputs
+        }
 
     def _failure(self, message: str) -> pb.ResponseError:
         return pb.ResponseError(
             500, f"Failed to process the request(s) for model '{self._instance_name}', message: {message}"
         )
+
+
+def _bytes_as_triton_sends(array: np.ndarray) -> np.ndarray:
+    """A BYTES output's items as Triton's serialize_byte_tensor writes them: bytes and str as
+    they are, any other item (int, float, bool, ...) as str(item)."""
+    if array.dtype != np.object_ or all(type(x) is bytes or type(x) is str for x in array.flat):
+        return array
+    items = [x if isinstance(x, (bytes, str)) else str(x) for x in array.flat]
+    return np.array(items, dtype=np.object_).reshape(array.shape)
 
 
 def _filler(like: np.ndarray, rows: int) -> np.ndarray:
@@ -451,6 +490,7 @@ def load(
         )
     batch = [-1] if final.max_batch_size > 0 else []
     policy = completed.get("model_transaction_policy")
+    decoupled = bool(policy.get("decoupled")) if isinstance(policy, dict) else False
     # An async execute in the server process gets ASYNC_IN_FLIGHT executors per instance (in_flight).
     in_flight = ASYNC_IN_FLIGHT if inspect.iscoroutinefunction(getattr(getattr(module, CLASS), "execute", None)) else 1
     in_flight = 1 if in_processes else in_flight
@@ -458,14 +498,15 @@ def load(
         model = TritonModel(
             name,
             Instances([]),
-            inputs=[Tensor(t.name, t.datatype, [*batch, *t.dims]) for t in final.inputs],
+            inputs=[Tensor(t.name, t.datatype, [*batch, *t.dims], optional=t.optional) for t in final.inputs],
             outputs=[Tensor(t.name, t.datatype, [*batch, *t.dims]) for t in final.outputs],
             max_batch_size=final.max_batch_size,
             version=version,
             instances=final.instances,
             platform=final.platform or final.backend or "python",
-            dynamic_batching=final.dynamic_batching if "dynamic_batching" in completed else None,
-            decoupled=bool(policy.get("decoupled")) if isinstance(policy, dict) else False,
+            # A decoupled model's requests run one at a time: its config keeps dynamic_batching.
+            dynamic_batching=final.dynamic_batching if "dynamic_batching" in completed and not decoupled else None,
+            decoupled=decoupled,
             processes=False,
         )
     except (TypeError, ValueError) as e:
@@ -473,6 +514,8 @@ def load(
     full = triton_config.complete(name, triton_config.normalize(completed, str(path)), model, backend="python")
     config_json = json.dumps(triton_config.to_json(full), separators=(",", ":"))
     names = [(f"{g['name']}_{k}", g["kind"].removeprefix("KIND_")) for g in full["instance_group"] for k in range(g["count"])]
+    if any(_STUB_NAME_REFUSES.intersection(n) for n in [name, *(n for n, _ in names)]):
+        raise _LoadError("Invalid stub name: contains invalid characters")
     object.__setattr__(model, "in_flight", in_flight)
 
     def args(instance: str, kind: str) -> dict[str, str]:

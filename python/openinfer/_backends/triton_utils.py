@@ -60,8 +60,10 @@ class TritonModelException(Exception):
 
 class TritonError:
     """An error a model attaches to an `InferenceResponse` (or passes to the sender). `code`
-    chooses the status the client gets, as Triton maps it: INVALID_ARG 400, NOT_FOUND 404,
-    ALREADY_EXISTS 409, UNSUPPORTED 501, UNAVAILABLE 503, every other code 500."""
+    chooses the status the client gets, as Triton maps it (http_server.cc, grpc_utils.cc):
+    INTERNAL 500 / INTERNAL, NOT_FOUND 404 / NOT_FOUND, INVALID_ARG 400 / INVALID_ARGUMENT,
+    UNAVAILABLE 503 / UNAVAILABLE, UNSUPPORTED 501 / UNIMPLEMENTED, and UNKNOWN, ALREADY_EXISTS,
+    CANCELLED 400 over HTTP and the gRPC code of the same name."""
 
     UNKNOWN = 0
     INTERNAL = 1
@@ -72,7 +74,10 @@ class TritonError:
     ALREADY_EXISTS = 6
     CANCELLED = 7
 
-    _HTTP = {NOT_FOUND: 404, INVALID_ARG: 400, UNAVAILABLE: 503, UNSUPPORTED: 501, ALREADY_EXISTS: 409}
+    # The core's status codes (csrc/core/status.h): an HTTP status, or one of Triton's codes
+    # that HTTP answers 400 and gRPC by name.
+    _STATUS = {NOT_FOUND: 404, INVALID_ARG: 400, UNAVAILABLE: 503, UNSUPPORTED: 501, UNKNOWN: 1400,
+               ALREADY_EXISTS: 2400, CANCELLED: 3400}  # fmt: skip
 
     def __init__(self, message: str, code: int = INTERNAL) -> None:
         self._message = str(message)
@@ -84,8 +89,9 @@ class TritonError:
     def code(self) -> int:
         return self._code
 
-    def http_status(self) -> int:
-        return self._HTTP.get(self._code, 500)
+    def status(self) -> int:
+        """The core's status code for this error (see `_STATUS`)."""
+        return self._STATUS.get(self._code, 500)
 
     def __repr__(self) -> str:
         return f"TritonError({self._message!r}, code={self._code})"
@@ -217,13 +223,20 @@ class Tensor:
         return True
 
     def to_dlpack(self) -> Any:
-        """A DLPack capsule viewing the tensor (BF16 as uint16 bits; BYTES has none, as in Triton)."""
+        """A DLPack capsule viewing the tensor (BF16 as uint16 bits; BYTES has none, as in Triton).
+        An input views the request's memory, which is read-only and which a classic capsule
+        cannot mark so: it exports a copy, as Triton's stub exports its own copy of the input."""
+        return self.__dlpack__()
+
+    def __dlpack__(self, stream: Any = None, **versioned: Any) -> Any:
         if self._datatype == "BYTES":
             raise TritonModelException(f"Tensor '{self._name}': a BYTES tensor cannot be exported to DLPack")
-        return self._array.__dlpack__()
-
-    def __dlpack__(self, stream: Any = None) -> Any:
-        return self.to_dlpack()
+        try:  # a consumer that asks for a versioned capsule gets the read-only view itself
+            return self._array.__dlpack__(**versioned)
+        except BufferError:
+            if self._array.flags.writeable:
+                raise
+            return self._array.copy().__dlpack__(**versioned)
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return (1, 0)  # kDLCPU
@@ -282,7 +295,7 @@ class InferenceResponse:
         if error is not None and not isinstance(error, TritonError):
             raise TypeError(f"InferenceResponse error must be a pb_utils.TritonError, got {type(error).__name__}")
         self._outputs, self._error = outputs, error
-        self._parameters = parameters
+        self._parameters = None if parameters is None else _parameters_json(parameters)
 
     def output_tensors(self) -> list[Tensor]:
         return self._outputs
@@ -294,8 +307,20 @@ class InferenceResponse:
         return self._error
 
     def parameters(self) -> str:
-        given = self._parameters
-        return given if isinstance(given, str) else json.dumps(dict(given or {}))
+        return "{}" if self._parameters is None else self._parameters
+
+
+def _parameters_json(parameters: Mapping[str, Any] | str) -> str:
+    """Request or response parameters as JSON text, checked as python_backend's
+    PyParametersToJSON checks them (JSON text is taken as it is)."""
+    if isinstance(parameters, str):
+        return parameters
+    for key, value in dict(parameters).items():
+        if not isinstance(key, str):
+            raise TritonModelException(f"Expect parameters keys to have type str, found type {type(key)}")
+        if not isinstance(value, (bool, int, str)):
+            raise TritonModelException(f"Expect parameters values to have type bool/int/str, found type {type(value)}")
+    return json.dumps(dict(parameters))
 
 
 class ResponseError(Exception):
@@ -318,6 +343,7 @@ class InferenceResponseSender:
         self._lock = threading.Lock()
         self._sent = 0
         self._closed = False
+        self._final = False  # the final flag was sent
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
@@ -342,7 +368,7 @@ class InferenceResponseSender:
                         "sending a response."
                     )
             self._sent += response is not None
-            self._closed = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
+            self._closed = self._final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
             self._queue.put((response, flags))
 
     def is_cancelled(self) -> bool:
@@ -352,6 +378,14 @@ class InferenceResponseSender:
         """The request has ended (its client went, or the model failed): later sends are refused."""
         with self._lock:
             self._closed = True
+
+    def _fail(self, error: ResponseError) -> None:
+        """The model failed before the final flag: `error` ends the responses (see triton_model)."""
+        with self._lock:
+            self._closed = True
+            if not self._final:
+                self._final = True
+                self._queue.put((error, TRITONSERVER_RESPONSE_COMPLETE_FINAL))  # type: ignore[arg-type]
 
 
 class InferenceRequest:
@@ -383,7 +417,7 @@ class InferenceRequest:
         self._flags = flags
         self._timeout = timeout
         self._model_version = model_version
-        self._parameters = parameters if isinstance(parameters, str) else json.dumps(dict(parameters or {}))
+        self._parameters = _parameters_json(parameters or {})
         self._cancelled: Callable[[], bool] = _never
         self._sender: InferenceResponseSender | None = None
         self._decoupled: bool | None = None  # None: a request made by a model, which has no sender
@@ -563,8 +597,8 @@ _in_worker = False  # set in a model's worker process (TritonFile.load)
 # How often a waiting BLS call looks whether the calling model's client has gone.
 _BLS_POLL_S = 0.05
 # Triton's error codes for the statuses a BLS call can end with.
-_CODES = {400: TritonError.INVALID_ARG, 404: TritonError.NOT_FOUND, 499: TritonError.CANCELLED,
-          501: TritonError.UNSUPPORTED, 503: TritonError.UNAVAILABLE, 409: TritonError.ALREADY_EXISTS}  # fmt: skip
+_CODES = {**{status: code for code, status in TritonError._STATUS.items()}, 499: TritonError.CANCELLED,
+          409: TritonError.ALREADY_EXISTS}  # fmt: skip
 
 
 def _host() -> Any:
@@ -726,6 +760,9 @@ class Logger:
         WARNING = 1
         ERROR = 2
         VERBOSE = 3
+
+    # python_backend exports the levels on Logger too (pybind11's export_values).
+    INFO, WARNING, ERROR, VERBOSE = LogLevel.INFO, LogLevel.WARNING, LogLevel.ERROR, LogLevel.VERBOSE
 
     _LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
 

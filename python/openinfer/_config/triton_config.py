@@ -668,11 +668,8 @@ def unsupported(config: Message, source: str) -> tuple[list[str], list[str]]:
             if state.get(key):
                 warn(f"sequence_batching.state[{i}].{key}", "it only tunes performance")
     python = config.get("backend", "python") == "python" and not config.get("platform")
-    if config.get("model_transaction_policy", {}).get("decoupled") and (not python or "dynamic_batching" in config):
-        refuse(
-            "model_transaction_policy { decoupled: true }",
-            "only Python models without dynamic_batching can be decoupled",
-        )
+    if config.get("model_transaction_policy", {}).get("decoupled") and not python:
+        refuse("model_transaction_policy { decoupled: true }", "only Python models can be decoupled")
     if config.get("response_cache", {}).get("enable"):
         # Triton's own checks (model_config_utils.cc), in its words.
         name = config.get("name") or os.path.basename(os.path.dirname(source))

@@ -101,7 +101,10 @@ class ModelControl:
         max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
         max_instances: int | None = None,
         unload_timeout: float | None = None,
+        load_code: bool = False,
     ) -> None:
+        """`load_code`: Python files sent with a load are taken (no one beyond this host can
+        reach the repository API unchecked); otherwise they are refused."""
         if mode not in MODES:
             raise ValueError(f"model_control_mode must be one of {', '.join(MODES)}, got {mode!r}")
         load = [load_models] if isinstance(load_models, str) else list(load_models)
@@ -128,6 +131,7 @@ class ModelControl:
         self._optional_torch = optional_torch
         self._max_json_depth = max_json_depth or DEFAULT_MAX_JSON_DEPTH  # 0: the core's default
         self._max_instances = max_instances or limits.default_max_instances()
+        self._load_code = load_code
         self._given: dict[str, list[Model]] = {}
         for model in given:
             self._given.setdefault(model.name, []).append(model)
@@ -400,7 +404,8 @@ class ModelControl:
                 entries = [e for e in entries if not self._steps_left_out(e)]
         elif files is not None and model_dir is not None:
             entries = scan_model(
-                model_dir, name=name, config=override, allow_code=False, loading=loading
+                model_dir, name=name, config=override, allow_code=False, allow_python=self._load_code,
+                loading=loading,
             )
         elif name in self._given:
             entries = [_given_entry(name, m) for m in self._given[name]]
@@ -611,7 +616,7 @@ class ModelControl:
                 entry.name,
                 model.version,
                 inputs=_specs(model.inputs),
-                outputs=_specs(model.outputs),
+                outputs=_specs(model.outputs, getattr(model, "outputs_as_produced", False)),
                 max_batch_size=model.max_batch_size,
                 metadata_json=_model_metadata(
                     entry.name, versions, model.platform, model.inputs, model.outputs
@@ -689,7 +694,7 @@ class ModelControl:
                 f"the files of a load may hold at most {MAX_LOAD_FILE_BYTES} bytes together, "
                 f"got {total}",
             )
-        parts = {path: _file_parts(path) for path in files}
+        parts = {path: _file_parts(name, path, self._load_code) for path in files}
         with self._lock:
             if self._temp_root is None:
                 self._temp_root = Path(tempfile.mkdtemp(prefix="openinfer-repository-"))
@@ -922,10 +927,12 @@ def _unload_params(body: bytes | None, params: dict[str, Any] | None, max_depth:
     return value
 
 
-def _file_parts(path: str) -> list[str]:
+def _file_parts(model: str, path: str, load_code: bool) -> list[str]:
     """The components of a file parameter's path, which must name a file inside the model
     directory: no '.' or '..' components, no empty ones, each a valid file name. A leading '/'
-    is the model directory, as tritonserver joins it (`file:/1/model.onnx` is `1/model.onnx`)."""
+    is the model directory, as tritonserver joins it (`file:/1/model.onnx` is `1/model.onnx`).
+    A name too long for the file system fails as tritonserver's write of it does (500, "failed
+    to poll from model repository", which Triton's model-control example expects)."""
     shown = paths.printable(path)
     path = path[1:] if path.startswith("/") else path
     parts = path.split("/")
@@ -946,14 +953,18 @@ def _file_parts(path: str) -> list[str]:
         raise InferenceServerError(400, f"Invalid file parameter 'file:{shown}': the name is not valid UTF-8") from None
     if too_long:
         raise InferenceServerError(
-            400, f"Invalid file parameter 'file:{shown}': a name in the path is longer than {_NAME_MAX} bytes"
+            500,
+            f"failed to load '{model}', failed to poll from model repository: file parameter 'file:{shown}': "
+            f"a name in the path is longer than {_NAME_MAX} bytes",
         )
-    if parts[-1].endswith(".py"):
+    if parts[-1].endswith(".py") and not load_code:
         raise InferenceServerError(
             400,
-            f"Invalid file parameter 'file:{shown}': Python files sent with a load are not run "
-            "(they would execute as the server's own code); put Python models in the model "
-            "repository",
+            f"Invalid file parameter 'file:{shown}': Python files sent with a load run as the server's own "
+            "code, so they are taken only where no one beyond this host can reach the repository API "
+            "unchecked: restrict it (--http-restricted-api / --grpc-restricted-protocol "
+            "model-repository:KEY=VALUE), ask clients for certificates (--http-use-ssl-mutual, "
+            "--grpc-use-ssl-mutual), or listen on 127.0.0.1 or a Unix socket",
         )
     return parts
 
@@ -1081,8 +1092,12 @@ def _response_cache(entry: LoadedModel) -> bool:
     return bool(enabled) or bool(getattr(entry.model, "response_cache", False))
 
 
-def _specs(tensors: Sequence[Tensor]) -> list[tuple[str, str, tuple[int, ...] | None, bool]]:
-    return [(t.name, t.datatype, t.shape, t.optional) for t in tensors]
+def _specs(
+    tensors: Sequence[Tensor], as_produced: bool = False
+) -> list[tuple[str, str, tuple[int, ...] | None, bool]]:
+    """The core's declarations: (name, datatype, shape, flag), the flag an input's `optional` or
+    whether an output is answered in the shape the model produced (`as_produced`)."""
+    return [(t.name, t.datatype, t.shape, t.optional or as_produced) for t in tensors]
 
 
 def _model_metadata(

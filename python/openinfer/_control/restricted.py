@@ -75,6 +75,12 @@ def grpc_restricted(entries: str | Iterable[str] | None) -> list[tuple[str, str,
     )
 
 
+def reached_by_strangers(listeners: Sequence[tuple[str, set[str]]], group: str) -> bool:
+    """Whether a client beyond this host may call `group`'s APIs unchecked on one of the TCP
+    `listeners` (each its host and the groups it restricts)."""
+    return any(not _loopback(host) and group not in restricted for host, restricted in listeners)
+
+
 def _loopback(host: str) -> bool:
     if host == "localhost":
         return True

@@ -111,6 +111,7 @@ def scan_model(
     name: str | None = None,
     config: ModelConfig | None = None,
     allow_code: bool = True,
+    allow_python: bool | None = None,
     loading: Callable[[list[int]], None] | None = None,
 ) -> list[LoadedModel]:
     """Loads the versions of one model directory that its version policy selects, as `scan`
@@ -118,6 +119,8 @@ def scan_model(
     config.pbtxt (a load request's override). Without `allow_code`, a version whose model file
     is code (a model.py, or a PT2 package, whose shared library runs when loaded) fails instead:
     files that came over the network are never executed as the server's own code.
+    `allow_python` (default: `allow_code`) decides for a model.py alone: a load's model.py runs
+    where no one beyond this host can reach the repository API (see ModelControl).
     `loading` hears the versions about to load, before the slow part starts. What the config
     asks for is bounded (`openinfer._config.limits`) before anything is built."""
     name = name or model_dir.name
@@ -195,7 +198,10 @@ def scan_model(
             loaded.append(LoadedModel(name, version, _ensemble(name, version, config, steps), None, raw))
             continue
         try:
-            model = _load_version(name, version, versions[version], config, allow_code, seq)
+            model = _load_version(
+                name, version, versions[version], config, allow_code, seq,
+                allow_code if allow_python is None else allow_python,
+            )
         except _LoadError as e:
             loaded.append(failed(version, str(e)))
         else:
@@ -236,7 +242,7 @@ def read_labels(model_dir: Path, config: ModelConfig) -> dict[str, bytes]:
 
 def _load_version(
     name: str, version: int, version_dir: Path, config: ModelConfig | None, allow_code: bool = True,
-    sequence: SequenceBatching | None = None,
+    sequence: SequenceBatching | None = None, allow_python: bool = True,
 ) -> Model | TorchModel | OnnxModel | IdentityModel:
     """Dispatches on the backend the config names, else on the model file present."""
     backend = (config.backend or config.platform) if config else None
@@ -271,7 +277,7 @@ def _load_version(
         raise _LoadError(f"{version_dir} holds no {listed}")
     path = held.path
     if path.suffix == ".py":
-        if not allow_code:
+        if not allow_python:
             raise _LoadError(
                 f"{path.name}: a Python model sent with the load request is not run (it would "
                 "execute as the server's own code); put Python models in the model repository"
@@ -378,6 +384,12 @@ def _load_python(name: str, version: int, path: Path, source: bytes, config: Mod
     module = import_model_file(name, version, path, source, triton_model.PROVIDED)
     if triton_model.defines_triton_model(module):
         return triton_model.load(name, version, path, source, module, config, _in_processes(config))
+    if config is not None and _decoupled(config) and "dynamic_batching" in config.raw:
+        raise _LoadError(
+            f"{path.parent.parent / 'config.pbtxt'}: model_transaction_policy {{ decoupled: true }} with "
+            "dynamic_batching is served for Triton Python models only (an infer() model's batch has one answer "
+            "per request); remove dynamic_batching to serve it"
+        )
     if config is not None and config.raw.get("sequence_batching", {}).get("iterative_sequence"):
         raise _LoadError(
             f"{path.parent.parent / 'config.pbtxt'}: sequence_batching.iterative_sequence is not supported by "
@@ -394,7 +406,10 @@ def _load_python(name: str, version: int, path: Path, source: bytes, config: Mod
             max_batch_size = config.max_batch_size
         elif hasattr(module, "INPUTS") or hasattr(module, "OUTPUTS"):
             inputs, outputs = getattr(module, "INPUTS", []), getattr(module, "OUTPUTS", [])
-            max_batch_size = getattr(module, "MAX_BATCH_SIZE", 0)
+            # A config that names no tensors still sets the batch size (Triton's load override
+            # {"max_batch_size": "16"} of a model that describes itself).
+            given = config is not None and "max_batch_size" in config.raw
+            max_batch_size = config.max_batch_size if given else getattr(module, "MAX_BATCH_SIZE", 0)
         else:
             raise _LoadError(
                 f"{name}: no inputs or outputs declared: add input/output to config.pbtxt "
