@@ -254,6 +254,10 @@ class Server:
         (None: left out), for "logging" and "trace" every setting as (name, bool | int | str |
         list of str), or None; an exception with `status` and `message` (InferenceServerError) answers with
         them, any other with 500. Before start()."""
+    def set_chat_renderer(self, renderer: Callable[[str, int, bytes], str]) -> None:
+        """Serves /v1/chat/completions: renderer(model, version, messages) returns the prompt
+        for the request's messages (the JSON array's bytes), on a worker thread, once per
+        request; an exception with `status` and `message` answers with them. Before start()."""
     def start(self) -> None:
         """Binds and starts the loop threads; returns at once. Raises OSError when binding fails."""
     @property

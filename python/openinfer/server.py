@@ -21,6 +21,7 @@ from typing import Any
 
 from . import _core, _display, _pt2_build
 from ._backends import triton_metrics
+from ._backends.chat_template import ChatTemplates
 from ._net import reachable
 from ._tls import tls_specs
 from ._version import __version__
@@ -514,6 +515,8 @@ class Server:
             self._core.stop(0)
             raise
         self._core.set_repository(self._handle)
+        # OpenAI's chat completions: prompts from the model folder's chat template.
+        self._core.set_chat_renderer(ChatTemplates(self._control.model_dir).render)
         self._pt2_examples: list[tuple[str, Path]] = []
         if isinstance(repo_path, Path) and _is_examples(repo_path):
             loading = set(load_models) if model_control_mode == "explicit" and "*" not in load_models else None

@@ -1064,6 +1064,10 @@ void oi__http_api_handle(void *ctx, oi_http_request_t *r)
         return;
     if (oi__legacy_http_handle(s, r)) /* the legacy v1 API under /api */
         return;
+    if (strncmp(path, "/v1", 3) == 0 && (path[3] == '\0' || path[3] == '/')) { /* OpenAI's API */
+        oi__http_openai(s, r);
+        return;
+    }
     if (strncmp(path, "/v2", 3) != 0 || (path[3] != '\0' && path[3] != '/')) {
         char msg[MAX_NAME * 2];
         snprintf(msg, sizeof(msg), "no endpoint at %.300s; the V2 API lives under /v2", path);
