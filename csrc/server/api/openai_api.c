@@ -22,6 +22,9 @@
 
 #define JSON_HEADERS "Content-Type: application/json\r\n"
 #define SSE_HEADERS "Content-Type: text/event-stream; charset=utf-8\r\nCache-Control: no-cache\r\n"
+/* The most text an unstreamed answer gathers: a decoupled model that streams anyway is
+ * stopped there rather than filling the server's memory. */
+#define MAX_UNSTREAMED_TEXT ((size_t)64 << 20)
 
 /* ---- errors -------------------------------------------------------------------------------- */
 
@@ -183,6 +186,7 @@ typedef struct oai_s {
     oi_openai_meta_t meta;
     int started;       /* the stream's head is out */
     int finished;      /* a chunk carried a finish reason */
+    int overflow;      /* the unstreamed text passed MAX_UNSTREAMED_TEXT: the request was cancelled */
     oi_sbuf_t text;    /* unstreamed: the text so far */
     char finish[16];   /* the model's finish reason, when it gives one */
 } oai_t;
@@ -250,7 +254,10 @@ static int64_t count_of(const oi_response_t *resp, const char *name)
     }
 }
 
-static void send_event(oai_t *g, oi_sbuf_t *ev)
+/* Sends an event; `part` (may be NULL): the model's response it came from, whose credit
+ * against the decoupled bound comes back once the event is written, so that a client that
+ * does not read holds the model back. */
+static void send_event(oai_t *g, oi_sbuf_t *ev, oi_infer_part_t *part)
 {
     oi_buf_t *b = oi_sbuf_detach(ev);
     oi_sbuf_free(ev);
@@ -261,11 +268,14 @@ static void send_event(oai_t *g, oi_sbuf_t *ev)
         oi_http_stream_start(g->r, 200, SSE_HEADERS);
     }
     oi_iov_t iov = {b->data, b->len, b};
+    if (part != NULL)
+        oi_infer_part_hold(part, &iov);
     oi_http_stream_send(g->r, &iov, 1);
 }
 
-/* One response of the model: its text, counts and finish reason. */
-static void on_response(oai_t *g, const oi_response_t *resp)
+/* One response of the model: its text, counts and finish reason (`part`: NULL for a model of
+ * one response). */
+static void on_response(oai_t *g, const oi_response_t *resp, oi_infer_part_t *part)
 {
     const oi_tensor_t *t = output(resp, "text_output");
     int64_t in = count_of(resp, "num_input_tokens"), out = count_of(resp, "num_output_tokens");
@@ -293,7 +303,7 @@ static void on_response(oai_t *g, const oi_response_t *resp)
         oi_sbuf_t ev = {0};
         if (oi_openai_encode_chunk(&ev, &g->meta, piece.data ? piece.data : "", piece.len, !g->started,
                                    final ? g->finish : NULL, g->req.include_usage) == 0)
-            send_event(g, &ev);
+            send_event(g, &ev, part);
         oi_sbuf_free(&ev);
         g->finished |= final;
     }
@@ -302,7 +312,12 @@ static void on_response(oai_t *g, const oi_response_t *resp)
 
 static void on_part(oi_infer_t *inf, oi_infer_part_t *part)
 {
-    on_response(inf->ctx, &part->resp);
+    oai_t *g = inf->ctx;
+    on_response(g, &part->resp, part);
+    if (!g->req.stream && g->text.len > MAX_UNSTREAMED_TEXT && !g->overflow) {
+        g->overflow = 1;
+        oi_infer_cancel(inf);
+    }
 }
 
 /* The finish reason when the model gives none: "length" when it produced max_tokens. */
@@ -326,7 +341,7 @@ static void end_stream(oai_t *g, oi_status_t *st)
     if (!bad && st == NULL && g->req.include_usage)
         bad = oi_openai_encode_usage_chunk(&ev, &g->meta);
     if (!bad && LIT(&ev, "data: [DONE]\n\n") == 0)
-        send_event(g, &ev);
+        send_event(g, &ev, NULL);
     oi_sbuf_free(&ev);
     oi_http_stream_end(g->r);
 }
@@ -339,8 +354,11 @@ static void on_done(oi_infer_t *inf)
     oi_status_t *st = inf->job.status;
     inf->job.status = NULL;
     if (st == NULL && inf->ds == NULL) /* a model of one response */
-        on_response(g, &inf->job.resp);
-    if (inf->cancelled) { /* the client is gone: nothing more to say */
+        on_response(g, &inf->job.resp, NULL);
+    if (g->overflow) {
+        oi_status_free(st);
+        respond_error(r, 500, "the model's answer passed 64 MiB; ask for it with \"stream\": true", NULL, NULL);
+    } else if (inf->cancelled) { /* the client is gone: nothing more to say */
         if (g->started)
             oi_http_stream_end(r);
         else
