@@ -9,6 +9,7 @@ import asyncio
 import json
 import shutil
 import socket
+import ssl
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -359,3 +360,63 @@ def test_an_unstreamed_answer_is_bounded(client: openai.OpenAI) -> None:
     assert err.value.body["message"] == "the model's answer passed 64 MiB; ask for it with \"stream\": true"
     flood.wait_for(lambda: flood.closed, "closed")
     assert flood.produced < 2000
+
+
+# ---- API key and TLS -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[openinfer.Server, Path]]:
+    """The toy over TLS (a certificate of a CA made here) with an API key."""
+    from test_tls import SERVER_EXT, _key_and_csr, _openssl, _sign
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command")
+    pki = tmp_path_factory.mktemp("pki")
+    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", "ca.key",
+             "-out", "ca.pem", "-days", "30", "-subj", "/CN=openinfer test ca", cwd=pki)
+    _key_and_csr(pki, "server", "localhost")
+    _sign(pki, "server", "ca", SERVER_EXT)
+    repo = tmp_path_factory.mktemp("secured")
+    shutil.copytree(EXAMPLE, repo / "toy_llm")
+    srv = openinfer.serve(repo, http_port=0, grpc_port=None, metrics_port=None, threads=1, log=False,
+                          ssl={"server_cert": pki / "server.pem", "server_key": pki / "server.key"},
+                          http_restricted_api=["openai:authorization=Bearer sekrit"])
+    try:
+        yield srv, pki / "ca.pem"
+    finally:
+        srv.stop()
+
+
+def test_streamed_chat_over_tls_with_the_api_key(secured: tuple[openinfer.Server, Path]) -> None:
+    srv, ca = secured
+    base = f"https://localhost:{srv.http_port}/v1"
+    with openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=str(ca))) as http, openai.OpenAI(base_url=base, api_key="sekrit", http_client=http,
+                                                            timeout=BOUND, max_retries=0) as c:
+        chunks = list(c.chat.completions.create(model="toy_llm", messages=[{"role": "user", "content": "hi"}],
+                                                stream=True, max_tokens=4))
+        assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == c.chat.completions.create(
+            model="toy_llm", messages=[{"role": "user", "content": "hi"}], max_tokens=4).choices[0].message.content
+        with pytest.raises(openai.AuthenticationError) as err:
+            c.with_options(api_key="wrong").models.list()
+        assert err.value.body == {"message": "Incorrect API key provided.", "type": "authentication_error",
+                                  "param": None, "code": "invalid_api_key"}
+        # Without the header at all; the V2 API stays open (only the group "openai" is restricted).
+        bare = http.get(base + "/models")
+        assert bare.status_code == 401 and bare.json()["error"]["message"].startswith("You didn't provide an API key")
+        assert http.get(f"https://localhost:{srv.http_port}/v2/health/live").status_code == 200
+
+
+def test_cli_openai_api_key(tmp_path: Path) -> None:
+    from conftest import Cli
+
+    shutil.copytree(EXAMPLE, tmp_path / "toy_llm")
+    cli = Cli(str(tmp_path), "--openai-api-key", "k3y", "--grpc-port", "0", "--metrics-port", "0")
+    try:
+        base = f"http://127.0.0.1:{cli.port}/v1"
+        with openai.OpenAI(base_url=base, api_key="k3y", timeout=BOUND, max_retries=0) as c:
+            assert [m.id for m in c.models.list()] == ["toy_llm"]
+            with pytest.raises(openai.AuthenticationError):
+                c.with_options(api_key="nope").models.list()
+    finally:
+        cli.kill()

@@ -464,8 +464,14 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         metavar="API[,API...]:KEY=VALUE",
         help="tritonserver's restricted APIs: those APIs (health, metadata, inference, "
-        "shared-memory, model-config, model-repository, statistics, trace, logging) answer only "
+        "shared-memory, model-config, model-repository, statistics, trace, logging; openai: the /v1 API) answer only "
         "HTTP requests with header KEY: VALUE, others get 403 (repeatable, an API once)",
+    )
+    serve.add_argument(
+        "--openai-api-key",
+        metavar="KEY",
+        help="OpenAI's API under /v1 answers only requests with header Authorization: Bearer KEY, "
+        "others get 401 (the same as --http-restricted-api openai:authorization=Bearer KEY)",
     )
     serve.add_argument(
         "--grpc-restricted-protocol",
@@ -747,7 +753,8 @@ def _serve(args: argparse.Namespace) -> int:
             sockets=sockets,
             cache_config=args.cache_config,
             response_cache_byte_size=args.response_cache_byte_size,
-            http_restricted_api=args.http_restricted_api,
+            http_restricted_api=args.http_restricted_api
+            + ([f"openai:authorization=Bearer {args.openai_api_key}"] if args.openai_api_key else []),
             grpc_restricted_protocol=args.grpc_restricted_protocol,
             grpc_address=args.grpc_address,
             strict_readiness=args.strict_readiness,

@@ -285,7 +285,8 @@ def serve(
     `http_restricted_api` and `grpc_restricted_protocol` take tritonserver's
     ``--http-restricted-api`` / ``--grpc-restricted-protocol`` values (one string or several),
     ``"<group>[,<group>...]:<header>=<value>"``: the named groups (health, metadata, inference,
-    shared-memory, model-config, model-repository, statistics, trace, logging) then answer
+    shared-memory, model-config, model-repository, statistics, trace, logging; and openinfer's
+    openai, the /v1 API: see --openai-api-key) then answer
     only requests carrying that header with that value (gRPC: metadata
     ``triton-grpc-protocol-<header>``), others get HTTP 403 or gRPC UNAVAILABLE with
     tritonserver's words. The legacy v1 API and the generate extension are covered too; see

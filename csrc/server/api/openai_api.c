@@ -7,6 +7,7 @@
  * Python call. Only a chat request's template runs in Python, once, on a worker thread. */
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include <llhttp.h>
@@ -581,9 +582,34 @@ static int decode_id(const char *p, char *out, size_t cap)
     return k > 0 ? 0 : -1;
 }
 
+static const char *captured_header(const void *r, int i, size_t *len) { return oi_http_request_header(r, i, len); }
+
+/* The restricted group "openai" (--openai-api-key restricts it to "Authorization: Bearer
+ * KEY"): answers as OpenAI does (401, an API key) or as the other groups (403, another
+ * header) and returns 1 when the request may not pass. */
+static int refuse_unauthorized(oi_server_t *s, oi_http_request_t *r)
+{
+    const oi_restricted_t *t = &s->http_restricted;
+    if (!oi_restricted_any(t) || oi_restricted_refuses(t, OI_API_BIT(OI_API_OPENAI), captured_header, r) < 0)
+        return 0;
+    if (strcasecmp(t->header[OI_API_OPENAI], "authorization") != 0) {
+        char msg[400];
+        snprintf(msg, sizeof(msg), "This API is restricted, expecting header '%.300s'", t->header[OI_API_OPENAI]);
+        respond_error(r, 403, msg, NULL, NULL);
+    } else if (oi_http_request_header(r, t->slot[OI_API_OPENAI], &(size_t){0}) == NULL) {
+        respond_error(r, 401, "You didn't provide an API key. You need to provide your API key in an Authorization "
+                      "header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).", NULL, NULL);
+    } else {
+        respond_error(r, 401, "Incorrect API key provided.", NULL, "invalid_api_key");
+    }
+    return 1;
+}
+
 void oi__http_openai(oi_server_t *s, oi_http_request_t *r)
 {
     const char *p = r->path + 3; /* past "/v1" */
+    if (refuse_unauthorized(s, r))
+        return;
     int get = r->method == HTTP_GET || r->method == HTTP_HEAD;
     if (strcmp(p, "/models") == 0 || strncmp(p, "/models/", 8) == 0) {
         char name[256];
