@@ -6,6 +6,7 @@ in-memory generators whose observations prove cancellation and back-pressure."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import shutil
 import socket
@@ -71,6 +72,17 @@ def _echo(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {"text_output": np.array([_text(inputs)[::-1].encode()], dtype=np.object_)}
 
 
+def _vectors(texts: list[str]) -> np.ndarray:
+    return np.array([[len(t), sum(t.encode()) / 1000, 0.5, -1.25] for t in texts], dtype=np.float32)
+
+
+def _embed(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Four numbers per string, and the strings' byte count as the tokens read."""
+    texts = [t.decode() for t in inputs["text_input"].reshape(-1)]
+    return {"embedding": _vectors(texts), "num_input_tokens": np.array([sum(len(t.encode()) for t in texts)],
+                                                                       dtype=np.uint32)}
+
+
 def _text_io() -> dict[str, list[Tensor]]:
     return {"inputs": [Tensor("text_input", "BYTES", [1])], "outputs": [Tensor("text_output", "BYTES", [1])]}
 
@@ -83,6 +95,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openinfer.Serve
         Model("gated_text", _gated, **_text_io()),
         Model("flood_text", _flood, **_text_io()),
         Model("echo_text", _echo, **_text_io()),
+        Model("embedder", _embed, inputs=[Tensor("text_input", "BYTES", [-1])],
+              outputs=[Tensor("embedding", "FP32", [-1, 4]), Tensor("num_input_tokens", "UINT32", [1])]),
         Model("not_text", _echo, inputs=[Tensor("INPUT0", "BYTES", [1])], outputs=[Tensor("OUTPUT0", "BYTES", [1])]),
     ]
     srv = openinfer.serve(repo, models=models, http_port=0, log=False, threads=2)
@@ -108,7 +122,7 @@ def chat(client: openai.OpenAI, content: str = "hi", **kw: object) -> object:
 
 def test_models_lists_the_text_models(client: openai.OpenAI) -> None:
     models = {m.id: m for m in client.models.list()}
-    assert set(models) == {"toy_llm", "gated_text", "flood_text", "echo_text"}  # not not_text
+    assert set(models) == {"toy_llm", "gated_text", "flood_text", "echo_text", "embedder"}  # not not_text
     assert models["toy_llm"].owned_by == "openinfer" and models["toy_llm"].created > 1_700_000_000
     assert client.models.retrieve("toy_llm").id == "toy_llm"
 
@@ -420,3 +434,48 @@ def test_cli_openai_api_key(tmp_path: Path) -> None:
                 c.with_options(api_key="nope").models.list()
     finally:
         cli.kill()
+
+
+# ---- embeddings --------------------------------------------------------------------------------
+
+
+def _floats(embedding: list[float] | str) -> list[float]:
+    """An embedding as floats, whichever encoding it came in."""
+    if isinstance(embedding, str):
+        return np.frombuffer(base64.b64decode(embedding), dtype="<f4").tolist()
+    return np.array(embedding, dtype=np.float32).tolist()
+
+
+# None: the SDK's default, which asks for base64 and decodes it itself.
+@pytest.mark.parametrize("encoding", ["float", "base64", None])
+def test_embeddings_of_one_string_and_of_several(client: openai.OpenAI, encoding: str | None) -> None:
+    texts = ["hello", "two words", "é"]
+    kw = {"encoding_format": encoding} if encoding else {}
+    done = client.embeddings.create(model="embedder", input=texts, **kw)
+    assert [d.index for d in done.data] == [0, 1, 2] and done.model == "embedder"
+    assert [_floats(d.embedding) for d in done.data] == _vectors(texts).tolist()
+    assert (done.usage.prompt_tokens, done.usage.total_tokens) == (16, 16)
+    one = client.embeddings.create(model="embedder", input="hello", **kw)
+    assert one.data[0].embedding == done.data[0].embedding
+
+
+def test_embeddings_raw_float_and_base64_bodies(served: openinfer.Server) -> None:
+    def ask(fmt: str) -> dict:
+        payload = json.dumps({"model": "embedder", "input": "hi", "encoding_format": fmt}).encode()
+        return json.loads(raw(served.http_port, post("/v1/embeddings", payload)).partition(b"\r\n\r\n")[2])
+
+    assert ask("float")["data"][0]["embedding"] == [2.0, 0.209, 0.5, -1.25]
+    assert base64.b64decode(ask("base64")["data"][0]["embedding"]) == _vectors(["hi"]).tobytes()
+
+
+@pytest.mark.parametrize("model, extra, status, param", [
+    ("toy_llm", {}, 400, "model"),
+    ("embedder", {"dimensions": 2}, 400, "dimensions"),
+    ("embedder", {"encoding_format": "int8"}, 400, "encoding_format"),
+    ("embedder", {"input": [1, 2]}, 400, "input"),
+    ("nope", {}, 404, "model"),
+])
+def test_embeddings_refusals(client: openai.OpenAI, model: str, extra: dict, status: int, param: str) -> None:
+    with pytest.raises(openai.APIStatusError) as err:
+        client.embeddings.create(model=model, input=extra.pop("input", "x"), extra_body=extra)
+    assert err.value.status_code == status and err.value.body["param"] == param, err.value.body

@@ -11,7 +11,7 @@
 /* Appends a string literal (its length counted by the compiler). */
 #define LIT(out, s) oi_sbuf_append((out), (s), sizeof(s) - 1)
 
-enum { FOR_COMPLETION = 1, FOR_CHAT = 2, FOR_BOTH = 3 };
+enum { FOR_COMPLETION = 1, FOR_CHAT = 2, FOR_BOTH = 3, FOR_EMBEDDING = 4, FOR_ALL = 7 };
 
 typedef enum {
     F_MODEL,
@@ -29,6 +29,8 @@ typedef enum {
     F_USER,
     F_NO_LOGPROBS, /* logprobs, top_logprobs: false, 0 or null (the models give none) */
     F_LOGIT_BIAS,  /* {} or null */
+    F_INPUT,       /* embeddings: a string or an array of strings */
+    F_ENCODING,    /* embeddings: "float" or "base64" */
     F_UNSUPPORTED, /* defined by OpenAI, not served here: null only */
 } field_kind_t;
 
@@ -40,7 +42,10 @@ typedef struct field_s {
 } field_t;
 
 static const field_t fields[] = {
-    {"model", F_MODEL, FOR_BOTH, 0, 0},
+    {"model", F_MODEL, FOR_ALL, 0, 0},
+    {"input", F_INPUT, FOR_EMBEDDING, 0, 0},
+    {"encoding_format", F_ENCODING, FOR_EMBEDDING, 0, 0},
+    {"dimensions", F_UNSUPPORTED, FOR_EMBEDDING, 0, 0},
     {"prompt", F_PROMPT, FOR_COMPLETION, 0, 0},
     {"messages", F_MESSAGES, FOR_CHAT, 0, 0},
     {"stream", F_STREAM, FOR_BOTH, 0, 0},
@@ -56,7 +61,7 @@ static const field_t fields[] = {
     {"n", F_ONE, FOR_BOTH, 0, 0},
     {"best_of", F_ONE, FOR_COMPLETION, 0, 0},
     {"echo", F_ECHO, FOR_COMPLETION, 0, 0},
-    {"user", F_USER, FOR_BOTH, 0, 0},
+    {"user", F_USER, FOR_ALL, 0, 0},
     {"logprobs", F_NO_LOGPROBS, FOR_BOTH, 0, 0},
     {"top_logprobs", F_NO_LOGPROBS, FOR_CHAT, 0, 0},
     {"logit_bias", F_LOGIT_BIAS, FOR_BOTH, 0, 0},
@@ -81,7 +86,7 @@ typedef struct parse_s {
     cursor_t c;
     oi_openai_request_t *out;
     const field_t *f; /* the member being read */
-    int saw_model, saw_prompt, saw_messages, saw_stream_options, saw_max_completion;
+    int saw_model, saw_prompt, saw_messages, saw_stream_options, saw_max_completion, saw_input;
 } parse_t;
 
 static oi_status_t *oom(void) { return oi_status_new(OI_INTERNAL, "out of memory"); }
@@ -263,6 +268,37 @@ static oi_status_t *read_prompt(parse_t *p)
     return st;
 }
 
+/* Embeddings' "input": a string or a non-empty array of strings (token ids are not served). */
+static oi_status_t *read_input(parse_t *p)
+{
+    p->saw_input = 1;
+    char *at = p->c.p;
+    oi_sbuf_t scratch = {0};
+    oi_status_t *st = NULL;
+    uint32_t n = 0;
+    if (oi__json_peek(&p->c) == '[') {
+        int r;
+        if (oi__json_enter(&p->c, '[') != 0)
+            return NULL;
+        while (st == NULL && p->c.err == NULL && (r = oi__json_next_element(&p->c, &n)) == 1)
+            st = oi__json_peek(&p->c) == '"' ? read_string(p, &scratch)
+                                             : invalid(p, "input", "Invalid '%s': only strings are served (token "
+                                                       "ids are not)%s.", "input", "");
+        if (st == NULL && p->c.err == NULL && n == 0)
+            st = invalid(p, "input", "Invalid '%s': empty array. Expected an array with minimum length 1%s.", "input",
+                         "");
+    } else {
+        st = read_string(p, &scratch);
+        n = 1;
+    }
+    oi_sbuf_free(&scratch);
+    if (st == NULL && p->c.err == NULL) {
+        p->out->input = (oi_slice_t){at, (size_t)(p->c.p - at)};
+        p->out->n_inputs = n;
+    }
+    return st;
+}
+
 static oi_status_t *read_stream_options(parse_t *p)
 {
     p->saw_stream_options = 1;
@@ -368,6 +404,18 @@ static oi_status_t *read_member(parse_t *p)
         return read_stop(p);
     case F_ECHO:
         return read_bool(p, &out->echo);
+    case F_INPUT:
+        return read_input(p);
+    case F_ENCODING: {
+        oi_sbuf_t format = {0};
+        st = read_string(p, &format);
+        int is_float = format.len == 5 && memcmp(format.data, "float", 5) == 0;
+        out->base64 = format.len == 6 && memcmp(format.data, "base64", 6) == 0;
+        oi_sbuf_free(&format);
+        if (st == NULL && p->c.err == NULL && !is_float && !out->base64)
+            st = invalid(p, "encoding_format", "Invalid '%s': expected 'float' or 'base64'%s.", "encoding_format", "");
+        return st;
+    }
     case F_USER: { /* for OpenAI's abuse monitoring: nothing to do with it here */
         oi_sbuf_t user = {0};
         st = read_string(p, &user);
@@ -393,7 +441,7 @@ static oi_status_t *read_member(parse_t *p)
 
 static const field_t *find_field(const short_str_t *k, oi_openai_kind_t kind)
 {
-    unsigned bit = kind == OI_OPENAI_CHAT ? FOR_CHAT : FOR_COMPLETION;
+    unsigned bit = kind == OI_OPENAI_CHAT ? FOR_CHAT : kind == OI_OPENAI_EMBEDDING ? FOR_EMBEDDING : FOR_COMPLETION;
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
         if ((fields[i].kinds & bit) && oi__json_str_is(k, fields[i].name))
             return &fields[i];
@@ -410,6 +458,8 @@ static oi_status_t *check_whole(parse_t *p)
         return invalid(p, "messages", "Missing required parameter: '%s'.%s", "messages", "");
     if (out->kind == OI_OPENAI_COMPLETION && !p->saw_prompt)
         return invalid(p, "prompt", "Missing required parameter: '%s'.%s", "prompt", "");
+    if (out->kind == OI_OPENAI_EMBEDDING && !p->saw_input)
+        return invalid(p, "input", "Missing required parameter: '%s'.%s", "input", "");
     if (p->saw_stream_options && !out->stream)
         return invalid(p, "stream_options",
                        "The '%s' parameter is only allowed when 'stream' is enabled.%s", "stream_options", "");
@@ -544,6 +594,61 @@ int oi_openai_encode_usage_chunk(oi_sbuf_t *out, const oi_openai_meta_t *m)
            LIT(out, "\"choices\":[],") || write_usage(out, m) || LIT(out, "}\n\n")
                ? -1
                : 0;
+}
+
+static int write_base64(oi_sbuf_t *out, const unsigned char *b, size_t n)
+{
+    static const char alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    if (oi_sbuf_reserve(out, (n + 2) / 3 * 4 + 2) != 0)
+        return -1;
+    char *w = out->data + out->len;
+    *w++ = '"';
+    for (size_t i = 0; i < n; i += 3) {
+        uint32_t v = (uint32_t)b[i] << 16 | (i + 1 < n ? (uint32_t)b[i + 1] << 8 : 0) | (i + 2 < n ? b[i + 2] : 0);
+        *w++ = alphabet[v >> 18 & 63];
+        *w++ = alphabet[v >> 12 & 63];
+        *w++ = i + 1 < n ? alphabet[v >> 6 & 63] : '=';
+        *w++ = i + 2 < n ? alphabet[v & 63] : '=';
+    }
+    *w++ = '"';
+    out->len = (size_t)(w - out->data);
+    return 0;
+}
+
+int oi_openai_encode_embeddings(oi_sbuf_t *out, const char *model, const char *data, size_t n, size_t dim,
+                                int base64, int64_t prompt_tokens)
+{
+    int bad = LIT(out, "{\"object\":\"list\",\"data\":[");
+    for (size_t i = 0; i < n && !bad; i++) {
+        const char *row = data + i * dim * 4;
+        bad = oi_sbuf_printf(out, "%s{\"object\":\"embedding\",\"index\":%zu,\"embedding\":", i ? "," : "", i);
+        if (!bad && base64) {
+            bad = write_base64(out, (const unsigned char *)row, dim * 4);
+        } else if (!bad) {
+            bad = oi_sbuf_reserve(out, dim * 24 + 2); /* a float's shortest decimal fits 24 bytes */
+            if (!bad) {
+                char *w = out->data + out->len;
+                *w++ = '[';
+                for (size_t j = 0; j < dim; j++) {
+                    uint32_t bits;
+                    memcpy(&bits, row + j * 4, 4);
+                    if (j)
+                        *w++ = ',';
+                    w = oi_num_write_f32(w, bits);
+                }
+                *w++ = ']';
+                out->len = (size_t)(w - out->data);
+            }
+        }
+        bad = bad || LIT(out, "}");
+    }
+    bad = bad || LIT(out, "],\"model\":") || oi_json_write_string(out, model, strlen(model));
+    if (prompt_tokens >= 0)
+        bad = bad || oi_sbuf_printf(out, ",\"usage\":{\"prompt_tokens\":%lld,\"total_tokens\":%lld}}",
+                                    (long long)prompt_tokens, (long long)prompt_tokens);
+    else
+        bad = bad || LIT(out, ",\"usage\":null}");
+    return bad ? -1 : 0;
 }
 
 int oi_openai_encode_completion(oi_sbuf_t *out, const oi_openai_meta_t *m, const char *text, size_t text_len,

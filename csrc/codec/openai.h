@@ -13,7 +13,7 @@
 #include "core/status.h"
 #include "core/tensor.h"
 
-typedef enum { OI_OPENAI_COMPLETION, OI_OPENAI_CHAT } oi_openai_kind_t;
+typedef enum { OI_OPENAI_COMPLETION, OI_OPENAI_CHAT, OI_OPENAI_EMBEDDING } oi_openai_kind_t;
 
 /* A request as read from its body: everything the server needs, or the field that is wrong. */
 typedef struct oi_openai_request_s {
@@ -24,6 +24,9 @@ typedef struct oi_openai_request_s {
     int stream;           /* "stream": true */
     int include_usage;    /* "stream_options": {"include_usage": true} */
     int echo;             /* completions: "echo": true */
+    oi_slice_t input;     /* embeddings: "input"'s JSON text, a string or an array of strings */
+    size_t n_inputs;      /* embeddings: how many strings */
+    int base64;           /* embeddings: "encoding_format": "base64" */
     int64_t max_tokens;   /* "max_tokens" / "max_completion_tokens"; 0: not given */
     /* The sampling parameters given (max_tokens, stop, temperature, top_p, seed,
      * frequency_penalty, presence_penalty) as one JSON object's text, what vLLM's
@@ -41,6 +44,12 @@ typedef struct oi_openai_request_s {
 oi_status_t *oi_openai_parse(const char *json, size_t len, oi_openai_kind_t kind, oi_openai_request_t *out);
 
 void oi_openai_request_free(oi_openai_request_t *req);
+
+/* Appends an embeddings answer: n vectors of `dim` little-endian FP32 values at `data` (any
+ * alignment), each as a JSON array of floats (shortest round-trip decimals) or, with `base64`,
+ * as its bytes in base64; usage counts `prompt_tokens` (-1: the model did not say: null). */
+int oi_openai_encode_embeddings(oi_sbuf_t *out, const char *model, const char *data, size_t n, size_t dim,
+                                int base64, int64_t prompt_tokens);
 
 /* Appends OpenAI's error body {"error":{"message":..,"type":..,"param":..,"code":..}};
  * `param` and `code` NULL or "" write null. 0 or -1 (out of memory). */

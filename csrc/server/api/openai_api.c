@@ -103,6 +103,17 @@ static int is_text_model(const oi_model_t *m)
     return in != NULL && out != NULL && in->dtype == OI_TYPE_BYTES && out->dtype == OI_TYPE_BYTES;
 }
 
+/* A model that gives embeddings: text_input in, an FP32 "embedding" out. */
+static int is_embedding_model(const oi_model_t *m)
+{
+    const oi_io_spec_t *in = find_spec(m->inputs, m->n_inputs, "text_input");
+    const oi_io_spec_t *out = find_spec(m->outputs, m->n_outputs, "embedding");
+    return in != NULL && out != NULL && in->dtype == OI_TYPE_BYTES && out->dtype == OI_TYPE_FP32;
+}
+
+/* The models /v1/models lists: those that answer one of the endpoints. */
+static int answers(const oi_model_t *m) { return is_text_model(m) || is_embedding_model(m); }
+
 /* The Unix time the server started: what a model's "created" says (versions carry no wall time). */
 static int64_t started_at(const oi_server_t *s)
 {
@@ -126,7 +137,7 @@ static int write_model(list_t *l, const char *name)
 static int list_one(void *ctx, oi_model_t *m)
 {
     list_t *l = ctx;
-    if (!is_text_model(m) || (l->last != NULL && strcmp(l->last, m->name) == 0))
+    if (!answers(m) || (l->last != NULL && strcmp(l->last, m->name) == 0))
         return 0;
     l->bad |= (l->n++ > 0 && LIT(l->out, ",")) || write_model(l, m->name);
     l->last = m->name;
@@ -154,7 +165,7 @@ static void show_model(oi_server_t *s, oi_http_request_t *r, const char *name)
     oi_status_t *err = NULL;
     oi_model_t *m = oi_registry_find(&s->registry, name, NULL, &err);
     oi_status_free(err);
-    if (m == NULL || m->error != NULL || !is_text_model(m)) {
+    if (m == NULL || m->error != NULL || !answers(m)) {
         oi_model_unref(m);
         model_not_found(r, name);
         return;
@@ -415,15 +426,17 @@ static oi_status_t *flat_request(const oai_t *g, const char *prompt, size_t len,
     return bad ? oi_status_new(OI_INTERNAL, "out of memory") : NULL;
 }
 
-/* Submits the request with its prompt; answers on failure. Frees g unless submitted. */
-static void submit(oai_t *g, const char *prompt, size_t len)
+static void on_embedded(oi_infer_t *inf);
+
+/* Submits the request made of `flat` (the generate extension's form; `st`: why it could not
+ * be made) and answers on failure. Frees g unless submitted. */
+static void submit(oai_t *g, oi_sbuf_t *flat, oi_status_t *st)
 {
     oi_http_request_t *r = g->r;
-    oi_sbuf_t flat = {0}, v2 = {0};
-    oi_status_t *st = flat_request(g, prompt, len, &flat);
+    oi_sbuf_t v2 = {0};
     if (st == NULL)
-        st = oi_generate_request(flat.data, flat.len, g->m->inputs, g->m->n_inputs, &v2);
-    oi_sbuf_free(&flat);
+        st = oi_generate_request(flat->data, flat->len, g->m->inputs, g->m->n_inputs, &v2);
+    oi_sbuf_free(flat);
     oi_buf_t *body = st == NULL ? oi_sbuf_detach(&v2) : NULL;
     oi_sbuf_free(&v2);
     oi_infer_t *inf = st == NULL ? oi_infer_new() : NULL;
@@ -440,7 +453,7 @@ static void submit(oai_t *g, const char *prompt, size_t len)
             inf->part = on_part;
         oi_model_t *m = g->m;
         g->m = NULL;
-        st = oi_infer_submit(inf, m, r->loop, on_done, g); /* takes m */
+        st = oi_infer_submit(inf, m, r->loop, g->req.kind == OI_OPENAI_EMBEDDING ? on_embedded : on_done, g);
         if (st == NULL) {
             r->on_gone = on_gone;
             r->gone_arg = inf;
@@ -450,6 +463,13 @@ static void submit(oai_t *g, const char *prompt, size_t len)
     oi_infer_free(inf);
     oai_free(g);
     respond_status(r, st, NULL);
+}
+
+static void submit_prompt(oai_t *g, const char *prompt, size_t len)
+{
+    oi_sbuf_t flat = {0};
+    oi_status_t *st = flat_request(g, prompt, len, &flat);
+    submit(g, &flat, st);
 }
 
 static void render_run(oi_work_t *w)
@@ -472,7 +492,7 @@ static void render_done(oi_work_t *w)
         respond_status(r, st, st->code == OI_BAD_REQUEST ? "messages" : NULL);
         return;
     }
-    submit(g, g->prompt.data ? g->prompt.data : "", g->prompt.len);
+    submit_prompt(g, g->prompt.data ? g->prompt.data : "", g->prompt.len);
 }
 
 /* What the model cannot honour of the request, refused by name. */
@@ -496,7 +516,60 @@ static oi_status_t *check_model(const oi_model_t *m, const oi_openai_request_t *
     return oi_model_check_ready(m);
 }
 
-static void complete(oi_server_t *s, oi_http_request_t *r, oi_openai_kind_t kind)
+/* The embeddings of the request's strings: the model's "embedding" output, one row each. */
+static void on_embedded(oi_infer_t *inf)
+{
+    oai_t *g = inf->ctx;
+    oi_http_request_t *r = g->r;
+    oi_status_t *st = inf->job.status;
+    inf->job.status = NULL;
+    const oi_tensor_t *e = st == NULL ? output(&inf->job.resp, "embedding") : NULL;
+    size_t n = g->req.n_inputs, count = e != NULL ? e->byte_size / 4 : 0;
+    if (st == NULL && (e == NULL || e->dtype != OI_TYPE_FP32 || count == 0 || count % n != 0))
+        st = oi_status_new(OI_INTERNAL, "model '%s' gave no FP32 'embedding' of one row per input (%zu inputs, "
+                           "%zu values)", inf->model->name, n, count);
+    if (inf->cancelled) {
+        oi_status_free(st);
+        oi_http_respond(r, OI_CLIENT_CLOSED, "", NULL, 0);
+    } else if (st != NULL) {
+        respond_status(r, st, NULL);
+    } else {
+        oi_sbuf_t body = {0};
+        if (oi_openai_encode_embeddings(&body, inf->model->name, e->data, n, count / n, g->req.base64,
+                                        count_of(&inf->job.resp, "num_input_tokens")) != 0)
+            body.len = 0;
+        respond_json(r, &body);
+    }
+    oai_free(g);
+    oi_infer_free(inf);
+}
+
+/* What the model cannot honour of an embeddings request. */
+static oi_status_t *check_embedder(const oi_model_t *m, const char **param)
+{
+    *param = "model";
+    if (!is_embedding_model(m))
+        return oi_status_new(OI_BAD_REQUEST, "model '%s' gives no embeddings (it has no FP32 'embedding' output)",
+                             m->name);
+    if (m->decoupled)
+        return oi_status_new(OI_BAD_REQUEST, "model '%s' is decoupled: embeddings come from a model of one response",
+                             m->name);
+    *param = NULL;
+    return oi_model_check_ready(m);
+}
+
+/* The embeddings request for the model: its strings as text_input. */
+static void submit_embedding(oai_t *g)
+{
+    oi_sbuf_t flat = {0};
+    int bad = LIT(&flat, "{") || flat_member(&flat, g->m, "text_input", g->req.input.ptr, g->req.input.len, 0) ||
+              flat_member(&flat, g->m, "return_num_input_tokens", "true", 4, 0) || LIT(&flat, "}");
+    submit(g, &flat, bad ? oi_status_new(OI_INTERNAL, "out of memory") : NULL);
+}
+
+/* /v1/completions, /v1/chat/completions and /v1/embeddings: read, checked against the model,
+ * then submitted (a chat's prompt rendered first). */
+static void start(oi_server_t *s, oi_http_request_t *r, oi_openai_kind_t kind)
 {
     oai_t *g = calloc(1, sizeof(*g));
     if (g == NULL) {
@@ -520,13 +593,19 @@ static void complete(oi_server_t *s, oi_http_request_t *r, oi_openai_kind_t kind
     oi_status_t *err = NULL;
     g->m = oi_registry_find(&s->registry, g->req.model, NULL, &err);
     oi_status_free(err);
-    if (g->m == NULL || !is_text_model(g->m)) {
+    if (g->m == NULL || !answers(g->m)) {
         model_not_found(r, g->req.model);
         oai_free(g);
         return;
     }
     const char *param = NULL;
-    st = check_model(g->m, &g->req, &param);
+    if (kind == OI_OPENAI_EMBEDDING)
+        st = check_embedder(g->m, &param);
+    else if (!is_text_model(g->m))
+        st = oi_status_new(OI_BAD_REQUEST, "model '%s' is not a text model (it has no STRING text_output)",
+                           (param = "model", g->m->name));
+    else
+        st = check_model(g->m, &g->req, &param);
     if (st == NULL && kind == OI_OPENAI_CHAT && s->chat_fn == NULL) {
         param = "model";
         st = oi_status_new(OI_BAD_REQUEST, "model '%s' has no chat template here; use /v1/completions", g->m->name);
@@ -539,15 +618,17 @@ static void complete(oi_server_t *s, oi_http_request_t *r, oi_openai_kind_t kind
     uint64_t seq = (uint64_t)(uintptr_t)g ^ oi_now_ns();
     snprintf(g->id, sizeof(g->id), "%s%016llx", kind == OI_OPENAI_CHAT ? "chatcmpl-" : "cmpl-", (unsigned long long)seq);
     g->meta = (oi_openai_meta_t){kind, g->id, (int64_t)time(NULL), g->m->name, -1, -1};
-    if (kind == OI_OPENAI_COMPLETION) {
-        submit(g, g->req.prompt.data ? g->req.prompt.data : "", g->req.prompt.len);
-        return;
-    }
-    /* The template is Python (Jinja): off the loop, on libuv's worker threads. */
-    g->work = (oi_work_t){.run = render_run, .done = render_done};
-    if (oi_loop_work(r->loop, &g->work) != 0) {
-        oai_free(g);
-        respond_error(r, 503, "cannot render the chat template: no worker thread", NULL, NULL);
+    if (kind == OI_OPENAI_EMBEDDING) {
+        submit_embedding(g);
+    } else if (kind == OI_OPENAI_COMPLETION) {
+        submit_prompt(g, g->req.prompt.data ? g->req.prompt.data : "", g->req.prompt.len);
+    } else {
+        /* The template is Python (Jinja): off the loop, on libuv's worker threads. */
+        g->work = (oi_work_t){.run = render_run, .done = render_done};
+        if (oi_loop_work(r->loop, &g->work) != 0) {
+            oai_free(g);
+            respond_error(r, 503, "cannot render the chat template: no worker thread", NULL, NULL);
+        }
     }
 }
 
@@ -623,12 +704,12 @@ void oi__http_openai(oi_server_t *s, oi_http_request_t *r)
             show_model(s, r, name);
         return;
     }
-    int chat = strcmp(p, "/chat/completions") == 0;
-    if (chat || strcmp(p, "/completions") == 0) {
+    int chat = strcmp(p, "/chat/completions") == 0, embed = strcmp(p, "/embeddings") == 0;
+    if (chat || embed || strcmp(p, "/completions") == 0) {
         if (r->method != HTTP_POST)
             method_not_allowed(r, "POST");
         else
-            complete(s, r, chat ? OI_OPENAI_CHAT : OI_OPENAI_COMPLETION);
+            start(s, r, chat ? OI_OPENAI_CHAT : embed ? OI_OPENAI_EMBEDDING : OI_OPENAI_COMPLETION);
         return;
     }
     char msg[400];
