@@ -479,3 +479,16 @@ def test_embeddings_refusals(client: openai.OpenAI, model: str, extra: dict, sta
     with pytest.raises(openai.APIStatusError) as err:
         client.embeddings.create(model=model, input=extra.pop("input", "x"), extra_body=extra)
     assert err.value.status_code == status and err.value.body["param"] == param, err.value.body
+
+
+def test_routes_answer_wrong_methods_and_unknown_paths_in_openais_body(served: openinfer.Server) -> None:
+    port = served.http_port
+    for request, status, words in [
+        (b"GET /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n", 405, "Method GET is not allowed for /v1/completions"),
+        (b"POST /v1/models HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", 405, "use GET"),
+        (b"GET /v1/nothing HTTP/1.1\r\nHost: x\r\n\r\n", 404, "Invalid URL (GET /v1/nothing)"),
+        (b"GET /v1/models/%zz HTTP/1.1\r\nHost: x\r\n\r\n", 404, "does not exist"),
+    ]:
+        head, _, body = raw(port, request).partition(b"\r\n\r\n")
+        assert head.startswith(f"HTTP/1.1 {status} ".encode()), head
+        assert words in json.loads(body)["error"]["message"]

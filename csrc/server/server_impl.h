@@ -115,6 +115,10 @@ void oi__health_stop(oi_server_t *s);
  * `m`. */
 void oi__http_generate(oi_server_t *s, oi_http_request_t *r, oi_model_t *m, int stream);
 
+/* Copies the URL path segment [p, end) percent-decoded into out (NUL-terminated): 0, or -1
+ * when it is empty, too long or badly encoded (http_api.c). */
+int oi__http_decode_segment(const char *p, const char *end, char *out, size_t cap);
+
 /* OpenAI's API under /v1 (openai_api.c), on the request's loop thread. */
 void oi__http_openai(oi_server_t *s, oi_http_request_t *r);
 

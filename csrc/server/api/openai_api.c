@@ -642,27 +642,6 @@ static void method_not_allowed(oi_http_request_t *r, const char *allowed)
     respond_error(r, 405, msg, NULL, NULL);
 }
 
-/* Percent-decodes a model id from the URL into out; -1 when too long, empty or malformed. */
-static int decode_id(const char *p, char *out, size_t cap)
-{
-    size_t k = 0;
-    for (; *p; p++) {
-        char ch = *p;
-        if (ch == '%') {
-            unsigned v;
-            if (sscanf(p + 1, "%2x", &v) != 1 || v == 0 || p[1] == '\0' || p[2] == '\0')
-                return -1;
-            ch = (char)v;
-            p += 2;
-        }
-        if (k + 1 >= cap)
-            return -1;
-        out[k++] = ch;
-    }
-    out[k] = '\0';
-    return k > 0 ? 0 : -1;
-}
-
 static const char *captured_header(const void *r, int i, size_t *len) { return oi_http_request_header(r, i, len); }
 
 /* The restricted group "openai" (--openai-api-key restricts it to "Authorization: Bearer
@@ -698,7 +677,7 @@ void oi__http_openai(oi_server_t *s, oi_http_request_t *r)
             method_not_allowed(r, "GET");
         else if (p[7] == '\0')
             list_models(s, r);
-        else if (decode_id(p + 8, name, sizeof(name)) != 0)
+        else if (oi__http_decode_segment(p + 8, p + strlen(p), name, sizeof(name)) != 0)
             model_not_found(r, p + 8);
         else
             show_model(s, r, name);
