@@ -67,6 +67,12 @@ def _flood(inputs: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
         raise
 
 
+def _halfway(inputs: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
+    """One token, then a failure."""
+    yield {"text_output": np.array([b"a"], dtype=np.object_)}
+    raise ValueError("the model broke half way")
+
+
 def _echo(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """A plain text model (no sampling parameters, no counts): the prompt reversed."""
     return {"text_output": np.array([_text(inputs)[::-1].encode()], dtype=np.object_)}
@@ -95,6 +101,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openinfer.Serve
         Model("gated_text", _gated, **_text_io()),
         Model("flood_text", _flood, **_text_io()),
         Model("echo_text", _echo, **_text_io()),
+        Model("halfway_text", _halfway, **_text_io()),
         Model("embedder", _embed, inputs=[Tensor("text_input", "BYTES", [-1])],
               outputs=[Tensor("embedding", "FP32", [-1, 4]), Tensor("num_input_tokens", "UINT32", [1])]),
         Model("not_text", _echo, inputs=[Tensor("INPUT0", "BYTES", [1])], outputs=[Tensor("OUTPUT0", "BYTES", [1])]),
@@ -122,7 +129,8 @@ def chat(client: openai.OpenAI, content: str = "hi", **kw: object) -> object:
 
 def test_models_lists_the_text_models(client: openai.OpenAI) -> None:
     models = {m.id: m for m in client.models.list()}
-    assert set(models) == {"toy_llm", "gated_text", "flood_text", "echo_text", "embedder"}  # not not_text
+    assert set(models) == {"toy_llm", "gated_text", "flood_text", "echo_text", "embedder",
+                           "halfway_text"}  # not not_text
     assert models["toy_llm"].owned_by == "openinfer" and models["toy_llm"].created > 1_700_000_000
     assert client.models.retrieve("toy_llm").id == "toy_llm"
 
@@ -492,3 +500,16 @@ def test_routes_answer_wrong_methods_and_unknown_paths_in_openais_body(served: o
         head, _, body = raw(port, request).partition(b"\r\n\r\n")
         assert head.startswith(f"HTTP/1.1 {status} ".encode()), head
         assert words in json.loads(body)["error"]["message"]
+
+
+def test_a_model_failing_mid_stream_sends_an_error_event_then_done(served: openinfer.Server,
+                                                                    client: openai.OpenAI) -> None:
+    answer = raw(served.http_port, stream_request("halfway_text"))
+    body = answer.partition(b"\r\n\r\n")[2]
+    events = [line[6:] for line in body.split(b"\n") if line.startswith(b"data: ")]
+    assert json.loads(events[0])["choices"][0]["text"] == "a"
+    error = json.loads(events[1])["error"]
+    assert "the model broke half way" in error["message"] and error["type"] == "server_error"
+    assert events[2:] == [b"[DONE]"]
+    with pytest.raises(openai.APIError, match="the model broke half way"):
+        list(client.completions.create(model="halfway_text", prompt="x", stream=True))
