@@ -513,3 +513,8 @@ def test_a_model_failing_mid_stream_sends_an_error_event_then_done(served: openi
     assert events[2:] == [b"[DONE]"]
     with pytest.raises(openai.APIError, match="the model broke half way"):
         list(client.completions.create(model="halfway_text", prompt="x", stream=True))
+
+
+def test_the_openai_group_is_http_only() -> None:
+    with pytest.raises(ValueError, match="unknown restricted protocol 'openai'"):
+        openinfer.serve(models=[], http_port=0, grpc_restricted_protocol=["openai:k=v"], log=False)
