@@ -71,11 +71,7 @@ output [ { name: "text_output" data_type: TYPE_STRING dims: [ -1 ] } ]
 
 
 def make_repo(tmp: Path) -> Path:
-    d = tmp / "repo" / "tokens"
-    (d / "1").mkdir(parents=True)
-    (d / "config.pbtxt").write_text(CONFIG)
-    (d / "1" / "model.py").write_text(MODEL_PY)
-    return tmp / "repo"
+    return C.python_model_repo(tmp, "tokens", CONFIG, MODEL_PY)
 
 
 def request(path: str, n: int) -> bytes:
