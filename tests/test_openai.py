@@ -518,3 +518,27 @@ def test_a_model_failing_mid_stream_sends_an_error_event_then_done(served: openi
 def test_the_openai_group_is_http_only() -> None:
     with pytest.raises(ValueError, match="unknown restricted protocol 'openai'"):
         openinfer.serve(models=[], http_port=0, grpc_restricted_protocol=["openai:k=v"], log=False)
+
+
+def test_requests_are_traced_as_infer_is(tmp_path: Path) -> None:
+    """/v1 completions (streamed or not) and embeddings: one trace record each with the HTTP
+    points around the model's; a request refused before the model is not traced."""
+    from test_trace import HTTP_POINTS, read_traces
+
+    path = tmp_path / "t.json"
+    models = [Model("echo_text", _echo, **_text_io()),
+              Model("embedder", _embed, inputs=[Tensor("text_input", "BYTES", [-1])],
+                    outputs=[Tensor("embedding", "FP32", [-1, 4]), Tensor("num_input_tokens", "UINT32", [1])])]
+    with openinfer.serve(models=models, http_port=0, log=False, trace_file=path,
+                         trace_config=["level=TIMESTAMPS", "rate=1"]) as s, \
+            openai.OpenAI(base_url=f"{s.url}/v1", api_key="x", timeout=BOUND, max_retries=0) as c:
+        assert c.completions.create(model="echo_text", prompt="ab").choices[0].text == "ba"
+        assert "".join(ch.choices[0].text for ch in c.completions.create(model="echo_text", prompt="ab",
+                                                                         stream=True)) == "ba"
+        assert len(c.embeddings.create(model="embedder", input="x").data) == 1
+        with pytest.raises(openai.BadRequestError):
+            c.completions.create(model="echo_text", prompt="ab", n=3)
+    traces = read_traces(path)
+    assert [traces[i]["model_name"] for i in sorted(traces)] == ["echo_text", "echo_text", "embedder"]
+    for t in traces.values():
+        assert [name for name, _ in t["points"]] == HTTP_POINTS

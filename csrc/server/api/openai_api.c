@@ -363,6 +363,7 @@ static void on_done(oi_infer_t *inf)
 {
     oai_t *g = inf->ctx;
     oi_http_request_t *r = g->r;
+    uint64_t send_start = inf->trace != NULL ? oi_now_ns() : 0;
     oi_status_t *st = inf->job.status;
     inf->job.status = NULL;
     if (st == NULL && inf->ds == NULL) /* a model of one response */
@@ -391,6 +392,7 @@ static void on_done(oi_infer_t *inf)
         respond_json(r, &body);
     }
     oai_free(g);
+    oi_infer_trace_end(inf, send_start);
     oi_infer_free(inf);
 }
 
@@ -451,6 +453,9 @@ static void submit(oai_t *g, oi_sbuf_t *flat, oi_status_t *st)
         inf->count_stats = g->s->cfg.statistics;
         if (g->m->decoupled)
             inf->part = on_part;
+        /* Traced as /infer is (a stream's send points: its last response's). */
+        if (g->s->tracer != NULL)
+            (void)oi_infer_trace_begin(inf, g->s->tracer, g->m, 0, r->start_ns, oi_now_ns()); /* no memory: untraced */
         oi_model_t *m = g->m;
         g->m = NULL;
         st = oi_infer_submit(inf, m, r->loop, g->req.kind == OI_OPENAI_EMBEDDING ? on_embedded : on_done, g);
@@ -521,6 +526,7 @@ static void on_embedded(oi_infer_t *inf)
 {
     oai_t *g = inf->ctx;
     oi_http_request_t *r = g->r;
+    uint64_t send_start = inf->trace != NULL ? oi_now_ns() : 0;
     oi_status_t *st = inf->job.status;
     inf->job.status = NULL;
     const oi_tensor_t *e = st == NULL ? output(&inf->job.resp, "embedding") : NULL;
@@ -541,6 +547,7 @@ static void on_embedded(oi_infer_t *inf)
         respond_json(r, &body);
     }
     oai_free(g);
+    oi_infer_trace_end(inf, send_start);
     oi_infer_free(inf);
 }
 
