@@ -204,7 +204,8 @@ def main() -> None:
              f"{'1' if two else 'any'}, one event-loop thread; {C.now_utc()}, commit `{C.git_describe()}`, "
              f"{cores} cores, load {C.loadavg()}).\n",
              f"A Python generator of one-byte tokens; medians of {rounds} round(s), paths alternated.\n",
-             "| path | time to first token | server CPU µs / token | wall µs / token | 16-token streams/s at concurrency 16 |",
+             "| path | time to first token | server CPU µs / token | wall µs / token "
+             "| 16-token streams/s at concurrency 16 |",
              "|---|---|---|---|---|",
              f"| in-process (the handler) | {first * 1e3:.3f} ms | {token * 1e6:.1f} | {token * 1e6:.1f} | - |"]
     for name, m in med.items():

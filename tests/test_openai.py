@@ -413,8 +413,9 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[openinfe
 def test_streamed_chat_over_tls_with_the_api_key(secured: tuple[openinfer.Server, Path]) -> None:
     srv, ca = secured
     base = f"https://localhost:{srv.http_port}/v1"
-    with openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=str(ca))) as http, openai.OpenAI(base_url=base, api_key="sekrit", http_client=http,
-                                                            timeout=BOUND, max_retries=0) as c:
+    verify = ssl.create_default_context(cafile=str(ca))
+    with openai.DefaultHttpxClient(verify=verify) as http, \
+            openai.OpenAI(base_url=base, api_key="sekrit", http_client=http, timeout=BOUND, max_retries=0) as c:
         chunks = list(c.chat.completions.create(model="toy_llm", messages=[{"role": "user", "content": "hi"}],
                                                 stream=True, max_tokens=4))
         assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == c.chat.completions.create(

@@ -485,11 +485,10 @@ oi_status_t *oi_openai_parse(const char *json, size_t len, oi_openai_kind_t kind
     short_str_t k;
     uint32_t n = 0;
     int r = 0;
-    if (oi__json_peek(&p.c) != '{' && p.c.err == NULL) {
-        snprintf(out->param, sizeof(out->param), "%s", "");
+    int first = oi__json_peek(&p.c);
+    if (first != '{')
         return oi_status_new(OI_BAD_REQUEST, "We could not parse the JSON body of your request: expected a JSON "
-                                             "object, got %s.", oi__json_peek(&p.c) < 0 ? "nothing" : kind_of(oi__json_peek(&p.c)));
-    }
+                             "object, got %s.", first < 0 ? "nothing" : kind_of(first));
     if (oi__json_enter(&p.c, '{') == 0) {
         while (st == NULL && p.c.err == NULL && (r = oi__json_next_member(&p.c, &n, &k)) == 1) {
             p.f = find_field(&k, kind);

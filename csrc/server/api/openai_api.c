@@ -406,8 +406,8 @@ static int flat_member(oi_sbuf_t *flat, const oi_model_t *m, const char *name, c
 {
     if (!has_input(m, name))
         return 0;
-    return oi_sbuf_append(flat, flat->len > 1 ? "," : "", flat->len > 1) || oi_json_write_string(flat, name, strlen(name)) ||
-           LIT(flat, ":") || (quote ? oi_json_write_string(flat, value, n) : oi_sbuf_append(flat, value, n));
+    return (flat->len > 1 && LIT(flat, ",")) || oi_json_write_string(flat, name, strlen(name)) || LIT(flat, ":") ||
+           (quote ? oi_json_write_string(flat, value, n) : oi_sbuf_append(flat, value, n));
 }
 
 /* The generate extension's flat request for the model: the prompt and the conventions' flags. */
@@ -623,7 +623,8 @@ static void start(oi_server_t *s, oi_http_request_t *r, oi_openai_kind_t kind)
         return;
     }
     uint64_t seq = (uint64_t)(uintptr_t)g ^ oi_now_ns();
-    snprintf(g->id, sizeof(g->id), "%s%016llx", kind == OI_OPENAI_CHAT ? "chatcmpl-" : "cmpl-", (unsigned long long)seq);
+    snprintf(g->id, sizeof(g->id), "%s%016llx", kind == OI_OPENAI_CHAT ? "chatcmpl-" : "cmpl-",
+             (unsigned long long)seq);
     g->meta = (oi_openai_meta_t){kind, g->id, (int64_t)time(NULL), g->m->name, -1, -1};
     if (kind == OI_OPENAI_EMBEDDING) {
         submit_embedding(g);

@@ -107,7 +107,8 @@ class _Template:
         try:
             self.template = env.from_string(source)
         except TemplateError as e:
-            raise InferenceServerError(500, f"model '{model_dir.name}': its chat template does not compile: {e}") from None
+            raise InferenceServerError(
+                500, f"model '{model_dir.name}': its chat template does not compile: {e}") from None
         self.tokens = {"bos_token": _token(config, "bos_token"), "eos_token": _token(config, "eos_token")}
 
     def render(self, messages: list[dict[str, str]]) -> str:

@@ -4,8 +4,9 @@ num_output_tokens out, one response per token when `stream` is true, one in all 
 
 Tokens are UTF-8 bytes (the tokenizer is `tokenize` below). The continuation is read from TEXT,
 starting at a place the prompt picks (and, with a temperature above 0, the seed: a random place
-without one; the temperature defaults to 0, so that the toy is deterministic), up to the end of the sentence (finish_reason "stop"), a stop sequence ("stop", the
-sequence left out) or max_tokens ("length"). A toy has one candidate per step, so top_p and the
+without one; the temperature defaults to 0, so that the toy is deterministic), up to the end of
+the sentence (finish_reason "stop"), a stop sequence ("stop", the sequence left out) or
+max_tokens ("length"). A toy has one candidate per step, so top_p and the
 penalties are accepted and change nothing.
 """
 
@@ -59,8 +60,8 @@ def continuation(prompt: str, params: dict) -> tuple[str, str]:
         )
     start = sum(tokenize(prompt)) % len(TEXT)
     if float(params.get("temperature", 0)) > 0:
-        seed = params.get("seed")
-        start = (start + (random.Random(seed).randrange(len(TEXT)) if seed is not None else random.randrange(len(TEXT)))) % len(TEXT)
+        sampler = random.Random(params.get("seed"))  # no seed: seeded from the system
+        start = (start + sampler.randrange(len(TEXT))) % len(TEXT)
     text = ""
     for i in range(max_tokens):
         text += TEXT[(start + i) % len(TEXT)]
