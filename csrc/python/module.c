@@ -2002,7 +2002,7 @@ static struct PyModuleDef core_module = {
     NULL,
 };
 
-/* RESTRICTED_APIS: tritonserver's restricted-API group names, in its order. */
+/* RESTRICTED_APIS: tritonserver's restricted-API group names, in its order, then openinfer's "openai". */
 static int add_api_groups(PyObject *m)
 {
     PyObject *names = PyTuple_New(OI_API_COUNT);

@@ -6,7 +6,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 __version__: str
-RESTRICTED_APIS: tuple[str, ...]  # tritonserver's restricted-API groups, in its order
+RESTRICTED_APIS: tuple[str, ...]  # tritonserver's restricted-API groups, in its order, then "openai" (/v1)
 
 # One input or output declaration: (name, V2 datatype such as "INT32", full shape with -1
 # for a variable dimension, or None for any shape; when max_batch_size > 0 the first
