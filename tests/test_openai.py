@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import importlib.util
 import json
 import shutil
 import socket
@@ -543,3 +544,19 @@ def test_requests_are_traced_as_infer_is(tmp_path: Path) -> None:
     assert [traces[i]["model_name"] for i in sorted(traces)] == ["echo_text", "echo_text", "embedder"]
     for t in traces.values():
         assert [name for name, _ in t["points"]] == HTTP_POINTS
+
+
+def test_the_toys_tokenizer_json_counts_as_the_toy_does(client: openai.OpenAI) -> None:
+    """examples/models/toy_llm/tokenizer.json (for aiperf and transformers) is what
+    scripts/toy_tokenizer.py builds, and counts the server's tokens exactly."""
+    tokenizers = pytest.importorskip("tokenizers")
+    spec = importlib.util.spec_from_file_location("toy_tokenizer", EXAMPLE.parents[2] / "scripts" / "toy_tokenizer.py")
+    assert spec is not None and spec.loader is not None
+    toy_tokenizer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(toy_tokenizer)
+    assert (EXAMPLE / "tokenizer.json").read_text(encoding="utf-8") == toy_tokenizer.build()
+    tok = tokenizers.Tokenizer.from_file(str(EXAMPLE / "tokenizer.json"))
+    done = chat(client, "héllo", max_tokens=12)
+    prompt = "<|user|>héllo</s>\n<|assistant|>"
+    assert done.usage.prompt_tokens == len(tok.encode(prompt).ids)
+    assert done.usage.completion_tokens == len(tok.encode(done.choices[0].message.content).ids)
