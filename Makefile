@@ -90,7 +90,7 @@ wheel: setup
 # FUZZ_CC (default cc) and -DOI_FUZZ_MAIN instead: no libFuzzer, they replay files
 # (tests/test_fuzz_corpus.py does that with the whole corpus).
 FUZZ_SECONDS ?= 60
-FUZZ_C_TARGETS := fuzz_json fuzz_pb_infer fuzz_pb_response fuzz_http1 fuzz_grpc fuzz_shm_register fuzz_pbtext fuzz_tls
+FUZZ_C_TARGETS := fuzz_json fuzz_pb_infer fuzz_pb_response fuzz_http1 fuzz_grpc fuzz_shm_register fuzz_pbtext fuzz_tls fuzz_openai
 FUZZ_TARGETS ?= $(FUZZ_C_TARGETS) fuzz_config fuzz_load
 FUZZ_MODE ?= libfuzzer
 ifeq ($(FUZZ_MODE),replay)

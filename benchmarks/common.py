@@ -686,6 +686,15 @@ def make_tmpdir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix))
 
 
+def python_model_repo(tmp: Path, name: str, config: str, model_py: str) -> Path:
+    """A repository under tmp/repo holding one Python model (version 1); returns its path."""
+    d = tmp / "repo" / name
+    (d / "1").mkdir(parents=True)
+    (d / "config.pbtxt").write_text(config)
+    (d / "1" / "model.py").write_text(model_py)
+    return tmp / "repo"
+
+
 def git_describe() -> str:
     """Short commit of the repository, with '+dirty' for local changes."""
     try:

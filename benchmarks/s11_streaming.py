@@ -58,11 +58,7 @@ output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 
 
 def make_repo(tmp: Path) -> Path:
-    d = tmp / "repo" / "count"
-    (d / "1").mkdir(parents=True)
-    (d / "config.pbtxt").write_text(CONFIG)
-    (d / "1" / "model.py").write_text(MODEL_PY)
-    return tmp / "repo"
+    return C.python_model_repo(tmp, "count", CONFIG, MODEL_PY)
 
 
 # ---- in-process limit ------------------------------------------------------------------------

@@ -63,12 +63,13 @@ if [ "$MODE" = test ]; then
     .venv/bin/python -m pip install -q --no-deps -r requirements-schemas.txt
     echo "$want" > "$stamp"
   fi
-elif ! .venv/bin/python -c "import numpy, setuptools; assert int(setuptools.__version__.split('.')[0]) >= 77" 2>/dev/null; then
+elif ! .venv/bin/python -c "import numpy, jinja2, setuptools; assert int(setuptools.__version__.split('.')[0]) >= 77" 2>/dev/null; then
   # Serving needs numpy, and building the extension in place needs pyproject.toml's
-  # build-system requirements: nothing else (no torch, no test requirements).
+  # build-system requirements; jinja2 renders the example toy_llm's chat template (OpenAI's
+  # /v1/chat/completions): nothing else (no torch, no test requirements).
   echo "setup: installing Python packages into .venv (serve)"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q "setuptools>=77" "numpy>=2.0"
+  .venv/bin/python -m pip install -q "setuptools>=77" "numpy>=2.0" "jinja2>=3.1"
 fi
 if ! .venv/bin/python -c "import openinfer" 2>/dev/null || [ ! -f .venv/.openinfer-editable ]; then
   echo "setup: installing openinfer (editable)"

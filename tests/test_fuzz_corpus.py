@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "fuzz" / "corpus"
 OUT = ROOT / "build" / "fuzz" / "replay"
 C_TARGETS = ["fuzz_json", "fuzz_pb_infer", "fuzz_pb_response", "fuzz_http1", "fuzz_grpc", "fuzz_shm_register",
-             "fuzz_pbtext", "fuzz_tls"]
+             "fuzz_pbtext", "fuzz_tls", "fuzz_openai"]
 PY_TARGETS = ["fuzz_config", "fuzz_load"]
 SANITIZER_ENV = {
     "ASAN_OPTIONS": "detect_leaks=1:halt_on_error=1:abort_on_error=1",

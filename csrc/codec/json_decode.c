@@ -590,7 +590,7 @@ int oi__json_next_member(cursor_t *c, uint32_t *n, short_str_t *key)
 
 /* Steps through an array after oi__json_enter(): returns 1 with the cursor on the next element, 0
  * after the closing ']', or -1. */
-static int next_element(cursor_t *c, uint32_t *n)
+int oi__json_next_element(cursor_t *c, uint32_t *n)
 {
     int ch = oi__json_peek(c);
     if (ch == ']') {
@@ -631,7 +631,7 @@ int oi__json_skip_value(cursor_t *c)
     case '[':
         if (oi__json_enter(c, '[') != 0)
             return -1;
-        while ((r = next_element(c, &n)) == 1)
+        while ((r = oi__json_next_element(c, &n)) == 1)
             if (oi__json_skip_value(c) != 0)
                 return -1;
         return r;
@@ -864,7 +864,7 @@ static int parse_shape(cursor_t *c, input_t *in)
     }
     if (oi__json_enter(c, '[') != 0)
         return -1;
-    while ((r = next_element(c, &n)) == 1) {
+    while ((r = oi__json_next_element(c, &n)) == 1) {
         if (n > OI_MAX_DIMS)
             return bad(c, "%s[%" PRIu32 "].shape: expected at most %d dimensions, got more", in->group,
                        in->index, OI_MAX_DIMS);
@@ -1277,7 +1277,7 @@ static int parse_inputs(decoder_t *d)
         return bad(c, "%s: expected an array of %s objects, got %s", d->group, d->kind, value_kind(c));
     if (oi__json_enter(c, '[') != 0)
         return -1;
-    while ((r = next_element(c, &n)) == 1) {
+    while ((r = oi__json_next_element(c, &n)) == 1) {
         oi_tensor_t *t = oi_tensor_push(&req->inputs, &req->n_inputs);
         if (t == NULL)
             return out_of_memory(c);
@@ -1357,7 +1357,7 @@ static int parse_outputs(decoder_t *d)
         return bad(c, "outputs: expected an array of output objects, got %s", value_kind(c));
     if (oi__json_enter(c, '[') != 0)
         return -1;
-    while ((r = next_element(c, &n)) == 1)
+    while ((r = oi__json_next_element(c, &n)) == 1)
         if (parse_output(d, n - 1) != 0)
             return -1;
     return r;

@@ -95,6 +95,7 @@ int oi__json_str_is(const short_str_t *k, const char *lit);
 int oi__json_read_count(cursor_t *c, int64_t *out, char got[48]);
 int oi__json_enter(cursor_t *c, char open);
 int oi__json_next_member(cursor_t *c, uint32_t *n, short_str_t *key);
+int oi__json_next_element(cursor_t *c, uint32_t *n);
 int oi__json_skip_value(cursor_t *c);
 
 #endif

@@ -1073,6 +1073,48 @@ static PyObject *Server_set_repository(ServerObject *self, PyObject *handler)
     Py_RETURN_NONE;
 }
 
+/* On a libuv worker thread, for /v1/chat/completions: renderer(model, version, messages) gives
+ * the prompt (a str); an exception with .status and .message answers that status. */
+static oi_status_t *chat_render(void *ctx, const char *model, int64_t version, const char *messages, size_t len,
+                                oi_sbuf_t *prompt)
+{
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *result = PyObject_CallFunction(ctx, "sLy#", model, (long long)version, messages, (Py_ssize_t)len);
+    Py_ssize_t n = 0;
+    const char *text = result != NULL && PyUnicode_Check(result) ? PyUnicode_AsUTF8AndSize(result, &n) : NULL;
+    oi_status_t *st = NULL;
+    if (text == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "the chat renderer must return a str");
+        st = repo_error();
+    } else if (oi_sbuf_append(prompt, text, (size_t)n) != 0) {
+        st = oi_status_new(OI_INTERNAL, "out of memory");
+    }
+    Py_XDECREF(result);
+    oi_py_clear_thread_locals(); /* PyGILState_Release deletes this thread's state */
+    PyGILState_Release(g);
+    return st;
+}
+
+/* set_chat_renderer(renderer): serves /v1/chat/completions, renderer(model, version, messages)
+ * making each request's prompt on a worker thread. */
+static PyObject *Server_set_chat_renderer(ServerObject *self, PyObject *renderer)
+{
+    oi_server_t *s = live_server(self);
+    if (s == NULL)
+        return NULL;
+    if (!PyCallable_Check(renderer)) {
+        PyErr_SetString(PyExc_TypeError, "the chat renderer must be callable");
+        return NULL;
+    }
+    if (self->started) {
+        PyErr_SetString(PyExc_RuntimeError, "set_chat_renderer() comes before start()");
+        return NULL;
+    }
+    oi_server_set_chat_renderer(s, chat_render, Py_NewRef(renderer), repo_release);
+    Py_RETURN_NONE;
+}
+
 /* A new buffer holding a copy of a Python buffer's bytes, or NULL (out of memory). */
 static oi_buf_t *buf_copy(const Py_buffer *b)
 {
@@ -1878,6 +1920,8 @@ static PyMethodDef Server_methods[] = {
      "most timeout seconds each); returns those abandoned."},
     {"set_repository", (PyCFunction)Server_set_repository, METH_O,
      "Serves the model repository extension through handler(op, model, body, params, ready)."},
+    {"set_chat_renderer", (PyCFunction)Server_set_chat_renderer, METH_O,
+     "set_chat_renderer(renderer): renderer(model, version, messages) -> prompt, for /v1/chat/completions."},
     {"start", (PyCFunction)Server_start, METH_NOARGS, "Binds and starts the loop threads."},
     {"stop", (PyCFunction)(void (*)(void))Server_stop, METH_VARARGS | METH_KEYWORDS,
      "Drains in-flight requests and stops."},
@@ -1982,7 +2026,7 @@ static struct PyModuleDef core_module = {
     NULL,
 };
 
-/* RESTRICTED_APIS: tritonserver's restricted-API group names, in its order. */
+/* RESTRICTED_APIS: tritonserver's restricted-API group names, in its order, then openinfer's "openai". */
 static int add_api_groups(PyObject *m)
 {
     PyObject *names = PyTuple_New(OI_API_COUNT);

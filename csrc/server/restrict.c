@@ -7,7 +7,7 @@
 
 const char *const oi_api_group_names[OI_API_COUNT] = {
     "health",           "metadata",   "inference", "shared-memory", "model-config",
-    "model-repository", "statistics", "trace",     "logging",
+    "model-repository", "statistics", "trace",     "logging",       "openai",
 };
 
 int oi_restricted_set(oi_restricted_t *t, oi_api_group_t g, const char *header, const char *value)

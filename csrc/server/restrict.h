@@ -8,7 +8,7 @@
 
 #include <stddef.h>
 
-/* Triton's categories, in its order (RestrictedCategory). */
+/* Triton's categories, in its order (RestrictedCategory), then openinfer's own. */
 typedef enum {
     OI_API_HEALTH,
     OI_API_METADATA,
@@ -19,6 +19,7 @@ typedef enum {
     OI_API_STATISTICS,
     OI_API_TRACE,
     OI_API_LOGGING,
+    OI_API_OPENAI, /* openinfer's: OpenAI's API under /v1 (HTTP only); --openai-api-key sets it */
     OI_API_COUNT
 } oi_api_group_t;
 

@@ -237,6 +237,15 @@ void oi_server_set_repository(oi_server_t *s, oi_repo_handler_fn fn, void *ctx, 
     s->repo_release = release;
 }
 
+void oi_server_set_chat_renderer(oi_server_t *s, oi_chat_render_fn fn, void *ctx, void (*release)(void *ctx))
+{
+    if (s->chat_release)
+        s->chat_release(s->chat_ctx);
+    s->chat_fn = fn;
+    s->chat_ctx = ctx;
+    s->chat_release = release;
+}
+
 int oi_server_swap_models(oi_server_t *s, oi_model_t **add, size_t n_add, const char *const *remove_names,
                           const int64_t *remove_versions, size_t n_remove, oi_model_t ***retired, size_t *n_retired)
 {
@@ -466,6 +475,8 @@ static void finish_stop(oi_server_t *s)
     oi_buf_unref(s->metadata);
     if (s->repo_release) /* every call is answered: the loops are gone */
         s->repo_release(s->repo_ctx);
+    if (s->chat_release) /* likewise: no rendering runs once the loops are gone */
+        s->chat_release(s->chat_ctx);
     /* After the loops: no request holds a region now, so each is unmapped here. */
     oi_shm_destroy(&s->shm);
     oi_rcache_free(s->cache);

@@ -81,6 +81,17 @@ int oi_server_add_model(oi_server_t *s, oi_model_t *m);
  * when the server is freed, after the last call has been answered. Call before start. */
 void oi_server_set_repository(oi_server_t *s, oi_repo_handler_fn fn, void *ctx, void (*release)(void *ctx));
 
+/* Renders a chat request's "messages" (messages[0 .. len), a JSON array) into the prompt text
+ * of version `version` of model `model` with the model's chat template, appending it to
+ * `prompt`: NULL, or a status (400 when the messages or the model cannot make a prompt). Runs
+ * on libuv's worker threads, never a loop thread, for /v1/chat/completions. */
+typedef oi_status_t *(*oi_chat_render_fn)(void *ctx, const char *model, int64_t version, const char *messages,
+                                          size_t len, oi_sbuf_t *prompt);
+
+/* Serves /v1/chat/completions through `fn` (without one, only /v1/completions answers);
+ * `release` (may be NULL) is called once on `ctx` when the server is freed. Call before start. */
+void oi_server_set_chat_renderer(oi_server_t *s, oi_chat_render_fn fn, void *ctx, void (*release)(void *ctx));
+
 /* Swaps registry entries in one step as oi_registry_swap does (loads and unloads); the entries
  * that left come back in *retired for the caller to end with oi_model_retire, which waits for
  * their requests in flight. Returns 0, or -1 when out of memory (nothing changed). */

@@ -43,6 +43,9 @@ struct oi_server_s {
     void *repo_ctx;
     void (*repo_release)(void *ctx);
     atomic_int repo_calls;
+    oi_chat_render_fn chat_fn; /* /v1/chat/completions' template renderer; NULL: none */
+    void *chat_ctx;
+    void (*chat_release)(void *ctx);
     pthread_mutex_t health_mu;   /* guards `watchers` (grpc_health.c) */
     oi_health_watch_t *watchers; /* open grpc.health.v1 Watch calls */
     oi_http_server_t *metrics_http; /* the /metrics listener, one loop thread; NULL without */
@@ -120,5 +123,12 @@ void oi__health_stop(oi_server_t *s);
  * generate extension, on the request's loop thread (generate_api.c). Takes the reference to
  * `m`. */
 void oi__http_generate(oi_server_t *s, oi_http_request_t *r, oi_model_t *m, int stream);
+
+/* Copies the URL path segment [p, end) percent-decoded into out (NUL-terminated): 0, or -1
+ * when it is empty, too long or badly encoded (http_api.c). */
+int oi__http_decode_segment(const char *p, const char *end, char *out, size_t cap);
+
+/* OpenAI's API under /v1 (openai_api.c), on the request's loop thread. */
+void oi__http_openai(oi_server_t *s, oi_http_request_t *r);
 
 #endif

@@ -6,7 +6,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 __version__: str
-RESTRICTED_APIS: tuple[str, ...]  # tritonserver's restricted-API groups, in its order
+RESTRICTED_APIS: tuple[str, ...]  # tritonserver's restricted-API groups, in its order, then "openai" (/v1)
 
 # One input or output declaration: (name, V2 datatype such as "INT32", full shape with -1
 # for a variable dimension, or None for any shape; when max_batch_size > 0 the first
@@ -260,6 +260,10 @@ class Server:
         (None: left out), for "logging" and "trace" every setting as (name, bool | int | str |
         list of str), or None; an exception with `status` and `message` (InferenceServerError) answers with
         them, any other with 500. Before start()."""
+    def set_chat_renderer(self, renderer: Callable[[str, int, bytes], str]) -> None:
+        """Serves /v1/chat/completions: renderer(model, version, messages) returns the prompt
+        for the request's messages (the JSON array's bytes), on a worker thread, once per
+        request; an exception with `status` and `message` answers with them. Before start()."""
     def start(self) -> None:
         """Binds and starts the loop threads; returns at once. Raises OSError when binding fails."""
     @property

@@ -478,8 +478,17 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         metavar="API[,API...]:KEY=VALUE",
         help="tritonserver's restricted APIs: those APIs (health, metadata, inference, "
-        "shared-memory, model-config, model-repository, statistics, trace, logging) answer only "
+        "shared-memory, model-config, model-repository, statistics, trace, logging; openai: the /v1 API) answer only "
         "HTTP requests with header KEY: VALUE, others get 403 (repeatable, an API once)",
+    )
+    serve.add_argument(
+        "--openai-api-key",
+        metavar="KEY",
+        default=os.environ.get("OPENINFER_OPENAI_API_KEY") or None,
+        help="OpenAI's API under /v1 answers only requests with header Authorization: Bearer KEY, "
+        "others get 401 (the same as --http-restricted-api openai:authorization=Bearer KEY). On the "
+        "command line every local user can read it: in production set OPENINFER_OPENAI_API_KEY, or put "
+        "the openai entry in --http-restricted-api-file",
     )
     serve.add_argument(
         "--grpc-restricted-protocol",
@@ -774,7 +783,8 @@ def _serve(args: argparse.Namespace) -> int:
             cache_config=args.cache_config,
             response_cache_byte_size=args.response_cache_byte_size,
             http_restricted_api=[*args.http_restricted_api, *key_sources.entries_kept_secret(
-                "http-restricted-api", args.http_restricted_api_file)],
+                "http-restricted-api", args.http_restricted_api_file)]
+            + ([f"openai:authorization=Bearer {args.openai_api_key}"] if args.openai_api_key else []),
             grpc_restricted_protocol=[*args.grpc_restricted_protocol, *key_sources.entries_kept_secret(
                 "grpc-restricted-protocol", args.grpc_restricted_protocol_file)],
             grpc_address=args.grpc_address,

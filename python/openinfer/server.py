@@ -22,6 +22,7 @@ from typing import Any
 
 from . import _core, _display, _pt2_build
 from ._backends import triton_metrics
+from ._backends.chat_template import ChatTemplates
 from ._net import reachable
 from ._tls import tls_specs
 from ._version import __version__
@@ -290,7 +291,8 @@ def serve(
     `http_restricted_api` and `grpc_restricted_protocol` take tritonserver's
     ``--http-restricted-api`` / ``--grpc-restricted-protocol`` values (one string or several),
     ``"<group>[,<group>...]:<header>=<value>"``: the named groups (health, metadata, inference,
-    shared-memory, model-config, model-repository, statistics, trace, logging) then answer
+    shared-memory, model-config, model-repository, statistics, trace, logging; and openinfer's
+    openai, the /v1 API: see --openai-api-key) then answer
     only requests carrying that header with that value (gRPC: metadata
     ``triton-grpc-protocol-<header>``), others get HTTP 403 or gRPC UNAVAILABLE with
     tritonserver's words. The legacy v1 API and the generate extension are covered too; see
@@ -529,6 +531,8 @@ class Server:
             self._core.stop(0)
             raise
         self._core.set_repository(self._handle)
+        # OpenAI's chat completions: prompts from the model folder's chat template.
+        self._core.set_chat_renderer(ChatTemplates(self._control.model_dir).render)
         self._pt2_examples: list[tuple[str, Path]] = []
         if isinstance(repo_path, Path) and _is_examples(repo_path):
             loading = set(load_models) if model_control_mode == "explicit" and "*" not in load_models else None

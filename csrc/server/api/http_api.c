@@ -415,9 +415,7 @@ static void handle_infer(oi_server_t *s, oi_http_request_t *r, oi_model_t *m)
 
 /* ---- routing ------------------------------------------------------------------------------ */
 
-/* Copies a path segment [p, end) percent-decoded into out (NUL-terminated). -1 when it is
- * too long or badly encoded. */
-static int decode_segment(const char *p, const char *end, char *out, size_t cap)
+int oi__http_decode_segment(const char *p, const char *end, char *out, size_t cap)
 {
     size_t k = 0;
     while (p < end) {
@@ -602,7 +600,7 @@ static void route_model(oi_server_t *s, oi_http_request_t *r, const char *p)
     }
     char name[MAX_NAME], version[32] = "";
     const char *e = segment_end(p);
-    if (decode_segment(p, e, name, sizeof(name)) != 0) {
+    if (oi__http_decode_segment(p, e, name, sizeof(name)) != 0) {
         respond_error(r, OI_BAD_REQUEST, "model name in the URL is empty, too long or badly percent-encoded");
         return;
     }
@@ -611,7 +609,7 @@ static void route_model(oi_server_t *s, oi_http_request_t *r, const char *p)
     if (seg_is(p, e, "versions")) {
         p = *e ? e + 1 : e;
         e = segment_end(p);
-        if (decode_segment(p, e, version, sizeof(version)) != 0) {
+        if (oi__http_decode_segment(p, e, version, sizeof(version)) != 0) {
             respond_error(r, OI_BAD_REQUEST, "model version in the URL is empty, too long or badly encoded");
             return;
         }
@@ -760,7 +758,7 @@ static void route_shm(oi_server_t *s, oi_http_request_t *r, oi_shm_kind_t kind, 
     if (seg_is(p, e, "region") && *e == '/') {
         p = e + 1;
         e = segment_end(p);
-        if (decode_segment(p, e, name, sizeof(name)) != 0) {
+        if (oi__http_decode_segment(p, e, name, sizeof(name)) != 0) {
             respond_error(r, OI_BAD_REQUEST, "region name in the URL is empty, too long or badly percent-encoded");
             return;
         }
@@ -880,7 +878,7 @@ static void route_repository(oi_server_t *s, oi_http_request_t *r, const char *p
     } else if (seg_is(p, e, "models") && *e == '/') {
         p = e + 1;
         e = segment_end(p);
-        if (decode_segment(p, e, name, sizeof(name)) != 0 || *e != '/') {
+        if (oi__http_decode_segment(p, e, name, sizeof(name)) != 0 || *e != '/') {
             char msg[MAX_NAME * 2];
             snprintf(msg, sizeof(msg), "no endpoint at %.300s", r->path);
             respond_error(r, OI_NOT_FOUND, msg);
@@ -1107,6 +1105,10 @@ void oi__http_api_handle(void *ctx, oi_http_request_t *r)
         return;
     if (oi__legacy_http_handle(s, r)) /* the legacy v1 API under /api */
         return;
+    if (strncmp(path, "/v1", 3) == 0 && (path[3] == '\0' || path[3] == '/')) { /* OpenAI's API */
+        oi__http_openai(s, r);
+        return;
+    }
     if (strncmp(path, "/v2", 3) != 0 || (path[3] != '\0' && path[3] != '/')) {
         char msg[MAX_NAME * 2];
         snprintf(msg, sizeof(msg), "no endpoint at %.300s; the V2 API lives under /v2", path);

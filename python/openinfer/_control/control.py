@@ -353,6 +353,14 @@ class ModelControl:
                 pass
         return sorted(names)
 
+    def model_dir(self, name: str) -> Path | None:
+        """The folder of loaded model `name` in the repositories (its chat template's), None when
+        it is not loaded or came from none."""
+        with self._lock:
+            loaded = name in self._loaded
+        dirs = self._model_dirs(name) if loaded and not name.startswith(".") else []
+        return dirs[0] if dirs else None
+
     def _model_dirs(self, name: str) -> list[Path]:
         """The directories of model `name`, one per repository that has it."""
         return [repo / name for repo in self._repos if (repo / name).is_dir()]

@@ -69,7 +69,11 @@ def http_restricted(entries: str | Iterable[str] | None) -> list[tuple[str, str,
 
 
 def grpc_restricted(entries: str | Iterable[str] | None) -> list[tuple[str, str, str]]:
-    """``--grpc-restricted-protocol`` entries for the core (keys with gRPC's prefix)."""
+    """``--grpc-restricted-protocol`` entries for the core (keys with gRPC's prefix). The group
+    "openai" is OpenAI's API under /v1, which gRPC does not serve: unknown there."""
+    for group, _, _ in parse_restricted(entries, option="grpc-restricted-protocol", feature="protocol"):
+        if group == "openai":
+            raise ValueError("unknown restricted protocol 'openai'")
     return parse_restricted(
         entries, option="grpc-restricted-protocol", feature="protocol", prefix=GRPC_HEADER_PREFIX
     )
