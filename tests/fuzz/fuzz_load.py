@@ -74,7 +74,7 @@ def _check_opened(config: dict[str, Any], model_dir: Path) -> None:
 def test_one_input(data: bytes) -> None:
     from openinfer._config import paths, triton_config
     from openinfer.config import DEFAULT_MAX_JSON_DEPTH, ConfigError, parse_json_config
-    from openinfer._control.control import _check_override_paths, _load_params
+    from openinfer._control.control import _check_override, _load_params
     from openinfer.errors import InferenceServerError
 
     state = _setup()
@@ -83,7 +83,7 @@ def test_one_input(data: bytes) -> None:
         config, given = _load_params(data, None, DEFAULT_MAX_JSON_DEPTH)
         override = parse_json_config(config) if config is not None else None
         if override is not None:
-            _check_override_paths("m", override)
+            _check_override("m", override, state["control"]._max_instances)
         if given:
             model_dir = state["control"]._write_files("m", given)
             for dirpath, dirnames, filenames in os.walk(model_dir):
