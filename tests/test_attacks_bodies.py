@@ -188,6 +188,9 @@ def test_four_gzip_bombs_at_once_over_grpc(child: ChildServer) -> None:
 
     def call(msg: bytes) -> tuple[str, str, str]:
         conn = H2(child.grpc_port)
+        # Four 1000 MiB inflations at once hold the server's loop threads for seconds on a
+        # loaded 2-core machine: a send may wait past H2's 10 s socket timeout.
+        conn.sock.settimeout(120)
         try:
             sid = conn.start(SERVICE + "ModelInfer", extra=[("grpc-encoding", "gzip")])
             send_all(conn, sid, frame(msg, flag=1))
