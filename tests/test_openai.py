@@ -9,6 +9,7 @@ import asyncio
 import base64
 import importlib.util
 import json
+import os
 import shutil
 import socket
 import ssl
@@ -431,12 +432,17 @@ def test_streamed_chat_over_tls_with_the_api_key(secured: tuple[openinfer.Server
         assert http.get(f"https://localhost:{srv.http_port}/v2/health/live").status_code == 200
 
 
-def test_cli_openai_api_key(tmp_path: Path) -> None:
+@pytest.mark.parametrize("given", ["flag", "env"])
+def test_cli_openai_api_key(tmp_path: Path, given: str) -> None:
     from conftest import Cli
 
     shutil.copytree(EXAMPLE, tmp_path / "toy_llm")
-    cli = Cli(str(tmp_path), "--openai-api-key", "k3y", "--grpc-port", "0", "--metrics-port", "0")
+    flag = ["--openai-api-key", "k3y"] if given == "flag" else []
+    env = {**os.environ, "OPENINFER_OPENAI_API_KEY": "k3y"} if given == "env" else None
+    cli = Cli(str(tmp_path), *flag, "--grpc-port", "0", "--metrics-port", "0", env=env)
     try:
+        if given == "env":  # the way to run in production: the key is not in the command line
+            assert b"k3y" not in Path(f"/proc/{cli.proc.pid}/cmdline").read_bytes()
         base = f"http://127.0.0.1:{cli.port}/v1"
         with openai.OpenAI(base_url=base, api_key="k3y", timeout=BOUND, max_retries=0) as c:
             assert [m.id for m in c.models.list()] == ["toy_llm"]
