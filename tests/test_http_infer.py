@@ -200,7 +200,7 @@ def test_request_vs_model_declaration(url: str) -> None:
          "['INPUT0'], but missing required input(s) ['INPUT1']. Please provide all required input(s)."),
         ({"inputs": simple_inputs(a, a) + [{"name": "EXTRA", "shape": [1], "datatype": "INT32", "data": [1]}]},
          "unexpected input 'EXTRA' for model 'simple'; its inputs are: INPUT0, INPUT1"),
-        ({"inputs": simple_inputs(a, a) + simple_inputs(a, a)[:1]}, "duplicate input 'INPUT0'"),
+        ({"inputs": simple_inputs(a, a) + simple_inputs(a, a)[:1]}, "input 'INPUT0' already exists in request"),
         ({"inputs": [dict(simple_inputs(a, a)[0], datatype="INT64"), simple_inputs(a, a)[1]]},
          "input 'INPUT0': expected datatype INT32, got INT64"),
         ({"inputs": simple_inputs(a, a, shape=(16,))}, "input 'INPUT0': expected shape [-1,16], got [16]"),
@@ -208,7 +208,7 @@ def test_request_vs_model_declaration(url: str) -> None:
         ({"inputs": simple_inputs(a, a), "outputs": [{"name": "NOPE"}]},
          "unknown output 'NOPE' for model 'simple'; its outputs are: OUTPUT0, OUTPUT1"),
         ({"inputs": simple_inputs(a, a), "outputs": [{"name": "OUTPUT0"}, {"name": "OUTPUT0"}]},
-         "duplicate output 'OUTPUT0'"),
+         "output 'OUTPUT0' already exists in request"),
     ]
     for body, message in cases:
         status, out = infer(url, "simple", body)

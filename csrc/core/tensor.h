@@ -145,6 +145,17 @@ typedef struct oi_request_s {
  * otherwise fail with a 500 on what is the client's mistake). */
 int oi_shape_elements(const int64_t *shape, int ndim, int64_t *count);
 
+/* Whose words oi_shape_refusal uses: tritonserver's HTTP frontend's (it checks a JSON tensor's
+ * shape as it parses it), or its core's (the only check a gRPC request's shape meets). */
+typedef enum { OI_WORDS_HTTP, OI_WORDS_CORE } oi_words_t;
+
+/* tritonserver's refusal of a shape it cannot count (400): a negative dimension, an element
+ * count past INT64_MAX, or (not for BYTES) a byte size past it, in `words`; `kind` and `name`
+ * name the tensor ("input", "INPUT0"). NULL when tritonserver would count the shape: the
+ * caller then gives its own reason (oi_shape_elements' limit is stricter). */
+oi_status_t *oi_shape_refusal(const int64_t *shape, int ndim, oi_dtype_t dtype, const char *kind, const char *name,
+                              oi_words_t words);
+
 /* Writes "[2,16]" into `out` (at least 24*OI_MAX_DIMS bytes for any shape); returns out. */
 char *oi_shape_format(const int64_t *shape, int ndim, char *out, size_t cap);
 
@@ -176,8 +187,9 @@ void oi_request_clear(oi_request_t *r);
 /* Releases everything a response owns and zeroes it. */
 void oi_response_clear(oi_response_t *r);
 
-/* Refuses an input name, or a requested output name, that a request gives twice ("duplicate
- * input 'X'"); `kind` names the tensors: "input", or "output" for a decoded response. Every
+/* Refuses an input name, or a requested output name, that a request gives twice, in
+ * tritonserver's core's words ("[request id: <id_unknown>] output 'X' already exists in
+ * request"); `kind` names the tensors: "input", or "output" for a decoded response. Every
  * codec calls it, so that HTTP and gRPC judge a request alike. Returns NULL, or a 400 status
  * (500 when out of memory). */
 oi_status_t *oi_request_check_unique(const oi_request_t *r, const char *kind);
