@@ -109,3 +109,21 @@ def test_byte_size_overflow(server: openinfer.Server) -> None:
     assert e.status() == "StatusCode.INVALID_ARGUMENT"
     assert e.message() == f"byte size for tensor 'INPUT0' exceeds maximum size of {INT64_MAX}"
     assert requests.get(f"{server.url}/v2/health/ready", timeout=10).status_code == 200
+
+
+def test_byte_size_mismatch_names_the_model(server: openinfer.Server) -> None:
+    """qa/L0_input_validation's "compromised shape": 10 FP32 values sent for shape [1,8], refused
+    once the model is known in the core's words (a binary HTTP tensor and gRPC alike)."""
+    words = "[request id: <id_unknown>] input byte size mismatch for input 'INPUT0' for model 'ident'. Expected 32, got 40"
+    header = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 8], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": 40}}]}).encode()
+    r = requests.post(f"{server.url}/v2/models/ident/infer", data=header + bytes(40),
+                      headers={"Inference-Header-Content-Length": str(len(header))}, timeout=30)
+    assert (r.status_code, r.json()["error"]) == (400, words)
+    tensor = grpcclient.InferInput("INPUT0", [1, 10], "FP32")
+    tensor.set_data_from_numpy(np.arange(10, dtype=np.float32)[None])
+    tensor.set_shape([1, 8])
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}") as client:
+        with pytest.raises(InferenceServerException) as e:
+            client.infer("ident", [tensor])
+    assert (e.value.status(), e.value.message()) == ("StatusCode.INVALID_ARGUMENT", words)

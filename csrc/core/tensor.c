@@ -37,8 +37,7 @@ static const char *find_duplicate(const char **names, uint32_t n)
     return NULL;
 }
 
-/* tritonserver's "[request id: X]" prefix, X "<id_unknown>" when the request has no id. */
-static const char *request_who(char *out, size_t cap, const char *id, size_t id_len)
+const char *oi_request_who(char *out, size_t cap, const char *id, size_t id_len)
 {
     int known = id != NULL && id_len > 0;
     snprintf(out, cap, "[request id: %.*s]", known ? (int)(id_len < 256 ? id_len : 256) : 12,
@@ -65,7 +64,7 @@ oi_status_t *oi_request_check_unique(const oi_request_t *r, const char *kind)
     char who[300];
     oi_status_t *st = dup == NULL ? NULL
                                   : oi_status_new(OI_BAD_REQUEST, "%s %s '%.128s' already exists in request",
-                                                  request_who(who, sizeof(who), r->id, r->id_len), dup_kind, dup);
+                                                  oi_request_who(who, sizeof(who), r->id, r->id_len), dup_kind, dup);
     free(names);
     return st;
 }
@@ -213,13 +212,28 @@ void oi_response_clear(oi_response_t *r)
 
 oi_status_t *oi_tensor_check_input(const oi_tensor_t *t, const char *kind, const char *name)
 {
-    return t->dtype == OI_TYPE_BYTES ? NULL : oi_tensor_check_size(t, kind, name);
+    int64_t count;
+    return oi_shape_elements(t->shape, t->ndim, &count) == 0 ? NULL : oi_tensor_check_size(t, kind, name);
+}
+
+oi_status_t *oi_tensor_check_input_size(const oi_tensor_t *t, const char *model, const char *id, size_t id_len)
+{
+    int64_t count;
+    if (oi_shape_elements(t->shape, t->ndim, &count) != 0)
+        return oi_tensor_check_size(t, "input", t->name);
+    if ((uint64_t)count * oi_dtype_size(t->dtype) == t->byte_size) /* oi_shape_elements: no overflow */
+        return NULL;
+    char who[300];
+    return oi_status_new(OI_BAD_REQUEST,
+                         "%s input byte size mismatch for input '%s' for model '%s'. Expected %" PRIu64 ", got %zu",
+                         oi_request_who(who, sizeof(who), id, id_len), t->name, model,
+                         (uint64_t)count * oi_dtype_size(t->dtype), t->byte_size);
 }
 
 oi_status_t *oi_tensor_check_bytes(const oi_tensor_t *t, const char *model, const char *id, size_t id_len)
 {
     char who[300];
-    request_who(who, sizeof(who), id, id_len);
+    oi_request_who(who, sizeof(who), id, id_len);
     int64_t count;
     if (oi_shape_elements(t->shape, t->ndim, &count) != 0)
         return oi_tensor_check_size(t, "input", t->name); /* its words for a shape too large */

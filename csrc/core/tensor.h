@@ -199,10 +199,20 @@ oi_status_t *oi_request_check_unique(const oi_request_t *r, const char *kind);
  * "<kind> '<name>'" ("input 'X'"). Returns NULL or a 400 status. */
 oi_status_t *oi_tensor_check_size(const oi_tensor_t *t, const char *kind, const char *name);
 
-/* As oi_tensor_check_size for a request's input as it is decoded, except that BYTES inputs
- * pass: their elements are checked once the model is known (oi_tensor_check_bytes), so that
- * the errors name it as Triton's do. */
+/* A request's input as it is decoded: only that its shape can be counted (oi_tensor_check_size's
+ * words when not). Its byte size, or a BYTES input's elements, are checked once the model is
+ * known (oi_tensor_check_input_size, oi_tensor_check_bytes), so that the errors name it as
+ * Triton's do. */
 oi_status_t *oi_tensor_check_input(const oi_tensor_t *t, const char *kind, const char *name);
+
+/* tritonserver's "[request id: X]" prefix into `out` (X "<id_unknown>" when `id` is NULL or
+ * ""); returns out. */
+const char *oi_request_who(char *out, size_t cap, const char *id, size_t id_len);
+
+/* Checks that a fixed-size input's byte_size fits its shape, in Triton's core's words:
+ * "[request id: X] input byte size mismatch for input 'I' for model 'm'. Expected 32, got 40".
+ * Returns NULL or a 400 status. */
+oi_status_t *oi_tensor_check_input_size(const oi_tensor_t *t, const char *model, const char *id, size_t id_len);
 
 /* Checks a BYTES input's elements as Triton's core does (InferenceRequest::ValidateBytesInputs),
  * with its words, naming the input, `model` and the request (`id`, NULL or "" when it has

@@ -102,6 +102,21 @@ static void expect_error(int line, const char *json, size_t n, const void *tail,
     expect_failure(line, OI_BAD_REQUEST, json, n, tail, tail_len, depth, substr);
 }
 
+/* A one-input request the decoder passes on, whose input `refuse` (given model "m", request id
+ * "r1") refuses with exactly `message`. */
+static void expect_passed_on(int line, const char *json, const char *tail, size_t tail_len,
+                             oi_status_t *(*refuse)(const oi_tensor_t *, const char *, const char *, size_t),
+                             const char *message)
+{
+    decoded_t d;
+    decode_raw(&d, json, strlen(json), tail, tail_len, 0);
+    check(d.st == NULL && d.req.n_inputs == 1, line, "input refused by the decoder: %s", d.st ? d.st->message : "");
+    oi_status_t *st = d.st == NULL ? refuse(&d.req.inputs[0], "m", "r1", 2) : NULL;
+    check(st != NULL && strcmp(st->message, message) == 0, line, "got \"%s\"", st ? st->message : "(success)");
+    oi_status_free(st);
+    release(&d);
+}
+
 /* Encodes a response whose outputs are the request's inputs; returns the JSON (malloc'd) or
  * NULL with *st set. */
 static char *echo(const oi_request_t *req, const uint8_t *binary, const char *version,
@@ -598,23 +613,14 @@ static void test_binary_inputs(void)
                  "binary data: 20 bytes follow the JSON but the inputs' binary_data_size add up to 19");
     expect_error(__LINE__, json, strlen(json), tail, 18, 0,
                  "input 's': binary_data_size is 11 but only 10 bytes of binary data remain");
+    /* An input's byte size, and a BYTES input's elements, are checked once the model is known
+     * (validate.c), in Triton's words: the decoder passes them on. */
     const char *one = "{\"inputs\":[{\"name\":\"a\",\"shape\":[2],\"datatype\":\"INT32\",\"parameters\":{\"binary_data_size\":7}}]}";
-    expect_error(__LINE__, one, strlen(one), tail, 7, 0, "input 'a': shape [2] of INT32 needs 2 x 4 bytes, got 7 bytes");
+    expect_passed_on(__LINE__, one, tail, 7, oi_tensor_check_input_size,
+                     "[request id: r1] input byte size mismatch for input 'a' for model 'm'. Expected 8, got 7");
     const char *bytes = "{\"inputs\":[{\"name\":\"b\",\"shape\":[2],\"datatype\":\"BYTES\",\"parameters\":{\"binary_data_size\":7}}]}";
-    {
-        /* A BYTES input's elements are checked once the model is known (validate.c), in
-         * Triton's words: the decoder passes it on. */
-        decoded_t d;
-        decode_raw(&d, bytes, strlen(bytes), tail + 8, 7, 0);
-        check(d.st == NULL && d.req.n_inputs == 1, __LINE__, "BYTES input refused by the decoder: %s",
-              d.st ? d.st->message : "");
-        oi_status_t *st = d.st == NULL ? oi_tensor_check_bytes(&d.req.inputs[0], "m", "r1", 2) : NULL;
-        check(st != NULL && strcmp(st->message, "[request id: r1] expected 2 string elements for inference input "
-                                                "'b' for model 'm', got 1") == 0,
-              __LINE__, "got \"%s\"", st ? st->message : "(success)");
-        oi_status_free(st);
-        release(&d);
-    }
+    expect_passed_on(__LINE__, bytes, tail + 8, 7, oi_tensor_check_bytes,
+                     "[request id: r1] expected 2 string elements for inference input 'b' for model 'm', got 1");
     const char *plain = "{\"inputs\":[{\"name\":\"a\",\"shape\":[1],\"datatype\":\"INT8\",\"data\":[1]}]}";
     expect_error(__LINE__, plain, strlen(plain), "x", 1, 0, "1 bytes follow the JSON but the inputs' binary_data_size add up to 0");
     EXPECT_ERROR("{\"inputs\":[{\"name\":\"a\",\"shape\":[1],\"datatype\":\"INT8\",\"parameters\":{\"binary_data_size\":0},\"data\":[1]}]}",
