@@ -127,3 +127,12 @@ def test_byte_size_mismatch_names_the_model(server: openinfer.Server) -> None:
         with pytest.raises(InferenceServerException) as e:
             client.infer("ident", [tensor])
     assert (e.value.status(), e.value.message()) == ("StatusCode.INVALID_ARGUMENT", words)
+
+
+@pytest.mark.parametrize("endpoint", ["generate", "generate_stream"])
+def test_generate_duplicate_key_is_a_duplicate_input(server: openinfer.Server, endpoint: str) -> None:
+    """qa/L0_http/generate_endpoint_test.py's test_duplicate_inputs: a JSON key given twice."""
+    r = requests.post(f"{server.url}/v2/models/ident/{endpoint}", timeout=30,
+                      data=b'{"INPUT0": [1.0], "INPUT0": [2.0]}')
+    assert r.status_code == 400
+    assert r.json()["error"] == "[request id: <id_unknown>] input 'INPUT0' already exists in request"
