@@ -262,7 +262,8 @@ def test_stream_answers_each_request_and_ends_ok(stub: Any, grpc_stubs: Any) -> 
     responses = list(stub.ModelStreamInfer(iter([good, bad, good, good]), timeout=30))
     assert len(responses) == 4
     errors = [r for r in responses if r.error_message]
-    assert len(errors) == 1 and "needs 3 x 4 bytes, got 8 bytes" in errors[0].error_message
+    assert len(errors) == 1 and errors[0].error_message == ("[request id: b] input byte size mismatch for input 'INPUT0' for model "
+                                                       "'echo_int32'. Expected 12, got 8")
     assert errors[0].infer_response.id == "b"
     assert sum(r.infer_response.id == "g" for r in responses) == 3
     # An empty stream ends OK with no answer.
@@ -290,7 +291,7 @@ def test_infer_errors(stub: Any, grpc_stubs: Any, server: openinfer.Server) -> N
         (infer_request(pb, "nope", [("INPUT0", "INT32", [1], one)]), grpc.StatusCode.NOT_FOUND,
          "Request for unknown model: 'nope' is not found"),
         (infer_request(pb, "echo_int32", [("INPUT0", "INT32", [2], one)]), grpc.StatusCode.INVALID_ARGUMENT,
-         "input 'INPUT0': shape [2] of INT32 needs 2 x 4 bytes, got 4 bytes"),
+         "input byte size mismatch for input 'INPUT0' for model 'echo_int32'. Expected 8, got 4"),
         (infer_request(pb, "echo_int32", [("INPUT0", "FP32", [1], one)]), grpc.StatusCode.INVALID_ARGUMENT,
          "input 'INPUT0': expected datatype INT32, got FP32"),
         (infer_request(pb, "echo_int32", [("INPUT0", "INT33", [1], one)]), grpc.StatusCode.INVALID_ARGUMENT,

@@ -166,7 +166,7 @@ def test_raw_body_refused_in_tritons_words(server, bytes_models, model, message)
 
 def test_raw_body_of_the_wrong_size(http: Http) -> None:
     status, _, out = http.request("POST", "/v2/models/echo_fp64/infer", b"\0" * 12, RAW)
-    assert status == 400 and "needs 1 x 8 bytes, got 12" in json.loads(out)["error"]
+    assert status == 400 and "for model 'echo_fp64'. Expected 8, got 12" in json.loads(out)["error"]
 
 
 @pytest.mark.parametrize("encoding, compress", [
@@ -208,7 +208,7 @@ BAD_BINARY = [
     (b'{"inputs":[{"name":"INPUT0","datatype":"INT32","shape":[1,16],"parameters":{"binary_data_size":64}}]}',
      {}, 400, "binary_data_size"),
     (b'{"inputs":[{"name":"INPUT0","datatype":"INT32","shape":[1,16],"parameters":{"binary_data_size":60}}]}' + b"\0" * 60,
-     "IHCL", 400, "needs 16 x 4 bytes, got 60"),
+     "IHCL", 400, "input byte size mismatch for input 'INPUT0' for model 'simple'. Expected 64, got 60"),
     (b'{"inputs":[{"name":"INPUT0","datatype":"INT32","shape":[1,16],"parameters":{"binary_data_size":64}}]}' + b"\0" * 70,
      "IHCL", 400, "70 bytes follow the JSON"),
     (b'{"inputs":[{"name":"INPUT0","datatype":"INT32","shape":[1,16],"parameters":{"binary_data_size":18446744073709551615}}]}',

@@ -175,7 +175,6 @@ BAD_REQUESTS = [
     (b'{"inputs":[{"name":"INPUT0","shape":[1,16],"datatype":"FLOAT","data":[1]}]}', "expected one of BOOL, UINT8"),
     (b'{"inputs":[{"name":"INPUT0","shape":[1,16],"datatype":"INT32"}]}', "data"),
     (b'{"inputs":[{"name":"INPUT0","shape":"x","datatype":"INT32","data":[1]}]}', "shape"),
-    (b'{"inputs":[{"name":"INPUT0","shape":[-1,16],"datatype":"INT32","data":[1]}]}', "shape"),
     (b'{"inputs":[{"name":"INPUT0","shape":[1,16],"datatype":"INT32","data":[1,2,3]}]}', "expected 16 elements"),
     (b'{"inputs":[{"name":"INPUT0","shape":[1,16],"datatype":"INT32","data":["a"]}]}', "INT32"),
     (b'{"inputs":[{"name":"INPUT0","shape":[1000000000000,16],"datatype":"INT32","data":[1]}]}', "elements"),
@@ -200,7 +199,7 @@ def test_request_vs_model_declaration(url: str) -> None:
          "['INPUT0'], but missing required input(s) ['INPUT1']. Please provide all required input(s)."),
         ({"inputs": simple_inputs(a, a) + [{"name": "EXTRA", "shape": [1], "datatype": "INT32", "data": [1]}]},
          "unexpected input 'EXTRA' for model 'simple'; its inputs are: INPUT0, INPUT1"),
-        ({"inputs": simple_inputs(a, a) + simple_inputs(a, a)[:1]}, "duplicate input 'INPUT0'"),
+        ({"inputs": simple_inputs(a, a) + simple_inputs(a, a)[:1]}, "input 'INPUT0' already exists in request"),
         ({"inputs": [dict(simple_inputs(a, a)[0], datatype="INT64"), simple_inputs(a, a)[1]]},
          "input 'INPUT0': expected datatype INT32, got INT64"),
         ({"inputs": simple_inputs(a, a, shape=(16,))}, "input 'INPUT0': expected shape [-1,16], got [16]"),
@@ -208,7 +207,7 @@ def test_request_vs_model_declaration(url: str) -> None:
         ({"inputs": simple_inputs(a, a), "outputs": [{"name": "NOPE"}]},
          "unknown output 'NOPE' for model 'simple'; its outputs are: OUTPUT0, OUTPUT1"),
         ({"inputs": simple_inputs(a, a), "outputs": [{"name": "OUTPUT0"}, {"name": "OUTPUT0"}]},
-         "duplicate output 'OUTPUT0'"),
+         "output 'OUTPUT0' already exists in request"),
     ]
     for body, message in cases:
         status, out = infer(url, "simple", body)

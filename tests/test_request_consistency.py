@@ -62,10 +62,10 @@ def test_grpc_refuses_duplicate_input_names(server: openinfer.Server) -> None:
         with pytest.raises(tgrpc.InferenceServerException) as e:
             client.infer("pair", [tinput("INPUT0", [1]), tinput("INPUT1", [2]), tinput("INPUT0", [3])])
         assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
-        assert "duplicate input 'INPUT0'" in e.value.message()
+        assert "input 'INPUT0' already exists in request" in e.value.message()
     r = post(server, "pair", {"inputs": [{"name": n, "shape": [1], "datatype": "INT32", "data": [1]}
                                          for n in ("INPUT0", "INPUT1", "INPUT0")]})
-    assert r.status_code == 400 and "duplicate input 'INPUT0'" in r.json()["error"]
+    assert r.status_code == 400 and "input 'INPUT0' already exists in request" in r.json()["error"]
     assert_grpc_alive(server.grpc_port)
 
 
@@ -75,13 +75,13 @@ def test_grpc_refuses_duplicate_requested_outputs(server: openinfer.Server) -> N
         with pytest.raises(tgrpc.InferenceServerException) as e:
             client.infer("pair", [tinput("INPUT0", [1]), tinput("INPUT1", [2])], outputs=outputs)
         assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
-        assert "duplicate output 'OUTPUT1'" in e.value.message()
+        assert "output 'OUTPUT1' already exists in request" in e.value.message()
         ok = client.infer("pair", [tinput("INPUT0", [1]), tinput("INPUT1", [2])], outputs=outputs[:1])
         assert ok.as_numpy("OUTPUT1").tolist() == [2]
     r = post(server, "pair", {"inputs": [{"name": n, "shape": [1], "datatype": "INT32", "data": [1]}
                                          for n in ("INPUT0", "INPUT1")],
                               "outputs": [{"name": "OUTPUT1"}, {"name": "OUTPUT1"}]})
-    assert r.status_code == 400 and "duplicate output 'OUTPUT1'" in r.json()["error"]
+    assert r.status_code == 400 and "output 'OUTPUT1' already exists in request" in r.json()["error"]
 
 
 # ---- shapes whose byte count overflows ---------------------------------------------------------

@@ -297,7 +297,7 @@ def test_bad_inference_parameters(api: Any, regions: Any, server: openinfer.Serv
         ({"parameters": shm_params("in", (1 << 63) - 1, (1 << 63) - 1)}, None, "Invalid offset for shared memory"),
         # Triton's overflow case (2**64 - 32 bytes at 32): sizes past int64 are no count here
         ({"parameters": shm_params("in", (1 << 64) - 32, 32)}, None, "shared_memory_byte_size must be a non-negative"),
-        ({"parameters": shm_params("in", 60)}, None, "needs 16 x 4 bytes, got 60 bytes"),
+        ({"parameters": shm_params("in", 60)}, None, "input byte size mismatch for input 'INPUT0'"),
         ({"parameters": {"shared_memory_region": "in"}}, None, "shared_memory_byte_size is required"),
         ({"parameters": {"shared_memory_region": 5, "shared_memory_byte_size": 64}}, None, "must be a string"),
         ({"parameters": {**shm_params("in", 64), "shared_memory_offset": -4}}, None, "must be a non-negative integer"),

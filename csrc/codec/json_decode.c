@@ -880,6 +880,14 @@ static int parse_shape(cursor_t *c, input_t *in)
     in->has_shape = 1;
     return 0;
 wrong:
+    if (got[0] == '-' || got[0] == '.' || (got[0] >= '0' && got[0] <= '9' && strpbrk(got, ".eE") != NULL)) {
+        /* tritonserver reads a dimension as an unsigned integer and answers a negative or
+         * fractional one with its JSON library's error, a 500 (its qa/L0_http asserts both). */
+        if (c->err == NULL)
+            c->err = oi_status_new(OI_INTERNAL, "Unable to parse 'shape': attempt to access JSON "
+                                                "non-unsigned-integer as unsigned-integer");
+        return -1;
+    }
     return bad(c, "%s[%" PRIu32 "].shape: expected an array of non-negative integers, got %s", in->group,
                in->index, got);
 }
@@ -1112,9 +1120,17 @@ static int parse_data(decoder_t *d, input_t *in)
     char label[160], shape[24 * OI_MAX_DIMS];
     int64_t count;
     size_t json_len = (size_t)(c->end - c->base);
-    if (oi_shape_elements(t->shape, t->ndim, &count) != 0)
-        return bad(c, "%s: shape %s has too many elements", input_label(in, label),
-                   oi_shape_format(t->shape, t->ndim, shape, sizeof(shape)));
+    if (oi_shape_elements(t->shape, t->ndim, &count) != 0) {
+        oi_status_t *st = oi_shape_refusal(t->shape, t->ndim, t->dtype, in->kind, t->name, OI_WORDS_HTTP);
+        if (st == NULL)
+            return bad(c, "%s: shape %s has too many elements", input_label(in, label),
+                       oi_shape_format(t->shape, t->ndim, shape, sizeof(shape)));
+        if (c->err == NULL)
+            c->err = st;
+        else
+            oi_status_free(st);
+        return -1;
+    }
     /* Every element takes at least one byte of JSON, so a larger count cannot match: reject
      * it before allocating anything for it. */
     if ((uint64_t)count > json_len)

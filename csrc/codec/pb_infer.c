@@ -169,6 +169,17 @@ static oi_status_t *bad(const char *fmt, ...)
 static oi_status_t *oom(void) { return oi_status_new(OI_INTERNAL, "out of memory decoding the request"); }
 
 /* A field of `what` with the wrong wire type. */
+/* A shape oi_shape_elements refuses: in tritonserver's core's words where it refuses it too
+ * (gRPC shapes meet only its core's checks), else in ours. */
+static oi_status_t *uncountable(const oi_tensor_t *t, const char *label)
+{
+    char shape[24 * OI_MAX_DIMS];
+    oi_status_t *st = oi_shape_refusal(t->shape, t->ndim, t->dtype, "input", t->name, OI_WORDS_CORE);
+    return st != NULL ? st
+                      : bad("%s: shape %s has too many elements", label,
+                            oi_shape_format(t->shape, t->ndim, shape, sizeof(shape)));
+}
+
 static oi_status_t *bad_wire(const char *what, const field_t *f, int want)
 {
     return bad("%s: field %u has wire type %d (%s), expected %d (%s)", what, f->num, f->wt, wt_name(f->wt), want,
@@ -519,8 +530,7 @@ static oi_status_t *decode_contents(oi_tensor_t *t, oi_slice_t contents, const c
             int64_t expect;
             char shp[24 * OI_MAX_DIMS];
             if (oi_shape_elements(t->shape, t->ndim, &expect) != 0)
-                return bad("%s: shape %s has a negative dimension or too many elements", label,
-                           oi_shape_format(t->shape, t->ndim, shp, sizeof(shp)));
+                return uncountable(t, label);
             if ((uint64_t)expect != count)
                 return bad("%s: shape %s needs %" PRId64 " elements, contents.%s has %" PRIu64, label,
                            oi_shape_format(t->shape, t->ndim, shp, sizeof(shp)), expect,
@@ -764,10 +774,8 @@ static oi_status_t *attach_data(dec_t *d, const oi_slice_t *contents)
                 return st;
         } else {
             int64_t n;
-            char shape[24 * OI_MAX_DIMS];
             if (oi_shape_elements(t->shape, t->ndim, &n) != 0)
-                return bad("%s: shape %s has a negative dimension or too many elements", LABEL,
-                           oi_shape_format(t->shape, t->ndim, shape, sizeof(shape)));
+                return uncountable(t, LABEL);
             if (n != 0)
                 return bad("%s has no data; expected contents or %s", LABEL, d->raw_name);
         }

@@ -37,6 +37,14 @@ static const char *find_duplicate(const char **names, uint32_t n)
     return NULL;
 }
 
+const char *oi_request_who(char *out, size_t cap, const char *id, size_t id_len)
+{
+    int known = id != NULL && id_len > 0;
+    snprintf(out, cap, "[request id: %.*s]", known ? (int)(id_len < 256 ? id_len : 256) : 12,
+             known ? id : "<id_unknown>");
+    return out;
+}
+
 oi_status_t *oi_request_check_unique(const oi_request_t *r, const char *kind)
 {
     uint32_t most = r->n_inputs > r->n_outputs ? r->n_inputs : r->n_outputs;
@@ -48,13 +56,54 @@ oi_status_t *oi_request_check_unique(const oi_request_t *r, const char *kind)
     for (uint32_t i = 0; i < r->n_inputs; i++)
         names[i] = r->inputs[i].name;
     const char *dup = find_duplicate(names, r->n_inputs);
-    oi_status_t *st = dup ? oi_status_new(OI_BAD_REQUEST, "duplicate %s '%.128s'", kind, dup) : NULL;
-    for (uint32_t i = 0; st == NULL && i < r->n_outputs; i++)
+    const char *dup_kind = kind;
+    for (uint32_t i = 0; dup == NULL && i < r->n_outputs; i++)
         names[i] = r->outputs[i].name;
-    if (st == NULL && (dup = find_duplicate(names, r->n_outputs)) != NULL)
-        st = oi_status_new(OI_BAD_REQUEST, "duplicate output '%.128s'", dup);
+    if (dup == NULL && (dup = find_duplicate(names, r->n_outputs)) != NULL)
+        dup_kind = "output";
+    char who[300];
+    oi_status_t *st = dup == NULL ? NULL
+                                  : oi_status_new(OI_BAD_REQUEST, "%s %s '%.128s' already exists in request",
+                                                  oi_request_who(who, sizeof(who), r->id, r->id_len), dup_kind, dup);
     free(names);
     return st;
+}
+
+oi_status_t *oi_shape_refusal(const int64_t *shape, int ndim, oi_dtype_t dtype, const char *kind, const char *name,
+                              oi_words_t words)
+{
+    char shp[24 * OI_MAX_DIMS];
+    oi_shape_format(shape, ndim, shp, sizeof(shp));
+    int64_t count = 1;
+    int too_many = 0;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0)
+            return words == OI_WORDS_HTTP
+                       ? oi_status_new(OI_BAD_REQUEST,
+                                       "invalid shape for %s '%s': shape %s contains one or more invalid dimensions",
+                                       kind, name, shp)
+                       : oi_status_new(OI_BAD_REQUEST, "tensor '%s' contains an invalid dimension in shape %s", name,
+                                       shp);
+        too_many |= __builtin_mul_overflow(count, shape[i], &count);
+    }
+    if (too_many && count != 0) /* tritonserver stops counting at a zero dimension */
+        return words == OI_WORDS_HTTP
+                   ? oi_status_new(OI_BAD_REQUEST,
+                                   "invalid shape for %s '%s': shape %s causes total element count to exceed "
+                                   "maximum size of %" PRId64,
+                                   kind, name, shp, INT64_MAX)
+                   : oi_status_new(OI_BAD_REQUEST, "element count for tensor '%s' exceeds maximum size of %" PRId64,
+                                   name, INT64_MAX);
+    size_t esize = dtype == OI_TYPE_BYTES ? 1 : oi_dtype_size(dtype);
+    if (count > INT64_MAX / (int64_t)esize)
+        return words == OI_WORDS_HTTP
+                   ? oi_status_new(OI_BAD_REQUEST,
+                                   "byte size overflow for %s '%s': element count (%" PRId64
+                                   ") * data type size (%zu) exceeds maximum allowed size (%" PRId64 ")",
+                                   kind, name, count, esize, INT64_MAX)
+                   : oi_status_new(OI_BAD_REQUEST, "byte size for tensor '%s' exceeds maximum size of %" PRId64, name,
+                                   INT64_MAX);
+    return NULL;
 }
 
 char *oi_shape_format(const int64_t *shape, int ndim, char *out, size_t cap)
@@ -163,14 +212,28 @@ void oi_response_clear(oi_response_t *r)
 
 oi_status_t *oi_tensor_check_input(const oi_tensor_t *t, const char *kind, const char *name)
 {
-    return t->dtype == OI_TYPE_BYTES ? NULL : oi_tensor_check_size(t, kind, name);
+    int64_t count;
+    return oi_shape_elements(t->shape, t->ndim, &count) == 0 ? NULL : oi_tensor_check_size(t, kind, name);
+}
+
+oi_status_t *oi_tensor_check_input_size(const oi_tensor_t *t, const char *model, const char *id, size_t id_len)
+{
+    int64_t count;
+    if (oi_shape_elements(t->shape, t->ndim, &count) != 0)
+        return oi_tensor_check_size(t, "input", t->name);
+    if ((uint64_t)count * oi_dtype_size(t->dtype) == t->byte_size) /* oi_shape_elements: no overflow */
+        return NULL;
+    char who[300];
+    return oi_status_new(OI_BAD_REQUEST,
+                         "%s input byte size mismatch for input '%s' for model '%s'. Expected %" PRIu64 ", got %zu",
+                         oi_request_who(who, sizeof(who), id, id_len), t->name, model,
+                         (uint64_t)count * oi_dtype_size(t->dtype), t->byte_size);
 }
 
 oi_status_t *oi_tensor_check_bytes(const oi_tensor_t *t, const char *model, const char *id, size_t id_len)
 {
     char who[300];
-    snprintf(who, sizeof(who), "[request id: %.*s]", id != NULL && id_len > 0 ? (int)(id_len < 256 ? id_len : 256) : 12,
-             id != NULL && id_len > 0 ? id : "<id_unknown>");
+    oi_request_who(who, sizeof(who), id, id_len);
     int64_t count;
     if (oi_shape_elements(t->shape, t->ndim, &count) != 0)
         return oi_tensor_check_size(t, "input", t->name); /* its words for a shape too large */
@@ -210,9 +273,12 @@ oi_status_t *oi_tensor_check_size(const oi_tensor_t *t, const char *kind, const 
 {
     char shp[24 * OI_MAX_DIMS];
     int64_t count;
-    if (oi_shape_elements(t->shape, t->ndim, &count) != 0)
-        return oi_status_new(OI_BAD_REQUEST, "%s '%s': shape %s has a negative dimension or too many elements",
-                             kind, name, oi_shape_format(t->shape, t->ndim, shp, sizeof(shp)));
+    if (oi_shape_elements(t->shape, t->ndim, &count) != 0) {
+        oi_status_t *st = oi_shape_refusal(t->shape, t->ndim, t->dtype, kind, name, OI_WORDS_CORE);
+        return st != NULL ? st
+                          : oi_status_new(OI_BAD_REQUEST, "%s '%s': shape %s has too many elements", kind, name,
+                                          oi_shape_format(t->shape, t->ndim, shp, sizeof(shp)));
+    }
     size_t esize = oi_dtype_size(t->dtype);
     if (t->dtype != OI_TYPE_BYTES) {
         uint64_t want;

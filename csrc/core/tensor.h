@@ -145,6 +145,17 @@ typedef struct oi_request_s {
  * otherwise fail with a 500 on what is the client's mistake). */
 int oi_shape_elements(const int64_t *shape, int ndim, int64_t *count);
 
+/* Whose words oi_shape_refusal uses: tritonserver's HTTP frontend's (it checks a JSON tensor's
+ * shape as it parses it), or its core's (the only check a gRPC request's shape meets). */
+typedef enum { OI_WORDS_HTTP, OI_WORDS_CORE } oi_words_t;
+
+/* tritonserver's refusal of a shape it cannot count (400): a negative dimension, an element
+ * count past INT64_MAX, or (not for BYTES) a byte size past it, in `words`; `kind` and `name`
+ * name the tensor ("input", "INPUT0"). NULL when tritonserver would count the shape: the
+ * caller then gives its own reason (oi_shape_elements' limit is stricter). */
+oi_status_t *oi_shape_refusal(const int64_t *shape, int ndim, oi_dtype_t dtype, const char *kind, const char *name,
+                              oi_words_t words);
+
 /* Writes "[2,16]" into `out` (at least 24*OI_MAX_DIMS bytes for any shape); returns out. */
 char *oi_shape_format(const int64_t *shape, int ndim, char *out, size_t cap);
 
@@ -176,8 +187,9 @@ void oi_request_clear(oi_request_t *r);
 /* Releases everything a response owns and zeroes it. */
 void oi_response_clear(oi_response_t *r);
 
-/* Refuses an input name, or a requested output name, that a request gives twice ("duplicate
- * input 'X'"); `kind` names the tensors: "input", or "output" for a decoded response. Every
+/* Refuses an input name, or a requested output name, that a request gives twice, in
+ * tritonserver's core's words ("[request id: <id_unknown>] output 'X' already exists in
+ * request"); `kind` names the tensors: "input", or "output" for a decoded response. Every
  * codec calls it, so that HTTP and gRPC judge a request alike. Returns NULL, or a 400 status
  * (500 when out of memory). */
 oi_status_t *oi_request_check_unique(const oi_request_t *r, const char *kind);
@@ -187,10 +199,20 @@ oi_status_t *oi_request_check_unique(const oi_request_t *r, const char *kind);
  * "<kind> '<name>'" ("input 'X'"). Returns NULL or a 400 status. */
 oi_status_t *oi_tensor_check_size(const oi_tensor_t *t, const char *kind, const char *name);
 
-/* As oi_tensor_check_size for a request's input as it is decoded, except that BYTES inputs
- * pass: their elements are checked once the model is known (oi_tensor_check_bytes), so that
- * the errors name it as Triton's do. */
+/* A request's input as it is decoded: only that its shape can be counted (oi_tensor_check_size's
+ * words when not). Its byte size, or a BYTES input's elements, are checked once the model is
+ * known (oi_tensor_check_input_size, oi_tensor_check_bytes), so that the errors name it as
+ * Triton's do. */
 oi_status_t *oi_tensor_check_input(const oi_tensor_t *t, const char *kind, const char *name);
+
+/* tritonserver's "[request id: X]" prefix into `out` (X "<id_unknown>" when `id` is NULL or
+ * ""); returns out. */
+const char *oi_request_who(char *out, size_t cap, const char *id, size_t id_len);
+
+/* Checks that a fixed-size input's byte_size fits its shape, in Triton's core's words:
+ * "[request id: X] input byte size mismatch for input 'I' for model 'm'. Expected 32, got 40".
+ * Returns NULL or a 400 status. */
+oi_status_t *oi_tensor_check_input_size(const oi_tensor_t *t, const char *model, const char *id, size_t id_len);
 
 /* Checks a BYTES input's elements as Triton's core does (InferenceRequest::ValidateBytesInputs),
  * with its words, naming the input, `model` and the request (`id`, NULL or "" when it has

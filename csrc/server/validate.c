@@ -105,13 +105,12 @@ static oi_status_t *missing_inputs(const oi_model_t *m, const oi_request_t *req)
         g = list_add(got, sizeof(got) - 1, g, req->inputs[j].name);
     strcat(got, "]"); /* room kept: the lists were built one byte short */
     strcat(missing, "]");
-    int with_id = req->id != NULL && req->id_len > 0;
+    char who[300];
     return oi_status_new(OI_BAD_REQUEST,
-                         "[request id: %.*s] expected %s but got %u inputs for model '%s'. Got input(s) %s, "
+                         "%s expected %s but got %u inputs for model '%s'. Got input(s) %s, "
                          "but missing required input(s) %s. Please provide all required input(s).",
-                         with_id ? (int)(req->id_len < 256 ? req->id_len : 256) : 12,
-                         with_id ? req->id : "<id_unknown>",
-                         expected, req->n_inputs, m->name, got, missing);
+                         oi_request_who(who, sizeof(who), req->id, req->id_len), expected, req->n_inputs, m->name,
+                         got, missing);
 }
 
 oi_status_t *oi_validate_request(const oi_model_t *m, const oi_request_t *req, const char ***names, uint32_t *n,
@@ -131,11 +130,10 @@ oi_status_t *oi_validate_request(const oi_model_t *m, const oi_request_t *req, c
             return oi_status_new(OI_BAD_REQUEST, "input '%s': expected shape %s, got %s", t->name,
                                  oi_shape_format(s->dims, s->ndim, want, sizeof(want)),
                                  oi_shape_format(t->shape, t->ndim, got, sizeof(got)));
-        if (t->dtype == OI_TYPE_BYTES) {
-            oi_status_t *st = oi_tensor_check_bytes(t, m->name, req->id, req->id_len);
-            if (st != NULL)
-                return st;
-        }
+        oi_status_t *st = t->dtype == OI_TYPE_BYTES ? oi_tensor_check_bytes(t, m->name, req->id, req->id_len)
+                                                     : oi_tensor_check_input_size(t, m->name, req->id, req->id_len);
+        if (st != NULL)
+            return st;
         if (m->max_batch_size > 0 && (t->shape[0] < 1 || t->shape[0] > m->max_batch_size))
             return oi_status_new(OI_BAD_REQUEST, "input '%s': batch size (first dimension) must be 1 to %d, got %lld",
                                  t->name, m->max_batch_size, (long long)t->shape[0]);
