@@ -216,6 +216,33 @@ static oi_status_t *select_result(const py_state_t *s, PyObject *result, const c
     return *selected == NULL ? model_error(s) : NULL;
 }
 
+/* A Triton Python model's response parameters: the JSON text its answer (a dict subclass)
+ * carries as `response_parameters`, copied for the encoders. A plain dict has none. */
+static oi_status_t *collect_parameters(PyObject *result, oi_response_t *resp)
+{
+    if (PyDict_CheckExact(result))
+        return NULL;
+    PyObject *text = PyObject_GetAttrString(result, "response_parameters");
+    if (text == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    Py_ssize_t len = 0;
+    const char *utf8 = PyUnicode_Check(text) ? PyUnicode_AsUTF8AndSize(text, &len) : NULL;
+    oi_status_t *st = NULL;
+    if (utf8 == NULL) {
+        PyErr_Clear();
+        st = oi_status_new(OI_INTERNAL, "response_parameters must be JSON text");
+    } else if ((resp->parameters = oi_buf_new((size_t)len)) == NULL) {
+        st = oi_status_new(OI_INTERNAL, "out of memory");
+    } else {
+        memcpy(resp->parameters->data, utf8, (size_t)len);
+        resp->parameters->len = (size_t)len;
+    }
+    Py_DECREF(text);
+    return st;
+}
+
 static oi_status_t *collect_outputs(const py_state_t *s, PyObject *result, const char *const *names, uint32_t n,
                                     oi_response_t *resp)
 {
@@ -246,7 +273,7 @@ static oi_status_t *collect_outputs(const py_state_t *s, PyObject *result, const
         t->name = names[i];
         resp->n_outputs = i + 1;
     }
-    return NULL;
+    return collect_parameters(result, resp);
 }
 
 /* A decoupled model's handler returns an iterator of responses: each goes to the client

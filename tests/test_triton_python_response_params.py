@@ -1,0 +1,125 @@
+"""A Triton Python model's response parameters (`InferenceResponse(parameters=...)`, issue 39
+point 4) reach the client as Triton's frontends send them: the HTTP response's "parameters"
+object, gRPC ModelInferResponse `parameters` (bool_param, int64_param, string_param), also over
+ModelStreamInfer beside `triton_final_response`."""
+
+from __future__ import annotations
+
+import queue
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import openinfer
+
+from conftest import triton_grpc, triton_http
+
+PARAMS = {"flag": True, "count": -7, "text": 'quoted " é'}
+
+PARAMS_MODEL = textwrap.dedent(
+    """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    PARAMS = {"flag": True, "count": -7, "text": 'quoted " é'}
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            out = pb_utils.Tensor("OUT", np.array([1.0], np.float32))
+            return [pb_utils.InferenceResponse([out], parameters=PARAMS) for _ in requests]
+    """
+)
+
+STREAM_MODEL = textwrap.dedent(
+    """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            for request in requests:
+                sender = request.get_response_sender()
+                for k in range(2):
+                    out = pb_utils.Tensor("OUT", np.array([float(k)], np.float32))
+                    sender.send(pb_utils.InferenceResponse([out], parameters={"index": k, "last": k == 1}))
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return None
+    """
+)
+
+
+def add_model(repo: Path, name: str, model_py: str, extra: str = "") -> None:
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "1" / "model.py").write_text(model_py)
+    (repo / name / "config.pbtxt").write_text(
+        f'name: "{name}"\nbackend: "python"\n'
+        'input [{ name: "IN", data_type: TYPE_FP32, dims: [ 1 ] }]\n'
+        'output [{ name: "OUT", data_type: TYPE_FP32, dims: [ 1 ] }]\n' + extra
+    )
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openinfer.Server]:
+    repo = tmp_path_factory.mktemp("respparams_repo")
+    add_model(repo, "params", PARAMS_MODEL)
+    add_model(repo, "stream_params", STREAM_MODEL, "model_transaction_policy { decoupled: true }\n")
+    options = {"http_port": 0, "grpc_port": 0, "metrics_port": None, "threads": 2, "log": False}
+    with openinfer.serve(repo, **options) as server:
+        yield server
+
+
+def grpc_params(message: object) -> dict[str, object]:
+    """A gRPC response's parameters as {key: value}, read off the InferParameter oneofs."""
+    params = message.parameters  # type: ignore[attr-defined]
+    return {k: getattr(v, v.WhichOneof("parameter_choice")) for k, v in params.items()}
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_http_response_carries_the_models_parameters(srv: openinfer.Server, binary: bool) -> None:
+    import tritonclient.http as httpclient
+
+    t = httpclient.InferInput("IN", [1], "FP32")
+    t.set_data_from_numpy(np.zeros(1, np.float32), binary_data=binary)
+    out = httpclient.InferRequestedOutput("OUT", binary_data=binary)
+    result = triton_http(srv).infer("params", [t], outputs=[out])
+    assert result.get_response()["parameters"] == PARAMS
+    assert result.as_numpy("OUT").tolist() == [1.0]
+
+
+def test_grpc_response_carries_the_models_parameters(srv: openinfer.Server) -> None:
+    import tritonclient.grpc as grpcclient
+
+    t = grpcclient.InferInput("IN", [1], "FP32")
+    t.set_data_from_numpy(np.zeros(1, np.float32))
+    result = triton_grpc(srv).infer("params", [t])
+    assert grpc_params(result.get_response()) == PARAMS
+    assert result.get_response(as_json=True)["parameters"]["count"] == {"int64_param": "-7"}
+
+
+def test_grpc_stream_responses_carry_their_parameters(srv: openinfer.Server) -> None:
+    import tritonclient.grpc as grpcclient
+
+    answers: queue.Queue = queue.Queue()
+    client = triton_grpc(srv)
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        t = grpcclient.InferInput("IN", [1], "FP32")
+        t.set_data_from_numpy(np.zeros(1, np.float32))
+        client.async_stream_infer("stream_params", [t], enable_empty_final_response=True)
+        got = []
+        while True:
+            result, error = answers.get(timeout=30)
+            assert error is None
+            got.append(grpc_params(result.get_response()))
+            if got[-1]["triton_final_response"]:
+                break
+    finally:
+        client.stop_stream()
+    assert got == [
+        {"index": 0, "last": False, "triton_final_response": False},
+        {"index": 1, "last": True, "triton_final_response": False},
+        {"triton_final_response": True},
+    ]
