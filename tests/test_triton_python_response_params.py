@@ -5,6 +5,7 @@ ModelStreamInfer beside `triton_final_response`."""
 
 from __future__ import annotations
 
+import json
 import queue
 import textwrap
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import requests
 
 import openinfer
 
@@ -123,3 +125,16 @@ def test_grpc_stream_responses_carry_their_parameters(srv: openinfer.Server) -> 
         {"index": 1, "last": True, "triton_final_response": False},
         {"triton_final_response": True},
     ]
+
+
+def test_generate_answer_has_each_parameter_as_a_key(srv: openinfer.Server) -> None:
+    answer = requests.post(f"{srv.url}/v2/models/params/generate", json={"IN": [0.0]}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"model_name": "params", "model_version": "1", "OUT": 1.0, **PARAMS}
+
+
+def test_generate_stream_events_carry_their_parameters(srv: openinfer.Server) -> None:
+    answer = requests.post(f"{srv.url}/v2/models/stream_params/generate_stream", json={"IN": [0.0]}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    events = [json.loads(line[len("data: "):]) for line in answer.text.splitlines() if line.startswith("data: ")]
+    assert [(e["OUT"], e["index"], e["last"]) for e in events] == [(0.0, 0, False), (1.0, 1, True)]
