@@ -52,14 +52,39 @@ STREAM_MODEL = textwrap.dedent(
     """
 )
 
+# Calls `params` (in this process and in worker processes) and the decoupled `stream_params`,
+# and answers with what each BLS response's parameters() gave.
+BLS_MODEL = textwrap.dedent(
+    """
+    import json
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
 
-def add_model(repo: Path, name: str, model_py: str, extra: str = "") -> None:
+    class TritonPythonModel:
+        def execute(self, requests):
+            x = pb_utils.Tensor("IN", np.zeros(1, np.float32))
+            seen = []
+            for target in ("params", "params_in_workers"):
+                response = pb_utils.InferenceRequest(
+                    model_name=target, inputs=[x], requested_output_names=["OUT"]).exec()
+                seen.append(json.loads(response.parameters()))
+            stream = pb_utils.InferenceRequest(
+                model_name="stream_params", inputs=[x], requested_output_names=["OUT"]).exec(decoupled=True)
+            seen.append([json.loads(r.parameters()) for r in stream])
+            out = pb_utils.Tensor("SEEN", np.array([json.dumps(seen).encode()], dtype=np.object_))
+            return [pb_utils.InferenceResponse([out]) for _ in requests]
+    """
+)
+IN_WORKERS = "instance_group [{ kind: KIND_CPU, count: 2 }]\n"
+
+
+def add_model(repo: Path, name: str, model_py: str, extra: str = "", output: str = "OUT", dtype: str = "FP32") -> None:
     (repo / name / "1").mkdir(parents=True)
     (repo / name / "1" / "model.py").write_text(model_py)
     (repo / name / "config.pbtxt").write_text(
         f'name: "{name}"\nbackend: "python"\n'
         'input [{ name: "IN", data_type: TYPE_FP32, dims: [ 1 ] }]\n'
-        'output [{ name: "OUT", data_type: TYPE_FP32, dims: [ 1 ] }]\n' + extra
+        f'output [{{ name: "{output}", data_type: TYPE_{dtype}, dims: [ 1 ] }}]\n' + extra
     )
 
 
@@ -67,7 +92,10 @@ def add_model(repo: Path, name: str, model_py: str, extra: str = "") -> None:
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openinfer.Server]:
     repo = tmp_path_factory.mktemp("respparams_repo")
     add_model(repo, "params", PARAMS_MODEL)
+    add_model(repo, "params_in_workers", PARAMS_MODEL, IN_WORKERS)
     add_model(repo, "stream_params", STREAM_MODEL, "model_transaction_policy { decoupled: true }\n")
+    add_model(repo, "bls_caller", BLS_MODEL, output="SEEN", dtype="STRING")
+    add_model(repo, "bls_caller_in_workers", BLS_MODEL, IN_WORKERS, output="SEEN", dtype="STRING")
     options = {"http_port": 0, "grpc_port": 0, "metrics_port": None, "threads": 2, "log": False}
     with openinfer.serve(repo, **options) as server:
         yield server
@@ -138,3 +166,28 @@ def test_generate_stream_events_carry_their_parameters(srv: openinfer.Server) ->
     assert answer.status_code == 200, answer.text
     events = [json.loads(line[len("data: "):]) for line in answer.text.splitlines() if line.startswith("data: ")]
     assert [(e["OUT"], e["index"], e["last"]) for e in events] == [(0.0, 0, False), (1.0, 1, True)]
+
+
+@pytest.mark.parametrize("model", ["params", "params_in_workers"])
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_parameters_of_a_model_in_worker_processes_too(srv: openinfer.Server, model: str, protocol: str) -> None:
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    module = httpclient if protocol == "http" else grpcclient
+    t = module.InferInput("IN", [1], "FP32")
+    t.set_data_from_numpy(np.zeros(1, np.float32))
+    if protocol == "http":
+        assert triton_http(srv).infer(model, [t]).get_response()["parameters"] == PARAMS
+    else:
+        assert grpc_params(triton_grpc(srv).infer(model, [t]).get_response()) == PARAMS
+
+
+@pytest.mark.parametrize("caller", ["bls_caller", "bls_caller_in_workers"])
+def test_a_bls_caller_reads_each_responses_parameters(srv: openinfer.Server, caller: str) -> None:
+    import tritonclient.http as httpclient
+
+    t = httpclient.InferInput("IN", [1], "FP32")
+    t.set_data_from_numpy(np.zeros(1, np.float32))
+    seen = json.loads(triton_http(srv).infer(caller, [t]).as_numpy("SEEN")[0])
+    assert seen == [PARAMS, PARAMS, [{"index": 0, "last": False}, {"index": 1, "last": True}, {}]]

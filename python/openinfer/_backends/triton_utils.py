@@ -617,14 +617,15 @@ def _error_response(message: str, code: int = TritonError.INTERNAL) -> Inference
     return InferenceResponse(error=TritonError(message, code))
 
 
-def _response(part: Any) -> InferenceResponse | None:
-    """What `_core.BlsCall.next` gave as a response; None at the end."""
+def _response(part: Any, call: Any) -> InferenceResponse | None:
+    """What `_core.BlsCall.next` gave as a response (its parameters on the call); None at the end."""
     if part is None:
         return None
     if isinstance(part, tuple):
         status, message = part
         return _error_response(message, _CODES.get(status, TritonError.INTERNAL))
-    return InferenceResponse([Tensor._view(name, array, datatype) for name, (datatype, array) in part.items()])
+    outputs = [Tensor._view(name, array, datatype) for name, (datatype, array) in part.items()]
+    return InferenceResponse(outputs, parameters=call.parameters)
 
 
 def _next(call: Any) -> Any:
@@ -638,13 +639,13 @@ def _next(call: Any) -> Any:
 
 
 def _wait_one(call: Any) -> InferenceResponse:
-    response = _response(_next(call))
+    response = _response(_next(call), call)
     if response is None:
         return _error_response("the model sent no response")
     if not response.has_error():
         end = _next(call)  # the end (an error here still fails the call)
         if isinstance(end, tuple):
-            return _response(end)  # type: ignore[return-value]
+            return _response(end, call)  # type: ignore[return-value]
     return response
 
 
@@ -664,7 +665,7 @@ class _Responses:
             return first
         if self._done:
             raise StopIteration
-        response = _response(_next(self._call))
+        response = _response(_next(self._call), self._call)
         if response is None or response.has_error():
             self._done = True
         return response if response is not None else InferenceResponse()
@@ -709,7 +710,7 @@ class _AsyncResponses:
     async def __anext__(self) -> InferenceResponse:
         if self._done:
             raise StopAsyncIteration
-        response = _response(await self._part())
+        response = _response(await self._part(), self._call)
         if response is None or response.has_error():
             self._done = True
         return response if response is not None else InferenceResponse()
