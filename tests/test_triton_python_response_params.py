@@ -1,7 +1,9 @@
 """A Triton Python model's response parameters (`InferenceResponse(parameters=...)`, issue 39
 point 4) reach the client as Triton's frontends send them: the HTTP response's "parameters"
 object, gRPC ModelInferResponse `parameters` (bool_param, int64_param, string_param), also over
-ModelStreamInfer beside `triton_final_response`."""
+ModelStreamInfer beside `triton_final_response`, the generate extension's keys, and a BLS
+caller's `response.parameters()`. And a decoupled model's final flag sent with its last
+response ends the stream with that response, with no empty one after it (issue 39 point 7)."""
 
 from __future__ import annotations
 
@@ -52,6 +54,24 @@ STREAM_MODEL = textwrap.dedent(
     """
 )
 
+# Sends two responses, the final flag with the second (Triton's stream then has no empty one).
+FINAL_WITH_LAST_MODEL = textwrap.dedent(
+    """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            for request in requests:
+                sender = request.get_response_sender()
+                for k in range(2):
+                    out = pb_utils.Tensor("OUT", np.array([float(k)], np.float32))
+                    flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if k == 1 else 0
+                    sender.send(pb_utils.InferenceResponse([out], parameters={"index": k}), flags=flags)
+            return None
+    """
+)
+
 # Calls `params` (in this process and in worker processes) and the decoupled `stream_params`,
 # and answers with what each BLS response's parameters() gave.
 BLS_MODEL = textwrap.dedent(
@@ -71,10 +91,15 @@ BLS_MODEL = textwrap.dedent(
             stream = pb_utils.InferenceRequest(
                 model_name="stream_params", inputs=[x], requested_output_names=["OUT"]).exec(decoupled=True)
             seen.append([json.loads(r.parameters()) for r in stream])
+            for target in ("final_with_last", "final_with_last_in_workers"):
+                stream = pb_utils.InferenceRequest(
+                    model_name=target, inputs=[x], requested_output_names=["OUT"]).exec(decoupled=True)
+                seen.append([json.loads(r.parameters()) for r in stream])
             out = pb_utils.Tensor("SEEN", np.array([json.dumps(seen).encode()], dtype=np.object_))
             return [pb_utils.InferenceResponse([out]) for _ in requests]
     """
 )
+DECOUPLED = "model_transaction_policy { decoupled: true }\n"
 IN_WORKERS = "instance_group [{ kind: KIND_CPU, count: 2 }]\n"
 
 
@@ -93,7 +118,9 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openinfer.Server]:
     repo = tmp_path_factory.mktemp("respparams_repo")
     add_model(repo, "params", PARAMS_MODEL)
     add_model(repo, "params_in_workers", PARAMS_MODEL, IN_WORKERS)
-    add_model(repo, "stream_params", STREAM_MODEL, "model_transaction_policy { decoupled: true }\n")
+    add_model(repo, "stream_params", STREAM_MODEL, DECOUPLED)
+    add_model(repo, "final_with_last", FINAL_WITH_LAST_MODEL, DECOUPLED)
+    add_model(repo, "final_with_last_in_workers", FINAL_WITH_LAST_MODEL, DECOUPLED + IN_WORKERS)
     add_model(repo, "bls_caller", BLS_MODEL, output="SEEN", dtype="STRING")
     add_model(repo, "bls_caller_in_workers", BLS_MODEL, IN_WORKERS, output="SEEN", dtype="STRING")
     options = {"http_port": 0, "grpc_port": 0, "metrics_port": None, "threads": 2, "log": False}
@@ -129,26 +156,34 @@ def test_grpc_response_carries_the_models_parameters(srv: openinfer.Server) -> N
     assert result.get_response(as_json=True)["parameters"]["count"] == {"int64_param": "-7"}
 
 
-def test_grpc_stream_responses_carry_their_parameters(srv: openinfer.Server) -> None:
+def stream(srv: openinfer.Server, model: str, empty_final: bool = True) -> list[dict[str, object]]:
+    """One request's responses over a gRPC stream (tritonclient), until the one flagged final or,
+    without `empty_final`, until none comes for a second; each as its parameters."""
     import tritonclient.grpc as grpcclient
 
     answers: queue.Queue = queue.Queue()
     client = triton_grpc(srv)
     client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    got: list[dict[str, object]] = []
     try:
         t = grpcclient.InferInput("IN", [1], "FP32")
         t.set_data_from_numpy(np.zeros(1, np.float32))
-        client.async_stream_infer("stream_params", [t], enable_empty_final_response=True)
-        got = []
+        client.async_stream_infer(model, [t], enable_empty_final_response=empty_final)
         while True:
-            result, error = answers.get(timeout=30)
+            try:
+                result, error = answers.get(timeout=30 if empty_final or not got else 1)
+            except queue.Empty:
+                return got
             assert error is None
             got.append(grpc_params(result.get_response()))
-            if got[-1]["triton_final_response"]:
-                break
+            if empty_final and got[-1]["triton_final_response"]:
+                return got
     finally:
         client.stop_stream()
-    assert got == [
+
+
+def test_grpc_stream_responses_carry_their_parameters(srv: openinfer.Server) -> None:
+    assert stream(srv, "stream_params") == [
         {"index": 0, "last": False, "triton_final_response": False},
         {"index": 1, "last": True, "triton_final_response": False},
         {"triton_final_response": True},
@@ -190,4 +225,24 @@ def test_a_bls_caller_reads_each_responses_parameters(srv: openinfer.Server, cal
     t = httpclient.InferInput("IN", [1], "FP32")
     t.set_data_from_numpy(np.zeros(1, np.float32))
     seen = json.loads(triton_http(srv).infer(caller, [t]).as_numpy("SEEN")[0])
-    assert seen == [PARAMS, PARAMS, [{"index": 0, "last": False}, {"index": 1, "last": True}, {}]]
+    final_alone = [{"index": 0, "last": False}, {"index": 1, "last": True}, {}]
+    final_with_last = [{"index": 0}, {"index": 1}]
+    assert seen == [PARAMS, PARAMS, final_alone, final_with_last, final_with_last]
+
+
+@pytest.mark.parametrize("model", ["final_with_last", "final_with_last_in_workers"])
+@pytest.mark.parametrize("empty_final", [True, False])
+def test_a_final_flag_sent_with_the_last_response_adds_no_empty_one(
+    srv: openinfer.Server, model: str, empty_final: bool
+) -> None:
+    assert stream(srv, model, empty_final) == [
+        {"index": 0, "triton_final_response": False},
+        {"index": 1, "triton_final_response": True},
+    ]
+
+
+def test_a_final_flag_that_comes_alone_sends_nothing_unless_asked(srv: openinfer.Server) -> None:
+    assert stream(srv, "stream_params", empty_final=False) == [
+        {"index": 0, "last": False, "triton_final_response": False},
+        {"index": 1, "last": True, "triton_final_response": False},
+    ]

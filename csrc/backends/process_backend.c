@@ -449,6 +449,7 @@ static oi_status_t *take_outputs(pool_t *p, worker_t *w, const oi_pw_reply_t *r,
         return oi_status_new(OI_INTERNAL, "out of memory");
     }
     oi_status_t *st = NULL;
+    resp->final = block->final != 0;
     resp->outputs = calloc(n ? n : 1, sizeof(oi_tensor_t));
     if (block->params_len > 0 && resp->outputs != NULL) /* copied: a few bytes, kept past the lease */
         resp->parameters = oi_buf_new(block->params_len);

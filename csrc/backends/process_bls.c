@@ -158,7 +158,7 @@ static int send_part(void *arg, const oi_response_t *resp)
 {
     conn_t *c = arg;
     uint32_t params_len = resp->parameters != NULL ? (uint32_t)resp->parameters->len : 0;
-    size_t head = 8 + params_len, data = 0;
+    size_t head = 16 + params_len, data = 0;
     for (uint32_t i = 0; i < resp->n_outputs; i++) {
         const oi_tensor_t *t = &resp->outputs[i];
         head += 4 + strlen(t->name) + 4 + strlen(oi_dtype_name(t->dtype)) + 4 + 8 * (size_t)t->ndim + 16;
@@ -174,9 +174,11 @@ static int send_part(void *arg, const oi_response_t *resp)
         return -1;
     }
     char *at = base;
-    uint32_t n = resp->n_outputs;
+    uint32_t n = resp->n_outputs, final = resp->final, zero = 0;
     put(&at, &n, 4);
+    put(&at, &final, 4);
     put(&at, &params_len, 4);
+    put(&at, &zero, 4);
     uint64_t offset = head;
     for (uint32_t i = 0; i < n; i++) {
         const oi_tensor_t *t = &resp->outputs[i];

@@ -97,6 +97,8 @@ typedef struct oi_pw_block_s {
     uint64_t size;          /* of the whole block, header included; a multiple of OI_PW_ALIGN */
     uint64_t params_offset; /* from the block's start */
     uint64_t params_len;    /* 0: none */
+    uint32_t final;         /* oi_response_t.final */
+    uint32_t pad;
 } oi_pw_block_t;
 
 enum { OI_PW_BLOCK_LIVE = 1, OI_PW_BLOCK_FREE = 2 };

@@ -216,15 +216,20 @@ static oi_status_t *select_result(const py_state_t *s, PyObject *result, const c
     return *selected == NULL ? model_error(s) : NULL;
 }
 
-/* A Triton Python model's response parameters: the JSON text its answer (a dict subclass)
- * carries as `response_parameters`, copied for the encoders. A plain dict has none. */
-static oi_status_t *collect_parameters(PyObject *result, oi_response_t *resp)
+/* What a Triton Python model's answer (a dict subclass) carries beside its outputs: its
+ * response parameters (`response_parameters`, JSON text, copied for the encoders) and
+ * whether the final flag came with it (`response_final`). A plain dict carries neither. */
+static oi_status_t *collect_triton_extras(PyObject *result, oi_response_t *resp)
 {
     if (PyDict_CheckExact(result))
         return NULL;
+    PyObject *final = PyObject_GetAttrString(result, "response_final");
+    resp->final = final != NULL && PyObject_IsTrue(final) == 1;
+    Py_XDECREF(final);
     PyObject *text = PyObject_GetAttrString(result, "response_parameters");
-    if (text == NULL) {
+    if (text == NULL || text == Py_None) {
         PyErr_Clear();
+        Py_XDECREF(text);
         return NULL;
     }
     Py_ssize_t len = 0;
@@ -273,7 +278,7 @@ static oi_status_t *collect_outputs(const py_state_t *s, PyObject *result, const
         t->name = names[i];
         resp->n_outputs = i + 1;
     }
-    return collect_parameters(result, resp);
+    return collect_triton_extras(result, resp);
 }
 
 /* A decoupled model's handler returns an iterator of responses: each goes to the client

@@ -50,6 +50,7 @@ typedef struct {
     PyObject_HEAD
     bls_t *b;
     PyObject *parameters; /* the parameters (JSON text) of the response next() gave last, or None */
+    int final;            /* that response came with the target's final flag */
 } BlsCallObject;
 
 static void bls_unref(bls_t *b)
@@ -345,6 +346,7 @@ PyObject *oi_py_bls_start(oi_registry_t *reg, int counted, PyObject *args, PyObj
     b->req.seq.end = (uint8_t)seq_end;
     self->b = b;
     self->parameters = NULL;
+    self->final = 0;
     int pyerr = 0;
     oi_status_t *st = build(b, inputs, outputs, id, params, &pyerr);
     if (pyerr) {
@@ -443,6 +445,7 @@ static PyObject *Bls_next(BlsCallObject *self, PyObject *args)
                                                 : Py_NewRef(Py_None));
     if (self->parameters == NULL)
         Py_CLEAR(out);
+    self->final = p->resp.final;
     oi_response_clear(&p->resp);
     free(p);
     return out;
@@ -492,10 +495,16 @@ static PyObject *Bls_parameters(BlsCallObject *self, void *Py_UNUSED(closure))
     return Py_NewRef(self->parameters != NULL ? self->parameters : Py_None);
 }
 
+static PyObject *Bls_final(BlsCallObject *self, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(self->final);
+}
+
 static PyGetSetDef Bls_getset[] = {
     {"decoupled", (getter)Bls_decoupled, NULL, "Whether the target model is decoupled.", NULL},
     {"parameters", (getter)Bls_parameters, NULL,
      "The parameters (JSON text) of the response next() returned last; None when it had none.", NULL},
+    {"final", (getter)Bls_final, NULL, "Whether the target's final flag came with that response.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

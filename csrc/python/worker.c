@@ -143,6 +143,7 @@ static int send_outputs(worker_t *w, uint32_t type, const oi_response_t *resp)
     }
     block->params_offset = data;
     block->params_len = params_len;
+    block->final = resp->final;
     if (params_len > 0)
         memcpy(p + data, resp->parameters->data, params_len);
     atomic_store_explicit(&block->state, OI_PW_BLOCK_LIVE, memory_order_release);

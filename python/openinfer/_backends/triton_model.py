@@ -430,20 +430,24 @@ class TritonModel(Model):
                     continue
                 if isinstance(response, pb.ResponseError):
                     raise response
+                final = bool(flags & pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 if response is not None:
-                    yield self._answer(response, outputs)
-                if flags & pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+                    yield self._answer(response, outputs, final)
+                if final:
                     return
         finally:
             sender._close()
 
-    def _answer(self, response: pb.InferenceResponse, outputs: tuple[str, ...]) -> dict[str, object]:
-        """The outputs asked for, and the response's parameters for the core to send with them."""
+    def _answer(self, response: pb.InferenceResponse, outputs: tuple[str, ...], final: bool = False) -> dict[str, object]:
+        """The outputs asked for, with what the core sends beside them: the response's parameters
+        and whether the final flag came with it (then no empty response follows)."""
         selected = self._select(self._outputs(response), outputs)
-        if response._parameters is None:
+        if response._parameters is None and not final:
             return selected
         answer = _Answer(selected)
-        answer.response_parameters = _checked_json(response._parameters, self._failure)
+        params = response._parameters
+        answer.response_parameters = None if params is None else _checked_json(params, self._failure)
+        answer.response_final = final
         return answer
 
     def _outputs(self, response: pb.InferenceResponse) -> dict[str, object]:
@@ -462,10 +466,10 @@ class TritonModel(Model):
 
 
 class _Answer(dict):
-    """A response's outputs, with its parameters as JSON text (`response_parameters`), which the
-    core sends with them (oi_response_t.parameters)."""
+    """A response's outputs, with its parameters as JSON text (`response_parameters`) and the
+    final flag that came with it (`response_final`): oi_response_t's parameters and final."""
 
-    __slots__ = ("response_parameters",)
+    __slots__ = ("response_parameters", "response_final")
 
 
 def _checked_json(text: str, failure: Callable[[str], Exception]) -> str:

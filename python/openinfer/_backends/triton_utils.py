@@ -512,8 +512,8 @@ class InferenceRequest:
 
     def exec(self, decoupled: bool = False, trace: Any = None) -> Any:
         """BLS: runs this request on the model it names, on this server (no socket), and returns
-        its response; with ``decoupled=True`` an iterator of the responses, the last one empty.
-        A failure is the response's error, as in Triton."""
+        its response; with ``decoupled=True`` an iterator of the responses, ending with the one
+        the target's final flag came with (an empty one when it came alone). A failure is the response's error, as in Triton."""
         call = self._start(decoupled)
         if not isinstance(call, InferenceResponse) and decoupled:
             return _Responses(call)
@@ -650,8 +650,9 @@ def _wait_one(call: Any) -> InferenceResponse:
 
 
 class _Responses:
-    """The responses of ``exec(decoupled=True)``, in order; the last one is empty (Triton's
-    final flag), or the error the call ended with."""
+    """The responses of ``exec(decoupled=True)``, in order, as Triton's iterator gives them: the
+    last one is the response that came with the target's final flag, or an empty one when the
+    flag came alone, or the error the call ended with."""
 
     def __init__(self, call: Any, first: InferenceResponse | None = None, done: bool = False) -> None:
         self._call, self._first, self._done = call, first, done
@@ -666,8 +667,7 @@ class _Responses:
         if self._done:
             raise StopIteration
         response = _response(_next(self._call), self._call)
-        if response is None or response.has_error():
-            self._done = True
+        self._done = response is None or response.has_error() or self._call.final
         return response if response is not None else InferenceResponse()
 
     def cancel(self) -> None:
@@ -711,8 +711,7 @@ class _AsyncResponses:
         if self._done:
             raise StopAsyncIteration
         response = _response(await self._part(), self._call)
-        if response is None or response.has_error():
-            self._done = True
+        self._done = response is None or response.has_error() or self._call.final
         return response if response is not None else InferenceResponse()
 
     async def drain(self) -> None:

@@ -44,11 +44,12 @@ class _Call:
     def __init__(self, items: list[Any]) -> None:
         self._items = items
         self.parameters: str | None = None  # of the response next() gave last
+        self.final = False  # that response came with the target's final flag
 
     def next(self, timeout: float = -1) -> Any:
         item = self._items.pop(0) if self._items else None
         if isinstance(item, _Part):
-            self.parameters = item.parameters
+            self.parameters, self.final = item.parameters, item.final
             return item.outputs
         return item
 
@@ -143,10 +144,12 @@ _NO_CONTROL = ("model control (load_model, unload_model, is_model_ready) is not 
 
 
 class _Part(NamedTuple):
-    """One response of a BLS call: {name: (datatype, array)} and its parameters (JSON text)."""
+    """One response of a BLS call: {name: (datatype, array)}, its parameters (JSON text) and
+    whether the target's final flag came with it."""
 
     outputs: dict[str, tuple[str, np.ndarray]]
     parameters: str | None
+    final: bool
 
 
 def _outputs(fd: int) -> _Part:
@@ -171,7 +174,7 @@ def _outputs(fd: int) -> _Part:
         at += n
         return value
 
-    (count, params_len) = take("<II")
+    (count, final, params_len, _) = take("<IIII")
     out: dict[str, tuple[str, np.ndarray]] = {}
     for _ in range(count):
         name, datatype = text(), text()
@@ -184,4 +187,4 @@ def _outputs(fd: int) -> _Part:
             dtype = numpy_dtype(datatype)
             array = np.frombuffer(area, dtype, nbytes // dtype.itemsize, offset).reshape(shape)
         out[name] = (datatype, array)
-    return _Part(out, bytes(area[at : at + params_len]).decode() if params_len else None)
+    return _Part(out, bytes(area[at : at + params_len]).decode() if params_len else None, bool(final))
