@@ -37,37 +37,29 @@ PARAMS_MODEL = textwrap.dedent(
     """
 )
 
+# Sends two responses, then the final flag alone (`stream_params`: Triton's stream ends with an
+# empty response when the client asked for one) or with the second response (the other names:
+# no empty response follows).
 STREAM_MODEL = textwrap.dedent(
     """
     import numpy as np
     import triton_python_backend_utils as pb_utils
 
+    FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
     class TritonPythonModel:
+        def initialize(self, args):
+            self.final_alone = args["model_name"] == "stream_params"
+
         def execute(self, requests):
             for request in requests:
                 sender = request.get_response_sender()
                 for k in range(2):
                     out = pb_utils.Tensor("OUT", np.array([float(k)], np.float32))
-                    sender.send(pb_utils.InferenceResponse([out], parameters={"index": k, "last": k == 1}))
-                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-            return None
-    """
-)
-
-# Sends two responses, the final flag with the second (Triton's stream then has no empty one).
-FINAL_WITH_LAST_MODEL = textwrap.dedent(
-    """
-    import numpy as np
-    import triton_python_backend_utils as pb_utils
-
-    class TritonPythonModel:
-        def execute(self, requests):
-            for request in requests:
-                sender = request.get_response_sender()
-                for k in range(2):
-                    out = pb_utils.Tensor("OUT", np.array([float(k)], np.float32))
-                    flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if k == 1 else 0
-                    sender.send(pb_utils.InferenceResponse([out], parameters={"index": k}), flags=flags)
+                    flags = FINAL if k == 1 and not self.final_alone else 0
+                    sender.send(pb_utils.InferenceResponse([out], parameters={"index": k, "last": k == 1}), flags=flags)
+                if self.final_alone:
+                    sender.send(flags=FINAL)
             return None
     """
 )
@@ -119,8 +111,8 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openinfer.Server]:
     add_model(repo, "params", PARAMS_MODEL)
     add_model(repo, "params_in_workers", PARAMS_MODEL, IN_WORKERS)
     add_model(repo, "stream_params", STREAM_MODEL, DECOUPLED)
-    add_model(repo, "final_with_last", FINAL_WITH_LAST_MODEL, DECOUPLED)
-    add_model(repo, "final_with_last_in_workers", FINAL_WITH_LAST_MODEL, DECOUPLED + IN_WORKERS)
+    add_model(repo, "final_with_last", STREAM_MODEL, DECOUPLED)
+    add_model(repo, "final_with_last_in_workers", STREAM_MODEL, DECOUPLED + IN_WORKERS)
     add_model(repo, "bls_caller", BLS_MODEL, output="SEEN", dtype="STRING")
     add_model(repo, "bls_caller_in_workers", BLS_MODEL, IN_WORKERS, output="SEEN", dtype="STRING")
     options = {"http_port": 0, "grpc_port": 0, "metrics_port": None, "threads": 2, "log": False}
@@ -226,7 +218,7 @@ def test_a_bls_caller_reads_each_responses_parameters(srv: openinfer.Server, cal
     t.set_data_from_numpy(np.zeros(1, np.float32))
     seen = json.loads(triton_http(srv).infer(caller, [t]).as_numpy("SEEN")[0])
     final_alone = [{"index": 0, "last": False}, {"index": 1, "last": True}, {}]
-    final_with_last = [{"index": 0}, {"index": 1}]
+    final_with_last = final_alone[:2]
     assert seen == [PARAMS, PARAMS, final_alone, final_with_last, final_with_last]
 
 
@@ -236,8 +228,8 @@ def test_a_final_flag_sent_with_the_last_response_adds_no_empty_one(
     srv: openinfer.Server, model: str, empty_final: bool
 ) -> None:
     assert stream(srv, model, empty_final) == [
-        {"index": 0, "triton_final_response": False},
-        {"index": 1, "triton_final_response": True},
+        {"index": 0, "last": False, "triton_final_response": False},
+        {"index": 1, "last": True, "triton_final_response": True},
     ]
 
 
