@@ -1115,8 +1115,9 @@ static int read_value(resp_params_t *rp, oi_slice_t value, oi_pb_param_t *p, int
         p->s_len = strlen(rp->text.data + *str_off); /* JSON text holds no NUL: \u0000 is refused */
         return 0;
     }
-    if ((value.len == 4 && memcmp(value.ptr, "true", 4) == 0) || (value.len == 5 && memcmp(value.ptr, "false", 5) == 0)) {
-        p->type = OI_PB_PARAM_BOOL, p->b = value.len == 4;
+    int is_true = value.len == 4 && memcmp(value.ptr, "true", 4) == 0;
+    if (is_true || (value.len == 5 && memcmp(value.ptr, "false", 5) == 0)) {
+        p->type = OI_PB_PARAM_BOOL, p->b = is_true;
         return 0;
     }
     char num[24], *end;

@@ -438,7 +438,9 @@ class TritonModel(Model):
         finally:
             sender._close()
 
-    def _answer(self, response: pb.InferenceResponse, outputs: tuple[str, ...], final: bool = False) -> dict[str, object]:
+    def _answer(
+        self, response: pb.InferenceResponse, outputs: tuple[str, ...], final: bool = False
+    ) -> dict[str, object]:
         """The outputs asked for, with what the core sends beside them: the response's parameters
         and whether the final flag came with it (then no empty response follows)."""
         selected = self._select(self._outputs(response), outputs)

@@ -513,7 +513,8 @@ class InferenceRequest:
     def exec(self, decoupled: bool = False, trace: Any = None) -> Any:
         """BLS: runs this request on the model it names, on this server (no socket), and returns
         its response; with ``decoupled=True`` an iterator of the responses, ending with the one
-        the target's final flag came with (an empty one when it came alone). A failure is the response's error, as in Triton."""
+        the target's final flag came with (an empty one when it came alone). A failure is the
+        response's error, as in Triton."""
         call = self._start(decoupled)
         if not isinstance(call, InferenceResponse) and decoupled:
             return _Responses(call)
