@@ -21,19 +21,22 @@ import openinfer
 
 from conftest import triton_grpc, triton_http
 
-PARAMS = {"flag": True, "count": -7, "text": 'quoted " é'}
+PARAMS = {"flag": True, "count": -7, "text": 'quoted " é', "é" * 40: "a long key of escapes"}
 
 PARAMS_MODEL = textwrap.dedent(
     """
     import numpy as np
     import triton_python_backend_utils as pb_utils
 
-    PARAMS = {"flag": True, "count": -7, "text": 'quoted " é'}
+    PARAMS = {"flag": True, "count": -7, "text": 'quoted " é', "é" * 40: "a long key of escapes"}
 
     class TritonPythonModel:
+        def initialize(self, args):  # `int64_overflow`: a value no InferParameter holds
+            self.params = {"count": 2**63} if args["model_name"] == "int64_overflow" else PARAMS
+
         def execute(self, requests):
             out = pb_utils.Tensor("OUT", np.array([1.0], np.float32))
-            return [pb_utils.InferenceResponse([out], parameters=PARAMS) for _ in requests]
+            return [pb_utils.InferenceResponse([out], parameters=self.params) for _ in requests]
     """
 )
 
@@ -110,6 +113,7 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openinfer.Server]:
     repo = tmp_path_factory.mktemp("respparams_repo")
     add_model(repo, "params", PARAMS_MODEL)
     add_model(repo, "params_in_workers", PARAMS_MODEL, IN_WORKERS)
+    add_model(repo, "int64_overflow", PARAMS_MODEL)
     add_model(repo, "stream_params", STREAM_MODEL, DECOUPLED)
     add_model(repo, "final_with_last", STREAM_MODEL, DECOUPLED)
     add_model(repo, "final_with_last_in_workers", STREAM_MODEL, DECOUPLED + IN_WORKERS)
@@ -238,3 +242,20 @@ def test_a_final_flag_that_comes_alone_sends_nothing_unless_asked(srv: openinfer
         {"index": 0, "last": False, "triton_final_response": False},
         {"index": 1, "last": True, "triton_final_response": False},
     ]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_an_int_past_int64_fails_the_request_naming_it(srv: openinfer.Server, protocol: str) -> None:
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    module, client = (httpclient, triton_http(srv)) if protocol == "http" else (grpcclient, triton_grpc(srv))
+    t = module.InferInput("IN", [1], "FP32")
+    t.set_data_from_numpy(np.zeros(1, np.float32))
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("int64_overflow", [t])
+    assert e.value.message().startswith(
+        "Failed to process the request(s) for model 'int64_overflow_0', message: TritonModelException: Expect "
+        f"parameters int values to fit int64, found {2**63} for key 'count'\n"
+    )

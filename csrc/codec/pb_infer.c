@@ -1142,7 +1142,9 @@ static void take_param(void *ctx, const char *key, size_t key_len, oi_slice_t va
         rp->v = v, rp->cap = rp->cap ? 2 * rp->cap : 8;
     }
     oi_pb_param_t *p = memset(&rp->v[rp->n], 0, sizeof(*p));
-    int64_t key_off = keep_text(rp, key, key_len, 0), str_off = 0;
+    /* The reader decodes keys up to short_str_t's buffer; a longer one with escapes comes raw. */
+    int raw_escaped = key_len > sizeof(((short_str_t *)NULL)->buf) && memchr(key, '\\', key_len) != NULL;
+    int64_t key_off = keep_text(rp, key, key_len, raw_escaped), str_off = 0;
     if ((rp->bad = key_off < 0 || read_value(rp, value, p, &str_off) != 0))
         return;
     p->key = (const char *)(uintptr_t)key_off; /* offsets until read_resp_params rebases them */

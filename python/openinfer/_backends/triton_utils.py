@@ -320,6 +320,8 @@ def _parameters_json(parameters: Mapping[str, Any] | str) -> str:
             raise TritonModelException(f"Expect parameters keys to have type str, found type {type(key)}")
         if not isinstance(value, (bool, int, str)):
             raise TritonModelException(f"Expect parameters values to have type bool/int/str, found type {type(value)}")
+        if type(value) is int and not -(2**63) <= value < 2**63:  # Triton keeps an int as int64_t
+            raise TritonModelException(f"Expect parameters int values to fit int64, found {value} for key '{key}'")
     return json.dumps(dict(parameters))
 
 
