@@ -259,3 +259,33 @@ def test_an_int_past_int64_fails_the_request_naming_it(srv: openinfer.Server, pr
         "Failed to process the request(s) for model 'int64_overflow_0', message: TritonModelException: Expect "
         f"parameters int values to fit int64, found {2**63} for key 'count'\n"
     )
+
+
+# Counts its executions in its response parameters: a cached response shows the first count.
+COUNTING_MODEL = textwrap.dedent(
+    """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            self.calls = 0
+
+        def execute(self, requests):
+            self.calls += 1
+            out = pb_utils.Tensor("OUT", np.array([1.0], np.float32))
+            return [pb_utils.InferenceResponse([out], parameters={"calls": self.calls}) for _ in requests]
+    """
+)
+
+
+def test_a_cached_response_keeps_its_parameters(tmp_path: Path) -> None:
+    import tritonclient.http as httpclient
+
+    add_model(tmp_path, "counting", COUNTING_MODEL, "response_cache { enable: true }\n")
+    with openinfer.serve(tmp_path, http_port=0, log=False, cache_config=["local,size=1048576"]) as server:
+        t = httpclient.InferInput("IN", [1], "FP32")
+        t.set_data_from_numpy(np.zeros(1, np.float32))
+        client = triton_http(server)
+        answers = [client.infer("counting", [t]).get_response()["parameters"] for _ in range(2)]
+    assert answers == [{"calls": 1}, {"calls": 1}]
