@@ -438,7 +438,8 @@ static oi_status_t *take_outputs(pool_t *p, worker_t *w, const oi_pw_reply_t *r,
     }
     oi_pw_block_t *block = (oi_pw_block_t *)(m->base + at);
     if (at > m->len - sizeof(*block) || block->size > m->len - at ||
-        block->size < sizeof(*block) + (uint64_t)block->n_outputs * sizeof(oi_pw_tensor_t) || block->n_outputs != n) {
+        block->size < sizeof(*block) + (uint64_t)block->n_outputs * sizeof(oi_pw_tensor_t) || block->n_outputs != n ||
+        block->params_offset > block->size || block->params_len > block->size - block->params_offset) {
         mapping_unref(m);
         return oi_status_new(OI_INTERNAL, "model '%s': a worker sent a malformed result", p->model_name);
     }
@@ -448,9 +449,16 @@ static oi_status_t *take_outputs(pool_t *p, worker_t *w, const oi_pw_reply_t *r,
         return oi_status_new(OI_INTERNAL, "out of memory");
     }
     oi_status_t *st = NULL;
+    resp->final = block->final != 0;
     resp->outputs = calloc(n ? n : 1, sizeof(oi_tensor_t));
-    if (resp->outputs == NULL)
+    if (block->params_len > 0 && resp->outputs != NULL) /* copied: a few bytes, kept past the lease */
+        resp->parameters = oi_buf_new(block->params_len);
+    if (resp->outputs == NULL || (block->params_len > 0 && resp->parameters == NULL))
         st = oi_status_new(OI_INTERNAL, "out of memory");
+    else if (block->params_len > 0) {
+        memcpy(resp->parameters->data, (char *)block + block->params_offset, block->params_len);
+        resp->parameters->len = block->params_len;
+    }
     const oi_pw_tensor_t *d = (const oi_pw_tensor_t *)(block + 1);
     for (uint32_t i = 0; st == NULL && i < n; i++) {
         if (d[i].dtype <= OI_TYPE_INVALID || d[i].dtype >= OI_TYPE_COUNT || d[i].ndim < 0 || d[i].ndim > OI_MAX_DIMS ||

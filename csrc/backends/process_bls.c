@@ -157,7 +157,8 @@ static void put_str(char **at, const char *s)
 static int send_part(void *arg, const oi_response_t *resp)
 {
     conn_t *c = arg;
-    size_t head = 8, data = 0;
+    uint32_t params_len = resp->parameters != NULL ? (uint32_t)resp->parameters->len : 0;
+    size_t head = 16 + params_len, data = 0;
     for (uint32_t i = 0; i < resp->n_outputs; i++) {
         const oi_tensor_t *t = &resp->outputs[i];
         head += 4 + strlen(t->name) + 4 + strlen(oi_dtype_name(t->dtype)) + 4 + 8 * (size_t)t->ndim + 16;
@@ -173,8 +174,10 @@ static int send_part(void *arg, const oi_response_t *resp)
         return -1;
     }
     char *at = base;
-    uint32_t n = resp->n_outputs, zero = 0;
+    uint32_t n = resp->n_outputs, final = resp->final, zero = 0;
     put(&at, &n, 4);
+    put(&at, &final, 4);
+    put(&at, &params_len, 4);
     put(&at, &zero, 4);
     uint64_t offset = head;
     for (uint32_t i = 0; i < n; i++) {
@@ -191,6 +194,8 @@ static int send_part(void *arg, const oi_response_t *resp)
             memcpy(base + offset, t->data, size);
         offset += (size + 63) & ~(uint64_t)63;
     }
+    if (params_len > 0)
+        put(&at, resp->parameters->data, params_len);
     munmap(base, head + data);
     oi_pw_reply_t r = {.type = OI_PW_BLS_PART};
     oi_pw_fds_t fds = {.fd = {fd}, .n = 1};

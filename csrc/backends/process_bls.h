@@ -9,7 +9,9 @@
  *   u64 sequence id; strings model, version, request id, parameters (JSON), sequence id string;
  *   n_inputs times: string name, string datatype, u32 ndim, ndim i64 dims, u64 offset, u64
  *   byte size (the bytes at offset of the memfd); n_outputs strings (the outputs asked).
- * Response: u32 n_outputs, u32 0, then per output as an input above. */
+ * Response: u32 n_outputs, u32 final (1: the target's final flag came with it), u32
+ * parameters length, u32 0, then per output as an input above, then the response's
+ * parameters (JSON text, that many bytes; 0: none). */
 #ifndef OI_BACKENDS_PROCESS_BLS_H
 #define OI_BACKENDS_PROCESS_BLS_H
 

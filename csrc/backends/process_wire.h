@@ -89,11 +89,16 @@ typedef struct oi_pw_tensor_s {
     uint64_t byte_size;
 } oi_pw_tensor_t;
 
-/* A block of the result ring: this header, n oi_pw_tensor_t, then their bytes. */
+/* A block of the result ring: this header, n oi_pw_tensor_t, then their bytes, then the
+ * response's parameters (JSON text) when it has any. */
 typedef struct oi_pw_block_s {
     atomic_uint state; /* OI_PW_BLOCK_* */
     uint32_t n_outputs;
-    uint64_t size; /* of the whole block, header included; a multiple of OI_PW_ALIGN */
+    uint64_t size;          /* of the whole block, header included; a multiple of OI_PW_ALIGN */
+    uint64_t params_offset; /* from the block's start */
+    uint64_t params_len;    /* 0: none */
+    uint32_t final;         /* oi_response_t.final */
+    uint32_t pad;
 } oi_pw_block_t;
 
 enum { OI_PW_BLOCK_LIVE = 1, OI_PW_BLOCK_FREE = 2 };

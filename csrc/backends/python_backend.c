@@ -216,6 +216,38 @@ static oi_status_t *select_result(const py_state_t *s, PyObject *result, const c
     return *selected == NULL ? model_error(s) : NULL;
 }
 
+/* What a Triton Python model's answer (a dict subclass) carries beside its outputs: its
+ * response parameters (`response_parameters`, JSON text, copied for the encoders) and
+ * whether the final flag came with it (`response_final`). A plain dict carries neither. */
+static oi_status_t *collect_triton_extras(PyObject *result, oi_response_t *resp)
+{
+    if (PyDict_CheckExact(result))
+        return NULL;
+    PyObject *final = PyObject_GetAttrString(result, "response_final");
+    resp->final = final != NULL && PyObject_IsTrue(final) == 1;
+    Py_XDECREF(final);
+    PyObject *text = PyObject_GetAttrString(result, "response_parameters");
+    if (text == NULL || text == Py_None) {
+        PyErr_Clear();
+        Py_XDECREF(text);
+        return NULL;
+    }
+    Py_ssize_t len = 0;
+    const char *utf8 = PyUnicode_Check(text) ? PyUnicode_AsUTF8AndSize(text, &len) : NULL;
+    oi_status_t *st = NULL;
+    if (utf8 == NULL) {
+        PyErr_Clear();
+        st = oi_status_new(OI_INTERNAL, "response_parameters must be JSON text");
+    } else if ((resp->parameters = oi_buf_new((size_t)len)) == NULL) {
+        st = oi_status_new(OI_INTERNAL, "out of memory");
+    } else {
+        memcpy(resp->parameters->data, utf8, (size_t)len);
+        resp->parameters->len = (size_t)len;
+    }
+    Py_DECREF(text);
+    return st;
+}
+
 static oi_status_t *collect_outputs(const py_state_t *s, PyObject *result, const char *const *names, uint32_t n,
                                     oi_response_t *resp)
 {
@@ -246,7 +278,7 @@ static oi_status_t *collect_outputs(const py_state_t *s, PyObject *result, const
         t->name = names[i];
         resp->n_outputs = i + 1;
     }
-    return NULL;
+    return collect_triton_extras(result, resp);
 }
 
 /* A decoupled model's handler returns an iterator of responses: each goes to the client

@@ -145,6 +145,10 @@ static oi_status_t *write_response(oi_sbuf_t *out, const char *model_name,
     if (req != NULL && req->id != NULL &&
         (append_lit(out, ",\"id\":") != 0 || oi_json_write_string(out, req->id, req->id_len) != 0))
         return out_of_memory_status();
+    if (resp->parameters != NULL && /* well-formed JSON: the backend's, sent as Triton's http_server.cc */
+        (append_lit(out, ",\"parameters\":") != 0 ||
+         oi_sbuf_append(out, resp->parameters->data, resp->parameters->len) != 0))
+        return out_of_memory_status();
     if (append_lit(out, ",\"outputs\":[") != 0)
         return out_of_memory_status();
     for (uint32_t i = 0; i < resp->n_outputs; i++) {

@@ -1,5 +1,6 @@
 #include "codec/pb_infer.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <math.h>
@@ -8,6 +9,7 @@
 #include <string.h>
 
 #include "codec/json.h"
+#include "codec/json_internal.h"
 
 /* Wire types of the protobuf encoding. */
 enum { WT_VARINT = 0, WT_I64 = 1, WT_LEN = 2, WT_SGROUP = 3, WT_EGROUP = 4, WT_I32 = 5 };
@@ -1038,6 +1040,150 @@ static size_t output_tensor_size(const oi_tensor_t *t)
     return s;
 }
 
+/* Bytes of an InferParameter message holding `p`'s value. */
+static size_t param_value_size(const oi_pb_param_t *p)
+{
+    switch (p->type) {
+    case OI_PB_PARAM_BOOL: return 2;
+    case OI_PB_PARAM_INT64: return 1 + varint_size((uint64_t)p->i);
+    case OI_PB_PARAM_UINT64: return 1 + varint_size(p->u);
+    case OI_PB_PARAM_DOUBLE: return 9;
+    default: return ld_size(p->s_len);
+    }
+}
+
+/* Bytes of a map entry {1: key, 2: InferParameter}. */
+static size_t param_entry_size(const oi_pb_param_t *p)
+{
+    return ld_size(strlen(p->key)) + ld_size(param_value_size(p));
+}
+
+static void w_param_entry(oi_sbuf_t *o, uint32_t num, const oi_pb_param_t *p)
+{
+    w_varint(o, (uint64_t)num << 3 | WT_LEN);
+    w_varint(o, param_entry_size(p));
+    w_bytes_field(o, 1, p->key, strlen(p->key));
+    w_varint(o, 2 << 3 | WT_LEN);
+    w_varint(o, param_value_size(p));
+    switch (p->type) {
+    case OI_PB_PARAM_BOOL:
+        w_varint(o, 1 << 3 | WT_VARINT);
+        w_varint(o, p->b != 0);
+        break;
+    case OI_PB_PARAM_INT64:
+        w_varint(o, 2 << 3 | WT_VARINT);
+        w_varint(o, (uint64_t)p->i); /* int64: two's complement, ten bytes when negative */
+        break;
+    case OI_PB_PARAM_UINT64:
+        w_varint(o, 5 << 3 | WT_VARINT);
+        w_varint(o, p->u);
+        break;
+    case OI_PB_PARAM_DOUBLE:
+        w_varint(o, 4 << 3 | WT_I64);
+        memcpy(o->data + o->len, &p->d, 8);
+        o->len += 8;
+        break;
+    default:
+        w_bytes_field(o, 3, p->s, p->s_len);
+        break;
+    }
+}
+
+/* A response's parameters (oi_response_t.parameters, the backend's JSON object of booleans,
+ * int64 integers and strings) as InferParameter map entries: bool_param, int64_param and
+ * string_param, as Triton's gRPC frontend types them. Keys and strings are decoded into
+ * `text`, which the entries point into. */
+typedef struct resp_params_s {
+    oi_pb_param_t *v;
+    uint32_t n, cap;
+    oi_sbuf_t text;
+    int bad; /* a value of another kind, or out of memory */
+} resp_params_t;
+
+/* The value's decoded text appended to rp->text and NUL-terminated; its offset, or -1. */
+static int64_t keep_text(resp_params_t *rp, const char *s, size_t n, int escaped)
+{
+    size_t off = rp->text.len;
+    if (oi_sbuf_reserve(&rp->text, n + 1) != 0)
+        return -1;
+    size_t len = escaped ? oi__json_unescape(rp->text.data + off, s, n) : (memcpy(rp->text.data + off, s, n), n);
+    rp->text.data[off + len] = '\0';
+    rp->text.len = off + len + 1;
+    return (int64_t)off;
+}
+
+/* The value's kind and value in *p (its string's offset in rp->text in *str_off); -1 for a
+ * value of another kind (or an integer past int64), or out of memory. */
+static int read_value(resp_params_t *rp, oi_slice_t value, oi_pb_param_t *p, int64_t *str_off)
+{
+    if (value.len >= 2 && value.ptr[0] == '"') {
+        p->type = OI_PB_PARAM_STRING;
+        if ((*str_off = keep_text(rp, value.ptr + 1, value.len - 2, 1)) < 0)
+            return -1;
+        p->s_len = strlen(rp->text.data + *str_off); /* JSON text holds no NUL: \u0000 is refused */
+        return 0;
+    }
+    int is_true = value.len == 4 && memcmp(value.ptr, "true", 4) == 0;
+    if (is_true || (value.len == 5 && memcmp(value.ptr, "false", 5) == 0)) {
+        p->type = OI_PB_PARAM_BOOL, p->b = is_true;
+        return 0;
+    }
+    char num[24], *end;
+    if (value.len == 0 || value.len >= sizeof(num))
+        return -1;
+    memcpy(num, value.ptr, value.len);
+    num[value.len] = '\0';
+    errno = 0;
+    p->type = OI_PB_PARAM_INT64, p->i = strtoll(num, &end, 10);
+    return end == num + value.len && errno == 0 ? 0 : -1;
+}
+
+static void take_param(void *ctx, const char *key, size_t key_len, oi_slice_t value)
+{
+    resp_params_t *rp = ctx;
+    if (rp->bad)
+        return;
+    if (rp->n == rp->cap) {
+        oi_pb_param_t *v = realloc(rp->v, (rp->cap ? 2 * rp->cap : 8) * sizeof(*v));
+        if ((rp->bad = v == NULL))
+            return;
+        rp->v = v, rp->cap = rp->cap ? 2 * rp->cap : 8;
+    }
+    oi_pb_param_t *p = memset(&rp->v[rp->n], 0, sizeof(*p));
+    /* The reader decodes keys up to short_str_t's buffer; a longer one with escapes comes raw. */
+    int raw_escaped = key_len > sizeof(((short_str_t *)NULL)->buf) && memchr(key, '\\', key_len) != NULL;
+    int64_t key_off = keep_text(rp, key, key_len, raw_escaped), str_off = 0;
+    if ((rp->bad = key_off < 0 || read_value(rp, value, p, &str_off) != 0))
+        return;
+    p->key = (const char *)(uintptr_t)key_off; /* offsets until read_resp_params rebases them */
+    p->s = (const char *)(uintptr_t)str_off;
+    rp->n++;
+}
+
+/* Reads resp->parameters into rp (zeroed); NULL, or a 500 naming what is wrong. Free rp with
+ * free_resp_params either way. *size: the bytes of their map entries (field 4). */
+static oi_status_t *read_resp_params(const oi_response_t *resp, resp_params_t *rp, size_t *size)
+{
+    *size = 0;
+    if (resp->parameters == NULL)
+        return NULL;
+    oi_slice_t text = {resp->parameters->data, resp->parameters->len};
+    if (oi_json_params_each(text, (const char *const[]){NULL}, take_param, rp) != 0 || rp->bad)
+        return oi_status_new(OI_INTERNAL, "the model's response parameters must be bool, int64 or string values");
+    for (uint32_t i = 0; i < rp->n; i++) {
+        rp->v[i].key = rp->text.data + (uintptr_t)rp->v[i].key;
+        rp->v[i].s = rp->text.data + (uintptr_t)rp->v[i].s;
+        *size += ld_size(param_entry_size(&rp->v[i]));
+    }
+    return NULL;
+}
+
+static void free_resp_params(resp_params_t *rp)
+{
+    free(rp->v);
+    oi_sbuf_free(&rp->text);
+}
+
 /* ModelInferResponse.parameters {"triton_final_response": bool_param}: field 4, one map
  * entry (key, then an InferParameter whose bool_param is the last byte). */
 #define FINAL_KEY "triton_final_response"
@@ -1062,6 +1208,14 @@ oi_status_t *oi_pb_encode_infer_response(const char *model_name, const char *mod
     size_t head = ld_size(name_len) + (model_version ? ld_size(ver_len) : 0) + (with_id ? ld_size(req->id_len) : 0);
     if (stream)
         head += FINAL_PARAM_LEN;
+    resp_params_t rp = {0};
+    size_t params_size;
+    oi_status_t *st = read_resp_params(resp, &rp, &params_size);
+    if (st != NULL) {
+        free_resp_params(&rp);
+        return st;
+    }
+    head += params_size;
     uint64_t body = 0;
     for (uint32_t i = 0; i < resp->n_outputs; i++) {
         const oi_tensor_t *t = &resp->outputs[i];
@@ -1071,12 +1225,15 @@ oi_status_t *oi_pb_encode_infer_response(const char *model_name, const char *mod
     }
     uint64_t inner = head + body;
     uint64_t len = stream ? 1 + varint_size(inner) + inner : inner;
-    if (len > UINT32_MAX)
-        return oi_status_new(OI_INTERNAL, "response of %" PRIu64 " bytes is over gRPC's 4 GiB message limit", len);
-
     oi_sbuf_t o = {0};
-    if (oi_sbuf_reserve(&o, head + 16) != 0)
-        return oi_status_new(OI_INTERNAL, "out of memory");
+    if (len > UINT32_MAX)
+        st = oi_status_new(OI_INTERNAL, "response of %" PRIu64 " bytes is over gRPC's 4 GiB message limit", len);
+    else if (oi_sbuf_reserve(&o, head + 16) != 0)
+        st = oi_status_new(OI_INTERNAL, "out of memory");
+    if (st != NULL) {
+        free_resp_params(&rp);
+        return st;
+    }
     if (stream) {
         w_varint(&o, 2 << 3 | WT_LEN);
         w_varint(&o, inner);
@@ -1086,6 +1243,9 @@ oi_status_t *oi_pb_encode_infer_response(const char *model_name, const char *mod
         w_bytes_field(&o, 2, model_version, ver_len);
     if (with_id)
         w_bytes_field(&o, 3, req->id, req->id_len);
+    for (uint32_t i = 0; i < rp.n; i++)
+        w_param_entry(&o, 4, &rp.v[i]);
+    free_resp_params(&rp);
     if (stream)
         w_final_param(&o, stream == OI_PB_STREAM_FINAL);
     for (uint32_t i = 0; i < resp->n_outputs; i++) {
@@ -1158,55 +1318,6 @@ int oi_pb_encode_stream_error(oi_sbuf_t *out, const char *error_message, const c
 }
 
 /* ---- the client's side: requests out ------------------------------------------------------ */
-
-/* Bytes of an InferParameter message holding `p`'s value. */
-static size_t param_value_size(const oi_pb_param_t *p)
-{
-    switch (p->type) {
-    case OI_PB_PARAM_BOOL: return 2;
-    case OI_PB_PARAM_INT64: return 1 + varint_size((uint64_t)p->i);
-    case OI_PB_PARAM_UINT64: return 1 + varint_size(p->u);
-    case OI_PB_PARAM_DOUBLE: return 9;
-    default: return ld_size(p->s_len);
-    }
-}
-
-/* Bytes of a map entry {1: key, 2: InferParameter}. */
-static size_t param_entry_size(const oi_pb_param_t *p)
-{
-    return ld_size(strlen(p->key)) + ld_size(param_value_size(p));
-}
-
-static void w_param_entry(oi_sbuf_t *o, uint32_t num, const oi_pb_param_t *p)
-{
-    w_varint(o, (uint64_t)num << 3 | WT_LEN);
-    w_varint(o, param_entry_size(p));
-    w_bytes_field(o, 1, p->key, strlen(p->key));
-    w_varint(o, 2 << 3 | WT_LEN);
-    w_varint(o, param_value_size(p));
-    switch (p->type) {
-    case OI_PB_PARAM_BOOL:
-        w_varint(o, 1 << 3 | WT_VARINT);
-        w_varint(o, p->b != 0);
-        break;
-    case OI_PB_PARAM_INT64:
-        w_varint(o, 2 << 3 | WT_VARINT);
-        w_varint(o, (uint64_t)p->i); /* int64: two's complement, ten bytes when negative */
-        break;
-    case OI_PB_PARAM_UINT64:
-        w_varint(o, 5 << 3 | WT_VARINT);
-        w_varint(o, p->u);
-        break;
-    case OI_PB_PARAM_DOUBLE:
-        w_varint(o, 4 << 3 | WT_I64);
-        memcpy(o->data + o->len, &p->d, 8);
-        o->len += 8;
-        break;
-    default:
-        w_bytes_field(o, 3, p->s, p->s_len);
-        break;
-    }
-}
 
 /* Bytes of an InferInputTensor {name, datatype, shape} (no parameters, no typed contents). */
 static size_t input_tensor_size(const oi_tensor_t *t) { return output_tensor_size(t); }

@@ -207,6 +207,8 @@ void oi_response_clear(oi_response_t *r)
     for (uint32_t i = 0; i < r->n_outputs; i++)
         oi_tensor_clear(&r->outputs[i]);
     free(r->outputs);
+    if (r->parameters != NULL)
+        oi_buf_unref(r->parameters);
     memset(r, 0, sizeof(*r));
 }
 

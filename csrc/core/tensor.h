@@ -82,6 +82,13 @@ typedef struct oi_seq_params_s {
 typedef struct oi_response_s {
     oi_tensor_t *outputs;
     uint32_t n_outputs;
+    /* The model's response parameters (a Triton Python model's InferenceResponse(parameters=)):
+     * a JSON object's text whose values are booleans, integers that fit int64 and strings, as
+     * the encoders send them; one reference, NULL for none. */
+    oi_buf_t *parameters;
+    /* A decoupled model's last response for its request (Triton's final flag came with it):
+     * the stream's end needs no empty response after it. */
+    uint8_t final;
 } oi_response_t;
 
 /* A decoded inference request. Owns `body` and `aux` (one reference each), the arrays and each

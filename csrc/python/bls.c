@@ -49,6 +49,8 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     bls_t *b;
+    PyObject *parameters; /* the parameters (JSON text) of the response next() gave last, or None */
+    int final;            /* that response came with the target's final flag */
 } BlsCallObject;
 
 static void bls_unref(bls_t *b)
@@ -343,6 +345,8 @@ PyObject *oi_py_bls_start(oi_registry_t *reg, int counted, PyObject *args, PyObj
     b->req.seq.start = (uint8_t)seq_start;
     b->req.seq.end = (uint8_t)seq_end;
     self->b = b;
+    self->parameters = NULL;
+    self->final = 0;
     int pyerr = 0;
     oi_status_t *st = build(b, inputs, outputs, id, params, &pyerr);
     if (pyerr) {
@@ -382,6 +386,7 @@ static void Bls_dealloc(BlsCallObject *self)
         oi_job_cancel(&self->b->job); /* nobody waits for it any more */
         bls_unref(self->b);
     }
+    Py_XDECREF(self->parameters);
     PyObject_Free(self);
 }
 
@@ -435,6 +440,12 @@ static PyObject *Bls_next(BlsCallObject *self, PyObject *args)
             Py_CLEAR(out);
         Py_XDECREF(pair);
     }
+    const oi_buf_t *params = p->resp.parameters;
+    Py_XSETREF(self->parameters, params != NULL ? PyUnicode_FromStringAndSize(params->data, (Py_ssize_t)params->len)
+                                                : Py_NewRef(Py_None));
+    if (self->parameters == NULL)
+        Py_CLEAR(out);
+    self->final = p->resp.final;
     oi_response_clear(&p->resp);
     free(p);
     return out;
@@ -479,8 +490,21 @@ static PyMethodDef Bls_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyObject *Bls_parameters(BlsCallObject *self, void *Py_UNUSED(closure))
+{
+    return Py_NewRef(self->parameters != NULL ? self->parameters : Py_None);
+}
+
+static PyObject *Bls_final(BlsCallObject *self, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(self->final);
+}
+
 static PyGetSetDef Bls_getset[] = {
     {"decoupled", (getter)Bls_decoupled, NULL, "Whether the target model is decoupled.", NULL},
+    {"parameters", (getter)Bls_parameters, NULL,
+     "The parameters (JSON text) of the response next() returned last; None when it had none.", NULL},
+    {"final", (getter)Bls_final, NULL, "Whether the target's final flag came with that response.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

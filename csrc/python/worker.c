@@ -114,6 +114,8 @@ static int send_outputs(worker_t *w, uint32_t type, const oi_response_t *resp)
     uint64_t need = oi_pw_align(sizeof(oi_pw_block_t) + resp->n_outputs * sizeof(oi_pw_tensor_t));
     for (uint32_t i = 0; i < resp->n_outputs; i++)
         need += oi_pw_align(resp->outputs[i].byte_size);
+    uint64_t params_len = resp->parameters != NULL ? resp->parameters->len : 0;
+    need += oi_pw_align(params_len);
     uint64_t offset = 0;
     int fd = -1;
     char *p = ring_alloc(&w->ring, need, &offset);
@@ -139,6 +141,11 @@ static int send_outputs(worker_t *w, uint32_t type, const oi_response_t *resp)
             memcpy(p + data, t->data, t->byte_size);
         data += oi_pw_align(t->byte_size);
     }
+    block->params_offset = data;
+    block->params_len = params_len;
+    block->final = resp->final;
+    if (params_len > 0)
+        memcpy(p + data, resp->parameters->data, params_len);
     atomic_store_explicit(&block->state, OI_PW_BLOCK_LIVE, memory_order_release);
     int rc = send_reply(w, type, fd >= 0 ? OI_PW_IN_MEMFD : 0, offset, fd);
     if (fd >= 0) {

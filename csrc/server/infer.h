@@ -44,6 +44,7 @@ struct oi_infer_s {
      * comes (`done` then ends the request, its own response empty); NULL refuses such models. */
     oi_infer_part_cb part;
     oi_dstream_t *ds; /* their flow control (one reference), set by submit */
+    int final_sent;   /* a response flagged final went (oi_response_t.final): the end adds none */
     uint64_t cache_miss_ns; /* > 0: the response cache missed, after this long; the answer is
                              * kept on the executor when the model succeeds */
 };

@@ -103,12 +103,14 @@ static void send_response(oi_grpc_call_t *call, oi_infer_t *inf, const oi_respon
         free(parts);
 }
 
-/* One response of a decoupled model, as it comes: more will follow. */
+/* One response of a decoupled model, as it comes: more will follow, unless the model flagged
+ * it final (then it carries triton_final_response true, as Triton sends it). */
 static void stream_part(oi_infer_t *inf, oi_infer_part_t *part)
 {
     oi_grpc_call_t *call = inf->ctx;
+    inf->final_sent |= part->resp.final;
     if (oi_grpc_call_open(call))
-        send_response(call, inf, &part->resp, OI_PB_STREAM_MORE, part);
+        send_response(call, inf, &part->resp, part->resp.final ? OI_PB_STREAM_FINAL : OI_PB_STREAM_MORE, part);
 }
 
 /* On the call's loop thread once the backend has run: encode and send. */
@@ -131,9 +133,10 @@ static void finish_infer(oi_infer_t *inf)
         inf->job.status = NULL;
         if (st != NULL) {
             infer_failed(call, st, inf->model, &inf->req);
-        } else if (inf->ds == NULL || inf->req.empty_final) {
+        } else if (inf->ds == NULL || (inf->req.empty_final && !inf->final_sent)) {
             /* A decoupled model's responses went as they came: its end is an empty response
-             * flagged final, only when the client asked for one (as Triton). */
+             * flagged final, only when the client asked for one and the final flag did not
+             * come with the last response (as Triton). */
             int mode = call->kind == RPC_MODEL_INFER ? OI_PB_UNARY : OI_PB_STREAM_FINAL;
             send_response(call, inf, &inf->job.resp, mode, NULL);
             if (call->kind == RPC_MODEL_INFER && oi_grpc_call_open(call))

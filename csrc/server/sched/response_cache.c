@@ -17,6 +17,7 @@ typedef struct entry_s {
     oi_buf_t *data;             /* the outputs' names, parameters and bytes */
     oi_tensor_t *outputs;       /* point into `data`; owner NULL here, set on each hand-out */
     uint32_t n_outputs;
+    oi_buf_t *parameters;       /* the response's (one reference; never written again), or NULL */
     size_t bytes;               /* what the entry counts against the capacity */
 } entry_t;
 
@@ -145,6 +146,8 @@ oi_rcache_t *oi_rcache_new(size_t capacity)
 static void entry_free(entry_t *e)
 {
     oi_buf_unref(e->data);
+    if (e->parameters != NULL)
+        oi_buf_unref(e->parameters);
     free(e->outputs);
     free(e->key);
     free(e);
@@ -234,6 +237,7 @@ int oi_rcache_lookup(oi_rcache_t *c, const oi_rcache_request_t *r, oi_response_t
             rc = -1;
         } else {
             resp->n_outputs = e->n_outputs;
+            resp->parameters = e->parameters != NULL ? oi_buf_ref(e->parameters) : NULL;
             for (uint32_t i = 0; i < e->n_outputs; i++) {
                 resp->outputs[i] = e->outputs[i];
                 resp->outputs[i].owner = oi_buf_ref(e->data);
@@ -284,8 +288,10 @@ static entry_t *entry_new(const oi_response_t *resp, size_t key_len)
     }
     e->data->len = size;
     e->n_outputs = resp->n_outputs;
+    e->parameters = resp->parameters != NULL ? oi_buf_ref(resp->parameters) : NULL;
     e->key_len = key_len;
-    e->bytes = sizeof(*e) + key_len + size + resp->n_outputs * sizeof(oi_tensor_t);
+    e->bytes = sizeof(*e) + key_len + size + resp->n_outputs * sizeof(oi_tensor_t) +
+               (resp->parameters != NULL ? resp->parameters->len : 0);
     return e;
 }
 

@@ -255,7 +255,7 @@ class TritonModel(Model):
         if self.decoupled:
             return self._decoupled(request, outputs, cancelled)
         result = self._execute([request], cancelled)
-        return self._select(self._outputs(self._returned(result, [request])[0]), outputs)
+        return self._answer(self._returned(result, [request])[0], outputs)
 
     def _decoupled(
         self, request: pb.InferenceRequest, outputs: tuple[str, ...], cancelled: Callable[[], bool]
@@ -430,12 +430,27 @@ class TritonModel(Model):
                     continue
                 if isinstance(response, pb.ResponseError):
                     raise response
+                final = bool(flags & pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 if response is not None:
-                    yield self._select(self._outputs(response), outputs)
-                if flags & pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+                    yield self._answer(response, outputs, final)
+                if final:
                     return
         finally:
             sender._close()
+
+    def _answer(
+        self, response: pb.InferenceResponse, outputs: tuple[str, ...], final: bool = False
+    ) -> dict[str, object]:
+        """The outputs asked for, with what the core sends beside them: the response's parameters
+        and whether the final flag came with it (then no empty response follows)."""
+        selected = self._select(self._outputs(response), outputs)
+        if response._parameters is None and not final:
+            return selected
+        answer = _Answer(selected)
+        params = response._parameters
+        answer.response_parameters = None if params is None else _checked_json(params, self._failure)
+        answer.response_final = final
+        return answer
 
     def _outputs(self, response: pb.InferenceResponse) -> dict[str, object]:
         error = response.error()
@@ -450,6 +465,28 @@ class TritonModel(Model):
         return pb.ResponseError(
             500, f"Failed to process the request(s) for model '{self._instance_name}', message: {message}"
         )
+
+
+class _Answer(dict):
+    """A response's outputs, with its parameters as JSON text (`response_parameters`) and the
+    final flag that came with it (`response_final`): oi_response_t's parameters and final."""
+
+    __slots__ = ("response_parameters", "response_final")
+
+
+def _checked_json(text: str, failure: Callable[[str], Exception]) -> str:
+    """Response parameters given as JSON text, checked as a dict of them is (the encoders send
+    the text as it is)."""
+    try:
+        params = json.loads(text)
+    except ValueError:
+        params = None
+    if not isinstance(params, dict):
+        raise failure(f"response parameters must be a JSON object, got {text[:100]!r}")
+    try:
+        return pb._parameters_json(params)
+    except pb.TritonModelException as e:
+        raise failure(str(e)) from None
 
 
 def _bytes_as_triton_sends(array: np.ndarray) -> np.ndarray:

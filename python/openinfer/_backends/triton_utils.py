@@ -320,6 +320,8 @@ def _parameters_json(parameters: Mapping[str, Any] | str) -> str:
             raise TritonModelException(f"Expect parameters keys to have type str, found type {type(key)}")
         if not isinstance(value, (bool, int, str)):
             raise TritonModelException(f"Expect parameters values to have type bool/int/str, found type {type(value)}")
+        if type(value) is int and not -(2**63) <= value < 2**63:  # Triton keeps an int as int64_t
+            raise TritonModelException(f"Expect parameters int values to fit int64, found {value} for key '{key}'")
     return json.dumps(dict(parameters))
 
 
@@ -512,8 +514,9 @@ class InferenceRequest:
 
     def exec(self, decoupled: bool = False, trace: Any = None) -> Any:
         """BLS: runs this request on the model it names, on this server (no socket), and returns
-        its response; with ``decoupled=True`` an iterator of the responses, the last one empty.
-        A failure is the response's error, as in Triton."""
+        its response; with ``decoupled=True`` an iterator of the responses, ending with the one
+        the target's final flag came with (an empty one when it came alone). A failure is the
+        response's error, as in Triton."""
         call = self._start(decoupled)
         if not isinstance(call, InferenceResponse) and decoupled:
             return _Responses(call)
@@ -617,14 +620,15 @@ def _error_response(message: str, code: int = TritonError.INTERNAL) -> Inference
     return InferenceResponse(error=TritonError(message, code))
 
 
-def _response(part: Any) -> InferenceResponse | None:
-    """What `_core.BlsCall.next` gave as a response; None at the end."""
+def _response(part: Any, call: Any) -> InferenceResponse | None:
+    """What `_core.BlsCall.next` gave as a response (its parameters on the call); None at the end."""
     if part is None:
         return None
     if isinstance(part, tuple):
         status, message = part
         return _error_response(message, _CODES.get(status, TritonError.INTERNAL))
-    return InferenceResponse([Tensor._view(name, array, datatype) for name, (datatype, array) in part.items()])
+    outputs = [Tensor._view(name, array, datatype) for name, (datatype, array) in part.items()]
+    return InferenceResponse(outputs, parameters=call.parameters)
 
 
 def _next(call: Any) -> Any:
@@ -638,19 +642,20 @@ def _next(call: Any) -> Any:
 
 
 def _wait_one(call: Any) -> InferenceResponse:
-    response = _response(_next(call))
+    response = _response(_next(call), call)
     if response is None:
         return _error_response("the model sent no response")
     if not response.has_error():
         end = _next(call)  # the end (an error here still fails the call)
         if isinstance(end, tuple):
-            return _response(end)  # type: ignore[return-value]
+            return _response(end, call)  # type: ignore[return-value]
     return response
 
 
 class _Responses:
-    """The responses of ``exec(decoupled=True)``, in order; the last one is empty (Triton's
-    final flag), or the error the call ended with."""
+    """The responses of ``exec(decoupled=True)``, in order, as Triton's iterator gives them: the
+    last one is the response that came with the target's final flag, or an empty one when the
+    flag came alone, or the error the call ended with."""
 
     def __init__(self, call: Any, first: InferenceResponse | None = None, done: bool = False) -> None:
         self._call, self._first, self._done = call, first, done
@@ -664,9 +669,8 @@ class _Responses:
             return first
         if self._done:
             raise StopIteration
-        response = _response(_next(self._call))
-        if response is None or response.has_error():
-            self._done = True
+        response = _response(_next(self._call), self._call)
+        self._done = response is None or response.has_error() or self._call.final
         return response if response is not None else InferenceResponse()
 
     def cancel(self) -> None:
@@ -709,9 +713,8 @@ class _AsyncResponses:
     async def __anext__(self) -> InferenceResponse:
         if self._done:
             raise StopAsyncIteration
-        response = _response(await self._part())
-        if response is None or response.has_error():
-            self._done = True
+        response = _response(await self._part(), self._call)
+        self._done = response is None or response.has_error() or self._call.final
         return response if response is not None else InferenceResponse()
 
     async def drain(self) -> None:

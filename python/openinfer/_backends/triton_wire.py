@@ -13,7 +13,7 @@ import os
 import socket
 import struct
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -43,9 +43,15 @@ class _Call:
 
     def __init__(self, items: list[Any]) -> None:
         self._items = items
+        self.parameters: str | None = None  # of the response next() gave last
+        self.final = False  # that response came with the target's final flag
 
     def next(self, timeout: float = -1) -> Any:
-        return self._items.pop(0) if self._items else None
+        item = self._items.pop(0) if self._items else None
+        if isinstance(item, _Part):
+            self.parameters, self.final = item.parameters, item.final
+            return item.outputs
+        return item
 
     def cancel(self) -> None:
         pass
@@ -137,8 +143,17 @@ _NO_CONTROL = ("model control (load_model, unload_model, is_model_ready) is not 
                "the model's instance_group kind KIND_MODEL to keep its instances in the server")
 
 
-def _outputs(fd: int) -> dict[str, tuple[str, np.ndarray]]:
-    """A BLS_PART's memfd as {name: (datatype, array)}, arrays viewing the mapping."""
+class _Part(NamedTuple):
+    """One response of a BLS call: {name: (datatype, array)}, its parameters (JSON text) and
+    whether the target's final flag came with it."""
+
+    outputs: dict[str, tuple[str, np.ndarray]]
+    parameters: str | None
+    final: bool
+
+
+def _outputs(fd: int) -> _Part:
+    """A BLS_PART's memfd: its outputs, arrays viewing the mapping, and its parameters."""
     try:
         size = os.fstat(fd).st_size
         area = mmap.mmap(fd, size, prot=mmap.PROT_READ)
@@ -159,7 +174,7 @@ def _outputs(fd: int) -> dict[str, tuple[str, np.ndarray]]:
         at += n
         return value
 
-    (count, _) = take("<II")
+    (count, final, params_len, _) = take("<IIII")
     out: dict[str, tuple[str, np.ndarray]] = {}
     for _ in range(count):
         name, datatype = text(), text()
@@ -172,4 +187,4 @@ def _outputs(fd: int) -> dict[str, tuple[str, np.ndarray]]:
             dtype = numpy_dtype(datatype)
             array = np.frombuffer(area, dtype, nbytes // dtype.itemsize, offset).reshape(shape)
         out[name] = (datatype, array)
-    return out
+    return _Part(out, bytes(area[at : at + params_len]).decode() if params_len else None, bool(final))
