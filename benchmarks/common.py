@@ -325,9 +325,13 @@ def openinfer_server(port: int, cpus: str | None, log_path: Path,
     # Likewise the metrics port (default 8002, Triton's, which a Triton peer may hold).
     named = any(a.startswith(("--metrics-port", "--allow-metrics")) for a in extra)
     metrics = [] if named else ["--metrics-port", str(free_port())]
+    # Client shared memory is off by default on the command line (as in tritonserver); the
+    # scenarios that use it are loopback clients of this host.
+    shm = [] if any(a.startswith(("--allow-client-shm", "--allow-shared-memory", "--no-allow-shared-memory"))
+                    for a in extra) else ["--allow-shared-memory"]
     argv = [py, "-m", "openinfer", "serve", "--host", "127.0.0.1",
             "--http-port", str(port), *grpc, *metrics, "--threads", str(threads),
-            "--log-level", "warning", *extra]
+            "--log-level", "warning", *shm, *extra]
     return ServerProcess("openinfer", argv, cpus, log_path, cwd=REPO_ROOT, env=env)
 
 

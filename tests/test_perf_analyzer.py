@@ -54,7 +54,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
     repo = tmp_path_factory.mktemp("pa-repo")
     for name in MODELS:
         shutil.copytree(EXAMPLES / name, repo / name)
-    cli = Cli(str(repo))  # with --http-port 0, gRPC and metrics take free ports too
+    # with --http-port 0, gRPC and metrics take free ports too; client shared memory is off by
+    # default on the command line, as in tritonserver, and perf_analyzer --shared-memory needs it
+    cli = Cli(str(repo), "--allow-client-shm=true")
     try:
         wait_for(lambda: "metrics at" in cli.output(), "the server's metrics line")
         text = cli.output()

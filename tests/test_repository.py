@@ -271,9 +271,10 @@ def test_example_repository() -> None:
         ("simple_string", 1, None),
         ("simple_string_dyna_sequence", 1, None),
         ("tiny_gen", 1, None),
+        ("toy_llm", 1, None),
     ]
     models = {m.name: m.model for m in loaded if m.model}
-    assert [name for name, m in models.items() if m.decoupled] == ["repeat_int32", "tiny_gen"]
+    assert [name for name, m in models.items() if m.decoupled] == ["repeat_int32", "tiny_gen", "toy_llm"]
     assert models["identity_fp32"].inputs == (Tensor("INPUT0", "FP32", None),)  # any shape
     assert models["simple"].inputs[0] == Tensor("INPUT0", "INT32", (-1, 16))
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
@@ -323,7 +324,7 @@ with openinfer.serve(http_port=0, log=False) as server:
     assert set(server.models) - {{"mlp_onnx"}} == {{"identity_fp32", "mlp_preprocess", "repeat_int32", "simple", "simple_string",
                                                  "simple_identity", "simple_int8",
                                                  "simple_sequence", "simple_dyna_sequence",
-                                                 "simple_string_dyna_sequence", "tiny_gen"}}, server.models
+                                                 "simple_string_dyna_sequence", "tiny_gen", "toy_llm"}}, server.models
     assert server.failed == {{}}, server.failed
 """
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
