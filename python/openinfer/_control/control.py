@@ -599,6 +599,7 @@ class ModelControl:
                     metadata_json=_model_metadata(entry.name, versions, model.platform, model.inputs, model.outputs),
                     handler=None,
                     ensemble=model.core(),
+                    decoupled=ensemble.is_decoupled(model.steps, self._served),
                     **_model_config(entry),
                     publish=False,
                 )
