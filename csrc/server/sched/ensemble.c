@@ -184,6 +184,7 @@ typedef struct {
 typedef struct {
     value_t *v; /* by iteration */
     uint32_t n, cap;
+    uint32_t kept; /* the values before it are dropped: every reader has its reference */
 } values_t;
 
 /* One run of a step (one iteration of its inputs). Its job goes to the step model's
@@ -208,6 +209,9 @@ struct run_s {
     pthread_cond_t cv;
     const oi_ensemble_t *e;
     const oi_request_t *req; /* the ensemble's request, which outlives the run */
+    const char *const *names; /* the outputs asked of the ensemble */
+    uint32_t n_names;
+    uint32_t answered;       /* a decoupled ensemble's answers sent (their iterations) */
     values_t *vals;          /* per ensemble tensor */
     uint32_t *fired;         /* per step: the iterations sent */
     step_run_t *all;
@@ -288,6 +292,41 @@ static step_run_t *new_step_run(run_t *run, uint32_t idx, uint32_t iter)
     return s;
 }
 
+static int asked(const run_t *run, uint32_t t)
+{
+    for (uint32_t i = 0; i < run->n_names; i++)
+        if (strcmp(run->names[i], run->e->tensors[t]) == 0)
+            return 1;
+    return 0;
+}
+
+/* Under run->mu: the iterations of tensor `t` that every reader has (the steps that read it
+ * were sent with them; a decoupled ensemble answered them), so that a long stream of a
+ * decoupled step holds only the values still to be read. */
+static uint32_t read_by_all(const run_t *run, uint32_t t)
+{
+    uint32_t done = run->vals[t].n;
+    for (uint32_t i = 0; i < run->e->n_steps; i++)
+        for (uint32_t j = 0; j < run->e->steps[i].n_inputs; j++)
+            if (run->e->steps[i].inputs[j].tensor == t && run->fired[i] < done)
+                done = run->fired[i];
+    if (asked(run, t)) {
+        uint32_t answered = run->req->send != NULL ? run->answered : 0; /* a unary one answers at the end */
+        done = answered < done ? answered : done;
+    }
+    return done;
+}
+
+static void drop_read_values(run_t *run)
+{
+    for (uint32_t t = 0; t < run->e->n_tensors; t++) {
+        values_t *vs = &run->vals[t];
+        for (uint32_t end = read_by_all(run, t); vs->kept < end; vs->kept++)
+            if (vs->v[vs->kept].have == 1)
+                oi_tensor_clear(&vs->v[vs->kept].val);
+    }
+}
+
 /* Under run->mu: the step runs whose inputs all have a value of an iteration not sent yet,
  * linked into a list for `launch` and counted in inflight. Returns the first, or NULL. */
 static step_run_t *pick_ready(run_t *run)
@@ -310,6 +349,7 @@ static step_run_t *pick_ready(run_t *run)
             run->inflight++;
         }
     }
+    drop_read_values(run);
     return first;
 }
 
@@ -547,21 +587,23 @@ static void launch(run_t *run, step_run_t *first)
 
 /* Under run->mu: how many iterations every asked output has a value of (Triton answers an
  * iteration once all the asked outputs have it). */
-static uint32_t answers_ready(const run_t *run, const char *const *names, uint32_t n)
+static uint32_t answers_ready(const run_t *run)
 {
     uint32_t ready = UINT32_MAX;
-    for (uint32_t i = 0; i < n; i++) {
-        int t = tensor_index(run->e, names[i]);
+    for (uint32_t i = 0; i < run->n_names; i++) {
+        int t = tensor_index(run->e, run->names[i]);
         uint32_t got = t < 0 ? 0 : run->vals[t].n;
         ready = got < ready ? got : ready;
     }
-    return n == 0 ? 0 : ready;
+    return run->n_names == 0 ? 0 : ready;
 }
 
 /* Under run->mu: the answer of iteration `iter`: the asked outputs as references to the
  * tensors the steps made (an output left unset is left out, as Triton leaves it). */
-static oi_status_t *assemble(run_t *run, uint32_t iter, const char *const *names, uint32_t n, oi_response_t *resp)
+static oi_status_t *assemble(run_t *run, uint32_t iter, oi_response_t *resp)
 {
+    const char *const *names = run->names;
+    uint32_t n = run->n_names;
     resp->outputs = calloc(n ? n : 1, sizeof(*resp->outputs));
     if (resp->outputs == NULL)
         return oi_status_new(OI_INTERNAL, "out of memory");
@@ -581,12 +623,12 @@ static oi_status_t *assemble(run_t *run, uint32_t iter, const char *const *names
 
 /* Under run->mu, for a decoupled ensemble: sends the answers ready, in order (unlocking
  * while each goes: the client's back-pressure may hold it). */
-static void send_answers(run_t *run, const char *const *names, uint32_t n, uint32_t *sent)
+static void send_answers(run_t *run)
 {
     const oi_request_t *req = run->req;
-    while (run->err == NULL && *sent < answers_ready(run, names, n)) {
+    while (run->err == NULL && run->answered < answers_ready(run)) {
         oi_response_t one = {0};
-        oi_status_t *st = assemble(run, (*sent)++, names, n, &one);
+        oi_status_t *st = assemble(run, run->answered++, &one);
         pthread_mutex_unlock(&run->mu);
         if (st == NULL)
             st = req->send(req->send_arg, &one);
@@ -596,19 +638,20 @@ static void send_answers(run_t *run, const char *const *names, uint32_t n, uint3
             run->err = st;
         else
             oi_status_free(st);
+        drop_read_values(run);
     }
 }
 
 /* Waits until no step is in flight, sending a decoupled ensemble's answers as they become
  * ready; when the request's client goes, cancels the steps sent. */
-static void wait_steps(run_t *run, const char *const *names, uint32_t n, uint32_t *sent)
+static void wait_steps(run_t *run)
 {
     const oi_request_t *req = run->req;
     int cancelled = 0;
     pthread_mutex_lock(&run->mu);
     for (;;) {
         if (req->send != NULL)
-            send_answers(run, names, n, sent);
+            send_answers(run);
         if (run->inflight == 0)
             break;
         if (req->cancelled == NULL || cancelled) {
@@ -644,7 +687,7 @@ static void run_clear(run_t *run)
         free(s);
     }
     for (uint32_t i = 0; run->vals != NULL && i < run->e->n_tensors; i++) {
-        for (uint32_t k = 0; k < run->vals[i].n; k++)
+        for (uint32_t k = run->vals[i].kept; k < run->vals[i].n; k++)
             if (run->vals[i].v[k].have == 1)
                 oi_tensor_clear(&run->vals[i].v[k].val);
         free(run->vals[i].v);
@@ -686,7 +729,7 @@ static oi_status_t *ensemble_execute(void *state, const oi_request_t *req, const
                                      uint32_t n_outputs, oi_response_t *resp)
 {
     const oi_ensemble_t *e = state;
-    run_t run = {.e = e, .req = req};
+    run_t run = {.e = e, .req = req, .names = output_names, .n_names = n_outputs};
     cond_init_monotonic(&run.cv);
     pthread_mutex_init(&run.mu, NULL);
     run.vals = calloc(e->n_tensors ? e->n_tensors : 1, sizeof(*run.vals));
@@ -704,19 +747,18 @@ static oi_status_t *ensemble_execute(void *state, const oi_request_t *req, const
     pthread_mutex_lock(&run.mu);
     run.inflight--;
     pthread_mutex_unlock(&run.mu);
-    uint32_t sent = 0;
-    wait_steps(&run, output_names, n_outputs, &sent);
+    wait_steps(&run);
     if (run.err != NULL) {
         st = run.err;
         run.err = NULL;
-    } else if (req->send == NULL && answers_ready(&run, output_names, n_outputs) == 0) {
+    } else if (req->send == NULL && answers_ready(&run) == 0) {
         /* Only a decoupled ensemble may answer nothing (its stream just ends, as Triton's). */
         st = oi_status_new(OI_INTERNAL,
                            "in ensemble '%s', unexpected deadlock, at least one output is not set while no "
                            "more ensemble steps can be made",
                            e->name);
     } else if (req->send == NULL) {
-        st = assemble(&run, 0, output_names, n_outputs, resp);
+        st = assemble(&run, 0, resp);
     }
 out:
     run_clear(&run);
