@@ -63,6 +63,35 @@ def _ensemble(repo: Path, name: str, steps: list[str], scheduling: str = "") -> 
     )
 
 
+class Ticker:
+    """A decoupled model that answers every 5 ms until it is stopped (or BOUND)."""
+
+    def __init__(self) -> None:
+        self.produced = threading.Event()
+        self.closed = threading.Event()
+
+    def fn(self, inputs: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
+        try:
+            for k in range(int(BOUND / 0.005)):
+                self.produced.set()
+                yield {"Y": inputs["X"] + k}
+                time.sleep(0.005)
+        except GeneratorExit:
+            self.closed.set()
+            raise
+
+
+def _halfway(inputs: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
+    yield {"Y": inputs["X"]}
+    yield {"Y": inputs["X"] + 1}
+    raise ValueError("the producer gave up half way")
+
+
+@pytest.fixture(scope="module")
+def ticker() -> Ticker:
+    return Ticker()
+
+
 @pytest.fixture(scope="module")
 def producer() -> Producer:
     return Producer()
@@ -74,7 +103,8 @@ def gate() -> threading.Event:
 
 
 @pytest.fixture(scope="module")
-def srv(tmp_path_factory: pytest.TempPathFactory, producer: Producer, gate: threading.Event) -> Iterator[openinfer.Server]:
+def srv(tmp_path_factory: pytest.TempPathFactory, producer: Producer, gate: threading.Event,
+        ticker: Ticker) -> Iterator[openinfer.Server]:
     vec = [Tensor("X", "FP32", [4])]
 
     def gated(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -83,6 +113,10 @@ def srv(tmp_path_factory: pytest.TempPathFactory, producer: Producer, gate: thre
 
     models = [
         Model("producer", producer.fn, inputs=[*vec, Tensor("N", "INT32", [1])], outputs=[Tensor("Y", "FP32", [4])],
+              decoupled=True),
+        Model("ticker", ticker.fn, inputs=[*vec, Tensor("N", "INT32", [1])], outputs=[Tensor("Y", "FP32", [4])],
+              decoupled=True),
+        Model("halfway", _halfway, inputs=[*vec, Tensor("N", "INT32", [1])], outputs=[Tensor("Y", "FP32", [4])],
               decoupled=True),
         Model("double", lambda i: {"Y": i["X"] * 2}, inputs=vec, outputs=[Tensor("Y", "FP32", [4])]),
         Model("gated", gated, inputs=vec, outputs=[Tensor("Y", "FP32", [4])]),
@@ -96,6 +130,10 @@ def srv(tmp_path_factory: pytest.TempPathFactory, producer: Producer, gate: thre
     _ensemble(repo, "fan_limited", [fan_out, _step("gated", {"X": "t"}, {"Y": "OUT"})],
               scheduling="max_inflight_requests: 1")
     _ensemble(repo, "fan_unlimited", [fan_out, _step("gated", {"X": "t"}, {"Y": "OUT"})])
+    _ensemble(repo, "ticking", [_step("ticker", {"X": "IN", "N": "N"}, {"Y": "t"}),
+                                _step("double", {"X": "t"}, {"Y": "OUT"})])
+    _ensemble(repo, "failing", [_step("halfway", {"X": "IN", "N": "N"}, {"Y": "t"}),
+                                _step("double", {"X": "t"}, {"Y": "OUT"})])
     # add reads a response of producer and the request's IN: Triton refuses the graph.
     _ensemble(repo, "mixed", [fan_out, _step("add", {"A": "t", "B": "IN"}, {"SUM": "OUT"})])
     s = openinfer.serve(repo, models=models, http_port=0, grpc_port=0, log=False, threads=2)
@@ -135,8 +173,8 @@ class Stream:
             if r.get_response().parameters["triton_final_response"].bool_param:
                 return got
 
-    def close(self) -> None:
-        self.client.stop_stream()
+    def close(self, cancel: bool = False) -> None:
+        self.client.stop_stream(cancel_requests=cancel)
         self.client.close()
 
 
@@ -217,3 +255,36 @@ def test_max_inflight_requests_holds_the_decoupled_step(stream: Stream, producer
     gate.set()
     got = stream.until_final()
     assert len(got) == 6 and producer.produced == before + 5
+
+
+def test_a_failing_decoupled_step_ends_the_stream_with_its_error(stream: Stream) -> None:
+    """The answers complete before the step failed arrive (how many depends on how far the
+    steps after it got: Triton makes none after a failure), then the error naming the step
+    with Triton's ensemble prefix; the stream serves on."""
+    stream.send("failing", np.zeros(4, dtype=np.float32), 1)
+    answers = []
+    while not isinstance(r := stream.results.get(timeout=BOUND), InferenceServerException):
+        answers.append(float(r.as_numpy("OUT")[0]))
+    assert answers == [0.0, 2.0][:len(answers)]
+    assert "in ensemble 'failing', step 0 (model 'halfway')" in r.message(), r.message()
+    assert "the producer gave up half way" in r.message()
+    stream.send("fan", np.ones(4, dtype=np.float32), 2)
+    assert len(stream.until_final()) == 3
+
+
+def test_closing_the_stream_stops_the_decoupled_step(srv: openinfer.Server, ticker: Ticker) -> None:
+    s = Stream(srv)
+    try:
+        s.send("ticking", np.zeros(4, dtype=np.float32), 1)
+        assert not isinstance(s.results.get(timeout=BOUND), InferenceServerException)
+    finally:
+        s.close(cancel=True)  # the stream is cancelled, not just closed for writing
+    assert ticker.closed.wait(BOUND), "the decoupled step ran on after its client went"
+    ticker.closed.clear()
+    again = Stream(srv)  # the server serves the ensemble on
+    try:
+        again.send("ticking", np.zeros(4, dtype=np.float32), 1)
+        assert not isinstance(again.results.get(timeout=BOUND), InferenceServerException)
+    finally:
+        again.close(cancel=True)
+    assert ticker.closed.wait(BOUND)

@@ -212,6 +212,7 @@ struct run_s {
     const char *const *names; /* the outputs asked of the ensemble */
     uint32_t n_names;
     uint32_t answered;       /* a decoupled ensemble's answers sent (their iterations) */
+    uint32_t answerable;     /* once a step failed: the answers complete before, still sent */
     values_t *vals;          /* per ensemble tensor */
     uint32_t *fired;         /* per step: the iterations sent */
     step_run_t *all;
@@ -220,6 +221,7 @@ struct run_s {
 };
 
 static void launch(run_t *run, step_run_t *first);
+static uint32_t answers_ready(const run_t *run);
 
 /* Under run->mu: notes the first failure, naming the step as Triton prefixes an ensemble's
  * errors ("in ensemble 'E', ..."). Takes `st`. */
@@ -230,6 +232,7 @@ static void fail(run_t *run, uint32_t idx, oi_status_t *st)
         return;
     }
     const step_t *def = &run->e->steps[idx];
+    run->answerable = answers_ready(run); /* they go before the error, as in Triton's stream */
     run->err = oi_status_new(st->code, "in ensemble '%s', step %u (model '%s'): %s", run->e->name, idx,
                              def->model_name, st->message);
     oi_status_free(st);
@@ -626,7 +629,7 @@ static oi_status_t *assemble(run_t *run, uint32_t iter, oi_response_t *resp)
 static void send_answers(run_t *run)
 {
     const oi_request_t *req = run->req;
-    while (run->err == NULL && run->answered < answers_ready(run)) {
+    while (run->answered < (run->err == NULL ? answers_ready(run) : run->answerable)) {
         oi_response_t one = {0};
         oi_status_t *st = assemble(run, run->answered++, &one);
         pthread_mutex_unlock(&run->mu);
@@ -634,10 +637,13 @@ static void send_answers(run_t *run)
             st = req->send(req->send_arg, &one);
         oi_response_clear(&one);
         pthread_mutex_lock(&run->mu);
-        if (st != NULL && run->err == NULL)
-            run->err = st;
-        else
-            oi_status_free(st);
+        if (st != NULL) { /* the client has gone (or out of memory): nothing more goes */
+            run->answerable = 0;
+            if (run->err == NULL)
+                run->err = st;
+            else
+                oi_status_free(st);
+        }
         drop_read_values(run);
     }
 }
