@@ -52,14 +52,15 @@ def _step(model: str, inputs: dict[str, str], outputs: dict[str, str]) -> str:
     return f'{{ model_name: "{model}" model_version: -1 {ins} {outs} }}'
 
 
-def _ensemble(repo: Path, name: str, steps: list[str], scheduling: str = "") -> None:
+def _ensemble(repo: Path, name: str, steps: list[str], scheduling: str = "", extra: str = "",
+              with_n: bool = True) -> None:
     (repo / name / "1").mkdir(parents=True)
     (repo / name / "config.pbtxt").write_text(
         f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: 0\n'
-        'input { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] }\n'
-        'input { name: "N" data_type: TYPE_INT32 dims: [ 1 ] }\n'
-        'output { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] }\n'
-        f'ensemble_scheduling {{ {scheduling} step [ {", ".join(steps)} ] }}\n'
+        + 'input { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] }\n'
+        + ('input { name: "N" data_type: TYPE_INT32 dims: [ 1 ] }\n' if with_n else "")
+        + 'output { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] }\n'
+        + f'{extra}\nensemble_scheduling {{ {scheduling} step [ {", ".join(steps)} ] }}\n'
     )
 
 
@@ -134,6 +135,9 @@ def srv(tmp_path_factory: pytest.TempPathFactory, producer: Producer, gate: thre
                                 _step("double", {"X": "t"}, {"Y": "OUT"})])
     _ensemble(repo, "failing", [_step("halfway", {"X": "IN", "N": "N"}, {"Y": "t"}),
                                 _step("double", {"X": "t"}, {"Y": "OUT"})])
+    # Says it is decoupled, but no step is: Triton serves it as not decoupled.
+    _ensemble(repo, "says_decoupled", [_step("double", {"X": "IN"}, {"Y": "t"}), _step("add", {"A": "t", "B": "t"},
+              {"SUM": "OUT"})], extra="model_transaction_policy { decoupled: true }", with_n=False)
     # add reads a response of producer and the request's IN: Triton refuses the graph.
     _ensemble(repo, "mixed", [fan_out, _step("add", {"A": "t", "B": "IN"}, {"SUM": "OUT"})])
     s = openinfer.serve(repo, models=models, http_port=0, grpc_port=0, log=False, threads=2)
@@ -288,3 +292,14 @@ def test_closing_the_stream_stops_the_decoupled_step(srv: openinfer.Server, tick
     finally:
         again.close(cancel=True)
     assert ticker.closed.wait(BOUND)
+
+
+def test_an_ensemble_is_decoupled_when_a_step_is(srv: openinfer.Server) -> None:
+    """As Triton sets it: the config reports it, whatever config.pbtxt said."""
+    with thttp.InferenceServerClient(srv.url.split("//")[1], network_timeout=BOUND) as http:
+        assert http.get_model_config("fan")["model_transaction_policy"] == {"decoupled": True}
+        assert http.get_model_config("fan_limited")["ensemble_scheduling"]["max_inflight_requests"] == 1
+        assert http.get_model_config("says_decoupled")["model_transaction_policy"] == {"decoupled": False}
+        i = thttp.InferInput("IN", [4], "FP32")
+        i.set_data_from_numpy(np.ones(4, dtype=np.float32))
+        np.testing.assert_array_equal(http.infer("says_decoupled", [i]).as_numpy("OUT"), np.full(4, 4.0))
