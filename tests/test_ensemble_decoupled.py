@@ -1,12 +1,13 @@
 """Decoupled models as ensemble steps, as Triton's ensemble scheduler runs them: every response
 of a decoupled step is a new request to the steps after it, each complete set of the ensemble's
-outputs one response of the (then decoupled) ensemble over a gRPC stream, the stream's final
-flag once every step is done (none lost, no hang, zero responses allowed); steps whose inputs
-come from different decoupled steps refused at load; and `max_inflight_requests` holding a
-decoupled step that answers faster than the step after it runs."""
+outputs one response of the (then decoupled) ensemble over a gRPC stream (the final flag once
+every step is done: none lost, no hang, zero responses allowed) and over HTTP generate_stream;
+steps whose inputs come from different decoupled steps refused at load; and
+`max_inflight_requests` holding a decoupled step that answers faster than the step after it."""
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 import time
@@ -16,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import requests
 import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
@@ -303,3 +305,11 @@ def test_an_ensemble_is_decoupled_when_a_step_is(srv: openinfer.Server) -> None:
         i = thttp.InferInput("IN", [4], "FP32")
         i.set_data_from_numpy(np.ones(4, dtype=np.float32))
         np.testing.assert_array_equal(http.infer("says_decoupled", [i]).as_numpy("OUT"), np.full(4, 4.0))
+
+
+def test_generate_stream_sends_each_answer_as_an_event(srv: openinfer.Server) -> None:
+    """HTTP's generate_stream serves a decoupled ensemble as it serves any decoupled model."""
+    r = requests.post(f"{srv.url}/v2/models/fan/generate_stream", json={"IN": [1, 2, 3, 4], "N": [3]}, timeout=BOUND)
+    assert r.status_code == 200, r.text
+    events = [json.loads(line[len("data: "):]) for line in r.text.splitlines() if line.startswith("data: ")]
+    assert [e["OUT"] for e in events] == [[2.0 * (v + k) for v in (1, 2, 3, 4)] for k in range(3)]
