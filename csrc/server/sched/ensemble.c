@@ -474,7 +474,7 @@ static void publish(step_run_t *s, oi_response_t *resp)
     for (uint32_t i = 0; i < def->n_outputs; i++) {
         oi_tensor_t *made = NULL;
         for (uint32_t k = 0; k < resp->n_outputs && made == NULL; k++)
-            if (resp->outputs[k].owner != NULL && strcmp(resp->outputs[k].name, def->outputs[i].model_tensor) == 0)
+            if (strcmp(resp->outputs[k].name, def->outputs[i].model_tensor) == 0)
                 made = &resp->outputs[k];
         if (add_value(run, def->outputs[i].tensor, made, batch, made != NULL ? 1 : ABSENT) != 0)
             fail(run, s->idx, oi_status_new(OI_INTERNAL, "out of memory"));
