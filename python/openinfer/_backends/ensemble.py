@@ -48,7 +48,7 @@ class EnsembleModel:
     platform: str = PLATFORM
     instances: int = 1
     dynamic_batching: None = None
-    decoupled: bool = False  # decided when it is published, from its step models (`lineage`)
+    decoupled: bool = False  # decided when it is published, from its step models (`is_decoupled`)
 
     def core(self) -> tuple[int, list[tuple[str, int, list[tuple[str, str]], list[tuple[str, str]]]]]:
         """add_model's `ensemble` argument."""
@@ -286,14 +286,17 @@ def is_decoupled(steps: tuple[Step, ...], served: Callable[[str, int], tuple[Any
     return any(getattr(served(s.model_name, s.model_version)[0], "decoupled", False) for s in steps)
 
 
-def _mixed_lineage(name: str, steps: tuple[Step, ...], outputs: tuple[Tensor, ...], decoupled: list[bool]) -> str | None:
+def _mixed_lineage(
+    name: str, steps: tuple[Step, ...], outputs: tuple[Tensor, ...], decoupled: list[bool]
+) -> str | None:
     """Triton's check of a graph with decoupled steps (ensemble_utils.cc): the inputs of a step,
     and the ensemble's outputs, must all come from the responses of the same decoupled step (or
-    from none), since only those come in matching numbers. The reason when they do not."""
+    from none), since only those come in matching numbers. The reason when they do not. The
+    graph is `parse`'s: acyclic, every step with inputs."""
     label: dict[str, int] = {tensor: 0 for s in steps for _, tensor in s.input_map if not _produced(tensor, steps)}
     pending, labels = list(range(len(steps))), 0
-    while pending:  # the graph has no cycle (parse checked): each pass labels at least one step
-        for i in [i for i in pending if all(t in label for _, t in steps[i].input_map)]:
+    while ready := [i for i in pending if all(t in label for _, t in steps[i].input_map)]:
+        for i in ready:  # a pass over the steps whose inputs all have their origin
             pending.remove(i)
             seen = {label[t] for _, t in steps[i].input_map}  # a step has inputs (parse checked)
             if len(seen) > 1:
