@@ -313,3 +313,26 @@ def test_generate_stream_sends_each_answer_as_an_event(srv: openinfer.Server) ->
     assert r.status_code == 200, r.text
     events = [json.loads(line[len("data: "):]) for line in r.text.splitlines() if line.startswith("data: ")]
     assert [e["OUT"] for e in events] == [[2.0 * (v + k) for v in (1, 2, 3, 4)] for k in range(3)]
+
+
+def test_cancel_while_held_by_max_inflight_requests(srv: openinfer.Server, producer: Producer,
+                                                    gate: threading.Event) -> None:
+    """A producer held for a slot is let go when its stream is cancelled, and stops."""
+    gate.clear()
+    before = producer.produced
+    s = Stream(srv)
+    try:
+        s.send("fan_limited", np.zeros(4, dtype=np.float32), 5)
+        assert producer.wait_for(before + 2) == before + 2
+    finally:
+        s.close(cancel=True)
+    time.sleep(0.5)  # time for the cancellation to reach the held producer
+    gate.set()
+    time.sleep(0.5)  # time for a producer that was not stopped to go on
+    assert producer.produced < before + 5
+    again = Stream(srv)  # the ensemble serves on
+    try:
+        again.send("fan", np.zeros(4, dtype=np.float32), 1)
+        assert len(again.until_final()) == 2
+    finally:
+        again.close()
