@@ -482,7 +482,8 @@ static void publish(step_run_t *s, oi_response_t *resp)
             made->owner = NULL;
     }
     step_run_t *next = pick_ready(run);
-    pthread_cond_signal(&run->cv); /* the ensemble's own executor may have an answer to send */
+    if (run->req->send != NULL && answers_ready(run) > run->answered)
+        pthread_cond_signal(&run->cv); /* the ensemble's own executor has an answer to send */
     pthread_mutex_unlock(&run->mu);
     oi_response_clear(resp);
     launch(run, next);
