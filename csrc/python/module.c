@@ -1311,13 +1311,18 @@ static oi_io_spec_t *with_sequence_tensors(PyObject *sequence, const oi_io_spec_
     return out;
 }
 
-/* add_model's ensemble: a sequence of steps (model_name, model_version, input_map, output_map),
- * each map a sequence of (model tensor, ensemble tensor) pairs, as python/openinfer/ensemble.py
- * checked them. Returns the ensemble's backend state, or NULL with an exception set. */
+/* add_model's ensemble: (max_inflight_requests, steps), the steps a sequence of (model_name,
+ * model_version, input_map, output_map), each map a sequence of (model tensor, ensemble tensor)
+ * pairs, as python/openinfer/_backends/ensemble.py checked them. Returns the ensemble's
+ * backend state, or NULL with an exception set. */
 static oi_ensemble_t *make_ensemble(oi_server_t *s, const oi_model_t *self, PyObject *ensemble)
 {
     oi_ensemble_t *e = NULL;
-    PyObject *steps = PySequence_Fast(ensemble, "ensemble must be a sequence of steps");
+    unsigned int max_inflight;
+    PyObject *seq;
+    if (!PyArg_ParseTuple(ensemble, "IO;an ensemble is (max_inflight_requests, steps)", &max_inflight, &seq))
+        return NULL;
+    PyObject *steps = PySequence_Fast(seq, "ensemble steps must be a sequence");
     if (steps == NULL)
         return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(steps), total = 0;
@@ -1361,7 +1366,8 @@ static oi_ensemble_t *make_ensemble(oi_server_t *s, const oi_model_t *self, PyOb
                                   &p->ensemble_tensor))
                 goto done;
     }
-    e = oi_ensemble_new(oi_server_registry(s), self, oi_server_counts_statistics(s), specs, (uint32_t)n);
+    e = oi_ensemble_new(oi_server_registry(s), self, oi_server_counts_statistics(s), specs, (uint32_t)n,
+                        max_inflight);
     if (e == NULL)
         PyErr_NoMemory();
 done:
@@ -1649,9 +1655,8 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         if (start_executors(self, m, instances, &batch) != 0)
             goto done;
     } else if (ensemble != Py_None && error == NULL) {
-        if (sequence != Py_None || decoupled || batching != Py_None) {
-            PyErr_Format(PyExc_ValueError, "model '%s': an ensemble has no batcher of its own and is not decoupled",
-                         name);
+        if (sequence != Py_None || batching != Py_None) { /* decoupled when a step is */
+            PyErr_Format(PyExc_ValueError, "model '%s': an ensemble has no batcher of its own", name);
             goto done;
         }
         if ((m->state = make_ensemble(s, m, ensemble)) == NULL)

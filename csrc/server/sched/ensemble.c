@@ -28,6 +28,13 @@ typedef struct {
     uint32_t n_outputs;
 } step_t;
 
+/* The runs of one step in flight, over every request of the ensemble (max_inflight_requests). */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint32_t inflight;
+} limiter_t;
+
 struct oi_ensemble_s {
     oi_registry_t *reg;         /* borrowed */
     const oi_model_t *self;     /* borrowed: the ensemble's own model, which owns this state */
@@ -37,6 +44,8 @@ struct oi_ensemble_s {
     uint32_t n_tensors;
     step_t *steps;
     uint32_t n_steps;
+    uint32_t max_inflight; /* Triton's max_inflight_requests per step; 0: no limit */
+    limiter_t *limiters;   /* per step */
 };
 
 static void ensemble_free(oi_ensemble_t *e)
@@ -53,6 +62,11 @@ static void ensemble_free(oi_ensemble_t *e)
         free(s->inputs);
         free(s->outputs);
     }
+    for (uint32_t i = 0; e->limiters != NULL && i < e->n_steps; i++) {
+        pthread_cond_destroy(&e->limiters[i].cv);
+        pthread_mutex_destroy(&e->limiters[i].mu);
+    }
+    free(e->limiters);
     for (uint32_t i = 0; i < e->n_tensors; i++)
         free(e->tensors[i]);
     free(e->tensors);
@@ -94,8 +108,18 @@ static int copy_maps(oi_ensemble_t *e, uint32_t cap, const oi_ensemble_map_t *in
     return 0;
 }
 
+/* Its timed waits count on the monotonic clock (deadline_after). */
+static void cond_init_monotonic(pthread_cond_t *cv)
+{
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(cv, &ca);
+    pthread_condattr_destroy(&ca);
+}
+
 oi_ensemble_t *oi_ensemble_new(oi_registry_t *reg, const oi_model_t *self, int count_stats,
-                               const oi_ensemble_step_spec_t *steps, uint32_t n_steps)
+                               const oi_ensemble_step_spec_t *steps, uint32_t n_steps, uint32_t max_inflight)
 {
     uint32_t cap = 0;
     for (uint32_t i = 0; i < n_steps; i++)
@@ -106,6 +130,7 @@ oi_ensemble_t *oi_ensemble_new(oi_registry_t *reg, const oi_model_t *self, int c
     e->reg = reg;
     e->self = self;
     e->count_stats = count_stats;
+    e->max_inflight = max_inflight;
     e->name = strdup(self->name);
     e->tensors = calloc(cap ? cap : 1, sizeof(*e->tensors));
     e->steps = calloc(n_steps ? n_steps : 1, sizeof(*e->steps));
@@ -126,6 +151,15 @@ oi_ensemble_t *oi_ensemble_new(oi_registry_t *reg, const oi_model_t *self, int c
         if (steps[i].model_version >= 0)
             snprintf(s->version, sizeof(s->version), "%lld", (long long)steps[i].model_version);
     }
+    /* Last: ensemble_free destroys the limiters of the n_steps steps once they exist. */
+    if ((e->limiters = calloc(n_steps ? n_steps : 1, sizeof(*e->limiters))) == NULL) {
+        ensemble_free(e);
+        return NULL;
+    }
+    for (uint32_t i = 0; i < n_steps; i++) {
+        pthread_mutex_init(&e->limiters[i].mu, NULL);
+        cond_init_monotonic(&e->limiters[i].cv);
+    }
     return e;
 }
 
@@ -133,20 +167,39 @@ oi_ensemble_t *oi_ensemble_new(oi_registry_t *reg, const oi_model_t *self, int c
 
 typedef struct run_s run_t;
 
-/* run_t.have of an optional ensemble input the request left out: the steps that read it are
- * sent without it, as Triton's ensemble scheduler sends them. */
+/* value_t.have of a tensor left unset (an optional ensemble input the request left out, an
+ * output a step did not produce): the steps that read it are sent without it, as Triton's
+ * ensemble scheduler sends them. */
 #define ABSENT 2
 
-/* A step of one request. Its job goes to the step model's scheduler; the run owns it. */
+/* One value of an ensemble tensor. A decoupled step makes one per response: the n-th value of
+ * each tensor is its n-th "iteration", and a step runs once per iteration of its inputs. */
 typedef struct {
+    oi_tensor_t val; /* a reference to its bytes when have is 1 */
+    int64_t batch;   /* the batch size of the request that made it, 0 when that model (or the
+                      * ensemble) does not batch */
+    uint8_t have;    /* 1 made, ABSENT left unset */
+} value_t;
+
+typedef struct {
+    value_t *v; /* by iteration */
+    uint32_t n, cap;
+    uint32_t kept; /* the values before it are dropped: every reader has its reference */
+} values_t;
+
+/* One run of a step (one iteration of its inputs). Its job goes to the step model's
+ * scheduler; the run owns it. */
+typedef struct step_run_s {
     oi_job_t job; /* first: the scheduler hands back &job */
     run_t *run;
     uint32_t idx;
-    int state;            /* under run->mu: 0 waiting for inputs, 1 sent (or being sent), 2 done */
-    uint32_t launch_next; /* the next step to send in a list built under run->mu (UINT32_MAX: end) */
-    oi_model_t *model;    /* one reference once looked up */
-    oi_request_t req;     /* inputs reference the ensemble tensors' buffers */
-    const char **names;   /* the outputs asked of the model (validated) */
+    struct step_run_s *launch_next; /* the next step to send in a list built under run->mu */
+    struct step_run_s *all_next;    /* every step run of the request, for run_clear */
+    int limited;                    /* holds a slot of the step's max_inflight_requests */
+    oi_model_t *model;              /* one reference once looked up */
+    oi_request_t req;               /* inputs reference the ensemble tensors' buffers */
+    int64_t *in_batch;              /* per input of req: its value's batch */
+    const char **names;             /* the outputs asked of the model (validated) */
 } step_run_t;
 
 /* Lives on the stack of the ensemble's executor, which returns only once `inflight` is 0: no
@@ -156,64 +209,207 @@ struct run_s {
     pthread_cond_t cv;
     const oi_ensemble_t *e;
     const oi_request_t *req; /* the ensemble's request, which outlives the run */
-    oi_tensor_t *vals; /* per ensemble tensor, once produced: a reference to its bytes */
-    int64_t *batch;    /* per ensemble tensor: the batch size of the request that made it, 0
-                        * when that model (or the ensemble) does not batch */
-    uint8_t *have;     /* per ensemble tensor: 1 made, ABSENT an optional input not sent */
-    step_run_t *steps;
-    int inflight;     /* steps sent and not done, plus callers still sending */
+    const char *const *names; /* the outputs asked of the ensemble */
+    uint32_t n_names;
+    uint32_t answered;       /* a decoupled ensemble's answers sent (their iterations) */
+    uint32_t answerable;     /* once a step failed: the answers complete before, still sent */
+    values_t *vals;          /* per ensemble tensor */
+    uint32_t *fired;         /* per step: the iterations sent */
+    step_run_t *all;
+    int inflight;     /* step runs sent and not done, plus callers still sending */
     oi_status_t *err; /* the first failure; no step is sent after it */
 };
 
-static void launch(run_t *run, uint32_t first);
+static void launch(run_t *run, step_run_t *first);
+static uint32_t answers_ready(const run_t *run);
 
 /* Under run->mu: notes the first failure, naming the step as Triton prefixes an ensemble's
  * errors ("in ensemble 'E', ..."). Takes `st`. */
-static void fail(run_t *run, const step_run_t *s, oi_status_t *st)
+static void fail(run_t *run, uint32_t idx, oi_status_t *st)
 {
     if (run->err != NULL) {
         oi_status_free(st);
         return;
     }
-    const step_t *def = &run->e->steps[s->idx];
-    run->err = oi_status_new(st->code, "in ensemble '%s', step %u (model '%s'): %s", run->e->name, s->idx,
+    const step_t *def = &run->e->steps[idx];
+    run->answerable = answers_ready(run); /* they go before the error, as in Triton's stream */
+    run->err = oi_status_new(st->code, "in ensemble '%s', step %u (model '%s'): %s", run->e->name, idx,
                              def->model_name, st->message);
     oi_status_free(st);
 }
 
-/* Under run->mu: marks the steps whose inputs all exist as sent and links them into a list
- * for `launch`; counts them in inflight. Returns the first, or UINT32_MAX. */
-static uint32_t pick_ready(run_t *run)
+/* Under run->mu: appends a value to ensemble tensor `t`, taking `val`'s owner reference when
+ * `have` is 1. Returns -1 when out of memory (the reference is dropped). */
+static int add_value(run_t *run, uint32_t t, const oi_tensor_t *val, int64_t batch, uint8_t have)
 {
-    uint32_t first = UINT32_MAX, *tail = &first;
-    if (run->err != NULL)
-        return first;
-    for (uint32_t i = 0; i < run->e->n_steps; i++) {
-        step_run_t *s = &run->steps[i];
-        if (s->state != 0)
-            continue;
-        const step_t *def = &run->e->steps[i];
-        int ready = 1;
-        for (uint32_t j = 0; j < def->n_inputs && ready; j++)
-            ready = run->have[def->inputs[j].tensor];
-        if (!ready)
-            continue;
-        s->state = 1;
-        s->launch_next = UINT32_MAX;
-        *tail = i;
-        tail = &s->launch_next;
-        run->inflight++;
+    values_t *vs = &run->vals[t];
+    if (vs->n == vs->cap) {
+        uint32_t cap = vs->cap ? vs->cap * 2 : 1;
+        value_t *v = realloc(vs->v, cap * sizeof(*v));
+        if (v == NULL) {
+            if (have == 1)
+                oi_buf_unref(val->owner);
+            return -1;
+        }
+        vs->v = v;
+        vs->cap = cap;
     }
+    value_t *v = &vs->v[vs->n++];
+    *v = (value_t){.batch = batch, .have = have};
+    if (have == 1) {
+        v->val = *val;
+        v->val.name = run->e->tensors[t];
+        v->val.parameters = (oi_slice_t){0};
+    }
+    return 0;
+}
+
+/* Under run->mu: a run of step `idx` for `iter`, its inputs references to that iteration's
+ * values (copied here: the value arrays may grow once the lock is gone). */
+static step_run_t *new_step_run(run_t *run, uint32_t idx, uint32_t iter)
+{
+    const step_t *def = &run->e->steps[idx];
+    step_run_t *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return NULL;
+    s->all_next = run->all;
+    run->all = s;
+    s->run = run;
+    s->idx = idx;
+    s->req.binary_data_output = -1;
+    oi_request_t *r = &s->req;
+    r->inputs = calloc(def->n_inputs ? def->n_inputs : 1, sizeof(*r->inputs));
+    s->in_batch = calloc(def->n_inputs ? def->n_inputs : 1, sizeof(*s->in_batch));
+    if (r->inputs == NULL || s->in_batch == NULL)
+        return NULL;
+    for (uint32_t i = 0; i < def->n_inputs; i++) {
+        const value_t *v = &run->vals[def->inputs[i].tensor].v[iter];
+        if (v->have == ABSENT)
+            continue;
+        s->in_batch[r->n_inputs] = v->batch;
+        oi_tensor_t *t = &r->inputs[r->n_inputs++];
+        *t = v->val;
+        t->name = def->inputs[i].model_tensor;
+        t->owner = oi_buf_ref(t->owner);
+    }
+    return s;
+}
+
+static int asked(const run_t *run, uint32_t t)
+{
+    for (uint32_t i = 0; i < run->n_names; i++)
+        if (strcmp(run->names[i], run->e->tensors[t]) == 0)
+            return 1;
+    return 0;
+}
+
+/* Under run->mu: the iterations of tensor `t` that every reader has (the steps that read it
+ * were sent with them; a decoupled ensemble answered them), so that a long stream of a
+ * decoupled step holds only the values still to be read. */
+static uint32_t read_by_all(const run_t *run, uint32_t t)
+{
+    uint32_t done = run->vals[t].n;
+    for (uint32_t i = 0; i < run->e->n_steps; i++)
+        for (uint32_t j = 0; j < run->e->steps[i].n_inputs; j++)
+            if (run->e->steps[i].inputs[j].tensor == t && run->fired[i] < done)
+                done = run->fired[i];
+    if (asked(run, t)) {
+        uint32_t answered = run->req->send != NULL ? run->answered : 0; /* a unary one answers at the end */
+        done = answered < done ? answered : done;
+    }
+    return done;
+}
+
+static void drop_read_values(run_t *run)
+{
+    for (uint32_t t = 0; t < run->e->n_tensors; t++) {
+        values_t *vs = &run->vals[t];
+        for (uint32_t end = read_by_all(run, t); vs->kept < end; vs->kept++)
+            if (vs->v[vs->kept].have == 1)
+                oi_tensor_clear(&vs->v[vs->kept].val);
+    }
+}
+
+/* Under run->mu: the step runs whose inputs all have a value of an iteration not sent yet,
+ * linked into a list for `launch` and counted in inflight. Returns the first, or NULL. */
+static step_run_t *pick_ready(run_t *run)
+{
+    step_run_t *first = NULL, **tail = &first;
+    for (uint32_t i = 0; i < run->e->n_steps && run->err == NULL; i++) {
+        const step_t *def = &run->e->steps[i];
+        uint32_t ready = UINT32_MAX;
+        for (uint32_t j = 0; j < def->n_inputs; j++)
+            if (run->vals[def->inputs[j].tensor].n < ready)
+                ready = run->vals[def->inputs[j].tensor].n;
+        for (; run->fired[i] < ready && run->err == NULL; run->fired[i]++) {
+            step_run_t *s = new_step_run(run, i, run->fired[i]);
+            if (s == NULL) {
+                fail(run, i, oi_status_new(OI_INTERNAL, "out of memory"));
+                break;
+            }
+            *tail = s;
+            tail = &s->launch_next;
+            run->inflight++;
+        }
+    }
+    drop_read_values(run);
     return first;
 }
 
-/* A step that ended (done or never sent): one less in flight. The run may be gone after. */
+/* Triton's StepInflightRequestLimiter: with max_inflight_requests, a step is sent only while
+ * fewer than that many of its runs (over every request of the ensemble) are in flight, so a
+ * decoupled step that answers faster than the next step runs is held in its send. It gives
+ * up waiting when the request is cancelled, and after Triton's 300 s (then it sends anyway:
+ * a stuck limit must not hang the request). */
+#define LIMIT_WAIT_NS (300LL * 1000000000LL)
+
+static void deadline_after(struct timespec *ts, long long ns)
+{
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    ts->tv_nsec += ns;
+    ts->tv_sec += ts->tv_nsec / 1000000000LL;
+    ts->tv_nsec %= 1000000000LL;
+}
+
+static void limit_acquire(run_t *run, step_run_t *s)
+{
+    limiter_t *l = &run->e->limiters[s->idx];
+    if (run->e->max_inflight == 0)
+        return;
+    const oi_request_t *req = run->req;
+    long long waited = 0;
+    pthread_mutex_lock(&l->mu);
+    while (l->inflight >= run->e->max_inflight && waited < LIMIT_WAIT_NS &&
+           !(req->cancelled != NULL && req->cancelled(req->cancelled_arg))) {
+        struct timespec ts;
+        deadline_after(&ts, CANCEL_POLL_NS);
+        pthread_cond_timedwait(&l->cv, &l->mu, &ts);
+        waited += CANCEL_POLL_NS;
+    }
+    l->inflight++;
+    pthread_mutex_unlock(&l->mu);
+    s->limited = 1;
+}
+
+static void limit_release(const run_t *run, step_run_t *s)
+{
+    if (!s->limited)
+        return;
+    limiter_t *l = &run->e->limiters[s->idx];
+    pthread_mutex_lock(&l->mu);
+    l->inflight--;
+    pthread_cond_signal(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+    s->limited = 0;
+}
+
+/* A step run that ended (done or never sent): one less in flight. The run may be gone after. */
 static void step_end(run_t *run, step_run_t *s, oi_status_t *st)
 {
+    limit_release(run, s);
     pthread_mutex_lock(&run->mu);
     if (st != NULL)
-        fail(run, s, st);
-    s->state = 2;
+        fail(run, s->idx, st);
     if (--run->inflight == 0)
         pthread_cond_signal(&run->cv);
     pthread_mutex_unlock(&run->mu);
@@ -266,15 +462,60 @@ static const oi_io_spec_t *spec_named(const oi_io_spec_t *specs, uint32_t n, con
     return NULL;
 }
 
-/* On a step model's executor, once it ran: checks the outputs, counts the request in the
- * model's statistics, publishes the outputs as ensemble tensors and sends the steps they make
- * ready. */
+/* Publishes one response of step run `s` as the next iteration of its output tensors (an
+ * output it left out as unset, as Triton's ConsumeResponse does), then sends the step runs it
+ * made ready. Takes the outputs' references. */
+static void publish(step_run_t *s, oi_response_t *resp)
+{
+    run_t *run = s->run;
+    const step_t *def = &run->e->steps[s->idx];
+    int64_t batch = batch_of(s->model, &s->req);
+    pthread_mutex_lock(&run->mu);
+    for (uint32_t i = 0; i < def->n_outputs; i++) {
+        oi_tensor_t *made = NULL;
+        for (uint32_t k = 0; k < resp->n_outputs && made == NULL; k++)
+            if (strcmp(resp->outputs[k].name, def->outputs[i].model_tensor) == 0)
+                made = &resp->outputs[k];
+        if (add_value(run, def->outputs[i].tensor, made, batch, made != NULL ? 1 : ABSENT) != 0)
+            fail(run, s->idx, oi_status_new(OI_INTERNAL, "out of memory"));
+        if (made != NULL)
+            made->owner = NULL;
+    }
+    step_run_t *next = pick_ready(run);
+    if (run->req->send != NULL && answers_ready(run) > run->answered)
+        pthread_cond_signal(&run->cv); /* the ensemble's own executor has an answer to send */
+    pthread_mutex_unlock(&run->mu);
+    oi_response_clear(resp);
+    launch(run, next);
+}
+
+/* A decoupled step model's `send`, on its executor: each response is a new iteration. */
+static oi_status_t *step_send(void *arg, oi_response_t *resp)
+{
+    step_run_t *s = arg;
+    oi_status_t *st = oi_validate_response(s->model, s->names, s->job.n_outputs, resp);
+    if (st == NULL) {
+        pthread_mutex_lock(&s->run->mu);
+        if (s->run->err != NULL) /* the ensemble failed or its client went: stop the model */
+            st = oi_status_new(OI_CLIENT_CLOSED, "the request was cancelled");
+        pthread_mutex_unlock(&s->run->mu);
+    }
+    if (st != NULL) {
+        oi_response_clear(resp);
+        return st;
+    }
+    publish(s, resp);
+    return NULL;
+}
+
+/* On a step model's executor, once it ran: counts the request in the model's statistics and,
+ * unless the model is decoupled (its responses went through step_send), checks and publishes
+ * its outputs. */
 static void step_done(oi_job_t *j)
 {
     step_run_t *s = (step_run_t *)j;
     run_t *run = s->run;
-    const step_t *def = &run->e->steps[s->idx];
-    if (j->status == NULL)
+    if (j->status == NULL && !s->model->decoupled)
         j->status = oi_validate_response(s->model, j->output_names, j->n_outputs, &j->resp);
     if (j->counted && j->slot != NULL)
         oi_stats_request(j->slot, &j->times, oi_now_ns(), j->status == NULL,
@@ -282,31 +523,14 @@ static void step_done(oi_job_t *j)
                          : atomic_load(&j->cancelled) ? OI_FAIL_CANCELED
                                                       : OI_FAIL_REJECTED,
                          j->rows);
-    pthread_mutex_lock(&run->mu);
-    uint32_t next = UINT32_MAX;
-    if (j->status != NULL) {
-        fail(run, s, j->status);
-        j->status = NULL;
-    } else {
-        /* The outputs come in the order they were asked, which is the output map's. */
-        int64_t batch = batch_of(s->model, &s->req);
-        for (uint32_t i = 0; i < def->n_outputs && i < j->resp.n_outputs; i++) {
-            uint32_t t = def->outputs[i].tensor;
-            run->vals[t] = j->resp.outputs[i]; /* takes its owner reference */
-            run->batch[t] = batch;
-            run->vals[t].name = run->e->tensors[t];
-            run->vals[t].parameters = (oi_slice_t){0};
-            run->have[t] = 1;
-            j->resp.outputs[i].owner = NULL;
-        }
-        next = pick_ready(run);
-    }
-    pthread_mutex_unlock(&run->mu); /* this step still counts in inflight while it sends */
-    launch(run, next);
-    step_end(run, s, NULL);
+    oi_status_t *st = j->status;
+    j->status = NULL;
+    if (st == NULL && !s->model->decoupled)
+        publish(s, &j->resp); /* this step still counts in inflight while it sends */
+    step_end(run, s, st);
 }
 
-/* Looks up the step's model, builds its request over the ensemble tensors and queues it. */
+/* Looks up the step's model, readies its request over the ensemble tensors and queues it. */
 static oi_status_t *send_step(run_t *run, step_run_t *s)
 {
     const step_t *def = &run->e->steps[s->idx];
@@ -316,25 +540,16 @@ static oi_status_t *send_step(run_t *run, step_run_t *s)
         return st;
     if ((st = oi_model_check_ready(s->model)) != NULL)
         return st;
-    if (s->model->decoupled || s->model->seq != NULL)
-        return oi_status_new(OI_UNIMPLEMENTED, "model '%s' is %s: openinfer does not run it as an ensemble step",
-                             def->model_name, s->model->decoupled ? "decoupled" : "a sequence model");
+    if (s->model->seq != NULL)
+        return oi_status_new(OI_UNIMPLEMENTED, "model '%s' is a sequence model: openinfer does not run it as an "
+                             "ensemble step", def->model_name);
     oi_request_t *r = &s->req;
-    r->inputs = calloc(def->n_inputs ? def->n_inputs : 1, sizeof(*r->inputs));
+    for (uint32_t i = 0; i < r->n_inputs; i++)
+        reshape(spec_named(s->model->inputs, s->model->n_inputs, r->inputs[i].name), s->model->max_batch_size > 0,
+                s->in_batch[i], &r->inputs[i]);
     r->outputs = calloc(def->n_outputs ? def->n_outputs : 1, sizeof(*r->outputs));
-    if (r->inputs == NULL || r->outputs == NULL)
+    if (r->outputs == NULL)
         return oi_status_new(OI_INTERNAL, "out of memory");
-    /* No lock: a tensor once produced is not written again until the run ends. */
-    for (uint32_t i = 0; i < def->n_inputs; i++) {
-        if (run->have[def->inputs[i].tensor] == ABSENT)
-            continue;
-        oi_tensor_t *t = &r->inputs[r->n_inputs++];
-        *t = run->vals[def->inputs[i].tensor];
-        t->name = def->inputs[i].model_tensor;
-        t->owner = oi_buf_ref(t->owner);
-        reshape(spec_named(s->model->inputs, s->model->n_inputs, t->name), s->model->max_batch_size > 0,
-                run->batch[def->inputs[i].tensor], t);
-    }
     for (uint32_t i = 0; i < def->n_outputs; i++) {
         r->outputs[r->n_outputs].name = def->outputs[i].model_tensor;
         r->outputs[r->n_outputs++].binary_data = -1;
@@ -352,37 +567,100 @@ static oi_status_t *send_step(run_t *run, step_run_t *s)
     s->job.rows = request_rows(s->model, r);
     r->cancelled = oi_job_cancelled;
     r->cancelled_arg = &s->job;
+    if (s->model->decoupled) {
+        r->send = step_send;
+        r->send_arg = s;
+    }
+    limit_acquire(run, s);
     if (oi_scheduler_submit(s->model->sched, &s->job) != 0)
         return oi_status_new(OI_UNAVAILABLE, "the server is shutting down");
     return NULL;
 }
 
-/* Sends the listed steps (outside run->mu: a refused submit calls `done` at once). */
-static void launch(run_t *run, uint32_t first)
+/* Sends the listed step runs (outside run->mu: a refused submit calls `done` at once). */
+static void launch(run_t *run, step_run_t *first)
 {
-    for (uint32_t i = first; i != UINT32_MAX;) {
-        step_run_t *s = &run->steps[i];
-        i = s->launch_next; /* read before sending: once sent, the step may be done */
+    for (step_run_t *s = first; s != NULL;) {
+        step_run_t *next = s->launch_next; /* read before sending: once sent, the step may be done */
         oi_status_t *st = send_step(run, s);
         if (st != NULL)
             step_end(run, s, st);
+        s = next;
     }
 }
 
-static void deadline_after(struct timespec *ts, long long ns)
+/* Under run->mu: how many iterations every asked output has a value of (Triton answers an
+ * iteration once all the asked outputs have it). */
+static uint32_t answers_ready(const run_t *run)
 {
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    ts->tv_nsec += ns;
-    ts->tv_sec += ts->tv_nsec / 1000000000LL;
-    ts->tv_nsec %= 1000000000LL;
+    uint32_t ready = UINT32_MAX;
+    for (uint32_t i = 0; i < run->n_names; i++) {
+        int t = tensor_index(run->e, run->names[i]);
+        uint32_t got = t < 0 ? 0 : run->vals[t].n;
+        ready = got < ready ? got : ready;
+    }
+    return run->n_names == 0 ? 0 : ready;
 }
 
-/* Waits until no step is in flight; when the request's client goes, cancels the steps sent. */
-static void wait_steps(run_t *run, const oi_request_t *req)
+/* Under run->mu: the answer of iteration `iter`: the asked outputs as references to the
+ * tensors the steps made (an output left unset is left out, as Triton leaves it). */
+static oi_status_t *assemble(run_t *run, uint32_t iter, oi_response_t *resp)
 {
+    const char *const *names = run->names;
+    uint32_t n = run->n_names;
+    resp->outputs = calloc(n ? n : 1, sizeof(*resp->outputs));
+    if (resp->outputs == NULL)
+        return oi_status_new(OI_INTERNAL, "out of memory");
+    for (uint32_t i = 0; i < n; i++) {
+        const value_t *v = &run->vals[tensor_index(run->e, names[i])].v[iter];
+        if (v->have != 1)
+            continue;
+        oi_tensor_t *o = &resp->outputs[resp->n_outputs++];
+        *o = v->val;
+        o->name = names[i];
+        o->owner = oi_buf_ref(o->owner);
+        const oi_model_t *self = run->e->self;
+        reshape(spec_named(self->outputs, self->n_outputs, names[i]), self->max_batch_size > 0, v->batch, o);
+    }
+    return NULL;
+}
+
+/* Under run->mu, for a decoupled ensemble: sends the answers ready, in order (unlocking
+ * while each goes: the client's back-pressure may hold it). */
+static void send_answers(run_t *run)
+{
+    const oi_request_t *req = run->req;
+    while (run->answered < (run->err == NULL ? answers_ready(run) : run->answerable)) {
+        oi_response_t one = {0};
+        oi_status_t *st = assemble(run, run->answered++, &one);
+        pthread_mutex_unlock(&run->mu);
+        if (st == NULL)
+            st = req->send(req->send_arg, &one);
+        oi_response_clear(&one);
+        pthread_mutex_lock(&run->mu);
+        if (st != NULL) { /* the client has gone (or out of memory): nothing more goes */
+            run->answerable = 0;
+            if (run->err == NULL)
+                run->err = st;
+            else
+                oi_status_free(st);
+        }
+        drop_read_values(run);
+    }
+}
+
+/* Waits until no step is in flight, sending a decoupled ensemble's answers as they become
+ * ready; when the request's client goes, cancels the steps sent. */
+static void wait_steps(run_t *run)
+{
+    const oi_request_t *req = run->req;
     int cancelled = 0;
     pthread_mutex_lock(&run->mu);
-    while (run->inflight > 0) {
+    for (;;) {
+        if (req->send != NULL)
+            send_answers(run);
+        if (run->inflight == 0)
+            break;
         if (req->cancelled == NULL || cancelled) {
             pthread_cond_wait(&run->cv, &run->mu);
             continue;
@@ -394,117 +672,100 @@ static void wait_steps(run_t *run, const oi_request_t *req)
             cancelled = 1;
             if (run->err == NULL)
                 run->err = oi_status_new(OI_CLIENT_CLOSED, "in ensemble '%s', the request was cancelled", run->e->name);
-            for (uint32_t i = 0; i < run->e->n_steps; i++)
-                if (run->steps[i].state == 1)
-                    oi_job_cancel(&run->steps[i].job);
+            for (step_run_t *s = run->all; s != NULL; s = s->all_next)
+                oi_job_cancel(&s->job);
         }
     }
     pthread_mutex_unlock(&run->mu);
 }
 
-/* The ensemble's answer: the asked outputs as references to the tensors the steps made. */
-static oi_status_t *assemble(run_t *run, const char *const *names, uint32_t n, oi_response_t *resp)
-{
-    resp->outputs = calloc(n ? n : 1, sizeof(*resp->outputs));
-    if (resp->outputs == NULL)
-        return oi_status_new(OI_INTERNAL, "out of memory");
-    for (uint32_t i = 0; i < n; i++) {
-        int t = tensor_index(run->e, names[i]);
-        if (t < 0 || !run->have[t])
-            return oi_status_new(OI_INTERNAL,
-                                 "in ensemble '%s', unexpected deadlock, at least one output is not set while no "
-                                 "more ensemble steps can be made",
-                                 run->e->name);
-        oi_tensor_t *o = &resp->outputs[resp->n_outputs++];
-        *o = run->vals[t];
-        o->name = names[i];
-        o->owner = oi_buf_ref(o->owner);
-        const oi_model_t *self = run->e->self;
-        reshape(spec_named(self->outputs, self->n_outputs, names[i]), self->max_batch_size > 0, run->batch[t], o);
-    }
-    return NULL;
-}
-
 static void run_clear(run_t *run)
 {
-    for (uint32_t i = 0; run->steps != NULL && i < run->e->n_steps; i++) {
-        step_run_t *s = &run->steps[i];
+    while (run->all != NULL) {
+        step_run_t *s = run->all;
+        run->all = s->all_next;
         oi_request_clear(&s->req);
         oi_response_clear(&s->job.resp);
         oi_status_free(s->job.status);
         free(s->names);
+        free(s->in_batch);
         if (s->model != NULL)
             oi_model_unref(s->model);
+        free(s);
     }
-    for (uint32_t i = 0; run->vals != NULL && i < run->e->n_tensors; i++)
-        if (run->have[i] == 1)
-            oi_tensor_clear(&run->vals[i]);
-    free(run->steps);
+    for (uint32_t i = 0; run->vals != NULL && i < run->e->n_tensors; i++) {
+        for (uint32_t k = run->vals[i].kept; k < run->vals[i].n; k++)
+            if (run->vals[i].v[k].have == 1)
+                oi_tensor_clear(&run->vals[i].v[k].val);
+        free(run->vals[i].v);
+    }
     free(run->vals);
-    free(run->batch);
-    free(run->have);
+    free(run->fired);
     oi_status_free(run->err);
     pthread_cond_destroy(&run->cv);
     pthread_mutex_destroy(&run->mu);
+}
+
+/* The request's inputs are the first values of the ensemble tensors (iteration 0; validated
+ * against the ensemble's declared inputs, each read by some step as the load checked); an
+ * optional input left out is unset. */
+static int add_request_inputs(run_t *run, const oi_request_t *req)
+{
+    const oi_ensemble_t *e = run->e;
+    for (uint32_t i = 0; i < e->self->n_inputs; i++) {
+        int t = tensor_index(e, e->self->inputs[i].name);
+        if (t < 0)
+            continue;
+        const oi_tensor_t *given = NULL;
+        for (uint32_t k = 0; k < req->n_inputs && given == NULL; k++)
+            if (strcmp(req->inputs[k].name, e->self->inputs[i].name) == 0)
+                given = &req->inputs[k];
+        if (given != NULL) {
+            oi_tensor_t v = *given;
+            v.owner = oi_buf_ref(v.owner);
+            if (add_value(run, (uint32_t)t, &v, batch_of(e->self, req), 1) != 0)
+                return -1;
+        } else if (add_value(run, (uint32_t)t, NULL, 0, ABSENT) != 0) {
+            return -1;
+        }
+    }
+    return 0;
 }
 
 static oi_status_t *ensemble_execute(void *state, const oi_request_t *req, const char *const *output_names,
                                      uint32_t n_outputs, oi_response_t *resp)
 {
     const oi_ensemble_t *e = state;
-    run_t run = {.e = e, .req = req};
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&run.cv, &ca);
-    pthread_condattr_destroy(&ca);
+    run_t run = {.e = e, .req = req, .names = output_names, .n_names = n_outputs};
+    cond_init_monotonic(&run.cv);
     pthread_mutex_init(&run.mu, NULL);
     run.vals = calloc(e->n_tensors ? e->n_tensors : 1, sizeof(*run.vals));
-    run.batch = calloc(e->n_tensors ? e->n_tensors : 1, sizeof(*run.batch));
-    run.have = calloc(e->n_tensors ? e->n_tensors : 1, 1);
-    run.steps = calloc(e->n_steps ? e->n_steps : 1, sizeof(*run.steps));
+    run.fired = calloc(e->n_steps ? e->n_steps : 1, sizeof(*run.fired));
     oi_status_t *st = NULL;
-    if (run.vals == NULL || run.batch == NULL || run.have == NULL || run.steps == NULL) {
+    if (run.vals == NULL || run.fired == NULL || add_request_inputs(&run, req) != 0) {
         st = oi_status_new(OI_INTERNAL, "out of memory");
         goto out;
     }
-    for (uint32_t i = 0; i < e->n_steps; i++) {
-        run.steps[i].run = &run;
-        run.steps[i].idx = i;
-        run.steps[i].req.binary_data_output = -1;
-    }
-    /* The request's inputs are the first ensemble tensors (validated against the ensemble's
-     * declared inputs; each one is read by some step, as the load checked). */
-    for (uint32_t i = 0; i < req->n_inputs; i++) {
-        int t = tensor_index(e, req->inputs[i].name);
-        if (t < 0 || run.have[t])
-            continue;
-        run.vals[t] = req->inputs[i];
-        run.vals[t].name = e->tensors[t];
-        run.vals[t].parameters = (oi_slice_t){0};
-        run.vals[t].owner = oi_buf_ref(run.vals[t].owner);
-        run.batch[t] = batch_of(e->self, req);
-        run.have[t] = 1;
-    }
-    for (uint32_t i = 0; i < e->self->n_inputs; i++) {
-        int t = tensor_index(e, e->self->inputs[i].name);
-        if (t >= 0 && !run.have[t] && e->self->inputs[i].optional)
-            run.have[t] = ABSENT;
-    }
     pthread_mutex_lock(&run.mu);
-    uint32_t first = pick_ready(&run);
+    step_run_t *first = pick_ready(&run);
     run.inflight++; /* this thread, while it sends */
     pthread_mutex_unlock(&run.mu);
     launch(&run, first);
     pthread_mutex_lock(&run.mu);
     run.inflight--;
     pthread_mutex_unlock(&run.mu);
-    wait_steps(&run, req);
+    wait_steps(&run);
     if (run.err != NULL) {
         st = run.err;
         run.err = NULL;
-    } else {
-        st = assemble(&run, output_names, n_outputs, resp);
+    } else if (req->send == NULL && answers_ready(&run) == 0) {
+        /* Only a decoupled ensemble may answer nothing (its stream just ends, as Triton's). */
+        st = oi_status_new(OI_INTERNAL,
+                           "in ensemble '%s', unexpected deadlock, at least one output is not set while no "
+                           "more ensemble steps can be made",
+                           e->name);
+    } else if (req->send == NULL) {
+        st = assemble(&run, 0, resp);
     }
 out:
     run_clear(&run);

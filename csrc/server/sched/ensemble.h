@@ -42,10 +42,14 @@ typedef struct oi_ensemble_s oi_ensemble_t;
 /* Runs requests of ensemble `self` over `reg` (borrowed: it outlives every model in it; `self`
  * borrowed too: the model owns the state returned). `count_stats`: the steps are counted in
  * their models' statistics. Tensors pass between models that batch and models that do not as
- * Triton's ensemble scheduler passes them (a batch of one where the shapes say so). Returns the
+ * Triton's ensemble scheduler passes them (a batch of one where the shapes say so). A decoupled
+ * step's every response is a new iteration of its outputs, sent on to the steps after it (the
+ * ensemble model is then decoupled: each complete iteration of its outputs is one answer).
+ * `max_inflight`: Triton's max_inflight_requests, the runs of one step in flight at once over
+ * all requests (a step past it holds whoever sends it); 0: no limit. Returns the
  * backend state (freed by oi_ensemble_backend.release), or NULL when out of memory. */
 oi_ensemble_t *oi_ensemble_new(oi_registry_t *reg, const oi_model_t *self, int count_stats,
-                               const oi_ensemble_step_spec_t *steps, uint32_t n_steps);
+                               const oi_ensemble_step_spec_t *steps, uint32_t n_steps, uint32_t max_inflight);
 
 extern const oi_backend_t oi_ensemble_backend;
 

@@ -44,14 +44,16 @@ class EnsembleModel:
     outputs: tuple[Tensor, ...]
     max_batch_size: int
     steps: tuple[Step, ...]
+    max_inflight_requests: int = 0  # Triton's per-step limit of runs in flight; 0: none
     platform: str = PLATFORM
     instances: int = 1
     dynamic_batching: None = None
-    decoupled: bool = False
+    decoupled: bool = False  # decided when it is published, from its step models (`is_decoupled`)
 
-    def core(self) -> list[tuple[str, int, list[tuple[str, str]], list[tuple[str, str]]]]:
+    def core(self) -> tuple[int, list[tuple[str, int, list[tuple[str, str]], list[tuple[str, str]]]]]:
         """add_model's `ensemble` argument."""
-        return [(s.model_name, s.model_version, list(s.input_map), list(s.output_map)) for s in self.steps]
+        steps = [(s.model_name, s.model_version, list(s.input_map), list(s.output_map)) for s in self.steps]
+        return self.max_inflight_requests, steps
 
 
 def is_ensemble(config: Mapping[str, Any]) -> bool:
@@ -128,8 +130,6 @@ def parse(config: Mapping[str, Any], source: str, name: str) -> tuple[Step, ...]
     ):
         if config.get(field):
             raise error(field, f"{why} '{name}'")
-    if config.get("model_transaction_policy", {}).get("decoupled"):
-        raise error("model_transaction_policy", f"ensemble '{name}' cannot be decoupled in openinfer")
     raw_steps = config["ensemble_scheduling"].get("step", [])
     if not raw_steps:
         raise error("ensemble_scheduling.step", f"must specify 'step' for ensemble '{name}'")
@@ -252,11 +252,6 @@ def check_steps(
         model, why = served(s.model_name, s.model_version)
         if model is None:
             return f"{where}.model_name: ensemble '{name}' depends on '{s.model_name}' {why}"
-        if getattr(model, "decoupled", False):
-            return (
-                f"{where}.model_name: model '{s.model_name}' is decoupled, which openinfer does not run as "
-                "an ensemble step"
-            )
         declared_in = {t.name: t for t in model.inputs}
         declared_out = {t.name: t for t in model.outputs}
         for model_input, tensor in s.input_map:
@@ -282,4 +277,46 @@ def check_steps(
                 )
             if (bad := typed(i, tensor, declared_out[model_output].datatype, s.model_name)) is not None:
                 return bad
+    return _mixed_lineage(name, steps, outputs, [is_decoupled((s,), served) for s in steps])
+
+
+def is_decoupled(steps: tuple[Step, ...], served: Callable[[str, int], tuple[Any, str | None]]) -> bool:
+    """Whether any step model is decoupled: the ensemble then is too (Triton sets its
+    model_transaction_policy so), every response of that step a new request to the steps after."""
+    return any(getattr(served(s.model_name, s.model_version)[0], "decoupled", False) for s in steps)
+
+
+def _mixed_lineage(
+    name: str, steps: tuple[Step, ...], outputs: tuple[Tensor, ...], decoupled: list[bool]
+) -> str | None:
+    """Triton's check of a graph with decoupled steps (ensemble_utils.cc): the inputs of a step,
+    and the ensemble's outputs, must all come from the responses of the same decoupled step (or
+    from none), since only those come in matching numbers. The reason when they do not. The
+    graph is `parse`'s: acyclic, every step with inputs."""
+    label: dict[str, int] = {tensor: 0 for s in steps for _, tensor in s.input_map if not _produced(tensor, steps)}
+    pending, labels = list(range(len(steps))), 0
+    while ready := [i for i in pending if all(t in label for _, t in steps[i].input_map)]:
+        for i in ready:  # a pass over the steps whose inputs all have their origin
+            pending.remove(i)
+            seen = {label[t] for _, t in steps[i].input_map}  # a step has inputs (parse checked)
+            if len(seen) > 1:
+                return _mixed(i, name, steps[i].model_name)
+            if decoupled[i]:
+                labels += 1
+            for _, tensor in steps[i].output_map:
+                label[tensor] = labels if decoupled[i] else next(iter(seen))
+    if len({label[t.name] for t in outputs if t.name in label}) > 1:
+        return _mixed(None, name, name)
     return None
+
+
+def _produced(tensor: str, steps: tuple[Step, ...]) -> bool:
+    return any(tensor == t for s in steps for _, t in s.output_map)
+
+
+def _mixed(i: int | None, name: str, model: str) -> str:
+    where = "ensemble_scheduling.step" + (f"[{i}]" if i is not None else "")
+    return (
+        f"{where}: in ensemble {name}, step of model '{model}' receives inputs originated from different "
+        "decoupled models"
+    )

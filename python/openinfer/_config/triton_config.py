@@ -477,8 +477,10 @@ def complete(name: str, config: Message, model: Any, *, backend: str, gpus: tupl
         c["input"] = [_tensor(t, batch) for t in model.inputs]
         c["output"] = [_tensor(t, batch) for t in model.outputs]
     c.setdefault("version_policy", {"latest": {"num_versions": 1}})
-    if getattr(model, "decoupled", False):  # a generator infer, or declared so
-        c["model_transaction_policy"] = {**c.get("model_transaction_policy", {}), "decoupled": True}
+    if getattr(model, "decoupled", False) or c.get("platform") == "ensemble":
+        # A generator infer, or declared so; an ensemble's is its steps' (Triton sets it so).
+        c["model_transaction_policy"] = {**c.get("model_transaction_policy", {}),
+                                         "decoupled": bool(getattr(model, "decoupled", False))}
     if getattr(model, "response_cache", False):  # Model(..., response_cache=True)
         c["response_cache"] = {"enable": True}
     if model.dynamic_batching is not None and "dynamic_batching" not in c and model.max_batch_size > 0:
@@ -668,7 +670,8 @@ def unsupported(config: Message, source: str) -> tuple[list[str], list[str]]:
             if state.get(key):
                 warn(f"sequence_batching.state[{i}].{key}", "it only tunes performance")
     python = config.get("backend", "python") == "python" and not config.get("platform")
-    if config.get("model_transaction_policy", {}).get("decoupled") and not python:
+    ensemble_of = config.get("platform") == "ensemble"  # decoupled when a step is, whatever it says
+    if config.get("model_transaction_policy", {}).get("decoupled") and not python and not ensemble_of:
         refuse("model_transaction_policy { decoupled: true }", "only Python models can be decoupled")
     if config.get("response_cache", {}).get("enable"):
         # Triton's own checks (model_config_utils.cc), in its words.

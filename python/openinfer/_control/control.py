@@ -590,6 +590,8 @@ class ModelControl:
         if isinstance(model, ensemble.EnsembleModel):
             reason = ensemble.check_steps(entry.name, model.steps, model.inputs, model.outputs, self._served)
             if reason is None:
+                model = replace(model, decoupled=ensemble.is_decoupled(model.steps, self._served))
+                entry = replace(entry, model=model)
                 return self._core.add_model(
                     entry.name,
                     model.version,
@@ -599,6 +601,7 @@ class ModelControl:
                     metadata_json=_model_metadata(entry.name, versions, model.platform, model.inputs, model.outputs),
                     handler=None,
                     ensemble=model.core(),
+                    decoupled=model.decoupled,
                     **_model_config(entry),
                     publish=False,
                 )

@@ -218,6 +218,7 @@ def _ensemble(name: str, version: int, config: ModelConfig, steps: tuple[ensembl
         tuple(Tensor(t.name, t.datatype, [*batch, *t.dims]) for t in config.outputs),
         config.max_batch_size,
         steps,
+        int(config.raw.get("ensemble_scheduling", {}).get("max_inflight_requests", 0)),
     )
 
 
