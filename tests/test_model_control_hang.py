@@ -1,6 +1,6 @@
 """Model control never waits on another model (issue 38, point 5): with a model whose execute
 never returns, an infer on it under way and its unload waiting, a load and an unload of another
-model finish at once, through the HTTP repository API; the hung model's unload returns after
+model finish while that unload still waits (an order, not a timing), through the HTTP repository API; the hung model's unload returns after
 its bound (--model-unload-timeout-secs, `serve(model_unload_timeout=...)`), having killed its
 worker processes or abandoned its in-process instance. In poll mode, a hung model that leaves
 the repository holds the scans up no longer than that bound.
@@ -25,7 +25,6 @@ from conftest import INT32_IO, python_model, wait_for, worker_children
 
 BOUND = 60.0  # seconds: a bound for a hung test, not a measurement
 UNLOAD_S = 3.0  # the unload bound the server is given
-AT_ONCE_S = 1.0  # what "at once" means for a load and unload of a small in-process model
 HANGS = textwrap.dedent(
     """
     import os, time
@@ -106,9 +105,11 @@ def test_a_hung_model_wedges_neither_other_models_nor_its_own_unload(repo: Path,
     time.sleep(0.3)  # the unload is waiting on the hung request
     assert not unload
 
+    # Each finishes while the hung model's unload still waits (an order, not a timing): none of
+    # them waited on it.
     for op in ("load", "unload", "load", "unload"):
-        status, took = _timed("POST", f"{url}/v2/repository/models/other/{op}")
-        assert status == 200 and took < AT_ONCE_S, (op, status, took)
+        status, _ = _timed("POST", f"{url}/v2/repository/models/other/{op}")
+        assert status == 200 and not unload, (op, status, unload)
 
     unloading.join(BOUND)
     [(status, took)] = unload
