@@ -29,23 +29,35 @@ BOUND = 30.0  # a bound for a hung test, not a measurement
 
 
 class Producer:
-    """A decoupled model: N[0] responses X + k, counting those it has produced."""
+    """A decoupled model: N[0] responses X + k, counting those it has produced and the runs
+    that have ended (all sent, or stopped by the server)."""
 
     def __init__(self) -> None:
         self.cond = threading.Condition()
         self.produced = 0
+        self.ended = 0
 
     def fn(self, inputs: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
-        for k in range(int(inputs["N"][0])):
+        try:
+            for k in range(int(inputs["N"][0])):
+                with self.cond:
+                    self.produced += 1
+                    self.cond.notify_all()
+                yield {"Y": inputs["X"] + k}
+        finally:
             with self.cond:
-                self.produced += 1
+                self.ended += 1
                 self.cond.notify_all()
-            yield {"Y": inputs["X"] + k}
 
     def wait_for(self, n: int) -> int:
         with self.cond:
             self.cond.wait_for(lambda: self.produced >= n, timeout=BOUND)
             return self.produced
+
+    def wait_ended(self, n: int) -> int:
+        with self.cond:
+            self.cond.wait_for(lambda: self.ended >= n, timeout=BOUND)
+            return self.ended
 
 
 def _step(model: str, inputs: dict[str, str], outputs: dict[str, str]) -> str:
@@ -319,17 +331,18 @@ def test_cancel_while_held_by_max_inflight_requests(srv: openinfer.Server, produ
                                                     gate: threading.Event) -> None:
     """A producer held for a slot is let go when its stream is cancelled, and stops."""
     gate.clear()
-    before = producer.produced
+    before, ended = producer.produced, producer.ended
     s = Stream(srv)
     try:
         s.send("fan_limited", np.zeros(4, dtype=np.float32), 5)
         assert producer.wait_for(before + 2) == before + 2
     finally:
         s.close(cancel=True)
-    time.sleep(0.5)  # time for the cancellation to reach the held producer
-    gate.set()
-    time.sleep(0.5)  # time for a producer that was not stopped to go on
-    assert producer.produced < before + 5
+    try:  # the gate stays shut: only the cancellation can end the producer's run
+        assert producer.wait_ended(ended + 1) == ended + 1
+        assert producer.produced < before + 5
+    finally:
+        gate.set()
     again = Stream(srv)  # the ensemble serves on
     try:
         again.send("fan", np.zeros(4, dtype=np.float32), 1)

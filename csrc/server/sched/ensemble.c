@@ -371,16 +371,28 @@ static void deadline_after(struct timespec *ts, long long ns)
     ts->tv_nsec %= 1000000000LL;
 }
 
-static void limit_acquire(run_t *run, step_run_t *s)
+/* Whether the ensemble's client has gone, seen at once (the executor's poll notes it in
+ * run->err only up to CANCEL_POLL_NS later). */
+static int run_cancelled(const run_t *run)
+{
+    const oi_request_t *req = run->req;
+    return req->cancelled != NULL && req->cancelled(req->cancelled_arg);
+}
+
+/* Returns 0 once a slot is held (or the wait gave up after LIMIT_WAIT_NS), -1 when the request
+ * was cancelled while it waited: then nothing is sent. */
+static int limit_acquire(run_t *run, step_run_t *s)
 {
     limiter_t *l = &run->e->limiters[s->idx];
     if (run->e->max_inflight == 0)
-        return;
-    const oi_request_t *req = run->req;
+        return 0;
     long long waited = 0;
     pthread_mutex_lock(&l->mu);
-    while (l->inflight >= run->e->max_inflight && waited < LIMIT_WAIT_NS &&
-           !(req->cancelled != NULL && req->cancelled(req->cancelled_arg))) {
+    while (l->inflight >= run->e->max_inflight && waited < LIMIT_WAIT_NS) {
+        if (run_cancelled(run)) {
+            pthread_mutex_unlock(&l->mu);
+            return -1;
+        }
         struct timespec ts;
         deadline_after(&ts, CANCEL_POLL_NS);
         pthread_cond_timedwait(&l->cv, &l->mu, &ts);
@@ -389,6 +401,7 @@ static void limit_acquire(run_t *run, step_run_t *s)
     l->inflight++;
     pthread_mutex_unlock(&l->mu);
     s->limited = 1;
+    return 0;
 }
 
 static void limit_release(const run_t *run, step_run_t *s)
@@ -496,9 +509,10 @@ static oi_status_t *step_send(void *arg, oi_response_t *resp)
     oi_status_t *st = oi_validate_response(s->model, s->names, s->job.n_outputs, resp);
     if (st == NULL) {
         pthread_mutex_lock(&s->run->mu);
-        if (s->run->err != NULL) /* the ensemble failed or its client went: stop the model */
-            st = oi_status_new(OI_CLIENT_CLOSED, "the request was cancelled");
+        int failed = s->run->err != NULL;
         pthread_mutex_unlock(&s->run->mu);
+        if (failed || run_cancelled(s->run)) /* the ensemble failed or its client went: stop the model */
+            st = oi_status_new(OI_CLIENT_CLOSED, "the request was cancelled");
     }
     if (st != NULL) {
         oi_response_clear(resp);
@@ -571,7 +585,8 @@ static oi_status_t *send_step(run_t *run, step_run_t *s)
         r->send = step_send;
         r->send_arg = s;
     }
-    limit_acquire(run, s);
+    if (limit_acquire(run, s) != 0)
+        return oi_status_new(OI_CLIENT_CLOSED, "the request was cancelled");
     if (oi_scheduler_submit(s->model->sched, &s->job) != 0)
         return oi_status_new(OI_UNAVAILABLE, "the server is shutting down");
     return NULL;
