@@ -717,7 +717,8 @@ static PyObject *model_version_new(oi_model_t *m)
 }
 
 /* swap_models(add, remove, timeout=None): in one registry step, each ModelVersion of `add`
- * replaces the entry of its name and version, and each (name, version) of `remove` leaves; then
+ * replaces the entry of its namespace, name and version, and each (name, version[, namespace])
+ * of `remove` leaves; then
  * waits, without the GIL, for the requests in flight on the entries that left (at most
  * `timeout` seconds each, see oi_model_retire_within), and ends them. Returns the (name,
  * version) of those abandoned because a request still ran past the bound. */
@@ -749,11 +750,12 @@ static PyObject *Server_swap_models(ServerObject *self, PyObject *args)
     Py_ssize_t n_add = PySequence_Fast_GET_SIZE(add), n_remove = PySequence_Fast_GET_SIZE(remove);
     oi_model_t **models = calloc((size_t)n_add + 1, sizeof(*models));
     const char **names = calloc((size_t)n_remove + 1, sizeof(*names));
+    const char **spaces = calloc((size_t)n_remove + 1, sizeof(*spaces));
     int64_t *versions = calloc((size_t)n_remove + 1, sizeof(*versions));
     oi_model_t **retired = NULL;
     size_t n_retired = 0;
     PyObject *ret = NULL;
-    if (models == NULL || names == NULL || versions == NULL) {
+    if (models == NULL || names == NULL || spaces == NULL || versions == NULL) {
         PyErr_NoMemory();
         goto done;
     }
@@ -772,13 +774,14 @@ static PyObject *Server_swap_models(ServerObject *self, PyObject *args)
     }
     for (Py_ssize_t i = 0; i < n_remove; i++) {
         long long v;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(remove, i), "sL;remove holds (name, version) pairs", &names[i],
-                              &v))
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(remove, i), "sL|z;remove holds (name, version[, namespace])",
+                              &names[i], &v, &spaces[i]))
             goto done;
         versions[i] = v;
     }
     /* The swap itself is quick and holds the GIL, so that a stop cannot free the server under it. */
-    if (oi_server_swap_models(s, models, (size_t)n_add, names, versions, (size_t)n_remove, &retired, &n_retired) != 0) {
+    if (oi_server_swap_models(s, models, (size_t)n_add, spaces, names, versions, (size_t)n_remove, &retired,
+                              &n_retired) != 0) {
         PyErr_NoMemory();
         goto done;
     }
@@ -800,6 +803,7 @@ done:
     free(retired);
     free(models);
     free(names);
+    free(spaces);
     free(versions);
     Py_DECREF(add);
     Py_DECREF(remove);
@@ -1492,18 +1496,18 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
                              "decoupled", "onnx",             "labels",
                              "ensemble",  "response_cache",   "workers",
                              "direct",    "identity",         "ready_probe",
-                             NULL};
-    const char *name, *error = NULL;
+                             "namespace", NULL};
+    const char *name, *error = NULL, *ns = NULL;
     long long version;
     PyObject *inputs = NULL, *outputs = NULL, *handler = NULL, *torch = Py_None, *batching = Py_None,
              *sequence = Py_None, *onnx = Py_None, *labels = Py_None, *ensemble = Py_None, *workers = Py_None,
              *direct = Py_None, *identity = Py_None;
     int max_batch = 0, instances = 1, publish = 1, decoupled = 0, response_cache = 0, ready_probe = 0;
     Py_buffer meta = {0}, cfg_json = {0}, cfg_pb = {0};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOOy*y*pOpOOOpOOOp", kwlist, &name, &version, &inputs,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOOy*y*pOpOOOpOOOpz", kwlist, &name, &version, &inputs,
                                      &outputs, &max_batch, &meta, &handler, &instances, &error, &torch, &batching,
                                      &cfg_json, &cfg_pb, &publish, &sequence, &decoupled, &onnx, &labels, &ensemble,
-                                     &response_cache, &workers, &direct, &identity, &ready_probe))
+                                     &response_cache, &workers, &direct, &identity, &ready_probe, &ns))
         return NULL;
     if (handler == NULL && (torch != Py_None || onnx != Py_None || ensemble != Py_None || identity != Py_None))
         handler = Py_None;
@@ -1579,7 +1583,8 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
                 goto done;
             }
     m = oi_model_new(name, version, max_batch, in, n_in, out, n_out);
-    if (m == NULL || (m->metadata = oi_buf_new((size_t)meta.len)) == NULL) {
+    if (m == NULL || (ns != NULL && (m->ns = strdup(ns)) == NULL) ||
+        (m->metadata = oi_buf_new((size_t)meta.len)) == NULL) {
         PyErr_NoMemory();
         goto done;
     }

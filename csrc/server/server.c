@@ -246,10 +246,12 @@ void oi_server_set_chat_renderer(oi_server_t *s, oi_chat_render_fn fn, void *ctx
     s->chat_release = release;
 }
 
-int oi_server_swap_models(oi_server_t *s, oi_model_t **add, size_t n_add, const char *const *remove_names,
-                          const int64_t *remove_versions, size_t n_remove, oi_model_t ***retired, size_t *n_retired)
+int oi_server_swap_models(oi_server_t *s, oi_model_t **add, size_t n_add, const char *const *remove_ns,
+                          const char *const *remove_names, const int64_t *remove_versions, size_t n_remove,
+                          oi_model_t ***retired, size_t *n_retired)
 {
-    if (oi_registry_swap(&s->registry, add, n_add, remove_names, remove_versions, n_remove, retired, n_retired) != 0)
+    if (oi_registry_swap(&s->registry, add, n_add, remove_ns, remove_names, remove_versions, n_remove, retired,
+                         n_retired) != 0)
         return -1;
     oi_server_health_changed(s); /* loads and unloads change readiness */
     return 0;

@@ -95,8 +95,9 @@ void oi_server_set_chat_renderer(oi_server_t *s, oi_chat_render_fn fn, void *ctx
 /* Swaps registry entries in one step as oi_registry_swap does (loads and unloads); the entries
  * that left come back in *retired for the caller to end with oi_model_retire, which waits for
  * their requests in flight. Returns 0, or -1 when out of memory (nothing changed). */
-int oi_server_swap_models(oi_server_t *s, oi_model_t **add, size_t n_add, const char *const *remove_names,
-                          const int64_t *remove_versions, size_t n_remove, oi_model_t ***retired, size_t *n_retired);
+int oi_server_swap_models(oi_server_t *s, oi_model_t **add, size_t n_add, const char *const *remove_ns,
+                          const char *const *remove_names, const int64_t *remove_versions, size_t n_remove,
+                          oi_model_t ***retired, size_t *n_retired);
 
 /* Tells the grpc.health.v1 Watch calls that readiness may have changed (a model version was
  * loaded, unloaded or failed): each gets the new status if it differs from what it last got.

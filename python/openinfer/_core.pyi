@@ -205,6 +205,9 @@ class Server:
         # a ready check asks the application (the repository handler's "ready" op) instead of
         # being answered on the event loop: a Triton Python model's is_ready()
         ready_probe: bool = False,
+        # the model's namespace (its repository, with --model-namespacing): a name held in
+        # several is ambiguous to requests, and an ensemble's steps find its own first
+        namespace: str | None = None,
     ) -> str | None | ModelVersion:
         """Registers one model version. `labels` maps an output name to its label file's bytes
         (one label a line) for the classification extension. handler=None with error=reason registers a version that
@@ -238,10 +241,11 @@ class Server:
         direct=None is Oldest, where dynamic_batching says how ready requests of different
         sequences batch."""
     def swap_models(
-        self, add: Sequence[ModelVersion], remove: Sequence[tuple[str, int]], timeout: float | None = None
+        self, add: Sequence[ModelVersion], remove: Sequence[tuple[str, int] | tuple[str, int, str | None]],
+        timeout: float | None = None,
     ) -> list[tuple[str, int]]:
-        """In one registry step, each of `add` replaces the entry of its name and version and
-        each (name, version) of `remove` leaves; then waits (without the GIL) until the
+        """In one registry step, each of `add` replaces the entry of its namespace, name and
+        version and each (name, version[, namespace]) of `remove` leaves; then waits (without the GIL) until the
         requests admitted to the entries that left are answered, and ends them. With a
         `timeout` (seconds per entry), an entry whose requests still run then has its queued
         requests failed and its worker processes killed, and a short grace; one still running

@@ -74,7 +74,6 @@ _TRITON_REFUSED: dict[str, str] = {
     "model-config-name": "openinfer reads config.pbtxt only",
     "model-load-thread-count": "openinfer loads a repository's models one at a time",
     "model-load-retry-count": "openinfer does not retry a failed load",
-    "model-namespacing": "model names are unique across the repository",
     "enable-peer-access": "openinfer does not manage CUDA peer access",
     "reuse-http-port": "use --workers N to share a port among servers",
     "reuse-grpc-port": "use --workers N to share a port among servers",
@@ -137,7 +136,13 @@ def _triton_flags(serve: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--model-repository", "--model-store", action="append", default=[], metavar="PATH",
         help="a model repository, besides REPO (repeatable: a model two repositories have is "
-        "not served, as tritonserver)",
+        "not served, as tritonserver, unless --model-namespacing)",
+    )
+    group.add_argument(
+        "--model-namespacing", type=_triton_bool, nargs="?", const=True, default=False, metavar="BOOL",
+        help="true: each repository is a namespace, so that several may hold a model of one name "
+        "(a request by a name several hold is refused as ambiguous; an ensemble's steps are its "
+        "own repository's models first) (default false)",
     )
     group.add_argument(
         "--strict-readiness", type=_triton_bool, nargs="?", const=True, default=True, metavar="BOOL",
@@ -789,6 +794,7 @@ def _serve(args: argparse.Namespace) -> int:
                 "grpc-restricted-protocol", args.grpc_restricted_protocol_file)],
             grpc_address=args.grpc_address,
             strict_readiness=args.strict_readiness,
+            model_namespacing=args.model_namespacing,
             server_id=args.id,
             http_header_forward_pattern=args.http_header_forward_pattern,
             grpc_header_forward_pattern=args.grpc_header_forward_pattern,

@@ -29,6 +29,7 @@ from ._version import __version__
 from ._control.cache import cache_bytes
 from ._control.control import DEFAULT_POLL_SECS, IndexEntry, ModelControl
 from ._control.logsettings import LogSettings
+from ._control.namespaces import NamespacedControl
 from ._control.restricted import grpc_restricted, http_restricted, open_to_anyone, reached_by_strangers
 from ._control.tracesettings import TraceSettings, level_mask, trace_options
 from .errors import InferenceServerError
@@ -183,6 +184,7 @@ def serve(
     grpc_restricted_protocol: str | Iterable[str] | None = None,
     grpc_address: str | None = None,
     strict_readiness: bool = True,
+    model_namespacing: bool = False,
     server_id: str = "openinfer",
     http_header_forward_pattern: str | None = None,
     grpc_header_forward_pattern: str | None = None,
@@ -271,7 +273,10 @@ def serve(
     `grpc_address` is tritonserver's ``--grpc-address``: the host the gRPC listener binds
     (default `host`, which is then ``--http-address``). `strict_readiness` is its
     ``--strict-readiness``: True (the default) makes the server ready only while every model
-    is; False, once it serves, whatever its models' state. `server_id` is its ``--id``: the
+    is; False, once it serves, whatever its models' state. `model_namespacing` is its
+    ``--model-namespacing``: each repository of `repo` is a namespace, so that several may hold
+    a model of one name (see `openinfer._control.namespaces`); without it such a model is served
+    from none. `server_id` is its ``--id``: the
     ``name`` of the server metadata (default "openinfer").
     `http_header_forward_pattern` and `grpc_header_forward_pattern` are its
     ``--http-header-forward-pattern`` and ``--grpc-header-forward-pattern``: an inference
@@ -347,6 +352,7 @@ def serve(
         grpc_restricted_protocol=grpc_restricted_protocol,
         grpc_address=grpc_address,
         strict_readiness=strict_readiness,
+        model_namespacing=model_namespacing,
         server_id=server_id,
         http_header_forward_pattern=http_header_forward_pattern,
         grpc_header_forward_pattern=grpc_header_forward_pattern,
@@ -405,6 +411,7 @@ class Server:
         grpc_restricted_protocol: str | Iterable[str] | None = None,
         grpc_address: str | None = None,
         strict_readiness: bool = True,
+        model_namespacing: bool = False,
         server_id: str = "openinfer",
         http_header_forward_pattern: str | None = None,
         grpc_header_forward_pattern: str | None = None,
@@ -501,9 +508,10 @@ class Server:
             _json({"name": server_id, "version": __version__, "extensions": list(extensions)})
         )
         try:
-            self._control = ModelControl(
+            namespaces = [repo_path] if isinstance(repo_path, Path) else repo_path or []
+            self._control: ModelControl | NamespacedControl = (NamespacedControl if model_namespacing and namespaces else ModelControl)(
                 self._core,
-                repo_path,
+                namespaces if model_namespacing and namespaces else repo_path,
                 given,
                 mode=model_control_mode,
                 load_models=load_models,
@@ -534,7 +542,7 @@ class Server:
         # OpenAI's chat completions: prompts from the model folder's chat template.
         self._core.set_chat_renderer(ChatTemplates(self._control.model_dir).render)
         self._pt2_examples: list[tuple[str, Path]] = []
-        if isinstance(repo_path, Path) and _is_examples(repo_path):
+        if isinstance(repo_path, Path) and _is_examples(repo_path) and not model_namespacing:
             loading = set(load_models) if model_control_mode == "explicit" and "*" not in load_models else None
             self._pt2_examples = _pt2_left_out(repo_path, loading, self._control.loaded())
 
@@ -651,6 +659,7 @@ class Server:
         """Loads a PT2 example whose package was built after start-up, as a poll loads a model
         that changed (the model control has no other way in for model_control_mode none)."""
         control = self._control
+        assert isinstance(control, ModelControl)  # the examples are served without namespacing
         with control._ops:
             if control._closed.is_set():
                 return

@@ -68,6 +68,7 @@ void oi_model_unref(oi_model_t *m)
     if (m == NULL || atomic_fetch_sub(&m->refs, 1) != 1)
         return;
     free(m->name);
+    free(m->ns);
     free_specs(m->inputs, m->n_inputs);
     free_specs(m->outputs, m->n_outputs);
     free(m->output_names);
@@ -81,6 +82,14 @@ void oi_model_unref(oi_model_t *m)
     free(m);
 }
 
+/* Whether two namespaces are the same one (NULL: none, as ""). */
+static int same_ns(const char *a, const char *b) { return strcmp(a ? a : "", b ? b : "") == 0; }
+
+static int is_model(const oi_model_t *x, const char *ns, const char *name, int64_t version)
+{
+    return x->version == version && strcmp(x->name, name) == 0 && same_ns(x->ns, ns);
+}
+
 void oi_registry_init(oi_registry_t *r)
 {
     pthread_rwlock_init(&r->lock, NULL);
@@ -91,7 +100,7 @@ int oi_registry_add(oi_registry_t *r, oi_model_t *m)
 {
     pthread_rwlock_wrlock(&r->lock);
     for (oi_model_t *x = r->models; x; x = x->next)
-        if (x->version == m->version && strcmp(x->name, m->name) == 0) {
+        if (is_model(x, m->ns, m->name, m->version)) {
             pthread_rwlock_unlock(&r->lock);
             return -1;
         }
@@ -102,10 +111,10 @@ int oi_registry_add(oi_registry_t *r, oi_model_t *m)
 }
 
 /* Takes `m` out of the list if it is there (the caller holds the write lock); returns it. */
-static oi_model_t *unlink_model(oi_registry_t *r, const char *name, int64_t version)
+static oi_model_t *unlink_model(oi_registry_t *r, const char *ns, const char *name, int64_t version)
 {
     for (oi_model_t **p = &r->models; *p; p = &(*p)->next)
-        if ((*p)->version == version && strcmp((*p)->name, name) == 0) {
+        if (is_model(*p, ns, name, version)) {
             oi_model_t *m = *p;
             *p = m->next;
             m->next = NULL;
@@ -114,8 +123,8 @@ static oi_model_t *unlink_model(oi_registry_t *r, const char *name, int64_t vers
     return NULL;
 }
 
-int oi_registry_swap(oi_registry_t *r, oi_model_t **add, size_t n_add, const char *const *remove_names,
-                     const int64_t *remove_versions, size_t n_remove, oi_model_t ***retired, size_t *n_retired)
+int oi_registry_swap(oi_registry_t *r, oi_model_t **add, size_t n_add, const char *const *remove_ns,
+                     const char *const *remove_names, const int64_t *remove_versions, size_t n_remove, oi_model_t ***retired, size_t *n_retired)
 {
     /* At most one entry leaves per added or removed one: allocated before anything moves. */
     oi_model_t **out = calloc(n_add + n_remove + 1, sizeof(*out));
@@ -124,12 +133,12 @@ int oi_registry_swap(oi_registry_t *r, oi_model_t **add, size_t n_add, const cha
     size_t n = 0;
     pthread_rwlock_wrlock(&r->lock);
     for (size_t i = 0; i < n_remove; i++) {
-        oi_model_t *m = unlink_model(r, remove_names[i], remove_versions[i]);
+        oi_model_t *m = unlink_model(r, remove_ns ? remove_ns[i] : NULL, remove_names[i], remove_versions[i]);
         if (m != NULL)
             out[n++] = m;
     }
     for (size_t i = 0; i < n_add; i++) {
-        oi_model_t *m = unlink_model(r, add[i]->name, add[i]->version);
+        oi_model_t *m = unlink_model(r, add[i]->ns, add[i]->name, add[i]->version);
         if (m != NULL)
             out[n++] = m;
         add[i]->next = r->models;
@@ -223,12 +232,13 @@ static int parse_version(const char *s, int64_t *out)
     return 0;
 }
 
-/* The default version: the highest ready one, else the highest. Caller holds the lock. */
-static oi_model_t *default_version(oi_registry_t *r, const char *name)
+/* The default version of `name` in namespace `ns`: the highest ready one, else the highest.
+ * Caller holds the lock. */
+static oi_model_t *default_version(oi_registry_t *r, const char *ns, const char *name)
 {
     oi_model_t *best = NULL;
     for (oi_model_t *x = r->models; x; x = x->next) {
-        if (strcmp(x->name, name) != 0)
+        if (strcmp(x->name, name) != 0 || !same_ns(x->ns, ns))
             continue;
         int x_ready = x->error == NULL, b_ready = best && best->error == NULL;
         if (best == NULL || x_ready > b_ready || (x_ready == b_ready && x->version > best->version))
@@ -237,7 +247,42 @@ static oi_model_t *default_version(oi_registry_t *r, const char *name)
     return best;
 }
 
+/* The namespace that model `name` resolves to, in *ns: `prefer` when it has a model of that
+ * name, else the only namespace that has one. Returns how many namespaces have one when that
+ * is ambiguous (2 or more; *ns unset), else 0 or 1. Caller holds the lock. */
+static int resolve_ns(oi_registry_t *r, const char *prefer, const char *name, const char **ns)
+{
+    const oi_model_t *first = NULL;
+    int count = 0;
+    for (oi_model_t *x = r->models; x; x = x->next) {
+        if (strcmp(x->name, name) != 0)
+            continue;
+        if (prefer != NULL && same_ns(x->ns, prefer)) {
+            *ns = x->ns;
+            return 1;
+        }
+        if (first == NULL) {
+            first = x;
+            count = 1;
+        } else if (!same_ns(x->ns, first->ns)) {
+            int seen = 0; /* another namespace: counted once, at its first model */
+            for (oi_model_t *y = r->models; y != x && !seen; y = y->next)
+                seen = strcmp(y->name, name) == 0 && same_ns(y->ns, x->ns);
+            count += !seen;
+        }
+    }
+    if (count == 1)
+        *ns = first->ns;
+    return count;
+}
+
 oi_model_t *oi_registry_find(oi_registry_t *r, const char *name, const char *version, oi_status_t **err)
+{
+    return oi_registry_find_in(r, NULL, name, version, err);
+}
+
+oi_model_t *oi_registry_find_in(oi_registry_t *r, const char *prefer, const char *name, const char *version,
+                                oi_status_t **err)
 {
     int64_t v = -1;
     if (version != NULL && *version != '\0' && parse_version(version, &v) != 0) {
@@ -250,20 +295,22 @@ oi_model_t *oi_registry_find(oi_registry_t *r, const char *name, const char *ver
     }
     pthread_rwlock_rdlock(&r->lock);
     oi_model_t *found = NULL;
-    int known = 0;
-    for (oi_model_t *x = r->models; x; x = x->next) {
-        if (strcmp(x->name, name) != 0)
-            continue;
-        known = 1;
-        if (v >= 0 && x->version == v) {
+    const char *ns = NULL;
+    int known = resolve_ns(r, prefer, name, &ns);
+    for (oi_model_t *x = r->models; known == 1 && v >= 0 && x; x = x->next)
+        if (is_model(x, ns, name, v)) {
             found = x;
             break;
         }
-    }
-    if (v < 0 && known)
-        found = default_version(r, name);
+    if (v < 0 && known == 1)
+        found = default_version(r, ns, name);
     /* Worded as Triton's core words them: clients and scripts match on these. */
-    if (!known)
+    if (known > 1)
+        *err = oi_status_new(OI_BAD_REQUEST,
+                             "There are %d identifiers of model '%s' in global map, model namespace must be provided "
+                             "to resolve ambiguity.",
+                             known, name);
+    else if (!known)
         *err = oi_status_new(OI_NOT_FOUND, "Request for unknown model: '%s' is not found", name);
     else if (found == NULL)
         *err = oi_status_new(OI_NOT_FOUND, "Request for unknown model: '%s' version %lld is not found", name,
@@ -272,6 +319,15 @@ oi_model_t *oi_registry_find(oi_registry_t *r, const char *name, const char *ver
         oi_model_ref(found);
     pthread_rwlock_unlock(&r->lock);
     return found;
+}
+
+int oi_registry_namespaces(oi_registry_t *r, const char *name)
+{
+    const char *ns;
+    pthread_rwlock_rdlock(&r->lock);
+    int n = resolve_ns(r, NULL, name, &ns);
+    pthread_rwlock_unlock(&r->lock);
+    return n;
 }
 
 int oi_registry_visit_ready(oi_registry_t *r, const char *name, int (*fn)(void *ctx, oi_model_t *m), void *ctx)
@@ -301,7 +357,7 @@ int oi_registry_all_ready(oi_registry_t *r)
     int ready = 1;
     pthread_rwlock_rdlock(&r->lock);
     for (oi_model_t *x = r->models; x && ready; x = x->next)
-        if (default_version(r, x->name)->error != NULL)
+        if (default_version(r, x->ns, x->name)->error != NULL)
             ready = 0;
     pthread_rwlock_unlock(&r->lock);
     return ready;

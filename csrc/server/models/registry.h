@@ -16,6 +16,10 @@
 typedef struct oi_model_s {
     atomic_int refs;
     char *name;
+    /* The model's namespace (its repository, with --model-namespacing); NULL: none. Models
+     * of one name in several namespaces are served side by side: a request by that name alone
+     * is ambiguous, an ensemble's step finds its own namespace's first (oi_registry_find_in). */
+    char *ns;
     int64_t version;
     char version_str[24];
     int max_batch_size;
@@ -66,15 +70,25 @@ void oi_model_unref(oi_model_t *m);
 
 void oi_registry_init(oi_registry_t *r);
 
-/* Adds a model, taking the caller's reference. Returns 0, or -1 when that name and version
- * are already registered (the reference is then still the caller's). */
+/* Adds a model, taking the caller's reference. Returns 0, or -1 when that namespace, name
+ * and version are already registered (the reference is then still the caller's). */
 int oi_registry_add(oi_registry_t *r, oi_model_t *m);
 
 /* Finds a model version: `version` NULL or "" picks the highest ready version (else the
  * highest). Returns a new reference, or NULL with a status in *err worded as Triton words it:
  * 404 "Request for unknown model: 'x' is not found" (or "... 'x' version 3 is not found"),
- * 400 when `version` is not a decimal number. */
+ * 400 when `version` is not a decimal number, 400 when models of that name are in several
+ * namespaces (Triton's "model namespace must be provided to resolve ambiguity"). */
 oi_model_t *oi_registry_find(oi_registry_t *r, const char *name, const char *version, oi_status_t **err);
+
+/* As oi_registry_find, looking in namespace `ns` first: a model of that name there is the one
+ * found; without one, the name resolves as oi_registry_find resolves it (as Triton resolves an
+ * ensemble's step: its own namespace's model, else the only one of that name). */
+oi_model_t *oi_registry_find_in(oi_registry_t *r, const char *ns, const char *name, const char *version,
+                                oi_status_t **err);
+
+/* How many namespaces hold a model named `name` (0 when none; 1 without namespacing). */
+int oi_registry_namespaces(oi_registry_t *r, const char *name);
 
 /* Calls `fn` for each ready version (no error, a scheduler) of model `name`, or of every
  * model when `name` is NULL, under the registry's read lock: while `fn` runs, the version
@@ -91,13 +105,13 @@ int oi_registry_visit(oi_registry_t *r, const char *name, int (*fn)(void *ctx, o
 int oi_registry_all_ready(oi_registry_t *r);
 
 /* Swaps entries in one step, as a load or unload does: each of `add` (the caller's
- * references, taken) replaces the entry of its name and version if there is one, and every
- * entry named in `remove` (name and version) leaves. The entries that left are returned in
+ * references, taken) replaces the entry of its namespace, name and version if there is one, and
+ * every entry named in `remove` (namespace, name and version; `remove_ns` NULL: none) leaves. The entries that left are returned in
  * *retired (a new array, NULL when none; its length in *n_retired), each with the registry's
  * reference, for the caller to pass to oi_model_retire. Returns 0, or -1 when out of memory
  * (nothing changed, `add` still the caller's). */
-int oi_registry_swap(oi_registry_t *r, oi_model_t **add, size_t n_add, const char *const *remove_names,
-                     const int64_t *remove_versions, size_t n_remove, oi_model_t ***retired, size_t *n_retired);
+int oi_registry_swap(oi_registry_t *r, oi_model_t **add, size_t n_add, const char *const *remove_ns,
+                     const char *const *remove_names, const int64_t *remove_versions, size_t n_remove, oi_model_t ***retired, size_t *n_retired);
 
 /* Ends a model version that no longer takes requests (out of the registry, or never in it):
  * waits until the caller's reference is the last (every request admitted to it has been

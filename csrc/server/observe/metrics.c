@@ -232,11 +232,20 @@ static int label_value(oi_sbuf_t *o, const char *s)
     return rc;
 }
 
-/* name{model="m",[extra="v",]version="1"[,le="x"]} — labels in name order, as Triton's. */
+/* The model's labels up to its version's: model="m"[,namespace="repo"] (with
+ * --model-namespacing Triton labels each model with its namespace). */
+static int model_labels(oi_sbuf_t *o, const char *name, const oi_model_t *m)
+{
+    int rc = oi_sbuf_printf(o, "%s{model=\"", name) | label_value(o, m->name);
+    if (m->ns != NULL)
+        rc |= oi_sbuf_append(o, "\",namespace=\"", 13) | label_value(o, m->ns);
+    return rc;
+}
+
+/* name{model="m",[namespace="n",][extra="v",]version="1"[,le="x"]} — labels in name order, as Triton's. */
 static int model_series(oi_sbuf_t *o, const char *name, const oi_model_t *m, const char *reason, const char *le)
 {
-    int rc = oi_sbuf_printf(o, "%s{model=\"", name);
-    rc |= label_value(o, m->name);
+    int rc = model_labels(o, name, m);
     if (reason != NULL)
         rc |= oi_sbuf_printf(o, "\",reason=\"%s", reason);
     rc |= oi_sbuf_printf(o, "\",version=\"%s\"", m->version_str);
@@ -448,7 +457,7 @@ static int summary_families(oi_sbuf_t *o, const oi_metrics_config_t *cfg, const 
             for (int q = 0; q < nq; q++) {
                 char label[40];
                 snprintf(label, sizeof(label), "%.16g", qs[q]);
-                rc |= oi_sbuf_printf(o, "%s{model=\"", summaries[k].name) | label_value(o, items[i].model->name);
+                rc |= model_labels(o, summaries[k].name, items[i].model);
                 rc |= oi_sbuf_printf(o, "\",version=\"%s\",quantile=\"%s\"}", items[i].model->version_str, label);
                 double v = oi_summary_quantile(counts, qs[q]);
                 rc |= isnan(v) ? oi_sbuf_append(o, " Nan\n", 5) : value(o, v);

@@ -73,8 +73,11 @@ oi_status_t *oi_statistics_collect(oi_registry_t *r, const char *name, const cha
         oi_statistics_release(c.items, c.n);
         return oi_status_new(OI_INTERNAL, "out of memory");
     }
-    if (!all && c.n == 0)
+    /* A name that several namespaces hold is not available by name alone, as in Triton. */
+    if (!all && (c.n == 0 || oi_registry_namespaces(r, name) > 1)) {
+        oi_statistics_release(c.items, c.n);
         return oi_status_new(OI_BAD_REQUEST, "requested model '%s' is not available", name);
+    }
     if (want >= 0) {
         size_t k = 0;
         for (size_t i = 0; i < c.n; i++) {

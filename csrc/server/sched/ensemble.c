@@ -549,7 +549,8 @@ static oi_status_t *send_step(run_t *run, step_run_t *s)
 {
     const step_t *def = &run->e->steps[s->idx];
     oi_status_t *st = NULL;
-    s->model = oi_registry_find(run->e->reg, def->model_name, def->version, &st);
+    /* The ensemble's own namespace's model of that name first, as Triton resolves a step. */
+    s->model = oi_registry_find_in(run->e->reg, run->e->self->ns, def->model_name, def->version, &st);
     if (s->model == NULL)
         return st;
     if ((st = oi_model_check_ready(s->model)) != NULL)

@@ -30,7 +30,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -84,7 +84,55 @@ class _Version:
     temp: Path | None  # the load's temporary directory, when it came with files
 
 
-class ModelControl:
+class RepositoryApi:
+    """The repository extension over `ready`, `index`, `load` and `unload` (ModelControl's, or
+    the namespaced models' of openinfer._control.namespaces)."""
+
+    _max_json_depth = DEFAULT_MAX_JSON_DEPTH
+
+    def ready(self, name: str | None, version: int) -> bool:
+        raise NotImplementedError
+
+    def index(self, ready: bool = False) -> list[IndexEntry]:
+        raise NotImplementedError
+
+    def load(self, name: str, config: str | None = None, files: Mapping[str, bytes] | None = None, *,
+             stop: Any = None) -> None:
+        raise NotImplementedError
+
+    def unload(self, name: str, unload_dependents: bool = False) -> None:
+        raise NotImplementedError
+
+    def handle(
+        self,
+        op: str,
+        model: str | None,
+        body: bytes | None,
+        params: dict[str, Any] | None,
+        ready: bool,
+        stop: Any = None,
+    ) -> list[IndexEntry] | None:
+        """The core's repository handler: one index, load or unload request, its body as the
+        HTTP client sent it, or its parameters as gRPC decoded them; `stop`, a byte that the
+        core sets when the client goes (a load then gives up starting worker processes).
+        Raises InferenceServerError with the status to answer."""
+        if op == "ready":
+            assert params is not None
+            return self.ready(model, params["version"])
+        if op == "index":
+            if body is not None:
+                ready = _body_flag(_body_object(body, "registry index", self._max_json_depth), "ready")
+            return self.index(ready)
+        assert model is not None
+        if op == "load":
+            config, files = _load_params(body, params, self._max_json_depth)
+            self.load(model, config, files, stop=stop)
+        else:
+            self.unload(model, _unload_params(body, params, self._max_json_depth))
+        return None
+
+
+class ModelControl(RepositoryApi):
     """Owns what the core serves: registers model versions, answers the repository extension
     (the core calls `handle` on its control threads) and runs the poll thread."""
 
@@ -102,9 +150,14 @@ class ModelControl:
         max_instances: int | None = None,
         unload_timeout: float | None = None,
         load_code: bool = False,
+        namespace: str | None = None,
+        start_up: bool = True,
     ) -> None:
         """`load_code`: Python files sent with a load are taken (no one beyond this host can
-        reach the repository API unchecked); otherwise they are refused."""
+        reach the repository API unchecked); otherwise they are refused. `namespace`: the
+        core's namespace of these models (--model-namespacing: one ModelControl per repository,
+        see openinfer._control.namespaces, which loads their start-up models itself when
+        `start_up` is False)."""
         if mode not in MODES:
             raise ValueError(f"model_control_mode must be one of {', '.join(MODES)}, got {mode!r}")
         load = [load_models] if isinstance(load_models, str) else list(load_models)
@@ -132,6 +185,10 @@ class ModelControl:
         self._max_json_depth = max_json_depth or DEFAULT_MAX_JSON_DEPTH  # 0: the core's default
         self._max_instances = max_instances or limits.default_max_instances()
         self._load_code = load_code
+        self._namespace = namespace
+        # The ModelControls of the other namespaces (set by openinfer._control.namespaces): an
+        # ensemble's step that this one lacks is theirs, and their instances count too.
+        self.peers: Callable[[], Sequence[ModelControl]] = lambda: ()
         self._given: dict[str, list[Model]] = {}
         for model in given:
             self._given.setdefault(model.name, []).append(model)
@@ -147,23 +204,42 @@ class ModelControl:
         self._stops: dict[str, list[Any]] = {}  # loads under way: the byte that stops each
         self._closed = threading.Event()
         self._poller: threading.Thread | None = None
+        if start_up:
+            names = self.start_up_names(load)
+            # Ensembles after the models they run: their steps are checked against those.
+            for name in ensemble.load_order(list(names), self._ensemble_steps):
+                self.load_at_start(name)
+
+    def start_up_names(self, load: Sequence[str]) -> set[str]:
+        """The models loaded at start: the given ones, and the repository's or those of
+        `load` (--load-model, explicit mode)."""
         names = set(self._given)
-        if self._repos and (mode != "explicit" or "*" in load):
+        if self._repos and (self._mode != "explicit" or "*" in load):
             names |= set(self._repository_names())
         elif self._repos:
             names |= set(load)
-        # Ensembles after the models they run: their steps are checked against those.
-        for name in ensemble.load_order(list(names), self._ensemble_steps):
-            try:
-                self._load(name, None, None, startup=True)
-            except InferenceServerError as e:  # --load-model of a model that is not there
-                raise ValueError(e.message) from None
+        return names
+
+    def load_at_start(self, name: str) -> None:
+        """Loads model `name` at start-up; ValueError when no repository has it."""
+        try:
+            self._load(name, None, None, startup=True)
+        except InferenceServerError as e:  # --load-model of a model that is not there
+            raise ValueError(e.message) from None
+
+    def has(self, name: str) -> bool:
+        """Whether model `name` is given or in a repository of this control."""
+        return name in self._given or (not name.startswith(".") and bool(self._model_dirs(name)))
 
     # ---- what is served -------------------------------------------------------------------
 
     @property
     def mode(self) -> str:
         return self._mode
+
+    @property
+    def namespace(self) -> str | None:
+        return self._namespace
 
     def loaded(self) -> list[LoadedModel]:
         """Every version that was loaded or failed, by name then version."""
@@ -215,34 +291,6 @@ class ModelControl:
         return any(state == "READY" and (wanted is None or v == wanted) for v, (state, _) in states.items())
 
     # ---- the repository extension ----------------------------------------------------------
-
-    def handle(
-        self,
-        op: str,
-        model: str | None,
-        body: bytes | None,
-        params: dict[str, Any] | None,
-        ready: bool,
-        stop: Any = None,
-    ) -> list[IndexEntry] | None:
-        """The core's repository handler: one index, load or unload request, its body as the
-        HTTP client sent it, or its parameters as gRPC decoded them; `stop`, a byte that the
-        core sets when the client goes (a load then gives up starting worker processes).
-        Raises InferenceServerError with the status to answer."""
-        if op == "ready":
-            assert params is not None
-            return self.ready(model, params["version"])
-        if op == "index":
-            if body is not None:
-                ready = _body_flag(_body_object(body, "registry index", self._max_json_depth), "ready")
-            return self.index(ready)
-        assert model is not None
-        if op == "load":
-            config, files = _load_params(body, params, self._max_json_depth)
-            self.load(model, config, files, stop=stop)
-        else:
-            self.unload(model, _unload_params(body, params, self._max_json_depth))
-        return None
 
     def ready(self, name: str | None, version: int) -> bool:
         """A ready check of a version that answers its own readiness (a Triton Python model's
@@ -352,6 +400,11 @@ class ModelControl:
             except OSError:
                 pass
         return sorted(names)
+
+    def holds(self, name: str) -> bool:
+        """Whether versions of model `name` are loaded here (ready or failed)."""
+        with self._lock:
+            return bool(self._loaded.get(name))
 
     def model_dir(self, name: str) -> Path | None:
         """The folder of loaded model `name` in the repositories (its chat template's), None when
@@ -541,6 +594,12 @@ class ModelControl:
         with self._lock:
             entries = list(self._loaded.get(name, []))
             registered = dict(self._registered.get(name, {}))
+        if not entries:  # another namespace's model of that name, when one alone has it
+            holders = [peer for peer in self.peers() if peer.holds(name)]
+            if len(holders) > 1:
+                return None, f"which is in {len(holders)} model namespaces: ambiguous."
+            if holders:
+                return holders[0]._served(name, version)
         ready = [
             e for e in entries
             if e.error is None and e.model is not None and registered.get(_version(e), _Version(False, None)).ready
@@ -569,6 +628,8 @@ class ModelControl:
         with self._lock:  # loads of other models under way count: they reserve theirs here
             others = sum(_instances(e) for n, es in self._loaded.items() if n != name for e in es)
             others += sum(n for other, n in self._reserved.items() if other != name)
+        others += sum(_instances(e) for peer in self.peers() for e in peer.loaded())
+        with self._lock:
             if asked + others <= self._max_instances:
                 self._reserved[name] = asked
                 return
@@ -604,6 +665,7 @@ class ModelControl:
                     decoupled=model.decoupled,
                     **_model_config(entry),
                     publish=False,
+                    namespace=self._namespace,
                 )
             entry = LoadedModel(entry.name, entry.version, None, reason, entry.config)
             model = None
@@ -641,6 +703,7 @@ class ModelControl:
                 **_model_config(entry),
                 labels=entry.labels,
                 publish=False,
+                namespace=self._namespace,
             )
         platform = entry.config.get("platform") or entry.config.get("backend")
         return self._core.add_model(
@@ -655,13 +718,15 @@ class ModelControl:
             handler=None,
             error=entry.error,
             publish=False,
+            namespace=self._namespace,
         )
 
     def _retire(self, add: list[Any], remove: list[tuple[str, int]]) -> None:
         """The core's swap, its wait for the requests of the versions that leave bounded by the
         unload timeout: past it their worker processes are killed and a version whose execute
         still runs in this process is abandoned to it (its executors cannot be stopped)."""
-        for name, version in self._core.swap_models(add, remove, self._unload_timeout):
+        leaving = [(name, version, self._namespace) for name, version in remove]
+        for name, version in self._core.swap_models(add, leaving, self._unload_timeout):
             logger.warning(
                 "model %s version %s: a request still ran %gs after its unload began "
                 "(--model-unload-timeout-secs): the version is unloaded, its worker processes were "
