@@ -7,6 +7,8 @@ HTTP and gRPC, and the metrics endpoint."""
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -272,3 +274,10 @@ def test_cli_model_namespacing_serves_a_name_both_repositories_hold(tmp_path: Pa
             _infer(http, "composing_model")
     finally:
         cli.kill()
+
+
+def test_cli_model_namespacing_value_must_be_a_boolean() -> None:
+    done = subprocess.run([sys.executable, "-m", "openinfer", "serve", "--model-namespacing=maybe"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "--model-namespacing: expected true or false, got 'maybe'" in done.stderr
