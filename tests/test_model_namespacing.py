@@ -164,7 +164,8 @@ def test_duplication_ensembles_run_their_own_namespace_and_the_shared_name_is_am
     assert _index(server) == [("composing_model", "READY"), ("composing_model", "READY"),
                               ("simple_addsub", "READY"), ("simple_subadd", "READY")]
     http, grpc = _clients(server)
-    assert not http.is_model_ready("composing_model")  # gRPC's ModelReady answers the error, as Triton's
+    ready = requests.get(f"http://127.0.0.1:{server.http_port}/v2/models/composing_model/ready", timeout=10)
+    assert ready.status_code == 400 and ready.json() == {"error": AMBIGUOUS.format("composing_model")}
     for ask in (grpc.is_model_ready, http.get_model_metadata, grpc.get_model_metadata, http.get_model_config,
                 grpc.get_model_config):
         with pytest.raises(InferenceServerException, match="model namespace must be provided"):
