@@ -508,10 +508,12 @@ class Server:
             _json({"name": server_id, "version": __version__, "extensions": list(extensions)})
         )
         try:
-            namespaces = [repo_path] if isinstance(repo_path, Path) else repo_path or []
-            self._control: ModelControl | NamespacedControl = (NamespacedControl if model_namespacing and namespaces else ModelControl)(
+            # --model-namespacing: each repository a namespace of its own (_control.namespaces)
+            namespaces = ([repo_path] if isinstance(repo_path, Path) else repo_path or []) if model_namespacing else []
+            control = NamespacedControl if namespaces else ModelControl
+            self._control: ModelControl | NamespacedControl = control(
                 self._core,
-                namespaces if model_namespacing and namespaces else repo_path,
+                namespaces or repo_path,
                 given,
                 mode=model_control_mode,
                 load_models=load_models,

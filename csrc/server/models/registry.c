@@ -124,7 +124,8 @@ static oi_model_t *unlink_model(oi_registry_t *r, const char *ns, const char *na
 }
 
 int oi_registry_swap(oi_registry_t *r, oi_model_t **add, size_t n_add, const char *const *remove_ns,
-                     const char *const *remove_names, const int64_t *remove_versions, size_t n_remove, oi_model_t ***retired, size_t *n_retired)
+                     const char *const *remove_names, const int64_t *remove_versions, size_t n_remove,
+                     oi_model_t ***retired, size_t *n_retired)
 {
     /* At most one entry leaves per added or removed one: allocated before anything moves. */
     oi_model_t **out = calloc(n_add + n_remove + 1, sizeof(*out));

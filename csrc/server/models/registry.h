@@ -106,12 +106,13 @@ int oi_registry_all_ready(oi_registry_t *r);
 
 /* Swaps entries in one step, as a load or unload does: each of `add` (the caller's
  * references, taken) replaces the entry of its namespace, name and version if there is one, and
- * every entry named in `remove` (namespace, name and version; `remove_ns` NULL: none) leaves. The entries that left are returned in
- * *retired (a new array, NULL when none; its length in *n_retired), each with the registry's
- * reference, for the caller to pass to oi_model_retire. Returns 0, or -1 when out of memory
- * (nothing changed, `add` still the caller's). */
+ * every entry named in `remove` (namespace, name and version; `remove_ns` NULL: none) leaves.
+ * The entries that left are returned in *retired (a new array, NULL when none; its length in
+ * *n_retired), each with the registry's reference, for the caller to pass to oi_model_retire.
+ * Returns 0, or -1 when out of memory (nothing changed, `add` still the caller's). */
 int oi_registry_swap(oi_registry_t *r, oi_model_t **add, size_t n_add, const char *const *remove_ns,
-                     const char *const *remove_names, const int64_t *remove_versions, size_t n_remove, oi_model_t ***retired, size_t *n_retired);
+                     const char *const *remove_names, const int64_t *remove_versions, size_t n_remove,
+                     oi_model_t ***retired, size_t *n_retired);
 
 /* Ends a model version that no longer takes requests (out of the registry, or never in it):
  * waits until the caller's reference is the last (every request admitted to it has been
