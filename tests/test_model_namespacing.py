@@ -223,7 +223,8 @@ def test_poll_resolves_a_step_to_the_other_namespace_while_its_own_is_gone(
     _refused_as_ambiguous(server, "composing_model")
 
 
-def test_explicit_load_and_unload_by_name_act_in_every_namespace(serving: Callable[..., openinfer.Server]) -> None:
+def test_explicit_load_and_unload_by_name_act_in_every_namespace(
+        tmp_path: Path, serving: Callable[..., openinfer.Server]) -> None:
     """A load by a name two namespaces hold loads both (each ensemble then runs its own steps);
     an unload by that name unloads both."""
     server = serving("ensemble_duplication", model_control_mode="explicit")
@@ -238,8 +239,11 @@ def test_explicit_load_and_unload_by_name_act_in_every_namespace(serving: Callab
     _refused_as_ambiguous(server, "simple_ensemble")
     grpc.unload_model("simple_ensemble")
     assert _index(server).count(("simple_ensemble", "UNAVAILABLE")) == 2
-    with pytest.raises(InferenceServerException, match="failed to poll from model repository"):
+    with pytest.raises(InferenceServerException) as e:
         http.load_model("not_in_either")
+    repos = ", ".join(str(tmp_path / r) for r in ("addsub_repo", "subadd_repo"))
+    assert e.value.message() == ("failed to load 'not_in_either', failed to poll from model repository: no model "
+                                 f"directory 'not_in_either' in {repos}")
 
 
 def test_explicit_load_resolves_a_step_missing_in_its_namespace_to_the_other(
@@ -275,6 +279,12 @@ def test_cli_model_namespacing_serves_a_name_both_repositories_hold(tmp_path: Pa
             _infer(http, "composing_model")
     finally:
         cli.kill()
+
+
+def test_load_model_at_start_names_every_repository_when_none_has_it(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no model directory 'absent' in .*addsub_repo, .*subadd_repo"):
+        openinfer.serve(_repos(tmp_path, "duplication"), model_namespacing=True, model_control_mode="explicit",
+                        load_models=["absent"], http_port=0, grpc_port=0, log=False)
 
 
 def test_cli_model_namespacing_value_must_be_a_boolean() -> None:

@@ -471,12 +471,7 @@ class ModelControl(RepositoryApi):
         elif name in self._given:
             entries = [_given_entry(name, m) for m in self._given[name]]
         else:  # hidden directories are no models, as in the index
-            where = f" in {', '.join(map(str, self._repos))}" if self._repos else ""
-            raise InferenceServerError(
-                404,
-                f"failed to load '{name}', failed to poll from model repository: no model "
-                f"directory '{name}'{where}",
-            )
+            raise not_there(name, self._repos)
         if name in self._given and files is None:  # models= given beside the repository's
             versions = {e.version for e in entries}
             entries += [
@@ -842,6 +837,14 @@ class ModelControl(RepositoryApi):
 
 
 # ---- request parameters ---------------------------------------------------------------------
+
+
+def not_there(name: str, repos: Sequence[Path]) -> InferenceServerError:
+    """The 404 of a load of a model that no repository of `repos` has."""
+    where = f" in {', '.join(map(str, repos))}" if repos else ""
+    return InferenceServerError(
+        404, f"failed to load '{name}', failed to poll from model repository: no model directory '{name}'{where}"
+    )
 
 
 def _warm_up(entry: LoadedModel, handle: Any, model_dir: Path | None) -> str | None:

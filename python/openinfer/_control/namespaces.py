@@ -21,7 +21,7 @@ from typing import Any
 from .._backends import ensemble
 from ..errors import InferenceServerError
 from ..model import Model
-from .control import IndexEntry, ModelControl, RepositoryApi
+from .control import IndexEntry, ModelControl, RepositoryApi, not_there
 from .._repository.repository import LoadedModel
 
 
@@ -46,8 +46,11 @@ class NamespacedControl(RepositoryApi):
         # Ensembles after the models they run, over every namespace: a step may be another's.
         wanted = {name: [s for s in self._spaces if name in s.start_up_names(load) and s.has(name)]
                   for space in self._spaces for name in space.start_up_names(load)}
+        self._repos = list(repos)
         for name in ensemble.load_order(list(wanted), lambda n: self._steps(wanted[n], n)):
-            for space in wanted[name] or self._spaces[:1]:  # none: the first says it is not there
+            if not wanted[name]:  # --load-model of a model in no repository
+                raise ValueError(not_there(name, self._repos).message)
+            for space in wanted[name]:
                 space.load_at_start(name)
 
     @property
@@ -75,14 +78,15 @@ class NamespacedControl(RepositoryApi):
     def load(
         self, name: str, config: str | None = None, files: Mapping[str, bytes] | None = None, *, stop: Any = None
     ) -> None:
-        """Loads model `name` in every namespace that has it (none: the first answers that it is
-        not there); raises the first failure once each has been tried."""
+        """Loads model `name` in every namespace that has it; raises the first failure once each
+        has been tried."""
+        spaces = [s for s in self._spaces if s.has(name)]
         failures = []
-        for space in [s for s in self._spaces if s.has(name)] or self._spaces[:1]:
+        for space in spaces or self._spaces[:1]:  # none: the first's (a load with files, or a refusal)
             try:
                 space.load(name, config, files, stop=stop)
             except InferenceServerError as e:
-                failures.append(e)
+                failures.append(not_there(name, self._repos) if e.status == 404 and not spaces else e)
         if failures:
             raise failures[0]
 
