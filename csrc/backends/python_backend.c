@@ -161,11 +161,37 @@ static PyObject *cancel_flag_fail(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* respond_parameters(k, text): request k of the batch gets these response parameters (JSON
+ * text, checked by the caller as any response's are) with its rows. */
+static PyObject *cancel_flag_respond_parameters(PyObject *self, PyObject *args)
+{
+    const oi_request_t *req = ((cancel_flag_t *)self)->req;
+    unsigned int k;
+    const char *text;
+    Py_ssize_t len;
+    if (!PyArg_ParseTuple(args, "Is#:respond_parameters", &k, &text, &len))
+        return NULL;
+    if (req == NULL || req->batch_resp_params == NULL || k >= req->n_batch) {
+        PyErr_Format(PyExc_IndexError, "respond_parameters(): no request %u in this call's batch", k);
+        return NULL;
+    }
+    oi_buf_t *buf = oi_buf_new((size_t)len);
+    if (buf == NULL)
+        return PyErr_NoMemory();
+    memcpy(buf->data, text, (size_t)len);
+    buf->len = (size_t)len;
+    oi_buf_unref(req->batch_resp_params[k]);
+    req->batch_resp_params[k] = buf;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef cancel_flag_methods[] = {
     {"request_id", cancel_flag_request_id, METH_NOARGS, "The request's id, or None."},
     {"batch", cancel_flag_batch, METH_NOARGS, "A dynamic batch's ((rows, id, parameters), ...), or None."},
     {"bls_chain", cancel_flag_bls_chain, METH_NOARGS, "The models waiting up the BLS call chain ('/'-separated), or None."},
     {"fail", cancel_flag_fail, METH_VARARGS, "fail(k, status, message): request k of the batch fails alone."},
+    {"respond_parameters", cancel_flag_respond_parameters, METH_VARARGS,
+     "respond_parameters(k, text): request k's response carries these parameters (JSON text)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -139,6 +139,11 @@ typedef struct oi_request_s {
      * which the outputs must still hold. The scheduler owns both and what the slots hold. */
     const oi_slice_t *batch_params;
     oi_status_t **batch_errors;
+    /* With batch_rows: n_batch slots where the backend may put each request's own response
+     * parameters (Triton sends each response of a batch apart, with its own): one reference of
+     * JSON text as oi_response_t.parameters holds, which goes to that request's response. The
+     * scheduler owns the slots and what they hold. */
+    oi_buf_t **batch_resp_params;
     /* A BLS request's call chain (core/bls_chain.h): the models waiting for it, '/'-separated,
      * outermost first; NULL for a client's. Borrowed from whoever made the request, for as
      * long as it runs; a dynamic batch carries its longest job's. */

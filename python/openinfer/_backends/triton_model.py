@@ -346,7 +346,8 @@ class TritonModel(Model):
     ) -> dict[str, object]:
         """A dynamic batch the scheduler concatenated, served as Triton serves one: execute gets
         each request apart (views of its rows, its own id and parameters), and their outputs are
-        joined again by rows for the scheduler to split. An error response fails its own request
+        joined again by rows for the scheduler to split, each response's parameters going to its
+        own request (`cancelled.respond_parameters`). An error response fails its own request
         alone (`cancelled.fail`); its rows in the joined outputs are filler."""
         requests, start = [], 0
         for rows, request_id, own in batch:
@@ -358,7 +359,11 @@ class TritonModel(Model):
         produced: list[dict[str, object] | None] = []
         for k, response in enumerate(self._returned(self._execute(requests, cancelled), requests)):
             try:
-                produced.append(self._outputs(response))
+                answer = self._outputs(response)
+                if response._parameters is not None:
+                    params = _checked_json(response._parameters, self._failure)
+                    cancelled.respond_parameters(k, params)  # type: ignore[attr-defined]
+                produced.append(answer)
             except pb.ResponseError as e:
                 cancelled.fail(k, e.status, e.message)  # type: ignore[attr-defined]
                 produced.append(None)
