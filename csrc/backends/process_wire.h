@@ -51,10 +51,10 @@ enum {
     OI_PW_DONE,       /* a decoupled job ended without error */
     OI_PW_ERROR,      /* the job (or the import) failed: code and text */
     OI_PW_FAIL_ONE,   /* before a RESULT: request `block` of the batch failed alone, code and text */
-    OI_PW_PARAMS_ONE, /* before a RESULT: the next piece of request `block`'s own response
-                       * parameters (JSON text), in as many messages as it takes */
     OI_PW_BLS,        /* during a job: a BLS request of the model, in the memfd sent with it
                        * (process_bls.h); the server answers BLS_PART..., BLS_END */
+    OI_PW_PARAMS_ONE, /* before a RESULT: the next piece of request `block`'s own response
+                       * parameters (JSON text), in as many messages as it takes */
 };
 
 #define OI_PW_JOB_DECOUPLED 1u
