@@ -475,6 +475,11 @@ static oi_status_t *take_outputs(pool_t *p, worker_t *w, const oi_pw_reply_t *r,
     }
     const oi_pw_tensor_t *d = (const oi_pw_tensor_t *)(block + 1);
     for (uint32_t i = 0; st == NULL && i < n; i++) {
+        if (d[i].ndim == OI_PW_ABSENT) {
+            resp->outputs[i] = (oi_tensor_t){.name = names[i], .absent = 1};
+            resp->n_outputs = i + 1;
+            continue;
+        }
         if (d[i].dtype <= OI_TYPE_INVALID || d[i].dtype >= OI_TYPE_COUNT || d[i].ndim < 0 || d[i].ndim > OI_MAX_DIMS ||
             d[i].offset > block->size || d[i].byte_size > block->size - d[i].offset) {
             st = oi_status_new(OI_INTERNAL, "model '%s': a worker sent a malformed output '%s'", p->model_name,

@@ -80,10 +80,12 @@ typedef struct oi_pw_request_s {
     uint32_t pad;
 } oi_pw_request_t;
 
+#define OI_PW_ABSENT (-1)
+
 /* One tensor: where its bytes are (offset from the start of the area or block holding it). */
 typedef struct oi_pw_tensor_s {
     uint32_t dtype; /* oi_dtype_t */
-    int32_t ndim;
+    int32_t ndim;      /* OI_PW_ABSENT: an output the model left out (oi_tensor_t.absent) */
     uint32_t name_len; /* inputs: the name's length; outputs: 0 (the server knows the names) */
     uint32_t area;     /* inputs: 0 the job area, k > 0 the k-th memfd of the JOB message */
     int64_t shape[OI_MAX_DIMS];

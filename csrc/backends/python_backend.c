@@ -274,6 +274,19 @@ static oi_status_t *collect_triton_extras(PyObject *result, oi_response_t *resp)
     return st;
 }
 
+/* Whether `result` is a Triton Python model's answer (triton_model._Answer), which may leave
+ * out outputs as Triton's InferenceResponse may. */
+static int leaves_out_outputs(PyObject *result)
+{
+    if (PyDict_CheckExact(result))
+        return 0;
+    PyObject *final = PyObject_GetAttrString(result, "response_final");
+    if (final == NULL)
+        PyErr_Clear();
+    Py_XDECREF(final);
+    return final != NULL;
+}
+
 static oi_status_t *collect_outputs(const py_state_t *s, PyObject *result, const char *const *names, uint32_t n,
                                     oi_response_t *resp)
 {
@@ -283,8 +296,15 @@ static oi_status_t *collect_outputs(const py_state_t *s, PyObject *result, const
     resp->outputs = calloc(n ? n : 1, sizeof(oi_tensor_t));
     if (resp->outputs == NULL)
         return oi_status_new(OI_INTERNAL, "out of memory");
+    int partial = leaves_out_outputs(result);
     for (uint32_t i = 0; i < n; i++) {
         PyObject *v = PyMapping_GetItemString(result, names[i]);
+        if (v == NULL && partial) {
+            PyErr_Clear();
+            resp->outputs[i] = (oi_tensor_t){.name = names[i], .absent = 1};
+            resp->n_outputs = i + 1;
+            continue;
+        }
         if (v == NULL) {
             PyErr_Clear();
             PyObject *selected = NULL; /* a direct call's answer: select words the error */

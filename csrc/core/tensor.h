@@ -36,6 +36,10 @@ typedef struct oi_tensor_s {
     uint8_t shm;
     const char *shm_region;
     uint64_t shm_offset;
+    /* A response output the model left out (Triton lets a response carry only some of the
+     * outputs): named, without data. oi_validate_response drops it from the response, so only
+     * backends, a dynamic batch's split and the worker wire ever see one. */
+    uint8_t absent;
 } oi_tensor_t;
 
 /* An output the client asked for, by name. */
@@ -198,6 +202,13 @@ void oi_request_clear(oi_request_t *r);
 
 /* Releases everything a response owns and zeroes it. */
 void oi_response_clear(oi_response_t *r);
+
+/* Removes the outputs the model left out (oi_tensor_t.absent), keeping the others' order. */
+void oi_response_drop_absent(oi_response_t *r);
+
+/* The position of `name` among names[0..n): where a response's output stands among the outputs
+ * asked (a checked response holds them in that order, some perhaps left out). n when not there. */
+uint32_t oi_name_index(const char *const *names, uint32_t n, const char *name);
 
 /* Refuses an input name, or a requested output name, that a request gives twice, in
  * tritonserver's core's words ("[request id: <id_unknown>] output 'X' already exists in

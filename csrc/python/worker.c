@@ -152,7 +152,8 @@ static int send_outputs(worker_t *w, uint32_t type, const oi_response_t *resp)
     uint64_t data = oi_pw_align(sizeof(oi_pw_block_t) + resp->n_outputs * sizeof(oi_pw_tensor_t));
     for (uint32_t i = 0; i < resp->n_outputs; i++) {
         const oi_tensor_t *t = &resp->outputs[i];
-        d[i] = (oi_pw_tensor_t){.dtype = t->dtype, .ndim = t->ndim, .offset = data, .byte_size = t->byte_size};
+        d[i] = (oi_pw_tensor_t){.dtype = t->dtype, .ndim = t->absent ? OI_PW_ABSENT : t->ndim, .offset = data,
+                                .byte_size = t->byte_size};
         memcpy(d[i].shape, t->shape, sizeof(d[i].shape));
         if (t->byte_size > 0)
             memcpy(p + data, t->data, t->byte_size);

@@ -419,9 +419,16 @@ static int failed_each(batch_t *b, oi_status_t **errors)
 }
 
 /* Splits one batched output along dimension 0 into each job's response: views of the same
- * memory, each holding a reference to its owner. */
+ * memory, each holding a reference to its owner. One the model left out is left out of each. */
 static oi_status_t *split_output(batch_t *b, const oi_tensor_t *t, uint32_t i)
 {
+    if (t->absent) {
+        for (oi_job_t *j = b->first; j; j = j->next) {
+            j->resp.outputs[i] = (oi_tensor_t){.name = j->output_names[i], .absent = 1};
+            j->resp.n_outputs = i + 1;
+        }
+        return NULL;
+    }
     if (t->ndim < 1 || t->shape[0] != b->rows)
         return oi_status_new(OI_INTERNAL, "output '%s' of a batch of %lld rows has %s%lld rows; a batching model "
                              "must keep dimension 0", t->name, (long long)b->rows, t->ndim < 1 ? "no dimension 0, not " : "",

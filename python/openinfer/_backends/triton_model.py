@@ -373,11 +373,13 @@ class TritonModel(Model):
         for name in outputs:
             given = [np.asarray(p[name]) if p is not None and p.get(name) is not None else None for p in produced]
             like = next((g for g, p in zip(given, produced) if p is not None and g is not None), None)
-            if like is None or any(g is None and p is not None for g, p in zip(given, produced)):
+            if like is None:
+                continue  # no response of the batch has it: left out of each
+            if any(g is None and p is not None for g, p in zip(given, produced)):
                 raise ValueError(f"model {self.name!r} did not return output {name!r} for every request of the batch")
             parts = [g if g is not None else _filler(like, rows) for g, (rows, _, _) in zip(given, batch)]
             joined[name] = np.concatenate(parts)
-        return self._select(joined, outputs)
+        return self._present(joined, outputs)
 
     def _returned(self, result: Any, requests: list[pb.InferenceRequest]) -> list[pb.InferenceResponse]:
         """A non-decoupled execute's responses, one per request: returned in a list (an item, or
@@ -446,14 +448,26 @@ class TritonModel(Model):
     def _answer(
         self, response: pb.InferenceResponse, outputs: tuple[str, ...], final: bool = False
     ) -> dict[str, object]:
-        """The outputs asked for, with what the core sends beside them: the response's parameters
-        and whether the final flag came with it (then no empty response follows)."""
-        selected = self._select(self._outputs(response), outputs)
-        if response._parameters is None and not final:
+        """The outputs asked for that the response has, with what the core sends beside them: the
+        response's parameters and whether the final flag came with it (then no empty response
+        follows)."""
+        params = response._parameters
+        checked = None if params is None else _checked_json(params, self._failure)
+        return self._present(self._outputs(response), outputs, checked, final)
+
+    def _present(
+        self, produced: dict[str, object], outputs: tuple[str, ...], parameters: str | None = None,
+        final: bool = False,
+    ) -> dict[str, object]:
+        """The asked `outputs` that `produced` holds: Triton's core sends a response with the
+        outputs it has, so an _Answer (which the core reads as free to leave some out) when one
+        is missing or more than the outputs travel."""
+        present = tuple(name for name in outputs if name in produced)
+        selected = self._select(produced, present)
+        if parameters is None and not final and len(present) == len(outputs):
             return selected
         answer = _Answer(selected)
-        params = response._parameters
-        answer.response_parameters = None if params is None else _checked_json(params, self._failure)
+        answer.response_parameters = parameters
         answer.response_final = final
         return answer
 
