@@ -37,8 +37,9 @@ typedef struct oi_tensor_s {
     const char *shm_region;
     uint64_t shm_offset;
     /* A response output the model left out (Triton lets a response carry only some of the
-     * outputs): named, without data. oi_validate_response drops it from the response, so only
-     * backends, a dynamic batch's split and the worker wire ever see one. */
+     * outputs): named, without data. oi_validate_response (and a BLS caller, for a decoupled
+     * target's responses) drops it from the response, so only backends, a dynamic batch's
+     * split, a sequence's state and the worker wire ever see one. */
     uint8_t absent;
 } oi_tensor_t;
 
