@@ -2,7 +2,8 @@
 (issue 39): the client gets the outputs that exist, an ensemble tensor such an output maps to
 stays unset, the next step runs without it when its input is optional and fails in Triton's
 words when it is not, and the ensemble's answer leaves an unset output out. In the server
-process, in worker processes and in a dynamic batch, over tritonclient HTTP and gRPC."""
+process, in worker processes, in a dynamic batch, in a decoupled stream and to a BLS caller,
+over tritonclient HTTP and gRPC."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 
 import openinfer
 
+from conftest import triton_grpc
 from test_triton_python_batch_requests import in_one_batch, over_http
 from test_triton_python_fidelity import PROLOGUE, add_model, client_and_module, config, tensor
 
@@ -59,6 +61,39 @@ PRESENT_MODEL = PROLOGUE + textwrap.dedent(
     """
 )
 
+# Decoupled: two responses, the first with A only, the second with A and B.
+STREAM_MODEL = PROLOGUE + textwrap.dedent(
+    """
+    class TritonPythonModel:
+        def execute(self, requests):
+            for request in requests:
+                x = request.inputs()[0].as_numpy()
+                sender = request.get_response_sender()
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("A", x + 1)]))
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("A", x + 2), pb_utils.Tensor("B", x * 2)]),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    """
+)
+
+# Calls `sometimes` by BLS and answers the names of the outputs its response holds.
+BLS_MODEL = PROLOGUE + textwrap.dedent(
+    """
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                x = pb_utils.Tensor("X", request.inputs()[0].as_numpy())
+                answer = pb_utils.InferenceRequest(model_name="sometimes", inputs=[x],
+                                                   requested_output_names=["A", "B"]).exec()
+                if answer.has_error():
+                    raise pb_utils.TritonModelException(answer.error().message())
+                names = sorted(t.name() for t in answer.output_tensors())
+                out = pb_utils.Tensor("S", np.array([json.dumps(names).encode()], np.object_))
+                responses.append(pb_utils.InferenceResponse([out]))
+            return responses
+    """
+)
+
 
 def ensemble(name: str, second: str) -> str:
     """sometimes -> `second`: A and B become the ensemble tensors a and b, which `second` reads;
@@ -90,6 +125,9 @@ def srv(tmp_path_factory: pytest.TempPathFactory, file_gate: Path) -> Iterator[o
                                                         present_io[1]))
     add_model(repo, "b_required", PRESENT_MODEL, config("b_required", [*present_io[0], ("B", "FP32", "-1")],
                                                         present_io[1]))
+    add_model(repo, "stream", STREAM_MODEL,
+              config("stream", *SOMETIMES_IO, "model_transaction_policy { decoupled: true }\n"))
+    add_model(repo, "bls_names", BLS_MODEL, config("bls_names", [("X", "FP32", "-1")], [("S", "STRING", "1")]))
     for name, second in (("ens_optional", "b_optional"), ("ens_required", "b_required")):
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "config.pbtxt").write_text(ensemble(name, second))
@@ -124,6 +162,29 @@ def test_a_dynamic_batch_whose_responses_leave_an_output_out(srv: openinfer.Serv
     answers = in_one_batch(srv, file_gate, "sometimes_batched", 1,
                            [(over_http, -2.0, 1, {}), (over_http, -3.0, 2, {})])  # fmt: skip
     assert answers == [(200, {"A": [-1.0], "parameters": None}), (200, {"A": [-2.0, -2.0], "parameters": None})]
+
+
+def test_a_stream_response_without_an_output_answers_with_the_others(srv: openinfer.Server) -> None:
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    client = triton_grpc(srv)
+    got: queue.SimpleQueue = queue.SimpleQueue()
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    client.async_stream_infer("stream", [tensor(grpcclient, "X", np.array([1], np.float32))])
+    answers = [got.get(timeout=30) for _ in range(2)]
+    client.stop_stream()
+    assert [e for _, e in answers] == [None, None]
+    assert [outputs_of(r, ("A", "B")) for r, _ in answers] == [{"A": [2.0]}, {"A": [3.0], "B": [2.0]}]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_bls_caller_gets_the_outputs_a_response_has(srv: openinfer.Server, protocol: str) -> None:
+    client, module = client_and_module(srv, protocol)
+    for x, names in ((-3, ["A"]), (3, ["A", "B"])):
+        result = client.infer("bls_names", [tensor(module, "X", np.array([x], np.float32))])  # type: ignore[attr-defined]
+        assert json.loads(result.as_numpy("S")[0]) == names
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
