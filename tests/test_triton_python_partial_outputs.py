@@ -118,8 +118,9 @@ def srv(tmp_path_factory: pytest.TempPathFactory, file_gate: Path) -> Iterator[o
     add_model(repo, "sometimes_in_workers", SOMETIMES_MODEL,
               config("sometimes_in_workers", *SOMETIMES_IO, "instance_group [{ kind: KIND_CPU, count: 2 }]\n"))
     batched_io = ([("IN", "FP32", "1")], [("A", "FP32", "1"), ("B", "FP32", "1")])
-    add_model(repo, "sometimes_batched", SOMETIMES_MODEL,
-              config("sometimes_batched", *batched_io, "max_batch_size: 8\ndynamic_batching { }\n"))
+    for name, count in (("sometimes_batched", 1), ("sometimes_batched_in_workers", 2)):
+        batching = f"max_batch_size: 8\ndynamic_batching {{ }}\ninstance_group [{{ kind: KIND_CPU, count: {count} }}]\n"
+        add_model(repo, name, SOMETIMES_MODEL, config(name, *batched_io, batching))
     present_io = [("A", "FP32", "-1")], [("S", "STRING", "1")]
     add_model(repo, "b_optional", PRESENT_MODEL, config("b_optional", [*present_io[0], ("B", "FP32", "-1", True)],
                                                         present_io[1]))
@@ -158,10 +159,20 @@ def test_a_response_without_an_output_answers_with_the_others(srv: openinfer.Ser
     assert outputs_of(client.infer(model, [x]), ("A", "B")) == {"A": [2.0, 5.0], "B": [2.0, 8.0]}  # type: ignore[attr-defined]
 
 
-def test_a_dynamic_batch_whose_responses_leave_an_output_out(srv: openinfer.Server, file_gate: Path) -> None:
-    answers = in_one_batch(srv, file_gate, "sometimes_batched", 1,
-                           [(over_http, -2.0, 1, {}), (over_http, -3.0, 2, {})])  # fmt: skip
+@pytest.mark.parametrize("model, blockers", [("sometimes_batched", 1), ("sometimes_batched_in_workers", 2)])
+def test_a_dynamic_batch_whose_responses_leave_an_output_out(
+    srv: openinfer.Server, file_gate: Path, model: str, blockers: int
+) -> None:
+    answers = in_one_batch(srv, file_gate, model, blockers, [(over_http, -2.0, 1, {}), (over_http, -3.0, 2, {})])
     assert answers == [(200, {"A": [-1.0], "parameters": None}), (200, {"A": [-2.0, -2.0], "parameters": None})]
+    # some responses of the batch with it, some without: each client gets its own
+    answers = in_one_batch(srv, file_gate, model, blockers,
+                           [(over_http, -2.0, 1, {}), (over_http, 3.0, 2, {}), (over_http, -4.0, 1, {})])  # fmt: skip
+    assert answers == [
+        (200, {"A": [-1.0], "parameters": None}),
+        (200, {"A": [4.0, 4.0], "B": [6.0, 6.0], "parameters": None}),
+        (200, {"A": [-3.0], "parameters": None}),
+    ]
 
 
 def test_a_stream_response_without_an_output_answers_with_the_others(srv: openinfer.Server) -> None:

@@ -553,6 +553,10 @@ static oi_status_t *run_job(pool_t *p, worker_t *w, const oi_request_t *req, con
                 req->batch_errors != NULL && req->batch_errors[r->block] == NULL)
                 req->batch_errors[r->block] = oi_status_new(OI_INTERNAL, "out of memory");
             continue;
+        } else if (r->type == OI_PW_ABSENT_ONE && req->batch_absent != NULL && r->block < req->n_batch &&
+                   r->code < n && fd < 0) {
+            req->batch_absent[r->block * n + r->code] = 1;
+            continue;
         } else if (r->type == OI_PW_RESULT && req->send == NULL) {
             st = take_outputs(p, w, r, fd, names, n, resp);
         } else if (r->type == OI_PW_PARTIAL && req->send != NULL) {

@@ -55,6 +55,7 @@ enum {
                        * (process_bls.h); the server answers BLS_PART..., BLS_END */
     OI_PW_PARAMS_ONE, /* before a RESULT: the next piece of request `block`'s own response
                        * parameters (JSON text), in as many messages as it takes */
+    OI_PW_ABSENT_ONE, /* before a RESULT: request `block`'s response lacks output `code` */
 };
 
 #define OI_PW_JOB_DECOUPLED 1u

@@ -70,6 +70,7 @@ static oi_status_t *model_error(const py_state_t *s)
  * handler runs; a model that keeps it gets the last answer afterwards. */
 typedef struct {
     PyObject_HEAD const oi_request_t *req; /* borrowed for the call; NULL after it */
+    uint32_t n_outputs;                    /* the outputs asked (a row of req->batch_absent) */
     int last;
 } cancel_flag_t;
 
@@ -185,6 +186,22 @@ static PyObject *cancel_flag_respond_parameters(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* leave_out(k, i): request k's own response lacks output i (of the outputs asked), which the
+ * returned outputs still hold filler rows of for it. */
+static PyObject *cancel_flag_leave_out(PyObject *self, PyObject *args)
+{
+    const cancel_flag_t *flag = (const cancel_flag_t *)self;
+    unsigned int k, i;
+    if (!PyArg_ParseTuple(args, "II:leave_out", &k, &i))
+        return NULL;
+    if (flag->req == NULL || flag->req->batch_absent == NULL || k >= flag->req->n_batch || i >= flag->n_outputs) {
+        PyErr_Format(PyExc_IndexError, "leave_out(): no output %u of request %u in this call's batch", i, k);
+        return NULL;
+    }
+    flag->req->batch_absent[(size_t)k * flag->n_outputs + i] = 1;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef cancel_flag_methods[] = {
     {"request_id", cancel_flag_request_id, METH_NOARGS, "The request's id, or None."},
     {"batch", cancel_flag_batch, METH_NOARGS, "A dynamic batch's ((rows, id, parameters), ...), or None."},
@@ -192,6 +209,7 @@ static PyMethodDef cancel_flag_methods[] = {
     {"fail", cancel_flag_fail, METH_VARARGS, "fail(k, status, message): request k of the batch fails alone."},
     {"respond_parameters", cancel_flag_respond_parameters, METH_VARARGS,
      "respond_parameters(k, text): request k's response carries these parameters (JSON text)."},
+    {"leave_out", cancel_flag_leave_out, METH_VARARGS, "leave_out(k, i): request k's response lacks output i."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -460,6 +478,7 @@ static oi_status_t *py_execute(void *state, const oi_request_t *req, const char 
     cancel_flag_t *flag = PyObject_New(cancel_flag_t, &cancel_flag_type);
     if (flag != NULL) {
         flag->req = req;
+        flag->n_outputs = n;
         flag->last = 0;
     }
     if (inputs == NULL || params == NULL || out_names == NULL || flag == NULL) {

@@ -149,6 +149,11 @@ typedef struct oi_request_s {
      * JSON text as oi_response_t.parameters holds, which goes to that request's response. The
      * scheduler owns the slots and what they hold. */
     oi_buf_t **batch_resp_params;
+    /* With batch_rows: n_batch rows of one flag per output asked (request k's output i at
+     * [k * n + i]) the backend sets where request k's own response left out an output that
+     * others of the batch have (its rows there are filler): that request's response then has
+     * it absent. The scheduler owns them. */
+    uint8_t *batch_absent;
     /* A BLS request's call chain (core/bls_chain.h): the models waiting for it, '/'-separated,
      * outermost first; NULL for a client's. Borrowed from whoever made the request, for as
      * long as it runs; a dynamic batch carries its longest job's. */

@@ -303,10 +303,12 @@ static const char *read_job(worker_t *w, const oi_pw_fds_t *fds, oi_request_t *r
     oi_slice_t *params = calloc(head.n_batch, sizeof(*params));
     oi_status_t **errors = calloc(head.n_batch, sizeof(*errors));
     oi_buf_t **resp_params = calloc(head.n_batch, sizeof(*resp_params));
+    uint8_t *absent = calloc((size_t)head.n_batch * (head.n_outputs ? head.n_outputs : 1), 1);
     req->batch_params = params; /* freed by serve() too */
     req->batch_errors = errors;
     req->batch_resp_params = resp_params;
-    if (params == NULL || errors == NULL || resp_params == NULL)
+    req->batch_absent = absent;
+    if (params == NULL || errors == NULL || resp_params == NULL || absent == NULL)
         return "out of memory";
     for (uint32_t k = 0; k < head.n_batch; k++) {
         const char *text;
@@ -360,6 +362,9 @@ static void serve(worker_t *w, void *state)
         for (uint32_t k = 0; req.batch_resp_params != NULL && k < req.n_batch && rc == 0; k++)
             if (req.batch_resp_params[k] != NULL && req.batch_resp_params[k]->len > 0)
                 rc = send_parameters(w->sock, k, req.batch_resp_params[k]);
+        for (size_t at = 0; req.batch_absent != NULL && at < (size_t)req.n_batch * n_names && rc == 0; at++)
+            if (req.batch_absent[at])
+                rc = send_error_as(w->sock, OI_PW_ABSENT_ONE, at / n_names, (int)(at % n_names), "");
         if (rc == 0 && st != NULL)
             rc = send_error(w->sock, st->code, st->message);
         else if (rc == 0 && req.send != NULL)
@@ -380,6 +385,7 @@ static void serve(worker_t *w, void *state)
         for (uint32_t k = 0; req.batch_resp_params != NULL && k < req.n_batch; k++)
             oi_buf_unref(req.batch_resp_params[k]);
         free(req.batch_resp_params);
+        free(req.batch_absent);
         free(names);
         if (rc != 0)
             return;

@@ -407,6 +407,19 @@ static void give_parameters(batch_t *b, oi_buf_t **params)
         }
 }
 
+/* Leaves out of each job's response the outputs the backend says its own response lacked
+ * (absent[k * n + i], see oi_request_t.batch_absent). */
+static void leave_out(batch_t *b, const uint8_t *absent, uint32_t n)
+{
+    uint32_t k = 0;
+    for (oi_job_t *j = b->first; j; j = j->next, k++)
+        for (uint32_t i = 0; i < n && i < j->resp.n_outputs; i++)
+            if (absent[k * n + i]) {
+                oi_tensor_clear(&j->resp.outputs[i]);
+                j->resp.outputs[i].absent = 1;
+            }
+}
+
 /* Whether the backend failed every job of the batch alone: then each gets its own status and
  * the outputs (which need not be there) are not looked at. */
 static int failed_each(batch_t *b, oi_status_t **errors)
@@ -502,7 +515,8 @@ static int run_batched(oi_scheduler_t *s, batch_t *b, oi_stats_times_t *times)
     oi_slice_t *params = malloc((size_t)b->n_jobs * sizeof(*params));
     oi_status_t **errors = calloc((size_t)b->n_jobs, sizeof(*errors));
     oi_buf_t **resp_params = calloc((size_t)b->n_jobs, sizeof(*resp_params));
-    if (rows != NULL && ids != NULL && params != NULL && errors != NULL && resp_params != NULL) {
+    uint8_t *absent = calloc((size_t)b->n_jobs * (b->first->n_outputs ? b->first->n_outputs : 1), 1);
+    if (rows != NULL && ids != NULL && params != NULL && errors != NULL && resp_params != NULL && absent != NULL) {
         uint32_t k = 0;
         for (oi_job_t *j = b->first; j; j = j->next, k++) {
             rows[k] = job_rows(j);
@@ -516,6 +530,7 @@ static int run_batched(oi_scheduler_t *s, batch_t *b, oi_stats_times_t *times)
         breq.batch_params = params;
         breq.batch_errors = errors;
         breq.batch_resp_params = resp_params;
+        breq.batch_absent = absent;
         breq.n_batch = k;
     }
     breq.inputs = calloc(r0->n_inputs, sizeof(oi_tensor_t));
@@ -576,6 +591,7 @@ static int run_batched(oi_scheduler_t *s, batch_t *b, oi_stats_times_t *times)
     if (st == NULL) {
         fail_some(b, errors);
         give_parameters(b, resp_params);
+        leave_out(b, absent, b->first->n_outputs);
     }
 done:
     if (st != NULL) {
@@ -595,6 +611,7 @@ done:
     free(params);
     free(errors);
     free(resp_params);
+    free(absent);
     return ran;
 }
 

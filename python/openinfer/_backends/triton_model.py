@@ -348,7 +348,8 @@ class TritonModel(Model):
         each request apart (views of its rows, its own id and parameters), and their outputs are
         joined again by rows for the scheduler to split, each response's parameters going to its
         own request (`cancelled.respond_parameters`). An error response fails its own request
-        alone (`cancelled.fail`); its rows in the joined outputs are filler."""
+        alone (`cancelled.fail`), and an output a response left out is left out of its request's
+        (`cancelled.leave_out`); their rows in the joined outputs are filler."""
         requests, start = [], 0
         for rows, request_id, own in batch:
             views = {name: array[start : start + rows] for name, array in inputs.items()}
@@ -370,13 +371,14 @@ class TritonModel(Model):
         if all(p is None for p in produced):
             return {}
         joined: dict[str, object] = {}
-        for name in outputs:
+        for i, name in enumerate(outputs):
             given = [np.asarray(p[name]) if p is not None and p.get(name) is not None else None for p in produced]
-            like = next((g for g, p in zip(given, produced) if p is not None and g is not None), None)
+            like = next((g for g in given if g is not None), None)
             if like is None:
                 continue  # no response of the batch has it: left out of each
-            if any(g is None and p is not None for g, p in zip(given, produced)):
-                raise ValueError(f"model {self.name!r} did not return output {name!r} for every request of the batch")
+            for k, (g, p) in enumerate(zip(given, produced)):
+                if g is None and p is not None:
+                    cancelled.leave_out(k, i)  # type: ignore[attr-defined]
             parts = [g if g is not None else _filler(like, rows) for g, (rows, _, _) in zip(given, batch)]
             joined[name] = np.concatenate(parts)
         return self._present(joined, outputs)
