@@ -199,6 +199,11 @@ class TritonModel(Model):
     in_flight: int = 1
     # Outputs are answered in the shape execute produced: Triton's core checks them by name only.
     outputs_as_produced = True
+    # The config's `reshape`s, by tensor name: (dims, reshape.shape), past the batch dimension.
+    # execute sees an input in its reshape and produces an output in it (Triton's core reshapes
+    # both, as it does for every backend); the client sends and gets them in their dims.
+    _input_reshapes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+    _output_reshapes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
 
     def attach(self, host: Any) -> None:
         """The server's model control, which pb_utils' BLS and model control calls reach
@@ -244,6 +249,9 @@ class TritonModel(Model):
         outputs: tuple[str, ...],
         cancelled: Callable[[], bool] = lambda: False,
     ) -> dict[str, object] | Iterator[dict[str, object]]:
+        batched = self.max_batch_size > 0
+        inputs = {name: _reshaped(a, batched, *self._input_reshapes[name]) if name in self._input_reshapes else a
+                  for name, a in inputs.items()}  # fmt: skip
         batch = cancelled.batch() if hasattr(cancelled, "batch") else None
         if batch is not None:
             return self._batch(batch, inputs, parameters, outputs, cancelled)
@@ -477,10 +485,15 @@ class TritonModel(Model):
         error = response.error()
         if error is not None:
             raise pb.ResponseError(error.status(), error.message())
-        return {
+        produced = {
             t._name: _bytes_as_triton_sends(t._array) if t._datatype == "BYTES" else t._array
             for t in response._outputs
         }
+        batched = self.max_batch_size > 0
+        for name, (dims, shape) in self._output_reshapes.items():
+            if isinstance(produced.get(name), np.ndarray):
+                produced[name] = _reshaped(produced[name], batched, shape, dims)  # type: ignore[arg-type]
+        return produced
 
     def _failure(self, message: str) -> pb.ResponseError:
         return pb.ResponseError(
@@ -517,6 +530,22 @@ def _bytes_as_triton_sends(array: np.ndarray) -> np.ndarray:
         return array
     items = [x if isinstance(x, (bytes, str)) else str(x) for x in array.flat]
     return np.array(items, dtype=np.object_).reshape(array.shape)
+
+
+def _reshaped(array: np.ndarray, batched: bool, dims: tuple[int, ...], to: tuple[int, ...]) -> np.ndarray:
+    """`array` (its shape `dims` past the batch dimension when `batched`) in the shape `to`:
+    Triton's reshape, the k-th -1 of `to` the size `array` has at the k-th -1 of `dims` (an
+    array of another rank, or of another element count, is left as it is)."""
+    lead = array.shape[:1] if batched and array.ndim > 0 else ()
+    past = array.shape[len(lead):]
+    if len(past) != len(dims):
+        return array
+    free = iter(size for d, size in zip(dims, past) if d == -1)
+    shape = (*lead, *(next(free, -1) if d == -1 else d for d in to))
+    try:
+        return array.reshape(shape)
+    except ValueError:
+        return array
 
 
 def _filler(like: np.ndarray, rows: int) -> np.ndarray:
@@ -575,6 +604,10 @@ def load(
     if any(_STUB_NAME_REFUSES.intersection(n) for n in [name, *(n for n, _ in names)]):
         raise _LoadError("Invalid stub name: contains invalid characters")
     object.__setattr__(model, "in_flight", in_flight)
+    for attr, declared, kind in (("_input_reshapes", final.inputs, "input"), ("_output_reshapes", final.outputs, "output")):
+        reshapes = {t["name"]: t["reshape"] for t in completed.get(kind, []) if isinstance(t.get("reshape"), dict)}
+        object.__setattr__(model, attr, {t.name: (tuple(t.dims), tuple(reshapes[t.name].get("shape", [])))
+                                         for t in declared if t.name in reshapes})  # fmt: skip
 
     def args(instance: str, kind: str) -> dict[str, str]:
         return {
