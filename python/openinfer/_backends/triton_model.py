@@ -249,9 +249,9 @@ class TritonModel(Model):
         outputs: tuple[str, ...],
         cancelled: Callable[[], bool] = lambda: False,
     ) -> dict[str, object] | Iterator[dict[str, object]]:
-        batched = self.max_batch_size > 0
-        inputs = {name: _reshaped(a, batched, *self._input_reshapes[name]) if name in self._input_reshapes else a
-                  for name, a in inputs.items()}  # fmt: skip
+        for name, (dims, shape) in self._input_reshapes.items():
+            if name in inputs:
+                inputs[name] = _reshaped(inputs[name], self.max_batch_size > 0, dims, shape)
         batch = cancelled.batch() if hasattr(cancelled, "batch") else None
         if batch is not None:
             return self._batch(batch, inputs, parameters, outputs, cancelled)
@@ -489,10 +489,9 @@ class TritonModel(Model):
             t._name: _bytes_as_triton_sends(t._array) if t._datatype == "BYTES" else t._array
             for t in response._outputs
         }
-        batched = self.max_batch_size > 0
         for name, (dims, shape) in self._output_reshapes.items():
             if isinstance(produced.get(name), np.ndarray):
-                produced[name] = _reshaped(produced[name], batched, shape, dims)  # type: ignore[arg-type]
+                produced[name] = _reshaped(produced[name], self.max_batch_size > 0, shape, dims)  # type: ignore[arg-type]
         return produced
 
     def _failure(self, message: str) -> pb.ResponseError:
