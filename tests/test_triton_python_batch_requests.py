@@ -1,7 +1,7 @@
 """The requests of one dynamic batch of a Triton Python model stay apart as in Triton: each has its
 own ``parameters()`` (requests with different parameters share a batch, as Triton batches them),
-and an error response fails only its own request, in the server process and in worker processes,
-over HTTP and gRPC."""
+an error response fails only its own request, and each response's parameters reach its own
+client, in the server process and in worker processes, over HTTP and gRPC."""
 
 from __future__ import annotations
 
@@ -24,8 +24,9 @@ from test_triton_python_batching import held, pending
 
 # IN == -1 holds execute (bounded) until the gate file exists, so that later requests queue and
 # form one batch. Each request answers with its rows times its own "scale" parameter, its
-# parameters as it saw them, and how many requests its execute call got; a "fail" parameter
-# makes its response an error with that text and its row count (and code, when "code" names one).
+# parameters as it saw them, and how many requests its execute call got, with response parameters
+# naming its "tag" and row count; a "fail" parameter makes its response an error with that text
+# and its row count (and code, when "code" names one).
 MODEL = PROLOGUE + textwrap.dedent(
     """
     import os, time
@@ -51,7 +52,7 @@ MODEL = PROLOGUE + textwrap.dedent(
                     pb_utils.Tensor("OUT", x * params.get("scale", 1)),
                     pb_utils.Tensor("P", np.array([[request.parameters().encode()]] * rows, np.object_)),
                     pb_utils.Tensor("N", np.full((rows, 1), len(requests), np.int32)),
-                ]))
+                ], parameters={"tag": params.get("tag", ""), "rows": rows}))
             return responses
     """
 )
@@ -81,13 +82,15 @@ def srv(tmp_path_factory: pytest.TempPathFactory, file_gate: Path) -> Iterator[o
 
 
 def over_http(srv: openinfer.Server, model: str, value: float, rows: int, params: dict[str, Any]) -> Any:
-    """One request over HTTP JSON: (status, outputs by name or the error text)."""
+    """One request over HTTP JSON: (status, outputs by name, and the response's parameters as
+    "parameters", or the error text)."""
     body = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [rows, 1], "data": [value] * rows}],
             "parameters": params}
     answer = requests.post(f"{srv.url}/v2/models/{model}/infer", json=body, timeout=120)
     if answer.status_code != 200:
         return answer.status_code, answer.json()["error"]
-    return 200, {o["name"]: o["data"] for o in answer.json()["outputs"]}
+    return 200, {**{o["name"]: o["data"] for o in answer.json()["outputs"]},
+                 "parameters": answer.json().get("parameters")}
 
 
 def over_grpc(srv: openinfer.Server, model: str, value: float, rows: int, params: dict[str, Any]) -> Any:
@@ -103,36 +106,44 @@ def over_grpc(srv: openinfer.Server, model: str, value: float, rows: int, params
             result = client.infer(model, [x], parameters=params, client_timeout=120)
         except InferenceServerException as e:
             return e.status(), e.message()
-        return 200, {name: result.as_numpy(name).reshape(-1).tolist() for name in ("OUT", "P", "N")}
+        given = result.get_response().parameters
+        return 200, {**{name: result.as_numpy(name).reshape(-1).tolist() for name in ("OUT", "P", "N")},
+                     "parameters": {key: getattr(p, p.WhichOneof("parameter_choice")) for key, p in given.items()}}
     finally:
         client.close()
+
+
+def in_one_batch(srv: openinfer.Server, file_gate: Path, model: str, blockers: int,
+                 queued: list[tuple[Any, float, int, dict[str, Any]]]) -> list[Any]:
+    """The answers to `queued` requests ((send, value, rows, parameters), within max_batch_size
+    8 rows together), sent while `blockers` requests hold every instance of `model`, so that
+    they queue and run as one batch once the gate opens."""
+    file_gate.unlink(missing_ok=True)
+    Path(str(file_gate) + ".held").unlink(missing_ok=True)
+    with ThreadPoolExecutor(blockers + len(queued)) as pool:
+        holding = []
+        for i in range(blockers):  # one at a time, so that each holds an instance of its own
+            holding.append(pool.submit(over_http, srv, model, -1, 1, {}))
+            wait_for(lambda: held(file_gate) == i + 1, "a request held in execute")
+        sent = [pool.submit(send, srv, model, value, rows, params) for send, value, rows, params in queued]
+        wait_for(lambda: pending(srv, model) == len(queued), "the requests queued behind the held ones")
+        file_gate.touch()
+        answers = [f.result(timeout=120) for f in sent]
+        for f in holding:
+            assert f.result(timeout=120)[0] == 200
+    return answers
 
 
 @pytest.mark.parametrize("model, blockers", [("apart", 1), ("apart_workers", 2)])
 def test_each_request_of_a_batch_has_its_own_parameters_and_errors(
     srv: openinfer.Server, file_gate: Path, model: str, blockers: int
 ) -> None:
-    file_gate.unlink(missing_ok=True)
-    Path(str(file_gate) + ".held").unlink(missing_ok=True)
-    queued_params: list[tuple[Any, dict[str, Any]]] = [
-        (over_http, {"scale": 2}),
-        (over_http, {"fail": "row one is bad"}),
-        (over_grpc, {"scale": 5}),
-        (over_grpc, {"fail": "row three is missing", "code": "NOT_FOUND"}),
-    ]
-    with ThreadPoolExecutor(blockers + len(queued_params)) as pool:
-        holding = []
-        for i in range(blockers):  # one at a time, so that each holds an instance of its own
-            holding.append(pool.submit(over_http, srv, model, -1, 1, {}))
-            wait_for(lambda: held(file_gate) == i + 1, "a request held in execute")
-        # 1 + 2 + 3 + 1 rows: within max_batch_size 8, so one batch
-        queued = [pool.submit(send, srv, model, float(k + 1), 1 if k == 3 else k + 1, params)
-                  for k, (send, params) in enumerate(queued_params)]
-        wait_for(lambda: pending(srv, model) == len(queued), "the requests queued behind the held ones")
-        file_gate.touch()
-        answers = [f.result(timeout=120) for f in queued]
-        for f in holding:
-            assert f.result(timeout=120)[0] == 200
+    answers = in_one_batch(srv, file_gate, model, blockers, [
+        (over_http, 1.0, 1, {"scale": 2}),
+        (over_http, 2.0, 2, {"fail": "row one is bad"}),
+        (over_grpc, 3.0, 3, {"scale": 5}),
+        (over_grpc, 4.0, 1, {"fail": "row three is missing", "code": "NOT_FOUND"}),
+    ])
     (s0, a0), (s1, a1), (s2, a2), (s3, a3) = answers
     assert s0 == 200 and a0["OUT"] == [2.0] and json.loads(a0["P"][0]) == {"scale": 2}
     assert (s1, a1) == (400, "row one is bad (2 rows)")
@@ -143,22 +154,28 @@ def test_each_request_of_a_batch_has_its_own_parameters_and_errors(
 
 
 @pytest.mark.parametrize("model, blockers", [("apart", 1), ("apart_workers", 2)])
+def test_each_response_of_a_batch_carries_its_own_parameters(
+    srv: openinfer.Server, file_gate: Path, model: str, blockers: int
+) -> None:
+    long_tag = "t" * 20000  # past one message between a worker and the server
+    answers = in_one_batch(srv, file_gate, model, blockers, [
+        (over_http, 1.0, 1, {"tag": "first"}),
+        (over_grpc, 1.0, 3, {"tag": "second"}),
+        (over_http, 1.0, 2, {"fail": "no parameters for an error"}),
+        (over_grpc, 1.0, 2, {"tag": long_tag}),
+    ])
+    assert [status for status, _ in answers] == [200, 200, 400, 200]
+    assert [a["N"][0] for status, a in answers if status == 200] == [4, 4, 4]  # one execute call
+    assert answers[0][1]["parameters"] == {"tag": "first", "rows": 1}
+    assert answers[1][1]["parameters"] == {"tag": "second", "rows": 3}
+    assert answers[3][1]["parameters"] == {"tag": long_tag, "rows": 2}
+
+
+@pytest.mark.parametrize("model, blockers", [("apart", 1), ("apart_workers", 2)])
 def test_every_request_of_a_batch_failing_gets_its_own_error(
     srv: openinfer.Server, file_gate: Path, model: str, blockers: int
 ) -> None:
-    file_gate.unlink(missing_ok=True)
-    Path(str(file_gate) + ".held").unlink(missing_ok=True)
-    with ThreadPoolExecutor(blockers + 2) as pool:
-        holding = []
-        for i in range(blockers):
-            holding.append(pool.submit(over_http, srv, model, -1, 1, {}))
-            wait_for(lambda: held(file_gate) == i + 1, "a request held in execute")
-        # the same parameters: they batch together on any server
-        queued = [pool.submit(over_http, srv, model, 1.0, rows, {"fail": "bad", "code": "UNAVAILABLE"})
-                  for rows in (1, 2)]
-        wait_for(lambda: pending(srv, model) == 2, "two requests queued behind the held ones")
-        file_gate.touch()
-        answers = [f.result(timeout=120) for f in queued]
-        for f in holding:
-            assert f.result(timeout=120)[0] == 200
+    # the same parameters: they batch together on any server
+    fail = {"fail": "bad", "code": "UNAVAILABLE"}
+    answers = in_one_batch(srv, file_gate, model, blockers, [(over_http, 1.0, 1, fail), (over_http, 1.0, 2, fail)])
     assert answers == [(503, "bad (1 rows)"), (503, "bad (2 rows)")]

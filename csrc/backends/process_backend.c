@@ -266,6 +266,20 @@ static oi_status_t *error_reply(const char *buf, size_t len)
     return oi_status_new(code, "%.*s", (int)(len - sizeof(*r)), buf + sizeof(*r));
 }
 
+/* Appends a PARAMS_ONE piece to request k's response parameters; -1 when out of memory. */
+static int add_parameters(const oi_request_t *req, uint64_t k, const char *piece, size_t len)
+{
+    oi_buf_t *b = req->batch_resp_params[k];
+    size_t have = b != NULL ? b->len : 0;
+    oi_buf_t *grown = b == NULL ? oi_buf_new(len) : oi_buf_grow(b, have + len);
+    if (grown == NULL)
+        return -1;
+    memcpy(grown->data + have, piece, len);
+    grown->len = have + len;
+    req->batch_resp_params[k] = grown;
+    return 0;
+}
+
 static int stopped(const unsigned char *stop) { return stop != NULL && __atomic_load_n(stop, __ATOMIC_RELAXED); }
 
 /* Waits until a started worker has imported the model, or `stop` (may be NULL) is set: then
@@ -461,6 +475,11 @@ static oi_status_t *take_outputs(pool_t *p, worker_t *w, const oi_pw_reply_t *r,
     }
     const oi_pw_tensor_t *d = (const oi_pw_tensor_t *)(block + 1);
     for (uint32_t i = 0; st == NULL && i < n; i++) {
+        if (d[i].ndim == OI_PW_ABSENT) {
+            resp->outputs[i] = (oi_tensor_t){.name = names[i], .absent = 1};
+            resp->n_outputs = i + 1;
+            continue;
+        }
         if (d[i].dtype <= OI_TYPE_INVALID || d[i].dtype >= OI_TYPE_COUNT || d[i].ndim < 0 || d[i].ndim > OI_MAX_DIMS ||
             d[i].offset > block->size || d[i].byte_size > block->size - d[i].offset) {
             st = oi_status_new(OI_INTERNAL, "model '%s': a worker sent a malformed output '%s'", p->model_name,
@@ -527,6 +546,16 @@ static oi_status_t *run_job(pool_t *p, worker_t *w, const oi_request_t *req, con
         if (r->type == OI_PW_FAIL_ONE && req->batch_errors != NULL && r->block < req->n_batch && fd < 0) {
             oi_status_free(req->batch_errors[r->block]);
             req->batch_errors[r->block] = error_reply(buf, (size_t)len);
+            continue;
+        } else if (r->type == OI_PW_PARAMS_ONE && req->batch_resp_params != NULL && r->block < req->n_batch &&
+                   fd < 0) {
+            if (add_parameters(req, r->block, buf + sizeof(*r), (size_t)len - sizeof(*r)) != 0 &&
+                req->batch_errors != NULL && req->batch_errors[r->block] == NULL)
+                req->batch_errors[r->block] = oi_status_new(OI_INTERNAL, "out of memory");
+            continue;
+        } else if (r->type == OI_PW_ABSENT_ONE && req->batch_absent != NULL && r->block < req->n_batch &&
+                   r->code < n && fd < 0) {
+            req->batch_absent[r->block * n + r->code] = 1;
             continue;
         } else if (r->type == OI_PW_RESULT && req->send == NULL) {
             st = take_outputs(p, w, r, fd, names, n, resp);

@@ -53,6 +53,9 @@ enum {
     OI_PW_FAIL_ONE,   /* before a RESULT: request `block` of the batch failed alone, code and text */
     OI_PW_BLS,        /* during a job: a BLS request of the model, in the memfd sent with it
                        * (process_bls.h); the server answers BLS_PART..., BLS_END */
+    OI_PW_PARAMS_ONE, /* before a RESULT: the next piece of request `block`'s own response
+                       * parameters (JSON text), in as many messages as it takes */
+    OI_PW_ABSENT_ONE, /* before a RESULT: request `block`'s response lacks output `code` */
 };
 
 #define OI_PW_JOB_DECOUPLED 1u
@@ -78,10 +81,12 @@ typedef struct oi_pw_request_s {
     uint32_t pad;
 } oi_pw_request_t;
 
+#define OI_PW_ABSENT (-1)
+
 /* One tensor: where its bytes are (offset from the start of the area or block holding it). */
 typedef struct oi_pw_tensor_s {
     uint32_t dtype; /* oi_dtype_t */
-    int32_t ndim;
+    int32_t ndim;      /* OI_PW_ABSENT: an output the model left out (oi_tensor_t.absent) */
     uint32_t name_len; /* inputs: the name's length; outputs: 0 (the server knows the names) */
     uint32_t area;     /* inputs: 0 the job area, k > 0 the k-th memfd of the JOB message */
     int64_t shape[OI_MAX_DIMS];

@@ -70,6 +70,7 @@ static oi_status_t *model_error(const py_state_t *s)
  * handler runs; a model that keeps it gets the last answer afterwards. */
 typedef struct {
     PyObject_HEAD const oi_request_t *req; /* borrowed for the call; NULL after it */
+    uint32_t n_outputs;                    /* the outputs asked (a row of req->batch_absent) */
     int last;
 } cancel_flag_t;
 
@@ -161,11 +162,54 @@ static PyObject *cancel_flag_fail(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* respond_parameters(k, text): request k of the batch gets these response parameters (JSON
+ * text, checked by the caller as any response's are) with its rows. */
+static PyObject *cancel_flag_respond_parameters(PyObject *self, PyObject *args)
+{
+    const oi_request_t *req = ((cancel_flag_t *)self)->req;
+    unsigned int k;
+    const char *text;
+    Py_ssize_t len;
+    if (!PyArg_ParseTuple(args, "Is#:respond_parameters", &k, &text, &len))
+        return NULL;
+    if (req == NULL || req->batch_resp_params == NULL || k >= req->n_batch) {
+        PyErr_Format(PyExc_IndexError, "respond_parameters(): no request %u in this call's batch", k);
+        return NULL;
+    }
+    oi_buf_t *buf = oi_buf_new((size_t)len);
+    if (buf == NULL)
+        return PyErr_NoMemory();
+    memcpy(buf->data, text, (size_t)len);
+    buf->len = (size_t)len;
+    oi_buf_unref(req->batch_resp_params[k]);
+    req->batch_resp_params[k] = buf;
+    Py_RETURN_NONE;
+}
+
+/* leave_out(k, i): request k's own response lacks output i (of the outputs asked), which the
+ * returned outputs still hold filler rows of for it. */
+static PyObject *cancel_flag_leave_out(PyObject *self, PyObject *args)
+{
+    const cancel_flag_t *flag = (const cancel_flag_t *)self;
+    unsigned int k, i;
+    if (!PyArg_ParseTuple(args, "II:leave_out", &k, &i))
+        return NULL;
+    if (flag->req == NULL || flag->req->batch_absent == NULL || k >= flag->req->n_batch || i >= flag->n_outputs) {
+        PyErr_Format(PyExc_IndexError, "leave_out(): no output %u of request %u in this call's batch", i, k);
+        return NULL;
+    }
+    flag->req->batch_absent[(size_t)k * flag->n_outputs + i] = 1;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef cancel_flag_methods[] = {
     {"request_id", cancel_flag_request_id, METH_NOARGS, "The request's id, or None."},
     {"batch", cancel_flag_batch, METH_NOARGS, "A dynamic batch's ((rows, id, parameters), ...), or None."},
     {"bls_chain", cancel_flag_bls_chain, METH_NOARGS, "The models waiting up the BLS call chain ('/'-separated), or None."},
     {"fail", cancel_flag_fail, METH_VARARGS, "fail(k, status, message): request k of the batch fails alone."},
+    {"respond_parameters", cancel_flag_respond_parameters, METH_VARARGS,
+     "respond_parameters(k, text): request k's response carries these parameters (JSON text)."},
+    {"leave_out", cancel_flag_leave_out, METH_VARARGS, "leave_out(k, i): request k's response lacks output i."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -248,6 +292,19 @@ static oi_status_t *collect_triton_extras(PyObject *result, oi_response_t *resp)
     return st;
 }
 
+/* Whether `result` is a Triton Python model's answer (triton_model._Answer), which may leave
+ * out outputs as Triton's InferenceResponse may. */
+static int leaves_out_outputs(PyObject *result)
+{
+    if (PyDict_CheckExact(result))
+        return 0;
+    PyObject *final = PyObject_GetAttrString(result, "response_final");
+    if (final == NULL)
+        PyErr_Clear();
+    Py_XDECREF(final);
+    return final != NULL;
+}
+
 static oi_status_t *collect_outputs(const py_state_t *s, PyObject *result, const char *const *names, uint32_t n,
                                     oi_response_t *resp)
 {
@@ -257,8 +314,15 @@ static oi_status_t *collect_outputs(const py_state_t *s, PyObject *result, const
     resp->outputs = calloc(n ? n : 1, sizeof(oi_tensor_t));
     if (resp->outputs == NULL)
         return oi_status_new(OI_INTERNAL, "out of memory");
+    int partial = leaves_out_outputs(result);
     for (uint32_t i = 0; i < n; i++) {
         PyObject *v = PyMapping_GetItemString(result, names[i]);
+        if (v == NULL && partial) {
+            PyErr_Clear();
+            resp->outputs[i] = (oi_tensor_t){.name = names[i], .absent = 1};
+            resp->n_outputs = i + 1;
+            continue;
+        }
         if (v == NULL) {
             PyErr_Clear();
             PyObject *selected = NULL; /* a direct call's answer: select words the error */
@@ -414,6 +478,7 @@ static oi_status_t *py_execute(void *state, const oi_request_t *req, const char 
     cancel_flag_t *flag = PyObject_New(cancel_flag_t, &cancel_flag_type);
     if (flag != NULL) {
         flag->req = req;
+        flag->n_outputs = n;
         flag->last = 0;
     }
     if (inputs == NULL || params == NULL || out_names == NULL || flag == NULL) {

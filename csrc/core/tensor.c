@@ -202,6 +202,25 @@ void oi_request_clear(oi_request_t *r)
     r->binary_data_output = -1;
 }
 
+void oi_response_drop_absent(oi_response_t *r)
+{
+    uint32_t kept = 0;
+    for (uint32_t i = 0; i < r->n_outputs; i++)
+        if (r->outputs[i].absent)
+            oi_tensor_clear(&r->outputs[i]);
+        else
+            r->outputs[kept++] = r->outputs[i];
+    r->n_outputs = kept;
+}
+
+uint32_t oi_name_index(const char *const *names, uint32_t n, const char *name)
+{
+    uint32_t i = 0;
+    while (i < n && strcmp(names[i], name) != 0)
+        i++;
+    return i;
+}
+
 void oi_response_clear(oi_response_t *r)
 {
     for (uint32_t i = 0; i < r->n_outputs; i++)

@@ -36,6 +36,11 @@ typedef struct oi_tensor_s {
     uint8_t shm;
     const char *shm_region;
     uint64_t shm_offset;
+    /* A response output the model left out (Triton lets a response carry only some of the
+     * outputs): named, without data. oi_validate_response (and a BLS caller, for a decoupled
+     * target's responses) drops it from the response, so only backends, a dynamic batch's
+     * split, a sequence's state and the worker wire ever see one. */
+    uint8_t absent;
 } oi_tensor_t;
 
 /* An output the client asked for, by name. */
@@ -139,6 +144,16 @@ typedef struct oi_request_s {
      * which the outputs must still hold. The scheduler owns both and what the slots hold. */
     const oi_slice_t *batch_params;
     oi_status_t **batch_errors;
+    /* With batch_rows: n_batch slots where the backend may put each request's own response
+     * parameters (Triton sends each response of a batch apart, with its own): one reference of
+     * JSON text as oi_response_t.parameters holds, which goes to that request's response. The
+     * scheduler owns the slots and what they hold. */
+    oi_buf_t **batch_resp_params;
+    /* With batch_rows: n_batch rows of one flag per output asked (request k's output i at
+     * [k * n + i]) the backend sets where request k's own response left out an output that
+     * others of the batch have (its rows there are filler): that request's response then has
+     * it absent. The scheduler owns them. */
+    uint8_t *batch_absent;
     /* A BLS request's call chain (core/bls_chain.h): the models waiting for it, '/'-separated,
      * outermost first; NULL for a client's. Borrowed from whoever made the request, for as
      * long as it runs; a dynamic batch carries its longest job's. */
@@ -193,6 +208,13 @@ void oi_request_clear(oi_request_t *r);
 
 /* Releases everything a response owns and zeroes it. */
 void oi_response_clear(oi_response_t *r);
+
+/* Removes the outputs the model left out (oi_tensor_t.absent), keeping the others' order. */
+void oi_response_drop_absent(oi_response_t *r);
+
+/* The position of `name` among names[0..n): where a response's output stands among the outputs
+ * asked (a checked response holds them in that order, some perhaps left out). n when not there. */
+uint32_t oi_name_index(const char *const *names, uint32_t n, const char *name);
 
 /* Refuses an input name, or a requested output name, that a request gives twice, in
  * tritonserver's core's words ("[request id: <id_unknown>] output 'X' already exists in

@@ -99,6 +99,7 @@ static oi_status_t *bls_send(void *arg, oi_response_t *resp)
     part_t *p = calloc(1, sizeof(*p));
     if (p == NULL)
         return oi_status_new(OI_INTERNAL, "out of memory");
+    oi_response_drop_absent(resp); /* the caller sees the outputs the response has */
     p->resp = *resp;
     memset(resp, 0, sizeof(*resp));
     pthread_mutex_lock(&b->mu);

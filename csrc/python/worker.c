@@ -107,6 +107,23 @@ static int send_error_as(int sock, uint32_t type, uint64_t k, int code, const ch
 
 static int send_error(int sock, int code, const char *text) { return send_error_as(sock, OI_PW_ERROR, 0, code, text); }
 
+/* Request k's own response parameters (oi_request_t.batch_resp_params), in pieces that fit a
+ * message. */
+static int send_parameters(int sock, uint64_t k, const oi_buf_t *params)
+{
+    char buf[OI_PW_MAX_MESSAGE];
+    oi_pw_reply_t r = {.type = OI_PW_PARAMS_ONE, .block = k};
+    memcpy(buf, &r, sizeof(r));
+    int rc = 0;
+    for (size_t off = 0; off < params->len && rc == 0;) {
+        size_t len = params->len - off < sizeof(buf) - sizeof(r) ? params->len - off : sizeof(buf) - sizeof(r);
+        memcpy(buf + sizeof(r), params->data + off, len);
+        rc = oi_pw_send(sock, buf, sizeof(r) + len, NULL);
+        off += len;
+    }
+    return rc;
+}
+
 /* Writes a response's outputs as one block, in the ring or (when it does not fit there) in a
  * memfd of its own, and sends `type` naming it. */
 static int send_outputs(worker_t *w, uint32_t type, const oi_response_t *resp)
@@ -135,7 +152,8 @@ static int send_outputs(worker_t *w, uint32_t type, const oi_response_t *resp)
     uint64_t data = oi_pw_align(sizeof(oi_pw_block_t) + resp->n_outputs * sizeof(oi_pw_tensor_t));
     for (uint32_t i = 0; i < resp->n_outputs; i++) {
         const oi_tensor_t *t = &resp->outputs[i];
-        d[i] = (oi_pw_tensor_t){.dtype = t->dtype, .ndim = t->ndim, .offset = data, .byte_size = t->byte_size};
+        d[i] = (oi_pw_tensor_t){.dtype = t->dtype, .ndim = t->absent ? OI_PW_ABSENT : t->ndim, .offset = data,
+                                .byte_size = t->byte_size};
         memcpy(d[i].shape, t->shape, sizeof(d[i].shape));
         if (t->byte_size > 0)
             memcpy(p + data, t->data, t->byte_size);
@@ -284,9 +302,13 @@ static const char *read_job(worker_t *w, const oi_pw_fds_t *fds, oi_request_t *r
             return "batch ids out of bounds";
     oi_slice_t *params = calloc(head.n_batch, sizeof(*params));
     oi_status_t **errors = calloc(head.n_batch, sizeof(*errors));
+    oi_buf_t **resp_params = calloc(head.n_batch, sizeof(*resp_params));
+    uint8_t *absent = calloc((size_t)head.n_batch * (head.n_outputs ? head.n_outputs : 1), 1);
     req->batch_params = params; /* freed by serve() too */
     req->batch_errors = errors;
-    if (params == NULL || errors == NULL)
+    req->batch_resp_params = resp_params;
+    req->batch_absent = absent;
+    if (params == NULL || errors == NULL || resp_params == NULL || absent == NULL)
         return "out of memory";
     for (uint32_t k = 0; k < head.n_batch; k++) {
         const char *text;
@@ -337,6 +359,12 @@ static void serve(worker_t *w, void *state)
         for (uint32_t k = 0; req.batch_errors != NULL && k < req.n_batch && rc == 0; k++)
             if (req.batch_errors[k] != NULL) /* before the RESULT or ERROR, which ends the job */
                 rc = send_error_as(w->sock, OI_PW_FAIL_ONE, k, req.batch_errors[k]->code, req.batch_errors[k]->message);
+        for (uint32_t k = 0; req.batch_resp_params != NULL && k < req.n_batch && rc == 0; k++)
+            if (req.batch_resp_params[k] != NULL && req.batch_resp_params[k]->len > 0)
+                rc = send_parameters(w->sock, k, req.batch_resp_params[k]);
+        for (size_t at = 0; req.batch_absent != NULL && at < (size_t)req.n_batch * n_names && rc == 0; at++)
+            if (req.batch_absent[at])
+                rc = send_error_as(w->sock, OI_PW_ABSENT_ONE, at / n_names, (int)(at % n_names), "");
         if (rc == 0 && st != NULL)
             rc = send_error(w->sock, st->code, st->message);
         else if (rc == 0 && req.send != NULL)
@@ -354,6 +382,10 @@ static void serve(worker_t *w, void *state)
         for (uint32_t k = 0; req.batch_errors != NULL && k < req.n_batch; k++)
             oi_status_free(req.batch_errors[k]);
         free(req.batch_errors);
+        for (uint32_t k = 0; req.batch_resp_params != NULL && k < req.n_batch; k++)
+            oi_buf_unref(req.batch_resp_params[k]);
+        free(req.batch_resp_params);
+        free(req.batch_absent);
         free(names);
         if (rc != 0)
             return;

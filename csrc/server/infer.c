@@ -103,14 +103,15 @@ static oi_status_t *classify_outputs(oi_infer_t *inf)
 {
     const oi_model_t *m = inf->model;
     for (uint32_t i = 0; i < inf->job.resp.n_outputs; i++) {
-        if (inf->class_counts[i] == 0)
-            continue;
         oi_tensor_t *t = &inf->job.resp.outputs[i];
+        uint32_t at = oi_name_index(inf->job.output_names, inf->job.n_outputs, t->name);
+        if (at == inf->job.n_outputs || inf->class_counts[at] == 0)
+            continue;
         const oi_labels_t *labels = NULL;
         for (uint32_t o = 0; m->labels != NULL && o < m->n_outputs; o++)
             if (strcmp(m->outputs[o].name, t->name) == 0)
                 labels = m->labels[o];
-        oi_status_t *st = oi_classify(t, m->max_batch_size > 0, inf->class_counts[i], labels);
+        oi_status_t *st = oi_classify(t, m->max_batch_size > 0, inf->class_counts[at], labels);
         if (st != NULL)
             return st;
     }
@@ -185,10 +186,11 @@ static void job_done(oi_job_t *j)
     /* Level TENSORS: the outputs as the model gave them, copied here off the loop thread. */
     if (j->status == NULL && inf->trace != NULL && (inf->trace->level & OI_TRACE_TENSORS))
         (void)oi_trace_add_tensors(inf->trace, OI_TRACE_BACKEND_OUTPUT, j->resp.outputs, j->resp.n_outputs);
-    /* Outputs asked in shared memory are copied there here, off the loop thread. Requested
-     * outputs and response outputs are in the same order (see oi_validate_request). */
+    /* Outputs asked in shared memory are copied there here, off the loop thread. Response
+     * outputs are in the order of the requested ones (see oi_validate_request), some perhaps
+     * left out by the model. */
     if (j->status == NULL && inf->shm_out != NULL && inf->ds == NULL)
-        j->status = oi_shm_place_outputs(&j->resp, inf->shm_out);
+        j->status = oi_shm_place_outputs(&j->resp, inf->shm_out, j->output_names, j->n_outputs);
     /* A client may have shrunk an object under the model: what was read or written there is
      * lost, and the request says so rather than answer with zeros. */
     if (j->status == NULL && inf->shm != NULL && inf->ds == NULL)

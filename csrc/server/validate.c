@@ -190,8 +190,7 @@ oi_status_t *oi_validate_request(const oi_model_t *m, const oi_request_t *req, c
     return NULL;
 }
 
-oi_status_t *oi_validate_response(const oi_model_t *m, const char *const *names, uint32_t n,
-                                  const oi_response_t *resp)
+oi_status_t *oi_validate_response(const oi_model_t *m, const char *const *names, uint32_t n, oi_response_t *resp)
 {
     char got[24 * OI_MAX_DIMS], want[24 * OI_MAX_DIMS];
     if (resp->n_outputs != n)
@@ -202,6 +201,8 @@ oi_status_t *oi_validate_response(const oi_model_t *m, const char *const *names,
         if (s == NULL || t->name == NULL || strcmp(t->name, names[i]) != 0)
             return oi_status_new(OI_INTERNAL, "model '%s' produced output %u as '%s', expected '%s'", m->name, i,
                                  t->name ? t->name : "(null)", names[i]);
+        if (t->absent)
+            continue;
         if (t->dtype != s->dtype)
             return oi_status_new(OI_INTERNAL, "model '%s' output '%s': declared %s, produced %s", m->name, s->name,
                                  oi_dtype_name(s->dtype), oi_dtype_name(t->dtype));
@@ -216,5 +217,6 @@ oi_status_t *oi_validate_response(const oi_model_t *m, const char *const *names,
             return wrapped;
         }
     }
+    oi_response_drop_absent(resp);
     return NULL;
 }

@@ -14,8 +14,9 @@ oi_status_t *oi_validate_request(const oi_model_t *m, const oi_request_t *req, c
                                  uint32_t **classes);
 
 /* Checks that a backend produced the asked outputs with declared datatypes and shapes and
- * consistent sizes. Returns NULL or a 500 status. */
-oi_status_t *oi_validate_response(const oi_model_t *m, const char *const *names, uint32_t n,
-                                  const oi_response_t *resp);
+ * consistent sizes, then drops those it left out (oi_tensor_t.absent), as Triton's core sends
+ * a response with the outputs it has: the response's outputs stay in the order of `names`.
+ * Returns NULL or a 500 status. */
+oi_status_t *oi_validate_response(const oi_model_t *m, const char *const *names, uint32_t n, oi_response_t *resp);
 
 #endif

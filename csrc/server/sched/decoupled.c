@@ -112,7 +112,7 @@ static oi_status_t *send_part(void *arg, oi_response_t *resp)
     oi_dstream_t *ds = inf->ds;
     oi_status_t *st = oi_validate_response(inf->model, inf->job.output_names, inf->job.n_outputs, resp);
     if (st == NULL && inf->shm_out != NULL)
-        st = oi_shm_place_outputs(resp, inf->shm_out);
+        st = oi_shm_place_outputs(resp, inf->shm_out, inf->job.output_names, inf->job.n_outputs);
     oi_infer_part_t *p = st == NULL ? calloc(1, sizeof(*p)) : NULL;
     if (st == NULL && p == NULL)
         st = oi_status_new(OI_INTERNAL, "out of memory");

@@ -619,7 +619,8 @@ static uint32_t answers_ready(const run_t *run)
 }
 
 /* Under run->mu: the answer of iteration `iter`: the asked outputs as references to the
- * tensors the steps made (an output left unset is left out, as Triton leaves it). */
+ * tensors the steps made (an output left unset is left out, as Triton leaves it: `absent`,
+ * which the response check drops). */
 static oi_status_t *assemble(run_t *run, uint32_t iter, oi_response_t *resp)
 {
     const char *const *names = run->names;
@@ -629,9 +630,11 @@ static oi_status_t *assemble(run_t *run, uint32_t iter, oi_response_t *resp)
         return oi_status_new(OI_INTERNAL, "out of memory");
     for (uint32_t i = 0; i < n; i++) {
         const value_t *v = &run->vals[tensor_index(run->e, names[i])].v[iter];
-        if (v->have != 1)
-            continue;
         oi_tensor_t *o = &resp->outputs[resp->n_outputs++];
+        if (v->have != 1) {
+            *o = (oi_tensor_t){.name = names[i], .absent = 1};
+            continue;
+        }
         *o = v->val;
         o->name = names[i];
         o->owner = oi_buf_ref(o->owner);

@@ -394,6 +394,32 @@ static void fail_some(batch_t *b, oi_status_t **errors)
         }
 }
 
+/* Gives each job the response parameters the backend made for it alone (params[k], see
+ * oi_request_t.batch_resp_params), as Triton sends each response of a batch with its own. */
+static void give_parameters(batch_t *b, oi_buf_t **params)
+{
+    int k = 0;
+    for (oi_job_t *j = b->first; j; j = j->next, k++)
+        if (params[k] != NULL && j->status == NULL) {
+            oi_buf_unref(j->resp.parameters);
+            j->resp.parameters = params[k];
+            params[k] = NULL;
+        }
+}
+
+/* Leaves out of each job's response the outputs the backend says its own response lacked
+ * (absent[k * n + i], see oi_request_t.batch_absent). */
+static void leave_out(batch_t *b, const uint8_t *absent, uint32_t n)
+{
+    uint32_t k = 0;
+    for (oi_job_t *j = b->first; j; j = j->next, k++)
+        for (uint32_t i = 0; i < n && i < j->resp.n_outputs; i++)
+            if (absent[k * n + i]) {
+                oi_tensor_clear(&j->resp.outputs[i]);
+                j->resp.outputs[i].absent = 1;
+            }
+}
+
 /* Whether the backend failed every job of the batch alone: then each gets its own status and
  * the outputs (which need not be there) are not looked at. */
 static int failed_each(batch_t *b, oi_status_t **errors)
@@ -406,9 +432,16 @@ static int failed_each(batch_t *b, oi_status_t **errors)
 }
 
 /* Splits one batched output along dimension 0 into each job's response: views of the same
- * memory, each holding a reference to its owner. */
+ * memory, each holding a reference to its owner. One the model left out is left out of each. */
 static oi_status_t *split_output(batch_t *b, const oi_tensor_t *t, uint32_t i)
 {
+    if (t->absent) {
+        for (oi_job_t *j = b->first; j; j = j->next) {
+            j->resp.outputs[i] = (oi_tensor_t){.name = j->output_names[i], .absent = 1};
+            j->resp.n_outputs = i + 1;
+        }
+        return NULL;
+    }
     if (t->ndim < 1 || t->shape[0] != b->rows)
         return oi_status_new(OI_INTERNAL, "output '%s' of a batch of %lld rows has %s%lld rows; a batching model "
                              "must keep dimension 0", t->name, (long long)b->rows, t->ndim < 1 ? "no dimension 0, not " : "",
@@ -481,7 +514,9 @@ static int run_batched(oi_scheduler_t *s, batch_t *b, oi_stats_times_t *times)
     const char **ids = malloc((size_t)b->n_jobs * sizeof(*ids));
     oi_slice_t *params = malloc((size_t)b->n_jobs * sizeof(*params));
     oi_status_t **errors = calloc((size_t)b->n_jobs, sizeof(*errors));
-    if (rows != NULL && ids != NULL && params != NULL && errors != NULL) {
+    oi_buf_t **resp_params = calloc((size_t)b->n_jobs, sizeof(*resp_params));
+    uint8_t *absent = calloc((size_t)b->n_jobs * (b->first->n_outputs ? b->first->n_outputs : 1), 1);
+    if (rows != NULL && ids != NULL && params != NULL && errors != NULL && resp_params != NULL && absent != NULL) {
         uint32_t k = 0;
         for (oi_job_t *j = b->first; j; j = j->next, k++) {
             rows[k] = job_rows(j);
@@ -494,6 +529,8 @@ static int run_batched(oi_scheduler_t *s, batch_t *b, oi_stats_times_t *times)
         breq.batch_ids = ids;
         breq.batch_params = params;
         breq.batch_errors = errors;
+        breq.batch_resp_params = resp_params;
+        breq.batch_absent = absent;
         breq.n_batch = k;
     }
     breq.inputs = calloc(r0->n_inputs, sizeof(oi_tensor_t));
@@ -551,8 +588,11 @@ static int run_batched(oi_scheduler_t *s, batch_t *b, oi_stats_times_t *times)
         }
     for (uint32_t i = 0; i < bresp.n_outputs && st == NULL; i++)
         st = split_output(b, &bresp.outputs[i], i);
-    if (st == NULL)
+    if (st == NULL) {
         fail_some(b, errors);
+        give_parameters(b, resp_params);
+        leave_out(b, absent, b->first->n_outputs);
+    }
 done:
     if (st != NULL) {
         for (oi_job_t *j = b->first; j; j = j->next)
@@ -564,10 +604,14 @@ done:
     oi_request_clear(&breq); /* its names are the first job's: clear before any done */
     for (int k = 0; errors != NULL && k < b->n_jobs; k++)
         oi_status_free(errors[k]); /* those fail_some did not hand on */
+    for (int k = 0; resp_params != NULL && k < b->n_jobs; k++)
+        oi_buf_unref(resp_params[k]); /* those give_parameters did not */
     free(rows);
     free(ids);
     free(params);
     free(errors);
+    free(resp_params);
+    free(absent);
     return ran;
 }
 

@@ -140,12 +140,16 @@ void oi__seq_take_outputs(oi_seq_t *q, sequence_t *s, item_t *it)
 {
     oi_job_t *outer = it->outer;
     oi_response_t *r = &it->inner.resp;
+    for (uint32_t k = 0; it->inner.status == NULL && r->n_outputs == it->inner.n_outputs && k < q->n_states; k++) {
+        uint32_t i = oi_name_index(it->out_names, r->n_outputs, q->states[k].output_name);
+        if (i < r->n_outputs && r->outputs[i].absent) /* an output may be left out; the next state may not */
+            it->inner.status = oi_status_new(OI_INTERNAL, "the model did not produce state output '%s'",
+                                             q->states[k].output_name);
+    }
     if (it->inner.status == NULL && r->n_outputs == it->inner.n_outputs) {
         oi__seq_clear_states(q, s);
         for (uint32_t k = 0; k < q->n_states; k++) {
-            uint32_t i = 0;
-            while (i < r->n_outputs && strcmp(it->out_names[i], q->states[k].output_name) != 0)
-                i++;
+            uint32_t i = oi_name_index(it->out_names, r->n_outputs, q->states[k].output_name);
             s->states[k] = r->outputs[i];
             s->states[k].name = q->states[k].input_name;
             s->states[k].shm = 0;

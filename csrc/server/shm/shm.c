@@ -907,12 +907,14 @@ static oi_status_t *make_private(oi_tensor_t *t)
     return NULL;
 }
 
-oi_status_t *oi_shm_place_outputs(oi_response_t *resp, const oi_shm_target_t *targets)
+oi_status_t *oi_shm_place_outputs(oi_response_t *resp, const oi_shm_target_t *targets, const char *const *names,
+                                  uint32_t n_names)
 {
     for (uint32_t i = 0; i < resp->n_outputs; i++) {
-        const oi_shm_target_t *tg = &targets[i];
         oi_tensor_t *t = &resp->outputs[i];
-        if (tg->region == NULL)
+        uint32_t at = oi_name_index(names, n_names, t->name);
+        const oi_shm_target_t *tg = at < n_names ? &targets[at] : NULL;
+        if (tg == NULL || tg->region == NULL)
             continue;
         if (tg->region->kind == OI_SHM_SYSTEM) {
             /* Another output that still reads from this window (a view of an input there,

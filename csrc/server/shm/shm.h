@@ -158,12 +158,14 @@ oi_status_t *oi_shm_check_request(const oi_request_t *req, const oi_response_t *
  * fails. */
 oi_status_t *oi_shm_place_output(oi_tensor_t *t, const oi_shm_target_t *target);
 
-/* Places every output that has a target (targets[i] for resp->outputs[i]). A target window
+/* Places every output that has a target (targets[i] for the output named names[i], the
+ * n_names outputs asked, which a checked response holds in that order). A target window
  * may overlap the memory other outputs still read from (a client may reuse its inputs'
  * windows for outputs, since inputs are dead once the model has run): such outputs are copied
  * aside first, so each output arrives intact. An output already where its target is (a model
  * returning its input, asked back in place) is not copied. Returns NULL or the first error. */
-oi_status_t *oi_shm_place_outputs(oi_response_t *resp, const oi_shm_target_t *targets);
+oi_status_t *oi_shm_place_outputs(oi_response_t *resp, const oi_shm_target_t *targets, const char *const *names,
+                                  uint32_t n_names);
 
 /* Drops the targets' region references and frees the array; NULL is ignored. */
 void oi_shm_targets_free(oi_shm_target_t *targets, uint32_t n);

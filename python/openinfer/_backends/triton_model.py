@@ -199,6 +199,11 @@ class TritonModel(Model):
     in_flight: int = 1
     # Outputs are answered in the shape execute produced: Triton's core checks them by name only.
     outputs_as_produced = True
+    # The config's `reshape`s, by tensor name: (dims, reshape.shape), past the batch dimension.
+    # execute sees an input in its reshape and produces an output in it (Triton's core reshapes
+    # both, as it does for every backend); the client sends and gets them in their dims.
+    _input_reshapes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+    _output_reshapes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
 
     def attach(self, host: Any) -> None:
         """The server's model control, which pb_utils' BLS and model control calls reach
@@ -244,6 +249,9 @@ class TritonModel(Model):
         outputs: tuple[str, ...],
         cancelled: Callable[[], bool] = lambda: False,
     ) -> dict[str, object] | Iterator[dict[str, object]]:
+        for name, (dims, shape) in self._input_reshapes.items():
+            if name in inputs:
+                inputs[name] = _reshaped(inputs[name], self.max_batch_size > 0, dims, shape)
         batch = cancelled.batch() if hasattr(cancelled, "batch") else None
         if batch is not None:
             return self._batch(batch, inputs, parameters, outputs, cancelled)
@@ -346,8 +354,10 @@ class TritonModel(Model):
     ) -> dict[str, object]:
         """A dynamic batch the scheduler concatenated, served as Triton serves one: execute gets
         each request apart (views of its rows, its own id and parameters), and their outputs are
-        joined again by rows for the scheduler to split. An error response fails its own request
-        alone (`cancelled.fail`); its rows in the joined outputs are filler."""
+        joined again by rows for the scheduler to split, each response's parameters going to its
+        own request (`cancelled.respond_parameters`). An error response fails its own request
+        alone (`cancelled.fail`), and an output a response left out is left out of its request's
+        (`cancelled.leave_out`); their rows in the joined outputs are filler."""
         requests, start = [], 0
         for rows, request_id, own in batch:
             views = {name: array[start : start + rows] for name, array in inputs.items()}
@@ -358,21 +368,28 @@ class TritonModel(Model):
         produced: list[dict[str, object] | None] = []
         for k, response in enumerate(self._returned(self._execute(requests, cancelled), requests)):
             try:
-                produced.append(self._outputs(response))
+                answer = self._outputs(response)
+                if response._parameters is not None:
+                    params = _checked_json(response._parameters, self._failure)
+                    cancelled.respond_parameters(k, params)  # type: ignore[attr-defined]
+                produced.append(answer)
             except pb.ResponseError as e:
                 cancelled.fail(k, e.status, e.message)  # type: ignore[attr-defined]
                 produced.append(None)
         if all(p is None for p in produced):
             return {}
         joined: dict[str, object] = {}
-        for name in outputs:
+        for i, name in enumerate(outputs):
             given = [np.asarray(p[name]) if p is not None and p.get(name) is not None else None for p in produced]
-            like = next((g for g, p in zip(given, produced) if p is not None and g is not None), None)
-            if like is None or any(g is None and p is not None for g, p in zip(given, produced)):
-                raise ValueError(f"model {self.name!r} did not return output {name!r} for every request of the batch")
+            like = next((g for g in given if g is not None), None)
+            if like is None:
+                continue  # no response of the batch has it: left out of each
+            for k, (g, p) in enumerate(zip(given, produced)):
+                if g is None and p is not None:
+                    cancelled.leave_out(k, i)  # type: ignore[attr-defined]
             parts = [g if g is not None else _filler(like, rows) for g, (rows, _, _) in zip(given, batch)]
             joined[name] = np.concatenate(parts)
-        return self._select(joined, outputs)
+        return self._present(joined, outputs)
 
     def _returned(self, result: Any, requests: list[pb.InferenceRequest]) -> list[pb.InferenceResponse]:
         """A non-decoupled execute's responses, one per request: returned in a list (an item, or
@@ -441,14 +458,26 @@ class TritonModel(Model):
     def _answer(
         self, response: pb.InferenceResponse, outputs: tuple[str, ...], final: bool = False
     ) -> dict[str, object]:
-        """The outputs asked for, with what the core sends beside them: the response's parameters
-        and whether the final flag came with it (then no empty response follows)."""
-        selected = self._select(self._outputs(response), outputs)
-        if response._parameters is None and not final:
+        """The outputs asked for that the response has, with what the core sends beside them: the
+        response's parameters and whether the final flag came with it (then no empty response
+        follows)."""
+        params = response._parameters
+        checked = None if params is None else _checked_json(params, self._failure)
+        return self._present(self._outputs(response), outputs, checked, final)
+
+    def _present(
+        self, produced: dict[str, object], outputs: tuple[str, ...], parameters: str | None = None,
+        final: bool = False,
+    ) -> dict[str, object]:
+        """The asked `outputs` that `produced` holds: Triton's core sends a response with the
+        outputs it has, so an _Answer (which the core reads as free to leave some out) when one
+        is missing or more than the outputs travel."""
+        present = tuple(name for name in outputs if name in produced)
+        selected = self._select(produced, present)
+        if parameters is None and not final and len(present) == len(outputs):
             return selected
         answer = _Answer(selected)
-        params = response._parameters
-        answer.response_parameters = None if params is None else _checked_json(params, self._failure)
+        answer.response_parameters = parameters
         answer.response_final = final
         return answer
 
@@ -456,10 +485,14 @@ class TritonModel(Model):
         error = response.error()
         if error is not None:
             raise pb.ResponseError(error.status(), error.message())
-        return {
+        produced = {
             t._name: _bytes_as_triton_sends(t._array) if t._datatype == "BYTES" else t._array
             for t in response._outputs
         }
+        for name, (dims, shape) in self._output_reshapes.items():
+            if isinstance(produced.get(name), np.ndarray):
+                produced[name] = _reshaped(produced[name], self.max_batch_size > 0, shape, dims)  # type: ignore[arg-type]
+        return produced
 
     def _failure(self, message: str) -> pb.ResponseError:
         return pb.ResponseError(
@@ -496,6 +529,22 @@ def _bytes_as_triton_sends(array: np.ndarray) -> np.ndarray:
         return array
     items = [x if isinstance(x, (bytes, str)) else str(x) for x in array.flat]
     return np.array(items, dtype=np.object_).reshape(array.shape)
+
+
+def _reshaped(array: np.ndarray, batched: bool, dims: tuple[int, ...], to: tuple[int, ...]) -> np.ndarray:
+    """`array` (its shape `dims` past the batch dimension when `batched`) in the shape `to`:
+    Triton's reshape, the k-th -1 of `to` the size `array` has at the k-th -1 of `dims` (an
+    array of another rank, or of another element count, is left as it is)."""
+    lead = array.shape[:1] if batched and array.ndim > 0 else ()
+    past = array.shape[len(lead):]
+    if len(past) != len(dims):
+        return array
+    free = iter(size for d, size in zip(dims, past) if d == -1)
+    shape = (*lead, *(next(free, -1) if d == -1 else d for d in to))
+    try:
+        return array.reshape(shape)
+    except ValueError:
+        return array
 
 
 def _filler(like: np.ndarray, rows: int) -> np.ndarray:
@@ -554,6 +603,10 @@ def load(
     if any(_STUB_NAME_REFUSES.intersection(n) for n in [name, *(n for n, _ in names)]):
         raise _LoadError("Invalid stub name: contains invalid characters")
     object.__setattr__(model, "in_flight", in_flight)
+    for attr, declared, kind in (("_input_reshapes", final.inputs, "input"), ("_output_reshapes", final.outputs, "output")):
+        reshapes = {t["name"]: t["reshape"] for t in completed.get(kind, []) if isinstance(t.get("reshape"), dict)}
+        object.__setattr__(model, attr, {t.name: (tuple(t.dims), tuple(reshapes[t.name].get("shape", [])))
+                                         for t in declared if t.name in reshapes})  # fmt: skip
 
     def args(instance: str, kind: str) -> dict[str, str]:
         return {
