@@ -5,6 +5,7 @@ benchmark of the serving path need; any server that loads a Hugging Face folder 
 vLLM) loads it.
 
     python -m openinfer._examples.tiny_llama DEST [--seed N]
+    python -m openinfer._examples.tiny_llama --tokenizer-only examples/models/tiny_llama
 
 `build` needs torch, transformers and tokenizers (``pip install 'openinfer[llm]'``). Building twice
 with the same seed (and the same library versions) writes identical files.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -61,12 +63,9 @@ def train_tokenizer() -> "tokenizers.Tokenizer":  # type: ignore[name-defined]  
     return tok
 
 
-def _write(out: Path, seed: int) -> None:
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
+def write_tokenizer(out: Path) -> "tokenizers.Tokenizer":  # type: ignore[name-defined]  # noqa: F821
+    """Writes tokenizer.json and tokenizer_config.json (with the chat template) into `out`: the
+    served example's folder holds them too, for its chat template and clients' token counts."""
     tok = train_tokenizer()
     tok.save(str(out / "tokenizer.json"))
     # Written here rather than by transformers' tokenizer, whose class names differ between its
@@ -78,6 +77,16 @@ def _write(out: Path, seed: int) -> None:
         "model_max_length": ARCHITECTURE["max_position_embeddings"],
         "chat_template": CHAT_TEMPLATE,
     })  # fmt: skip
+    return tok
+
+
+def _write(out: Path, seed: int) -> None:
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    tok = write_tokenizer(out)
     config = LlamaConfig(
         vocab_size=tok.get_vocab_size(),
         bos_token_id=tok.token_to_id(BOS),
@@ -133,12 +142,38 @@ def build(dest: Path, seed: int = 0) -> Path:
     return dest
 
 
+def cached(seed: int = 0) -> Path:
+    """The model's folder in openinfer's cache (``<cache>/tiny_llama/``), built there on first
+    use: keyed by the seed, this builder, its text and the versions of the libraries that write
+    the files."""
+    import tokenizers
+    import torch
+    import transformers
+
+    from .._code_cache import directory
+
+    fd, folder = directory("tiny_llama")  # created 0700 and checked as the cache is
+    os.close(fd)
+    digest = hashlib.sha256()
+    for part in (Path(__file__).read_bytes(), CORPUS.read_bytes(), str(seed).encode(),
+                 f"{torch.__version__} {transformers.__version__} {tokenizers.__version__}".encode()):  # fmt: skip
+        digest.update(hashlib.sha256(part).digest())
+    dest = folder / f"seed{seed}-{digest.hexdigest()[:12]}"
+    return dest if (dest / "model.safetensors").is_file() else build(dest, seed)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dest", type=Path, help="the folder to write (must not exist)")
     parser.add_argument("--seed", type=int, default=0, help="the weights' random seed")
+    parser.add_argument("--tokenizer-only", action="store_true",
+                        help="write only the tokenizer's files into DEST, an existing folder (the example's)")
     args = parser.parse_args()
-    print(build(args.dest, args.seed))
+    if args.tokenizer_only:
+        write_tokenizer(args.dest)
+    else:
+        build(args.dest, args.seed)
+    print(args.dest)
 
 
 if __name__ == "__main__":

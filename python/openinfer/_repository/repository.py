@@ -16,6 +16,7 @@ module-level ``INPUTS`` and ``OUTPUTS`` lists of `openinfer.Tensor` (full shapes
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import re
@@ -44,8 +45,12 @@ _NO_TORCH = "torch unavailable: "
 _NO_ONNX = "onnxruntime unavailable: "
 _NO_PT2 = "PT2 example not served: "
 _PT2_PENDING = "PT2 example not built yet: "
+_NO_MODULES = "modules unavailable: "
 # Reasons the bundled examples leave a model out for (a PT2 example until its package is built).
-_NOT_INSTALLED = (_NO_TORCH, _NO_ONNX, _NO_PT2, _PT2_PENDING)
+_NOT_INSTALLED = (_NO_TORCH, _NO_ONNX, _NO_PT2, _PT2_PENDING, _NO_MODULES)
+# A Python model's parameter naming the modules it imports beyond openinfer's own (comma-
+# separated): without one of them it fails to load saying so, and a bundled example is left out.
+REQUIRES_PARAMETER = "openinfer_requires"
 logger = logging.getLogger("openinfer")
 
 
@@ -283,6 +288,7 @@ def _load_version(
                 f"{path.name}: a Python model sent with the load request is not run (it would "
                 "execute as the server's own code); put Python models in the model repository"
             )
+        _check_requires(name, version_dir, config)
         return _load_python(name, version, path, _read(held), config)
     if _is_package(path, config) and not allow_code:
         raise _LoadError(
@@ -294,6 +300,21 @@ def _load_version(
     if path.suffix in (".pt", ".pth", ".pt2"):
         return _load_torchscript(name, version, held, config, sequence)
     raise _LoadError(f"{path.name}: unsupported model file (expected model.py, model.pt or model.pt2)")
+
+
+def _check_requires(name: str, version_dir: Path, config: ModelConfig | None) -> None:
+    """Raises a _NO_MODULES load error naming the modules of the model's `openinfer_requires`
+    parameter that cannot be imported here (logged once for a bundled example, which is then
+    left out)."""
+    wanted = (config.parameters.get(REQUIRES_PARAMETER, "") if config else "").split(",")
+    missing = [m.strip() for m in wanted if m.strip() and importlib.util.find_spec(m.strip()) is None]
+    if not missing:
+        return
+    why = f"{_NO_MODULES}model {name} imports {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} not installed"
+    if _is_example(version_dir):
+        why += " (pip install 'openinfer[llm]' to serve it)"
+        logger.warning("example %s is not served: %s", name, why[len(_NO_MODULES):])
+    raise _LoadError(why)
 
 
 def _open_model_file(version_dir: Path, names: list[str], what: str) -> paths.HeldFile | None:
