@@ -205,6 +205,9 @@ class Server:
         # a ready check asks the application (the repository handler's "ready" op) instead of
         # being answered on the event loop: a Triton Python model's is_ready()
         ready_probe: bool = False,
+        # OpenAI's API: the model's own names for the tensors of Triton's LLM conventions, as
+        # (convention's name, model's name) pairs (config.pbtxt's openai_<name> parameters)
+        openai_names: Sequence[tuple[str, str]] | None = None,
     ) -> str | None | ModelVersion:
         """Registers one model version. `labels` maps an output name to its label file's bytes
         (one label a line) for the classification extension. handler=None with error=reason registers a version that

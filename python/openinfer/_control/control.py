@@ -603,6 +603,7 @@ class ModelControl:
                     ensemble=model.core(),
                     decoupled=model.decoupled,
                     **_model_config(entry),
+                    openai_names=entry.openai_names,
                     publish=False,
                 )
             entry = LoadedModel(entry.name, entry.version, None, reason, entry.config)
@@ -640,6 +641,7 @@ class ModelControl:
                 **runs,
                 **_model_config(entry),
                 labels=entry.labels,
+                openai_names=entry.openai_names,
                 publish=False,
             )
         platform = entry.config.get("platform") or entry.config.get("backend")

@@ -27,7 +27,7 @@ from typing import Any
 
 from .. import _pt2_build
 from .._backends import ensemble, processes, triton_model
-from .._config import limits, paths, sequence, triton_config
+from .._config import limits, openai_names, paths, sequence, triton_config
 from ..config import ConfigError, ModelConfig, VersionPolicy, load_model_config
 from .._backends.identity_model import IDENTITY_BACKEND, IdentityLoadError, IdentityModel, load_identity
 from ..model import Model, Tensor
@@ -69,6 +69,8 @@ class LoadedModel:
     config: dict[str, Any] = field(default_factory=dict)
     sequence: SequenceBatching | None = None  # the config's sequence_batching, checked
     labels: dict[str, bytes] = field(default_factory=dict)  # output name -> its label file
+    # OpenAI's API: (convention's name, the model's name) pairs, from the config's openai_ parameters.
+    openai_names: tuple[tuple[str, str], ...] = ()
 
 
 def examples_path() -> Path:
@@ -148,6 +150,7 @@ def scan_model(
             )
         seq = None
         steps = None
+        names: tuple[tuple[str, str], ...] = ()
         if config is not None:
             source = "the config override" if overridden else str(config_path)
             normalized = triton_config.normalize(config.raw, source)
@@ -174,6 +177,7 @@ def scan_model(
             )
             if ensemble.is_ensemble(normalized):
                 steps = ensemble.parse(normalized, source, name)
+            names = openai_names.mapping(config, source)
         labels = read_labels(model_dir, config) if config is not None else {}
     except ConfigError as e:
         return [LoadedModel(name, None, None, str(e))]
@@ -200,7 +204,8 @@ def scan_model(
         loading(selected)
     for version in selected:
         if steps is not None and config is not None:  # a graph of other models: no file to load
-            loaded.append(LoadedModel(name, version, _ensemble(name, version, config, steps), None, raw))
+            loaded.append(LoadedModel(name, version, _ensemble(name, version, config, steps), None, raw,
+                                      openai_names=names))
             continue
         try:
             model = _load_version(
@@ -210,7 +215,7 @@ def scan_model(
         except _LoadError as e:
             loaded.append(failed(version, str(e)))
         else:
-            loaded.append(LoadedModel(name, version, model, None, raw, seq, labels))
+            loaded.append(LoadedModel(name, version, model, None, raw, seq, labels, names))
     return sorted(loaded, key=lambda m: m.version or 0)
 
 
