@@ -59,6 +59,7 @@ def profile(aiperf: str, model: str, port: int, args: argparse.Namespace, out: P
             "--concurrency", str(args.concurrency), "--request-count", str(args.requests),
             "--warmup-request-count", str(args.concurrency),
             "--synthetic-input-tokens-mean", "32", "--output-tokens-mean", "16",
+            "--use-server-token-count",  # the usage the server reports, not a re-tokenization
             "--artifact-dir", str(out), "--ui-type", "none"]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
     (out / "aiperf.log").parent.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,7 @@ transformers (the `llm` extra)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -155,3 +156,33 @@ def test_max_tokens_past_the_context_is_refused_naming_it(client: openai.OpenAI)
 def test_penalties_are_refused(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError, match="frequency_penalty"):
         client.completions.create(model="tiny_llama", prompt="hi", max_tokens=2, frequency_penalty=1.0)
+
+
+def test_the_example_repository_serves_at_once_and_tiny_llama_once_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Served with the whole example repository, tiny_llama (seconds of imports) loads after
+    start-up on a thread of its own: the rest serves meanwhile (here its load is held until the
+    test lets it go), then it answers."""
+    import threading
+
+    import requests
+
+    go = threading.Event()
+    load = openinfer.Server._load_deferred_examples
+
+    def held(self: openinfer.Server) -> None:
+        go.wait(BOUND)
+        load(self)
+
+    monkeypatch.setattr(openinfer.Server, "_load_deferred_examples", held)
+    with openinfer.serve(openinfer.examples_path(), http_port=0, grpc_port=None, metrics_port=None, threads=2,
+                         log=False) as srv:
+        assert requests.get(f"{srv.url}/v2/models/toy_llm/ready", timeout=BOUND).status_code == 200
+        assert requests.get(f"{srv.url}/v2/models/tiny_llama/ready", timeout=BOUND).status_code != 200
+        go.set()
+        deadline = time.monotonic() + 120
+        while requests.get(f"{srv.url}/v2/models/tiny_llama/ready", timeout=BOUND).status_code != 200:
+            assert time.monotonic() < deadline, "tiny_llama never became ready"
+            time.sleep(0.2)
+        with openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", timeout=BOUND, max_retries=0) as c:
+            reply = c.chat.completions.create(model="tiny_llama", messages=HI, max_tokens=4, seed=1)
+        assert reply.usage.completion_tokens <= 4

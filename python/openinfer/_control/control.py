@@ -102,9 +102,11 @@ class ModelControl:
         max_instances: int | None = None,
         unload_timeout: float | None = None,
         load_code: bool = False,
+        deferred: Iterable[str] = (),
     ) -> None:
         """`load_code`: Python files sent with a load are taken (no one beyond this host can
-        reach the repository API unchecked); otherwise they are refused."""
+        reach the repository API unchecked); otherwise they are refused. `deferred`: models of
+        the repository left out of the start-up load, for the caller to load later."""
         if mode not in MODES:
             raise ValueError(f"model_control_mode must be one of {', '.join(MODES)}, got {mode!r}")
         load = [load_models] if isinstance(load_models, str) else list(load_models)
@@ -152,6 +154,7 @@ class ModelControl:
             names |= set(self._repository_names())
         elif self._repos:
             names |= set(load)
+        names -= set(deferred)
         # Ensembles after the models they run: their steps are checked against those.
         for name in ensemble.load_order(list(names), self._ensemble_steps):
             try:

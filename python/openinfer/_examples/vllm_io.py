@@ -4,6 +4,7 @@ outputs of Triton's vLLM backend, read and written through Triton's Python-backe
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import numpy as np
 
@@ -45,9 +46,16 @@ def response(text: str, finish: str | None, n_in: int, n_out: int) -> object:
     )
 
 
-def refuse(sender: object, message: str) -> None:
-    """Ends the request with INVALID_ARG (a 400 for OpenAI's client)."""
-    sender.send(
-        pb_utils.InferenceResponse(error=pb_utils.TritonError(message, pb_utils.TritonError.INVALID_ARG)),
-        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
-    )
+def answer_each(requests: list, generate: Callable[[object, object], None]) -> None:
+    """A decoupled execute: `generate(request, sender)` for each request in turn; one that raises
+    ValueError (a request the model cannot honour) ends with INVALID_ARG, a 400 for OpenAI's
+    client."""
+    for request in requests:
+        sender = request.get_response_sender()
+        try:
+            generate(request, sender)
+        except ValueError as e:
+            sender.send(
+                pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG)),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+            )

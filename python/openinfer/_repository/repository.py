@@ -307,12 +307,17 @@ def _load_version(
     raise _LoadError(f"{path.name}: unsupported model file (expected model.py, model.pt or model.pt2)")
 
 
+def requirements_missing(config: ModelConfig | None) -> list[str]:
+    """The modules of the config's `openinfer_requires` parameter that cannot be imported here."""
+    wanted = (config.parameters.get(REQUIRES_PARAMETER, "") if config else "").split(",")
+    return [m.strip() for m in wanted if m.strip() and importlib.util.find_spec(m.strip()) is None]
+
+
 def _check_requires(name: str, version_dir: Path, config: ModelConfig | None) -> None:
     """Raises a _NO_MODULES load error naming the modules of the model's `openinfer_requires`
     parameter that cannot be imported here (logged once for a bundled example, which is then
     left out)."""
-    wanted = (config.parameters.get(REQUIRES_PARAMETER, "") if config else "").split(",")
-    missing = [m.strip() for m in wanted if m.strip() and importlib.util.find_spec(m.strip()) is None]
+    missing = requirements_missing(config)
     if not missing:
         return
     why = f"{_NO_MODULES}model {name} imports {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} not installed"

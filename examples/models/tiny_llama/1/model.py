@@ -16,7 +16,7 @@ import json
 
 import triton_python_backend_utils as pb_utils
 
-from openinfer._examples.vllm_io import flag, refuse, response, sampling, text_input
+from openinfer._examples.vllm_io import answer_each, flag, response, sampling, text_input
 
 DEFAULT_MAX_TOKENS = 16
 SAMPLING_KEYS = {"max_tokens", "stop", "temperature", "top_p", "seed"}
@@ -68,12 +68,14 @@ class TritonPythonModel:
         import torch
         from tokenizers import Tokenizer
         from transformers import LlamaForCausalLM
+        from transformers.utils import logging as hf_logging
 
         from openinfer._examples import tiny_llama
 
         config = json.loads(args["model_config"])
         threads = int(config.get("parameters", {}).get("num_threads", {}).get("string_value", "1"))
         torch.set_num_threads(threads)
+        hf_logging.disable_progress_bar()  # a bar per load on the server's stderr
         folder = tiny_llama.cached()
         self.torch = torch
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
@@ -84,12 +86,7 @@ class TritonPythonModel:
         self.context = self.model.config.max_position_embeddings
 
     def execute(self, requests: list) -> None:
-        for request in requests:
-            sender = request.get_response_sender()
-            try:
-                self._generate(request, sender)
-            except ValueError as e:
-                refuse(sender, str(e))
+        answer_each(requests, self._generate)
 
     def _tokens(self, params: dict, ids: list[int], cancelled: object) -> object:
         """The completion's token ids, one at a time, sampled as `params` say, until max_tokens,

@@ -18,7 +18,7 @@ import time
 
 import triton_python_backend_utils as pb_utils
 
-from openinfer._examples.vllm_io import flag, refuse, response, sampling, text_input
+from openinfer._examples.vllm_io import answer_each, flag, response, sampling, text_input
 
 TEXT = (
     "The quick brown fox jumps over the lazy dog. A small model answers every question with a sentence. "
@@ -67,12 +67,7 @@ class TritonPythonModel:
         self.delay = float(delay) / 1000
 
     def execute(self, requests: list) -> None:
-        for request in requests:
-            sender = request.get_response_sender()
-            try:
-                self._generate(request, sender)
-            except ValueError as e:
-                refuse(sender, str(e))
+        answer_each(requests, self._generate)
 
     def _generate(self, request: object, sender: object) -> None:
         prompt = text_input(request)
