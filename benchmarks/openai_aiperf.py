@@ -129,7 +129,7 @@ def main() -> None:
         C.machine_line((load0, C.loadavg()), [f"aiperf {version}"]),
         "- toy_llm: deterministic, a byte per token, ends at a sentence's end (so fewer than 16 tokens); "
         "tiny_llama: the 2-layer Llama of `openinfer._examples.tiny_llama` (random weights) on transformers, "
-        "one instance, one torch thread, a KV cache per request, requests one after the other.",
+        "one instance, a KV cache per request, requests one after the other.",
         "",
         *C.problems_section(problems),
     ]

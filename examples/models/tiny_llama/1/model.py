@@ -12,7 +12,6 @@ also stops it. The penalties are refused: this loop does not apply them.
 from __future__ import annotations
 
 import inspect
-import json
 
 import triton_python_backend_utils as pb_utils
 
@@ -72,9 +71,6 @@ class TritonPythonModel:
 
         from openinfer._examples import tiny_llama
 
-        config = json.loads(args["model_config"])
-        threads = int(config.get("parameters", {}).get("num_threads", {}).get("string_value", "1"))
-        torch.set_num_threads(threads)
         hf_logging.disable_progress_bar()  # a bar per load on the server's stderr
         folder = tiny_llama.cached()
         self.torch = torch
