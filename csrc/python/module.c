@@ -1486,6 +1486,34 @@ static void *start_workers(oi_server_t *server, const char *name, int instances,
     return state;
 }
 
+/* add_model's openai_names: (convention's name, model's name) pairs, copied into the model. */
+static int set_openai_names(oi_model_t *m, PyObject *pairs)
+{
+    PyObject *fast = PySequence_Fast(pairs, "openai_names must be a sequence of (str, str) pairs");
+    if (fast == NULL)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    int rc = 0;
+    if (n > 0 && (m->openai_names = calloc((size_t)n * 2, sizeof(char *))) == NULL) {
+        PyErr_NoMemory();
+        rc = -1;
+    }
+    for (Py_ssize_t i = 0; rc == 0 && i < n; i++) {
+        const char *convention, *own;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "ss;openai_names holds (str, str) pairs", &convention,
+                              &own)) {
+            rc = -1;
+        } else if ((m->openai_names[2 * i] = strdup(convention)) == NULL ||
+                   (m->openai_names[2 * i + 1] = strdup(own)) == NULL) {
+            PyErr_NoMemory();
+            rc = -1;
+        }
+        m->n_openai_names = (uint32_t)i + 1; /* what is allocated so far: freed with the model */
+    }
+    Py_DECREF(fast);
+    return rc;
+}
+
 static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"name",      "version",          "inputs",
@@ -1496,18 +1524,18 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
                              "decoupled", "onnx",             "labels",
                              "ensemble",  "response_cache",   "workers",
                              "direct",    "identity",         "ready_probe",
-                             "namespace", NULL};
+                             "namespace", "openai_names", NULL};
     const char *name, *error = NULL, *ns = NULL;
     long long version;
     PyObject *inputs = NULL, *outputs = NULL, *handler = NULL, *torch = Py_None, *batching = Py_None,
              *sequence = Py_None, *onnx = Py_None, *labels = Py_None, *ensemble = Py_None, *workers = Py_None,
-             *direct = Py_None, *identity = Py_None;
+             *direct = Py_None, *identity = Py_None, *openai_names = Py_None;
     int max_batch = 0, instances = 1, publish = 1, decoupled = 0, response_cache = 0, ready_probe = 0;
     Py_buffer meta = {0}, cfg_json = {0}, cfg_pb = {0};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOOy*y*pOpOOOpOOOpz", kwlist, &name, &version, &inputs,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sL|$OOiy*OizOOy*y*pOpOOOpOOOpzO", kwlist, &name, &version, &inputs,
                                      &outputs, &max_batch, &meta, &handler, &instances, &error, &torch, &batching,
                                      &cfg_json, &cfg_pb, &publish, &sequence, &decoupled, &onnx, &labels, &ensemble,
-                                     &response_cache, &workers, &direct, &identity, &ready_probe, &ns))
+                                     &response_cache, &workers, &direct, &identity, &ready_probe, &ns, &openai_names))
         return NULL;
     if (handler == NULL && (torch != Py_None || onnx != Py_None || ensemble != Py_None || identity != Py_None))
         handler = Py_None;
@@ -1605,6 +1633,8 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
         goto done;
     }
     if (labels != Py_None && set_labels(m, labels) != 0)
+        goto done;
+    if (openai_names != Py_None && set_openai_names(m, openai_names) != 0)
         goto done;
     if ((torch != Py_None || onnx != Py_None) && error == NULL) {
         /* A native backend: TorchScript through the shim, or ONNX Runtime. */

@@ -208,6 +208,9 @@ class Server:
         # the model's namespace (its repository, with --model-namespacing): a name held in
         # several is ambiguous to requests, and an ensemble's steps find its own first
         namespace: str | None = None,
+        # OpenAI's API: the model's own names for the tensors of Triton's LLM conventions, as
+        # (convention's name, model's name) pairs (config.pbtxt's openai_<name> parameters)
+        openai_names: Sequence[tuple[str, str]] | None = None,
     ) -> str | None | ModelVersion:
         """Registers one model version. `labels` maps an output name to its label file's bytes
         (one label a line) for the classification extension. handler=None with error=reason registers a version that

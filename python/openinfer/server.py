@@ -32,6 +32,7 @@ from ._control.logsettings import LogSettings
 from ._control.namespaces import NamespacedControl
 from ._control.restricted import grpc_restricted, http_restricted, open_to_anyone, reached_by_strangers
 from ._control.tracesettings import TraceSettings, level_mask, trace_options
+from .config import ConfigError, load_model_config
 from .errors import InferenceServerError
 from .model import Model
 from ._repository.repository import examples_path
@@ -507,6 +508,13 @@ class Server:
         self._core.set_metadata(
             _json({"name": server_id, "version": __version__, "extensions": list(extensions)})
         )
+        # The examples that import heavy modules load after start-up, unless asked for by name.
+        self._deferred_examples = (
+            _heavy_examples(repo_path)
+            if isinstance(repo_path, Path) and _is_examples(repo_path)
+            and (model_control_mode != "explicit" or "*" in load_models)
+            else []
+        )
         try:
             # --model-namespacing: each repository a namespace of its own (_control.namespaces)
             namespaces = ([repo_path] if isinstance(repo_path, Path) else repo_path or []) if model_namespacing else []
@@ -519,6 +527,7 @@ class Server:
                 load_models=load_models,
                 poll_secs=repository_poll_secs,
                 optional_torch=isinstance(repo_path, Path) and _is_examples(repo_path),
+                deferred=self._deferred_examples,
                 max_json_depth=limits.get("max_json_depth", 0),
                 max_instances=max_instances,
                 unload_timeout=model_unload_timeout,
@@ -656,13 +665,22 @@ class Server:
         self._warn_if_open()
         if self._pt2_examples:
             _pt2_build.serve_when_built(self._pt2_examples, self._pt2_stop, self._load_built_example)
+        if self._deferred_examples:
+            threading.Thread(target=self._load_deferred_examples, name="openinfer-heavy-examples", daemon=True).start()
+
+    def _load_deferred_examples(self) -> None:
+        for name in self._deferred_examples:
+            if self._pt2_stop.is_set():
+                return
+            self._load_built_example(name)
 
     def _load_built_example(self, name: str) -> None:
-        """Loads a PT2 example whose package was built after start-up, as a poll loads a model
-        that changed (the model control has no other way in for model_control_mode none)."""
+        """Loads an example after start-up (a PT2 example whose package was built, one that
+        imports heavy modules), as a poll loads a model that changed (the model control has no
+        other way in for model_control_mode none)."""
         control = self._control
         assert isinstance(control, ModelControl)  # the examples are served without namespacing
-        with control._ops:
+        with control._ops.hold(name):
             if control._closed.is_set():
                 return
             try:
@@ -1024,6 +1042,23 @@ def _is_examples(repo: str | os.PathLike[str]) -> bool:
         return Path(repo).resolve() == examples_path().resolve()
     except FileNotFoundError:  # an installation without them serves other repositories
         return False
+
+
+def _heavy_examples(repo: Path) -> list[str]:
+    """The examples whose config's openinfer_requires parameter names modules they import
+    (torch, transformers: seconds to import), installed here: loaded after start-up, on a
+    thread of their own, so that the rest of the repository serves at once."""
+    from ._repository.repository import REQUIRES_PARAMETER, requirements_missing
+
+    heavy = []
+    for d in sorted(p for p in repo.iterdir() if (p / "config.pbtxt").is_file()):
+        try:
+            config = load_model_config(d)
+        except (ConfigError, OSError):
+            continue  # its load says why
+        if REQUIRES_PARAMETER in config.parameters and not requirements_missing(config):
+            heavy.append(d.name)
+    return heavy
 
 
 def _pt2_left_out(repo: Path, loading: set[str] | None, loaded: list[Any]) -> list[tuple[str, Path]]:

@@ -88,26 +88,43 @@ static const oi_io_spec_t *find_spec(const oi_io_spec_t *specs, uint32_t n, cons
     return NULL;
 }
 
-static int has_input(const oi_model_t *m, const char *name) { return find_spec(m->inputs, m->n_inputs, name) != NULL; }
-
-static int has_output(const oi_model_t *m, const char *name)
+/* The model's name for the conventions' tensor `convention` (its config.pbtxt's
+ * openai_<convention> parameter), else the convention's own. */
+static const char *named(const oi_model_t *m, const char *convention)
 {
-    return find_spec(m->outputs, m->n_outputs, name) != NULL;
+    for (uint32_t i = 0; i < m->n_openai_names; i++)
+        if (strcmp(m->openai_names[2 * i], convention) == 0)
+            return m->openai_names[2 * i + 1];
+    return convention;
 }
+
+static const oi_io_spec_t *input_spec(const oi_model_t *m, const char *convention)
+{
+    return find_spec(m->inputs, m->n_inputs, named(m, convention));
+}
+
+static const oi_io_spec_t *output_spec(const oi_model_t *m, const char *convention)
+{
+    return find_spec(m->outputs, m->n_outputs, named(m, convention));
+}
+
+static int has_input(const oi_model_t *m, const char *convention) { return input_spec(m, convention) != NULL; }
+
+static int has_output(const oi_model_t *m, const char *convention) { return output_spec(m, convention) != NULL; }
 
 /* A text model by Triton's LLM conventions. */
 static int is_text_model(const oi_model_t *m)
 {
-    const oi_io_spec_t *in = find_spec(m->inputs, m->n_inputs, "text_input");
-    const oi_io_spec_t *out = find_spec(m->outputs, m->n_outputs, "text_output");
+    const oi_io_spec_t *in = input_spec(m, "text_input");
+    const oi_io_spec_t *out = output_spec(m, "text_output");
     return in != NULL && out != NULL && in->dtype == OI_TYPE_BYTES && out->dtype == OI_TYPE_BYTES;
 }
 
 /* A model that gives embeddings: text_input in, an FP32 "embedding" out. */
 static int is_embedding_model(const oi_model_t *m)
 {
-    const oi_io_spec_t *in = find_spec(m->inputs, m->n_inputs, "text_input");
-    const oi_io_spec_t *out = find_spec(m->outputs, m->n_outputs, "embedding");
+    const oi_io_spec_t *in = input_spec(m, "text_input");
+    const oi_io_spec_t *out = output_spec(m, "embedding");
     return in != NULL && out != NULL && in->dtype == OI_TYPE_BYTES && out->dtype == OI_TYPE_FP32;
 }
 
@@ -230,8 +247,10 @@ static int append_text(oi_sbuf_t *to, const oi_tensor_t *t)
     return 0;
 }
 
-static const oi_tensor_t *output(const oi_response_t *resp, const char *name)
+/* The response's output for the conventions' tensor `convention`, by the model's name for it. */
+static const oi_tensor_t *output(const oi_model_t *m, const oi_response_t *resp, const char *convention)
 {
+    const char *name = named(m, convention);
     for (uint32_t i = 0; i < resp->n_outputs; i++)
         if (strcmp(resp->outputs[i].name, name) == 0)
             return &resp->outputs[i];
@@ -239,9 +258,9 @@ static const oi_tensor_t *output(const oi_response_t *resp, const char *name)
 }
 
 /* A count output's first element (num_input_tokens, num_output_tokens), or -1. */
-static int64_t count_of(const oi_response_t *resp, const char *name)
+static int64_t count_of(const oi_model_t *m, const oi_response_t *resp, const char *convention)
 {
-    const oi_tensor_t *t = output(resp, name);
+    const oi_tensor_t *t = output(m, resp, convention);
     if (t == NULL || t->data == NULL)
         return -1;
     switch (t->dtype) {
@@ -287,15 +306,15 @@ static void send_event(oai_t *g, oi_sbuf_t *ev, oi_infer_part_t *part)
 
 /* One response of the model: its text, counts and finish reason (`part`: NULL for a model of
  * one response). */
-static void on_response(oai_t *g, const oi_response_t *resp, oi_infer_part_t *part)
+static void on_response(oai_t *g, const oi_model_t *m, const oi_response_t *resp, oi_infer_part_t *part)
 {
-    const oi_tensor_t *t = output(resp, "text_output");
-    int64_t in = count_of(resp, "num_input_tokens"), out = count_of(resp, "num_output_tokens");
+    const oi_tensor_t *t = output(m, resp, "text_output");
+    int64_t in = count_of(m, resp, "num_input_tokens"), out = count_of(m, resp, "num_output_tokens");
     if (in >= 0)
         g->meta.prompt_tokens = in;
     if (out >= 0)
         g->meta.completion_tokens = (g->meta.completion_tokens < 0 ? 0 : g->meta.completion_tokens) + out;
-    const oi_tensor_t *why = output(resp, "finish_reason");
+    const oi_tensor_t *why = output(m, resp, "finish_reason");
     oi_sbuf_t reason = {0};
     if (why != NULL && append_text(&reason, why) == 0 && reason.len > 0 && reason.len < sizeof(g->finish)) {
         memcpy(g->finish, reason.data, reason.len);
@@ -325,7 +344,7 @@ static void on_response(oai_t *g, const oi_response_t *resp, oi_infer_part_t *pa
 static void on_part(oi_infer_t *inf, oi_infer_part_t *part)
 {
     oai_t *g = inf->ctx;
-    on_response(g, &part->resp, part);
+    on_response(g, inf->model, &part->resp, part);
     if (!g->req.stream && g->text.len > MAX_UNSTREAMED_TEXT && !g->overflow) {
         g->overflow = 1;
         oi_infer_cancel(inf);
@@ -367,7 +386,7 @@ static void on_done(oi_infer_t *inf)
     oi_status_t *st = inf->job.status;
     inf->job.status = NULL;
     if (st == NULL && inf->ds == NULL) /* a model of one response */
-        on_response(g, &inf->job.resp, NULL);
+        on_response(g, inf->model, &inf->job.resp, NULL);
     if (g->overflow) {
         oi_status_free(st);
         respond_error(r, 500, "the model's answer passed 64 MiB; ask for it with \"stream\": true", NULL, NULL);
@@ -402,10 +421,12 @@ static void on_gone(oi_http_request_t *r)
 }
 
 /* Appends "name":<value> to the flat request when the model declares input `name`. */
-static int flat_member(oi_sbuf_t *flat, const oi_model_t *m, const char *name, const char *value, size_t n, int quote)
+static int flat_member(oi_sbuf_t *flat, const oi_model_t *m, const char *convention, const char *value, size_t n,
+                       int quote)
 {
-    if (!has_input(m, name))
+    if (!has_input(m, convention))
         return 0;
+    const char *name = named(m, convention);
     return (flat->len > 1 && LIT(flat, ",")) || oi_json_write_string(flat, name, strlen(name)) || LIT(flat, ":") ||
            (quote ? oi_json_write_string(flat, value, n) : oi_sbuf_append(flat, value, n));
 }
@@ -529,7 +550,7 @@ static void on_embedded(oi_infer_t *inf)
     uint64_t send_start = inf->trace != NULL ? oi_now_ns() : 0;
     oi_status_t *st = inf->job.status;
     inf->job.status = NULL;
-    const oi_tensor_t *e = st == NULL ? output(&inf->job.resp, "embedding") : NULL;
+    const oi_tensor_t *e = st == NULL ? output(inf->model, &inf->job.resp, "embedding") : NULL;
     size_t n = g->req.n_inputs, count = e != NULL ? e->byte_size / 4 : 0;
     if (st == NULL && (e == NULL || e->dtype != OI_TYPE_FP32 || count == 0 || count % n != 0))
         st = oi_status_new(OI_INTERNAL, "model '%s' gave no FP32 'embedding' of one row per input (%zu inputs, "
@@ -542,7 +563,7 @@ static void on_embedded(oi_infer_t *inf)
     } else {
         oi_sbuf_t body = {0};
         if (oi_openai_encode_embeddings(&body, inf->model->name, e->data, n, count / n, g->req.base64,
-                                        count_of(&inf->job.resp, "num_input_tokens")) != 0)
+                                        count_of(inf->model, &inf->job.resp, "num_input_tokens")) != 0)
             body.len = 0;
         respond_json(r, &body);
     }

@@ -75,6 +75,9 @@ void oi_model_unref(oi_model_t *m)
     for (uint32_t i = 0; m->labels != NULL && i < m->n_outputs; i++)
         oi_labels_free(m->labels[i]);
     free(m->labels);
+    for (uint32_t i = 0; m->openai_names != NULL && i < 2 * m->n_openai_names; i++)
+        free(m->openai_names[i]);
+    free(m->openai_names);
     oi_buf_unref(m->metadata);
     oi_buf_unref(m->config_json);
     oi_buf_unref(m->config_pb);

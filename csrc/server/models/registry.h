@@ -34,6 +34,11 @@ typedef struct oi_model_s {
     const char **output_names; /* outputs[i].name, for requests that name none */
     struct oi_labels_s **labels; /* per output, its label file's lines (NULL: none); NULL when no
                                   * output has one. Owned; immutable once published */
+    /* OpenAI's API: the model's own names for the tensors of Triton's LLM conventions, as
+     * n_openai_names pairs {convention's name, model's name} (config.pbtxt's openai_<name>
+     * parameters); NULL: the conventions' names. Owned; immutable once published. */
+    char **openai_names;
+    uint32_t n_openai_names;
     oi_buf_t *metadata;        /* the model metadata JSON body */
     oi_buf_t *config_json;     /* the model configuration in Triton's JSON; NULL when unknown */
     oi_buf_t *config_pb;       /* the same as a serialized inference.ModelConfig; NULL likewise */

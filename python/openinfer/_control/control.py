@@ -152,12 +152,14 @@ class ModelControl(RepositoryApi):
         load_code: bool = False,
         namespace: str | None = None,
         start_up: bool = True,
+        deferred: Iterable[str] = (),
     ) -> None:
         """`load_code`: Python files sent with a load are taken (no one beyond this host can
         reach the repository API unchecked); otherwise they are refused. `namespace`: the
         core's namespace of these models (--model-namespacing: one ModelControl per repository,
         see openinfer._control.namespaces, which loads their start-up models itself when
-        `start_up` is False)."""
+        `start_up` is False). `deferred`: models of the repository left out of the start-up
+        load, for the caller to load later."""
         if mode not in MODES:
             raise ValueError(f"model_control_mode must be one of {', '.join(MODES)}, got {mode!r}")
         load = [load_models] if isinstance(load_models, str) else list(load_models)
@@ -186,6 +188,7 @@ class ModelControl(RepositoryApi):
         self._max_instances = max_instances or limits.default_max_instances()
         self._load_code = load_code
         self._namespace = namespace
+        self._deferred = set(deferred)
         # The ModelControls of the other namespaces (set by openinfer._control.namespaces): an
         # ensemble's step that this one lacks is theirs, and their instances count too.
         self.peers: Callable[[], Sequence[ModelControl]] = lambda: ()
@@ -218,7 +221,7 @@ class ModelControl(RepositoryApi):
             names |= set(self._repository_names())
         elif self._repos:
             names |= set(load)
-        return names
+        return names - self._deferred
 
     def load_at_start(self, name: str) -> None:
         """Loads model `name` at start-up; ValueError when no repository has it."""
@@ -659,6 +662,7 @@ class ModelControl(RepositoryApi):
                     ensemble=model.core(),
                     decoupled=model.decoupled,
                     **_model_config(entry),
+                    openai_names=entry.openai_names,
                     publish=False,
                     namespace=self._namespace,
                 )
@@ -697,6 +701,7 @@ class ModelControl(RepositoryApi):
                 **runs,
                 **_model_config(entry),
                 labels=entry.labels,
+                openai_names=entry.openai_names,
                 publish=False,
                 namespace=self._namespace,
             )

@@ -16,6 +16,7 @@ module-level ``INPUTS`` and ``OUTPUTS`` lists of `openinfer.Tensor` (full shapes
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import re
@@ -26,7 +27,7 @@ from typing import Any
 
 from .. import _pt2_build
 from .._backends import ensemble, processes, triton_model
-from .._config import limits, paths, sequence, triton_config
+from .._config import limits, openai_names, paths, sequence, triton_config
 from ..config import ConfigError, ModelConfig, VersionPolicy, load_model_config
 from .._backends.identity_model import IDENTITY_BACKEND, IdentityLoadError, IdentityModel, load_identity
 from ..model import Model, Tensor
@@ -44,8 +45,12 @@ _NO_TORCH = "torch unavailable: "
 _NO_ONNX = "onnxruntime unavailable: "
 _NO_PT2 = "PT2 example not served: "
 _PT2_PENDING = "PT2 example not built yet: "
+_NO_MODULES = "modules unavailable: "
 # Reasons the bundled examples leave a model out for (a PT2 example until its package is built).
-_NOT_INSTALLED = (_NO_TORCH, _NO_ONNX, _NO_PT2, _PT2_PENDING)
+_NOT_INSTALLED = (_NO_TORCH, _NO_ONNX, _NO_PT2, _PT2_PENDING, _NO_MODULES)
+# A Python model's parameter naming the modules it imports beyond openinfer's own (comma-
+# separated): without one of them it fails to load saying so, and a bundled example is left out.
+REQUIRES_PARAMETER = "openinfer_requires"
 logger = logging.getLogger("openinfer")
 
 
@@ -64,6 +69,8 @@ class LoadedModel:
     config: dict[str, Any] = field(default_factory=dict)
     sequence: SequenceBatching | None = None  # the config's sequence_batching, checked
     labels: dict[str, bytes] = field(default_factory=dict)  # output name -> its label file
+    # OpenAI's API: (convention's name, the model's name) pairs, from the config's openai_ parameters.
+    openai_names: tuple[tuple[str, str], ...] = ()
 
 
 def examples_path() -> Path:
@@ -143,6 +150,7 @@ def scan_model(
             )
         seq = None
         steps = None
+        names: tuple[tuple[str, str], ...] = ()
         if config is not None:
             source = "the config override" if overridden else str(config_path)
             normalized = triton_config.normalize(config.raw, source)
@@ -169,6 +177,7 @@ def scan_model(
             )
             if ensemble.is_ensemble(normalized):
                 steps = ensemble.parse(normalized, source, name)
+            names = openai_names.mapping(config, source)
         labels = read_labels(model_dir, config) if config is not None else {}
     except ConfigError as e:
         return [LoadedModel(name, None, None, str(e))]
@@ -195,7 +204,8 @@ def scan_model(
         loading(selected)
     for version in selected:
         if steps is not None and config is not None:  # a graph of other models: no file to load
-            loaded.append(LoadedModel(name, version, _ensemble(name, version, config, steps), None, raw))
+            loaded.append(LoadedModel(name, version, _ensemble(name, version, config, steps), None, raw,
+                                      openai_names=names))
             continue
         try:
             model = _load_version(
@@ -205,7 +215,7 @@ def scan_model(
         except _LoadError as e:
             loaded.append(failed(version, str(e)))
         else:
-            loaded.append(LoadedModel(name, version, model, None, raw, seq, labels))
+            loaded.append(LoadedModel(name, version, model, None, raw, seq, labels, names))
     return sorted(loaded, key=lambda m: m.version or 0)
 
 
@@ -283,6 +293,7 @@ def _load_version(
                 f"{path.name}: a Python model sent with the load request is not run (it would "
                 "execute as the server's own code); put Python models in the model repository"
             )
+        _check_requires(name, version_dir, config)
         return _load_python(name, version, path, _read(held), config)
     if _is_package(path, config) and not allow_code:
         raise _LoadError(
@@ -294,6 +305,26 @@ def _load_version(
     if path.suffix in (".pt", ".pth", ".pt2"):
         return _load_torchscript(name, version, held, config, sequence)
     raise _LoadError(f"{path.name}: unsupported model file (expected model.py, model.pt or model.pt2)")
+
+
+def requirements_missing(config: ModelConfig | None) -> list[str]:
+    """The modules of the config's `openinfer_requires` parameter that cannot be imported here."""
+    wanted = (config.parameters.get(REQUIRES_PARAMETER, "") if config else "").split(",")
+    return [m.strip() for m in wanted if m.strip() and importlib.util.find_spec(m.strip()) is None]
+
+
+def _check_requires(name: str, version_dir: Path, config: ModelConfig | None) -> None:
+    """Raises a _NO_MODULES load error naming the modules of the model's `openinfer_requires`
+    parameter that cannot be imported here (logged once for a bundled example, which is then
+    left out)."""
+    missing = requirements_missing(config)
+    if not missing:
+        return
+    why = f"{_NO_MODULES}model {name} imports {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} not installed"
+    if _is_example(version_dir):
+        why += " (pip install 'openinfer[llm]' to serve it)"
+        logger.warning("example %s is not served: %s", name, why[len(_NO_MODULES):])
+    raise _LoadError(why)
 
 
 def _open_model_file(version_dir: Path, names: list[str], what: str) -> paths.HeldFile | None:

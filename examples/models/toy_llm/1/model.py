@@ -16,8 +16,9 @@ import json
 import random
 import time
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
+
+from openinfer._examples.vllm_io import answer_each, flag, response, sampling, text_input
 
 TEXT = (
     "The quick brown fox jumps over the lazy dog. A small model answers every question with a sentence. "
@@ -31,22 +32,6 @@ SAMPLING_KEYS = {"max_tokens", "stop", "temperature", "top_p", "seed", "frequenc
 def tokenize(text: str) -> list[int]:
     """The byte-level tokenizer: one token per UTF-8 byte."""
     return list(text.encode())
-
-
-def _flag(request: object, name: str, default: bool) -> bool:
-    t = pb_utils.get_input_tensor_by_name(request, name)
-    return default if t is None else bool(t.as_numpy().reshape(-1)[0])
-
-
-def _sampling(request: object) -> dict:
-    t = pb_utils.get_input_tensor_by_name(request, "sampling_parameters")
-    if t is None:
-        return {}
-    params = json.loads(t.as_numpy().reshape(-1)[0])
-    unknown = sorted(set(params) - SAMPLING_KEYS)
-    if unknown:
-        raise ValueError(f"sampling parameters {unknown} are not supported by toy_llm")
-    return params
 
 
 def continuation(prompt: str, params: dict) -> tuple[str, str]:
@@ -75,17 +60,6 @@ def continuation(prompt: str, params: dict) -> tuple[str, str]:
     return text, "stop" if text.endswith(".") else "length"
 
 
-def _response(text: str, finish: str | None, n_in: int, n_out: int) -> object:
-    return pb_utils.InferenceResponse(
-        output_tensors=[
-            pb_utils.Tensor("text_output", np.array([text.encode()], dtype=np.object_)),
-            pb_utils.Tensor("finish_reason", np.array([(finish or "").encode()], dtype=np.object_)),
-            pb_utils.Tensor("num_input_tokens", np.array([n_in], dtype=np.uint32)),
-            pb_utils.Tensor("num_output_tokens", np.array([n_out], dtype=np.uint32)),
-        ]
-    )
-
-
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         config = json.loads(args["model_config"])
@@ -93,23 +67,15 @@ class TritonPythonModel:
         self.delay = float(delay) / 1000
 
     def execute(self, requests: list) -> None:
-        for request in requests:
-            sender = request.get_response_sender()
-            try:
-                self._generate(request, sender)
-            except ValueError as e:
-                sender.send(
-                    pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG)),
-                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
-                )
+        answer_each(requests, self._generate)
 
     def _generate(self, request: object, sender: object) -> None:
-        prompt = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy().reshape(-1)[0].decode()
-        text, finish = continuation(prompt, _sampling(request))
+        prompt = text_input(request)
+        text, finish = continuation(prompt, sampling(request, SAMPLING_KEYS, "toy_llm"))
         n_in = len(tokenize(prompt))
-        echo = "" if _flag(request, "exclude_input_in_output", True) else prompt
-        if not _flag(request, "stream", False):
-            sender.send(_response(echo + text, finish, n_in, len(tokenize(text))),
+        echo = "" if flag(request, "exclude_input_in_output", True) else prompt
+        if not flag(request, "stream", False):
+            sender.send(response(echo + text, finish, n_in, len(tokenize(text))),
                         flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return
         tokens = tokenize(text)
@@ -118,7 +84,7 @@ class TritonPythonModel:
                 break
             time.sleep(self.delay)
             piece = (echo if i == 0 else "") + bytes([token]).decode()
-            sender.send(_response(piece, finish if i == len(tokens) - 1 else None, n_in, 1))
+            sender.send(response(piece, finish if i == len(tokens) - 1 else None, n_in, 1))
         if not tokens:
-            sender.send(_response(echo, finish, n_in, 0))
+            sender.send(response(echo, finish, n_in, 0))
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)

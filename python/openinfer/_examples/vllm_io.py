@@ -1,0 +1,61 @@
+"""What the example language models (examples/models/toy_llm, tiny_llama) share: the inputs and
+outputs of Triton's vLLM backend, read and written through Triton's Python-backend utilities."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import numpy as np
+
+from .._backends import triton_utils as pb_utils
+
+
+def flag(request: object, name: str, default: bool) -> bool:
+    """A BOOL input (`stream`, `exclude_input_in_output`), `default` when not sent."""
+    t = pb_utils.get_input_tensor_by_name(request, name)
+    return default if t is None else bool(t.as_numpy().reshape(-1)[0])
+
+
+def text_input(request: object) -> str:
+    """The prompt (`text_input`)."""
+    return pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy().reshape(-1)[0].decode()
+
+
+def sampling(request: object, supported: set[str], model: str) -> dict:
+    """The `sampling_parameters` JSON object ({} when not sent); ValueError naming the keys
+    outside `supported`."""
+    t = pb_utils.get_input_tensor_by_name(request, "sampling_parameters")
+    params = json.loads(t.as_numpy().reshape(-1)[0]) if t is not None else {}
+    unknown = sorted(set(params) - supported)
+    if unknown:
+        raise ValueError(f"sampling parameters {unknown} are not supported by {model}")
+    return params
+
+
+def response(text: str, finish: str | None, n_in: int, n_out: int) -> object:
+    """One response: its text, why the completion ended (None: not yet), the prompt's tokens and
+    the tokens this response carries."""
+    return pb_utils.InferenceResponse(
+        output_tensors=[
+            pb_utils.Tensor("text_output", np.array([text.encode()], dtype=np.object_)),
+            pb_utils.Tensor("finish_reason", np.array([(finish or "").encode()], dtype=np.object_)),
+            pb_utils.Tensor("num_input_tokens", np.array([n_in], dtype=np.uint32)),
+            pb_utils.Tensor("num_output_tokens", np.array([n_out], dtype=np.uint32)),
+        ]
+    )
+
+
+def answer_each(requests: list, generate: Callable[[object, object], None]) -> None:
+    """A decoupled execute: `generate(request, sender)` for each request in turn; one that raises
+    ValueError (a request the model cannot honour) ends with INVALID_ARG, a 400 for OpenAI's
+    client."""
+    for request in requests:
+        sender = request.get_response_sender()
+        try:
+            generate(request, sender)
+        except ValueError as e:
+            sender.send(
+                pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG)),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+            )
