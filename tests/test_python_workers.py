@@ -6,7 +6,6 @@ boundary. Worker and test meet only through files (a worker is another process).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import textwrap
