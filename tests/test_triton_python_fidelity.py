@@ -12,11 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
 import openinfer
 
-from conftest import triton_grpc, triton_http, wait_for
+from conftest import pending_requests, triton_grpc, triton_http, wait_for
 
 PROLOGUE = "import json\nimport numpy as np\nimport triton_python_backend_utils as pb_utils\n"
 DECOUPLED = "model_transaction_policy { decoupled: true }\n"
@@ -505,17 +504,10 @@ def test_a_request_with_other_inputs_sends_the_pending_batch_at_once(srv: openin
 
     first = threading.Thread(target=send, args=(["A"], 1), daemon=True)
     first.start()
-    wait_for(lambda: pending(srv, "batched") == 1, "queued, waiting for company")
+    wait_for(lambda: pending_requests(srv, "batched") == 1, "queued, waiting for company")
     send(["A", "B"], 8)
     first.join(BOUND)
     assert sent == {"A": [b"A"], "A B": [b"A B"] * 8}, "the first request still waits for its batch's company"
-
-
-def pending(srv: openinfer.Server, model: str) -> float:
-    """Requests of `model` queued in the server, from its /metrics."""
-    text = requests.get(srv.metrics_url, timeout=BOUND).text
-    family = {f.name: f for f in text_string_to_metric_families(text)}["nv_inference_pending_request_count"]
-    return sum(s.value for s in family.samples if s.labels["model"] == model)
 
 
 # A BYTES output made of numbers and a bool, which Triton writes as str(item).
