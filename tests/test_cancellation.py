@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import requests
 from prometheus_client import parser as prometheus_parser
-from conftest import encode_request, infer_body
+from conftest import encode_request, infer_body, pending_requests, wait_for
 
 import openinfer
 from openinfer import Model, Request, Tensor
@@ -214,7 +214,8 @@ def test_json_timeout_parameter_refuses_a_request_that_waited_too_long(served: o
     runner, _ = start_running(served, gate)
     waiting = send(served.http_port, 7, timeout=100_000)  # 0.1 s; the gate holds it longer
     generous = send(served.http_port, 8, timeout=600_000_000)  # 10 minutes
-    time.sleep(1.5)  # far longer than the short timeout: lets it pass
+    wait_for(lambda: pending_requests(served, "gate") == 2, "both queued")
+    time.sleep(0.5)  # from when both were seen queued, five times the short timeout: it has passed
     gate.gate.set()
     runner.join(BOUND)
     assert read_response(waiting) == (503, b'{"error":"Request timeout expired"}')
@@ -273,7 +274,8 @@ def test_tritonclient_timeout_argument(served: openinfer.Server, gate: Gate, pro
     assert connected.wait(BOUND)
     runner, _ = start_running(served, gate)
     go.set()
-    time.sleep(1.5)  # far longer than the 0.1 s the request may wait: lets it pass
+    wait_for(lambda: pending_requests(served, "gate") == 1, "the request queued")
+    time.sleep(0.5)  # from when it was seen queued, five times the 0.1 s it may wait: it has passed
     gate.gate.set()
     runner.join(BOUND)
     t.join(BOUND)
