@@ -29,6 +29,9 @@ import openinfer
 from openinfer import Model, Request, Tensor
 
 BOUND = 30.0  # no wait in these tests lasts longer; a bound for a hung test, not a measurement
+# A client deadline that must pass while its request is in the model: long enough for the
+# request to get there on a slow machine (under AddressSanitizer, loaded), short for a test.
+DEADLINE = 5.0
 
 
 class Gate:
@@ -389,8 +392,8 @@ def test_grpc_deadline_tells_the_running_model(served: openinfer.Server, gate: G
     req.raw_input_contents.append(np.array([4], dtype=np.int32).tobytes())
     with grpc.insecure_channel(f"127.0.0.1:{served.grpc_port}") as channel:
         stub = grpc_stubs.rpc.GRPCInferenceServiceStub(channel)
-        with pytest.raises(grpc.RpcError) as e:
-            stub.ModelInfer(req, timeout=1.0)
+        with pytest.raises(grpc.RpcError) as e:  # a deadline far past the request's way to the model
+            stub.ModelInfer(req, timeout=DEADLINE)
         assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     gate.wait("saw_cancel", 4)
     assert not gate.gate.is_set()
@@ -500,7 +503,7 @@ def test_client_timeout_cancels_the_request(served: openinfer.Server, gate: Gate
     from openinfer.client import DEFAULT_TIMEOUT
 
     assert openinfer.Client(served.url)._timeout == DEFAULT_TIMEOUT == 60.0
-    client = openinfer.Client(served.url, timeout=0.5)
+    client = openinfer.Client(served.url, timeout=DEADLINE)  # far past the request's way to the model
     with pytest.raises(TimeoutError):
         client.infer("gate", {"INPUT0": np.array([3], dtype=np.int32)})
     gate.wait("saw_cancel", 3)
