@@ -549,7 +549,8 @@ def test_stream_closed_early_gives_the_connection_back(grpc_url: str) -> None:
 
 
 def test_stream_timeout(client: Client) -> None:
-    it = client.stream_infer("slow", ({"INPUT0": np.array([d], np.int32)} for d in (10, 3000)), timeout=0.5)
+    # 5 s: far past the first answer's 10 ms on a slow machine, far short of the second's 15 s.
+    it = client.stream_infer("slow", ({"INPUT0": np.array([d], np.int32)} for d in (10, 15_000)), timeout=5)
     assert next(it)["OUTPUT0"].tolist() == [10]
     with pytest.raises(TimeoutError):
         next(it)
