@@ -384,6 +384,17 @@ def wait_for(cond: Callable[[], bool], what: str, bound: float = 30.0) -> None:
         time.sleep(0.01)
 
 
+def pending_requests(srv: openinfer.Server, model: str) -> float:
+    """Requests of `model` queued in `srv` (its /metrics: nv_inference_pending_request_count)."""
+    import requests
+    from prometheus_client.parser import text_string_to_metric_families
+
+    assert srv.metrics_url is not None, "the server has no metrics"
+    text = requests.get(srv.metrics_url, timeout=30).text
+    family = {f.name: f for f in text_string_to_metric_families(text)}["nv_inference_pending_request_count"]
+    return sum(s.value for s in family.samples if s.labels["model"] == model)
+
+
 def concurrent(n: int, fn: Callable[[int], Any]) -> list[Any]:
     """fn(0) .. fn(n - 1) on n threads that start together; their results, in order. Fails if
     a call raised or a thread has not ended after 120 s (a bound on a hang, not a timing)."""

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import Http, assert_alive, assert_grpc_alive, encode_request, infer_body
+from conftest import Http, assert_alive, assert_grpc_alive, encode_request, infer_body, pending_requests, wait_for
 from test_grpc_transport import H2, SERVICE, frame, status_of
 
 import openinfer
@@ -534,7 +534,7 @@ def test_stop_timeout_answers_what_is_pending_while_the_model_still_runs(grpc_st
         req.inputs.add(name="INPUT0", datatype="INT32", shape=[1])
         req.raw_input_contents.append(struct.pack("<i", 1))
         future = grpc_stubs.rpc.GRPCInferenceServiceStub(channel).ModelInfer.future(req, timeout=60)
-        time.sleep(0.3)  # both queued behind the running one (order only; nothing is timed)
+        wait_for(lambda: pending_requests(srv, "stuck") == 2, "both queued behind the running one")
         srv.stop(timeout=0.5)
         assert not finished.is_set(), "stop waited for the model"
         for conn in (running, queued):
@@ -568,7 +568,8 @@ def test_sigterm_honours_the_shutdown_timeout(tmp_path: Any) -> None:
         'input [{name: "X" data_type: TYPE_INT32 dims: [1]}]\noutput [{name: "Y" data_type: TYPE_INT32 dims: [1]}]\n'
     )
     (repo / "stuck" / "1" / "model.py").write_text(
-        "import time\n\ndef infer(inputs):\n    time.sleep(60)\n    return {'Y': inputs['X']}\n"
+        "import time\nfrom pathlib import Path\n\ndef infer(inputs):\n"
+        "    (Path(__file__).parents[2] / 'running').touch()\n    time.sleep(60)\n    return {'Y': inputs['X']}\n"
     )
     # The new limits' flags reach the core (a bad value would fail the start).
     cli = Cli(str(repo), "--shutdown-timeout", "0.5", "--first-byte-timeout-ms", "2000", "--body-timeout-ms", "5000",
@@ -583,7 +584,7 @@ def test_sigterm_honours_the_shutdown_timeout(tmp_path: Any) -> None:
 
         t = threading.Thread(target=call)
         t.start()
-        time.sleep(0.5)  # the request is with the model (order only)
+        wait_for(lambda: (repo / "running").exists(), "the request with the model")
         cli.proc.send_signal(signal.SIGTERM)
         rc, out = cli.wait()  # within its 20 s bound, long before the model's minute
         t.join(30)

@@ -23,12 +23,15 @@ import numpy as np
 import pytest
 import requests
 from prometheus_client import parser as prometheus_parser
-from conftest import encode_request, infer_body
+from conftest import encode_request, infer_body, pending_requests, wait_for
 
 import openinfer
 from openinfer import Model, Request, Tensor
 
 BOUND = 30.0  # no wait in these tests lasts longer; a bound for a hung test, not a measurement
+# A client deadline that must pass while its request is in the model: long enough for the
+# request to get there on a slow machine (under AddressSanitizer, loaded), short for a test.
+DEADLINE = 5.0
 
 
 class Gate:
@@ -214,7 +217,8 @@ def test_json_timeout_parameter_refuses_a_request_that_waited_too_long(served: o
     runner, _ = start_running(served, gate)
     waiting = send(served.http_port, 7, timeout=100_000)  # 0.1 s; the gate holds it longer
     generous = send(served.http_port, 8, timeout=600_000_000)  # 10 minutes
-    time.sleep(1.5)  # far longer than the short timeout: lets it pass
+    wait_for(lambda: pending_requests(served, "gate") == 2, "both queued")
+    time.sleep(0.5)  # from when both were seen queued, five times the short timeout: it has passed
     gate.gate.set()
     runner.join(BOUND)
     assert read_response(waiting) == (503, b'{"error":"Request timeout expired"}')
@@ -273,7 +277,8 @@ def test_tritonclient_timeout_argument(served: openinfer.Server, gate: Gate, pro
     assert connected.wait(BOUND)
     runner, _ = start_running(served, gate)
     go.set()
-    time.sleep(1.5)  # far longer than the 0.1 s the request may wait: lets it pass
+    wait_for(lambda: pending_requests(served, "gate") == 1, "the request queued")
+    time.sleep(0.5)  # from when it was seen queued, five times the 0.1 s it may wait: it has passed
     gate.gate.set()
     runner.join(BOUND)
     t.join(BOUND)
@@ -387,8 +392,8 @@ def test_grpc_deadline_tells_the_running_model(served: openinfer.Server, gate: G
     req.raw_input_contents.append(np.array([4], dtype=np.int32).tobytes())
     with grpc.insecure_channel(f"127.0.0.1:{served.grpc_port}") as channel:
         stub = grpc_stubs.rpc.GRPCInferenceServiceStub(channel)
-        with pytest.raises(grpc.RpcError) as e:
-            stub.ModelInfer(req, timeout=1.0)
+        with pytest.raises(grpc.RpcError) as e:  # a deadline far past the request's way to the model
+            stub.ModelInfer(req, timeout=DEADLINE)
         assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     gate.wait("saw_cancel", 4)
     assert not gate.gate.is_set()
@@ -498,7 +503,7 @@ def test_client_timeout_cancels_the_request(served: openinfer.Server, gate: Gate
     from openinfer.client import DEFAULT_TIMEOUT
 
     assert openinfer.Client(served.url)._timeout == DEFAULT_TIMEOUT == 60.0
-    client = openinfer.Client(served.url, timeout=0.5)
+    client = openinfer.Client(served.url, timeout=DEADLINE)  # far past the request's way to the model
     with pytest.raises(TimeoutError):
         client.infer("gate", {"INPUT0": np.array([3], dtype=np.int32)})
     gate.wait("saw_cancel", 3)

@@ -6,7 +6,6 @@ and clean-up on close."""
 from __future__ import annotations
 
 import glob
-import json
 import os
 import shutil
 import threading

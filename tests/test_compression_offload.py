@@ -9,7 +9,6 @@ from __future__ import annotations
 import gzip
 import json
 import threading
-import time
 import zlib
 from collections.abc import Callable, Iterator
 from typing import Any

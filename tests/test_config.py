@@ -346,6 +346,7 @@ def test_load_config_reads_files(tmp_path: Path) -> None:
 
 
 def test_json_config_reads_as_the_same_config_as_pbtxt() -> None:
+    from openinfer._config.triton_config import normalize
     from openinfer.config import parse, parse_json_config
 
     pbtxt = """
@@ -353,9 +354,12 @@ def test_json_config_reads_as_the_same_config_as_pbtxt() -> None:
         input [ { name: "x" data_type: TYPE_FP32 dims: [ 3, -1 ] } ]
         output [ { name: "y" data_type: TYPE_STRING dims: [ 1 ] reshape { shape: [ ] } } ]
         instance_group [ { count: 2 kind: KIND_CPU } ]
-        dynamic_batching { preferred_batch_size: [ 4, 8 ] max_queue_delay_microseconds: 100 }
+        dynamic_batching { preferred_batch_size: [ 4, 8 ] max_queue_delay_microseconds: 100
+                           priority_levels: 2 default_priority_level: 1
+                           priority_queue_policy { key: 2 value { max_queue_size: 3 timeout_action: DELAY } } }
         version_policy { specific { versions: [ 1, 3 ] } }
         parameters { key: "k" value: { string_value: "v" } }
+        metric_tags { key: "teamName" value: "x" }
     """
     # As protobuf's JSON mapping writes it: lowerCamelCase allowed, int64 as strings, maps as objects.
     text = """{
@@ -363,13 +367,19 @@ def test_json_config_reads_as_the_same_config_as_pbtxt() -> None:
         "input": [{"name": "x", "dataType": "TYPE_FP32", "dims": ["3", "-1"]}],
         "output": [{"name": "y", "data_type": "TYPE_STRING", "dims": [1], "reshape": {"shape": []}}],
         "instance_group": [{"count": 2, "kind": "KIND_CPU"}],
-        "dynamic_batching": {"preferred_batch_size": [4, 8], "max_queue_delay_microseconds": "100"},
+        "dynamic_batching": {"preferred_batch_size": [4, 8], "max_queue_delay_microseconds": "100",
+                             "priorityLevels": 2, "defaultPriorityLevel": 1,
+                             "priorityQueuePolicy": {"2": {"maxQueueSize": 3, "timeoutAction": "DELAY"}}},
         "version_policy": {"specific": {"versions": ["1", 3]}},
-        "parameters": {"k": {"string_value": "v"}}
+        "parameters": {"k": {"string_value": "v"}},
+        "metricTags": {"teamName": "x"}
     }"""
     from_json = parse_json_config(text)
     from_pbtxt = ModelConfig.from_dict(parse(pbtxt))
     assert {**vars(from_json), "raw": None} == {**vars(from_pbtxt), "raw": None}
+    # Map keys are names, not fields: "teamName" stays as it is; a uint64 key is a number.
+    assert normalize(from_json.raw) == normalize(from_pbtxt.raw)
+    assert from_json.dynamic_batching.priority_queue_policy[0][0] == 2
     assert from_json.parameters == {"k": "v"} and from_json.inputs[0].dims == (3, -1)
 
 
@@ -383,6 +393,8 @@ def test_json_config_reads_as_the_same_config_as_pbtxt() -> None:
         ('{"input": [{"name": "x", "data_type": "TYPE_FLOAT", "dims": [1]}]}', "data_type must be one of"),
         ('{"maxBatchSize": 1, "max_batch_size": 2}', "field 'max_batch_size' is given twice"),
         ('{"name": null}', "null is not a value"),
+        ('{"max_batch_size": 8, "dynamic_batching": {"priority_levels": 2, "priority_queue_policy": {"two": {}}}}',
+         "dynamic_batching.priority_queue_policy: key must be a single integer, got 'two'"),
     ],
 )
 def test_json_config_errors_name_the_field(text: str, message: str) -> None:

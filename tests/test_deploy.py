@@ -22,7 +22,6 @@ import re
 import signal
 import socket
 import sys
-import time
 import types
 from pathlib import Path
 from typing import Any

@@ -334,7 +334,7 @@ def test_cancel_reaches_the_running_step(srv: openinfer.Server, http: thttp.Infe
         i = tgrpc.InferInput("IN", [4], "FP32")
         i.set_data_from_numpy(X)
         with pytest.raises(InferenceServerException) as e:
-            client.infer("held_chain", [i], client_timeout=1.0)
+            client.infer("held_chain", [i], client_timeout=5.0)  # far past the request's way to the held step
         assert e.value.status() == "StatusCode.DEADLINE_EXCEEDED", e.value  # from the client or the server
     finally:
         client.close()

@@ -12,7 +12,6 @@ import gzip
 import queue
 import struct
 import threading
-import time
 import zlib
 from collections.abc import Iterator
 from typing import Any

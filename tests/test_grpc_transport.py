@@ -242,29 +242,43 @@ def test_message_over_the_limit() -> None:
 
 
 def test_shutdown_drains_calls_and_sends_goaway(grpc_stubs: Any) -> None:
+    """A call under way when the stop begins (the idle connection told to go away shows it has)
+    finishes; the model is held at a gate until then, so the order is forced, not timed."""
     import grpc
+    import numpy as np
 
     from conftest import test_models
 
+    entered, release = threading.Event(), threading.Event()
+
+    def held(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        entered.set()
+        release.wait(60)  # a bound for the test; released below
+        return {"OUTPUT0": inputs["INPUT0"]}
+
+    one_int = dict(inputs=[openinfer.Tensor("INPUT0", "INT32", [-1])], outputs=[openinfer.Tensor("OUTPUT0", "INT32", [-1])])
     pb = grpc_stubs.pb
-    srv = openinfer.serve(models=test_models(), http_port=0, log=False, threads=1)
+    srv = openinfer.serve(models=[*test_models(), openinfer.Model("held", held, **one_int)], http_port=0, log=False,
+                          threads=1)
     idle = H2(srv.grpc_port)
     channel = grpc.insecure_channel(f"127.0.0.1:{srv.grpc_port}")
     stub = grpc_stubs.rpc.GRPCInferenceServiceStub(channel)
-    req = pb.ModelInferRequest(model_name="slow", id="drained")
+    req = pb.ModelInferRequest(model_name="held", id="drained")
     req.inputs.add(name="INPUT0", datatype="INT32", shape=[1])
     req.raw_input_contents.append(struct.pack("<i", 300))
-    future = stub.ModelInfer.future(req, timeout=20)
-    time.sleep(0.1)
-    stopper = threading.Thread(target=srv.stop, kwargs={"timeout": 10})
+    future = stub.ModelInfer.future(req, timeout=60)
+    assert entered.wait(60), "the call never reached the model"
+    stopper = threading.Thread(target=srv.stop, kwargs={"timeout": 60})
     stopper.start()
     try:
-        assert future.result().id == "drained"  # the call under way finishes
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # a bound for a hung test
         while not idle.goaway and time.monotonic() < deadline:
             idle.pump()  # the idle connection is told to go away
         assert idle.goaway
+        release.set()
+        assert future.result().id == "drained"  # the call under way finishes
     finally:
+        release.set()
         stopper.join()
         idle.close()
         channel.close()

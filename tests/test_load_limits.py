@@ -20,7 +20,6 @@ openinfer._worker (the servers here run in this process)."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import sys
@@ -33,7 +32,6 @@ from typing import Any
 import numpy as np
 import pytest
 import requests
-import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 

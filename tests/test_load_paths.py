@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
@@ -267,7 +266,7 @@ def test_another_user_cannot_make_the_server_run_a_file(layout: Layout, server: 
 def _onnx(location: str | None = None) -> bytes:
     """An ONNX model whose output W (3 UINT8) is an initializer: its data inline, or in the
     external file `location`. X is an input the graph passes through."""
-    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
     from onnx import TensorProto, helper, numpy_helper
 

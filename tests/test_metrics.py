@@ -16,7 +16,7 @@ import pytest
 import requests
 
 import openinfer
-from openinfer import Model, Tensor
+from openinfer import Model
 
 from conftest import wait_for
 from test_statistics import ONE_INT, echo, infer, models, sample, scrape

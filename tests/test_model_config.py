@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import numpy as np
 import pytest
 import requests
 import tritonclient.grpc as tgrpc

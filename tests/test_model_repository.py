@@ -13,7 +13,6 @@ import shutil
 import stat
 import textwrap
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -232,6 +231,35 @@ def test_load_with_a_config_override(explicit: openinfer.Server) -> None:
     explicit.load_model("add_one", config={**config, "version_policy": {"specific": {"versions": [1]}}})
     assert http.is_model_ready("add_one", "1") and not http.is_model_ready("add_one", "2")
     assert explicit.models["add_one"] == (1,)
+
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_an_override_sets_priority_queue_policies_keyed_as_triton_json_keys_them(
+    explicit: openinfer.Server, protocol: str
+) -> None:
+    """priority_queue_policy is a map<uint64, ModelQueuePolicy>: protobuf's JSON keys it by
+    the level as a decimal string. A key that is no level is refused, naming the field."""
+    http, grpc = clients(explicit)
+    client = http if protocol == "http" else grpc
+    policy = {"maxQueueSize": 3, "timeoutAction": "DELAY", "defaultTimeoutMicroseconds": "5000"}
+    config = {
+        "name": "add_one", "backend": "python", "max_batch_size": 8,
+        "input": [{"name": "INPUT0", "data_type": "TYPE_INT32", "dims": [-1]}],
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_INT32", "dims": [-1]}],
+        "dynamic_batching": {"priority_levels": 2, "default_priority_level": 1, "priority_queue_policy": {"2": policy}},
+    }
+    client.load_model("add_one", config=json.dumps(config))
+    served = http.get_model_config("add_one")["dynamic_batching"]["priority_queue_policy"]
+    assert served == {"2": {"max_queue_size": 3, "timeout_action": "DELAY", "default_timeout_microseconds": 5000,
+                            "allow_timeout_override": False}}
+    assert grpc.get_model_config("add_one").config.dynamic_batching.priority_queue_policy[2].max_queue_size == 3
+
+    config["dynamic_batching"]["priority_queue_policy"] = {"two": policy}
+    with pytest.raises(InferenceServerException) as e:
+        client.load_model("add_one", config=json.dumps(config))
+    assert "dynamic_batching.priority_queue_policy: key must be a single integer, got 'two'" in e.value.message()
+    assert e.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
 
 
 torch = None

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from test_json_codec import CC, SANITIZER_ENV, _build, _clean_env, _run  # noqa: F401
+from test_json_codec import CC, _build, _run
 
 np = pytest.importorskip("numpy")
 pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler (cc) on PATH")

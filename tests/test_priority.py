@@ -19,14 +19,13 @@ import pytest
 import requests
 import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
-from prometheus_client import parser as prometheus_parser
 from tritonclient.utils import InferenceServerException
 
 import openinfer
 from openinfer import Model, Tensor
 from openinfer.config import ConfigError, DynamicBatching, QueuePolicy
 
-from conftest import wait_for
+from conftest import pending_requests, wait_for
 from test_queue_policy import Gate
 
 BOUND = 30.0  # a bound for a hung test, not a measurement
@@ -61,9 +60,7 @@ def gated(batching: DynamicBatching, max_batch_size: int = 1) -> Iterator[tuple[
 
 
 def pending(srv: openinfer.Server) -> float:
-    text = requests.get(srv.metrics_url, timeout=BOUND).text
-    family = {f.name: f for f in prometheus_parser.text_string_to_metric_families(text)}
-    return sum(s.value for s in family["nv_inference_pending_request_count"].samples if s.labels["model"] == "q")
+    return pending_requests(srv, "q")
 
 
 def wait_pending(srv: openinfer.Server, n: int) -> None:

@@ -6,21 +6,20 @@ opens, so the queue's fill is known; no timed assertions."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
-import requests
 import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
-from prometheus_client import parser as prometheus_parser
 from tritonclient.utils import InferenceServerException
 
 import openinfer
 from openinfer import Model, Request, Tensor
 from openinfer.config import DynamicBatching
+
+from conftest import pending_requests, wait_for
 
 BOUND = 30.0  # a bound for a hung test, not a measurement
 
@@ -63,16 +62,11 @@ def served(gate: Gate) -> Iterator[openinfer.Server]:
 
 
 def pending(srv: openinfer.Server) -> float:
-    text = requests.get(srv.metrics_url, timeout=BOUND).text
-    family = {f.name: f for f in prometheus_parser.text_string_to_metric_families(text)}
-    return sum(s.value for s in family["nv_inference_pending_request_count"].samples if s.labels["model"] == "q")
+    return pending_requests(srv, "q")
 
 
 def wait_pending(srv: openinfer.Server, n: int) -> None:
-    end = time.monotonic() + BOUND
-    while pending(srv) != n:
-        assert time.monotonic() < end, f"pending never reached {n}: {pending(srv)}"
-        time.sleep(0.01)
+    wait_for(lambda: pending(srv) == n, f"{n} pending", BOUND)
 
 
 def http_infer(srv: openinfer.Server, value: int) -> Any:

@@ -17,7 +17,7 @@ import requests
 import openinfer
 from openinfer import Model, Tensor
 
-from conftest import Cli, port_is_closed
+from conftest import Cli, port_is_closed, wait_for
 
 
 def double(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -73,8 +73,11 @@ def test_ipv6_loopback() -> None:
 
 
 def test_stop_drains_in_flight_requests() -> None:
+    entered = threading.Event()
+
     def slow(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        time.sleep(0.5)
+        entered.set()
+        time.sleep(0.5)  # still running when stop() begins, unless the machine stalls (then the test is weaker only)
         return {"Y": inputs["X"]}
 
     model = Model("slow", slow, inputs=[Tensor("X", "INT32", [1])], outputs=[Tensor("Y", "INT32", [1])])
@@ -88,9 +91,9 @@ def test_stop_drains_in_flight_requests() -> None:
 
     t = threading.Thread(target=call)
     t.start()
-    time.sleep(0.2)  # the request is with the model now
-    server.stop(timeout=5)
-    t.join()
+    assert entered.wait(30), "the request never reached the model"
+    server.stop(timeout=30)
+    t.join(30)
     assert results == [200]
 
 
@@ -112,7 +115,8 @@ def test_cli_serves_examples_and_sigterm_drains(tmp_path) -> None:
         'input [{name: "X" data_type: TYPE_INT32 dims: [1]}]\noutput [{name: "Y" data_type: TYPE_INT32 dims: [1]}]\n'
     )
     (repo / "sleepy" / "1" / "model.py").write_text(
-        "import time\n\ndef infer(inputs):\n    time.sleep(0.8)\n    return {'Y': inputs['X'] + 1}\n"
+        "import time\nfrom pathlib import Path\n\ndef infer(inputs):\n"
+        "    (Path(__file__).parents[2] / 'running').touch()\n    time.sleep(0.8)\n    return {'Y': inputs['X'] + 1}\n"
     )
     cli = Cli(str(repo))
     proc, port = cli.proc, cli.port
@@ -127,7 +131,7 @@ def test_cli_serves_examples_and_sigterm_drains(tmp_path) -> None:
 
         t = threading.Thread(target=call)
         t.start()
-        time.sleep(0.3)
+        wait_for(lambda: (repo / "running").exists(), "the request with the model")
         proc.send_signal(signal.SIGTERM)
         t.join(20)
         assert result["status"] == 200 and result["body"]["outputs"][0]["data"] == [42]

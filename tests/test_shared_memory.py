@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from multiprocessing import shared_memory
@@ -21,7 +20,7 @@ import pytest
 import requests
 
 import openinfer
-from conftest import V2_TYPES, Http, assert_alive, assert_grpc_alive, serve_apart
+from conftest import V2_TYPES, Http, assert_alive, assert_grpc_alive, serve_apart, test_models
 
 httpclient = pytest.importorskip("tritonclient.http")
 grpcclient = pytest.importorskip("tritonclient.grpc")
@@ -66,30 +65,59 @@ def regions() -> Iterator[Any]:
         r.close()
 
 
+class Api:
+    """A small REST helper for the server at `url`."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def post(self, path: str, body: Any = None) -> requests.Response:
+        data = b"" if body is None else json.dumps(body).encode() if not isinstance(body, bytes) else body
+        return requests.post(f"{self.url}/v2/{path}", data=data, timeout=30)
+
+    def get(self, path: str) -> requests.Response:
+        return requests.get(f"{self.url}/v2/{path}", timeout=30)
+
+    def register(self, name: str, key: str, byte_size: int, offset: int = 0) -> requests.Response:
+        return self.post(f"systemsharedmemory/region/{name}/register",
+                         {"key": key, "offset": offset, "byte_size": byte_size})
+
+    def infer(self, model: str, body: dict[str, Any]) -> requests.Response:
+        return self.post(f"models/{model}/infer", body)
+
+
 @pytest.fixture
-def api(server: openinfer.Server) -> Iterator[Any]:
-    """A small REST helper; unregisters every region the test left behind."""
-
-    class Api:
-        url = server.url
-
-        def post(self, path: str, body: Any = None) -> requests.Response:
-            data = b"" if body is None else json.dumps(body).encode() if not isinstance(body, bytes) else body
-            return requests.post(f"{self.url}/v2/{path}", data=data, timeout=30)
-
-        def get(self, path: str) -> requests.Response:
-            return requests.get(f"{self.url}/v2/{path}", timeout=30)
-
-        def register(self, name: str, key: str, byte_size: int, offset: int = 0) -> requests.Response:
-            return self.post(f"systemsharedmemory/region/{name}/register",
-                             {"key": key, "offset": offset, "byte_size": byte_size})
-
-        def infer(self, model: str, body: dict[str, Any]) -> requests.Response:
-            return self.post(f"models/{model}/infer", body)
-
-    a = Api()
+def api(server: openinfer.Server) -> Iterator[Api]:
+    """An Api of the session's server; unregisters every region the test left behind."""
+    a = Api(server.url)
     yield a
     a.post("systemsharedmemory/unregister")
+
+
+class Held:
+    """A server whose model "held" echoes INPUT0 once `release` is set, having set `entered`:
+    a request is known to be in the model, and stays there, while the test acts."""
+
+    def __init__(self) -> None:
+        self.entered, self.release = threading.Event(), threading.Event()
+        held = openinfer.Model("held", self._echo, inputs=[openinfer.Tensor("INPUT0", "INT32", [-1])],
+                               outputs=[openinfer.Tensor("OUTPUT0", "INT32", [-1])])
+        self.server = openinfer.serve(models=[*test_models(), held], http_port=0, log=False)
+
+    def _echo(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.entered.set()
+        self.release.wait(60)  # a bound for the test; released by it
+        return {"OUTPUT0": inputs["INPUT0"]}
+
+
+@pytest.fixture
+def held() -> Iterator[Held]:
+    h = Held()
+    try:
+        yield h
+    finally:
+        h.release.set()
+        h.server.stop()
 
 
 def shm_params(region: str, byte_size: int, offset: int = 0) -> dict[str, Any]:
@@ -474,59 +502,69 @@ def test_tritonclient_grpc_flow_with_bytes(server: openinfer.Server) -> None:
 
 
 @pytest.mark.parametrize("unregister", ["systemsharedmemory/region/busy/unregister", "systemsharedmemory/unregister"])
-def test_unregister_while_in_use(api: Any, regions: Any, unregister: str) -> None:
+def test_unregister_while_in_use(held: Held, regions: Any, unregister: str) -> None:
     """As tritonserver (its L0_shared_memory unregister-during-inference tests): unregistering a
     region (by name or all) that a request uses succeeds at once but takes effect when the
     request ends. Meanwhile the region is listed, its name taken, and other requests may use
-    it; afterwards it is gone without a second unregister."""
+    it; afterwards it is gone without a second unregister. The request is held in its model
+    until the test has seen all that."""
+    api = Api(held.server.url)
     r = regions(64)
-    r.write(np.full(16, 1500, np.int32).tobytes())  # the slow model sleeps INPUT0[0] ms
+    r.write(np.arange(16, dtype=np.int32).tobytes())
     api.register("busy", r.key, 64)
     body = {
         "inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [16], "parameters": shm_params("busy", 64)}],
         "outputs": [{"name": "OUTPUT0", "parameters": shm_params("busy", 64)}],
     }
     result: dict[str, Any] = {}
-    t = threading.Thread(target=lambda: result.update(resp=api.infer("slow", body)))
+    t = threading.Thread(target=lambda: result.update(resp=api.infer("held", body)))
     t.start()
-    time.sleep(0.5)  # the request holds the region: it sleeps 1.5 s
+    assert held.entered.wait(30), "the request never reached the model"
     assert api.post(unregister).status_code == 200
     assert [g["name"] for g in api.get("systemsharedmemory/status").json()] == ["busy"]
     again = api.register("busy", r.key, 64)
     assert again.status_code == 400 and "already in manager" in again.json()["error"]
     used = api.infer("echo_int32", {**body, "outputs": []})  # still usable while it waits
     assert used.status_code == 200, used.text
+    held.release.set()
     t.join(30)
     assert result["resp"].status_code == 200, result["resp"].text
-    assert np.frombuffer(r.read(64), np.int32).tolist() == [1500] * 16
+    assert np.frombuffer(r.read(64), np.int32).tolist() == list(range(16))
     assert api.get("systemsharedmemory/status").json() == []
     missing = api.get("systemsharedmemory/region/busy/status")
     assert missing.status_code == 404
     assert api.register("busy", r.key, 64).status_code == 200
+    api.post("systemsharedmemory/unregister")
 
 
-def test_unregister_while_in_use_grpc(grpc_triton: Any, regions: Any) -> None:
+def test_unregister_while_in_use_grpc(held: Held, regions: Any) -> None:
     """The same over gRPC (tritonserver's *_grpc variants): unregistering all while a request
     uses the region waits for it; meanwhile the name is ALREADY_EXISTS."""
+    grpc_triton = grpcclient.InferenceServerClient(f"127.0.0.1:{held.server.grpc_port}")
     r = regions(64)
-    r.write(np.full(16, 1500, np.int32).tobytes())  # the slow model sleeps INPUT0[0] ms
+    r.write(np.arange(16, dtype=np.int32).tobytes())
     grpc_triton.register_system_shared_memory("busy", r.key, 64)
     inp = grpcclient.InferInput("INPUT0", [16], "INT32")
     inp.set_shared_memory("busy", 64)
     out = grpcclient.InferRequestedOutput("OUTPUT0")
     out.set_shared_memory("busy", 64)
     result: dict[str, Any] = {}
-    t = threading.Thread(target=lambda: result.update(resp=grpc_triton.infer("slow", [inp], outputs=[out])))
+    t = threading.Thread(target=lambda: result.update(resp=grpc_triton.infer("held", [inp], outputs=[out])))
     t.start()
-    time.sleep(0.5)  # the request holds the region: it sleeps 1.5 s
-    grpc_triton.unregister_system_shared_memory()
-    assert list(grpc_triton.get_system_shared_memory_status().regions) == ["busy"]
-    with pytest.raises(InferenceServerException) as e:
-        grpc_triton.register_system_shared_memory("busy", r.key, 64)
-    assert e.value.status() == "StatusCode.ALREADY_EXISTS"
-    t.join(30)
-    assert "resp" in result
-    assert len(grpc_triton.get_system_shared_memory_status().regions) == 0
+    try:
+        assert held.entered.wait(30), "the request never reached the model"
+        grpc_triton.unregister_system_shared_memory()
+        assert list(grpc_triton.get_system_shared_memory_status().regions) == ["busy"]
+        with pytest.raises(InferenceServerException) as e:
+            grpc_triton.register_system_shared_memory("busy", r.key, 64)
+        assert e.value.status() == "StatusCode.ALREADY_EXISTS"
+        held.release.set()
+        t.join(30)
+        assert "resp" in result
+        assert len(grpc_triton.get_system_shared_memory_status().regions) == 0
+    finally:
+        held.release.set()
+        grpc_triton.close()
 
 
 def test_concurrent_clients(server: openinfer.Server, regions: Any) -> None:

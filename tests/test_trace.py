@@ -576,3 +576,16 @@ def test_cli_trace_config(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "openinfer", "serve", "--http-port", "0", "--trace-config",
                           "colour=blue"], capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and 'Bad option: "--trace-config colour"' in bad.stderr
+
+
+def test_trace_settings_annotations_resolve() -> None:
+    """Every name the module's annotations use is imported (typing.get_type_hints, as
+    documentation tools and type checkers at run time call it, resolves them)."""
+    import inspect
+    import typing
+
+    from openinfer._control import tracesettings
+
+    for name, function in inspect.getmembers(tracesettings, inspect.isfunction):
+        if function.__module__ == tracesettings.__name__:
+            typing.get_type_hints(function)

@@ -15,7 +15,7 @@ import requests
 
 import openinfer
 
-from conftest import triton_grpc, triton_http
+from conftest import pending_requests, triton_grpc, triton_http, wait_for
 
 PROLOGUE = "import json\nimport numpy as np\nimport triton_python_backend_utils as pb_utils\n"
 DECOUPLED = "model_transaction_policy { decoupled: true }\n"
@@ -58,7 +58,8 @@ SIBLINGS_MODEL = PROLOGUE + textwrap.dedent(
 )
 
 
-# Answers which of its inputs a request carried (get_input_tensor_by_name is None for the others).
+# Answers which of its inputs a request carried (get_input_tensor_by_name is None for the
+# others), in the shape of its input A (a row each, batched).
 OPTIONAL_MODEL = PROLOGUE + textwrap.dedent(
     """
     class TritonPythonModel:
@@ -66,7 +67,8 @@ OPTIONAL_MODEL = PROLOGUE + textwrap.dedent(
             responses = []
             for request in requests:
                 sent = [n for n in ("A", "B", "C") if pb_utils.get_input_tensor_by_name(request, n) is not None]
-                out = pb_utils.Tensor("SENT", np.array([" ".join(sent).encode()], dtype=np.object_))
+                shape = pb_utils.get_input_tensor_by_name(request, "A").as_numpy().shape
+                out = pb_utils.Tensor("SENT", np.full(shape, " ".join(sent).encode(), dtype=np.object_))
                 responses.append(pb_utils.InferenceResponse([out]))
             return responses
     """
@@ -193,12 +195,14 @@ BAD_PARAMETERS_MODEL = PROLOGUE + textwrap.dedent(
     """
 )
 
-# OPTIONAL_MODEL batched with a long queue delay: only a request that cannot join sends a
-# pending batch early.
+# OPTIONAL_MODEL batched with a queue delay far past any test's bound (BATCH_DELAY_S): only a
+# request that cannot join sends a pending batch early.
+BATCH_DELAY_S = 300
 BATCHED_CONFIG = config(
     "batched", [("A", "FP32", "1"), ("B", "FP32", "1", True), ("C", "FP32", "1", True)], [("SENT", "STRING", "1")],
-    "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 3000000 }\n",
+    f"max_batch_size: 8\ndynamic_batching {{ max_queue_delay_microseconds: {BATCH_DELAY_S * 1_000_000} }}\n",
 )
+BOUND = 60.0  # seconds: a bound for a hung test, not a measurement
 
 
 def add_model(repo: Path, name: str, model_py: str, config: str) -> Path:
@@ -239,7 +243,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def srv(repo: Path) -> Iterator[openinfer.Server]:
-    options = {"http_port": 0, "grpc_port": 0, "metrics_port": None, "threads": 2, "log": False}
+    options = {"http_port": 0, "grpc_port": 0, "threads": 2, "log": False}
     with openinfer.serve(repo, model_control_mode="explicit", load_models=["*"], **options) as server:
         yield server
 
@@ -480,32 +484,30 @@ def test_response_parameters_are_type_checked_as_triton_checks_them(srv: openinf
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_a_request_with_other_inputs_sends_the_pending_batch_at_once(srv: openinfer.Server, protocol: str) -> None:
-    """As Triton's dynamic batcher: the first request would wait 3 s for company; the second,
-    which cannot join it (another set of inputs), makes it go at once."""
+    """As Triton's dynamic batcher: the first request would wait BATCH_DELAY_S for company; the
+    second, which cannot join it (another set of inputs), makes it go at once (the second fills
+    a batch of its own: max_batch_size rows go at once too). Both answer within BOUND, a fifth
+    of the delay: the order of events shows it, not a measured time."""
     import threading
-    import time
 
     _, module = client_and_module(srv, protocol)
-    one = np.ones((1, 1), np.float32)
-    took: dict[str, float] = {}
+    sent: dict[str, list[bytes]] = {}
 
-    def send(names: list[str]) -> None:
+    def send(names: list[str], rows: int) -> None:
         port = srv.http_port if protocol == "http" else srv.grpc_port
         client = module.InferenceServerClient(f"127.0.0.1:{port}")  # type: ignore[attr-defined]
         try:  # made, used and closed on this thread
-            start = time.monotonic()
-            result = client.infer("batched", [tensor(module, n, one) for n in names])
-            assert result.as_numpy("SENT").reshape(-1)[0] == " ".join(names).encode()
-            took[" ".join(names)] = time.monotonic() - start
+            result = client.infer("batched", [tensor(module, n, np.ones((rows, 1), np.float32)) for n in names])
+            sent[" ".join(names)] = result.as_numpy("SENT").reshape(-1).tolist()
         finally:
             client.close()
 
-    first = threading.Thread(target=send, args=(["A"],))
+    first = threading.Thread(target=send, args=(["A"], 1), daemon=True)
     first.start()
-    time.sleep(0.5)  # the first request is queued, its batch waiting for company
-    send(["A", "B"])
-    first.join(30)
-    assert took["A"] < 2.0, took
+    wait_for(lambda: pending_requests(srv, "batched") == 1, "queued, waiting for company")
+    send(["A", "B"], 8)
+    first.join(BOUND)
+    assert sent == {"A": [b"A"], "A B": [b"A B"] * 8}, "the first request still waits for its batch's company"
 
 
 # A BYTES output made of numbers and a bool, which Triton writes as str(item).

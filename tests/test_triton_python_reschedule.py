@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -259,7 +259,7 @@ def test_a_grpc_client_as_another_user_is_checked_with_its_own_uid(sockdir: Path
     # 65534; the parent (root), on the same socket, registers the object.
     import h2.config
     import h2.connection
-    from test_grpc_transport import H2, SERVICE, frame, status_of
+    from test_grpc_transport import H2, SERVICE, status_of
 
     class H2Unix(H2):
         def __init__(self, path: str) -> None:  # H2 over a Unix socket

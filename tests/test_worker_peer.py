@@ -12,7 +12,6 @@ import sys
 import textwrap
 from typing import Any
 
-import pytest
 
 from openinfer._backends import triton_metrics
 from openinfer._backends.triton_ready import WorkerReadiness

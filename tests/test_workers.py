@@ -156,6 +156,19 @@ def sum_success(port: int) -> float:
     return sum(s.value for s in fam.samples if s.labels.get("model") == "pid") if fam else 0.0
 
 
+def test_workers_are_out_of_reach_of_the_terminals_signals(pid_repo: Path) -> None:
+    """Each worker leads a session of its own (Popen's start_new_session, which Python 3.10 has
+    too): a Ctrl-C or hang-up of the terminal goes to the parent's process group only, and the
+    parent decides what the workers get (a drain, a TLS reload)."""
+    cli = Cli(str(pid_repo), "--workers", "2")
+    try:
+        for pid in pids_until(cli.port, 2):
+            assert os.getsid(pid) == pid and os.getpgid(pid) == pid
+            assert os.getpgid(pid) != os.getpgid(cli.proc.pid)
+    finally:
+        cli.kill()
+
+
 def test_workers_die_with_their_parent(pid_repo: Path) -> None:
     cli = Cli(str(pid_repo), "--workers", "2")
     try:

@@ -21,13 +21,9 @@ import sys
 import threading
 from collections.abc import Sequence
 from types import FrameType
-from typing import TYPE_CHECKING
 
 from ._control import key_sources
 from ._version import __version__
-
-if TYPE_CHECKING:
-    from .server import Server
 
 logger = logging.getLogger("openinfer")
 

@@ -655,9 +655,14 @@ _INT_FIELDS = frozenset({
     "max_sequence_idle_microseconds", "model_version", "num_versions", "preferred_batch_size", "priority",
     "priority_levels", "shape", "versions",
 })
-# Protobuf maps, which JSON writes as objects; the text format (and so `parse`) as repeated
-# {key, value} messages.
-_MAP_FIELDS = frozenset({"parameters"})
+# Protobuf maps, which JSON writes as objects keyed by strings (their keys are names, not
+# fields: never renamed); the text format (and so `parse`) as repeated {key, value} messages.
+# Each map's key type: a uint64 key is a decimal string in JSON, a number in the text format.
+# (ModelOptimizationPolicy's graph_spec `input` map shares its name with ModelConfig's input list.)
+_MAP_FIELDS: dict[str, type] = {
+    "parameters": str, "input_map": str, "output_map": str, "inputs": str, "cc_model_filenames": str,
+    "metric_tags": str, "priority_queue_policy": int,
+}
 _CAMEL = re.compile(r"(?<=[a-z0-9])([A-Z])")
 
 
@@ -719,9 +724,8 @@ def _from_json(value: Any, where: str, key: str = "") -> Any:
     """The JSON value as `parse` would have produced it from the text format."""
     if isinstance(value, dict):
         if key in _MAP_FIELDS:
-            return [
-                {"key": k, "value": _from_json(v, f"{where}.{k}")} for k, v in value.items()
-            ]
+            return [{"key": _map_key(k, _MAP_FIELDS[key]), "value": _from_json(v, f"{where}[{k}]")}
+                    for k, v in value.items()]
         out: dict[str, Any] = {}
         for k, v in value.items():
             name = _CAMEL.sub(lambda m: "_" + m.group(1).lower(), k)
@@ -738,3 +742,9 @@ def _from_json(value: Any, where: str, key: str = "") -> Any:
     if isinstance(value, float) and value.is_integer() and key in _INT_FIELDS:
         return int(value)
     return value
+
+
+def _map_key(key: str, key_type: type) -> str | int:
+    """A JSON map key as the text format writes it: a uint64 key's decimal string as a number
+    (anything else is left for the field's own check to word)."""
+    return int(key) if key_type is int and re.fullmatch(r"[0-9]+", key) else key

@@ -17,7 +17,7 @@ setting in it is valid.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from .control import _body_object

@@ -145,8 +145,10 @@ class Supervisor:
         inherit = ",".join(f"{name}={s.fileno()}" for name, s in socks.items())
         argv = python_module("openinfer", "serve", *self.argv,
                              "--workers", "1", "--worker-index", str(i), "--inherit-sockets", inherit)
-        # Its own process group: a terminal's Ctrl-C reaches the parent only, which forwards it.
-        self.procs[i] = subprocess.Popen(argv, pass_fds=[s.fileno() for s in socks.values()], process_group=0,
+        # Its own session (so its own process group, and no controlling terminal): a terminal's
+        # Ctrl-C, hang-up or job control reaches the parent only, which forwards the signals.
+        # (Popen's process_group, which would keep the terminal, needs Python 3.11.)
+        self.procs[i] = subprocess.Popen(argv, pass_fds=[s.fileno() for s in socks.values()], start_new_session=True,
                                          env=environment())
         self.started[i] = time.monotonic()
         logger.info("worker %d started (pid %d)", i, self.procs[i].pid)
