@@ -144,7 +144,8 @@ def numpy_to_triton_type(data_type: Any) -> int | None:
 
 
 def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
-    for tensor in inference_request.inputs():
+    inputs = inference_request._inputs if type(inference_request) is InferenceRequest else inference_request.inputs()
+    for tensor in inputs:
         if tensor._name == name:
             return tensor
     return None
@@ -439,9 +440,12 @@ class InferenceRequest:
         """The request the server hands to execute: `inputs` as Tensors viewing its memory,
         `parameters` the request's JSON (None: none)."""
         request = object.__new__(cls)
-        view = Tensor._view
+        tensors = request._inputs = []
+        for name, array in inputs.items():  # Tensor._view's work, without a call per input
+            tensor = object.__new__(Tensor)
+            tensor._name, tensor._array, tensor._datatype = name, array, datatypes[name]
+            tensors.append(tensor)
         request._model_name = model_name
-        request._inputs = [view(name, array, datatypes[name]) for name, array in inputs.items()]
         request._requested = list(requested)
         request._request_id = ""
         request._correlation_id = 0
@@ -563,7 +567,7 @@ class InferenceRequest:
         if timeout_us:
             params["timeout"] = timeout_us
         version = "" if self._model_version is None or int(self._model_version) < 0 else str(self._model_version)
-        caller, chain = _caller_var.get() or (None, None)
+        caller, chain = _caller()
         try:
             call = host.bls(
                 name, version, inputs, [str(n) for n in self._requested],
@@ -585,16 +589,15 @@ class InferenceRequest:
         return call
 
 
-# The server a model's BLS requests go to, and whether the requests the model is serving have
-# lost their clients (which cancels its BLS calls): set by the adapter around execute, per
-# thread and per task of an ``async def execute``; a thread the model started itself uses the
-# last server a model was bound to.
-_host_var: contextvars.ContextVar[Any] = contextvars.ContextVar("pb_utils_host", default=None)
-_cancelled_var: contextvars.ContextVar[Any] = contextvars.ContextVar("pb_utils_cancelled", default=None)
-# The model whose execute runs here and the BLS call chain of the request it serves (None: a
-# client's): the server refuses a call that would wait on a model waiting up that chain.
-_caller_var: contextvars.ContextVar[tuple[str, str | None] | None] = contextvars.ContextVar(
-    "pb_utils_caller", default=None)
+# What the model whose execute runs here is serving, set by the adapter around execute (one
+# context variable: one set and one reset per call), per thread and per task of an ``async def
+# execute``: the server its BLS requests go to (a thread the model started itself uses the last
+# server a model was bound to), the calling model's name, and its request's cancel flag, which
+# tells whether the clients have gone (that cancels its BLS calls) and, as the core's CancelFlag,
+# the BLS call chain the request came down: the server refuses a call that would wait on a
+# model waiting up that chain.
+_serving_var: contextvars.ContextVar[tuple[Any, str, Callable[[], bool]] | None] = contextvars.ContextVar(
+    "pb_utils_serving", default=None)
 _default_host: list[Any] = []
 _in_worker = False  # set in a model's worker process (TritonFile.load)
 # How often a waiting BLS call looks whether the calling model's client has gone.
@@ -605,15 +608,25 @@ _CODES = {**{status: code for code, status in TritonError._STATUS.items()}, 499:
 
 
 def _host() -> Any:
-    host = _host_var.get()
+    serving = _serving_var.get()
+    host = serving[0] if serving is not None else None
     if host is None and _default_host:
         host = _default_host[-1]
     return host
 
 
+def _caller() -> tuple[str | None, str | None]:
+    """The calling model's name and the BLS call chain of the request it serves (None: a client's)."""
+    serving = _serving_var.get()
+    if serving is None:
+        return None, None
+    chain = getattr(serving[2], "bls_chain", None)  # the core's CancelFlag
+    return serving[1], chain() if chain is not None else None
+
+
 def _caller_cancelled() -> bool:
-    cancelled = _cancelled_var.get()
-    return bool(cancelled is not None and cancelled())
+    serving = _serving_var.get()
+    return bool(serving is not None and serving[2]())
 
 
 def _error_response(message: str, code: int = TritonError.INTERNAL) -> InferenceResponse:
