@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import _core
 from ..model import datatype_of, numpy_dtype
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
@@ -171,46 +172,32 @@ def using_decoupled_model_transaction_policy(model_config: Mapping[str, Any]) ->
     return bool(policy.get("decoupled", False)) if isinstance(policy, Mapping) else False
 
 
-# numpy dtype -> V2 datatype, filled as outputs are made (datatype_of per tensor costs more).
-_DATATYPES: dict[Any, str] = {}
-
-
-class Tensor:
+class Tensor(_core.TensorBase):
     """A named tensor: an input of a request (a read-only view of its memory) or an output a
-    model makes, ``Tensor(name, numpy_array)``."""
+    model makes, ``Tensor(name, numpy_array)``. Its fields (`_name`, `_array`, `_datatype`),
+    construction, ``name()`` and ``as_numpy()`` are C (`_core.TensorBase`, csrc/python/pb_objects.c):
+    they run for every tensor of every request."""
 
-    __slots__ = ("_name", "_array", "_datatype")
+    __slots__ = ()
 
-    def __init__(self, name: str, data: Any, *, _datatype: str | None = None) -> None:
-        if not isinstance(name, str):
-            raise TypeError(f"Tensor name must be a str, got {type(name).__name__}")
-        if not isinstance(data, np.ndarray):
-            raise TypeError(
-                f"Tensor '{name}': expected a numpy array, got {type(data).__name__} "
-                "(use Tensor.from_dlpack for a DLPack tensor)"
-            )
-        if _datatype is None:
-            _datatype = _DATATYPES.get(data.dtype)
-            if _datatype is None:
-                try:
-                    _datatype = _DATATYPES[data.dtype] = datatype_of(data.dtype)
-                except ValueError:
-                    raise TypeError(f"Tensor '{name}': numpy dtype {data.dtype} has no Triton datatype") from None
-        self._name, self._array, self._datatype = name, data, _datatype
+    # numpy dtype -> V2 datatype, filled as tensors are made (datatype_of per tensor costs more);
+    # TensorBase's construction reads it, and calls `_datatype_of` for a dtype not in it.
+    _DATATYPES: dict[Any, str] = {}
+
+    @classmethod
+    def _datatype_of(cls, name: str, dtype: np.dtype) -> str:
+        try:
+            datatype = cls._DATATYPES[dtype] = datatype_of(dtype)
+        except ValueError:
+            raise TypeError(f"Tensor '{name}': numpy dtype {dtype} has no Triton datatype") from None
+        return datatype
 
     @classmethod
     def _view(cls, name: str, array: np.ndarray, datatype: str) -> Tensor:
         """An input of a request: the server's read-only array, its datatype known."""
-        tensor = object.__new__(cls)
+        tensor = _new_tensor(cls)
         tensor._name, tensor._array, tensor._datatype = name, array, datatype
         return tensor
-
-    def name(self) -> str:
-        return self._name
-
-    def as_numpy(self) -> np.ndarray:
-        """The tensor's values (an input: a read-only view of the request; BF16: uint16 bits)."""
-        return self._array
 
     def triton_dtype(self) -> int:
         if self._datatype == "BF16":
@@ -265,6 +252,9 @@ class Tensor:
         return f"pb_utils.Tensor({self._name!r}, {self._datatype}, shape={list(self._array.shape)})"
 
 
+_new_tensor = Tensor.__new__  # a Tensor with no fields yet, set by the caller (no __init__ checks)
+
+
 class _Capsule:
     """A bare DLPack capsule dressed as the object numpy's from_dlpack takes."""
 
@@ -278,34 +268,19 @@ class _Capsule:
         return (1, 0)
 
 
-class InferenceResponse:
-    """One response: its output tensors, or an error."""
+class InferenceResponse(_core.ResponseBase):
+    """One response: its output tensors, or an error. Its fields (`_outputs`, `_error`,
+    `_parameters`), construction, ``output_tensors()``, ``has_error()`` and ``error()`` are C
+    (`_core.ResponseBase`, csrc/python/pb_objects.c); an error or parameters given are checked
+    by `_checked`."""
 
-    __slots__ = ("_outputs", "_error", "_parameters")
+    __slots__ = ()
 
-    def __init__(
-        self,
-        output_tensors: Iterable[Tensor] | None = None,
-        error: TritonError | None = None,
-        parameters: Mapping[str, Any] | str | None = None,
-    ) -> None:
-        outputs = list(output_tensors) if output_tensors else []
-        for t in outputs:
-            if type(t) is not Tensor and not isinstance(t, Tensor):
-                raise TypeError(f"InferenceResponse output_tensors must hold pb_utils.Tensor, got {type(t).__name__}")
+    @staticmethod
+    def _checked(error: TritonError | None, parameters: Mapping[str, Any] | str | None) -> tuple[Any, str | None]:
         if error is not None and not isinstance(error, TritonError):
             raise TypeError(f"InferenceResponse error must be a pb_utils.TritonError, got {type(error).__name__}")
-        self._outputs, self._error = outputs, error
-        self._parameters = None if parameters is None else _parameters_json(parameters)
-
-    def output_tensors(self) -> list[Tensor]:
-        return self._outputs
-
-    def has_error(self) -> bool:
-        return self._error is not None
-
-    def error(self) -> TritonError | None:
-        return self._error
+        return error, None if parameters is None else _parameters_json(parameters)
 
     def parameters(self) -> str:
         return "{}" if self._parameters is None else self._parameters
@@ -442,7 +417,7 @@ class InferenceRequest:
         request = object.__new__(cls)
         tensors = request._inputs = []
         for name, array in inputs.items():  # Tensor._view's work, without a call per input
-            tensor = object.__new__(Tensor)
+            tensor = _new_tensor(Tensor)
             tensor._name, tensor._array, tensor._datatype = name, array, datatypes[name]
             tensors.append(tensor)
         request._model_name = model_name
