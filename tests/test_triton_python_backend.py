@@ -5,7 +5,9 @@ through pb_utils, over tritonclient HTTP and gRPC."""
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
 import shutil
 import subprocess
 import sys
@@ -520,3 +522,7 @@ def test_pb_utils_response_construction_is_checked_in_c_as_in_python() -> None:
         pb.InferenceResponse([out], parameters={"f": 1.5})
     with pytest.raises(TypeError):
         pb.InferenceResponse([out], None, None, None)
+    kept = copy.deepcopy(pb.InferenceResponse([out], failed.error(), {"k": 1}))  # as a model may keep one
+    assert [t.name() for t in kept.output_tensors()] == ["OUT"] and kept.error().message() == "no"
+    assert kept.parameters() == '{"k": 1}' and pickle.loads(pickle.dumps(out)).as_numpy().tolist() == [0.0, 0.0]
+    assert copy.copy(pb.Tensor("B", np.zeros(1, np.uint16), _datatype="BF16"))._datatype == "BF16"

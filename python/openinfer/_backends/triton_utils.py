@@ -199,6 +199,10 @@ class Tensor(_core.TensorBase):
         tensor._name, tensor._array, tensor._datatype = name, array, datatype
         return tensor
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """copy and pickle, as of the Python class (a C base's fields are not its slots)."""
+        return type(self)._view, (self._name, self._array, self._datatype)
+
     def triton_dtype(self) -> int:
         if self._datatype == "BF16":
             return 14
@@ -284,6 +288,10 @@ class InferenceResponse(_core.ResponseBase):
 
     def parameters(self) -> str:
         return "{}" if self._parameters is None else self._parameters
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """copy and pickle, as of the Python class (a C base's fields are not its slots)."""
+        return type(self), (self._outputs, self._error, self._parameters)
 
 
 def _parameters_json(parameters: Mapping[str, Any] | str) -> str:
