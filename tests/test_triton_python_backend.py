@@ -5,7 +5,9 @@ through pb_utils, over tritonclient HTTP and gRPC."""
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
 import shutil
 import subprocess
 import sys
@@ -464,3 +466,63 @@ def test_async_execute(tmp_path: Path) -> None:
         client.close()
     finally:
         server.stop()
+
+
+def test_pb_utils_tensor_construction_is_checked_in_c_as_in_python() -> None:
+    """pb_utils.Tensor's construction and reads are C (_core.TensorBase): the same checks, texts,
+    datatypes and fields as the Python class had, for every way a model makes one."""
+    from openinfer._backends import triton_utils as pb
+
+    values = np.arange(4, dtype=np.float32)
+    tensor = pb.Tensor("OUT", values)
+    assert (tensor.name(), tensor.as_numpy() is values, tensor._datatype, tensor.triton_dtype()) == ("OUT", True, "FP32", 11)
+    assert pb.Tensor(name="W", data=np.array([b"a"], np.object_))._datatype == "BYTES"
+    assert pb.Tensor("B", np.zeros(2, np.uint16), _datatype="BF16").triton_dtype() == 14
+    assert pb.Tensor("D", values.astype(">f8"))._datatype == "FP64"  # a dtype first seen here is cached
+    with pytest.raises(TypeError, match="^Tensor name must be a str, got int$"):
+        pb.Tensor(3, values)
+    with pytest.raises(TypeError, match="^Tensor 'x': expected a numpy array, got tuple"):
+        pb.Tensor("x", (1, 2))
+    with pytest.raises(TypeError, match="^Tensor 'c': numpy dtype complex64 has no Triton datatype$"):
+        pb.Tensor("c", np.zeros(2, np.complex64))
+    with pytest.raises(TypeError):
+        pb.Tensor("x")
+    with pytest.raises(AttributeError):
+        pb.Tensor("x", values).extra = 1  # no __dict__, as with the Python class's __slots__
+
+    class Named(pb.Tensor):  # a model's own subclass keeps its attributes
+        pass
+
+    named = Named("N", values)
+    named.note = "kept"
+    assert (named.name(), named.note, repr(named)) == ("N", "kept", "pb_utils.Tensor('N', FP32, shape=[4])")
+
+
+def test_pb_utils_response_construction_is_checked_in_c_as_in_python() -> None:
+    """pb_utils.InferenceResponse's construction and reads are C (_core.ResponseBase): the same
+    checks, texts and fields as the Python class had."""
+    from openinfer._backends import triton_utils as pb
+
+    out = pb.Tensor("OUT", np.zeros(2, np.float32))
+    given = [out]
+    response = pb.InferenceResponse(given)
+    given.append(out)  # the response keeps its own list
+    assert (response.output_tensors(), response.has_error(), response.error(), response.parameters()) == ([out], False, None, "{}")
+    assert pb.InferenceResponse(output_tensors=iter([out])).output_tensors() == [out]
+    assert pb.InferenceResponse().output_tensors() == [] and pb.InferenceResponse(None, None, None)._error is None
+    failed = pb.InferenceResponse(error=pb.TritonError("no", pb.TritonError.INVALID_ARG))
+    assert failed.has_error() and failed.error().message() == "no" and failed.output_tensors() == []
+    assert pb.InferenceResponse([out], parameters={"k": 1, "b": True}).parameters() == '{"k": 1, "b": true}'
+    assert pb.InferenceResponse([out], parameters='{"t": "x"}').parameters() == '{"t": "x"}'
+    with pytest.raises(TypeError, match="^InferenceResponse output_tensors must hold pb_utils.Tensor, got ndarray$"):
+        pb.InferenceResponse([np.zeros(2)])
+    with pytest.raises(TypeError, match="^InferenceResponse error must be a pb_utils.TritonError, got str$"):
+        pb.InferenceResponse(error="bad")
+    with pytest.raises(pb.TritonModelException, match="bool/int/str"):
+        pb.InferenceResponse([out], parameters={"f": 1.5})
+    with pytest.raises(TypeError):
+        pb.InferenceResponse([out], None, None, None)
+    kept = copy.deepcopy(pb.InferenceResponse([out], failed.error(), {"k": 1}))  # as a model may keep one
+    assert [t.name() for t in kept.output_tensors()] == ["OUT"] and kept.error().message() == "no"
+    assert kept.parameters() == '{"k": 1}' and pickle.loads(pickle.dumps(out)).as_numpy().tolist() == [0.0, 0.0]
+    assert copy.copy(pb.Tensor("B", np.zeros(1, np.uint16), _datatype="BF16"))._datatype == "BF16"

@@ -16,6 +16,7 @@
 #include "python/bridge.h"
 #include "python/client.h"
 #include "python/onnx_module.h"
+#include "python/pb_objects.h"
 #include "python/torch_module.h"
 #include "python/worker.h"
 #include "server/classify.h"
@@ -2089,7 +2090,8 @@ PyMODINIT_FUNC PyInit__core(void)
 {
     import_array();
     if (PyType_Ready(&ServerType) < 0 || PyType_Ready(&ModelVersionType) < 0 || PyType_Ready(&oi_py_conn_type) < 0 || PyType_Ready(&oi_py_bls_type) < 0 ||
-        PyType_Ready(&oi_py_grpc_conn_type) < 0 || PyType_Ready(&oi_py_grpc_stream_type) < 0)
+        PyType_Ready(&oi_py_grpc_conn_type) < 0 || PyType_Ready(&oi_py_grpc_stream_type) < 0 ||
+        PyType_Ready(&oi_py_pb_tensor_type) < 0 || PyType_Ready(&oi_py_pb_response_type) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&core_module);
     if (m == NULL)
@@ -2099,6 +2101,8 @@ PyMODINIT_FUNC PyInit__core(void)
         PyModule_AddObjectRef(m, "HttpConnection", (PyObject *)&oi_py_conn_type) < 0 ||
         PyModule_AddObjectRef(m, "GrpcConnection", (PyObject *)&oi_py_grpc_conn_type) < 0 ||
         PyModule_AddObjectRef(m, "GrpcStream", (PyObject *)&oi_py_grpc_stream_type) < 0 ||
+        PyModule_AddObjectRef(m, "TensorBase", (PyObject *)&oi_py_pb_tensor_type) < 0 ||
+        PyModule_AddObjectRef(m, "ResponseBase", (PyObject *)&oi_py_pb_response_type) < 0 ||
         PyModule_AddFunctions(m, peer_functions) < 0 || PyModule_AddFunctions(m, oi_py_onnx_functions) < 0 ||
         PyModule_AddFunctions(m, oi_py_worker_functions) < 0 ||
         PyModule_AddStringConstant(m, "__version__", OI_VERSION) < 0 || add_api_groups(m) < 0) {

@@ -94,6 +94,27 @@ RepositoryHandler = Callable[
     list[tuple[str | None, str | None, str | None, str | None]] | list[tuple[str, bool | int | str]] | None,
 ]
 
+class TensorBase:
+    """The C half of pb_utils.Tensor: its fields, construction, name() and as_numpy()."""
+
+    _name: str
+    _array: Any
+    _datatype: str
+    def __init__(self, name: str, data: Any, *, _datatype: str | None = None) -> None: ...
+    def name(self) -> str: ...
+    def as_numpy(self) -> Any: ...
+
+class ResponseBase:
+    """The C half of pb_utils.InferenceResponse: its fields, construction and plain reads."""
+
+    _outputs: list[Any]
+    _error: Any
+    _parameters: str | None
+    def __init__(self, output_tensors: Any = None, error: Any = None, parameters: Any = None) -> None: ...
+    def output_tensors(self) -> list[Any]: ...
+    def has_error(self) -> bool: ...
+    def error(self) -> Any: ...
+
 class ModelVersion:
     """A model version built by Server.add_model(publish=False), served once swapped in."""
 

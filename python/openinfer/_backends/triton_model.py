@@ -61,11 +61,9 @@ _POLL_S = 0.05
 ASYNC_IN_FLIGHT = 8
 
 
-async def _in_context(coroutine: Any, host: Any, cancelled: Callable[[], bool], caller: Any) -> Any:
+async def _in_context(coroutine: Any, serving: Any) -> Any:
     """Runs an execute coroutine with pb_utils' context (its task has a context of its own)."""
-    pb._host_var.set(host)
-    pb._cancelled_var.set(cancelled)
-    pb._caller_var.set(caller)
+    pb._serving_var.set(serving)
     return await coroutine
 
 
@@ -249,20 +247,27 @@ class TritonModel(Model):
         outputs: tuple[str, ...],
         cancelled: Callable[[], bool] = lambda: False,
     ) -> dict[str, object] | Iterator[dict[str, object]]:
-        for name, (dims, shape) in self._input_reshapes.items():
-            if name in inputs:
-                inputs[name] = _reshaped(inputs[name], self.max_batch_size > 0, dims, shape)
-        batch = cancelled.batch() if hasattr(cancelled, "batch") else None
-        if batch is not None:
-            return self._batch(batch, inputs, parameters, outputs, cancelled)
+        if self._input_reshapes:
+            for name, (dims, shape) in self._input_reshapes.items():
+                if name in inputs:
+                    inputs[name] = _reshaped(inputs[name], self.max_batch_size > 0, dims, shape)
+        if self.max_batch_size > 0:  # only a batching model's call can be a dynamic batch
+            batch = cancelled.batch() if hasattr(cancelled, "batch") else None
+            if batch is not None:
+                return self._batch(batch, inputs, parameters, outputs, cancelled)
         request = pb.InferenceRequest._served(
             self.name, inputs, self._input_types, outputs, parameters, cancelled, self.decoupled
         )
-        if hasattr(cancelled, "request_id"):
-            request._request_id = cancelled.request_id() or ""
+        request_id = getattr(cancelled, "request_id", None)
+        if request_id is not None:
+            request._request_id = request_id() or ""
         if self.decoupled:
             return self._decoupled(request, outputs, cancelled)
         result = self._execute([request], cancelled)
+        if type(result) is list and len(result) == 1 and request._sender is None:
+            response = result[0]  # the common answer: outputs alone, returned in the list
+            if type(response) is pb.InferenceResponse and response._error is None and response._parameters is None:
+                return self._present(self._outputs(response), outputs)
         return self._answer(self._returned(result, [request])[0], outputs)
 
     def _decoupled(
@@ -289,11 +294,13 @@ class TritonModel(Model):
     def _execute(self, requests: list[pb.InferenceRequest], cancelled: Callable[[], bool]) -> Any:
         instances: Instances = self.fn  # type: ignore[assignment]
         instance = instances.acquire()
-        host, cancel = pb._host_var.set(self._host), pb._cancelled_var.set(cancelled)
-        chain = getattr(cancelled, "bls_chain", None)  # the core's CancelFlag
-        caller = pb._caller_var.set((self.name, chain() if chain is not None else None))
+        serving = pb._serving_var.set((self._host, self.name, cancelled))
         try:
-            return self._run(instances, instance, requests, cancelled)
+            result = self._call(instances, instance, requests)  # each request's flags are RELEASE_ALL (_served)
+            for request in requests:
+                if request._release_flags == pb.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+                    return self._rescheduled(instances, instance, requests, cancelled, result)
+            return result  # the common case: nothing rescheduled
         except Exception as e:  # noqa: BLE001 - the client gets it as Triton words it
             if all(request._sender is not None and request._sender._final for request in requests):
                 # Every request already has its final flag: Triton logs the error, sends nothing.
@@ -306,30 +313,22 @@ class TritonModel(Model):
                     request._sender._close()
             raise self._failure(describe(e)) from None
         finally:
-            pb._caller_var.reset(caller)
-            pb._cancelled_var.reset(cancel)
-            pb._host_var.reset(host)
+            pb._serving_var.reset(serving)
             instances.release(instance)
 
-    def _run(
-        self, instances: Instances, instance: Any, requests: list[pb.InferenceRequest], cancelled: Callable[[], bool]
+    def _rescheduled(
+        self, instances: Instances, instance: Any, requests: list[pb.InferenceRequest], cancelled: Callable[[], bool],
+        result: Any,
     ) -> Any:
-        """execute, again for the requests it rescheduled (set_release_flags(RESCHEDULE)) until
-        none is: on this instance at once, the requests keeping their senders. A non-decoupled
-        model returns None for each rescheduled request, as Triton requires."""
+        """execute's `result` for `requests`, some of which it rescheduled (set_release_flags(
+        RESCHEDULE)): execute again for those until none is, on this instance at once, the requests
+        keeping their senders. A non-decoupled model returns None for each rescheduled request, as
+        Triton requires."""
+        rescheduled = pb.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
         pending, final = list(range(len(requests))), [None] * len(requests)
-        result: Any = None
-        while pending:
-            batch = [requests[i] for i in pending]
-            for request in batch:
-                request._release_flags = pb.TRITONSERVER_REQUEST_RELEASE_ALL
-            result = instance.execute(batch)
-            if inspect.iscoroutine(result):  # async def execute: on the instance's event loop
-                result = instances.run(instance, _in_context(result, self._host, cancelled, pb._caller_var.get()))
-            again = [i for i in pending if requests[i]._release_flags == pb.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE]
-            if not again and len(pending) == len(requests):
-                return result  # the common case: nothing rescheduled
-            if isinstance(result, list) and len(result) == len(batch):
+        while True:
+            again = [i for i in pending if requests[i]._release_flags == rescheduled]
+            if isinstance(result, list) and len(result) == len(pending):
                 for i, item in zip(pending, result):
                     if i in again and item is not None:
                         raise self._failure(
@@ -339,10 +338,22 @@ class TritonModel(Model):
                     final[i] = item
             elif result is not None:
                 return result  # checked (and refused) as any other return
-            if again and cancelled():
+            if not again:
+                return None if all(item is None for item in final) else final
+            if cancelled():
                 raise pb.ResponseError(499, "the request was cancelled")
             pending = again
-        return None if all(item is None for item in final) else final
+            batch = [requests[i] for i in pending]
+            for request in batch:
+                request._release_flags = pb.TRITONSERVER_REQUEST_RELEASE_ALL
+            result = self._call(instances, instance, batch)
+
+    def _call(self, instances: Instances, instance: Any, requests: list[pb.InferenceRequest]) -> Any:
+        """One execute; a coroutine's (``async def execute``) runs on the instance's event loop."""
+        result = instance.execute(requests)
+        if type(result) is not list and inspect.iscoroutine(result):
+            result = instances.run(instance, _in_context(result, pb._serving_var.get()))
+        return result
 
     def _batch(
         self,
@@ -471,27 +482,31 @@ class TritonModel(Model):
     ) -> dict[str, object]:
         """The asked `outputs` that `produced` holds: Triton's core sends a response with the
         outputs it has, so an _Answer (which the core reads as free to leave some out) when one
-        is missing or more than the outputs travel."""
-        present = tuple(name for name in outputs if name in produced)
-        selected = self._select(produced, present)
-        if parameters is None and not final and len(present) == len(outputs):
-            return selected
-        answer = _Answer(selected)
+        is missing or more than the outputs travel. The common answer (every asked output,
+        nothing beside) is `produced` itself: the core reads the asked outputs by name."""
+        present = outputs
+        for name in outputs:  # a loop, not a comprehension: nothing built when all are there
+            if name not in produced:
+                present = tuple(n for n in outputs if n in produced)
+                break
+        if parameters is None and not final and present is outputs:
+            return self._select(produced, outputs) if self._bf16_outputs else produced
+        answer = _Answer(self._select(produced, present))
         answer.response_parameters = parameters
         answer.response_final = final
         return answer
 
     def _outputs(self, response: pb.InferenceResponse) -> dict[str, object]:
-        error = response.error()
+        error = response._error
         if error is not None:
             raise pb.ResponseError(error.status(), error.message())
-        produced = {
-            t._name: _bytes_as_triton_sends(t._array) if t._datatype == "BYTES" else t._array
-            for t in response._outputs
-        }
-        for name, (dims, shape) in self._output_reshapes.items():
-            if isinstance(produced.get(name), np.ndarray):
-                produced[name] = _reshaped(produced[name], self.max_batch_size > 0, shape, dims)  # type: ignore[arg-type]
+        produced: dict[str, object] = {}
+        for t in response._outputs:
+            produced[t._name] = _bytes_as_triton_sends(t._array) if t._datatype == "BYTES" else t._array
+        if self._output_reshapes:
+            for name, (dims, shape) in self._output_reshapes.items():
+                if isinstance(produced.get(name), np.ndarray):
+                    produced[name] = _reshaped(produced[name], self.max_batch_size > 0, shape, dims)  # type: ignore[arg-type]
         return produced
 
     def _failure(self, message: str) -> pb.ResponseError:

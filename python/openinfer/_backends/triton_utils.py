@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import _core
 from ..model import datatype_of, numpy_dtype
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
@@ -144,7 +145,8 @@ def numpy_to_triton_type(data_type: Any) -> int | None:
 
 
 def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
-    for tensor in inference_request.inputs():
+    inputs = inference_request._inputs if type(inference_request) is InferenceRequest else inference_request.inputs()
+    for tensor in inputs:
         if tensor._name == name:
             return tensor
     return None
@@ -170,46 +172,36 @@ def using_decoupled_model_transaction_policy(model_config: Mapping[str, Any]) ->
     return bool(policy.get("decoupled", False)) if isinstance(policy, Mapping) else False
 
 
-# numpy dtype -> V2 datatype, filled as outputs are made (datatype_of per tensor costs more).
-_DATATYPES: dict[Any, str] = {}
-
-
-class Tensor:
+class Tensor(_core.TensorBase):
     """A named tensor: an input of a request (a read-only view of its memory) or an output a
-    model makes, ``Tensor(name, numpy_array)``."""
+    model makes, ``Tensor(name, numpy_array)``. Its fields (`_name`, `_array`, `_datatype`),
+    construction, ``name()`` and ``as_numpy()`` are C (`_core.TensorBase`, csrc/python/pb_objects.c):
+    they run for every tensor of every request."""
 
-    __slots__ = ("_name", "_array", "_datatype")
+    __slots__ = ()
 
-    def __init__(self, name: str, data: Any, *, _datatype: str | None = None) -> None:
-        if not isinstance(name, str):
-            raise TypeError(f"Tensor name must be a str, got {type(name).__name__}")
-        if not isinstance(data, np.ndarray):
-            raise TypeError(
-                f"Tensor '{name}': expected a numpy array, got {type(data).__name__} "
-                "(use Tensor.from_dlpack for a DLPack tensor)"
-            )
-        if _datatype is None:
-            _datatype = _DATATYPES.get(data.dtype)
-            if _datatype is None:
-                try:
-                    _datatype = _DATATYPES[data.dtype] = datatype_of(data.dtype)
-                except ValueError:
-                    raise TypeError(f"Tensor '{name}': numpy dtype {data.dtype} has no Triton datatype") from None
-        self._name, self._array, self._datatype = name, data, _datatype
+    # numpy dtype -> V2 datatype, filled as tensors are made (datatype_of per tensor costs more);
+    # TensorBase's construction reads it, and calls `_datatype_of` for a dtype not in it.
+    _DATATYPES: dict[Any, str] = {}
+
+    @classmethod
+    def _datatype_of(cls, name: str, dtype: np.dtype) -> str:
+        try:
+            datatype = cls._DATATYPES[dtype] = datatype_of(dtype)
+        except ValueError:
+            raise TypeError(f"Tensor '{name}': numpy dtype {dtype} has no Triton datatype") from None
+        return datatype
 
     @classmethod
     def _view(cls, name: str, array: np.ndarray, datatype: str) -> Tensor:
         """An input of a request: the server's read-only array, its datatype known."""
-        tensor = object.__new__(cls)
+        tensor = _new_tensor(cls)
         tensor._name, tensor._array, tensor._datatype = name, array, datatype
         return tensor
 
-    def name(self) -> str:
-        return self._name
-
-    def as_numpy(self) -> np.ndarray:
-        """The tensor's values (an input: a read-only view of the request; BF16: uint16 bits)."""
-        return self._array
+    def __reduce__(self) -> tuple[Any, ...]:
+        """copy and pickle, as of the Python class (a C base's fields are not its slots)."""
+        return type(self)._view, (self._name, self._array, self._datatype)
 
     def triton_dtype(self) -> int:
         if self._datatype == "BF16":
@@ -264,6 +256,9 @@ class Tensor:
         return f"pb_utils.Tensor({self._name!r}, {self._datatype}, shape={list(self._array.shape)})"
 
 
+_new_tensor = Tensor.__new__  # a Tensor with no fields yet, set by the caller (no __init__ checks)
+
+
 class _Capsule:
     """A bare DLPack capsule dressed as the object numpy's from_dlpack takes."""
 
@@ -277,37 +272,26 @@ class _Capsule:
         return (1, 0)
 
 
-class InferenceResponse:
-    """One response: its output tensors, or an error."""
+class InferenceResponse(_core.ResponseBase):
+    """One response: its output tensors, or an error. Its fields (`_outputs`, `_error`,
+    `_parameters`), construction, ``output_tensors()``, ``has_error()`` and ``error()`` are C
+    (`_core.ResponseBase`, csrc/python/pb_objects.c); an error or parameters given are checked
+    by `_checked`."""
 
-    __slots__ = ("_outputs", "_error", "_parameters")
+    __slots__ = ()
 
-    def __init__(
-        self,
-        output_tensors: Iterable[Tensor] | None = None,
-        error: TritonError | None = None,
-        parameters: Mapping[str, Any] | str | None = None,
-    ) -> None:
-        outputs = list(output_tensors) if output_tensors else []
-        for t in outputs:
-            if type(t) is not Tensor and not isinstance(t, Tensor):
-                raise TypeError(f"InferenceResponse output_tensors must hold pb_utils.Tensor, got {type(t).__name__}")
+    @staticmethod
+    def _checked(error: TritonError | None, parameters: Mapping[str, Any] | str | None) -> tuple[Any, str | None]:
         if error is not None and not isinstance(error, TritonError):
             raise TypeError(f"InferenceResponse error must be a pb_utils.TritonError, got {type(error).__name__}")
-        self._outputs, self._error = outputs, error
-        self._parameters = None if parameters is None else _parameters_json(parameters)
-
-    def output_tensors(self) -> list[Tensor]:
-        return self._outputs
-
-    def has_error(self) -> bool:
-        return self._error is not None
-
-    def error(self) -> TritonError | None:
-        return self._error
+        return error, None if parameters is None else _parameters_json(parameters)
 
     def parameters(self) -> str:
         return "{}" if self._parameters is None else self._parameters
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """copy and pickle, as of the Python class (a C base's fields are not its slots)."""
+        return type(self), (self._outputs, self._error, self._parameters)
 
 
 def _parameters_json(parameters: Mapping[str, Any] | str) -> str:
@@ -439,9 +423,12 @@ class InferenceRequest:
         """The request the server hands to execute: `inputs` as Tensors viewing its memory,
         `parameters` the request's JSON (None: none)."""
         request = object.__new__(cls)
-        view = Tensor._view
+        tensors = request._inputs = []
+        for name, array in inputs.items():  # Tensor._view's work, without a call per input
+            tensor = _new_tensor(Tensor)
+            tensor._name, tensor._array, tensor._datatype = name, array, datatypes[name]
+            tensors.append(tensor)
         request._model_name = model_name
-        request._inputs = [view(name, array, datatypes[name]) for name, array in inputs.items()]
         request._requested = list(requested)
         request._request_id = ""
         request._correlation_id = 0
@@ -563,7 +550,7 @@ class InferenceRequest:
         if timeout_us:
             params["timeout"] = timeout_us
         version = "" if self._model_version is None or int(self._model_version) < 0 else str(self._model_version)
-        caller, chain = _caller_var.get() or (None, None)
+        caller, chain = _caller()
         try:
             call = host.bls(
                 name, version, inputs, [str(n) for n in self._requested],
@@ -585,16 +572,15 @@ class InferenceRequest:
         return call
 
 
-# The server a model's BLS requests go to, and whether the requests the model is serving have
-# lost their clients (which cancels its BLS calls): set by the adapter around execute, per
-# thread and per task of an ``async def execute``; a thread the model started itself uses the
-# last server a model was bound to.
-_host_var: contextvars.ContextVar[Any] = contextvars.ContextVar("pb_utils_host", default=None)
-_cancelled_var: contextvars.ContextVar[Any] = contextvars.ContextVar("pb_utils_cancelled", default=None)
-# The model whose execute runs here and the BLS call chain of the request it serves (None: a
-# client's): the server refuses a call that would wait on a model waiting up that chain.
-_caller_var: contextvars.ContextVar[tuple[str, str | None] | None] = contextvars.ContextVar(
-    "pb_utils_caller", default=None)
+# What the model whose execute runs here is serving, set by the adapter around execute (one
+# context variable: one set and one reset per call), per thread and per task of an ``async def
+# execute``: the server its BLS requests go to (a thread the model started itself uses the last
+# server a model was bound to), the calling model's name, and its request's cancel flag, which
+# tells whether the clients have gone (that cancels its BLS calls) and, as the core's CancelFlag,
+# the BLS call chain the request came down: the server refuses a call that would wait on a
+# model waiting up that chain.
+_serving_var: contextvars.ContextVar[tuple[Any, str, Callable[[], bool]] | None] = contextvars.ContextVar(
+    "pb_utils_serving", default=None)
 _default_host: list[Any] = []
 _in_worker = False  # set in a model's worker process (TritonFile.load)
 # How often a waiting BLS call looks whether the calling model's client has gone.
@@ -605,15 +591,25 @@ _CODES = {**{status: code for code, status in TritonError._STATUS.items()}, 499:
 
 
 def _host() -> Any:
-    host = _host_var.get()
+    serving = _serving_var.get()
+    host = serving[0] if serving is not None else None
     if host is None and _default_host:
         host = _default_host[-1]
     return host
 
 
+def _caller() -> tuple[str | None, str | None]:
+    """The calling model's name and the BLS call chain of the request it serves (None: a client's)."""
+    serving = _serving_var.get()
+    if serving is None:
+        return None, None
+    chain = getattr(serving[2], "bls_chain", None)  # the core's CancelFlag
+    return serving[1], chain() if chain is not None else None
+
+
 def _caller_cancelled() -> bool:
-    cancelled = _cancelled_var.get()
-    return bool(cancelled is not None and cancelled())
+    serving = _serving_var.get()
+    return bool(serving is not None and serving[2]())
 
 
 def _error_response(message: str, code: int = TritonError.INTERNAL) -> InferenceResponse:
