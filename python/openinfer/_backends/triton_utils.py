@@ -346,6 +346,7 @@ class InferenceResponseSender:
         self._sent = 0
         self._closed = False
         self._final = False  # the final flag was sent
+        self._dropping = False  # the client went: sends are dropped, not refused
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
@@ -357,6 +358,11 @@ class InferenceResponseSender:
         if response is not None and not isinstance(response, InferenceResponse):
             raise TypeError(f"send() takes a pb_utils.InferenceResponse, got {type(response).__name__}")
         with self._lock:
+            if self._dropping and not self._final:
+                # As Triton's frontend drops a cancelled request's responses: the model learns of
+                # the cancellation from is_cancelled(), not from a failing send.
+                self._final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
+                return
             if self._closed:
                 raise TritonModelException("Unable to send response. Response sender has been closed.")
             if not self._decoupled:
@@ -380,6 +386,11 @@ class InferenceResponseSender:
         """The request has ended (its client went, or the model failed): later sends are refused."""
         with self._lock:
             self._closed = True
+
+    def _drop(self) -> None:
+        """The request's client went: later sends, up to the final flag, are dropped."""
+        with self._lock:
+            self._dropping = self._closed = True
 
     def _fail(self, error: ResponseError) -> None:
         """The model failed before the final flag: `error` ends the responses (see triton_model)."""
@@ -595,6 +606,11 @@ _cancelled_var: contextvars.ContextVar[Any] = contextvars.ContextVar("pb_utils_c
 # client's): the server refuses a call that would wait on a model waiting up that chain.
 _caller_var: contextvars.ContextVar[tuple[str, str | None] | None] = contextvars.ContextVar(
     "pb_utils_caller", default=None)
+# The version folder of the model being loaded or served here (get_model_dir): set by the adapter
+# around auto_complete_config, initialize, execute and finalize (tasks and coroutines those start
+# inherit it); a worker process, which serves one model, sets the default.
+_model_dir_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("pb_utils_model_dir", default=None)
+_default_model_dir: list[str] = []
 _default_host: list[Any] = []
 _in_worker = False  # set in a model's worker process (TritonFile.load)
 # How often a waiting BLS call looks whether the calling model's client has gone.
@@ -751,6 +767,18 @@ def is_model_ready(model_name: str, model_version: str = "") -> bool:
     return bool(host.is_model_ready(model_name, str(model_version or "")))
 
 
+def get_model_dir() -> str:
+    """The model's version folder (``<repository>/<model>/<version>``), as python_backend's stub
+    answers: for a Python-based backend too, whose model.py lies elsewhere."""
+    model_dir = _model_dir_var.get() or (_default_model_dir[-1] if _default_model_dir else None)
+    if model_dir is None:
+        raise TritonModelException(
+            "get_model_dir() answers from a model's auto_complete_config, initialize, execute or finalize "
+            "(and the tasks they start), not from a thread the model started"
+        )
+    return model_dir
+
+
 def _never() -> bool:
     return False
 
@@ -883,7 +911,7 @@ __all__ = [
     "TRITONSERVER_RESPONSE_COMPLETE_FINAL", "TRITON_STRING_TO_NUMPY", "InferenceRequest",
     "InferenceResponse", "InferenceResponseSender", "Logger", "is_model_ready", "load_model", "unload_model", "Metric", "MetricFamily", "ModelConfig",
     "Tensor", "TritonError", "TritonModelException", "deserialize_bytes_tensor", "get_input_config_by_name",
-    "get_input_tensor_by_name", "get_output_config_by_name", "get_output_tensor_by_name",
+    "get_input_tensor_by_name", "get_model_dir", "get_output_config_by_name", "get_output_tensor_by_name",
     "numpy_to_triton_type", "serialize_byte_tensor", "triton_string_to_numpy", "triton_to_numpy_type",
     "using_decoupled_model_transaction_policy",
 ]

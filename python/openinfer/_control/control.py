@@ -102,6 +102,7 @@ class ModelControl:
         max_instances: int | None = None,
         unload_timeout: float | None = None,
         load_code: bool = False,
+        backend_directories: Sequence[Path] = (),
     ) -> None:
         """`load_code`: Python files sent with a load are taken (no one beyond this host can
         reach the repository API unchecked); otherwise they are refused."""
@@ -132,6 +133,7 @@ class ModelControl:
         self._max_json_depth = max_json_depth or DEFAULT_MAX_JSON_DEPTH  # 0: the core's default
         self._max_instances = max_instances or limits.default_max_instances()
         self._load_code = load_code
+        self._backend_directories = tuple(backend_directories)  # Python-based backends (python_based)
         self._given: dict[str, list[Model]] = {}
         for model in given:
             self._given.setdefault(model.name, []).append(model)
@@ -406,14 +408,15 @@ class ModelControl:
                                    f"failed to poll model '{name}': not unique across all model repositories")]
         elif files is None and model_dir is not None and model_dir.is_dir():
             fingerprint = (_fingerprint(model_dir),)  # as poll() takes it: one per repository
-            entries = scan_model(model_dir, name=name, config=override, loading=loading)
+            entries = scan_model(model_dir, name=name, config=override, loading=loading,
+                                 backend_directories=self._backend_directories)
             if self._optional_torch:
                 entries = [e for e in entries if e.error is None or not e.error.startswith(_NOT_INSTALLED)]
                 entries = [e for e in entries if not self._steps_left_out(e)]
         elif files is not None and model_dir is not None:
             entries = scan_model(
                 model_dir, name=name, config=override, allow_code=False, allow_python=self._load_code,
-                loading=loading,
+                loading=loading, backend_directories=self._backend_directories,
             )
         elif name in self._given:
             entries = [_given_entry(name, m) for m in self._given[name]]
