@@ -77,8 +77,11 @@ class ModelImports:
         """Whether `module` came from this model's folders (and is not named uniquely already)."""
         if name.startswith(UNIQUE_PREFIX):
             return False
-        file = getattr(module, "__file__", None)
-        places = [file] if file else list(getattr(module, "__path__", None) or [])
+        # Read from the module's dict: a lazy module (transformers') imports on a missing
+        # attribute, which would run code of some other library here.
+        attrs = getattr(module, "__dict__", None) or {}
+        file = attrs.get("__file__")
+        places = [file] if file else list(attrs.get("__path__") or [])
         return any(isinstance(p, str) and p.startswith(self._root) for p in places)
 
     @contextmanager

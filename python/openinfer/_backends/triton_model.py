@@ -40,7 +40,7 @@ import numpy as np
 
 from .._config import triton_config
 from ..config import ConfigError, ModelConfig
-from ..model import Model, Tensor
+from ..model import Model, Tensor, numpy_dtype
 from . import triton_metrics, triton_ready, triton_wire
 from . import triton_utils as pb
 from .model_file import _LoadError, import_model_file
@@ -492,6 +492,15 @@ class TritonModel(Model):
             t._name: _bytes_as_triton_sends(t._array) if t._datatype == "BYTES" else t._array
             for t in response._outputs
         }
+
+    def _select(self, result: Any, outputs: tuple[str, ...]) -> dict[str, object]:
+        """The outputs asked for; one the response lacks is answered empty (shape [0]): Triton
+        sends what the model produced, and a backend such as vLLM's produces its optional
+        outputs (finish_reason, logprobs, ...) only when the request asks for them."""
+        if isinstance(result, Mapping) and any(name not in result for name in outputs):
+            types = {t.name: t.datatype for t in self.outputs}
+            result = {**{n: np.empty(0, numpy_dtype(types[n])) for n in outputs if n in types}, **result}
+        return super()._select(result, outputs)
 
     def _failure(self, message: str) -> pb.ResponseError:
         return pb.ResponseError(
