@@ -511,7 +511,9 @@ class ModelControl:
         for v in remove:
             states[v[1]] = ("UNLOADING", "")
         self._set_states(name, states, keep=True)
-        self._retire(add, remove)
+        with self._lock:
+            leaving = list(self._loaded.get(name, []))
+        self._retire(add, remove, leaving)
         states = {v: ("UNAVAILABLE", "unloaded") for _, v in remove}
         for entry, _ in built:
             if entry.error is None:
@@ -660,15 +662,24 @@ class ModelControl:
             publish=False,
         )
 
-    def _retire(self, add: list[Any], remove: list[tuple[str, int]]) -> None:
+    def _retire(self, add: list[Any], remove: list[tuple[str, int]], leaving: list[LoadedModel]) -> None:
         """The core's swap, its wait for the requests of the versions that leave bounded by the
         unload timeout: past it their worker processes are killed and a version whose execute
-        still runs in this process is abandoned to it (its executors cannot be stopped)."""
+        still runs in this process is abandoned to it (its executors cannot be stopped). The
+        Triton Python models of `leaving` whose versions left in time are finalized at once
+        (an engine such as vLLM's stops with its finalize), not when the garbage collector
+        reaches them."""
+        abandoned = set()
         for name, version in self._core.swap_models(add, remove, self._unload_timeout):
+            abandoned.add((name, version))
             logger.warning(
                 "model %s version %s: a request still ran %gs after its unload began "
                 "(--model-unload-timeout-secs): the version is unloaded, its worker processes were "
                 "killed and its in-process instances abandoned", name, version, self._unload_timeout)
+        for entry in leaving:
+            key = (entry.name, entry.version)
+            if key in remove and key not in abandoned and isinstance(entry.model, TritonModel):
+                entry.model.close()
 
     def _unload(self, name: str) -> None:
         with self._lock:
@@ -676,7 +687,9 @@ class ModelControl:
         if not previous:
             return
         self._set_states(name, {v: ("UNLOADING", "") for v in previous}, keep=False)
-        self._retire([], [(name, v) for v in previous])
+        with self._lock:
+            leaving = list(self._loaded.get(name, []))
+        self._retire([], [(name, v) for v in previous], leaving)
         with self._lock:
             self._registered[name] = {}
             self._states[name] = {v: ("UNAVAILABLE", "unloaded") for v in previous}
