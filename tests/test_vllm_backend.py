@@ -118,7 +118,8 @@ def served(tmp_path_factory: pytest.TempPathFactory, engine_args: dict[str, obje
     _vllm_model(repo, "vllm_checked", engine_args, {"REPORT_CUSTOM_METRICS": "true", "ENABLE_VLLM_HEALTH_CHECK": "true"})
     srv = Served(repo, "--model-control-mode", "explicit", "--load-model", "vllm_model", "--load-model", "vllm_checked")
     try:
-        assert "model vllm_model version 1 ready" in srv.output(), srv.output()[-5000:]
+        srv.wait_for_line("model vllm_model version 1 ready")  # logged just after the listening line
+        srv.wait_for_line("model vllm_checked version 1 ready")
         yield srv
     finally:
         srv.stop()
@@ -170,9 +171,10 @@ def test_exclude_input_in_output(served: Served) -> None:
     assert str(kept["text_output"]).startswith(PROMPT)
 
 
-def test_generate_stream_sends_a_response_per_token(served: Served) -> None:
+def test_generate_stream_sends_the_tokens_as_they_come(served: Served) -> None:
+    # A response per engine step; vLLM joins the steps a slow reader has not taken yet.
     events = _events(served, parameters={"stream": True, "max_tokens": 4, **FIXED}, return_num_output_tokens=True)
-    assert [e["num_output_tokens"] for e in events] == [1, 1, 1, 1]
+    assert 1 <= len(events) <= 4 and sum(e["num_output_tokens"] for e in events) == 4  # type: ignore[misc]
 
 
 def test_grpc_streaming(served: Served) -> None:
@@ -189,18 +191,29 @@ def test_grpc_streaming(served: Served) -> None:
                                    ("stream", "BOOL", np.array([True])),
                                    ("sampling_parameters", "BYTES",
                                     np.array([json.dumps({"max_tokens": 6, **FIXED}).encode()], np.object_)),
-                                   ("return_finish_reason", "BOOL", np.array([True]))):
+                                   ("return_finish_reason", "BOOL", np.array([True])),
+                                   ("return_num_output_tokens", "BOOL", np.array([True]))):
             tensor = grpcclient.InferInput(name, [1], dtype)
             tensor.set_data_from_numpy(value)
             inputs.append(tensor)
-        client.async_stream_infer("vllm_model", inputs, request_id="7")
-        responses = [got.get(timeout=120) for _ in range(6)]
+        client.async_stream_infer("vllm_model", inputs, request_id="7", enable_empty_final_response=True)
+        responses = []
+        while not responses or not _final(responses[-1]):
+            responses.append(got.get(timeout=120))
         client.stop_stream()
     finally:
         client.close()
     assert all(not isinstance(r, Exception) for r in responses), responses
-    assert [r.get_response().id for r in responses] == ["7"] * 6  # type: ignore[attr-defined]
+    assert {r.get_response().id for r in responses} == {"7"}  # type: ignore[attr-defined]
+    tokens = [r.as_numpy("num_output_tokens") for r in responses]  # type: ignore[attr-defined]
+    assert sum(int(t.sum()) for t in tokens if t is not None) == 6
     assert responses[-1].as_numpy("finish_reason")[0] == b"length"  # type: ignore[attr-defined]
+
+
+def _final(result: object) -> bool:
+    if isinstance(result, Exception):
+        return True
+    return bool(result.get_response().parameters["triton_final_response"].bool_param)  # type: ignore[attr-defined]
 
 
 def test_openai_sdk_completions_and_streamed_chat(served: Served) -> None:
@@ -219,14 +232,15 @@ def test_concurrent_streams_share_the_engine(served: Served) -> None:
     results: list[object] = [None] * 8
 
     def one(k: int) -> None:
-        results[k] = _events(served, parameters={"stream": True, "max_tokens": 8, **FIXED})
+        events = _events(served, parameters={"stream": True, "max_tokens": 8, **FIXED}, return_num_output_tokens=True)
+        results[k] = sum(e["num_output_tokens"] for e in events)  # type: ignore[misc]
 
     threads = [threading.Thread(target=one, args=(k,)) for k in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(300)
-    assert [len(r) for r in results] == [8] * 8  # type: ignore[arg-type]
+    assert results == [8] * 8
 
 
 def test_a_cancelled_stream_aborts_its_engine_request(served: Served) -> None:
