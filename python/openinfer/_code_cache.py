@@ -37,21 +37,27 @@ def check(fd: int, path: Path, kind: int = stat.S_IFDIR) -> None:
     """Raises UntrustedCache unless the open `fd` (`path`, for the message) is a `kind` (a
     folder or a regular file) owned by this process's user or root and not writable by group
     or others."""
-    st = os.fstat(fd)
-    why = None
-    if stat.S_IFMT(st.st_mode) != kind:
-        why = "is not a folder" if kind == stat.S_IFDIR else "is not a regular file"
-    elif st.st_uid not in (os.geteuid(), 0):
-        why = f"is owned by uid {st.st_uid}"
-    elif st.st_mode & stat.S_IWOTH:
-        why = "is writable by others"
-    elif st.st_mode & stat.S_IWGRP:
-        why = "is writable by its group"
+    why = untrusted(os.fstat(fd), kind)
     if why:
         raise UntrustedCache(
             f"the cache {path} {why}; it holds code the server loads, so it is not used "
             "(make it the server user's own with mode 0700, or set OPENINFER_CACHE_DIR)"
         )
+
+
+def untrusted(st: os.stat_result, kind: int = stat.S_IFDIR) -> str | None:
+    """Why a file or folder (its stat, taken without following links) holding code is not
+    trusted, as the end of a sentence naming it; None when it is a `kind` owned by this process's
+    user or root and writable by neither group nor others."""
+    if stat.S_IFMT(st.st_mode) != kind:
+        return "is not a folder" if kind == stat.S_IFDIR else "is not a regular file"
+    if st.st_uid not in (os.geteuid(), 0):
+        return f"is owned by uid {st.st_uid}"
+    if st.st_mode & stat.S_IWOTH:
+        return "is writable by others"
+    if st.st_mode & stat.S_IWGRP:
+        return "is writable by its group"
+    return None
 
 
 def directory(sub: str, top: Path | None = None) -> tuple[int, Path]:

@@ -65,7 +65,6 @@ _TRITON_REFUSED: dict[str, str] = {
     "disable-auto-complete-config": "openinfer always completes model configurations "
     "(a TorchScript or ONNX model may serve without config.pbtxt)",
     "backend-config": "openinfer's backends take no backend settings",
-    "backend-directory": "openinfer's backends are built in, not loaded from a directory",
     "repoagent-directory": "openinfer has no repository agents",
     "model-config-name": "openinfer reads config.pbtxt only",
     "model-load-thread-count": "openinfer loads a repository's models one at a time",
@@ -389,6 +388,15 @@ def _parser() -> argparse.ArgumentParser:
         default=15.0,
         metavar="N",
         help="with --model-control-mode poll: seconds between scans (default 15)",
+    )
+    serve.add_argument(
+        "--backend-directory",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a folder of Python-based backends (DIR/NAME/model.py serves models whose config says "
+        "backend: \"NAME\"), searched before the one openinfer ships (Triton's vLLM backend); may "
+        "be repeated. It holds code: it must be owned by the server's user and not writable by others",
     )
     serve.add_argument(
         "--max-instances",
@@ -764,6 +772,7 @@ def _serve(args: argparse.Namespace) -> int:
             load_models=args.load_model,
             repository_poll_secs=args.repository_poll_secs,
             max_instances=args.max_instances,
+            backend_directory=args.backend_directory,
             model_unload_timeout=args.shutdown_timeout if args.model_unload_timeout_secs is None
             else args.model_unload_timeout_secs,
             http_unix=args.http_unix,

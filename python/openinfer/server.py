@@ -157,6 +157,7 @@ def serve(
     repository_poll_secs: float = DEFAULT_POLL_SECS,
     max_instances: int | None = None,
     model_unload_timeout: float | None = 30.0,
+    backend_directory: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None,
     statistics: bool = True,
     metrics_port: int | None | _Default = _DEFAULT,
     metrics_config: Mapping[str, object] | Iterable[str] | None = None,
@@ -210,7 +211,10 @@ def serve(
     unload (or a reload) waits at most `model_unload_timeout` seconds (None: as long as it
     takes; ``--model-unload-timeout-secs``) for the requests of the versions that leave; then
     their worker processes are killed, and a version whose execute still runs in the server is
-    abandoned to it and logged.
+    abandoned to it and logged. A model whose config.pbtxt names a backend none of openinfer's
+    serves runs that Python-based backend's model.py (Triton's: ``NAME/model.py``), found in
+    `backend_directory` (one folder or several, searched in order; ``--backend-directory``) and
+    then in the folder openinfer ships, which holds Triton's vLLM backend (docs/llm.md).
 
     Inferences are counted per model version (Triton's statistics extension,
     `Server.statistics`) unless `statistics` is False. Prometheus metrics are served at
@@ -325,6 +329,7 @@ def serve(
         repository_poll_secs=repository_poll_secs,
         max_instances=max_instances,
         model_unload_timeout=model_unload_timeout,
+        backend_directory=backend_directory,
         statistics=statistics,
         metrics_port=metrics_port,
         metrics_config=metrics_config,
@@ -384,6 +389,7 @@ class Server:
         repository_poll_secs: float = DEFAULT_POLL_SECS,
         max_instances: int | None = None,
         model_unload_timeout: float | None = 30.0,
+        backend_directory: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None,
         statistics: bool = True,
         metrics_port: int | None | _Default = _DEFAULT,
         metrics_config: Mapping[str, object] | Iterable[str] | None = None,
@@ -531,6 +537,7 @@ class Server:
                 max_json_depth=limits.get("max_json_depth", 0),
                 max_instances=max_instances,
                 unload_timeout=model_unload_timeout,
+                backend_directories=_paths(backend_directory),
                 load_code=not reached_by_strangers(
                     [(h, r) for h, r, port in self._tcp_restrictions(http_port, grpc_port) if port is not None],
                     "model-repository",
@@ -1034,6 +1041,13 @@ def _listening_sockets(sockets: Mapping[str, socket.socket | int]) -> dict[str, 
                 )
             out[name] = (fd, probe.getsockname()[1])
     return out
+
+
+def _paths(given: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None) -> tuple[Path, ...]:
+    """One path or several (backend_directory) as a tuple of paths."""
+    if given is None:
+        return ()
+    return (Path(given),) if isinstance(given, (str, os.PathLike)) else tuple(Path(p) for p in given)
 
 
 def _is_examples(repo: str | os.PathLike[str]) -> bool:

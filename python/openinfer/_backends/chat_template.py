@@ -1,7 +1,9 @@
 """Chat templates of text models, for /v1/chat/completions: a request's messages rendered into
 the prompt its model takes, with the template in the model's folder, as Hugging Face lays it out
 (``chat_template.jinja``, else ``tokenizer_config.json``'s ``chat_template``, with its
-``bos_token`` and ``eos_token``).
+``bos_token`` and ``eos_token``). A model of Triton's vLLM backend keeps a ``model.json`` of vLLM's
+engine arguments in its version folder instead: its template is that of the Hugging Face folder
+the arguments name (``tokenizer``, else ``model``), the one vLLM tokenizes with.
 
 The template comes from the model's folder, which a client may have sent with a load request, so
 it runs in Jinja's immutable sandbox (as transformers runs it) and its files are read only through
@@ -131,6 +133,28 @@ def _stamp(model_dir: Path) -> tuple[int, ...]:
     return tuple(stamps)
 
 
+# vLLM's engine arguments in a version folder (Triton's vLLM backend), and those naming the folder
+# whose tokenizer vLLM uses, in vLLM's order.
+ENGINE_ARGS = "model.json"
+_TOKENIZER_ARGS = ("tokenizer", "model")
+
+
+def template_folder(model_dir: Path, version: int) -> Path:
+    """The folder whose chat template model version `version` uses: the local Hugging Face
+    folder its model.json names, for a model of Triton's vLLM backend; else the model's own.
+    model.json is read beneath the version folder; a relative name is vLLM's, from the server's
+    working directory."""
+    try:
+        args = json.loads(read_beneath(model_dir / str(version), ENGINE_ARGS, "vLLM engine arguments", model_dir))
+    except (OSError, ValueError):  # none (or no such version): the model's own folder
+        return model_dir
+    for key in _TOKENIZER_ARGS:
+        named = args.get(key) if isinstance(args, dict) else None
+        if isinstance(named, str) and named and os.path.isdir(named):
+            return Path(os.path.abspath(named))
+    return model_dir
+
+
 class ChatTemplates:
     """The chat templates of the served models, compiled once per folder (and again when its
     files change). `model_dir` names a model's folder, None when it has none."""
@@ -142,10 +166,10 @@ class ChatTemplates:
 
     def render(self, model: str, version: int, messages: bytes) -> str:
         """The prompt for `messages` (the request's JSON array) with model `model`'s template."""
-        del version  # the template is the model folder's, shared by its versions
         model_dir = self._model_dir(model)
         if model_dir is None or not model_dir.is_dir():
             raise _bad(f"model '{model}' has no folder with a chat template: it serves /v1/completions only")
+        model_dir = template_folder(model_dir, version)
         stamp = _stamp(model_dir)
         with self._lock:
             cached = self._cache.get(model_dir)

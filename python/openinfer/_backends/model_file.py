@@ -25,7 +25,8 @@ class _LoadError(Exception):
 
 
 def import_model_file(
-    name: str, version: int, path: Path, source: bytes, provided: Mapping[str, ModuleType] | None = None
+    name: str, version: int, path: Path, source: bytes, provided: Mapping[str, ModuleType] | None = None,
+    backend: bool = False,
 ) -> ModuleType:
     """Executes model.py (`source`, the bytes read from the descriptor the repository opened
     `path` as: never the file by path again, which may have been swapped since) as a module of
@@ -34,7 +35,8 @@ def import_model_file(
     python_backend's stub imports it (``1.model``), it is a module of a package whose folder is
     the version folder, so ``from . import helper`` works; the modules beside it are its own
     (`ModelImports`). `provided` are modules that model.py may import by those names (Triton's
-    ``triton_python_backend_utils``), put in sys.modules first."""
+    ``triton_python_backend_utils``), put in sys.modules first. A Python-based `backend`'s
+    model.py imports from its own folder only (see ModelImports)."""
     for module_name, provided_module in (provided or {}).items():
         sys.modules[module_name] = provided_module
     package_name = f"{UNIQUE_PREFIX}{_identifier(name)}_v{version}_{next(_module_ids)}"
@@ -47,7 +49,7 @@ def import_model_file(
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
     module.__file__ = str(path)
-    imports = ModelImports(path.parent)
+    imports = ModelImports(path.parent, backend)
     module.__builtins__ = imports.builtins  # type: ignore[attr-defined]
     sys.modules[package_name] = package
     sys.modules[module_name] = module

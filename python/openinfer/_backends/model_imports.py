@@ -48,11 +48,13 @@ class ModelImports:
     """One model version's own modules (those whose files lie in its model folder and whose
     names are not unique), kept out of ``sys.modules`` between its imports."""
 
-    def __init__(self, version_folder: Path) -> None:
-        model_folder = version_folder.parent
-        self._folders = [os.path.abspath(version_folder), os.path.abspath(model_folder)]
-        self._root = self._folders[1] + os.sep
-        self._names = _module_names([version_folder, model_folder])
+    def __init__(self, version_folder: Path, backend: bool = False) -> None:
+        # A Python-based backend's model.py (python_based) imports from its own folder alone,
+        # as python_backend's stub appends only that folder for one.
+        folders = [version_folder] if backend else [version_folder, version_folder.parent]
+        self._folders = [os.path.abspath(f) for f in folders]
+        self._root = self._folders[-1] + os.sep
+        self._names = _module_names(folders)
         self._modules: dict[str, ModuleType] = {}
         # model.py's builtins: the interpreter's, but for __import__ (a copy made at load).
         self.builtins = {**builtins.__dict__, "__import__": self.import_}
@@ -75,8 +77,11 @@ class ModelImports:
         """Whether `module` came from this model's folders (and is not named uniquely already)."""
         if name.startswith(UNIQUE_PREFIX):
             return False
-        file = getattr(module, "__file__", None)
-        places = [file] if file else list(getattr(module, "__path__", None) or [])
+        # Read from the module's dict: a lazy module (transformers') imports on a missing
+        # attribute, which would run code of some other library here.
+        attrs = getattr(module, "__dict__", None) or {}
+        file = attrs.get("__file__")
+        places = [file] if file else list(attrs.get("__path__") or [])
         return any(isinstance(p, str) and p.startswith(self._root) for p in places)
 
     @contextmanager

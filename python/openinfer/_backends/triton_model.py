@@ -31,6 +31,7 @@ import threading
 import traceback
 import weakref
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ import numpy as np
 
 from .._config import triton_config
 from ..config import ConfigError, ModelConfig
-from ..model import Model, Tensor
+from ..model import Model, Tensor, numpy_dtype
 from . import triton_metrics, triton_ready, triton_wire
 from . import triton_utils as pb
 from .model_file import _LoadError, import_model_file
@@ -59,6 +60,12 @@ _POLL_S = 0.05
 # the instance takes the next batch while earlier ones await); its executor threads are this
 # many per instance, all running their coroutines on the instance's one event loop.
 ASYNC_IN_FLIGHT = 8
+# Streams one instance of a decoupled Python-based backend (an engine such as vLLM's, whose
+# execute hands each request over and returns) keeps open at once: as in Triton, the instance
+# takes its next request once execute returned, while earlier requests still stream. Each open
+# stream holds one executor thread, so the scheduler gives such an instance this many; execute
+# itself still runs one call at a time on each instance.
+BACKEND_STREAMS = 64
 
 
 async def _in_context(coroutine: Any, serving: Any) -> Any:
@@ -81,7 +88,17 @@ def describe(e: BaseException) -> str:
     return f"{text}\n\nAt:\n{where}" if where else text
 
 
-def auto_complete(cls: type, config: dict[str, Any]) -> dict[str, Any]:
+@contextmanager
+def _model_dir(version_dir: str) -> Iterator[None]:
+    """pb_utils.get_model_dir() answers `version_dir` meanwhile (in this thread or task)."""
+    token = pb._model_dir_var.set(version_dir)
+    try:
+        yield
+    finally:
+        pb._model_dir_var.reset(token)
+
+
+def auto_complete(cls: type, config: dict[str, Any], version_dir: str = "") -> dict[str, Any]:
     """Runs ``TritonPythonModel.auto_complete_config`` over `config` (Triton's JSON shape), as Triton
     does before it loads a model: returns the completed config."""
     complete = getattr(cls, "auto_complete_config", None)
@@ -89,7 +106,8 @@ def auto_complete(cls: type, config: dict[str, Any]) -> dict[str, Any]:
         return config
     name = config.get("name", "")
     try:
-        result = complete(pb.ModelConfig(json.dumps(config)))
+        with _model_dir(version_dir):
+            result = complete(pb.ModelConfig(json.dumps(config)))
     except Exception as e:  # noqa: BLE001 - any error the model raises fails its load
         raise _LoadError(describe(e).rstrip()) from None
     if not isinstance(result, pb.ModelConfig):
@@ -106,30 +124,34 @@ class TritonFile(ModelFile):
     metrics: str = ""  # where the worker's pb_utils metrics go (triton_metrics.listen)
     names: tuple[str, ...] = ()  # each worker's model_instance_name, by worker number
     ready: str = ""  # where the server asks is_ready() (triton_ready.WorkerReadiness), if it does
+    model_dir: str = ""  # the model's version folder (get_model_dir)
+    backend: bool = False  # model.py is a Python-based backend's (python_based)
 
     def load(self, worker: int = 0) -> Instances:
         pb._in_worker = True
         pb._default_host[:] = [triton_wire.WireHost()]  # BLS over the process wire
+        pb._default_model_dir[:] = [self.model_dir]  # a worker serves this one model
         if self.metrics:
             triton_metrics.send_to(self.metrics)
-        module = import_model_file(self.model_name, self.version, Path(self.path), self.source, PROVIDED)
+        module = import_model_file(self.model_name, self.version, Path(self.path), self.source, PROVIDED, self.backend)
         args = dict(self.args)
         if self.names:
             args["model_instance_name"] = self.names[worker % len(self.names)]
-        instance = make_instance(module, args)
+        instance = make_instance(module, args, self.model_dir)
         if self.ready:
             triton_ready.answer_in_worker(self.ready, worker, instance, args["model_instance_name"])
         return Instances([instance])
 
 
-def make_instance(module: Any, args: dict[str, str]) -> Any:
+def make_instance(module: Any, args: dict[str, str], version_dir: str) -> Any:
     """A TritonPythonModel object, initialized; raises _LoadError with the text Triton reports
     for an initialize that fails."""
     try:
         instance = getattr(module, CLASS)()
         initialize = getattr(instance, "initialize", None)
         if initialize is not None:
-            initialize(args)
+            with _model_dir(version_dir):
+                initialize(args)
     except Exception as e:  # noqa: BLE001 - the model's own error, reported as Triton reports it
         raise _LoadError(describe(e).rstrip()) from None
     return instance
@@ -139,8 +161,9 @@ class Instances:
     """A model's TritonPythonModel objects in this process, each used by one executor at a time.
     Not called directly: `TritonModel.handler` takes one per call."""
 
-    def __init__(self, objects: list[Any], in_flight: int = 1) -> None:
+    def __init__(self, objects: list[Any], in_flight: int = 1, version_dir: str = "") -> None:
         self._objects = objects
+        self._version_dir = version_dir
         self._free: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._loops: dict[int, asyncio.AbstractEventLoop] = {}
         self._lock = threading.Lock()
@@ -180,7 +203,8 @@ class Instances:
             if finalize is None:
                 continue
             try:
-                finalize()
+                with _model_dir(self._version_dir):
+                    finalize()
             except Exception as e:  # noqa: BLE001 - unload goes on whatever finalize does
                 pb.Logger.log_error(f"finalize of a TritonPythonModel failed: {describe(e)}")
 
@@ -191,6 +215,7 @@ class TritonModel(Model):
     # Set by `bind` (the dataclass fields of Model are frozen; these are the adapter's own).
     _instance_name: str
     _input_types: dict[str, str]
+    _version_dir: str
     _host: Any = None
     # Executor threads per instance: ASYNC_IN_FLIGHT for an async execute in the server process
     # (the model's config, statistics and metrics still count its instances).
@@ -214,8 +239,9 @@ class TritonModel(Model):
         """execute sees each request of a batch with its own parameters (see `_batch`)."""
         return True
 
-    def bind(self, instance_name: str) -> None:
+    def bind(self, instance_name: str, version_dir: str) -> None:
         object.__setattr__(self, "_instance_name", instance_name)
+        object.__setattr__(self, "_version_dir", version_dir)
         object.__setattr__(self, "_input_types", {t.name: t.datatype for t in self.inputs})
         object.__setattr__(self, "_ready", None)
 
@@ -294,7 +320,7 @@ class TritonModel(Model):
     def _execute(self, requests: list[pb.InferenceRequest], cancelled: Callable[[], bool]) -> Any:
         instances: Instances = self.fn  # type: ignore[assignment]
         instance = instances.acquire()
-        serving = pb._serving_var.set((self._host, self.name, cancelled))
+        serving = pb._serving_var.set((self._host, self.name, cancelled, self._version_dir))
         try:
             result = self._call(instances, instance, requests)  # each request's flags are RELEASE_ALL (_served)
             for request in requests:
@@ -464,7 +490,10 @@ class TritonModel(Model):
                 if final:
                     return
         finally:
-            sender._close()
+            if cancelled():  # the client went: the model hears it from is_cancelled()
+                sender._drop()
+            else:
+                sender._close()
 
     def _answer(
         self, response: pb.InferenceResponse, outputs: tuple[str, ...], final: bool = False
@@ -570,16 +599,20 @@ def _filler(like: np.ndarray, rows: int) -> np.ndarray:
 
 def load(
     name: str, version: int, path: Path, source: bytes, module: Any, config: ModelConfig | None,
-    in_processes: bool,
+    in_processes: bool, version_dir: Path | None = None,
 ) -> TritonModel:
     """A TritonPythonModel model.py as a served version: auto-completes its config, then makes
-    and initializes its instances here, or describes them to worker processes (`in_processes`)."""
+    and initializes its instances here, or describes them to worker processes (`in_processes`).
+    `version_dir` is the model's version folder where model.py lies elsewhere (a Python-based
+    backend's, python_based): get_model_dir() and initialize's args name the model's folders."""
+    backend = version_dir is not None
+    folder = str(version_dir if version_dir is not None else path.parent)
     raw = dict(config.raw) if config is not None else {}
     raw.setdefault("name", name)
     raw.setdefault("max_batch_size", 0)
     raw.setdefault("input", [])
     raw.setdefault("output", [])
-    completed = auto_complete(getattr(module, CLASS), raw)
+    completed = auto_complete(getattr(module, CLASS), raw, folder)
     try:
         final = ModelConfig.from_dict(completed, f"{path} (auto_complete_config)")
     except ConfigError as e:
@@ -617,7 +650,8 @@ def load(
     names = [(f"{g['name']}_{k}", g["kind"].removeprefix("KIND_")) for g in full["instance_group"] for k in range(g["count"])]
     if any(_STUB_NAME_REFUSES.intersection(n) for n in [name, *(n for n, _ in names)]):
         raise _LoadError("Invalid stub name: contains invalid characters")
-    object.__setattr__(model, "in_flight", in_flight)
+    streams = BACKEND_STREAMS if backend and decoupled and not in_processes else 1
+    object.__setattr__(model, "in_flight", max(in_flight, streams))
     for attr, declared, kind in (("_input_reshapes", final.inputs, "input"), ("_output_reshapes", final.outputs, "output")):
         reshapes = {t["name"]: t["reshape"] for t in completed.get(kind, []) if isinstance(t.get("reshape"), dict)}
         object.__setattr__(model, attr, {t.name: (tuple(t.dims), tuple(reshapes[t.name].get("shape", [])))
@@ -629,12 +663,12 @@ def load(
             "model_instance_kind": kind,
             "model_instance_name": instance,
             "model_instance_device_id": "0",
-            "model_repository": str(path.parent.parent),
+            "model_repository": str(Path(folder).parent),
             "model_version": str(version),
             "model_name": name,
         }
 
-    model.bind(names[0][0])
+    model.bind(names[0][0], folder)
     if in_processes:  # each worker makes its own instance, named by its number
         asks = triton_ready.WorkerReadiness(model.instances) if triton_ready.defines_is_ready(getattr(module, CLASS)) else None
         object.__setattr__(model, "_ready", asks)
@@ -642,12 +676,12 @@ def load(
             weakref.finalize(model, asks.close)  # at unload
         recipe = TritonFile(
             str(path), source, CLASS, name, version, tuple(args(*names[0]).items()), triton_metrics.listen(),
-            tuple(n for n, _ in names), asks.address if asks is not None else "",
+            tuple(n for n, _ in names), asks.address if asks is not None else "", folder, backend,
         )
         bind_file(model, recipe)
         return model
-    objects = [make_instance(module, args(*n)) for n in names]
-    instances = Instances(objects, in_flight)
+    objects = [make_instance(module, args(*n), folder) for n in names]
+    instances = Instances(objects, in_flight, folder)
     if triton_ready.defines_is_ready(getattr(module, CLASS)):
         object.__setattr__(model, "_ready", triton_ready.Readiness([(o, n) for o, (n, _) in zip(objects, names)]))
     object.__setattr__(model, "fn", instances)

@@ -330,6 +330,7 @@ class InferenceResponseSender:
         self._sent = 0
         self._closed = False
         self._final = False  # the final flag was sent
+        self._dropping = False  # the client went: sends are dropped, not refused
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
@@ -341,6 +342,11 @@ class InferenceResponseSender:
         if response is not None and not isinstance(response, InferenceResponse):
             raise TypeError(f"send() takes a pb_utils.InferenceResponse, got {type(response).__name__}")
         with self._lock:
+            if self._dropping and not self._final:
+                # As Triton's frontend drops a cancelled request's responses: the model learns of
+                # the cancellation from is_cancelled(), not from a failing send.
+                self._final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
+                return
             if self._closed:
                 raise TritonModelException("Unable to send response. Response sender has been closed.")
             if not self._decoupled:
@@ -364,6 +370,11 @@ class InferenceResponseSender:
         """The request has ended (its client went, or the model failed): later sends are refused."""
         with self._lock:
             self._closed = True
+
+    def _drop(self) -> None:
+        """The request's client went: later sends, up to the final flag, are dropped."""
+        with self._lock:
+            self._dropping = self._closed = True
 
     def _fail(self, error: ResponseError) -> None:
         """The model failed before the final flag: `error` ends the responses (see triton_model)."""
@@ -578,9 +589,14 @@ class InferenceRequest:
 # server a model was bound to), the calling model's name, and its request's cancel flag, which
 # tells whether the clients have gone (that cancels its BLS calls) and, as the core's CancelFlag,
 # the BLS call chain the request came down: the server refuses a call that would wait on a
-# model waiting up that chain.
-_serving_var: contextvars.ContextVar[tuple[Any, str, Callable[[], bool]] | None] = contextvars.ContextVar(
+# model waiting up that chain; and the model's version folder (get_model_dir).
+_serving_var: contextvars.ContextVar[tuple[Any, str, Callable[[], bool], str | None] | None] = contextvars.ContextVar(
     "pb_utils_serving", default=None)
+# The version folder of the model being loaded or finalized here (get_model_dir outside execute):
+# set by the adapter around auto_complete_config, initialize and finalize (tasks and coroutines
+# those start inherit it); a worker process, which serves one model, sets the default.
+_model_dir_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("pb_utils_model_dir", default=None)
+_default_model_dir: list[str] = []
 _default_host: list[Any] = []
 _in_worker = False  # set in a model's worker process (TritonFile.load)
 # How often a waiting BLS call looks whether the calling model's client has gone.
@@ -747,6 +763,20 @@ def is_model_ready(model_name: str, model_version: str = "") -> bool:
     return bool(host.is_model_ready(model_name, str(model_version or "")))
 
 
+def get_model_dir() -> str:
+    """The model's version folder (``<repository>/<model>/<version>``), as python_backend's stub
+    answers: for a Python-based backend too, whose model.py lies elsewhere."""
+    serving = _serving_var.get()
+    model_dir = (serving[3] if serving is not None else None) or _model_dir_var.get() or (
+        _default_model_dir[-1] if _default_model_dir else None)
+    if model_dir is None:
+        raise TritonModelException(
+            "get_model_dir() answers from a model's auto_complete_config, initialize, execute or finalize "
+            "(and the tasks they start), not from a thread the model started"
+        )
+    return model_dir
+
+
 def _never() -> bool:
     return False
 
@@ -879,7 +909,7 @@ __all__ = [
     "TRITONSERVER_RESPONSE_COMPLETE_FINAL", "TRITON_STRING_TO_NUMPY", "InferenceRequest",
     "InferenceResponse", "InferenceResponseSender", "Logger", "is_model_ready", "load_model", "unload_model", "Metric", "MetricFamily", "ModelConfig",
     "Tensor", "TritonError", "TritonModelException", "deserialize_bytes_tensor", "get_input_config_by_name",
-    "get_input_tensor_by_name", "get_output_config_by_name", "get_output_tensor_by_name",
+    "get_input_tensor_by_name", "get_model_dir", "get_output_config_by_name", "get_output_tensor_by_name",
     "numpy_to_triton_type", "serialize_byte_tensor", "triton_string_to_numpy", "triton_to_numpy_type",
     "using_decoupled_model_transaction_policy",
 ]

@@ -153,6 +153,7 @@ class ModelControl(RepositoryApi):
         namespace: str | None = None,
         start_up: bool = True,
         deferred: Iterable[str] = (),
+        backend_directories: Sequence[Path] = (),
     ) -> None:
         """`load_code`: Python files sent with a load are taken (no one beyond this host can
         reach the repository API unchecked); otherwise they are refused. `namespace`: the
@@ -192,6 +193,7 @@ class ModelControl(RepositoryApi):
         # The ModelControls of the other namespaces (set by openinfer._control.namespaces): an
         # ensemble's step that this one lacks is theirs, and their instances count too.
         self.peers: Callable[[], Sequence[ModelControl]] = lambda: ()
+        self._backend_directories = tuple(backend_directories)  # Python-based backends (python_based)
         self._given: dict[str, list[Model]] = {}
         for model in given:
             self._given.setdefault(model.name, []).append(model)
@@ -462,14 +464,15 @@ class ModelControl(RepositoryApi):
                                    f"failed to poll model '{name}': not unique across all model repositories")]
         elif files is None and model_dir is not None and model_dir.is_dir():
             fingerprint = (_fingerprint(model_dir),)  # as poll() takes it: one per repository
-            entries = scan_model(model_dir, name=name, config=override, loading=loading)
+            entries = scan_model(model_dir, name=name, config=override, loading=loading,
+                                 backend_directories=self._backend_directories)
             if self._optional_torch:
                 entries = [e for e in entries if e.error is None or not e.error.startswith(_NOT_INSTALLED)]
                 entries = [e for e in entries if not self._steps_left_out(e)]
         elif files is not None and model_dir is not None:
             entries = scan_model(
                 model_dir, name=name, config=override, allow_code=False, allow_python=self._load_code,
-                loading=loading,
+                loading=loading, backend_directories=self._backend_directories,
             )
         elif name in self._given:
             entries = [_given_entry(name, m) for m in self._given[name]]
@@ -559,7 +562,9 @@ class ModelControl(RepositoryApi):
         for v in remove:
             states[v[1]] = ("UNLOADING", "")
         self._set_states(name, states, keep=True)
-        self._retire(add, remove)
+        with self._lock:
+            leaving = list(self._loaded.get(name, []))
+        self._retire(add, remove, leaving)
         states = {v: ("UNAVAILABLE", "unloaded") for _, v in remove}
         for entry, _ in built:
             if entry.error is None:
@@ -721,16 +726,25 @@ class ModelControl(RepositoryApi):
             namespace=self._namespace,
         )
 
-    def _retire(self, add: list[Any], remove: list[tuple[str, int]]) -> None:
+    def _retire(self, add: list[Any], remove: list[tuple[str, int]], leaving: list[LoadedModel]) -> None:
         """The core's swap, its wait for the requests of the versions that leave bounded by the
         unload timeout: past it their worker processes are killed and a version whose execute
-        still runs in this process is abandoned to it (its executors cannot be stopped)."""
-        leaving = [(name, version, self._namespace) for name, version in remove]
-        for name, version in self._core.swap_models(add, leaving, self._unload_timeout):
+        still runs in this process is abandoned to it (its executors cannot be stopped). The
+        Triton Python models of `leaving` whose versions left in time are finalized at once
+        (an engine such as vLLM's stops with its finalize), not when the garbage collector
+        reaches them."""
+        gone = [(name, version, self._namespace) for name, version in remove]
+        abandoned = set()
+        for name, version in self._core.swap_models(add, gone, self._unload_timeout):
+            abandoned.add((name, version))
             logger.warning(
                 "model %s version %s: a request still ran %gs after its unload began "
                 "(--model-unload-timeout-secs): the version is unloaded, its worker processes were "
                 "killed and its in-process instances abandoned", name, version, self._unload_timeout)
+        for entry in leaving:
+            key = (entry.name, entry.version)
+            if key in remove and key not in abandoned and isinstance(entry.model, TritonModel):
+                entry.model.close()
 
     def _unload(self, name: str) -> None:
         with self._lock:
@@ -738,7 +752,9 @@ class ModelControl(RepositoryApi):
         if not previous:
             return
         self._set_states(name, {v: ("UNLOADING", "") for v in previous}, keep=False)
-        self._retire([], [(name, v) for v in previous])
+        with self._lock:
+            leaving = list(self._loaded.get(name, []))
+        self._retire([], [(name, v) for v in previous], leaving)
         with self._lock:
             self._registered[name] = {}
             self._states[name] = {v: ("UNAVAILABLE", "unloaded") for v in previous}

@@ -20,13 +20,13 @@ import importlib.util
 import logging
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .. import _pt2_build
-from .._backends import ensemble, processes, triton_model
+from .._backends import ensemble, processes, python_based, triton_model
 from .._config import limits, openai_names, paths, sequence, triton_config
 from ..config import ConfigError, ModelConfig, VersionPolicy, load_model_config
 from .._backends.identity_model import IDENTITY_BACKEND, IdentityLoadError, IdentityModel, load_identity
@@ -85,11 +85,14 @@ def examples_path() -> Path:
     )
 
 
-def scan(repo: str | os.PathLike[str], *, optional_torch: bool = False) -> list[LoadedModel]:
+def scan(
+    repo: str | os.PathLike[str], *, optional_torch: bool = False, backend_directories: Sequence[Path] = (),
+) -> list[LoadedModel]:
     """Loads every model of the repository at `repo`, in name then version order. Raises only
     when `repo` itself is not a directory. With `optional_torch`, TorchScript models are left
     out (rather than failed) where torch is not installed: the bundled examples serve
-    everywhere."""
+    everywhere. `backend_directories` are searched for Python-based backends before the one
+    openinfer ships (python_based)."""
     root = Path(repo)
     if not root.is_dir():
         raise NotADirectoryError(f"model repository {os.fspath(repo)!r} is not a directory")
@@ -99,17 +102,13 @@ def scan(repo: str | os.PathLike[str], *, optional_torch: bool = False) -> list[
             continue
         if model_dir.is_dir():
             try:
-                found = _scan_model(model_dir)
+                found = scan_model(model_dir, backend_directories=backend_directories)
                 if optional_torch:
                     found = [m for m in found if m.error is None or not m.error.startswith(_NOT_INSTALLED)]
                 loaded.extend(found)
             except OSError as e:  # an unreadable directory fails its model only
                 loaded.append(LoadedModel(model_dir.name, None, None, f"{model_dir}: {e}"))
     return loaded
-
-
-def _scan_model(model_dir: Path) -> list[LoadedModel]:
-    return scan_model(model_dir)
 
 
 def scan_model(
@@ -120,6 +119,7 @@ def scan_model(
     allow_code: bool = True,
     allow_python: bool | None = None,
     loading: Callable[[list[int]], None] | None = None,
+    backend_directories: Sequence[Path] = (),
 ) -> list[LoadedModel]:
     """Loads the versions of one model directory that its version policy selects, as `scan`
     does, under `name` (default: the directory's name). `config` replaces the directory's
@@ -129,7 +129,9 @@ def scan_model(
     `allow_python` (default: `allow_code`) decides for a model.py alone: a load's model.py runs
     where no one beyond this host can reach the repository API (see ModelControl).
     `loading` hears the versions about to load, before the slow part starts. What the config
-    asks for is bounded (`openinfer._config.limits`) before anything is built."""
+    asks for is bounded (`openinfer._config.limits`) before anything is built. A config whose
+    backend is none of openinfer's runs a Python-based backend of `backend_directories` (then
+    the bundled one: python_based)."""
     name = name or model_dir.name
     config_path = model_dir / "config.pbtxt"
     overridden = config is not None
@@ -210,7 +212,7 @@ def scan_model(
         try:
             model = _load_version(
                 name, version, versions[version], config, allow_code, seq,
-                allow_code if allow_python is None else allow_python,
+                allow_code if allow_python is None else allow_python, backend_directories,
             )
         except _LoadError as e:
             loaded.append(failed(version, str(e)))
@@ -254,6 +256,7 @@ def read_labels(model_dir: Path, config: ModelConfig) -> dict[str, bytes]:
 def _load_version(
     name: str, version: int, version_dir: Path, config: ModelConfig | None, allow_code: bool = True,
     sequence: SequenceBatching | None = None, allow_python: bool = True,
+    backend_directories: Sequence[Path] = (),
 ) -> Model | TorchModel | OnnxModel | IdentityModel:
     """Dispatches on the backend the config names, else on the model file present."""
     backend = (config.backend or config.platform) if config else None
@@ -264,6 +267,14 @@ def _load_version(
             return load_identity(name, version, version_dir, config)
         except IdentityLoadError as e:
             raise _LoadError(str(e)) from None
+    if config and config.backend and backend not in _PYTHON_BACKENDS | _TORCH_BACKENDS | _ONNX_BACKENDS:
+        if not allow_python:
+            raise _LoadError(
+                f"backend '{config.backend}': a model sent with the load request is not served by a Python-based "
+                "backend (its files would configure code that runs as the server's own); put it in the model repository"
+            )
+        found = python_based.find(config.backend, python_based.search_path(backend_directories))
+        return _load_backend(name, version, version_dir, found, config)
     if backend and backend not in _PYTHON_BACKENDS | _TORCH_BACKENDS | _ONNX_BACKENDS:
         raise _LoadError(
             f"backend {backend!r} is not supported (openinfer serves python, pytorch, onnxruntime "
@@ -465,6 +476,18 @@ def _load_python(name: str, version: int, path: Path, source: bytes, config: Mod
     if _in_processes(config):
         processes.bind_file(model, processes.ModelFile(str(path), source, "infer", name, version))
     return model
+
+
+def _load_backend(
+    name: str, version: int, version_dir: Path, backend: python_based.Backend, config: ModelConfig,
+) -> Model:
+    """A model served by a Python-based backend: the backend's model.py, imported for this model
+    (each model its own copy of the backend's modules, as each Triton model has its own stub)."""
+    path = backend.model_file
+    module = import_model_file(name, version, path, backend.source, triton_model.PROVIDED, backend=True)
+    if not triton_model.defines_triton_model(module):
+        raise _LoadError(f"{path}: a Python-based backend's model.py must define class {triton_model.CLASS}")
+    return triton_model.load(name, version, path, backend.source, module, config, _in_processes(config), version_dir)
 
 
 def _in_processes(config: ModelConfig | None) -> bool:
