@@ -341,14 +341,15 @@ def test_an_example_whose_modules_are_missing_is_left_out_with_a_log_line(
     ) in caplog.messages
 
 
-def test_import_does_not_load_the_extension(tmp_path: Path) -> None:
-    # Python models only: describing a TorchScript model does need the extension.
+def test_import_does_not_load_torch(tmp_path: Path) -> None:
+    # Python models only: describing a TorchScript model does need torch. (The extension is
+    # loaded: pb_utils' Tensor and InferenceResponse, which any model.py may import, are built on
+    # its types.)
     for name in ("simple", "identity_fp32"):
         (tmp_path / name).symlink_to(examples_path() / name)
     code = (
         "import sys, openinfer, openinfer._repository.repository, openinfer.cli, openinfer.testing;"
         f"openinfer._repository.repository.scan({str(tmp_path)!r});"
-        "assert 'openinfer._core' not in sys.modules, 'the extension was imported';"
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
