@@ -161,9 +161,10 @@ def test_generate_with_sampling_parameters_and_the_additional_outputs(served: Se
     assert got["num_input_tokens"] >= 1
     assert isinstance(got["cumulative_logprob"], float)
     assert len(json.loads(got["logprobs"])) == 5  # type: ignore[arg-type]
-    # Without the return_* flags the backend sends text_output alone: the rest are empty.
+    # Without the return_* flags the backend sends text_output alone: the rest are left out of
+    # the answer, as Triton's core leaves out the outputs a response lacks.
     plain = _generate(served, parameters={"stream": False, "max_tokens": 2, **FIXED})
-    assert plain["finish_reason"] == [] and plain["num_output_tokens"] == []
+    assert "text_output" in plain and "finish_reason" not in plain and "num_output_tokens" not in plain
 
 
 def test_exclude_input_in_output(served: Served) -> None:
