@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import csv
 import dataclasses
+import json
 import os
 import platform
 import re
@@ -205,12 +206,29 @@ def wait_http_ready(url: str, timeout: float = 30.0,
         try:
             status, _ = http_request(url, timeout=1.0)
             if status == 200:
+                if url.endswith("/v2/health/ready"):
+                    _wait_loaded(url.removesuffix("/health/ready") + "/repository/index", deadline)
                 return
             last = f"HTTP {status}"
         except (OSError, urllib.error.URLError) as e:
             last = str(e)
         time.sleep(0.05)
     raise RuntimeError(f"{url} not ready after {timeout:.0f}s ({last})")
+
+
+def _wait_loaded(index_url: str, deadline: float) -> None:
+    """Waits while the repository index shows a model LOADING: openinfer is ready before the
+    examples that import heavy modules (tiny_llama: torch and transformers) have loaded, and a
+    measurement taken meanwhile measures their load too. A server without the index returns."""
+    while time.monotonic() < deadline:
+        try:
+            status, body = http_request(index_url, body=b"{}", method="POST", timeout=2.0)
+        except (OSError, urllib.error.URLError):
+            return
+        if status != 200 or not any(m.get("state") == "LOADING" for m in json.loads(body)):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"{index_url}: a model still LOADING")
 
 
 # --------------------------------------------------------------------------
