@@ -695,6 +695,9 @@ class Server:
             except InferenceServerError as e:
                 logger.warning("%s", e.message)
                 return
+            except OSError as e:  # its folder unreadable now (out of descriptors): the rest serve on
+                logger.warning("example %s is not served: %s", name, e.strerror or e)
+                return
         if self._log:
             for entry in control.loaded():
                 if entry.name == name and entry.model is not None:
