@@ -47,7 +47,9 @@ test-plain:
 test-asan: setup
 	OI_WERROR=1 OI_SANITIZE=1 $(PY) setup.py -q build_ext --build-lib $(ASAN_DIR)/lib --build-temp $(ASAN_DIR)/tmp
 	rm -rf $(ASAN_DIR)/pkg && mkdir -p $(ASAN_DIR)/pkg/openinfer
-	cd python && find openinfer \( -name '*.py' -o -name py.typed \) -exec cp --parents -t $(CURDIR)/$(ASAN_DIR)/pkg {} +
+	# Every file of the package but the plain build's binaries (its data too: the tiny Llama's
+	# corpus, the bundled vLLM backend's licence).
+	cd python && find openinfer -type f \! -name '*.so' \! -name '*.pyc' -exec cp --parents -t $(CURDIR)/$(ASAN_DIR)/pkg {} +
 	cp $(ASAN_DIR)/lib/openinfer/_core*.so $(ASAN_DIR)/pkg/openinfer/
 	mkdir -p $(ASAN_DIR)/pkg/openinfer/examples && cp -r examples/models $(ASAN_DIR)/pkg/openinfer/examples/
 	mkdir -p $(ASAN_DIR)/pkg/openinfer/_csrc && cd csrc && cp --parents $(TORCH_SHIM_SRC) $(CURDIR)/$(ASAN_DIR)/pkg/openinfer/_csrc/
