@@ -395,28 +395,37 @@ def test_example_ensemble(server: openinfer.Server) -> None:
     c.close()
 
 
-def test_model_control(tmp_path: Path) -> None:
-    """Explicit model control: an ensemble loaded before its steps fails naming the step model;
-    loaded after them it serves; a step model unloaded under it fails its requests naming the
-    step, and loading the step again brings the ensemble back."""
-    for name, expr in (("double", "inputs['X'] * 2"), ("incr", "inputs['X'] + 1")):
-        (tmp_path / name / "1").mkdir(parents=True)
-        (tmp_path / name / "1" / "model.py").write_text(f"def infer(inputs):\n    return {{'Y': {expr}}}\n")
-        (tmp_path / name / "config.pbtxt").write_text(
+def _step_models(repo: Path, **exprs: str) -> None:
+    for name, expr in exprs.items():
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "model.py").write_text(f"def infer(inputs):\n    return {{'Y': {expr}}}\n")
+        (repo / name / "config.pbtxt").write_text(
             'backend: "python" input { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } '
             'output { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] }'
         )
+
+
+def _ready(client: Any) -> set[str]:
+    if isinstance(client, tgrpc.InferenceServerClient):
+        index = client.get_model_repository_index(as_json=True).get("models", [])
+    else:
+        index = client.get_model_repository_index()
+    return {m["name"] for m in index if m.get("state") == "READY"}
+
+
+def test_model_control(tmp_path: Path) -> None:
+    """Explicit model control: loading an ensemble loads the step models it needs, as Triton's
+    model manager does; a step model unloaded under it fails its requests naming the step, and
+    loading the step again brings the ensemble back."""
+    _step_models(tmp_path, double="inputs['X'] * 2", incr="inputs['X'] + 1")
     _ensemble(tmp_path, "chain", [_step("double", {"X": "IN"}, {"Y": "t"}), _step("incr", {"X": "t"}, {"Y": "OUT"})])
     with openinfer.serve(tmp_path, http_port=0, grpc_port=0, log=False, model_control_mode="explicit") as s:
         c = thttp.InferenceServerClient(s.url.split("//")[1])
         g = tgrpc.InferenceServerClient(f"127.0.0.1:{s.grpc_port}")
         try:
-            with pytest.raises(InferenceServerException) as e:
-                c.load_model("chain")
-            assert "ensemble 'chain' depends on 'double' which has no loaded version." in e.value.message()
-            c.load_model("double")
-            g.load_model("incr")
+            assert _ready(c) == set()
             c.load_model("chain")
+            assert _ready(c) == {"chain", "double", "incr"}
             np.testing.assert_array_equal(_infer(c, "chain", X).as_numpy("OUT"), X * 2 + 1)
             c.unload_model("incr")
             with pytest.raises(InferenceServerException) as e:
@@ -428,6 +437,46 @@ def test_model_control(tmp_path: Path) -> None:
         finally:
             c.close()
             g.close()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_unload_dependents_takes_the_steps_loaded_only_with_the_ensemble(tmp_path: Path, protocol: str) -> None:
+    """Triton's cascading unload: with unload_dependents an ensemble's unload also unloads the
+    step models that were loaded along with it, but not one a client loaded itself nor one
+    another loaded ensemble still runs; without it the steps stay. A step that fails to load
+    fails the ensemble's load, naming it."""
+    _step_models(tmp_path, double="inputs['X'] * 2", incr="inputs['X'] + 1", neg="-inputs['X']")
+    _ensemble(tmp_path, "chain", [_step("double", {"X": "IN"}, {"Y": "t"}), _step("incr", {"X": "t"}, {"Y": "OUT"})])
+    _ensemble(tmp_path, "other", [_step("incr", {"X": "IN"}, {"Y": "OUT"})])
+    _ensemble(tmp_path, "nested", [_step("chain", {"IN": "IN"}, {"OUT": "t"}), _step("neg", {"X": "t"}, {"Y": "OUT"})])
+    _ensemble(tmp_path, "broken", [_step("bad", {"X": "IN"}, {"Y": "OUT"})])
+    (tmp_path / "bad" / "1").mkdir(parents=True)
+    (tmp_path / "bad" / "config.pbtxt").write_text('backend: "python" input { name: "X" data_type: TYPE_FP32 }')
+    with openinfer.serve(tmp_path, http_port=0, grpc_port=0, log=False, model_control_mode="explicit") as s:
+        c = (thttp.InferenceServerClient(s.url.split("//")[1]) if protocol == "http"
+             else tgrpc.InferenceServerClient(f"127.0.0.1:{s.grpc_port}"))
+        try:
+            c.load_model("chain")
+            c.unload_model("chain")
+            assert _ready(c) == {"double", "incr"}  # without unload_dependents the steps stay
+            c.load_model("chain")
+            c.unload_model("chain", unload_dependents=True)  # loaded with it, though at its first load
+            assert _ready(c) == set()
+            c.load_model("incr")  # a client's own
+            c.load_model("nested")  # an ensemble of ensembles: chain, then its steps, with it
+            assert _ready(c) == {"nested", "chain", "double", "incr", "neg"}
+            np.testing.assert_array_equal(_infer(c, "nested", X).as_numpy("OUT"), -(X * 2 + 1))
+            c.load_model("other")
+            c.unload_model("nested", unload_dependents=True)
+            assert _ready(c) == {"incr", "other"}
+            c.unload_model("other", unload_dependents=True)
+            assert _ready(c) == {"incr"}
+            with pytest.raises(InferenceServerException) as e:
+                c.load_model("broken")
+            assert "ensemble 'broken' depends on 'bad'" in e.value.message(), e.value.message()
+            assert _ready(c) == {"incr"}
+        finally:
+            c.close()
 
 
 # Triton's QA ensembles of identity steps: nop_TYPE_<T>_-1 batches (max_batch_size 1024, dims

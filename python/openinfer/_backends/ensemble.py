@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError, load_model_config
+from ..config import ConfigError, ModelConfig, load_model_config
 from ..model import Tensor
 
 PLATFORM = "ensemble"
@@ -68,6 +68,11 @@ def steps_in(model_dir: Path) -> list[str] | None:
         config = load_model_config(model_dir)
     except (ConfigError, OSError):
         return None
+    return steps_of(config)
+
+
+def steps_of(config: ModelConfig) -> list[str] | None:
+    """The step model names of an ensemble's parsed config, or None when it is no ensemble."""
     if not is_ensemble({**config.raw, "platform": config.platform}):
         return None
     steps = config.raw.get("ensemble_scheduling", {})

@@ -207,6 +207,9 @@ class ModelControl(RepositoryApi):
         self._fingerprints: dict[str, object] = {}
         self._temp_root: Path | None = None
         self._stops: dict[str, list[Any]] = {}  # loads under way: the byte that stops each
+        # Models loaded only as the steps of an ensemble a client loaded (Triton's composing
+        # models not explicitly loaded): an unload with unload_dependents takes them too.
+        self._implicit: set[str] = set()
         self._closed = threading.Event()
         self._poller: threading.Thread | None = None
         if start_up:
@@ -338,13 +341,32 @@ class ModelControl(RepositoryApi):
                 400, "Load parameter 'config' must be specified for model file override"
             )
         stop = bytearray(1) if stop is None else stop
+        for step in self._composing_to_load(name, override):
+            self._load_requested(step, None, None, stop, composing=True)
+        self._load_requested(name, override, dict(files) if files else None, stop, composing=False)
+
+    def _load_requested(
+        self, name: str, override: ModelConfig | None, files: dict[str, bytes] | None, stop: Any, *, composing: bool
+    ) -> None:
+        """A client's load of `name`; `composing`: as a step of the ensemble it asked for, left
+        as it is when loaded already, and its failure left for the ensemble's load to name."""
         with self._lock:
             self._stops.setdefault(name, []).append(stop)
         try:
             with self._ops.hold(name):
                 if self._closed.is_set():
                     raise InferenceServerError(503, "the server is shutting down")
-                self._load(name, override, dict(files) if files else None, startup=False, stop=stop, requested=True)
+                with self._lock:
+                    if composing and self._loaded.get(name):
+                        return
+                try:
+                    self._load(name, override, files, startup=False, stop=stop, requested=True)
+                except InferenceServerError:
+                    if composing:
+                        return
+                    raise
+                with self._lock:
+                    (self._implicit.add if composing else self._implicit.discard)(name)
         finally:
             with self._lock:
                 stops = self._stops[name]
@@ -352,21 +374,57 @@ class ModelControl(RepositoryApi):
                 if not stops:
                     del self._stops[name]
 
+    def _composing_to_load(self, name: str, override: ModelConfig | None) -> list[str]:
+        """The models a load of ensemble `name` loads first, as Triton's model manager polls an
+        ensemble's composing models with it: the step models (theirs too, for an ensemble of
+        ensembles) that the repository has and that are not loaded, steps before ensembles."""
+        found: set[str] = set()
+        todo = (ensemble.steps_of(override) if override is not None else self._ensemble_steps(name)) or []
+        while todo:
+            step = todo.pop()
+            if step not in found and step != name and self.has(step):
+                found.add(step)
+                todo += self._ensemble_steps(step) or []
+        with self._lock:
+            missing = [s for s in found if not self._loaded.get(s)]
+        return ensemble.load_order(missing, self._ensemble_steps)
+
     def unload(self, name: str, unload_dependents: bool = False) -> None:
         """Unloads every version of `name` once the requests admitted to it are answered, or
         once the unload timeout has passed (see `_retire`). A model that is not loaded is left
-        as it is (as Triton does). No model depends on another here, so `unload_dependents`
-        changes nothing."""
-        del unload_dependents
+        as it is (as Triton does). With `unload_dependents`, the step models that were loaded
+        only with this ensemble, and that no other loaded ensemble runs, are unloaded after it
+        (Triton's cascading removal)."""
         if self._mode != "explicit":
             raise InferenceServerError(503, _NOT_ALLOWED)
         with self._lock:  # a load of it under way stops starting workers, then this waits for it
             for stop in self._stops.get(name, []):
                 stop[0] = 1
+        steps = self._loaded_steps(name) if unload_dependents else set()
         with self._ops.hold(name):
             if self._closed.is_set():
                 raise InferenceServerError(503, "the server is shutting down")
             self._unload(name)
+            with self._lock:
+                self._implicit.discard(name)
+        for step in sorted(steps):
+            with self._lock:
+                orphan = step in self._implicit and not any(step in self._loaded_steps_locked(n) for n in self._loaded)
+            if orphan:
+                self.unload(step, unload_dependents=True)
+
+    def _loaded_steps(self, name: str) -> set[str]:
+        with self._lock:
+            return self._loaded_steps_locked(name)
+
+    def _loaded_steps_locked(self, name: str) -> set[str]:
+        """The step models of the loaded versions of ensemble `name` (none for other models)."""
+        return {
+            s.model_name
+            for e in self._loaded.get(name, [])
+            if isinstance(e.model, ensemble.EnsembleModel)
+            for s in e.model.steps
+        }
 
     # ---- life cycle ------------------------------------------------------------------------
 
@@ -466,7 +524,7 @@ class ModelControl(RepositoryApi):
             fingerprint = (_fingerprint(model_dir),)  # as poll() takes it: one per repository
             entries = scan_model(model_dir, name=name, config=override, loading=loading,
                                  backend_directories=self._backend_directories)
-            if self._optional_torch:
+            if self._optional_torch and not requested:  # a client's load says why it cannot
                 entries = [e for e in entries if e.error is None or not e.error.startswith(_NOT_INSTALLED)]
                 entries = [e for e in entries if not self._steps_left_out(e)]
         elif files is not None and model_dir is not None:
