@@ -479,6 +479,23 @@ def test_unload_dependents_takes_the_steps_loaded_only_with_the_ensemble(tmp_pat
             c.close()
 
 
+def test_load_model_at_start_brings_the_ensembles_steps(tmp_path: Path) -> None:
+    """--load-model of an ensemble in explicit mode loads its step models with it, as Triton's
+    start-up does; they count as loaded along with it for unload_dependents."""
+    _step_models(tmp_path, double="inputs['X'] * 2", incr="inputs['X'] + 1", unused="inputs['X']")
+    _ensemble(tmp_path, "chain", [_step("double", {"X": "IN"}, {"Y": "t"}), _step("incr", {"X": "t"}, {"Y": "OUT"})])
+    with openinfer.serve(tmp_path, http_port=0, grpc_port=None, log=False, model_control_mode="explicit",
+                         load_models=["chain"]) as s:
+        c = thttp.InferenceServerClient(s.url.split("//")[1])
+        try:
+            assert _ready(c) == {"chain", "double", "incr"}
+            np.testing.assert_array_equal(_infer(c, "chain", X).as_numpy("OUT"), X * 2 + 1)
+            c.unload_model("chain", unload_dependents=True)
+            assert _ready(c) == set()
+        finally:
+            c.close()
+
+
 # Triton's QA ensembles of identity steps: nop_TYPE_<T>_-1 batches (max_batch_size 1024, dims
 # [-1]); the ensembles over it do not (max_batch_size 0).
 NOP_TYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32",

@@ -214,6 +214,8 @@ class ModelControl(RepositoryApi):
         self._poller: threading.Thread | None = None
         if start_up:
             names = self.start_up_names(load)
+            if self._mode == "explicit" and "*" not in load:  # the steps --load-model brought
+                self._implicit = names - set(load) - set(self._given)
             # Ensembles after the models they run: their steps are checked against those.
             for name in ensemble.load_order(list(names), self._ensemble_steps):
                 self.load_at_start(name)
@@ -224,8 +226,8 @@ class ModelControl(RepositoryApi):
         names = set(self._given)
         if self._repos and (self._mode != "explicit" or "*" in load):
             names |= set(self._repository_names())
-        elif self._repos:
-            names |= set(load)
+        elif self._repos:  # with the step models of the ensembles among them, as a load takes them
+            names |= set(load) | {step for name in load for step in self._composing_to_load(name, None)}
         return names - self._deferred
 
     def load_at_start(self, name: str) -> None:
