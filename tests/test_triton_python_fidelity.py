@@ -278,6 +278,49 @@ def test_sibling_modules_leave_no_trace_in_the_server_process(srv: openinfer.Ser
     assert not [p for p in sys.path if p.startswith(str(repo))]
 
 
+def test_an_unloaded_models_modules_leave_sys_modules(tmp_path: Path) -> None:
+    """In-process models share one interpreter: a model.py load's modules (named uniquely to the
+    load) leave sys.modules when the model is unloaded, replaced by a reload, fails to load or
+    the server stops, so that load and unload cycles do not keep every old version's code."""
+    import sys
+
+    import tritonclient.http as httpclient
+
+    def loads(name: str) -> list[str]:
+        return [m for m in sys.modules if m.startswith(f"_openinfer_model_{name}_v1_") and "." not in m]
+
+    add_siblings(tmp_path, "kept", "1")
+    add_model(tmp_path, "plain", "def infer(inputs):\n    return {'OUT': inputs['IN']}\n",
+              'backend: "python" input { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } '
+              'output { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] }')
+    add_siblings(tmp_path, "failing", "1")
+    failing = SIBLINGS_MODEL.replace("def initialize(self, args):", "def initialize(self, args):\n        1 / 0")
+    assert failing != SIBLINGS_MODEL
+    (tmp_path / "failing" / "1" / "model.py").write_text(failing)
+    finalized = tmp_path / "finalized.txt"
+    (tmp_path / "kept" / "1" / "model.py").write_text(SIBLINGS_MODEL + textwrap.dedent(f"""
+        def _finalize(self):
+            with open({str(finalized)!r}, "a") as f:
+                f.write("x")
+        TritonPythonModel.finalize = _finalize
+    """))
+    with openinfer.serve(tmp_path, http_port=0, grpc_port=None, log=False, model_control_mode="explicit") as srv:
+        client = httpclient.InferenceServerClient(srv.url.split("//")[1])
+        for name in ("kept", "plain"):
+            client.load_model(name)
+            assert len(loads(name)) == 1
+            client.load_model(name)  # a reload replaces the version: its first load leaves
+            assert len(loads(name)) == 1
+            client.unload_model(name)
+            assert loads(name) == []
+        assert finalized.read_text() == "xx"  # the replaced version was finalized, then the unloaded one
+        with pytest.raises(Exception, match="division by zero"):
+            client.load_model("failing")
+        assert loads("failing") == []
+        client.load_model("kept")
+    assert loads("kept") == []
+
+
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_optional_inputs_any_allowed_subset(srv: openinfer.Server, protocol: str) -> None:
     client, module = client_and_module(srv, protocol)

@@ -23,6 +23,7 @@ from typing import Any
 from . import _core, _display, _pt2_build
 from ._backends import triton_metrics
 from ._backends.chat_template import ChatTemplates
+from ._backends.model_file import forget_model
 from ._net import reachable
 from ._tls import tls_specs
 from ._version import __version__
@@ -720,6 +721,7 @@ class Server:
                     close = getattr(entry.model, "close", None)
                     if close is not None:
                         close()
+                    forget_model(entry.model)  # its model.py's modules leave sys.modules
             finally:  # wait() must return even if stopping failed
                 if self._started and not self._stopped.is_set() and self._log:
                     logger.info("openinfer on %s stopped", self.url)

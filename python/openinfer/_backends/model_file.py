@@ -14,10 +14,12 @@ import traceback
 from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
+from typing import TypeVar
 
 from .model_imports import UNIQUE_PREFIX, ModelImports
 
 _module_ids = itertools.count()
+_M = TypeVar("_M")
 
 
 class _LoadError(Exception):
@@ -57,10 +59,34 @@ def import_model_file(
         with imports.active():
             exec(compile(source, str(path), "exec", dont_inherit=True), module.__dict__)  # noqa: S102 - model.py is the model
     except (Exception, SystemExit) as e:
-        for unique in [n for n in sys.modules if n == package_name or n.startswith(package_name + ".")]:
-            del sys.modules[unique]
+        forget(package_name)
         raise _LoadError(_describe(path, e)) from None
     return module
+
+
+def owned_by(model: _M, module: ModuleType) -> _M:
+    """`model`, marked as what `module` (import_model_file's) was loaded for: forget_model
+    forgets it once the model is unloaded."""
+    object.__setattr__(model, "_model_module", module.__name__)  # Model is frozen
+    return model
+
+
+def forget_model(model: object) -> None:
+    """Forgets the model.py load of an unloaded `model` (see owned_by), if it has one."""
+    name = getattr(model, "_model_module", None)
+    if name is not None:
+        forget(name)
+
+
+def forget(module_name: str) -> None:
+    """Takes the modules of one load of a model.py (`module_name`: its module or its package,
+    as import_model_file named them) out of sys.modules: an unloaded model's code and what its
+    globals hold are not kept for the life of the process."""
+    package = module_name.rsplit(".", 1)[0] if "." in module_name else module_name
+    if not package.startswith(UNIQUE_PREFIX):
+        return
+    for unique in [n for n in sys.modules if n == package or n.startswith(package + ".")]:
+        del sys.modules[unique]
 
 
 def _identifier(text: str) -> str:

@@ -50,6 +50,7 @@ from ..errors import InferenceServerError
 from ..model import Model, Tensor
 from .._backends.identity_model import IdentityModel
 from .._backends.onnx_model import OnnxModel
+from .._backends.model_file import forget_model
 from .._backends.triton_model import TritonModel
 from .._repository.repository import _NOT_INSTALLED, LoadedModel, scan_model
 from .._config.sequence import SequenceBatching
@@ -790,7 +791,7 @@ class ModelControl(RepositoryApi):
         """The core's swap, its wait for the requests of the versions that leave bounded by the
         unload timeout: past it their worker processes are killed and a version whose execute
         still runs in this process is abandoned to it (its executors cannot be stopped). The
-        Triton Python models of `leaving` whose versions left in time are finalized at once
+        Triton Python models of `leaving` (removed or replaced) whose versions left in time are finalized at once
         (an engine such as vLLM's stops with its finalize), not when the garbage collector
         reaches them."""
         gone = [(name, version, self._namespace) for name, version in remove]
@@ -801,10 +802,10 @@ class ModelControl(RepositoryApi):
                 "model %s version %s: a request still ran %gs after its unload began "
                 "(--model-unload-timeout-secs): the version is unloaded, its worker processes were "
                 "killed and its in-process instances abandoned", name, version, self._unload_timeout)
-        for entry in leaving:
-            key = (entry.name, entry.version)
-            if key in remove and key not in abandoned and isinstance(entry.model, TritonModel):
+        for entry in leaving:  # each left: removed, or replaced by its version's reload
+            if (entry.name, entry.version) not in abandoned and isinstance(entry.model, TritonModel):
                 entry.model.close()
+            forget_model(entry.model)  # an abandoned execute runs on with the module it holds
 
     def _unload(self, name: str) -> None:
         with self._lock:

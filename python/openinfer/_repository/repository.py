@@ -23,6 +23,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from .. import _pt2_build
@@ -33,7 +34,7 @@ from .._backends.identity_model import IDENTITY_BACKEND, IdentityLoadError, Iden
 from ..model import Model, Tensor
 from .._backends.onnx_model import ONNX_BACKEND, ONNX_PLATFORM, OnnxLoadError, OnnxModel, OnnxUnavailable, load_onnx
 from .._config.sequence import SequenceBatching
-from .._backends.model_file import _LoadError, import_model_file
+from .._backends.model_file import _LoadError, forget, import_model_file, owned_by
 from .._backends.torch_aoti import load_package
 from .._backends.torch_model import TorchLoadError, TorchModel, TorchUnavailable, load_torchscript
 
@@ -425,6 +426,23 @@ def _load_onnx(
 
 def _load_python(name: str, version: int, path: Path, source: bytes, config: ModelConfig | None) -> Model:
     module = import_model_file(name, version, path, source, triton_model.PROVIDED)
+    return _owned(module, lambda: _python_model(name, version, path, module, source, config))
+
+
+def _owned(module: ModuleType, make: Callable[[], Model]) -> Model:
+    """The model `make` makes of `module`, which leaves sys.modules when the model is unloaded
+    (model_file.forget_model), or at once when `make` fails."""
+    try:
+        model = make()
+    except BaseException:
+        forget(module.__name__)
+        raise
+    return owned_by(model, module)
+
+
+def _python_model(
+    name: str, version: int, path: Path, module: ModuleType, source: bytes, config: ModelConfig | None
+) -> Model:
     if triton_model.defines_triton_model(module):
         return triton_model.load(name, version, path, source, module, config, _in_processes(config))
     if config is not None and _decoupled(config) and "dynamic_batching" in config.raw:
@@ -486,8 +504,11 @@ def _load_backend(
     path = backend.model_file
     module = import_model_file(name, version, path, backend.source, triton_model.PROVIDED, backend=True)
     if not triton_model.defines_triton_model(module):
+        forget(module.__name__)
         raise _LoadError(f"{path}: a Python-based backend's model.py must define class {triton_model.CLASS}")
-    return triton_model.load(name, version, path, backend.source, module, config, _in_processes(config), version_dir)
+    return _owned(module, lambda: triton_model.load(
+        name, version, path, backend.source, module, config, _in_processes(config), version_dir
+    ))
 
 
 def _in_processes(config: ModelConfig | None) -> bool:
