@@ -593,7 +593,7 @@ def test_timeout_counts_the_wait_for_a_slot(server: openinfer.Server) -> None:
     done: queue.Queue[Any] = queue.Queue()
     client.async_infer("acc_one_slot", [_int_input(grpcclient, 9)], lambda result, error: done.put(error or result),
                        sequence_id=602, sequence_start=True, timeout=1000)  # 1 ms  # fmt: skip
-    time.sleep(0.2)  # a wait well past the timeout, not a measurement
+    time.sleep(0.5)  # a wait well past the timeout (and for the request to arrive), not a measurement
     assert done.empty()  # still waiting for the slot
     _step(client, grpcclient, "acc_one_slot", 1, 601, end=True)
     error = done.get(timeout=BOUND)

@@ -114,7 +114,7 @@ def server(packages: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) 
     put(repo, "typed_auto", packages["typed"], None)
     put(repo, "typed", packages["typed"], typed_config('instance_group [ { count: 2 kind: KIND_CPU } ]\n'))
     put(repo, "typed_batched", packages["typed"], typed_config(
-        "dynamic_batching { max_queue_delay_microseconds: 300000 }\n", max_batch_size=8))  # fmt: skip
+        "dynamic_batching { max_queue_delay_microseconds: 5000000 }\n", max_batch_size=8))  # fmt: skip
     put(repo, "named", packages["named"], NAMED_FORWARD)
     put(repo, "named_auto", packages["named"], None)
     put(repo, "acc", packages["acc"], ACC_CONFIG)
@@ -305,7 +305,9 @@ def test_two_instances_serve_concurrent_clients(server: openinfer.Server) -> Non
 
 
 def test_dynamic_batching_rows_equal_unbatched_calls(server: openinfer.Server) -> None:
-    per_client = [typed_inputs(1 + i % 2, seed=100 + i) for i in range(6)]
+    # 8 rows in all, the model's max_batch_size: the batch goes once all have come, however
+    # slowly they came (within the 5 s queue delay), not when a short delay has passed.
+    per_client = [typed_inputs(rows, seed=100 + i) for i, rows in enumerate((1, 2, 1, 2, 1, 1))]
     mod, c = clients(server)[0]
     alone = []
     for arrays in per_client:  # one at a time: each call is its own batch
