@@ -721,7 +721,9 @@ import numpy as np
 def infer(inputs):
     n = json.loads(inputs["PARAMS"].reshape(-1)[0]).get("max_tokens", 4)
     for ch in inputs["PROMPT"].reshape(-1)[0].decode()[::-1][:n]:
-        yield {"TEXT": np.array([ch.encode()], dtype=np.object_), "N_OUT": np.array([1], dtype=np.uint32)}
+        lp = json.dumps([{str(ord(ch)): {"logprob": -1.0, "rank": 1, "decoded_token": ch}}])
+        yield {"TEXT": np.array([ch.encode()], dtype=np.object_), "N_OUT": np.array([1], dtype=np.uint32),
+               "LP": np.array([lp.encode()], dtype=np.object_)}
 '''
 
 
@@ -732,15 +734,17 @@ def _renamed(root: Path, parameters: dict[str, str]) -> Path:
     (root / "renamed" / "config.pbtxt").write_text(
         'backend: "python"\nmodel_transaction_policy { decoupled: true }\n'
         'input [{ name: "PROMPT" data_type: TYPE_STRING dims: [ 1 ] },'
-        ' { name: "PARAMS" data_type: TYPE_STRING dims: [ 1 ] optional: true }]\n'
+        ' { name: "PARAMS" data_type: TYPE_STRING dims: [ 1 ] optional: true },'
+        ' { name: "WANT_LP" data_type: TYPE_BOOL dims: [ 1 ] optional: true }]\n'
         'output [{ name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] },'
-        ' { name: "N_OUT" data_type: TYPE_UINT32 dims: [ 1 ] }]\n' + params
+        ' { name: "N_OUT" data_type: TYPE_UINT32 dims: [ 1 ] }, { name: "LP" data_type: TYPE_STRING dims: [ 1 ] }]\n'
+        + params
     )
     return root
 
 
 RENAMING = {"openai_text_input": "PROMPT", "openai_text_output": "TEXT", "openai_sampling_parameters": "PARAMS",
-            "openai_num_output_tokens": "N_OUT"}
+            "openai_num_output_tokens": "N_OUT", "openai_return_logprobs": "WANT_LP", "openai_logprobs": "LP"}
 
 
 def test_a_model_maps_its_own_tensor_names_in_config_pbtxt(tmp_path: Path) -> None:
@@ -754,6 +758,7 @@ def test_a_model_maps_its_own_tensor_names_in_config_pbtxt(tmp_path: Path) -> No
         assert whole.usage is None  # no num_input_tokens: no usage, as without the mapping
         pieces = [ch.choices[0].text for ch in c.completions.create(model="renamed", prompt="xyz", stream=True)]
         assert "".join(pieces) == "zyx" and len([p for p in pieces if p]) == 3
+        assert c.completions.create(model="renamed", prompt="xyz", logprobs=0).choices[0].logprobs.tokens == list("zyx")
     with openinfer.serve(_renamed(tmp_path / "plain", {}), http_port=0, grpc_port=None, log=False) as s, \
             openai.OpenAI(base_url=f"{s.url}/v1", api_key="x", timeout=BOUND, max_retries=0) as c:
         assert c.models.list().data == []
