@@ -569,12 +569,14 @@ int oi_openai_encode_error(oi_sbuf_t *out, const char *message, const char *type
                : 0;
 }
 
-/* {"id":..,"object":..,"created":..,"model":.., */
+/* {"id":..,"object":..,"created":..,"model":.., (once per chunk: appends, no printf) */
 static int write_head(oi_sbuf_t *out, const oi_openai_meta_t *m, const char *object)
 {
+    char created[OI_NUM_ROOM];
     return LIT(out, "{\"id\":") || oi_json_write_string(out, m->id, strlen(m->id)) ||
-           oi_sbuf_printf(out, ",\"object\":\"%s\",\"created\":%lld,\"model\":", object, (long long)m->created) ||
-           oi_json_write_string(out, m->model, strlen(m->model)) || LIT(out, ",");
+           LIT(out, ",\"object\":\"") || oi_sbuf_append(out, object, strlen(object)) || LIT(out, "\",\"created\":") ||
+           oi_sbuf_append(out, created, (size_t)(oi_num_write_i64(created, m->created) - created)) ||
+           LIT(out, ",\"model\":") || oi_json_write_string(out, m->model, strlen(m->model)) || LIT(out, ",");
 }
 
 static int write_usage(oi_sbuf_t *out, const oi_openai_meta_t *m)
@@ -592,7 +594,8 @@ static int write_choice(oi_sbuf_t *out, const oi_openai_meta_t *m, const char *k
 {
     int bad = LIT(out, "{\"index\":0,");
     if (m->kind == OI_OPENAI_CHAT)
-        bad = bad || oi_sbuf_printf(out, "\"%s\":{%s\"content\":", key, role ? "\"role\":\"assistant\"," : "") ||
+        bad = bad || LIT(out, "\"") || oi_sbuf_append(out, key, strlen(key)) || LIT(out, "\":{") ||
+              (role && LIT(out, "\"role\":\"assistant\",")) || LIT(out, "\"content\":") ||
               oi_json_write_string(out, text, len) || LIT(out, "}");
     else
         bad = bad || LIT(out, "\"text\":") || oi_json_write_string(out, text, len);

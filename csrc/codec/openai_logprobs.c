@@ -146,7 +146,7 @@ static int read_position(reader_t *rd, position_t *pos, int top)
         return -1;
     while ((r = oi__json_next_member(c, &n, &k)) == 1) {
         candidate_t cand = {.index = n - 1};
-        snprintf(cand.id, sizeof(cand.id), "%.*s", (int)(k.n < sizeof(cand.id) ? k.n : sizeof(cand.id) - 1), k.s);
+        memcpy(cand.id, k.s, k.n < sizeof(cand.id) ? k.n : sizeof(cand.id) - 1); /* NUL-ended: zeroed */
         if (read_candidate(rd, &cand) != 0)
             return -1;
         if (cand.index == 0)
@@ -197,12 +197,15 @@ static int write_token_fields(oi_sbuf_t *out, const candidate_t *cand, oi_sbuf_t
         return -1;
     if (cand->token == NULL)
         return LIT(out, "null");
-    if (oi_sbuf_reserve(out, text->len * 4 + 2) != 0)
+    if (oi_sbuf_reserve(out, text->len * 4 + OI_NUM_ROOM) != 0) /* ",255" each */
         return -1;
     char *w = out->data + out->len;
     *w++ = '[';
-    for (size_t i = 0; i < text->len; i++)
-        w += sprintf(w, "%s%u", i ? "," : "", (unsigned)(unsigned char)text->data[i]);
+    for (size_t i = 0; i < text->len; i++) {
+        if (i > 0)
+            *w++ = ',';
+        w = oi_num_write_u64(w, (unsigned char)text->data[i]);
+    }
     *w++ = ']';
     out->len = (size_t)(w - out->data);
     return 0;
@@ -239,14 +242,15 @@ static int write_top_member(oi_sbuf_t *out, const candidate_t *cand, oi_sbuf_t *
  * likeliest as its top_logprobs (so up to top + 1 of them, as OpenAI's API says). */
 static int write_completion_token(oi_openai_logprobs_t *lp, const position_t *pos, oi_sbuf_t *text)
 {
-    const char *sep = lp->n > 0 ? "," : "";
-    if (token_text(&pos->sampled, text) != 0 || oi_sbuf_printf(&lp->items, "%s", sep) ||
-        oi_json_write_string(&lp->items, text->data, text->len) || oi_sbuf_printf(&lp->values, "%s", sep) ||
-        write_logprob(&lp->values, pos->sampled.logprob) ||
-        oi_sbuf_printf(&lp->offsets, "%s%lld", sep, (long long)lp->offset))
+    int more = lp->n > 0; /* a comma before each array's item */
+    char offset[OI_NUM_ROOM];
+    if (token_text(&pos->sampled, text) != 0 || (more && LIT(&lp->items, ",")) ||
+        oi_json_write_string(&lp->items, text->data, text->len) || (more && LIT(&lp->values, ",")) ||
+        write_logprob(&lp->values, pos->sampled.logprob) || (more && LIT(&lp->offsets, ",")) ||
+        oi_sbuf_append(&lp->offsets, offset, (size_t)(oi_num_write_i64(offset, lp->offset) - offset)))
         return -1;
     lp->offset += characters(text);
-    int bad = oi_sbuf_printf(&lp->tops, "%s{", sep) || write_top_member(&lp->tops, &pos->sampled, text);
+    int bad = (more && LIT(&lp->tops, ",")) || LIT(&lp->tops, "{") || write_top_member(&lp->tops, &pos->sampled, text);
     for (int i = 0; i < pos->n_best && !bad; i++)
         if (pos->best[i].index != 0)
             bad = LIT(&lp->tops, ",") || write_top_member(&lp->tops, &pos->best[i], text);
