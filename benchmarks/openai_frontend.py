@@ -18,10 +18,13 @@ keep-alive connections, one thread each) with the server's CPU per stream over t
 Compare the paths' per-request cost by the CPU per stream, not by streams/s: streams/s is a
 wall-clock rate, and on a shared machine it follows the CPU the server and the readers get from
 one five-second run to the next (other work's load), not the path. An earlier table (load 9.5)
-put /v1 at 0.78x generate_stream's streams/s; measured with the CPU per stream, both paths cost
-the server the same per 16-token stream (within a few percent: /v1 reads one more JSON body and
-writes one more event, its finish chunk with [DONE]), the readers the same, and at concurrency 1
-a stream takes the same time; alternated rounds on a quieter machine put /v1 at 0.9x to 1.1x.
+put /v1 at 0.78x generate_stream's streams/s; later runs put it anywhere from 0.82x to 1.43x,
+while the server's CPU per 16-token stream stayed within about 10% of generate_stream's, the
+readers' CPU per stream was the same, and at concurrency 1 a stream took the same time (+15 µs
+of 950). What /v1 does more per stream: it reads one more JSON body (OpenAI's, mapped onto the
+generate form) and writes one more event (the finish chunk with [DONE], which ends an OpenAI
+stream; this model gives no finish_reason, so it can only follow the last token). Its chunks
+are written without printf (a profile showed printf at 3% of the /v1 server's CPU before).
 Rounds alternate the order of the paths, so that a load that rises or falls over a round does
 not favour the path that runs first.
 
