@@ -34,6 +34,7 @@ HI_PROMPT = "<|user|>hi</s>\n<|assistant|>"
 
 gated = Observed()
 flood = Observed()
+lengthy = Observed()
 
 
 def _text(inputs: dict[str, np.ndarray]) -> str:
@@ -114,6 +115,14 @@ def _bad_logprobs(inputs: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarra
            "logprobs": np.array([BAD_LOGPROBS[_text(inputs)]], dtype=np.object_)}
 
 
+def _long_tokens(inputs: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
+    """One-byte tokens whose decoded text in the logprobs is 60000 bytes, up to 2000 of them."""
+    lp = json.dumps([{"1": {"logprob": -0.5, "rank": 1, "decoded_token": "x" * 60000}}]).encode()
+    for i in range(2000):
+        lengthy.note(produced=i + 1)
+        yield {"text_output": np.array([b"x"], dtype=np.object_), "logprobs": np.array([lp], dtype=np.object_)}
+
+
 def _logprobs_io() -> dict[str, list[Tensor]]:
     return {"inputs": [Tensor("text_input", "BYTES", [1]), Tensor("sampling_parameters", "BYTES", [1]),
                        Tensor("return_logprobs", "BOOL", [1])],
@@ -130,6 +139,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openinfer.Serve
         Model("echo_text", _echo, **_text_io()),
         Model("halfway_text", _halfway, **_text_io()),
         Model("bad_logprobs", _bad_logprobs, **_logprobs_io()),
+        Model("long_logprobs", _long_tokens, **_logprobs_io()),
         Model("embedder", _embed, inputs=[Tensor("text_input", "BYTES", [-1])],
               outputs=[Tensor("embedding", "FP32", [-1, 4]), Tensor("num_input_tokens", "UINT32", [1])]),
         Model("not_text", _echo, inputs=[Tensor("INPUT0", "BYTES", [1])], outputs=[Tensor("OUTPUT0", "BYTES", [1])]),
@@ -158,7 +168,7 @@ def chat(client: openai.OpenAI, content: str = "hi", **kw: object) -> object:
 def test_models_lists_the_text_models(client: openai.OpenAI) -> None:
     models = {m.id: m for m in client.models.list()}
     assert set(models) == {"toy_llm", "gated_text", "flood_text", "echo_text", "embedder",
-                           "halfway_text", "bad_logprobs"}  # not not_text
+                           "halfway_text", "bad_logprobs", "long_logprobs"}  # not not_text
     assert models["toy_llm"].owned_by == "openinfer" and models["toy_llm"].created > 1_700_000_000
     assert client.models.retrieve("toy_llm").id == "toy_llm"
 
@@ -346,6 +356,14 @@ def test_bad_logprobs_from_the_model_fail_the_request_saying_why(served: openinf
     events = [line[6:] for line in body.split(b"\n") if line.startswith(b"data: ")]
     assert json.loads(events[0])["choices"][0]["logprobs"]["tokens"] == ["a"]
     assert json.loads(events[1])["error"]["message"] == message and events[2:] == [b"[DONE]"]
+
+
+def test_an_unstreamed_answers_logprobs_count_toward_its_bound(client: openai.OpenAI) -> None:
+    """1 byte of text but about 120 KB of logprobs a token: stopped at 64 MiB in all, not at 2000 tokens."""
+    lengthy.reset()
+    with pytest.raises(openai.InternalServerError, match="passed 64 MiB"):
+        client.completions.create(model="long_logprobs", prompt="x", logprobs=0)
+    assert lengthy.produced < 1000
 
 
 # ---- refusals ----------------------------------------------------------------------------------

@@ -324,6 +324,11 @@ int oi_openai_logprobs_write(oi_sbuf_t *out, const oi_openai_logprobs_t *lp)
                : 0;
 }
 
+size_t oi_openai_logprobs_size(const oi_openai_logprobs_t *lp)
+{
+    return lp->items.len + lp->values.len + lp->tops.len + lp->offsets.len;
+}
+
 void oi_openai_logprobs_clear(oi_openai_logprobs_t *lp)
 {
     lp->n = 0;

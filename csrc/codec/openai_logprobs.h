@@ -38,6 +38,9 @@ oi_status_t *oi_openai_logprobs_add(oi_openai_logprobs_t *lp, const char *json, 
 /* Appends the tokens held as the value of a choice's "logprobs" (NULL: null). 0 or -1. */
 int oi_openai_logprobs_write(oi_sbuf_t *out, const oi_openai_logprobs_t *lp);
 
+/* The bytes the tokens held take once written (about). */
+size_t oi_openai_logprobs_size(const oi_openai_logprobs_t *lp);
+
 /* Forgets the tokens held (after a chunk carried them); a completion's offset goes on. */
 void oi_openai_logprobs_clear(oi_openai_logprobs_t *lp);
 

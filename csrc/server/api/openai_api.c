@@ -24,8 +24,8 @@
 
 #define JSON_HEADERS "Content-Type: application/json\r\n"
 #define SSE_HEADERS "Content-Type: text/event-stream; charset=utf-8\r\nCache-Control: no-cache\r\n"
-/* The most text an unstreamed answer gathers: a decoupled model that streams anyway is
- * stopped there rather than filling the server's memory. */
+/* The most an unstreamed answer gathers (its text and log probabilities): a decoupled model
+ * that streams anyway is stopped there rather than filling the server's memory. */
 #define MAX_UNSTREAMED_TEXT ((size_t)64 << 20)
 
 /* ---- errors -------------------------------------------------------------------------------- */
@@ -225,7 +225,7 @@ typedef struct oai_s {
     oi_openai_meta_t meta;
     int started;       /* the stream's head is out */
     int finished;      /* a chunk carried a finish reason */
-    int overflow;      /* the unstreamed text passed MAX_UNSTREAMED_TEXT: the request was cancelled */
+    int overflow;      /* the unstreamed answer passed MAX_UNSTREAMED_TEXT: the request was cancelled */
     oi_sbuf_t text;    /* unstreamed: the text so far */
     oi_openai_logprobs_t lp;   /* asked: the log probabilities not yet written */
     oi_status_t *model_error;  /* the model's logprobs were missing or malformed: the request fails */
@@ -397,7 +397,7 @@ static void on_part(oi_infer_t *inf, oi_infer_part_t *part)
 {
     oai_t *g = inf->ctx;
     on_response(g, inf->model, &part->resp, part);
-    int overflow = !g->req.stream && g->text.len > MAX_UNSTREAMED_TEXT;
+    int overflow = !g->req.stream && g->text.len + oi_openai_logprobs_size(&g->lp) > MAX_UNSTREAMED_TEXT;
     if ((overflow || g->model_error != NULL) && !inf->cancelled) {
         g->overflow = overflow;
         oi_infer_cancel(inf);
