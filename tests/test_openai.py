@@ -34,6 +34,7 @@ HI_PROMPT = "<|user|>hi</s>\n<|assistant|>"
 
 gated = Observed()
 flood = Observed()
+lengthy = Observed()
 
 
 def _text(inputs: dict[str, np.ndarray]) -> str:
@@ -95,6 +96,39 @@ def _text_io() -> dict[str, list[Tensor]]:
     return {"inputs": [Tensor("text_input", "BYTES", [1])], "outputs": [Tensor("text_output", "BYTES", [1])]}
 
 
+# What _bad_logprobs gives as its second token's logprobs, by prompt.
+BAD_LOGPROBS = {
+    "null": b"null",
+    "malformed": b'[{"1": {"logprob": -1',
+    "nan": b'[{"1": {"logprob": NaN, "rank": 1, "decoded_token": "b"}}]',
+    "no_logprob": b'[{"1": {"rank": 1, "decoded_token": "b"}}]',
+    "not_a_list": b'{"1": {"logprob": -1}}',
+    "empty_token": b'[{}]',
+}
+
+
+def _bad_logprobs(inputs: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
+    """A good first token, then the second's logprobs as the prompt names in BAD_LOGPROBS."""
+    good = b'[{"1": {"logprob": -0.5, "rank": 1, "decoded_token": "a"}}]'
+    yield {"text_output": np.array([b"a"], dtype=np.object_), "logprobs": np.array([good], dtype=np.object_)}
+    yield {"text_output": np.array([b"b"], dtype=np.object_),
+           "logprobs": np.array([BAD_LOGPROBS[_text(inputs)]], dtype=np.object_)}
+
+
+def _long_tokens(inputs: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
+    """One-byte tokens whose decoded text in the logprobs is 60000 bytes, up to 2000 of them."""
+    lp = json.dumps([{"1": {"logprob": -0.5, "rank": 1, "decoded_token": "x" * 60000}}]).encode()
+    for i in range(2000):
+        lengthy.note(produced=i + 1)
+        yield {"text_output": np.array([b"x"], dtype=np.object_), "logprobs": np.array([lp], dtype=np.object_)}
+
+
+def _logprobs_io() -> dict[str, list[Tensor]]:
+    return {"inputs": [Tensor("text_input", "BYTES", [1]), Tensor("sampling_parameters", "BYTES", [1]),
+                       Tensor("return_logprobs", "BOOL", [1])],
+            "outputs": [Tensor("text_output", "BYTES", [1]), Tensor("logprobs", "BYTES", [1])]}
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openinfer.Server]:
     repo = tmp_path_factory.mktemp("repo")
@@ -104,6 +138,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openinfer.Serve
         Model("flood_text", _flood, **_text_io()),
         Model("echo_text", _echo, **_text_io()),
         Model("halfway_text", _halfway, **_text_io()),
+        Model("bad_logprobs", _bad_logprobs, **_logprobs_io()),
+        Model("long_logprobs", _long_tokens, **_logprobs_io()),
         Model("embedder", _embed, inputs=[Tensor("text_input", "BYTES", [-1])],
               outputs=[Tensor("embedding", "FP32", [-1, 4]), Tensor("num_input_tokens", "UINT32", [1])]),
         Model("not_text", _echo, inputs=[Tensor("INPUT0", "BYTES", [1])], outputs=[Tensor("OUTPUT0", "BYTES", [1])]),
@@ -132,7 +168,7 @@ def chat(client: openai.OpenAI, content: str = "hi", **kw: object) -> object:
 def test_models_lists_the_text_models(client: openai.OpenAI) -> None:
     models = {m.id: m for m in client.models.list()}
     assert set(models) == {"toy_llm", "gated_text", "flood_text", "echo_text", "embedder",
-                           "halfway_text"}  # not not_text
+                           "halfway_text", "bad_logprobs", "long_logprobs"}  # not not_text
     assert models["toy_llm"].owned_by == "openinfer" and models["toy_llm"].created > 1_700_000_000
     assert client.models.retrieve("toy_llm").id == "toy_llm"
 
@@ -227,6 +263,109 @@ def test_a_model_without_a_template_serves_completions_only(client: openai.OpenA
     assert "has no folder with a chat template" in err.value.body["message"]
 
 
+# ---- log probabilities ---------------------------------------------------------------------------
+
+LN2 = 0.6931471805599453  # the toy gives its token probability 1/2, the next candidates 1/4, 1/8, ...
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("top", [0, 3])
+def test_chat_logprobs_give_each_tokens_and_its_likeliest(client: openai.OpenAI, top: int, stream: bool) -> None:
+    kw: dict[str, object] = {"max_tokens": 6, "logprobs": True, **({"top_logprobs": top} if top else {})}
+    if stream:
+        chunks = [c.choices[0] for c in chat(client, "tell", stream=True, **kw)]
+        text = "".join(c.delta.content or "" for c in chunks)
+        for c in chunks:  # each chunk carries the tokens of its text
+            assert "".join(t.token for t in (c.logprobs.content if c.logprobs else [])) == (c.delta.content or "")
+        content = [t for c in chunks if c.logprobs for t in c.logprobs.content]
+    else:
+        done = chat(client, "tell", **kw).choices[0]
+        text, content = done.message.content, done.logprobs.content
+    assert "".join(t.token for t in content) == text and len(content) == 6
+    for t in content:
+        assert t.logprob == pytest.approx(-LN2) and t.bytes == list(t.token.encode())
+        assert len(t.top_logprobs) == top
+        assert [c.logprob for c in t.top_logprobs] == pytest.approx([-LN2 * r for r in range(1, top + 1)])
+        if top:  # the sampled token is the likeliest
+            assert (t.top_logprobs[0].token, t.top_logprobs[0].logprob) == (t.token, t.logprob)
+            assert len({c.token for c in t.top_logprobs}) == top
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("k", [0, 3])
+def test_completion_logprobs_in_openais_legacy_shape(client: openai.OpenAI, k: int, stream: bool) -> None:
+    kw: dict[str, object] = {"model": "toy_llm", "prompt": "hello", "max_tokens": 5, "logprobs": k}
+    if stream:
+        chunks = [c.choices[0] for c in client.completions.create(stream=True, **kw)]
+        text = "".join(c.text for c in chunks)
+        parts = [c.logprobs for c in chunks if c.logprobs]
+        tokens = [t for p in parts for t in p.tokens]
+        values = [v for p in parts for v in p.token_logprobs]
+        tops = [d for p in parts for d in p.top_logprobs]
+        offsets = [o for p in parts for o in p.text_offset]
+    else:
+        done = client.completions.create(**kw).choices[0]
+        text, lp = done.text, done.logprobs
+        tokens, values, tops, offsets = lp.tokens, lp.token_logprobs, lp.top_logprobs, lp.text_offset
+    assert "".join(tokens) == text and len(tokens) == 5
+    assert offsets == [len("".join(tokens[:i])) for i in range(5)]  # across chunks too
+    assert values == pytest.approx([-LN2] * 5)
+    for token, top in zip(tokens, tops):
+        # The k likeliest, with the sampled token (here the likeliest itself) always there.
+        assert len(top) == max(k, 1) and max(top, key=top.get) == token
+        assert sorted(top.values(), reverse=True) == pytest.approx([-LN2 * r for r in range(1, max(k, 1) + 1)])
+
+
+def test_logprobs_unasked_are_null(client: openai.OpenAI) -> None:
+    assert chat(client, max_tokens=2).choices[0].logprobs is None
+    assert client.completions.create(model="toy_llm", prompt="x", max_tokens=2).choices[0].logprobs is None
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_logprobs_from_a_model_that_gives_none_are_refused(client: openai.OpenAI, endpoint: str) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        if endpoint == "chat":
+            client.chat.completions.create(model="echo_text", messages=[{"role": "user", "content": "x"}],
+                                           logprobs=True, top_logprobs=2)
+        else:
+            client.completions.create(model="echo_text", prompt="x", logprobs=2)
+    assert err.value.body == {
+        "message": "Unsupported parameter: model 'echo_text' gives no log probabilities (it has no return_logprobs "
+                   "input, STRING logprobs output and sampling_parameters input).",
+        "type": "invalid_request_error", "param": "logprobs", "code": None}
+
+
+@pytest.mark.parametrize("case, words", [
+    ("null", "the response has text but no log probabilities"),
+    ("malformed", "token 1: malformed JSON at byte 21: unexpected end of input"),
+    ("nan", "token 1: \"logprob\" is NaN or Infinity"),
+    ("no_logprob", "token 1: a token has no \"logprob\""),
+    ("not_a_list", "not a JSON list of tokens"),
+    ("empty_token", "token 1: no tokens"),
+])
+def test_bad_logprobs_from_the_model_fail_the_request_saying_why(served: openinfer.Server, client: openai.OpenAI,
+                                                                  case: str, words: str) -> None:
+    """Unstreamed: a 500 naming the model and what is wrong; streamed: the good chunk, then an
+    error event and [DONE]."""
+    with pytest.raises(openai.InternalServerError) as err:
+        client.completions.create(model="bad_logprobs", prompt=case, logprobs=1)
+    message = err.value.body["message"]
+    assert message.startswith("model 'bad_logprobs' gave a bad 'logprobs' output: ") and words in message, message
+    payload = json.dumps({"model": "bad_logprobs", "prompt": case, "logprobs": 1, "stream": True}).encode()
+    body = raw(served.http_port, post("/v1/completions", payload)).partition(b"\r\n\r\n")[2]
+    events = [line[6:] for line in body.split(b"\n") if line.startswith(b"data: ")]
+    assert json.loads(events[0])["choices"][0]["logprobs"]["tokens"] == ["a"]
+    assert json.loads(events[1])["error"]["message"] == message and events[2:] == [b"[DONE]"]
+
+
+def test_an_unstreamed_answers_logprobs_count_toward_its_bound(client: openai.OpenAI) -> None:
+    """1 byte of text but about 120 KB of logprobs a token: stopped at 64 MiB in all, not at 2000 tokens."""
+    lengthy.reset()
+    with pytest.raises(openai.InternalServerError, match="passed 64 MiB"):
+        client.completions.create(model="long_logprobs", prompt="x", logprobs=0)
+    assert lengthy.produced < 1000
+
+
 # ---- refusals ----------------------------------------------------------------------------------
 
 
@@ -234,7 +373,11 @@ def test_a_model_without_a_template_serves_completions_only(client: openai.OpenA
     "extra, param, words",
     [
         ({"n": 2}, "n", "only 1 is served"),
-        ({"logprobs": True}, "logprobs", "no log probabilities"),
+        ({"logprobs": 1}, "logprobs", "expected a boolean"),
+        ({"logprobs": True, "top_logprobs": -1}, "top_logprobs", "from 0 to 20"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "from 0 to 20"),
+        ({"logprobs": True, "top_logprobs": 1.5}, "top_logprobs", "expected an integer"),
+        ({"top_logprobs": 2}, "top_logprobs", "`top_logprobs` can only be used when `logprobs` is True"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "not supported"),
         ({"temperature": 3}, "temperature", "from 0 to 2"),
         ({"max_tokens": 0}, "max_tokens", "from 1 to 2147483647"),
@@ -252,6 +395,23 @@ def test_parameters_that_cannot_be_honoured_are_refused_by_name(
                                        extra_body=extra)
     assert err.value.body["param"] == param and words in err.value.body["message"], err.value.body
     assert err.value.body["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(
+    "extra, param, words",
+    [
+        ({"logprobs": -1}, "logprobs", "from 0 to 5"),
+        ({"logprobs": 6}, "logprobs", "from 0 to 5"),
+        ({"logprobs": True}, "logprobs", "expected an integer"),
+        ({"logprobs": 2, "echo": True}, "echo", "no log probabilities of the prompt"),
+    ],
+)
+def test_bad_completion_logprobs_are_refused_by_name(
+    client: openai.OpenAI, extra: dict[str, object], param: str, words: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="toy_llm", prompt="x", extra_body=extra)
+    assert err.value.body["param"] == param and words in err.value.body["message"], err.value.body
 
 
 def test_sampling_parameters_on_a_model_that_takes_none_are_refused(client: openai.OpenAI) -> None:
@@ -579,7 +739,9 @@ import numpy as np
 def infer(inputs):
     n = json.loads(inputs["PARAMS"].reshape(-1)[0]).get("max_tokens", 4)
     for ch in inputs["PROMPT"].reshape(-1)[0].decode()[::-1][:n]:
-        yield {"TEXT": np.array([ch.encode()], dtype=np.object_), "N_OUT": np.array([1], dtype=np.uint32)}
+        lp = json.dumps([{str(ord(ch)): {"logprob": -1.0, "rank": 1, "decoded_token": ch}}])
+        yield {"TEXT": np.array([ch.encode()], dtype=np.object_), "N_OUT": np.array([1], dtype=np.uint32),
+               "LP": np.array([lp.encode()], dtype=np.object_)}
 '''
 
 
@@ -590,15 +752,17 @@ def _renamed(root: Path, parameters: dict[str, str]) -> Path:
     (root / "renamed" / "config.pbtxt").write_text(
         'backend: "python"\nmodel_transaction_policy { decoupled: true }\n'
         'input [{ name: "PROMPT" data_type: TYPE_STRING dims: [ 1 ] },'
-        ' { name: "PARAMS" data_type: TYPE_STRING dims: [ 1 ] optional: true }]\n'
+        ' { name: "PARAMS" data_type: TYPE_STRING dims: [ 1 ] optional: true },'
+        ' { name: "WANT_LP" data_type: TYPE_BOOL dims: [ 1 ] optional: true }]\n'
         'output [{ name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] },'
-        ' { name: "N_OUT" data_type: TYPE_UINT32 dims: [ 1 ] }]\n' + params
+        ' { name: "N_OUT" data_type: TYPE_UINT32 dims: [ 1 ] }, { name: "LP" data_type: TYPE_STRING dims: [ 1 ] }]\n'
+        + params
     )
     return root
 
 
 RENAMING = {"openai_text_input": "PROMPT", "openai_text_output": "TEXT", "openai_sampling_parameters": "PARAMS",
-            "openai_num_output_tokens": "N_OUT"}
+            "openai_num_output_tokens": "N_OUT", "openai_return_logprobs": "WANT_LP", "openai_logprobs": "LP"}
 
 
 def test_a_model_maps_its_own_tensor_names_in_config_pbtxt(tmp_path: Path) -> None:
@@ -612,6 +776,7 @@ def test_a_model_maps_its_own_tensor_names_in_config_pbtxt(tmp_path: Path) -> No
         assert whole.usage is None  # no num_input_tokens: no usage, as without the mapping
         pieces = [ch.choices[0].text for ch in c.completions.create(model="renamed", prompt="xyz", stream=True)]
         assert "".join(pieces) == "zyx" and len([p for p in pieces if p]) == 3
+        assert c.completions.create(model="renamed", prompt="xyz", logprobs=0).choices[0].logprobs.tokens == list("zyx")
     with openinfer.serve(_renamed(tmp_path / "plain", {}), http_port=0, grpc_port=None, log=False) as s, \
             openai.OpenAI(base_url=f"{s.url}/v1", api_key="x", timeout=BOUND, max_retries=0) as c:
         assert c.models.list().data == []

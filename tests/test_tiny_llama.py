@@ -148,6 +148,46 @@ def test_seed_and_temperature_decide_the_sample(client: openai.OpenAI) -> None:
     assert len({sample(s) for s in range(2, 6)}) > 1
 
 
+def test_logprobs_are_the_models_log_softmax_streamed_or_not(client: openai.OpenAI, tokenizer: object,
+                                                             built: Path) -> None:
+    """Greedy: the sampled token is the likeliest, its logprob the top one; the first token's
+    top_logprobs are the log-softmax of the model's logits (the same weights, run here); a
+    stream's chunks carry the same tokens as the whole answer, one entry per token made."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    kw = {"model": "tiny_llama", "messages": HI, "max_tokens": 8, "temperature": 0, "logprobs": True,
+          "top_logprobs": 3}
+    whole = client.chat.completions.create(**kw)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == whole.usage.completion_tokens
+    for t in content:
+        assert [c.logprob for c in t.top_logprobs] == sorted((c.logprob for c in t.top_logprobs), reverse=True)
+        assert (t.top_logprobs[0].token, t.top_logprobs[0].logprob) == (t.token, t.logprob) and len(t.top_logprobs) == 3
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in content]
+
+    prompt = tokenizer.apply_chat_template(HI, tokenize=False, add_generation_prompt=True)
+    ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt").input_ids
+    with torch.no_grad():
+        logits = AutoModelForCausalLM.from_pretrained(built)(ids).logits[0, -1]
+    expected = torch.log_softmax(logits.float(), dim=-1).topk(3)
+    assert [c.logprob for c in content[0].top_logprobs] == pytest.approx(expected.values.tolist(), abs=1e-4)
+    assert [c.token for c in content[0].top_logprobs] == [tokenizer.decode([i]) for i in expected.indices.tolist()]
+
+
+def test_a_sampled_tokens_logprob_is_at_most_the_likeliests(client: openai.OpenAI) -> None:
+    done = client.completions.create(model="tiny_llama", prompt="Once upon a time", max_tokens=12, temperature=1.5,
+                                     seed=3, logprobs=2)
+    lp = done.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == done.usage.completion_tokens
+    for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert value <= max(top.values()) + 1e-6
+        if token != "\ufffd":  # a part of a character: others decode the same, and the dict keeps one
+            assert top[token] == value and len(top) in (2, 3)  # the 2 likeliest, and the sampled one
+
+
 def test_max_tokens_past_the_context_is_refused_naming_it(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError, match="exceeds tiny_llama's context of 512 tokens"):
         client.completions.create(model="tiny_llama", prompt="hi", max_tokens=600)

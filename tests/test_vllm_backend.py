@@ -229,6 +229,27 @@ def test_openai_sdk_completions_and_streamed_chat(served: Served) -> None:
     assert any(c.choices and c.choices[0].finish_reason for c in chunks)
 
 
+def test_openai_logprobs_from_the_backends_logprobs_output(served: Served) -> None:
+    """The backend's `logprobs` output (vLLM's per-token dicts as JSON) in OpenAI's shapes:
+    greedy, so each token is its own likeliest; one entry per token made, streamed or not."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{served.http}/v1", api_key="unused")
+    done = client.chat.completions.create(model="vllm_model", messages=[{"role": "user", "content": "hi"}],
+                                          max_tokens=4, temperature=0, logprobs=True, top_logprobs=2)
+    content = done.choices[0].logprobs.content
+    assert len(content) == done.usage.completion_tokens
+    for t in content:
+        assert [c.logprob for c in t.top_logprobs] == sorted((c.logprob for c in t.top_logprobs), reverse=True)
+        assert len(t.top_logprobs) == 2 and (t.top_logprobs[0].token, t.top_logprobs[0].logprob) == (t.token, t.logprob)
+    chunks = [c.choices[0] for c in client.completions.create(model="vllm_model", prompt=PROMPT, max_tokens=4,
+                                                              temperature=0, logprobs=1, stream=True) if c.choices]
+    parts = [c.logprobs for c in chunks if c.logprobs]
+    tokens = [t for p in parts for t in p.tokens]
+    assert 1 <= len(tokens) <= 4 and [o for p in parts for o in p.text_offset] == [
+        len("".join(tokens[:i])) for i in range(len(tokens))]
+    assert all(len(top) == 1 for p in parts for top in p.top_logprobs)
+
+
 def test_concurrent_streams_share_the_engine(served: Served) -> None:
     results: list[object] = [None] * 8
 

@@ -7,6 +7,7 @@
 #include "codec/json.h"
 #include "codec/json_internal.h"
 #include "codec/num.h"
+#include "codec/openai_logprobs.h"
 
 /* Appends a string literal (its length counted by the compiler). */
 #define LIT(out, s) oi_sbuf_append((out), (s), sizeof(s) - 1)
@@ -27,7 +28,8 @@ typedef enum {
     F_ONE,      /* n, best_of: 1 or null */
     F_ECHO,
     F_USER,
-    F_NO_LOGPROBS, /* logprobs, top_logprobs: false, 0 or null (the models give none) */
+    F_LOGPROBS,      /* chat: logprobs, a boolean */
+    F_LOGPROB_COUNT, /* a completion's logprobs, a chat's top_logprobs: alternatives per token */
     F_LOGIT_BIAS,  /* {} or null */
     F_INPUT,       /* embeddings: a string or an array of strings */
     F_ENCODING,    /* embeddings: "float" or "base64" */
@@ -38,7 +40,7 @@ typedef struct field_s {
     const char *name;
     field_kind_t kind;
     unsigned kinds;
-    double lo, hi; /* F_SAMPLING_NUMBER's range */
+    double lo, hi; /* F_SAMPLING_NUMBER's and F_LOGPROB_COUNT's range */
 } field_t;
 
 static const field_t fields[] = {
@@ -62,8 +64,9 @@ static const field_t fields[] = {
     {"best_of", F_ONE, FOR_COMPLETION, 0, 0},
     {"echo", F_ECHO, FOR_COMPLETION, 0, 0},
     {"user", F_USER, FOR_ALL, 0, 0},
-    {"logprobs", F_NO_LOGPROBS, FOR_BOTH, 0, 0},
-    {"top_logprobs", F_NO_LOGPROBS, FOR_CHAT, 0, 0},
+    {"logprobs", F_LOGPROBS, FOR_CHAT, 0, 0},
+    {"logprobs", F_LOGPROB_COUNT, FOR_COMPLETION, 0, 5},
+    {"top_logprobs", F_LOGPROB_COUNT, FOR_CHAT, 0, OI_OPENAI_MAX_TOP_LOGPROBS},
     {"logit_bias", F_LOGIT_BIAS, FOR_BOTH, 0, 0},
     {"suffix", F_UNSUPPORTED, FOR_COMPLETION, 0, 0},
     {"tools", F_UNSUPPORTED, FOR_CHAT, 0, 0},
@@ -86,7 +89,7 @@ typedef struct parse_s {
     cursor_t c;
     oi_openai_request_t *out;
     const field_t *f; /* the member being read */
-    int saw_model, saw_prompt, saw_messages, saw_stream_options, saw_max_completion, saw_input;
+    int saw_model, saw_prompt, saw_messages, saw_stream_options, saw_max_completion, saw_input, saw_top_logprobs;
 } parse_t;
 
 static oi_status_t *oom(void) { return oi_status_new(OI_INTERNAL, "out of memory"); }
@@ -184,6 +187,16 @@ static oi_status_t *read_bool(parse_t *p, int *v)
     if (take_value(p, &t) == 0)
         *v = ch == 't';
     return NULL;
+}
+
+/* A number within the field's range. */
+static oi_status_t *in_range(parse_t *p, double v)
+{
+    if (v >= p->f->lo && v <= p->f->hi)
+        return NULL;
+    char range[64];
+    snprintf(range, sizeof(range), "from %g to %g", p->f->lo, p->f->hi);
+    return invalid(p, p->f->name, "Invalid '%s': expected a value %s.", p->f->name, range);
 }
 
 /* Adds "name":<value text> to the sampling parameters. */
@@ -326,24 +339,21 @@ static oi_status_t *read_stream_options(parse_t *p)
     return NULL;
 }
 
-/* Values that must say "nothing": false, 0, 1 (n, best_of), {} (logit_bias). */
+/* Values that must say "nothing": 1 (n, best_of), {} (logit_bias). */
 static oi_status_t *read_neutral(parse_t *p)
 {
     oi_slice_t t;
     int ch = oi__json_peek(&p->c);
     if (take_value(p, &t) != 0)
         return NULL;
-    int neutral = p->f->kind == F_ONE ? t.len == 1 && t.ptr[0] == '1'
-                  : p->f->kind == F_NO_LOGPROBS ? (t.len == 5 && memcmp(t.ptr, "false", 5) == 0) ||
-                                                       (t.len == 1 && t.ptr[0] == '0')
-                  : p->f->kind == F_LOGIT_BIAS  ? ch == '{' && t.len >= 2 && strspn(t.ptr + 1, " \t\r\n") == t.len - 2
-                                                : 0;
+    int neutral = p->f->kind == F_ONE         ? t.len == 1 && t.ptr[0] == '1'
+                  : p->f->kind == F_LOGIT_BIAS ? ch == '{' && t.len >= 2 && strspn(t.ptr + 1, " \t\r\n") == t.len - 2
+                                               : 0;
     if (neutral)
         return NULL;
-    const char *why = p->f->kind == F_ONE             ? "only 1 is served: each request gives one choice"
-                      : p->f->kind == F_NO_LOGPROBS   ? "the served models give no log probabilities"
-                      : p->f->kind == F_LOGIT_BIAS    ? "the served models take no logit bias"
-                                                      : "it is not supported by this server";
+    const char *why = p->f->kind == F_ONE          ? "only 1 is served: each request gives one choice"
+                      : p->f->kind == F_LOGIT_BIAS ? "the served models take no logit bias"
+                                                   : "it is not supported by this server";
     return invalid(p, p->f->name, "Unsupported value for '%s': %s.", p->f->name, why);
 }
 
@@ -391,11 +401,8 @@ static oi_status_t *read_member(parse_t *p)
         return read_max_tokens(p);
     case F_SAMPLING_NUMBER:
         st = read_number(p, &v, "a number");
-        if (st == NULL && p->c.err == NULL && (v < p->f->lo || v > p->f->hi)) {
-            char range[64];
-            snprintf(range, sizeof(range), "from %g to %g", p->f->lo, p->f->hi);
-            return invalid(p, p->f->name, "Invalid '%s': expected a value %s.", p->f->name, range);
-        }
+        if (st == NULL && p->c.err == NULL)
+            st = in_range(p, v);
         break;
     case F_SEED:
         st = read_integer(p, &v);
@@ -404,6 +411,16 @@ static oi_status_t *read_member(parse_t *p)
         return read_stop(p);
     case F_ECHO:
         return read_bool(p, &out->echo);
+    case F_LOGPROBS:
+        return read_bool(p, &out->logprobs);
+    case F_LOGPROB_COUNT:
+        st = read_integer(p, &v);
+        if (st == NULL && p->c.err == NULL && (st = in_range(p, v)) == NULL) {
+            out->top_logprobs = (int)v;
+            out->logprobs |= out->kind == OI_OPENAI_COMPLETION; /* a completion's count asks for them */
+            p->saw_top_logprobs = 1;
+        }
+        return st;
     case F_INPUT:
         return read_input(p);
     case F_ENCODING: {
@@ -423,7 +440,6 @@ static oi_status_t *read_member(parse_t *p)
         return st;
     }
     case F_ONE:
-    case F_NO_LOGPROBS:
     case F_LOGIT_BIAS:
     case F_UNSUPPORTED:
         if (p->f->kind == F_UNSUPPORTED) {
@@ -463,6 +479,19 @@ static oi_status_t *check_whole(parse_t *p)
     if (p->saw_stream_options && !out->stream)
         return invalid(p, "stream_options",
                        "The '%s' parameter is only allowed when 'stream' is enabled.%s", "stream_options", "");
+    if (out->kind == OI_OPENAI_CHAT && p->saw_top_logprobs && !out->logprobs)
+        return invalid(p, "top_logprobs", "`%s` can only be used when `logprobs` is True%s", "top_logprobs", "");
+    if (out->logprobs && out->echo)
+        return invalid(p, "echo", "Unsupported parameter: '%s' with 'logprobs': the models give no log probabilities "
+                       "of the prompt%s.", "echo", "");
+    if (out->logprobs) { /* vLLM's count: the likeliest alternatives besides the sampled token */
+        char k[16];
+        snprintf(k, sizeof(k), "%d", out->top_logprobs);
+        static const field_t logprobs = {"logprobs", F_LOGPROBS, FOR_BOTH, 0, 0};
+        p->f = &logprobs;
+        if (add_sampling(p, "logprobs", (oi_slice_t){k, strlen(k)}) != NULL)
+            return oom();
+    }
     if (out->max_tokens > 0) {
         char n[24];
         snprintf(n, sizeof(n), "%lld", (long long)out->max_tokens);
@@ -540,12 +569,14 @@ int oi_openai_encode_error(oi_sbuf_t *out, const char *message, const char *type
                : 0;
 }
 
-/* {"id":..,"object":..,"created":..,"model":.., */
+/* {"id":..,"object":..,"created":..,"model":.., (once per chunk: appends, no printf) */
 static int write_head(oi_sbuf_t *out, const oi_openai_meta_t *m, const char *object)
 {
+    char created[OI_NUM_ROOM];
     return LIT(out, "{\"id\":") || oi_json_write_string(out, m->id, strlen(m->id)) ||
-           oi_sbuf_printf(out, ",\"object\":\"%s\",\"created\":%lld,\"model\":", object, (long long)m->created) ||
-           oi_json_write_string(out, m->model, strlen(m->model)) || LIT(out, ",");
+           LIT(out, ",\"object\":\"") || oi_sbuf_append(out, object, strlen(object)) || LIT(out, "\",\"created\":") ||
+           oi_sbuf_append(out, created, (size_t)(oi_num_write_i64(created, m->created) - created)) ||
+           LIT(out, ",\"model\":") || oi_json_write_string(out, m->model, strlen(m->model)) || LIT(out, ",");
 }
 
 static int write_usage(oi_sbuf_t *out, const oi_openai_meta_t *m)
@@ -559,16 +590,17 @@ static int write_usage(oi_sbuf_t *out, const oi_openai_meta_t *m)
 
 /* One choice's text: chat's under a message or delta, a completion's as "text". */
 static int write_choice(oi_sbuf_t *out, const oi_openai_meta_t *m, const char *key, const char *text, size_t len,
-                        int role, const char *finish_reason)
+                        const oi_openai_logprobs_t *lp, int role, const char *finish_reason)
 {
     int bad = LIT(out, "{\"index\":0,");
     if (m->kind == OI_OPENAI_CHAT)
-        bad = bad || oi_sbuf_printf(out, "\"%s\":{%s\"content\":", key, role ? "\"role\":\"assistant\"," : "") ||
+        bad = bad || LIT(out, "\"") || oi_sbuf_append(out, key, strlen(key)) || LIT(out, "\":{") ||
+              (role && LIT(out, "\"role\":\"assistant\",")) || LIT(out, "\"content\":") ||
               oi_json_write_string(out, text, len) || LIT(out, "}");
     else
         bad = bad || LIT(out, "\"text\":") || oi_json_write_string(out, text, len);
-    return bad || LIT(out, ",\"logprobs\":null,\"finish_reason\":") ||
-           write_nullable(out, finish_reason) || LIT(out, "}");
+    return bad || LIT(out, ",\"logprobs\":") || oi_openai_logprobs_write(out, lp) ||
+           LIT(out, ",\"finish_reason\":") || write_nullable(out, finish_reason) || LIT(out, "}");
 }
 
 static const char *chunk_object(const oi_openai_meta_t *m)
@@ -576,12 +608,12 @@ static const char *chunk_object(const oi_openai_meta_t *m)
     return m->kind == OI_OPENAI_CHAT ? "chat.completion.chunk" : "text_completion";
 }
 
-int oi_openai_encode_chunk(oi_sbuf_t *out, const oi_openai_meta_t *m, const char *text, size_t text_len, int first,
-                           const char *finish_reason, int with_usage)
+int oi_openai_encode_chunk(oi_sbuf_t *out, const oi_openai_meta_t *m, const char *text, size_t text_len,
+                           const oi_openai_logprobs_t *lp, int first, const char *finish_reason, int with_usage)
 {
     return LIT(out, "data: ") || write_head(out, m, chunk_object(m)) ||
            LIT(out, "\"choices\":[") ||
-           write_choice(out, m, "delta", text, text_len, first, finish_reason) || LIT(out, "]") ||
+           write_choice(out, m, "delta", text, text_len, lp, first, finish_reason) || LIT(out, "]") ||
            (with_usage && LIT(out, ",\"usage\":null")) || LIT(out, "}\n\n")
                ? -1
                : 0;
@@ -651,11 +683,11 @@ int oi_openai_encode_embeddings(oi_sbuf_t *out, const char *model, const char *d
 }
 
 int oi_openai_encode_completion(oi_sbuf_t *out, const oi_openai_meta_t *m, const char *text, size_t text_len,
-                                const char *finish_reason)
+                                const oi_openai_logprobs_t *lp, const char *finish_reason)
 {
     const char *object = m->kind == OI_OPENAI_CHAT ? "chat.completion" : "text_completion";
     return write_head(out, m, object) || LIT(out, "\"choices\":[") ||
-           write_choice(out, m, "message", text, text_len, 1, finish_reason) || LIT(out, "],") ||
+           write_choice(out, m, "message", text, text_len, lp, 1, finish_reason) || LIT(out, "],") ||
            write_usage(out, m) || LIT(out, "}")
                ? -1
                : 0;

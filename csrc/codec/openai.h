@@ -24,13 +24,17 @@ typedef struct oi_openai_request_s {
     int stream;           /* "stream": true */
     int include_usage;    /* "stream_options": {"include_usage": true} */
     int echo;             /* completions: "echo": true */
+    int logprobs;         /* log probabilities asked: a chat's "logprobs": true, any completion's "logprobs" */
+    int top_logprobs;     /* the likeliest alternatives asked per token: a chat's "top_logprobs" (0
+                           * unless given), a completion's "logprobs" */
     oi_slice_t input;     /* embeddings: "input"'s JSON text, a string or an array of strings */
     size_t n_inputs;      /* embeddings: how many strings */
     int base64;           /* embeddings: "encoding_format": "base64" */
     int64_t max_tokens;   /* "max_tokens" / "max_completion_tokens"; 0: not given */
     /* The sampling parameters given (max_tokens, stop, temperature, top_p, seed,
-     * frequency_penalty, presence_penalty) as one JSON object's text, what vLLM's
-     * sampling_parameters input takes; empty (len 0) when none was given. */
+     * frequency_penalty, presence_penalty; logprobs: top_logprobs when asked) as one JSON
+     * object's text, what vLLM's sampling_parameters input takes; empty (len 0) when none was
+     * given. */
     oi_sbuf_t sampling;
     const char *sampling_first; /* the first of them, to name when a model takes none */
     char param[64];             /* on a refusal: the field it names ("" when none) */
@@ -38,7 +42,7 @@ typedef struct oi_openai_request_s {
 
 /* Reads body json[0 .. len) as a request of `kind` into `out` (zeroed by the caller). Values
  * are checked against OpenAI's schema (types and ranges); a field OpenAI defines that this
- * server cannot honour (n > 1, logprobs, tools, ...) is refused, and so is a field OpenAI does
+ * server cannot honour (n > 1, tools, ...) is refused, and so is a field OpenAI does
  * not define, never ignored. Returns NULL, or a 400 status with out->param naming the field
  * (500 when out of memory). Free `out` with oi_openai_request_free in either case. */
 oi_status_t *oi_openai_parse(const char *json, size_t len, oi_openai_kind_t kind, oi_openai_request_t *out);
@@ -65,19 +69,23 @@ typedef struct oi_openai_meta_s {
     int64_t prompt_tokens, completion_tokens; /* -1: the model did not say */
 } oi_openai_meta_t;
 
+/* A choice's log probabilities (codec/openai_logprobs.h); NULL writes "logprobs":null. */
+struct oi_openai_logprobs_s;
+
 /* Appends one streamed chunk as a Server-Sent Event ("data: {...}\n\n"): `text` as the
- * choice's delta (chat: with "role":"assistant" when `first`), `finish_reason` NULL for
- * null; "usage":null when `with_usage` (stream_options.include_usage asks every chunk to
- * carry it). 0 or -1. */
-int oi_openai_encode_chunk(oi_sbuf_t *out, const oi_openai_meta_t *m, const char *text, size_t text_len, int first,
-                           const char *finish_reason, int with_usage);
+ * choice's delta (chat: with "role":"assistant" when `first`) and `lp` its tokens' log
+ * probabilities, `finish_reason` NULL for null; "usage":null when `with_usage`
+ * (stream_options.include_usage asks every chunk to carry it). 0 or -1. */
+int oi_openai_encode_chunk(oi_sbuf_t *out, const oi_openai_meta_t *m, const char *text, size_t text_len,
+                           const struct oi_openai_logprobs_s *lp, int first, const char *finish_reason,
+                           int with_usage);
 
 /* Appends the stream's usage chunk (no choices, the counts) as an event. 0 or -1. */
 int oi_openai_encode_usage_chunk(oi_sbuf_t *out, const oi_openai_meta_t *m);
 
-/* Appends a whole (unstreamed) completion: one choice with `text`, its finish reason and the
- * usage (left out when the counts are unknown). 0 or -1. */
+/* Appends a whole (unstreamed) completion: one choice with `text`, its log probabilities
+ * `lp`, its finish reason and the usage (left out when the counts are unknown). 0 or -1. */
 int oi_openai_encode_completion(oi_sbuf_t *out, const oi_openai_meta_t *m, const char *text, size_t text_len,
-                                const char *finish_reason);
+                                const struct oi_openai_logprobs_s *lp, const char *finish_reason);
 
 #endif

@@ -15,6 +15,7 @@
 #include "codec/generate.h"
 #include "codec/json.h"
 #include "codec/openai.h"
+#include "codec/openai_logprobs.h"
 #include "server/infer.h"
 #include "server/server_impl.h"
 
@@ -23,8 +24,8 @@
 
 #define JSON_HEADERS "Content-Type: application/json\r\n"
 #define SSE_HEADERS "Content-Type: text/event-stream; charset=utf-8\r\nCache-Control: no-cache\r\n"
-/* The most text an unstreamed answer gathers: a decoupled model that streams anyway is
- * stopped there rather than filling the server's memory. */
+/* The most an unstreamed answer gathers (its text and log probabilities): a decoupled model
+ * that streams anyway is stopped there rather than filling the server's memory. */
 #define MAX_UNSTREAMED_TEXT ((size_t)64 << 20)
 
 /* ---- errors -------------------------------------------------------------------------------- */
@@ -111,6 +112,15 @@ static const oi_io_spec_t *output_spec(const oi_model_t *m, const char *conventi
 static int has_input(const oi_model_t *m, const char *convention) { return input_spec(m, convention) != NULL; }
 
 static int has_output(const oi_model_t *m, const char *convention) { return output_spec(m, convention) != NULL; }
+
+/* A model that gives log probabilities as Triton's vLLM backend does: asked by its
+ * return_logprobs input and sampling_parameters' "logprobs", given as a STRING logprobs output. */
+static int gives_logprobs(const oi_model_t *m)
+{
+    const oi_io_spec_t *out = output_spec(m, "logprobs");
+    return has_input(m, "return_logprobs") && has_input(m, "sampling_parameters") && out != NULL &&
+           out->dtype == OI_TYPE_BYTES;
+}
 
 /* A text model by Triton's LLM conventions. */
 static int is_text_model(const oi_model_t *m)
@@ -215,8 +225,10 @@ typedef struct oai_s {
     oi_openai_meta_t meta;
     int started;       /* the stream's head is out */
     int finished;      /* a chunk carried a finish reason */
-    int overflow;      /* the unstreamed text passed MAX_UNSTREAMED_TEXT: the request was cancelled */
+    int overflow;      /* the unstreamed answer passed MAX_UNSTREAMED_TEXT: the request was cancelled */
     oi_sbuf_t text;    /* unstreamed: the text so far */
+    oi_openai_logprobs_t lp;   /* asked: the log probabilities not yet written */
+    oi_status_t *model_error;  /* the model's logprobs were missing or malformed: the request fails */
     char finish[16];   /* the model's finish reason, when it gives one */
 } oai_t;
 
@@ -228,6 +240,8 @@ static void oai_free(oai_t *g)
     oi_sbuf_free(&g->prompt);
     oi_status_free(g->render_st);
     oi_sbuf_free(&g->text);
+    oi_openai_logprobs_free(&g->lp);
+    oi_status_free(g->model_error);
     free(g);
 }
 
@@ -244,6 +258,20 @@ static int append_text(oi_sbuf_t *to, const oi_tensor_t *t)
             return -1;
         off += n;
     }
+    return 0;
+}
+
+/* The first element of a STRING output (its 4-byte length, then its bytes); -1 when none. */
+static int first_string(const oi_tensor_t *t, const char **s, size_t *len)
+{
+    uint32_t n;
+    if (t->dtype != OI_TYPE_BYTES || t->data == NULL || t->byte_size < 4)
+        return -1;
+    memcpy(&n, t->data, 4);
+    if (n > t->byte_size - 4)
+        return -1;
+    *s = t->data + 4;
+    *len = n;
     return 0;
 }
 
@@ -304,10 +332,33 @@ static void send_event(oai_t *g, oi_sbuf_t *ev, oi_infer_part_t *part)
     oi_http_stream_send(g->r, &iov, 1);
 }
 
-/* One response of the model: its text, counts and finish reason (`part`: NULL for a model of
- * one response). */
+/* Adds the response's log probabilities (its text: text_len bytes) to g->lp. Text without
+ * them, or them malformed, fails the request: g->model_error says why. */
+static void add_logprobs(oai_t *g, const oi_model_t *m, const oi_response_t *resp, size_t text_len)
+{
+    const oi_tensor_t *t = output(m, resp, "logprobs");
+    const char *json;
+    size_t len;
+    int none = 1;
+    oi_status_t *st = NULL;
+    if (t != NULL && first_string(t, &json, &len) == 0)
+        st = oi_openai_logprobs_add(&g->lp, json, len, &none);
+    if (st == NULL && none && text_len > 0)
+        st = oi_status_new(OI_INTERNAL, "the response has text but no log probabilities (the output is missing, "
+                           "empty or null although return_logprobs was sent)");
+    if (st != NULL) {
+        g->model_error = oi_status_new(OI_INTERNAL, "model '%s' gave a bad '%s' output: %s", m->name,
+                                       named(m, "logprobs"), st->message);
+        oi_status_free(st);
+    }
+}
+
+/* One response of the model: its text, log probabilities, counts and finish reason (`part`:
+ * NULL for a model of one response). */
 static void on_response(oai_t *g, const oi_model_t *m, const oi_response_t *resp, oi_infer_part_t *part)
 {
+    if (g->model_error != NULL)
+        return; /* failed: the request is being cancelled */
     const oi_tensor_t *t = output(m, resp, "text_output");
     int64_t in = count_of(m, resp, "num_input_tokens"), out = count_of(m, resp, "num_output_tokens");
     if (in >= 0)
@@ -321,21 +372,22 @@ static void on_response(oai_t *g, const oi_model_t *m, const oi_response_t *resp
         g->finish[reason.len] = '\0';
     }
     oi_sbuf_free(&reason);
-    if (!g->req.stream) {
-        if (t != NULL)
-            (void)append_text(&g->text, t); /* out of memory: the answer is short */
-        return;
-    }
-    oi_sbuf_t piece = {0};
+    /* Unstreamed, the text gathers in g->text; streamed, each response's is its chunk's. */
+    oi_sbuf_t piece = {0}, *text = g->req.stream ? &piece : &g->text;
+    size_t before = text->len;
     if (t != NULL)
-        (void)append_text(&piece, t);
+        (void)append_text(text, t); /* out of memory: the answer is short */
+    if (g->req.logprobs)
+        add_logprobs(g, m, resp, text->len - before);
     int final = g->finish[0] != '\0';
-    if (piece.len > 0 || final || !g->started) {
+    if (g->req.stream && g->model_error == NULL && (piece.len > 0 || g->lp.n > 0 || final || !g->started)) {
         oi_sbuf_t ev = {0};
-        if (oi_openai_encode_chunk(&ev, &g->meta, piece.data ? piece.data : "", piece.len, !g->started,
-                                   final ? g->finish : NULL, g->req.include_usage) == 0)
+        if (oi_openai_encode_chunk(&ev, &g->meta, piece.data ? piece.data : "", piece.len,
+                                   g->lp.n > 0 ? &g->lp : NULL, !g->started, final ? g->finish : NULL,
+                                   g->req.include_usage) == 0)
             send_event(g, &ev, part);
         oi_sbuf_free(&ev);
+        oi_openai_logprobs_clear(&g->lp);
         g->finished |= final;
     }
     oi_sbuf_free(&piece);
@@ -345,8 +397,9 @@ static void on_part(oi_infer_t *inf, oi_infer_part_t *part)
 {
     oai_t *g = inf->ctx;
     on_response(g, inf->model, &part->resp, part);
-    if (!g->req.stream && g->text.len > MAX_UNSTREAMED_TEXT && !g->overflow) {
-        g->overflow = 1;
+    int overflow = !g->req.stream && g->text.len + oi_openai_logprobs_size(&g->lp) > MAX_UNSTREAMED_TEXT;
+    if ((overflow || g->model_error != NULL) && !inf->cancelled) {
+        g->overflow = overflow;
         oi_infer_cancel(inf);
     }
 }
@@ -368,7 +421,8 @@ static void end_stream(oai_t *g, oi_status_t *st)
               oi_openai_encode_error(&ev, st->message, error_type(st->code), NULL, NULL) ||
               LIT(&ev, "\n\n");
     else if (!g->finished)
-        bad = oi_openai_encode_chunk(&ev, &g->meta, "", 0, !g->started, finish_reason(g), g->req.include_usage);
+        bad = oi_openai_encode_chunk(&ev, &g->meta, "", 0, NULL, !g->started, finish_reason(g),
+                                     g->req.include_usage);
     if (!bad && st == NULL && g->req.include_usage)
         bad = oi_openai_encode_usage_chunk(&ev, &g->meta);
     if (!bad && LIT(&ev, "data: [DONE]\n\n") == 0)
@@ -387,10 +441,16 @@ static void on_done(oi_infer_t *inf)
     inf->job.status = NULL;
     if (st == NULL && inf->ds == NULL) /* a model of one response */
         on_response(g, inf->model, &inf->job.resp, NULL);
+    int failed = g->model_error != NULL;
+    if (failed) { /* what the request ends with: its cancellation's status says less */
+        oi_status_free(st);
+        st = g->model_error;
+        g->model_error = NULL;
+    }
     if (g->overflow) {
         oi_status_free(st);
         respond_error(r, 500, "the model's answer passed 64 MiB; ask for it with \"stream\": true", NULL, NULL);
-    } else if (inf->cancelled) { /* the client is gone: nothing more to say */
+    } else if (inf->cancelled && !failed) { /* the client is gone: nothing more to say */
         if (g->started)
             oi_http_stream_end(r);
         else
@@ -406,7 +466,7 @@ static void on_done(oi_infer_t *inf)
     } else {
         oi_sbuf_t body = {0};
         if (oi_openai_encode_completion(&body, &g->meta, g->text.data ? g->text.data : "", g->text.len,
-                                        finish_reason(g)) != 0)
+                                        g->req.logprobs ? &g->lp : NULL, finish_reason(g)) != 0)
             body.len = 0;
         respond_json(r, &body);
     }
@@ -445,7 +505,8 @@ static oi_status_t *flat_request(const oai_t *g, const char *prompt, size_t len,
               flat_member(flat, m, "exclude_input_in_output", exclude ? "true" : "false", exclude ? 4 : 5, 0) ||
               flat_member(flat, m, "return_finish_reason", "true", 4, 0) ||
               flat_member(flat, m, "return_num_input_tokens", "true", 4, 0) ||
-              flat_member(flat, m, "return_num_output_tokens", "true", 4, 0) || LIT(flat, "}");
+              flat_member(flat, m, "return_num_output_tokens", "true", 4, 0) ||
+              (q->logprobs && flat_member(flat, m, "return_logprobs", "true", 4, 0)) || LIT(flat, "}");
     return bad ? oi_status_new(OI_INTERNAL, "out of memory") : NULL;
 }
 
@@ -524,6 +585,12 @@ static void render_done(oi_work_t *w)
 /* What the model cannot honour of the request, refused by name. */
 static oi_status_t *check_model(const oi_model_t *m, const oi_openai_request_t *q, const char **param)
 {
+    if (q->logprobs && !gives_logprobs(m)) {
+        *param = "logprobs";
+        return oi_status_new(OI_BAD_REQUEST, "Unsupported parameter: model '%s' gives no log probabilities (it has "
+                             "no return_logprobs input, STRING logprobs output and sampling_parameters input).",
+                             m->name);
+    }
     if (q->sampling_first != NULL && !has_input(m, "sampling_parameters")) {
         *param = q->sampling_first;
         return oi_status_new(OI_BAD_REQUEST, "Unsupported parameter: model '%s' takes no sampling parameters (it "
@@ -613,6 +680,7 @@ static void start(oi_server_t *s, oi_http_request_t *r, oi_openai_kind_t kind)
         return;
     }
     oi_status_t *st = oi_openai_parse(g->body ? g->body->data : "", g->body ? g->body->len : 0, kind, &g->req);
+    g->lp = (oi_openai_logprobs_t){.kind = kind, .top = g->req.top_logprobs};
     if (st != NULL) {
         respond_status(r, st, g->req.param);
         oai_free(g);

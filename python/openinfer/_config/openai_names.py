@@ -13,8 +13,10 @@ PREFIX = "openai_"
 # Each convention's tensor, and whether the model takes or gives it.
 CONVENTIONS = {
     **dict.fromkeys(("text_input", "stream", "sampling_parameters", "exclude_input_in_output",
-                     "return_finish_reason", "return_num_input_tokens", "return_num_output_tokens"), "input"),
-    **dict.fromkeys(("text_output", "finish_reason", "num_input_tokens", "num_output_tokens", "embedding"), "output"),
+                     "return_finish_reason", "return_num_input_tokens", "return_num_output_tokens",
+                     "return_logprobs"), "input"),
+    **dict.fromkeys(("text_output", "finish_reason", "num_input_tokens", "num_output_tokens", "logprobs",
+                     "embedding"), "output"),
 }  # fmt: skip
 
 

@@ -33,17 +33,39 @@ def sampling(request: object, supported: set[str], model: str) -> dict:
     return params
 
 
-def response(text: str, finish: str | None, n_in: int, n_out: int) -> object:
-    """One response: its text, why the completion ended (None: not yet), the prompt's tokens and
-    the tokens this response carries."""
-    return pb_utils.InferenceResponse(
-        output_tensors=[
-            pb_utils.Tensor("text_output", np.array([text.encode()], dtype=np.object_)),
-            pb_utils.Tensor("finish_reason", np.array([(finish or "").encode()], dtype=np.object_)),
-            pb_utils.Tensor("num_input_tokens", np.array([n_in], dtype=np.uint32)),
-            pb_utils.Tensor("num_output_tokens", np.array([n_out], dtype=np.uint32)),
-        ]
-    )
+# One token's log probabilities: (token id, logprob, rank from 1, decoded text) of the sampled
+# token first, then of the likeliest.
+Candidates = list[tuple[int, float, int, str]]
+
+
+def logprobs_asked(request: object, params: dict) -> int | None:
+    """How many likeliest tokens the client asked besides the sampled one (sampling_parameters'
+    `logprobs`, vLLM's SamplingParams.logprobs) when `return_logprobs` is sent, else None."""
+    if not flag(request, "return_logprobs", False) or params.get("logprobs") is None:
+        return None
+    return int(params["logprobs"])
+
+
+def logprobs_json(tokens: list[Candidates]) -> str:
+    """The `logprobs` output of Triton's vLLM backend for one response's tokens: a list with,
+    per token, {token_id: {"logprob", "rank", "decoded_token"}} in the candidates' order (a
+    sampled token among the likeliest appears once, where it came first, as in vLLM's dict)."""
+    return json.dumps([{str(tid): {"logprob": lp, "rank": rank, "decoded_token": text} for tid, lp, rank, text in step}
+                       for step in tokens])
+
+
+def response(text: str, finish: str | None, n_in: int, n_out: int, logprobs: str | None = None) -> object:
+    """One response: its text, why the completion ended (None: not yet), the prompt's tokens,
+    the tokens this response carries and, when asked, their `logprobs` (logprobs_json)."""
+    tensors = [
+        pb_utils.Tensor("text_output", np.array([text.encode()], dtype=np.object_)),
+        pb_utils.Tensor("finish_reason", np.array([(finish or "").encode()], dtype=np.object_)),
+        pb_utils.Tensor("num_input_tokens", np.array([n_in], dtype=np.uint32)),
+        pb_utils.Tensor("num_output_tokens", np.array([n_out], dtype=np.uint32)),
+    ]
+    if logprobs is not None:
+        tensors.append(pb_utils.Tensor("logprobs", np.array([logprobs.encode()], dtype=np.object_)))
+    return pb_utils.InferenceResponse(output_tensors=tensors)
 
 
 def answer_each(requests: list, generate: Callable[[object, object], None]) -> None:

@@ -1,12 +1,14 @@
 """A tiny Llama-architecture model (openinfer._examples.tiny_llama: random weights, built into the
 cache on first use) served with the interface of Triton's vLLM backend: text_input in;
-text_output, finish_reason, num_input_tokens and num_output_tokens out, one response per token
-when `stream` is true, one in all otherwise.
+text_output, finish_reason, num_input_tokens, num_output_tokens and (asked by return_logprobs)
+logprobs out, one response per token when `stream` is true, one in all otherwise.
 
 Generation is transformers' model run step by step with its KV cache, so each token goes out as it
 is made. The sampling parameters are vLLM's: temperature (1 unless given; 0 is greedy), top_p,
 seed (a request's own generator), max_tokens (16 unless given) and stop; the end-of-sequence token
-also stops it. The penalties are refused: this loop does not apply them.
+also stops it. The penalties are refused: this loop does not apply them. Log probabilities are
+vLLM's default kind: the log-softmax of the step's raw logits (before temperature and top_p), for
+the sampled token and the `logprobs` likeliest.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ import inspect
 
 import triton_python_backend_utils as pb_utils
 
-from openinfer._examples.vllm_io import answer_each, flag, response, sampling, text_input
+from openinfer._examples.vllm_io import (Candidates, answer_each, flag, logprobs_asked, logprobs_json, response,
+                                         sampling, text_input)
 
 DEFAULT_MAX_TOKENS = 16
-SAMPLING_KEYS = {"max_tokens", "stop", "temperature", "top_p", "seed"}
+SAMPLING_KEYS = {"max_tokens", "stop", "temperature", "top_p", "seed", "logprobs"}
 
 
 def _sampling(request: object) -> dict:
@@ -84,9 +87,10 @@ class TritonPythonModel:
     def execute(self, requests: list) -> None:
         answer_each(requests, self._generate)
 
-    def _tokens(self, params: dict, ids: list[int], cancelled: object) -> object:
+    def _tokens(self, params: dict, ids: list[int], cancelled: object, top: int | None) -> object:
         """The completion's token ids, one at a time, sampled as `params` say, until max_tokens,
-        the end-of-sequence token, or `cancelled()`."""
+        the end-of-sequence token, or `cancelled()`; each with its candidates when `top` (the
+        likeliest asked) is not None."""
         torch = self.torch
         temperature = float(params.get("temperature", 1.0))
         top_p = float(params.get("top_p", 1.0))
@@ -103,10 +107,19 @@ class TritonPythonModel:
                 out = self.model(input_ids=step, use_cache=True, **{self.cache_name: past})
                 past, logits = getattr(out, self.cache_name), out.logits[0, -1]
                 token = _sample(torch, logits, temperature, top_p, generator)
-                yield token
+                yield token, None if top is None else self._candidates(logits, token, top)
                 if token == self.eos:
                     return
                 step = torch.tensor([[token]])
+
+    def _candidates(self, logits: object, token: int, top: int) -> Candidates:
+        """The sampled token, then the `top` likeliest, with their log probabilities and ranks."""
+        logprobs = self.torch.log_softmax(logits.float(), dim=-1)
+        rank = int((logprobs > logprobs[token]).sum()) + 1
+        values, ids = logprobs.topk(top)
+        pairs = [(token, float(logprobs[token]), rank)]
+        pairs += [(int(i), float(v), r) for r, (v, i) in enumerate(zip(values, ids), 1)]
+        return [(i, v, r, self.tokenizer.decode([i], skip_special_tokens=False)) for i, v, r in pairs]
 
     def _generate(self, request: object, sender: object) -> None:
         prompt = text_input(request)
@@ -121,12 +134,20 @@ class TritonPythonModel:
                 f"{self.context} tokens"
             )
         stream = flag(request, "stream", False)
+        top = logprobs_asked(request, params)
         text = _Text(self.tokenizer, params["stop"])
         pieces = ["" if flag(request, "exclude_input_in_output", True) else prompt]
+        steps: list[Candidates] = []  # the candidates of the tokens not yet sent
+
+        def logprobs() -> str | None:
+            return None if top is None else logprobs_json(steps)
+
         made = counted = 0  # tokens made, and counted in the responses sent
         finish = "length"
-        for token in self._tokens(params, ids, sender.is_cancelled):
+        for token, candidates in self._tokens(params, ids, sender.is_cancelled, top):
             made += 1
+            if candidates is not None:
+                steps.append(candidates)
             if token == self.eos:
                 finish = "stop"
                 break
@@ -135,10 +156,10 @@ class TritonPythonModel:
                 finish = "stop"
                 break
             if stream and any(pieces):
-                sender.send(response("".join(pieces), None, len(ids), made - counted))
-                pieces, counted = [], made
+                sender.send(response("".join(pieces), None, len(ids), made - counted, logprobs()))
+                pieces, counted, steps = [], made, []
         pieces.append(text.rest())
-        sender.send(response("".join(pieces), finish, len(ids), made - counted),
+        sender.send(response("".join(pieces), finish, len(ids), made - counted, logprobs()),
                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
 
