@@ -132,6 +132,24 @@ FAN_ASYNC = FAN_COMMON + textwrap.dedent(
             return out
     """
 )
+# Passes IN[1:3] (a view of its own request) on to `slow`, and says how the wire carried it: the
+# place in the request it named (triton_wire._source), and the answer.
+NAMED = FAN_COMMON + textwrap.dedent(
+    """
+    from openinfer import _core
+    from openinfer._backends import triton_wire
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            x = pb_utils.get_input_tensor_by_name(requests[0], "IN").as_numpy()
+            named = triton_wire._source(x[1:3], _core.worker_job_inputs()[1])
+            r = pb_utils.InferenceRequest(model_name="slow", inputs=[pb_utils.Tensor("INPUT0", x[1:3])],
+                                          requested_output_names=["OUTPUT0", "ID"], request_id="view",
+                                          parameters={"sleep": 0}).exec()
+            text = json.dumps({"named": named, "answer": answer(r)})
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([text.encode()], np.object_))])]
+    """
+)
 FAN_CONFIG = """
 name: "{name}"
 backend: "python"
@@ -149,6 +167,7 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openinfer.Server]:
     add_model(repo, "slow", SLOW, SLOW_CONFIG)
     add_model(repo, "fan_threads", FAN_THREADS, FAN_CONFIG.format(name="fan_threads"))
     add_model(repo, "fan_async", FAN_ASYNC, FAN_CONFIG.format(name="fan_async"))
+    add_model(repo, "named", NAMED, FAN_CONFIG.format(name="named"))
     server = openinfer.serve(repo, http_port=0, log=False)
     try:
         yield server
@@ -178,6 +197,13 @@ def test_eight_bls_calls_from_one_worker_run_at_once_each_with_its_own_answer(sr
     assert got["answers"] == expected(x)
     # One call sleeps 0.3 s in the target; eight one after another would take 8x that.
     assert got["all"] < 4 * got["one"], got
+
+
+def test_an_input_viewing_the_workers_request_is_named_not_copied(srv: openinfer.Server) -> None:
+    for size in (4, 40000):  # in the job area, and in a memfd of the request's own (64 KiB and up)
+        x = np.arange(size, dtype=np.float32) + 0.5
+        got = fan(srv, "named", x)
+        assert got == {"named": [1, 4], "answer": [[3.0, 5.0], "view"]}, got
 
 
 @pytest.mark.parametrize("model", FANS)

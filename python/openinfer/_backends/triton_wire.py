@@ -62,8 +62,9 @@ class _Call:
 
 def _source(array: np.ndarray, job_inputs: tuple[tuple[int, int], ...]) -> tuple[int, int] | None:
     """(k, offset) when `array`'s bytes lie in input k-1 of the job the worker runs (the server
-    has them), else None."""
-    if not array.flags.c_contiguous or array.nbytes == 0:
+    has them: read-only views of the request, so what the server holds is what the model sees),
+    else None."""
+    if not array.flags.c_contiguous or array.flags.writeable or array.nbytes == 0:
         return None
     address = array.__array_interface__["data"][0]
     for k, (base, size) in enumerate(job_inputs, 1):
