@@ -28,7 +28,7 @@ from test_triton_python_backend import PROLOGUE, add_model
 SLOW = PROLOGUE + textwrap.dedent(
     """
     import sys, time, types
-    seen = sys.modules.setdefault("bls_workers_slow", types.SimpleNamespace(held=0, cancelled=0,
+    seen = sys.modules.setdefault("bls_workers_slow", types.SimpleNamespace(held=0, cancelled=0, pid=0,
                                                                             lock=threading.Lock()))
 
     class TritonPythonModel:
@@ -39,6 +39,7 @@ SLOW = PROLOGUE + textwrap.dedent(
                 if p.get("hold"):
                     with seen.lock:
                         seen.held += 1
+                        seen.pid = p["pid"]  # the calling worker's
                     for _ in range(600):
                         if r.is_cancelled():
                             with seen.lock:
@@ -67,7 +68,7 @@ instance_group [{ count: 8, kind: KIND_MODEL }]
 # JSON {"one": seconds of one call alone, "all": seconds of the n calls at once, "answers"}.
 FAN_COMMON = PROLOGUE + textwrap.dedent(
     """
-    import asyncio, time
+    import asyncio, os, time
     from concurrent.futures import ThreadPoolExecutor
 
     def param(request, key, default):  # a list or object travels as JSON text
@@ -77,10 +78,11 @@ FAN_COMMON = PROLOGUE + textwrap.dedent(
     def make(request, i):
         x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
         value = x[i : i + 1] if i % 2 == 0 else x[i : i + 1].copy()
+        params = dict(param(request, "target_params", {}), pid=os.getpid())
         return pb_utils.InferenceRequest(model_name=param(request, "targets", ["slow"] * x.size)[i],
                                          inputs=[pb_utils.Tensor("INPUT0", value)],
                                          requested_output_names=["OUTPUT0", "ID"], request_id=f"call{i}",
-                                         parameters=param(request, "target_params", {}))
+                                         parameters=params)
 
     def answer(r):
         if r.has_error():
@@ -101,7 +103,8 @@ FAN_THREADS = FAN_COMMON + textwrap.dedent(
             for request in requests:
                 n = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy().size
                 t0 = time.perf_counter()
-                answer(make(request, 0).exec())
+                if not param(request, "only_many", False):
+                    answer(make(request, 0).exec())
                 one, start = time.perf_counter() - t0, time.perf_counter()
                 with ThreadPoolExecutor(n) as pool:
                     answers = list(pool.map(lambda i: answer(make(request, i).exec()), range(n)))
@@ -150,6 +153,72 @@ NAMED = FAN_COMMON + textwrap.dedent(
             return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([text.encode()], np.object_))])]
     """
 )
+# Decoupled: answers each request with three responses OUTPUT0 = INPUT0 + k (k = 0, 1, 2), 0.1 s
+# apart, then the final flag alone.
+REPEAT = PROLOGUE + textwrap.dedent(
+    """
+    import time
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            for r in requests:
+                x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+                sender = r.get_response_sender()
+                for k in range(3):
+                    time.sleep(0.1)
+                    sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x + k),
+                        pb_utils.Tensor("ID", np.array([r.request_id().encode()], np.object_))]))
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return None
+    """
+)
+REPEAT_CONFIG = SLOW_CONFIG.replace('"slow"', '"repeat"') + "model_transaction_policy { decoupled: True }\n"
+# Four decoupled streams at once with async_exec(decoupled=True) under asyncio.gather, each read
+# to its end; OUT: JSON {"all": seconds, "streams": [[answer, ...], ...]}.
+STREAMS = FAN_COMMON + textwrap.dedent(
+    """
+    class TritonPythonModel:
+        async def execute(self, requests):
+            x = pb_utils.get_input_tensor_by_name(requests[0], "IN").as_numpy()
+
+            async def stream(i):
+                request = pb_utils.InferenceRequest(model_name="repeat", inputs=[pb_utils.Tensor("INPUT0", x[i : i + 1])],
+                                                    requested_output_names=["OUTPUT0", "ID"], request_id=f"call{i}")
+                return [answer(r) for r in await request.async_exec(decoupled=True)
+                        if r.has_error() or r.output_tensors()]
+
+            start = time.perf_counter()
+            streams = await asyncio.gather(*(stream(i) for i in range(x.size)))
+            text = json.dumps({"all": time.perf_counter() - start, "streams": streams})
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([text.encode()], np.object_))])]
+    """
+)
+# Sends BLS requests that name inputs the server must refuse: one past the request's inputs, and
+# bytes past the end of its input; OUT: JSON list of the calls' ends.
+FORGED = FAN_COMMON + textwrap.dedent(
+    """
+    import os
+    from openinfer import _core
+    from openinfer._backends import triton_wire
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            x = pb_utils.get_input_tensor_by_name(requests[0], "IN").as_numpy()
+            address = x.__array_interface__["data"][0]
+            head = [triton_wire.struct.pack("<IIIIQQ", 1, 1, 0, 0, 0, 0)]
+            head += [triton_wire._string(s) for s in ("slow", "", "", "", "")]
+            ends = []
+            for places in (((0, 0),) * 5 + ((address, x.nbytes),), ((address - 4096, x.nbytes + 4096),)):
+                fd = triton_wire._request(head, [("INPUT0", "FP32", x)], ["OUTPUT0"], places)
+                try:
+                    call = triton_wire._Call(_core.worker_bls(fd))
+                finally:
+                    os.close(fd)
+                ends.append(call.next(30))
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([json.dumps(ends).encode()],
+                                                                                  np.object_))])]
+    """
+)
 FAN_CONFIG = """
 name: "{name}"
 backend: "python"
@@ -168,6 +237,9 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openinfer.Server]:
     add_model(repo, "fan_threads", FAN_THREADS, FAN_CONFIG.format(name="fan_threads"))
     add_model(repo, "fan_async", FAN_ASYNC, FAN_CONFIG.format(name="fan_async"))
     add_model(repo, "named", NAMED, FAN_CONFIG.format(name="named"))
+    add_model(repo, "repeat", REPEAT, REPEAT_CONFIG)
+    add_model(repo, "streams", STREAMS, FAN_CONFIG.format(name="streams"))
+    add_model(repo, "forged", FORGED, FAN_CONFIG.format(name="forged"))
     server = openinfer.serve(repo, http_port=0, log=False)
     try:
         yield server
@@ -204,6 +276,18 @@ def test_an_input_viewing_the_workers_request_is_named_not_copied(srv: openinfer
         x = np.arange(size, dtype=np.float32) + 0.5
         got = fan(srv, "named", x)
         assert got == {"named": [1, 4], "answer": [[3.0, 5.0], "view"]}, got
+
+
+def test_decoupled_bls_streams_from_one_worker_at_once_each_get_their_own_responses(srv: openinfer.Server) -> None:
+    x = np.array([10.0, 20.0, 30.0, 40.0], np.float32)
+    got = fan(srv, "streams", x)
+    assert got["streams"] == [[[[v + k], f"call{i}"] for k in range(3)] for i, v in enumerate(x.tolist())]
+    assert got["all"] < 4 * 0.3, got  # four streams of 0.3 s each, not one after another
+
+
+def test_a_request_naming_inputs_the_worker_does_not_have_is_refused(srv: openinfer.Server) -> None:
+    got = fan(srv, "forged", np.arange(4, dtype=np.float32))
+    assert got == [[400, "a BLS request from a worker was malformed"]] * 2
 
 
 @pytest.mark.parametrize("model", FANS)
@@ -253,3 +337,30 @@ def test_a_call_the_model_stops_waiting_for_is_cancelled(srv: openinfer.Server) 
     got = fan(srv, "fan_async", np.array([1.0], np.float32), give_up_after=0.2, target_params={"hold": True})
     assert got["answers"] == []
     wait_for(lambda: _seen("cancelled") > before, "the dropped call cancelled in the target", bound=30)
+
+
+def test_a_worker_killed_with_bls_calls_in_flight_fails_only_its_own_request(srv: openinfer.Server) -> None:
+    import os
+    import signal
+    import threading
+
+    from tritonclient.utils import InferenceServerException
+
+    held, failed = _seen("held"), []
+
+    def held_calls() -> None:
+        try:
+            fan(srv, "fan_threads", np.arange(8, dtype=np.float32), only_many=True, target_params={"hold": True})
+        except InferenceServerException as e:
+            failed.append(e)
+
+    client = threading.Thread(target=held_calls)
+    client.start()
+    wait_for(lambda: _seen("held") >= held + 8, "eight calls held in the target", bound=60)
+    pid = sys.modules["bls_workers_slow"].pid
+    os.kill(pid, signal.SIGKILL)
+    client.join(60)
+    assert len(failed) == 1 and f"(pid {pid})" in str(failed[0]), failed
+    wait_for(lambda: _seen("held") == _seen("cancelled"), "every held call cancelled", bound=60)
+    x = np.array([1.0, 2.0], np.float32)
+    assert fan(srv, "fan_threads", x)["answers"] == expected(x)  # the worker replaced, or its sibling
