@@ -219,6 +219,27 @@ FORGED = FAN_COMMON + textwrap.dedent(
                                                                                   np.object_))])]
     """
 )
+# Decoupled, in workers: makes its n calls from threads and sends each call's answer as its own
+# response as soon as it comes (the sends, from several threads, wait for the server's word
+# while the other calls' answers arrive on the same wire).
+RELAY = FAN_COMMON + textwrap.dedent(
+    """
+    class TritonPythonModel:
+        def execute(self, requests):
+            for request in requests:
+                sender = request.get_response_sender()
+                n = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy().size
+
+                def relay(i):
+                    text = json.dumps(answer(make(request, i).exec()))
+                    sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([text.encode()], np.object_))]))
+
+                with ThreadPoolExecutor(n) as pool:
+                    list(pool.map(relay, range(n)))
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return None
+    """
+)
 FAN_CONFIG = """
 name: "{name}"
 backend: "python"
@@ -240,7 +261,8 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openinfer.Server]:
     add_model(repo, "repeat", REPEAT, REPEAT_CONFIG)
     add_model(repo, "streams", STREAMS, FAN_CONFIG.format(name="streams"))
     add_model(repo, "forged", FORGED, FAN_CONFIG.format(name="forged"))
-    server = openinfer.serve(repo, http_port=0, log=False)
+    add_model(repo, "relay", RELAY, FAN_CONFIG.format(name="relay") + "model_transaction_policy { decoupled: True }\n")
+    server = openinfer.serve(repo, http_port=0, grpc_port=0, log=False)
     try:
         yield server
     finally:
@@ -283,6 +305,31 @@ def test_decoupled_bls_streams_from_one_worker_at_once_each_get_their_own_respon
     got = fan(srv, "streams", x)
     assert got["streams"] == [[[[v + k], f"call{i}"] for k in range(3)] for i, v in enumerate(x.tolist())]
     assert got["all"] < 4 * 0.3, got  # four streams of 0.3 s each, not one after another
+
+
+def test_a_decoupled_worker_sends_each_bls_answer_as_it_comes(srv: openinfer.Server) -> None:
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    from conftest import triton_grpc
+
+    got: queue.Queue[Any] = queue.Queue()
+    client = triton_grpc(srv)
+    client.start_stream(callback=lambda result, error: got.put(error if error is not None else result))
+    x = np.arange(8, dtype=np.float32) + 0.25
+    tensor = grpcclient.InferInput("IN", [8], "FP32")
+    tensor.set_data_from_numpy(x)
+    client.async_stream_infer("relay", [tensor], enable_empty_final_response=True)
+    answers = []
+    while True:
+        item = got.get(timeout=60)
+        assert not isinstance(item, Exception), item
+        if item.get_response().parameters["triton_final_response"].bool_param:
+            break
+        answers.append(json.loads(item.as_numpy("OUT")[0]))
+    client.stop_stream()
+    assert sorted(answers, key=lambda a: a[1]) == expected(x)
 
 
 def test_a_request_naming_inputs_the_worker_does_not_have_is_refused(srv: openinfer.Server) -> None:
