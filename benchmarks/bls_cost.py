@@ -4,9 +4,15 @@ against computing the same step directly in the model (python_backend's add_sub 
 step), p50 of each over the same iterations, in-process (no client, no socket: the clock is read in
 the calling model). The goal is a BLS call no more than 30 µs above the direct step.
 
-    .venv/bin/python benchmarks/bls_cost.py [--iterations N] [--rounds R]
+With --workers: BLS from a worker process (a model whose instances are worker processes calls a
+target that sleeps --target-ms per request, with eight instances in the server): eight calls at
+once, from threads and with async_exec under asyncio.gather, against one call alone, p50 of each
+over the same iterations. The goal is eight at once taking no more than 2x one.
 
-Prints the p50s and their difference per round and the median difference.
+    .venv/bin/python benchmarks/bls_cost.py [--iterations N] [--rounds R]
+    .venv/bin/python benchmarks/bls_cost.py --workers [--iterations N] [--rounds R] [--target-ms MS]
+
+Prints the p50s and their difference (or ratio) per round and the median.
 """
 
 from __future__ import annotations
@@ -61,15 +67,110 @@ backend: "python"
 input [{ name: "N", data_type: TYPE_INT64, dims: [ 1 ] }]
 output [{ name: "P50", data_type: TYPE_FP64, dims: [ 2 ] }]
 """
+# In worker processes: p50s of one BLS call to `sleeper`, of eight at once from threads, and of
+# eight at once with async_exec under asyncio.gather, each call checked for its own answer.
+FAN = textwrap.dedent(
+    """
+    import asyncio, time
+    from concurrent.futures import ThreadPoolExecutor
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    def request(i):
+        return pb_utils.InferenceRequest(model_name="sleeper", inputs=[pb_utils.Tensor("IN", np.array([i], np.float32))],
+                                         requested_output_names=["OUT"])
+
+    def check(i, r):
+        assert not r.has_error(), r.error().message()
+        assert pb_utils.get_output_tensor_by_name(r, "OUT").as_numpy()[0] == i
+
+    class TritonPythonModel:
+        async def execute(self, requests):
+            n = int(pb_utils.get_input_tensor_by_name(requests[0], "N").as_numpy()[0])
+            one, threads, gathered = [], [], []
+            with ThreadPoolExecutor(8) as pool:
+                for _ in range(n):
+                    t0 = time.perf_counter_ns()
+                    check(0, request(0).exec())
+                    t1 = time.perf_counter_ns()
+                    for i, r in enumerate(pool.map(lambda i: request(i).exec(), range(8))):
+                        check(i, r)
+                    t2 = time.perf_counter_ns()
+                    for i, r in enumerate(await asyncio.gather(*(request(i).async_exec() for i in range(8)))):
+                        check(i, r)
+                    t3 = time.perf_counter_ns()
+                    one.append(t1 - t0)
+                    threads.append(t2 - t1)
+                    gathered.append(t3 - t2)
+            out = np.array([np.median(one), np.median(threads), np.median(gathered)], np.float64)
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("P50", out)])]
+    """
+)
+FAN_CONFIG = """
+name: "fan"
+backend: "python"
+input [{ name: "N", data_type: TYPE_INT64, dims: [ 1 ] }]
+output [{ name: "P50", data_type: TYPE_FP64, dims: [ 3 ] }]
+instance_group [{ count: 2, kind: KIND_CPU }]
+"""
+SLEEPER = textwrap.dedent(
+    """
+    import time
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            time.sleep(SECONDS)
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN")
+                                                                .as_numpy())]) for r in requests]
+    """
+)
+SLEEPER_CONFIG = """
+name: "sleeper"
+backend: "python"
+input [{ name: "IN", data_type: TYPE_FP32, dims: [ 1 ] }]
+output [{ name: "OUT", data_type: TYPE_FP32, dims: [ 1 ] }]
+instance_group [{ count: 8, kind: KIND_MODEL }]
+"""
+
+
+def add(repo: Path, name: str, model_py: str, config: str) -> None:
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "1" / "model.py").write_text(model_py)
+    (repo / name / "config.pbtxt").write_text(config)
+
+
+def from_workers(repo: Path, args: argparse.Namespace) -> None:
+    """The --workers case: eight BLS calls at once from one worker process against one."""
+    add(repo, "fan", FAN, FAN_CONFIG)
+    add(repo, "sleeper", SLEEPER.replace("SECONDS", repr(args.target_ms / 1000)), SLEEPER_CONFIG)
+    server = openinfer.serve(repo, http_port=0, log=False)
+    client = openinfer.Client(server.url)
+    try:
+        ratios = []
+        for r in range(args.rounds):
+            one, threads, gathered = client.infer("fan", {"N": np.array([args.iterations], np.int64)})["P50"] / 1e6
+            ratios.append(max(threads, gathered) / one)
+            print(f"round {r + 1}: one call p50 {one:.1f} ms, 8 at once p50 {threads:.1f} ms (threads) "
+                  f"{gathered:.1f} ms (async_exec), ratio {threads / one:.2f}x / {gathered / one:.2f}x")
+        print(f"median of the larger ratio, 8 at once over one: {statistics.median(ratios):.2f}x (goal <= 2x)")
+    finally:
+        client.close()
+        server.stop()
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--workers", action="store_true", help="BLS from a worker process: 8 calls at once vs one")
+    parser.add_argument("--target-ms", type=float, default=20.0, help="--workers: the target's time per request")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp)
+        if args.workers:
+            from_workers(repo, args)
+            return 0
         (repo / "add_sub" / "1").mkdir(parents=True)
         shutil.copy(EXAMPLE / "model.py", repo / "add_sub" / "1" / "model.py")
         shutil.copy(EXAMPLE / "config.pbtxt", repo / "add_sub" / "config.pbtxt")

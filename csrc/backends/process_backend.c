@@ -52,6 +52,7 @@ typedef struct worker_s {
     uint64_t started_ms;    /* when it was last started (monotonic) */
     int backoff_ms;         /* the watcher's wait before its next start: 0 after a long life */
     uint64_t next_start_ms; /* the watcher starts it again no sooner (only the watcher) */
+    oi_pw_bls_calls_t bls;  /* its model's BLS calls in flight (only during a job) */
 } worker_t;
 
 typedef struct pool_s {
@@ -62,6 +63,7 @@ typedef struct pool_s {
     oi__instances_t idle;
     oi_pw_bls_hook_t bls;
     int has_bls;
+    int n_bls_ready; /* workers whose bls is initialized (for release) */
     /* The watcher: a thread that replaces a worker as its socket hangs up (it died while
      * idle), so the model is whole again without waiting for a request to find it dead. */
     pthread_t watcher;
@@ -508,19 +510,23 @@ static int answer_partial(worker_t *w, int sent)
 }
 
 /* Receives the next reply of a job, telling the worker (by the shared flag) once the
- * request's clients have all gone. */
+ * request's clients have all gone, and carrying its BLS calls' responses back meanwhile. */
 static ssize_t next_reply(worker_t *w, const oi_request_t *req, char *buf, size_t cap, int *fd)
 {
-    struct pollfd pfd = {.fd = w->sock, .events = POLLIN};
+    struct pollfd pfd[2] = {{.fd = w->sock, .events = POLLIN}, {.fd = w->bls.wake, .events = POLLIN}};
     oi_pw_shared_t *shared = (oi_pw_shared_t *)w->jobs;
     for (;;) {
-        int rc = poll(&pfd, 1, req->cancelled != NULL ? CANCEL_POLL_MS : -1);
-        if (rc > 0)
-            return recv_message(w->sock, buf, cap, fd);
+        int rc = poll(pfd, 2, req->cancelled != NULL ? CANCEL_POLL_MS : -1);
         if (rc < 0 && errno != EINTR)
             return -1;
-        if (req->cancelled != NULL && req->cancelled(req->cancelled_arg))
+        if (rc > 0 && (pfd[1].revents & POLLIN) && oi__pw_bls_forward(&w->bls, w->sock) != 0)
+            return -1;
+        if (rc > 0 && pfd[0].revents != 0)
+            return recv_message(w->sock, buf, cap, fd);
+        if (req->cancelled != NULL && req->cancelled(req->cancelled_arg)) {
             atomic_store_explicit(&shared->cancelled, 1, memory_order_relaxed);
+            oi__pw_bls_cancel_all(&w->bls); /* the model's calls go with its clients */
+        }
     }
 }
 
@@ -575,8 +581,13 @@ static oi_status_t *run_job(pool_t *p, worker_t *w, const oi_request_t *req, con
                 goto died;
             continue;
         } else if (r->type == OI_PW_BLS) { /* the model calls the server meanwhile */
-            if (oi__pw_serve_bls(p->has_bls ? &p->bls : NULL, w->sock, fd, req, p->model_name) != 0)
+            if (oi__pw_bls_start(&w->bls, w->sock, r->block, fd, req, p->model_name) != 0)
                 goto died;
+            continue;
+        } else if (r->type == OI_PW_BLS_CANCEL) {
+            if (fd >= 0)
+                close(fd);
+            oi__pw_bls_cancel(&w->bls, r->block);
             continue;
         } else if (r->type == OI_PW_DONE && req->send != NULL) {
         } else if (r->type == OI_PW_ERROR) {
@@ -591,6 +602,9 @@ static oi_status_t *run_job(pool_t *p, worker_t *w, const oi_request_t *req, con
             close(fd);
         break;
     }
+    /* Calls the model left running (a thread of its own, an un-awaited async_exec) end with the
+     * job: the request they may name is done, and nobody would carry their answers back. */
+    oi__pw_bls_end_all(&w->bls, w->sock, "the request that made this BLS call has ended");
     if (unsent != NULL) { /* the stream ended on our side: the worker's account of it is moot */
         oi_status_free(st);
         return unsent;
@@ -599,6 +613,7 @@ static oi_status_t *run_job(pool_t *p, worker_t *w, const oi_request_t *req, con
 died:;
     char how[96];
     pid_t pid = w->pid;
+    oi__pw_bls_end_all(&w->bls, -1, NULL);
     reap_worker(w, how, sizeof(how));
     oi_status_free(unsent);
     oi_response_clear(resp);
@@ -822,6 +837,8 @@ static void proc_release(void *state)
     stop_all(p);
     for (int i = 0; i < p->n; i++) {
         worker_t *w = &p->workers[i];
+        if (i < p->n_bls_ready)
+            oi__pw_bls_destroy(&w->bls);
         if (w->jobs != NULL)
             munmap(w->jobs, w->jobs_len);
         if (w->jobs_fd >= 0)
@@ -857,6 +874,11 @@ void *oi_process_backend_start(const char *model_name, int n, const oi_process_s
         (p->argv = copy_strings(spec->argv)) == NULL || (p->envp = copy_strings(spec->envp)) == NULL ||
         (p->recipe = malloc(spec->recipe_len ? spec->recipe_len : 1)) == NULL)
         goto oom;
+    for (; p->n_bls_ready < n; p->n_bls_ready++)
+        if (oi__pw_bls_init(&p->workers[p->n_bls_ready].bls, p->has_bls ? &p->bls : NULL) != 0) {
+            snprintf(err, errlen, "model '%s': cannot make an eventfd: %s", p->model_name, strerror(errno));
+            goto fail;
+        }
     memcpy(p->recipe, spec->recipe, spec->recipe_len);
     /* One import per usable CPU at a time: imports are CPU-bound, more at once would only
      * fork sooner. Each worker is waited for in order; the next starts as one is ready. */

@@ -1,14 +1,13 @@
 #include "backends/process_bls.h"
 
 #include <errno.h>
-#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "backends/process_wire.h"
 #include "core/bls_chain.h"
 #include "core/dtype.h"
 
@@ -75,8 +74,33 @@ typedef struct {
     uint32_t flags;
 } head_t;
 
-/* The request in the mapping `map` (owned by `owner`) into `req`; 0, or -1 when malformed. */
-static int parse(oi_buf_t *owner, oi_request_t *req, head_t *h)
+/* Points `t` at `size` bytes at `offset` of the memfd's mapping (`owner`) or, source k > 0, of
+ * the caller's input k-1 (the array the model passed on is a view of it): a reference to the
+ * memory that holds them, no copy. 0, or -1 out of bounds. */
+static int place(oi_tensor_t *t, uint32_t source, uint64_t offset, uint64_t size, oi_buf_t *owner,
+                 const oi_request_t *caller)
+{
+    const char *base = owner->data;
+    uint64_t len = owner->len;
+    oi_buf_t *holder = owner;
+    if (source > 0) {
+        if (source > caller->n_inputs)
+            return -1;
+        const oi_tensor_t *in = &caller->inputs[source - 1];
+        base = in->data;
+        len = in->byte_size;
+        holder = in->owner;
+    }
+    if (offset > len || size > len - offset || (size > 0 && holder == NULL))
+        return -1;
+    t->data = (char *)base + offset;
+    t->byte_size = size;
+    t->owner = holder != NULL ? oi_buf_ref(holder) : NULL;
+    return 0;
+}
+
+/* The request in the mapping `owner` into `req`; 0, or -1 when malformed. */
+static int parse(oi_buf_t *owner, const oi_request_t *caller, oi_request_t *req, head_t *h)
 {
     rd_t r = {.p = owner->data, .len = owner->len};
     uint32_t n_in = rd_u32(&r), n_out = rd_u32(&r);
@@ -112,7 +136,7 @@ static int parse(oi_buf_t *owner, oi_request_t *req, head_t *h)
         oi_tensor_t *t = &req->inputs[i];
         t->name = rd_str(&r, req->aux);
         const char *dtype = rd_str(&r, req->aux);
-        uint32_t ndim = rd_u32(&r);
+        uint32_t ndim = rd_u32(&r), source = rd_u32(&r);
         if (r.bad || ndim > OI_MAX_DIMS)
             return -1;
         t->dtype = oi_dtype_from_name(dtype, strlen(dtype));
@@ -120,11 +144,8 @@ static int parse(oi_buf_t *owner, oi_request_t *req, head_t *h)
         for (uint32_t d = 0; d < ndim; d++)
             t->shape[d] = (int64_t)rd_u64(&r);
         uint64_t offset = rd_u64(&r), size = rd_u64(&r);
-        if (r.bad || t->dtype == OI_TYPE_INVALID || offset > owner->len || size > owner->len - offset)
+        if (r.bad || t->dtype == OI_TYPE_INVALID || place(t, source, offset, size, owner, caller) != 0)
             return -1;
-        t->data = owner->data + offset;
-        t->byte_size = size;
-        t->owner = oi_buf_ref(owner);
         req->n_inputs++;
     }
     for (uint32_t i = 0; i < n_out; i++) {
@@ -134,11 +155,6 @@ static int parse(oi_buf_t *owner, oi_request_t *req, head_t *h)
     }
     return r.bad ? -1 : 0;
 }
-
-typedef struct {
-    int sock;
-    int gone; /* a send failed: the worker has gone */
-} conn_t;
 
 static void put(char **at, const void *v, size_t n)
 {
@@ -153,10 +169,9 @@ static void put_str(char **at, const char *s)
     put(at, s, n);
 }
 
-/* One response into a memfd of its own, sent as BLS_PART. */
-static int send_part(void *arg, const oi_response_t *resp)
+/* One response of call `id` into a memfd of its own, sent as BLS_PART. */
+static int send_part(int sock, uint64_t id, const oi_response_t *resp)
 {
-    conn_t *c = arg;
     uint32_t params_len = resp->parameters != NULL ? (uint32_t)resp->parameters->len : 0;
     size_t head = 16 + params_len, data = 0;
     for (uint32_t i = 0; i < resp->n_outputs; i++) {
@@ -197,21 +212,20 @@ static int send_part(void *arg, const oi_response_t *resp)
     if (params_len > 0)
         put(&at, resp->parameters->data, params_len);
     munmap(base, head + data);
-    oi_pw_reply_t r = {.type = OI_PW_BLS_PART};
+    oi_pw_reply_t r = {.type = OI_PW_BLS_PART, .block = id};
     oi_pw_fds_t fds = {.fd = {fd}, .n = 1};
-    int rc = oi_pw_send(c->sock, &r, sizeof(r), &fds);
+    int rc = oi_pw_send(sock, &r, sizeof(r), &fds);
     close(fd);
-    if (rc != 0)
-        c->gone = 1;
     return rc;
 }
 
-static int send_end(int sock, const oi_status_t *st)
+static int send_end(int sock, uint64_t id, const oi_status_t *st)
 {
     char buf[OI_PW_MAX_MESSAGE];
     oi_pw_reply_t *r = (oi_pw_reply_t *)buf;
     memset(r, 0, sizeof(*r));
     r->type = OI_PW_BLS_END;
+    r->block = id;
     size_t len = sizeof(*r);
     if (st != NULL) {
         r->code = (uint32_t)st->code;
@@ -224,30 +238,27 @@ static int send_end(int sock, const oi_status_t *st)
     return oi_pw_send(sock, buf, len, NULL);
 }
 
-/* What cancels a worker's BLS request: its job's clients all went, or the worker itself did
- * (its end of the socket hung up), so that a killed worker's call ends at once. */
-typedef struct {
-    const oi_request_t *caller;
-    int sock;
-} probe_t;
-
-static int probe_cancelled(const void *arg)
+int oi__pw_bls_init(oi_pw_bls_calls_t *c, const oi_pw_bls_hook_t *hook)
 {
-    const probe_t *p = arg;
-    if (p->caller->cancelled != NULL && p->caller->cancelled(p->caller->cancelled_arg))
-        return 1;
-    struct pollfd pfd = {.fd = p->sock, .events = POLLRDHUP};
-    return poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+    c->hook = hook;
+    c->n = 0;
+    c->wake = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    return c->wake < 0 ? -1 : 0;
 }
 
-int oi__pw_serve_bls(const oi_pw_bls_hook_t *hook, int sock, int fd, const oi_request_t *caller,
-                     const char *caller_model)
+void oi__pw_bls_destroy(oi_pw_bls_calls_t *c)
 {
-    char *chain = NULL;
+    oi__pw_bls_end_all(c, -1, NULL);
+    if (c->wake >= 0)
+        close(c->wake);
+    c->wake = -1;
+}
+
+/* The request in memfd `fd` (taken) into `req`, or why it cannot be had. */
+static oi_status_t *read_request(int fd, const oi_request_t *caller, oi_request_t *req, head_t *h)
+{
     struct stat sb;
     oi_buf_t *owner = NULL;
-    oi_request_t req = {.binary_data_output = -1};
-    head_t h = {0};
     oi_status_t *st = NULL;
     void *base = MAP_FAILED;
     if (fd < 0 || fstat(fd, &sb) != 0 || sb.st_size < 32 ||
@@ -256,24 +267,97 @@ int oi__pw_serve_bls(const oi_pw_bls_hook_t *hook, int sock, int fd, const oi_re
         if (base != MAP_FAILED)
             munmap(base, (size_t)sb.st_size);
         st = oi_status_new(OI_BAD_REQUEST, "a BLS request from a worker came without its memory");
-    } else if (parse(owner, &req, &h) != 0) {
+    } else if (parse(owner, caller, req, h) != 0) {
         st = oi_status_new(OI_BAD_REQUEST, "a BLS request from a worker was malformed");
     }
     if (fd >= 0)
         close(fd);
     oi_buf_unref(owner); /* the inputs hold their references */
-    conn_t c = {.sock = sock};
-    if (st == NULL && hook == NULL)
+    return st;
+}
+
+int oi__pw_bls_start(oi_pw_bls_calls_t *c, int sock, uint64_t id, int fd, const oi_request_t *caller,
+                     const char *caller_model)
+{
+    char *chain = NULL;
+    oi_request_t req = {.binary_data_output = -1};
+    head_t h = {0};
+    oi_status_t *st = read_request(fd, caller, &req, &h);
+    if (st == NULL && c->hook == NULL)
         st = oi_status_new(OI_UNIMPLEMENTED, "BLS is not available in this worker process");
+    if (st == NULL && c->n == OI_PW_MAX_BLS_CALLS)
+        st = oi_status_new(OI_UNAVAILABLE,
+                           "model '%s': a worker process may have %d BLS calls in flight at once; this one "
+                           "would be one more",
+                           caller_model, OI_PW_MAX_BLS_CALLS);
     if (st == NULL && (st = oi_bls_chain_extend(caller->bls_chain, caller_model, h.model, &chain)) == NULL)
         req.bls_chain = chain;
-    probe_t probe = {caller, sock};
-    oi_request_t watch = {.cancelled = probe_cancelled, .cancelled_arg = &probe};
+    void *call = NULL;
     if (st == NULL)
-        st = hook->run(hook->ctx, h.model, h.version, &req, h.flags, send_part, &c, &watch);
+        call = c->hook->start(c->hook->ctx, h.model, h.version, &req, h.flags, c->wake, &st);
     oi_request_clear(&req);
     free(chain);
-    int rc = c.gone ? -1 : send_end(sock, st); /* to a worker that died: fails, as it should */
+    if (call != NULL) {
+        c->at[c->n].id = id;
+        c->at[c->n++].call = call;
+        return 0;
+    }
+    int rc = send_end(sock, id, st);
     oi_status_free(st);
     return rc;
+}
+
+/* Releases call i, the last taking its place. */
+static void drop(oi_pw_bls_calls_t *c, uint32_t i)
+{
+    c->hook->release(c->at[i].call);
+    c->at[i] = c->at[--c->n];
+}
+
+int oi__pw_bls_forward(oi_pw_bls_calls_t *c, int sock)
+{
+    uint64_t count;
+    ssize_t got = read(c->wake, &count, sizeof(count)); /* reset first: a later write wakes again */
+    (void)got;
+    for (uint32_t i = 0; i < c->n;) {
+        oi_response_t resp = {0};
+        oi_status_t *st = NULL;
+        int more = c->hook->next(c->at[i].call, &resp, &st);
+        if (more < 0) {
+            i++;
+            continue;
+        }
+        int rc = more > 0 ? send_part(sock, c->at[i].id, &resp) : send_end(sock, c->at[i].id, st);
+        oi_response_clear(&resp);
+        oi_status_free(st);
+        if (more == 0)
+            drop(c, i);
+        if (rc != 0)
+            return -1;
+    }
+    return 0;
+}
+
+void oi__pw_bls_cancel(oi_pw_bls_calls_t *c, uint64_t id)
+{
+    for (uint32_t i = 0; i < c->n; i++)
+        if (c->at[i].id == id)
+            c->hook->cancel(c->at[i].call);
+}
+
+void oi__pw_bls_cancel_all(oi_pw_bls_calls_t *c)
+{
+    for (uint32_t i = 0; i < c->n; i++)
+        c->hook->cancel(c->at[i].call);
+}
+
+void oi__pw_bls_end_all(oi_pw_bls_calls_t *c, int sock, const char *why)
+{
+    oi_status_t *st = sock >= 0 ? oi_status_new(OI_CLIENT_CLOSED, "%s", why) : NULL;
+    while (c->n > 0) {
+        if (sock >= 0 && send_end(sock, c->at[c->n - 1].id, st) != 0)
+            sock = -1; /* the worker has gone: the others are only released */
+        drop(c, c->n - 1);
+    }
+    oi_status_free(st);
 }

@@ -10,7 +10,12 @@
  * - the result ring (worker writes, server reads): blocks of outputs that the worker carves
  *   out and the server frees, by flag, once the response holding them is sent. A result that
  *   does not fit the ring travels in a memfd of its own, passed with SCM_RIGHTS.
- * Messages on the SOCK_SEQPACKET socketpair only say "this job", "these outputs", "done". */
+ * Messages on the SOCK_SEQPACKET socketpair only say "this job", "these outputs", "done".
+ *
+ * During a job the worker may also make BLS calls (process_bls.h): several at once, each named
+ * by an id the worker chose, which every message about that call carries in `block`. The
+ * worker reads its socket on one thread of its own (python/worker_mux.c), which hands each
+ * message to whoever waits for it: the job loop, a decoupled response's sender, a BLS call. */
 #ifndef OI_BACKENDS_PROCESS_WIRE_H
 #define OI_BACKENDS_PROCESS_WIRE_H
 
@@ -34,16 +39,19 @@ typedef struct oi_pw_shared_s {
 enum { OI_PW_FD_SOCKET = 3, OI_PW_FD_JOBS = 4, OI_PW_FD_RESULTS = 5 };
 #define OI_PW_MAX_MESSAGE 8192
 #define OI_PW_MAX_FDS 16 /* memfds one message carries (a JOB's inputs; more are copied) */
+/* BLS calls one worker may have in flight at once; the server refuses more (BLS_END 503), so a
+ * model cannot hold unbounded server memory through its worker. */
+#define OI_PW_MAX_BLS_CALLS 64
 
 enum {
     /* server -> worker */
     OI_PW_JOB = 1, /* oi_pw_job_t */
     OI_PW_ACK,     /* a decoupled response was sent: go on */
     OI_PW_STOP,    /* a decoupled response could not be sent (client gone): stop */
-    OI_PW_BLS_PART, /* one response of the worker's BLS request: oi_pw_reply_t and a memfd laid
-                     * out as process_bls.h says */
-    OI_PW_BLS_END,  /* the worker's BLS request ended: oi_pw_reply_t with code 0 (done) or the
-                     * error's status, and its message */
+    OI_PW_BLS_PART, /* one response of BLS call `block`: oi_pw_reply_t and a memfd laid out as
+                     * process_bls.h says */
+    OI_PW_BLS_END,  /* BLS call `block` ended: oi_pw_reply_t with code 0 (done) or the error's
+                     * status, and its message */
     /* worker -> server: oi_pw_reply_t */
     OI_PW_READY = 16, /* the model is imported; the text says nothing */
     OI_PW_RESULT,     /* a unary job's outputs */
@@ -51,11 +59,13 @@ enum {
     OI_PW_DONE,       /* a decoupled job ended without error */
     OI_PW_ERROR,      /* the job (or the import) failed: code and text */
     OI_PW_FAIL_ONE,   /* before a RESULT: request `block` of the batch failed alone, code and text */
-    OI_PW_BLS,        /* during a job: a BLS request of the model, in the memfd sent with it
-                       * (process_bls.h); the server answers BLS_PART..., BLS_END */
+    OI_PW_BLS,        /* during a job: BLS call `block` of the model, in the memfd sent with it
+                       * (process_bls.h); the server answers BLS_PART..., BLS_END for that id */
     OI_PW_PARAMS_ONE, /* before a RESULT: the next piece of request `block`'s own response
                        * parameters (JSON text), in as many messages as it takes */
     OI_PW_ABSENT_ONE, /* before a RESULT: request `block`'s response lacks output `code` */
+    OI_PW_BLS_CANCEL, /* the model no longer waits for BLS call `block`: the server cancels it (its
+                       * BLS_END still comes) */
 };
 
 #define OI_PW_JOB_DECOUPLED 1u
@@ -115,7 +125,8 @@ typedef struct oi_pw_reply_s {
     uint32_t flags; /* OI_PW_IN_MEMFD */
     uint32_t code;  /* OI_PW_ERROR: the status code; the message text follows the struct */
     uint32_t pad;
-    uint64_t block; /* RESULT, PARTIAL: the block's offset in the ring (0 with OI_PW_IN_MEMFD) */
+    uint64_t block; /* RESULT, PARTIAL: the block's offset in the ring (0 with OI_PW_IN_MEMFD);
+                     * *_ONE: the request of the batch; BLS*: the call's id */
 } oi_pw_reply_t;
 
 /* The descriptors that travel with one message (SCM_RIGHTS). */

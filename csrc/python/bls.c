@@ -19,9 +19,6 @@
 #include "server/server.h"
 #include "server/validate.h"
 
-/* How often a worker's BLS request looks whether the worker's own request lost its client. */
-#define CANCEL_POLL_NS 20000000LL
-
 typedef struct part_s {
     struct part_s *next;
     oi_response_t resp;
@@ -44,6 +41,8 @@ typedef struct {
     int ended;       /* `done` came */
     oi_status_t *st; /* its failure, taken by the caller */
     int efd;         /* eventfd written at each response and at the end; -1 until asked */
+    int wake_fd;     /* a worker's calls' eventfd (not owned), written likewise; -1 once released */
+    char *chain;     /* a worker's call: its bls_chain, owned */
 } bls_t;
 
 typedef struct {
@@ -70,6 +69,7 @@ static void bls_unref(bls_t *b)
     for (uint32_t i = 0; i < b->n_strings; i++)
         free(b->strings[i]);
     free(b->strings);
+    free(b->chain);
     if (b->model != NULL)
         oi_model_unref(b->model);
     if (b->efd >= 0)
@@ -83,11 +83,13 @@ static void bls_unref(bls_t *b)
 static void wake(bls_t *b)
 {
     pthread_cond_broadcast(&b->cv);
-    if (b->efd >= 0) {
-        uint64_t one = 1;
-        ssize_t w = write(b->efd, &one, sizeof(one));
-        (void)w; /* a full counter is still readable */
-    }
+    uint64_t one = 1;
+    ssize_t w = 0; /* a full counter is still readable */
+    if (b->efd >= 0)
+        w = write(b->efd, &one, sizeof(one));
+    if (b->wake_fd >= 0)
+        w = write(b->wake_fd, &one, sizeof(one));
+    (void)w;
 }
 
 /* A decoupled target's response, on its executor: kept in order for the caller. */
@@ -263,63 +265,75 @@ static bls_t *bls_new(int counted)
     pthread_cond_init(&b->cv, NULL);
     b->tail = &b->head;
     b->efd = -1;
+    b->wake_fd = -1;
     b->counted = counted;
     b->req.binary_data_output = -1;
     return b;
 }
 
-oi_status_t *oi_py_bls_run(void *ctx, const char *model, const char *version, oi_request_t *req, uint32_t flags,
-                           int (*part)(void *arg, const oi_response_t *resp), void *arg, const oi_request_t *caller)
+void *oi_py_bls_worker_start(void *ctx, const char *model, const char *version, oi_request_t *req, uint32_t flags,
+                             int wake_fd, oi_status_t **st)
 {
     oi_server_t *s = ctx;
     bls_t *b = bls_new(oi_server_counts_statistics(s));
-    if (b == NULL)
-        return oi_status_new(OI_INTERNAL, "out of memory");
-    b->req = *req; /* its bls_chain stays the caller's: this returns once the request has ended */
+    if (b == NULL) {
+        *st = oi_status_new(OI_INTERNAL, "out of memory");
+        return NULL;
+    }
+    b->req = *req;
     memset(req, 0, sizeof(*req));
-    oi_status_t *st = submit(b, oi_server_registry(s), model, version, 0);
+    if (b->req.bls_chain != NULL && (b->req.bls_chain = b->chain = strdup(b->req.bls_chain)) == NULL) {
+        *st = oi_status_new(OI_INTERNAL, "out of memory");
+        bls_unref(b);
+        return NULL;
+    }
+    b->wake_fd = wake_fd; /* before it is queued: a request refused in submit ends at once */
+    *st = submit(b, oi_server_registry(s), model, version, 0);
     if (b->model != NULL && b->model->decoupled && !(flags & OI_PW_BLS_DECOUPLED)) { /* as exec() says */
-        oi_job_cancel(&b->job);
-        oi_status_free(st);
-        st = oi_status_new(OI_INTERNAL,
-                           "Model %s is using the decoupled. The current BLS request call doesn't support models "
-                           "using the decoupled transaction policy. Please use 'decoupled=True' argument to the "
-                           "'exec' or 'async_exec' calls for decoupled models.'",
-                           model);
+        oi_status_free(*st);
+        *st = oi_status_new(OI_INTERNAL,
+                            "Model %s is using the decoupled. The current BLS request call doesn't support models "
+                            "using the decoupled transaction policy. Please use 'decoupled=True' argument to the "
+                            "'exec' or 'async_exec' calls for decoupled models.'",
+                            model);
     }
-    for (int stop = st != NULL; !stop;) {
-        pthread_mutex_lock(&b->mu);
-        while (b->head == NULL && !b->ended) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += CANCEL_POLL_NS;
-            ts.tv_sec += ts.tv_nsec / 1000000000LL;
-            ts.tv_nsec %= 1000000000LL;
-            if (pthread_cond_timedwait(&b->cv, &b->mu, &ts) == ETIMEDOUT && caller->cancelled != NULL &&
-                caller->cancelled(caller->cancelled_arg))
-                oi_job_cancel(&b->job); /* the worker's client went: so goes its BLS request */
-        }
-        part_t *p = b->head;
-        if (p != NULL && (b->head = p->next) == NULL)
-            b->tail = &b->head;
-        if (p == NULL) {
-            st = b->st;
-            b->st = NULL;
-            stop = 1;
-        }
-        pthread_mutex_unlock(&b->mu);
-        if (p != NULL) {
-            if (part(arg, &p->resp) != 0) {
-                oi_job_cancel(&b->job);
-                st = oi_status_new(OI_CLIENT_CLOSED, "the worker went away");
-                stop = 1;
-            }
-            oi_response_clear(&p->resp);
-            free(p);
-        }
+    if (*st != NULL) {
+        oi_py_bls_worker_release(b);
+        return NULL;
     }
+    return b;
+}
+
+int oi_py_bls_worker_next(void *call, oi_response_t *resp, oi_status_t **st)
+{
+    bls_t *b = call;
+    pthread_mutex_lock(&b->mu);
+    part_t *p = b->head;
+    if (p != NULL && (b->head = p->next) == NULL)
+        b->tail = &b->head;
+    int got = p != NULL ? 1 : b->ended ? 0 : -1;
+    if (got == 0) {
+        *st = b->st;
+        b->st = NULL;
+    }
+    pthread_mutex_unlock(&b->mu);
+    if (p != NULL) {
+        *resp = p->resp;
+        free(p);
+    }
+    return got;
+}
+
+void oi_py_bls_worker_cancel(void *call) { oi_job_cancel(&((bls_t *)call)->job); }
+
+void oi_py_bls_worker_release(void *call)
+{
+    bls_t *b = call;
+    pthread_mutex_lock(&b->mu);
+    b->wake_fd = -1; /* the worker's eventfd may close once this returns */
+    pthread_mutex_unlock(&b->mu);
+    oi_job_cancel(&b->job);
     bls_unref(b);
-    return st;
 }
 
 PyObject *oi_py_bls_start(oi_registry_t *reg, int counted, PyObject *args, PyObject *kwargs)

@@ -17,9 +17,12 @@ extern PyTypeObject oi_py_bls_type;
  * has ended with that error. `counted`: count it in the target's statistics. */
 PyObject *oi_py_bls_start(oi_registry_t *reg, int counted, PyObject *args, PyObject *kwargs);
 
-/* The hook (oi_pw_bls_hook_t.run, process_bls.h) that serves a worker process's BLS requests;
- * `ctx` is the oi_server_t. Runs without the GIL. */
-oi_status_t *oi_py_bls_run(void *ctx, const char *model, const char *version, oi_request_t *req, uint32_t flags,
-                           int (*part)(void *arg, const oi_response_t *resp), void *arg, const oi_request_t *caller);
+/* The hook (oi_pw_bls_hook_t, process_bls.h) that serves worker processes' BLS requests;
+ * `ctx` is the oi_server_t. Called without the GIL. */
+void *oi_py_bls_worker_start(void *ctx, const char *model, const char *version, oi_request_t *req, uint32_t flags,
+                             int wake_fd, oi_status_t **st);
+int oi_py_bls_worker_next(void *call, oi_response_t *resp, oi_status_t **st);
+void oi_py_bls_worker_cancel(void *call);
+void oi_py_bls_worker_release(void *call);
 
 #endif

@@ -1471,7 +1471,8 @@ static void *start_workers(oi_server_t *server, const char *name, int instances,
     if (argv != NULL && argv[0] == NULL)
         PyErr_SetString(PyExc_ValueError, "workers argv is empty");
     else if (envp != NULL) {
-        oi_pw_bls_hook_t bls = {oi_py_bls_run, server}; /* the workers' BLS requests */
+        oi_pw_bls_hook_t bls = {oi_py_bls_worker_start, oi_py_bls_worker_next, oi_py_bls_worker_cancel,
+                                oi_py_bls_worker_release, server}; /* the workers' BLS requests */
         oi_process_spec_t spec = {argv, envp, recipe.buf, (size_t)recipe.len, (size_t)ring, stop.buf, &bls};
         char msg[1024];
         Py_BEGIN_ALLOW_THREADS state = oi_process_backend_start(name, instances, &spec, msg, sizeof(msg));

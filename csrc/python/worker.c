@@ -18,6 +18,7 @@
 #include "backends/process_wire.h"
 #include "backends/python_backend.h"
 #include "core/thread.h"
+#include "python/worker_mux.h"
 
 /* The result ring: only this process carves blocks (head) and reclaims them (tail); the
  * server frees a block by flag once the response that holds it is sent. */
@@ -180,15 +181,18 @@ static int job_cancelled(const void *arg)
     return atomic_load_explicit(&shared->cancelled, memory_order_relaxed) != 0;
 }
 
-/* A decoupled model's response: to the server, then wait for its word that it went out. */
+/* A decoupled model's response: to the server, then wait for its word that it went out. One
+ * at a time (the model's threads may send at once): each answer is the last response's. */
 static oi_status_t *send_partial(void *arg, oi_response_t *resp)
 {
+    static pthread_mutex_t one_at_a_time = PTHREAD_MUTEX_INITIALIZER;
     worker_t *w = arg;
+    pthread_mutex_lock(&one_at_a_time);
     int rc = send_outputs(w, OI_PW_PARTIAL, resp);
+    uint32_t answer = rc == 0 ? oi_wm_answer() : OI_PW_STOP;
+    pthread_mutex_unlock(&one_at_a_time);
     oi_response_clear(resp);
-    uint32_t answer = 0;
-    ssize_t n = rc == 0 ? recv(w->sock, &answer, sizeof(answer), 0) : -1;
-    if (n == (ssize_t)sizeof(answer) && answer == OI_PW_ACK)
+    if (answer == OI_PW_ACK)
         return NULL;
     return oi_status_new(OI_CLIENT_CLOSED, "the response could not be sent");
 }
@@ -331,11 +335,8 @@ static void serve(worker_t *w, void *state)
     for (;;) {
         oi_pw_job_t job;
         oi_pw_fds_t fds;
-        ssize_t n = oi_pw_recv(w->sock, &job, sizeof(job), &fds, OI_PW_MAX_FDS);
-        if (n != (ssize_t)sizeof(job) || job.type != OI_PW_JOB) {
-            oi_pw_close_fds(&fds);
+        if (oi_wm_next_job(&job, &fds) != 0)
             return; /* the server has gone (or broke the wire): nothing left to serve */
-        }
         if (map_jobs(w, job.area_len) != 0) {
             oi_pw_close_fds(&fds);
             send_error(w->sock, OI_INTERNAL, "cannot map the job area");
@@ -353,8 +354,10 @@ static void serve(worker_t *w, void *state)
             req.send_arg = w;
         }
         oi_response_t resp = {0};
+        oi_wm_job_begin(bad == NULL ? &req : NULL);
         oi_status_t *st = bad != NULL ? oi_status_new(OI_INTERNAL, "worker: %s", bad)
                                       : oi_python_backend.execute(state, &req, names, n_names, &resp);
+        oi_wm_job_end(); /* before the job's last message: a BLS naming its inputs went before */
         int rc = 0;
         for (uint32_t k = 0; req.batch_errors != NULL && k < req.n_batch && rc == 0; k++)
             if (req.batch_errors[k] != NULL) /* before the RESULT or ERROR, which ends the job */
@@ -456,6 +459,12 @@ static PyObject *worker_serve(PyObject *self, PyObject *args, PyObject *kw)
         PyErr_SetFromErrno(PyExc_OSError);
         goto done;
     }
+    if (PyType_Ready(&oi_py_worker_call_type) < 0)
+        goto done;
+    if (oi_wm_start(w.sock) != 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto done;
+    }
     if (send_reply(&w, OI_PW_READY, 0, 0, -1) == 0) {
         Py_BEGIN_ALLOW_THREADS serve(&w, state);
         Py_END_ALLOW_THREADS
@@ -486,5 +495,9 @@ PyMethodDef oi_py_worker_functions[] = {
      "In a model's worker process: serves the server's jobs with handler(inputs, parameters, outputs, cancelled) "
      "until the server closes the socket."},
     {"worker_fail", worker_fail, METH_O, "In a model's worker process: tells the server why the model did not import."},
+    {"worker_bls", oi_py_worker_bls, METH_VARARGS,
+     "In a model's worker process: worker_bls(fd, job=None) sends the BLS request in memfd fd as a new call."},
+    {"worker_job_inputs", oi_py_worker_job_inputs, METH_NOARGS,
+     "In a model's worker process: (job, ((address, byte_size), ...)) of the running job's inputs, or None."},
     {NULL, NULL, 0, NULL},
 };
