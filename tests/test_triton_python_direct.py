@@ -1,0 +1,132 @@
+"""A Triton Python model's lone request is served by the core calling execute itself
+(`_core.TritonExecute`, csrc/python/triton_execute.c), in the server and in worker processes:
+execute is not called from the adapter's Python, and what the model sees of its request and
+what the client gets of its responses, errors and parameters are unchanged."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import openinfer
+
+from conftest import triton_grpc, triton_http
+
+# Each request answered with OUT = IN * 2 and INFO, what execute saw: whether the adapter's
+# Python called it, and the request's fields. A request parameter "mode" picks another outcome.
+MODEL = textwrap.dedent(
+    """
+    import copy, json, sys
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            caller = sys._getframe().f_back
+            adapter = caller is not None and caller.f_code.co_filename.endswith("triton_model.py")
+            responses = []
+            for request in requests:
+                x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+                params = json.loads(request.parameters())
+                mode = params.get("mode", "")
+                if mode == "raise":
+                    raise ValueError("asked to fail")
+                if mode == "error":
+                    error = pb_utils.TritonError("IN is bad", pb_utils.TritonError.INVALID_ARG)
+                    responses.append(pb_utils.InferenceResponse(error=error))
+                    continue
+                info = {"adapter": adapter, "id": request.request_id(), "parameters": params,
+                        "requested": sorted(request.requested_output_names()), "cancelled": request.is_cancelled(),
+                        "model": request.model_name(), "inputs": [t.name() for t in request.inputs()],
+                        "none": pb_utils.get_input_tensor_by_name(request, "NOPE") is None,
+                        "by_keyword": pb_utils.get_input_tensor_by_name(inference_request=request, name="IN").name(),
+                        "copied": copy.copy(request).request_id() == request.request_id(),
+                        "flags": [request.correlation_id(), request.flags(), request.timeout()]}
+                outputs = [pb_utils.Tensor("OUT", (x * 2).astype(np.float32))]
+                if mode != "leave_out":
+                    outputs.append(pb_utils.Tensor("INFO", np.array([json.dumps(info).encode()], dtype=np.object_)))
+                parameters = {"seen": mode} if mode == "params" else None
+                responses.append(pb_utils.InferenceResponse(outputs, parameters=parameters))
+            return responses
+    """
+)
+CONFIG = """
+name: "{name}"
+backend: "python"
+max_batch_size: {batch}
+input [{{ name: "IN", data_type: TYPE_FP32, dims: [ 2 ] }}]
+output [{{ name: "OUT", data_type: TYPE_FP32, dims: [ 2 ] }}]
+output [{{ name: "INFO", data_type: TYPE_STRING, dims: [ 1 ] }}]
+instance_group [{{ kind: KIND_CPU, count: {count} }}]
+"""
+# In the server (one instance), in worker processes (two), and a batching model's lone request.
+MODELS = {"direct": (0, 1), "direct_workers": (0, 2), "direct_batching": (4, 1)}
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openinfer.Server]:
+    repo = tmp_path_factory.mktemp("triton_direct")
+    for name, (batch, count) in MODELS.items():
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "model.py").write_text(MODEL)
+        (repo / name / "config.pbtxt").write_text(CONFIG.format(name=name, batch=batch, count=count))
+    server = openinfer.serve(repo, http_port=0, grpc_port=0, metrics_port=None, threads=2, log=False)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _input(module: object, name: str, batch: int) -> tuple[object, np.ndarray]:
+    data = np.array([[1.5, -2.0]] if batch else [1.5, -2.0], np.float32)
+    tensor = module.InferInput("IN", list(data.shape), "FP32")  # type: ignore[attr-defined]
+    tensor.set_data_from_numpy(data)
+    return tensor, data
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_execute_is_called_by_the_core_and_sees_its_request(srv: openinfer.Server, protocol: str, name: str) -> None:
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    module, client = (httpclient, triton_http(srv)) if protocol == "http" else (grpcclient, triton_grpc(srv))
+    tensor, data = _input(module, name, MODELS[name][0])
+    only_out = client.infer(name, [tensor], outputs=[module.InferRequestedOutput("OUT")])  # the common answer
+    assert only_out.as_numpy("OUT").tolist() == (data * 2).tolist()
+    assert only_out.as_numpy("INFO") is None
+    both = [module.InferRequestedOutput("OUT"), module.InferRequestedOutput("INFO")]
+    result = client.infer(name, [tensor], outputs=both, request_id="r-7", parameters={"k": "v"})
+    assert result.as_numpy("OUT").tolist() == (data * 2).tolist()
+    info = json.loads(result.as_numpy("INFO").flatten()[0])
+    assert info == {
+        "adapter": False, "id": "r-7", "parameters": {"k": "v"}, "requested": ["INFO", "OUT"], "cancelled": False,
+        "model": name, "inputs": ["IN"], "none": True, "by_keyword": "IN", "copied": True, "flags": [0, 0, 0],
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["direct", "direct_workers"])
+def test_errors_parameters_and_left_out_outputs_answer_as_before(srv: openinfer.Server, name: str) -> None:
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    client = triton_http(srv)
+    tensor, data = _input(httpclient, name, 0)
+    both = [httpclient.InferRequestedOutput("OUT"), httpclient.InferRequestedOutput("INFO")]
+    with pytest.raises(InferenceServerException) as raised:
+        client.infer(name, [tensor], parameters={"mode": "raise"})
+    assert raised.value.status() == "500"
+    assert f"Failed to process the request(s) for model '{name}_0" in raised.value.message()
+    assert "ValueError: asked to fail" in raised.value.message()
+    with pytest.raises(InferenceServerException) as raised:
+        client.infer(name, [tensor], parameters={"mode": "error"})
+    assert raised.value.status() == "400" and raised.value.message() == "IN is bad"
+    answered = client.infer(name, [tensor], outputs=both, parameters={"mode": "params"})
+    assert answered.get_response()["parameters"] == {"seen": "params"}
+    left_out = client.infer(name, [tensor], outputs=both, parameters={"mode": "leave_out"})
+    assert left_out.as_numpy("OUT").tolist() == (data * 2).tolist() and left_out.as_numpy("INFO") is None
