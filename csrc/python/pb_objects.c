@@ -160,8 +160,17 @@ PyTypeObject oi_py_pb_tensor_type =
 static int pb_response_init(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *keywords[] = {"output_tensors", "error", "parameters", NULL};
+    static PyObject *output_tensors; /* interned once, as the caller's keyword is */
     PyObject *given = Py_None, *error = Py_None, *parameters = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|OOO:InferenceResponse", keywords, &given, &error, &parameters))
+    if (output_tensors == NULL && (output_tensors = PyUnicode_InternFromString("output_tensors")) == NULL)
+        return -1;
+    PyObject *alone = kw != NULL && PyTuple_GET_SIZE(args) == 0 && PyDict_GET_SIZE(kw) == 1
+                          ? PyDict_GetItemWithError(kw, output_tensors)
+                          : NULL;
+    if (alone != NULL) /* InferenceResponse(output_tensors=[...]), the common call: no parsing */
+        given = alone;
+    else if (PyErr_Occurred() ||
+             !PyArg_ParseTupleAndKeywords(args, kw, "|OOO:InferenceResponse", keywords, &given, &error, &parameters))
         return -1;
     int any = given == Py_None ? 0 : PyObject_IsTrue(given);
     PyObject *outputs = any < 0 ? NULL : any ? PySequence_List(given) : PyList_New(0);
