@@ -3,7 +3,9 @@ openinfer's own Python backend: an adapter, not a backend of its own.
 
 `TritonModel` is an `openinfer.Model` whose handler calls ``TritonPythonModel.execute(requests)``
 where an ``infer(inputs)`` model's function is called, with `triton_utils` objects viewing the
-request (inputs stay zero-copy and read-only). So the scheduler, batcher, cancellation flag,
+request (inputs stay zero-copy and read-only); a lone request's execute the core calls itself
+(`TritonModel.direct`, csrc/python/triton_execute.c), handing what it does not take as it is to
+`TritonModel._conclude`. So the scheduler, batcher, cancellation flag,
 decoupled streaming and worker processes are the ones every Python model has:
 
 - one ``TritonPythonModel`` object per instance: in the server process (a pool the executor
