@@ -1,21 +1,25 @@
-"""A Triton Python model's lone request is served by the core calling execute itself
-(`_core.TritonExecute`, csrc/python/triton_execute.c), in the server and in worker processes:
-execute is not called from the adapter's Python, and what the model sees of its request and
-what the client gets of its responses, errors and parameters are unchanged."""
+"""A Triton Python model's requests and dynamic batches are served by the core calling execute
+itself (`_core.TritonExecute`, csrc/python/triton_execute.c), in the server and in worker
+processes: execute is not called from the adapter's Python, and what the model sees of its
+requests and what the clients get of their responses, errors and parameters are unchanged."""
 
 from __future__ import annotations
 
+import gc
 import json
 import textwrap
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
+import requests
 
 import openinfer
 
-from conftest import triton_grpc, triton_http
+from conftest import triton_grpc, triton_http, wait_for
+from test_triton_python_batching import held, pending
 
 # Each request answered with OUT = IN * 2 and INFO, what execute saw: whether the adapter's
 # Python called it, and the request's fields. A request parameter "mode" picks another outcome.
@@ -67,15 +71,61 @@ instance_group [{{ kind: KIND_CPU, count: {count} }}]
 # In the server (one instance), in worker processes (two), and a batching model's lone request.
 MODELS = {"direct": (0, 1), "direct_workers": (0, 2), "direct_batching": (4, 1)}
 
+# A dynamic batch: a request whose IN is -1 waits (bounded) for the gate file, so that the ones
+# sent after it queue up and form one batch; each answers, on each of its rows, how many
+# requests its execute call got and whether the adapter's Python called execute.
+BATCH_MODEL = textwrap.dedent(
+    """
+    import os, sys, time
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            caller = sys._getframe().f_back
+            adapter = caller is not None and caller.f_code.co_filename.endswith("triton_model.py")
+            responses = []
+            for request in requests:
+                x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+                if x[0, 0] == -1:
+                    with open(os.environ["PYB_GATE"] + ".held", "a") as f:
+                        f.write("held\\n")
+                    end = time.monotonic() + 60
+                    while not os.path.exists(os.environ["PYB_GATE"]) and time.monotonic() < end:
+                        time.sleep(0.01)
+                rows = x.shape[0]
+                seen = [len(requests), int(adapter), int(request.request_id()[1:] or -1)]
+                responses.append(pb_utils.InferenceResponse([
+                    pb_utils.Tensor("SEEN", np.array([seen] * rows, np.int32)),
+                    pb_utils.Tensor("OUT", x * 2),
+                ]))
+            return responses
+    """
+)
+BATCH_CONFIG = """
+name: "{name}"
+backend: "python"
+max_batch_size: 8
+dynamic_batching {{ }}
+input [{{ name: "IN", data_type: TYPE_FP32, dims: [ 1 ] }}]
+output [{{ name: "SEEN", data_type: TYPE_INT32, dims: [ 3 ] }}]
+output [{{ name: "OUT", data_type: TYPE_FP32, dims: [ 1 ] }}]
+instance_group [{{ kind: KIND_CPU, count: {count} }}]
+"""
+
 
 @pytest.fixture(scope="module")
-def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openinfer.Server]:
+def srv(tmp_path_factory: pytest.TempPathFactory, file_gate: Path) -> Iterator[openinfer.Server]:
     repo = tmp_path_factory.mktemp("triton_direct")
-    for name, (batch, count) in MODELS.items():
+    models = {name: (MODEL, CONFIG.format(name=name, batch=batch, count=count))
+              for name, (batch, count) in MODELS.items()}  # fmt: skip
+    models["batched"] = (BATCH_MODEL, BATCH_CONFIG.format(name="batched", count=1))
+    models["batched_workers"] = (BATCH_MODEL, BATCH_CONFIG.format(name="batched_workers", count=2))
+    for name, (model_py, config) in models.items():
         (repo / name / "1").mkdir(parents=True)
-        (repo / name / "1" / "model.py").write_text(MODEL)
-        (repo / name / "config.pbtxt").write_text(CONFIG.format(name=name, batch=batch, count=count))
-    server = openinfer.serve(repo, http_port=0, grpc_port=0, metrics_port=None, threads=2, log=False)
+        (repo / name / "1" / "model.py").write_text(model_py)
+        (repo / name / "config.pbtxt").write_text(config)
+    server = openinfer.serve(repo, http_port=0, grpc_port=0, threads=2, log=False)
     try:
         yield server
     finally:
@@ -130,3 +180,33 @@ def test_errors_parameters_and_left_out_outputs_answer_as_before(srv: openinfer.
     assert answered.get_response()["parameters"] == {"seen": "params"}
     left_out = client.infer(name, [tensor], outputs=both, parameters={"mode": "leave_out"})
     assert left_out.as_numpy("OUT").tolist() == (data * 2).tolist() and left_out.as_numpy("INFO") is None
+
+
+def _batch_infer(srv: openinfer.Server, model: str, value: float, rows: int, request_id: str) -> tuple[list, list]:
+    body = {"id": request_id, "inputs": [{"name": "IN", "datatype": "FP32", "shape": [rows, 1], "data": [value] * rows}]}
+    answer = requests.post(f"{srv.url}/v2/models/{model}/infer", json=body, timeout=120)
+    assert answer.status_code == 200, answer.text
+    outs = {o["name"]: o["data"] for o in answer.json()["outputs"]}
+    return outs["SEEN"], outs["OUT"]
+
+
+@pytest.mark.parametrize("model, blockers", [("batched", 1), ("batched_workers", 2)])
+def test_a_dynamic_batch_is_joined_by_the_core(srv: openinfer.Server, file_gate: Path, model: str, blockers: int) -> None:
+    file_gate.unlink(missing_ok=True)
+    Path(str(file_gate) + ".held").unlink(missing_ok=True)
+    gc.collect()  # the earlier tests' tritonclients go here, not in a pool thread (their gevent hub is this thread's)
+    with ThreadPoolExecutor(blockers + 3) as pool:
+        holding = []
+        for i in range(blockers):  # one at a time, so that each holds an instance of its own
+            holding.append(pool.submit(_batch_infer, srv, model, -1, 1, f"h{90 + i}"))
+            wait_for(lambda: held(file_gate) == i + 1, "a request held in execute")
+        queued = [pool.submit(_batch_infer, srv, model, float(k + 1), k + 1, f"q{k}") for k in range(3)]
+        wait_for(lambda: pending(srv, model) == 3, "three requests queued behind the held ones")
+        file_gate.touch()
+        answers = [f.result(timeout=120) for f in queued]
+        for f in holding:
+            f.result(timeout=120)
+    for k, (seen, out) in enumerate(answers):
+        assert out == [2.0 * (k + 1)] * (k + 1)  # each client its own request's rows
+        assert [s[1:] for s in np.reshape(seen, (k + 1, 3)).tolist()] == [[0, k]] * (k + 1)  # not the adapter; its id
+    assert max(a[0][0] for a in answers) >= 2  # the queued requests reached execute together

@@ -13,7 +13,7 @@ typedef struct py_state_s {
     /* A model whose function takes the inputs alone (see oi_python_backend_state): called
      * directly, its dict read here; `select` only words what is wrong with another answer. */
     PyObject *fn, *select;
-    /* A Triton Python model whose lone requests the core runs itself (triton_execute.c). */
+    /* A Triton Python model whose execute the core calls itself (triton_execute.c). */
     PyObject *triton;
     char *model_name;
     uint32_t n_outputs;
@@ -507,7 +507,7 @@ static void end_flag(cancel_flag_t *flag)
     flag->req = NULL;
 }
 
-/* A Triton Python model's lone request, its execute called here (triton_execute.c). */
+/* A Triton Python model's request or dynamic batch, its execute called here (triton_execute.c). */
 static oi_status_t *call_triton(py_state_t *s, const oi_request_t *req, const char *const *names, uint32_t n,
                                 oi_response_t *resp)
 {
@@ -538,7 +538,7 @@ static oi_status_t *py_execute(void *state, const oi_request_t *req, const char 
         PyEval_SaveThread();
         return st;
     }
-    if (s->triton != NULL && req->send == NULL && req->n_batch == 0) {
+    if (s->triton != NULL && req->send == NULL) {
         oi_status_t *st = call_triton(s, req, names, n, resp);
         PyEval_SaveThread();
         return st;

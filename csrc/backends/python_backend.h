@@ -15,8 +15,8 @@ extern const oi_backend_t oi_python_backend;
  * inputs alone may also give `fn` and `select` (else NULL): then fn(inputs) is called
  * directly, and select(result, output_names) only for a result that is not a dict holding
  * every requested output (it returns the outputs to send or raises). A Triton Python model
- * may give `triton` (a _core.TritonExecute, else NULL): its lone requests then call execute
- * from here (python/triton_execute.c), the others `handler`. */
+ * may give `triton` (a _core.TritonExecute, else NULL): execute is then called from here
+ * (python/triton_execute.c), `handler` serving a decoupled model's streams alone. */
 void *oi_python_backend_state(PyObject *handler, PyObject *fn, PyObject *select, PyObject *triton,
                               const char *model_name, const oi_io_spec_t *outputs, uint32_t n_outputs);
 

@@ -1,13 +1,15 @@
-/* _core.TritonExecute: a Triton Python model's execute called by the core itself for a lone
- * request, as an infer() model's function is (python_backend.c). What the adapter
+/* _core.TritonExecute: a Triton Python model's execute called by the core itself, as an
+ * infer() model's function is (python_backend.c). What the adapter
  * (python/openinfer/_backends/triton_model.py, TritonModel.handler) does in Python for every
- * request is done here without a Python frame: the pb_utils.InferenceRequest built straight
- * from the core's arrays (its input Tensors named by the model's own declared str objects),
- * an instance taken from the pool, pb_utils' serving context set around the call, and the
- * returned response's arrays handed to the core as they are. Any other outcome (an error, a
- * response with parameters or an error, a rescheduled request, a response sent through the
- * sender, an asked output left out or BYTES) goes to the adapter's `_conclude`, which answers
- * as its handler does. TritonModel.direct says which models may take this path. */
+ * request is done here without a Python frame: the pb_utils.InferenceRequests built straight
+ * from the core's arrays (a dynamic batch's each viewing its own rows, with its own id and
+ * parameters; the input Tensors named by the model's own declared str objects), an instance
+ * taken from the pool, pb_utils' serving context set around the call, and the returned
+ * responses' arrays handed to the core as they are (a batch's joined by rows). Any other
+ * outcome (an error, a response with parameters or an error, a rescheduled request, a response
+ * sent through the sender, an asked output left out or BYTES) goes to the adapter's
+ * `_conclude`, which answers as its handler does. TritonModel.direct says which models may take
+ * this path. */
 #include "python/triton_execute.h"
 
 #include "python/bridge.h"
@@ -66,10 +68,10 @@ PyObject *oi_py_triton_output(PyObject *response, const char *name)
     return tensor != NULL ? OI_PB_FIELD(tensor, OI_PB_TENSOR_ARRAY) : NULL;
 }
 
-/* One input as a pb_utils.Tensor viewing the request's memory. */
-static PyObject *input_tensor(triton_execute_t *te, const oi_tensor_t *in)
+/* One input as a pb_utils.Tensor of `array` (a view of the request's memory; the reference is
+ * taken). */
+static PyObject *input_tensor(triton_execute_t *te, const oi_tensor_t *in, PyObject *array)
 {
-    PyObject *array = oi_py_array_view(in, 0);
     if (array == NULL)
         return NULL;
     PyObject *tensor = te->tensor_type->tp_alloc(te->tensor_type, 0);
@@ -111,9 +113,25 @@ static PyObject *asked_names(triton_execute_t *te, const char *const *names, uin
     return list;
 }
 
-/* The pb_utils.InferenceRequest execute gets, as InferenceRequest._served builds one. */
-static PyObject *make_request(triton_execute_t *te, const oi_request_t *req, const char *const *names, uint32_t n,
-                              PyObject *flag)
+/* The request's inputs as read-only arrays viewing all their rows (a tuple). */
+static PyObject *input_views(const oi_request_t *req)
+{
+    PyObject *views = PyTuple_New(req->n_inputs);
+    for (uint32_t i = 0; views != NULL && i < req->n_inputs; i++) {
+        PyObject *array = oi_py_array_view(&req->inputs[i], 0);
+        if (array == NULL)
+            Py_CLEAR(views);
+        else
+            PyTuple_SET_ITEM(views, i, array);
+    }
+    return views;
+}
+
+/* The pb_utils.InferenceRequest execute gets, as InferenceRequest._served builds one: request k
+ * of a dynamic batch (its `rows` of the inputs' `views` from `start`, its own id and
+ * parameters), or the lone request (rows < 0: the whole views). */
+static PyObject *make_request(triton_execute_t *te, const oi_request_t *req, uint32_t k, PyObject *views,
+                              Py_ssize_t start, Py_ssize_t rows, const char *const *names, uint32_t n, PyObject *flag)
 {
     PyObject *request = te->request_type->tp_alloc(te->request_type, 0);
     PyObject *inputs = PyList_New(req->n_inputs);
@@ -123,7 +141,9 @@ static PyObject *make_request(triton_execute_t *te, const oi_request_t *req, con
         return NULL;
     }
     for (uint32_t i = 0; i < req->n_inputs; i++) {
-        PyObject *tensor = input_tensor(te, &req->inputs[i]);
+        PyObject *view = PyTuple_GET_ITEM(views, i);
+        view = rows < 0 ? Py_NewRef(view) : PySequence_GetSlice(view, start, start + rows);
+        PyObject *tensor = input_tensor(te, &req->inputs[i], view);
         if (tensor == NULL) {
             Py_DECREF(request);
             Py_DECREF(inputs);
@@ -135,8 +155,8 @@ static PyObject *make_request(triton_execute_t *te, const oi_request_t *req, con
     f[OI_PB_REQUEST_MODEL_NAME] = Py_NewRef(te->model_name);
     f[OI_PB_REQUEST_INPUTS] = inputs;
     f[OI_PB_REQUEST_REQUESTED] = asked_names(te, names, n);
-    f[OI_PB_REQUEST_ID] = req->id != NULL ? PyUnicode_DecodeUTF8(req->id, (Py_ssize_t)strlen(req->id), "replace")
-                                          : Py_NewRef(s_empty);
+    const char *id = rows < 0 ? req->id : req->batch_ids[k];
+    f[OI_PB_REQUEST_ID] = id != NULL ? PyUnicode_DecodeUTF8(id, (Py_ssize_t)strlen(id), "replace") : Py_NewRef(s_empty);
     f[OI_PB_REQUEST_CORRELATION_ID] = PyLong_FromLong(0);
     f[OI_PB_REQUEST_FLAGS] = PyLong_FromLong(0);
     f[OI_PB_REQUEST_TIMEOUT] = PyLong_FromLong(0);
@@ -150,8 +170,9 @@ static PyObject *make_request(triton_execute_t *te, const oi_request_t *req, con
         Py_DECREF(request);
         return NULL;
     }
-    if (req->parameters.ptr != NULL) { /* the request's parameters: its fields and parameters() */
-        PyObject *text = PyBytes_FromStringAndSize(req->parameters.ptr, (Py_ssize_t)req->parameters.len);
+    const oi_slice_t *own = rows < 0 ? &req->parameters : req->batch_params != NULL ? &req->batch_params[k] : NULL;
+    if (own != NULL && own->ptr != NULL) { /* the request's parameters: its fields and parameters() */
+        PyObject *text = PyBytes_FromStringAndSize(own->ptr, (Py_ssize_t)own->len);
         PyObject *params = text != NULL ? PyObject_CallOneArg(te->json_loads, text) : NULL;
         PyObject *done = params != NULL ? PyObject_CallMethodOneArg(request, s_take_parameters, params) : NULL;
         Py_XDECREF(text);
@@ -163,32 +184,66 @@ static PyObject *make_request(triton_execute_t *te, const oi_request_t *req, con
     return request;
 }
 
-/* execute's result when it is the common answer (one plain response, every asked output in
- * it and none of those BYTES, the request neither rescheduled nor answered through its sender): that
- * response, a new reference. NULL otherwise (no exception set). */
-static PyObject *common_answer(triton_execute_t *te, PyObject *result, PyObject *request, const char *const *names,
-                               uint32_t n)
+/* Whether `response`, execute's answer to `request`, is a plain one: no error or parameters,
+ * every asked output in it and none of those BYTES (items other than bytes and str are the
+ * adapter's to word), the request neither rescheduled nor answered through its sender. */
+static int plain_answer(triton_execute_t *te, PyObject *response, PyObject *request, const char *const *names,
+                        uint32_t n)
 {
-    if (result == NULL || !PyList_CheckExact(result) || PyList_GET_SIZE(result) != 1)
-        return NULL;
-    PyObject *response = PyList_GET_ITEM(result, 0), *release = OI_PB_FIELD(request, OI_PB_REQUEST_RELEASE_FLAGS);
+    PyObject *release = OI_PB_FIELD(request, OI_PB_REQUEST_RELEASE_FLAGS);
     if (Py_TYPE(response) != te->response_type || OI_PB_FIELD(response, OI_PB_RESPONSE_ERROR) != Py_None ||
         OI_PB_FIELD(response, OI_PB_RESPONSE_PARAMETERS) != Py_None || OI_PB_FIELD(request, OI_PB_REQUEST_SENDER) != Py_None ||
         release == NULL || !PyLong_CheckExact(release) || PyLong_AsLong(release) != 1)
-        return NULL;
+        return 0;
     for (uint32_t i = 0; i < n; i++) {
         PyObject *tensor = output_tensor(response, names[i]);
         PyObject *datatype = tensor != NULL ? OI_PB_FIELD(tensor, OI_PB_TENSOR_DATATYPE) : NULL;
         if (datatype == NULL || OI_PB_FIELD(tensor, OI_PB_TENSOR_ARRAY) == NULL || str_is(datatype, "BYTES"))
-            return NULL; /* left out, or BYTES (items other than bytes and str are the adapter's to word) */
+            return 0;
     }
-    return Py_NewRef(response);
+    return 1;
 }
 
-/* Any other outcome: the adapter's _conclude(instance, request, outputs, cancelled, result,
+/* A dynamic batch's plain responses joined by rows, each asked output the concatenation of
+ * theirs (a dict), for the core to split again; NULL (no exception set) where numpy cannot
+ * join them: the adapter then words the error. */
+static PyObject *joined(PyObject *responses, const char *const *names, uint32_t n)
+{
+    PyObject *answer = PyDict_New();
+    for (uint32_t i = 0; answer != NULL && i < n; i++) {
+        PyObject *parts = PyList_New(PyList_GET_SIZE(responses));
+        for (Py_ssize_t k = 0; parts != NULL && k < PyList_GET_SIZE(responses); k++)
+            PyList_SET_ITEM(parts, k, Py_NewRef(oi_py_triton_output(PyList_GET_ITEM(responses, k), names[i])));
+        PyObject *whole = parts != NULL ? PyArray_Concatenate(parts, 0) : NULL;
+        if (whole == NULL || PyDict_SetItemString(answer, names[i], whole) != 0)
+            Py_CLEAR(answer);
+        Py_XDECREF(whole);
+        Py_XDECREF(parts);
+    }
+    if (answer == NULL)
+        PyErr_Clear();
+    return answer;
+}
+
+/* execute's result when it is the common answer, a plain response for each request: that
+ * response for a lone request, the batch's joined outputs for a dynamic batch (a new
+ * reference). NULL otherwise (no exception set). */
+static PyObject *common_answer(triton_execute_t *te, PyObject *result, PyObject *requests, const char *const *names,
+                               uint32_t n, int batch)
+{
+    if (result == NULL || !PyList_CheckExact(result) || PyList_GET_SIZE(result) != PyList_GET_SIZE(requests))
+        return NULL;
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(result); k++)
+        if (!plain_answer(te, PyList_GET_ITEM(result, k), PyList_GET_ITEM(requests, k), names, n))
+            return NULL;
+    return batch ? joined(result, names, n) : Py_NewRef(PyList_GET_ITEM(result, 0));
+}
+
+/* Any other outcome: the adapter's _conclude(instance, requests, outputs, cancelled, result,
  * error) answers it, `error` the Exception execute raised (None when it returned `result`).
  * Anything that is not an Exception (SystemExit, ...) goes on up, as from the handler. */
-static PyObject *conclude(triton_execute_t *te, PyObject *instance, PyObject *request, PyObject *flag, PyObject *result)
+static PyObject *conclude(triton_execute_t *te, PyObject *instance, PyObject *requests, PyObject *flag,
+                          PyObject *result)
 {
     PyObject *error = NULL;
     if (result == NULL) {
@@ -204,9 +259,9 @@ static PyObject *conclude(triton_execute_t *te, PyObject *instance, PyObject *re
         Py_XDECREF(type);
         Py_XDECREF(tb);
     }
-    PyObject *outputs = PyList_AsTuple(OI_PB_FIELD(request, OI_PB_REQUEST_REQUESTED));
+    PyObject *outputs = PyList_AsTuple(OI_PB_FIELD(PyList_GET_ITEM(requests, 0), OI_PB_REQUEST_REQUESTED));
     PyObject *answer = outputs == NULL ? NULL
-                                       : PyObject_CallFunctionObjArgs(te->conclude, instance, request, outputs, flag,
+                                       : PyObject_CallFunctionObjArgs(te->conclude, instance, requests, outputs, flag,
                                                                       result != NULL ? result : Py_None,
                                                                       error != NULL ? error : Py_None, NULL);
     Py_XDECREF(outputs);
@@ -226,14 +281,35 @@ static void call_keeping_error(PyObject *fn, PyObject *arg)
     PyErr_Restore(type, value, tb);
 }
 
+/* The requests execute gets: the lone request, or each of a dynamic batch's (a list). */
+static PyObject *make_requests(triton_execute_t *te, const oi_request_t *req, const char *const *names, uint32_t n,
+                               PyObject *flag)
+{
+    uint32_t count = req->n_batch ? req->n_batch : 1;
+    PyObject *views = input_views(req);
+    PyObject *requests = views != NULL ? PyList_New(count) : NULL;
+    Py_ssize_t start = 0;
+    for (uint32_t k = 0; requests != NULL && k < count; k++) {
+        Py_ssize_t rows = req->n_batch ? (Py_ssize_t)req->batch_rows[k] : -1;
+        PyObject *request = make_request(te, req, k, views, start, rows, names, n, flag);
+        if (request == NULL)
+            Py_CLEAR(requests);
+        else
+            PyList_SET_ITEM(requests, k, request);
+        start += rows;
+    }
+    Py_XDECREF(views);
+    return requests;
+}
+
 PyObject *oi_py_triton_execute(PyObject *self, const oi_request_t *req, const char *const *names, uint32_t n,
                                PyObject *flag)
 {
     triton_execute_t *te = (triton_execute_t *)self;
-    PyObject *request = make_request(te, req, names, n, flag);
-    PyObject *instance = request != NULL ? PyObject_CallNoArgs(te->get) : NULL;
+    PyObject *requests = make_requests(te, req, names, n, flag);
+    PyObject *instance = requests != NULL ? PyObject_CallNoArgs(te->get) : NULL;
     if (instance == NULL) {
-        Py_XDECREF(request);
+        Py_XDECREF(requests);
         return NULL;
     }
     PyObject *answer = NULL, *token = NULL;
@@ -242,14 +318,13 @@ PyObject *oi_py_triton_execute(PyObject *self, const oi_request_t *req, const ch
         token = PyContextVar_Set(te->serving_var, serving);
     Py_XDECREF(serving);
     if (token != NULL) {
-        PyObject *requests = PyList_New(1);
-        if (requests != NULL)
-            PyList_SET_ITEM(requests, 0, Py_NewRef(request));
-        PyObject *result = requests != NULL ? PyObject_CallMethodOneArg(instance, s_execute, requests) : NULL;
-        Py_XDECREF(requests);
-        answer = common_answer(te, result, request, names, n);
+        /* execute may keep or change the list it is given: it gets its own */
+        PyObject *given = PyList_GetSlice(requests, 0, PyList_GET_SIZE(requests));
+        PyObject *result = given != NULL ? PyObject_CallMethodOneArg(instance, s_execute, given) : NULL;
+        Py_XDECREF(given);
+        answer = common_answer(te, result, requests, names, n, req->n_batch > 0);
         if (answer == NULL)
-            answer = conclude(te, instance, request, flag, result);
+            answer = conclude(te, instance, requests, flag, result);
         Py_XDECREF(result);
         PyObject *type, *value, *tb;
         PyErr_Fetch(&type, &value, &tb);
@@ -260,7 +335,7 @@ PyObject *oi_py_triton_execute(PyObject *self, const oi_request_t *req, const ch
     }
     call_keeping_error(te->put, instance);
     Py_DECREF(instance);
-    Py_DECREF(request);
+    Py_DECREF(requests);
     return answer;
 }
 

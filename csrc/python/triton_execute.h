@@ -1,5 +1,5 @@
-/* _core.TritonExecute: the core's own call of a Triton Python model's execute for a lone
- * request (see triton_execute.c). */
+/* _core.TritonExecute: the core's own call of a Triton Python model's execute (see
+ * triton_execute.c). */
 #ifndef OI_PYTHON_TRITON_EXECUTE_H
 #define OI_PYTHON_TRITON_EXECUTE_H
 
@@ -10,11 +10,12 @@
 
 extern PyTypeObject oi_py_triton_execute_type;
 
-/* Runs the model's execute for `req` (a lone request, not decoupled), `flag` its cancel flag,
- * `names` the n outputs asked. Returns a new reference: the model's own response (a
- * pb_utils.InferenceResponse holding every asked output, read with oi_py_triton_output), or
- * what the adapter's _conclude made of any other outcome (a mapping of outputs, as a handler
- * returns); NULL with the exception set. Needs the GIL. */
+/* Runs the model's execute for `req` (a lone request or a dynamic batch, not decoupled), `flag`
+ * its cancel flag, `names` the n outputs asked. Returns a new reference: a lone request's own
+ * response (a pb_utils.InferenceResponse holding every asked output, read with
+ * oi_py_triton_output), or a mapping of outputs as a handler returns (a batch's joined by
+ * rows, or what the adapter's _conclude made of any other outcome); NULL with the exception
+ * set. Needs the GIL. */
 PyObject *oi_py_triton_execute(PyObject *self, const oi_request_t *req, const char *const *names, uint32_t n,
                                PyObject *flag);
 

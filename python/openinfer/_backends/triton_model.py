@@ -3,7 +3,7 @@ openinfer's own Python backend: an adapter, not a backend of its own.
 
 `TritonModel` is an `openinfer.Model` whose handler calls ``TritonPythonModel.execute(requests)``
 where an ``infer(inputs)`` model's function is called, with `triton_utils` objects viewing the
-request (inputs stay zero-copy and read-only); a lone request's execute the core calls itself
+request (inputs stay zero-copy and read-only); mostly the core calls execute itself
 (`TritonModel.direct`, csrc/python/triton_execute.c), handing what it does not take as it is to
 `TritonModel._conclude`. So the scheduler, batcher, cancellation flag,
 decoupled streaming and worker processes are the ones every Python model has:
@@ -259,8 +259,8 @@ class TritonModel(Model):
 
     @property
     def direct(self) -> Any:
-        """The core's own call of execute for a lone request that is not decoupled
-        (`_core.TritonExecute`, csrc/python/triton_execute.c): `handler`'s work without its
+        """The core's own call of execute for a request or dynamic batch of a model that is not
+        decoupled (`_core.TritonExecute`, csrc/python/triton_execute.c): `handler`'s work without its
         Python frames, where nothing of the model needs them (no reshape, BF16 output or
         coroutine execute, one executor per instance). None otherwise: `handler` serves all."""
         instances = self.fn
@@ -347,13 +347,13 @@ class TritonModel(Model):
             instances.release(instance)
 
     def _conclude(
-        self, instance: Any, request: pb.InferenceRequest, outputs: tuple[str, ...], cancelled: Callable[[], bool],
-        result: Any, error: Exception | None,
+        self, instance: Any, requests: list[pb.InferenceRequest], outputs: tuple[str, ...],
+        cancelled: Callable[[], bool], result: Any, error: Exception | None,
     ) -> dict[str, object]:
-        """A lone request's answer once the core called execute itself (`direct`) and got
-        `result`, or `error` raised, that is not the common answer: what `handler` answers for
-        it. Called with `instance` still taken and pb_utils' context still set."""
-        requests = [request]
+        """The answer to `requests` (a lone request, or a dynamic batch's) once the core called
+        execute itself (`direct`) and got `result`, or `error` raised, that is not the common
+        answer: what `handler` answers for them. Called with `instance` still taken and
+        pb_utils' context still set."""
         if error is None:
             try:
                 result = self._settled(self.fn, instance, requests, cancelled, result)  # type: ignore[arg-type]
@@ -361,6 +361,9 @@ class TritonModel(Model):
                 error = e
         if error is not None:
             result = self._failed(error, requests)
+        batch = cancelled.batch() if hasattr(cancelled, "batch") else None
+        if batch is not None:
+            return self._joined(batch, requests, result, outputs, cancelled)
         return self._answer(self._returned(result, requests)[0], outputs)
 
     def _settled(
@@ -449,8 +452,19 @@ class TritonModel(Model):
             request._request_id = request_id or ""
             requests.append(request)
             start += rows
+        return self._joined(batch, requests, self._execute(requests, cancelled), outputs, cancelled)
+
+    def _joined(
+        self,
+        batch: tuple[tuple[int, str | None, bytes | None], ...],
+        requests: list[pb.InferenceRequest],
+        result: Any,
+        outputs: tuple[str, ...],
+        cancelled: Callable[[], bool],
+    ) -> dict[str, object]:
+        """A dynamic batch's answer: execute's `result` for its `requests`, joined by rows."""
         produced: list[dict[str, object] | None] = []
-        for k, response in enumerate(self._returned(self._execute(requests, cancelled), requests)):
+        for k, response in enumerate(self._returned(result, requests)):
             try:
                 answer = self._outputs(response)
                 if response._parameters is not None:
