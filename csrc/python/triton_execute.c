@@ -428,5 +428,5 @@ PyTypeObject oi_py_triton_execute_type = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_new = triton_execute_new,
     .tp_dealloc = triton_execute_dealloc,
-    .tp_doc = "A Triton Python model's execute as the core calls it for a lone request (add_model's direct).",
+    .tp_doc = "A Triton Python model's execute as the core calls it (add_model's direct).",
 };

@@ -489,7 +489,7 @@ static PyObject *worker_fail(PyObject *self, PyObject *message)
 PyMethodDef oi_py_worker_functions[] = {
     {"worker_serve", (PyCFunction)(void (*)(void))worker_serve, METH_VARARGS | METH_KEYWORDS,
      "In a model's worker process: serves the server's jobs with handler(inputs, parameters, outputs, cancelled) "
-     "until the server closes the socket; a Triton Python model's lone requests with `direct` (a TritonExecute)."},
+     "until the server closes the socket; a Triton Python model's execute called from C with `direct` (a TritonExecute)."},
     {"worker_fail", worker_fail, METH_O, "In a model's worker process: tells the server why the model did not import."},
     {NULL, NULL, 0, NULL},
 };

@@ -146,12 +146,12 @@ def get_input_tensor_by_name(inference_request: Any, name: str) -> Any:
     """pb_utils.get_input_tensor_by_name: the request's input Tensor of that name, or None."""
 
 class TritonExecute:
-    """A Triton Python model's execute as the core calls it for a lone request that is not
-    decoupled (add_model's and worker_serve's `direct`): the request built from the core's
-    arrays, an instance taken from `free`, pb_utils' context `serving_var` set to (host, name,
-    cancel flag, version folder) around execute, and the one plain response's arrays sent as
-    they are; any other outcome goes to conclude(instance, request, outputs, cancelled,
-    result, error), which returns what a handler returns."""
+    """A Triton Python model's execute as the core calls it for a request or dynamic batch of a
+    model that is not decoupled (add_model's and worker_serve's `direct`): the requests built
+    from the core's arrays, an instance taken from `free`, pb_utils' context `serving_var` set to
+    (host, name, cancel flag, version folder) around execute, and the plain responses' arrays
+    sent as they are (a batch's joined by rows); any other outcome goes to conclude(instance,
+    requests, outputs, cancelled, result, error), which returns what a handler returns."""
 
     def __init__(
         self, free: Any, conclude: Callable[..., Any], serving_var: Any, serving: tuple[Any, str, str],
@@ -262,7 +262,7 @@ class Server:
         # a model whose function takes the inputs alone: (fn, select), so that the core calls
         # fn(inputs) itself and select(result, output_names) only for a result that is not a
         # dict holding every requested output (select returns the outputs or raises); or a
-        # Triton Python model's TritonExecute: the core then calls its execute for a lone request
+        # Triton Python model's TritonExecute: the core then calls its execute itself
         direct: tuple[Callable[[dict[str, Any]], Any], Callable[[Any, tuple[str, ...]], dict[str, Any]]]
         | TritonExecute | None = None,
         # the instances as worker processes (openinfer._backends.processes.worker_spec, then optionally a

@@ -37,7 +37,7 @@ def main(argv: list[str]) -> int:
         _core.worker_fail(f"a worker process could not import the model: {_describe(e)}")
         return 1
     try:
-        # A Triton Python model's lone requests call its execute from C, as in the server (TritonExecute).
+        # A Triton Python model's execute is called from C, as in the server (TritonExecute).
         direct = getattr(model, "direct", None)
         direct = direct if isinstance(direct, _core.TritonExecute) else None
         _core.worker_serve(model.handler, model.name, [(t.name, t.datatype) for t in model.outputs], parent,
