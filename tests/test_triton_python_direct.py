@@ -5,11 +5,9 @@ requests and what the clients get of their responses, errors and parameters are 
 
 from __future__ import annotations
 
-import gc
 import json
 import textwrap
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -18,14 +16,13 @@ import requests
 
 import openinfer
 
-from conftest import triton_grpc, triton_http, wait_for
-from test_triton_python_batching import held, pending
+from conftest import triton_grpc, triton_http
+from test_triton_python_batching import holding, queued_batch
 
-# Each request answered with OUT = IN * 2 and INFO, what execute saw: whether the adapter's
-# Python called it, and the request's fields. A request parameter "mode" picks another outcome.
-MODEL = textwrap.dedent(
+# What both models' execute starts with: whether the adapter's Python called it (`adapter`).
+HEAD = textwrap.dedent(
     """
-    import copy, json, sys
+    import copy, json, os, sys, time
     import numpy as np
     import triton_python_backend_utils as pb_utils
 
@@ -35,28 +32,40 @@ MODEL = textwrap.dedent(
             adapter = caller is not None and caller.f_code.co_filename.endswith("triton_model.py")
             responses = []
             for request in requests:
-                x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
-                params = json.loads(request.parameters())
-                mode = params.get("mode", "")
-                if mode == "raise":
-                    raise ValueError("asked to fail")
-                if mode == "error":
-                    error = pb_utils.TritonError("IN is bad", pb_utils.TritonError.INVALID_ARG)
-                    responses.append(pb_utils.InferenceResponse(error=error))
-                    continue
-                info = {"adapter": adapter, "id": request.request_id(), "parameters": params,
-                        "requested": sorted(request.requested_output_names()), "cancelled": request.is_cancelled(),
-                        "model": request.model_name(), "inputs": [t.name() for t in request.inputs()],
-                        "none": pb_utils.get_input_tensor_by_name(request, "NOPE") is None,
-                        "by_keyword": pb_utils.get_input_tensor_by_name(inference_request=request, name="IN").name(),
-                        "copied": copy.copy(request).request_id() == request.request_id(),
-                        "flags": [request.correlation_id(), request.flags(), request.timeout()]}
-                outputs = [pb_utils.Tensor("OUT", (x * 2).astype(np.float32))]
-                if mode != "leave_out":
-                    outputs.append(pb_utils.Tensor("INFO", np.array([json.dumps(info).encode()], dtype=np.object_)))
-                parameters = {"seen": mode} if mode == "params" else None
-                responses.append(pb_utils.InferenceResponse(outputs, parameters=parameters))
-            return responses
+    """
+)
+
+
+def _model(body: str) -> str:
+    """A model.py whose execute runs `body` for each request, after `HEAD`."""
+    return HEAD + textwrap.indent(textwrap.dedent(body).strip("\n"), " " * 12) + "\n        return responses\n"
+
+
+# Each request answered with OUT = IN * 2 and INFO, what execute saw: whether the adapter's
+# Python called it, and the request's fields. A request parameter "mode" picks another outcome.
+MODEL = _model(
+    """
+    x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+    params = json.loads(request.parameters())
+    mode = params.get("mode", "")
+    if mode == "raise":
+        raise ValueError("asked to fail")
+    if mode == "error":
+        error = pb_utils.TritonError("IN is bad", pb_utils.TritonError.INVALID_ARG)
+        responses.append(pb_utils.InferenceResponse(error=error))
+        continue
+    info = {"adapter": adapter, "id": request.request_id(), "parameters": params,
+            "requested": sorted(request.requested_output_names()), "cancelled": request.is_cancelled(),
+            "model": request.model_name(), "inputs": [t.name() for t in request.inputs()],
+            "none": pb_utils.get_input_tensor_by_name(request, "NOPE") is None,
+            "by_keyword": pb_utils.get_input_tensor_by_name(inference_request=request, name="IN").name(),
+            "copied": copy.copy(request).request_id() == request.request_id(),
+            "flags": [request.correlation_id(), request.flags(), request.timeout()]}
+    outputs = [pb_utils.Tensor("OUT", (x * 2).astype(np.float32))]
+    if mode != "leave_out":
+        outputs.append(pb_utils.Tensor("INFO", np.array([json.dumps(info).encode()], dtype=np.object_)))
+    parameters = {"seen": mode} if mode == "params" else None
+    responses.append(pb_utils.InferenceResponse(outputs, parameters=parameters))
     """
 )
 CONFIG = """
@@ -71,37 +80,16 @@ instance_group [{{ kind: KIND_CPU, count: {count} }}]
 # In the server (one instance), in worker processes (two), and a batching model's lone request.
 MODELS = {"direct": (0, 1), "direct_workers": (0, 2), "direct_batching": (4, 1)}
 
-# A dynamic batch: a request whose IN is -1 waits (bounded) for the gate file, so that the ones
-# sent after it queue up and form one batch; each answers, on each of its rows, how many
-# requests its execute call got and whether the adapter's Python called execute.
-BATCH_MODEL = textwrap.dedent(
+# A dynamic batch (`HOLD` makes one): each request answers, on each of its rows, how many
+# requests its execute call got, whether the adapter's Python called execute, and its id's number.
+BATCH_MODEL = holding(_model(
     """
-    import os, sys, time
-    import numpy as np
-    import triton_python_backend_utils as pb_utils
-
-    class TritonPythonModel:
-        def execute(self, requests):
-            caller = sys._getframe().f_back
-            adapter = caller is not None and caller.f_code.co_filename.endswith("triton_model.py")
-            responses = []
-            for request in requests:
-                x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
-                if x[0, 0] == -1:
-                    with open(os.environ["PYB_GATE"] + ".held", "a") as f:
-                        f.write("held\\n")
-                    end = time.monotonic() + 60
-                    while not os.path.exists(os.environ["PYB_GATE"]) and time.monotonic() < end:
-                        time.sleep(0.01)
-                rows = x.shape[0]
-                seen = [len(requests), int(adapter), int(request.request_id()[1:] or -1)]
-                responses.append(pb_utils.InferenceResponse([
-                    pb_utils.Tensor("SEEN", np.array([seen] * rows, np.int32)),
-                    pb_utils.Tensor("OUT", x * 2),
-                ]))
-            return responses
+    HOLD
+    seen = [len(requests), int(adapter), int(request.request_id()[1:])]
+    outputs = [pb_utils.Tensor("SEEN", np.array([seen] * rows, np.int32)), pb_utils.Tensor("OUT", x * 2)]
+    responses.append(pb_utils.InferenceResponse(outputs))
     """
-)
+))  # fmt: skip
 BATCH_CONFIG = """
 name: "{name}"
 backend: "python"
@@ -192,20 +180,7 @@ def _batch_infer(srv: openinfer.Server, model: str, value: float, rows: int, req
 
 @pytest.mark.parametrize("model, blockers", [("batched", 1), ("batched_workers", 2)])
 def test_a_dynamic_batch_is_joined_by_the_core(srv: openinfer.Server, file_gate: Path, model: str, blockers: int) -> None:
-    file_gate.unlink(missing_ok=True)
-    Path(str(file_gate) + ".held").unlink(missing_ok=True)
-    gc.collect()  # the earlier tests' tritonclients go here, not in a pool thread (their gevent hub is this thread's)
-    with ThreadPoolExecutor(blockers + 3) as pool:
-        holding = []
-        for i in range(blockers):  # one at a time, so that each holds an instance of its own
-            holding.append(pool.submit(_batch_infer, srv, model, -1, 1, f"h{90 + i}"))
-            wait_for(lambda: held(file_gate) == i + 1, "a request held in execute")
-        queued = [pool.submit(_batch_infer, srv, model, float(k + 1), k + 1, f"q{k}") for k in range(3)]
-        wait_for(lambda: pending(srv, model) == 3, "three requests queued behind the held ones")
-        file_gate.touch()
-        answers = [f.result(timeout=120) for f in queued]
-        for f in holding:
-            f.result(timeout=120)
+    answers = queued_batch(srv, file_gate, model, blockers, _batch_infer)
     for k, (seen, out) in enumerate(answers):
         assert out == [2.0 * (k + 1)] * (k + 1)  # each client its own request's rows
         assert [s[1:] for s in np.reshape(seen, (k + 1, 3)).tolist()] == [[0, k]] * (k + 1)  # not the adapter; its id
