@@ -191,10 +191,11 @@ static int plain_answer(triton_execute_t *te, PyObject *response, PyObject *requ
                         uint32_t n)
 {
     PyObject *release = OI_PB_FIELD(request, OI_PB_REQUEST_RELEASE_FLAGS);
+    int overflow;
     if (Py_TYPE(response) != te->response_type || OI_PB_FIELD(response, OI_PB_RESPONSE_ERROR) != Py_None ||
         OI_PB_FIELD(response, OI_PB_RESPONSE_PARAMETERS) != Py_None || OI_PB_FIELD(request, OI_PB_REQUEST_SENDER) != Py_None ||
-        release == NULL || !PyLong_CheckExact(release) || PyLong_AsLong(release) != 1)
-        return 0;
+        release == NULL || !PyLong_CheckExact(release) || PyLong_AsLongAndOverflow(release, &overflow) != 1)
+        return 0; /* RELEASE_ALL is 1 */
     for (uint32_t i = 0; i < n; i++) {
         PyObject *tensor = output_tensor(response, names[i]);
         PyObject *datatype = tensor != NULL ? OI_PB_FIELD(tensor, OI_PB_TENSOR_DATATYPE) : NULL;
