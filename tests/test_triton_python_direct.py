@@ -185,3 +185,66 @@ def test_a_dynamic_batch_is_joined_by_the_core(srv: openinfer.Server, file_gate:
         assert out == [2.0 * (k + 1)] * (k + 1)  # each client its own request's rows
         assert [s[1:] for s in np.reshape(seen, (k + 1, 3)).tolist()] == [[0, k]] * (k + 1)  # not the adapter; its id
     assert max(a[0][0] for a in answers) >= 2  # the queued requests reached execute together
+
+
+# A sequence's control input (START) reaches execute as an input, as in Triton, with the
+# sequence's id and flags: through the core's call of execute, and through the adapter's Python
+# (a decoupled model's, answering through its sender).
+SEQUENCE_MODEL = _model(
+    """
+    start = pb_utils.get_input_tensor_by_name(request, "START")
+    seen = [[t.name() for t in request.inputs()], start.as_numpy().tolist(), request.correlation_id(), request.flags()]
+    response = pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([json.dumps(seen).encode()], np.object_))])
+    if DECOUPLED:  # its answer goes through the sender, and execute returns None
+        request.get_response_sender().send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        responses = None
+    else:
+        responses.append(response)
+    """
+)
+SEQUENCE_CONFIG = """
+name: "{name}"
+backend: "python"
+input [{{ name: "IN", data_type: TYPE_FP32, dims: [ 1 ] }}]
+output [{{ name: "OUT", data_type: TYPE_STRING, dims: [ 1 ] }}]
+model_transaction_policy {{ decoupled: {decoupled} }}
+sequence_batching {{
+  control_input [{{ name: "START", control [{{ kind: CONTROL_SEQUENCE_START, int32_false_true: [ 0, 1 ] }}] }}]
+}}
+"""
+
+
+@pytest.fixture(scope="module")
+def sequence_srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openinfer.Server]:
+    repo = tmp_path_factory.mktemp("triton_direct_sequence")
+    for name, decoupled in (("sequence", False), ("sequence_decoupled", True)):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "model.py").write_text(SEQUENCE_MODEL.replace("DECOUPLED", str(decoupled)))
+        (repo / name / "config.pbtxt").write_text(SEQUENCE_CONFIG.format(name=name, decoupled=str(decoupled).lower()))
+    server = openinfer.serve(repo, http_port=0, grpc_port=0, metrics_port=None, threads=2, log=False)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("name", ["sequence", "sequence_decoupled"])
+def test_a_sequence_control_input_reaches_execute(sequence_srv: openinfer.Server, name: str) -> None:
+    import tritonclient.grpc as grpcclient
+
+    client = triton_grpc(sequence_srv)
+    tensor = grpcclient.InferInput("IN", [1], "FP32")
+    tensor.set_data_from_numpy(np.ones(1, np.float32))
+    seen = []
+    for start in (True, False):
+        if name == "sequence":
+            result = client.infer(name, [tensor], sequence_id=7, sequence_start=start)
+        else:
+            got: list = []
+            client.start_stream(callback=lambda result, error: got.append(error or result))
+            client.async_stream_infer(name, [tensor], sequence_id=7, sequence_start=start)
+            client.stop_stream()
+            (result,) = got
+            assert not isinstance(result, Exception), result
+        seen.append(json.loads(result.as_numpy("OUT")[0]))
+    assert seen == [[["IN", "START"], [1], 7, 1], [["IN", "START"], [0], 7, 0]]

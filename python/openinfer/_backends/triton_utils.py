@@ -446,7 +446,9 @@ class InferenceRequest(_core.RequestBase):
         tensors = request._inputs = []
         for name, array in inputs.items():  # Tensor._view's work, without a call per input
             tensor = _new_tensor(Tensor)
-            tensor._name, tensor._array, tensor._datatype = name, array, datatypes[name]
+            # A sequence batcher's control inputs are not declared: their arrays' datatypes.
+            datatype = datatypes[name] if name in datatypes else Tensor._datatype_of(name, array.dtype)
+            tensor._name, tensor._array, tensor._datatype = name, array, datatype
             tensors.append(tensor)
         request._model_name = model_name
         request._requested = list(requested)
