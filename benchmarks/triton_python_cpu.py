@@ -7,6 +7,10 @@ shares the machine, so a change's before and after show on a busy one.
 
     .venv/bin/python benchmarks/triton_python_cpu.py --roots /work/wt/base/python,python
                                                      [--concurrency 8] [--rounds 3] [--duration 3]
+                                                     [--batching]
+
+--batching: both models with max_batch_size 8 and dynamic_batching (add_sub's model.py is
+unchanged; requests then send [1, 4]), so that concurrent requests reach execute as batches.
 
 Prints, per model and checkout, the median CPU µs per request and each round's.
 """
@@ -32,9 +36,14 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=3.0)
     ap.add_argument("--server-cpu", default="0")
     ap.add_argument("--client-cpu", default="1")
+    ap.add_argument("--batching", action="store_true", help="max_batch_size 8 with dynamic_batching")
     args = ap.parse_args()
     tmp = C.make_tmpdir("oi-triton-python-cpu-")
     repo = T.repository(tmp / "repo", with_infer=True)
+    if args.batching:
+        for model in ("add_sub", "add_sub_infer"):
+            config = repo / model / "config.pbtxt"
+            config.write_text(config.read_text() + "\nmax_batch_size: 8\ndynamic_batching { }\n")
     servers = {}
     for i, root in enumerate(args.roots.split(",")):
         port = C.free_port()
@@ -44,19 +53,23 @@ def main() -> int:
         servers[root] = (server, port)
     per_request: dict[tuple[str, str], list[float]] = {}
     for model in ("add_sub", "add_sub_infer"):
-        script = C.write_wrk_script(tmp / f"{model}.lua", "POST", T.json_body(model),
-                                    {"Content-Type": "application/json"})  # fmt: skip
+        body = T.json_body(model).replace('"shape":[4]', '"shape":[1,4]') if args.batching else T.json_body(model)
+        script = C.write_wrk_script(tmp / f"{model}.lua", "POST", body, {"Content-Type": "application/json"})
         for rnd in range(args.rounds + 1):  # round 0 warms up
             for root, (server, port) in servers.items():
                 before = C.proc_cpu_seconds(server.pid)
                 run = C.run_wrk(f"http://127.0.0.1:{port}/v2/models/{model}/infer", script, args.concurrency,
                                 args.duration, args.client_cpu, servers=(server,))  # fmt: skip
                 spent = C.proc_cpu_seconds(server.pid) - before
+                if run.error:  # a failed request costs another CPU time than a served one
+                    raise SystemExit(f"error: {model} on {root}: {run.error}")
                 if rnd and run.requests:
                     per_request.setdefault((model, root), []).append(spent / run.requests * 1e6)
     for server, _ in servers.values():
         server.stop()
-    print(f"HTTP JSON, c={args.concurrency}, {args.rounds} rounds of {args.duration:g} s; load average {C.loadavg()}")
+    batching = ", dynamic batching" if args.batching else ""
+    print(f"HTTP JSON, c={args.concurrency}{batching}, {args.rounds} rounds of {args.duration:g} s; "
+          f"load average {C.loadavg()}")
     print("| model | checkout | server CPU µs per request (median) | rounds |")
     print("|:---|:---|---:|:---|")
     for (model, root), values in per_request.items():

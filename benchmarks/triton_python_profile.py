@@ -6,8 +6,11 @@ thread (not wall time: a shared machine's other work does not count), best of 5 
 
     PYTHONPATH=python .venv/bin/python benchmarks/triton_python_profile.py [--calls N]
 
-What the table's rows are: `handler` is the whole request as the core's executor makes it (less
-the C side: the input views and the output conversion, the same for both kinds of model);
+What the table's rows are: `handler` is the whole request through the adapter's Python, as the
+core's executor makes it for a decoupled model, a reshape, a BF16 output or an `async def
+execute` (less the C side: the input views and the output conversion, the same for both kinds of
+model; add_sub's served requests take the core's own call of execute, `_core.TritonExecute`,
+which has no Python entry point: benchmarks/triton_python_cpu.py measures it served);
 `InferenceRequest` its construction from the core's arrays; `execute` the model's own execute
 (numpy's work and its pb_utils calls); `adapter around execute` the instance pool, pb_utils'
 context and the reschedule check; the pb_utils rows are one call each; `infer()` is the same

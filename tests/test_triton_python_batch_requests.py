@@ -20,34 +20,27 @@ import openinfer
 
 from conftest import wait_for
 from test_triton_python_backend import PROLOGUE, add_model
-from test_triton_python_batching import held, pending
+from test_triton_python_batching import held, holding, pending
 
-# IN == -1 holds execute (bounded) until the gate file exists, so that later requests queue and
-# form one batch. Each request answers with its rows times its own "scale" parameter, its
+# IN == -1 holds execute (bounded: HOLD) until the gate file exists, so that later requests queue
+# and form one batch. Each request answers with its rows times its own "scale" parameter, its
 # parameters as it saw them, and how many requests its execute call got, with response parameters
 # naming its "tag" and row count; a "fail" parameter makes its response an error with that text
 # and its row count (and code, when "code" names one).
-MODEL = PROLOGUE + textwrap.dedent(
+MODEL = PROLOGUE + holding(textwrap.dedent(
     """
     import os, time
     class TritonPythonModel:
         def execute(self, requests):
             responses = []
             for request in requests:
-                x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
-                if x[0, 0] == -1:
-                    with open(os.environ["PYB_GATE"] + ".held", "a") as f:
-                        f.write("held\\n")
-                    end = time.monotonic() + 60
-                    while not os.path.exists(os.environ["PYB_GATE"]) and time.monotonic() < end:
-                        time.sleep(0.01)
+                HOLD
                 params = json.loads(request.parameters())
                 if "fail" in params:
                     code = getattr(pb_utils.TritonError, params.get("code", "INVALID_ARG"))
                     text = f"{params['fail']} ({x.shape[0]} rows)"
                     responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(text, code)))
                     continue
-                rows = x.shape[0]
                 responses.append(pb_utils.InferenceResponse([
                     pb_utils.Tensor("OUT", x * params.get("scale", 1)),
                     pb_utils.Tensor("P", np.array([[request.parameters().encode()]] * rows, np.object_)),
@@ -55,7 +48,7 @@ MODEL = PROLOGUE + textwrap.dedent(
                 ], parameters={"tag": params.get("tag", ""), "rows": rows}))
             return responses
     """
-)
+))  # fmt: skip
 CONFIG = """
 name: "{name}"
 backend: "python"

@@ -5,12 +5,16 @@
 #include <string.h>
 
 #include "python/bridge.h"
+#include "python/pb_objects.h"
+#include "python/triton_execute.h"
 
 typedef struct py_state_s {
     PyObject *handler;
     /* A model whose function takes the inputs alone (see oi_python_backend_state): called
      * directly, its dict read here; `select` only words what is wrong with another answer. */
     PyObject *fn, *select;
+    /* A Triton Python model whose execute the core calls itself (triton_execute.c). */
+    PyObject *triton;
     char *model_name;
     uint32_t n_outputs;
     struct {
@@ -305,6 +309,19 @@ static int leaves_out_outputs(PyObject *result)
     return final != NULL;
 }
 
+/* Output `name` of the response, `v`, converted to its declared datatype into `t`. */
+static oi_status_t *put_output(const py_state_t *s, PyObject *v, const char *name, oi_tensor_t *t)
+{
+    oi_status_t *st = oi_py_to_tensor(v, declared_dtype(s, name), "output", name, t);
+    if (st != NULL) {
+        oi_status_t *wrapped = oi_status_new(st->code, "model '%s' %s", s->model_name, st->message);
+        oi_status_free(st);
+        return wrapped;
+    }
+    t->name = name;
+    return NULL;
+}
+
 static oi_status_t *collect_outputs(const py_state_t *s, PyObject *result, const char *const *names, uint32_t n,
                                     oi_response_t *resp)
 {
@@ -331,18 +348,30 @@ static oi_status_t *collect_outputs(const py_state_t *s, PyObject *result, const
             return st != NULL ? st
                               : oi_status_new(OI_INTERNAL, "model '%s' did not return output '%s'", s->model_name, names[i]);
         }
-        oi_tensor_t *t = &resp->outputs[i];
-        oi_status_t *st = oi_py_to_tensor(v, declared_dtype(s, names[i]), "output", names[i], t);
+        oi_status_t *st = put_output(s, v, names[i], &resp->outputs[i]);
         Py_DECREF(v);
-        if (st != NULL) {
-            oi_status_t *wrapped = oi_status_new(st->code, "model '%s' %s", s->model_name, st->message);
-            oi_status_free(st);
-            return wrapped;
-        }
-        t->name = names[i];
+        if (st != NULL)
+            return st;
         resp->n_outputs = i + 1;
     }
     return collect_triton_extras(result, resp);
+}
+
+/* A Triton Python model's own response (the common answer, triton_execute.c): each asked
+ * output's array as it is, no mapping built. */
+static oi_status_t *collect_response(const py_state_t *s, PyObject *response, const char *const *names, uint32_t n,
+                                     oi_response_t *resp)
+{
+    resp->outputs = calloc(n ? n : 1, sizeof(oi_tensor_t));
+    if (resp->outputs == NULL)
+        return oi_status_new(OI_INTERNAL, "out of memory");
+    for (uint32_t i = 0; i < n; i++) {
+        oi_status_t *st = put_output(s, oi_py_triton_output(response, names[i]), names[i], &resp->outputs[i]);
+        if (st != NULL)
+            return st;
+        resp->n_outputs = i + 1;
+    }
+    return NULL;
 }
 
 /* A decoupled model's handler returns an iterator of responses: each goes to the client
@@ -459,6 +488,45 @@ static oi_status_t *call_direct(py_state_t *s, const oi_request_t *req, const ch
     return st;
 }
 
+static cancel_flag_t *new_flag(const oi_request_t *req, uint32_t n_outputs)
+{
+    cancel_flag_t *flag = PyObject_New(cancel_flag_t, &cancel_flag_type);
+    if (flag != NULL) {
+        flag->req = req;
+        flag->n_outputs = n_outputs;
+        flag->last = 0;
+    }
+    return flag;
+}
+
+/* The call is over: the flag keeps its last answer, the request is not the model's to keep. */
+static void end_flag(cancel_flag_t *flag)
+{
+    if (flag->req->cancelled != NULL)
+        flag->last = flag->req->cancelled(flag->req->cancelled_arg) != 0;
+    flag->req = NULL;
+}
+
+/* A Triton Python model's request or dynamic batch, its execute called here (triton_execute.c). */
+static oi_status_t *call_triton(py_state_t *s, const oi_request_t *req, const char *const *names, uint32_t n,
+                                oi_response_t *resp)
+{
+    cancel_flag_t *flag = new_flag(req, n);
+    PyObject *answer = flag != NULL ? oi_py_triton_execute(s->triton, req, names, n, (PyObject *)flag) : NULL;
+    oi_status_t *st;
+    if (answer == NULL)
+        st = model_error(s);
+    else if (PyObject_TypeCheck(answer, &oi_py_pb_response_type))
+        st = collect_response(s, answer, names, n, resp);
+    else
+        st = collect_outputs(s, answer, names, n, resp);
+    Py_XDECREF(answer);
+    if (flag != NULL)
+        end_flag(flag);
+    Py_XDECREF(flag);
+    return st;
+}
+
 static oi_status_t *py_execute(void *state, const oi_request_t *req, const char *const *names, uint32_t n,
                                oi_response_t *resp)
 {
@@ -470,17 +538,17 @@ static oi_status_t *py_execute(void *state, const oi_request_t *req, const char 
         PyEval_SaveThread();
         return st;
     }
+    if (s->triton != NULL && req->send == NULL) {
+        oi_status_t *st = call_triton(s, req, names, n, resp);
+        PyEval_SaveThread();
+        return st;
+    }
     oi_status_t *st = NULL;
     PyObject *inputs = make_inputs(req);
     PyObject *params = req->parameters.ptr ? PyBytes_FromStringAndSize(req->parameters.ptr, (Py_ssize_t)req->parameters.len)
                                            : Py_NewRef(Py_None);
     PyObject *out_names = name_tuple(names, n);
-    cancel_flag_t *flag = PyObject_New(cancel_flag_t, &cancel_flag_type);
-    if (flag != NULL) {
-        flag->req = req;
-        flag->n_outputs = n;
-        flag->last = 0;
-    }
+    cancel_flag_t *flag = new_flag(req, n);
     if (inputs == NULL || params == NULL || out_names == NULL || flag == NULL) {
         st = model_error(s);
     } else {
@@ -492,9 +560,7 @@ static oi_status_t *py_execute(void *state, const oi_request_t *req, const char 
                                    : collect_outputs(s, result, names, n, resp);
             Py_DECREF(result);
         }
-        if (req->cancelled != NULL)
-            flag->last = req->cancelled(req->cancelled_arg) != 0;
-        flag->req = NULL; /* the request is not the model's to keep */
+        end_flag(flag);
     }
     Py_XDECREF(inputs);
     Py_XDECREF(params);
@@ -512,8 +578,8 @@ static void py_release_memory(py_state_t *s)
     free(s);
 }
 
-void *oi_python_backend_state(PyObject *handler, PyObject *fn, PyObject *select, const char *model_name,
-                              const oi_io_spec_t *outputs, uint32_t n_outputs)
+void *oi_python_backend_state(PyObject *handler, PyObject *fn, PyObject *select, PyObject *triton,
+                              const char *model_name, const oi_io_spec_t *outputs, uint32_t n_outputs)
 {
     if (PyType_Ready(&cancel_flag_type) != 0) /* with the GIL, as every caller holds it */
         return NULL;
@@ -535,6 +601,7 @@ void *oi_python_backend_state(PyObject *handler, PyObject *fn, PyObject *select,
     s->handler = Py_NewRef(handler);
     s->fn = Py_XNewRef(fn);
     s->select = Py_XNewRef(select);
+    s->triton = Py_XNewRef(triton);
     return s;
 }
 
@@ -545,6 +612,7 @@ static void py_release(void *state)
     Py_DECREF(s->handler);
     Py_XDECREF(s->fn);
     Py_XDECREF(s->select);
+    Py_XDECREF(s->triton);
     PyGILState_Release(g);
     py_release_memory(s);
 }

@@ -17,6 +17,7 @@
 #include "python/client.h"
 #include "python/onnx_module.h"
 #include "python/pb_objects.h"
+#include "python/triton_execute.h"
 #include "python/torch_module.h"
 #include "python/worker.h"
 #include "server/classify.h"
@@ -1723,15 +1724,17 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
                 m->backend = &oi_process_backend;
             }
         } else {
-            PyObject *fn = NULL, *select = NULL;
-            if (direct != Py_None && (!PyTuple_Check(direct) || PyTuple_GET_SIZE(direct) != 2 ||
+            PyObject *fn = NULL, *select = NULL, *triton = NULL;
+            if (PyObject_TypeCheck(direct, &oi_py_triton_execute_type))
+                triton = direct; /* a Triton Python model's execute, called from the core */
+            else if (direct != Py_None && (!PyTuple_Check(direct) || PyTuple_GET_SIZE(direct) != 2 ||
                                       !PyCallable_Check(fn = PyTuple_GET_ITEM(direct, 0)) ||
                                       !PyCallable_Check(select = PyTuple_GET_ITEM(direct, 1)))) {
-                PyErr_Format(PyExc_TypeError, "direct is (fn, select), two callables; got %R", direct);
+                PyErr_Format(PyExc_TypeError, "direct is (fn, select), two callables, or a TritonExecute; got %R", direct);
                 free(outs);
                 goto done;
             }
-            m->state = oi_python_backend_state(handler, fn, select, name, outs, n_outs);
+            m->state = oi_python_backend_state(handler, fn, select, triton, name, outs, n_outs);
             free(outs);
             if (m->state == NULL) {
                 PyErr_NoMemory();
@@ -2092,7 +2095,8 @@ PyMODINIT_FUNC PyInit__core(void)
     import_array();
     if (PyType_Ready(&ServerType) < 0 || PyType_Ready(&ModelVersionType) < 0 || PyType_Ready(&oi_py_conn_type) < 0 || PyType_Ready(&oi_py_bls_type) < 0 ||
         PyType_Ready(&oi_py_grpc_conn_type) < 0 || PyType_Ready(&oi_py_grpc_stream_type) < 0 ||
-        PyType_Ready(&oi_py_pb_tensor_type) < 0 || PyType_Ready(&oi_py_pb_response_type) < 0)
+        PyType_Ready(&oi_py_pb_tensor_type) < 0 || PyType_Ready(&oi_py_pb_response_type) < 0 ||
+        PyType_Ready(&oi_py_pb_request_type) < 0 || PyType_Ready(&oi_py_triton_execute_type) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&core_module);
     if (m == NULL)
@@ -2104,6 +2108,9 @@ PyMODINIT_FUNC PyInit__core(void)
         PyModule_AddObjectRef(m, "GrpcStream", (PyObject *)&oi_py_grpc_stream_type) < 0 ||
         PyModule_AddObjectRef(m, "TensorBase", (PyObject *)&oi_py_pb_tensor_type) < 0 ||
         PyModule_AddObjectRef(m, "ResponseBase", (PyObject *)&oi_py_pb_response_type) < 0 ||
+        PyModule_AddObjectRef(m, "RequestBase", (PyObject *)&oi_py_pb_request_type) < 0 ||
+        PyModule_AddObjectRef(m, "TritonExecute", (PyObject *)&oi_py_triton_execute_type) < 0 ||
+        PyModule_AddFunctions(m, oi_py_pb_functions) < 0 ||
         PyModule_AddFunctions(m, peer_functions) < 0 || PyModule_AddFunctions(m, oi_py_onnx_functions) < 0 ||
         PyModule_AddFunctions(m, oi_py_worker_functions) < 0 ||
         PyModule_AddStringConstant(m, "__version__", OI_VERSION) < 0 || add_api_groups(m) < 0) {

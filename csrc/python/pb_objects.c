@@ -1,6 +1,7 @@
-/* _core.TensorBase and _core.ResponseBase: the C halves of pb_utils.Tensor and
- * InferenceResponse (python/openinfer/_backends/triton_utils.py), the objects a Triton Python
- * model makes for each output and each response, and reads each input through. Their
+/* _core.TensorBase, ResponseBase and RequestBase: the C halves of pb_utils.Tensor,
+ * InferenceResponse and InferenceRequest (python/openinfer/_backends/triton_utils.py), the
+ * objects a Triton Python model is given for each request, makes for each output and each
+ * response, and reads each input through; and get_input_tensor_by_name. Their
  * construction and plain reads run for every request, so they are C here: a Python __init__
  * or method costs a frame each (add_sub: nine of them per request). The Python subclasses keep
  * everything else (datatype names, DLPack, repr, parameters). */
@@ -10,27 +11,41 @@
 
 #include <structmember.h>
 
-/* Both types are three object fields, read and written by Python as members. */
-typedef struct {
-    PyObject_HEAD PyObject *field[3];
-} pb_object_t;
+/* A member for field i, named as the Python class names it. */
+#define PB_MEMBER(name, i) {name, T_OBJECT_EX, (Py_ssize_t)(sizeof(oi_pb_object_t) + (i) * sizeof(PyObject *)), 0, NULL}
 
-/* A Tensor's: str, numpy.ndarray (an input's read-only view, or the model's output), str (its V2
- * datatype). A response's: list of Tensor, TritonError or None, JSON text or None. */
-enum { TENSOR_NAME, TENSOR_ARRAY, TENSOR_DATATYPE };
-enum { RESPONSE_OUTPUTS, RESPONSE_ERROR, RESPONSE_PARAMETERS };
+/* One of the three types: `fields` object fields, construction by `init`, plain reads in
+ * `methods`, the fields as `members`. */
+#define PB_TYPE(cname, fields, init, methods, members, doc)                                                           \
+    {                                                                                                                  \
+        PyVarObject_HEAD_INIT(NULL, 0).tp_name = cname,                                                                \
+        .tp_basicsize = sizeof(oi_pb_object_t) + (fields) * sizeof(PyObject *),                                        \
+        .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC, .tp_new = PyType_GenericNew,       \
+        .tp_init = init, .tp_dealloc = pb_object_dealloc, .tp_traverse = pb_object_traverse,                           \
+        .tp_clear = pb_object_clear, .tp_methods = methods, .tp_members = members, .tp_doc = doc,                      \
+    }
+
+/* How many fields the object has: its C type's (the first below `object`, a Python subclass
+ * adding none of its own, as each declares __slots__ = ()). */
+static int n_fields(PyObject *self)
+{
+    PyTypeObject *t = Py_TYPE(self);
+    while (t->tp_base != NULL && t->tp_base != &PyBaseObject_Type)
+        t = t->tp_base;
+    return (int)((t->tp_basicsize - (Py_ssize_t)sizeof(oi_pb_object_t)) / (Py_ssize_t)sizeof(PyObject *));
+}
 
 static int pb_object_traverse(PyObject *self, visitproc visit, void *arg)
 {
-    for (int i = 0; i < 3; i++) /* the subclass's traverse visits its type */
-        Py_VISIT(((pb_object_t *)self)->field[i]);
+    for (int i = 0, n = n_fields(self); i < n; i++) /* the subclass's traverse visits its type */
+        Py_VISIT(OI_PB_FIELD(self, i));
     return 0;
 }
 
 static int pb_object_clear(PyObject *self)
 {
-    for (int i = 0; i < 3; i++)
-        Py_CLEAR(((pb_object_t *)self)->field[i]);
+    for (int i = 0, n = n_fields(self); i < n; i++)
+        Py_CLEAR(OI_PB_FIELD(self, i));
     return 0;
 }
 
@@ -42,19 +57,18 @@ static void pb_object_dealloc(PyObject *self)
     Py_TYPE(self)->tp_free(self);
 }
 
-/* Takes the references of a, b and c into the object's three fields. */
+/* Takes the references of a, b and c into the object's first three fields. */
 static void pb_object_set(PyObject *self, PyObject *a, PyObject *b, PyObject *c)
 {
-    pb_object_t *o = (pb_object_t *)self;
-    Py_XSETREF(o->field[0], a);
-    Py_XSETREF(o->field[1], b);
-    Py_XSETREF(o->field[2], c);
+    Py_XSETREF(OI_PB_FIELD(self, 0), a);
+    Py_XSETREF(OI_PB_FIELD(self, 1), b);
+    Py_XSETREF(OI_PB_FIELD(self, 2), c);
 }
 
 /* A field read before it was set (a subclass that skipped __init__): AttributeError, as a slot. */
 static PyObject *field(PyObject *self, int i, const char *what)
 {
-    PyObject *value = ((pb_object_t *)self)->field[i];
+    PyObject *value = OI_PB_FIELD(self, i);
     if (value == NULL)
         return PyErr_Format(PyExc_AttributeError, "the object has no %s", what);
     return Py_NewRef(value);
@@ -113,13 +127,13 @@ static int pb_tensor_init(PyObject *self, PyObject *args, PyObject *kw)
 static PyObject *pb_tensor_name(PyObject *self, PyObject *unused)
 {
     (void)unused;
-    return field(self, TENSOR_NAME, "name");
+    return field(self, OI_PB_TENSOR_NAME, "name");
 }
 
 static PyObject *pb_tensor_as_numpy(PyObject *self, PyObject *unused)
 {
     (void)unused;
-    return field(self, TENSOR_ARRAY, "array");
+    return field(self, OI_PB_TENSOR_ARRAY, "array");
 }
 
 static PyMethodDef pb_tensor_methods[] = {
@@ -130,25 +144,15 @@ static PyMethodDef pb_tensor_methods[] = {
 };
 
 static PyMemberDef pb_tensor_members[] = {
-    {"_name", T_OBJECT_EX, offsetof(pb_object_t, field[TENSOR_NAME]), 0, NULL},
-    {"_array", T_OBJECT_EX, offsetof(pb_object_t, field[TENSOR_ARRAY]), 0, NULL},
-    {"_datatype", T_OBJECT_EX, offsetof(pb_object_t, field[TENSOR_DATATYPE]), 0, NULL},
+    PB_MEMBER("_name", OI_PB_TENSOR_NAME),
+    PB_MEMBER("_array", OI_PB_TENSOR_ARRAY),
+    PB_MEMBER("_datatype", OI_PB_TENSOR_DATATYPE),
     {NULL, 0, 0, 0, NULL},
 };
 
-PyTypeObject oi_py_pb_tensor_type = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "openinfer._core.TensorBase",
-    .tp_basicsize = sizeof(pb_object_t),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_new = PyType_GenericNew,
-    .tp_init = pb_tensor_init,
-    .tp_dealloc = pb_object_dealloc,
-    .tp_traverse = pb_object_traverse,
-    .tp_clear = pb_object_clear,
-    .tp_methods = pb_tensor_methods,
-    .tp_members = pb_tensor_members,
-    .tp_doc = "The C half of pb_utils.Tensor: its fields, construction, name() and as_numpy().",
-};
+PyTypeObject oi_py_pb_tensor_type =
+    PB_TYPE("openinfer._core.TensorBase", OI_PB_TENSOR_FIELDS, pb_tensor_init, pb_tensor_methods, pb_tensor_members,
+            "The C half of pb_utils.Tensor: its fields, construction, name() and as_numpy().");
 
 /* InferenceResponse(output_tensors=None, error=None, parameters=None): the outputs copied into
  * a list of Tensors; an error or parameters go through the subclass's _checked(error,
@@ -156,8 +160,17 @@ PyTypeObject oi_py_pb_tensor_type = {
 static int pb_response_init(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *keywords[] = {"output_tensors", "error", "parameters", NULL};
+    static PyObject *output_tensors; /* interned once, as the caller's keyword is */
     PyObject *given = Py_None, *error = Py_None, *parameters = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|OOO:InferenceResponse", keywords, &given, &error, &parameters))
+    if (output_tensors == NULL && (output_tensors = PyUnicode_InternFromString("output_tensors")) == NULL)
+        return -1;
+    PyObject *alone = kw != NULL && PyTuple_GET_SIZE(args) == 0 && PyDict_GET_SIZE(kw) == 1
+                          ? PyDict_GetItemWithError(kw, output_tensors)
+                          : NULL;
+    if (alone != NULL) /* InferenceResponse(output_tensors=[...]), the common call: no parsing */
+        given = alone;
+    else if (PyErr_Occurred() ||
+             !PyArg_ParseTupleAndKeywords(args, kw, "|OOO:InferenceResponse", keywords, &given, &error, &parameters))
         return -1;
     int any = given == Py_None ? 0 : PyObject_IsTrue(given);
     PyObject *outputs = any < 0 ? NULL : any ? PySequence_List(given) : PyList_New(0);
@@ -192,19 +205,19 @@ static int pb_response_init(PyObject *self, PyObject *args, PyObject *kw)
 static PyObject *pb_response_output_tensors(PyObject *self, PyObject *unused)
 {
     (void)unused;
-    return field(self, RESPONSE_OUTPUTS, "output tensors");
+    return field(self, OI_PB_RESPONSE_OUTPUTS, "output tensors");
 }
 
 static PyObject *pb_response_error(PyObject *self, PyObject *unused)
 {
     (void)unused;
-    return field(self, RESPONSE_ERROR, "error");
+    return field(self, OI_PB_RESPONSE_ERROR, "error");
 }
 
 static PyObject *pb_response_has_error(PyObject *self, PyObject *unused)
 {
     (void)unused;
-    PyObject *error = ((pb_object_t *)self)->field[RESPONSE_ERROR];
+    PyObject *error = OI_PB_FIELD(self, OI_PB_RESPONSE_ERROR);
     return PyBool_FromLong(error != NULL && error != Py_None);
 }
 
@@ -216,22 +229,121 @@ static PyMethodDef pb_response_methods[] = {
 };
 
 static PyMemberDef pb_response_members[] = {
-    {"_outputs", T_OBJECT_EX, offsetof(pb_object_t, field[RESPONSE_OUTPUTS]), 0, NULL},
-    {"_error", T_OBJECT_EX, offsetof(pb_object_t, field[RESPONSE_ERROR]), 0, NULL},
-    {"_parameters", T_OBJECT_EX, offsetof(pb_object_t, field[RESPONSE_PARAMETERS]), 0, NULL},
+    PB_MEMBER("_outputs", OI_PB_RESPONSE_OUTPUTS),
+    PB_MEMBER("_error", OI_PB_RESPONSE_ERROR),
+    PB_MEMBER("_parameters", OI_PB_RESPONSE_PARAMETERS),
     {NULL, 0, 0, 0, NULL},
 };
 
-PyTypeObject oi_py_pb_response_type = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "openinfer._core.ResponseBase",
-    .tp_basicsize = sizeof(pb_object_t),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_new = PyType_GenericNew,
-    .tp_init = pb_response_init,
-    .tp_dealloc = pb_object_dealloc,
-    .tp_traverse = pb_object_traverse,
-    .tp_clear = pb_object_clear,
-    .tp_methods = pb_response_methods,
-    .tp_members = pb_response_members,
-    .tp_doc = "The C half of pb_utils.InferenceResponse: its fields, construction and plain reads.",
+PyTypeObject oi_py_pb_response_type =
+    PB_TYPE("openinfer._core.ResponseBase", OI_PB_RESPONSE_FIELDS, pb_response_init, pb_response_methods,
+            pb_response_members, "The C half of pb_utils.InferenceResponse: its fields, construction and plain reads.");
+
+/* The plain reads of a request, each one field. */
+#define PB_REQUEST_READ(method, i, what)                                                                               \
+    static PyObject *pb_request_##method(PyObject *self, PyObject *unused)                                             \
+    {                                                                                                                  \
+        (void)unused;                                                                                                  \
+        return field(self, i, what);                                                                                   \
+    }
+PB_REQUEST_READ(inputs, OI_PB_REQUEST_INPUTS, "inputs")
+PB_REQUEST_READ(requested_output_names, OI_PB_REQUEST_REQUESTED, "requested output names")
+PB_REQUEST_READ(request_id, OI_PB_REQUEST_ID, "request id")
+PB_REQUEST_READ(correlation_id, OI_PB_REQUEST_CORRELATION_ID, "correlation id")
+PB_REQUEST_READ(flags, OI_PB_REQUEST_FLAGS, "flags")
+PB_REQUEST_READ(timeout, OI_PB_REQUEST_TIMEOUT, "timeout")
+PB_REQUEST_READ(parameters, OI_PB_REQUEST_PARAMETERS, "parameters")
+PB_REQUEST_READ(model_name, OI_PB_REQUEST_MODEL_NAME, "model name")
+
+static PyObject *pb_request_is_cancelled(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    PyObject *cancelled = OI_PB_FIELD(self, OI_PB_REQUEST_CANCELLED);
+    if (cancelled == NULL)
+        return PyErr_Format(PyExc_AttributeError, "the object has no cancel flag");
+    return PyObject_CallNoArgs(cancelled);
+}
+
+static PyMethodDef pb_request_methods[] = {
+    {"inputs", pb_request_inputs, METH_NOARGS, "The request's input Tensors."},
+    {"requested_output_names", pb_request_requested_output_names, METH_NOARGS, "The outputs the client asked for."},
+    {"request_id", pb_request_request_id, METH_NOARGS, "The request's id ('' when none)."},
+    {"correlation_id", pb_request_correlation_id, METH_NOARGS, "The sequence id (0 when none)."},
+    {"flags", pb_request_flags, METH_NOARGS, "The sequence start and end flags."},
+    {"timeout", pb_request_timeout, METH_NOARGS, "The request's timeout in microseconds (0 when none)."},
+    {"parameters", pb_request_parameters, METH_NOARGS, "The request's parameters as JSON text."},
+    {"model_name", pb_request_model_name, METH_NOARGS, "The model the request is for."},
+    {"is_cancelled", pb_request_is_cancelled, METH_NOARGS, "Whether the request's clients have gone."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef pb_request_members[] = {
+    PB_MEMBER("_model_name", OI_PB_REQUEST_MODEL_NAME),
+    PB_MEMBER("_inputs", OI_PB_REQUEST_INPUTS),
+    PB_MEMBER("_requested", OI_PB_REQUEST_REQUESTED),
+    PB_MEMBER("_request_id", OI_PB_REQUEST_ID),
+    PB_MEMBER("_correlation_id", OI_PB_REQUEST_CORRELATION_ID),
+    PB_MEMBER("_flags", OI_PB_REQUEST_FLAGS),
+    PB_MEMBER("_timeout", OI_PB_REQUEST_TIMEOUT),
+    PB_MEMBER("_model_version", OI_PB_REQUEST_MODEL_VERSION),
+    PB_MEMBER("_parameters", OI_PB_REQUEST_PARAMETERS),
+    PB_MEMBER("_cancelled", OI_PB_REQUEST_CANCELLED),
+    PB_MEMBER("_sender", OI_PB_REQUEST_SENDER),
+    PB_MEMBER("_decoupled", OI_PB_REQUEST_DECOUPLED),
+    PB_MEMBER("_release_flags", OI_PB_REQUEST_RELEASE_FLAGS),
+    {NULL, 0, 0, 0, NULL},
+};
+
+/* Construction is the Python subclass's (a model's BLS request) or the core's
+ * (triton_execute.c: a served request, no __init__). */
+PyTypeObject oi_py_pb_request_type =
+    PB_TYPE("openinfer._core.RequestBase", OI_PB_REQUEST_FIELDS, NULL, pb_request_methods, pb_request_members,
+            "The C half of pb_utils.InferenceRequest: its fields and plain reads.");
+
+/* get_input_tensor_by_name(inference_request, name): the request's input of that name, or None.
+ * The names are compared as Python compares them (the same str object first: a served input's
+ * name is the model's own declared str). */
+static PyObject *pb_input_tensor_by_name(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *keywords[] = {"inference_request", "name", NULL};
+    PyObject *request, *name;
+    (void)self;
+    if (kw == NULL && PyTuple_GET_SIZE(args) == 2) {
+        request = PyTuple_GET_ITEM(args, 0);
+        name = PyTuple_GET_ITEM(args, 1);
+    } else if (!PyArg_ParseTupleAndKeywords(args, kw, "OO:get_input_tensor_by_name", keywords, &request, &name)) {
+        return NULL;
+    }
+    PyObject *inputs = PyObject_TypeCheck(request, &oi_py_pb_request_type)
+                           ? Py_XNewRef(OI_PB_FIELD(request, OI_PB_REQUEST_INPUTS))
+                           : PyObject_CallMethod(request, "inputs", NULL);
+    if (inputs == NULL)
+        return PyErr_Occurred() ? NULL : PyErr_Format(PyExc_AttributeError, "the object has no inputs");
+    PyObject *fast = PySequence_Fast(inputs, "inputs() must return a sequence of Tensors"), *found = NULL;
+    Py_DECREF(inputs);
+    if (fast == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; found == NULL && i < PySequence_Fast_GET_SIZE(fast); i++) {
+        PyObject *tensor = PySequence_Fast_GET_ITEM(fast, i);
+        PyObject *tname = PyObject_TypeCheck(tensor, &oi_py_pb_tensor_type) ? Py_XNewRef(OI_PB_FIELD(tensor, OI_PB_TENSOR_NAME))
+                                                                           : PyObject_GetAttrString(tensor, "_name");
+        int same = tname == NULL ? -1 : tname == name ? 1 : PyObject_RichCompareBool(tname, name, Py_EQ);
+        Py_XDECREF(tname);
+        if (same < 0) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_AttributeError, "the tensor has no name");
+            Py_DECREF(fast);
+            return NULL;
+        }
+        if (same == 1)
+            found = Py_NewRef(tensor);
+    }
+    Py_DECREF(fast);
+    return found != NULL ? found : Py_NewRef(Py_None);
+}
+
+PyMethodDef oi_py_pb_functions[] = {
+    {"get_input_tensor_by_name", (PyCFunction)(void (*)(void))pb_input_tensor_by_name, METH_VARARGS | METH_KEYWORDS,
+     "pb_utils.get_input_tensor_by_name(inference_request, name): the request's input of that name, or None."},
+    {NULL, NULL, 0, NULL},
 };

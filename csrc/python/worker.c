@@ -17,6 +17,7 @@
 
 #include "backends/process_wire.h"
 #include "backends/python_backend.h"
+#include "python/triton_execute.h"
 #include "core/thread.h"
 #include "python/worker_mux.h"
 
@@ -425,13 +426,17 @@ static int watch_parent(pid_t parent)
 
 static PyObject *worker_serve(PyObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"handler", "model_name", "outputs", "parent", NULL};
-    PyObject *handler, *outputs;
+    static char *kwlist[] = {"handler", "model_name", "outputs", "parent", "direct", NULL};
+    PyObject *handler, *outputs, *direct = Py_None;
     const char *name;
     int parent;
     (void)self;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OsOi", kwlist, &handler, &name, &outputs, &parent))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OsOi|$O", kwlist, &handler, &name, &outputs, &parent, &direct))
         return NULL;
+    if (direct != Py_None && !PyObject_TypeCheck(direct, &oi_py_triton_execute_type)) {
+        PyErr_Format(PyExc_TypeError, "worker_serve: direct must be a TritonExecute or None, got %R", direct);
+        return NULL;
+    }
     /* The worker must not outlive the server, even one killed outright. */
     if (watch_parent(parent) != 0)
         return PyErr_Format(PyExc_RuntimeError, "the server (pid %d) is gone", parent);
@@ -448,7 +453,7 @@ static PyObject *worker_serve(PyObject *self, PyObject *args, PyObject *kw)
         specs[i].name = (char *)oname;
         specs[i].dtype = oi_dtype_from_name(dtype, strlen(dtype));
     }
-    if (specs == NULL || (state = oi_python_backend_state(handler, NULL, NULL, name, specs, (uint32_t)n)) == NULL) {
+    if (specs == NULL || (state = oi_python_backend_state(handler, NULL, NULL, direct != Py_None ? direct : NULL, name, specs, (uint32_t)n)) == NULL) {
         PyErr_NoMemory();
         goto done;
     }
@@ -493,7 +498,7 @@ static PyObject *worker_fail(PyObject *self, PyObject *message)
 PyMethodDef oi_py_worker_functions[] = {
     {"worker_serve", (PyCFunction)(void (*)(void))worker_serve, METH_VARARGS | METH_KEYWORDS,
      "In a model's worker process: serves the server's jobs with handler(inputs, parameters, outputs, cancelled) "
-     "until the server closes the socket."},
+     "until the server closes the socket; a Triton Python model's execute called from C with `direct` (a TritonExecute)."},
     {"worker_fail", worker_fail, METH_O, "In a model's worker process: tells the server why the model did not import."},
     {"worker_bls", oi_py_worker_bls, METH_VARARGS,
      "In a model's worker process: worker_bls(fd, job=None) sends the BLS request in memfd fd as a new call."},

@@ -115,6 +115,49 @@ class ResponseBase:
     def has_error(self) -> bool: ...
     def error(self) -> Any: ...
 
+class RequestBase:
+    """The C half of pb_utils.InferenceRequest: its fields and plain reads (the Python class
+    makes a model's own requests; the core makes the requests it serves)."""
+
+    _model_name: str
+    _inputs: list[Any]
+    _requested: list[str]
+    _request_id: str
+    _correlation_id: int | str
+    _flags: int
+    _timeout: int
+    _model_version: int
+    _parameters: str
+    _cancelled: Callable[[], bool]
+    _sender: Any
+    _decoupled: bool | None
+    _release_flags: int
+    def inputs(self) -> list[Any]: ...
+    def requested_output_names(self) -> list[str]: ...
+    def request_id(self) -> str: ...
+    def correlation_id(self) -> int | str: ...
+    def flags(self) -> int: ...
+    def timeout(self) -> int: ...
+    def parameters(self) -> str: ...
+    def model_name(self) -> str: ...
+    def is_cancelled(self) -> bool: ...
+
+def get_input_tensor_by_name(inference_request: Any, name: str) -> Any:
+    """pb_utils.get_input_tensor_by_name: the request's input Tensor of that name, or None."""
+
+class TritonExecute:
+    """A Triton Python model's execute as the core calls it for a request or dynamic batch of a
+    model that is not decoupled (add_model's and worker_serve's `direct`): the requests built
+    from the core's arrays, an instance taken from `free`, pb_utils' context `serving_var` set to
+    (host, name, cancel flag, version folder) around execute, and the plain responses' arrays
+    sent as they are (a batch's joined by rows); any other outcome goes to conclude(instance,
+    requests, outputs, cancelled, result, error), which returns what a handler returns."""
+
+    def __init__(
+        self, free: Any, conclude: Callable[..., Any], serving_var: Any, serving: tuple[Any, str, str],
+        inputs: tuple[tuple[str, str], ...], outputs: tuple[str, ...], classes: tuple[type, type, type],
+    ) -> None: ...
+
 class ModelVersion:
     """A model version built by Server.add_model(publish=False), served once swapped in."""
 
@@ -218,8 +261,10 @@ class Server:
         response_cache: bool = False,  # use the server's response cache (if it has one)
         # a model whose function takes the inputs alone: (fn, select), so that the core calls
         # fn(inputs) itself and select(result, output_names) only for a result that is not a
-        # dict holding every requested output (select returns the outputs or raises)
-        direct: tuple[Callable[[dict[str, Any]], Any], Callable[[Any, tuple[str, ...]], dict[str, Any]]] | None = None,
+        # dict holding every requested output (select returns the outputs or raises); or a
+        # Triton Python model's TritonExecute: the core then calls its execute itself
+        direct: tuple[Callable[[dict[str, Any]], Any], Callable[[Any, tuple[str, ...]], dict[str, Any]]]
+        | TritonExecute | None = None,
         # the instances as worker processes (openinfer._backends.processes.worker_spec, then optionally a
         # buffer whose first byte, once set, gives up starting them: the version then fails)
         workers: tuple[list[str], list[str], bytes, int] | tuple[list[str], list[str], bytes, int, Any] | None = None,

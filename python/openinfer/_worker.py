@@ -37,7 +37,11 @@ def main(argv: list[str]) -> int:
         _core.worker_fail(f"a worker process could not import the model: {_describe(e)}")
         return 1
     try:
-        _core.worker_serve(model.handler, model.name, [(t.name, t.datatype) for t in model.outputs], parent)
+        # A Triton Python model's execute is called from C, as in the server (TritonExecute).
+        direct = getattr(model, "direct", None)
+        direct = direct if isinstance(direct, _core.TritonExecute) else None
+        _core.worker_serve(model.handler, model.name, [(t.name, t.datatype) for t in model.outputs], parent,
+                           direct=direct)  # fmt: skip
     finally:
         close = getattr(model, "close", None)  # a Triton model's finalize(), as its instance ends
         if close is not None:

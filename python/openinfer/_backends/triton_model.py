@@ -3,7 +3,9 @@ openinfer's own Python backend: an adapter, not a backend of its own.
 
 `TritonModel` is an `openinfer.Model` whose handler calls ``TritonPythonModel.execute(requests)``
 where an ``infer(inputs)`` model's function is called, with `triton_utils` objects viewing the
-request (inputs stay zero-copy and read-only). So the scheduler, batcher, cancellation flag,
+request (inputs stay zero-copy and read-only); mostly the core calls execute itself
+(`TritonModel.direct`, csrc/python/triton_execute.c), handing what it does not take as it is to
+`TritonModel._conclude`. So the scheduler, batcher, cancellation flag,
 decoupled streaming and worker processes are the ones every Python model has:
 
 - one ``TritonPythonModel`` object per instance: in the server process (a pool the executor
@@ -38,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import _core
 from .._config import triton_config
 from ..config import ConfigError, ModelConfig
 from ..model import Model, Tensor, numpy_dtype
@@ -255,8 +258,21 @@ class TritonModel(Model):
         return self._ready() if self._ready is not None else True
 
     @property
-    def direct(self) -> None:
-        return None
+    def direct(self) -> Any:
+        """The core's own call of execute for a request or dynamic batch of a model that is not
+        decoupled (`_core.TritonExecute`, csrc/python/triton_execute.c): `handler`'s work without its
+        Python frames, where nothing of the model needs them (no reshape, BF16 output or
+        coroutine execute, one executor per instance). None otherwise: `handler` serves all."""
+        instances = self.fn
+        if (self.decoupled or self.in_flight != 1 or self._input_reshapes or self._output_reshapes
+                or self._bf16_outputs or not isinstance(instances, Instances)
+                or any(inspect.iscoroutinefunction(getattr(o, "execute", None)) for o in instances._objects)):
+            return None  # fmt: skip
+        return _core.TritonExecute(
+            instances._free, self._conclude, pb._serving_var, (self._host, self.name, self._version_dir),
+            tuple((t.name, t.datatype) for t in self.inputs), tuple(t.name for t in self.outputs),
+            (pb.InferenceRequest, pb.Tensor, pb.InferenceResponse),
+        )
 
     def close(self) -> None:
         """finalize() of the objects in this process (a worker's run theirs as the worker ends)."""
@@ -322,25 +338,56 @@ class TritonModel(Model):
         instance = instances.acquire()
         serving = pb._serving_var.set((self._host, self.name, cancelled, self._version_dir))
         try:
-            result = self._call(instances, instance, requests)  # each request's flags are RELEASE_ALL (_served)
-            for request in requests:
-                if request._release_flags == pb.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
-                    return self._rescheduled(instances, instance, requests, cancelled, result)
-            return result  # the common case: nothing rescheduled
-        except Exception as e:  # noqa: BLE001 - the client gets it as Triton words it
-            if all(request._sender is not None and request._sender._final for request in requests):
-                # Every request already has its final flag: Triton logs the error, sends nothing.
-                pb.Logger.log_error(
-                    f"Failed to process the request(s) for model '{self._instance_name}': {describe(e)}"
-                )
-                return None
-            for request in requests:
-                if request._sender is not None:
-                    request._sender._close()
-            raise self._failure(describe(e)) from None
+            try:
+                return self._settled(instances, instance, requests, cancelled, instance.execute(requests))
+            except Exception as e:  # noqa: BLE001 - the client gets it as Triton words it
+                return self._failed(e, requests)
         finally:
             pb._serving_var.reset(serving)
             instances.release(instance)
+
+    def _conclude(
+        self, instance: Any, requests: list[pb.InferenceRequest], outputs: tuple[str, ...],
+        cancelled: Callable[[], bool], result: Any, error: Exception | None,
+    ) -> dict[str, object]:
+        """The answer to `requests` (a lone request, or a dynamic batch's) once the core called
+        execute itself (`direct`) and got `result`, or `error` raised, that is not the common
+        answer: what `handler` answers for them. Called with `instance` still taken and
+        pb_utils' context still set."""
+        if error is None:
+            try:
+                result = self._settled(self.fn, instance, requests, cancelled, result)  # type: ignore[arg-type]
+            except Exception as e:  # noqa: BLE001 - as _execute's
+                error = e
+        if error is not None:
+            result = self._failed(error, requests)
+        batch = cancelled.batch() if hasattr(cancelled, "batch") else None
+        if batch is not None:
+            return self._joined(batch, requests, result, outputs, cancelled)
+        return self._answer(self._returned(result, requests)[0], outputs)
+
+    def _settled(
+        self, instances: Instances, instance: Any, requests: list[pb.InferenceRequest], cancelled: Callable[[], bool],
+        result: Any,
+    ) -> Any:
+        """execute's `result` (each request's flags were RELEASE_ALL, as _served makes them),
+        awaited if a coroutine, and executed again for the requests it rescheduled."""
+        result = self._awaited(instances, instance, result)
+        for request in requests:
+            if request._release_flags == pb.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+                return self._rescheduled(instances, instance, requests, cancelled, result)
+        return result  # the common case: nothing rescheduled
+
+    def _failed(self, e: Exception, requests: list[pb.InferenceRequest]) -> None:
+        """What execute's exception `e` answers: nothing when every request already has its
+        final flag (Triton logs the error), else the failure, raised, that the client gets."""
+        if all(request._sender is not None and request._sender._final for request in requests):
+            pb.Logger.log_error(f"Failed to process the request(s) for model '{self._instance_name}': {describe(e)}")
+            return None
+        for request in requests:
+            if request._sender is not None:
+                request._sender._close()
+        raise self._failure(describe(e)) from None
 
     def _rescheduled(
         self, instances: Instances, instance: Any, requests: list[pb.InferenceRequest], cancelled: Callable[[], bool],
@@ -376,7 +423,10 @@ class TritonModel(Model):
 
     def _call(self, instances: Instances, instance: Any, requests: list[pb.InferenceRequest]) -> Any:
         """One execute; a coroutine's (``async def execute``) runs on the instance's event loop."""
-        result = instance.execute(requests)
+        return self._awaited(instances, instance, instance.execute(requests))
+
+    @staticmethod
+    def _awaited(instances: Instances, instance: Any, result: Any) -> Any:
         if type(result) is not list and inspect.iscoroutine(result):
             result = instances.run(instance, _in_context(result, pb._serving_var.get()))
         return result
@@ -402,8 +452,19 @@ class TritonModel(Model):
             request._request_id = request_id or ""
             requests.append(request)
             start += rows
+        return self._joined(batch, requests, self._execute(requests, cancelled), outputs, cancelled)
+
+    def _joined(
+        self,
+        batch: tuple[tuple[int, str | None, bytes | None], ...],
+        requests: list[pb.InferenceRequest],
+        result: Any,
+        outputs: tuple[str, ...],
+        cancelled: Callable[[], bool],
+    ) -> dict[str, object]:
+        """A dynamic batch's answer: execute's `result` for its `requests`, joined by rows."""
         produced: list[dict[str, object] | None] = []
-        for k, response in enumerate(self._returned(self._execute(requests, cancelled), requests)):
+        for k, response in enumerate(self._returned(result, requests)):
             try:
                 answer = self._outputs(response)
                 if response._parameters is not None:

@@ -144,12 +144,8 @@ def numpy_to_triton_type(data_type: Any) -> int | None:
     return None
 
 
-def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
-    inputs = inference_request._inputs if type(inference_request) is InferenceRequest else inference_request.inputs()
-    for tensor in inputs:
-        if tensor._name == name:
-            return tensor
-    return None
+# C (csrc/python/pb_objects.c): a Python frame per input of every request costs more than the lookup.
+get_input_tensor_by_name = _core.get_input_tensor_by_name
 
 
 def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) -> Tensor | None:
@@ -257,6 +253,18 @@ class Tensor(_core.TensorBase):
 
 
 _new_tensor = Tensor.__new__  # a Tensor with no fields yet, set by the caller (no __init__ checks)
+
+
+_new_request = _core.RequestBase.__new__  # a request with no fields yet (no __init__ checks)
+_REQUEST_FIELDS = ("_model_name", "_inputs", "_requested", "_request_id", "_correlation_id", "_flags", "_timeout",
+                   "_model_version", "_parameters", "_cancelled", "_sender", "_decoupled", "_release_flags")  # fmt: skip
+
+
+def _restored_request(cls: type[InferenceRequest], fields: tuple[Any, ...]) -> InferenceRequest:
+    request = _new_request(cls)
+    for name, value in zip(_REQUEST_FIELDS, fields):
+        setattr(request, name, value)
+    return request
 
 
 class _Capsule:
@@ -385,13 +393,14 @@ class InferenceResponseSender:
                 self._queue.put((error, TRITONSERVER_RESPONSE_COMPLETE_FINAL))  # type: ignore[arg-type]
 
 
-class InferenceRequest:
+class InferenceRequest(_core.RequestBase):
     """A request as `TritonPythonModel.execute` sees it. Built by the server for each request it
-    hands to a model (`_served`: no copy, its parameters decoded and its sender made only when
-    asked for), or by a model for another model of the server (BLS: `exec`, `async_exec`)."""
+    hands to a model (no copy, its parameters decoded and its sender made only when asked for:
+    `_served`, and for a lone request the core itself, csrc/python/triton_execute.c), or by a
+    model for another model of the server (BLS: `exec`, `async_exec`). Its fields and plain
+    reads (``inputs()``, ``request_id()``, ...) are C (`_core.RequestBase`)."""
 
-    __slots__ = ("_model_name", "_inputs", "_requested", "_request_id", "_correlation_id", "_flags", "_timeout",
-                 "_model_version", "_parameters", "_cancelled", "_sender", "_decoupled", "_release_flags")  # fmt: skip
+    __slots__ = ()
 
     def __init__(
         self,
@@ -433,11 +442,13 @@ class InferenceRequest:
     ) -> InferenceRequest:
         """The request the server hands to execute: `inputs` as Tensors viewing its memory,
         `parameters` the request's JSON (None: none)."""
-        request = object.__new__(cls)
+        request = _new_request(cls)
         tensors = request._inputs = []
         for name, array in inputs.items():  # Tensor._view's work, without a call per input
             tensor = _new_tensor(Tensor)
-            tensor._name, tensor._array, tensor._datatype = name, array, datatypes[name]
+            # A sequence batcher's control inputs are not declared: their arrays' datatypes.
+            datatype = datatypes[name] if name in datatypes else Tensor._datatype_of(name, array.dtype)
+            tensor._name, tensor._array, tensor._datatype = name, array, datatype
             tensors.append(tensor)
         request._model_name = model_name
         request._requested = list(requested)
@@ -468,35 +479,12 @@ class InferenceRequest:
         self._timeout = timeout if isinstance(timeout, int) else 0
         self._parameters = json.dumps(params)
 
-    def inputs(self) -> list[Tensor]:
-        return self._inputs
-
-    def requested_output_names(self) -> list[str]:
-        return self._requested
-
-    def request_id(self) -> str:
-        return self._request_id
-
-    def correlation_id(self) -> int | str:
-        return self._correlation_id
-
-    def flags(self) -> int:
-        return self._flags
+    def __reduce__(self) -> tuple[Any, ...]:
+        """copy and pickle, as of the Python class (a C base's fields are not its slots)."""
+        return _restored_request, (type(self), tuple(getattr(self, f) for f in _REQUEST_FIELDS))
 
     def set_flags(self, flags: int) -> None:
         self._flags = flags
-
-    def timeout(self) -> int:
-        return self._timeout
-
-    def parameters(self) -> str:
-        return self._parameters
-
-    def model_name(self) -> str:
-        return self._model_name
-
-    def is_cancelled(self) -> bool:
-        return self._cancelled()
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:
