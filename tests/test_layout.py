@@ -38,6 +38,11 @@ UPWARD_ALLOWED = {
     # than keeping a second copy. It is the one backend that knows CPython.
     ("backends/python_backend.h", "python/numpy_api.h"),
     ("backends/python_backend.c", "python/bridge.h"),
+    # For the same reason, a Triton Python model's execute called by the core: the bindings'
+    # TritonExecute (triton_execute.c, which the worker processes run too) and the pb_utils
+    # response type it answers with (pb_objects.c).
+    ("backends/python_backend.c", "python/triton_execute.h"),
+    ("backends/python_backend.c", "python/pb_objects.h"),
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
