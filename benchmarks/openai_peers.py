@@ -122,28 +122,29 @@ def run(args, endpoints: list[str], levels: list[int], rounds: int, seconds: flo
         C.wait_http_ready(f"{ours}/v2/models/{MODEL}/ready", timeout=120, proc=server)
         started = P.start_peers([PEER_OF[n] for n in args.peer_names], server_cpu, tmp, problems,
                                 models=(MODEL,))
-        content = fixed_length_prompt(ours, args.tokens)
+        contents = {n: fixed_length_prompt(ours, n) for n in args.tokens}
         for key, peer in list(started.items()):
-            why = difference(ours, peer.http_url, content, args.tokens)
+            why = next(filter(None, (difference(ours, peer.http_url, contents[n], n) for n in args.tokens)), None)
             if why:
                 problems.append(f"{peer.label} left out: its answers differ from openinfer's: {why}")
                 peer.stop()
                 del started[key]
         servers = {"openinfer": (port, server.pid)}
         servers.update({p.label: (p.http_port, p.proc.pid) for p in started.values()})
-        reqs = {e: raw_request(ENDPOINTS[e][0], ENDPOINTS[e][1](content, args.tokens, True)) for e in endpoints}
+        cases = [(e, n) for e in endpoints for n in args.tokens]
+        reqs = {(e, n): raw_request(ENDPOINTS[e][0], ENDPOINTS[e][1](contents[n], n, True)) for e, n in cases}
         for srv_port, _ in servers.values():  # warm-up
             for req in reqs.values():
-                streams_per_second(srv_port, req, 1.0, max(levels))
-        runs = {(e, s, c): [] for e in endpoints for s in servers for c in levels}
+                streams_per_second(srv_port, req, 0.5, max(levels))
+        runs = {(*case, s, c): [] for case in cases for s in servers for c in levels}
         for r in range(rounds):  # every server in turn, the order alternating
             order = list(servers) if r % 2 == 0 else list(reversed(servers))
-            for e in endpoints:
+            for case in cases:
                 for c in levels:
                     for s in order:
-                        runs[e, s, c].append(measure(*servers[s], reqs[e], seconds, c))
+                        runs[(*case, s, c)].append(measure(*servers[s], reqs[case], seconds, c))
         for peer in started.values():
-            why = difference(ours, peer.http_url, content, args.tokens)
+            why = next(filter(None, (difference(ours, peer.http_url, contents[n], n) for n in args.tokens)), None)
             peer.notes.append("its answers equal openinfer's for the same chat and completion, streamed and "
                               f"not, before the load{'' if why else ' and after it'}")
             if why:
@@ -152,37 +153,37 @@ def run(args, endpoints: list[str], levels: list[int], rounds: int, seconds: flo
         for peer in started.values():
             peer.stop()
         server.stop()
-    return {"content": content, "runs": runs, "peers": list(started.values()), "command": server.command}
+    return {"contents": contents, "runs": runs, "peers": list(started.values()), "command": server.command}
 
 
 def report(args, result: dict, endpoints: list[str], levels: list[int], rounds: int, seconds: float,
            server_cpu: str | None, load: list[str], elapsed: float, problems: list[str]) -> list[str]:
     runs, peers = result["runs"], result["peers"]
     lines = C.report_header("OpenAI's API beside KServe's OpenAI server", args.quick, elapsed)
-    lines += [f"Streamed answers of {args.tokens} tokens (`max_tokens` {args.tokens}, finish_reason `length`; "
-              f"user message {result['content']!r}) of `{MODEL}`, the deterministic toy model: "
-              f"{seconds:g} s per server, endpoint, concurrency and round, {rounds} round(s); servers on CPU "
+    prompts = ", ".join(f"{n}: {m!r}" for n, m in result["contents"].items())
+    lines += [f"Streamed answers of a fixed number of tokens (`max_tokens`, finish_reason `length`; the user "
+              f"message or prompt per count: {prompts}) of `{MODEL}`, the deterministic toy model: "
+              f"{seconds:g} s per server, case, concurrency and round, {rounds} round(s); servers on CPU "
               f"{server_cpu or 'any'}, readers on CPU {'1' if server_cpu else 'any'}. Requests/s: the median "
               "(min–max) over the rounds; openinfer / peer: the median (min–max) of the per-round ratios.", ""]
-    headers = ["endpoint", "concurrency", "openinfer req/s", "openinfer server CPU ms/req"]
+    headers = ["endpoint", "tokens", "concurrency", "openinfer req/s", "openinfer server CPU ms/req"]
     for peer in peers:
         headers += [f"{peer.label} req/s", f"{peer.label} server CPU ms/req", f"openinfer / {peer.label}"]
     rows, goals = [], []
-    for e in endpoints:
-        for c in levels:
-            ours = [x[0] for x in runs[e, "openinfer", c]]
-            row = [ENDPOINTS[e][0], c, C.summarize(ours).fmt(),
-                   C.summarize([x[1] for x in runs[e, "openinfer", c]]).fmt(".2f")]
-            for peer in peers:
-                theirs = [x[0] for x in runs[e, peer.label, c]]
-                ratio = C.summarize(C.paired_ratios(ours, theirs))
-                row += [C.summarize(theirs).fmt(), C.summarize([x[1] for x in runs[e, peer.label, c]]).fmt(".2f"),
-                        ratio.fmt(".2f", "x")]
-                if (e, c) == ("chat", 16):
-                    goals.append(f"Goal (issue 42): openinfer ≥ {GOAL:g}x {peer.label}'s requests/s on streamed "
-                                 f"chat completions at concurrency 16: {'met' if ratio.median >= GOAL else 'not met'} "
-                                 f"({ratio.median:.2f}x).")
-            rows.append(row)
+    for e, n, c in [(e, n, c) for e in endpoints for n in args.tokens for c in levels]:
+        ours = [x[0] for x in runs[e, n, "openinfer", c]]
+        row = [ENDPOINTS[e][0], n, c, C.summarize(ours).fmt(),
+               C.summarize([x[1] for x in runs[e, n, "openinfer", c]]).fmt(".2f")]
+        for peer in peers:
+            theirs = runs[e, n, peer.label, c]
+            ratio = C.summarize(C.paired_ratios(ours, [x[0] for x in theirs]))
+            row += [C.summarize([x[0] for x in theirs]).fmt(), C.summarize([x[1] for x in theirs]).fmt(".2f"),
+                    ratio.fmt(".2f", "x")]
+            if (e, c) == ("chat", 16):
+                goals.append(f"Goal (issue 42): openinfer ≥ {GOAL:g}x {peer.label}'s requests/s on streamed chat "
+                             f"completions of {n} token(s) at concurrency 16: "
+                             f"{'met' if ratio.median >= GOAL else 'not met'} ({ratio.median:.2f}x).")
+        rows.append(row)
     reader = max((x[2] for v in runs.values() for x in v), default=float("nan"))
     lines += [C.markdown_table(headers, rows), "", *goals, "", "## Method", ""]
     lines += [f"- {p.label}: {p.version}, `{p.command}` (KSERVE_OPENAI_ROUTE_PREFIX=\"\"); "
@@ -201,7 +202,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=5.0, help="per server, endpoint, concurrency and round")
-    ap.add_argument("--tokens", type=int, default=16, help="tokens per answer")
+    ap.add_argument("--tokens", default="1,16", help="tokens per answer, comma-separated")
     ap.add_argument("--concurrency", default="1,16")
     ap.add_argument("--endpoints", default="chat,completions", help="comma-separated: chat, completions")
     ap.add_argument("--out", type=Path, default=None, help="where openai_peers.md goes (results/, raw/ when quick)")
@@ -211,8 +212,7 @@ def main() -> None:
     for what, given, known in (("--peers", args.peer_names, PEER_OF), ("--endpoints", endpoints, ENDPOINTS)):
         if not given or set(given) - set(known):
             ap.error(f"{what}: {','.join(given) or 'none'}; known: {','.join(known)}")
-    if args.tokens < 1:
-        ap.error("--tokens: at least 1")
+    args.tokens = C.parse_int_list(args.tokens)
     rounds, seconds = (1, 2.0) if args.quick else (args.rounds, args.seconds)
     levels = C.parse_int_list(args.concurrency)
     out = args.out or C.RESULTS_DIR / ("raw" if args.quick else "")

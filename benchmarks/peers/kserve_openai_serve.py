@@ -15,13 +15,11 @@ peers.py) the endpoints are /v1/completions and /v1/chat/completions, as openinf
 
 from __future__ import annotations
 
-import argparse
 import ast
 import time
 import uuid
 from pathlib import Path
 
-from kserve import ModelServer
 from kserve.errors import InvalidInput
 from kserve.protocol.rest.openai import ChatPrompt, OpenAIChatAdapterModel
 from kserve.protocol.rest.openai.types import (
@@ -31,7 +29,7 @@ from kserve.protocol.rest.openai.types import (
     CompletionChunkChoice,
     UsageInfo,
 )
-from kserve_serve import bind_loopback, quiet_logs
+from kserve_serve import serve
 from transformers import AutoTokenizer
 
 
@@ -98,20 +96,6 @@ class ToyLLM(OpenAIChatAdapterModel):
         return events()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--http-port", type=int, required=True)
-    ap.add_argument("--grpc-port", type=int, required=True)
-    ap.add_argument("--model-dir", type=Path, required=True)
-    a, _ = ap.parse_known_args()
-    bind_loopback()
-    server = ModelServer(http_port=a.http_port, grpc_port=a.grpc_port, workers=1,
-                         enable_grpc=False, enable_latency_logging=False,
-                         enable_docs_url=False, access_log_format=None)
-    quiet_logs()
-    print("PEER READY", flush=True)
-    server.start([ToyLLM(a.model_dir.resolve())])
-
-
 if __name__ == "__main__":
-    main()
+    serve(lambda a: [ToyLLM(a.model_dir.resolve())],
+          lambda ap: ap.add_argument("--model-dir", type=Path, required=True), enable_grpc=False)

@@ -25,7 +25,7 @@ from kserve.utils.utils import generate_uuid
 
 def bind_loopback() -> None:
     """Make KServe's uvicorn and gRPC servers listen on 127.0.0.1 (patched on the classes, so
-    it holds for the servers ModelServer makes later; also peers/kserve_openai_serve.py)."""
+    it holds for the servers ModelServer makes later)."""
     config_init, add_port = uvicorn.Config.__init__, _grpc_server.Server.add_insecure_port
 
     def loopback_config(self, *a, **kw):
@@ -85,19 +85,23 @@ class Identity(Model):
         return _respond(self, payload, {"OUTPUT0": (_inputs(payload)["INPUT0"], "FP32")})
 
 
-def main() -> None:
+def serve(make_models, add_args=lambda ap: None, **server_kw) -> None:
+    """Parse --http-port, --grpc-port (and what `add_args` adds), then run KServe's ModelServer
+    on loopback, one uvicorn worker, quiet, with the models `make_models(args)` returns
+    (also peers/kserve_openai_serve.py)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--http-port", type=int, required=True)
     ap.add_argument("--grpc-port", type=int, required=True)
-    a, _ = ap.parse_known_args()
+    add_args(ap)
+    a, _ = ap.parse_known_args()  # the rest are KServe's own flags (read from sys.argv)
     bind_loopback()
     server = ModelServer(http_port=a.http_port, grpc_port=a.grpc_port, workers=1,
                          enable_latency_logging=False, enable_docs_url=False,
-                         access_log_format=None)
+                         access_log_format=None, **server_kw)
     quiet_logs()
     print("PEER READY", flush=True)
-    server.start([Simple(), Identity()])
+    server.start(make_models(a))
 
 
 if __name__ == "__main__":
-    main()
+    serve(lambda a: [Simple(), Identity()])
