@@ -1,20 +1,20 @@
 #!/usr/bin/env python3
 """OpenAI's API beside KServe's: openinfer and KServe's OpenAI-compatible server
 (`kserve.protocol.rest.openai`, peers/kserve_openai_serve.py) serving the same deterministic toy
-language model (examples/models/toy_llm), streamed chat completions of a fixed number of tokens,
-requests per second at concurrency 1 and 16.
+language model (examples/models/toy_llm): streamed chats and completions of a fixed number of
+tokens (1 and 16), requests per second and server CPU per request at concurrency 1 and 16.
 
 Both servers run at once, each pinned to CPU 0 (where there are two CPUs; one event-loop thread
 for openinfer, one uvicorn worker for KServe), the readers on CPU 1: raw-socket keep-alive
-connections, one thread each, sending the same streamed chat request over and over (the reader
-of openai_frontend.py). Each round measures every server at every concurrency, the order of the
+connections, one thread each, sending the same streamed request over and over (the reader of
+openai_frontend.py). Each round measures every server in every case, the order of the
 servers alternating from round to round; the ratio openinfer / KServe is taken per round and
 its median reported, with min and max. Before the load (and again after it) both servers must
 answer the same text and finish reason for the same chat and completion, streamed and not, or
 the peer is left out with the difference.
 
     .venv/bin/python benchmarks/openai_peers.py [--peers kserve] [--quick] [--rounds R]
-        [--seconds S] [--tokens N]
+        [--seconds S] [--tokens 1,16] [--concurrency 1,16] [--endpoints chat,completions]
 
 KServe's venv (benchmarks/.venvs/kserve-openai) is made by peers.py on first use. Results:
 benchmarks/results/openai_peers.md (raw/ with --quick).
@@ -102,9 +102,10 @@ def difference(ours: str, theirs: str, content: str, n: int) -> str | None:
 
 def measure(port: int, pid: int, req: bytes, seconds: float, concurrency: int) -> tuple[float, float, float]:
     """(requests/s, server CPU ms per request, the readers' CPU share) of one run."""
-    c0, r0 = cpu_seconds(pid), time.process_time()
+    c0, r0, t0 = cpu_seconds(pid), time.process_time(), time.perf_counter()
     rps = streams_per_second(port, req, seconds, concurrency)
-    return rps, (cpu_seconds(pid) - c0) * 1e3 / (rps * seconds), (time.process_time() - r0) / seconds
+    wall = time.perf_counter() - t0
+    return rps, (cpu_seconds(pid) - c0) * 1e3 / (rps * wall), (time.process_time() - r0) / wall
 
 
 def run(args, endpoints: list[str], levels: list[int], rounds: int, seconds: float,
