@@ -108,7 +108,8 @@ class TritonPythonModel:
         for i, token in enumerate(tokens):
             if sender.is_cancelled():
                 break
-            time.sleep(self.delay)
+            if self.delay:  # a sleep, even of 0, is a syscall and hands the GIL over
+                time.sleep(self.delay)
             piece = (echo if i == 0 else "") + bytes([token]).decode()
             sender.send(response(piece, finish if i == len(tokens) - 1 else None, n_in, 1, logprobs(i, 1)))
         if not tokens:
