@@ -48,6 +48,7 @@ from . import triton_metrics, triton_ready, triton_wire
 from . import triton_utils as pb
 from .model_file import _LoadError, import_model_file
 from .processes import ModelFile, bind_file
+from .reused_threads import ReusedThreads
 
 CLASS = "TritonPythonModel"
 # What a Triton model.py imports by name; import_model_file provides it.
@@ -69,6 +70,8 @@ ASYNC_IN_FLIGHT = 8
 # stream holds one executor thread, so the scheduler gives such an instance this many; execute
 # itself still runs one call at a time on each instance.
 BACKEND_STREAMS = 64
+# The threads decoupled requests' executes run on, shared by every model.
+_DECOUPLED_THREADS = ReusedThreads("openinfer-decoupled-execute")
 
 
 async def _in_context(coroutine: Any, serving: Any) -> Any:
@@ -330,7 +333,7 @@ class TritonModel(Model):
             except BaseException as e:  # noqa: BLE001 - whatever ends execute ends the stream (SystemExit too)
                 sender._fail(e if isinstance(e, pb.ResponseError) else self._failure(describe(e)))
 
-        threading.Thread(target=run, name="openinfer-decoupled-execute", daemon=True).start()
+        _DECOUPLED_THREADS.run(run)
         return self._stream(sender, outputs, cancelled)
 
     def _execute(self, requests: list[pb.InferenceRequest], cancelled: Callable[[], bool]) -> Any:
@@ -630,7 +633,12 @@ def _checked_json(text: str, failure: Callable[[str], Exception]) -> str:
 def _bytes_as_triton_sends(array: np.ndarray) -> np.ndarray:
     """A BYTES output's items as Triton's serialize_byte_tensor writes them: bytes and str as
     they are, any other item (int, float, bool, ...) as str(item)."""
-    if array.dtype != np.object_ or all(type(x) is bytes or type(x) is str for x in array.flat):
+    if array.dtype != np.object_:
+        return array
+    for x in array.flat:  # a loop, not all() over a generator: this runs for each streamed token
+        if type(x) is not bytes and type(x) is not str:
+            break
+    else:
         return array
     items = [x if isinstance(x, (bytes, str)) else str(x) for x in array.flat]
     return np.array(items, dtype=np.object_).reshape(array.shape)

@@ -3,6 +3,7 @@ outputs of Triton's vLLM backend, read and written through Triton's Python-backe
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 
@@ -54,14 +55,23 @@ def logprobs_json(tokens: list[Candidates]) -> str:
                        for step in tokens])
 
 
+@functools.lru_cache(maxsize=4096)
+def _constant(value: bytes | int, dtype: type) -> np.ndarray:
+    """A one-item output array made once and shared, read-only, by every response that carries
+    the same finish reason or count: a streamed answer's tokens repeat them."""
+    array = np.array([value], dtype=dtype)
+    array.flags.writeable = False
+    return array
+
+
 def response(text: str, finish: str | None, n_in: int, n_out: int, logprobs: str | None = None) -> object:
     """One response: its text, why the completion ended (None: not yet), the prompt's tokens,
     the tokens this response carries and, when asked, their `logprobs` (logprobs_json)."""
     tensors = [
         pb_utils.Tensor("text_output", np.array([text.encode()], dtype=np.object_)),
-        pb_utils.Tensor("finish_reason", np.array([(finish or "").encode()], dtype=np.object_)),
-        pb_utils.Tensor("num_input_tokens", np.array([n_in], dtype=np.uint32)),
-        pb_utils.Tensor("num_output_tokens", np.array([n_out], dtype=np.uint32)),
+        pb_utils.Tensor("finish_reason", _constant((finish or "").encode(), np.object_)),
+        pb_utils.Tensor("num_input_tokens", _constant(n_in, np.uint32)),
+        pb_utils.Tensor("num_output_tokens", _constant(n_out, np.uint32)),
     ]
     if logprobs is not None:
         tensors.append(pb_utils.Tensor("logprobs", np.array([logprobs.encode()], dtype=np.object_)))
