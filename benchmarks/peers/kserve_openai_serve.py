@@ -71,7 +71,7 @@ class ToyLLM(OpenAIChatAdapterModel):
         params = {k: getattr(request, k) for k in self.sampling_keys
                   if getattr(request, k, None) not in (None, [])}
         try:
-            text, finish = self.continuation(request.prompt, params)
+            text, finish, _ = self.continuation(request.prompt, params)
         except ValueError as e:  # max_tokens beyond the context
             raise InvalidInput(str(e)) from None
         echo = request.prompt if request.echo else ""
