@@ -85,8 +85,9 @@ def forget(module_name: str) -> None:
     package = module_name.rsplit(".", 1)[0] if "." in module_name else module_name
     if not package.startswith(UNIQUE_PREFIX):
         return
-    for unique in [n for n in sys.modules if n == package or n.startswith(package + ".")]:
-        del sys.modules[unique]
+    # list() copies at once: other threads import (and this may run twice) meanwhile.
+    for unique in [n for n in list(sys.modules) if n == package or n.startswith(package + ".")]:
+        sys.modules.pop(unique, None)
 
 
 def _identifier(text: str) -> str:
