@@ -21,33 +21,52 @@ import openinfer
 from conftest import triton_http, wait_for
 from test_triton_python_backend import PROLOGUE, add_model
 
-# Sleeps `sleep` seconds (a parameter; 0.3 by default) per request, or with `hold` until its
-# request is cancelled (held and cancelled requests are counted in sys.modules["bls_workers_slow"]:
-# the server runs in the test's process), then answers OUTPUT0 = 2 * INPUT0 and ID = its request id. Eight instances in the
-# server: eight requests sleep at once.
-SLOW = PROLOGUE + textwrap.dedent(
+# What the targets share (in sys.modules["bls_workers_slow"]: the server runs in the test's
+# process): held and cancelled requests counted, and a meeting point: a request with parameter
+# `meet` N waits (at most 20 s) until N requests of the targets have been in execute at once
+# (`met`, the most seen at once; a test sets it to 0 first). Calls made one after another never meet.
+MEETING = PROLOGUE + textwrap.dedent(
     """
     import sys, time, types
-    seen = sys.modules.setdefault("bls_workers_slow", types.SimpleNamespace(held=0, cancelled=0, pid=0,
-                                                                            lock=threading.Lock()))
+    seen = sys.modules.setdefault("bls_workers_slow", types.SimpleNamespace(held=0, cancelled=0, pid=0, inside=0,
+                                                                            met=0, cond=threading.Condition()))
 
+    def meet(p):
+        with seen.cond:
+            seen.inside += 1
+            seen.met = max(seen.met, seen.inside)
+            seen.cond.notify_all()
+            seen.cond.wait_for(lambda: seen.met >= p.get("meet", 0), timeout=20)  # met only grows
+
+    def leave():
+        with seen.cond:
+            seen.inside -= 1
+    """
+)
+# Sleeps `sleep` seconds (a parameter; 0.3 by default) per request, or with `hold` until its
+# request is cancelled, then answers OUTPUT0 = 2 * INPUT0 and ID = its request id. Eight
+# instances in the server: eight requests sleep at once.
+SLOW = MEETING + textwrap.dedent(
+    """
     class TritonPythonModel:
         def execute(self, requests):
             out = []
             for r in requests:
                 p = json.loads(r.parameters())
+                meet(p)
                 if p.get("hold"):
-                    with seen.lock:
+                    with seen.cond:
                         seen.held += 1
                         seen.pid = p["pid"]  # the calling worker's
                     for _ in range(600):
                         if r.is_cancelled():
-                            with seen.lock:
+                            with seen.cond:
                                 seen.cancelled += 1
                             break
                         time.sleep(0.05)
                 else:
                     time.sleep(p.get("sleep", 0.3))
+                leave()
                 x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
                 out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x * 2),
                     pb_utils.Tensor("ID", np.array([r.request_id().encode()], np.object_))]))
@@ -128,7 +147,8 @@ FAN_ASYNC = FAN_COMMON + textwrap.dedent(
                     out.append(respond(request, 0, time.perf_counter(), []))
                     continue
                 t0 = time.perf_counter()
-                answer(await make(request, 0).async_exec())
+                if not p.get("only_many"):
+                    answer(await make(request, 0).async_exec())
                 one, start = time.perf_counter() - t0, time.perf_counter()
                 got = await asyncio.gather(*(make(request, i).async_exec() for i in range(n)))
                 out.append(respond(request, one, start, [answer(r) for r in got]))
@@ -155,13 +175,13 @@ NAMED = FAN_COMMON + textwrap.dedent(
 )
 # Decoupled: answers each request with three responses OUTPUT0 = INPUT0 + k (k = 0, 1, 2), 0.1 s
 # apart, then the final flag alone.
-REPEAT = PROLOGUE + textwrap.dedent(
+REPEAT = MEETING + textwrap.dedent(
     """
-    import time
-
     class TritonPythonModel:
         def execute(self, requests):
             for r in requests:
+                meet(json.loads(r.parameters()))
+                leave()
                 x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
                 sender = r.get_response_sender()
                 for k in range(3):
@@ -183,7 +203,8 @@ STREAMS = FAN_COMMON + textwrap.dedent(
 
             async def stream(i):
                 request = pb_utils.InferenceRequest(model_name="repeat", inputs=[pb_utils.Tensor("INPUT0", x[i : i + 1])],
-                                                    requested_output_names=["OUTPUT0", "ID"], request_id=f"call{i}")
+                                                    requested_output_names=["OUTPUT0", "ID"], request_id=f"call{i}",
+                                                    parameters={"meet": x.size})
                 return [answer(r) for r in await request.async_exec(decoupled=True)
                         if r.has_error() or r.output_tensors()]
 
@@ -287,10 +308,10 @@ def expected(x: np.ndarray) -> list[Any]:
 def test_eight_bls_calls_from_one_worker_run_at_once_each_with_its_own_answer(srv: openinfer.Server,
                                                                               model: str) -> None:
     x = np.arange(1, 9, dtype=np.float32) * 1.5
-    got = fan(srv, model, x)
+    sys.modules["bls_workers_slow"].met = 0
+    got = fan(srv, model, x, only_many=True, target_params={"meet": x.size})
     assert got["answers"] == expected(x)
-    # One call sleeps 0.3 s in the target; eight one after another would take 8x that.
-    assert got["all"] < 4 * got["one"], got
+    assert _seen("met") == x.size  # all eight calls were in the target at once
 
 
 def test_an_input_viewing_the_workers_request_is_named_not_copied(srv: openinfer.Server) -> None:
@@ -302,9 +323,10 @@ def test_an_input_viewing_the_workers_request_is_named_not_copied(srv: openinfer
 
 def test_decoupled_bls_streams_from_one_worker_at_once_each_get_their_own_responses(srv: openinfer.Server) -> None:
     x = np.array([10.0, 20.0, 30.0, 40.0], np.float32)
+    sys.modules["bls_workers_slow"].met = 0
     got = fan(srv, "streams", x)
     assert got["streams"] == [[[[v + k], f"call{i}"] for k in range(3)] for i, v in enumerate(x.tolist())]
-    assert got["all"] < 4 * 0.3, got  # four streams of 0.3 s each, not one after another
+    assert _seen("met") == x.size  # the four streams were in the target at once
 
 
 def test_a_decoupled_worker_sends_each_bls_answer_as_it_comes(srv: openinfer.Server) -> None:
