@@ -215,8 +215,7 @@ class ModelControl(RepositoryApi):
         self._poller: threading.Thread | None = None
         if start_up:
             names = self.start_up_names(load)
-            if self._mode == "explicit" and "*" not in load:  # the steps --load-model brought
-                self._implicit = names - set(load) - set(self._given)
+            self.brought_along(names, load)
             # Ensembles after the models they run: their steps are checked against those.
             for name in ensemble.load_order(list(names), self._ensemble_steps):
                 self.load_at_start(name)
@@ -230,6 +229,12 @@ class ModelControl(RepositoryApi):
         elif self._repos:  # with the step models of the ensembles among them, as a load takes them
             names |= set(load) | {step for name in load for step in self._composing_to_load(name, None)}
         return names - self._deferred
+
+    def brought_along(self, names: set[str], load: Sequence[str]) -> None:
+        """Marks the start-up `names` that --load-model did not name (the step models of its
+        ensembles) as loaded along with them, for unload_dependents."""
+        if self._mode == "explicit" and "*" not in load:
+            self._implicit = names - set(load) - set(self._given)
 
     def load_at_start(self, name: str) -> None:
         """Loads model `name` at start-up; ValueError when no repository has it."""

@@ -44,8 +44,11 @@ class NamespacedControl(RepositoryApi):
             space.peers = lambda space=space: [s for s in self._spaces if s is not space]
         self._max_json_depth = self._spaces[0]._max_json_depth
         # Ensembles after the models they run, over every namespace: a step may be another's.
-        wanted = {name: [s for s in self._spaces if name in s.start_up_names(load) and s.has(name)]
-                  for space in self._spaces for name in space.start_up_names(load)}
+        names = {id(space): space.start_up_names(load) for space in self._spaces}  # read once: configs
+        for space in self._spaces:
+            space.brought_along(names[id(space)], load)
+        wanted = {name: [s for s in self._spaces if name in names[id(s)] and s.has(name)]
+                  for space in self._spaces for name in names[id(space)]}
         self._repos = list(repos)
         for name in ensemble.load_order(list(wanted), lambda n: self._steps(wanted[n], n)):
             if not wanted[name]:  # --load-model of a model in no repository
