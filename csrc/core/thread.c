@@ -80,3 +80,13 @@ void oi_thread_prefer_batch(void)
     pthread_setschedparam(pthread_self(), SCHED_BATCH, &p); /* unprivileged; on failure stays normal */
 #endif
 }
+
+struct timespec oi_deadline_in(double seconds)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    long long ns = t.tv_nsec + (long long)(seconds * 1e9);
+    t.tv_sec += ns / 1000000000LL;
+    t.tv_nsec = ns % 1000000000LL;
+    return t;
+}

@@ -5,6 +5,7 @@
 #define OI_CORE_THREAD_H
 
 #include <pthread.h>
+#include <time.h>
 
 /* pthread_create with every signal blocked in the new thread, named `name` for ps -L, top -H
  * and /proc/PID/task/TID/comm (15 characters kept): a thread would otherwise take its
@@ -24,5 +25,8 @@ int oi_thread_instance(void);
  * at c=1 with the loop and the executor on one CPU: benchmarks/executor_policy.py). The
  * environment variable OPENINFER_EXECUTOR_SCHED=normal leaves the policy alone. */
 void oi_thread_prefer_batch(void);
+
+/* The CLOCK_REALTIME moment `seconds` (>= 0) from now, as pthread_cond_timedwait takes it. */
+struct timespec oi_deadline_in(double seconds);
 
 #endif

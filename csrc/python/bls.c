@@ -14,6 +14,7 @@
 
 #include "backends/python_backend.h"
 #include "core/bls_chain.h"
+#include "core/thread.h"
 #include "python/bridge.h"
 #include "server/infer.h"
 #include "server/server.h"
@@ -419,11 +420,7 @@ static PyObject *Bls_next(BlsCallObject *self, PyObject *args)
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&b->mu);
     if (timeout >= 0 && b->head == NULL && !b->ended) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        long long ns = ts.tv_nsec + (long long)(timeout * 1e9);
-        ts.tv_sec += ns / 1000000000LL;
-        ts.tv_nsec = ns % 1000000000LL;
+        struct timespec ts = oi_deadline_in(timeout);
         while (b->head == NULL && !b->ended)
             if (pthread_cond_timedwait(&b->cv, &b->mu, &ts) == ETIMEDOUT)
                 break;

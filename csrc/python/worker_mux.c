@@ -296,11 +296,7 @@ static PyObject *WorkerCall_next(WorkerCallObject *self, PyObject *args)
     part_t *p = NULL;
     int ended = 0;
     Py_BEGIN_ALLOW_THREADS
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    long long ns = until.tv_nsec + (long long)(timeout > 0 ? timeout * 1e9 : 0);
-    until.tv_sec += ns / 1000000000LL;
-    until.tv_nsec = ns % 1000000000LL;
+    struct timespec until = oi_deadline_in(timeout > 0 ? timeout : 0);
     pthread_mutex_lock(&mux.mu);
     while (c->head == NULL && !c->ended && timeout != 0)
         if (timeout < 0)
