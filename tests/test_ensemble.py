@@ -475,6 +475,15 @@ def test_unload_dependents_takes_the_steps_loaded_only_with_the_ensemble(tmp_pat
                 c.load_model("broken")
             assert "ensemble 'broken' depends on 'bad'" in e.value.message(), e.value.message()
             assert _ready(c) == {"incr"}
+            # A config sent with the load names the steps: those load, not the folder's config's.
+            io = {"data_type": "TYPE_FP32", "dims": [4]}
+            c.load_model("other", config=json.dumps({
+                "platform": "ensemble", "max_batch_size": 0, "input": [{"name": "IN", **io}],
+                "output": [{"name": "OUT", **io}],
+                "ensemble_scheduling": {"step": [{"model_name": "neg", "model_version": -1,
+                                                  "input_map": {"X": "IN"}, "output_map": {"Y": "OUT"}}]}}))
+            assert _ready(c) == {"incr", "other", "neg"}
+            np.testing.assert_array_equal(_infer(c, "other", X).as_numpy("OUT"), -X)
         finally:
             c.close()
 
