@@ -1189,22 +1189,26 @@ static int set_labels(oi_model_t *m, PyObject *labels)
     return 0;
 }
 
-/* add_model's sequence_batching: (slots, idle_us, controls, states, direct), where a control
- * is (name, kind, datatype, false_value, true_value), a state is (input_name, output_name,
- * datatype, dims, initial_bytes) and direct is None (the Oldest strategy) or the Direct
- * strategy's (max_queue_delay_us, minimum_slot_utilization); the repository has checked them
+/* What a malformed sequence_batching tuple is told. */
+#define SEQUENCE_TUPLE "sequence_batching is (slots, idle_us, controls, states, direct, states_follow_outputs)"
+
+/* add_model's sequence_batching: (slots, idle_us, controls, states, direct,
+ * states_follow_outputs), where a control is (name, kind, datatype, false_value, true_value), a
+ * state is (input_name, output_name, datatype, dims, initial_bytes), direct is None (the Oldest
+ * strategy) or the Direct strategy's (max_queue_delay_us, minimum_slot_utilization) and
+ * states_follow_outputs is oi_seq_config_t's (a bool); the repository has checked them
  * against the model. Returns the batcher in front of `sched` (`instances` executors), with at
  * most `max_backlog` sequences waiting for a slot (0: any number), or NULL with an exception
  * set. */
 static oi_seq_t *make_sequence_batcher(PyObject *spec, const char *name, int max_batch, int instances,
                                        unsigned max_backlog, oi_scheduler_t *sched)
 {
-    int slots;
+    int slots, follow;
     unsigned long long idle;
     PyObject *controls, *states, *direct;
     oi_seq_direct_t dir = {0, 0, 0.0};
-    if (!PyArg_ParseTuple(spec, "iKO!O!O;sequence_batching is (slots, idle_us, controls, states, direct)", &slots,
-                          &idle, &PyList_Type, &controls, &PyList_Type, &states, &direct))
+    if (!PyArg_ParseTuple(spec, "iKO!O!Op;" SEQUENCE_TUPLE, &slots, &idle, &PyList_Type, &controls, &PyList_Type,
+                          &states, &direct, &follow))
         return NULL;
     if (direct != Py_None) {
         if (!PyArg_ParseTuple(direct, "Kd;direct is (max_queue_delay_us, minimum_slot_utilization)",
@@ -1251,7 +1255,7 @@ static oi_seq_t *make_sequence_batcher(PyObject *spec, const char *name, int max
         if (PyErr_Occurred())
             goto done;
     }
-    oi_seq_config_t cfg = {name, max_batch, slots, idle, max_backlog, c, (uint32_t)nc, st, (uint32_t)ns, dir};
+    oi_seq_config_t cfg = {name, max_batch, slots, idle, max_backlog, c, (uint32_t)nc, st, (uint32_t)ns, dir, follow};
     char err[256];
     q = oi_seq_new(&cfg, sched, err, sizeof(err));
     if (q == NULL)
@@ -1271,9 +1275,9 @@ static oi_io_spec_t *with_sequence_tensors(PyObject *sequence, const oi_io_spec_
 {
     PyObject *lists[2] = {NULL, NULL}; /* controls, states */
     if (sequence != Py_None) {
-        if (!PyTuple_Check(sequence) || PyTuple_GET_SIZE(sequence) != 5 ||
+        if (!PyTuple_Check(sequence) || PyTuple_GET_SIZE(sequence) != 6 ||
             !PyList_Check(PyTuple_GET_ITEM(sequence, 2)) || !PyList_Check(PyTuple_GET_ITEM(sequence, 3))) {
-            PyErr_SetString(PyExc_TypeError, "sequence_batching is (slots, idle_us, controls, states, direct)");
+            PyErr_SetString(PyExc_TypeError, SEQUENCE_TUPLE);
             return NULL;
         }
         lists[0] = outputs ? NULL : PyTuple_GET_ITEM(sequence, 2);
@@ -1676,7 +1680,7 @@ static PyObject *Server_add_model(ServerObject *self, PyObject *args, PyObject *
             goto done;
         /* A sequence batcher's controls reach it as extra inputs, which it leaves alone; it has
          * no output to carry an implicit state in. */
-        if (sequence != Py_None && (!PyTuple_Check(sequence) || PyTuple_GET_SIZE(sequence) != 5 ||
+        if (sequence != Py_None && (!PyTuple_Check(sequence) || PyTuple_GET_SIZE(sequence) != 6 ||
                                     !PyList_Check(PyTuple_GET_ITEM(sequence, 3)) ||
                                     PyList_GET_SIZE(PyTuple_GET_ITEM(sequence, 3)) > 0)) {
             PyErr_Format(PyExc_ValueError, "model '%s': the identity backend takes no implicit state", name);

@@ -251,7 +251,7 @@ class Server:
         publish: bool = True,
         sequence_batching: tuple[int, int, list[tuple[str, int, str, float, float]],
                                  list[tuple[str, str, str, tuple[int, ...], bytes]],
-                                 tuple[int, float] | None] | None = None,
+                                 tuple[int, float] | None, bool] | None = None,
         decoupled: bool = False,  # handler returns an iterator of 0..N responses per request
         onnx: OnnxSpec | None = None,
         labels: dict[str, bytes] | None = None,
@@ -301,10 +301,13 @@ class Server:
         publish=False builds the version without registering it and returns it as a
         ModelVersion (its `error` says why it cannot serve), for swap_models.
 
-        sequence_batching=(slots, idle_us, controls, states, direct) puts a sequence batcher in
-        front of the executors (openinfer._config.sequence.SequenceBatching.core builds it): requests
-        then need a sequence_id, run in order per sequence with each control (name, kind,
-        datatype, false, true) and state (input, output, datatype, dims, initial bytes) added.
+        sequence_batching=(slots, idle_us, controls, states, direct, states_follow_outputs) puts
+        a sequence batcher in front of the executors (openinfer._config.sequence.SequenceBatching.core
+        builds it): requests then need a sequence_id, run in order per sequence with each control
+        (name, kind, datatype, false, true) and state (input, output, datatype, dims, initial
+        bytes) added. states_follow_outputs: each state input is the last request's state output
+        (which the model must produce); False: every request gets the initial state, and the state
+        outputs are not asked of the model (Triton's python_backend).
         direct=(max_queue_delay_us, minimum_slot_utilization) is Triton's Direct strategy: each
         sequence keeps one batch row of one instance, padded batches formed by the batcher;
         direct=None is Oldest, where dynamic_batching says how ready requests of different

@@ -625,6 +625,7 @@ oi_seq_t *oi_seq_new(const oi_seq_config_t *cfg, oi_scheduler_t *sched, char *er
     q->max_batch_size = cfg->max_batch_size;
     q->free_slots = cfg->slots > 0 ? cfg->slots : 1;
     q->max_backlog = cfg->max_backlog;
+    q->states_follow_outputs = cfg->states_follow_outputs;
     if (cfg->direct.instances > 0) {
         q->n_instances = cfg->direct.instances;
         q->rows = cfg->max_batch_size > 0 ? cfg->max_batch_size : 1;

@@ -37,8 +37,8 @@ typedef struct oi_seq_control_s {
 } oi_seq_control_t;
 
 /* One implicit state: input `input_name` of each request is output `output_name` of the one
- * before it in the sequence; the START request gets `initial` (shape `dims`, the batch
- * dimension included on a batching model). */
+ * before it in the sequence (unless the batcher's states_follow_outputs is 0); the START
+ * request gets `initial` (shape `dims`, the batch dimension included on a batching model). */
 typedef struct oi_seq_state_s {
     const char *input_name;
     const char *output_name;
@@ -73,6 +73,11 @@ typedef struct oi_seq_config_s {
     const oi_seq_state_t *states;
     uint32_t n_states;
     oi_seq_direct_t direct;
+    /* 1: each state input is the sequence's last state output, which the model must produce (a
+     * backend that updates the state, as Triton's TorchScript and ONNX backends call
+     * TRITONBACKEND_StateUpdate). 0: every request gets the initial state and the state outputs
+     * are not asked of the model (Triton's python_backend never updates a state). */
+    int states_follow_outputs;
 } oi_seq_config_t;
 
 typedef struct oi_seq_s oi_seq_t;

@@ -65,6 +65,7 @@ struct oi_seq_s {
     uint32_t n_controls;
     oi_seq_state_t *states;
     uint32_t n_states;
+    int states_follow_outputs; /* oi_seq_config_t's */
     int corrid; /* index of the CORRID control, or -1 */
     sequence_t **table;
     size_t n_buckets, n_mapped;

@@ -1,6 +1,6 @@
 /* The sequence batcher's requests as the model sees them: the transport's inputs, then a
  * tensor per control (START, END, READY, CORRID), then the state inputs; and the state outputs
- * kept as the sequence's next state inputs. */
+ * kept as the sequence's next state inputs (where the states follow the outputs). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -57,8 +57,9 @@ static size_t put_control(const oi_seq_control_t *c, const item_t *it, char *p)
 }
 
 /* Builds the item's request: the outer inputs, then a tensor per control, then the state
- * inputs (the sequence's last state output, or the initial state at START). Caller holds the
- * lock (the sequence's state is read). Returns NULL or a status. */
+ * inputs (the sequence's last state output, or the initial state at START and, where the
+ * states do not follow the outputs, always), asking the model for the state outputs where they
+ * do. Caller holds the lock (the sequence's state is read). Returns NULL or a status. */
 oi_status_t *oi__seq_build_request(oi_seq_t *q, sequence_t *s, item_t *it)
 {
     const oi_job_t *outer = it->outer;
@@ -118,7 +119,7 @@ oi_status_t *oi__seq_build_request(oi_seq_t *q, sequence_t *s, item_t *it)
     }
     uint32_t no = outer->n_outputs;
     memcpy(it->out_names, outer->output_names, no * sizeof(char *));
-    for (uint32_t k = 0; k < q->n_states; k++) {
+    for (uint32_t k = 0; q->states_follow_outputs && k < q->n_states; k++) {
         uint32_t i = 0;
         while (i < outer->n_outputs && strcmp(outer->output_names[i], q->states[k].output_name) != 0)
             i++;
@@ -134,19 +135,21 @@ oi_status_t *oi__seq_build_request(oi_seq_t *q, sequence_t *s, item_t *it)
     return NULL;
 }
 
-/* Keeps the state outputs the model produced as the sequence's next state inputs, and hands
- * the outer job the outputs it asked for. */
+/* Keeps the state outputs the model produced as the sequence's next state inputs (where the
+ * states follow the outputs), and hands the outer job the outputs it asked for. */
 void oi__seq_take_outputs(oi_seq_t *q, sequence_t *s, item_t *it)
 {
     oi_job_t *outer = it->outer;
     oi_response_t *r = &it->inner.resp;
-    for (uint32_t k = 0; it->inner.status == NULL && r->n_outputs == it->inner.n_outputs && k < q->n_states; k++) {
+    int keep = q->states_follow_outputs && q->n_states > 0;
+    for (uint32_t k = 0; keep && it->inner.status == NULL && r->n_outputs == it->inner.n_outputs && k < q->n_states;
+         k++) {
         uint32_t i = oi_name_index(it->out_names, r->n_outputs, q->states[k].output_name);
         if (i < r->n_outputs && r->outputs[i].absent) /* an output may be left out; the next state may not */
             it->inner.status = oi_status_new(OI_INTERNAL, "the model did not produce state output '%s'",
                                              q->states[k].output_name);
     }
-    if (it->inner.status == NULL && r->n_outputs == it->inner.n_outputs) {
+    if (keep && it->inner.status == NULL && r->n_outputs == it->inner.n_outputs) {
         oi__seq_clear_states(q, s);
         for (uint32_t k = 0; k < q->n_states; k++) {
             uint32_t i = oi_name_index(it->out_names, r->n_outputs, q->states[k].output_name);

@@ -53,12 +53,16 @@ class SequenceBatching:
     max_queue_delay_us: int
     controls: tuple[tuple[str, int, str, float, float], ...]
     states: tuple[tuple[str, str, str, tuple[int, ...], bytes], ...]
+    # Each state input is the sequence's last state output (the backend updates the state);
+    # False for a Triton Python model, whose python_backend never does: every request gets the
+    # initial state (see docs/sequences.md).
+    states_follow_outputs: bool = True
 
-    def core(self, instances: int) -> tuple[int, int, list[Any], list[Any], tuple[int, float] | None]:
+    def core(self, instances: int) -> tuple[int, int, list[Any], list[Any], tuple[int, float] | None, bool]:
         """add_model's `sequence_batching` tuple."""
         direct = None if self.oldest else (self.max_queue_delay_us, self.min_slot_utilization)
         return (self.slots_per_instance * max(1, instances), self.idle_us, list(self.controls),
-                list(self.states), direct)  # fmt: skip
+                list(self.states), direct, self.states_follow_outputs)  # fmt: skip
 
     def batching(self) -> tuple[tuple[int, ...], int] | None:
         """add_model's `dynamic_batching` tuple: how the Oldest strategy batches the ready

@@ -21,7 +21,7 @@ import logging
 import os
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -218,8 +218,17 @@ def scan_model(
         except _LoadError as e:
             loaded.append(failed(version, str(e)))
         else:
-            loaded.append(LoadedModel(name, version, model, None, raw, seq, labels, names))
+            loaded.append(LoadedModel(name, version, model, None, raw, _served_sequence(seq, model), labels, names))
     return sorted(loaded, key=lambda m: m.version or 0)
+
+
+def _served_sequence(seq: SequenceBatching | None, model: Any) -> SequenceBatching | None:
+    """The sequence batching a loaded version is served with: a Triton Python model's (or a
+    Python-based backend's) states do not follow its outputs, as Triton's python_backend never
+    updates a state (it calls no TRITONBACKEND_StateUpdate): each request gets the initial one."""
+    if seq is None or not isinstance(model, triton_model.TritonModel):
+        return seq
+    return replace(seq, states_follow_outputs=False)
 
 
 def _ensemble(name: str, version: int, config: ModelConfig, steps: tuple[ensemble.Step, ...]) -> ensemble.EnsembleModel:
