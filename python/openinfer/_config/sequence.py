@@ -5,7 +5,8 @@ Requests that carry a ``sequence_id`` belong to a sequence: they run in order, o
 with the control inputs the config declares (START, END, READY, CORRID) and the implicit state
 (``state``) the server keeps between them; requests of different sequences batch together. A
 Python model sees controls and state inputs as ordinary inputs and returns each state's
-output like any other output.
+output like any other output; a Triton Python model gets the initial state at every step, as
+Triton's python_backend never updates a state (`SequenceBatching.states_follow_outputs`).
 
 Both strategies admit ``instance_group`` count x slots sequences at once (Direct: max(1,
 max_batch_size) slots per instance; Oldest: ``max_candidate_sequences``, else the same). Direct,
