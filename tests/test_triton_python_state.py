@@ -4,10 +4,11 @@ python_backend gives it: the initial state at every step, since python_backend n
 state (it calls no TRITONBACKEND_StateNew / TRITONBACKEND_StateUpdate; core's
 SequenceStates::Initialize makes the input state at START and only such a call replaces it).
 Driven through tritonclient over HTTP and gRPC, in the direct (one request) and the dynamic
-batch paths, with one and two instances."""
+batch paths, with one and two instances, in the server process and in worker processes."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,9 +24,12 @@ import openinfer
 from conftest import concurrent, triton_grpc, triton_http
 
 # A would-be accumulator: OUT and S_OUT are IN plus the state input; SEEN is the state input
-# itself, so the client sees what execute saw, and N how many requests that execute had.
+# itself, so the client sees what execute saw, N how many requests that execute had and PID
+# the process it ran in.
 # NO_STATE_OUT leaves the state output out.
 MODEL_PY = """
+import os
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -40,7 +44,8 @@ class TritonPythonModel:
             state = pb_utils.get_input_tensor_by_name(request, "S_IN").as_numpy()
             total = x + state
             outputs = [pb_utils.Tensor("OUT", total), pb_utils.Tensor("SEEN", state.copy()),
-                       pb_utils.Tensor("N", np.full(x.shape, len(requests), np.int32))]
+                       pb_utils.Tensor("N", np.full(x.shape, len(requests), np.int32)),
+                       pb_utils.Tensor("PID", np.full(x.shape, os.getpid(), np.int64))]
             if not NO_STATE_OUT:
                 outputs.append(pb_utils.Tensor("S_OUT", total))
             responses.append(pb_utils.InferenceResponse(outputs))
@@ -56,6 +61,7 @@ output [
   {{ name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }},
   {{ name: "SEEN" data_type: TYPE_INT32 dims: [ 1 ] }},
   {{ name: "N" data_type: TYPE_INT32 dims: [ 1 ] }},
+  {{ name: "PID" data_type: TYPE_INT64 dims: [ 1 ] }},
   {{ name: "S_OUT" data_type: TYPE_INT32 dims: [ 1 ] }}
 ]
 instance_group [ {{ count: {instances} kind: KIND_CPU }} ]
@@ -76,7 +82,8 @@ BATCH_OF_FOUR = "oldest { max_candidate_sequences: 4 preferred_batch_size: [ 4 ]
 MODELS: dict[str, tuple[int, int, str, str, str, int]] = {
     "acc_zeros": (0, 1, "oldest { max_candidate_sequences: 4 }", "-1", "", 0),  # no initial_state: zeros
     "acc_file": (4, 1, "direct { }", "1", FROM_FILE, 100),
-    "acc_two": (4, 2, OLDEST, "1", ZERO_DATA, 0),  # dynamic batches, two instances
+    "acc_two": (4, 2, OLDEST, "1", ZERO_DATA, 0),  # dynamic batches, two instances in this process
+    "acc_workers": (4, 2, "direct { }", "1", ZERO_DATA, 0),  # an instance per worker process
 }
 
 
@@ -133,15 +140,21 @@ def test_execute_sees_the_initial_state_at_every_step(server: openinfer.Server, 
     max_batch, _, _, _, _, initial = MODELS[model]
     module, client = _client(server, protocol)
     seen: dict[int, list[int]] = {41: [], 42: []}
+    pids: dict[int, set[int]] = {41: set(), 42: set()}
     for step, (a, b) in enumerate([(1, 10), (2, 20), (3, 30)]):
         for seq, value in ((41, a), (42, b)):
-            r = _step(module, client, model, max_batch > 0, value, ("OUT", "SEEN", "S_OUT"), sequence_id=seq,
+            r = _step(module, client, model, max_batch > 0, value, ("OUT", "SEEN", "S_OUT", "PID"), sequence_id=seq,
                       sequence_start=step == 0, sequence_end=step == 2)  # fmt: skip
             seen[seq].append(int(r.as_numpy("SEEN").reshape(-1)[0]))
+            pids[seq].add(int(r.as_numpy("PID").reshape(-1)[0]))
             assert r.as_numpy("SEEN").shape == ((1, 1) if max_batch > 0 else (1,))  # [1] + dims, -1 as 1
             assert int(r.as_numpy("OUT").reshape(-1)[0]) == value + initial
             assert int(r.as_numpy("S_OUT").reshape(-1)[0]) == value + initial
     assert seen == {41: [initial] * 3, 42: [initial] * 3}
+    if model == "acc_workers":  # Direct: each sequence on one instance, here one worker, as in Triton
+        assert len(pids[41]) == len(pids[42]) == 1 and pids[41] != pids[42] and os.getpid() not in pids[41] | pids[42]
+    else:  # Oldest (any instance may run a step) and single instances stay in this process
+        assert pids == {41: {os.getpid()}, 42: {os.getpid()}}
 
 
 def test_a_dynamic_batch_of_sequences(server: openinfer.Server) -> None:

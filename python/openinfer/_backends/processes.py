@@ -14,7 +14,10 @@ owns; nothing is pickled per request. What decides:
   closure stays in-process, as do models with one instance. ``processes=True`` insists (and
   says why it cannot), ``processes=False`` refuses.
 - sequence models stay in-process: their sequences would have to stay on one worker for
-  state kept in Python, which the Oldest strategy does not promise.
+  state kept in Python, which the Oldest strategy does not promise. A Triton Python model
+  under the Direct strategy is the exception: Direct runs instance i's batches on executor i,
+  whose own worker the instance pool gives it, so a sequence stays on one worker as it stays
+  on one stub process in Triton (its implicit state lives in the core either way).
 
 Inside a worker a model sees what it would in-process, with one difference: its input arrays
 view the shared job area and are valid only during the call (copy what you keep).

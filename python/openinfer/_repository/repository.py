@@ -453,7 +453,7 @@ def _python_model(
     name: str, version: int, path: Path, module: ModuleType, source: bytes, config: ModelConfig | None
 ) -> Model:
     if triton_model.defines_triton_model(module):
-        return triton_model.load(name, version, path, source, module, config, _in_processes(config))
+        return triton_model.load(name, version, path, source, module, config, _in_processes(config, triton=True))
     if config is not None and _decoupled(config) and "dynamic_batching" in config.raw:
         raise _LoadError(
             f"{path.parent.parent / 'config.pbtxt'}: model_transaction_policy {{ decoupled: true }} with "
@@ -516,15 +516,20 @@ def _load_backend(
         forget(module.__name__)
         raise _LoadError(f"{path}: a Python-based backend's model.py must define class {triton_model.CLASS}")
     return _owned(module, lambda: triton_model.load(
-        name, version, path, backend.source, module, config, _in_processes(config), version_dir
+        name, version, path, backend.source, module, config, _in_processes(config, triton=True), version_dir
     ))
 
 
-def _in_processes(config: ModelConfig | None) -> bool:
+def _in_processes(config: ModelConfig | None, triton: bool = False) -> bool:
     """Whether a repository Python model's instances are worker processes: more than one
     instance, none of kind KIND_MODEL (which keeps them threads of the server), and no
-    sequence batching (see _backends/processes.py)."""
-    if config is None or config.instances < 2 or "sequence_batching" in config.raw:
+    sequence batching, except a Triton Python model's (`triton`) under the Direct strategy,
+    which keeps each sequence on one instance and so one worker, as Triton keeps it on one stub
+    process (see _backends/processes.py)."""
+    if config is None or config.instances < 2:
+        return False
+    sb = config.raw.get("sequence_batching")
+    if sb is not None and not (triton and "oldest" not in sb and not sb.get("iterative_sequence")):
         return False
     return all(g.kind != "KIND_MODEL" for g in config.instance_groups)
 
