@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,11 +21,11 @@ from tritonclient.utils import InferenceServerException
 import openinfer
 
 from conftest import concurrent, triton_grpc, triton_http
+from test_triton_python_backend import add_model
 
 # A would-be accumulator: OUT and S_OUT are IN plus the state input; SEEN is the state input
 # itself, so the client sees what execute saw, N how many requests that execute had and PID
-# the process it ran in.
-# NO_STATE_OUT leaves the state output out.
+# the process it ran in. NO_STATE_OUT leaves the state output out.
 MODEL_PY = """
 import os
 
@@ -87,29 +86,22 @@ MODELS: dict[str, tuple[int, int, str, str, str, int]] = {
 }
 
 
-def _add(repo: Path, name: str, model_py: str, config: str) -> None:
-    (repo / name / "1").mkdir(parents=True)
-    (repo / name / "1" / "model.py").write_text(model_py)
-    (repo / name / "config.pbtxt").write_text(config)
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openinfer.Server]:
     repo = tmp_path_factory.mktemp("repo")
     for name, (max_batch, instances, strategy, dims, initial, _) in MODELS.items():
-        _add(repo, name, MODEL_PY.format(no_state_out=False),
-             CONFIG.format(name=name, max_batch=max_batch, instances=instances, strategy=strategy,
-                           state_dims=dims, initial=initial))  # fmt: skip
-    (repo / "acc_file" / "initial_state").mkdir()
-    (repo / "acc_file" / "initial_state" / "hundred").write_bytes(np.array([100], np.int32).tobytes())
-    _add(repo, "acc_batch", MODEL_PY.format(no_state_out=False),
-         CONFIG.format(name="acc_batch", max_batch=4, instances=1, strategy=BATCH_OF_FOUR, state_dims="1",
-                       initial=FROM_FILE))  # fmt: skip
-    (repo / "acc_batch" / "initial_state").mkdir()
-    (repo / "acc_batch" / "initial_state" / "hundred").write_bytes(np.array([100], np.int32).tobytes())
-    _add(repo, "no_state_out", MODEL_PY.format(no_state_out=True),
-         CONFIG.format(name="no_state_out", max_batch=0, instances=1, strategy="", state_dims="1",
-                       initial=""))  # fmt: skip
+        add_model(repo, name, MODEL_PY.format(no_state_out=False),
+                  CONFIG.format(name=name, max_batch=max_batch, instances=instances, strategy=strategy,
+                                state_dims=dims, initial=initial))  # fmt: skip
+    add_model(repo, "acc_batch", MODEL_PY.format(no_state_out=False),
+              CONFIG.format(name="acc_batch", max_batch=4, instances=1, strategy=BATCH_OF_FOUR, state_dims="1",
+                            initial=FROM_FILE))  # fmt: skip
+    add_model(repo, "no_state_out", MODEL_PY.format(no_state_out=True),
+              CONFIG.format(name="no_state_out", max_batch=0, instances=1, strategy="", state_dims="1",
+                            initial=""))  # fmt: skip
+    for name in ("acc_file", "acc_batch"):  # FROM_FILE's initial state: 100
+        (repo / name / "initial_state").mkdir()
+        (repo / name / "initial_state" / "hundred").write_bytes(np.array([100], np.int32).tobytes())
     srv = openinfer.serve(repo, http_port=0, grpc_port=0, threads=2, log=False)
     try:
         yield srv
