@@ -34,9 +34,9 @@ int oi_py_typenum(oi_dtype_t t)
 
 /* Loop threads must never wait for the GIL (a Python model may hold it for a long time), so
  * objects they release wait in a list. Executors empty it whenever they hold the GIL anyway
- * (oi_py_owner_flush at the start of each call); a reaper thread empties it only when it has
- * sat for a while, so that an idle server frees memory without the reaper fighting busy
- * executors for the GIL. */
+ * (oi_py_owner_flush at the start of each call); a reaper thread empties it only when nobody
+ * has for a while, so that an idle server frees memory without the reaper fighting busy
+ * executors (or a loop running a quick model) for the GIL. */
 #define REAPER_PERIOD_NS (100 * 1000 * 1000)
 
 static struct {
@@ -45,7 +45,8 @@ static struct {
     size_t n;
     size_t cap;
     int started;
-} reaper = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, 0};
+    size_t flushes; /* batches taken so far */
+} reaper = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, 0, 0};
 
 static PyObject **take_batch(size_t *n)
 {
@@ -54,6 +55,7 @@ static PyObject **take_batch(size_t *n)
     *n = reaper.n;
     reaper.items = NULL;
     reaper.n = reaper.cap = 0;
+    reaper.flushes++;
     pthread_mutex_unlock(&reaper.mu);
     return items;
 }
@@ -72,13 +74,16 @@ void oi_py_owner_flush(void)
 static void *reaper_main(void *arg)
 {
     (void)arg;
+    size_t seen = (size_t)-1;
     for (;;) {
         struct timespec ts = {0, REAPER_PERIOD_NS};
         nanosleep(&ts, NULL);
         pthread_mutex_lock(&reaper.mu);
-        size_t pending = reaper.n;
+        size_t pending = reaper.n, flushes = reaper.flushes;
         pthread_mutex_unlock(&reaper.mu);
-        if (pending == 0 || !Py_IsInitialized())
+        int flushed_meanwhile = flushes != seen;
+        seen = flushes;
+        if (pending == 0 || flushed_meanwhile || !Py_IsInitialized())
             continue;
         PyGILState_STATE g = PyGILState_Ensure();
         oi_py_owner_flush();
