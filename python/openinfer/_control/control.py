@@ -349,32 +349,43 @@ class ModelControl(RepositoryApi):
                 400, "Load parameter 'config' must be specified for model file override"
             )
         stop = bytearray(1) if stop is None else stop
-        for step in self._composing_to_load(name, override):
-            self._load_requested(step, None, None, stop, composing=True)
+        unpolled = [step for step in self._composing_to_load(name, override)
+                    if not self._load_requested(step, None, None, stop, composing=True)]
         self._load_requested(name, override, dict(files) if files else None, stop, composing=False)
+        if unpolled:  # Triton's answer once the load is done: the step's config could not be read
+            raise InferenceServerError(500, f"failed to load '{name}', failed to poll from model repository")
 
     def _load_requested(
         self, name: str, override: ModelConfig | None, files: dict[str, bytes] | None, stop: Any, *, composing: bool
-    ) -> None:
+    ) -> bool:
         """A client's load of `name`; `composing`: as a step of the ensemble it asked for, left
-        as it is when loaded already, and its failure left for the ensemble's load to name."""
+        as it is when its files are as they were at its last load, and its failure left for the
+        ensemble's load to name (a step that still has a ready version serves on with it, as
+        in Triton). Returns False when a loaded step's config could not be read (Triton's
+        poll failure: the step is left as it was)."""
         with self._lock:
             self._stops.setdefault(name, []).append(stop)
         try:
             with self._ops.hold(name):
                 if self._closed.is_set():
                     raise InferenceServerError(503, "the server is shutting down")
+                if composing and not self._changed(name):
+                    return True
                 with self._lock:
-                    if composing and self._loaded.get(name):
-                        return
+                    was_loaded = bool(self._loaded.get(name))
                 try:
                     self._load(name, override, files, startup=False, stop=stop, requested=True)
-                except InferenceServerError:
-                    if composing:
-                        return
-                    raise
-                with self._lock:
-                    (self._implicit.add if composing else self._implicit.discard)(name)
+                except InferenceServerError as e:
+                    if not composing:
+                        raise
+                    logger.warning("step model %s of an ensemble being loaded: %s", name, e.message)
+                    return not (isinstance(e, _LoadFailed) and e.unpolled)
+                with self._lock:  # a step keeps the way it was loaded first (Triton's explicitly_load_)
+                    if not composing:
+                        self._implicit.discard(name)
+                    elif not was_loaded:
+                        self._implicit.add(name)
+                return True
         finally:
             with self._lock:
                 stops = self._stops[name]
@@ -383,9 +394,10 @@ class ModelControl(RepositoryApi):
                     del self._stops[name]
 
     def _composing_to_load(self, name: str, override: ModelConfig | None) -> list[str]:
-        """The models a load of ensemble `name` loads first, as Triton's model manager polls an
+        """The models a load of ensemble `name` polls first, as Triton's model manager polls an
         ensemble's composing models with it: the step models (theirs too, for an ensemble of
-        ensembles) that the repository has and that are not loaded, steps before ensembles."""
+        ensembles) that the repository has, steps before ensembles. `_load_requested` loads
+        those not loaded and reloads those whose files changed (`_changed`)."""
         found: set[str] = set()
         todo = (ensemble.steps_of(override) if override is not None else self._ensemble_steps(name)) or []
         while todo:
@@ -393,9 +405,18 @@ class ModelControl(RepositoryApi):
             if step not in found and step != name and self.has(step):
                 found.add(step)
                 todo += self._ensemble_steps(step) or []
+        return ensemble.load_order(list(found), self._ensemble_steps)
+
+    def _changed(self, name: str) -> bool:
+        """Whether step model `name` is (re)loaded with an ensemble: not loaded, or its
+        repository files (config.pbtxt, version folders, any file: mtime and size) differ from
+        those of its last successful load. A failed load keeps the files of the one before, so
+        that the next load tries again (Triton reverts its timestamps likewise)."""
         with self._lock:
-            missing = [s for s in found if not self._loaded.get(s)]
-        return ensemble.load_order(missing, self._ensemble_steps)
+            if not self._loaded.get(name):
+                return True
+        dirs = self._model_dirs(name)
+        return bool(dirs) and self._fingerprints.get(name) != tuple(_fingerprint(d) for d in dirs)
 
     def unload(self, name: str, unload_dependents: bool = False) -> None:
         """Unloads every version of `name` once the requests admitted to it are answered, or
@@ -526,8 +547,8 @@ class ModelControl(RepositoryApi):
 
         if duplicate:  # tritonserver's words; in no repository is it served
             fingerprint = tuple(_fingerprint(d) for d in self._model_dirs(name))
-            entries = [LoadedModel(name, None, None,
-                                   f"failed to poll model '{name}': not unique across all model repositories")]
+            entries = [LoadedModel(name, None, None, f"failed to poll model '{name}': not unique across all "
+                                   "model repositories", polled=False)]
         elif files is None and model_dir is not None and model_dir.is_dir():
             fingerprint = (_fingerprint(model_dir),)  # as poll() takes it: one per repository
             entries = scan_model(model_dir, name=name, config=override, loading=loading,
@@ -564,11 +585,14 @@ class ModelControl(RepositoryApi):
         finally:
             with self._lock:
                 self._reserved.pop(name, None)
-        if fingerprint is not None:
+        if self._mode != "explicit" or not any(e.error is not None for e in entries):
+            # A failed load keeps the files of the last one (see _changed); polling tries a
+            # model again once it changes. Files sent with a load are no repository's: the next
+            # load from the repository reloads.
             self._fingerprints[name] = fingerprint
         failures = [e for e in entries if e.error is not None]
         if failures and not startup:
-            raise InferenceServerError(400, _load_failed(name, failures))
+            raise _LoadFailed(name, failures)
 
     def _publish(
         self,
@@ -1168,15 +1192,20 @@ def _write_private(model_dir: Path, parts: list[str], data: bytes, path: str) ->
         os.close(fd)
 
 
-def _load_failed(name: str, failures: list[LoadedModel]) -> str:
-    """Triton's wording for a load that did not load every version."""
-    reasons = "".join(
-        f"version {e.version} is at UNAVAILABLE state: {e.error};"
-        if e.version is not None
-        else f"{e.error};"
-        for e in failures
-    )
-    return f"load failed for model '{name}': {reasons}"
+class _LoadFailed(InferenceServerError):
+    """A load that did not load every version (400, in Triton's words); `unpolled`: each failure
+    is the model's config, which could not be read or checked (where Triton's poll of the model
+    fails)."""
+
+    def __init__(self, name: str, failures: list[LoadedModel]) -> None:
+        reasons = "".join(
+            f"version {e.version} is at UNAVAILABLE state: {e.error};"
+            if e.version is not None
+            else f"{e.error};"
+            for e in failures
+        )
+        super().__init__(400, f"load failed for model '{name}': {reasons}")
+        self.unpolled = all(not e.polled for e in failures)
 
 
 # ---- change detection ---------------------------------------------------------------------

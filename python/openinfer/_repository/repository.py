@@ -72,6 +72,9 @@ class LoadedModel:
     labels: dict[str, bytes] = field(default_factory=dict)  # output name -> its label file
     # OpenAI's API: (convention's name, the model's name) pairs, from the config's openai_ parameters.
     openai_names: tuple[tuple[str, str], ...] = ()
+    # False: the config could not be read or checked (where Triton's poll of the model fails,
+    # before its load: an ensemble's load answers that its step could not be polled).
+    polled: bool = True
 
 
 def examples_path() -> Path:
@@ -183,7 +186,7 @@ def scan_model(
             names = openai_names.mapping(config, source)
         labels = read_labels(model_dir, config) if config is not None else {}
     except ConfigError as e:
-        return [LoadedModel(name, None, None, str(e))]
+        return [LoadedModel(name, None, None, str(e), polled=False)]
     raw = config.raw if config else {}
 
     def failed(version: int | None, reason: str) -> LoadedModel:
