@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -264,6 +265,62 @@ def test_explicit_load_resolves_a_step_missing_in_its_namespace_to_the_other(
     _check(server, "simple_addsub", ADDSUB)
     _check(server, "simple_subadd", SUBADD)
     _refused_as_ambiguous(server, "composing_model")
+
+
+# A Triton Python model of two instances (worker processes, started once the load has reserved
+# its instances) whose initialize says it started (the file STARTED) and waits for RELEASE.
+HELD = """
+import os
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        open({started!r}, "a").close()
+        deadline = time.monotonic() + 30  # a bound for a hung test
+        while not os.path.exists({release!r}) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.get_input_tensor_by_name(r, "X")]) for r in requests]
+"""
+HELD_CONFIG = """backend: "python"
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+instance_group [ { count: 2 kind: KIND_CPU } ]
+"""
+
+
+def test_loads_in_two_namespaces_at_once_stay_within_max_instances(tmp_path: Path) -> None:
+    """--max-instances bounds every namespace's instances together, those of loads under way
+    included: while one namespace's model of 2 instances loads, the other's cannot take the
+    server past 3; once it has loaded, its 2 count as loaded."""
+    started, release = tmp_path / "started", tmp_path / "release"
+    for repo, name in (("repo_a", "held_a"), ("repo_b", "held_b")):
+        (tmp_path / repo / name / "1").mkdir(parents=True)
+        (tmp_path / repo / name / "1" / "model.py").write_text(HELD.format(started=str(started), release=str(release)))
+        (tmp_path / repo / name / "config.pbtxt").write_text(HELD_CONFIG)
+    with openinfer.serve([tmp_path / "repo_a", tmp_path / "repo_b"], model_namespacing=True, max_instances=3,
+                         model_control_mode="explicit", http_port=0, grpc_port=0, log=False) as server:
+        http, grpc = _clients(server)
+        loading = ThreadPoolExecutor(1).submit(grpc.load_model, "held_a")  # gRPC's client serves any thread
+        deadline = time.monotonic() + 30  # a bound for a hung test
+        while not started.exists() and time.monotonic() < deadline and not loading.done():
+            time.sleep(0.01)
+        assert started.exists(), loading.result()
+        over = ("failed to load 'held_b': instance_group count 2 and the 2 instances of the models loaded or "
+                "loading exceed the server's limit of 3 instances (--max-instances)")
+        with pytest.raises(InferenceServerException) as e:
+            http.load_model("held_b")
+        assert e.value.message() == over and e.value.status() == "400"
+        release.touch()
+        loading.result(timeout=30)
+        with pytest.raises(InferenceServerException) as e:
+            grpc.load_model("held_b")
+        assert e.value.message() == over and e.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert _index(server) == [("held_a", "READY"), ("held_b", "")]  # a refused load leaves no state
 
 
 def test_cli_model_namespacing_serves_a_name_both_repositories_hold(tmp_path: Path) -> None:

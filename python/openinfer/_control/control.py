@@ -55,6 +55,7 @@ from .._backends.triton_model import TritonModel
 from .._repository.repository import _NOT_INSTALLED, LoadedModel, scan_model
 from .._config.sequence import SequenceBatching
 from .._backends.torch_model import TorchModel
+from .instance_budget import InstanceBudget, ModelKey
 from .model_locks import ModelLocks
 
 logger = logging.getLogger("openinfer")
@@ -155,13 +156,15 @@ class ModelControl(RepositoryApi):
         start_up: bool = True,
         deferred: Iterable[str] = (),
         backend_directories: Sequence[Path] = (),
+        instance_budget: InstanceBudget | None = None,
     ) -> None:
         """`load_code`: Python files sent with a load are taken (no one beyond this host can
         reach the repository API unchecked); otherwise they are refused. `namespace`: the
         core's namespace of these models (--model-namespacing: one ModelControl per repository,
         see openinfer._control.namespaces, which loads their start-up models itself when
         `start_up` is False). `deferred`: models of the repository left out of the start-up
-        load, for the caller to load later."""
+        load, for the caller to load later. `instance_budget`: the --max-instances budget shared with
+        other controls (the namespaces'); by default one of its own, of `max_instances`."""
         if mode not in MODES:
             raise ValueError(f"model_control_mode must be one of {', '.join(MODES)}, got {mode!r}")
         load = [load_models] if isinstance(load_models, str) else list(load_models)
@@ -187,12 +190,14 @@ class ModelControl(RepositoryApi):
         self._poll_secs = poll_secs
         self._optional_torch = optional_torch
         self._max_json_depth = max_json_depth or DEFAULT_MAX_JSON_DEPTH  # 0: the core's default
-        self._max_instances = max_instances or limits.default_max_instances()
+        self._budget = instance_budget or InstanceBudget(max_instances or limits.default_max_instances())
+        self._budget.count(self._instances_loaded)
+        self._max_instances = self._budget.limit
         self._load_code = load_code
         self._namespace = namespace
         self._deferred = set(deferred)
         # The ModelControls of the other namespaces (set by openinfer._control.namespaces): an
-        # ensemble's step that this one lacks is theirs, and their instances count too.
+        # ensemble's step that this one lacks is theirs.
         self.peers: Callable[[], Sequence[ModelControl]] = lambda: ()
         self._backend_directories = tuple(backend_directories)  # Python-based backends (python_based)
         self._given: dict[str, list[Model]] = {}
@@ -201,7 +206,6 @@ class ModelControl(RepositoryApi):
         self._lock = threading.Lock()  # guards the tables below (held briefly)
         self._ops = ModelLocks()  # one load or unload of a model at a time; other models' run at once
         self._unload_timeout = unload_timeout
-        self._reserved: dict[str, int] = {}  # instances of requested loads under way, by model
         self._states: dict[str, dict[int | None, tuple[str, str]]] = {}
         self._registered: dict[str, dict[int, _Version]] = {}
         self._loaded: dict[str, list[LoadedModel]] = {}
@@ -583,8 +587,7 @@ class ModelControl(RepositoryApi):
                 shutil.rmtree(temp.parent, ignore_errors=True)
             raise
         finally:
-            with self._lock:
-                self._reserved.pop(name, None)
+            self._budget.release((self._namespace, name))
         if self._mode != "explicit" or not any(e.error is not None for e in entries):
             # A failed load keeps the files of the last one (see _changed); polling tries a
             # model again once it changes. Files sent with a load are no repository's: the next
@@ -710,6 +713,11 @@ class ModelControl(RepositoryApi):
             return None, "which is a sequence model: openinfer does not run sequence models as ensemble steps."
         return entry.model, None
 
+    def _instances_loaded(self) -> dict[ModelKey, int]:
+        """The model instances of the loaded versions, by model (for the instance budget)."""
+        with self._lock:
+            return {(self._namespace, n): sum(_instances(e) for e in es) for n, es in self._loaded.items()}
+
     def _check_instance_limit(
         self, name: str, entries: list[LoadedModel], before: dict[int | None, tuple[str, str]]
     ) -> None:
@@ -718,17 +726,12 @@ class ModelControl(RepositoryApi):
         max_instances, before any instance starts. The models the server loads on its own (at
         start-up, by polling) count, but are not refused: the repository is the operator's."""
         asked = sum(_instances(e) for e in entries)
-        with self._lock:  # loads of other models under way count: they reserve theirs here
-            others = sum(_instances(e) for n, es in self._loaded.items() if n != name for e in es)
-            others += sum(n for other, n in self._reserved.items() if other != name)
-        others += sum(_instances(e) for peer in self.peers() for e in peer.loaded())
-        with self._lock:
-            if asked + others <= self._max_instances:
-                self._reserved[name] = asked
-                return
+        others = self._budget.reserve((self._namespace, name), asked)
+        if others is None:
+            return
         what = f"instance_group count {asked}" + (f" (over {len(entries)} versions)" if len(entries) > 1 else "")
         if asked <= self._max_instances:
-            what += f" and the {others} instances of the models already loaded"
+            what += f" and the {others} instances of the models loaded or loading"
         with self._lock:
             self._states[name] = before
         raise InferenceServerError(

@@ -9,7 +9,8 @@ as their namespace. As in Triton's model repository manager:
   resolve ambiguity."); a name that one holds is served from it;
 - an ensemble's step is its own namespace's model of that name, else the only one there is;
 - the repository index lists every namespace's models, a shared name once per namespace;
-- a load or unload by name loads or unloads that name in every namespace that has it.
+- a load or unload by name loads or unloads that name in every namespace that has it;
+- --max-instances bounds the instances of every namespace's models together.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from typing import Any
 from .._backends import ensemble
 from ..errors import InferenceServerError
 from ..model import Model
+from .._config import limits
 from .control import IndexEntry, ModelControl, RepositoryApi, not_there
+from .instance_budget import InstanceBudget
 from .._repository.repository import LoadedModel
 
 
@@ -34,6 +37,8 @@ class NamespacedControl(RepositoryApi):
         **options: Any,
     ) -> None:
         load = [load_models] if isinstance(load_models, str) else list(load_models)
+        # One --max-instances over every namespace: loads in several at once reserve from it.
+        options["instance_budget"] = InstanceBudget(options.get("max_instances") or limits.default_max_instances())
         self._spaces = [
             ModelControl(core, repo, [], load_models=load, namespace=str(repo), start_up=False, **options)
             for repo in repos
