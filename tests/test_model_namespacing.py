@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -321,6 +322,46 @@ def test_loads_in_two_namespaces_at_once_stay_within_max_instances(tmp_path: Pat
             grpc.load_model("held_b")
         assert e.value.message() == over and e.value.status() == "StatusCode.INVALID_ARGUMENT"
         assert _index(server) == [("held_a", "READY"), ("held_b", "")]  # a refused load leaves no state
+
+
+@pytest.mark.parametrize("namespacing", [False, True])
+def test_pt2_example_built_after_start_up_is_served_as_without_namespacing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, namespacing: bool) -> None:
+    """A PT2 example of the embedded repository whose package is not in the cache at start-up is
+    loaded once it is built, under --model-namespacing as without it. The build is the package
+    compiled once into the session's cache (compiled here if it is not there yet; test_pt2_examples
+    checks the compile itself), copied into an empty cache once the server runs."""
+    pytest.importorskip("torch")
+    from openinfer import _pt2_build
+    from openinfer._torch_build import child_environment
+
+    version_dir = openinfer.examples_path() / "mlp_pt2" / "1"
+    compiled = _pt2_build.package_path(version_dir)
+    if _pt2_build.build(version_dir, compiled, child_environment(), threading.Event()) is None:
+        pytest.skip("the PT2 example cannot be compiled here")
+    build, copied = _pt2_build.build, []
+
+    def copy_compiled(version_dir: Path, target: Path, env: dict[str, str], stop: threading.Event) -> Path | None:
+        copied.append(version_dir.parent.name)
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        shutil.copyfile(compiled, target)
+        return build(version_dir, target, env, stop)  # finds it built
+
+    monkeypatch.setenv("OPENINFER_CACHE_DIR", str(tmp_path / "cache"))  # empty: left out at start-up
+    monkeypatch.setattr(_pt2_build, "build", copy_compiled)
+    with openinfer.serve(openinfer.examples_path(), model_namespacing=namespacing, model_control_mode="explicit",
+                         load_models=["mlp_pt2"], http_port=0, grpc_port=0, log=False) as server:
+        http, grpc = _clients(server)
+        deadline = time.monotonic() + 60  # a bound for a hung test
+        while not http.is_model_ready("mlp_pt2") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        x = np.ones((2, 16), dtype=np.float32)
+        for client in (http, grpc):
+            module = httpclient if client is http else grpcclient
+            given = module.InferInput("INPUT__0", [2, 16], "FP32")
+            given.set_data_from_numpy(x)
+            assert client.infer("mlp_pt2", [given]).as_numpy("OUTPUT__0").shape[0] == 2
+        assert copied == ["mlp_pt2"]  # built after start-up, not found built at it
 
 
 def test_cli_model_namespacing_serves_a_name_both_repositories_hold(tmp_path: Path) -> None:

@@ -247,6 +247,16 @@ class ModelControl(RepositoryApi):
         except InferenceServerError as e:  # --load-model of a model that is not there
             raise ValueError(e.message) from None
 
+    def load_later(self, name: str) -> bool:
+        """Loads model `name` after start-up on the server's own account (an example left out
+        of it), as a poll loads a model that changed, in any model control mode; False when the
+        server is stopping. Raises InferenceServerError when it fails."""
+        with self._ops.hold(name):
+            if self._closed.is_set():
+                return False
+            self._load(name, None, None, startup=False)
+            return True
+
     def has(self, name: str) -> bool:
         """Whether model `name` is given or in a repository of this control."""
         return name in self._given or (not name.startswith(".") and bool(self._model_dirs(name)))

@@ -15,7 +15,7 @@ as their namespace. As in Triton's model repository manager:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -89,14 +89,19 @@ class NamespacedControl(RepositoryApi):
         """Loads model `name` in every namespace that has it; raises the first failure once each
         has been tried."""
         spaces = [s for s in self._spaces if s.has(name)]
-        failures = []
-        for space in spaces or self._spaces[:1]:  # none: the first's (a load with files, or a refusal)
-            try:
-                space.load(name, config, files, stop=stop)
-            except InferenceServerError as e:
-                failures.append(not_there(name, self._repos) if e.status == 404 and not spaces else e)
+        # none: the first's (a load with files, or a refusal)
+        failures = _each(spaces or self._spaces[:1], lambda space: space.load(name, config, files, stop=stop))
+        if failures:
+            raise not_there(name, self._repos) if failures[0].status == 404 and not spaces else failures[0]
+
+    def load_later(self, name: str) -> bool:
+        """ModelControl.load_later in every namespace that has `name`; raises the first failure
+        once each has been tried."""
+        loaded: list[bool] = []
+        failures = _each([s for s in self._spaces if s.has(name)], lambda space: loaded.append(space.load_later(name)))
         if failures:
             raise failures[0]
+        return any(loaded)
 
     def unload(self, name: str, unload_dependents: bool = False) -> None:
         for space in self._spaces:
@@ -118,3 +123,14 @@ class NamespacedControl(RepositoryApi):
 
     def _holders(self, name: str) -> list[ModelControl]:
         return [s for s in self._spaces if s.holds(name)]
+
+
+def _each(spaces: list[ModelControl], act: Callable[[ModelControl], object]) -> list[InferenceServerError]:
+    """Does `act` in each of `spaces`, each tried whatever the others did; returns the failures."""
+    failures = []
+    for space in spaces:
+        try:
+            act(space)
+        except InferenceServerError as e:
+            failures.append(e)
+    return failures
