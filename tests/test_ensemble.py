@@ -541,7 +541,8 @@ def test_ensemble_load_reloads_the_steps_whose_files_changed(tmp_path: Path, pro
     A changed step that fails to initialize serves on with its old version and the ensemble's
     load succeeds (Triton reports only the requested model's load); one whose config cannot be
     read fails the load with Triton's poll failure, the old step serving on; fixed, the next
-    load takes it."""
+    load takes it. A step last loaded from files sent with a load is reloaded from the
+    repository."""
     repo, inits = tmp_path / "repo", tmp_path / "inits"
     _counted(repo, inits, "double", "X * 2")
     _counted(repo, inits, "incr", "X + 1")
@@ -585,6 +586,17 @@ def test_ensemble_load_reloads_the_steps_whose_files_changed(tmp_path: Path, pro
             np.testing.assert_array_equal(_infer(c, "chain", X).as_numpy("OUT"), X * 3 + 100)
             c.unload_model("chain", unload_dependents=True)  # incr came with it; double is the client's
             assert _ready(c) == {"double"}
+
+            # A step loaded from files sent with a load is reloaded from the repository.
+            c.load_model("chain")
+            tensor = {"data_type": "TYPE_FP32", "dims": [4]}
+            code = COUNTED.format(init="pass", inits=str(inits), name="incr", expr="X + 1000").encode()
+            c.load_model("incr", config=json.dumps({"backend": "python", "input": [{"name": "X", **tensor}],
+                                                    "output": [{"name": "Y", **tensor}]}),
+                         files={"file:1/model.py": code})
+            np.testing.assert_array_equal(_infer(c, "incr", X, name="X").as_numpy("Y"), X + 1000)
+            c.load_model("chain")
+            np.testing.assert_array_equal(_infer(c, "chain", X).as_numpy("OUT"), X * 3 + 100)
         finally:
             c.close()
 
