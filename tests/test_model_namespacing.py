@@ -268,8 +268,8 @@ def test_explicit_load_resolves_a_step_missing_in_its_namespace_to_the_other(
     _refused_as_ambiguous(server, "composing_model")
 
 
-# A Triton Python model of two instances (worker processes, started once the load has reserved
-# its instances) whose initialize says it started (the file STARTED) and waits for RELEASE.
+# A Triton Python model of two instances (worker processes, or with KIND_MODEL threads of the
+# server) whose initialize says it started (a line in the file `started`) and waits for `release`.
 HELD = """
 import os
 import time
@@ -279,7 +279,8 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def initialize(self, args):
-        open({started!r}, "a").close()
+        with open({started!r}, "a") as f:
+            f.write(args["model_name"] + "\\n")
         deadline = time.monotonic() + 30  # a bound for a hung test
         while not os.path.exists({release!r}) and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -288,21 +289,23 @@ class TritonPythonModel:
         return [pb_utils.InferenceResponse([pb_utils.get_input_tensor_by_name(r, "X")]) for r in requests]
 """
 HELD_CONFIG = """backend: "python"
-input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
-output [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
-instance_group [ { count: 2 kind: KIND_CPU } ]
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+output [ {{ name: "X" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+instance_group [ {{ count: 2 kind: {kind} }} ]
 """
 
 
-def test_loads_in_two_namespaces_at_once_stay_within_max_instances(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["KIND_CPU", "KIND_MODEL"])
+def test_loads_in_two_namespaces_at_once_stay_within_max_instances(tmp_path: Path, kind: str) -> None:
     """--max-instances bounds every namespace's instances together, those of loads under way
     included: while one namespace's model of 2 instances loads, the other's cannot take the
-    server past 3; once it has loaded, its 2 count as loaded."""
+    server past 3, and none of its instances starts; once the first has loaded, its 2 count as
+    loaded."""
     started, release = tmp_path / "started", tmp_path / "release"
     for repo, name in (("repo_a", "held_a"), ("repo_b", "held_b")):
         (tmp_path / repo / name / "1").mkdir(parents=True)
         (tmp_path / repo / name / "1" / "model.py").write_text(HELD.format(started=str(started), release=str(release)))
-        (tmp_path / repo / name / "config.pbtxt").write_text(HELD_CONFIG)
+        (tmp_path / repo / name / "config.pbtxt").write_text(HELD_CONFIG.format(kind=kind))
     with openinfer.serve([tmp_path / "repo_a", tmp_path / "repo_b"], model_namespacing=True, max_instances=3,
                          model_control_mode="explicit", http_port=0, grpc_port=0, log=False) as server:
         http, grpc = _clients(server)
@@ -316,6 +319,7 @@ def test_loads_in_two_namespaces_at_once_stay_within_max_instances(tmp_path: Pat
         with pytest.raises(InferenceServerException) as e:
             http.load_model("held_b")
         assert e.value.message() == over and e.value.status() == "400"
+        assert "held_b" not in started.read_text()
         release.touch()
         loading.result(timeout=30)
         with pytest.raises(InferenceServerException) as e:

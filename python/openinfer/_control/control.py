@@ -546,52 +546,20 @@ class ModelControl(RepositoryApi):
         (the server starts with the model not ready); later they also raise. A `requested` load
         (a client's, through the load API) must stay within max_instances."""
         started = time.monotonic()
-        model_dir = self._model_dir(name)
-        duplicate = files is None and model_dir is not None and len(self._model_dirs(name)) > 1
         with self._lock:
             before = dict(self._states.get(name, {}))
-        temp: Path | None = None
-        if files is not None:
-            temp = self._write_files(name, files)
-            model_dir = temp
-        fingerprint = None
+        temp = self._write_files(name, files) if files is not None else None
 
-        def loading(versions: list[int]) -> None:
+        def loading(versions: list[int], each: int) -> None:
+            if requested:  # reserved before any instance starts (an in-process Python model's, in the scan)
+                self._check_instance_limit(name, [each] * len(versions), before)
             self._set_states(name, {v: ("LOADING", "") for v in versions}, keep=True)
 
-        if duplicate:  # tritonserver's words; in no repository is it served
-            fingerprint = tuple(_fingerprint(d) for d in self._model_dirs(name))
-            entries = [LoadedModel(name, None, None, f"failed to poll model '{name}': not unique across all "
-                                   "model repositories", polled=False)]
-        elif files is None and model_dir is not None and model_dir.is_dir():
-            fingerprint = (_fingerprint(model_dir),)  # as poll() takes it: one per repository
-            entries = scan_model(model_dir, name=name, config=override, loading=loading,
-                                 backend_directories=self._backend_directories)
-            if self._optional_torch and not requested:  # a client's load says why it cannot
-                entries = [e for e in entries if e.error is None or not e.error.startswith(_NOT_INSTALLED)]
-                entries = [e for e in entries if not self._steps_left_out(e)]
-        elif files is not None and model_dir is not None:
-            entries = scan_model(
-                model_dir, name=name, config=override, allow_code=False, allow_python=self._load_code,
-                loading=loading, backend_directories=self._backend_directories,
-            )
-        elif name in self._given:
-            entries = [_given_entry(name, m) for m in self._given[name]]
-        else:  # hidden directories are no models, as in the index
-            raise not_there(name, self._repos)
-        if name in self._given and files is None:  # models= given beside the repository's
-            versions = {e.version for e in entries}
-            entries += [
-                _given_entry(name, m)
-                for m in self._given[name]
-                if m.version not in versions
-            ]
-        if temp is not None:  # the server's temporary directory stays its own
-            entries = [replace(e, error=_hide(e.error, temp)) for e in entries]
         try:
-            if requested:
-                self._check_instance_limit(name, entries, before)
-            entries = self._publish(name, entries, temp, before, startup, started, model_dir, stop)
+            entries, fingerprint = self._scan(name, override, temp, loading, requested)
+            if requested:  # what the versions start, which auto-completion may have changed
+                self._check_instance_limit(name, [_instances(e) for e in entries], before)
+            entries = self._publish(name, entries, temp, before, startup, started, temp or self._model_dir(name), stop)
         except BaseException:
             if temp is not None:
                 shutil.rmtree(temp.parent, ignore_errors=True)
@@ -606,6 +574,43 @@ class ModelControl(RepositoryApi):
         failures = [e for e in entries if e.error is not None]
         if failures and not startup:
             raise _LoadFailed(name, failures)
+
+    def _scan(
+        self, name: str, override: ModelConfig | None, temp: Path | None, loading: Callable[[list[int], int], None],
+        requested: bool,
+    ) -> tuple[list[LoadedModel], object]:
+        """The versions of model `name`, built but not served: from its folder in the repository,
+        from the files sent with the load (written to `temp`), or given in Python; and what
+        polling compares of its folders (None for sent files: no repository's)."""
+        model_dir = temp or self._model_dir(name)
+        fingerprint = None
+        if temp is None and model_dir is not None and len(self._model_dirs(name)) > 1:
+            # tritonserver's words; in no repository is it served
+            fingerprint = tuple(_fingerprint(d) for d in self._model_dirs(name))
+            entries = [LoadedModel(name, None, None, f"failed to poll model '{name}': not unique across all "
+                                   "model repositories", polled=False)]
+        elif temp is None and model_dir is not None and model_dir.is_dir():
+            fingerprint = (_fingerprint(model_dir),)  # as poll() takes it: one per repository
+            entries = scan_model(model_dir, name=name, config=override, loading=loading,
+                                 backend_directories=self._backend_directories)
+            if self._optional_torch and not requested:  # a client's load says why it cannot
+                entries = [e for e in entries if e.error is None or not e.error.startswith(_NOT_INSTALLED)]
+                entries = [e for e in entries if not self._steps_left_out(e)]
+        elif temp is not None:
+            entries = scan_model(
+                temp, name=name, config=override, allow_code=False, allow_python=self._load_code,
+                loading=loading, backend_directories=self._backend_directories,
+            )
+            # the server's temporary directory stays its own
+            return [replace(e, error=_hide(e.error, temp)) for e in entries], fingerprint
+        elif name in self._given:
+            entries = [_given_entry(name, m) for m in self._given[name]]
+        else:  # hidden directories are no models, as in the index
+            raise not_there(name, self._repos)
+        if name in self._given:  # models= given beside the repository's
+            versions = {e.version for e in entries}
+            entries += [_given_entry(name, m) for m in self._given[name] if m.version not in versions]
+        return entries, fingerprint
 
     def _publish(
         self,
@@ -728,18 +733,17 @@ class ModelControl(RepositoryApi):
         with self._lock:
             return {(self._namespace, n): sum(_instances(e) for e in es) for n, es in self._loaded.items()}
 
-    def _check_instance_limit(
-        self, name: str, entries: list[LoadedModel], before: dict[int | None, tuple[str, str]]
-    ) -> None:
-        """Refuses (400) a requested load whose versions would take the model instances of the
-        server (every loaded version's, this model's current ones replaced by these) past
+    def _check_instance_limit(self, name: str, counts: list[int], before: dict[int | None, tuple[str, str]]) -> None:
+        """Reserves the instances of a requested load, `counts` by version, or refuses it (400)
+        when they would take the model instances of the server (every loaded version's and
+        every other load's under way, this model's current ones replaced by these) past
         max_instances, before any instance starts. The models the server loads on its own (at
         start-up, by polling) count, but are not refused: the repository is the operator's."""
-        asked = sum(_instances(e) for e in entries)
+        asked = sum(counts)
         others = self._budget.reserve((self._namespace, name), asked)
         if others is None:
             return
-        what = f"instance_group count {asked}" + (f" (over {len(entries)} versions)" if len(entries) > 1 else "")
+        what = f"instance_group count {asked}" + (f" (over {len(counts)} versions)" if len(counts) > 1 else "")
         if asked <= self._max_instances:
             what += f" and the {others} instances of the models loaded or loading"
         with self._lock:
