@@ -577,7 +577,9 @@ def test_ensemble_load_reloads_the_steps_whose_files_changed(tmp_path: Path, pro
             (repo / "incr" / "config.pbtxt").write_text("backend: [ not a config")
             with pytest.raises(InferenceServerException) as e:
                 c.load_model("chain")
-            assert e.value.message() == "failed to load 'chain', failed to poll from model repository", e.value
+            assert e.value.message().startswith(  # Triton's words, then why
+                "failed to load 'chain', failed to poll from model repository: load failed for model 'incr': "
+                f"{repo / 'incr' / 'config.pbtxt'}"), e.value
             assert e.value.status() == ("500" if protocol == "http" else "StatusCode.INTERNAL")
             np.testing.assert_array_equal(_infer(c, "chain", X).as_numpy("OUT"), X * 3 + 10)
 

@@ -363,20 +363,21 @@ class ModelControl(RepositoryApi):
                 400, "Load parameter 'config' must be specified for model file override"
             )
         stop = bytearray(1) if stop is None else stop
-        unpolled = [step for step in self._composing_to_load(name, override)
-                    if not self._load_requested(step, None, None, stop, composing=True)]
+        unpolled = [why for step in self._composing_to_load(name, override)
+                    if (why := self._load_requested(step, None, None, stop, composing=True)) is not None]
         self._load_requested(name, override, dict(files) if files else None, stop, composing=False)
-        if unpolled:  # Triton's answer once the load is done: the step's config could not be read
-            raise InferenceServerError(500, f"failed to load '{name}', failed to poll from model repository")
+        if unpolled:  # Triton's answer once the load is done (a step's config could not be read), and why
+            raise InferenceServerError(
+                500, f"failed to load '{name}', failed to poll from model repository: {' '.join(unpolled)}")
 
     def _load_requested(
         self, name: str, override: ModelConfig | None, files: dict[str, bytes] | None, stop: Any, *, composing: bool
-    ) -> bool:
+    ) -> str | None:
         """A client's load of `name`; `composing`: as a step of the ensemble it asked for, left
         as it is when its files are as they were at its last load, and its failure left for the
         ensemble's load to name (a step that still has a ready version serves on with it, as
-        in Triton). Returns False when a loaded step's config could not be read (Triton's
-        poll failure: the step is left as it was)."""
+        in Triton). Returns why, when a step's config could not be read (Triton's poll failure:
+        the step is left as it was)."""
         with self._lock:
             self._stops.setdefault(name, []).append(stop)
         try:
@@ -384,7 +385,7 @@ class ModelControl(RepositoryApi):
                 if self._closed.is_set():
                     raise InferenceServerError(503, "the server is shutting down")
                 if composing and not self._changed(name):
-                    return True
+                    return None
                 with self._lock:
                     was_loaded = bool(self._loaded.get(name))
                 try:
@@ -393,13 +394,13 @@ class ModelControl(RepositoryApi):
                     if not composing:
                         raise
                     logger.warning("step model %s of an ensemble being loaded: %s", name, e.message)
-                    return not (isinstance(e, _LoadFailed) and e.unpolled)
+                    return e.message if isinstance(e, _LoadFailed) and e.unpolled else None
                 with self._lock:  # a step keeps the way it was loaded first (Triton's explicitly_load_)
                     if not composing:
                         self._implicit.discard(name)
                     elif not was_loaded:
                         self._implicit.add(name)
-                return True
+                return None
         finally:
             with self._lock:
                 stops = self._stops[name]
