@@ -368,6 +368,24 @@ def test_pt2_example_built_after_start_up_is_served_as_without_namespacing(
         assert copied == ["mlp_pt2"]  # built after start-up, not found built at it
 
 
+def test_heavy_examples_load_after_start_up_under_namespacing() -> None:
+    """The embedded examples that import heavy modules (tiny_llama: torch, transformers) load
+    after start-up on a thread of their own, under --model-namespacing as without it."""
+    from openinfer.server import _heavy_examples
+
+    heavy = _heavy_examples(openinfer.examples_path())
+    if not heavy:
+        pytest.skip("no example's heavy modules are installed here")
+    with openinfer.serve(openinfer.examples_path(), model_namespacing=True, http_port=0, grpc_port=None,
+                         log=False) as server:
+        deadline = time.monotonic() + 120  # a bound for a hung test
+        while (states := dict(_index(server))) and time.monotonic() < deadline:
+            if all(states.get(name) == "READY" for name in heavy):
+                break
+            time.sleep(0.1)
+        assert {name: states.get(name) for name in heavy} == dict.fromkeys(heavy, "READY")
+
+
 def test_cli_model_namespacing_serves_a_name_both_repositories_hold(tmp_path: Path) -> None:
     """`openinfer serve --model-namespacing=true` with L0_model_namespacing's arguments."""
     a, b = _repos(tmp_path, "duplication")
