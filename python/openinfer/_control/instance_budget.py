@@ -15,6 +15,8 @@ ModelKey = tuple[str | None, str]
 
 
 class InstanceBudget:
+    """The bound (`limit`) and the reservations of the loads under way, by model."""
+
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._lock = threading.Lock()
