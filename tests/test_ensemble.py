@@ -505,6 +505,104 @@ def test_load_model_at_start_brings_the_ensembles_steps(tmp_path: Path) -> None:
             c.close()
 
 
+# A Triton Python step model whose initialize appends its name to the file `inits` (one line a
+# load: it has one instance) and whose Y is `expr` of X.
+COUNTED = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        {init}
+        with open({inits!r}, "a") as f:
+            f.write({name!r} + "\\n")
+
+    def execute(self, requests):
+        xs = (pb_utils.get_input_tensor_by_name(r, "X").as_numpy() for r in requests)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", ({expr}).astype(np.float32))]) for X in xs]
+"""
+
+
+def _counted(repo: Path, inits: Path, name: str, expr: str, init: str = "pass") -> None:
+    (repo / name / "1").mkdir(parents=True, exist_ok=True)
+    (repo / name / "1" / "model.py").write_text(COUNTED.format(init=init, inits=str(inits), name=name, expr=expr))
+    (repo / name / "config.pbtxt").write_text(
+        'backend: "python" input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ] '
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]'
+    )
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_ensemble_load_reloads_the_steps_whose_files_changed(tmp_path: Path, protocol: str) -> None:
+    """As Triton's model manager polls an ensemble's composing models with its load: a load of
+    the ensemble reloads a step whose files changed since its last load (one a client loaded
+    itself too, which stays its own), leaves an unchanged one as it is (not initialized again).
+    A changed step that fails to initialize serves on with its old version and the ensemble's
+    load succeeds (Triton reports only the requested model's load); one whose config cannot be
+    read fails the load with Triton's poll failure, the old step serving on; fixed, the next
+    load takes it. A step last loaded from files sent with a load is reloaded from the
+    repository."""
+    repo, inits = tmp_path / "repo", tmp_path / "inits"
+    _counted(repo, inits, "double", "X * 2")
+    _counted(repo, inits, "incr", "X + 1")
+    _ensemble(repo, "chain", [_step("double", {"X": "IN"}, {"Y": "t"}), _step("incr", {"X": "t"}, {"Y": "OUT"})])
+
+    def started() -> list[str]:
+        return inits.read_text().split() if inits.exists() else []
+
+    with openinfer.serve(repo, http_port=0, grpc_port=0, log=False, model_control_mode="explicit") as s:
+        c = (thttp.InferenceServerClient(s.url.split("//")[1]) if protocol == "http"
+             else tgrpc.InferenceServerClient(f"127.0.0.1:{s.grpc_port}"))
+        try:
+            c.load_model("double")  # a client's own
+            c.load_model("chain")
+            assert sorted(started()) == ["double", "incr"]
+            c.load_model("chain")  # nothing changed: no step loads again
+            assert sorted(started()) == ["double", "incr"]
+            _counted(repo, inits, "incr", "X + 10")
+            c.load_model("chain")
+            assert sorted(started()) == ["double", "incr", "incr"]  # double kept its instance
+            np.testing.assert_array_equal(_infer(c, "chain", X).as_numpy("OUT"), X * 2 + 10)
+            _counted(repo, inits, "double", "X * 3")  # the client's own step reloads as well
+            c.load_model("chain")
+            assert sorted(started()) == ["double", "double", "incr", "incr"]
+            np.testing.assert_array_equal(_infer(c, "chain", X).as_numpy("OUT"), X * 3 + 10)
+
+            _counted(repo, inits, "incr", "X + 100", init="raise RuntimeError('incr cannot start')")
+            c.load_model("chain")  # Triton: the step's failure is logged, the ensemble loads
+            np.testing.assert_array_equal(_infer(c, "chain", X).as_numpy("OUT"), X * 3 + 10)
+            assert _ready(c) == {"chain", "double", "incr"}
+
+            (repo / "incr" / "config.pbtxt").write_text("backend: [ not a config")
+            with pytest.raises(InferenceServerException) as e:
+                c.load_model("chain")
+            assert e.value.message().startswith(  # Triton's words, then why
+                "failed to load 'chain', failed to poll from model repository: load failed for model 'incr': "
+                f"{repo / 'incr' / 'config.pbtxt'}"), e.value
+            assert e.value.status() == ("500" if protocol == "http" else "StatusCode.INTERNAL")
+            np.testing.assert_array_equal(_infer(c, "chain", X).as_numpy("OUT"), X * 3 + 10)
+
+            _counted(repo, inits, "incr", "X + 100")  # fixed: the next load takes it
+            c.load_model("chain")
+            np.testing.assert_array_equal(_infer(c, "chain", X).as_numpy("OUT"), X * 3 + 100)
+            c.unload_model("chain", unload_dependents=True)  # incr came with it; double is the client's
+            assert _ready(c) == {"double"}
+
+            # A step loaded from files sent with a load is reloaded from the repository.
+            c.load_model("chain")
+            tensor = {"data_type": "TYPE_FP32", "dims": [4]}
+            code = COUNTED.format(init="pass", inits=str(inits), name="incr", expr="X + 1000").encode()
+            c.load_model("incr", config=json.dumps({"backend": "python", "input": [{"name": "X", **tensor}],
+                                                    "output": [{"name": "Y", **tensor}]}),
+                         files={"file:1/model.py": code})
+            np.testing.assert_array_equal(_infer(c, "incr", X, name="X").as_numpy("Y"), X + 1000)
+            c.load_model("chain")
+            np.testing.assert_array_equal(_infer(c, "chain", X).as_numpy("OUT"), X * 3 + 100)
+        finally:
+            c.close()
+
+
 # Triton's QA ensembles of identity steps: nop_TYPE_<T>_-1 batches (max_batch_size 1024, dims
 # [-1]); the ensembles over it do not (max_batch_size 0).
 NOP_TYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32",

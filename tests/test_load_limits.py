@@ -144,7 +144,7 @@ def test_the_instances_of_every_loaded_model_count_together(server: openinfer.Se
         status, message = _load(protocol, server, "other", _config("other", 8, "KIND_MODEL"))
         assert status == BAD[protocol], message
         assert message == ("failed to load 'other': instance_group count 8 and the 10 instances of the models "
-                           f"already loaded exceed the server's limit of {MAX_INSTANCES} instances (--max-instances)")
+                           f"loaded or loading exceed the server's limit of {MAX_INSTANCES} instances (--max-instances)")
         # A reload counts its new instances in place of its current ones.
         assert _load(protocol, server, "fast", _config("fast", MAX_INSTANCES, "KIND_MODEL")) == ("ok", "")
         assert _infer(server, "fast", 1) == 2
@@ -166,7 +166,7 @@ def test_models_loaded_at_start_count_but_are_not_refused(tmp_path: Path) -> Non
         assert _infer(srv, "many", 1) == 2
         status, message = _load("http", srv, "more", _config("more", 1, "KIND_MODEL"))
         assert status == "400" and message == (
-            "failed to load 'more': instance_group count 1 and the 3 instances of the models already loaded "
+            "failed to load 'more': instance_group count 1 and the 3 instances of the models loaded or loading "
             "exceed the server's limit of 2 instances (--max-instances)")
     with pytest.raises(ValueError, match=r"max_instances \(--max-instances\) must be an integer >= 1, got 0"):
         openinfer.serve(tmp_path, http_port=0, grpc_port=None, log=False, max_instances=0)

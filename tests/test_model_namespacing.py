@@ -9,8 +9,10 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -264,6 +266,124 @@ def test_explicit_load_resolves_a_step_missing_in_its_namespace_to_the_other(
     _check(server, "simple_addsub", ADDSUB)
     _check(server, "simple_subadd", SUBADD)
     _refused_as_ambiguous(server, "composing_model")
+
+
+# A Triton Python model of two instances (worker processes, or with KIND_MODEL threads of the
+# server) whose initialize says it started (a line in the file `started`) and waits for `release`.
+HELD = """
+import os
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        with open({started!r}, "a") as f:
+            f.write(args["model_name"] + "\\n")
+        deadline = time.monotonic() + 30  # a bound for a hung test
+        while not os.path.exists({release!r}) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.get_input_tensor_by_name(r, "X")]) for r in requests]
+"""
+HELD_CONFIG = """backend: "python"
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+output [ {{ name: "X" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+instance_group [ {{ count: 2 kind: {kind} }} ]
+"""
+
+
+@pytest.mark.parametrize("kind", ["KIND_CPU", "KIND_MODEL"])
+def test_loads_in_two_namespaces_at_once_stay_within_max_instances(tmp_path: Path, kind: str) -> None:
+    """--max-instances bounds every namespace's instances together, those of loads under way
+    included: while one namespace's model of 2 instances loads, the other's cannot take the
+    server past 3, and none of its instances starts; once the first has loaded, its 2 count as
+    loaded."""
+    started, release = tmp_path / "started", tmp_path / "release"
+    for repo, name in (("repo_a", "held_a"), ("repo_b", "held_b")):
+        (tmp_path / repo / name / "1").mkdir(parents=True)
+        (tmp_path / repo / name / "1" / "model.py").write_text(HELD.format(started=str(started), release=str(release)))
+        (tmp_path / repo / name / "config.pbtxt").write_text(HELD_CONFIG.format(kind=kind))
+    with openinfer.serve([tmp_path / "repo_a", tmp_path / "repo_b"], model_namespacing=True, max_instances=3,
+                         model_control_mode="explicit", http_port=0, grpc_port=0, log=False) as server:
+        http, grpc = _clients(server)
+        loading = ThreadPoolExecutor(1).submit(grpc.load_model, "held_a")  # gRPC's client serves any thread
+        deadline = time.monotonic() + 30  # a bound for a hung test
+        while not started.exists() and time.monotonic() < deadline and not loading.done():
+            time.sleep(0.01)
+        assert started.exists(), loading.result()
+        over = ("failed to load 'held_b': instance_group count 2 and the 2 instances of the models loaded or "
+                "loading exceed the server's limit of 3 instances (--max-instances)")
+        with pytest.raises(InferenceServerException) as e:
+            http.load_model("held_b")
+        assert e.value.message() == over and e.value.status() == "400"
+        assert "held_b" not in started.read_text()
+        release.touch()
+        loading.result(timeout=30)
+        with pytest.raises(InferenceServerException) as e:
+            grpc.load_model("held_b")
+        assert e.value.message() == over and e.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert _index(server) == [("held_a", "READY"), ("held_b", "")]  # a refused load leaves no state
+
+
+@pytest.mark.parametrize("namespacing", [False, True])
+def test_pt2_example_built_after_start_up_is_served_as_without_namespacing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, namespacing: bool) -> None:
+    """A PT2 example of the embedded repository whose package is not in the cache at start-up is
+    loaded once it is built, under --model-namespacing as without it. The build is the package
+    compiled once into the session's cache (compiled here if it is not there yet; test_pt2_examples
+    checks the compile itself), copied into an empty cache once the server runs."""
+    pytest.importorskip("torch")
+    from openinfer import _pt2_build
+    from openinfer._torch_build import child_environment
+
+    version_dir = openinfer.examples_path() / "mlp_pt2" / "1"
+    compiled = _pt2_build.package_path(version_dir)
+    if _pt2_build.build(version_dir, compiled, child_environment(), threading.Event()) is None:
+        pytest.skip("the PT2 example cannot be compiled here")
+    build, copied = _pt2_build.build, []
+
+    def copy_compiled(version_dir: Path, target: Path, env: dict[str, str], stop: threading.Event) -> Path | None:
+        copied.append(version_dir.parent.name)
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        shutil.copyfile(compiled, target)
+        return build(version_dir, target, env, stop)  # finds it built
+
+    monkeypatch.setenv("OPENINFER_CACHE_DIR", str(tmp_path / "cache"))  # empty: left out at start-up
+    monkeypatch.setattr(_pt2_build, "build", copy_compiled)
+    with openinfer.serve(openinfer.examples_path(), model_namespacing=namespacing, model_control_mode="explicit",
+                         load_models=["mlp_pt2"], http_port=0, grpc_port=0, log=False) as server:
+        http, grpc = _clients(server)
+        deadline = time.monotonic() + 60  # a bound for a hung test
+        while not http.is_model_ready("mlp_pt2") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        x = np.ones((2, 16), dtype=np.float32)
+        for client in (http, grpc):
+            module = httpclient if client is http else grpcclient
+            given = module.InferInput("INPUT__0", [2, 16], "FP32")
+            given.set_data_from_numpy(x)
+            assert client.infer("mlp_pt2", [given]).as_numpy("OUTPUT__0").shape[0] == 2
+        assert copied == ["mlp_pt2"]  # built after start-up, not found built at it
+
+
+def test_heavy_examples_load_after_start_up_under_namespacing() -> None:
+    """The embedded examples that import heavy modules (tiny_llama: torch, transformers) load
+    after start-up on a thread of their own, under --model-namespacing as without it."""
+    from openinfer.server import _heavy_examples
+
+    heavy = _heavy_examples(openinfer.examples_path())
+    if not heavy:
+        pytest.skip("no example's heavy modules are installed here")
+    with openinfer.serve(openinfer.examples_path(), model_namespacing=True, http_port=0, grpc_port=None,
+                         log=False) as server:
+        deadline = time.monotonic() + 120  # a bound for a hung test
+        while (states := dict(_index(server))) and time.monotonic() < deadline:
+            if all(states.get(name) == "READY" for name in heavy):
+                break
+            time.sleep(0.1)
+        assert {name: states.get(name) for name in heavy} == dict.fromkeys(heavy, "READY")
 
 
 def test_cli_model_namespacing_serves_a_name_both_repositories_hold(tmp_path: Path) -> None:

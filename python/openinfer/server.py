@@ -561,7 +561,7 @@ class Server:
         # OpenAI's chat completions: prompts from the model folder's chat template.
         self._core.set_chat_renderer(ChatTemplates(self._control.model_dir).render)
         self._pt2_examples: list[tuple[str, Path]] = []
-        if isinstance(repo_path, Path) and _is_examples(repo_path) and not model_namespacing:
+        if isinstance(repo_path, Path) and _is_examples(repo_path):
             loading = set(load_models) if model_control_mode == "explicit" and "*" not in load_models else None
             self._pt2_examples = _pt2_left_out(repo_path, loading, self._control.loaded())
 
@@ -687,18 +687,15 @@ class Server:
         imports heavy modules), as a poll loads a model that changed (the model control has no
         other way in for model_control_mode none)."""
         control = self._control
-        assert isinstance(control, ModelControl)  # the examples are served without namespacing
-        with control._ops.hold(name):
-            if control._closed.is_set():
+        try:
+            if not control.load_later(name):
                 return
-            try:
-                control._load(name, None, None, startup=False)
-            except InferenceServerError as e:
-                logger.warning("%s", e.message)
-                return
-            except OSError as e:  # its folder unreadable now (out of descriptors): the rest serve on
-                logger.warning("example %s is not served: %s", name, e.strerror or e)
-                return
+        except InferenceServerError as e:
+            logger.warning("%s", e.message)
+            return
+        except OSError as e:  # its folder unreadable now (out of descriptors): the rest serve on
+            logger.warning("example %s is not served: %s", name, e.strerror or e)
+            return
         if self._log:
             for entry in control.loaded():
                 if entry.name == name and entry.model is not None:

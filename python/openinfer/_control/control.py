@@ -55,6 +55,7 @@ from .._backends.triton_model import TritonModel
 from .._repository.repository import _NOT_INSTALLED, LoadedModel, scan_model
 from .._config.sequence import SequenceBatching
 from .._backends.torch_model import TorchModel
+from .instance_budget import InstanceBudget, ModelKey
 from .model_locks import ModelLocks
 
 logger = logging.getLogger("openinfer")
@@ -155,13 +156,15 @@ class ModelControl(RepositoryApi):
         start_up: bool = True,
         deferred: Iterable[str] = (),
         backend_directories: Sequence[Path] = (),
+        instance_budget: InstanceBudget | None = None,
     ) -> None:
         """`load_code`: Python files sent with a load are taken (no one beyond this host can
         reach the repository API unchecked); otherwise they are refused. `namespace`: the
         core's namespace of these models (--model-namespacing: one ModelControl per repository,
         see openinfer._control.namespaces, which loads their start-up models itself when
         `start_up` is False). `deferred`: models of the repository left out of the start-up
-        load, for the caller to load later."""
+        load, for the caller to load later. `instance_budget`: the --max-instances budget shared with
+        other controls (the namespaces'); by default one of its own, of `max_instances`."""
         if mode not in MODES:
             raise ValueError(f"model_control_mode must be one of {', '.join(MODES)}, got {mode!r}")
         load = [load_models] if isinstance(load_models, str) else list(load_models)
@@ -187,12 +190,14 @@ class ModelControl(RepositoryApi):
         self._poll_secs = poll_secs
         self._optional_torch = optional_torch
         self._max_json_depth = max_json_depth or DEFAULT_MAX_JSON_DEPTH  # 0: the core's default
-        self._max_instances = max_instances or limits.default_max_instances()
+        self._budget = instance_budget or InstanceBudget(max_instances or limits.default_max_instances())
+        self._budget.count(self._instances_loaded)
+        self._max_instances = self._budget.limit
         self._load_code = load_code
         self._namespace = namespace
         self._deferred = set(deferred)
         # The ModelControls of the other namespaces (set by openinfer._control.namespaces): an
-        # ensemble's step that this one lacks is theirs, and their instances count too.
+        # ensemble's step that this one lacks is theirs.
         self.peers: Callable[[], Sequence[ModelControl]] = lambda: ()
         self._backend_directories = tuple(backend_directories)  # Python-based backends (python_based)
         self._given: dict[str, list[Model]] = {}
@@ -201,7 +206,6 @@ class ModelControl(RepositoryApi):
         self._lock = threading.Lock()  # guards the tables below (held briefly)
         self._ops = ModelLocks()  # one load or unload of a model at a time; other models' run at once
         self._unload_timeout = unload_timeout
-        self._reserved: dict[str, int] = {}  # instances of requested loads under way, by model
         self._states: dict[str, dict[int | None, tuple[str, str]]] = {}
         self._registered: dict[str, dict[int, _Version]] = {}
         self._loaded: dict[str, list[LoadedModel]] = {}
@@ -242,6 +246,16 @@ class ModelControl(RepositoryApi):
             self._load(name, None, None, startup=True)
         except InferenceServerError as e:  # --load-model of a model that is not there
             raise ValueError(e.message) from None
+
+    def load_later(self, name: str) -> bool:
+        """Loads model `name` after start-up on the server's own account (an example left out
+        of it), as a poll loads a model that changed, in any model control mode; False when the
+        server is stopping. Raises InferenceServerError when it fails."""
+        with self._ops.hold(name):
+            if self._closed.is_set():
+                return False
+            self._load(name, None, None, startup=False)
+            return True
 
     def has(self, name: str) -> bool:
         """Whether model `name` is given or in a repository of this control."""
@@ -349,32 +363,44 @@ class ModelControl(RepositoryApi):
                 400, "Load parameter 'config' must be specified for model file override"
             )
         stop = bytearray(1) if stop is None else stop
-        for step in self._composing_to_load(name, override):
-            self._load_requested(step, None, None, stop, composing=True)
+        unpolled = [why for step in self._composing_to_load(name, override)
+                    if (why := self._load_requested(step, None, None, stop, composing=True)) is not None]
         self._load_requested(name, override, dict(files) if files else None, stop, composing=False)
+        if unpolled:  # Triton's answer once the load is done (a step's config could not be read), and why
+            raise InferenceServerError(
+                500, f"failed to load '{name}', failed to poll from model repository: {' '.join(unpolled)}")
 
     def _load_requested(
         self, name: str, override: ModelConfig | None, files: dict[str, bytes] | None, stop: Any, *, composing: bool
-    ) -> None:
+    ) -> str | None:
         """A client's load of `name`; `composing`: as a step of the ensemble it asked for, left
-        as it is when loaded already, and its failure left for the ensemble's load to name."""
+        as it is when its files are as they were at its last load, and its failure left for the
+        ensemble's load to name (a step that still has a ready version serves on with it, as
+        in Triton). Returns why, when a step's config could not be read (Triton's poll failure:
+        the step is left as it was)."""
         with self._lock:
             self._stops.setdefault(name, []).append(stop)
         try:
             with self._ops.hold(name):
                 if self._closed.is_set():
                     raise InferenceServerError(503, "the server is shutting down")
+                if composing and not self._changed(name):
+                    return None
                 with self._lock:
-                    if composing and self._loaded.get(name):
-                        return
+                    was_loaded = bool(self._loaded.get(name))
                 try:
                     self._load(name, override, files, startup=False, stop=stop, requested=True)
-                except InferenceServerError:
-                    if composing:
-                        return
-                    raise
-                with self._lock:
-                    (self._implicit.add if composing else self._implicit.discard)(name)
+                except InferenceServerError as e:
+                    if not composing:
+                        raise
+                    logger.warning("step model %s of an ensemble being loaded: %s", name, e.message)
+                    return e.message if isinstance(e, _LoadFailed) and e.unpolled else None
+                with self._lock:  # a step keeps the way it was loaded first (Triton's explicitly_load_)
+                    if not composing:
+                        self._implicit.discard(name)
+                    elif not was_loaded:
+                        self._implicit.add(name)
+                return None
         finally:
             with self._lock:
                 stops = self._stops[name]
@@ -383,9 +409,10 @@ class ModelControl(RepositoryApi):
                     del self._stops[name]
 
     def _composing_to_load(self, name: str, override: ModelConfig | None) -> list[str]:
-        """The models a load of ensemble `name` loads first, as Triton's model manager polls an
+        """The models a load of ensemble `name` polls first, as Triton's model manager polls an
         ensemble's composing models with it: the step models (theirs too, for an ensemble of
-        ensembles) that the repository has and that are not loaded, steps before ensembles."""
+        ensembles) that the repository has, steps before ensembles. `_load_requested` loads
+        those not loaded and reloads those whose files changed (`_changed`)."""
         found: set[str] = set()
         todo = (ensemble.steps_of(override) if override is not None else self._ensemble_steps(name)) or []
         while todo:
@@ -393,9 +420,18 @@ class ModelControl(RepositoryApi):
             if step not in found and step != name and self.has(step):
                 found.add(step)
                 todo += self._ensemble_steps(step) or []
+        return ensemble.load_order(list(found), self._ensemble_steps)
+
+    def _changed(self, name: str) -> bool:
+        """Whether step model `name` is (re)loaded with an ensemble: not loaded, or its
+        repository files (config.pbtxt, version folders, any file: mtime and size) differ from
+        those of its last successful load. A failed load keeps the files of the one before, so
+        that the next load tries again (Triton reverts its timestamps likewise)."""
         with self._lock:
-            missing = [s for s in found if not self._loaded.get(s)]
-        return ensemble.load_order(missing, self._ensemble_steps)
+            if not self._loaded.get(name):
+                return True
+        dirs = self._model_dirs(name)
+        return bool(dirs) and self._fingerprints.get(name) != tuple(_fingerprint(d) for d in dirs)
 
     def unload(self, name: str, unload_dependents: bool = False) -> None:
         """Unloads every version of `name` once the requests admitted to it are answered, or
@@ -511,64 +547,71 @@ class ModelControl(RepositoryApi):
         (the server starts with the model not ready); later they also raise. A `requested` load
         (a client's, through the load API) must stay within max_instances."""
         started = time.monotonic()
-        model_dir = self._model_dir(name)
-        duplicate = files is None and model_dir is not None and len(self._model_dirs(name)) > 1
         with self._lock:
             before = dict(self._states.get(name, {}))
-        temp: Path | None = None
-        if files is not None:
-            temp = self._write_files(name, files)
-            model_dir = temp
-        fingerprint = None
+        temp = self._write_files(name, files) if files is not None else None
 
-        def loading(versions: list[int]) -> None:
+        def loading(versions: list[int], each: int) -> None:
+            if requested:  # reserved before any instance starts (an in-process Python model's, in the scan)
+                self._check_instance_limit(name, [each] * len(versions), before)
             self._set_states(name, {v: ("LOADING", "") for v in versions}, keep=True)
 
-        if duplicate:  # tritonserver's words; in no repository is it served
+        try:
+            entries, fingerprint = self._scan(name, override, temp, loading, requested)
+            if requested:  # what the versions start, which auto-completion may have changed
+                self._check_instance_limit(name, [_instances(e) for e in entries], before)
+            entries = self._publish(name, entries, temp, before, startup, started, temp or self._model_dir(name), stop)
+        except BaseException:
+            if temp is not None:
+                shutil.rmtree(temp.parent, ignore_errors=True)
+            raise
+        finally:
+            self._budget.release((self._namespace, name))
+        if self._mode != "explicit" or not any(e.error is not None for e in entries):
+            # A failed load keeps the files of the last one (see _changed); polling tries a
+            # model again once it changes. Files sent with a load are no repository's: the next
+            # load from the repository reloads.
+            self._fingerprints[name] = fingerprint
+        failures = [e for e in entries if e.error is not None]
+        if failures and not startup:
+            raise _LoadFailed(name, failures)
+
+    def _scan(
+        self, name: str, override: ModelConfig | None, temp: Path | None, loading: Callable[[list[int], int], None],
+        requested: bool,
+    ) -> tuple[list[LoadedModel], object]:
+        """The versions of model `name`, built but not served: from its folder in the repository,
+        from the files sent with the load (written to `temp`), or given in Python; and what
+        polling compares of its folders (None for sent files: no repository's)."""
+        model_dir = temp or self._model_dir(name)
+        fingerprint = None
+        if temp is None and model_dir is not None and len(self._model_dirs(name)) > 1:
+            # tritonserver's words; in no repository is it served
             fingerprint = tuple(_fingerprint(d) for d in self._model_dirs(name))
-            entries = [LoadedModel(name, None, None,
-                                   f"failed to poll model '{name}': not unique across all model repositories")]
-        elif files is None and model_dir is not None and model_dir.is_dir():
+            entries = [LoadedModel(name, None, None, f"failed to poll model '{name}': not unique across all "
+                                   "model repositories", polled=False)]
+        elif temp is None and model_dir is not None and model_dir.is_dir():
             fingerprint = (_fingerprint(model_dir),)  # as poll() takes it: one per repository
             entries = scan_model(model_dir, name=name, config=override, loading=loading,
                                  backend_directories=self._backend_directories)
             if self._optional_torch and not requested:  # a client's load says why it cannot
                 entries = [e for e in entries if e.error is None or not e.error.startswith(_NOT_INSTALLED)]
                 entries = [e for e in entries if not self._steps_left_out(e)]
-        elif files is not None and model_dir is not None:
+        elif temp is not None:
             entries = scan_model(
-                model_dir, name=name, config=override, allow_code=False, allow_python=self._load_code,
+                temp, name=name, config=override, allow_code=False, allow_python=self._load_code,
                 loading=loading, backend_directories=self._backend_directories,
             )
+            # the server's temporary directory stays its own
+            return [replace(e, error=_hide(e.error, temp)) for e in entries], fingerprint
         elif name in self._given:
             entries = [_given_entry(name, m) for m in self._given[name]]
         else:  # hidden directories are no models, as in the index
             raise not_there(name, self._repos)
-        if name in self._given and files is None:  # models= given beside the repository's
+        if name in self._given:  # models= given beside the repository's
             versions = {e.version for e in entries}
-            entries += [
-                _given_entry(name, m)
-                for m in self._given[name]
-                if m.version not in versions
-            ]
-        if temp is not None:  # the server's temporary directory stays its own
-            entries = [replace(e, error=_hide(e.error, temp)) for e in entries]
-        try:
-            if requested:
-                self._check_instance_limit(name, entries, before)
-            entries = self._publish(name, entries, temp, before, startup, started, model_dir, stop)
-        except BaseException:
-            if temp is not None:
-                shutil.rmtree(temp.parent, ignore_errors=True)
-            raise
-        finally:
-            with self._lock:
-                self._reserved.pop(name, None)
-        if fingerprint is not None:
-            self._fingerprints[name] = fingerprint
-        failures = [e for e in entries if e.error is not None]
-        if failures and not startup:
-            raise InferenceServerError(400, _load_failed(name, failures))
+            entries += [_given_entry(name, m) for m in self._given[name] if m.version not in versions]
+        return entries, fingerprint
 
     def _publish(
         self,
@@ -686,25 +729,24 @@ class ModelControl(RepositoryApi):
             return None, "which is a sequence model: openinfer does not run sequence models as ensemble steps."
         return entry.model, None
 
-    def _check_instance_limit(
-        self, name: str, entries: list[LoadedModel], before: dict[int | None, tuple[str, str]]
-    ) -> None:
-        """Refuses (400) a requested load whose versions would take the model instances of the
-        server (every loaded version's, this model's current ones replaced by these) past
+    def _instances_loaded(self) -> dict[ModelKey, int]:
+        """The model instances of the loaded versions, by model (for the instance budget)."""
+        with self._lock:
+            return {(self._namespace, n): sum(_instances(e) for e in es) for n, es in self._loaded.items()}
+
+    def _check_instance_limit(self, name: str, counts: list[int], before: dict[int | None, tuple[str, str]]) -> None:
+        """Reserves the instances of a requested load, `counts` by version, or refuses it (400)
+        when they would take the model instances of the server (every loaded version's and
+        every other load's under way, this model's current ones replaced by these) past
         max_instances, before any instance starts. The models the server loads on its own (at
         start-up, by polling) count, but are not refused: the repository is the operator's."""
-        asked = sum(_instances(e) for e in entries)
-        with self._lock:  # loads of other models under way count: they reserve theirs here
-            others = sum(_instances(e) for n, es in self._loaded.items() if n != name for e in es)
-            others += sum(n for other, n in self._reserved.items() if other != name)
-        others += sum(_instances(e) for peer in self.peers() for e in peer.loaded())
-        with self._lock:
-            if asked + others <= self._max_instances:
-                self._reserved[name] = asked
-                return
-        what = f"instance_group count {asked}" + (f" (over {len(entries)} versions)" if len(entries) > 1 else "")
+        asked = sum(counts)
+        others = self._budget.reserve((self._namespace, name), asked)
+        if others is None:
+            return
+        what = f"instance_group count {asked}" + (f" (over {len(counts)} versions)" if len(counts) > 1 else "")
         if asked <= self._max_instances:
-            what += f" and the {others} instances of the models already loaded"
+            what += f" and the {others} instances of the models loaded or loading"
         with self._lock:
             self._states[name] = before
         raise InferenceServerError(
@@ -1168,15 +1210,20 @@ def _write_private(model_dir: Path, parts: list[str], data: bytes, path: str) ->
         os.close(fd)
 
 
-def _load_failed(name: str, failures: list[LoadedModel]) -> str:
-    """Triton's wording for a load that did not load every version."""
-    reasons = "".join(
-        f"version {e.version} is at UNAVAILABLE state: {e.error};"
-        if e.version is not None
-        else f"{e.error};"
-        for e in failures
-    )
-    return f"load failed for model '{name}': {reasons}"
+class _LoadFailed(InferenceServerError):
+    """A load that did not load every version (400, in Triton's words); `unpolled`: each failure
+    is the model's config, which could not be read or checked (where Triton's poll of the model
+    fails)."""
+
+    def __init__(self, name: str, failures: list[LoadedModel]) -> None:
+        reasons = "".join(
+            f"version {e.version} is at UNAVAILABLE state: {e.error};"
+            if e.version is not None
+            else f"{e.error};"
+            for e in failures
+        )
+        super().__init__(400, f"load failed for model '{name}': {reasons}")
+        self.unpolled = all(not e.polled for e in failures)
 
 
 # ---- change detection ---------------------------------------------------------------------

@@ -9,19 +9,22 @@ as their namespace. As in Triton's model repository manager:
   resolve ambiguity."); a name that one holds is served from it;
 - an ensemble's step is its own namespace's model of that name, else the only one there is;
 - the repository index lists every namespace's models, a shared name once per namespace;
-- a load or unload by name loads or unloads that name in every namespace that has it.
+- a load or unload by name loads or unloads that name in every namespace that has it;
+- --max-instances bounds the instances of every namespace's models together.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from .._backends import ensemble
 from ..errors import InferenceServerError
 from ..model import Model
+from .._config import limits
 from .control import IndexEntry, ModelControl, RepositoryApi, not_there
+from .instance_budget import InstanceBudget
 from .._repository.repository import LoadedModel
 
 
@@ -34,6 +37,8 @@ class NamespacedControl(RepositoryApi):
         **options: Any,
     ) -> None:
         load = [load_models] if isinstance(load_models, str) else list(load_models)
+        # One --max-instances over every namespace: loads in several at once reserve from it.
+        options["instance_budget"] = InstanceBudget(options.get("max_instances") or limits.default_max_instances())
         self._spaces = [
             ModelControl(core, repo, [], load_models=load, namespace=str(repo), start_up=False, **options)
             for repo in repos
@@ -84,14 +89,19 @@ class NamespacedControl(RepositoryApi):
         """Loads model `name` in every namespace that has it; raises the first failure once each
         has been tried."""
         spaces = [s for s in self._spaces if s.has(name)]
-        failures = []
-        for space in spaces or self._spaces[:1]:  # none: the first's (a load with files, or a refusal)
-            try:
-                space.load(name, config, files, stop=stop)
-            except InferenceServerError as e:
-                failures.append(not_there(name, self._repos) if e.status == 404 and not spaces else e)
+        # none: the first's (a load with files, or a refusal)
+        failures = _each(spaces or self._spaces[:1], lambda space: space.load(name, config, files, stop=stop))
+        if failures:
+            raise not_there(name, self._repos) if failures[0].status == 404 and not spaces else failures[0]
+
+    def load_later(self, name: str) -> bool:
+        """ModelControl.load_later in every namespace that has `name`; raises the first failure
+        once each has been tried."""
+        loaded: list[bool] = []
+        failures = _each([s for s in self._spaces if s.has(name)], lambda space: loaded.append(space.load_later(name)))
         if failures:
             raise failures[0]
+        return any(loaded)
 
     def unload(self, name: str, unload_dependents: bool = False) -> None:
         for space in self._spaces:
@@ -113,3 +123,14 @@ class NamespacedControl(RepositoryApi):
 
     def _holders(self, name: str) -> list[ModelControl]:
         return [s for s in self._spaces if s.holds(name)]
+
+
+def _each(spaces: list[ModelControl], act: Callable[[ModelControl], object]) -> list[InferenceServerError]:
+    """Does `act` in each of `spaces`, each tried whatever the others did; returns the failures."""
+    failures = []
+    for space in spaces:
+        try:
+            act(space)
+        except InferenceServerError as e:
+            failures.append(e)
+    return failures

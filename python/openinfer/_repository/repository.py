@@ -72,6 +72,9 @@ class LoadedModel:
     labels: dict[str, bytes] = field(default_factory=dict)  # output name -> its label file
     # OpenAI's API: (convention's name, the model's name) pairs, from the config's openai_ parameters.
     openai_names: tuple[tuple[str, str], ...] = ()
+    # False: the config could not be read or checked (where Triton's poll of the model fails,
+    # before its load: an ensemble's load answers that its step could not be polled).
+    polled: bool = True
 
 
 def examples_path() -> Path:
@@ -119,7 +122,7 @@ def scan_model(
     config: ModelConfig | None = None,
     allow_code: bool = True,
     allow_python: bool | None = None,
-    loading: Callable[[list[int]], None] | None = None,
+    loading: Callable[[list[int], int], None] | None = None,
     backend_directories: Sequence[Path] = (),
 ) -> list[LoadedModel]:
     """Loads the versions of one model directory that its version policy selects, as `scan`
@@ -129,7 +132,8 @@ def scan_model(
     files that came over the network are never executed as the server's own code.
     `allow_python` (default: `allow_code`) decides for a model.py alone: a load's model.py runs
     where no one beyond this host can reach the repository API (see ModelControl).
-    `loading` hears the versions about to load, before the slow part starts. What the config
+    `loading` hears the versions about to load and the instances each starts (the config's
+    count; none for an ensemble), before the slow part starts. What the config
     asks for is bounded (`openinfer._config.limits`) before anything is built. A config whose
     backend is none of openinfer's runs a Python-based backend of `backend_directories` (then
     the bundled one: python_based)."""
@@ -183,7 +187,7 @@ def scan_model(
             names = openai_names.mapping(config, source)
         labels = read_labels(model_dir, config) if config is not None else {}
     except ConfigError as e:
-        return [LoadedModel(name, None, None, str(e))]
+        return [LoadedModel(name, None, None, str(e), polled=False)]
     raw = config.raw if config else {}
 
     def failed(version: int | None, reason: str) -> LoadedModel:
@@ -203,8 +207,8 @@ def scan_model(
         if policy.kind == "specific" and v not in versions
     ]
     selected = policy.select(list(versions))
-    if loading is not None:
-        loading(selected)
+    if loading is not None:  # an ensemble starts no instance of its own
+        loading(selected, 0 if steps is not None else limits.instances(normalized) if config is not None else 1)
     for version in selected:
         if steps is not None and config is not None:  # a graph of other models: no file to load
             loaded.append(LoadedModel(name, version, _ensemble(name, version, config, steps), None, raw,
