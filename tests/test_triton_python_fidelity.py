@@ -574,6 +574,55 @@ def test_bytes_outputs_of_numbers_are_written_as_triton_writes_them(tmp_path: Pa
         assert result.as_numpy("OUT").tolist() == [b"1", b"2.5", b"True", b"s", b"b"]
 
 
+# Says what auto_complete_config saw of the config (Triton gives it JSON: lists for repeated
+# fields) and doubles IN.
+SHAPES_MODEL = PROLOGUE + textwrap.dedent(
+    """
+    class TritonPythonModel:
+        seen = None
+
+        @staticmethod
+        def auto_complete_config(model_config):
+            c = model_config.as_dict()
+            TritonPythonModel.seen = [type(c["input"]).__name__, type(c["input"][0]["dims"]).__name__,
+                                      type(c["instance_group"]).__name__]
+            return model_config
+
+        def execute(self, requests):
+            seen = np.array([json.dumps(self.seen).encode()], dtype=np.object_)
+            return [pb_utils.InferenceResponse([
+                pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() * 2),
+                pb_utils.Tensor("SEEN", seen)]) for r in requests]
+    """
+)
+
+# Each repeated field written once, without brackets, as text format allows (and Triton reads).
+SINGLE_FIELDS_CONFIG = """name: "single"
+backend: "python"
+input { name: "IN" data_type: TYPE_FP32 dims: 4 }
+output { name: "OUT" data_type: TYPE_FP32 dims: 4 reshape { shape: [ 2, 2 ] } }
+output { name: "SEEN" data_type: TYPE_STRING dims: 1 }
+instance_group { kind: KIND_CPU }
+parameters { key: "k" value: { string_value: "v" } }
+"""
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_repeated_fields_written_once_without_brackets(tmp_path: Path, protocol: str) -> None:
+    """`input { ... }` and `dims: 4` are a repeated field's one item in text format: the model
+    loads (the server did not start), auto_complete_config sees lists as in Triton, an output's
+    reshape applies."""
+    add_model(tmp_path, "single", SHAPES_MODEL, SINGLE_FIELDS_CONFIG)
+    options = {"http_port": 0, "grpc_port": 0, "metrics_port": None, "threads": 1, "log": False}
+    with openinfer.serve(tmp_path, **options) as server:
+        assert server.failed == {}, server.failed
+        client, module = client_and_module(server, protocol)
+        x = np.arange(4, dtype=np.float32)
+        result = client.infer("single", [tensor(module, "IN", x)])  # type: ignore[attr-defined]
+        np.testing.assert_array_equal(result.as_numpy("OUT"), x * 2)
+        assert json.loads(result.as_numpy("SEEN")[0]) == ["list", "list", "list"]
+
+
 # Answers its request's parameters (the forwarded headers among them) as JSON.
 PARAMETERS_MODEL = PROLOGUE + textwrap.dedent(
     """

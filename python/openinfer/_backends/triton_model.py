@@ -104,6 +104,25 @@ def _model_dir(version_dir: str) -> Iterator[None]:
         pb._model_dir_var.reset(token)
 
 
+def _listed(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """A parsed config.pbtxt with its tensors and instance groups as lists (and each tensor's
+    dims), as Triton's JSON has them, auto_complete_config's and pb_utils.ModelConfig's: text
+    format writes a repeated field's single item without brackets too (`input { ... }`, `dims: 4`)."""
+
+    def as_list(value: Any) -> list[Any]:
+        return list(value) if isinstance(value, list) else [value]
+
+    config = dict(raw)
+    for key in ("input", "output", "instance_group"):
+        if key in config:
+            config[key] = [dict(item) if isinstance(item, Mapping) else item for item in as_list(config[key])]
+    for key in ("input", "output"):
+        for tensor in config.get(key, []):
+            if isinstance(tensor, dict) and "dims" in tensor:
+                tensor["dims"] = as_list(tensor["dims"])
+    return config
+
+
 def auto_complete(cls: type, config: dict[str, Any], version_dir: str = "") -> dict[str, Any]:
     """Runs ``TritonPythonModel.auto_complete_config`` over `config` (Triton's JSON shape), as Triton
     does before it loads a model: returns the completed config."""
@@ -676,7 +695,7 @@ def load(
     backend's, python_based): get_model_dir() and initialize's args name the model's folders."""
     backend = version_dir is not None
     folder = str(version_dir if version_dir is not None else path.parent)
-    raw = dict(config.raw) if config is not None else {}
+    raw = _listed(config.raw) if config is not None else {}
     raw.setdefault("name", name)
     raw.setdefault("max_batch_size", 0)
     raw.setdefault("input", [])
@@ -722,7 +741,7 @@ def load(
     streams = BACKEND_STREAMS if backend and decoupled and not in_processes else 1
     object.__setattr__(model, "in_flight", max(in_flight, streams))
     for attr, declared, kind in (("_input_reshapes", final.inputs, "input"), ("_output_reshapes", final.outputs, "output")):
-        reshapes = {t["name"]: t["reshape"] for t in completed.get(kind, []) if isinstance(t.get("reshape"), dict)}
+        reshapes = {t["name"]: t["reshape"] for t in full.get(kind, []) if isinstance(t.get("reshape"), dict)}
         object.__setattr__(model, attr, {t.name: (tuple(t.dims), tuple(reshapes[t.name].get("shape", [])))
                                          for t in declared if t.name in reshapes})  # fmt: skip
 
