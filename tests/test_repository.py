@@ -382,3 +382,31 @@ with openinfer.serve(http_port=0, log=False) as server:
     said = sorted(line for line in r.stderr.splitlines() if "_pt2" in line)
     assert [line.split(" is not served: ")[0] for line in said] == ["example cnn_pt2", "example mlp_pt2"], said
     assert all("torch cannot be imported" in line for line in said), said
+
+
+def test_a_fault_in_loading_one_model_fails_that_model_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """An exception no loader expected (a fault of the server's own, not a model's error) fails
+    that version, logged with its traceback; the others load, and serve() starts."""
+    import openinfer
+    from openinfer._repository import repository
+
+    add_model(tmp_path, "good", ["1"])
+    add_model(tmp_path, "faulty", ["1"])
+    real = repository._load_version
+
+    def load_version(name: str, *args: object) -> object:
+        if name == "faulty":
+            raise AttributeError("'str' object has no attribute 'get'")
+        return real(name, *args)
+
+    monkeypatch.setattr(repository, "_load_version", load_version)
+    loaded = by_key(scan(tmp_path))
+    assert loaded["good", 1].model is not None
+    assert loaded["faulty", 1].error == "failed to load: AttributeError: 'str' object has no attribute 'get'"
+    assert "loading version 1 of model 'faulty' failed unexpectedly" in caplog.text
+    with openinfer.serve(tmp_path, http_port=0, grpc_port=None, metrics_port=None, log=False) as server:
+        assert set(server.failed) == {"faulty"}
+        import requests
+
+        assert requests.get(f"{server.url}/v2/models/good/ready", timeout=30).status_code == 200

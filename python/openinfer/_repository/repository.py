@@ -221,6 +221,9 @@ def scan_model(
             )
         except _LoadError as e:
             loaded.append(failed(version, str(e)))
+        except Exception as e:  # noqa: BLE001 - a fault in loading one model fails that model, not the server
+            logger.exception("loading version %s of model '%s' failed unexpectedly", version, name)
+            loaded.append(failed(version, f"failed to load: {type(e).__name__}: {e}"))
         else:
             loaded.append(LoadedModel(name, version, model, None, raw, _served_sequence(seq, model), labels, names))
     return sorted(loaded, key=lambda m: m.version or 0)
