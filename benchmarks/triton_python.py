@@ -17,6 +17,9 @@ shows what the BLS hop costs. Results go to results/triton_python_bls.md.
 `python/`, its extension built), measured in turn with the others: a change's before and after
 from the same run (the column "openinfer / baseline").
 
+At c=1 it also times `GET /v2/health/live` on both servers (wrk, one connection): the round trip
+that every request at one connection pays, whatever the model.
+
 S1-style: HTTP JSON by wrk (one connection per concurrent request) and gRPC ModelInfer by h2load
 (one connection, c streams); servers pinned to CPU 0, the load to CPU 1. Each concurrency point:
 a warm-up run per server, then rounds with the servers in turn (A B C A B C); the claims are
@@ -163,6 +166,7 @@ def main() -> int:
                 check(http_port, model)
             lens = {k: grpc_answer_len(pb, g, m) for k, (_, g, m) in servers.items()}
             rows = run(args, servers, conc, tmp, pb, lens, oi, triton, problems)
+            floor = round_trip_floor(args, servers, tmp, oi, triton, problems) if 1 in conc and not args.bls else {}
             version = triton.version
         finally:
             triton.stop()
@@ -170,7 +174,7 @@ def main() -> int:
         oi.stop()
         if base is not None:
             base.stop()
-    lines = report(args, rows, conc, version, load_before, time.monotonic() - started, problems)
+    lines = report(args, rows, conc, version, load_before, time.monotonic() - started, problems, floor)
     out = args.out or (C.RESULTS_DIR / ("raw" if args.quick else ""))
     path = C.write_report(NAME + ("_bls" if args.bls else ""), out, lines, "quick" if args.quick else "full")
     print("\n".join(lines))
@@ -227,7 +231,46 @@ def run(args, servers, conc, tmp, pb, lens, oi, triton, problems) -> dict:
     return rows
 
 
-def report(args, rows, conc, version, load_before, elapsed, problems) -> list[str]:
+def round_trip_floor(args, servers, tmp, oi, triton, problems) -> dict:
+    """{label: [µs per request per round]} of `GET /v2/health/live` at one connection, which
+    each server answers without a model: the round trip every request at c=1 pays."""
+    script = C.write_wrk_script(tmp / "health.lua", "GET", None, {})
+    ports = {"openinfer": servers["openinfer TritonPythonModel"][0],
+             "tritonserver": servers["tritonserver TritonPythonModel"][0]}
+    floor: dict = {}
+    for _ in range(args.rounds):
+        for label, port in ports.items():
+            r = C.run_wrk(f"http://127.0.0.1:{port}/v2/health/live", script, 1, args.duration, args.client_cpu, label,
+                          servers=(oi, triton.proc))
+            if r.error or not r.rps:
+                problems.append(f"health {label} c=1: {r.error}")
+                continue
+            floor.setdefault(label, []).append(1e6 / r.rps)
+    return floor
+
+
+def floor_lines(rows, floor) -> list[str]:
+    """What a c=1 HTTP request costs each server over its own health round trip."""
+    if len(floor) < 2:
+        return []
+    per_request = {"openinfer": rows[("http", 1, "openinfer TritonPythonModel")],
+                   "tritonserver": rows[("http", 1, "tritonserver TritonPythonModel")],
+                   "openinfer infer()": rows[("http", 1, "openinfer infer()")]}
+    us = {k: 1e6 / float(np.nanmedian(v)) for k, v in per_request.items()}
+    health = {k: float(np.median(v)) for k, v in floor.items()}
+    return [
+        "",
+        "The c=1 floor: `GET /v2/health/live` at one connection (wrk, as above), which each server answers "
+        f"without a model: openinfer {health['openinfer']:.0f} µs, tritonserver {health['tritonserver']:.0f} µs "
+        f"per request (medians of {len(floor['openinfer'])} rounds). Over it, add_sub over HTTP at c=1 costs "
+        f"openinfer {us['openinfer'] - health['openinfer']:.0f} µs (the infer() model "
+        f"{us['openinfer infer()'] - health['openinfer']:.0f}) and tritonserver "
+        f"{us['tritonserver'] - health['tritonserver']:.0f} µs; a server whose model request cost nothing over "
+        f"its health round trip would reach {us['tritonserver'] / health['openinfer']:.2f}x tritonserver here.",
+    ]
+
+
+def report(args, rows, conc, version, load_before, elapsed, problems, floor=None) -> list[str]:
     if args.bls:
         lines = C.report_header("BLS: bls_sync calling add_sub on openinfer vs tritonserver", args.quick, elapsed)
         lines += [
@@ -271,6 +314,7 @@ def report(args, rows, conc, version, load_before, elapsed, problems) -> list[st
                 table[-1] += [f"{np.nanmedian(bs):.0f}", f"{b_tr.median:.2f}x ({b_tr.lo:.2f}-{b_tr.hi:.2f})",
                               f"{gain.median:.2f}x ({gain.lo:.2f}-{gain.hi:.2f})"]
     lines.append(C.markdown_table(headers, table))
+    lines += floor_lines(rows, floor or {})
     lines += ["", f"Load average before {load_before}, after {C.loadavg()}.", *C.problems_section(problems)]
     return lines
 
