@@ -84,10 +84,10 @@ instance_group [{ count: 8, kind: KIND_MODEL }]
 # What both fan-out models share: call i sends IN[i] to targets[i] (its request id "call<i>"),
 # even calls as a view of the model's own input (named over the wire, not copied), odd ones as
 # a new array; its answer is [OUTPUT0, ID] or "error <code>: <message>". The model answers OUT:
-# JSON {"one": seconds of one call alone, "all": seconds of the n calls at once, "answers"}.
+# JSON {"answers": [the n calls' answers, made at once]}.
 FAN_COMMON = PROLOGUE + textwrap.dedent(
     """
-    import asyncio, os, time
+    import asyncio, os
     from concurrent.futures import ThreadPoolExecutor
 
     def param(request, key, default):  # a list or object travels as JSON text
@@ -109,8 +109,8 @@ FAN_COMMON = PROLOGUE + textwrap.dedent(
         out = pb_utils.get_output_tensor_by_name(r, "OUTPUT0").as_numpy().tolist()
         return [out, pb_utils.get_output_tensor_by_name(r, "ID").as_numpy()[0].decode()]
 
-    def respond(request, one, start, answers):
-        text = json.dumps({"one": one, "all": time.perf_counter() - start, "answers": answers})
+    def respond(answers):
+        text = json.dumps({"answers": answers})
         return pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([text.encode()], np.object_))])
     """
 )
@@ -121,13 +121,9 @@ FAN_THREADS = FAN_COMMON + textwrap.dedent(
             out = []
             for request in requests:
                 n = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy().size
-                t0 = time.perf_counter()
-                if not param(request, "only_many", False):
-                    answer(make(request, 0).exec())
-                one, start = time.perf_counter() - t0, time.perf_counter()
                 with ThreadPoolExecutor(n) as pool:
                     answers = list(pool.map(lambda i: answer(make(request, i).exec()), range(n)))
-                out.append(respond(request, one, start, answers))
+                out.append(respond(answers))
             return out
     """
 )
@@ -144,14 +140,10 @@ FAN_ASYNC = FAN_COMMON + textwrap.dedent(
                         await asyncio.wait_for(make(request, 0).async_exec(), p["give_up_after"])
                     except asyncio.TimeoutError:
                         pass
-                    out.append(respond(request, 0, time.perf_counter(), []))
+                    out.append(respond([]))
                     continue
-                t0 = time.perf_counter()
-                if not p.get("only_many"):
-                    answer(await make(request, 0).async_exec())
-                one, start = time.perf_counter() - t0, time.perf_counter()
                 got = await asyncio.gather(*(make(request, i).async_exec() for i in range(n)))
-                out.append(respond(request, one, start, [answer(r) for r in got]))
+                out.append(respond([answer(r) for r in got]))
             return out
     """
 )
@@ -194,7 +186,7 @@ REPEAT = MEETING + textwrap.dedent(
 )
 REPEAT_CONFIG = SLOW_CONFIG.replace('"slow"', '"repeat"') + "model_transaction_policy { decoupled: True }\n"
 # Four decoupled streams at once with async_exec(decoupled=True) under asyncio.gather, each read
-# to its end; OUT: JSON {"all": seconds, "streams": [[answer, ...], ...]}.
+# to its end; OUT: JSON {"streams": [[answer, ...], ...]}.
 STREAMS = FAN_COMMON + textwrap.dedent(
     """
     class TritonPythonModel:
@@ -208,9 +200,8 @@ STREAMS = FAN_COMMON + textwrap.dedent(
                 return [answer(r) for r in await request.async_exec(decoupled=True)
                         if r.has_error() or r.output_tensors()]
 
-            start = time.perf_counter()
             streams = await asyncio.gather(*(stream(i) for i in range(x.size)))
-            text = json.dumps({"all": time.perf_counter() - start, "streams": streams})
+            text = json.dumps({"streams": streams})
             return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([text.encode()], np.object_))])]
     """
 )
@@ -309,7 +300,7 @@ def test_eight_bls_calls_from_one_worker_run_at_once_each_with_its_own_answer(sr
                                                                               model: str) -> None:
     x = np.arange(1, 9, dtype=np.float32) * 1.5
     sys.modules["bls_workers_slow"].met = 0
-    got = fan(srv, model, x, only_many=True, target_params={"meet": x.size})
+    got = fan(srv, model, x, target_params={"meet": x.size})
     assert got["answers"] == expected(x)
     assert _seen("met") == x.size  # all eight calls were in the target at once
 
@@ -419,7 +410,7 @@ def test_a_worker_killed_with_bls_calls_in_flight_fails_only_its_own_request(srv
 
     def held_calls() -> None:
         try:
-            fan(srv, "fan_threads", np.arange(8, dtype=np.float32), only_many=True, target_params={"hold": True})
+            fan(srv, "fan_threads", np.arange(8, dtype=np.float32), target_params={"hold": True})
         except InferenceServerException as e:
             failed.append(e)
 

@@ -35,8 +35,8 @@ int oi_py_typenum(oi_dtype_t t)
 /* Loop threads must never wait for the GIL (a Python model may hold it for a long time), so
  * objects they release wait in a list. Executors empty it whenever they hold the GIL anyway
  * (oi_py_owner_flush at the start of each call); a reaper thread empties it only when nobody
- * has for a while, so that an idle server frees memory without the reaper fighting busy
- * executors (or a loop running a quick model) for the GIL. */
+ * has for a whole period, so that an idle server frees memory without the reaper fighting busy
+ * executors for the GIL. */
 #define REAPER_PERIOD_NS (100 * 1000 * 1000)
 
 static struct {
@@ -88,6 +88,9 @@ static void *reaper_main(void *arg)
         PyGILState_STATE g = PyGILState_Ensure();
         oi_py_owner_flush();
         PyGILState_Release(g);
+        pthread_mutex_lock(&reaper.mu); /* its own flush is not another's: the next period counts those */
+        seen = reaper.flushes;
+        pthread_mutex_unlock(&reaper.mu);
     }
     return NULL;
 }

@@ -245,33 +245,30 @@ static void oai_free(oai_t *g)
     free(g);
 }
 
-/* The text of a STRING output's elements, one after the other (4-byte length, bytes each). */
-static int append_text(oi_sbuf_t *to, const oi_tensor_t *t)
+/* The STRING output's element at *off (its 4-byte length, then its bytes), *off moved past
+ * it; -1 when no whole element is left. */
+static int next_string(const oi_tensor_t *t, size_t *off, const char **s, size_t *len)
 {
-    for (size_t off = 0; t->data != NULL && off + 4 <= t->byte_size;) {
-        uint32_t n;
-        memcpy(&n, t->data + off, 4);
-        off += 4;
-        if (n > t->byte_size - off)
-            break;
-        if (oi_sbuf_append(to, t->data + off, n) != 0)
-            return -1;
-        off += n;
-    }
+    uint32_t n;
+    if (t->data == NULL || *off + 4 > t->byte_size)
+        return -1;
+    memcpy(&n, t->data + *off, 4);
+    if (n > t->byte_size - *off - 4)
+        return -1;
+    *s = t->data + *off + 4;
+    *len = n;
+    *off += 4 + (size_t)n;
     return 0;
 }
 
-/* The first element of a STRING output (its 4-byte length, then its bytes); -1 when none. */
-static int first_string(const oi_tensor_t *t, const char **s, size_t *len)
+/* The text of a STRING output's elements, one after the other. */
+static int append_text(oi_sbuf_t *to, const oi_tensor_t *t)
 {
-    uint32_t n;
-    if (t->dtype != OI_TYPE_BYTES || t->data == NULL || t->byte_size < 4)
-        return -1;
-    memcpy(&n, t->data, 4);
-    if (n > t->byte_size - 4)
-        return -1;
-    *s = t->data + 4;
-    *len = n;
+    const char *s;
+    size_t len, off = 0;
+    while (next_string(t, &off, &s, &len) == 0)
+        if (oi_sbuf_append(to, s, len) != 0)
+            return -1;
     return 0;
 }
 
@@ -341,7 +338,8 @@ static void add_logprobs(oai_t *g, const oi_model_t *m, const oi_response_t *res
     size_t len;
     int none = 1;
     oi_status_t *st = NULL;
-    if (t != NULL && first_string(t, &json, &len) == 0)
+    size_t first = 0;
+    if (t != NULL && t->dtype == OI_TYPE_BYTES && next_string(t, &first, &json, &len) == 0)
         st = oi_openai_logprobs_add(&g->lp, json, len, &none);
     if (st == NULL && none && text_len > 0)
         st = oi_status_new(OI_INTERNAL, "the response has text but no log probabilities (the output is missing, "
